@@ -1,0 +1,46 @@
+# stripefs: make run (local cluster at ./mnt), make test, make bench, make stop.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STATE ?= ./.stripefs
+MNT ?= ./mnt
+NODES ?= 4
+
+.PHONY: install run stop status test unit cluster bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null; then \
+		echo "installing fuse3, libfuse3-dev, pkg-config"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config >/dev/null; \
+	fi
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(VENV)/bin/stripefs local up --dir $(STATE) --mount $(MNT) --nodes $(NODES)
+	@echo
+	@echo "stripefs is mounted at $(MNT). Try: cp -r /usr/share/doc $(MNT)/ && ls $(MNT)"
+	@echo "Status: $(VENV)/bin/stripefs local status --dir $(STATE)    Stop: make stop"
+
+stop:
+	@test -x $(VENV)/bin/stripefs && $(VENV)/bin/stripefs local down --dir $(STATE) || true
+
+status: install
+	$(VENV)/bin/stripefs local status --dir $(STATE)
+
+test: install
+	$(PY) -m pytest -q -x tests/unit
+	$(PY) -m pytest -q tests/cluster
+
+unit: install
+	$(PY) -m pytest -q tests/unit
+
+bench: install
+	$(PY) bench/run.py
+
+clean: stop
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,152 @@
+"""One TOML file per role, read into a frozen, typed struct.
+
+Unknown keys and bad values are errors that name the key and the file: a typo
+must never silently become a default. Sizes are binary units (``"4M"`` = 4 MiB)
+or plain integers of bytes. ``example(role)`` prints a commented template
+(``stripefs config example meta|storage|client``).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+
+from .errors import QuietError
+from .layout import parse_size
+
+
+class Size(int):
+    """A byte count; in TOML either an integer or a string like "4M"."""
+
+
+def _dec_hook(typ, obj):
+    if typ is Size:
+        try:
+            return Size(parse_size(obj))
+        except ValueError as exc:
+            raise msgspec.ValidationError(str(exc)) from None
+    raise NotImplementedError(typ)
+
+
+class _Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class MetaConfig(_Config):
+    listen: str = "tcp://127.0.0.1:7100"
+    data_dir: str = "/var/lib/stripefs/meta"
+    node_timeout_s: float = 10.0  # a storage node silent this long is declared down
+    session_lease_s: float = 15.0  # a mount silent this long loses its open files
+    group_commit_ms: float = 2.0  # wait this long to batch commits (one fsync for many)
+    chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
+    stripe_count: int = 4
+    redundancy: str = "replicas=2"
+
+
+class StorageConfig(_Config):
+    node_id: int
+    listen: str = "tcp://127.0.0.1:7101"
+    advertise: str = ""  # the address clients connect to; default: listen
+    data_dir: str = "/var/lib/stripefs/storage"
+    meta: list[str] = msgspec.field(default_factory=lambda: ["tcp://127.0.0.1:7100"])
+    host: str = ""  # failure-domain label; default: this machine's hostname
+    heartbeat_interval_s: float = 2.0
+    block_size: Size = Size(64 << 10)  # checksum granularity
+    capacity: Size = Size(0)  # 0: the whole file system holding data_dir
+    reserved_space: Size = Size(64 << 20)  # refuse writes (ENOSPC) below this much free space
+    io_threads: int = 8
+
+    @property
+    def address(self) -> str:
+        return self.advertise or self.listen
+
+    @property
+    def host_label(self) -> str:
+        return self.host or socket.gethostname()
+
+
+class ClientConfig(_Config):
+    meta: list[str] = msgspec.field(default_factory=lambda: ["tcp://127.0.0.1:7100"])
+    rpc_timeout_s: float = 10.0
+    cache_size: Size = Size(256 << 20)  # memory for chunk data read ahead / recently read
+    readahead_chunks: int = 2  # chunks fetched ahead of a sequential reader
+    write_parallelism: int = 4  # chunks being written to storage at once per file
+    attr_timeout_s: float = 1.0
+    entry_timeout_s: float = 1.0
+
+
+C = TypeVar("C", bound=_Config)
+
+ROLES: dict[str, type[_Config]] = {"meta": MetaConfig, "storage": StorageConfig, "client": ClientConfig}
+
+
+def load(path: str | Path, kind: type[C]) -> C:
+    """Read a config file; QuietError naming the file and the key on any problem."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise QuietError(f"cannot read config {path}: {exc.strerror}") from None
+    return loads(data, kind, source=str(path))
+
+
+def loads(data: bytes | str, kind: type[C], *, source: str = "<config>") -> C:
+    try:
+        return msgspec.toml.decode(data, type=kind, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise QuietError(f"{source}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise QuietError(f"{source}: not valid TOML: {exc}") from None
+
+
+def dumps(config: _Config) -> str:
+    """TOML for a config (used by the local launcher to write its files)."""
+    return msgspec.toml.encode(config).decode()
+
+
+_EXAMPLES = {
+    "meta": '''\
+# stripefs metadata daemon: stripefs meta --config /etc/stripefs/metad.toml
+listen = "tcp://0.0.0.0:7100"        # ZeroMQ endpoint for clients and storage nodes
+data_dir = "/var/lib/stripefs/meta"  # the SQLite database (WAL) lives here
+node_timeout_s = 10.0                # storage node declared down after this much silence
+session_lease_s = 15.0               # a mount's open files are released after this much silence
+group_commit_ms = 2.0                # batch namespace commits: one fsync for many changes
+# layout of the root directory; new directories inherit their parent's
+chunk_size = "4M"
+stripe_count = 4
+redundancy = "replicas=2"            # or "ec=4+2"
+''',
+    "storage": '''\
+# stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
+node_id = 1                          # unique in the cluster, never reused
+listen = "tcp://0.0.0.0:7101"
+advertise = "tcp://storage1.example:7101"  # what clients connect to (default: listen)
+data_dir = "/srv/nvme0/stripefs"     # chunk files live here
+meta = ["tcp://meta.example:7100"]   # metadata daemon(s)
+host = ""                            # failure domain; default the hostname: replicas go to distinct hosts
+heartbeat_interval_s = 2.0
+block_size = "64K"                   # checksum granularity (xxh3 per block)
+capacity = 0                         # bytes to offer; 0 = the whole file system
+reserved_space = "64M"               # answer ENOSPC rather than fill the disk completely
+io_threads = 8
+''',
+    "client": '''\
+# stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
+meta = ["tcp://meta.example:7100"]   # overridden by META_ADDR on the command line
+rpc_timeout_s = 10.0
+cache_size = "256M"                  # memory for chunks read ahead and recently read
+readahead_chunks = 2                 # chunks fetched ahead of a sequential reader
+write_parallelism = 4                # chunks in flight to storage per file being written
+attr_timeout_s = 1.0                 # kernel attribute cache lifetime
+entry_timeout_s = 1.0                # kernel name cache lifetime
+''',
+}
+
+
+def example(role: str) -> str:
+    """A commented template for ``role`` (meta, storage, client)."""
+    return _EXAMPLES[role]

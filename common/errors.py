@@ -1,0 +1,86 @@
+"""Typed error codes that travel on the wire, and their one errno table.
+
+A handler raises ``StripefsError(ErrorCode.X, "what happened")``; the server
+turns it into an ``ErrorRsp``; the client's RPC layer raises it again; the FUSE
+boundary maps it to an errno with ``ERRNO_BY_CODE`` (unknown codes -> EIO).
+Never match on message text: match on the code.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+
+
+class ErrorCode(enum.IntEnum):
+    # generic
+    INTERNAL = 1  # a bug on the server: logged there with a traceback
+    BAD_REQUEST = 2  # malformed header or body, wrong payload count
+    VERSION_MISMATCH = 3  # protocol version differs
+    UNKNOWN_MESSAGE = 4
+    TIMEOUT = 5  # the peer did not answer in time (raised locally)
+    UNAVAILABLE = 6  # no healthy node / peer down
+    # namespace
+    NOT_FOUND = 10
+    EXISTS = 11
+    NOT_DIR = 12
+    IS_DIR = 13
+    NOT_EMPTY = 14
+    INVALID = 15
+    NAME_TOO_LONG = 16
+    NO_ATTR = 17  # xattr missing
+    PERMISSION = 18
+    CROSS_DEVICE = 19
+    RANGE = 20  # xattr value too large for the caller's buffer
+    # data
+    NO_SPACE = 30  # disk full on a storage node
+    STALE = 31  # the copy is older than the version asked for
+    CORRUPT = 32  # a block failed its checksum: a bad copy, never returned as data
+    IO = 33  # local I/O error on a storage node
+
+
+ERRNO_BY_CODE: dict[int, int] = {
+    ErrorCode.NOT_FOUND: errno.ENOENT,
+    ErrorCode.EXISTS: errno.EEXIST,
+    ErrorCode.NOT_DIR: errno.ENOTDIR,
+    ErrorCode.IS_DIR: errno.EISDIR,
+    ErrorCode.NOT_EMPTY: errno.ENOTEMPTY,
+    ErrorCode.INVALID: errno.EINVAL,
+    ErrorCode.NAME_TOO_LONG: errno.ENAMETOOLONG,
+    ErrorCode.NO_ATTR: errno.ENODATA,
+    ErrorCode.PERMISSION: errno.EPERM,
+    ErrorCode.CROSS_DEVICE: errno.EXDEV,
+    ErrorCode.RANGE: errno.ERANGE,
+    ErrorCode.NO_SPACE: errno.ENOSPC,
+    ErrorCode.TIMEOUT: errno.ETIMEDOUT,
+    ErrorCode.UNAVAILABLE: errno.EIO,
+}
+
+
+def errno_for(code: int) -> int:
+    """The errno a FUSE handler answers for an error code (EIO when unmapped)."""
+    return ERRNO_BY_CODE.get(code, errno.EIO)
+
+
+class StripefsError(Exception):
+    """An error with a code that can cross the wire."""
+
+    def __init__(self, code: ErrorCode | int, message: str = ""):
+        self.code = ErrorCode(code) if code in ErrorCode._value2member_map_ else code
+        self.message = message
+        super().__init__(f"{getattr(self.code, 'name', self.code)}: {message}")
+
+    @property
+    def errno(self) -> int:
+        return errno_for(int(self.code))
+
+
+class QuietError(Exception):
+    """A user error: the CLI prints the message without a traceback and exits.
+
+    Exit codes: 1 usage or config error, 2 cluster unreachable, 3 operation failed.
+    """
+
+    def __init__(self, message: str, exitcode: int = 1):
+        super().__init__(message)
+        self.exitcode = exitcode

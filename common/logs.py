@@ -1,0 +1,50 @@
+"""One logging setup per process.
+
+Under systemd (JOURNAL_STREAM set) lines carry a ``<N>`` syslog priority prefix
+so journald records levels; otherwise a timestamped plain format. SIGUSR1
+dumps every thread's stack (faulthandler) to find where a process hangs.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import signal
+import sys
+
+_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+
+class SystemdFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        prio = _PRIORITY.get(record.levelno, 6)
+        return f"<{prio}>{super().format(record)}"
+
+
+def setup_logging(role: str, *, debug: bool | list[str] = False, stream=None) -> None:
+    """Configure the root logger for a process of ``role``.
+
+    ``debug`` True turns on DEBUG everywhere; a list of module names turns it on
+    only for those (``--debug stripefs.client.operations``).
+    """
+    handler = logging.StreamHandler(stream or sys.stderr)
+    if os.environ.get("JOURNAL_STREAM"):
+        handler.setFormatter(SystemdFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s.%(msecs)03d {role}[%(process)d] %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    if debug is True:
+        root.setLevel(logging.DEBUG)
+    elif debug:
+        for name in debug:
+            logging.getLogger(name).setLevel(logging.DEBUG)
+    for noisy in ("pyfuse3",):
+        if debug is not True:
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)

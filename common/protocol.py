@@ -1,0 +1,681 @@
+"""The stripefs wire protocol: every message, the frame layout, the version.
+
+Frames
+------
+A message is a ZeroMQ multipart message::
+
+    frame 0      header: msgpack array [PROTOCOL_VERSION, request_id, body]
+    frame 1..n   raw payload bytes (chunk data); never msgpack-encoded
+
+``body`` is one of the structs below, msgpack-encoded as a map with a ``t``
+tag naming the message type (``{"t": "read_chunk", ...}``). Servers bind a
+ROUTER socket (which prepends the peer identity frame); clients connect a
+DEALER socket and match replies to requests by ``request_id``, so any number
+of requests may be in flight on one socket and replies may come back in any
+order.
+
+Rules
+-----
+* Every request gets exactly one reply: the message's ``...Rsp`` or an
+  ``ErrorRsp`` carrying an ``ErrorCode`` (common/errors.py). A server never
+  crashes on input: a header that does not decode, a wrong version, an unknown
+  type or a bad field gets ``ErrorRsp(BAD_REQUEST | VERSION_MISMATCH |
+  UNKNOWN_MESSAGE)`` and a log line. A header too broken to carry a
+  request_id is answered with request_id 0.
+* A version mismatch is refused, never guessed at: peers of different protocol
+  versions do not talk.
+* Clients time out every request (``rpc_timeout``) and retry idempotent ones.
+  ZeroMQ reconnects by itself after a peer restarts; a request lost in the
+  restart times out and is retried.
+* Payload frames are listed in each message's docstring. Their integrity is
+  carried in the header (``xxh3`` = xxh3_64 of the payload).
+
+Versions
+--------
+* ``PROTOCOL_VERSION``: checked on every message.
+* Chunk versions: every write session gets a fresh, cluster-wide increasing
+  *epoch* from the metadata daemon (``AllocEpochReq``); data written in that
+  session carries the epoch as its chunk version. The metadata daemon records
+  each chunk's committed version at ``CommitReq``. A storage node refuses to
+  serve a copy older than the version asked for (``STALE``), so a node that
+  missed writes can never serve stale data. Version 0 means "no data" (a hole).
+
+Chunk ids
+---------
+``ChunkId(ino, index, part)``: the ``index``-th chunk of file ``ino``; ``part``
+is 0 for replicated chunks and the fragment number for erasure-coded ones.
+Inode numbers are never reused, so a chunk id names one piece of one file
+forever.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+#: requests larger than this (header frame) are refused before decoding
+MAX_HEADER_BYTES = 1 << 20
+
+
+class Msg(msgspec.Struct, tag_field="t", frozen=True, kw_only=True):
+    """Base of every message body."""
+
+
+class ChunkId(msgspec.Struct, frozen=True, array_like=True):
+    ino: int
+    index: int
+    part: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.ino}:{self.index}:{self.part}"
+
+
+class Layout(msgspec.Struct, frozen=True):
+    """How a file is cut and protected; fixed at creation, inherited from its directory.
+
+    ``redundancy`` is ``"replicas=R"`` or ``"ec=K+M"`` (common/layout.py parses it).
+    """
+
+    chunk_size: int
+    stripe_count: int
+    redundancy: str
+
+
+class Attr(msgspec.Struct, frozen=True, array_like=True):
+    ino: int
+    mode: int
+    nlink: int
+    uid: int
+    gid: int
+    rdev: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    generation: int = 0
+
+
+class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
+    """Where one chunk of a file lives, and its committed version (0: never written)."""
+
+    index: int
+    version: int
+    nodes: list[int]
+
+
+class NodeAddr(msgspec.Struct, frozen=True, array_like=True):
+    node_id: int
+    address: str
+
+
+class DirEntry(msgspec.Struct, frozen=True, array_like=True):
+    name: bytes
+    attr: Attr
+    cookie: int  # pass back as ReaddirReq.after to continue after this entry
+
+
+class NodeInfo(msgspec.Struct, frozen=True):
+    node_id: int
+    address: str
+    host: str
+    state: str  # "up" | "down"
+    capacity_bytes: int
+    free_bytes: int
+    used_bytes: int  # bytes of chunk files stored
+    chunks: int
+    last_heartbeat_age_s: float
+
+
+# --------------------------------------------------------------------------
+# Generic
+# --------------------------------------------------------------------------
+
+
+class PingReq(Msg, tag="ping"):
+    pass
+
+
+class PingRsp(Msg, tag="ping_rsp"):
+    role: str  # "meta" | "storage"
+    node_id: int = 0
+    boot_id: str = ""
+
+
+class OkRsp(Msg, tag="ok"):
+    pass
+
+
+class ErrorRsp(Msg, tag="error"):
+    code: int  # common.errors.ErrorCode
+    message: str = ""
+
+
+# --------------------------------------------------------------------------
+# Storage node: clients and the metadata daemon talk to it directly
+# --------------------------------------------------------------------------
+
+
+class ReadChunkReq(Msg, tag="read_chunk"):
+    """Read ``length`` bytes at ``offset`` of a chunk.
+
+    Reply: ReadChunkRsp + 1 payload frame (may be shorter than asked: past the
+    chunk's stored length the file is a hole; the client pads with zeros).
+    Errors: NOT_FOUND (no copy), STALE (copy older than ``min_version``),
+    CORRUPT (a block failed its checksum; the copy is reported bad).
+    """
+
+    chunk: ChunkId
+    min_version: int
+    offset: int
+    length: int
+
+
+class ReadChunkRsp(Msg, tag="read_chunk_rsp"):
+    version: int
+    xxh3: int  # xxh3_64 of the payload frame
+
+
+class WriteChunkReq(Msg, tag="write_chunk"):
+    """Write payload frame 1 at ``offset`` into a chunk, making version ``version``.
+
+    * ``replace``: the payload is the whole chunk content (offset must be 0);
+      the node's previous copy, whatever its version, is discarded.
+    * otherwise the node merges the payload into its copy, which must be at
+      least ``base_version`` (the committed version the writer read from the
+      metadata daemon; 0 = the chunk may not exist yet). An older copy -> STALE,
+      and the writer then sends the whole chunk with ``replace``.
+    * ``truncate`` >= 0: cut (or zero-extend) the chunk to that length after
+      applying the payload.
+    * ``sync``: fsync the chunk file and its directory before replying.
+
+    The stored version becomes max(stored, ``version``). A chunk file is
+    replaced atomically (write, fsync if asked, rename): never half-written.
+    Reply: WriteChunkRsp. Errors: STALE, NO_SPACE, IO, BAD_REQUEST.
+    """
+
+    chunk: ChunkId
+    version: int
+    base_version: int
+    offset: int
+    xxh3: int  # xxh3_64 of the payload frame; checked before anything is written
+    replace: bool = False
+    truncate: int = -1
+    sync: bool = False
+
+
+class WriteChunkRsp(Msg, tag="write_chunk_rsp"):
+    version: int
+    length: int  # stored length of the chunk after the write
+
+
+class DeleteChunksReq(Msg, tag="delete_chunks"):
+    """Delete chunk copies (all their parts when ``all_parts``). Missing ones are fine."""
+
+    chunks: list[ChunkId]
+    all_parts: bool = True
+
+
+class DeleteChunksRsp(Msg, tag="delete_chunks_rsp"):
+    deleted: int
+
+
+class StatChunkReq(Msg, tag="stat_chunk"):
+    chunk: ChunkId
+
+
+class StatChunkRsp(Msg, tag="stat_chunk_rsp"):
+    version: int
+    length: int
+
+
+class NodeStatsReq(Msg, tag="node_stats"):
+    pass
+
+
+class NodeStatsRsp(Msg, tag="node_stats_rsp"):
+    node_id: int
+    capacity_bytes: int
+    free_bytes: int
+    used_bytes: int
+    chunks: int
+
+
+# --------------------------------------------------------------------------
+# Metadata daemon: storage nodes
+# --------------------------------------------------------------------------
+
+
+class RegisterNodeReq(Msg, tag="register_node"):
+    """A storage node announces itself at start and after the daemon restarts."""
+
+    node_id: int
+    address: str  # where clients reach it, e.g. tcp://127.0.0.1:7101
+    host: str  # failure domain label: replicas go to distinct hosts
+    capacity_bytes: int
+    free_bytes: int
+    used_bytes: int
+    chunks: int
+
+
+class NodeHeartbeatReq(Msg, tag="node_heartbeat"):
+    node_id: int
+    capacity_bytes: int
+    free_bytes: int
+    used_bytes: int
+    chunks: int
+
+
+# replies: OkRsp
+
+
+# --------------------------------------------------------------------------
+# Metadata daemon: clients (the namespace)
+# --------------------------------------------------------------------------
+
+
+class HelloReq(Msg, tag="hello"):
+    """A mount opens a session. Its open files are reported by SessionHeartbeatReq."""
+
+    host: str
+    pid: int
+    mountpoint: str = ""
+
+
+class HelloRsp(Msg, tag="hello_rsp"):
+    session_id: int
+    lease_s: float  # send SessionHeartbeatReq at least this often
+    boot_id: str  # changes when the daemon restarts
+    root_ino: int = 1
+
+
+class SessionHeartbeatReq(Msg, tag="session_heartbeat"):
+    """The full set of inodes this session has open; replaces the previous set."""
+
+    session_id: int
+    open_inodes: list[int]
+
+
+class LookupReq(Msg, tag="lookup"):
+    parent: int
+    name: bytes
+
+
+class GetattrReq(Msg, tag="getattr"):
+    ino: int
+
+
+class SetattrReq(Msg, tag="setattr"):
+    """Change attributes; fields left None are unchanged.
+
+    ``size``: truncation. Chunks wholly past the new size are dropped by the
+    daemon; the client has already cut the boundary chunk on its replicas and
+    passes its new version in ``chunks``.
+    """
+
+    ino: int
+    mode: int | None = None  # permission bits only; the file type never changes
+    uid: int | None = None
+    gid: int | None = None
+    size: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+    ctime_ns: int | None = None
+    chunks: list[ChunkRef] = []
+
+
+class AttrRsp(Msg, tag="attr_rsp"):
+    attr: Attr
+
+
+class CreateReq(Msg, tag="create"):
+    """Create and open a regular file. Reply: OpenRsp (with chunk 0 allocated)."""
+
+    parent: int
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+    session_id: int
+    exclusive: bool = True
+
+
+class MknodReq(Msg, tag="mknod"):
+    """Regular files, FIFOs, sockets and device nodes. Reply: AttrRsp."""
+
+    parent: int
+    name: bytes
+    mode: int
+    rdev: int
+    uid: int
+    gid: int
+
+
+class MkdirReq(Msg, tag="mkdir"):
+    parent: int
+    name: bytes
+    mode: int
+    uid: int
+    gid: int
+
+
+class SymlinkReq(Msg, tag="symlink"):
+    parent: int
+    name: bytes
+    target: bytes
+    uid: int
+    gid: int
+
+
+class LinkReq(Msg, tag="link"):
+    ino: int
+    new_parent: int
+    new_name: bytes
+
+
+class UnlinkReq(Msg, tag="unlink"):
+    """Remove a name. The inode's data is reclaimed once no name and no session refers to it."""
+
+    parent: int
+    name: bytes
+
+
+class RmdirReq(Msg, tag="rmdir"):
+    parent: int
+    name: bytes
+
+
+class RenameReq(Msg, tag="rename"):
+    """flags: 0, RENAME_NOREPLACE (1) or RENAME_EXCHANGE (2), as renameat2(2)."""
+
+    parent_old: int
+    name_old: bytes
+    parent_new: int
+    name_new: bytes
+    flags: int = 0
+
+
+class ReadlinkReq(Msg, tag="readlink"):
+    ino: int
+
+
+class ReadlinkRsp(Msg, tag="readlink_rsp"):
+    target: bytes
+
+
+class ReaddirReq(Msg, tag="readdir"):
+    """Entries of directory ``ino`` after cookie ``after`` (0: from the start)."""
+
+    ino: int
+    after: int = 0
+    limit: int = 1000
+
+
+class ReaddirRsp(Msg, tag="readdir_rsp"):
+    entries: list[DirEntry]
+    more: bool
+
+
+class OpenReq(Msg, tag="open"):
+    """Open a file: fresh attributes and chunk map (close-to-open consistency).
+
+    The inode joins the session's open set, so unlinking it elsewhere keeps
+    its data until the session closes it. Reply: OpenRsp.
+    """
+
+    ino: int
+    session_id: int
+    write: bool = False
+
+
+class OpenRsp(Msg, tag="open_rsp"):
+    attr: Attr
+    layout: Layout
+    chunks: list[ChunkRef]  # every chunk with a placement, ordered by index
+    nodes: list[NodeAddr]  # addresses of every node named in ``chunks``
+
+
+class CloseReq(Msg, tag="close"):
+    """The session closed its last handle on ``ino`` (lets an unlinked file go at once)."""
+
+    ino: int
+    session_id: int
+
+
+class AllocEpochReq(Msg, tag="alloc_epoch"):
+    pass
+
+
+class EpochRsp(Msg, tag="epoch_rsp"):
+    epoch: int
+
+
+class AllocChunksReq(Msg, tag="alloc_chunks"):
+    """Choose nodes for chunks that have no placement yet (existing ones are returned as is)."""
+
+    ino: int
+    indices: list[int]
+
+
+class ChunksRsp(Msg, tag="chunks_rsp"):
+    chunks: list[ChunkRef]
+    nodes: list[NodeAddr]
+
+
+class ReplaceReplicaReq(Msg, tag="replace_replica"):
+    """A write to ``failed_node`` failed: move that copy of the chunk to another healthy node."""
+
+    ino: int
+    index: int
+    failed_node: int
+
+
+class CommitReq(Msg, tag="commit"):
+    """Make written chunks visible: record their versions and extend the size.
+
+    ``size`` is a lower bound: the file's size becomes max(current, size).
+    Reply: AttrRsp.
+    """
+
+    ino: int
+    size: int
+    mtime_ns: int
+    chunks: list[ChunkRef]
+
+
+class StatfsReq(Msg, tag="statfs"):
+    pass
+
+
+class StatfsRsp(Msg, tag="statfs_rsp"):
+    total_bytes: int
+    free_bytes: int
+    files: int
+    block_size: int = 4096
+    name_max: int = 255
+
+
+class SetxattrReq(Msg, tag="setxattr"):
+    ino: int
+    name: bytes
+    value: bytes
+    flags: int = 0  # XATTR_CREATE (1) / XATTR_REPLACE (2)
+
+
+class GetxattrReq(Msg, tag="getxattr"):
+    ino: int
+    name: bytes
+
+
+class XattrRsp(Msg, tag="xattr_rsp"):
+    value: bytes
+
+
+class ListxattrReq(Msg, tag="listxattr"):
+    ino: int
+
+
+class ListxattrRsp(Msg, tag="listxattr_rsp"):
+    names: list[bytes]
+
+
+class RemovexattrReq(Msg, tag="removexattr"):
+    ino: int
+    name: bytes
+
+
+class GetLayoutReq(Msg, tag="get_layout"):
+    """The layout of a file, or the layout a directory gives new files."""
+
+    ino: int
+
+
+class SetLayoutReq(Msg, tag="set_layout"):
+    """Change a directory's layout for files created from now on; None = unchanged."""
+
+    ino: int
+    chunk_size: int | None = None
+    stripe_count: int | None = None
+    redundancy: str | None = None
+
+
+class LayoutRsp(Msg, tag="layout_rsp"):
+    layout: Layout
+
+
+class StatusReq(Msg, tag="status"):
+    pass
+
+
+class StatusRsp(Msg, tag="status_rsp"):
+    nodes: list[NodeInfo]
+    files: int
+    directories: int
+    chunks: int
+    logical_bytes: int
+    sessions: int
+    boot_id: str
+
+
+Request = Union[
+    PingReq,
+    ReadChunkReq,
+    WriteChunkReq,
+    DeleteChunksReq,
+    StatChunkReq,
+    NodeStatsReq,
+    RegisterNodeReq,
+    NodeHeartbeatReq,
+    HelloReq,
+    SessionHeartbeatReq,
+    LookupReq,
+    GetattrReq,
+    SetattrReq,
+    CreateReq,
+    MknodReq,
+    MkdirReq,
+    SymlinkReq,
+    LinkReq,
+    UnlinkReq,
+    RmdirReq,
+    RenameReq,
+    ReadlinkReq,
+    ReaddirReq,
+    OpenReq,
+    CloseReq,
+    AllocEpochReq,
+    AllocChunksReq,
+    ReplaceReplicaReq,
+    CommitReq,
+    StatfsReq,
+    SetxattrReq,
+    GetxattrReq,
+    ListxattrReq,
+    RemovexattrReq,
+    GetLayoutReq,
+    SetLayoutReq,
+    StatusReq,
+]
+
+Reply = Union[
+    PingRsp,
+    OkRsp,
+    ErrorRsp,
+    ReadChunkRsp,
+    WriteChunkRsp,
+    DeleteChunksRsp,
+    StatChunkRsp,
+    NodeStatsRsp,
+    HelloRsp,
+    AttrRsp,
+    ReadlinkRsp,
+    ReaddirRsp,
+    OpenRsp,
+    EpochRsp,
+    ChunksRsp,
+    StatfsRsp,
+    XattrRsp,
+    ListxattrRsp,
+    LayoutRsp,
+    StatusRsp,
+]
+
+
+class _Header(msgspec.Struct, array_like=True):
+    version: int
+    request_id: int
+    body: msgspec.Raw
+
+
+_encoder = msgspec.msgpack.Encoder()
+_header_decoder = msgspec.msgpack.Decoder(_Header)
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+class ProtocolError(Exception):
+    """A frame that is not a valid stripefs message; ``code`` says why."""
+
+    def __init__(self, code: int, message: str, request_id: int = 0):
+        super().__init__(message)
+        self.code = code
+        self.request_id = request_id
+
+
+def encode(request_id: int, body: Msg) -> bytes:
+    """The header frame for ``body``."""
+    return _encoder.encode((PROTOCOL_VERSION, request_id, body))
+
+
+def _decode(frame: bytes, decoder: msgspec.msgpack.Decoder) -> tuple[int, Msg]:
+    from .errors import ErrorCode  # local: keeps this module importable alone
+
+    if len(frame) > MAX_HEADER_BYTES:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"header frame of {len(frame)} bytes is too large")
+    try:
+        header = _header_decoder.decode(frame)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"undecodable header: {exc}") from None
+    if header.version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.VERSION_MISMATCH,
+            f"protocol version {header.version} is not {PROTOCOL_VERSION}",
+            header.request_id,
+        )
+    try:
+        body = decoder.decode(header.body)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"invalid message: {exc}", header.request_id) from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"undecodable body: {exc}", header.request_id) from None
+    return header.request_id, body
+
+
+def decode_request(frame: bytes) -> tuple[int, Msg]:
+    return _decode(frame, _request_decoder)
+
+
+def decode_reply(frame: bytes) -> tuple[int, Msg]:
+    return _decode(frame, _reply_decoder)

@@ -1,0 +1,303 @@
+"""ZeroMQ under trio: the socket adapter, the RPC client and the request server.
+
+pyzmq has no trio support, and the ZeroMQ file descriptor is *edge-triggered*:
+libzmq's docs say the state of ZMQ_EVENTS must be re-read after every
+``zmq_send``/``zmq_recv``, because any call on the socket may consume the edge
+without a new readable event on the FD. The naive loop ("recv NOBLOCK; on
+EAGAIN wait_readable") therefore hangs as soon as another task sends on the
+same socket.
+
+The adapter below follows pyzmq's own ``_schedule_remaining_events``:
+
+* Exactly one task, the *pump*, waits on the FD. Whenever it wakes it re-reads
+  ``ZMQ_EVENTS`` and wakes whoever waits for POLLIN or POLLOUT.
+* Every call into libzmq is followed by ``_refresh()``: it re-reads
+  ``ZMQ_EVENTS`` and wakes waiters, so an edge eaten by that call is never lost.
+* Waiters capture the current ``trio.Event`` *before* refreshing, so a wake-up
+  between the failed call and the wait cannot be missed.
+
+Invariant: between two awaits a task either sends a whole multipart message or
+none of it, so concurrent senders never interleave frames.
+
+On top: ``RpcClient`` (a DEALER with any number of requests in flight, matched
+by request id, each under a timeout) and ``serve`` (a ROUTER loop that decodes,
+dispatches to a handler, and answers every request, errors included).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Awaitable, Callable, Sequence
+
+import trio
+import zmq
+
+from . import protocol
+from .errors import ErrorCode, StripefsError
+
+log = logging.getLogger(__name__)
+
+Payload = bytes | memoryview | bytearray
+
+
+class ZmqSocket:
+    """Trio adapter for one pyzmq socket. Only the pump task waits on the FD."""
+
+    def __init__(self, sock: zmq.Socket):
+        self._sock = sock
+        self._recv_ready = trio.Event()
+        self._send_ready = trio.Event()
+        self.closed = False
+
+    @property
+    def raw(self) -> zmq.Socket:
+        return self._sock
+
+    def _refresh(self) -> None:
+        # Call after EVERY libzmq call on this socket: any of them may eat the FD edge.
+        if self.closed:
+            return
+        events = self._sock.get(zmq.EVENTS)
+        if events & zmq.POLLIN:
+            self._recv_ready.set()
+            self._recv_ready = trio.Event()
+        if events & zmq.POLLOUT:
+            self._send_ready.set()
+            self._send_ready = trio.Event()
+
+    async def _pump(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        self._refresh()
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(self._sock)
+                self._refresh()
+        except trio.ClosedResourceError:
+            pass
+
+    async def send_multipart(self, frames: Sequence[Payload]) -> None:
+        while True:
+            if self.closed:
+                raise trio.ClosedResourceError("socket is closed")
+            try:
+                self._sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                ready = self._send_ready
+                self._refresh()
+                await ready.wait()
+            else:
+                self._refresh()
+                await trio.lowlevel.checkpoint()
+                return
+
+    async def recv_multipart(self) -> list[zmq.Frame]:
+        """Receive one message as zmq.Frame objects (``.bytes`` copies, ``.buffer`` does not)."""
+        while True:
+            if self.closed:
+                raise trio.ClosedResourceError("socket is closed")
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                ready = self._recv_ready
+                self._refresh()
+                await ready.wait()
+            else:
+                self._refresh()
+                await trio.lowlevel.checkpoint()
+                return frames
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        trio.lowlevel.notify_closing(self._sock)
+        self._sock.close(linger=0)
+        # wake anyone still waiting so they see `closed`
+        self._recv_ready.set()
+        self._send_ready.set()
+
+
+@asynccontextmanager
+async def open_socket(
+    ctx: zmq.Context,
+    socket_type: int,
+    *,
+    bind: str | None = None,
+    connect: str | None = None,
+    hwm: int = 10_000,
+) -> AsyncIterator[ZmqSocket]:
+    """A ZmqSocket with its pump running; closed (linger 0) on exit."""
+    sock = ctx.socket(socket_type)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    if socket_type == zmq.DEALER:
+        # reconnect quickly after a peer restarts, without hammering a dead one
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    try:
+        if bind:
+            sock.bind(bind)
+        if connect:
+            sock.connect(connect)
+    except zmq.ZMQError:
+        sock.close(linger=0)
+        raise
+    zsock = ZmqSocket(sock)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(zsock._pump)
+        try:
+            yield zsock
+        finally:
+            zsock.close()
+            nursery.cancel_scope.cancel()
+
+
+class _Pending:
+    __slots__ = ("event", "body", "payloads")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.body: protocol.Msg | None = None
+        self.payloads: list[memoryview] = []
+
+
+class RpcClient:
+    """Requests to one peer over one DEALER socket; any number in flight at once."""
+
+    _ids = itertools.count(1)  # unique across clients of a process: easier log reading
+
+    def __init__(self, sock: ZmqSocket, address: str, timeout: float):
+        self.sock = sock
+        self.address = address
+        self.timeout = timeout
+        self._pending: dict[int, _Pending] = {}
+
+    async def _receive_loop(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            try:
+                frames = await self.sock.recv_multipart()
+            except trio.ClosedResourceError:
+                return
+            try:
+                request_id, body = protocol.decode_reply(frames[0].bytes)
+            except protocol.ProtocolError as exc:
+                log.warning("undecodable reply from %s: %s", self.address, exc)
+                continue
+            slot = self._pending.pop(request_id, None)
+            if slot is None:
+                log.debug("late reply %d from %s dropped", request_id, self.address)
+                continue
+            slot.body = body
+            slot.payloads = [f.buffer for f in frames[1:]]
+            slot.event.set()
+
+    async def call(
+        self,
+        request: protocol.Msg,
+        payloads: Sequence[Payload] = (),
+        *,
+        timeout: float | None = None,
+    ) -> tuple[protocol.Msg, list[memoryview]]:
+        """Send one request and wait for its reply. ErrorRsp is raised as StripefsError."""
+        request_id = next(self._ids)
+        slot = _Pending()
+        self._pending[request_id] = slot
+        deadline = self.timeout if timeout is None else timeout
+        try:
+            with trio.move_on_after(deadline if deadline is not None else math.inf):
+                await self.sock.send_multipart([protocol.encode(request_id, request), *payloads])
+                await slot.event.wait()
+        except trio.ClosedResourceError:
+            raise StripefsError(ErrorCode.UNAVAILABLE, f"connection to {self.address} is closed") from None
+        finally:
+            self._pending.pop(request_id, None)
+        body = slot.body
+        if body is None:
+            raise StripefsError(
+                ErrorCode.TIMEOUT,
+                f"{type(request).__name__} to {self.address} got no reply within {deadline:.1f}s",
+            )
+        if isinstance(body, protocol.ErrorRsp):
+            raise StripefsError(body.code, body.message)
+        return body, slot.payloads
+
+
+@asynccontextmanager
+async def connect(ctx: zmq.Context, address: str, *, timeout: float = 10.0) -> AsyncIterator[RpcClient]:
+    """An RpcClient connected to ``address`` with its receive loop running."""
+    async with open_socket(ctx, zmq.DEALER, connect=address) as sock:
+        client = RpcClient(sock, address, timeout)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client._receive_loop)
+            try:
+                yield client
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+Handler = Callable[[protocol.Msg, list[memoryview]], Awaitable[protocol.Msg | tuple[protocol.Msg, Sequence[Payload]]]]
+
+
+async def serve(
+    sock: ZmqSocket,
+    handler: Handler,
+    *,
+    concurrency: int = 64,
+    name: str = "server",
+) -> None:
+    """Answer requests on a bound ROUTER socket until cancelled.
+
+    ``handler(body, payloads)`` returns a reply body, or ``(body, payload_frames)``.
+    A StripefsError becomes an ErrorRsp with its code; any other exception is
+    logged with its traceback and answered INTERNAL. The server never dies on input.
+    """
+    limiter = trio.Semaphore(concurrency)
+
+    async def reply(identity: bytes, request_id: int, body: protocol.Msg, payloads: Sequence[Payload] = ()) -> None:
+        try:
+            await sock.send_multipart([identity, protocol.encode(request_id, body), *payloads])
+        except trio.ClosedResourceError:
+            pass
+
+    async def handle_one(identity: bytes, request_id: int, body: protocol.Msg, payloads: list[memoryview]) -> None:
+        try:
+            try:
+                result = await handler(body, payloads)
+            except StripefsError as exc:
+                log.debug("%s: %s -> %s", name, type(body).__name__, exc)
+                await reply(identity, request_id, protocol.ErrorRsp(code=int(exc.code), message=exc.message))
+                return
+            except Exception as exc:  # a bug: answer and log loudly, keep serving
+                log.exception("%s: handling %s failed", name, type(body).__name__)
+                await reply(
+                    identity, request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+                )
+                return
+            if isinstance(result, tuple):
+                await reply(identity, request_id, result[0], result[1])
+            else:
+                await reply(identity, request_id, result)
+        finally:
+            limiter.release()
+
+    async with trio.open_nursery() as nursery:
+        while True:
+            frames = await sock.recv_multipart()
+            identity = frames[0].bytes
+            if len(frames) < 2:
+                log.warning("%s: message without a header frame from %r", name, identity)
+                await reply(identity, 0, protocol.ErrorRsp(code=ErrorCode.BAD_REQUEST, message="no header frame"))
+                continue
+            try:
+                request_id, body = protocol.decode_request(frames[1].bytes)
+            except protocol.ProtocolError as exc:
+                log.warning("%s: bad request from %r: %s", name, identity, exc)
+                await reply(identity, exc.request_id, protocol.ErrorRsp(code=exc.code, message=str(exc)))
+                continue
+            await limiter.acquire()
+            nursery.start_soon(handle_one, identity, request_id, body, [f.buffer for f in frames[2:]])

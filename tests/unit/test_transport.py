@@ -1,0 +1,134 @@
+"""The trio adapter for pyzmq under concurrent load, and the server's answers to bad input."""
+
+import random
+
+import msgspec
+import pytest
+import trio
+import zmq
+
+from stripefs.common import protocol
+from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.transport import connect, open_socket, serve
+
+
+async def _echo_server(ctx, address, task_status=trio.TASK_STATUS_IGNORED):
+    async def handler(body, payloads):
+        if isinstance(body, protocol.ReadChunkReq):
+            if body.length < 0:
+                raise StripefsError(ErrorCode.INVALID, "negative length")
+            if body.length == 13:
+                raise RuntimeError("a bug")
+            await trio.sleep(random.random() / 1000)
+            data = bytes([body.offset % 256]) * body.length
+            return protocol.ReadChunkRsp(version=body.min_version, xxh3=0), [data]
+        if isinstance(body, protocol.WriteChunkReq):
+            return protocol.WriteChunkRsp(version=body.version, length=sum(len(p) for p in payloads))
+        return protocol.PingRsp(role="test")
+
+    async with open_socket(ctx, zmq.ROUTER, bind=address) as sock:
+        task_status.started()
+        await serve(sock, handler, name="echo")
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.term()
+
+
+def _free_address():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"tcp://127.0.0.1:{port}"
+
+
+async def test_many_tasks_share_one_socket(ctx):
+    """8 clients x 32 requests in flight, with payloads both ways: every reply arrives and matches."""
+    address = _free_address()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_echo_server, ctx, address)
+        done = 0
+
+        async def worker(client, wid):
+            nonlocal done
+            for i in range(60):
+                n = random.randrange(0, 70_000)
+                if i % 2:
+                    rsp, payloads = await client.call(
+                        protocol.ReadChunkReq(chunk=protocol.ChunkId(1, wid), min_version=i, offset=wid + i, length=n)
+                    )
+                    assert rsp.version == i
+                    assert bytes(payloads[0]) == bytes([(wid + i) % 256]) * n
+                else:
+                    rsp, _ = await client.call(
+                        protocol.WriteChunkReq(chunk=protocol.ChunkId(1, 0), version=i, base_version=0, offset=0, xxh3=0),
+                        [b"x" * n, b"y" * 3],
+                    )
+                    assert rsp.version == i and rsp.length == n + 3
+                done += 1
+
+        for c in range(8):
+            async with connect(ctx, address, timeout=20) as client:
+                async with trio.open_nursery() as inner:
+                    for w in range(32):
+                        inner.start_soon(worker, client, w)
+        assert done == 8 * 32 * 60
+        nursery.cancel_scope.cancel()
+
+
+async def test_errors_travel_as_codes_and_server_survives(ctx):
+    address = _free_address()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_echo_server, ctx, address)
+        async with connect(ctx, address, timeout=5) as client:
+            with pytest.raises(StripefsError) as exc:
+                await client.call(protocol.ReadChunkReq(chunk=protocol.ChunkId(1, 0), min_version=0, offset=0, length=-1))
+            assert exc.value.code == ErrorCode.INVALID
+            with pytest.raises(StripefsError) as exc:
+                await client.call(protocol.ReadChunkReq(chunk=protocol.ChunkId(1, 0), min_version=0, offset=0, length=13))
+            assert exc.value.code == ErrorCode.INTERNAL
+
+        # raw garbage: every malformed message gets an ErrorRsp, then a ping still works
+        async with open_socket(ctx, zmq.DEALER, connect=address) as raw:
+            bad = [
+                [b"\xff\x00garbage"],
+                [msgspec.msgpack.encode([99, 7, {"t": "ping"}])],
+                [msgspec.msgpack.encode([protocol.PROTOCOL_VERSION, 8, {"t": "no_such_message"}])],
+                [msgspec.msgpack.encode([protocol.PROTOCOL_VERSION, 9, {"t": "read_chunk", "offset": "x"}])],
+                [],
+            ]
+            expected = [ErrorCode.BAD_REQUEST, ErrorCode.VERSION_MISMATCH, ErrorCode.BAD_REQUEST, ErrorCode.BAD_REQUEST]
+            for frames, code in zip(bad, expected):
+                await raw.send_multipart(frames)
+                with trio.fail_after(5):
+                    reply = await raw.recv_multipart()
+                _, body = protocol.decode_reply(reply[0].bytes)
+                assert isinstance(body, protocol.ErrorRsp) and body.code == code
+        async with connect(ctx, address, timeout=5) as client:
+            rsp, _ = await client.call(protocol.PingReq())
+            assert rsp.role == "test"
+        nursery.cancel_scope.cancel()
+
+
+async def test_timeout_when_peer_is_absent(ctx):
+    async with connect(ctx, _free_address(), timeout=0.3) as client:
+        with pytest.raises(StripefsError) as exc:
+            await client.call(protocol.PingReq())
+        assert exc.value.code == ErrorCode.TIMEOUT
+
+
+async def test_reconnects_after_server_restart(ctx):
+    address = _free_address()
+    async with connect(ctx, address, timeout=5) as client:
+        for _ in range(2):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(_echo_server, ctx, address)
+                rsp, _ = await client.call(protocol.PingReq())
+                assert rsp.role == "test"
+                nursery.cancel_scope.cancel()
