@@ -222,6 +222,15 @@ class DeleteChunksRsp(Msg, tag="delete_chunks_rsp"):
     deleted: int
 
 
+class SyncChunksReq(Msg, tag="sync_chunks"):
+    """fsync chunk files written earlier without ``sync`` (the client's fsync()). Reply: OkRsp.
+
+    Chunks this node does not hold are ignored (a later read fails over anyway).
+    """
+
+    chunks: list[ChunkId]
+
+
 class StatChunkReq(Msg, tag="stat_chunk"):
     chunk: ChunkId
 
@@ -564,6 +573,7 @@ Request = Union[
     ReadChunkReq,
     WriteChunkReq,
     DeleteChunksReq,
+    SyncChunksReq,
     StatChunkReq,
     NodeStatsReq,
     RegisterNodeReq,
