@@ -1,0 +1,583 @@
+"""Chunk files on one local disk: the storage node's core, with no network code.
+
+A storage node keeps one file per chunk copy (``ChunkId(ino, index, part)``).
+``ChunkStore`` reads, writes, deletes and stats them; ``service.py`` decodes
+wire messages and calls it from worker threads. Everything here is plain
+synchronous Python so that it can be tested (and kill -9'ed) directly.
+
+On-disk layout
+--------------
+::
+
+    DATA_DIR/
+        .lock                     flock(2)ed while a node uses the directory
+        node_id                   the node id that owns it (refuses another)
+        chunks/AA/BB/INO-INDEX-PART.chunk
+
+``AA/BB`` are the two low bytes of xxh3_64 of ``(ino, index)`` in hex: 65,536
+directories, so ten million chunks make about 150 files per directory, and
+every part of one ``(ino, index)`` sits in the same directory (``delete``
+with ``all_parts`` lists one directory). Names are decimal so that an
+operator can go from a log line ("chunk 1234:5:0") to the file.
+
+Chunk file format (FORMAT_VERSION 1; all integers little-endian)
+----------------------------------------------------------------
+::
+
+    offset  size  field
+    0       8     magic b"STRIPECK"
+    8       2     format version (1)
+    10      2     flags (0)
+    12      4     block size B (bytes covered by one checksum)
+    16      8     chunk version (the writer's epoch; see common/protocol.py)
+    24      8     logical length L of the data
+    32      8     ino     \\
+    40      8     index    > the chunk id, so a misplaced file is detected
+    48      4     part    /
+    52      4     reserved (0)
+    56      8     xxh3_64 of bytes 0..55 followed by the checksum table
+    64      8*N   checksum table: xxh3_64 of each data block, N = ceil(L / B)
+    64+8N   L     data (the last block may be short; it is hashed as stored)
+
+The file size is therefore exactly ``64 + 8*N + L``. Anything else - a bad
+magic, an unknown format version, a header checksum mismatch, a wrong size,
+another chunk's id - is CORRUPT.
+
+Reads verify the header (and the whole table, at most 8 KiB for a 64 MiB chunk)
+and then every data block they touch, on every read: a mismatch raises
+``StripefsError(CORRUPT)`` and logs a WARNING naming the chunk and the block,
+and the bytes are never returned. The copy is bad; the client reads another
+copy and the metadata daemon repairs this one.
+
+Writes never modify a chunk file in place. Every write builds the complete new
+file under ``NAME.tmp`` in the same directory (fsynced when the request asks
+for ``sync``), renames it over ``NAME`` (then fsyncs the directory when
+``sync``). After kill -9 at any moment the chunk is therefore either the old
+or the new file; leftover ``*.tmp`` files are removed at startup. A partial
+write reads the old copy (verifying it), merges and writes a whole new file:
+simple, crash-safe, and cheap for the chunk sizes used (a few MiB).
+
+Concurrency: calls may come from many threads at once. Writes and deletes of
+one chunk are serialised by a per-chunk lock (read-merge-rename is otherwise a
+lost update); reads take no lock, because a reader's open file descriptor keeps
+the file it opened, old or new, whole.
+
+Space: ``used`` is the sum of the chunk file sizes, counted by a scan at
+startup and kept up to date by writes and deletes. A write is refused with
+NO_SPACE, leaving the stored copy intact, when it would take the store past
+``capacity`` (if nonzero) or leave less than ``reserved_space`` free on the
+file system; a real ENOSPC/EDQUOT while writing is answered the same way.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, NamedTuple, Sequence
+
+import xxhash
+
+from stripefs.common.errors import ErrorCode, QuietError, StripefsError
+from stripefs.common.layout import MAX_CHUNK_SIZE
+from stripefs.common.protocol import ChunkId
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"STRIPECK"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sHHIQQQQII")  # everything up to the header checksum
+_HEADER_CRC = struct.Struct("<Q")
+HEADER_SIZE = _HEADER.size + _HEADER_CRC.size  # 64
+_SUM = 8  # bytes per block checksum
+_FIRST_READ = 4096  # header + 504 checksums: the whole table of a 31.5 MiB chunk at 64 KiB blocks
+_U64 = (1 << 64) - 1
+_U32 = (1 << 32) - 1
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+class ChunkMeta(NamedTuple):
+    version: int
+    length: int
+
+
+class Usage(NamedTuple):
+    capacity_bytes: int
+    free_bytes: int
+    used_bytes: int
+    chunks: int
+
+
+class _Header(NamedTuple):
+    version: int
+    length: int
+    block_size: int
+    sums: tuple[int, ...]
+    data_start: int
+
+
+def _bad_request(message: str) -> StripefsError:
+    return StripefsError(ErrorCode.BAD_REQUEST, message)
+
+
+def _check_chunk_id(chunk: ChunkId) -> None:
+    if not (0 <= chunk.ino <= _U64 and 0 <= chunk.index <= _U64 and 0 <= chunk.part <= _U32):
+        raise _bad_request(f"chunk id {chunk} out of range")
+
+
+def _block_sums(data: memoryview, block_size: int) -> list[int]:
+    return [_xxh3(data[i : i + block_size]) for i in range(0, len(data), block_size)]
+
+
+def _encode_header(chunk: ChunkId, version: int, data: memoryview, block_size: int) -> bytes:
+    sums = _block_sums(data, block_size)
+    fixed = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, block_size, version, len(data), chunk.ino, chunk.index, chunk.part, 0)
+    table = struct.pack(f"<{len(sums)}Q", *sums)
+    digest = xxhash.xxh3_64(fixed)
+    digest.update(table)
+    return fixed + _HEADER_CRC.pack(digest.intdigest()) + table
+
+
+class ChunkStore:
+    """The chunk files under ``data_dir``; safe to call from several threads."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        *,
+        block_size: int = 64 << 10,
+        capacity: int = 0,
+        reserved_space: int = 64 << 20,
+        node_id: int | None = None,
+    ):
+        if not (512 <= block_size <= MAX_CHUNK_SIZE):
+            raise QuietError(f"block_size {block_size} must be between 512 bytes and {MAX_CHUNK_SIZE} bytes")
+        self.data_dir = Path(data_dir)
+        self.block_size = block_size
+        self.capacity = capacity
+        self.reserved_space = reserved_space
+        self._chunks_dir = self.data_dir / "chunks"
+        self._locks: dict[ChunkId, list] = {}  # chunk -> [lock, users]
+        self._locks_guard = threading.Lock()
+        self._usage_guard = threading.Lock()
+        self._lock_fd = self._lock_data_dir()
+        try:
+            if node_id is not None:
+                self._claim(node_id)
+            self._chunks_dir.mkdir(exist_ok=True)
+            self._used, self._count = self._scan()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle --------------------------------------------------------
+
+    def _lock_data_dir(self) -> int:
+        fd = os.open(self.data_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise QuietError(f"{self.data_dir} is in use by another storage node") from None
+        return fd
+
+    def _claim(self, node_id: int) -> None:
+        marker = self.data_dir / "node_id"
+        try:
+            owner = int(marker.read_text().strip())
+        except FileNotFoundError:
+            marker.write_text(f"{node_id}\n")
+            return
+        except ValueError:
+            raise QuietError(f"{marker} is not a node id; remove it only if you know this disk's history") from None
+        if owner != node_id:
+            raise QuietError(f"{self.data_dir} belongs to storage node {owner}, not {node_id}")
+
+    def _scan(self) -> tuple[int, int]:
+        """Sum the chunk files and remove temp files left by a crash."""
+        used = count = removed = 0
+        for top in os.scandir(self._chunks_dir):
+            if not top.is_dir(follow_symlinks=False):
+                continue
+            for sub in os.scandir(top.path):
+                if not sub.is_dir(follow_symlinks=False):
+                    continue
+                for entry in os.scandir(sub.path):
+                    if entry.name.endswith(".tmp"):
+                        os.unlink(entry.path)
+                        removed += 1
+                    elif entry.name.endswith(".chunk"):
+                        used += entry.stat(follow_symlinks=False).st_size
+                        count += 1
+        if removed:
+            log.info("removed %d temp files left by an interrupted write in %s", removed, self.data_dir)
+        log.info("%s holds %d chunks, %d bytes", self.data_dir, count, used)
+        return used, count
+
+    def close(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    def __enter__(self) -> ChunkStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- paths and locks ----------------------------------------------------
+
+    def _dir(self, ino: int, index: int) -> Path:
+        h = _xxh3(struct.pack("<QQ", ino, index))
+        return self._chunks_dir / f"{h & 0xFF:02x}" / f"{(h >> 8) & 0xFF:02x}"
+
+    def path(self, chunk: ChunkId) -> Path:
+        """The file holding ``chunk`` (tests corrupt it on purpose)."""
+        return self._dir(chunk.ino, chunk.index) / f"{chunk.ino}-{chunk.index}-{chunk.part}.chunk"
+
+    @contextmanager
+    def _chunk_lock(self, chunk: ChunkId) -> Iterator[None]:
+        with self._locks_guard:
+            slot = self._locks.setdefault(chunk, [threading.Lock(), 0])
+            slot[1] += 1
+        try:
+            with slot[0]:
+                yield
+        finally:
+            with self._locks_guard:
+                slot[1] -= 1
+                if not slot[1]:
+                    del self._locks[chunk]
+
+    # -- reading --------------------------------------------------------------
+
+    def _corrupt(self, chunk: ChunkId, what: str) -> StripefsError:
+        log.warning("chunk %s is corrupt: %s (%s)", chunk, what, self.path(chunk))
+        return StripefsError(ErrorCode.CORRUPT, f"chunk {chunk}: {what}")
+
+    def _read_header(self, fd: int, chunk: ChunkId) -> tuple[_Header, bytes]:
+        """The verified header of an open chunk file, and the bytes read so far."""
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, _FIRST_READ, 0)
+        if len(head) < HEADER_SIZE:
+            raise self._corrupt(chunk, f"file of {size} bytes is shorter than a header")
+        magic, fmt, _flags, block_size, version, length, ino, index, part, _ = _HEADER.unpack_from(head)
+        if magic != MAGIC:
+            raise self._corrupt(chunk, f"bad magic {magic!r}")
+        if fmt != FORMAT_VERSION:
+            raise self._corrupt(chunk, f"unknown format version {fmt}")
+        if not (0 < block_size and length <= MAX_CHUNK_SIZE):
+            raise self._corrupt(chunk, f"impossible block size {block_size} or length {length}")
+        nblocks = -(-length // block_size)
+        data_start = HEADER_SIZE + _SUM * nblocks
+        if size != data_start + length:
+            raise self._corrupt(chunk, f"file is {size} bytes, header says {data_start + length}")
+        if len(head) < data_start:
+            head += os.pread(fd, data_start - len(head), len(head))
+        table = memoryview(head)[HEADER_SIZE:data_start]
+        digest = xxhash.xxh3_64(memoryview(head)[: _HEADER.size])
+        digest.update(table)
+        if digest.intdigest() != _HEADER_CRC.unpack_from(head, _HEADER.size)[0]:
+            raise self._corrupt(chunk, "header checksum mismatch")
+        if ChunkId(ino, index, part) != chunk:
+            raise self._corrupt(chunk, f"file holds chunk {ino}:{index}:{part}")
+        sums = struct.unpack(f"<{nblocks}Q", table)
+        return _Header(version, length, block_size, sums, data_start), head
+
+    def _read_blocks(self, fd: int, chunk: ChunkId, hdr: _Header, head: bytes, start: int, end: int) -> tuple[bytes, int]:
+        """Verified data of the blocks covering [start, end); returns (bytes, offset of its first byte)."""
+        bs = hdr.block_size
+        first, last = start // bs, (end - 1) // bs
+        span_start, span_end = first * bs, min((last + 1) * bs, hdr.length)
+        if hdr.data_start + span_end <= len(head):  # small chunk: already read with the header
+            span = head[hdr.data_start + span_start : hdr.data_start + span_end]
+        else:
+            span = os.pread(fd, span_end - span_start, hdr.data_start + span_start)
+        if len(span) != span_end - span_start:
+            raise self._corrupt(chunk, "short read")
+        view = memoryview(span)
+        for block in range(first, last + 1):
+            pos = (block - first) * bs
+            if _xxh3(view[pos : pos + bs]) != hdr.sums[block]:
+                raise self._corrupt(chunk, f"block {block} (bytes {block * bs}..) failed its checksum")
+        return span, span_start
+
+    def read(self, chunk: ChunkId, min_version: int, offset: int, length: int) -> tuple[int, bytes]:
+        """``(version, data)`` for ``length`` bytes at ``offset``; short or empty past the stored length.
+
+        NOT_FOUND: no copy. STALE: the copy is older than ``min_version``.
+        CORRUPT: the header or a block in the range failed its checksum.
+        """
+        _check_chunk_id(chunk)
+        if offset < 0 or length < 0 or length > MAX_CHUNK_SIZE:
+            raise _bad_request(f"read of chunk {chunk}: bad range offset={offset} length={length}")
+        with self._open(chunk) as fd:
+            hdr, head = self._read_header(fd, chunk)
+            if hdr.version < min_version:
+                raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < {min_version}")
+            end = min(offset + length, hdr.length)
+            if end <= offset:
+                return hdr.version, b""
+            span, span_start = self._read_blocks(fd, chunk, hdr, head, offset, end)
+        if span_start == offset and len(span) == end - offset:
+            return hdr.version, span  # block-aligned: no copy
+        return hdr.version, span[offset - span_start : end - span_start]
+
+    @contextmanager
+    def _open(self, chunk: ChunkId) -> Iterator[int]:
+        try:
+            fd = os.open(self.path(chunk), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"no copy of chunk {chunk}") from None
+        except OSError as exc:
+            raise self._io_error(chunk, "open", exc) from None
+        try:
+            yield fd
+        except OSError as exc:
+            raise self._io_error(chunk, "read", exc) from None
+        finally:
+            os.close(fd)
+
+    def _io_error(self, chunk: ChunkId, what: str, exc: OSError) -> StripefsError:
+        log.error("chunk %s: %s failed: %s", chunk, what, exc)
+        return StripefsError(ErrorCode.IO, f"chunk {chunk}: {what} failed: {exc.strerror}")
+
+    def stat(self, chunk: ChunkId) -> ChunkMeta:
+        """Version and length of the stored copy (header verified). NOT_FOUND, CORRUPT."""
+        _check_chunk_id(chunk)
+        with self._open(chunk) as fd:
+            hdr, _ = self._read_header(fd, chunk)
+        return ChunkMeta(hdr.version, hdr.length)
+
+    # -- writing --------------------------------------------------------------
+
+    def write(
+        self,
+        chunk: ChunkId,
+        version: int,
+        base_version: int,
+        offset: int,
+        data: bytes | bytearray | memoryview,
+        *,
+        replace: bool = False,
+        truncate: int = -1,
+        sync: bool = False,
+    ) -> ChunkMeta:
+        """Apply one WriteChunkReq (see its docstring); returns the stored (version, length)."""
+        _check_chunk_id(chunk)
+        data = memoryview(data)
+        if data.format != "B" or data.ndim != 1:
+            data = data.cast("B")
+        if not 0 <= version <= _U64:
+            raise _bad_request(f"write of chunk {chunk}: version {version} out of range")
+        if offset < 0 or offset + len(data) > MAX_CHUNK_SIZE:
+            raise _bad_request(f"write of chunk {chunk}: range {offset}+{len(data)} outside 0..{MAX_CHUNK_SIZE}")
+        if replace and offset != 0:
+            raise _bad_request(f"write of chunk {chunk}: replace at offset {offset}, must be 0")
+        if truncate < -1 or truncate > MAX_CHUNK_SIZE:
+            raise _bad_request(f"write of chunk {chunk}: truncate {truncate} outside -1..{MAX_CHUNK_SIZE}")
+        path = self.path(chunk)
+        with self._chunk_lock(chunk):
+            try:
+                old_size = os.stat(path).st_size
+            except FileNotFoundError:
+                old_size = -1
+            if replace:
+                old_version = self._version_or_zero(chunk) if old_size >= 0 else 0
+                content: memoryview | bytearray = data
+            else:
+                old_version, content = self._merge(chunk, base_version, offset, data, truncate, old_size >= 0)
+            if truncate >= 0 and len(content) != truncate:
+                if len(content) > truncate:
+                    content = content[:truncate]
+                else:
+                    content = bytearray(content)
+                    content.extend(bytes(truncate - len(content)))
+            new_version = max(old_version, version)
+            header = _encode_header(chunk, new_version, memoryview(content), self.block_size)
+            new_size = len(header) + len(content)
+            self._check_space(chunk, max(old_size, 0), new_size)
+            self._replace_file(chunk, path, (header, content), sync)
+            with self._usage_guard:
+                self._used += new_size - max(old_size, 0)
+                self._count += old_size < 0
+        log.debug("chunk %s: wrote %d bytes at %d, now version %d length %d", chunk, len(data), offset, new_version, len(content))
+        return ChunkMeta(new_version, len(content))
+
+    def _version_or_zero(self, chunk: ChunkId) -> int:
+        """The stored copy's version for a replace; a corrupt copy counts as none."""
+        try:
+            return self.stat(chunk).version
+        except StripefsError as exc:
+            if exc.code == ErrorCode.CORRUPT:
+                return 0
+            if exc.code == ErrorCode.NOT_FOUND:  # deleted in between: impossible under the lock, harmless
+                return 0
+            raise
+
+    def _merge(
+        self, chunk: ChunkId, base_version: int, offset: int, data: memoryview, truncate: int, exists: bool
+    ) -> tuple[int, memoryview | bytearray]:
+        """The old version and the merged content of a partial write."""
+        if not exists:
+            if base_version > 0:
+                raise StripefsError(ErrorCode.STALE, f"no copy of chunk {chunk}, writer expects version {base_version}")
+            if offset == 0:
+                return 0, data
+            content = bytearray(offset)
+            content += data
+            return 0, content
+        with self._open(chunk) as fd:
+            hdr, head = self._read_header(fd, chunk)
+            if hdr.version < base_version:
+                raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < base {base_version}")
+            end = offset + len(data)
+            keep = hdr.length if truncate < 0 else min(hdr.length, truncate)
+            if offset == 0 and end >= keep:  # the old bytes that survive are all overwritten
+                return hdr.version, data
+            old = b""
+            if hdr.length:
+                old, _ = self._read_blocks(fd, chunk, hdr, head, 0, hdr.length)
+        content = bytearray(old)
+        if len(content) < offset:
+            content.extend(bytes(offset - len(content)))
+        content[offset:end] = data
+        return hdr.version, content
+
+    def _check_space(self, chunk: ChunkId, old_size: int, new_size: int) -> None:
+        if self.capacity and self._used - old_size + new_size > self.capacity:
+            raise StripefsError(
+                ErrorCode.NO_SPACE, f"chunk {chunk}: {new_size} bytes would exceed the capacity of {self.capacity}"
+            )
+        free = self._fs_free()
+        if free - new_size < self.reserved_space:  # the temp file exists beside the old copy
+            raise StripefsError(
+                ErrorCode.NO_SPACE,
+                f"chunk {chunk}: {new_size} bytes would leave less than the reserved {self.reserved_space} free",
+            )
+
+    def _fs_free(self) -> int:
+        st = os.statvfs(self._chunks_dir)
+        return st.f_bavail * st.f_frsize
+
+    def _replace_file(self, chunk: ChunkId, path: Path, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                self._make_dirs(path.parent)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                _write_all(fd, parts)
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+            if sync:
+                _fsync_dir(path.parent)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            if exc.errno in _NO_SPACE_ERRNOS:
+                log.warning("chunk %s: disk full while writing: %s", chunk, exc)
+                raise StripefsError(ErrorCode.NO_SPACE, f"chunk {chunk}: {exc.strerror}") from None
+            raise self._io_error(chunk, "write", exc) from None
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+
+    def _make_dirs(self, directory: Path) -> None:
+        """Create a fan-out directory; new directory entries are fsynced (rare: 65,792 at most)."""
+        for d in (directory.parent, directory):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue
+            _fsync_dir(d.parent)
+
+    # -- deleting and accounting ----------------------------------------------
+
+    def delete(self, chunks: Sequence[ChunkId], all_parts: bool = True) -> int:
+        """Remove copies (every part of each ``(ino, index)`` when ``all_parts``); returns how many."""
+        deleted = 0
+        for chunk in chunks:
+            _check_chunk_id(chunk)
+            if all_parts:
+                prefix = f"{chunk.ino}-{chunk.index}-"
+                try:
+                    names = os.listdir(self._dir(chunk.ino, chunk.index))
+                except FileNotFoundError:
+                    continue
+                targets = [
+                    ChunkId(chunk.ino, chunk.index, int(n[len(prefix) : -len(".chunk")]))
+                    for n in names
+                    if n.startswith(prefix) and n.endswith(".chunk") and n[len(prefix) : -len(".chunk")].isdigit()
+                ]
+            else:
+                targets = [chunk]
+            for target in targets:
+                deleted += self._delete_one(target)
+        return deleted
+
+    def _delete_one(self, chunk: ChunkId) -> int:
+        path = self.path(chunk)
+        with self._chunk_lock(chunk):
+            try:
+                size = os.stat(path).st_size
+                os.unlink(path)
+            except FileNotFoundError:
+                return 0
+            except OSError as exc:
+                raise self._io_error(chunk, "delete", exc) from None
+            with self._usage_guard:
+                self._used -= size
+                self._count -= 1
+        log.debug("chunk %s deleted", chunk)
+        return 1
+
+    def usage(self) -> Usage:
+        """What the node offers: capacity, free (what it will still accept), used (chunk files), chunks."""
+        st = os.statvfs(self._chunks_dir)
+        fs_free = max(0, st.f_bavail * st.f_frsize - self.reserved_space)
+        with self._usage_guard:
+            used, count = self._used, self._count
+        if self.capacity:
+            return Usage(self.capacity, max(0, min(self.capacity - used, fs_free)), used, count)
+        return Usage(st.f_blocks * st.f_frsize, fs_free, used, count)
+
+
+def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:
+    """writev until every byte is written (one system call in the usual case)."""
+    views = [memoryview(p) for p in parts if len(p)]
+    while views:
+        n = os.writev(fd, views)
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # the startup scan removes it later
+        log.warning("could not remove temp file %s: %s", path, exc)
