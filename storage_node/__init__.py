@@ -1,1 +1,10 @@
-"""storage_node"""
+"""The storage node role: one process per disk keeping chunk files on that disk.
+
+``chunk_store.ChunkStore`` is the core (plain synchronous Python, no network):
+checksummed chunk files, replaced atomically, with space accounting; its module
+docstring is the on-disk format spec. ``service.StorageService`` answers the
+storage messages of common/protocol.py on a ROUTER socket, running disk work in
+worker threads, and heartbeats the metadata daemon. ``cli.main`` is
+``stripefs storage --config storage.toml``. Clients read and write chunks here
+directly; the metadata daemon only decides which node holds which chunk.
+"""

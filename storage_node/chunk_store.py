@@ -503,6 +503,30 @@ class ChunkStore:
                 continue
             _fsync_dir(d.parent)
 
+    def sync(self, chunks: Sequence[ChunkId]) -> int:
+        """fsync chunk files written earlier without ``sync``, and their directories (the
+        rename must be durable too). Chunks not held are skipped; returns how many were synced."""
+        synced = 0
+        directories: set[Path] = set()
+        for chunk in chunks:
+            _check_chunk_id(chunk)
+            path = self.path(chunk)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise self._io_error(chunk, "fsync", exc) from None
+            finally:
+                os.close(fd)
+            directories.add(path.parent)
+            synced += 1
+        for directory in directories:
+            _fsync_dir(directory)
+        return synced
+
     # -- deleting and accounting ----------------------------------------------
 
     def delete(self, chunks: Sequence[ChunkId], all_parts: bool = True) -> int:

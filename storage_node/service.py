@@ -1,0 +1,199 @@
+"""The storage node's network side: answers chunk requests, heartbeats the metadata daemon.
+
+``StorageService.handle`` is the ``serve()`` handler (common/transport.py) for
+the node's ROUTER socket. It checks each request's payload frames, then runs
+the ChunkStore call in a worker thread (``trio.to_thread.run_sync`` under a
+``CapacityLimiter`` of ``io_threads``), so that disk I/O and checksumming
+never block the event loop. Payload checksums (xxh3 of the frame) are checked
+and computed in the same worker call. A cancelled request lets its worker
+finish: a chunk write is never abandoned halfway.
+
+Beside the server runs one heartbeat task per metadata daemon address::
+
+    RegisterNodeReq   at start, until the daemon answers (it may start later)
+    NodeHeartbeatReq  every heartbeat_interval_s, with capacity and usage
+    RegisterNodeReq   again when the daemon answers NOT_FOUND (it restarted
+                      and forgot us) or answers again after being unreachable
+
+The node keeps serving clients whatever the daemon's state: an unreachable
+daemon is logged once as a WARNING, and its return as INFO.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+from typing import Any, Awaitable, Callable
+
+import trio
+import xxhash
+import zmq
+
+from stripefs.common import protocol as p
+from stripefs.common.config import StorageConfig
+from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.transport import connect, open_socket, serve
+
+from .chunk_store import ChunkStore
+
+log = logging.getLogger(__name__)
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+class StorageService:
+    """One storage node: the ChunkStore behind a ROUTER socket, plus heartbeats."""
+
+    def __init__(self, config: StorageConfig, store: ChunkStore, *, ctx: zmq.Context | None = None):
+        self.config = config
+        self.store = store
+        self.node_id = config.node_id
+        self.boot_id = secrets.token_hex(8)  # changes on every process start
+        self._ctx = ctx or zmq.Context.instance()
+        self._limiter = trio.CapacityLimiter(config.io_threads)
+        self._handlers: dict[type, Callable[[Any, list[memoryview]], Awaitable[Any]]] = {
+            p.PingReq: self.handle_ping,
+            p.ReadChunkReq: self.handle_read_chunk,
+            p.WriteChunkReq: self.handle_write_chunk,
+            p.DeleteChunksReq: self.handle_delete_chunks,
+            p.SyncChunksReq: self.handle_sync_chunks,
+            p.StatChunkReq: self.handle_stat_chunk,
+            p.NodeStatsReq: self.handle_node_stats,
+        }
+
+    # -- requests -------------------------------------------------------------
+
+    async def handle(self, body: p.Msg, payloads: list[memoryview]):
+        handler = self._handlers.get(type(body))
+        if handler is None:
+            log.warning("node %d: %s is not a storage node request", self.node_id, type(body).__name__)
+            raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"a storage node does not handle {type(body).__name__}")
+        expected = 1 if type(body) is p.WriteChunkReq else 0
+        if len(payloads) != expected:
+            log.warning("node %d: %s with %d payload frames", self.node_id, type(body).__name__, len(payloads))
+            raise StripefsError(
+                ErrorCode.BAD_REQUEST, f"{type(body).__name__} takes {expected} payload frames, got {len(payloads)}"
+            )
+        return await handler(body, payloads)
+
+    async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
+
+    async def handle_ping(self, req: p.PingReq, payloads: list[memoryview]) -> p.PingRsp:
+        return p.PingRsp(role="storage", node_id=self.node_id, boot_id=self.boot_id)
+
+    async def handle_read_chunk(self, req: p.ReadChunkReq, payloads: list[memoryview]):
+        version, data, digest = await self._io(self._read_and_hash, req)
+        return p.ReadChunkRsp(version=version, xxh3=digest), [data]
+
+    def _read_and_hash(self, req: p.ReadChunkReq) -> tuple[int, bytes, int]:
+        version, data = self.store.read(req.chunk, req.min_version, req.offset, req.length)
+        return version, data, _xxh3(data)
+
+    async def handle_write_chunk(self, req: p.WriteChunkReq, payloads: list[memoryview]) -> p.WriteChunkRsp:
+        meta = await self._io(self._check_and_write, req, payloads[0])
+        return p.WriteChunkRsp(version=meta.version, length=meta.length)
+
+    def _check_and_write(self, req: p.WriteChunkReq, data: memoryview):
+        digest = _xxh3(data)
+        if digest != req.xxh3:
+            log.warning(
+                "node %d: payload for chunk %s failed its checksum (%x, header says %x): nothing written",
+                self.node_id,
+                req.chunk,
+                digest,
+                req.xxh3,
+            )
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"payload for chunk {req.chunk} does not match its xxh3")
+        return self.store.write(
+            req.chunk,
+            req.version,
+            req.base_version,
+            req.offset,
+            data,
+            replace=req.replace,
+            truncate=req.truncate,
+            sync=req.sync,
+        )
+
+    async def handle_delete_chunks(self, req: p.DeleteChunksReq, payloads: list[memoryview]) -> p.DeleteChunksRsp:
+        deleted = await self._io(self.store.delete, req.chunks, req.all_parts)
+        log.info("node %d: deleted %d chunk files for %d chunk ids", self.node_id, deleted, len(req.chunks))
+        return p.DeleteChunksRsp(deleted=deleted)
+
+    async def handle_sync_chunks(self, req: p.SyncChunksReq, payloads: list[memoryview]) -> p.OkRsp:
+        await self._io(self.store.sync, req.chunks)
+        return p.OkRsp()
+
+    async def handle_stat_chunk(self, req: p.StatChunkReq, payloads: list[memoryview]) -> p.StatChunkRsp:
+        meta = await self._io(self.store.stat, req.chunk)
+        return p.StatChunkRsp(version=meta.version, length=meta.length)
+
+    async def handle_node_stats(self, req: p.NodeStatsReq, payloads: list[memoryview]) -> p.NodeStatsRsp:
+        usage = await self._io(self.store.usage)
+        return p.NodeStatsRsp(node_id=self.node_id, **usage._asdict())
+
+    # -- running --------------------------------------------------------------
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Bind, report started, then serve and heartbeat until cancelled."""
+        async with open_socket(self._ctx, zmq.ROUTER, bind=self.config.listen) as sock:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    functools.partial(serve, sock, self.handle, name=f"storage-{self.node_id}"),
+                    name=f"storage-{self.node_id}-server",
+                )
+                for address in self.config.meta:
+                    nursery.start_soon(self._heartbeat_loop, address, name=f"storage-{self.node_id}-heartbeat-{address}")
+                task_status.started()
+
+    async def _heartbeat_loop(self, address: str) -> None:
+        interval = self.config.heartbeat_interval_s
+        async with connect(self._ctx, address, timeout=max(2 * interval, 0.5)) as meta:
+            registered = False
+            trouble = ""  # what went wrong last time; "" while the daemon answers
+            while True:
+                try:
+                    registered = await self._beat(meta, registered)
+                except StripefsError as exc:
+                    if exc.code == ErrorCode.NOT_FOUND and registered:
+                        log.info("node %d: metadata daemon %s does not know this node; registering again", self.node_id, address)
+                        registered = False
+                        continue
+                    registered = False  # whatever the daemon lost meanwhile, announce ourselves afresh
+                    problem = "unreachable" if exc.code in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE) else exc.code.name
+                    if problem != trouble:
+                        log.warning("node %d: metadata daemon %s %s: %s", self.node_id, address,
+                                    "is unreachable" if problem == "unreachable" else "refused us", exc)
+                        trouble = problem
+                else:
+                    if trouble:
+                        log.info("node %d: metadata daemon %s answers again", self.node_id, address)
+                        trouble = ""
+                await trio.sleep(interval)
+
+    async def _beat(self, meta, registered: bool) -> bool:
+        """One RegisterNodeReq (when not registered) or NodeHeartbeatReq; returns True."""
+        usage = await self._io(self.store.usage)
+        if registered:
+            await meta.call(p.NodeHeartbeatReq(node_id=self.node_id, **usage._asdict()))
+            return True
+        await meta.call(
+            p.RegisterNodeReq(
+                node_id=self.node_id,
+                address=self.config.address,
+                host=self.config.host_label,
+                **usage._asdict(),
+            )
+        )
+        log.info(
+            "node %d: registered with metadata daemon %s as %s (host %s, %d chunks, %d bytes free)",
+            self.node_id,
+            meta.address,
+            self.config.address,
+            self.config.host_label,
+            usage.chunks,
+            usage.free_bytes,
+        )
+        return True
