@@ -1,0 +1,222 @@
+"""The metadata database: one SQLite file, its schema and its migrations.
+
+This docstring is the schema's specification; ``_migrate_1`` is its code.
+
+Tables
+------
+``meta(key TEXT PRIMARY KEY, value)``
+    ``schema_version`` (int, the last migration applied) and ``epoch_hwm``
+    (int: every epoch handed out so far is below it; see namespace.alloc_epoch).
+
+``inodes``
+    ``ino INTEGER PRIMARY KEY AUTOINCREMENT``: AUTOINCREMENT makes SQLite keep
+    the highest ino ever used in ``sqlite_sequence``, so an inode number is
+    never reused, even after the row with the largest one is deleted. Chunk ids
+    embed the ino, so a stale chunk copy can never be mistaken for a new file's.
+    ``mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation`` as
+    stat(2) (times in ns). ``nlink`` of a directory is 2 + its subdirectories.
+    An inode with ``nlink = 0`` is an *orphan*: unlinked while a session had it
+    open; it is reclaimed when the last session lets go of it.
+    Layout columns ``chunk_size stripe_count redundancy``: for a regular file
+    its own (fixed at creation); for a directory the layout it gives new
+    entries. ``stripe_seed``: a random 31-bit number per inode that spreads
+    each file's chunk primaries over its own set of nodes (daemon/placement.py).
+
+``dentries(cookie INTEGER PRIMARY KEY AUTOINCREMENT, parent, name BLOB, ino)``
+    ``UNIQUE(parent, name)``. The cookie is the entry's stable, never reused
+    position: readdir pages with ``WHERE parent=? AND cookie>? ORDER BY
+    cookie`` over index ``dentries_page(parent, cookie)``, so a listing of
+    100,000 entries never loads them all, and an entry keeps its cookie across
+    a rename. ``dentries_ino`` finds a directory's parent (the subtree check of
+    rename). The root (ino 1) has no dentry.
+
+``symlinks(ino PRIMARY KEY, target BLOB)``, ``xattrs(ino, name BLOB, value BLOB, PK(ino, name))``
+
+``chunks(ino, idx, version, nodes TEXT, PK(ino, idx))``
+    One row per chunk that has a placement. ``nodes`` is the comma-separated
+    node ids holding it, in part order (replicas: all part 0; ec=K+M: node i
+    holds fragment i). ``version`` is the committed epoch, 0 = allocated but
+    never written (a hole).
+
+``nodes(node_id PRIMARY KEY, address, host, capacity, free, used, chunks, last_heartbeat_ns, state)``
+    Storage nodes ever registered. ``state`` is informative only: at daemon
+    start every node is down until it heartbeats (daemon/health.py).
+
+``garbage(id INTEGER PRIMARY KEY, node_id, ino, idx, part)``
+    Chunk copies to delete from storage nodes (truncated chunks, reclaimed
+    files, replaced replicas). The collector in daemon/service.py sends
+    DeleteChunksReq to nodes that are up and deletes the rows that succeeded.
+    Placing a chunk on a node deletes that node's garbage rows for the chunk.
+
+All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
+keys are on), except ``garbage``, which must outlive the inode.
+
+Durability: WAL journal, ``synchronous=FULL``: a COMMIT returns after fsync.
+The service keeps one transaction open and commits it in groups
+(daemon/service.py); this module only opens, creates and migrates.
+
+Migrations: ``MIGRATIONS[i]`` takes the schema from version ``i`` to ``i+1``;
+each runs in its own transaction with the new ``schema_version``. A database
+newer than this code is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sqlite3
+import stat
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..common.protocol import Layout
+
+log = logging.getLogger(__name__)
+
+ROOT_INO = 1
+DB_NAME = "meta.sqlite3"
+
+
+def _migrate_1(conn: sqlite3.Connection, root_layout: Layout) -> None:
+    _execute_script(
+        conn,
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value);
+        CREATE TABLE inodes (
+            ino INTEGER PRIMARY KEY AUTOINCREMENT,
+            mode INTEGER NOT NULL,
+            uid INTEGER NOT NULL,
+            gid INTEGER NOT NULL,
+            nlink INTEGER NOT NULL,
+            rdev INTEGER NOT NULL DEFAULT 0,
+            size INTEGER NOT NULL DEFAULT 0,
+            atime_ns INTEGER NOT NULL,
+            mtime_ns INTEGER NOT NULL,
+            ctime_ns INTEGER NOT NULL,
+            generation INTEGER NOT NULL DEFAULT 0,
+            chunk_size INTEGER NOT NULL,
+            stripe_count INTEGER NOT NULL,
+            redundancy TEXT NOT NULL,
+            stripe_seed INTEGER NOT NULL
+        );
+        CREATE INDEX inodes_orphans ON inodes(ino) WHERE nlink = 0;
+        CREATE TABLE dentries (
+            cookie INTEGER PRIMARY KEY AUTOINCREMENT,
+            parent INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+            name BLOB NOT NULL,
+            ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+            UNIQUE (parent, name)
+        );
+        CREATE INDEX dentries_page ON dentries(parent, cookie);
+        CREATE INDEX dentries_ino ON dentries(ino);
+        CREATE TABLE symlinks (
+            ino INTEGER PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,
+            target BLOB NOT NULL
+        );
+        CREATE TABLE xattrs (
+            ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+            name BLOB NOT NULL,
+            value BLOB NOT NULL,
+            PRIMARY KEY (ino, name)
+        ) WITHOUT ROWID;
+        CREATE TABLE chunks (
+            ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+            idx INTEGER NOT NULL,
+            version INTEGER NOT NULL DEFAULT 0,
+            nodes TEXT NOT NULL,
+            PRIMARY KEY (ino, idx)
+        ) WITHOUT ROWID;
+        CREATE TABLE nodes (
+            node_id INTEGER PRIMARY KEY,
+            address TEXT NOT NULL,
+            host TEXT NOT NULL,
+            capacity INTEGER NOT NULL DEFAULT 0,
+            free INTEGER NOT NULL DEFAULT 0,
+            used INTEGER NOT NULL DEFAULT 0,
+            chunks INTEGER NOT NULL DEFAULT 0,
+            last_heartbeat_ns INTEGER NOT NULL DEFAULT 0,
+            state TEXT NOT NULL DEFAULT 'down'
+        );
+        CREATE TABLE garbage (
+            id INTEGER PRIMARY KEY,
+            node_id INTEGER NOT NULL,
+            ino INTEGER NOT NULL,
+            idx INTEGER NOT NULL,
+            part INTEGER NOT NULL DEFAULT 0
+        );
+        CREATE INDEX garbage_by_node ON garbage(node_id, id);
+        CREATE INDEX garbage_by_chunk ON garbage(ino, idx);
+        """
+    )
+    now = time.time_ns()
+    conn.execute(
+        "INSERT INTO inodes (ino, mode, uid, gid, nlink, atime_ns, mtime_ns, ctime_ns,"
+        " chunk_size, stripe_count, redundancy, stripe_seed) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            ROOT_INO,
+            stat.S_IFDIR | 0o755,
+            os.getuid(),
+            os.getgid(),
+            2,
+            now,
+            now,
+            now,
+            root_layout.chunk_size,
+            root_layout.stripe_count,
+            root_layout.redundancy,
+            random.getrandbits(31),
+        ),
+    )
+    conn.execute("INSERT INTO meta (key, value) VALUES ('epoch_hwm', 1)")
+
+
+def _execute_script(conn: sqlite3.Connection, script: str) -> None:
+    # not conn.executescript: that may COMMIT the caller's transaction first
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection, Layout], None]] = [_migrate_1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone():
+        return 0
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def open_database(path: str | Path, root_layout: Layout) -> sqlite3.Connection:
+    """Open (creating and migrating as needed) the database at ``path``.
+
+    The connection is in autocommit mode (``isolation_level=None``): the caller
+    issues BEGIN/COMMIT itself. ``check_same_thread=False`` because the service
+    runs COMMIT (the fsync) in a worker thread while holding its lock.
+    ``root_layout`` is used only when the database is created.
+    """
+    path = Path(path)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    version = schema_version(conn)
+    if version > SCHEMA_VERSION:
+        conn.close()
+        raise RuntimeError(f"{path} has schema version {version}; this stripefs knows only up to {SCHEMA_VERSION}")
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        log.info("database %s: migrating schema to version %d", path, target)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[target - 1](conn, root_layout)
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (target,))
+        except BaseException:
+            conn.execute("ROLLBACK")
+            conn.close()
+            raise
+        conn.execute("COMMIT")
+    return conn

@@ -1,0 +1,587 @@
+"""The namespace: POSIX semantics over the store. No network code, no awaits.
+
+Every public method is one metadata operation. It validates, reads and writes
+through ``SqliteStore`` (daemon/store.py, the only place with SQL) and raises
+``StripefsError`` with the code rename(2), unlink(2) & co. would turn into an
+errno. A method that raises may have written part of its change: the caller
+runs each operation inside ``store.savepoint()`` so a failure is undone as a
+whole (daemon/service.py does; the unit tests do the same).
+
+Semantics worth knowing
+-----------------------
+* Names: empty, ``.``, ``..``, or containing ``/`` or NUL -> INVALID;
+  longer than 255 bytes -> NAME_TOO_LONG. Readdir lists neither ``.`` nor
+  ``..`` (the client adds them).
+* Times are ``time.time_ns()``. Entry changes update the parent's mtime and
+  ctime; any attribute change updates ctime. atime is never updated by reads
+  (noatime).
+* Directories: nlink = 2 + subdirectories. Hard links to directories ->
+  PERMISSION (EPERM, as link(2)).
+* Unlink of the last name: the inode is reclaimed at once (its chunks queued
+  as garbage) unless a session has it open (``is_open``); then it stays as an
+  *orphan* (nlink 0) and ``reclaim_if_orphan`` frees it when the last session
+  lets go. ``reclaim_orphans`` sweeps them all (daemon start, after a lease).
+* Rename follows rename(2)/renameat2(2): a file replaces a file, a directory
+  replaces an empty directory; flags RENAME_NOREPLACE (EXISTS if the target
+  exists) and RENAME_EXCHANGE (both must exist). Moving a directory into its
+  own subtree -> INVALID. Renaming onto another name of the same inode does
+  nothing.
+* Layout: a directory's layout is what new entries inherit; a file's is fixed.
+* Epochs: strictly increasing and never repeated across restarts. The store
+  keeps a high-water mark raised in blocks of ``EPOCH_BLOCK``; epochs below
+  the stored mark may be handed out without writing. After a restart the
+  numbers of a partly used block are skipped. ``alloc_epoch`` says when it
+  raised the mark: that change must be durable before the epoch is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import stat
+import time
+from typing import Callable, Protocol, Sequence
+
+from ..common.errors import ErrorCode, StripefsError
+from ..common.layout import chunk_count, parse_redundancy, validate_layout
+from ..common.protocol import Attr, ChunkRef, DirEntry, Layout, NodeAddr
+from . import placement
+from .db import ROOT_INO
+from .store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+NAME_MAX = 255
+XATTR_NAME_MAX = 255
+XATTR_VALUE_MAX = 64 * 1024
+XATTR_CREATE, XATTR_REPLACE = 1, 2
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+EPOCH_BLOCK = 1000
+READDIR_MAX = 10_000
+
+
+class NodeSource(Protocol):
+    """What the namespace asks about storage nodes (daemon.health.NodeRegistry)."""
+
+    def views(self) -> list[placement.NodeView]: ...
+
+    def address(self, node_id: int) -> str: ...
+
+    def capacity(self) -> tuple[int, int]: ...
+
+
+def check_name(name: bytes) -> None:
+    if not name or name in (b".", b"..") or b"/" in name or b"\0" in name:
+        raise StripefsError(ErrorCode.INVALID, f"invalid name {name!r}")
+    if len(name) > NAME_MAX:
+        raise StripefsError(ErrorCode.NAME_TOO_LONG, f"name of {len(name)} bytes is longer than {NAME_MAX}")
+
+
+def to_attr(row) -> Attr:
+    return Attr(
+        ino=row["ino"],
+        mode=row["mode"],
+        nlink=row["nlink"],
+        uid=row["uid"],
+        gid=row["gid"],
+        rdev=row["rdev"],
+        size=row["size"],
+        atime_ns=row["atime_ns"],
+        mtime_ns=row["mtime_ns"],
+        ctime_ns=row["ctime_ns"],
+        generation=row["generation"],
+    )
+
+
+def to_layout(row) -> Layout:
+    return Layout(chunk_size=row["chunk_size"], stripe_count=row["stripe_count"], redundancy=row["redundancy"])
+
+
+class Namespace:
+    """Metadata operations of one filesystem, over one store."""
+
+    def __init__(
+        self,
+        store: SqliteStore,
+        nodes: NodeSource,
+        is_open: Callable[[int], bool] = lambda ino: False,
+        clock: Callable[[], int] = time.time_ns,
+    ):
+        self.store = store
+        self.nodes = nodes
+        self.is_open = is_open
+        self.clock = clock
+        # epochs in [_epoch_next, _epoch_limit) may be handed out without a write
+        self._epoch_next = self._epoch_limit = int(store.get_meta("epoch_hwm", 1))
+
+    # -- helpers -------------------------------------------------------------
+
+    def _inode(self, ino: int):
+        row = self.store.get_inode(ino)
+        if row is None:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} does not exist")
+        return row
+
+    def _dir(self, ino: int):
+        row = self._inode(ino)
+        if not stat.S_ISDIR(row["mode"]):
+            raise StripefsError(ErrorCode.NOT_DIR, f"inode {ino} is not a directory")
+        return row
+
+    def _file(self, ino: int):
+        row = self._inode(ino)
+        if stat.S_ISDIR(row["mode"]):
+            raise StripefsError(ErrorCode.IS_DIR, f"inode {ino} is a directory")
+        if not stat.S_ISREG(row["mode"]):
+            raise StripefsError(ErrorCode.INVALID, f"inode {ino} is not a regular file")
+        return row
+
+    def _entry(self, parent: int, name: bytes):
+        check_name(name)
+        self._dir(parent)
+        entry = self.store.get_dentry(parent, name)
+        if entry is None:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name!r} in directory {parent}")
+        return entry
+
+    def _touch_dir(self, ino: int, now: int) -> None:
+        self.store.update_inode(ino, mtime_ns=now, ctime_ns=now)
+
+    def _new_inode(self, parent_row, mode: int, uid: int, gid: int, *, nlink: int = 1, rdev: int = 0, now: int) -> int:
+        return self.store.insert_inode(
+            mode=mode,
+            uid=uid,
+            gid=gid,
+            nlink=nlink,
+            rdev=rdev,
+            size=0,
+            atime_ns=now,
+            mtime_ns=now,
+            ctime_ns=now,
+            generation=0,
+            chunk_size=parent_row["chunk_size"],
+            stripe_count=parent_row["stripe_count"],
+            redundancy=parent_row["redundancy"],
+            stripe_seed=random.getrandbits(31),
+        )
+
+    def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0) -> int:
+        check_name(name)
+        parent_row = self._dir(parent)
+        if self.store.get_dentry(parent, name) is not None:
+            raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
+        now = self.clock()
+        is_dir = stat.S_ISDIR(mode)
+        ino = self._new_inode(parent_row, mode, uid, gid, nlink=2 if is_dir else 1, rdev=rdev, now=now)
+        self.store.insert_dentry(parent, name, ino)
+        self._touch_dir(parent, now)
+        if is_dir:
+            self.store.add_nlink(parent, 1, now)
+        log.debug("new inode %d %r in %d, mode %o", ino, name, parent, mode)
+        return ino
+
+    def _drop_link(self, ino: int, now: int) -> None:
+        """One name of a non-directory is gone: reclaim it, or keep it as an orphan while open."""
+        self.store.add_nlink(ino, -1, now)
+        if self._inode(ino)["nlink"] <= 0:
+            if self.is_open(ino):
+                log.debug("inode %d unlinked while open: kept as an orphan", ino)
+            else:
+                self._reclaim(ino)
+
+    def _reclaim(self, ino: int) -> None:
+        dropped = self.store.drop_chunks(ino, 0)
+        self.store.delete_inode(ino)
+        log.debug("inode %d reclaimed, %d chunk(s) queued for deletion", ino, dropped)
+
+    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        refs = [ChunkRef(index=i, version=v, nodes=n) for i, (v, n) in sorted(chunks.items())]
+        ids = sorted({n for ref in refs for n in ref.nodes})
+        return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
+
+    # -- lookups -------------------------------------------------------------
+
+    def lookup(self, parent: int, name: bytes) -> Attr:
+        return to_attr(self._inode(self._entry(parent, name)["ino"]))
+
+    def getattr(self, ino: int) -> Attr:
+        return to_attr(self._inode(ino))
+
+    def readlink(self, ino: int) -> bytes:
+        row = self._inode(ino)
+        target = self.store.get_symlink(ino)
+        if not stat.S_ISLNK(row["mode"]) or target is None:
+            raise StripefsError(ErrorCode.INVALID, f"inode {ino} is not a symlink")
+        return target
+
+    def readdir(self, ino: int, after: int = 0, limit: int = 1000) -> tuple[list[DirEntry], bool]:
+        """Up to ``limit`` entries with cookie > ``after``, and whether more follow."""
+        self._dir(ino)
+        limit = max(1, min(limit, READDIR_MAX))
+        rows = self.store.list_dentries(ino, after, limit + 1)
+        entries = [DirEntry(name=bytes(r["name"]), attr=to_attr(r), cookie=r["cookie"]) for r in rows[:limit]]
+        return entries, len(rows) > limit
+
+    # -- creating ------------------------------------------------------------
+
+    def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Attr:
+        fmt = stat.S_IFMT(mode) or stat.S_IFREG
+        if fmt not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
+            raise StripefsError(ErrorCode.INVALID, f"mknod cannot create mode {mode:o}")
+        rdev = rdev if fmt in (stat.S_IFCHR, stat.S_IFBLK) else 0
+        return self.getattr(self._add_entry(parent, name, fmt | (mode & 0o7777), uid, gid, rdev))
+
+    def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attr:
+        return self.getattr(self._add_entry(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
+
+    def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attr:
+        if not target or b"\0" in target or len(target) > 4096:
+            raise StripefsError(ErrorCode.INVALID, "symlink target must be 1..4096 bytes without NUL")
+        ino = self._add_entry(parent, name, stat.S_IFLNK | 0o777, uid, gid)
+        self.store.insert_symlink(ino, target)
+        self.store.update_inode(ino, size=len(target))
+        return self.getattr(ino)
+
+    def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int, exclusive: bool = True) -> tuple[int, bool]:
+        """Create a regular file (or open the existing one when not exclusive); (ino, created)."""
+        check_name(name)
+        self._dir(parent)
+        entry = self.store.get_dentry(parent, name)
+        if entry is not None:
+            if exclusive:
+                raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
+            row = self._inode(entry["ino"])
+            if stat.S_ISDIR(row["mode"]):
+                raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
+            return row["ino"], False
+        ino = self._add_entry(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+        try:
+            self.alloc_chunks(ino, [0])
+        except StripefsError as exc:
+            if exc.code != ErrorCode.UNAVAILABLE:
+                raise
+            log.debug("inode %d created without a placement for chunk 0: %s", ino, exc.message)
+        return ino, True
+
+    def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
+        row = self._inode(ino)
+        if stat.S_ISDIR(row["mode"]):
+            raise StripefsError(ErrorCode.PERMISSION, f"inode {ino} is a directory: no hard links")
+        if row["nlink"] <= 0:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} has been unlinked")
+        check_name(new_name)
+        self._dir(new_parent)
+        if self.store.get_dentry(new_parent, new_name) is not None:
+            raise StripefsError(ErrorCode.EXISTS, f"{new_name!r} exists in directory {new_parent}")
+        now = self.clock()
+        self.store.insert_dentry(new_parent, new_name, ino)
+        self.store.add_nlink(ino, 1, now)
+        self._touch_dir(new_parent, now)
+        return self.getattr(ino)
+
+    # -- removing ------------------------------------------------------------
+
+    def unlink(self, parent: int, name: bytes) -> None:
+        entry = self._entry(parent, name)
+        if stat.S_ISDIR(self._inode(entry["ino"])["mode"]):
+            raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
+        now = self.clock()
+        self.store.delete_dentry(entry["cookie"])
+        self._touch_dir(parent, now)
+        self._drop_link(entry["ino"], now)
+
+    def rmdir(self, parent: int, name: bytes) -> None:
+        entry = self._entry(parent, name)
+        ino = entry["ino"]
+        if not stat.S_ISDIR(self._inode(ino)["mode"]):
+            raise StripefsError(ErrorCode.NOT_DIR, f"{name!r} in directory {parent} is not a directory")
+        if self.store.has_children(ino):
+            raise StripefsError(ErrorCode.NOT_EMPTY, f"directory {ino} ({name!r}) is not empty")
+        now = self.clock()
+        self.store.delete_dentry(entry["cookie"])
+        self.store.delete_inode(ino)
+        self._touch_dir(parent, now)
+        self.store.add_nlink(parent, -1, now)
+
+    def _is_ancestor(self, ancestor: int, ino: int) -> bool:
+        """Whether directory ``ancestor`` is ``ino`` or one of its ancestors."""
+        seen = 0
+        while ino is not None and ino != ROOT_INO:
+            if ino == ancestor:
+                return True
+            ino = self.store.parent_of(ino)
+            seen += 1
+            if seen > 100_000:
+                raise StripefsError(ErrorCode.INTERNAL, "directory tree loop while walking up")
+        return ancestor == ROOT_INO
+
+    def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int = 0) -> None:
+        if flags not in (0, RENAME_NOREPLACE, RENAME_EXCHANGE):
+            raise StripefsError(ErrorCode.INVALID, f"rename flags {flags} are not supported")
+        src = self._entry(parent_old, name_old)
+        check_name(name_new)
+        self._dir(parent_new)
+        dst = self.store.get_dentry(parent_new, name_new)
+        src_row = self._inode(src["ino"])
+        src_dir = stat.S_ISDIR(src_row["mode"])
+        if flags == RENAME_EXCHANGE and dst is None:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name_new!r} in directory {parent_new} to exchange with")
+        if dst is not None and flags == RENAME_NOREPLACE:
+            raise StripefsError(ErrorCode.EXISTS, f"{name_new!r} exists in directory {parent_new}")
+        if dst is not None and dst["ino"] == src["ino"]:
+            return  # the same inode under both names: rename(2) does nothing
+        if src_dir and self._is_ancestor(src["ino"], parent_new):
+            raise StripefsError(ErrorCode.INVALID, f"cannot move directory {src['ino']} into its own subtree")
+        now = self.clock()
+        if flags == RENAME_EXCHANGE:
+            dst_row = self._inode(dst["ino"])
+            dst_dir = stat.S_ISDIR(dst_row["mode"])
+            if dst_dir and self._is_ancestor(dst["ino"], parent_old):
+                raise StripefsError(ErrorCode.INVALID, f"cannot move directory {dst['ino']} into its own subtree")
+            self.store.set_dentry_ino(src["cookie"], dst["ino"])
+            self.store.set_dentry_ino(dst["cookie"], src["ino"])
+            if parent_old != parent_new and src_dir != dst_dir:
+                delta = 1 if src_dir else -1
+                self.store.add_nlink(parent_new, delta, now)
+                self.store.add_nlink(parent_old, -delta, now)
+            self.store.update_inode(src["ino"], ctime_ns=now)
+            self.store.update_inode(dst["ino"], ctime_ns=now)
+        else:
+            if dst is not None:
+                dst_row = self._inode(dst["ino"])
+                dst_dir = stat.S_ISDIR(dst_row["mode"])
+                if src_dir and not dst_dir:
+                    raise StripefsError(ErrorCode.NOT_DIR, f"{name_new!r} in directory {parent_new} is not a directory")
+                if dst_dir and not src_dir:
+                    raise StripefsError(ErrorCode.IS_DIR, f"{name_new!r} in directory {parent_new} is a directory")
+                if dst_dir and self.store.has_children(dst["ino"]):
+                    raise StripefsError(ErrorCode.NOT_EMPTY, f"directory {dst['ino']} ({name_new!r}) is not empty")
+                self.store.delete_dentry(dst["cookie"])
+                if dst_dir:
+                    self.store.delete_inode(dst["ino"])
+                    self.store.add_nlink(parent_new, -1, now)
+                else:
+                    self._drop_link(dst["ino"], now)
+            self.store.move_dentry(src["cookie"], parent_new, name_new)
+            if src_dir and parent_old != parent_new:
+                self.store.add_nlink(parent_old, -1, now)
+                self.store.add_nlink(parent_new, 1, now)
+            self.store.update_inode(src["ino"], ctime_ns=now)
+        self._touch_dir(parent_old, now)
+        if parent_new != parent_old:
+            self._touch_dir(parent_new, now)
+
+    # -- orphans ---------------------------------------------------------------
+
+    def reclaim_if_orphan(self, ino: int) -> bool:
+        """Free ``ino`` if it has no name and no session has it open."""
+        row = self.store.get_inode(ino)
+        if row is None or row["nlink"] > 0 or self.is_open(ino):
+            return False
+        self._reclaim(ino)
+        log.info("orphan inode %d reclaimed: its last opener let go", ino)
+        return True
+
+    def reclaim_orphans(self) -> int:
+        """Free every orphan nobody has open; the number freed."""
+        freed = 0
+        for ino in self.store.orphans():
+            if not self.is_open(ino):
+                self._reclaim(ino)
+                freed += 1
+        if freed:
+            log.info("%d orphan inode(s) reclaimed", freed)
+        return freed
+
+    # -- attributes ------------------------------------------------------------
+
+    def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+        ctime_ns: int | None = None,
+        chunks: Sequence[ChunkRef] = (),
+    ) -> Attr:
+        row = self._inode(ino)
+        now = self.clock()
+        changes: dict[str, int] = {}
+        if mode is not None:
+            changes["mode"] = stat.S_IFMT(row["mode"]) | (mode & 0o7777)
+        if uid is not None:
+            changes["uid"] = uid
+        if gid is not None:
+            changes["gid"] = gid
+        if atime_ns is not None:
+            changes["atime_ns"] = atime_ns
+        if mtime_ns is not None:
+            changes["mtime_ns"] = mtime_ns
+        if size is not None:
+            self._file(ino)
+            if size < 0:
+                raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
+            keep = chunk_count(size, row["chunk_size"])
+            dropped = self.store.drop_chunks(ino, keep)
+            if dropped:
+                log.debug("inode %d truncated to %d: %d chunk(s) queued for deletion", ino, size, dropped)
+            self._record_chunks(ino, chunks)
+            changes["size"] = size
+            if mtime_ns is None:
+                changes["mtime_ns"] = now
+        elif chunks:
+            self._file(ino)
+            self._record_chunks(ino, chunks)
+        changes["ctime_ns"] = ctime_ns if ctime_ns is not None else now
+        self.store.update_inode(ino, **changes)
+        return self.getattr(ino)
+
+    # -- xattrs ----------------------------------------------------------------
+
+    @staticmethod
+    def _check_xattr_name(name: bytes) -> None:
+        if not name or b"\0" in name:
+            raise StripefsError(ErrorCode.INVALID, f"invalid xattr name {name!r}")
+        if len(name) > XATTR_NAME_MAX:
+            raise StripefsError(ErrorCode.RANGE, f"xattr name of {len(name)} bytes is longer than {XATTR_NAME_MAX}")
+
+    def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        self._inode(ino)
+        self._check_xattr_name(name)
+        if len(value) > XATTR_VALUE_MAX:
+            raise StripefsError(ErrorCode.INVALID, f"xattr value of {len(value)} bytes is larger than {XATTR_VALUE_MAX}")
+        if flags & ~(XATTR_CREATE | XATTR_REPLACE) or flags == XATTR_CREATE | XATTR_REPLACE:
+            raise StripefsError(ErrorCode.INVALID, f"xattr flags {flags} are not supported")
+        exists = self.store.get_xattr(ino, name) is not None
+        if flags & XATTR_CREATE and exists:
+            raise StripefsError(ErrorCode.EXISTS, f"xattr {name!r} of inode {ino} exists")
+        if flags & XATTR_REPLACE and not exists:
+            raise StripefsError(ErrorCode.NO_ATTR, f"inode {ino} has no xattr {name!r}")
+        self.store.set_xattr(ino, name, value)
+        self.store.update_inode(ino, ctime_ns=self.clock())
+
+    def getxattr(self, ino: int, name: bytes) -> bytes:
+        self._inode(ino)
+        self._check_xattr_name(name)
+        value = self.store.get_xattr(ino, name)
+        if value is None:
+            raise StripefsError(ErrorCode.NO_ATTR, f"inode {ino} has no xattr {name!r}")
+        return value
+
+    def listxattr(self, ino: int) -> list[bytes]:
+        self._inode(ino)
+        return self.store.list_xattrs(ino)
+
+    def removexattr(self, ino: int, name: bytes) -> None:
+        self._inode(ino)
+        self._check_xattr_name(name)
+        if not self.store.delete_xattr(ino, name):
+            raise StripefsError(ErrorCode.NO_ATTR, f"inode {ino} has no xattr {name!r}")
+        self.store.update_inode(ino, ctime_ns=self.clock())
+
+    # -- layouts and statfs ----------------------------------------------------
+
+    def get_layout(self, ino: int) -> Layout:
+        return to_layout(self._inode(ino))
+
+    def set_layout(
+        self, ino: int, chunk_size: int | None = None, stripe_count: int | None = None, redundancy: str | None = None
+    ) -> Layout:
+        old = to_layout(self._dir(ino))
+        new = Layout(
+            chunk_size=old.chunk_size if chunk_size is None else chunk_size,
+            stripe_count=old.stripe_count if stripe_count is None else stripe_count,
+            redundancy=old.redundancy if redundancy is None else str(parse_redundancy(redundancy)),
+        )
+        validate_layout(new)
+        self.store.update_inode(
+            ino, chunk_size=new.chunk_size, stripe_count=new.stripe_count, redundancy=new.redundancy, ctime_ns=self.clock()
+        )
+        log.info("directory %d layout: %s", ino, new)
+        return new
+
+    def statfs(self) -> tuple[int, int, int]:
+        """(total bytes, free bytes, inodes)."""
+        total, free = self.nodes.capacity()
+        return total, free, self.store.counts()["inodes"]
+
+    # -- data: open, epochs, placement, commit ---------------------------------
+
+    def open_info(self, ino: int) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
+        row = self._inode(ino)
+        refs, addrs = self._chunk_map(ino, self.store.get_chunks(ino))
+        return to_attr(row), to_layout(row), refs, addrs
+
+    def alloc_epoch(self) -> tuple[int, bool]:
+        """A fresh epoch, and whether the stored high-water mark was raised for it."""
+        epoch = self._epoch_next
+        raised = False
+        if epoch >= self._epoch_limit:
+            self._epoch_limit = epoch + EPOCH_BLOCK
+            self.store.set_meta("epoch_hwm", self._epoch_limit)
+            raised = True
+        self._epoch_next = epoch + 1
+        return epoch, raised
+
+    def alloc_chunks(self, ino: int, indices: Sequence[int]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        """Placement for ``indices`` of file ``ino``; chunks already placed are returned as they are."""
+        row = self._file(ino)
+        if any(i < 0 for i in indices):
+            raise StripefsError(ErrorCode.INVALID, "negative chunk index")
+        existing = self.store.get_chunks(ino, indices)
+        missing = sorted(set(indices) - set(existing))
+        if missing:
+            copies = parse_redundancy(row["redundancy"]).copies
+            placed = placement.place_chunks(
+                self.nodes.views(), missing, copies=copies, stripe_count=row["stripe_count"], stripe_seed=row["stripe_seed"]
+            )
+            for index, nodes in placed.items():
+                self.store.put_chunk(ino, index, 0, nodes)
+                existing[index] = (0, nodes)
+            log.debug("inode %d: placed chunk(s) %s", ino, placed)
+        return self._chunk_map(ino, existing)
+
+    def replace_replica(self, ino: int, index: int, failed_node: int) -> tuple[ChunkRef, list[NodeAddr]]:
+        row = self._file(ino)
+        current = self.store.get_chunks(ino, [index]).get(index)
+        if current is None:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"chunk {ino}:{index} has no placement")
+        version, nodes = current
+        if failed_node not in nodes:
+            # already replaced (a retry, or another writer did it): answer the current placement
+            refs, addrs = self._chunk_map(ino, {index: current})
+            return refs[0], addrs
+        new = placement.replace_node(self.nodes.views(), nodes, failed_node, key=row["stripe_seed"] ^ index)
+        position = nodes.index(failed_node)
+        nodes = [new if n == failed_node else n for n in nodes]
+        self.store.put_chunk(ino, index, version, nodes)
+        self.store.add_garbage([(failed_node, ino, index, position if parse_redundancy(row["redundancy"]).is_ec else 0)])
+        log.info("chunk %d:%d: copy on node %d moved to node %d", ino, index, failed_node, new)
+        refs, addrs = self._chunk_map(ino, {index: (version, nodes)})
+        return refs[0], addrs
+
+    def _record_chunks(self, ino: int, chunks: Sequence[ChunkRef]) -> None:
+        if not chunks:
+            return
+        existing = self.store.get_chunks(ino, [c.index for c in chunks])
+        for ref in chunks:
+            if ref.index < 0 or ref.version < 0:
+                raise StripefsError(ErrorCode.INVALID, f"bad chunk ref {ref} for inode {ino}")
+            old_version, old_nodes = existing.get(ref.index, (0, []))
+            nodes = list(ref.nodes) or old_nodes
+            if not nodes:
+                raise StripefsError(ErrorCode.INVALID, f"chunk {ino}:{ref.index} has no placement and no nodes given")
+            self.store.put_chunk(ino, ref.index, max(old_version, ref.version), nodes)
+
+    def commit(self, ino: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]) -> Attr:
+        row = self._file(ino)
+        if size < 0:
+            raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
+        self._record_chunks(ino, chunks)
+        now = self.clock()
+        self.store.update_inode(ino, size=max(row["size"], size), mtime_ns=mtime_ns or now, ctime_ns=now)
+        return self.getattr(ino)
