@@ -1,0 +1,107 @@
+"""Connections from the mount straight to storage nodes: the data path.
+
+One DEALER per storage node, opened on first use and kept. Every payload is
+checked against the xxh3 its header carries. A node that timed out is
+*suspect* for a while: replica choice tries it last, so one dead node costs one
+timeout, not one per chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+
+import trio
+import xxhash
+import zmq
+
+from ..common import protocol as p
+from ..common.errors import ErrorCode, StripefsError
+from ..common.transport import RpcClient, connect
+
+log = logging.getLogger(__name__)
+
+SUSPECT_FOR_S = 15.0
+
+
+class NodePool:
+    def __init__(self, ctx: zmq.Context, stack: AsyncExitStack, *, timeout: float, read_timeout: float):
+        self._ctx = ctx
+        self._stack = stack
+        self.timeout = timeout
+        self.read_timeout = read_timeout
+        self.addresses: dict[int, str] = {}
+        self._clients: dict[str, RpcClient] = {}
+        self._suspect_until: dict[int, float] = {}
+        self._lock = trio.Lock()
+
+    def learn(self, nodes: list[p.NodeAddr]) -> None:
+        for node in nodes:
+            self.addresses[node.node_id] = node.address
+
+    async def _client(self, node_id: int) -> RpcClient:
+        address = self.addresses.get(node_id)
+        if address is None:
+            raise StripefsError(ErrorCode.UNAVAILABLE, f"address of storage node {node_id} is unknown")
+        client = self._clients.get(address)
+        if client is None:
+            async with self._lock:
+                client = self._clients.get(address)
+                if client is None:
+                    client = await self._stack.enter_async_context(connect(self._ctx, address, timeout=self.timeout))
+                    self._clients[address] = client
+        return client
+
+    def order(self, nodes: list[int], start: int = 0) -> list[int]:
+        """Replica order for a read: rotate by ``start`` to spread load, suspects last."""
+        if not nodes:
+            return []
+        rotated = nodes[start % len(nodes) :] + nodes[: start % len(nodes)]
+        now = trio.current_time()
+        return sorted(rotated, key=lambda n: self._suspect_until.get(n, 0) > now)
+
+    def _suspect(self, node_id: int, exc: StripefsError) -> None:
+        if exc.code in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE):
+            if self._suspect_until.get(node_id, 0) < trio.current_time():
+                log.warning("storage node %d (%s) is not answering: %s", node_id, self.addresses.get(node_id), exc.message)
+            self._suspect_until[node_id] = trio.current_time() + SUSPECT_FOR_S
+
+    def is_suspect(self, node_id: int) -> bool:
+        return self._suspect_until.get(node_id, 0) > trio.current_time()
+
+    async def read(self, node_id: int, chunk: p.ChunkId, min_version: int, offset: int, length: int, *, last_try: bool) -> bytes:
+        client = await self._client(node_id)
+        try:
+            rsp, payloads = await client.call(
+                p.ReadChunkReq(chunk=chunk, min_version=min_version, offset=offset, length=length),
+                timeout=self.timeout if last_try else self.read_timeout,
+            )
+        except StripefsError as exc:
+            self._suspect(node_id, exc)
+            raise
+        self._suspect_until.pop(node_id, None)
+        assert isinstance(rsp, p.ReadChunkRsp)
+        if len(payloads) != 1:
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"node {node_id} sent {len(payloads)} payload frames")
+        data = payloads[0]
+        if xxhash.xxh3_64_intdigest(data) != rsp.xxh3:
+            raise StripefsError(ErrorCode.CORRUPT, f"chunk {chunk} from node {node_id} failed its checksum in transit")
+        return bytes(data)
+
+    async def write(self, node_id: int, request: p.WriteChunkReq, data) -> p.WriteChunkRsp:
+        client = await self._client(node_id)
+        try:
+            rsp, _ = await client.call(request, [data])
+        except StripefsError as exc:
+            self._suspect(node_id, exc)
+            raise
+        assert isinstance(rsp, p.WriteChunkRsp)
+        return rsp
+
+    async def sync(self, node_id: int, chunks: list[p.ChunkId]) -> None:
+        client = await self._client(node_id)
+        try:
+            await client.call(p.SyncChunksReq(chunks=chunks))
+        except StripefsError as exc:
+            self._suspect(node_id, exc)
+            raise

@@ -1,0 +1,115 @@
+"""The mount's connection to the metadata daemon: session, heartbeats, retries.
+
+One DEALER per metadata address. A request that times out (the daemon is
+restarting, say) is retried on the next address, for up to ``retry_window_s``
+in all: a metadata daemon restart is invisible to applications, only slower.
+(A retried create whose first attempt was applied answers EEXIST; making
+retries idempotent is the multi-daemon work.)
+
+The session: ``HelloReq`` at start gives a session id; a heartbeat task sends
+the set of open inodes every third of the lease. When the daemon answers
+NOT_FOUND (it restarted and forgot us) we say hello again and re-announce.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from contextlib import AsyncExitStack
+from typing import Callable
+
+import trio
+import zmq
+
+from ..common import protocol as p
+from ..common.errors import ErrorCode, StripefsError
+from ..common.transport import RpcClient, connect
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE}
+
+
+class MetaClient:
+    def __init__(self, ctx: zmq.Context, addresses: list[str], *, timeout: float, retry_window_s: float = 120.0):
+        if not addresses:
+            raise ValueError("no metadata daemon address")
+        self._ctx = ctx
+        self.addresses = addresses
+        self.timeout = timeout
+        self.retry_window_s = retry_window_s
+        self._clients: list[RpcClient] = []
+        self._current = 0
+        self.session_id = 0
+        self.lease_s = 15.0
+        self.boot_id = ""
+        self.open_inodes: Callable[[], list[int]] = lambda: []
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        for address in self.addresses:
+            self._clients.append(await stack.enter_async_context(connect(self._ctx, address, timeout=self.timeout)))
+
+    async def call(self, request: p.Msg, *, retry: bool = True) -> p.Msg:
+        """One request to the metadata daemon; retried across a restart or failover."""
+        deadline = trio.current_time() + self.retry_window_s
+        attempt = 0
+        while True:
+            client = self._clients[self._current]
+            try:
+                reply, _ = await client.call(request)
+                if attempt:
+                    log.info("metadata daemon %s answers again", client.address)
+                return reply
+            except StripefsError as exc:
+                if not retry or exc.code not in _RETRYABLE or trio.current_time() > deadline:
+                    raise
+                attempt += 1
+                if attempt == 1:
+                    log.warning("metadata daemon %s: %s; retrying", client.address, exc.message)
+                self._current = (self._current + 1) % len(self._clients)
+                await trio.sleep(min(0.1 * attempt, 1.0))
+
+    async def hello(self, mountpoint: str, *, patience_s: float) -> None:
+        """Open a session; QuietError-friendly StripefsError if nobody answers within ``patience_s``."""
+        with trio.move_on_after(patience_s):
+            while True:
+                try:
+                    rsp = await self._clients[self._current].call(
+                        p.HelloReq(host=socket.gethostname(), pid=os.getpid(), mountpoint=mountpoint),
+                        timeout=min(self.timeout, 2.0),
+                    )
+                except StripefsError as exc:
+                    if exc.code not in _RETRYABLE:
+                        raise
+                    self._current = (self._current + 1) % len(self._clients)
+                    await trio.sleep(0.2)
+                    continue
+                reply = rsp[0]
+                assert isinstance(reply, p.HelloRsp)
+                self.session_id, self.lease_s, self.boot_id = reply.session_id, reply.lease_s, reply.boot_id
+                log.info("session %d with metadata daemon %s (boot %s)", self.session_id, self.addresses[self._current], self.boot_id)
+                return
+        raise StripefsError(
+            ErrorCode.UNAVAILABLE,
+            f"no metadata daemon answered at {', '.join(self.addresses)} within {patience_s:.0f}s",
+        )
+
+    async def heartbeat_loop(self, mountpoint: str) -> None:
+        """Keep the session alive; re-open it when the daemon forgot us."""
+        while True:
+            await trio.sleep(max(self.lease_s / 3, 0.5))
+            try:
+                await self.call(p.SessionHeartbeatReq(session_id=self.session_id, open_inodes=self.open_inodes()), retry=False)
+            except StripefsError as exc:
+                if exc.code == ErrorCode.NOT_FOUND:
+                    log.info("metadata daemon forgot session %d (restarted?); opening a new one", self.session_id)
+                    try:
+                        await self.hello(mountpoint, patience_s=self.lease_s)
+                        await self.call(p.SessionHeartbeatReq(session_id=self.session_id, open_inodes=self.open_inodes()))
+                    except StripefsError as exc2:
+                        log.warning("cannot re-open session: %s", exc2)
+                elif exc.code in _RETRYABLE:
+                    log.debug("session heartbeat: %s", exc)
+                else:
+                    log.warning("session heartbeat failed: %s", exc)

@@ -1,0 +1,299 @@
+"""The pyfuse3 ``Operations`` of the mount: thin handlers that delegate.
+
+Namespace operations go to the metadata daemon (meta_rpc), data operations to
+``DataPath`` (striping). Every handler runs under ``_fuse_errors``: pyfuse3
+lets a handler raise only FUSEError, so StripefsError becomes its errno (one
+table: common.errors.ERRNO_BY_CODE) and anything else is logged with its
+traceback and answered EIO. The mount stays up; the ERROR line makes tests fail.
+
+Kernel caching: entries and attributes are cached for ``attr_timeout_s``.
+On ``open`` the file's attributes are fetched fresh (close-to-open); if the
+data changed since the kernel last saw it, the page cache is dropped
+(``keep_cache`` False) and the kernel's attributes are invalidated, so a file
+closed on one mount reads complete on another as soon as it is opened.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import inspect
+import logging
+import os
+import stat
+
+import pyfuse3
+import trio
+
+from ..common import protocol as p
+from ..common.errors import StripefsError
+from .meta_rpc import MetaClient
+from .open_files import OpenFile
+from .striping import DataPath
+
+log = logging.getLogger(__name__)
+
+
+def _fuse_errors(fn):
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except StripefsError as exc:
+            log.debug("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def _wrap_handlers(cls):
+    for name, fn in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.iscoroutinefunction(fn):
+            setattr(cls, name, _fuse_errors(fn))
+    return cls
+
+
+@_wrap_handlers
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, meta: MetaClient, data: DataPath, *, attr_timeout: float, entry_timeout: float):
+        super().__init__()
+        self.meta = meta
+        self.data = data
+        self.attr_timeout = attr_timeout
+        self.entry_timeout = entry_timeout
+        self.files: dict[int, OpenFile] = {}  # ino -> open file state
+        self.handles: dict[int, OpenFile] = {}  # fh -> open file state
+        self._next_fh = 1
+        self._kernel_view: dict[int, tuple[int, int]] = {}  # ino -> (mtime_ns, size) last told to the kernel
+        meta.open_inodes = lambda: list(self.files)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _entry(self, attr: p.Attr) -> pyfuse3.EntryAttributes:
+        of = self.files.get(attr.ino)
+        size = max(attr.size, of.size) if of is not None else attr.size
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = attr.ino
+        e.generation = attr.generation
+        e.entry_timeout = self.entry_timeout
+        e.attr_timeout = self.attr_timeout
+        e.st_mode = attr.mode
+        e.st_nlink = attr.nlink
+        e.st_uid = attr.uid
+        e.st_gid = attr.gid
+        e.st_rdev = attr.rdev
+        e.st_size = size
+        e.st_blksize = 1 << 20
+        e.st_blocks = (size + 511) // 512
+        e.st_atime_ns = attr.atime_ns
+        e.st_mtime_ns = attr.mtime_ns
+        e.st_ctime_ns = attr.ctime_ns
+        if stat.S_ISREG(attr.mode) and (of is None or not of.has_unflushed):
+            self._kernel_view[attr.ino] = (attr.mtime_ns, attr.size)
+        return e
+
+    async def _attr_reply(self, request: p.Msg) -> pyfuse3.EntryAttributes:
+        rsp = await self.meta.call(request)
+        return self._entry(rsp.attr)
+
+    # -------------------------------------------------------------- namespace
+
+    async def lookup(self, parent_inode, name, ctx=None):
+        return await self._attr_reply(p.LookupReq(parent=parent_inode, name=name))
+
+    async def getattr(self, inode, ctx=None):
+        return await self._attr_reply(p.GetattrReq(ino=inode))
+
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        if fields.update_size:
+            of = self.files.get(inode)
+            if of is not None:
+                await self.data.truncate(of, attr.st_size)
+            else:
+                rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=True))
+                self.data.nodes.learn(rsp.nodes)
+                tmp = OpenFile(inode, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
+                try:
+                    await self.data.truncate(tmp, attr.st_size)
+                finally:
+                    self.data.nursery.start_soon(self._close_remote, inode)
+        now = None
+        req = p.SetattrReq(
+            ino=inode,
+            mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            ctime_ns=now,
+        )
+        return await self._attr_reply(req)
+
+    async def readlink(self, inode, ctx):
+        rsp = await self.meta.call(p.ReadlinkReq(ino=inode))
+        return rsp.target
+
+    async def mknod(self, parent_inode, name, mode, rdev, ctx):
+        return await self._attr_reply(p.MknodReq(parent=parent_inode, name=name, mode=mode, rdev=rdev, uid=ctx.uid, gid=ctx.gid))
+
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        return await self._attr_reply(p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid))
+
+    async def symlink(self, parent_inode, name, target, ctx):
+        return await self._attr_reply(p.SymlinkReq(parent=parent_inode, name=name, target=target, uid=ctx.uid, gid=ctx.gid))
+
+    async def link(self, inode, new_parent_inode, new_name, ctx):
+        return await self._attr_reply(p.LinkReq(ino=inode, new_parent=new_parent_inode, new_name=new_name))
+
+    async def unlink(self, parent_inode, name, ctx):
+        await self.meta.call(p.UnlinkReq(parent=parent_inode, name=name))
+
+    async def rmdir(self, parent_inode, name, ctx):
+        await self.meta.call(p.RmdirReq(parent=parent_inode, name=name))
+
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        await self.meta.call(
+            p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
+        )
+
+    async def opendir(self, inode, ctx):
+        return inode
+
+    async def readdir(self, fh, start_id, token):
+        after = start_id
+        while True:
+            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000))
+            for entry in rsp.entries:
+                if not pyfuse3.readdir_reply(token, entry.name, self._entry(entry.attr), entry.cookie):
+                    return
+                after = entry.cookie
+            if not rsp.more:
+                return
+
+    async def releasedir(self, fh):
+        pass
+
+    async def statfs(self, ctx):
+        rsp = await self.meta.call(p.StatfsReq())
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = rsp.block_size
+        s.f_blocks = rsp.total_bytes // rsp.block_size
+        s.f_bfree = s.f_bavail = rsp.free_bytes // rsp.block_size
+        s.f_files = rsp.files + s.f_bfree // 16
+        s.f_ffree = s.f_favail = s.f_bfree // 16
+        s.f_namemax = rsp.name_max
+        return s
+
+    async def setxattr(self, inode, name, value, ctx):
+        await self.meta.call(p.SetxattrReq(ino=inode, name=name, value=value))
+
+    async def getxattr(self, inode, name, ctx):
+        rsp = await self.meta.call(p.GetxattrReq(ino=inode, name=name))
+        return rsp.value
+
+    async def listxattr(self, inode, ctx):
+        rsp = await self.meta.call(p.ListxattrReq(ino=inode))
+        return rsp.names
+
+    async def removexattr(self, inode, name, ctx):
+        await self.meta.call(p.RemovexattrReq(ino=inode, name=name))
+
+    # ------------------------------------------------------------------ files
+
+    def _new_handle(self, of: OpenFile) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        of.open_count += 1
+        self.handles[fh] = of
+        return fh
+
+    async def _opened(self, rsp: p.OpenRsp) -> tuple[OpenFile, bool]:
+        """Record an OpenRsp; returns the state and whether the kernel may keep its page cache."""
+        self.data.nodes.learn(rsp.nodes)
+        ino = rsp.attr.ino
+        of = self.files.get(ino)
+        if of is None:
+            of = self.files[ino] = OpenFile(ino, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
+        else:
+            of.refresh(rsp)
+        view = (rsp.attr.mtime_ns, rsp.attr.size)
+        before = self._kernel_view.get(ino)
+        keep = before == view or of.has_unflushed
+        if not keep:
+            self._kernel_view[ino] = view
+            if before is not None:
+                # the kernel holds old attributes (size!): make it ask again
+                await trio.to_thread.run_sync(_invalidate_attr, ino)
+        return of, keep
+
+    async def open(self, inode, flags, ctx):
+        write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
+        of, keep = await self._opened(rsp)
+        return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
+
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        rsp = await self.meta.call(
+            p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id)
+        )
+        of, _ = await self._opened(rsp)
+        fh = self._new_handle(of)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr)
+
+    async def read(self, fh, off, size):
+        return await self.data.read(self.handles[fh], off, size)
+
+    async def write(self, fh, off, buf):
+        await self.data.write(self.handles[fh], off, buf)
+        return len(buf)
+
+    async def flush(self, fh):
+        of = self.handles[fh]
+        if of.has_unflushed or of.size != of.attr.size:
+            await self.data.flush(of)
+            self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
+
+    async def fsync(self, fh, datasync):
+        await self.data.flush(self.handles[fh], sync=True)
+
+    async def release(self, fh):
+        of = self.handles.pop(fh)
+        of.open_count -= 1
+        if of.open_count:
+            return
+        try:
+            if of.has_unflushed or of.size != of.attr.size:
+                await self.data.flush(of)
+        finally:
+            if of.open_count == 0 and self.files.get(of.ino) is of:
+                del self.files[of.ino]
+                self.data.nursery.start_soon(self._close_remote, of.ino)
+
+    async def _close_remote(self, ino: int) -> None:
+        if ino in self.files:
+            return
+        try:
+            await self.meta.call(p.CloseReq(ino=ino, session_id=self.meta.session_id), retry=False)
+        except StripefsError as exc:
+            log.debug("close of inode %d not acknowledged: %s", ino, exc)
+
+    async def forget(self, inode_list):
+        for ino, _ in inode_list:
+            self._kernel_view.pop(ino, None)
+
+
+def _invalidate_attr(ino: int) -> None:
+    try:
+        pyfuse3.invalidate_inode(ino, attr_only=True)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            log.warning("invalidating attributes of inode %d: %s", ino, exc)

@@ -1,0 +1,338 @@
+"""The data path: file byte ranges <-> chunks on storage nodes.
+
+Reads
+    A read is split into per-chunk extents (common.layout.chunk_extents). Each
+    chunk is fetched whole from one replica (tried in rotated order, suspects
+    last, failing over on timeout, STALE, CORRUPT or a missing copy) into the
+    chunk cache, so the kernel's 1 MiB requests within one chunk cost one
+    network read. A sequential reader triggers prefetch of the next
+    ``readahead_chunks`` chunks; chunks of one read are fetched in parallel.
+    A chunk never written (no placement, or version 0) reads as zeros.
+
+Writes
+    Buffered per chunk (open_files.DirtyChunk) and sent to every replica in
+    parallel, carrying this write session's epoch as the chunk version. A
+    replica that answers STALE gets the whole chunk (``replace``); a replica
+    whose node fails is moved to another node by the metadata daemon
+    (ReplaceReplicaReq) and receives the whole chunk, read back from a replica
+    that took the write. So one node dying mid-write costs the writer nothing.
+    ``flush`` waits for everything in flight and commits versions and size.
+
+Atomicity: an ``OpenFile``'s dirty map is only changed between awaits; a chunk
+is removed from ``dirty`` before its send starts, so no byte is sent twice or lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+import xxhash
+
+from ..common import protocol as p
+from ..common.errors import ErrorCode, StripefsError
+from ..common.layout import chunk_extents
+from .chunk_cache import ChunkCache
+from .data_rpc import NodePool
+from .meta_rpc import MetaClient
+from .open_files import DirtyChunk, OpenFile
+
+log = logging.getLogger(__name__)
+
+_FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
+
+
+class DataPath:
+    def __init__(
+        self,
+        meta: MetaClient,
+        nodes: NodePool,
+        cache: ChunkCache,
+        nursery: trio.Nursery,
+        *,
+        readahead_chunks: int,
+        write_parallelism: int,
+    ):
+        self.meta = meta
+        self.nodes = nodes
+        self.cache = cache
+        self.nursery = nursery
+        self.readahead_chunks = readahead_chunks
+        self.write_parallelism = write_parallelism
+
+    # ------------------------------------------------------------------ reads
+
+    async def read(self, of: OpenFile, offset: int, length: int) -> bytes:
+        end = min(offset + length, of.size)
+        if end <= offset:
+            return b""
+        extents = list(chunk_extents(offset, end - offset, of.chunk_size))
+        if of.dirty or of.inflight:
+            # our own bytes not yet on storage: send them (uncommitted versions are readable)
+            for ext in extents:
+                dc = of.dirty.pop(ext.index, None)
+                if dc is not None:
+                    of.start_io()
+                    try:
+                        await self._send_chunk(of, dc)
+                    finally:
+                        of.end_io()
+            await of.idle.wait()
+            self._raise_write_error(of)
+        sequential = offset == of.last_read_end or offset == 0
+        of.last_read_end = end
+        if len(extents) == 1:
+            ext = extents[0]
+            data = await self._chunk_bytes(of, ext.index)
+            piece = data[ext.offset : ext.offset + ext.length]
+            out = piece if len(piece) == ext.length else piece + bytes(ext.length - len(piece))
+        else:
+            parts: list[bytes] = [b""] * len(extents)
+
+            async def fetch(i, ext):
+                data = await self._chunk_bytes(of, ext.index)
+                piece = data[ext.offset : ext.offset + ext.length]
+                parts[i] = piece if len(piece) == ext.length else piece + bytes(ext.length - len(piece))
+
+            async with trio.open_nursery() as nursery:
+                for i, ext in enumerate(extents):
+                    nursery.start_soon(fetch, i, ext)
+            out = b"".join(parts)
+        if sequential and self.readahead_chunks:
+            last = extents[-1].index
+            for index in range(last + 1, last + 1 + self.readahead_chunks):
+                if index * of.chunk_size >= of.size:
+                    break
+                ref = of.chunks.get(index)
+                if ref and ref.version and (of.ino, index, ref.version) not in self.cache:
+                    self.nursery.start_soon(self._prefetch, of, index, name=f"prefetch-{of.ino}-{index}")
+        return out
+
+    async def _prefetch(self, of: OpenFile, index: int) -> None:
+        try:
+            await self._chunk_bytes(of, index)
+        except StripefsError as exc:
+            log.debug("prefetch of chunk %d:%d failed: %s", of.ino, index, exc)
+
+    async def _chunk_bytes(self, of: OpenFile, index: int) -> bytes:
+        ref = of.chunks.get(index)
+        if ref is None or ref.version == 0:
+            return b""
+        return await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size))
+
+    async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int) -> bytes:
+        chunk = p.ChunkId(ino, ref.index)
+        order = self.nodes.order(ref.nodes, start=ino + ref.index)
+        errors = []
+        for i, node_id in enumerate(order):
+            try:
+                return await self.nodes.read(node_id, chunk, ref.version, 0, length, last_try=i == len(order) - 1)
+            except StripefsError as exc:
+                if exc.code not in _FAILOVER:
+                    raise
+                errors.append(f"node {node_id}: {exc}")
+                log.log(
+                    logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
+                    "chunk %s v%d: node %d failed (%s); trying the next copy",
+                    chunk,
+                    ref.version,
+                    node_id,
+                    exc,
+                )
+        log.error("chunk %s v%d: no copy could be read: %s", chunk, ref.version, "; ".join(errors))
+        raise StripefsError(ErrorCode.IO, f"chunk {chunk}: no readable copy")
+
+    # ----------------------------------------------------------------- writes
+
+    async def write(self, of: OpenFile, offset: int, data: bytes) -> None:
+        self._raise_write_error(of)
+        cs = of.chunk_size
+        pos = 0
+        for ext in chunk_extents(offset, len(data), cs):
+            piece = memoryview(data)[pos : pos + ext.length]
+            pos += ext.length
+            dc = of.dirty.get(ext.index)
+            if dc is not None and not dc.contiguous_with(ext.offset, ext.length):
+                del of.dirty[ext.index]
+                await self._send_chunk(of, dc)
+                dc = None
+            if dc is None:
+                dc = DirtyChunk(ext.index, bytearray(), ext.offset, ext.offset)
+                of.dirty[ext.index] = dc
+            dc.merge(ext.offset, piece)
+            if dc.lo == 0 and dc.hi == cs:
+                del of.dirty[ext.index]
+                await self._send_in_background(of, dc)
+        of.size = max(of.size, offset + len(data))
+        self.cache.drop_inode(of.ino, offset // cs)
+
+    def _raise_write_error(self, of: OpenFile) -> None:
+        if of.write_error is not None:
+            exc, of.write_error = of.write_error, None
+            raise exc
+
+    async def _send_in_background(self, of: OpenFile, dc: DirtyChunk) -> None:
+        if of.write_slots is None:
+            of.write_slots = trio.Semaphore(self.write_parallelism)
+        await of.write_slots.acquire()  # backpressure: at most N chunks in flight per file
+        of.start_io()
+
+        async def send():
+            try:
+                await self._send_chunk(of, dc)
+            except StripefsError as exc:
+                of.write_error = exc
+            finally:
+                of.write_slots.release()
+                of.end_io()
+
+        self.nursery.start_soon(send, name=f"write-{of.ino}-{dc.index}")
+
+    async def _epoch(self, of: OpenFile) -> int:
+        if not of.epoch:
+            rsp = await self.meta.call(p.AllocEpochReq())
+            of.epoch = rsp.epoch
+        return of.epoch
+
+    async def _placement(self, of: OpenFile, index: int) -> p.ChunkRef:
+        ref = of.uncommitted.get(index) or of.chunks.get(index)
+        if ref is None or not ref.nodes:
+            rsp = await self.meta.call(p.AllocChunksReq(ino=of.ino, indices=[index]))
+            self.nodes.learn(rsp.nodes)
+            for c in rsp.chunks:
+                of.chunks[c.index] = c
+            ref = of.chunks[index]
+        return ref
+
+    async def _send_chunk(self, of: OpenFile, dc: DirtyChunk, *, sync: bool = False) -> None:
+        """Write one dirty range to every replica of its chunk, replacing failed replicas."""
+        epoch = await self._epoch(of)
+        ref = await self._placement(of, dc.index)
+        chunk = p.ChunkId(of.ino, dc.index)
+        payload = memoryview(dc.buf)[dc.lo : dc.hi]
+        request = p.WriteChunkReq(
+            chunk=chunk, version=epoch, base_version=ref.version, offset=dc.lo, xxh3=xxhash.xxh3_64_intdigest(payload), sync=sync
+        )
+        failed: dict[int, StripefsError] = {}
+        done: list[int] = []
+
+        async def one(node_id: int):
+            try:
+                await self.nodes.write(node_id, request, payload)
+                done.append(node_id)
+            except StripefsError as exc:
+                failed[node_id] = exc
+
+        async with trio.open_nursery() as nursery:
+            for node_id in ref.nodes:
+                nursery.start_soon(one, node_id)
+
+        nodes = list(ref.nodes)
+        for node_id, exc in failed.items():
+            if not done:
+                break
+            if exc.code == ErrorCode.STALE:
+                # this copy missed earlier writes: give it the whole chunk
+                await self._copy_whole(of, chunk, epoch, done[0], node_id, sync)
+                done.append(node_id)
+                continue
+            log.warning("chunk %s: write to node %d failed (%s); moving that copy", chunk, node_id, exc)
+            rsp = await self.meta.call(p.ReplaceReplicaReq(ino=of.ino, index=dc.index, failed_node=node_id))
+            self.nodes.learn(rsp.nodes)
+            new_ref = rsp.chunks[0]
+            nodes = list(new_ref.nodes)
+            for new_node in set(new_ref.nodes) - set(ref.nodes):
+                await self._copy_whole(of, chunk, epoch, done[0], new_node, sync)
+                done.append(new_node)
+        if not done:
+            codes = {exc.code for exc in failed.values()}
+            first = next(iter(failed.values()))
+            log.error("chunk %s: no replica took the write: %s", chunk, "; ".join(f"node {n}: {e}" for n, e in failed.items()))
+            raise StripefsError(ErrorCode.NO_SPACE if codes == {ErrorCode.NO_SPACE} else first.code, first.message)
+        nodes = [n for n in nodes if n in done]
+        new_ref = p.ChunkRef(index=dc.index, version=epoch, nodes=nodes)
+        of.uncommitted[dc.index] = new_ref
+        of.chunks[dc.index] = new_ref
+        if not sync:
+            of.unsynced[dc.index] = nodes
+
+    async def _copy_whole(self, of: OpenFile, chunk: p.ChunkId, epoch: int, source: int, target: int, sync: bool) -> None:
+        data = await self.nodes.read(source, chunk, epoch, 0, of.chunk_size, last_try=True)
+        await self.nodes.write(
+            target,
+            p.WriteChunkReq(
+                chunk=chunk, version=epoch, base_version=0, offset=0, xxh3=xxhash.xxh3_64_intdigest(data), replace=True, sync=sync
+            ),
+            data,
+        )
+
+    async def flush(self, of: OpenFile, *, sync: bool = False) -> None:
+        """Send every dirty range, wait for writes in flight, commit versions and size."""
+        while of.dirty:
+            index = min(of.dirty)
+            dc = of.dirty.pop(index)
+            of.start_io()
+            try:
+                await self._send_chunk(of, dc, sync=sync)
+            finally:
+                of.end_io()
+        await of.idle.wait()
+        self._raise_write_error(of)
+        if sync and of.unsynced:
+            by_node: dict[int, list[p.ChunkId]] = {}
+            for index, nodes in of.unsynced.items():
+                for node_id in nodes:
+                    by_node.setdefault(node_id, []).append(p.ChunkId(of.ino, index))
+            async with trio.open_nursery() as nursery:
+                for node_id, chunks in by_node.items():
+                    nursery.start_soon(self.nodes.sync, node_id, chunks)
+            of.unsynced.clear()
+        if of.uncommitted or of.size > of.attr.size:
+            refs = sorted(of.uncommitted.values(), key=lambda c: c.index)
+            rsp = await self.meta.call(p.CommitReq(ino=of.ino, size=of.size, mtime_ns=time.time_ns(), chunks=refs))
+            of.uncommitted.clear()
+            of.attr = rsp.attr
+            of.size = max(of.size, rsp.attr.size)
+            of.epoch = 0  # the next write session gets a newer version
+
+    # --------------------------------------------------------------- truncate
+
+    async def truncate(self, of: OpenFile, new_size: int) -> p.Attr:
+        """Cut or extend a file: the boundary chunk is cut on its replicas, then the daemon drops the rest."""
+        await self.flush(of)
+        cs = of.chunk_size
+        index, inner = divmod(new_size, cs)
+        refs: list[p.ChunkRef] = []
+        ref = of.chunks.get(index)
+        if inner and ref is not None and ref.version and new_size < of.size:
+            rsp = await self.meta.call(p.AllocEpochReq())
+            epoch = rsp.epoch
+            request = p.WriteChunkReq(
+                chunk=p.ChunkId(of.ino, index), version=epoch, base_version=ref.version, offset=inner,
+                xxh3=xxhash.xxh3_64_intdigest(b""), truncate=inner,
+            )
+            ok: list[int] = []
+
+            async def one(node_id):
+                try:
+                    await self.nodes.write(node_id, request, b"")
+                    ok.append(node_id)
+                except StripefsError as exc:
+                    log.warning("truncate of chunk %d:%d on node %d failed: %s", of.ino, index, node_id, exc)
+
+            async with trio.open_nursery() as nursery:
+                for node_id in ref.nodes:
+                    nursery.start_soon(one, node_id)
+            if not ok:
+                raise StripefsError(ErrorCode.IO, f"no replica of chunk {of.ino}:{index} could be truncated")
+            refs.append(p.ChunkRef(index=index, version=epoch, nodes=ok))
+        rsp = await self.meta.call(p.SetattrReq(ino=of.ino, size=new_size, chunks=refs))
+        of.attr = rsp.attr
+        of.size = new_size
+        keep = index + (1 if inner else 0)
+        of.chunks = {i: c for i, c in of.chunks.items() if i < keep}
+        for r in refs:
+            of.chunks[r.index] = r
+        self.cache.drop_inode(of.ino)
+        return rsp.attr

@@ -1,0 +1,299 @@
+"""``stripefs``: the one command. Each subcommand family has its own module.
+
+    stripefs meta     --config metad.toml        metadata daemon        (stripefs.daemon.cli)
+    stripefs storage  --config storage.toml      storage node           (stripefs.storage_node.cli)
+    stripefs mount    META_ADDR MOUNTPOINT       FUSE client            (stripefs.client.mount)
+    stripefs local    up|down|status             a whole cluster here   (stripefs.local_cluster)
+    stripefs status   [--json]                   the cluster as the metadata daemon sees it
+    stripefs layout   get|set                    per-directory layouts
+    stripefs config   example meta|storage|client
+
+Admin commands find the cluster from a PATH inside a mount when given one
+(the mount's source in /proc/mounts is its metadata address), else from
+``--meta`` or ``$STRIPEFS_META``, else from the local cluster's ``--dir``.
+Exit codes: 0 ok, 1 usage or config error, 2 cluster unreachable, 3 operation failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import trio
+import zmq
+
+from .common import config as cfg
+from .common import protocol as p
+from .common.errors import ErrorCode, QuietError, StripefsError
+from .common.layout import format_size, parse_redundancy, parse_size
+from .common.transport import connect
+
+DEFAULT_STATE = "./.stripefs"
+
+
+# --------------------------------------------------------------- finding the cluster
+
+
+def _mount_of(path: Path) -> tuple[str, Path] | None:
+    """(metadata address, mountpoint) of the stripefs mount holding ``path``."""
+    target = path.absolute()
+    best = None
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                source, mnt, fstype = line.split()[:3]
+                if fstype != "fuse.stripefs":
+                    continue
+                mnt_path = Path(mnt.replace("\\040", " "))
+                if (target == mnt_path or mnt_path in target.parents) and (best is None or len(str(mnt_path)) > len(str(best[1]))):
+                    best = (source, mnt_path)
+    except OSError:
+        return None
+    return best
+
+
+def _meta_addresses(args, path: str | None = None) -> list[str]:
+    if path:
+        found = _mount_of(Path(path))
+        if found:
+            return [a for a in found[0].replace(";", ",").split(",") if a]
+    spec = getattr(args, "meta", None) or os.environ.get("STRIPEFS_META")
+    if not spec:
+        state = Path(getattr(args, "dir", None) or DEFAULT_STATE)
+        if (state / "cluster.json").exists():
+            from .local_cluster import LocalCluster
+
+            return [LocalCluster(state).meta_address]
+        raise QuietError(
+            "cannot find the cluster: give a PATH inside a stripefs mount, --meta tcp://HOST:PORT, "
+            "set $STRIPEFS_META, or --dir STATE of a local cluster"
+        )
+    return [a.strip() for a in spec.split(",") if a.strip()]
+
+
+def _rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
+    """Send requests to the first metadata daemon that answers."""
+
+    async def run():
+        ctx = zmq.Context()
+        try:
+            last: StripefsError | None = None
+            for address in addresses:
+                async with connect(ctx, address, timeout=5) as client:
+                    try:
+                        return [(await client.call(r))[0] for r in requests]
+                    except StripefsError as exc:
+                        if exc.code not in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE):
+                            raise
+                        last = exc
+            raise QuietError(f"no metadata daemon answered at {', '.join(addresses)} ({last.message})", 2)
+        finally:
+            ctx.destroy(linger=0)
+
+    try:
+        return trio.run(run)
+    except StripefsError as exc:
+        raise QuietError(exc.message or exc.code.name, 3) from None
+
+
+def _resolve(args, path: str) -> tuple[list[str], int]:
+    """Metadata addresses and inode of PATH (inside a mount, or a namespace path with --meta)."""
+    found = _mount_of(Path(path))
+    if found:
+        try:
+            return [a for a in found[0].replace(";", ",").split(",") if a], os.stat(path).st_ino
+        except OSError as exc:
+            raise QuietError(f"{path}: {exc.strerror}") from None
+    addresses = _meta_addresses(args)
+    ino = 1
+    for part in [x for x in path.split("/") if x]:
+        (rsp,) = _rpc(addresses, p.LookupReq(parent=ino, name=part.encode()))
+        ino = rsp.attr.ino
+    return addresses, ino
+
+
+# ----------------------------------------------------------------------- commands
+
+
+def cmd_layout(args) -> int:
+    addresses, ino = _resolve(args, args.path)
+    if args.action == "set":
+        redundancy = None
+        if args.replicas is not None:
+            redundancy = f"replicas={args.replicas}"
+        if args.ec:
+            redundancy = f"ec={args.ec}"
+        if redundancy:
+            try:
+                parse_redundancy(redundancy)
+            except StripefsError as exc:
+                raise QuietError(exc.message) from None
+        req = p.SetLayoutReq(
+            ino=ino,
+            chunk_size=parse_size(args.chunk_size) if args.chunk_size else None,
+            stripe_count=args.stripe_count,
+            redundancy=redundancy,
+        )
+        (rsp,) = _rpc(addresses, req)
+    else:
+        (rsp,) = _rpc(addresses, p.GetLayoutReq(ino=ino))
+    layout = rsp.layout
+    if getattr(args, "json", False):
+        print(json.dumps({"chunk_size": layout.chunk_size, "stripe_count": layout.stripe_count, "redundancy": layout.redundancy}))
+    else:
+        print(f"{args.path}: chunk_size={format_size(layout.chunk_size)} stripe_count={layout.stripe_count} {layout.redundancy}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    addresses = _meta_addresses(args, args.path)
+    (rsp,) = _rpc(addresses, p.StatusReq())
+    if args.json:
+        out = {
+            "files": rsp.files,
+            "directories": rsp.directories,
+            "chunks": rsp.chunks,
+            "logical_bytes": rsp.logical_bytes,
+            "sessions": rsp.sessions,
+            "nodes": [
+                {
+                    "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
+                    "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes, "used_bytes": n.used_bytes,
+                    "chunks": n.chunks, "last_heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
+                }
+                for n in rsp.nodes
+            ],
+        }
+        print(json.dumps(out, indent=1))
+        return 0
+    up = sum(n.state == "up" for n in rsp.nodes)
+    print(f"metadata daemon {addresses[0]}: {up}/{len(rsp.nodes)} storage nodes up, {rsp.sessions} mounts")
+    print(f"  {rsp.files} files, {rsp.directories} directories, {rsp.chunks} chunks, {format_size(rsp.logical_bytes)} of file data")
+    print(f"  {'node':>5} {'state':<6} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8}  address")
+    for n in rsp.nodes:
+        print(
+            f"  {n.node_id:>5} {n.state:<6} {n.host[:14]:<14} {format_size(n.used_bytes):>9} {format_size(n.free_bytes):>9} "
+            f"{format_size(n.capacity_bytes):>9} {n.chunks:>8}  {n.address}"
+            + ("" if n.state == "up" else f"  (silent {n.last_heartbeat_age_s:.0f}s)")
+        )
+    return 0
+
+
+def cmd_local(args) -> int:
+    from .local_cluster import LocalCluster
+
+    cluster = LocalCluster(args.dir)
+    if args.action == "up":
+        return cluster.up(args.mount, args.nodes, args.options)
+    if args.action == "down":
+        return cluster.down()
+    status = cluster.status()
+    if args.json:
+        print(json.dumps(status, indent=1))
+    else:
+        for proc in status["processes"]:
+            where = proc["address"] or proc.get("mountpoint")
+            stored = "" if proc["bytes_stored"] is None else f"  {format_size(proc['bytes_stored'])} stored"
+            node = f" {proc['node_id']}" if proc["node_id"] else ""
+            print(f"{proc['role']}{node:<4} {proc['state']:<5} pid {proc['pid']}  {where}{stored}")
+    return 0
+
+
+def cmd_config(args) -> int:
+    print(cfg.example(args.role), end="")
+    return 0
+
+
+# ------------------------------------------------------------------------- parser
+
+
+def _add_cluster_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--meta", help="metadata daemon address(es), tcp://HOST:PORT[,...] (default: $STRIPEFS_META)")
+    parser.add_argument("--dir", help=f"state directory of a local cluster (default: {DEFAULT_STATE})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stripefs",
+        description="stripefs: a striped, replicated filesystem that keeps GPU training jobs fed.",
+        epilog="Start here: 'stripefs local up --dir ./.stripefs --mount ./mnt --nodes 4' runs a whole cluster on this machine.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    sub.add_parser("meta", help="run the metadata daemon", add_help=False)
+    sub.add_parser("storage", help="run a storage node", add_help=False)
+    sub.add_parser("mount", help="mount a cluster", add_help=False)
+
+    local = sub.add_parser("local", help="run a whole cluster on this machine", description="Start, stop and inspect a one-machine cluster.")
+    lsub = local.add_subparsers(dest="action", metavar="ACTION", required=True)
+    up = lsub.add_parser("up", help="start (or restart) the cluster and mount it", description="Start a metadata daemon, N storage nodes and the mount. Running it again on a stopped STATE brings the same data back.")
+    up.add_argument("--dir", default=DEFAULT_STATE, help="state directory: configs, data, logs, pids (default: %(default)s)")
+    up.add_argument("--mount", default="./mnt", help="mountpoint (default: %(default)s)")
+    up.add_argument("--nodes", type=int, default=4, help="storage nodes (default: %(default)s)")
+    up.add_argument("-o", dest="options", action="append", default=[], help="FUSE mount option, e.g. -o allow_other (repeatable)")
+    down = lsub.add_parser("down", help="unmount and stop everything 'up' started", description="Unmount and stop exactly the processes 'up' started (by pid). Data stays in the state directory.")
+    down.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
+    st = lsub.add_parser("status", help="which local processes are running", description="List the cluster's processes: role, node id, pid, address, state and bytes stored.")
+    st.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
+    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [...]}')
+    local.set_defaults(func=cmd_local)
+
+    status = sub.add_parser("status", help="the cluster as the metadata daemon sees it", description="Storage nodes with their state, capacity and use; file and chunk counts.")
+    status.add_argument("path", nargs="?", help="a path inside a stripefs mount (finds the cluster)")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_cluster_args(status)
+    status.set_defaults(func=cmd_status)
+
+    layout = sub.add_parser("layout", help="show or set a directory's layout", description="New files inherit their directory's layout: chunk size, stripe count, redundancy.")
+    lysub = layout.add_subparsers(dest="action", metavar="ACTION", required=True)
+    get = lysub.add_parser("get", help="show the layout of a file or directory")
+    get.add_argument("path", help="a path inside a stripefs mount, or a namespace path with --meta")
+    get.add_argument("--json", action="store_true", help="print {chunk_size, stripe_count, redundancy}")
+    _add_cluster_args(get)
+    lset = lysub.add_parser("set", help="change a directory's layout for files created from now on", description="Each flag alone changes only that field. Existing files keep their layout.")
+    lset.add_argument("path", help="a directory inside a stripefs mount, or a namespace path with --meta")
+    lset.add_argument("--chunk-size", help="e.g. 4M (binary units; 64K..64M)")
+    lset.add_argument("--stripe-count", type=int, help="how many nodes consecutive chunks rotate over")
+    lset.add_argument("--replicas", type=int, help="copies of each chunk")
+    lset.add_argument("--ec", help="erasure code K+M, e.g. 4+2")
+    lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
+    _add_cluster_args(lset)
+    layout.set_defaults(func=cmd_layout)
+
+    config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
+    csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ex = csub.add_parser("example", help="print an example config")
+    ex.add_argument("role", choices=sorted(cfg.ROLES), help="meta, storage or client")
+    config.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] in ("meta", "storage", "mount"):
+            if argv[0] == "meta":
+                from .daemon.cli import main as role_main
+            elif argv[0] == "storage":
+                from .storage_node.cli import main as role_main
+            else:
+                from .client.mount import main as role_main
+            return role_main(argv[1:])
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 1
+        return args.func(args)
+    except QuietError as exc:
+        print(f"stripefs: {exc}", file=sys.stderr)
+        return exc.exitcode
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

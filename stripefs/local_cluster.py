@@ -1,0 +1,297 @@
+"""``stripefs local up|down|status``: a whole cluster on one machine, in one directory.
+
+State directory layout (everything the cluster owns lives here)::
+
+    STATE/cluster.json        ports, node ids, mountpoint, mount options (fixed at first `up`)
+    STATE/pids.json           pids of what `up` started; `down` stops exactly these
+    STATE/meta/metad.toml     metadata daemon config; STATE/meta/ holds its SQLite database
+    STATE/storage-N/storage.toml and STATE/storage-N/data/   one storage node each
+    STATE/logs/*.log          one log per process
+
+Running ``up`` again on a stopped STATE starts the same processes on the same
+ports and data, so everything comes back. The processes are started detached
+(their own session), so they outlive the command that started them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import trio
+import zmq
+
+from .common import config as cfg
+from .common import protocol as p
+from .common.errors import QuietError, StripefsError
+from .common.transport import connect
+
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _is_mounted(path: Path) -> bool:
+    target = str(path.absolute())
+    try:
+        with open("/proc/mounts") as f:
+            return any(line.split()[1] == target for line in f)
+    except OSError:
+        return False
+
+
+class LocalCluster:
+    def __init__(self, state: str | Path):
+        self.state = Path(state).absolute()
+        self.info_path = self.state / "cluster.json"
+        self.pids_path = self.state / "pids.json"
+
+    # ----------------------------------------------------------------- state
+
+    def info(self) -> dict:
+        try:
+            return json.loads(self.info_path.read_text())
+        except FileNotFoundError:
+            raise QuietError(f"{self.state} holds no local cluster; start one with 'stripefs local up --dir {self.state}'") from None
+
+    def pids(self) -> dict:
+        try:
+            return json.loads(self.pids_path.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def _save_pids(self, pids: dict) -> None:
+        tmp = self.pids_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pids, indent=1))
+        tmp.replace(self.pids_path)
+
+    @property
+    def meta_address(self) -> str:
+        return f"tcp://127.0.0.1:{self.info()['meta_port']}"
+
+    def _create(self, mount: Path, nodes: int, options: list[str]) -> dict:
+        info = {
+            "meta_port": _free_port(),
+            "nodes": [{"node_id": i, "port": _free_port()} for i in range(1, nodes + 1)],
+            "mount": str(mount),
+            "options": options,
+        }
+        (self.state / "logs").mkdir(parents=True, exist_ok=True)
+        meta_dir = self.state / "meta"
+        meta_dir.mkdir(exist_ok=True)
+        meta = cfg.MetaConfig(
+            listen=f"tcp://127.0.0.1:{info['meta_port']}",
+            data_dir=str(meta_dir),
+            stripe_count=min(4, nodes),
+            redundancy=f"replicas={min(2, nodes)}",
+        )
+        (meta_dir / "metad.toml").write_text(cfg.dumps(meta))
+        for node in info["nodes"]:
+            d = self.state / f"storage-{node['node_id']}"
+            (d / "data").mkdir(parents=True, exist_ok=True)
+            sc = cfg.StorageConfig(
+                node_id=node["node_id"],
+                listen=f"tcp://127.0.0.1:{node['port']}",
+                data_dir=str(d / "data"),
+                meta=[f"tcp://127.0.0.1:{info['meta_port']}"],
+                host=f"local-{node['node_id']}",  # one failure domain per node on a one-machine cluster
+                heartbeat_interval_s=1.0,
+            )
+            (d / "storage.toml").write_text(cfg.dumps(sc))
+        self.info_path.write_text(json.dumps(info, indent=1))
+        return info
+
+    # -------------------------------------------------------------------- up
+
+    def _spawn(self, name: str, args: list[str]) -> int:
+        log_file = open(self.state / "logs" / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stripefs", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log_file.close()
+        return proc.pid
+
+    def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0) -> int:
+        self.state.mkdir(parents=True, exist_ok=True)
+        mount = Path(mount).absolute()
+        info = json.loads(self.info_path.read_text()) if self.info_path.exists() else self._create(mount, nodes, options)
+        if Path(info["mount"]) != mount:
+            raise QuietError(f"{self.state} was created for mountpoint {info['mount']}, not {mount}")
+        if len(info["nodes"]) != nodes:
+            print(f"note: {self.state} has {len(info['nodes'])} storage nodes; --nodes {nodes} is ignored", file=sys.stderr)
+        pids = self.pids()
+        running = [k for k, v in self._flat_pids(pids) if _alive(v)]
+        if running and _is_mounted(mount):
+            print(f"stripefs local cluster in {self.state} is already running, mounted at {mount}")
+            return 0
+        mount.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+
+        if not _alive(pids.get("meta")):
+            pids["meta"] = self._spawn("meta", ["meta", "--config", str(self.state / "meta" / "metad.toml")])
+            self._save_pids(pids)
+        storage = pids.setdefault("storage", {})
+        for node in info["nodes"]:
+            key = str(node["node_id"])
+            if not _alive(storage.get(key)):
+                storage[key] = self._spawn(
+                    f"storage-{key}", ["storage", "--config", str(self.state / f"storage-{key}" / "storage.toml")]
+                )
+        self._save_pids(pids)
+        self._wait_ready(info, pids, deadline)
+
+        if not _is_mounted(mount):
+            args = ["mount", self.meta_address, str(mount), "--log", str(self.state / "logs" / "mount.log"),
+                    "--pidfile", str(self.state / "mount.pid")]
+            for opt in info.get("options", []) + [o for o in options if o not in info.get("options", [])]:
+                args += ["-o", opt]
+            res = subprocess.run([sys.executable, "-m", "stripefs", *args], capture_output=True, text=True)
+            if res.returncode:
+                raise QuietError(f"mount failed: {res.stderr.strip() or res.stdout.strip()}", 3)
+            pids["mount"] = int((self.state / "mount.pid").read_text())
+            self._save_pids(pids)
+        print(f"stripefs local cluster up: metadata {self.meta_address}, {len(info['nodes'])} storage nodes, mounted at {mount}")
+        return 0
+
+    def _wait_ready(self, info: dict, pids: dict, deadline: float) -> None:
+        """Wait for every process to answer a ping and every node to be up at the daemon."""
+
+        async def wait() -> None:
+            ctx = zmq.Context()
+            try:
+                targets = [("meta", pids["meta"], self.meta_address)] + [
+                    (f"storage-{n['node_id']}", pids["storage"][str(n["node_id"])], f"tcp://127.0.0.1:{n['port']}")
+                    for n in info["nodes"]
+                ]
+                for name, pid, address in targets:
+                    async with connect(ctx, address, timeout=0.5) as client:
+                        while True:
+                            if not _alive(pid):
+                                raise QuietError(f"{name} exited at start; see {self.state / 'logs' / (name + '.log')}", 3)
+                            if time.monotonic() > deadline:
+                                raise QuietError(f"{name} did not answer at {address}; see its log in {self.state / 'logs'}", 3)
+                            try:
+                                await client.call(p.PingReq())
+                                break
+                            except StripefsError:
+                                await trio.sleep(0.1)
+                want = {n["node_id"] for n in info["nodes"]}
+                async with connect(ctx, self.meta_address, timeout=2) as meta:
+                    while True:
+                        rsp, _ = await meta.call(p.StatusReq())
+                        if want <= {n.node_id for n in rsp.nodes if n.state == "up"}:
+                            return
+                        if time.monotonic() > deadline:
+                            raise QuietError("storage nodes did not register with the metadata daemon in time", 3)
+                        await trio.sleep(0.1)
+            finally:
+                ctx.destroy(linger=0)
+
+        trio.run(wait)
+
+    # ------------------------------------------------------------------ down
+
+    @staticmethod
+    def _flat_pids(pids: dict) -> list[tuple[str, int]]:
+        out = []
+        if pids.get("mount"):
+            out.append(("mount", pids["mount"]))
+        for k, v in sorted(pids.get("storage", {}).items()):
+            out.append((f"storage-{k}", v))
+        if pids.get("meta"):
+            out.append(("meta", pids["meta"]))
+        return out
+
+    def down(self) -> int:
+        info = self.info()
+        mount = Path(info["mount"])
+        if _is_mounted(mount):
+            res = subprocess.run(["fusermount3", "-u", str(mount)], capture_output=True, text=True)
+            if res.returncode:
+                print(f"{mount} is busy ({res.stderr.strip()}); detaching it lazily", file=sys.stderr)
+                subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True)
+        pids = self.pids()
+        flat = self._flat_pids(pids)
+        for _, pid in flat:
+            if _alive(pid):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for name, pid in flat:
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _alive(pid):
+                print(f"{name} (pid {pid}) ignored SIGTERM; killing it", file=sys.stderr)
+                os.kill(pid, signal.SIGKILL)
+        self.pids_path.unlink(missing_ok=True)
+        print(f"stripefs local cluster in {self.state} stopped")
+        return 0
+
+    # ---------------------------------------------------------------- status
+
+    def status(self) -> dict:
+        info = self.info()
+        pids = self.pids()
+        procs = [
+            {"role": "meta", "node_id": None, "pid": pids.get("meta"), "address": self.meta_address,
+             "state": "up" if _alive(pids.get("meta")) else "down", "bytes_stored": None}
+        ]
+        for node in info["nodes"]:
+            pid = pids.get("storage", {}).get(str(node["node_id"]))
+            procs.append({
+                "role": "storage",
+                "node_id": node["node_id"],
+                "pid": pid,
+                "address": f"tcp://127.0.0.1:{node['port']}",
+                "state": "up" if _alive(pid) else "down",
+                "bytes_stored": _tree_bytes(self.state / f"storage-{node['node_id']}" / "data"),
+            })
+        mpid = pids.get("mount")
+        procs.append({
+            "role": "mount", "node_id": None, "pid": mpid, "address": None,
+            "state": "up" if _alive(mpid) and _is_mounted(Path(info["mount"])) else "down",
+            "bytes_stored": None, "mountpoint": info["mount"],
+        })
+        return {"state_dir": str(self.state), "processes": procs}
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
