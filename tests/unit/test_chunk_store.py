@@ -1,0 +1,370 @@
+"""ChunkStore: the chunk file format, write semantics, corruption, crash safety, space."""
+
+import errno
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from stripefs.common.errors import ErrorCode, QuietError, StripefsError
+from stripefs.common.protocol import ChunkId
+from stripefs.storage_node import chunk_store as cs
+from stripefs.storage_node.chunk_store import HEADER_SIZE, ChunkStore
+
+BS = 4096  # small blocks: several blocks per chunk with small test data
+C = ChunkId(42, 3, 0)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        yield s
+
+
+def _pattern(n, seed=0):
+    return random.Random(seed).randbytes(n)
+
+
+def _code(excinfo):
+    return excinfo.value.code
+
+
+def test_round_trip_and_ranges(store):
+    data = _pattern(5 * BS + 123)
+    assert store.write(C, 7, 0, 0, data) == (7, len(data))
+    assert store.read(C, 7, 0, len(data)) == (7, data)
+    assert store.read(C, 0, BS - 5, 10) == (7, data[BS - 5 : BS + 5])  # straddles a block boundary
+    assert store.read(C, 0, len(data) - 3, 100) == (7, data[-3:])  # short past the end
+    assert store.read(C, 0, len(data) + 10, 5) == (7, b"")
+    assert store.stat(C) == (7, len(data))
+    assert os.path.getsize(store.path(C)) == HEADER_SIZE + 8 * 6 + len(data)
+    with pytest.raises(StripefsError) as e:
+        store.read(ChunkId(42, 4, 0), 0, 0, 10)
+    assert _code(e) == ErrorCode.NOT_FOUND
+    with pytest.raises(StripefsError) as e:
+        store.stat(ChunkId(42, 3, 1))
+    assert _code(e) == ErrorCode.NOT_FOUND
+
+
+def test_empty_chunk(store):
+    assert store.write(C, 1, 0, 0, b"") == (1, 0)
+    assert store.read(C, 1, 0, 100) == (1, b"")
+
+
+def test_partial_overwrite_zero_fill_and_truncate(store):
+    store.write(C, 1, 0, 0, b"a" * 10_000)
+    assert store.write(C, 2, 1, 5_000, b"b" * 100) == (2, 10_000)
+    assert store.read(C, 2, 0, 10_000)[1] == b"a" * 5_000 + b"b" * 100 + b"a" * 4_900
+    # past the end: the gap reads as zeros
+    assert store.write(C, 3, 2, 20_000, b"c" * 10) == (3, 20_010)
+    v, d = store.read(C, 3, 9_990, 10_030)
+    assert d == b"a" * 10 + bytes(10_000) + b"c" * 10
+    # truncate applies after the payload: cut ...
+    assert store.write(C, 4, 3, 0, b"d" * 3, truncate=6_000) == (4, 6_000)
+    assert store.read(C, 4, 0, 100_000)[1] == b"ddd" + b"a" * 4_997 + b"b" * 100 + b"a" * 900
+    # ... and zero-extend
+    assert store.write(C, 5, 4, 0, b"", truncate=7_000) == (5, 7_000)
+    assert store.read(C, 5, 5_990, 100_000)[1] == b"a" * 10 + bytes(1_000)
+    # a new chunk written at an offset starts with zeros
+    other = ChunkId(43, 0, 0)
+    assert store.write(other, 1, 0, 100, b"x") == (1, 101)
+    assert store.read(other, 1, 0, 200)[1] == bytes(100) + b"x"
+
+
+def test_whole_rewrite_without_replace_keeps_nothing_old(store):
+    store.write(C, 1, 0, 0, b"a" * 9_000)
+    assert store.write(C, 2, 1, 0, b"b" * 9_000) == (2, 9_000)
+    assert store.read(C, 2, 0, 9_000)[1] == b"b" * 9_000
+    assert store.write(C, 3, 2, 0, b"c" * 100, truncate=100) == (3, 100)
+    assert store.read(C, 3, 0, 9_000)[1] == b"c" * 100
+
+
+def test_versions(store):
+    store.write(C, 5, 0, 0, b"v5")
+    with pytest.raises(StripefsError) as e:
+        store.read(C, 6, 0, 2)
+    assert _code(e) == ErrorCode.STALE
+    # a merge onto a copy older than the writer's base is refused, nothing changes
+    with pytest.raises(StripefsError) as e:
+        store.write(C, 9, 6, 0, b"xx")
+    assert _code(e) == ErrorCode.STALE
+    assert store.read(C, 0, 0, 10) == (5, b"v5")
+    # a missing copy is version 0
+    with pytest.raises(StripefsError) as e:
+        store.write(ChunkId(1, 1, 0), 9, 3, 0, b"xx")
+    assert _code(e) == ErrorCode.STALE
+    # the stored version is max(stored, written)
+    assert store.write(C, 3, 5, 0, b"v3") == (5, 2)
+    assert store.read(C, 5, 0, 10) == (5, b"v3")
+    # replace ignores base_version and discards the old content entirely
+    assert store.write(C, 8, 99, 0, b"new", replace=True) == (8, 3)
+    assert store.read(C, 8, 0, 10) == (8, b"new")
+    assert store.write(C, 2, 0, 0, b"R", replace=True) == (8, 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(offset=-1),
+        dict(offset=64 << 20),  # offset + 1 byte > 64 MiB
+        dict(offset=1, replace=True),
+        dict(truncate=-2),
+        dict(truncate=(64 << 20) + 1),
+        dict(version=-1),
+        dict(chunk=ChunkId(-1, 0, 0)),
+    ],
+)
+def test_bad_write_requests(store, kwargs):
+    args = dict(chunk=C, version=1, base_version=0, offset=0)
+    args.update(kwargs)
+    with pytest.raises(StripefsError) as e:
+        store.write(args.pop("chunk"), args.pop("version"), args.pop("base_version"), args.pop("offset"), b"x", **args)
+    assert _code(e) == ErrorCode.BAD_REQUEST
+    assert not store.path(C).exists()
+
+
+def test_bad_read_requests(store):
+    store.write(C, 1, 0, 0, b"x")
+    for offset, length in [(-1, 1), (0, -1), (0, (64 << 20) + 1)]:
+        with pytest.raises(StripefsError) as e:
+            store.read(C, 0, offset, length)
+        assert _code(e) == ErrorCode.BAD_REQUEST
+
+
+def _flip(path, pos):
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_corrupt_data_block(store, caplog):
+    data = _pattern(4 * BS)
+    store.write(C, 1, 0, 0, data)
+    nblocks = 4
+    _flip(store.path(C), HEADER_SIZE + 8 * nblocks + 2 * BS + 17)  # a byte in block 2
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(StripefsError) as e:
+            store.read(C, 0, 0, 4 * BS)
+    assert _code(e) == ErrorCode.CORRUPT
+    assert f"chunk {C}" in caplog.text and "block 2" in caplog.text
+    with pytest.raises(StripefsError):
+        store.read(C, 0, 2 * BS + 100, 1)
+    # the other blocks of the same chunk still read
+    assert store.read(C, 0, 0, 2 * BS)[1] == data[: 2 * BS]
+    assert store.read(C, 0, 3 * BS, BS)[1] == data[3 * BS :]
+    # a partial write must not spread the bad block; a replace repairs the copy
+    with pytest.raises(StripefsError) as e:
+        store.write(C, 2, 1, 0, b"x")
+    assert _code(e) == ErrorCode.CORRUPT
+    assert store.write(C, 2, 0, 0, data, replace=True) == (2, len(data))
+    assert store.read(C, 2, 0, len(data))[1] == data
+
+
+@pytest.mark.parametrize("pos", [0, 9, 17, 25, 33, HEADER_SIZE - 1, HEADER_SIZE + 3])
+def test_corrupt_header_or_table(store, pos):
+    """Magic, format, version, length, chunk id, header checksum, checksum table."""
+    store.write(C, 1, 0, 0, _pattern(2 * BS))
+    _flip(store.path(C), pos)
+    for call in (lambda: store.read(C, 0, 0, 10), lambda: store.stat(C)):
+        with pytest.raises(StripefsError) as e:
+            call()
+        assert _code(e) == ErrorCode.CORRUPT
+
+
+def test_truncated_file_and_misplaced_file(store):
+    store.write(C, 1, 0, 0, _pattern(3 * BS))
+    os.truncate(store.path(C), os.path.getsize(store.path(C)) - 1)
+    with pytest.raises(StripefsError) as e:
+        store.read(C, 0, 0, 1)
+    assert _code(e) == ErrorCode.CORRUPT
+    other = ChunkId(7, 0, 0)
+    store.write(other, 1, 0, 0, b"other")
+    os.makedirs(store.path(ChunkId(8, 0, 0)).parent, exist_ok=True)
+    os.replace(store.path(other), store.path(ChunkId(8, 0, 0)))
+    with pytest.raises(StripefsError) as e:
+        store.read(ChunkId(8, 0, 0), 0, 0, 5)
+    assert _code(e) == ErrorCode.CORRUPT
+
+
+def test_large_chunk_header_beyond_first_read(tmp_path):
+    """A chunk whose checksum table does not fit in the first 4 KiB read."""
+    with ChunkStore(tmp_path, block_size=512, reserved_space=0) as s:
+        data = _pattern(600 * 512 + 7)
+        s.write(C, 1, 0, 0, data)
+        assert s.read(C, 1, 0, len(data))[1] == data
+        assert s.read(C, 1, 599 * 512, 600)[1] == data[599 * 512 :]
+
+
+def test_delete_and_all_parts(store):
+    for part in range(3):
+        store.write(ChunkId(9, 1, part), 1, 0, 0, b"p")
+    store.write(ChunkId(9, 2, 0), 1, 0, 0, b"q")
+    store.write(ChunkId(91, 1, 0), 1, 0, 0, b"r")  # a prefix lookalike
+    assert store.delete([ChunkId(9, 1, 1)], all_parts=False) == 1
+    assert store.delete([ChunkId(9, 1, 0), ChunkId(1000, 0, 0)], all_parts=True) == 2
+    assert store.delete([ChunkId(9, 1, 0)]) == 0
+    assert store.read(ChunkId(9, 2, 0), 0, 0, 1)[1] == b"q"
+    assert store.read(ChunkId(91, 1, 0), 0, 0, 1)[1] == b"r"
+    assert store.usage().chunks == 2
+
+
+def test_sync(store):
+    store.write(C, 1, 0, 0, b"x")
+    assert store.sync([C, ChunkId(5, 5, 5)]) == 1
+    assert store.write(C, 2, 1, 1, b"y", sync=True) == (2, 2)
+
+
+def test_usage_accounting(tmp_path):
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        assert s.usage().used_bytes == 0 and s.usage().chunks == 0
+        s.write(C, 1, 0, 0, b"a" * 10_000)
+        s.write(ChunkId(1, 0, 0), 1, 0, 0, b"b" * 100)
+        s.write(C, 2, 1, 10_000, b"c" * 100)  # grows in place
+        expected = os.path.getsize(s.path(C)) + os.path.getsize(s.path(ChunkId(1, 0, 0)))
+        u = s.usage()
+        assert (u.used_bytes, u.chunks) == (expected, 2)
+        assert u.capacity_bytes > 0 and u.free_bytes > 0
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0, capacity=1 << 20) as s:  # restart: the scan agrees
+        u = s.usage()
+        assert (u.capacity_bytes, u.used_bytes, u.chunks) == (1 << 20, expected, 2)
+        assert u.free_bytes == (1 << 20) - expected
+        s.delete([C])
+        assert s.usage().used_bytes == os.path.getsize(s.path(ChunkId(1, 0, 0)))
+        assert s.usage().chunks == 1
+
+
+def test_no_space_by_capacity(tmp_path):
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0, capacity=20_000) as s:
+        s.write(C, 1, 0, 0, b"a" * 8_000)
+        s.write(C, 2, 1, 0, b"b" * 8_000, replace=True)  # a replace of the same size fits
+        with pytest.raises(StripefsError) as e:
+            s.write(ChunkId(1, 0, 0), 1, 0, 0, b"x" * 15_000)
+        assert _code(e) == ErrorCode.NO_SPACE
+        with pytest.raises(StripefsError) as e:
+            s.write(C, 3, 2, 8_000, b"x" * 15_000)
+        assert _code(e) == ErrorCode.NO_SPACE
+        assert s.read(C, 2, 0, 100_000) == (2, b"b" * 8_000)
+        assert s.usage().chunks == 1
+        assert [n for n in os.listdir(s.path(C).parent)] == [s.path(C).name]
+
+
+def test_no_space_by_reserved_space(tmp_path):
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        s.write(C, 1, 0, 0, b"a" * 100)
+        used = s.usage().used_bytes
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=1 << 62) as s:
+        assert s.usage().free_bytes == 0
+        with pytest.raises(StripefsError) as e:
+            s.write(C, 2, 1, 0, b"b" * 100)
+        assert _code(e) == ErrorCode.NO_SPACE
+        assert s.read(C, 1, 0, 1000) == (1, b"a" * 100)
+        assert s.usage().used_bytes == used
+
+
+def test_real_enospc_removes_temp_file(store, monkeypatch):
+    store.write(C, 1, 0, 0, b"old" * 1000)
+    real_writev = os.writev
+
+    def full_disk(fd, buffers):
+        real_writev(fd, [memoryview(buffers[0])[:10]])  # a few bytes land, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cs.os, "writev", full_disk)
+    with pytest.raises(StripefsError) as e:
+        store.write(C, 2, 1, 0, b"new" * 1000, replace=True)
+    assert _code(e) == ErrorCode.NO_SPACE
+    monkeypatch.undo()
+    assert os.listdir(store.path(C).parent) == [store.path(C).name]
+    assert store.read(C, 0, 0, 10_000) == (1, b"old" * 1000)
+
+
+def test_temp_files_removed_at_startup(tmp_path):
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        s.write(C, 1, 0, 0, b"keep")
+        tmp = s.path(C).with_name(s.path(C).name + ".tmp")
+    tmp.write_bytes(b"half a chunk")
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        assert not tmp.exists()
+        assert s.read(C, 1, 0, 10) == (1, b"keep")
+        assert s.usage().chunks == 1
+
+
+def test_data_dir_is_exclusive_and_owned(tmp_path):
+    with ChunkStore(tmp_path, reserved_space=0, node_id=1):
+        with pytest.raises(QuietError, match="in use"):
+            ChunkStore(tmp_path, reserved_space=0, node_id=1)
+    with pytest.raises(QuietError, match="belongs to storage node 1"):
+        ChunkStore(tmp_path, reserved_space=0, node_id=2)
+    ChunkStore(tmp_path, reserved_space=0, node_id=1).close()
+
+
+def test_block_size_of_the_file_wins(tmp_path):
+    """Chunks written with one block size stay readable after the config changes."""
+    data = _pattern(50_000)
+    with ChunkStore(tmp_path, block_size=4096, reserved_space=0) as s:
+        s.write(C, 1, 0, 0, data)
+    with ChunkStore(tmp_path, block_size=65536, reserved_space=0) as s:
+        assert s.read(C, 1, 1000, 20_000)[1] == data[1000:21_000]
+        s.write(C, 2, 1, 10, b"z")
+        assert s.read(C, 2, 0, 50_000)[1] == data[:10] + b"z" + data[11:]
+
+
+def test_concurrent_partial_writes_to_one_chunk(store):
+    """Read-merge-rename under the per-chunk lock: no write is lost."""
+    def writer(i):
+        store.write(C, 1, 0, i * 1000, bytes([65 + i]) * 1000)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.read(C, 1, 0, 8000)[1] == b"".join(bytes([65 + i]) * 1000 for i in range(8))
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    from stripefs.common.protocol import ChunkId
+    from stripefs.storage_node.chunk_store import ChunkStore
+    store = ChunkStore(sys.argv[1], block_size=4096, reserved_space=0)
+    contents = [bytes([65]) * 300_000, bytes([66]) * 200_000 + bytes([67]) * 150_000]
+    chunk = ChunkId(42, 3, 0)
+    i = 0
+    while True:
+        store.write(chunk, 1, 0, 0, contents[i % 2], replace=True)
+        if i == 0:
+            print("writing", flush=True)
+        i += 1
+    """
+)
+
+
+def test_kill_9_leaves_old_or_new_content(tmp_path):
+    contents = {b"A" * 300_000, b"B" * 200_000 + b"C" * 150_000}
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        s.write(C, 1, 0, 0, b"A" * 300_000)
+    rng = random.Random(1)
+    for _ in range(8):  # about a third of the kills land mid-write
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout.readline() == b"writing\n"
+            time.sleep(rng.uniform(0, 0.03))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+        with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+            version, data = s.read(C, 1, 0, 1 << 20)  # verifies every block
+            assert data in contents
+            assert s.usage().chunks == 1
+            assert not [n for n in os.listdir(s.path(C).parent) if n.endswith(".tmp")]
