@@ -1,0 +1,99 @@
+"""``stripefs meta``: run the metadata daemon in the foreground.
+
+Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 1 for a usage or config
+error (printed without a traceback). Under systemd (Type=notify) READY=1 is
+sent once the socket is bound and the database is open, STOPPING=1 when a
+signal arrives; the pending group commit is flushed before exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import trio
+import zmq
+
+from ..common.config import MetaConfig, load
+from ..common.errors import QuietError
+from ..common.logs import setup_logging
+from ..common.systemd import notify
+from .service import MetaService
+
+log = logging.getLogger(__name__)
+
+_DESCRIPTION = """\
+Run the stripefs metadata daemon: the one process that owns the namespace
+(inodes, directories, attributes, xattrs, symlinks, hard links), file layouts,
+chunk placement and the membership and health of storage nodes. Clients and
+storage nodes reach it over ZeroMQ at the config's `listen` address; its state
+is an SQLite database (WAL, fsync on every group commit) in `data_dir`.
+Bulk data never flows through it.
+
+Write a config with `stripefs config example meta > metad.toml`.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stripefs meta", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", required=True, metavar="PATH", help="the daemon's TOML config (metad.toml)")
+    parser.add_argument(
+        "--debug",
+        nargs="?",
+        const="all",
+        metavar="MODULES",
+        help="log at DEBUG level: everywhere, or only in the given comma-separated modules (e.g. stripefs.daemon.namespace)",
+    )
+    return parser
+
+
+async def _serve(config: MetaConfig) -> None:
+    ctx = zmq.Context()
+    try:
+        service = MetaService(config, zmq_context=ctx)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                notify("READY=1")
+                log.info("metadata daemon serving on %s, database %s, boot %s", config.listen, service.db_path, service.boot_id)
+                async for signum in signals:
+                    log.info("%s received: stopping", signal.Signals(signum).name)
+                    notify("STOPPING=1")
+                    nursery.cancel_scope.cancel()
+                    break
+    finally:
+        ctx.term()
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load(args.config, MetaConfig)
+        try:
+            Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise QuietError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
+    except QuietError as exc:
+        print(f"stripefs meta: {exc}", file=sys.stderr)
+        return exc.exitcode
+    debug: bool | list[str] = False
+    if args.debug == "all":
+        debug = True
+    elif args.debug:
+        debug = [m.strip() for m in args.debug.split(",") if m.strip()]
+    setup_logging("meta", debug=debug)
+    rc = 0
+    try:
+        trio.run(_serve, config)
+    except* zmq.ZMQError as group:
+        log.error("cannot listen on %s: %s", config.listen, group.exceptions[0])
+        rc = 1
+    except* RuntimeError as group:  # e.g. a database with a newer schema
+        log.error("cannot start: %s", group.exceptions[0])
+        rc = 1
+    return rc

@@ -1,0 +1,413 @@
+"""The metadata daemon's server: decode, dispatch, group-commit, background work.
+
+``MetaService.handle`` dispatches each request body to ``handle_<tag>``
+(``CreateReq`` has tag ``create``: ``handle_create``). Messages the daemon
+does not serve (a storage node's ``ReadChunkReq``, say) get UNKNOWN_MESSAGE.
+
+Durability: group commit
+------------------------
+SQLite runs on the trio thread (it is fast and in-process) inside one long
+transaction. A mutating request takes ``_lock``, runs its SQL inside a
+SAVEPOINT (a failure rolls back only its own statements), releases the lock
+and waits for the next commit. The committer task wakes at most every
+``group_commit_ms``, takes the lock, runs COMMIT (an fsync, synchronous=FULL)
+in a worker thread, opens the next transaction, and wakes every waiter of
+that batch. Only then are their replies sent: N concurrent creates cost about
+one fsync, and no reply ever announces a change that a ``kill -9`` could lose.
+If COMMIT fails the batch is rolled back and its waiters get IO errors.
+
+Read-only requests answer as soon as they hold the lock. They may see a
+change another request made but whose commit is still pending (a few ms);
+a crash in that window loses the change that was never acknowledged. Epochs
+are the exception that matters: an epoch is only handed out once the
+high-water mark covering it is durable (see ``handle_alloc_epoch``).
+
+Atomicity rule: **no ``await`` between the SQL statements of one operation.**
+Each operation is one synchronous Namespace call made while holding
+``_lock``; the lock is what keeps the committer from committing (or the
+collector from reading) half an operation. Adding an ``await`` inside
+``_write``'s critical section would break that.
+
+Background tasks (all in ``run``'s nursery): the committer; the health sweep
+(every second: silent nodes go down, silent sessions expire and their
+released orphans are reclaimed); the one-time orphan sweep one session lease
+after start (mounts that still hold an unlinked file have re-announced it by
+then); and the garbage collector (DeleteChunksReq in batches to nodes that are
+up, one RpcClient per node, rows deleted on success).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import trio
+import zmq
+
+from ..common import protocol as P
+from ..common.config import MetaConfig
+from ..common.errors import ErrorCode, StripefsError
+from ..common.transport import RpcClient, connect, open_socket, serve
+from .db import DB_NAME, open_database
+from .health import NodeRegistry, Sessions
+from .namespace import Namespace
+from .store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+GC_BATCH = 1000
+GC_INTERVAL_S = 1.0
+GC_RPC_TIMEOUT_S = 10.0
+
+
+class _Batch:
+    """The changes that the next COMMIT makes durable."""
+
+    def __init__(self) -> None:
+        self.dirty = False
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+    async def wait(self) -> None:
+        await self.done.wait()
+        if self.error is not None:
+            raise StripefsError(ErrorCode.IO, f"metadata commit failed: {self.error}")
+
+
+class MetaService:
+    """One metadata daemon: ``await nursery.start(service.run)``, then it serves until cancelled."""
+
+    def __init__(self, config: MetaConfig, *, zmq_context: zmq.Context | None = None):
+        self.config = config
+        self.ctx = zmq_context
+        self.boot_id = uuid.uuid4().hex
+        self.db_path = Path(config.data_dir) / DB_NAME
+        self.store: SqliteStore | None = None
+        self.ns: Namespace | None = None
+        self.nodes: NodeRegistry | None = None
+        self.sessions = Sessions(config.session_lease_s)
+        self._lock = trio.Lock()
+        self._batch = _Batch()
+        self._wake_committer = trio.Event()
+        self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
+        self._gc_wake = trio.Event()
+        self._handlers: dict[type, Callable] = {}
+        for cls in P.Request.__args__:
+            handler = getattr(self, f"handle_{cls.__struct_config__.tag}", None)
+            if handler is not None:
+                self._handlers[cls] = handler
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def open(self) -> None:
+        """Open the database and build the in-memory state (done by ``run``; tests may call it)."""
+        from ..common.protocol import Layout
+
+        layout = Layout(
+            chunk_size=int(self.config.chunk_size),
+            stripe_count=self.config.stripe_count,
+            redundancy=self.config.redundancy,
+        )
+        self.store = SqliteStore(open_database(self.db_path, layout))
+        self.nodes = NodeRegistry(self.store, self.config.node_timeout_s)
+        self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
+        self.store.begin()
+        log.info(
+            "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
+            self.db_path, self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
+        )
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        own_ctx = self.ctx is None
+        if own_ctx:
+            self.ctx = zmq.Context()
+        self.open()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
+                nursery = await stack.enter_async_context(trio.open_nursery())
+                nursery.start_soon(self._committer, name="meta-committer")
+                nursery.start_soon(self._health_loop, name="meta-health")
+                nursery.start_soon(self._startup_orphan_sweep, name="meta-orphans")
+                nursery.start_soon(self._gc_loop, stack, name="meta-gc")
+                task_status.started()
+                await serve(sock, self.handle, concurrency=256, name="meta")
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._commit_now()
+            self.store.close()
+            if own_ctx:
+                self.ctx.term()
+            log.info("metadata daemon stopped; database %s closed", self.db_path)
+
+    async def handle(self, body: P.Msg, payloads: list) -> P.Msg:
+        handler = self._handlers.get(type(body))
+        if handler is None:
+            raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"the metadata daemon does not serve {type(body).__name__}")
+        return await handler(body)
+
+    # -- group commit ----------------------------------------------------------
+
+    async def _read(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        async with self._lock:
+            return fn(*args, **kwargs)
+
+    def _write_locked(self, fn: Callable[..., T], *args, **kwargs) -> tuple[T, _Batch]:
+        """Run one operation in its savepoint; the caller holds ``_lock``."""
+        with self.store.savepoint():
+            result = fn(*args, **kwargs)
+        batch = self._batch
+        batch.dirty = True
+        self._wake_committer.set()
+        return result, batch
+
+    async def _write(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        """Run one mutating operation and return once it is durable."""
+        async with self._lock:
+            result, batch = self._write_locked(fn, *args, **kwargs)
+        await batch.wait()
+        return result
+
+    async def _committer(self) -> None:
+        while True:
+            await self._wake_committer.wait()
+            self._wake_committer = trio.Event()
+            await trio.sleep(self.config.group_commit_ms / 1000)
+            await self._commit_now()
+
+    async def _commit_now(self) -> None:
+        async with self._lock:
+            batch, self._batch = self._batch, _Batch()
+            if batch.dirty:
+                try:
+                    await trio.to_thread.run_sync(self.store.commit)
+                except sqlite3.Error as exc:
+                    log.error("COMMIT of %s failed, rolling the batch back: %s", self.db_path, exc)
+                    batch.error = exc
+                    self.store.rollback()
+                    self.store.begin()
+            batch.done.set()
+
+    # -- background tasks ------------------------------------------------------
+
+    async def _release(self, inos: list[int]) -> None:
+        """Inodes no session holds any more: reclaim the orphans among them."""
+        if inos:
+            async with self._lock:
+                for ino in inos:
+                    self._write_locked(self.ns.reclaim_if_orphan, ino)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            now = time.monotonic()
+            async with self._lock:
+                for node_id in self.nodes.sweep(now):
+                    self._write_locked(self.store.set_node_state, node_id, "down")
+            await self._release(self.sessions.expire(now))
+
+    async def _startup_orphan_sweep(self) -> None:
+        await trio.sleep(self.config.session_lease_s)
+        async with self._lock:
+            self._write_locked(self.ns.reclaim_orphans)
+
+    async def _gc_loop(self, stack: contextlib.AsyncExitStack) -> None:
+        clients: dict[tuple[int, str], RpcClient] = {}
+        while True:
+            with trio.move_on_after(GC_INTERVAL_S):
+                await self._gc_wake.wait()
+            self._gc_wake = trio.Event()
+            async with self._lock:
+                targets = [n for n in self.store.garbage_nodes() if self.nodes.is_up(n)]
+            for node_id in targets:
+                key = (node_id, self.nodes.address(node_id))
+                if key not in clients:
+                    clients[key] = await stack.enter_async_context(connect(self.ctx, key[1], timeout=GC_RPC_TIMEOUT_S))
+                await self._collect(node_id, clients[key])
+
+    async def _collect(self, node_id: int, client: RpcClient) -> None:
+        async with self._lock:
+            rows = self.store.garbage_for_node(node_id, GC_BATCH)
+        if not rows:
+            return
+        chunks = [P.ChunkId(r["ino"], r["idx"], r["part"]) for r in rows]
+        try:
+            rsp, _ = await client.call(P.DeleteChunksReq(chunks=chunks, all_parts=True))
+        except StripefsError as exc:
+            log.warning("node %d: deleting %d chunk copies failed, will retry: %s", node_id, len(chunks), exc)
+            return
+        async with self._lock:
+            self._write_locked(self.store.delete_garbage, [r["id"] for r in rows])
+        log.debug("node %d: %d chunk copies deleted (%s reported)", node_id, len(chunks), getattr(rsp, "deleted", "?"))
+        if len(rows) == GC_BATCH:
+            self._gc_wake.set()
+
+    # -- generic and nodes -------------------------------------------------------
+
+    async def handle_ping(self, req: P.PingReq) -> P.Msg:
+        return P.PingRsp(role="meta", boot_id=self.boot_id)
+
+    async def handle_status(self, req: P.StatusReq) -> P.Msg:
+        counts = await self._read(self.store.counts)
+        return P.StatusRsp(
+            nodes=self.nodes.info(),
+            files=counts["files"],
+            directories=counts["directories"],
+            chunks=counts["chunks"],
+            logical_bytes=counts["logical_bytes"],
+            sessions=len(self.sessions),
+            boot_id=self.boot_id,
+        )
+
+    async def handle_register_node(self, req: P.RegisterNodeReq) -> P.Msg:
+        await self._write(self.nodes.register, req)
+        self._gc_wake.set()
+        return P.OkRsp()
+
+    async def handle_node_heartbeat(self, req: P.NodeHeartbeatReq) -> P.Msg:
+        self.nodes.heartbeat(req)
+        return P.OkRsp()
+
+    # -- sessions --------------------------------------------------------------
+
+    async def handle_hello(self, req: P.HelloReq) -> P.Msg:
+        sid = self.sessions.hello(req.host, req.pid, req.mountpoint)
+        return P.HelloRsp(session_id=sid, lease_s=self.config.session_lease_s, boot_id=self.boot_id)
+
+    async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:
+        await self._release(self.sessions.heartbeat(req.session_id, req.open_inodes))
+        return P.OkRsp()
+
+    async def handle_open(self, req: P.OpenReq) -> P.Msg:
+        if req.session_id:
+            self.sessions.touch(req.session_id)
+        attr, layout, chunks, nodes = await self._read(self.ns.open_info, req.ino)
+        if req.session_id:
+            self.sessions.open(req.session_id, req.ino)
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
+
+    async def handle_close(self, req: P.CloseReq) -> P.Msg:
+        await self._release(self.sessions.close(req.session_id, req.ino))
+        return P.OkRsp()
+
+    # -- namespace -------------------------------------------------------------
+
+    async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
+        return P.AttrRsp(attr=await self._read(self.ns.lookup, req.parent, req.name))
+
+    async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
+        return P.AttrRsp(attr=await self._read(self.ns.getattr, req.ino))
+
+    async def handle_setattr(self, req: P.SetattrReq) -> P.Msg:
+        attr = await self._write(
+            self.ns.setattr, req.ino, mode=req.mode, uid=req.uid, gid=req.gid, size=req.size,
+            atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, ctime_ns=req.ctime_ns, chunks=req.chunks,
+        )
+        if req.size is not None:
+            self._gc_wake.set()
+        return P.AttrRsp(attr=attr)
+
+    async def handle_create(self, req: P.CreateReq) -> P.Msg:
+        if req.session_id:
+            self.sessions.touch(req.session_id)
+
+        def create_and_open():
+            ino, _ = self.ns.create(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
+            return self.ns.open_info(ino)
+
+        attr, layout, chunks, nodes = await self._write(create_and_open)
+        if req.session_id:
+            self.sessions.open(req.session_id, attr.ino)
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
+
+    async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
+        return P.AttrRsp(attr=await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid))
+
+    async def handle_mkdir(self, req: P.MkdirReq) -> P.Msg:
+        return P.AttrRsp(attr=await self._write(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid))
+
+    async def handle_symlink(self, req: P.SymlinkReq) -> P.Msg:
+        return P.AttrRsp(attr=await self._write(self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid))
+
+    async def handle_link(self, req: P.LinkReq) -> P.Msg:
+        return P.AttrRsp(attr=await self._write(self.ns.link, req.ino, req.new_parent, req.new_name))
+
+    async def handle_unlink(self, req: P.UnlinkReq) -> P.Msg:
+        await self._write(self.ns.unlink, req.parent, req.name)
+        self._gc_wake.set()
+        return P.OkRsp()
+
+    async def handle_rmdir(self, req: P.RmdirReq) -> P.Msg:
+        await self._write(self.ns.rmdir, req.parent, req.name)
+        return P.OkRsp()
+
+    async def handle_rename(self, req: P.RenameReq) -> P.Msg:
+        await self._write(self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags)
+        self._gc_wake.set()
+        return P.OkRsp()
+
+    async def handle_readlink(self, req: P.ReadlinkReq) -> P.Msg:
+        return P.ReadlinkRsp(target=await self._read(self.ns.readlink, req.ino))
+
+    async def handle_readdir(self, req: P.ReaddirReq) -> P.Msg:
+        entries, more = await self._read(self.ns.readdir, req.ino, req.after, req.limit)
+        return P.ReaddirRsp(entries=entries, more=more)
+
+    async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:
+        total, free, files = await self._read(self.ns.statfs)
+        return P.StatfsRsp(total_bytes=total, free_bytes=free, files=files)
+
+    # -- xattrs and layouts ------------------------------------------------------
+
+    async def handle_setxattr(self, req: P.SetxattrReq) -> P.Msg:
+        await self._write(self.ns.setxattr, req.ino, req.name, req.value, req.flags)
+        return P.OkRsp()
+
+    async def handle_getxattr(self, req: P.GetxattrReq) -> P.Msg:
+        return P.XattrRsp(value=await self._read(self.ns.getxattr, req.ino, req.name))
+
+    async def handle_listxattr(self, req: P.ListxattrReq) -> P.Msg:
+        return P.ListxattrRsp(names=await self._read(self.ns.listxattr, req.ino))
+
+    async def handle_removexattr(self, req: P.RemovexattrReq) -> P.Msg:
+        await self._write(self.ns.removexattr, req.ino, req.name)
+        return P.OkRsp()
+
+    async def handle_get_layout(self, req: P.GetLayoutReq) -> P.Msg:
+        return P.LayoutRsp(layout=await self._read(self.ns.get_layout, req.ino))
+
+    async def handle_set_layout(self, req: P.SetLayoutReq) -> P.Msg:
+        layout = await self._write(self.ns.set_layout, req.ino, req.chunk_size, req.stripe_count, req.redundancy)
+        return P.LayoutRsp(layout=layout)
+
+    # -- data path bookkeeping ---------------------------------------------------
+
+    async def handle_alloc_epoch(self, req: P.AllocEpochReq) -> P.Msg:
+        async with self._lock:
+            (epoch, raised), batch = self.ns.alloc_epoch(), None
+            if raised:
+                self._batch.dirty = True
+                self._wake_committer.set()
+                self._epoch_batch = self._batch
+            batch = self._epoch_batch
+        if batch is not None:
+            await batch.wait()  # immediate once the high-water mark covering `epoch` is durable
+        return P.EpochRsp(epoch=epoch)
+
+    async def handle_alloc_chunks(self, req: P.AllocChunksReq) -> P.Msg:
+        chunks, nodes = await self._write(self.ns.alloc_chunks, req.ino, req.indices)
+        return P.ChunksRsp(chunks=chunks, nodes=nodes)
+
+    async def handle_replace_replica(self, req: P.ReplaceReplicaReq) -> P.Msg:
+        chunk, nodes = await self._write(self.ns.replace_replica, req.ino, req.index, req.failed_node)
+        return P.ChunksRsp(chunks=[chunk], nodes=nodes)
+
+    async def handle_commit(self, req: P.CommitReq) -> P.Msg:
+        return P.AttrRsp(attr=await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks))

@@ -1,0 +1,355 @@
+"""The metadata namespace in-process, over a real SQLite file in a tmp dir.
+
+Each namespace call runs in its own savepoint, as the service runs it, so a
+failing call must leave nothing behind (checked by ``test_failed_operation_leaves_nothing``).
+"""
+
+import stat
+
+import pytest
+
+from stripefs.common import protocol as P
+from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.daemon.db import DB_NAME, SCHEMA_VERSION, open_database, schema_version
+from stripefs.daemon.health import NodeRegistry, Sessions
+from stripefs.daemon.namespace import EPOCH_BLOCK, Namespace
+from stripefs.daemon.store import SqliteStore
+
+ROOT = 1
+LAYOUT = P.Layout(chunk_size=1 << 20, stripe_count=2, redundancy="replicas=2")
+
+
+class _Savepointed:
+    """Calls every namespace method inside its own savepoint, like the service."""
+
+    def __init__(self, ns: Namespace):
+        self._ns = ns
+
+    def __getattr__(self, name):
+        attr = getattr(self._ns, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            with self._ns.store.savepoint():
+                return attr(*args, **kwargs)
+
+        return call
+
+
+class World:
+    def __init__(self, path):
+        self.path = path
+        self.open()
+
+    def open(self):
+        self.store = SqliteStore(open_database(self.path / DB_NAME, LAYOUT))
+        self.nodes = NodeRegistry(self.store, node_timeout_s=10)
+        self.sessions = Sessions(lease_s=15)
+        self.raw = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
+        self.ns = _Savepointed(self.raw)
+
+    def add_nodes(self, n=3):
+        for i in range(1, n + 1):
+            self.nodes.register(
+                P.RegisterNodeReq(
+                    node_id=i, address=f"tcp://127.0.0.1:{7100 + i}", host=f"h{i}",
+                    capacity_bytes=1 << 40, free_bytes=1 << 39, used_bytes=0, chunks=0,
+                )
+            )
+
+    def reopen(self):
+        self.store.close()
+        self.open()
+
+
+@pytest.fixture
+def w(tmp_path):
+    world = World(tmp_path)
+    world.add_nodes()
+    yield world
+    world.store.close()
+
+
+def code_of(fn, *args, **kwargs):
+    with pytest.raises(StripefsError) as info:
+        fn(*args, **kwargs)
+    return info.value.code
+
+
+def test_root_schema_and_reopen(w):
+    root = w.ns.getattr(ROOT)
+    assert stat.S_ISDIR(root.mode) and root.mode & 0o7777 == 0o755 and root.nlink == 2
+    assert schema_version(w.store.conn) == SCHEMA_VERSION >= 1
+    assert w.ns.get_layout(ROOT) == LAYOUT
+    d = w.ns.mkdir(ROOT, b"d", 0o700, 5, 6)
+    w.ns.setxattr(d.ino, b"user.k", b"v")
+    w.reopen()
+    assert w.ns.lookup(ROOT, b"d").ino == d.ino and w.ns.lookup(ROOT, b"d").uid == 5
+    assert w.ns.getxattr(d.ino, b"user.k") == b"v"
+    assert schema_version(w.store.conn) == SCHEMA_VERSION
+
+
+def test_names_are_checked(w):
+    for bad in (b"", b".", b"..", b"a/b", b"a\0b"):
+        assert code_of(w.ns.mkdir, ROOT, bad, 0o755, 0, 0) == ErrorCode.INVALID
+    assert code_of(w.ns.mkdir, ROOT, b"x" * 256, 0o755, 0, 0) == ErrorCode.NAME_TOO_LONG
+    w.ns.mkdir(ROOT, b"x" * 255, 0o755, 0, 0)
+
+
+def test_create_mknod_mkdir_and_errors(w):
+    ino, created = w.ns.create(ROOT, b"f", 0o644, 1, 2)
+    assert created
+    attr = w.ns.getattr(ino)
+    assert stat.S_ISREG(attr.mode) and attr.nlink == 1 and (attr.uid, attr.gid) == (1, 2)
+    _, _, chunks, nodes = w.ns.open_info(ino)
+    assert [c.index for c in chunks] == [0] and len(chunks[0].nodes) == 2 and len(nodes) == 2
+    assert code_of(w.ns.create, ROOT, b"f", 0o644, 1, 2) == ErrorCode.EXISTS
+    assert w.ns.create(ROOT, b"f", 0o644, 1, 2, exclusive=False) == (ino, False)
+    assert code_of(w.ns.mkdir, ino, b"x", 0o755, 0, 0) == ErrorCode.NOT_DIR
+    assert code_of(w.ns.mkdir, 999, b"x", 0o755, 0, 0) == ErrorCode.NOT_FOUND
+    assert code_of(w.ns.lookup, ROOT, b"nope") == ErrorCode.NOT_FOUND
+    fifo = w.ns.mknod(ROOT, b"fifo", stat.S_IFIFO | 0o600, 0, 0, 0)
+    assert stat.S_ISFIFO(fifo.mode)
+    dev = w.ns.mknod(ROOT, b"dev", stat.S_IFCHR | 0o600, 0x0501, 0, 0)
+    assert stat.S_ISCHR(dev.mode) and dev.rdev == 0x0501
+    sock = w.ns.mknod(ROOT, b"sock", stat.S_IFSOCK | 0o600, 0, 0, 0)
+    assert stat.S_ISSOCK(sock.mode)
+    assert code_of(w.ns.mknod, ROOT, b"dir", stat.S_IFDIR | 0o755, 0, 0, 0) == ErrorCode.INVALID
+    d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0)
+    assert code_of(w.ns.create, ROOT, b"d", 0o644, 0, 0, exclusive=False) == ErrorCode.IS_DIR
+    assert w.ns.getattr(ROOT).nlink == 3 and d.nlink == 2
+
+
+def test_create_without_storage_nodes_still_creates(tmp_path):
+    world = World(tmp_path)
+    ino, _ = world.ns.create(ROOT, b"f", 0o644, 0, 0)
+    assert world.ns.open_info(ino)[2] == []
+    assert code_of(world.ns.alloc_chunks, ino, [0]) == ErrorCode.UNAVAILABLE
+    world.store.close()
+
+
+def test_parent_times_change_on_entry_changes(w):
+    before = w.ns.getattr(ROOT)
+    w.ns.mkdir(ROOT, b"d", 0o755, 0, 0)
+    after = w.ns.getattr(ROOT)
+    assert after.mtime_ns > before.mtime_ns and after.ctime_ns > before.ctime_ns
+
+
+def test_unlink_rmdir(w):
+    d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0)
+    ino, _ = w.ns.create(d.ino, b"f", 0o644, 0, 0)
+    assert code_of(w.ns.unlink, ROOT, b"d") == ErrorCode.IS_DIR
+    assert code_of(w.ns.rmdir, ROOT, b"d") == ErrorCode.NOT_EMPTY
+    assert code_of(w.ns.rmdir, d.ino, b"f") == ErrorCode.NOT_DIR
+    w.ns.unlink(d.ino, b"f")
+    assert code_of(w.ns.getattr, ino) == ErrorCode.NOT_FOUND
+    assert w.store.count_garbage() == 2  # chunk 0's two copies
+    w.ns.rmdir(ROOT, b"d")
+    assert w.ns.getattr(ROOT).nlink == 2
+    assert code_of(w.ns.rmdir, ROOT, b"d") == ErrorCode.NOT_FOUND
+
+
+def test_hard_links_symlinks(w):
+    ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
+    d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0)
+    assert w.ns.link(ino, d.ino, b"g").nlink == 2
+    assert code_of(w.ns.link, ino, d.ino, b"g") == ErrorCode.EXISTS
+    assert code_of(w.ns.link, d.ino, ROOT, b"dd") == ErrorCode.PERMISSION
+    w.ns.unlink(ROOT, b"f")
+    assert w.ns.lookup(d.ino, b"g").nlink == 1
+    s = w.ns.symlink(ROOT, b"s", b"d/g", 0, 0)
+    assert stat.S_ISLNK(s.mode) and s.size == 3
+    assert w.ns.readlink(s.ino) == b"d/g"
+    assert code_of(w.ns.readlink, ino) == ErrorCode.INVALID
+
+
+def test_rename(w):
+    a = w.ns.mkdir(ROOT, b"a", 0o755, 0, 0)
+    b = w.ns.mkdir(ROOT, b"b", 0o755, 0, 0)
+    sub = w.ns.mkdir(a.ino, b"sub", 0o755, 0, 0)
+    f, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
+    g, _ = w.ns.create(ROOT, b"g", 0o644, 0, 0)
+    # into its own subtree
+    assert code_of(w.ns.rename, ROOT, b"a", sub.ino, b"x") == ErrorCode.INVALID
+    assert code_of(w.ns.rename, ROOT, b"a", a.ino, b"x") == ErrorCode.INVALID
+    # type mismatches and non-empty targets
+    assert code_of(w.ns.rename, ROOT, b"f", ROOT, b"b") == ErrorCode.IS_DIR
+    assert code_of(w.ns.rename, ROOT, b"b", ROOT, b"f") == ErrorCode.NOT_DIR
+    assert code_of(w.ns.rename, ROOT, b"b", ROOT, b"a") == ErrorCode.NOT_EMPTY
+    assert code_of(w.ns.rename, ROOT, b"missing", ROOT, b"x") == ErrorCode.NOT_FOUND
+    assert code_of(w.ns.rename, ROOT, b"f", ROOT, b"g", 1) == ErrorCode.EXISTS
+    assert code_of(w.ns.rename, ROOT, b"f", ROOT, b"zz", 2) == ErrorCode.NOT_FOUND
+    assert code_of(w.ns.rename, ROOT, b"f", ROOT, b"g", 3) == ErrorCode.INVALID
+    # file over file: the target inode is reclaimed
+    w.ns.rename(ROOT, b"f", ROOT, b"g")
+    assert w.ns.lookup(ROOT, b"g").ino == f
+    assert code_of(w.ns.getattr, g) == ErrorCode.NOT_FOUND
+    # directory over empty directory, across parents: nlinks follow
+    w.ns.rename(a.ino, b"sub", ROOT, b"b")
+    assert w.ns.lookup(ROOT, b"b").ino == sub.ino
+    assert code_of(w.ns.getattr, b.ino) == ErrorCode.NOT_FOUND
+    assert w.ns.getattr(a.ino).nlink == 2 and w.ns.getattr(ROOT).nlink == 4
+    # exchange a file and a directory in different parents
+    w.ns.rename(ROOT, b"g", a.ino, b"x")  # plain move
+    w.ns.rename(a.ino, b"x", ROOT, b"b", 2)
+    assert w.ns.lookup(a.ino, b"x").ino == sub.ino and w.ns.lookup(ROOT, b"b").ino == f
+    assert w.ns.getattr(a.ino).nlink == 3 and w.ns.getattr(ROOT).nlink == 3
+    # renaming onto another name of the same inode does nothing
+    w.ns.link(f, ROOT, b"f2")
+    w.ns.rename(ROOT, b"b", ROOT, b"f2")
+    assert w.ns.lookup(ROOT, b"b").ino == f and w.ns.getattr(f).nlink == 2
+    w.ns.rename(ROOT, b"b", ROOT, b"b")
+
+
+def test_rename_keeps_cookie(w):
+    w.ns.create(ROOT, b"f", 0o644, 0, 0)
+    cookie = w.ns.readdir(ROOT)[0][0].cookie
+    w.ns.rename(ROOT, b"f", ROOT, b"g")
+    assert w.ns.readdir(ROOT)[0][0].cookie == cookie
+    w.nodes.sweep(now=1e12)  # every node silent: down
+    assert code_of(w.ns.alloc_chunks, w.ns.lookup(ROOT, b"g").ino, [5]) == ErrorCode.UNAVAILABLE
+
+
+def test_failed_operation_leaves_nothing(w, monkeypatch):
+    def boom(*a, **k):
+        raise StripefsError(ErrorCode.INTERNAL, "injected")
+
+    monkeypatch.setattr(w.raw, "alloc_chunks", boom)
+    assert code_of(w.ns.create, ROOT, b"f", 0o644, 0, 0) == ErrorCode.INTERNAL
+    assert code_of(w.ns.lookup, ROOT, b"f") == ErrorCode.NOT_FOUND
+    assert w.store.counts()["inodes"] == 1
+
+
+def test_readdir_pages_by_cookie(w):
+    d = w.ns.mkdir(ROOT, b"big", 0o755, 0, 0)
+    n = 5000
+    with w.store.savepoint():
+        for i in range(n):
+            w.raw.mknod(d.ino, b"n%05d" % i, stat.S_IFREG | 0o644, 0, 0, 0)
+    seen, after, pages = [], 0, 0
+    while True:
+        entries, more = w.ns.readdir(d.ino, after, 777)
+        seen += [e.name for e in entries]
+        pages += 1
+        if not more:
+            break
+        after = entries[-1].cookie
+    assert pages == -(-n // 777)
+    assert seen == [b"n%05d" % i for i in range(n)]
+    assert entries[-1].attr.mode == stat.S_IFREG | 0o644
+    assert code_of(w.ns.readdir, w.ns.lookup(d.ino, b"n00000").ino) == ErrorCode.NOT_DIR
+
+
+def test_setattr_and_truncate(w):
+    ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
+    w.ns.alloc_chunks(ino, [0, 1, 2, 3])
+    attr = w.ns.commit(ino, 4 << 20, 123, [P.ChunkRef(index=i, version=7, nodes=[]) for i in range(4)])
+    assert attr.size == 4 << 20 and attr.mtime_ns == 123
+    assert w.ns.commit(ino, 10, 124, []).size == 4 << 20  # size is a lower bound
+    a = w.ns.setattr(ino, mode=0o600, uid=9)
+    assert a.mode == stat.S_IFREG | 0o600 and a.uid == 9 and a.ctime_ns > attr.ctime_ns
+    a = w.ns.setattr(ino, mode=stat.S_IFDIR | 0o700)
+    assert stat.S_ISREG(a.mode)  # the type never changes
+    garbage = w.store.count_garbage()
+    a = w.ns.setattr(ino, size=(1 << 20) + 5, chunks=[P.ChunkRef(index=1, version=9, nodes=[])])
+    assert a.size == (1 << 20) + 5
+    chunks = w.ns.open_info(ino)[2]
+    assert [(c.index, c.version) for c in chunks] == [(0, 7), (1, 9)]
+    assert w.store.count_garbage() == garbage + 4  # chunks 2 and 3, two copies each
+    assert code_of(w.ns.setattr, ROOT, size=0) == ErrorCode.IS_DIR
+    assert code_of(w.ns.setattr, ino, size=-1) == ErrorCode.INVALID
+    # placing a chunk again on a node cancels that node's pending deletion of it
+    w.ns.setattr(ino, size=0)
+    assert w.ns.open_info(ino)[2] == []
+    w.ns.alloc_chunks(ino, [0])
+    nodes = w.ns.open_info(ino)[2][0].nodes
+    rows = w.store.conn.execute("SELECT node_id FROM garbage WHERE ino=? AND idx=0", (ino,)).fetchall()
+    assert not {r[0] for r in rows} & set(nodes)
+
+
+def test_orphans(w):
+    ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
+    sid = w.sessions.hello("h", 1, "/mnt")
+    w.sessions.open(sid, ino)
+    w.ns.unlink(ROOT, b"f")
+    assert w.ns.getattr(ino).nlink == 0  # kept: still open
+    assert code_of(w.ns.link, ino, ROOT, b"back") == ErrorCode.NOT_FOUND
+    for released in w.sessions.close(sid, ino):
+        w.ns.reclaim_if_orphan(released)
+    assert code_of(w.ns.getattr, ino) == ErrorCode.NOT_FOUND
+    # an orphan that survives a restart is reclaimed by the sweep
+    ino2, _ = w.ns.create(ROOT, b"g", 0o644, 0, 0)
+    w.sessions.open(sid, ino2)
+    w.ns.unlink(ROOT, b"g")
+    w.reopen()
+    assert w.ns.getattr(ino2).nlink == 0
+    sid2 = w.sessions.hello("h", 1, "/mnt")
+    w.sessions.heartbeat(sid2, [ino2])
+    assert w.ns.reclaim_orphans() == 0
+    assert w.sessions.expire(now=1e12) == [ino2]
+    assert w.ns.reclaim_orphans() == 1
+    assert code_of(w.ns.getattr, ino2) == ErrorCode.NOT_FOUND
+
+
+def test_inode_numbers_never_reused(w):
+    a = w.ns.mkdir(ROOT, b"a", 0o755, 0, 0)
+    w.ns.rmdir(ROOT, b"a")
+    w.reopen()
+    assert w.ns.mkdir(ROOT, b"b", 0o755, 0, 0).ino > a.ino
+
+
+def test_xattrs(w):
+    ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
+    assert code_of(w.ns.getxattr, ino, b"user.a") == ErrorCode.NO_ATTR
+    assert code_of(w.ns.setxattr, ino, b"user.a", b"1", 2) == ErrorCode.NO_ATTR
+    w.ns.setxattr(ino, b"user.a", b"1", 1)
+    assert code_of(w.ns.setxattr, ino, b"user.a", b"2", 1) == ErrorCode.EXISTS
+    w.ns.setxattr(ino, b"user.a", b"2", 2)
+    w.ns.setxattr(ino, b"user.b", b"")
+    assert w.ns.getxattr(ino, b"user.a") == b"2"
+    assert w.ns.listxattr(ino) == [b"user.a", b"user.b"]
+    assert code_of(w.ns.setxattr, ino, b"user.big", b"x" * (64 * 1024 + 1)) == ErrorCode.INVALID
+    w.ns.removexattr(ino, b"user.a")
+    assert code_of(w.ns.removexattr, ino, b"user.a") == ErrorCode.NO_ATTR
+    assert w.ns.listxattr(ino) == [b"user.b"]
+
+
+def test_layouts(w):
+    d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0)
+    assert w.ns.get_layout(d.ino) == LAYOUT
+    assert w.ns.set_layout(d.ino, stripe_count=8).stripe_count == 8
+    new = w.ns.set_layout(d.ino, redundancy="ec=4+2")
+    assert new == P.Layout(chunk_size=LAYOUT.chunk_size, stripe_count=8, redundancy="ec=4+2")
+    assert code_of(w.ns.set_layout, d.ino, chunk_size=1000) == ErrorCode.INVALID
+    assert code_of(w.ns.set_layout, d.ino, redundancy="raid5") == ErrorCode.INVALID
+    ino, _ = w.ns.create(d.ino, b"f", 0o644, 0, 0)
+    assert w.ns.get_layout(ino) == new
+    assert len(w.ns.open_info(ino)[2][0].nodes) == 3  # 6 fragments wanted, 3 nodes up: degraded
+    assert code_of(w.ns.set_layout, ino, stripe_count=2) == ErrorCode.NOT_DIR
+    assert w.ns.get_layout(w.ns.mkdir(d.ino, b"sub", 0o755, 0, 0).ino) == new
+
+
+def test_epochs_increase_across_reopen(w):
+    first = [w.ns.alloc_epoch()[0] for _ in range(5)]
+    assert first == sorted(set(first))
+    w.reopen()
+    second, raised = w.ns.alloc_epoch()
+    assert raised and second > first[-1]
+    later = [w.ns.alloc_epoch() for _ in range(EPOCH_BLOCK)]
+    assert [e for e, _ in later] == list(range(second + 1, second + 1 + EPOCH_BLOCK))
+    assert sum(r for _, r in later) == 1  # one write per block
+
+
+def test_replace_replica_and_statfs(w):
+    ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
+    chunk = w.ns.open_info(ino)[2][0]
+    failed = chunk.nodes[1]
+    ref, addrs = w.ns.replace_replica(ino, 0, failed)
+    assert failed not in ref.nodes and len(set(ref.nodes)) == 2 and ref.nodes[0] == chunk.nodes[0]
+    assert {a.node_id for a in addrs} == set(ref.nodes)
+    assert w.store.conn.execute("SELECT node_id FROM garbage WHERE ino=?", (ino,)).fetchall()[0][0] == failed
+    assert w.ns.replace_replica(ino, 0, failed)[0] == ref  # a retry is harmless
+    assert code_of(w.ns.replace_replica, ino, 5, failed) == ErrorCode.NOT_FOUND
+    total, free, files = w.ns.statfs()
+    assert total == 3 << 40 and free == 3 << 39 and files == 2
