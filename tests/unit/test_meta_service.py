@@ -1,0 +1,196 @@
+"""A real metadata daemon process driven over real ZeroMQ.
+
+Covers what only a process shows: replies are durable (kill -9 and restart
+on the same database), bad frames get error replies and the process stays
+up, SIGTERM exits 0. No storage node is needed: the test registers a fake one.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import msgspec
+import pytest
+import trio
+import zmq
+
+from stripefs.common import protocol as P
+from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.transport import connect, open_socket
+
+ROOT = 1
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+class Daemon:
+    """One `stripefs meta` process on a tmp dir; restartable on the same database."""
+
+    def __init__(self, tmp_path):
+        self.address = _free_address()
+        self.dir = tmp_path
+        self.config = tmp_path / "metad.toml"
+        self.config.write_text(
+            f'listen = "{self.address}"\ndata_dir = "{tmp_path / "meta"}"\n'
+            'node_timeout_s = 30.0\nsession_lease_s = 30.0\ngroup_commit_ms = 2.0\n'
+            'chunk_size = "1M"\nstripe_count = 2\nredundancy = "replicas=1"\n'
+        )
+        self.log = tmp_path / "meta.log"
+        self.proc = None
+
+    def start(self):
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys; from stripefs.daemon.cli import main; sys.exit(main(sys.argv[1:]))",
+                 "--config", str(self.config)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    async def wait_ready(self, ctx, timeout=20.0) -> P.PingRsp:
+        deadline = time.monotonic() + timeout
+        async with connect(ctx, self.address, timeout=0.5) as client:
+            while True:
+                if self.proc.poll() is not None:
+                    pytest.fail(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()}")
+                try:
+                    rsp, _ = await client.call(P.PingReq())
+                    return rsp
+                except StripefsError as exc:
+                    if exc.code != ErrorCode.TIMEOUT or time.monotonic() > deadline:
+                        raise
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.term()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        print(d.log.read_text())  # shown by pytest when the test failed
+
+
+async def _call(client, req):
+    return (await client.call(req))[0]
+
+
+def _register(node_id=1):
+    return P.RegisterNodeReq(
+        node_id=node_id, address="tcp://127.0.0.1:1", host="h1",
+        capacity_bytes=1 << 40, free_bytes=1 << 39, used_bytes=0, chunks=0,
+    )
+
+
+async def test_replies_are_durable_across_kill9(daemon, ctx):
+    boot1 = (await daemon.wait_ready(ctx)).boot_id
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        assert isinstance(await _call(c, _register()), P.OkRsp)
+        sid = (await _call(c, P.HelloReq(host="test", pid=os.getpid()))).session_id
+        d = (await _call(c, P.MkdirReq(parent=ROOT, name=b"d", mode=0o755, uid=0, gid=0))).attr
+        f = await _call(c, P.CreateReq(parent=d.ino, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid))
+        assert [ch.index for ch in f.chunks] == [0] and f.nodes[0].address == "tcp://127.0.0.1:1"
+        epoch = (await _call(c, P.AllocEpochReq())).epoch
+        await _call(c, P.CommitReq(ino=f.attr.ino, size=1000, mtime_ns=5,
+                                   chunks=[P.ChunkRef(index=0, version=epoch, nodes=[])]))
+
+        async def create(i):
+            await _call(c, P.CreateReq(parent=d.ino, name=b"n%d" % i, mode=0o644, uid=0, gid=0, session_id=sid))
+
+        async with trio.open_nursery() as nursery:  # concurrent creates share group commits
+            for i in range(40):
+                nursery.start_soon(create, i)
+        await _call(c, P.SetxattrReq(ino=d.ino, name=b"user.x", value=b"y"))
+        assert isinstance(await _call(c, P.StatfsReq()), P.StatfsRsp)
+        status = await _call(c, P.StatusReq())
+        assert status.files == 41 and status.directories == 2 and status.sessions == 1
+        with pytest.raises(StripefsError) as info:
+            await c.call(P.MkdirReq(parent=ROOT, name=b"d", mode=0o755, uid=0, gid=0))
+        assert info.value.code == ErrorCode.EXISTS
+
+    daemon.kill9()
+    daemon.start()
+    assert (await daemon.wait_ready(ctx)).boot_id != boot1
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        with pytest.raises(StripefsError) as info:
+            await c.call(P.SessionHeartbeatReq(session_id=sid, open_inodes=[]))
+        assert info.value.code == ErrorCode.NOT_FOUND  # the mount must say hello again
+        with pytest.raises(StripefsError) as info:
+            await c.call(P.NodeHeartbeatReq(node_id=9, capacity_bytes=0, free_bytes=0, used_bytes=0, chunks=0))
+        assert info.value.code == ErrorCode.NOT_FOUND  # unknown node: register
+        sid = (await _call(c, P.HelloReq(host="test", pid=os.getpid()))).session_id
+        o = await _call(c, P.OpenReq(ino=f.attr.ino, session_id=sid))
+        assert o.attr.size == 1000 and o.chunks[0].version == epoch
+        assert o.layout == P.Layout(chunk_size=1 << 20, stripe_count=2, redundancy="replicas=1")
+        names, after = [], 0
+        while True:
+            page = await _call(c, P.ReaddirReq(ino=d.ino, after=after, limit=7))
+            names += [e.name for e in page.entries]
+            if not page.more:
+                break
+            after = page.entries[-1].cookie
+        assert sorted(names) == sorted([b"f"] + [b"n%d" % i for i in range(40)])
+        assert (await _call(c, P.GetxattrReq(ino=d.ino, name=b"user.x"))).value == b"y"
+        assert (await _call(c, P.AllocEpochReq())).epoch > epoch
+        await _call(c, P.CloseReq(ino=f.attr.ino, session_id=sid))
+
+
+async def test_bad_frames_get_error_replies(daemon, ctx):
+    await daemon.wait_ready(ctx)
+    raw = msgspec.msgpack.encode
+    cases = [
+        [b"garbage"],
+        [b""],
+        [raw([99, 5, {"t": "ping"}])],
+        [raw([P.PROTOCOL_VERSION, 6, {"t": "no_such_message"}])],
+        [raw([P.PROTOCOL_VERSION, 7, {"t": "lookup", "parent": "root", "name": b"x"}])],
+        [raw([P.PROTOCOL_VERSION, 8, {"t": "getattr"}])],
+        [P.encode(9, P.ReadChunkReq(chunk=P.ChunkId(1, 0), min_version=0, offset=0, length=1))],
+        [P.encode(10, P.GetattrReq(ino=-5))],
+        [P.encode(11, P.ReaddirReq(ino=ROOT, limit=-1)), b"unexpected payload"],
+        [P.encode(12, P.LinkReq(ino=ROOT, new_parent=ROOT, new_name=b"x" * 10_000))],
+    ]
+    async with open_socket(ctx, zmq.DEALER, connect=daemon.address) as sock:
+        for frames in cases:
+            await sock.send_multipart(frames)
+            with trio.fail_after(10):
+                reply = await sock.recv_multipart()
+            _, body = P.decode_reply(reply[0].bytes)
+            if isinstance(body, P.ReaddirRsp):
+                continue  # a negative limit is clamped, the stray payload ignored
+            assert isinstance(body, P.ErrorRsp), (frames, body)
+            assert body.code != ErrorCode.INTERNAL, body
+    assert daemon.proc.poll() is None
+    assert (await daemon.wait_ready(ctx)).role == "meta"
+
+
+async def test_sigterm_exits_zero(daemon, ctx):
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        await _call(c, P.MkdirReq(parent=ROOT, name=b"kept", mode=0o755, uid=0, gid=0))
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(15) == 0
+    assert "stopping" in daemon.log.read_text()
