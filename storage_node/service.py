@@ -71,11 +71,16 @@ class StorageService:
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"a storage node does not handle {type(body).__name__}")
         expected = 1 if type(body) is p.WriteChunkReq else 0
         if len(payloads) != expected:
-            log.warning("node %d: %s with %d payload frames", self.node_id, type(body).__name__, len(payloads))
+            log.warning("node %d: refusing %s with %d payload frames", self.node_id, type(body).__name__, len(payloads))
             raise StripefsError(
                 ErrorCode.BAD_REQUEST, f"{type(body).__name__} takes {expected} payload frames, got {len(payloads)}"
             )
-        return await handler(body, payloads)
+        try:
+            return await handler(body, payloads)
+        except StripefsError as exc:
+            if exc.code == ErrorCode.BAD_REQUEST:  # bad input always leaves a log line
+                log.warning("node %d: refusing %s: %s", self.node_id, type(body).__name__, exc.message)
+            raise
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
@@ -97,15 +102,10 @@ class StorageService:
 
     def _check_and_write(self, req: p.WriteChunkReq, data: memoryview):
         digest = _xxh3(data)
-        if digest != req.xxh3:
-            log.warning(
-                "node %d: payload for chunk %s failed its checksum (%x, header says %x): nothing written",
-                self.node_id,
-                req.chunk,
-                digest,
-                req.xxh3,
+        if digest != req.xxh3:  # damaged in flight, or a client bug: write nothing
+            raise StripefsError(
+                ErrorCode.BAD_REQUEST, f"payload for chunk {req.chunk} has xxh3 {digest:x}, the header says {req.xxh3:x}"
             )
-            raise StripefsError(ErrorCode.BAD_REQUEST, f"payload for chunk {req.chunk} does not match its xxh3")
         return self.store.write(
             req.chunk,
             req.version,
@@ -156,16 +156,18 @@ class StorageService:
             while True:
                 try:
                     registered = await self._beat(meta, registered)
+                except OSError as exc:  # statvfs of data_dir failed: the disk is in trouble
+                    log.error("node %d: cannot read disk usage of %s: %s", self.node_id, self.config.data_dir, exc)
                 except StripefsError as exc:
                     if exc.code == ErrorCode.NOT_FOUND and registered:
                         log.info("node %d: metadata daemon %s does not know this node; registering again", self.node_id, address)
                         registered = False
                         continue
                     registered = False  # whatever the daemon lost meanwhile, announce ourselves afresh
-                    problem = "unreachable" if exc.code in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE) else exc.code.name
-                    if problem != trouble:
-                        log.warning("node %d: metadata daemon %s %s: %s", self.node_id, address,
-                                    "is unreachable" if problem == "unreachable" else "refused us", exc)
+                    unreachable = exc.code in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
+                    problem = "is unreachable" if unreachable else f"refused us ({getattr(exc.code, 'name', exc.code)})"
+                    if problem != trouble:  # once per change, not on every beat
+                        log.warning("node %d: metadata daemon %s %s: %s", self.node_id, address, problem, exc.message)
                         trouble = problem
                 else:
                     if trouble:
