@@ -136,7 +136,7 @@ class MetaService:
                 nursery.start_soon(self._committer, name="meta-committer")
                 nursery.start_soon(self._health_loop, name="meta-health")
                 nursery.start_soon(self._startup_orphan_sweep, name="meta-orphans")
-                nursery.start_soon(self._gc_loop, stack, name="meta-gc")
+                nursery.start_soon(self._gc_loop, name="meta-gc")
                 task_status.started()
                 await serve(sock, self.handle, concurrency=256, name="meta")
         finally:
@@ -218,7 +218,12 @@ class MetaService:
         async with self._lock:
             self._write_locked(self.ns.reclaim_orphans)
 
-    async def _gc_loop(self, stack: contextlib.AsyncExitStack) -> None:
+    async def _gc_loop(self) -> None:
+        # the RpcClients' nurseries must be entered and left by this task: its own exit stack
+        async with contextlib.AsyncExitStack() as stack:
+            await self._gc_rounds(stack)
+
+    async def _gc_rounds(self, stack: contextlib.AsyncExitStack) -> None:
         clients: dict[tuple[int, str], RpcClient] = {}
         while True:
             with trio.move_on_after(GC_INTERVAL_S):

@@ -194,3 +194,90 @@ async def test_sigterm_exits_zero(daemon, ctx):
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.proc.wait(15) == 0
     assert "stopping" in daemon.log.read_text()
+
+
+# --------------------------------------------------------------------------
+# In-process: group commit, garbage collection, health timeouts
+# --------------------------------------------------------------------------
+
+from stripefs.common.config import MetaConfig  # noqa: E402
+from stripefs.common.transport import serve  # noqa: E402
+from stripefs.daemon.service import MetaService  # noqa: E402
+
+
+async def _fake_storage_node(ctx, address, deleted, task_status=trio.TASK_STATUS_IGNORED):
+    async def handler(body, payloads):
+        assert isinstance(body, P.DeleteChunksReq)
+        deleted.extend(body.chunks)
+        return P.DeleteChunksRsp(deleted=len(body.chunks))
+
+    async with open_socket(ctx, zmq.ROUTER, bind=address) as sock:
+        task_status.started()
+        await serve(sock, handler, name="fake-storage")
+
+
+async def test_in_process_group_commit_gc_and_health(tmp_path, ctx):
+    import sqlite3
+
+    config = MetaConfig(
+        listen=_free_address(), data_dir=str(tmp_path), node_timeout_s=1.5, session_lease_s=1.5,
+        group_commit_ms=5.0, chunk_size=1 << 20, stripe_count=2, redundancy="replicas=1",
+    )
+    service = MetaService(config, zmq_context=ctx)
+    node_address, deleted = _free_address(), []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_fake_storage_node, ctx, node_address, deleted)
+        await nursery.start(service.run)
+        commits = 0
+        real_commit = service.store.commit
+
+        def counting_commit():
+            nonlocal commits
+            commits += 1
+            real_commit()
+
+        service.store.commit = counting_commit
+        await service.handle(P.RegisterNodeReq(
+            node_id=1, address=node_address, host="h", capacity_bytes=1 << 30, free_bytes=1 << 30, used_bytes=0, chunks=0,
+        ), [])
+        sid = (await service.handle(P.HelloReq(host="t", pid=1), [])).session_id
+        other = sqlite3.connect(tmp_path / "meta.sqlite3")  # sees only committed data
+
+        async def create(i):
+            rsp = await service.handle(
+                P.CreateReq(parent=ROOT, name=b"f%d" % i, mode=0o644, uid=0, gid=0, session_id=sid), []
+            )
+            # the reply is only given once the change is durable
+            assert other.execute("SELECT count(*) FROM dentries WHERE ino=?", (rsp.attr.ino,)).fetchone()[0] == 1
+
+        before = commits
+        async with trio.open_nursery() as n2:
+            for i in range(30):
+                n2.start_soon(create, i)
+        assert 1 <= commits - before < 10  # 30 creates, a handful of fsyncs
+
+        # unlink of a closed file: its chunk is deleted on the node by the collector
+        f0 = (await service.handle(P.LookupReq(parent=ROOT, name=b"f0"), [])).attr.ino
+        await service.handle(P.CloseReq(ino=f0, session_id=sid), [])
+        await service.handle(P.UnlinkReq(parent=ROOT, name=b"f0"), [])
+        with trio.fail_after(10):
+            while service.store.count_garbage() or not deleted:
+                await trio.sleep(0.05)
+        assert deleted == [P.ChunkId(f0, 0, 0)]
+
+        # an open file unlinked stays until its session expires; the silent node goes down
+        f1 = (await service.handle(P.LookupReq(parent=ROOT, name=b"f1"), [])).attr.ino
+        await service.handle(P.UnlinkReq(parent=ROOT, name=b"f1"), [])
+        assert (await service.handle(P.GetattrReq(ino=f1), [])).attr.nlink == 0
+        with trio.fail_after(10):
+            while service.nodes.is_up(1) or len(service.sessions):
+                await trio.sleep(0.1)
+        with pytest.raises(StripefsError) as info:
+            await service.handle(P.GetattrReq(ino=f1), [])
+        assert info.value.code == ErrorCode.NOT_FOUND
+        with pytest.raises(StripefsError) as info:
+            await service.handle(P.AllocChunksReq(ino=(await service.handle(
+                P.LookupReq(parent=ROOT, name=b"f2"), [])).attr.ino, indices=[1]), [])
+        assert info.value.code == ErrorCode.UNAVAILABLE
+        other.close()
+        nursery.cancel_scope.cancel()
