@@ -9,7 +9,6 @@ timeout, not one per chunk.
 from __future__ import annotations
 
 import logging
-from contextlib import AsyncExitStack
 
 import trio
 import xxhash
@@ -25,9 +24,9 @@ SUSPECT_FOR_S = 15.0
 
 
 class NodePool:
-    def __init__(self, ctx: zmq.Context, stack: AsyncExitStack, *, timeout: float, read_timeout: float):
+    def __init__(self, ctx: zmq.Context, nursery: trio.Nursery, *, timeout: float, read_timeout: float):
         self._ctx = ctx
-        self._stack = stack
+        self._nursery = nursery
         self.timeout = timeout
         self.read_timeout = read_timeout
         self.addresses: dict[int, str] = {}
@@ -48,9 +47,16 @@ class NodePool:
             async with self._lock:
                 client = self._clients.get(address)
                 if client is None:
-                    client = await self._stack.enter_async_context(connect(self._ctx, address, timeout=self.timeout))
+                    client = await self._nursery.start(self._hold, address, name=f"node-connection-{node_id}")
                     self._clients[address] = client
         return client
+
+    async def _hold(self, address: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # a connection lives in its own task of the root nursery: opened by whichever
+        # request needs it first, it must not belong to that request's task
+        async with connect(self._ctx, address, timeout=self.timeout) as client:
+            task_status.started(client)
+            await trio.sleep_forever()
 
     def order(self, nodes: list[int], start: int = 0) -> list[int]:
         """Replica order for a read: rotate by ``start`` to spread load, suspects last."""

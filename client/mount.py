@@ -174,7 +174,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             meta = MetaClient(ctx, addresses, timeout=client_cfg.rpc_timeout_s)
             await meta.open(stack)
             await meta.hello(mountpoint, patience_s=max(client_cfg.rpc_timeout_s, 10.0))
-            nodes = NodePool(ctx, stack, timeout=client_cfg.rpc_timeout_s, read_timeout=min(3.0, client_cfg.rpc_timeout_s))
+            nodes = NodePool(ctx, nursery, timeout=client_cfg.rpc_timeout_s, read_timeout=min(3.0, client_cfg.rpc_timeout_s))
             data = DataPath(
                 meta,
                 nodes,

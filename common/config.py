@@ -103,8 +103,15 @@ def loads(data: bytes | str, kind: type[C], *, source: str = "<config>") -> C:
 
 
 def dumps(config: _Config) -> str:
-    """TOML for a config (used by the local launcher to write its files)."""
-    return msgspec.toml.encode(config).decode()
+    """TOML for a config (the local launcher writes its files with it).
+
+    Configs are flat (strings, numbers, booleans, lists of strings), and JSON's
+    quoting of those is valid TOML, so no TOML writer is needed.
+    """
+    lines = []
+    for key, value in msgspec.structs.asdict(config).items():
+        lines.append(f"{key} = {msgspec.json.encode(value, enc_hook=int).decode()}")
+    return "\n".join(lines) + "\n"
 
 
 _EXAMPLES = {
