@@ -293,9 +293,14 @@ class MetaService:
     async def handle_open(self, req: P.OpenReq) -> P.Msg:
         if req.session_id:
             self.sessions.touch(req.session_id)
-        attr, layout, chunks, nodes = await self._read(self.ns.open_info, req.ino)
-        if req.session_id:
-            self.sessions.open(req.session_id, req.ino)
+
+        def open_and_hold():
+            info = self.ns.open_info(req.ino)
+            if req.session_id:  # under the lock: no unlink can reclaim it in between
+                self.sessions.open(req.session_id, req.ino)
+            return info
+
+        attr, layout, chunks, nodes = await self._read(open_and_hold)
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
 
     async def handle_close(self, req: P.CloseReq) -> P.Msg:
@@ -325,11 +330,12 @@ class MetaService:
 
         def create_and_open():
             ino, _ = self.ns.create(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
-            return self.ns.open_info(ino)
+            info = self.ns.open_info(ino)
+            if req.session_id:
+                self.sessions.open(req.session_id, ino)
+            return info
 
         attr, layout, chunks, nodes = await self._write(create_and_open)
-        if req.session_id:
-            self.sessions.open(req.session_id, attr.ino)
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
 
     async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
