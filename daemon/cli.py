@@ -18,7 +18,9 @@ import trio
 import zmq
 
 from ..common.config import MetaConfig, load
-from ..common.errors import QuietError
+from ..common.errors import QuietError, StripefsError
+from ..common.layout import validate_layout
+from ..common.protocol import Layout
 from ..common.logs import setup_logging
 from ..common.systemd import notify
 from .service import MetaService
@@ -74,6 +76,10 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         config = load(args.config, MetaConfig)
+        try:
+            validate_layout(Layout(int(config.chunk_size), config.stripe_count, config.redundancy))
+        except StripefsError as exc:
+            raise QuietError(f"{args.config}: root layout: {exc.message}") from None
         try:
             Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
