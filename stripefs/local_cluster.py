@@ -152,10 +152,13 @@ class LocalCluster:
         if len(info["nodes"]) != nodes:
             print(f"note: {self.state} has {len(info['nodes'])} storage nodes; --nodes {nodes} is ignored", file=sys.stderr)
         pids = self.pids()
-        running = [k for k, v in self._flat_pids(pids) if _alive(v)]
-        if running and _is_mounted(mount):
+        expected = 2 + len(info["nodes"])  # meta, storage nodes, mount
+        alive = [name for name, pid in self._flat_pids(pids) if _alive(pid)]
+        if len(alive) == expected and _is_mounted(mount):
             print(f"stripefs local cluster in {self.state} is already running, mounted at {mount}")
             return 0
+        if alive:
+            print(f"restarting what is not running in {self.state} ({len(alive)} of {expected} processes are up)")
         mount.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
 
