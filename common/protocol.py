@@ -212,10 +212,17 @@ class WriteChunkRsp(Msg, tag="write_chunk_rsp"):
 
 
 class DeleteChunksReq(Msg, tag="delete_chunks"):
-    """Delete chunk copies (all their parts when ``all_parts``). Missing ones are fine."""
+    """Delete chunk copies (all their parts when ``all_parts``). Missing ones are fine.
+
+    ``max_versions`` (one per chunk, or empty for "any version"): a copy is
+    deleted only if its stored version is at most the bound. A chunk id that was
+    rewritten after it became garbage (truncate, then write again) carries a
+    newer epoch, so a late delete cannot destroy it.
+    """
 
     chunks: list[ChunkId]
     all_parts: bool = True
+    max_versions: list[int] = []
 
 
 class DeleteChunksRsp(Msg, tag="delete_chunks_rsp"):

@@ -144,7 +144,8 @@ def _migrate_1(conn: sqlite3.Connection, root_layout: Layout) -> None:
             node_id INTEGER NOT NULL,
             ino INTEGER NOT NULL,
             idx INTEGER NOT NULL,
-            part INTEGER NOT NULL DEFAULT 0
+            part INTEGER NOT NULL DEFAULT 0,
+            max_version INTEGER NOT NULL DEFAULT 9223372036854775807
         );
         CREATE INDEX garbage_by_node ON garbage(node_id, id);
         CREATE INDEX garbage_by_chunk ON garbage(ino, idx);

@@ -426,7 +426,7 @@ class Namespace:
             if size < 0:
                 raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
             keep = chunk_count(size, row["chunk_size"])
-            dropped = self.store.drop_chunks(ino, keep)
+            dropped = self.store.drop_chunks(ino, keep, max_version=self.last_epoch())
             if dropped:
                 log.debug("inode %d truncated to %d: %d chunk(s) queued for deletion", ino, size, dropped)
             self._record_chunks(ino, chunks)
@@ -516,6 +516,10 @@ class Namespace:
         refs, addrs = self._chunk_map(ino, self.store.get_chunks(ino))
         return to_attr(row), to_layout(row), refs, addrs
 
+    def last_epoch(self) -> int:
+        """The newest epoch handed out so far: every write started before now carries at most this."""
+        return self._epoch_next - 1
+
     def alloc_epoch(self) -> tuple[int, bool]:
         """A fresh epoch, and whether the stored high-water mark was raised for it."""
         epoch = self._epoch_next
@@ -559,7 +563,8 @@ class Namespace:
         position = nodes.index(failed_node)
         nodes = [new if n == failed_node else n for n in nodes]
         self.store.put_chunk(ino, index, version, nodes)
-        self.store.add_garbage([(failed_node, ino, index, position if parse_redundancy(row["redundancy"]).is_ec else 0)])
+        part = position if parse_redundancy(row["redundancy"]).is_ec else 0
+        self.store.add_garbage([(failed_node, ino, index, part, self.last_epoch())])
         log.info("chunk %d:%d: copy on node %d moved to node %d", ino, index, failed_node, new)
         refs, addrs = self._chunk_map(ino, {index: (version, nodes)})
         return refs[0], addrs

@@ -244,7 +244,9 @@ class MetaService:
             return
         chunks = [P.ChunkId(r["ino"], r["idx"], r["part"]) for r in rows]
         try:
-            rsp, _ = await client.call(P.DeleteChunksReq(chunks=chunks, all_parts=True))
+            rsp, _ = await client.call(
+                P.DeleteChunksReq(chunks=chunks, all_parts=True, max_versions=[r["max_version"] for r in rows])
+            )
         except StripefsError as exc:
             log.warning("node %d: deleting %d chunk copies failed, will retry: %s", node_id, len(chunks), exc)
             return

@@ -21,6 +21,9 @@ from typing import Iterable, Iterator, Sequence
 
 log = logging.getLogger(__name__)
 
+#: garbage bound for copies of a deleted inode: every version goes
+ANY_VERSION = (1 << 63) - 1
+
 _INODE_FIELDS = (
     "mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation chunk_size stripe_count redundancy stripe_seed"
 ).split()
@@ -212,22 +215,26 @@ class SqliteStore:
                 (ino, idx, *nodes),
             )
 
-    def drop_chunks(self, ino: int, from_index: int = 0) -> int:
-        """Move chunk rows with index >= ``from_index`` into garbage; the number moved."""
+    def drop_chunks(self, ino: int, from_index: int = 0, max_version: int = ANY_VERSION) -> int:
+        """Move chunk rows with index >= ``from_index`` into garbage; the number moved.
+
+        ``max_version``: copies newer than this (written after the drop) must survive the deletion.
+        """
         rows = self.conn.execute(
             "SELECT idx, nodes FROM chunks WHERE ino=? AND idx>=?", (ino, from_index)
         ).fetchall()
         for idx, nodes in rows:
-            self.add_garbage((node, ino, idx, 0) for node in decode_nodes(nodes))
+            self.add_garbage((node, ino, idx, 0, max_version) for node in decode_nodes(nodes))
         self.conn.execute("DELETE FROM chunks WHERE ino=? AND idx>=?", (ino, from_index))
         return len(rows)
 
-    def add_garbage(self, rows: Iterable[tuple[int, int, int, int]]) -> None:
-        self.conn.executemany("INSERT INTO garbage (node_id, ino, idx, part) VALUES (?,?,?,?)", rows)
+    def add_garbage(self, rows: Iterable[tuple[int, int, int, int, int]]) -> None:
+        """Rows of (node_id, ino, idx, part, max_version)."""
+        self.conn.executemany("INSERT INTO garbage (node_id, ino, idx, part, max_version) VALUES (?,?,?,?,?)", rows)
 
     def garbage_for_node(self, node_id: int, limit: int) -> list[sqlite3.Row]:
         return self.conn.execute(
-            "SELECT id, ino, idx, part FROM garbage WHERE node_id=? ORDER BY id LIMIT ?", (node_id, limit)
+            "SELECT id, ino, idx, part, max_version FROM garbage WHERE node_id=? ORDER BY id LIMIT ?", (node_id, limit)
         ).fetchall()
 
     def garbage_nodes(self) -> list[int]:

@@ -529,10 +529,14 @@ class ChunkStore:
 
     # -- deleting and accounting ----------------------------------------------
 
-    def delete(self, chunks: Sequence[ChunkId], all_parts: bool = True) -> int:
-        """Remove copies (every part of each ``(ino, index)`` when ``all_parts``); returns how many."""
+    def delete(self, chunks: Sequence[ChunkId], all_parts: bool = True, max_versions: Sequence[int] = ()) -> int:
+        """Remove copies (every part of each ``(ino, index)`` when ``all_parts``); returns how many.
+
+        With ``max_versions`` (one per chunk), a copy newer than its bound is kept.
+        """
         deleted = 0
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            bound = max_versions[i] if max_versions else None
             _check_chunk_id(chunk)
             if all_parts:
                 prefix = f"{chunk.ino}-{chunk.index}-"
@@ -548,13 +552,23 @@ class ChunkStore:
             else:
                 targets = [chunk]
             for target in targets:
-                deleted += self._delete_one(target)
+                deleted += self._delete_one(target, bound)
         return deleted
 
-    def _delete_one(self, chunk: ChunkId) -> int:
+    def _delete_one(self, chunk: ChunkId, bound: int | None = None) -> int:
         path = self.path(chunk)
         with self._chunk_lock(chunk):
             try:
+                if bound is not None:
+                    try:
+                        version = self.stat(chunk).version
+                    except StripefsError as exc:
+                        if exc.code == ErrorCode.NOT_FOUND:
+                            return 0
+                        version = 0  # a corrupt copy is garbage whatever its version
+                    if version > bound:
+                        log.info("chunk %s: kept v%d, newer than the delete's bound v%d", chunk, version, bound)
+                        return 0
                 size = os.stat(path).st_size
                 os.unlink(path)
             except FileNotFoundError:

@@ -118,7 +118,9 @@ class StorageService:
         )
 
     async def handle_delete_chunks(self, req: p.DeleteChunksReq, payloads: list[memoryview]) -> p.DeleteChunksRsp:
-        deleted = await self._io(self.store.delete, req.chunks, req.all_parts)
+        if req.max_versions and len(req.max_versions) != len(req.chunks):
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"{len(req.max_versions)} max_versions for {len(req.chunks)} chunks")
+        deleted = await self._io(self.store.delete, req.chunks, req.all_parts, req.max_versions)
         log.info("node %d: deleted %d chunk files for %d chunk ids", self.node_id, deleted, len(req.chunks))
         return p.DeleteChunksRsp(deleted=deleted)
 

@@ -368,3 +368,15 @@ def test_kill_9_leaves_old_or_new_content(tmp_path):
             assert data in contents
             assert s.usage().chunks == 1
             assert not [n for n in os.listdir(s.path(C).parent) if n.endswith(".tmp")]
+
+
+def test_delete_respects_version_bound(tmp_path):
+    """A late delete of garbage must not destroy a copy rewritten after it became garbage."""
+    store = ChunkStore(tmp_path)
+    c = ChunkId(7, 0)
+    store.write(c, 5, 0, 0, b"old", replace=True)
+    store.write(c, 9, 0, 0, b"new", replace=True)
+    assert store.delete([c], max_versions=[5]) == 0
+    assert store.read(c, 0, 0, 10) == (9, b"new")
+    assert store.delete([c], max_versions=[9]) == 1
+    assert store.delete([c], max_versions=[9]) == 0
