@@ -177,11 +177,18 @@ class Sessions:
         log.info("session %d opened by %s pid %d (%s)", sid, host, pid, mountpoint or "no mountpoint")
         return sid
 
-    def _get(self, session_id: int, now: float | None) -> _Session:
+    def _get(self, session_id: int, now: float | None, *, adopt: bool = False) -> _Session:
+        """The session, lease renewed. ``adopt``: a session this daemon does not know
+        (it restarted) is taken back under its old id rather than failing the request:
+        sessions are soft state that mounts rebuild, and an open() must not fail for it."""
+        now = time.monotonic() if now is None else now
         session = self._sessions.get(session_id)
         if session is None:
-            raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is unknown or expired; say hello again")
-        session.last_seen = time.monotonic() if now is None else now
+            if not adopt:
+                raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is unknown or expired; say hello again")
+            session = self._sessions[session_id] = _Session(session_id, "?", 0, "", now)
+            log.info("session %d adopted (opened before this daemon started)", session_id)
+        session.last_seen = now
         return session
 
     def _set_open(self, session: _Session, inos: set[int]) -> list[int]:
@@ -201,11 +208,11 @@ class Sessions:
         return self._set_open(self._get(session_id, now), set(open_inodes))
 
     def touch(self, session_id: int, now: float | None = None) -> None:
-        """Check that the session exists (NOT_FOUND otherwise) and renew its lease."""
-        self._get(session_id, now)
+        """Renew the session's lease (adopting it if this daemon restarted since it began)."""
+        self._get(session_id, now, adopt=True)
 
     def open(self, session_id: int, ino: int, now: float | None = None) -> None:
-        session = self._get(session_id, now)
+        session = self._get(session_id, now, adopt=True)
         if ino not in session.open:
             self._set_open(session, session.open | {ino})
 
