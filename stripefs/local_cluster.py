@@ -159,7 +159,8 @@ class LocalCluster:
             return 0
         if alive:
             print(f"restarting what is not running in {self.state} ({len(alive)} of {expected} processes are up)")
-        mount.mkdir(parents=True, exist_ok=True)
+        if not _is_mounted(mount):  # touching a live mount would wait for the daemons we are about to start
+            mount.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
 
         if not _alive(pids.get("meta")):
