@@ -122,10 +122,7 @@ class Operations(pyfuse3.Operations):
                 rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=True))
                 self.data.nodes.learn(rsp.nodes)
                 tmp = OpenFile(inode, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
-                try:
-                    await self.data.truncate(tmp, attr.st_size)
-                finally:
-                    self.data.nursery.start_soon(self._close_remote, inode)
+                await self.data.truncate(tmp, attr.st_size)
         now = None
         req = p.SetattrReq(
             ino=inode,
@@ -275,16 +272,11 @@ class Operations(pyfuse3.Operations):
                 await self.data.flush(of)
         finally:
             if of.open_count == 0 and self.files.get(of.ino) is of:
+                # No CloseReq: the next session heartbeat carries the open set without
+                # this inode, which is when an unlinked file's data is reclaimed. One
+                # round trip less per file read matters more than reclaiming a few
+                # seconds earlier.
                 del self.files[of.ino]
-                self.data.nursery.start_soon(self._close_remote, of.ino)
-
-    async def _close_remote(self, ino: int) -> None:
-        if ino in self.files:
-            return
-        try:
-            await self.meta.call(p.CloseReq(ino=ino, session_id=self.meta.session_id), retry=False)
-        except StripefsError as exc:
-            log.debug("close of inode %d not acknowledged: %s", ino, exc)
 
     async def forget(self, inode_list):
         for ino, _ in inode_list:
