@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,8 +125,11 @@ def _wait_dead(pid: int, timeout: float = 10, kill: bool = False) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory, request):
-    root = tmp_path_factory.mktemp("cluster")
+def cluster(request):
+    # not under pytest's tmp dir: that is 0700, and the permission tests need
+    # other users to reach the mountpoint
+    root = Path(tempfile.mkdtemp(prefix="stripefs-cluster-"))
+    root.chmod(0o755)
     c = Cluster(root)
     try:
         c.up()
@@ -136,6 +141,8 @@ def cluster(tmp_path_factory, request):
             for name, text in c.logs().items():
                 print(f"\n===== {name} =====\n{text[-20000:]}")
     bad = c.bad_log_lines()
+    if not any(_is_mounted(m) for m in [c.mnt, *c.extra_mounts]):
+        shutil.rmtree(root, ignore_errors=True)
     assert not bad, "unexpected ERROR lines in process logs:\n" + "\n".join(bad[:30])
 
 
