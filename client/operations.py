@@ -114,26 +114,26 @@ class Operations(pyfuse3.Operations):
         return await self._attr_reply(p.GetattrReq(ino=inode))
 
     async def setattr(self, inode, attr, fields, fh, ctx):
+        result = None
         if fields.update_size:
             of = self.files.get(inode)
-            if of is not None:
-                await self.data.truncate(of, attr.st_size)
-            else:
+            if of is None:
+                # not open here: a short-lived state just for the truncate (the
+                # daemon's open set forgets it at the next session heartbeat)
                 rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=True))
                 self.data.nodes.learn(rsp.nodes)
-                tmp = OpenFile(inode, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
-                await self.data.truncate(tmp, attr.st_size)
-        now = None
-        req = p.SetattrReq(
-            ino=inode,
+                of = OpenFile(inode, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
+            result = await self.data.truncate(of, attr.st_size)
+        changes = dict(
             mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
             uid=attr.st_uid if fields.update_uid else None,
             gid=attr.st_gid if fields.update_gid else None,
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
-            ctime_ns=now,
         )
-        return await self._attr_reply(req)
+        if result is None or any(v is not None for v in changes.values()):
+            result = (await self.meta.call(p.SetattrReq(ino=inode, **changes))).attr
+        return self._entry(result)
 
     async def readlink(self, inode, ctx):
         rsp = await self.meta.call(p.ReadlinkReq(ino=inode))
