@@ -29,7 +29,7 @@ import zmq
 
 from ..common import config as cfg
 from ..common.errors import QuietError, StripefsError
-from ..common.logs import setup_logging
+from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.systemd import notify
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (for systemd)")
     parser.add_argument("--log", help="log file when running in the background (default: syslog-style file under /tmp)")
     parser.add_argument("--pidfile", help="write the client's pid here once mounted")
-    parser.add_argument("--debug", action="store_true", help="debug logging")
+    add_debug_argument(parser, "stripefs.client.striping")
     return parser
 
 
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
         raise QuietError(f"{mountpoint} is already a mount point; unmount it first (fusermount3 -u {mountpoint})")
 
     if args.foreground:
-        setup_logging("mount", debug=args.debug)
+        setup_logging("mount", debug=debug_setting(args.debug))
         if args.pidfile:
             Path(args.pidfile).write_text(f"{os.getpid()}\n")
         return _serve(addresses, mountpoint, fuse_opts, client_cfg, ready_fd=None)
@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
     os.dup2(devnull, 0)
     os.dup2(log_file.fileno(), 1)
     os.dup2(log_file.fileno(), 2)
-    setup_logging("mount", debug=args.debug, stream=log_file)
+    setup_logging("mount", debug=debug_setting(args.debug), stream=log_file)
     if args.pidfile:
         Path(args.pidfile).write_text(f"{os.getpid()}\n")
     try:

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import trio
 
 from ..common import protocol as p
-from ..common.layout import parse_redundancy
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +62,6 @@ class OpenFile:
     write_error: BaseException | None = None
     #: end of the last read, to detect sequential readers
     last_read_end: int = -1
-    #: data version we last told the kernel about (mtime, size): decides keep_cache
-    kernel_view: tuple[int, int] = (0, 0)
     write_slots: trio.Semaphore | None = None
 
     def __post_init__(self) -> None:
@@ -74,10 +71,6 @@ class OpenFile:
     @property
     def chunk_size(self) -> int:
         return self.layout.chunk_size
-
-    @property
-    def replicas(self) -> int:
-        return parse_redundancy(self.layout.redundancy).copies
 
     @property
     def has_unflushed(self) -> bool:

@@ -7,6 +7,7 @@ dumps every thread's stack (faulthandler) to find where a process hangs.
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import logging
 import os
@@ -48,3 +49,23 @@ def setup_logging(role: str, *, debug: bool | list[str] = False, stream=None) ->
             logging.getLogger(noisy).setLevel(logging.WARNING)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def add_debug_argument(parser: argparse.ArgumentParser, example_module: str) -> None:
+    """``--debug`` (everywhere) or ``--debug MOD[,MOD...]`` (only those modules): the same on every process."""
+    parser.add_argument(
+        "--debug",
+        nargs="?",
+        const="all",
+        metavar="MODULES",
+        help=f"log at DEBUG level: everywhere, or only in the given comma-separated modules (e.g. {example_module})",
+    )
+
+
+def debug_setting(value: str | None) -> bool | list[str]:
+    """What ``--debug`` asked for, in the form ``setup_logging`` takes."""
+    if value is None:
+        return False
+    if value == "all":
+        return True
+    return [m.strip() for m in value.split(",") if m.strip()]

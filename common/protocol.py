@@ -575,69 +575,13 @@ class StatusRsp(Msg, tag="status_rsp"):
     boot_id: str
 
 
-Request = Union[
-    PingReq,
-    ReadChunkReq,
-    WriteChunkReq,
-    DeleteChunksReq,
-    SyncChunksReq,
-    StatChunkReq,
-    NodeStatsReq,
-    RegisterNodeReq,
-    NodeHeartbeatReq,
-    HelloReq,
-    SessionHeartbeatReq,
-    LookupReq,
-    GetattrReq,
-    SetattrReq,
-    CreateReq,
-    MknodReq,
-    MkdirReq,
-    SymlinkReq,
-    LinkReq,
-    UnlinkReq,
-    RmdirReq,
-    RenameReq,
-    ReadlinkReq,
-    ReaddirReq,
-    OpenReq,
-    CloseReq,
-    AllocEpochReq,
-    AllocChunksReq,
-    ReplaceReplicaReq,
-    CommitReq,
-    StatfsReq,
-    SetxattrReq,
-    GetxattrReq,
-    ListxattrReq,
-    RemovexattrReq,
-    GetLayoutReq,
-    SetLayoutReq,
-    StatusReq,
-]
+def _messages(suffix: str) -> tuple[type[Msg], ...]:
+    # the naming rule (FooReq / FooRsp) is the registry: no second list to keep in step
+    return tuple(cls for cls in Msg.__subclasses__() if cls.__name__.endswith(suffix))
 
-Reply = Union[
-    PingRsp,
-    OkRsp,
-    ErrorRsp,
-    ReadChunkRsp,
-    WriteChunkRsp,
-    DeleteChunksRsp,
-    StatChunkRsp,
-    NodeStatsRsp,
-    HelloRsp,
-    AttrRsp,
-    ReadlinkRsp,
-    ReaddirRsp,
-    OpenRsp,
-    EpochRsp,
-    ChunksRsp,
-    StatfsRsp,
-    XattrRsp,
-    ListxattrRsp,
-    LayoutRsp,
-    StatusRsp,
-]
+
+Request = Union[_messages("Req")]
+Reply = Union[_messages("Rsp")]
 
 
 class _Header(msgspec.Struct, array_like=True):

@@ -21,7 +21,7 @@ from ..common.config import MetaConfig, load
 from ..common.errors import QuietError, StripefsError
 from ..common.layout import validate_layout
 from ..common.protocol import Layout
-from ..common.logs import setup_logging
+from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.systemd import notify
 from .service import MetaService
 
@@ -44,13 +44,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="stripefs meta", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", required=True, metavar="PATH", help="the daemon's TOML config (metad.toml)")
-    parser.add_argument(
-        "--debug",
-        nargs="?",
-        const="all",
-        metavar="MODULES",
-        help="log at DEBUG level: everywhere, or only in the given comma-separated modules (e.g. stripefs.daemon.namespace)",
-    )
+    add_debug_argument(parser, "stripefs.daemon.namespace")
     return parser
 
 
@@ -87,12 +81,7 @@ def main(argv: list[str]) -> int:
     except QuietError as exc:
         print(f"stripefs meta: {exc}", file=sys.stderr)
         return exc.exitcode
-    debug: bool | list[str] = False
-    if args.debug == "all":
-        debug = True
-    elif args.debug:
-        debug = [m.strip() for m in args.debug.split(",") if m.strip()]
-    setup_logging("meta", debug=debug)
+    setup_logging("meta", debug=debug_setting(args.debug))
     rc = 0
     try:
         trio.run(_serve, config)

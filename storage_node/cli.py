@@ -18,7 +18,7 @@ import zmq
 
 from stripefs.common.config import StorageConfig, load
 from stripefs.common.errors import QuietError
-from stripefs.common.logs import setup_logging
+from stripefs.common.logs import add_debug_argument, debug_setting, setup_logging
 from stripefs.common.systemd import notify
 
 from .chunk_store import ChunkStore
@@ -39,12 +39,7 @@ template unit stripefs-storage@.service. Print a commented config with
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stripefs storage", description=_DESCRIPTION)
     parser.add_argument("--config", required=True, metavar="FILE", help="the node's TOML config (storage.toml)")
-    parser.add_argument(
-        "--debug",
-        nargs="*",
-        metavar="MODULE",
-        help="debug logging: everywhere, or only for the named modules (e.g. stripefs.storage_node.chunk_store)",
-    )
+    add_debug_argument(parser, "stripefs.storage_node.chunk_store")
     return parser
 
 
@@ -56,7 +51,7 @@ def main(argv: list[str]) -> int:
             Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise QuietError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
-        setup_logging("storage", debug=True if args.debug == [] else (args.debug or False))
+        setup_logging("storage", debug=debug_setting(args.debug))
         store = ChunkStore(
             config.data_dir,
             block_size=config.block_size,
