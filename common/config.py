@@ -37,7 +37,7 @@ class MetaConfig(_Config):
     data_dir: str = "/var/lib/stripefs/meta"
     node_timeout_s: float = 10.0  # a storage node silent this long is declared down
     session_lease_s: float = 15.0  # a mount silent this long loses its open files
-    group_commit_ms: float = 2.0  # wait this long to batch commits (one fsync for many)
+    group_commit_ms: float = 0.0  # extra wait before a commit; changes arriving during an fsync share the next one anyway
     chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
     stripe_count: int = 4
     redundancy: str = "replicas=2"
@@ -118,7 +118,7 @@ listen = "tcp://0.0.0.0:7100"        # ZeroMQ endpoint for clients and storage n
 data_dir = "/var/lib/stripefs/meta"  # the SQLite database (WAL) lives here
 node_timeout_s = 10.0                # storage node declared down after this much silence
 session_lease_s = 15.0               # a mount's open files are released after this much silence
-group_commit_ms = 2.0                # batch namespace commits: one fsync for many changes
+group_commit_ms = 0.0                # extra wait before each commit; changes arriving during an fsync share the next one
 # layout of the root directory; new directories inherit their parent's
 chunk_size = "4M"
 stripe_count = 4

@@ -9,11 +9,14 @@ Durability: group commit
 SQLite runs on the trio thread (it is fast and in-process) inside one long
 transaction. A mutating request takes ``_lock``, runs its SQL inside a
 SAVEPOINT (a failure rolls back only its own statements), releases the lock
-and waits for the next commit. The committer task wakes at most every
-``group_commit_ms``, takes the lock, runs COMMIT (an fsync, synchronous=FULL)
-in a worker thread, opens the next transaction, and wakes every waiter of
-that batch. Only then are their replies sent: N concurrent creates cost about
-one fsync, and no reply ever announces a change that a ``kill -9`` could lose.
+and waits for the next commit. The committer task wakes when a batch is
+dirty, waits ``group_commit_ms`` (default 0), takes the lock, runs COMMIT (an
+fsync, synchronous=FULL) in a worker thread, opens the next transaction, and
+wakes every waiter of that batch. Only then are their replies sent. Changes
+that arrive while a COMMIT runs wait for the lock and share the next one, so N
+concurrent creates cost a few fsyncs without any added delay, a lone writer
+pays one fsync and no timer, and no reply ever announces a change that a
+``kill -9`` could lose.
 If COMMIT fails the batch is rolled back and its waiters get IO errors.
 
 Read-only requests answer as soon as they hold the lock. They may see a
