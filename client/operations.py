@@ -222,6 +222,8 @@ class Operations(pyfuse3.Operations):
             of = self.files[ino] = OpenFile(ino, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
         else:
             of.refresh(rsp)
+        if rsp.epoch and not of.epoch:
+            of.epoch = rsp.epoch  # this write session's version, without an AllocEpochReq
         view = (rsp.attr.mtime_ns, rsp.attr.size)
         before = self._kernel_view.get(ino)
         keep = before == view or of.has_unflushed

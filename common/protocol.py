@@ -451,6 +451,7 @@ class OpenRsp(Msg, tag="open_rsp"):
     layout: Layout
     chunks: list[ChunkRef]  # every chunk with a placement, ordered by index
     nodes: list[NodeAddr]  # addresses of every node named in ``chunks``
+    epoch: int = 0  # a fresh write epoch when opened for writing or created (saves an AllocEpochReq)
 
 
 class CloseReq(Msg, tag="close"):

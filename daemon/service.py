@@ -306,7 +306,8 @@ class MetaService:
             return info
 
         attr, layout, chunks, nodes = await self._read(open_and_hold)
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
+        epoch = await self._alloc_epoch() if req.write else 0
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
 
     async def handle_close(self, req: P.CloseReq) -> P.Msg:
         await self._release(self.sessions.close(req.session_id, req.ino))
@@ -338,10 +339,15 @@ class MetaService:
             info = self.ns.open_info(ino)
             if req.session_id:
                 self.sessions.open(req.session_id, ino)
-            return info
+            # last: nothing after it can fail, so the high-water mark it may raise is
+            # committed with the create, never rolled back under a handed-out epoch
+            epoch, raised = self.ns.alloc_epoch()
+            if raised:  # later epochs of this block are durable only with this batch
+                self._epoch_batch = self._batch
+            return (*info, epoch)
 
-        attr, layout, chunks, nodes = await self._write(create_and_open)
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
+        attr, layout, chunks, nodes, epoch = await self._write(create_and_open)
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
 
     async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
         return P.AttrRsp(attr=await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid))
@@ -406,6 +412,9 @@ class MetaService:
     # -- data path bookkeeping ---------------------------------------------------
 
     async def handle_alloc_epoch(self, req: P.AllocEpochReq) -> P.Msg:
+        return P.EpochRsp(epoch=await self._alloc_epoch())
+
+    async def _alloc_epoch(self) -> int:
         async with self._lock:
             (epoch, raised), batch = self.ns.alloc_epoch(), None
             if raised:
@@ -415,7 +424,7 @@ class MetaService:
             batch = self._epoch_batch
         if batch is not None:
             await batch.wait()  # immediate once the high-water mark covering `epoch` is durable
-        return P.EpochRsp(epoch=epoch)
+        return epoch
 
     async def handle_alloc_chunks(self, req: P.AllocChunksReq) -> P.Msg:
         chunks, nodes = await self._write(self.ns.alloc_chunks, req.ino, req.indices)
