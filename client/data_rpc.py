@@ -75,7 +75,7 @@ class NodePool:
     def is_suspect(self, node_id: int) -> bool:
         return self._suspect_until.get(node_id, 0) > trio.current_time()
 
-    async def read(self, node_id: int, chunk: p.ChunkId, min_version: int, offset: int, length: int, *, last_try: bool) -> bytes:
+    async def read(self, node_id: int, chunk: p.ChunkId, min_version: int, offset: int, length: int, *, last_try: bool) -> memoryview:
         client = await self._client(node_id)
         try:
             rsp, payloads = await client.call(
@@ -92,7 +92,7 @@ class NodePool:
         data = payloads[0]
         if xxhash.xxh3_64_intdigest(data) != rsp.xxh3:
             raise StripefsError(ErrorCode.CORRUPT, f"chunk {chunk} from node {node_id} failed its checksum in transit")
-        return bytes(data)
+        return data  # a view of the received frame: the bytes are never copied on the client
 
     async def write(self, node_id: int, request: p.WriteChunkReq, data) -> p.WriteChunkRsp:
         client = await self._client(node_id)

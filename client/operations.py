@@ -6,11 +6,20 @@ lets a handler raise only FUSEError, so StripefsError becomes its errno (one
 table: common.errors.ERRNO_BY_CODE) and anything else is logged with its
 traceback and answered EIO. The mount stays up; the ERROR line makes tests fail.
 
-Kernel caching: entries and attributes are cached for ``attr_timeout_s``.
-On ``open`` the file's attributes are fetched fresh (close-to-open); if the
-data changed since the kernel last saw it, the page cache is dropped
-(``keep_cache`` False) and the kernel's attributes are invalidated, so a file
-closed on one mount reads complete on another as soon as it is opened.
+Close-to-open without an open round trip
+-----------------------------------------
+An open must see every change closed elsewhere before the open() began. The
+kernel caches directory entries of *regular files* for 0 s (directories and
+symlinks for ``entry_timeout_s``), so every path-based open() walks through a
+LOOKUP of the file inside the same syscall. That LOOKUP asks the daemon for the
+open information too (layout, chunk map), and ``open`` uses the newest lookup
+answer if it is younger than ``OPEN_INFO_FRESH_S``: it was answered after the
+open() began, so it is as fresh as an OpenReq would be. Opens that walk no path
+(reopening /proc/PID/fd/N) fall back to an OpenReq once that answer is older.
+Cold small-file reads cost one metadata and one storage round trip.
+
+If the data changed since the kernel's pages were filled (the last open here),
+the page cache is dropped (``keep_cache`` False).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import inspect
 import logging
 import os
 import stat
+from collections import OrderedDict
 
 import pyfuse3
 import trio
@@ -32,6 +42,9 @@ from .open_files import OpenFile
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
+
+#: an open may use a LOOKUP's answer this young instead of asking the daemon again
+OPEN_INFO_FRESH_S = 1.0
 
 
 def _fuse_errors(fn):
@@ -73,8 +86,11 @@ class Operations(pyfuse3.Operations):
         self.files: dict[int, OpenFile] = {}  # ino -> open file state
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
         self._next_fh = 1
-        self._kernel_view: dict[int, tuple[int, int]] = {}  # ino -> (mtime_ns, size) last told to the kernel
-        meta.open_inodes = lambda: list(self.files)
+        # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
+        self._kernel_view: dict[int, tuple[int, int]] = {}
+        # ino -> (when, OpenRsp) from LOOKUPs, oldest first; see the module docstring
+        self._open_info: OrderedDict[int, tuple[float, p.OpenRsp]] = OrderedDict()
+        meta.open_inodes = self._held_inodes
 
     # ---------------------------------------------------------------- helpers
 
@@ -84,7 +100,8 @@ class Operations(pyfuse3.Operations):
         e = pyfuse3.EntryAttributes()
         e.st_ino = attr.ino
         e.generation = attr.generation
-        e.entry_timeout = self.entry_timeout
+        # regular files: 0, so that every open() looks the file up (close-to-open, above)
+        e.entry_timeout = 0 if stat.S_ISREG(attr.mode) else self.entry_timeout
         e.attr_timeout = self.attr_timeout
         e.st_mode = attr.mode
         e.st_nlink = attr.nlink
@@ -97,9 +114,20 @@ class Operations(pyfuse3.Operations):
         e.st_atime_ns = attr.atime_ns
         e.st_mtime_ns = attr.mtime_ns
         e.st_ctime_ns = attr.ctime_ns
-        if stat.S_ISREG(attr.mode) and (of is None or not of.has_unflushed):
-            self._kernel_view[attr.ino] = (attr.mtime_ns, attr.size)
         return e
+
+    def _fresh_open_info(self, ino: int) -> p.OpenRsp | None:
+        """The open information of a LOOKUP younger than OPEN_INFO_FRESH_S, if any."""
+        oldest = trio.current_time() - OPEN_INFO_FRESH_S
+        while self._open_info and next(iter(self._open_info.values()))[0] < oldest:
+            self._open_info.popitem(last=False)
+        entry = self._open_info.get(ino)
+        return entry[1] if entry else None
+
+    def _held_inodes(self) -> list[int]:
+        """Inodes the daemon must keep: open here, or looked up for an open about to happen."""
+        self._fresh_open_info(0)  # prune
+        return list(self.files.keys() | self._open_info.keys())
 
     async def _attr_reply(self, request: p.Msg) -> pyfuse3.EntryAttributes:
         rsp = await self.meta.call(request)
@@ -108,7 +136,13 @@ class Operations(pyfuse3.Operations):
     # -------------------------------------------------------------- namespace
 
     async def lookup(self, parent_inode, name, ctx=None):
-        return await self._attr_reply(p.LookupReq(parent=parent_inode, name=name))
+        rsp = await self.meta.call(
+            p.LookupReq(parent=parent_inode, name=name, open_info=True, session_id=self.meta.session_id)
+        )
+        if isinstance(rsp, p.OpenRsp):
+            self._open_info.pop(rsp.attr.ino, None)
+            self._open_info[rsp.attr.ino] = (trio.current_time(), rsp)
+        return self._entry(rsp.attr)
 
     async def getattr(self, inode, ctx=None):
         return await self._attr_reply(p.GetattrReq(ino=inode))
@@ -213,7 +247,7 @@ class Operations(pyfuse3.Operations):
         self.handles[fh] = of
         return fh
 
-    async def _opened(self, rsp: p.OpenRsp) -> tuple[OpenFile, bool]:
+    async def _opened(self, rsp: p.OpenRsp, *, fresh_attrs: bool = False) -> tuple[OpenFile, bool]:
         """Record an OpenRsp; returns the state and whether the kernel may keep its page cache."""
         self.data.nodes.learn(rsp.nodes)
         ino = rsp.attr.ino
@@ -229,22 +263,26 @@ class Operations(pyfuse3.Operations):
         keep = before == view or of.has_unflushed
         if not keep:
             self._kernel_view[ino] = view
-            if before is not None:
-                # the kernel holds old attributes (size!): make it ask again
+            if before is not None and not fresh_attrs:
+                # the kernel may hold old attributes (size!): make it ask again
                 await trio.to_thread.run_sync(_invalidate_attr, ino)
         return of, keep
 
     async def open(self, inode, flags, ctx):
-        write = bool(flags & (os.O_WRONLY | os.O_RDWR))
-        rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
-        of, keep = await self._opened(rsp)
+        rsp = self._fresh_open_info(inode)
+        if rsp is None:
+            write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+            rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
+            of, keep = await self._opened(rsp)
+        else:
+            of, keep = await self._opened(rsp, fresh_attrs=True)  # the LOOKUP just gave the kernel these attributes
         return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         rsp = await self.meta.call(
             p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id)
         )
-        of, _ = await self._opened(rsp)
+        of, _ = await self._opened(rsp, fresh_attrs=True)
         fh = self._new_handle(of)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr)
 

@@ -63,7 +63,7 @@ class DataPath:
 
     # ------------------------------------------------------------------ reads
 
-    async def read(self, of: OpenFile, offset: int, length: int) -> bytes:
+    async def read(self, of: OpenFile, offset: int, length: int) -> bytes | memoryview:
         end = min(offset + length, of.size)
         if end <= offset:
             return b""
@@ -84,16 +84,12 @@ class DataPath:
         of.last_read_end = end
         if len(extents) == 1:
             ext = extents[0]
-            data = await self._chunk_bytes(of, ext.index)
-            piece = data[ext.offset : ext.offset + ext.length]
-            out = piece if len(piece) == ext.length else piece + bytes(ext.length - len(piece))
+            out = _piece(await self._chunk_bytes(of, ext.index), ext.offset, ext.length)
         else:
-            parts: list[bytes] = [b""] * len(extents)
+            parts: list[bytes | memoryview] = [b""] * len(extents)
 
             async def fetch(i, ext):
-                data = await self._chunk_bytes(of, ext.index)
-                piece = data[ext.offset : ext.offset + ext.length]
-                parts[i] = piece if len(piece) == ext.length else piece + bytes(ext.length - len(piece))
+                parts[i] = _piece(await self._chunk_bytes(of, ext.index), ext.offset, ext.length)
 
             async with trio.open_nursery() as nursery:
                 for i, ext in enumerate(extents):
@@ -115,13 +111,13 @@ class DataPath:
         except StripefsError as exc:
             log.debug("prefetch of chunk %d:%d failed: %s", of.ino, index, exc)
 
-    async def _chunk_bytes(self, of: OpenFile, index: int) -> bytes:
+    async def _chunk_bytes(self, of: OpenFile, index: int) -> bytes | memoryview:
         ref = of.chunks.get(index)
         if ref is None or ref.version == 0:
             return b""
         return await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size))
 
-    async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int) -> bytes:
+    async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int) -> memoryview:
         chunk = p.ChunkId(ino, ref.index)
         order = self.nodes.order(ref.nodes, start=ino + ref.index)
         errors = []
@@ -336,3 +332,11 @@ class DataPath:
             of.chunks[r.index] = r
         self.cache.drop_inode(of.ino)
         return rsp.attr
+
+
+def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memoryview:
+    """``length`` bytes of a chunk at ``offset``; past the chunk's stored end the file is a hole (zeros)."""
+    piece = data[offset : offset + length]
+    if len(piece) == length:
+        return piece
+    return bytes(piece) + bytes(length - len(piece))

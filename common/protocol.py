@@ -315,8 +315,18 @@ class SessionHeartbeatReq(Msg, tag="session_heartbeat"):
 
 
 class LookupReq(Msg, tag="lookup"):
+    """Resolve a name. Reply: AttrRsp, or OpenRsp for a regular file when ``open_info``.
+
+    With ``open_info`` the reply carries everything an open needs (layout, chunk
+    map, node addresses), and the inode joins the session's open set until the
+    session's next heartbeat says otherwise: a mount that opens a file right
+    after looking it up needs no OpenReq, and the data stays while it reads.
+    """
+
     parent: int
     name: bytes
+    open_info: bool = False
+    session_id: int = 0
 
 
 class GetattrReq(Msg, tag="getattr"):

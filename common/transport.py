@@ -48,6 +48,7 @@ class ZmqSocket:
 
     def __init__(self, sock: zmq.Socket):
         self._sock = sock
+        self._fd = sock.getsockopt(zmq.FD)  # the int, not the socket: no fileno() call per wait
         self._recv_ready = trio.Event()
         self._send_ready = trio.Event()
         self.closed = False
@@ -73,7 +74,7 @@ class ZmqSocket:
         self._refresh()
         try:
             while True:
-                await trio.lowlevel.wait_readable(self._sock)
+                await trio.lowlevel.wait_readable(self._fd)
                 self._refresh()
         except trio.ClosedResourceError:
             pass
@@ -113,7 +114,7 @@ class ZmqSocket:
         if self.closed:
             return
         self.closed = True
-        trio.lowlevel.notify_closing(self._sock)
+        trio.lowlevel.notify_closing(self._fd)
         self._sock.close(linger=0)
         # wake anyone still waiting so they see `closed`
         self._recv_ready.set()

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -316,7 +317,21 @@ class MetaService:
     # -- namespace -------------------------------------------------------------
 
     async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
-        return P.AttrRsp(attr=await self._read(self.ns.lookup, req.parent, req.name))
+        if not req.open_info:
+            return P.AttrRsp(attr=await self._read(self.ns.lookup, req.parent, req.name))
+        if req.session_id:
+            self.sessions.touch(req.session_id)
+
+        def lookup_and_hold():
+            attr = self.ns.lookup(req.parent, req.name)
+            if not stat.S_ISREG(attr.mode):
+                return P.AttrRsp(attr=attr)
+            _, layout, chunks, nodes = self.ns.open_info(attr.ino)
+            if req.session_id:  # under the lock, as for OpenReq: no unlink can reclaim it in between
+                self.sessions.open(req.session_id, attr.ino)
+            return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
+
+        return await self._read(lookup_and_hold)
 
     async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
         return P.AttrRsp(attr=await self._read(self.ns.getattr, req.ino))

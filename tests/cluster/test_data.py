@@ -4,6 +4,7 @@ import hashlib
 import json
 import os
 import random
+import time
 
 from conftest import run_cli
 
@@ -119,3 +120,20 @@ def test_status_tells_the_truth(cluster, mnt):
     assert status["files"] >= 1 and status["chunks"] >= 1
     text = run_cli("status", "--meta", cluster.meta_address).stdout
     assert "4/4 storage nodes up" in text
+
+
+def test_unlinked_on_another_mount_while_open_here(cluster, mnt):
+    """Data of a file open on one mount survives its unlink on another until closed."""
+    other = cluster.mount_again("mnt3")
+    try:
+        data = random.Random(5).randbytes(3 * MiB + 17)
+        (mnt / "held").write_bytes(data)
+        with open(mnt / "held", "rb") as f:
+            os.unlink(other / mnt.relative_to(cluster.mnt) / "held")
+            assert not (mnt / "held").exists()
+            time.sleep(1.5)  # past the daemon's garbage collection cycle
+            os.system("echo 3 > /proc/sys/vm/drop_caches")
+            assert f.read() == data
+    finally:
+        cluster.unmount(other)
+        cluster.extra_mounts.remove(other)
