@@ -91,6 +91,8 @@ class Operations(pyfuse3.Operations):
         # ino -> (when, OpenRsp) from LOOKUPs, oldest first; see the module docstring
         self._open_info: OrderedDict[int, tuple[float, p.OpenRsp]] = OrderedDict()
         meta.open_inodes = self._held_inodes
+        # pid -> (inode it looked up last, whether it then opened it): drives prefetch on lookup
+        self._last_lookup: dict[int, tuple[int, bool]] = {}
 
     # ---------------------------------------------------------------- helpers
 
@@ -142,7 +144,18 @@ class Operations(pyfuse3.Operations):
         if isinstance(rsp, p.OpenRsp):
             self._open_info.pop(rsp.attr.ino, None)
             self._open_info[rsp.attr.ino] = (trio.current_time(), rsp)
+            if self._opens_what_it_looks_up(ctx.pid, rsp.attr.ino):
+                # a reader walking its file list: fetch the data while the kernel sends OPEN and READ
+                self.data.prefetch_small_file(rsp)
         return self._entry(rsp.attr)
+
+    def _opens_what_it_looks_up(self, pid: int, ino: int) -> bool:
+        """Whether ``pid`` opened the file it looked up last (a data loader does, ``du`` does not)."""
+        if len(self._last_lookup) > 4096:
+            self._last_lookup.clear()
+        previous = self._last_lookup.get(pid)
+        self._last_lookup[pid] = (ino, False)
+        return previous is not None and previous[1]
 
     async def getattr(self, inode, ctx=None):
         return await self._attr_reply(p.GetattrReq(ino=inode))
@@ -269,6 +282,8 @@ class Operations(pyfuse3.Operations):
         return of, keep
 
     async def open(self, inode, flags, ctx):
+        if self._last_lookup.get(ctx.pid, (0,))[0] == inode:
+            self._last_lookup[ctx.pid] = (inode, True)
         rsp = self._fresh_open_info(inode)
         if rsp is None:
             write = bool(flags & (os.O_WRONLY | os.O_RDWR))

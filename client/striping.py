@@ -115,7 +115,27 @@ class DataPath:
         ref = of.chunks.get(index)
         if ref is None or ref.version == 0:
             return b""
-        return await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size))
+        return await self._fetch(of.ino, ref, of.chunk_size)
+
+    async def _fetch(self, ino: int, ref: p.ChunkRef, chunk_size: int) -> bytes | memoryview:
+        return await self.cache.fetch((ino, ref.index, ref.version), lambda: self._read_chunk(ino, ref, chunk_size))
+
+    def prefetch_small_file(self, info: p.OpenRsp) -> None:
+        """Start fetching a one-chunk file that is about to be opened (see Operations.lookup)."""
+        if not 0 < info.attr.size <= info.layout.chunk_size or not info.chunks:
+            return
+        ref = info.chunks[0]
+        if ref.index != 0 or not ref.version or (info.attr.ino, 0, ref.version) in self.cache:
+            return
+        self.nodes.learn(info.nodes)
+
+        async def fetch():
+            try:
+                await self._fetch(info.attr.ino, ref, info.layout.chunk_size)
+            except StripefsError as exc:
+                log.debug("prefetch of inode %d failed: %s", info.attr.ino, exc)
+
+        self.nursery.start_soon(fetch, name=f"prefetch-{info.attr.ino}")
 
     async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int) -> memoryview:
         chunk = p.ChunkId(ino, ref.index)
