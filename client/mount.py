@@ -160,9 +160,26 @@ def _serve(addresses: list[str], mountpoint: Path, fuse_opts: set[str], client_c
     options |= fuse_opts
     try:
         trio.run(_run, addresses, str(mountpoint), options, client_cfg, ready_fd)
-    except StripefsError as exc:
-        raise QuietError(exc.message, 2) from None
+    except BaseException as exc:
+        # nurseries wrap what failed in exception groups: a user error inside one is still a user error
+        user_error = _first_of(exc, (QuietError, StripefsError))
+        if isinstance(user_error, QuietError):
+            raise user_error from None
+        if isinstance(user_error, StripefsError):
+            raise QuietError(user_error.message, 2) from None
+        raise
     return 0
+
+
+def _first_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_of(inner, kinds)
+            if found is not None:
+                return found
+    return None
 
 
 async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig, ready_fd: int | None) -> None:
