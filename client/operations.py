@@ -138,24 +138,22 @@ class Operations(pyfuse3.Operations):
     # -------------------------------------------------------------- namespace
 
     async def lookup(self, parent_inode, name, ctx=None):
+        previous = self._last_lookup.get(ctx.pid)
+        # open information costs the daemon a little: ask for it unless this process
+        # looked its last file up without opening it (``du`` and ``find`` do that)
+        want_open_info = previous is None or previous[1]
         rsp = await self.meta.call(
-            p.LookupReq(parent=parent_inode, name=name, open_info=True, session_id=self.meta.session_id)
+            p.LookupReq(parent=parent_inode, name=name, open_info=want_open_info, session_id=self.meta.session_id)
         )
+        if len(self._last_lookup) > 4096:
+            self._last_lookup.clear()
+        self._last_lookup[ctx.pid] = (rsp.attr.ino, False)
         if isinstance(rsp, p.OpenRsp):
             self._open_info.pop(rsp.attr.ino, None)
             self._open_info[rsp.attr.ino] = (trio.current_time(), rsp)
-            if self._opens_what_it_looks_up(ctx.pid, rsp.attr.ino):
-                # a reader walking its file list: fetch the data while the kernel sends OPEN and READ
-                self.data.prefetch_small_file(rsp)
+            if previous is not None:  # it opened what it looked up before: a reader walking its file list
+                self.data.prefetch_small_file(rsp)  # fetch while the kernel sends OPEN and READ
         return self._entry(rsp.attr)
-
-    def _opens_what_it_looks_up(self, pid: int, ino: int) -> bool:
-        """Whether ``pid`` opened the file it looked up last (a data loader does, ``du`` does not)."""
-        if len(self._last_lookup) > 4096:
-            self._last_lookup.clear()
-        previous = self._last_lookup.get(pid)
-        self._last_lookup[pid] = (ino, False)
-        return previous is not None and previous[1]
 
     async def getattr(self, inode, ctx=None):
         return await self._attr_reply(p.GetattrReq(ino=inode))
