@@ -148,8 +148,9 @@ class Operations(pyfuse3.Operations):
         if len(self._last_lookup) > 4096:
             self._last_lookup.clear()
         self._last_lookup[ctx.pid] = (rsp.attr.ino, False)
+        # only the newest lookup's answer may stand in for an OpenReq
+        self._open_info.pop(rsp.attr.ino, None)
         if isinstance(rsp, p.OpenRsp):
-            self._open_info.pop(rsp.attr.ino, None)
             self._open_info[rsp.attr.ino] = (trio.current_time(), rsp)
             if previous is not None:  # it opened what it looked up before: a reader walking its file list
                 self.data.prefetch_small_file(rsp)  # fetch while the kernel sends OPEN and READ
@@ -159,6 +160,7 @@ class Operations(pyfuse3.Operations):
         return await self._attr_reply(p.GetattrReq(ino=inode))
 
     async def setattr(self, inode, attr, fields, fh, ctx):
+        self._open_info.pop(inode, None)  # whatever a lookup said before this change is old now
         result = None
         if fields.update_size:
             of = self.files.get(inode)
@@ -309,6 +311,7 @@ class Operations(pyfuse3.Operations):
     async def flush(self, fh):
         of = self.handles[fh]
         if of.has_unflushed or of.size != of.attr.size:
+            self._open_info.pop(of.ino, None)
             await self.data.flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
 

@@ -106,19 +106,20 @@ class DataPath:
         return out
 
     async def _prefetch(self, of: OpenFile, index: int) -> None:
+        ref = of.chunks.get(index)
+        if ref is None or ref.version == 0:
+            return
         try:
-            await self._chunk_bytes(of, index)
+            await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True))
         except StripefsError as exc:
+            # the file may have been truncated or deleted meanwhile; a real read will say so
             log.debug("prefetch of chunk %d:%d failed: %s", of.ino, index, exc)
 
     async def _chunk_bytes(self, of: OpenFile, index: int) -> bytes | memoryview:
         ref = of.chunks.get(index)
         if ref is None or ref.version == 0:
             return b""
-        return await self._fetch(of.ino, ref, of.chunk_size)
-
-    async def _fetch(self, ino: int, ref: p.ChunkRef, chunk_size: int) -> bytes | memoryview:
-        return await self.cache.fetch((ino, ref.index, ref.version), lambda: self._read_chunk(ino, ref, chunk_size))
+        return await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size))
 
     def prefetch_small_file(self, info: p.OpenRsp) -> None:
         """Start fetching a one-chunk file that is about to be opened (see Operations.lookup)."""
@@ -131,13 +132,15 @@ class DataPath:
 
         async def fetch():
             try:
-                await self._fetch(info.attr.ino, ref, info.layout.chunk_size)
+                key = (info.attr.ino, 0, ref.version)
+                await self.cache.fetch(key, lambda: self._read_chunk(info.attr.ino, ref, info.layout.chunk_size, quiet=True))
             except StripefsError as exc:
                 log.debug("prefetch of inode %d failed: %s", info.attr.ino, exc)
 
         self.nursery.start_soon(fetch, name=f"prefetch-{info.attr.ino}")
 
-    async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int) -> memoryview:
+    async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
+        """Read a whole chunk from the first replica that has it. ``quiet``: a prefetch, whose failure is no error."""
         chunk = p.ChunkId(ino, ref.index)
         order = self.nodes.order(ref.nodes, start=ino + ref.index)
         errors = []
@@ -156,7 +159,7 @@ class DataPath:
                     node_id,
                     exc,
                 )
-        log.error("chunk %s v%d: no copy could be read: %s", chunk, ref.version, "; ".join(errors))
+        log.log(logging.DEBUG if quiet else logging.ERROR, "chunk %s v%d: no copy could be read: %s", chunk, ref.version, "; ".join(errors))
         raise StripefsError(ErrorCode.IO, f"chunk {chunk}: no readable copy")
 
     # ----------------------------------------------------------------- writes
