@@ -62,6 +62,7 @@ from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
 from .prefetch import Prefetcher
+from .readahead import ReadStream
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ class Operations(pyfuse3.Operations):
         self._dataset_info: OrderedDict[int, p.OpenRsp] = OrderedDict()
         self.files: dict[int, OpenFile] = {}  # ino -> open file state
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
+        self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
         # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
         self._kernel_view: dict[int, tuple[int, int]] = {}
@@ -372,6 +374,7 @@ class Operations(pyfuse3.Operations):
         self._next_fh += 1
         of.open_count += 1
         self.handles[fh] = of
+        self.streams[fh] = ReadStream()
         return fh
 
     async def _opened(self, rsp: p.OpenRsp, *, fresh_attrs: bool = False) -> tuple[OpenFile, bool]:
@@ -438,7 +441,7 @@ class Operations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr)
 
     async def read(self, fh, off, size):
-        return await self.data.read(self.handles[fh], off, size)
+        return await self.data.read(self.handles[fh], off, size, self.streams[fh])
 
     async def write(self, fh, off, buf):
         self._writable()
@@ -460,6 +463,7 @@ class Operations(pyfuse3.Operations):
 
     async def release(self, fh):
         of = self.handles.pop(fh)
+        del self.streams[fh]
         of.open_count -= 1
         if of.open_count:
             return

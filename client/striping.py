@@ -5,8 +5,9 @@ Reads
     chunk is fetched whole from one replica (tried in rotated order, suspects
     last, failing over on timeout, STALE, CORRUPT or a missing copy) into the
     chunk cache, so the kernel's 1 MiB requests within one chunk cost one
-    network read. A sequential reader triggers prefetch of the next
-    ``readahead_chunks`` chunks; chunks of one read are fetched in parallel.
+    network read. A sequential reader keeps a window of chunks fetched ahead
+    of it, growing up to ``readahead_chunks`` (client/readahead.py); chunks of
+    one read are fetched in parallel.
     A chunk never written (no placement, or version 0) reads as zeros.
 
 Writes
@@ -37,6 +38,7 @@ from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
+from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,8 @@ class DataPath:
 
     # ------------------------------------------------------------------ reads
 
-    async def read(self, of: OpenFile, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, of: OpenFile, offset: int, length: int, stream: ReadStream | None = None) -> bytes | memoryview:
+        """Bytes [offset, offset+length) of the file; ``stream``: the handle's read-ahead state."""
         end = min(offset + length, of.size)
         if end <= offset:
             return b""
@@ -80,8 +83,7 @@ class DataPath:
                         of.end_io()
             await of.idle.wait()
             self._raise_write_error(of)
-        sequential = offset == of.last_read_end or offset == 0
-        of.last_read_end = end
+        ahead = stream.advance(offset, end, of.chunk_size, self.readahead_chunks) if stream is not None else 0
         if len(extents) == 1:
             ext = extents[0]
             out = _piece(await self._chunk_bytes(of, ext.index), ext.offset, ext.length)
@@ -95,9 +97,10 @@ class DataPath:
                 for i, ext in enumerate(extents):
                     nursery.start_soon(fetch, i, ext)
             out = b"".join(parts)
-        if sequential and self.readahead_chunks:
+        if ahead:
+            ahead = min(ahead, max(1, self.cache.budget // 4 // of.chunk_size))
             last = extents[-1].index
-            for index in range(last + 1, last + 1 + self.readahead_chunks):
+            for index in range(last + 1, last + 1 + ahead):
                 if index * of.chunk_size >= of.size:
                     break
                 ref = of.chunks.get(index)

@@ -70,7 +70,7 @@ class ClientConfig(_Config):
     meta: list[str] = msgspec.field(default_factory=lambda: ["tcp://127.0.0.1:7100"])
     rpc_timeout_s: float = 10.0
     cache_size: Size = Size(1 << 30)  # memory for chunk data read ahead / prefetched / recently read
-    readahead_chunks: int = 2  # chunks fetched ahead of a sequential reader
+    readahead_chunks: int = 8  # most chunks a sequential reader's window grows to (from 1, doubling)
     write_parallelism: int = 4  # chunks being written to storage at once per file
     attr_timeout_s: float = 1.0  # kernel attribute cache while the change feed is down
     entry_timeout_s: float = 1.0  # kernel name cache while the change feed is down
@@ -149,7 +149,7 @@ io_threads = 8
 meta = ["tcp://meta.example:7100"]   # overridden by META_ADDR on the command line
 rpc_timeout_s = 10.0
 cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
-readahead_chunks = 2                 # chunks fetched ahead of a sequential reader
+readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
 write_parallelism = 4                # chunks in flight to storage per file being written
 attr_timeout_s = 1.0                 # kernel attribute cache lifetime while the change feed is down
 entry_timeout_s = 1.0                # kernel name cache lifetime while the change feed is down
