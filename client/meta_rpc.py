@@ -46,6 +46,7 @@ class MetaClient:
         self.boot_id = ""
         self.events_port = 0  # the daemon's change feed (client/kernel_cache.py)
         self.events_seq = 0
+        self.cluster_id = ""
         self.open_inodes: Callable[[], list[int]] = lambda: []
 
     async def open(self, stack: AsyncExitStack) -> None:
@@ -91,6 +92,7 @@ class MetaClient:
                 assert isinstance(reply, p.HelloRsp)
                 self.session_id, self.lease_s, self.boot_id = reply.session_id, reply.lease_s, reply.boot_id
                 self.events_port, self.events_seq = reply.events_port, reply.events_seq
+                self.cluster_id = reply.cluster_id
                 log.info("session %d with metadata daemon %s (boot %s)", self.session_id, self.addresses[self._current], self.boot_id)
                 return
         raise StripefsError(

@@ -35,6 +35,7 @@ from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.systemd import notify
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
+from .disk_cache import DiskCache
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .operations import Operations
@@ -44,7 +45,7 @@ from .striping import DataPath
 log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
-_OWN_OPTIONS = {"config", "dataset"}
+_OWN_OPTIONS = {"config", "dataset", "cache_dir"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "mount options: FUSE's (allow_other, ...) pass through; config=PATH reads client.toml; "
             "dataset: read-only dataset mode (warm opens are answered by the kernel; "
-            "changes made elsewhere show within seconds)"
+            "changes made elsewhere show within seconds); cache_dir=DIR: keep chunk data on a local disk too"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -101,6 +102,10 @@ def main(argv: list[str]) -> int:
     client_cfg = cfg.load(config_path, cfg.ClientConfig) if config_path else cfg.ClientConfig()
     if "dataset" in own:
         client_cfg = msgspec.structs.replace(client_cfg, dataset=True)
+    if own.get("cache_dir"):
+        client_cfg = msgspec.structs.replace(client_cfg, disk_cache_dir=own["cache_dir"])
+    if client_cfg.disk_cache_dir and not Path(client_cfg.disk_cache_dir).is_dir():
+        raise QuietError(f"disk cache directory {client_cfg.disk_cache_dir} does not exist; create it first")
     addresses = [a.strip() for a in args.meta.split(",") if a.strip()]
     for a in addresses:
         if not a.startswith(("tcp://", "ipc://")):
@@ -210,6 +215,14 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 readahead_chunks=client_cfg.readahead_chunks,
                 write_parallelism=client_cfg.write_parallelism,
             )
+            if client_cfg.disk_cache_dir:
+                data.disk_cache = DiskCache(
+                    client_cfg.disk_cache_dir,
+                    meta.cluster_id,
+                    capacity=client_cfg.disk_cache_size,
+                    min_free=client_cfg.disk_cache_min_free,
+                )
+                await trio.to_thread.run_sync(data.disk_cache.scan)
             kcache = KernelCache()
             prefetcher = Prefetcher(meta, data, kcache, parallel=client_cfg.prefetch_parallel)
             ops = Operations(

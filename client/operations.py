@@ -410,6 +410,11 @@ class Operations(pyfuse3.Operations):
             of, keep = await self._opened(rsp)
         else:
             of, keep = await self._opened(rsp, fresh_attrs=True)  # the LOOKUP just gave the kernel these attributes
+        if flags & os.O_TRUNC and of.size:
+            # libfuse negotiates atomic O_TRUNC: the kernel sends no SETATTR, the open truncates
+            self._open_info.pop(inode, None)
+            await self.data.truncate(of, 0)
+            keep = False
         return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
 
     async def _open_dataset(self, inode: int, flags: int) -> pyfuse3.FileInfo:

@@ -36,6 +36,7 @@ from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_extents
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
+from .disk_cache import DiskCache
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from .readahead import ReadStream
@@ -62,6 +63,7 @@ class DataPath:
         self.nursery = nursery
         self.readahead_chunks = readahead_chunks
         self.write_parallelism = write_parallelism
+        self.disk_cache: DiskCache | None = None  # set by the mount when configured
 
     # ------------------------------------------------------------------ reads
 
@@ -143,6 +145,18 @@ class DataPath:
         self.nursery.start_soon(fetch, name=f"prefetch-{info.attr.ino}")
 
     async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
+        """Read a whole chunk: the disk cache, else the network (and fill the disk cache)."""
+        key = (ino, ref.index, ref.version)
+        if self.disk_cache is not None:
+            data = await self.disk_cache.get(key)
+            if data is not None:
+                return data
+        data = await self._read_chunk_from_nodes(ino, ref, length, quiet=quiet)
+        if self.disk_cache is not None:
+            self.disk_cache.put_soon(self.nursery, key, data)
+        return data
+
+    async def _read_chunk_from_nodes(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
         """Read a whole chunk from the first replica that has it. ``quiet``: a prefetch, whose failure is no error."""
         chunk = p.ChunkId(ino, ref.index)
         order = self.nodes.order(ref.nodes, start=ino + ref.index)

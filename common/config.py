@@ -78,6 +78,9 @@ class ClientConfig(_Config):
     dataset: bool = False  # read-only dataset mode (also -o dataset): see client/operations.py
     prefetch_parallel: int = 16  # files fetched at once by sampler-order prefetch
     max_background: int = 64  # FUSE requests the kernel keeps in flight (fusectl); the kernel default is 12
+    disk_cache_dir: str = ""  # a local disk cache of chunk data (e.g. on NVMe); empty: none (also -o cache_dir=)
+    disk_cache_size: Size = Size(64 << 30)  # most bytes the disk cache holds
+    disk_cache_min_free: Size = Size(4 << 30)  # the disk cache stops growing when its file system has less free
 
 
 C = TypeVar("C", bound=_Config)
@@ -157,6 +160,9 @@ cache_timeout_s = 300.0              # ... while the feed is healthy (changes el
 dataset = false                      # read-only dataset mode: warm opens never leave the kernel (or -o dataset)
 prefetch_parallel = 16               # files fetched at once by sampler-order prefetch (stripefs.torch)
 max_background = 64                  # FUSE requests in flight (set through /sys/fs/fuse/connections)
+disk_cache_dir = ""                  # e.g. "/nvme/stripefs-cache": chunk data kept across remounts; "" = none
+disk_cache_size = "64G"              # most bytes the disk cache holds
+disk_cache_min_free = "4G"           # stop caching when the disk has less than this free
 ''',
 }
 

@@ -307,6 +307,7 @@ class HelloRsp(Msg, tag="hello_rsp"):
     root_ino: int = 1
     events_port: int = 0  # the daemon's change feed (PUB), on the host of its address; 0: none
     events_seq: int = 0  # the last change event published before this reply
+    cluster_id: str = ""  # fixed when the metadata database is created (names the mount's disk cache)
 
 
 class SessionHeartbeatReq(Msg, tag="session_heartbeat"):

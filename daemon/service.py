@@ -124,6 +124,10 @@ class MetaService:
         self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s)
         self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
+        self.cluster_id = self.store.get_meta("cluster_id")
+        if self.cluster_id is None:  # a database from before cluster ids, or a new one
+            self.cluster_id = uuid.uuid4().hex
+            self.store.set_meta("cluster_id", self.cluster_id)  # autocommit: outside the service's transaction
         self.store.begin()
         log.info(
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
@@ -311,6 +315,7 @@ class MetaService:
             boot_id=self.boot_id,
             events_port=self.feed.port if self.feed else 0,
             events_seq=self.feed.seq if self.feed else 0,
+            cluster_id=self.cluster_id,
         )
 
     async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:

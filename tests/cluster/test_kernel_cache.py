@@ -156,3 +156,37 @@ def test_prefetch_of_missing_paths_is_harmless(cluster, mnt):
     sampler = PrefetchSampler([0, 1], paths=[mnt / "missing", mnt / "real"])
     assert list(sampler) == [0, 1]
     assert (mnt / "real").read_bytes() == b"x" * 1000
+
+
+def test_disk_cache_survives_a_remount_and_never_serves_old_versions(cluster, mnt, tmp_path):
+    cache_dir = tmp_path / "nvme"
+    cache_dir.mkdir()
+    files = {mnt / f"f{i}": os.urandom(300_000 + i) for i in range(5)}
+    for path, data in files.items():
+        path.write_bytes(data)
+
+    cached = cluster.mount_again("cached", f"cache_dir={cache_dir}")
+    theirs = {cached / mnt.name / p.name: data for p, data in files.items()}
+    for path, data in theirs.items():
+        assert path.read_bytes() == data
+    _eventually(lambda: len(list(cache_dir.rglob("*.*.*"))) >= len(files))  # written in the background
+    cluster.unmount(cached)
+
+    stopped = list(cluster.pids()["storage"].values())
+    for pid in stopped:
+        os.kill(pid, 19)  # SIGSTOP: nothing can come from the network now
+    try:
+        cluster.mount_again("cached", f"cache_dir={cache_dir}")
+        for path, data in theirs.items():
+            assert path.read_bytes() == data  # from the disk cache, after a remount
+    finally:
+        for pid in stopped:
+            os.kill(pid, 18)
+
+    first = next(iter(files))
+    first.write_bytes(b"new version")
+    assert _read(first) == b"new version"
+    _eventually(lambda: _read(cached / mnt.name / first.name) == b"new version")
+    cluster.unmount(cached)
+    cluster.extra_mounts.remove(cached)
+    cluster.extra_mounts.remove(cached)
