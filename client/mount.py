@@ -23,6 +23,7 @@ import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import msgspec
 import pyfuse3
 import trio
 import zmq
@@ -31,6 +32,8 @@ from ..common import config as cfg
 from ..common.errors import QuietError, StripefsError
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.systemd import notify
+from ..common.metrics import serve as serve_metrics
+from . import metrics as client_metrics
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
@@ -40,7 +43,7 @@ from .striping import DataPath
 log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
-_OWN_OPTIONS = {"config"}
+_OWN_OPTIONS = {"config", "metrics"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="OPT[,OPT...]",
-        help="mount options: FUSE's (allow_other, ro, ...) pass through; config=PATH reads client.toml",
+        help="mount options: FUSE's (allow_other, ro, ...) pass through; config=PATH reads client.toml; metrics=HOST:PORT serves Prometheus metrics there",
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (for systemd)")
@@ -91,6 +94,8 @@ def main(argv: list[str]) -> int:
     fuse_opts, own = _split_options(args.options)
     config_path = args.config or own.get("config")
     client_cfg = cfg.load(config_path, cfg.ClientConfig) if config_path else cfg.ClientConfig()
+    if "metrics" in own:  # -o metrics=HOST:PORT overrides the config's
+        client_cfg = msgspec.structs.replace(client_cfg, metrics=own["metrics"])
     addresses = [a.strip() for a in args.meta.split(",") if a.strip()]
     for a in addresses:
         if not a.startswith(("tcp://", "ipc://")):
@@ -201,6 +206,11 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 write_parallelism=client_cfg.write_parallelism,
             )
             ops = Operations(meta, data, attr_timeout=client_cfg.attr_timeout_s, entry_timeout=client_cfg.entry_timeout_s)
+            client_metrics.instrument(ops)
+            try:
+                metrics_address = serve_metrics(client_cfg.metrics)
+            except (OSError, ValueError) as exc:
+                raise QuietError(f"cannot serve metrics at {client_cfg.metrics!r} (key metrics): {exc}", 1) from None
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             try:
                 pyfuse3.init(ops, mountpoint, options)
@@ -210,11 +220,13 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 nursery.start_soon(_signals, name="signals")
                 nursery.start_soon(_tune_kernel, mountpoint, name="tune-kernel")
                 log.info("mounted %s from %s (options %s)", mountpoint, ",".join(addresses), ",".join(sorted(options)))
+                client_metrics.write_state(mountpoint, metrics_address)
                 notify("READY=1")
                 _report(ready_fd, "ok")
                 await pyfuse3.main()
             finally:
                 notify("STOPPING=1")
+                client_metrics.remove_state(mountpoint)
                 pyfuse3.close(unmount=True)
                 log.info("unmounted %s", mountpoint)
     finally:

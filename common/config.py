@@ -41,6 +41,7 @@ class MetaConfig(_Config):
     chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
     stripe_count: int = 4
     redundancy: str = "replicas=2"
+    metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
 
 
 class StorageConfig(_Config):
@@ -55,6 +56,7 @@ class StorageConfig(_Config):
     capacity: Size = Size(0)  # 0: the whole file system holding data_dir
     reserved_space: Size = Size(64 << 20)  # refuse writes (ENOSPC) below this much free space
     io_threads: int = 8
+    metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
 
     @property
     def address(self) -> str:
@@ -73,6 +75,7 @@ class ClientConfig(_Config):
     write_parallelism: int = 4  # chunks being written to storage at once per file
     attr_timeout_s: float = 1.0
     entry_timeout_s: float = 1.0
+    metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
 
 
 C = TypeVar("C", bound=_Config)
@@ -123,6 +126,7 @@ group_commit_ms = 0.0                # extra wait before each commit; changes ar
 chunk_size = "4M"
 stripe_count = 4
 redundancy = "replicas=2"            # or "ec=4+2"
+metrics = "0.0.0.0:9710"             # Prometheus /metrics endpoint ("": off; port 0: any free port)
 ''',
     "storage": '''\
 # stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
@@ -137,6 +141,7 @@ block_size = "64K"                   # checksum granularity (xxh3 per block)
 capacity = 0                         # bytes to offer; 0 = the whole file system
 reserved_space = "64M"               # answer ENOSPC rather than fill the disk completely
 io_threads = 8
+metrics = "0.0.0.0:9711"             # Prometheus /metrics; one port per node on a machine (9711, 9712, ...)
 ''',
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
@@ -147,6 +152,7 @@ readahead_chunks = 2                 # chunks fetched ahead of a sequential read
 write_parallelism = 4                # chunks in flight to storage per file being written
 attr_timeout_s = 1.0                 # kernel attribute cache lifetime
 entry_timeout_s = 1.0                # kernel name cache lifetime
+metrics = "0.0.0.0:9720"             # Prometheus /metrics; one port per mount on a machine (0: any free port)
 ''',
 }
 

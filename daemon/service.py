@@ -58,6 +58,7 @@ from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
 from .db import DB_NAME, open_database
+from .metrics import cluster_health
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
 from .store import SqliteStore
@@ -267,6 +268,7 @@ class MetaService:
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
+        health = await self._read(cluster_health, self)
         return P.StatusRsp(
             nodes=self.nodes.info(),
             files=counts["files"],
@@ -275,6 +277,8 @@ class MetaService:
             logical_bytes=counts["logical_bytes"],
             sessions=len(self.sessions),
             boot_id=self.boot_id,
+            degraded_chunks=health["degraded_chunks"],
+            garbage_copies=health["garbage_copies"],
         )
 
     async def handle_register_node(self, req: P.RegisterNodeReq) -> P.Msg:
