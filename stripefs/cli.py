@@ -7,6 +7,7 @@
     stripefs status   [--json]                   the cluster as the metadata daemon sees it
     stripefs layout   get|set                    per-directory layouts
     stripefs config   example meta|storage|client
+    stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
 
 Admin commands find the cluster from a PATH inside a mount when given one
 (the mount's source in /proc/mounts is its metadata address), else from
@@ -202,6 +203,17 @@ def cmd_local(args) -> int:
     return 0
 
 
+def cmd_install_mount_helper(args) -> int:
+    from .mount_helper import install
+
+    try:
+        target = install(args.dir, force=args.force)
+    except (OSError, FileExistsError) as exc:
+        raise QuietError(f"cannot install the mount helper: {exc} (run as root, or choose --dir)") from None
+    print(f"installed {target}: 'mount -t fuse.stripefs META_ADDR MOUNTPOINT' and fstab entries now work")
+    return 0
+
+
 def cmd_config(args) -> int:
     print(cfg.example(args.role), end="")
     return 0
@@ -262,6 +274,17 @@ def build_parser() -> argparse.ArgumentParser:
     lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
     _add_cluster_args(lset)
     layout.set_defaults(func=cmd_layout)
+
+    helper = sub.add_parser(
+        "install-mount-helper",
+        help="let mount(8), fstab and .mount units mount stripefs (writes /sbin/mount.fuse.stripefs)",
+        description="Write /sbin/mount.fuse.stripefs, which mount(8) runs for 'mount -t fuse.stripefs META_ADDR MOUNTPOINT -o OPTS' "
+        "(and so for fstab lines and systemd .mount units). It runs 'stripefs mount' with this installation's Python. "
+        "See deploy/fstab.example and deploy/mnt-data.mount.",
+    )
+    helper.add_argument("--dir", default="/sbin", help="where mount(8) looks for helpers (default: %(default)s)")
+    helper.add_argument("--force", action="store_true", help="replace a mount.fuse.stripefs that stripefs did not write")
+    helper.set_defaults(func=cmd_install_mount_helper)
 
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
     csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)
