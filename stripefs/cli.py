@@ -150,36 +150,14 @@ def cmd_layout(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from . import status
+
     addresses = _meta_addresses(args, args.path)
     (rsp,) = _rpc(addresses, p.StatusReq())
     if args.json:
-        out = {
-            "files": rsp.files,
-            "directories": rsp.directories,
-            "chunks": rsp.chunks,
-            "logical_bytes": rsp.logical_bytes,
-            "sessions": rsp.sessions,
-            "nodes": [
-                {
-                    "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
-                    "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes, "used_bytes": n.used_bytes,
-                    "chunks": n.chunks, "last_heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
-                }
-                for n in rsp.nodes
-            ],
-        }
-        print(json.dumps(out, indent=1))
-        return 0
-    up = sum(n.state == "up" for n in rsp.nodes)
-    print(f"metadata daemon {addresses[0]}: {up}/{len(rsp.nodes)} storage nodes up, {rsp.sessions} mounts")
-    print(f"  {rsp.files} files, {rsp.directories} directories, {rsp.chunks} chunks, {format_size(rsp.logical_bytes)} of file data")
-    print(f"  {'node':>5} {'state':<6} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8}  address")
-    for n in rsp.nodes:
-        print(
-            f"  {n.node_id:>5} {n.state:<6} {n.host[:14]:<14} {format_size(n.used_bytes):>9} {format_size(n.free_bytes):>9} "
-            f"{format_size(n.capacity_bytes):>9} {n.chunks:>8}  {n.address}"
-            + ("" if n.state == "up" else f"  (silent {n.last_heartbeat_age_s:.0f}s)")
-        )
+        print(json.dumps(status.to_json(rsp, addresses[0]), indent=1))
+    else:
+        print(status.render(rsp, addresses[0]))
     return 0
 
 
@@ -253,7 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [...]}')
     local.set_defaults(func=cmd_local)
 
-    status = sub.add_parser("status", help="the cluster as the metadata daemon sees it", description="Storage nodes with their state, capacity and use; file and chunk counts.")
+    status = sub.add_parser(
+        "status",
+        help="the cluster as the metadata daemon sees it",
+        description="Health, storage nodes with their state, capacity, use and chunks, redundancy (degraded chunks, "
+        "repair backlog), file and chunk counts. --json keys are stable (see docs/operations.md).",
+    )
     status.add_argument("path", nargs="?", help="a path inside a stripefs mount (finds the cluster)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     _add_cluster_args(status)
