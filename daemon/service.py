@@ -57,7 +57,7 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
-from .db import DB_NAME, open_database
+from .db import DB_NAME, lock_database, open_database
 from .metrics import cluster_health
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
@@ -120,6 +120,7 @@ class MetaService:
             stripe_count=self.config.stripe_count,
             redundancy=self.config.redundancy,
         )
+        self._db_lock = lock_database(self.db_path)  # released when this process exits
         self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s)
         self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
@@ -148,6 +149,7 @@ class MetaService:
             with trio.CancelScope(shield=True):
                 await self._commit_now()
             self.store.close()
+            self._db_lock.close()
             if own_ctx:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_path)

@@ -1,6 +1,7 @@
 """``stripefs``: the one command. Each subcommand family has its own module.
 
     stripefs meta     --config metad.toml        metadata daemon        (stripefs.daemon.cli)
+    stripefs meta     backup|restore FILE        metadata database copy (stripefs.daemon.backup)
     stripefs storage  --config storage.toml      storage node           (stripefs.storage_node.cli)
     stripefs mount    META_ADDR MOUNTPOINT       FUSE client            (stripefs.client.mount)
     stripefs local    up|down|status             a whole cluster here   (stripefs.local_cluster)
@@ -280,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["meta"] and argv[1:2] in (["backup"], ["restore"]):
+            from .daemon.backup import main as backup_main
+
+            return backup_main(argv[1:])
         if argv and argv[0] in ("meta", "storage", "mount"):
             if argv[0] == "meta":
                 from .daemon.cli import main as role_main
