@@ -18,6 +18,10 @@ $(VENV)/.installed: pyproject.toml
 		echo "installing systemd (systemd-analyze verifies the units in deploy/)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; \
 	fi
+	@if ! command -v tmux >/dev/null; then \
+		echo "installing tmux (the tests watch 'stripefs top' in a terminal)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; \
+	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@

@@ -5,7 +5,8 @@
     stripefs storage  --config storage.toml      storage node           (stripefs.storage_node.cli)
     stripefs mount    META_ADDR MOUNTPOINT       FUSE client            (stripefs.client.mount)
     stripefs local    up|down|status             a whole cluster here   (stripefs.local_cluster)
-    stripefs status   [--json]                   the cluster as the metadata daemon sees it
+    stripefs status   [--json]                   the cluster as the metadata daemon sees it (stripefs.status)
+    stripefs top      MOUNT                      live view of one mount's metrics (stripefs.top)
     stripefs layout   get|set                    per-directory layouts
     stripefs config   example meta|storage|client
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
@@ -258,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
     _add_cluster_args(lset)
     layout.set_defaults(func=cmd_layout)
+
+    from .top import add_parser as add_top_parser
+
+    add_top_parser(sub)
 
     helper = sub.add_parser(
         "install-mount-helper",

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -132,3 +137,38 @@ def test_status_json_matches_the_cluster_after_a_node_is_killed(cluster, mnt):
     finally:
         cluster.restart()
     _wait_status(cluster, lambda s: s["health"] == "ok", "node 4 never came back")
+
+
+def test_top_renders_in_a_terminal(cluster, mnt):
+    assert shutil.which("tmux"), "tmux is missing: 'make install' installs it"
+    session = f"stripefs-top-{os.getpid()}"
+    command = f"{shlex.quote(sys.executable)} -m stripefs top {shlex.quote(str(cluster.mnt))} --interval 0.5; echo TOP EXITED $?; sleep 60"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", command], check=True, timeout=30)
+    try:
+        deadline = time.monotonic() + 60
+        screen = ""
+        i = 0
+        while time.monotonic() < deadline:
+            data = os.urandom(4 * MiB)  # a new file each time: its chunks are in no cache yet
+            (mnt / f"watched{i}").write_bytes(data)
+            _drop_caches()
+            assert (mnt / f"watched{i}").read_bytes() == data
+            i += 1
+            screen = subprocess.run(
+                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, timeout=30
+            ).stdout
+            assert "Traceback" not in screen and "TOP EXITED" not in screen, screen
+            if re.search(r"read  MiB/s +[1-9]", screen) and "tcp://127.0.0.1" in screen:
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"top never showed reads from storage nodes:\n{screen}")
+        for words in ("reads/s", "cache hit rate", "read time: network", "p99 ms", "=> ", "chunk reads from"):
+            assert words in screen, (words, screen)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, timeout=30)
+
+
+def test_top_without_a_mount_says_what_to_do(tmp_path):
+    res = run_cli("top", str(tmp_path), "--once", check=False)
+    assert res.returncode == 1 and "--metrics" in res.stderr and "Traceback" not in res.stderr
