@@ -179,7 +179,8 @@ def cmd_local(args) -> int:
             where = proc["address"] or proc.get("mountpoint")
             stored = "" if proc["bytes_stored"] is None else f"  {format_size(proc['bytes_stored'])} stored"
             node = f" {proc['node_id']}" if proc["node_id"] else ""
-            print(f"{proc['role']}{node:<4} {proc['state']:<5} pid {proc['pid']}  {where}{stored}")
+            metrics = f"  metrics {proc['metrics']}" if proc.get("metrics") else ""
+            print(f"{proc['role']}{node:<4} {proc['state']:<5} pid {proc['pid']}  {where}{stored}{metrics}")
     return 0
 
 
@@ -230,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     st = lsub.add_parser("status", help="which local processes are running", description="List the cluster's processes: role, node id, pid, address, state and bytes stored.")
     st.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
-    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [...]}')
+    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [{role, node_id, pid, address, state, bytes_stored, metrics}, ...]}')
     local.set_defaults(func=cmd_local)
 
     status = sub.add_parser(
