@@ -274,12 +274,12 @@ async def serve(
             try:
                 result = await handler(body, payloads)
             except StripefsError as exc:
-                log.debug("%s: %s -> %s", name, type(body).__name__, exc)
+                log.debug("%s: %s (request %d) -> %s", name, type(body).__name__, request_id, exc)
                 metrics.REQUEST_ERRORS.labels(name, type(body).__name__, exc.code.name).inc()
                 await reply(identity, request_id, protocol.ErrorRsp(code=int(exc.code), message=exc.message))
                 return
             except Exception as exc:  # a bug: answer and log loudly, keep serving
-                log.exception("%s: handling %s failed", name, type(body).__name__)
+                log.exception("%s: handling %s (request %d) failed", name, type(body).__name__, request_id)
                 await reply(
                     identity, request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
                 )

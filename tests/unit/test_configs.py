@@ -59,3 +59,4 @@ def test_daemons_refuse_a_bad_config_plainly(tmp_path, role, command):
     res = subprocess.run([sys.executable, "-m", "stripefs", *command, "--config", str(path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 1
     assert str(path) in res.stderr and "data_dri" in res.stderr and "Traceback" not in res.stderr
+
