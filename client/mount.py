@@ -8,8 +8,9 @@ sent once the mount is up).
 One trio root nursery and one AsyncExitStack own everything: the ZeroMQ
 context, the metadata session and its heartbeat task, the storage node
 connections, background writes and prefetches, and the FUSE session. SIGTERM
-and SIGINT end the FUSE loop (pending data is flushed by the kernel's release
-calls before unmount completes); the mount is always unmounted on exit.
+and SIGINT end the FUSE loop; data that files still open in applications have
+buffered is then committed (``_flush_open_files``; closed files were flushed by
+the kernel's FLUSH/RELEASE calls already), and the mount is always unmounted on exit.
 """
 
 from __future__ import annotations
@@ -227,10 +228,31 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             finally:
                 notify("STOPPING=1")
                 client_metrics.remove_state(mountpoint)
+                await _flush_open_files(ops)
                 pyfuse3.close(unmount=True)
                 log.info("unmounted %s", mountpoint)
     finally:
         ctx.term()
+
+
+#: how long a stopping mount may spend committing what open files still buffer
+FLUSH_ON_STOP_S = 30.0
+
+
+async def _flush_open_files(ops: Operations) -> None:
+    """Commit data that files still open in applications have buffered: a SIGTERM loses no acknowledged write."""
+    pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
+    if not pending:
+        return
+    log.info("flushing %d file(s) still open before unmounting", len(pending))
+    with trio.move_on_after(FLUSH_ON_STOP_S, shield=True) as scope:
+        for of in pending:
+            try:
+                await ops.data.flush(of)
+            except StripefsError as exc:
+                log.error("inode %d: data written before the stop could not be stored: %s", of.ino, exc)
+    if scope.cancelled_caught:
+        log.error("flushing open files took over %.0fs; unmounting anyway (unflushed writes are lost)", FLUSH_ON_STOP_S)
 
 
 #: the kernel reads ahead this much on sequential reads (the FUSE default is 128 KiB,

@@ -53,8 +53,11 @@ def unit_binary():
     if not UNIT_BINARY.exists():
         if os.geteuid() != 0:
             pytest.skip(f"{UNIT_BINARY} is missing and only root may create it")
-        UNIT_BINARY.symlink_to(STRIPEFS)
-        created = True
+        try:
+            UNIT_BINARY.symlink_to(STRIPEFS)
+            created = True
+        except FileExistsError:
+            pass  # another test run put one there meanwhile
     try:
         yield UNIT_BINARY
     finally:
@@ -219,8 +222,20 @@ def test_mount_unit_starts_sends_ready_and_unmounts_on_sigterm(cluster, tmp_path
         assert _is_mounted(where)
         (cluster.mnt / "seen-by-unit").write_bytes(b"hello")
         assert (where / "seen-by-unit").read_bytes() == b"hello"
-        assert _stop(proc, notify, "stripefs-mount@.service") == 0
-        assert not _is_mounted(where)
+        # a file still open, its data written but never flushed, when the stop comes
+        payload = os.urandom(5 << 20)
+        fd = os.open(where / "open-at-stop", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            assert os.write(fd, payload) == len(payload)
+            assert _stop(proc, notify, "stripefs-mount@.service") == 0
+            assert not _is_mounted(where)
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the file system under it is gone
+        assert (cluster.mnt / "open-at-stop").read_bytes() == payload
+        assert "flushing 1 file(s) still open" in (cluster.state / "logs" / "unit-mount.log").read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -12,6 +12,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import run_cli
@@ -172,3 +174,19 @@ def test_top_renders_in_a_terminal(cluster, mnt):
 def test_top_without_a_mount_says_what_to_do(tmp_path):
     res = run_cli("top", str(tmp_path), "--once", check=False)
     assert res.returncode == 1 and "--metrics" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["top"], ["MOUNT", "--metrics", "network", "--once"]),
+        (["meta", "backup"], ["FILE", "--config", "--dir", "while the daemon serves"]),
+        (["meta", "restore"], ["FILE", "stopped"]),
+        (["install-mount-helper"], ["/sbin/mount.fuse.stripefs", "fstab", "--dir"]),
+        (["status"], ["--json", "repair backlog", "docs/operations.md"]),
+    ],
+)
+def test_help_explains(args, words):
+    out = " ".join(run_cli(*args, "--help").stdout.split())  # whatever the terminal width wrapped
+    for w in words:
+        assert w in out, (args, w, out)
