@@ -63,7 +63,7 @@ class ChunkCache:
             self.used -= len(self._entries.pop(key))
             self._forget_prefetched(key)
 
-    async def fetch(self, key: Key, load: Callable[[], Awaitable[bytes]]) -> bytes:
+    async def fetch(self, key: Key, load: Callable[[], Awaitable[bytes]], *, prefetch: bool = False) -> bytes:
         """The bytes for ``key``, loaded once however many tasks ask at the same time.
 
         If the load fails, the tasks that were waiting for it try again themselves.
@@ -87,6 +87,9 @@ class ChunkCache:
         try:
             data = await load()
             self.put(key, data)
+            if prefetch and key in self._entries:  # before any reader can see it: read-ahead accounting
+                self._prefetched.add(key)
+                metrics.READAHEAD.labels("fetched").inc()
             return data
         finally:
             metrics.network_wait(time.perf_counter() - waited)
@@ -94,11 +97,6 @@ class ChunkCache:
             done.set()
 
     # -- read-ahead accounting (client.metrics): was a prefetched chunk ever read? --
-
-    def mark_prefetched(self, key: Key) -> None:
-        if key in self._entries:
-            self._prefetched.add(key)
-            metrics.READAHEAD.labels("fetched").inc()
 
     def _forget_prefetched(self, key: Key) -> None:
         if key in self._prefetched:
