@@ -1,23 +1,27 @@
 """The metadata daemon's cluster gauges, refreshed by one task.
 
-Every ``PUBLISH_INTERVAL_S`` the task takes the service lock once, reads the
-node registry, the namespace counts, the garbage count and the repair backlog
-(chunks with a copy or fragment on a node that is down), and sets the gauges.
-Reading on the trio thread, between operations, keeps the HTTP scrape thread
-away from SQLite and from the registry's dicts. The backlog query is a full
-scan of the chunks table, which is why it runs here every few seconds and not
-per scrape; with every node up it costs nothing.
+Every ``PUBLISH_INTERVAL_S`` the task reads the node registry (memory, on the
+trio thread) and the database counts: files, chunks, copies awaiting deletion
+and the repair backlog (chunks with a copy or fragment on a node that is down,
+a full scan of the chunks table). The database part runs in a worker thread
+on a second, read-only connection: in WAL mode it reads the last committed
+state without taking the service lock, so a long scan never delays metadata
+requests. The HTTP scrape thread only reads the gauges.
 
-The same numbers answer ``StatusReq`` (``cluster_health``), so ``stripefs
-status`` and Prometheus never disagree about what "degraded" means.
+``StatusReq`` uses the same ``cluster_health`` (on the daemon's own
+connection, under the lock), so ``stripefs status`` and Prometheus agree on
+what "degraded" means.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 
 import trio
 from prometheus_client import Gauge
+
+from .store import SqliteStore
 
 log = logging.getLogger(__name__)
 
@@ -37,32 +41,43 @@ GARBAGE_COPIES = Gauge("stripefs_garbage_copies", "Chunk copies waiting to be de
 PUBLISH_INTERVAL_S = 2.0
 
 
-def cluster_health(service) -> dict[str, int]:
-    """Counts for status and metrics; the caller holds the service lock."""
-    down = [n.node_id for n in service.nodes.info() if n.state != "up"]
-    counts = service.store.counts()
+def cluster_health(store: SqliteStore, nodes: list) -> dict[str, int]:
+    """Counts for status and metrics from ``store`` and the registry's ``nodes`` (NodeInfo list)."""
+    down = [n.node_id for n in nodes if n.state != "up"]
+    counts = store.counts()
     return {
         "files": counts["files"],
         "chunks": counts["chunks"],
-        "degraded_chunks": service.store.count_chunks_on(down),
-        "garbage_copies": service.store.count_garbage(),
+        "degraded_chunks": store.count_chunks_on(down),
+        "garbage_copies": store.count_garbage(),
     }
 
 
 async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL_S) -> None:
     """Refresh the daemon's gauges until cancelled."""
-    while True:
-        health = await service._read(cluster_health, service)
-        for n in service.nodes.info():
-            node = str(n.node_id)
-            NODE_UP.labels(node, n.host).set(1 if n.state == "up" else 0)
-            NODE_CAPACITY.labels(node).set(n.capacity_bytes)
-            NODE_USED.labels(node).set(n.used_bytes)
-            NODE_FREE.labels(node).set(n.free_bytes)
-            NODE_CHUNKS.labels(node).set(n.chunks)
-        FILES.set(health["files"])
-        CHUNKS.set(health["chunks"])
-        DEGRADED_CHUNKS.set(health["degraded_chunks"])
-        GARBAGE_COPIES.set(health["garbage_copies"])
-        SESSIONS.set(len(service.sessions))
-        await trio.sleep(interval)
+    conn = sqlite3.connect(f"file:{service.db_path}?mode=ro", uri=True, check_same_thread=False)
+    reader = SqliteStore(conn)
+    limiter = trio.CapacityLimiter(1)
+    try:
+        while True:
+            nodes = service.nodes.info()
+            for n in nodes:
+                node = str(n.node_id)
+                NODE_UP.labels(node, n.host).set(1 if n.state == "up" else 0)
+                NODE_CAPACITY.labels(node).set(n.capacity_bytes)
+                NODE_USED.labels(node).set(n.used_bytes)
+                NODE_FREE.labels(node).set(n.free_bytes)
+                NODE_CHUNKS.labels(node).set(n.chunks)
+            SESSIONS.set(len(service.sessions))
+            try:
+                health = await trio.to_thread.run_sync(cluster_health, reader, nodes, limiter=limiter)
+            except sqlite3.Error as exc:
+                log.warning("metrics: cannot read counts from %s: %s", service.db_path, exc)
+            else:
+                FILES.set(health["files"])
+                CHUNKS.set(health["chunks"])
+                DEGRADED_CHUNKS.set(health["degraded_chunks"])
+                GARBAGE_COPIES.set(health["garbage_copies"])
+            await trio.sleep(interval)
+    finally:
+        conn.close()

@@ -270,7 +270,7 @@ class MetaService:
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
-        health = await self._read(cluster_health, self)
+        health = await self._read(cluster_health, self.store, self.nodes.info())
         return P.StatusRsp(
             nodes=self.nodes.info(),
             files=counts["files"],
