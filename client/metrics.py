@@ -89,6 +89,7 @@ def network_wait(seconds: float) -> None:
 
 def _timed(op: str, fn):
     ops, latency = FUSE_OPS.labels(op), FUSE_SECONDS.labels(op)  # label children resolved once
+    read_network, read_cache = READ_SECONDS.labels("network"), READ_SECONDS.labels("cache")
 
     @functools.wraps(fn)
     async def wrapper(*args, **kwargs):
@@ -110,8 +111,8 @@ def _timed(op: str, fn):
                 timing.open = False
                 _current_read.reset(token)
                 network = min(timing.network, elapsed)  # parallel chunk fetches overlap
-                READ_SECONDS.labels("network").inc(network)
-                READ_SECONDS.labels("cache").inc(elapsed - network)
+                read_network.inc(network)
+                read_cache.inc(elapsed - network)
         if op == "read":
             READ_BYTES.inc(len(result))
         elif op == "write":
