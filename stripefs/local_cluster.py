@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,7 +38,28 @@ log = logging.getLogger(__name__)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A free TCP port on 127.0.0.1 *below* the kernel's ephemeral range.
+
+    A client that keeps reconnecting to a stopped server's port in the ephemeral
+    range can be given that very port as its own source port and connect to
+    itself (TCP simultaneous open); the server then cannot bind it again
+    ("Address already in use") when it restarts. Below the range that cannot happen.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -1,0 +1,103 @@
+"""Sampler-order prefetch for PyTorch DataLoaders reading from a stripefs mount.
+
+A training job knows the exact order it will read files in this epoch: the
+sampler's. ``PrefetchSampler`` wraps any sampler and, as the DataLoader draws
+indices, tells the mount which files come next; the mount fetches them ahead
+of the workers (all of them at once: the mount is shared) and pushes them into
+the kernel's page cache, so the workers' open+read is answered by the kernel.
+
+    from torch.utils.data import DataLoader, RandomSampler
+    from stripefs.torch import PrefetchSampler
+
+    sampler = PrefetchSampler(RandomSampler(dataset), paths=dataset.paths, lookahead=1024)
+    loader = DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=2)
+
+``paths[i]`` is the file sample ``i`` reads. Nothing here imports torch: any
+object with ``__iter__`` and ``__len__`` is a sampler to a DataLoader. Paths
+outside a stripefs mount are simply not announced. The mount is told through
+an extended attribute of its root (``user.stripefs.prefetch``), which needs
+write permission on the mount's root directory (run as its owner or root, or
+give the root directory to the training user).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Iterable, Iterator, Sequence
+
+log = logging.getLogger(__name__)
+
+PREFETCH_XATTR = "user.stripefs.prefetch"
+#: the kernel refuses xattr values above 64 KiB
+_MAX_BLOB = 60_000
+
+
+class PrefetchSampler:
+    def __init__(self, sampler: Iterable[int], paths: Sequence[str | os.PathLike], *, lookahead: int = 1024, batch: int = 128):
+        """Wrap ``sampler``; announce ``paths`` of the next ``lookahead`` samples, ``batch`` at a time."""
+        self.sampler = sampler
+        self.paths = paths
+        self.lookahead = lookahead
+        self.batch = max(1, batch)
+        self._roots: dict[bytes, bytes | None] = {}  # directory -> mount root (None: not a stripefs mount)
+        self._disabled = False
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[int]:
+        order = list(self.sampler)  # this epoch's order, decided up front as the sampler would
+        announced = 0
+        for i, index in enumerate(order):
+            if announced < min(len(order), i + self.lookahead):
+                upto = min(len(order), max(i + self.lookahead, announced + self.batch))
+                self.announce(order[announced:upto])
+                announced = upto
+            yield index
+
+    def announce(self, indices: Sequence[int]) -> None:
+        """Tell the mount(s) these samples come next, in this order."""
+        if self._disabled:
+            return
+        by_root: dict[bytes, list[bytes]] = {}
+        for index in indices:
+            path = os.fsencode(os.path.abspath(self.paths[index]))
+            root = self._root_of(os.path.dirname(path))
+            if root is not None:
+                by_root.setdefault(root, []).append(os.path.relpath(path, root))
+        for root, rel in by_root.items():
+            blob, size = [], 0
+            for name in rel:
+                if size + len(name) + 1 > _MAX_BLOB and blob:
+                    self._send(root, blob)
+                    blob, size = [], 0
+                blob.append(name)
+                size += len(name) + 1
+            if blob:
+                self._send(root, blob)
+
+    def _send(self, root: bytes, names: list[bytes]) -> None:
+        try:
+            os.setxattr(root, PREFETCH_XATTR, b"\n".join(names))
+        except OSError as exc:
+            self._disabled = True
+            log.warning("stripefs prefetch disabled: cannot tell the mount at %s (%s)", os.fsdecode(root), exc.strerror)
+
+    def _root_of(self, directory: bytes) -> bytes | None:
+        if directory in self._roots:
+            return self._roots[directory]
+        root = directory
+        while not os.path.ismount(root) and root != b"/":
+            root = os.path.dirname(root)
+        found = root if _is_stripefs(root) else None
+        self._roots[directory] = found
+        return found
+
+
+def _is_stripefs(root: bytes) -> bool:
+    try:
+        with open("/proc/self/mounts", "rb") as f:
+            return any(line.split()[1] == root and line.split()[2] == b"fuse.stripefs" for line in f)
+    except OSError:
+        return False
