@@ -92,9 +92,12 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds * 1000:.2f}" if seconds < 0.01 else f"{seconds * 1000:.1f}"
 
 
-def verdict(network_share: float | None, reads: float, hit_rate: float | None) -> str:
+def verdict(network_share: float | None, reads: float, hit_rate: float | None, busy: float = 1.0) -> str:
+    """One line: where readers' time goes. ``busy`` is the average number of reads in flight."""
     if not reads or network_share is None:
         return "idle: no reads in this interval"
+    if busy < 0.05:
+        return f"readers are rarely inside stripefs ({busy:.2f} reads in flight on average): the bottleneck is elsewhere"
     if network_share >= 0.5:
         return (
             f"readers spend {network_share:.0%} of their time waiting on storage nodes: the network or the nodes "
@@ -134,7 +137,7 @@ def render(cur: Samples, prev: Samples, dt: float, title: str) -> list[str]:
         f"readers busy {(net + mem) / dt:.2f} (average reads in flight)",
         f"read-ahead chunks: fetched {ra_fetched:.0f}, used {ra_used:.0f}, wasted {ra_wasted:.0f}",
         "",
-        "=> " + verdict(network_share, reads, hit_rate),
+        "=> " + verdict(network_share, reads, hit_rate, (net + mem) / dt),
         "",
         f"{'FUSE op':<12}{'ops/s':>10}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}",
     ]

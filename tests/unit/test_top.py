@@ -56,3 +56,5 @@ def test_render_shows_rates_hit_rate_and_the_network_share():
 def test_verdict_idle_and_cached():
     assert verdict(None, 0, None).startswith("idle")
     assert "served from memory" in verdict(0.05, 10, 0.99)
+    assert "bottleneck is elsewhere" in verdict(0.9, 10, 0.5, busy=0.01)
+    assert "waiting on storage nodes" in verdict(0.9, 10, 0.5, busy=0.8)
