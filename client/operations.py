@@ -73,9 +73,6 @@ OPEN_INFO_FRESH_S = 1.0
 #: dataset mode: open information kept per inode (until the feed says it changed)
 DATASET_OPEN_INFO_ENTRIES = 262_144
 
-#: the xattr name that queues files for prefetch (never stored)
-PREFETCH_XATTR = b"user.stripefs.prefetch"
-
 
 def _fuse_errors(fn):
     @functools.wraps(fn)
@@ -345,7 +342,7 @@ class Operations(pyfuse3.Operations):
         return s
 
     async def setxattr(self, inode, name, value, ctx):
-        if name == PREFETCH_XATTR:
+        if name == p.PREFETCH_XATTR:
             if self.prefetcher is None:
                 raise pyfuse3.FUSEError(errno.ENOTSUP)
             self.prefetcher.submit(inode, value)
@@ -354,7 +351,7 @@ class Operations(pyfuse3.Operations):
         await self.meta.call(p.SetxattrReq(ino=inode, name=name, value=value))
 
     async def getxattr(self, inode, name, ctx):
-        if name == PREFETCH_XATTR and self.prefetcher is not None:
+        if name == p.PREFETCH_XATTR and self.prefetcher is not None:
             return self.prefetcher.report().encode()
         rsp = await self.meta.call(p.GetxattrReq(ino=inode, name=name))
         return rsp.value

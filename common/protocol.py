@@ -652,6 +652,15 @@ def decode_event(frame: bytes) -> ChangeEvent:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"undecodable change event: {exc}") from None
 
 
+# --------------------------------------------------------------------------
+# Applications -> the mount: the prefetch control xattr
+# --------------------------------------------------------------------------
+
+#: ``setxattr(DIR, PREFETCH_XATTR, b"\n".join(paths))`` queues files (paths relative to DIR)
+#: for prefetch; ``getxattr`` reports ``pending=N fetched=N stored=N failed=N``. Never stored.
+PREFETCH_XATTR = b"user.stripefs.prefetch"
+
+
 def _messages(suffix: str) -> tuple[type[Msg], ...]:
     # the naming rule (FooReq / FooRsp) is the registry: no second list to keep in step
     return tuple(cls for cls in Msg.__subclasses__() if cls.__name__.endswith(suffix))

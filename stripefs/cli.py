@@ -10,6 +10,7 @@
     stripefs layout   get|set                    per-directory layouts
     stripefs config   example meta|storage|client
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
+    stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
 
 Admin commands find the cluster from a PATH inside a mount when given one
 (the mount's source in /proc/mounts is its metadata address), else from
@@ -275,6 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     helper.add_argument("--dir", default="/sbin", help="where mount(8) looks for helpers (default: %(default)s)")
     helper.add_argument("--force", action="store_true", help="replace a mount.fuse.stripefs that stripefs did not write")
     helper.set_defaults(func=cmd_install_mount_helper)
+
+    from .warmup import add_parser as add_warmup
+
+    add_warmup(sub)
 
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
     csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -15,9 +15,8 @@ the kernel's page cache, so the workers' open+read is answered by the kernel.
 ``paths[i]`` is the file sample ``i`` reads. Nothing here imports torch: any
 object with ``__iter__`` and ``__len__`` is a sampler to a DataLoader. Paths
 outside a stripefs mount are simply not announced. The mount is told through
-an extended attribute of its root (``user.stripefs.prefetch``), which needs
-write permission on the mount's root directory (run as its owner or root, or
-give the root directory to the training user).
+an extended attribute of its root (stripefs/prefetch_control.py), which needs
+write permission on the mount's root directory.
 """
 
 from __future__ import annotations
@@ -26,11 +25,9 @@ import logging
 import os
 from typing import Iterable, Iterator, Sequence
 
-log = logging.getLogger(__name__)
+from .prefetch_control import MountRoots, announce, group_by_mount
 
-PREFETCH_XATTR = "user.stripefs.prefetch"
-#: the kernel refuses xattr values above 64 KiB
-_MAX_BLOB = 60_000
+log = logging.getLogger(__name__)
 
 
 class PrefetchSampler:
@@ -40,7 +37,7 @@ class PrefetchSampler:
         self.paths = paths
         self.lookahead = lookahead
         self.batch = max(1, batch)
-        self._roots: dict[bytes, bytes | None] = {}  # directory -> mount root (None: not a stripefs mount)
+        self._roots = MountRoots()
         self._disabled = False
 
     def __len__(self) -> int:
@@ -60,44 +57,9 @@ class PrefetchSampler:
         """Tell the mount(s) these samples come next, in this order."""
         if self._disabled:
             return
-        by_root: dict[bytes, list[bytes]] = {}
-        for index in indices:
-            path = os.fsencode(os.path.abspath(self.paths[index]))
-            root = self._root_of(os.path.dirname(path))
-            if root is not None:
-                by_root.setdefault(root, []).append(os.path.relpath(path, root))
-        for root, rel in by_root.items():
-            blob, size = [], 0
-            for name in rel:
-                if size + len(name) + 1 > _MAX_BLOB and blob:
-                    self._send(root, blob)
-                    blob, size = [], 0
-                blob.append(name)
-                size += len(name) + 1
-            if blob:
-                self._send(root, blob)
-
-    def _send(self, root: bytes, names: list[bytes]) -> None:
-        try:
-            os.setxattr(root, PREFETCH_XATTR, b"\n".join(names))
-        except OSError as exc:
-            self._disabled = True
-            log.warning("stripefs prefetch disabled: cannot tell the mount at %s (%s)", os.fsdecode(root), exc.strerror)
-
-    def _root_of(self, directory: bytes) -> bytes | None:
-        if directory in self._roots:
-            return self._roots[directory]
-        root = directory
-        while not os.path.ismount(root) and root != b"/":
-            root = os.path.dirname(root)
-        found = root if _is_stripefs(root) else None
-        self._roots[directory] = found
-        return found
-
-
-def _is_stripefs(root: bytes) -> bool:
-    try:
-        with open("/proc/self/mounts", "rb") as f:
-            return any(line.split()[1] == root and line.split()[2] == b"fuse.stripefs" for line in f)
-    except OSError:
-        return False
+        for root, relative in group_by_mount((self.paths[i] for i in indices), self._roots).items():
+            try:
+                announce(root, relative)
+            except OSError as exc:
+                self._disabled = True
+                log.warning("stripefs prefetch disabled: cannot tell the mount at %s (%s)", os.fsdecode(root), exc.strerror)

@@ -12,6 +12,7 @@ import os
 import time
 
 import pytest
+from conftest import run_cli
 
 from stripefs.common.protocol import EVENTS_SILENCE_S
 from stripefs.torch import PrefetchSampler
@@ -190,3 +191,31 @@ def test_disk_cache_survives_a_remount_and_never_serves_old_versions(cluster, mn
     cluster.unmount(cached)
     cluster.extra_mounts.remove(cached)
     cluster.extra_mounts.remove(cached)
+
+
+def test_warmup_loads_a_tree_so_reads_need_no_storage_node(cluster, mnt):
+    data = {}
+    for i in range(30):
+        path = mnt / f"c{i % 3}" / f"img{i}.jpg"
+        path.parent.mkdir(exist_ok=True)
+        data[path] = os.urandom(20_000 + 7 * i)
+        path.write_bytes(data[path])
+    big = mnt / "shard.tar"
+    data[big] = os.urandom(20 << 20)  # above the prefetcher's limit: warmup reads it itself
+    big.write_bytes(data[big])
+    os.system("echo 3 > /proc/sys/vm/drop_caches")
+
+    result = run_cli("warmup", str(mnt))
+    assert f"warmed {len(data)} of {len(data)} files" in result.stdout, result.stdout + result.stderr
+    stopped = list(cluster.pids()["storage"].values())
+    for pid in stopped:
+        os.kill(pid, 19)
+    try:
+        for path, content in data.items():
+            assert path.read_bytes() == content
+    finally:
+        for pid in stopped:
+            os.kill(pid, 18)
+
+    missing = run_cli("warmup", str(mnt / "nope"), check=False)
+    assert missing.returncode == 1 and "No such file" in missing.stderr
