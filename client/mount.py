@@ -43,6 +43,7 @@ from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .operations import Operations
 from .prefetch import Prefetcher
+from .shm_cache import ShmCache
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
@@ -247,6 +248,10 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 metrics_address = serve_metrics(client_cfg.metrics)
             except (OSError, ValueError) as exc:
                 raise QuietError(f"cannot serve metrics at {client_cfg.metrics!r} (key metrics): {exc}", 1) from None
+            if client_cfg.shm_dir and os.path.isdir(client_cfg.shm_dir):
+                prefetcher.shm = ShmCache(Path(client_cfg.shm_dir) / f"stripefs-{os.getpid()}", client_cfg.shm_size)
+                prefetcher.shm.open()
+                stack.callback(prefetcher.shm.close)
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             try:
                 pyfuse3.init(ops, mountpoint, options)
@@ -255,7 +260,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             try:
                 nursery.start_soon(_signals, name="signals")
                 nursery.start_soon(_tune_kernel, mountpoint, client_cfg.max_background, name="tune-kernel")
-                nursery.start_soon(kcache.follow, ctx, meta.events_address, name="change-feed")
+                nursery.start_soon(kcache.follow, ctx, meta.feed_info, name="change-feed")
                 nursery.start_soon(prefetcher.run, name="prefetch")
                 mode = "dataset mode (read-only), " if client_cfg.dataset else ""
                 log.info("mounted %s from %s (%soptions %s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)))

@@ -83,6 +83,8 @@ class ClientConfig(_Config):
     disk_cache_dir: str = ""  # a local disk cache of chunk data (e.g. on NVMe); empty: none (also -o cache_dir=)
     disk_cache_size: Size = Size(64 << 30)  # most bytes the disk cache holds
     disk_cache_min_free: Size = Size(4 << 30)  # the disk cache stops growing when its file system has less free
+    shm_dir: str = "/dev/shm"  # where prefetched files wait for stripefs.torch readers; empty: nowhere
+    shm_size: Size = Size(512 << 20)  # most bytes of prefetched files waiting there
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
 
 
@@ -168,6 +170,8 @@ max_background = 64                  # FUSE requests in flight (set through /sys
 disk_cache_dir = ""                  # e.g. "/nvme/stripefs-cache": chunk data kept across remounts; "" = none
 disk_cache_size = "64G"              # most bytes the disk cache holds
 disk_cache_min_free = "4G"           # stop caching when the disk has less than this free
+shm_dir = "/dev/shm"                 # prefetched files wait here for stripefs.torch.read_file; "" = off
+shm_size = "512M"                    # most bytes waiting there (each copy is deleted once read)
 metrics = "0.0.0.0:9720"             # Prometheus /metrics; one port per mount on a machine (0: any free port)
 ''',
 }

@@ -285,7 +285,12 @@ class MetaService:
     # -- generic and nodes -------------------------------------------------------
 
     async def handle_ping(self, req: P.PingReq) -> P.Msg:
-        return P.PingRsp(role="meta", boot_id=self.boot_id)
+        return P.PingRsp(
+            role="meta",
+            boot_id=self.boot_id,
+            events_port=self.feed.port if self.feed else 0,
+            events_seq=self.feed.seq if self.feed else 0,
+        )
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
@@ -319,8 +324,6 @@ class MetaService:
             session_id=sid,
             lease_s=self.config.session_lease_s,
             boot_id=self.boot_id,
-            events_port=self.feed.port if self.feed else 0,
-            events_seq=self.feed.seq if self.feed else 0,
             cluster_id=self.cluster_id,
         )
 
