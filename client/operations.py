@@ -315,8 +315,11 @@ class Operations(pyfuse3.Operations):
         after = start_id
         while True:
             stamp = self.kcache.stamp()
-            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000))
+            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset))
             stale_dir = self.kcache.changed_since(stamp, fh)
+            for info in rsp.files:  # dataset mode: opens of listed files need no round trip
+                if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
+                    self._keep_dataset_info(info)
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))

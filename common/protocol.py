@@ -451,16 +451,23 @@ class ReadlinkRsp(Msg, tag="readlink_rsp"):
 
 
 class ReaddirReq(Msg, tag="readdir"):
-    """Entries of directory ``ino`` after cookie ``after`` (0: from the start)."""
+    """Entries of directory ``ino`` after cookie ``after`` (0: from the start).
+
+    ``open_info``: also the open information (layout, chunk map) of every
+    regular file listed, in ``ReaddirRsp.files``: a dataset mount that lists a
+    tree then opens its files without one round trip each.
+    """
 
     ino: int
     after: int = 0
     limit: int = 1000
+    open_info: bool = False
 
 
 class ReaddirRsp(Msg, tag="readdir_rsp"):
     entries: list[DirEntry]
     more: bool
+    files: list[OpenRsp] = []  # with open_info: one per regular file in ``entries``
 
 
 class OpenReq(Msg, tag="open"):

@@ -459,8 +459,18 @@ class MetaService:
         return P.ReadlinkRsp(target=await self._read(self.ns.readlink, req.ino))
 
     async def handle_readdir(self, req: P.ReaddirReq) -> P.Msg:
-        entries, more = await self._read(self.ns.readdir, req.ino, req.after, req.limit)
-        return P.ReaddirRsp(entries=entries, more=more)
+        def list_dir():
+            entries, more = self.ns.readdir(req.ino, req.after, req.limit)
+            files = []
+            if req.open_info:
+                for entry in entries:
+                    if stat.S_ISREG(entry.attr.mode):
+                        attr, layout, chunks, nodes = self.ns.open_info(entry.attr.ino)
+                        files.append(P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes))
+            return entries, more, files
+
+        entries, more, files = await self._read(list_dir)
+        return P.ReaddirRsp(entries=entries, more=more, files=files)
 
     async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:
         total, free, files = await self._read(self.ns.statfs)
