@@ -221,6 +221,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 nursery,
                 readahead_chunks=client_cfg.readahead_chunks,
                 write_parallelism=client_cfg.write_parallelism,
+                write_inflight=client_cfg.write_inflight,
             )
             if client_cfg.disk_cache_dir:
                 data.disk_cache = DiskCache(
