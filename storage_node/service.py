@@ -39,6 +39,7 @@ from stripefs.common.config import StorageConfig
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect, open_socket, serve
 
+from . import metrics
 from .chunk_store import ChunkStore
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class StorageService:
 
     async def handle_node_stats(self, req: p.NodeStatsReq, payloads: list[memoryview]) -> p.NodeStatsRsp:
         usage = await self._io(self.store.usage)
+        metrics.set_store_usage(usage)
         return p.NodeStatsRsp(node_id=self.node_id, **usage._asdict())
 
     # -- running --------------------------------------------------------------
@@ -198,6 +200,7 @@ class StorageService:
     async def _beat(self, meta, registered: bool) -> bool:
         """One RegisterNodeReq (when not registered) or NodeHeartbeatReq; returns True."""
         usage = await self._io(self.store.usage)
+        metrics.set_store_usage(usage)
         if registered:
             await meta.call(p.NodeHeartbeatReq(node_id=self.node_id, **usage._asdict()))
             return True
