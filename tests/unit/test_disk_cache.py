@@ -74,20 +74,3 @@ def test_free_space_floor_stops_filling(tmp_path):
     _fill(cache, (1, 0, 1), b"x" * 1000)
     assert trio.run(cache.get, (1, 0, 1)) is None and cache.used == 0
 
-
-def test_shared_memory_directories_of_dead_mounts_are_swept(tmp_path):
-    import subprocess
-
-    from stripefs.client.shm_cache import ShmCache
-
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (tmp_path / f"stripefs-{dead.pid}").mkdir()
-    (tmp_path / f"stripefs-{dead.pid}" / "1-2-3").write_bytes(b"x")
-    alive = tmp_path / f"stripefs-{os.getppid()}"
-    alive.mkdir()
-    cache = ShmCache(tmp_path / f"stripefs-{os.getpid()}", 1 << 20)
-    cache.open()
-    assert not (tmp_path / f"stripefs-{dead.pid}").exists() and alive.exists() and cache.dir.is_dir()
-    cache.close()
-    assert not cache.dir.exists()
