@@ -1,0 +1,223 @@
+"""Reed-Solomon coding of stripes: a pure codec over pyeclib's ISA-L backend.
+
+No network and no trio here: the client's EC data path (client/ec_path.py)
+and, later, the daemon's repair code both build fragments with this module.
+
+Stripes and fragments
+---------------------
+An erasure-coded file (layout ``ec=K+M``) is cut into chunks of
+``chunk_size`` bytes as any file; each chunk is one *stripe*, coded into K
+data fragments and M parity fragments, fragment ``j`` stored as chunk copy
+``ChunkId(ino, index, part=j)`` on the ``j``-th node of the chunk's placement.
+
+pyeclib's ``isa_l_rs_vand`` is a systematic code. A fragment is an
+80-byte header followed by a payload of ``fps = ceil(chunk_size / K)`` bytes,
+and data fragment ``j``'s payload is bytes ``[j*fps, (j+1)*fps)`` of the
+stripe (zero-padded at the end). So a byte range of a stripe maps to byte
+offsets inside data fragments (``data_ranges``), and a healthy read fetches
+only the data fragments that hold the range and decodes nothing.
+
+Every stripe is coded as if it were ``chunk_size`` bytes long (the rest
+zeros), so ``fps`` is a property of the layout and a reader never needs to
+know how much of a stripe was written. What is stored is trimmed:
+
+* data fragment ``j`` keeps its payload only up to the stripe's used length
+  ``L`` (a short file's later data fragments are a bare header);
+* parity byte ``b`` of a Reed-Solomon code depends only on byte ``b`` of each
+  data fragment, so past ``min(L, fps)`` every parity byte is zero and is not
+  stored either; only that prefix is coded (``encode`` codes a sub-stripe of
+  ``K * min(L, fps)`` bytes and puts the full-size header in front).
+
+A stored fragment shorter than ``HEADER + fps`` is zero-padded when read back
+(the storage node's "past the stored length is a hole" rule). The header does
+not depend on the data (checked by the unit tests), so it is computed once per
+(K, M, chunk_size). A 10-byte file costs 10 bytes per data and parity fragment
+(plus headers), not ``chunk_size * (K+M)/K``.
+
+The GIL
+-------
+pyeclib holds the GIL while it codes: a call in a worker thread still stops
+every other Python thread, the FUSE loop included, for its whole duration.
+Each call here codes one stripe at most (a few MiB: about 8 ms for 4 MiB with
+4+2 on the development machine), which bounds that pause; the caller runs it
+in a worker thread (trio.to_thread.run_sync) so the loop at least is not
+charged for argument copies and the call overlaps network waits of other tasks.
+
+Backend check
+-------------
+``check_backend()`` (also ``python -m stripefs.common.erasure``, run by
+``make install``) codes a stripe and reads the backend name back from a
+fragment header: liberasurecode silently falls back to nothing, so the check
+refuses to run with anything but ``isa_l_rs_vand``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .errors import ErrorCode, StripefsError
+
+log = logging.getLogger(__name__)
+
+EC_TYPE = "isa_l_rs_vand"
+HEADER = 80  #: bytes of pyeclib's fragment header with this backend (checked at start)
+
+
+def _driver(k: int, m: int):
+    try:
+        from pyeclib.ec_iface import ECDriver
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise StripefsError(ErrorCode.INTERNAL, f"pyeclib is not installed ({exc}); run 'make install'") from None
+    try:
+        return ECDriver(k=k, m=m, ec_type=EC_TYPE)
+    except Exception as exc:  # pyeclib raises its own ECDriverError family
+        raise StripefsError(
+            ErrorCode.INTERNAL, f"pyeclib cannot load the {EC_TYPE} backend for {k}+{m}: {exc} (run 'make install')"
+        ) from None
+
+
+@dataclass(frozen=True)
+class FragmentRange:
+    """The part of a stripe byte range that lies in one data fragment."""
+
+    part: int  # data fragment number, 0..K-1
+    offset: int  # offset inside the fragment's payload (add HEADER for the stored file)
+    length: int
+    stripe_offset: int  # where this piece starts in the stripe
+
+
+class StripeCodec:
+    """Encode and decode stripes of one (K, M, chunk_size). Thread-safe: no mutable state."""
+
+    def __init__(self, k: int, m: int, chunk_size: int):
+        if not (1 <= k <= 16 and 1 <= m <= 4):
+            raise StripefsError(ErrorCode.INVALID, f"ec=K+M needs K in 1..16 and M in 1..4, not {k}+{m}")
+        self.k, self.m, self.chunk_size = k, m, chunk_size
+        self.n = k + m
+        self.fps = -(-chunk_size // k)  #: payload bytes of every fragment
+        self._driver = _driver(k, m)
+        zero = self._driver.encode(bytes(chunk_size))
+        if len(zero) != self.n or any(len(f) != HEADER + self.fps for f in zero):
+            raise StripefsError(
+                ErrorCode.INTERNAL,
+                f"{EC_TYPE} made fragments of {sorted({len(f) for f in zero})} bytes, expected {HEADER}+{self.fps}",
+            )
+        backend = self._driver.get_metadata(zero[0], formatted=True).get("backend_id")
+        if backend != EC_TYPE:
+            raise StripefsError(ErrorCode.INTERNAL, f"pyeclib coded with backend {backend!r}, not {EC_TYPE}")
+        self.headers: tuple[bytes, ...] = tuple(bytes(f[:HEADER]) for f in zero)
+
+    @property
+    def fragment_size(self) -> int:
+        """Full (untrimmed) size of a stored fragment."""
+        return HEADER + self.fps
+
+    # -- layout math -----------------------------------------------------------
+
+    def data_ranges(self, offset: int, length: int) -> list[FragmentRange]:
+        """Split stripe bytes [offset, offset+length) into pieces of data fragments, in order."""
+        end = min(offset + length, self.chunk_size)
+        out = []
+        pos = offset
+        while pos < end:
+            part, inner = divmod(pos, self.fps)
+            n = min(self.fps - inner, end - pos)
+            out.append(FragmentRange(part, inner, n, pos))
+            pos += n
+        return out
+
+    def stored_payload(self, part: int, used: int) -> int:
+        """Payload bytes fragment ``part`` stores for a stripe whose first ``used`` bytes may be nonzero."""
+        if part >= self.k:
+            return min(used, self.fps)
+        return max(0, min(self.fps, used - part * self.fps))
+
+    # -- coding ----------------------------------------------------------------
+
+    def encode(self, stripe: bytes | bytearray | memoryview, used: int | None = None) -> list[bytes]:
+        """The K+M stored fragments (header + trimmed payload) of a stripe.
+
+        ``stripe`` holds the stripe's first bytes (at most chunk_size); past it,
+        and past ``used`` (default: len(stripe)), the stripe is zeros.
+        """
+        view = memoryview(stripe)
+        if len(view) > self.chunk_size:
+            raise StripefsError(ErrorCode.INVALID, f"stripe of {len(view)} bytes is longer than the chunk size {self.chunk_size}")
+        used = len(view) if used is None else min(used, len(view))
+        view = view[:used]
+        k, fps = self.k, self.fps
+        n = min(used, fps)  # bytes of every fragment that can be nonzero
+        data = [bytes(view[j * fps : min((j + 1) * fps, used)]) for j in range(k)]
+        if n == 0:
+            parity = [b""] * self.m
+        elif n == fps:
+            # a stripe longer than one fragment: code it whole
+            coded = self._driver.encode(bytes(view) + bytes(self.chunk_size - used))
+            parity = [bytes(memoryview(f)[HEADER:]) for f in coded[k:]]
+        else:
+            # only the first n bytes of each data fragment can be nonzero: code the sub-stripe
+            sub = b"".join(d.ljust(n, b"\0") for d in data)
+            coded = self._driver.encode(sub)
+            parity = [bytes(memoryview(f)[HEADER : HEADER + n]) for f in coded[k:]]
+        return [self.headers[j] + payload for j, payload in enumerate(data + parity)]
+
+    def decode(self, fragments: Mapping[int, bytes | memoryview]) -> bytes:
+        """The stripe (``chunk_size`` bytes) from at least K stored fragments ``{part: bytes}``.
+
+        Only data fragments present: concatenated, no decoding. Fragments must be
+        of one stripe version (the caller checks versions).
+        """
+        if all(j in fragments for j in range(self.k)):
+            return b"".join(self._payload(fragments[j]) for j in range(self.k))[: self.chunk_size]
+        if len(fragments) < self.k:
+            raise StripefsError(
+                ErrorCode.IO, f"{len(fragments)} fragment(s) of a {self.k}+{self.m} stripe: at least {self.k} are needed"
+            )
+        chosen = sorted(fragments)[: self.k + self.m]
+        full = [self.headers[j] + self._payload(fragments[j]) for j in chosen]
+        try:
+            data = self._driver.decode(full)
+        except Exception as exc:
+            raise StripefsError(ErrorCode.IO, f"decoding a {self.k}+{self.m} stripe from parts {chosen} failed: {exc}") from None
+        if len(data) != self.chunk_size:
+            raise StripefsError(ErrorCode.IO, f"decoded {len(data)} bytes, expected {self.chunk_size}")
+        return data
+
+    def _payload(self, fragment: bytes | memoryview) -> bytes:
+        """A stored fragment's payload, zero-padded to ``fps`` (its header is not trusted: ours is used)."""
+        payload = memoryview(fragment)[HEADER:]
+        if len(payload) > self.fps:
+            raise StripefsError(ErrorCode.CORRUPT, f"fragment of {len(fragment)} bytes is longer than {self.fragment_size}")
+        return bytes(payload) + bytes(self.fps - len(payload))
+
+
+@functools.lru_cache(maxsize=64)
+def codec(k: int, m: int, chunk_size: int) -> StripeCodec:
+    """The shared codec of one layout (building one codes a zero stripe once)."""
+    return StripeCodec(k, m, chunk_size)
+
+
+def check_backend() -> str:
+    """Code and decode a small stripe with 4+2; a line saying which backend ran. Raises if not ISA-L."""
+    import os
+
+    c = StripeCodec(4, 2, 64 * 1024)
+    data = os.urandom(c.chunk_size)
+    frags = c.encode(data)
+    if c.decode({j: frags[j] for j in (1, 3, 4, 5)}) != data:
+        raise StripefsError(ErrorCode.INTERNAL, f"{EC_TYPE}: a 4+2 stripe did not decode to its data")
+    import pyeclib
+
+    return f"pyeclib {getattr(pyeclib, '__version__', '?')}: {EC_TYPE} loads and codes (4+2 round trip ok)"
+
+
+if __name__ == "__main__":
+    try:
+        print(check_backend())
+    except StripefsError as exc:
+        print(f"erasure coding backend check failed: {exc.message}", file=sys.stderr)
+        sys.exit(1)
