@@ -59,6 +59,7 @@ from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
 from .db import DB_NAME, open_database
 from .health import NodeRegistry, Sessions
+from . import redundancy
 from .namespace import Namespace
 from .store import SqliteStore
 
@@ -275,7 +276,12 @@ class MetaService:
             logical_bytes=counts["logical_bytes"],
             sessions=len(self.sessions),
             boot_id=self.boot_id,
+            layouts=await self._read(self._layout_usage),
         )
+
+    def _layout_usage(self) -> list[P.LayoutUsage]:
+        usage = redundancy.layout_usage(self.store.usage_rows())
+        return [P.LayoutUsage(redundancy=r, **u) for r, u in sorted(usage.items())]
 
     async def handle_register_node(self, req: P.RegisterNodeReq) -> P.Msg:
         await self._write(self.nodes.register, req)
@@ -446,8 +452,27 @@ class MetaService:
         return P.ChunksRsp(chunks=chunks, nodes=nodes)
 
     async def handle_replace_replica(self, req: P.ReplaceReplicaReq) -> P.Msg:
-        chunk, nodes = await self._write(self.ns.replace_replica, req.ino, req.index, req.failed_node)
+        chunk, nodes = await self._write(self.ns.replace_replica, req.ino, req.index, req.failed_node, req.part)
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
         return P.AttrRsp(attr=await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks))
+
+    # -- online conversion (daemon/redundancy.py) ----------------------------------
+
+    async def handle_create_shadow(self, req: P.CreateShadowReq) -> P.Msg:
+        self.sessions.touch(req.session_id)
+
+        def create_and_hold():
+            shadow = self.ns.create_shadow(req.ino, req.redundancy)
+            self.sessions.open(req.session_id, shadow)  # under the lock: nothing reclaims it in between
+            return self.ns.open_info(shadow)
+
+        attr, layout, chunks, nodes = await self._write(create_and_hold)
+        epoch = await self._alloc_epoch()
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
+
+    async def handle_swap_shadow(self, req: P.SwapShadowReq) -> P.Msg:
+        attr = await self._write(self.ns.swap_shadow, req.ino, req.shadow, req.size, req.mtime_ns, req.chunks)
+        self._gc_wake.set()
+        return P.AttrRsp(attr=attr)
