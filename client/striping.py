@@ -35,6 +35,7 @@ from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_extents
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
+from .ec_path import EcPath, is_ec
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 
@@ -60,6 +61,7 @@ class DataPath:
         self.nursery = nursery
         self.readahead_chunks = readahead_chunks
         self.write_parallelism = write_parallelism
+        self.ec = EcPath(self)  # erasure-coded files (client/ec_path.py)
 
     # ------------------------------------------------------------------ reads
 
@@ -80,6 +82,8 @@ class DataPath:
                         of.end_io()
             await of.idle.wait()
             self._raise_write_error(of)
+        if is_ec(of.layout):
+            return await self.ec.read(of, offset, end, extents)
         sequential = offset == of.last_read_end or offset == 0
         of.last_read_end = end
         if len(extents) == 1:
@@ -128,6 +132,8 @@ class DataPath:
         ref = info.chunks[0]
         if ref.index != 0 or not ref.version or (info.attr.ino, 0, ref.version) in self.cache:
             return
+        if is_ec(info.layout):
+            return self.ec.prefetch_small_file(info)
         self.nodes.learn(info.nodes)
 
         async def fetch():
@@ -226,6 +232,8 @@ class DataPath:
 
     async def _send_chunk(self, of: OpenFile, dc: DirtyChunk, *, sync: bool = False) -> None:
         """Write one dirty range to every replica of its chunk, replacing failed replicas."""
+        if is_ec(of.layout):
+            return await self.ec.send_stripe(of, dc, sync=sync)
         epoch = await self._epoch(of)
         ref = await self._placement(of, dc.index)
         chunk = p.ChunkId(of.ino, dc.index)
@@ -298,6 +306,8 @@ class DataPath:
                 of.end_io()
         await of.idle.wait()
         self._raise_write_error(of)
+        if sync:
+            await self.ec.sync(of)
         if sync and of.unsynced:
             by_node: dict[int, list[p.ChunkId]] = {}
             for index, nodes in of.unsynced.items():
@@ -324,7 +334,9 @@ class DataPath:
         index, inner = divmod(new_size, cs)
         refs: list[p.ChunkRef] = []
         ref = of.chunks.get(index)
-        if inner and ref is not None and ref.version and new_size < of.size:
+        if inner and ref is not None and ref.version and new_size < of.size and is_ec(of.layout):
+            refs.append(await self.ec.cut_stripe(of, ref, inner))
+        elif inner and ref is not None and ref.version and new_size < of.size:
             rsp = await self.meta.call(p.AllocEpochReq())
             epoch = rsp.epoch
             request = p.WriteChunkReq(

@@ -71,6 +71,7 @@ class ClientConfig(_Config):
     cache_size: Size = Size(256 << 20)  # memory for chunk data read ahead / recently read
     readahead_chunks: int = 2  # chunks fetched ahead of a sequential reader
     write_parallelism: int = 4  # chunks being written to storage at once per file
+    ec_min_fragments_over_k: int = 1  # an EC stripe write succeeds with K + this many fragments stored (0..M)
     attr_timeout_s: float = 1.0
     entry_timeout_s: float = 1.0
 
@@ -145,6 +146,7 @@ rpc_timeout_s = 10.0
 cache_size = "256M"                  # memory for chunks read ahead and recently read
 readahead_chunks = 2                 # chunks fetched ahead of a sequential reader
 write_parallelism = 4                # chunks in flight to storage per file being written
+ec_min_fragments_over_k = 1          # an ec=K+M stripe write succeeds with K+this fragments stored, nodes being down
 attr_timeout_s = 1.0                 # kernel attribute cache lifetime
 entry_timeout_s = 1.0                # kernel name cache lifetime
 ''',

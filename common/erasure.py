@@ -29,7 +29,8 @@ know how much of a stripe was written. What is stored is trimmed:
   ``K * min(L, fps)`` bytes and puts the full-size header in front).
 
 A stored fragment shorter than ``HEADER + fps`` is zero-padded when read back
-(the storage node's "past the stored length is a hole" rule). The header does
+(the storage node's "past the stored length is a hole" rule); readers fetch
+payloads only (offset HEADER) and ``decode`` takes payloads. The header does
 not depend on the data (checked by the unit tests), so it is computed once per
 (K, M, chunk_size). A 10-byte file costs 10 bytes per data and parity fragment
 (plus headers), not ``chunk_size * (K+M)/K``.
@@ -42,6 +43,11 @@ Each call here codes one stripe at most (a few MiB: about 8 ms for 4 MiB with
 4+2 on the development machine), which bounds that pause; the caller runs it
 in a worker thread (trio.to_thread.run_sync) so the loop at least is not
 charged for argument copies and the call overlaps network waits of other tasks.
+
+Slots
+-----
+See ``fragment_part``: fragment j of version v lives in chunk part
+``j + 32 * (v & 1)``, so a new stripe version never overwrites the committed one.
 
 Backend check
 -------------
@@ -64,6 +70,8 @@ from .errors import ErrorCode, StripefsError
 log = logging.getLogger(__name__)
 
 EC_TYPE = "isa_l_rs_vand"
+#: fragment j of a stripe version v is stored as chunk part ``j + SLOT_STRIDE * (v & 1)``: see fragment_part
+SLOT_STRIDE = 32
 HEADER = 80  #: bytes of pyeclib's fragment header with this backend (checked at start)
 
 
@@ -165,20 +173,23 @@ class StripeCodec:
             parity = [bytes(memoryview(f)[HEADER : HEADER + n]) for f in coded[k:]]
         return [self.headers[j] + payload for j, payload in enumerate(data + parity)]
 
-    def decode(self, fragments: Mapping[int, bytes | memoryview]) -> bytes:
-        """The stripe (``chunk_size`` bytes) from at least K stored fragments ``{part: bytes}``.
+    def decode(self, payloads: Mapping[int, bytes | memoryview]) -> bytes:
+        """The stripe (``chunk_size`` bytes) from the payloads of at least K fragments ``{part: payload}``.
 
-        Only data fragments present: concatenated, no decoding. Fragments must be
-        of one stripe version (the caller checks versions).
+        A payload is a stored fragment without its header (what a read at offset
+        HEADER returns), maybe trimmed: it is zero-padded to ``fps``. The stored
+        headers are not needed: they do not depend on the data, ours are used.
+        With every data fragment present the payloads are concatenated, no
+        decoding. Payloads must be of one stripe version (the caller checks).
         """
-        if all(j in fragments for j in range(self.k)):
-            return b"".join(self._payload(fragments[j]) for j in range(self.k))[: self.chunk_size]
-        if len(fragments) < self.k:
+        if all(j in payloads for j in range(self.k)):
+            return b"".join(self._padded(payloads[j]) for j in range(self.k))[: self.chunk_size]
+        if len(payloads) < self.k:
             raise StripefsError(
-                ErrorCode.IO, f"{len(fragments)} fragment(s) of a {self.k}+{self.m} stripe: at least {self.k} are needed"
+                ErrorCode.IO, f"{len(payloads)} fragment(s) of a {self.k}+{self.m} stripe: at least {self.k} are needed"
             )
-        chosen = sorted(fragments)[: self.k + self.m]
-        full = [self.headers[j] + self._payload(fragments[j]) for j in chosen]
+        chosen = sorted(payloads)
+        full = [self.headers[j] + self._padded(payloads[j]) for j in chosen]
         try:
             data = self._driver.decode(full)
         except Exception as exc:
@@ -187,12 +198,24 @@ class StripeCodec:
             raise StripefsError(ErrorCode.IO, f"decoded {len(data)} bytes, expected {self.chunk_size}")
         return data
 
-    def _payload(self, fragment: bytes | memoryview) -> bytes:
-        """A stored fragment's payload, zero-padded to ``fps`` (its header is not trusted: ours is used)."""
-        payload = memoryview(fragment)[HEADER:]
+    def _padded(self, payload: bytes | memoryview) -> bytes:
         if len(payload) > self.fps:
-            raise StripefsError(ErrorCode.CORRUPT, f"fragment of {len(fragment)} bytes is longer than {self.fragment_size}")
+            raise StripefsError(ErrorCode.CORRUPT, f"fragment payload of {len(payload)} bytes is longer than {self.fps}")
         return bytes(payload) + bytes(self.fps - len(payload))
+
+
+def fragment_part(j: int, version: int) -> int:
+    """The chunk ``part`` that holds fragment ``j`` of stripe version ``version``.
+
+    Two slots per stripe, chosen by the version's parity: a writer codes a new
+    version into the slot the committed version does not use (it picks an
+    epoch of the other parity), so the committed fragments stay intact until
+    the new version is committed. A write that dies half-way, or fails with
+    too few fragments, leaves the committed stripe whole and readable: never a
+    torn stripe. The daemon deletes the old slot once the new version is
+    committed (garbage bounded by the old version).
+    """
+    return j + SLOT_STRIDE * (version & 1)
 
 
 @functools.lru_cache(maxsize=64)
@@ -208,7 +231,7 @@ def check_backend() -> str:
     c = StripeCodec(4, 2, 64 * 1024)
     data = os.urandom(c.chunk_size)
     frags = c.encode(data)
-    if c.decode({j: frags[j] for j in (1, 3, 4, 5)}) != data:
+    if c.decode({j: frags[j][HEADER:] for j in (1, 3, 4, 5)}) != data:
         raise StripefsError(ErrorCode.INTERNAL, f"{EC_TYPE}: a 4+2 stripe did not decode to its data")
     import pyeclib
 

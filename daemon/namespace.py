@@ -42,6 +42,7 @@ import stat
 import time
 from typing import Callable, Protocol, Sequence
 
+from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_count, parse_redundancy, validate_layout
 from ..common.protocol import Attr, ChunkRef, DirEntry, Layout, NodeAddr
@@ -584,6 +585,7 @@ class Namespace:
         if not chunks:
             return
         existing = self.store.get_chunks(ino, [c.index for c in chunks])
+        is_ec = parse_redundancy(self._inode(ino)["redundancy"]).is_ec
         for ref in chunks:
             if ref.index < 0 or ref.version < 0:
                 raise StripefsError(ErrorCode.INVALID, f"bad chunk ref {ref} for inode {ino}")
@@ -592,6 +594,12 @@ class Namespace:
             if not nodes:
                 raise StripefsError(ErrorCode.INVALID, f"chunk {ino}:{ref.index} has no placement and no nodes given")
             self.store.put_chunk(ino, ref.index, max(old_version, ref.version), nodes)
+            if old_version and ref.version > old_version and is_ec and (old_version & 1) != (ref.version & 1):
+                # the new version went to the other slot: the committed one's fragments are garbage now
+                self.store.add_garbage(
+                    (node, ino, ref.index, fragment_part(j, old_version), old_version)
+                    for j, node in enumerate(old_nodes) if node != redundancy.MISSING
+                )
             if redundancy.MISSING in nodes:
                 log.warning(
                     "stripe %d:%d v%d committed with %d of %d fragments: queued for reconstruction",

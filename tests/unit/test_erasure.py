@@ -31,7 +31,7 @@ def test_any_m_fragments_lost_decode(k, m, chunk):
         frags = c.encode(stripe)
         want = stripe + bytes(chunk - used)
         for lost in itertools.combinations(range(k + m), m):
-            have = {j: frags[j] for j in range(k + m) if j not in lost}
+            have = {j: frags[j][HEADER:] for j in range(k + m) if j not in lost}
             assert c.decode(have) == want, (used, lost)
 
 
@@ -66,7 +66,7 @@ def test_too_few_fragments_is_a_clear_error():
     c = StripeCodec(4, 2, 64 * KiB)
     frags = c.encode(os.urandom(1000))
     with pytest.raises(StripefsError, match="at least 4"):
-        c.decode({0: frags[0], 4: frags[4], 5: frags[5]})
+        c.decode({0: frags[0][HEADER:], 4: frags[4][HEADER:], 5: frags[5][HEADER:]})
 
 
 def test_data_ranges_cover_the_range_in_order():
@@ -91,3 +91,10 @@ def test_bad_parameters_are_refused():
         StripeCodec(17, 2, 64 * KiB)
     with pytest.raises(StripefsError):
         StripeCodec(4, 5, 64 * KiB)
+
+
+def test_fragment_slots_alternate_with_version_parity():
+    from stripefs.common.erasure import SLOT_STRIDE, fragment_part
+
+    assert {fragment_part(j, 10) for j in range(20)}.isdisjoint({fragment_part(j, 11) for j in range(20)})
+    assert fragment_part(3, 10) == fragment_part(3, 12) == 3 and fragment_part(3, 11) == 3 + SLOT_STRIDE

@@ -1,0 +1,380 @@
+"""The data path of erasure-coded files (layout ``ec=K+M``): stripes <-> fragments.
+
+``DataPath`` (client/striping.py) hands EC files to ``EcPath`` at a few
+points: reads (after its own unsent data is sent), the sending of a dirty
+chunk, the cut of the boundary chunk in a truncate, fsync, and the
+prefetch of small files. Everything else (dirty buffering per chunk, write
+parallelism, commits, epochs) is shared with replicated files. The codec
+and the stripe/fragment arithmetic are in common/erasure.py.
+
+Reads
+    A healthy read decodes nothing: the code is systematic, so the byte range
+    maps to offsets in data fragments, and only the fragments holding the
+    range are fetched (whole fragments, cached by (ino, index, version, 1+j),
+    so the kernel's next requests in the same fragment cost nothing). A
+    sequential reader prefetches the fragments of the next
+    ``readahead_chunks`` stripes. A fragment that is missing, whose node is
+    suspect or does not answer within ``read_timeout``, is stale, or fails its
+    checksum makes the read *degraded*: every fragment of the stripe is
+    fetched, fragments of one version are grouped, the newest version with K
+    of them is decoded (a worker thread), and the whole stripe is cached. Up
+    to M fragments can be lost that way with no error to the application.
+
+Writes
+    A dirty chunk becomes one stripe version. A dirty range that is not the
+    whole chunk is merged into the current stripe, read first
+    (read-modify-write); a stripe never written before is zeros. The stripe is
+    coded in a worker thread (one call at a time: pyeclib holds the GIL, so
+    parallel calls would only queue; each call is one stripe, a few ms) and
+    its K+M fragments are written in parallel, each replacing its copy
+    whole. The version is this write session's epoch, or, if that has the
+    parity of the committed version, another epoch of the other parity: the
+    new fragments go to the other *slot* (common/erasure.fragment_part), so the
+    committed stripe stays intact until CommitReq, and a crash or a failed
+    write never leaves a torn stripe. A fragment whose node is suspect or
+    fails is moved by the daemon (ReplaceReplicaReq with its part) and
+    written to the new node. If no node is left for it, the stripe is written
+    degraded, with that fragment MISSING (node 0) in the committed placement
+    and counted by the daemon as waiting for reconstruction, provided at
+    least K + ``min_extra`` fragments are stored (client config
+    ``ec_min_fragments_over_k``, default 1). Below that the write fails with
+    UNAVAILABLE (EIO) and nothing is committed.
+
+fsync
+    Fragments are written without fsync and remembered; ``sync`` sends
+    SyncChunksReq for every fragment written since, to every node holding
+    one, before DataPath.flush commits: fsync returns when all K+M (or the
+    degraded number of) fragments are durable.
+
+Atomicity: as in striping.py, an OpenFile's ``uncommitted``/``chunks`` maps
+are only changed between awaits, after every fragment of the stripe is
+acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import trio
+import xxhash
+
+from ..common import protocol as p
+from ..common.erasure import HEADER, StripeCodec, codec, fragment_part
+from ..common.errors import ErrorCode, StripefsError
+from ..common.layout import Extent, parse_redundancy
+from .open_files import DirtyChunk, OpenFile
+
+if TYPE_CHECKING:
+    from .striping import DataPath
+
+log = logging.getLogger(__name__)
+
+MISSING = 0  #: node id of a fragment without a node (daemon/redundancy.py)
+_FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
+_MOVE_ATTEMPTS = 3
+
+
+def is_ec(layout: p.Layout) -> bool:
+    return layout.redundancy.startswith("ec=")
+
+
+def layout_codec(layout: p.Layout) -> StripeCodec:
+    red = parse_redundancy(layout.redundancy)
+    return codec(red.ec_k, red.ec_m, layout.chunk_size)
+
+
+def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memoryview:
+    piece = data[offset : offset + length]
+    if len(piece) == length:
+        return piece
+    return bytes(piece) + bytes(length - len(piece))
+
+
+class EcPath:
+    def __init__(self, data: DataPath, *, min_extra: int = 1):
+        self.data = data
+        self.min_extra = min_extra
+        #: one coding call at a time (the GIL; see common/erasure.py)
+        self.coding = trio.CapacityLimiter(1)
+        #: ino -> fragments written without fsync: node -> chunk ids
+        self._unsynced: dict[int, dict[int, set[p.ChunkId]]] = {}
+        #: (ino, session epoch) -> an epoch of the other parity, for stripes whose committed version shares the session's
+        self._other_parity: dict[tuple[int, int], int] = {}
+
+    # ------------------------------------------------------------------ reads
+
+    async def read(self, of: OpenFile, offset: int, end: int, extents: list[Extent]) -> bytes | memoryview:
+        sequential = offset == of.last_read_end or offset == 0
+        of.last_read_end = end
+        c = layout_codec(of.layout)
+        if len(extents) == 1:
+            out = await self._extent(of, c, extents[0])
+        else:
+            parts: list[bytes | memoryview] = [b""] * len(extents)
+
+            async def fetch(i: int, ext: Extent) -> None:
+                parts[i] = await self._extent(of, c, ext)
+
+            async with trio.open_nursery() as nursery:
+                for i, ext in enumerate(extents):
+                    nursery.start_soon(fetch, i, ext)
+            out = b"".join(parts)
+        if sequential and self.data.readahead_chunks:
+            self._read_ahead(of, c, end)
+        return out
+
+    def _read_ahead(self, of: OpenFile, c: StripeCodec, end: int) -> None:
+        """Fetch, in the background, the data fragments after ``end`` up to ``readahead_chunks`` stripes on."""
+        cs = of.chunk_size
+        stop = min(of.size, (end // cs + 1 + self.data.readahead_chunks) * cs)
+        pos = end
+        while pos < stop:
+            index, inner = divmod(pos, cs)
+            part = inner // c.fps
+            ref = of.chunks.get(index)
+            if ref is not None and ref.version:
+                key = (of.ino, index, ref.version, 1 + part)
+                if key not in self.data.cache and (of.ino, index, ref.version) not in self.data.cache:
+                    self.data.nursery.start_soon(self._prefetch, of.ino, c, ref, part, name=f"ec-prefetch-{of.ino}-{index}-{part}")
+            pos = index * cs + min(cs, (part + 1) * c.fps)
+
+    async def _prefetch(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> None:
+        try:
+            await self._fragment(ino, c, ref, part)
+        except StripefsError as exc:
+            # a degraded stripe, or the file changed meanwhile: the real read will decode or say so
+            log.debug("prefetch of fragment %d of stripe %d:%d failed: %s", part, ino, ref.index, exc)
+
+    def prefetch_small_file(self, info: p.OpenRsp) -> None:
+        """Fetch the fragments of a one-stripe file about to be opened (DataPath.prefetch_small_file)."""
+        ref = info.chunks[0]
+        c = layout_codec(info.layout)
+        self.data.nodes.learn(info.nodes)
+        for r in c.data_ranges(0, info.attr.size):
+            if (info.attr.ino, 0, ref.version, 1 + r.part) not in self.data.cache:
+                self.data.nursery.start_soon(self._prefetch, info.attr.ino, c, ref, r.part, name=f"ec-prefetch-{info.attr.ino}")
+
+    async def _extent(self, of: OpenFile, c: StripeCodec, ext: Extent) -> bytes | memoryview:
+        ref = of.chunks.get(ext.index)
+        if ref is None or ref.version == 0:
+            return bytes(ext.length)
+        whole = self.data.cache.get((of.ino, ext.index, ref.version))
+        if whole is not None:
+            return _piece(whole, ext.offset, ext.length)
+        ranges = c.data_ranges(ext.offset, ext.length)
+        pieces: list[bytes | memoryview] = [b""] * len(ranges)
+        failed: list[StripefsError] = []
+
+        async def one(i: int, r) -> None:
+            try:
+                pieces[i] = _piece(await self._fragment(of.ino, c, ref, r.part), r.offset, r.length)
+            except StripefsError as exc:
+                if exc.code not in _FAILOVER:
+                    raise
+                failed.append(exc)
+
+        if len(ranges) == 1:
+            await one(0, ranges[0])
+        else:
+            async with trio.open_nursery() as nursery:
+                for i, r in enumerate(ranges):
+                    nursery.start_soon(one, i, r)
+        if not failed:
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        log.info("stripe %d:%d v%d: a data fragment is unreadable (%s); decoding", of.ino, ext.index, ref.version, failed[0])
+        return _piece(await self.stripe(of.ino, c, ref), ext.offset, ext.length)
+
+    async def _fragment(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> bytes | memoryview:
+        """Data fragment ``part``'s stored payload (maybe shorter than fps: the rest is zeros), cached."""
+        nodes = self.data.nodes
+
+        async def load():
+            node = ref.nodes[part] if part < len(ref.nodes) else MISSING
+            if node == MISSING:
+                raise StripefsError(ErrorCode.UNAVAILABLE, f"fragment {part} of stripe {ino}:{ref.index} has no node")
+            if nodes.is_suspect(node):
+                raise StripefsError(ErrorCode.UNAVAILABLE, f"node {node} holding fragment {part} is suspect")
+            chunk = p.ChunkId(ino, ref.index, fragment_part(part, ref.version))
+            _, data = await nodes.read_versioned(node, chunk, ref.version, HEADER, c.fps, last_try=False)
+            return data
+
+        return await self.data.cache.fetch((ino, ref.index, ref.version, 1 + part), load)
+
+    async def stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, *, quiet: bool = False) -> bytes | memoryview:
+        """The whole stripe (chunk_size bytes), cached: from the data fragments, or decoded."""
+        return await self.data.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
+
+    async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool) -> bytes:
+        got = await self._fetch_parts(ino, c, ref, range(c.k))
+        if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
+            return c.decode({j: d for j, (_, d) in got.items()})
+        # degraded: every other fragment too, then decode one version's fragments
+        got.update(await self._fetch_parts(ino, c, ref, [j for j in range(c.n) if j not in got]))
+        by_version: dict[int, dict[int, memoryview]] = defaultdict(dict)
+        for j, (version, data) in got.items():
+            by_version[version][j] = data
+        for version in sorted(by_version, reverse=True):
+            frags = by_version[version]
+            if len(frags) >= c.k:
+                log.info("stripe %d:%d v%d: decoding from fragments %s", ino, ref.index, version, sorted(frags))
+                return await trio.to_thread.run_sync(c.decode, frags, limiter=self.coding)
+        counts = {v: sorted(f) for v, f in by_version.items()}
+        log.log(
+            logging.DEBUG if quiet else logging.ERROR,
+            "stripe %d:%d v%d: fewer than %d fragments of one version readable (%s)", ino, ref.index, ref.version, c.k, counts,
+        )
+        raise StripefsError(ErrorCode.IO, f"stripe {ino}:{ref.index}: fewer than {c.k} fragments readable")
+
+    async def _fetch_parts(self, ino: int, c: StripeCodec, ref: p.ChunkRef, parts) -> dict[int, tuple[int, memoryview]]:
+        """part -> (version, payload) for the fragments that could be read."""
+        got: dict[int, tuple[int, memoryview]] = {}
+        nodes = self.data.nodes
+
+        async def one(j: int) -> None:
+            node = ref.nodes[j] if j < len(ref.nodes) else MISSING
+            if node == MISSING or nodes.is_suspect(node):
+                return
+            chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
+            try:
+                got[j] = await nodes.read_versioned(node, chunk, ref.version, HEADER, c.fps, last_try=False)
+            except StripefsError as exc:
+                if exc.code not in _FAILOVER:
+                    raise
+                log.log(
+                    logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
+                    "fragment %s v%d on node %d unreadable: %s", chunk, ref.version, node, exc,
+                )
+
+        async with trio.open_nursery() as nursery:
+            for j in parts:
+                nursery.start_soon(one, j)
+        return got
+
+    # ----------------------------------------------------------------- writes
+
+    async def _version_for(self, of: OpenFile, epoch: int, committed: int) -> int:
+        """A version for a new stripe version: this session's epoch unless it shares the committed one's parity."""
+        if not committed or (epoch & 1) != (committed & 1):
+            return epoch
+        key = (of.ino, epoch)
+        other = self._other_parity.get(key)
+        while other is None:
+            rsp = await self.data.meta.call(p.AllocEpochReq())
+            if (rsp.epoch & 1) != (epoch & 1):
+                if len(self._other_parity) > 1024:
+                    self._other_parity.clear()
+                other = self._other_parity[key] = rsp.epoch
+        return other
+
+    async def send_stripe(self, of: OpenFile, dc: DirtyChunk, *, sync: bool) -> None:
+        """Write one dirty chunk as a new stripe version (read-modify-write when partial)."""
+        data = self.data
+        c = layout_codec(of.layout)
+        epoch = await data._epoch(of)
+        ref = await data._placement(of, dc.index)
+        mine = of.uncommitted.get(dc.index)
+        version = mine.version if mine is not None else await self._version_for(of, epoch, ref.version)
+        cs = of.chunk_size
+        if dc.lo == 0 and dc.hi >= cs:
+            stripe: bytes | bytearray | memoryview = memoryview(dc.buf)[:cs]
+        else:
+            stripe = bytearray(cs)
+            if ref.version:
+                old = await self.stripe(of.ino, c, ref)
+                stripe[: len(old)] = old
+            stripe[dc.lo : dc.hi] = memoryview(dc.buf)[dc.lo : dc.hi]
+        await self._write_stripe(of, c, ref, version, stripe, sync=sync)
+
+    async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
+        """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
+        c = layout_codec(of.layout)
+        rsp = await self.data.meta.call(p.AllocEpochReq())
+        version = await self._version_for(of, rsp.epoch, ref.version)
+        old = await self.stripe(of.ino, c, ref)
+        return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
+
+    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True) -> p.ChunkRef:
+        used = len(bytes(stripe).rstrip(b"\0"))  # trailing zeros need not be stored (common/erasure.py)
+        frags = await trio.to_thread.run_sync(c.encode, stripe, used, limiter=self.coding)
+        nodes = await self._write_fragments(of.ino, c, ref, version, frags, sync)
+        new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes)
+        # the cache may hold what this stripe version held before this write (a rewrite in one session)
+        self.data.cache.drop_inode(of.ino, ref.index)
+        if record:
+            of.uncommitted[ref.index] = new_ref
+            of.chunks[ref.index] = new_ref
+        return new_ref
+
+    async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, frags: list[bytes], sync: bool) -> list[int]:
+        """Write every fragment, moving the ones whose node fails; the placement, MISSING where none took it."""
+        data = self.data
+        nodes = list(ref.nodes) + [MISSING] * (c.n - len(ref.nodes))
+        stored = [False] * c.n
+        errors: dict[int, str] = {}
+
+        async def one(j: int) -> None:
+            node = nodes[j]
+            chunk = p.ChunkId(ino, ref.index, fragment_part(j, version))
+            request = p.WriteChunkReq(
+                chunk=chunk, version=version, base_version=0, offset=0, xxh3=xxhash.xxh3_64_intdigest(frags[j]), replace=True, sync=sync
+            )
+            for _ in range(_MOVE_ATTEMPTS):
+                if node != MISSING and not data.nodes.is_suspect(node):
+                    try:
+                        await data.nodes.write(node, request, frags[j])
+                        nodes[j], stored[j] = node, True
+                        return
+                    except StripefsError as exc:
+                        errors[j] = f"node {node}: {exc}"
+                        log.warning("fragment %s: write to node %d failed (%s); moving it", chunk, node, exc)
+                try:
+                    # not retried on UNAVAILABLE (the daemon's "no node left"): that fragment stays missing
+                    rsp = await data.meta.call(p.ReplaceReplicaReq(ino=ino, index=ref.index, failed_node=node, part=j), retry=False)
+                except StripefsError as exc:
+                    if exc.code != ErrorCode.UNAVAILABLE:
+                        raise
+                    errors[j] = exc.message
+                    break
+                data.nodes.learn(rsp.nodes)
+                new = rsp.chunks[0].nodes[j] if j < len(rsp.chunks[0].nodes) else MISSING
+                if new == node:
+                    break
+                node = new
+            nodes[j] = MISSING
+
+        async with trio.open_nursery() as nursery:
+            for j in range(c.n):
+                nursery.start_soon(one, j)
+        count = sum(stored)
+        need = min(c.n, c.k + self.min_extra)
+        if count < need:
+            log.error(
+                "stripe %d:%d: only %d of %d fragments could be written, %d needed; nothing committed (%s)",
+                ino, ref.index, count, c.n, need, "; ".join(f"fragment {j}: {e}" for j, e in sorted(errors.items())),
+            )
+            raise StripefsError(
+                ErrorCode.UNAVAILABLE,
+                f"stripe {ino}:{ref.index}: only {count} of {c.n} fragments could be stored, {need} needed: "
+                f"too few storage nodes are up for {c.k}+{c.m}",
+            )
+        if count < c.n:
+            log.warning("stripe %d:%d v%d written with %d of %d fragments (degraded): %s", ino, ref.index, version, count, c.n, errors)
+        if not sync:
+            if len(self._unsynced) > 4096:  # files closed without fsync: forget the oldest
+                del self._unsynced[next(iter(self._unsynced))]
+            pending = self._unsynced.setdefault(ino, {})
+            for j, node in enumerate(nodes):
+                if stored[j]:
+                    pending.setdefault(node, set()).add(p.ChunkId(ino, ref.index, fragment_part(j, version)))
+        return [n if stored[j] else MISSING for j, n in enumerate(nodes)]
+
+    async def sync(self, of: OpenFile) -> None:
+        """fsync every fragment written since the last sync, on every node holding one."""
+        pending = self._unsynced.pop(of.ino, None)
+        if not pending:
+            return
+        async with trio.open_nursery() as nursery:
+            for node, chunks in pending.items():
+                nursery.start_soon(self.data.nodes.sync, node, sorted(chunks, key=lambda ch: (ch.index, ch.part)))
