@@ -5,7 +5,7 @@
     stripefs mount    META_ADDR MOUNTPOINT       FUSE client            (stripefs.client.mount)
     stripefs local    up|down|status             a whole cluster here   (stripefs.local_cluster)
     stripefs status   [--json]                   the cluster as the metadata daemon sees it
-    stripefs layout   get|set                    per-directory layouts
+    stripefs layout   get|set|convert            per-directory layouts; convert existing files
     stripefs config   example meta|storage|client
 
 Admin commands find the cluster from a PATH inside a mount when given one
@@ -119,6 +119,8 @@ def _resolve(args, path: str) -> tuple[list[str], int]:
 
 
 def cmd_layout(args) -> int:
+    if args.action == "convert":
+        return cmd_layout_convert(args)
     addresses, ino = _resolve(args, args.path)
     if args.action == "set":
         redundancy = None
@@ -148,6 +150,25 @@ def cmd_layout(args) -> int:
     return 0
 
 
+def cmd_layout_convert(args) -> int:
+    if (args.ec is None) == (args.replicas is None):
+        raise QuietError("give the target redundancy: --ec K+M or --replicas R")
+    redundancy = f"ec={args.ec}" if args.ec else f"replicas={args.replicas}"
+    try:
+        redundancy = str(parse_redundancy(redundancy))
+    except StripefsError as exc:
+        raise QuietError(exc.message) from None
+    mounts = {_mount_of(Path(path)) for path in args.paths}
+    if None in mounts:
+        raise QuietError("layout convert works on paths inside a stripefs mount (it reads and writes the files there)")
+    if len(mounts) > 1:
+        raise QuietError("give paths of one stripefs mount at a time")
+    (found,) = mounts
+    from .client.convert import run
+
+    return run([a for a in found[0].replace(";", ",").split(",") if a], args.paths, redundancy, recursive=args.recursive)
+
+
 def cmd_status(args) -> int:
     addresses = _meta_addresses(args, args.path)
     (rsp,) = _rpc(addresses, p.StatusReq())
@@ -158,6 +179,12 @@ def cmd_status(args) -> int:
             "chunks": rsp.chunks,
             "logical_bytes": rsp.logical_bytes,
             "sessions": rsp.sessions,
+            "layouts": [
+                {"redundancy": u.redundancy, "files": u.files, "logical_bytes": u.logical_bytes, "raw_bytes": u.raw_bytes,
+                 "overhead": round(u.raw_bytes / u.logical_bytes, 3) if u.logical_bytes else None,
+                 "degraded_stripes": u.degraded_stripes}
+                for u in rsp.layouts
+            ],
             "nodes": [
                 {
                     "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
@@ -172,6 +199,13 @@ def cmd_status(args) -> int:
     up = sum(n.state == "up" for n in rsp.nodes)
     print(f"metadata daemon {addresses[0]}: {up}/{len(rsp.nodes)} storage nodes up, {rsp.sessions} mounts")
     print(f"  {rsp.files} files, {rsp.directories} directories, {rsp.chunks} chunks, {format_size(rsp.logical_bytes)} of file data")
+    for u in rsp.layouts:
+        overhead = f"{u.raw_bytes / u.logical_bytes:.2f}x" if u.logical_bytes else "-"
+        degraded = f", {u.degraded_stripes} degraded stripe(s) waiting for reconstruction" if u.degraded_stripes else ""
+        print(
+            f"  {u.redundancy:<12} {u.files:>6} files  {format_size(u.logical_bytes):>8} logical"
+            f"  {format_size(u.raw_bytes):>8} raw  overhead {overhead}{degraded}"
+        )
     print(f"  {'node':>5} {'state':<6} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8}  address")
     for n in rsp.nodes:
         print(
@@ -261,6 +295,18 @@ def build_parser() -> argparse.ArgumentParser:
     lset.add_argument("--ec", help="erasure code K+M, e.g. 4+2")
     lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
     _add_cluster_args(lset)
+    conv = lysub.add_parser(
+        "convert",
+        help="re-write existing files to another redundancy, online",
+        description="Copy each file into its new layout through the data path, then switch it over atomically. "
+        "Files stay readable throughout. An interrupted run leaves every file whole in its old or new layout; "
+        "run it again to finish (files already converted are skipped).",
+    )
+    conv.add_argument("paths", nargs="+", metavar="PATH", help="files (or directories with --recursive) inside a stripefs mount")
+    conv.add_argument("--recursive", "-r", action="store_true", help="convert every file under directories; the directories get the new redundancy for new files too")
+    target = conv.add_mutually_exclusive_group(required=True)
+    target.add_argument("--ec", help="erasure code K+M, e.g. 4+2")
+    target.add_argument("--replicas", type=int, help="copies of each chunk")
     layout.set_defaults(func=cmd_layout)
 
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
