@@ -233,9 +233,9 @@ def check_backend() -> str:
     frags = c.encode(data)
     if c.decode({j: frags[j][HEADER:] for j in (1, 3, 4, 5)}) != data:
         raise StripefsError(ErrorCode.INTERNAL, f"{EC_TYPE}: a 4+2 stripe did not decode to its data")
-    import pyeclib
+    from importlib.metadata import version
 
-    return f"pyeclib {getattr(pyeclib, '__version__', '?')}: {EC_TYPE} loads and codes (4+2 round trip ok)"
+    return f"pyeclib {version('pyeclib')}: {EC_TYPE} loads and codes (4+2 round trip ok)"
 
 
 if __name__ == "__main__":

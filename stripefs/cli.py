@@ -82,13 +82,16 @@ def _rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
         try:
             last: StripefsError | None = None
             for address in addresses:
+                refused: StripefsError | None = None
                 async with connect(ctx, address, timeout=5) as client:
                     try:
                         return [(await client.call(r))[0] for r in requests]
                     except StripefsError as exc:
                         if exc.code not in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE):
-                            raise
+                            refused = exc  # raised outside the connection's nursery: not wrapped in an ExceptionGroup
                         last = exc
+                if refused is not None:
+                    raise refused
             raise QuietError(f"no metadata daemon answered at {', '.join(addresses)} ({last.message})", 2)
         finally:
             ctx.destroy(linger=0)
