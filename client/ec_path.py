@@ -348,7 +348,7 @@ class EcPath:
             for j in range(c.n):
                 nursery.start_soon(one, j)
         count = sum(stored)
-        need = min(c.n, c.k + self.min_extra)
+        need = min(c.n, c.k + max(0, self.min_extra))  # never fewer than K: that would lose the stripe
         if count < need:
             log.error(
                 "stripe %d:%d: only %d of %d fragments could be written, %d needed; nothing committed (%s)",
