@@ -24,8 +24,9 @@ Writes
     A dirty chunk becomes one stripe version. A dirty range that is not the
     whole chunk is merged into the current stripe, read first
     (read-modify-write); a stripe never written before is zeros. The stripe is
-    coded in a worker thread (one call at a time: pyeclib holds the GIL, so
-    parallel calls would only queue; each call is one stripe, a few ms) and
+    coded in worker threads, 1 MiB of stripe per pyeclib call, one call at a
+    time (pyeclib holds the GIL: parallel calls would only queue; between
+    calls the FUSE loop runs), and
     its K+M fragments are written in parallel, each replacing its copy
     whole. The version is this write session's epoch, or, if that has the
     parity of the committed version, another epoch of the other parity: the
@@ -212,29 +213,44 @@ class EcPath:
             return c.decode({j: d for j, (_, d) in got.items()})
         # degraded: every other fragment too, then decode one version's fragments
         got.update(await self._fetch_parts(ino, c, ref, [j for j in range(c.n) if j not in got]))
-        by_version: dict[int, dict[int, memoryview]] = defaultdict(dict)
-        for j, (version, data) in got.items():
-            by_version[version][j] = data
-        for version in sorted(by_version, reverse=True):
-            frags = by_version[version]
-            if len(frags) >= c.k:
-                log.info("stripe %d:%d v%d: decoding from fragments %s", ino, ref.index, version, sorted(frags))
-                return await trio.to_thread.run_sync(c.decode, frags, limiter=self.coding)
-        counts = {v: sorted(f) for v, f in by_version.items()}
+        frags = self._decodable(c, got)
+        if frags is None:  # nodes we suspect may be back: ask them too
+            got.update(await self._fetch_parts(ino, c, ref, [j for j in range(c.n) if j not in got], suspects=True))
+            frags = self._decodable(c, got)
+        if frags is not None:
+            log.info("stripe %d:%d v%d: decoding from fragments %s", ino, ref.index, ref.version, sorted(frags))
+            return await self._run(c.decode_job(frags))
+        by_version: dict[int, list[int]] = defaultdict(list)
+        for j, (version, _) in got.items():
+            by_version[version].append(j)
+        counts = {v: sorted(f) for v, f in by_version.items()}  # version -> parts read
         log.log(
             logging.DEBUG if quiet else logging.ERROR,
             "stripe %d:%d v%d: fewer than %d fragments of one version readable (%s)", ino, ref.index, ref.version, c.k, counts,
         )
         raise StripefsError(ErrorCode.IO, f"stripe {ino}:{ref.index}: fewer than {c.k} fragments readable")
 
-    async def _fetch_parts(self, ino: int, c: StripeCodec, ref: p.ChunkRef, parts) -> dict[int, tuple[int, memoryview]]:
-        """part -> (version, payload) for the fragments that could be read."""
+    @staticmethod
+    def _decodable(c: StripeCodec, got: dict[int, tuple[int, memoryview]]) -> dict[int, memoryview] | None:
+        """The payloads of the newest version that has K fragments, if any."""
+        by_version: dict[int, dict[int, memoryview]] = defaultdict(dict)
+        for j, (version, data) in got.items():
+            by_version[version][j] = data
+        for version in sorted(by_version, reverse=True):
+            if len(by_version[version]) >= c.k:
+                return by_version[version]
+        return None
+
+    async def _fetch_parts(
+        self, ino: int, c: StripeCodec, ref: p.ChunkRef, parts, *, suspects: bool = False
+    ) -> dict[int, tuple[int, memoryview]]:
+        """part -> (version, payload) for the fragments that could be read (nodes we suspect skipped unless ``suspects``)."""
         got: dict[int, tuple[int, memoryview]] = {}
         nodes = self.data.nodes
 
         async def one(j: int) -> None:
             node = ref.nodes[j] if j < len(ref.nodes) else MISSING
-            if node == MISSING or nodes.is_suspect(node):
+            if node == MISSING or (nodes.is_suspect(node) and not suspects):
                 return
             chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
             try:
@@ -251,6 +267,12 @@ class EcPath:
             for j in parts:
                 nursery.start_soon(one, j)
         return got
+
+    async def _run(self, job):
+        """Run a coding job's steps in worker threads, one at a time: the loop gets the GIL back between steps."""
+        for step in job.steps:
+            await trio.to_thread.run_sync(step, limiter=self.coding)
+        return job.result()
 
     # ----------------------------------------------------------------- writes
 
@@ -297,7 +319,7 @@ class EcPath:
 
     async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True) -> p.ChunkRef:
         used = len(bytes(stripe).rstrip(b"\0"))  # trailing zeros need not be stored (common/erasure.py)
-        frags = await trio.to_thread.run_sync(c.encode, stripe, used, limiter=self.coding)
+        frags = await self._run(c.encode_job(stripe, used))
         nodes = await self._write_fragments(of.ino, c, ref, version, frags, sync)
         new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes)
         # the cache may hold what this stripe version held before this write (a rewrite in one session)
@@ -320,8 +342,11 @@ class EcPath:
             request = p.WriteChunkReq(
                 chunk=chunk, version=version, base_version=0, offset=0, xxh3=xxhash.xxh3_64_intdigest(frags[j]), replace=True, sync=sync
             )
+            tried: set[int] = set()
+            force = False  # the daemon kept a node we suspect: it heartbeats, try it after all
             for _ in range(_MOVE_ATTEMPTS):
-                if node != MISSING and not data.nodes.is_suspect(node):
+                if node != MISSING and node not in tried and (force or not data.nodes.is_suspect(node)):
+                    tried.add(node)
                     try:
                         await data.nodes.write(node, request, frags[j])
                         nodes[j], stored[j] = node, True
@@ -340,7 +365,10 @@ class EcPath:
                 data.nodes.learn(rsp.nodes)
                 new = rsp.chunks[0].nodes[j] if j < len(rsp.chunks[0].nodes) else MISSING
                 if new == node:
-                    break
+                    if node == MISSING or node in tried:
+                        break
+                    force = True
+                    continue
                 node = new
             nodes[j] = MISSING
 

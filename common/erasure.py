@@ -38,11 +38,13 @@ not depend on the data (checked by the unit tests), so it is computed once per
 The GIL
 -------
 pyeclib holds the GIL while it codes: a call in a worker thread still stops
-every other Python thread, the FUSE loop included, for its whole duration.
-Each call here codes one stripe at most (a few MiB: about 8 ms for 4 MiB with
-4+2 on the development machine), which bounds that pause; the caller runs it
-in a worker thread (trio.to_thread.run_sync) so the loop at least is not
-charged for argument copies and the call overlaps network waits of other tasks.
+every other Python thread, the FUSE loop included, for its whole duration
+(a 4 MiB 4+2 stripe takes about 8 ms, and a 1 ms timer then wakes up to 45 ms
+late when the machine is busy). So ``encode_job``/``decode_job`` cut a stripe
+into steps of SLICE_BYTES (1 MiB) of columns: Reed-Solomon works column by
+column, so coding the slices separately gives the same bytes. The client
+runs each step in a worker thread (trio.to_thread.run_sync), and the loop
+gets the GIL back between steps: each stall is bounded by one 1 MiB call.
 
 Slots
 -----
@@ -63,7 +65,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .errors import ErrorCode, StripefsError
 
@@ -86,6 +88,23 @@ def _driver(k: int, m: int):
         raise StripefsError(
             ErrorCode.INTERNAL, f"pyeclib cannot load the {EC_TYPE} backend for {k}+{m}: {exc} (run 'make install')"
         ) from None
+
+
+#: stripe bytes coded per pyeclib call: the longest the GIL is held at once (about 2 ms here)
+SLICE_BYTES = 1 << 20
+
+
+class Job:
+    """A coding job cut into steps; run each step (a worker thread may), then take ``result()``."""
+
+    def __init__(self, steps: list[Callable[[], None]], result: Callable[[], object]):
+        self.steps = steps
+        self.result = result
+
+    def run(self):
+        for step in self.steps:
+            step()
+        return self.result()
 
 
 @dataclass(frozen=True)
@@ -118,6 +137,9 @@ class StripeCodec:
         if backend != EC_TYPE:
             raise StripefsError(ErrorCode.INTERNAL, f"pyeclib coded with backend {backend!r}, not {EC_TYPE}")
         self.headers: tuple[bytes, ...] = tuple(bytes(f[:HEADER]) for f in zero)
+        #: columns per coding step: about SLICE_BYTES of stripe per pyeclib call
+        self.slice = max(4096, -(-SLICE_BYTES // k) // 64 * 64)
+        self._sub_headers: dict[int, tuple[bytes, ...]] = {}
 
     @property
     def fragment_size(self) -> int:
@@ -147,56 +169,99 @@ class StripeCodec:
     # -- coding ----------------------------------------------------------------
 
     def encode(self, stripe: bytes | bytearray | memoryview, used: int | None = None) -> list[bytes]:
-        """The K+M stored fragments (header + trimmed payload) of a stripe.
+        """The K+M stored fragments (header + trimmed payload) of a stripe, in one go."""
+        return self.encode_job(stripe, used).run()
+
+    def decode(self, payloads: Mapping[int, bytes | memoryview]) -> bytes:
+        """The stripe from the payloads of at least K fragments, in one go (see ``decode_job``)."""
+        return self.decode_job(payloads).run()
+
+    def encode_job(self, stripe: bytes | bytearray | memoryview, used: int | None = None) -> Job:
+        """Code a stripe in steps; ``result()`` is the K+M stored fragments (header + trimmed payload).
 
         ``stripe`` holds the stripe's first bytes (at most chunk_size); past it,
-        and past ``used`` (default: len(stripe)), the stripe is zeros.
+        and past ``used`` (default: len(stripe)), the stripe is zeros. Each step
+        codes the columns ``[a, a+slice)`` of every data fragment (about
+        SLICE_BYTES of stripe): parity column b depends only on column b of the
+        data fragments, so the slices' parities, put end to end, are the parity.
         """
         view = memoryview(stripe)
         if len(view) > self.chunk_size:
             raise StripefsError(ErrorCode.INVALID, f"stripe of {len(view)} bytes is longer than the chunk size {self.chunk_size}")
         used = len(view) if used is None else min(used, len(view))
         view = view[:used]
-        k, fps = self.k, self.fps
-        n = min(used, fps)  # bytes of every fragment that can be nonzero
-        data = [bytes(view[j * fps : min((j + 1) * fps, used)]) for j in range(k)]
-        if n == 0:
-            parity = [b""] * self.m
-        elif n == fps:
-            # a stripe longer than one fragment: code it whole
-            coded = self._driver.encode(bytes(view) + bytes(self.chunk_size - used))
-            parity = [bytes(memoryview(f)[HEADER:]) for f in coded[k:]]
-        else:
-            # only the first n bytes of each data fragment can be nonzero: code the sub-stripe
-            sub = b"".join(d.ljust(n, b"\0") for d in data)
-            coded = self._driver.encode(sub)
-            parity = [bytes(memoryview(f)[HEADER : HEADER + n]) for f in coded[k:]]
-        return [self.headers[j] + payload for j, payload in enumerate(data + parity)]
+        k, m, fps = self.k, self.m, self.fps
+        n = min(used, fps)  # columns that can be nonzero
+        data = [view[j * fps : min((j + 1) * fps, used)] for j in range(k)]
+        parity: list[list[bytes]] = [[] for _ in range(m)]
 
-    def decode(self, payloads: Mapping[int, bytes | memoryview]) -> bytes:
-        """The stripe (``chunk_size`` bytes) from the payloads of at least K fragments ``{part: payload}``.
+        def step(a: int, b: int) -> None:
+            w = b - a
+            sub = b"".join(bytes(d[a:b]).ljust(w, b"\0") for d in data)
+            coded = self._driver.encode(sub)
+            for i in range(m):
+                parity[i].append(bytes(memoryview(coded[k + i])[HEADER : HEADER + w]))
+
+        def result() -> list[bytes]:
+            out = [self.headers[j] + bytes(data[j]) for j in range(k)]
+            return out + [self.headers[k + i] + b"".join(parity[i]) for i in range(m)]
+
+        steps = [functools.partial(step, a, min(a + self.slice, n)) for a in range(0, n, self.slice)]
+        return Job(steps, result)
+
+    def decode_job(self, payloads: Mapping[int, bytes | memoryview]) -> Job:
+        """Rebuild a stripe (``chunk_size`` bytes) in steps from the payloads of at least K fragments.
 
         A payload is a stored fragment without its header (what a read at offset
         HEADER returns), maybe trimmed: it is zero-padded to ``fps``. The stored
-        headers are not needed: they do not depend on the data, ours are used.
-        With every data fragment present the payloads are concatenated, no
-        decoding. Payloads must be of one stripe version (the caller checks).
+        headers are not needed: they do not depend on the data. With every data
+        fragment present the payloads are concatenated, no decoding. Otherwise
+        each step decodes a slice of columns with pyeclib (headers for the
+        slice's size made once); columns past the longest payload are zero in
+        every fragment given (a parity fragment is among them and is as long as
+        any data fragment) and need no decoding. Payloads must be of one stripe
+        version (the caller checks).
         """
-        if all(j in payloads for j in range(self.k)):
-            return b"".join(self._padded(payloads[j]) for j in range(self.k))[: self.chunk_size]
-        if len(payloads) < self.k:
-            raise StripefsError(
-                ErrorCode.IO, f"{len(payloads)} fragment(s) of a {self.k}+{self.m} stripe: at least {self.k} are needed"
-            )
+        k, fps = self.k, self.fps
+        for j, payload in payloads.items():
+            if len(payload) > fps or not 0 <= j < self.n:
+                raise StripefsError(ErrorCode.CORRUPT, f"fragment {j}: payload of {len(payload)} bytes, at most {fps} expected")
+        if all(j in payloads for j in range(k)):
+            return Job([], lambda: b"".join(self._padded(payloads[j]) for j in range(k))[: self.chunk_size])
+        if len(payloads) < k:
+            raise StripefsError(ErrorCode.IO, f"{len(payloads)} fragment(s) of a {k}+{self.m} stripe: at least {k} are needed")
         chosen = sorted(payloads)
-        full = [self.headers[j] + self._padded(payloads[j]) for j in chosen]
-        try:
-            data = self._driver.decode(full)
-        except Exception as exc:
-            raise StripefsError(ErrorCode.IO, f"decoding a {self.k}+{self.m} stripe from parts {chosen} failed: {exc}") from None
-        if len(data) != self.chunk_size:
-            raise StripefsError(ErrorCode.IO, f"decoded {len(data)} bytes, expected {self.chunk_size}")
-        return data
+        n = max(len(payloads[j]) for j in chosen)
+        data: list[list[bytes]] = [[] for _ in range(k)]
+
+        def step(a: int, b: int) -> None:
+            w = b - a
+            headers = self._headers_for(w)
+            full = [headers[j] + bytes(payloads[j][a:b]).ljust(w, b"\0") for j in chosen]
+            try:
+                out = self._driver.decode(full)
+            except Exception as exc:
+                raise StripefsError(ErrorCode.IO, f"decoding a {k}+{self.m} stripe from parts {chosen} failed: {exc}") from None
+            if len(out) != k * w:
+                raise StripefsError(ErrorCode.IO, f"decoded {len(out)} bytes, expected {k * w}")
+            for j in range(k):
+                data[j].append(out[j * w : (j + 1) * w])
+
+        def result() -> bytes:
+            return b"".join(b"".join(data[j]).ljust(fps, b"\0") for j in range(k))[: self.chunk_size]
+
+        steps = [functools.partial(step, a, min(a + self.slice, n)) for a in range(0, n, self.slice)]
+        return Job(steps, result)
+
+    def _headers_for(self, width: int) -> tuple[bytes, ...]:
+        """Fragment headers of a stripe of K*width bytes (they depend on the size only)."""
+        headers = self._sub_headers.get(width)
+        if headers is None:
+            if len(self._sub_headers) > 64:
+                self._sub_headers.clear()
+            coded = self._driver.encode(bytes(self.k * width))
+            headers = self._sub_headers[width] = tuple(bytes(f[:HEADER]) for f in coded)
+        return headers
 
     def _padded(self, payload: bytes | memoryview) -> bytes:
         if len(payload) > self.fps:

@@ -567,10 +567,19 @@ class Namespace:
             refs, addrs = self._chunk_map(ino, {index: current})
             return refs[0], addrs
         present = [n for n in nodes if n != redundancy.MISSING]
-        new = placement.replace_node(
-            self.nodes.views(), present + ([failed_node] if failed_node == redundancy.MISSING else []), failed_node,
-            key=row["stripe_seed"] ^ index,
-        )
+        try:
+            new = placement.replace_node(
+                self.nodes.views(), present + ([failed_node] if failed_node == redundancy.MISSING else []), failed_node,
+                key=row["stripe_seed"] ^ index,
+            )
+        except StripefsError as exc:
+            views = {v.node_id: v for v in self.nodes.views()}
+            if exc.code == ErrorCode.UNAVAILABLE and part >= 0 and failed_node in views and views[failed_node].up:
+                # an EC writer that skipped a node it suspects, with nowhere else to go: the node
+                # heartbeats, so the placement stays and the writer tries it after all
+                refs, addrs = self._chunk_map(ino, {index: current})
+                return refs[0], addrs
+            raise
         nodes = list(nodes)
         nodes[position] = new
         self.store.put_chunk(ino, index, version, nodes)

@@ -66,8 +66,11 @@ def test_replace_fragment_keeps_its_position(w):
     assert [n for i, n in enumerate(ref.nodes) if i != part] == [n for i, n in enumerate(before) if i != part]
     # a repeated request (the copy already moved) answers the current placement
     assert w.ns.replace_replica(ino, 0, 3, part)[0] == ref
-    # no node left to take a fragment: UNAVAILABLE
+    # no node left to take a fragment: the placement stays while its node heartbeats
+    # (the writer only suspected it), UNAVAILABLE once it is down
     _down(w, 3)
+    assert w.ns.replace_replica(ino, 0, ref.nodes[0], 0)[0] == ref
+    _down(w, ref.nodes[0])
     assert code_of(w.ns.replace_replica, ino, 0, ref.nodes[0], 0) == ErrorCode.UNAVAILABLE
 
 
