@@ -127,19 +127,39 @@ class EcPath:
         return out
 
     def _read_ahead(self, of: OpenFile, c: StripeCodec, end: int) -> None:
-        """Fetch, in the background, the data fragments after ``end`` up to ``readahead_chunks`` stripes on."""
+        """Fetch, in the background, the data fragments after ``end`` up to ``readahead_chunks`` stripes on.
+
+        A stripe with a data fragment on a suspect node or without a node is
+        decoded in the background instead (the whole stripe lands in the cache).
+        """
         cs = of.chunk_size
         stop = min(of.size, (end // cs + 1 + self.data.readahead_chunks) * cs)
         pos = end
+        cache = self.data.cache
         while pos < stop:
             index, inner = divmod(pos, cs)
-            part = inner // c.fps
             ref = of.chunks.get(index)
-            if ref is not None and ref.version:
-                key = (of.ino, index, ref.version, 1 + part)
-                if key not in self.data.cache and (of.ino, index, ref.version) not in self.data.cache:
-                    self.data.nursery.start_soon(self._prefetch, of.ino, c, ref, part, name=f"ec-prefetch-{of.ino}-{index}-{part}")
-            pos = index * cs + min(cs, (part + 1) * c.fps)
+            if ref is None or not ref.version or (of.ino, index, ref.version) in cache:
+                pos = (index + 1) * cs
+                continue
+            parts = range(inner // c.fps, -(-min(cs, stop - index * cs) // c.fps))
+            if any(self._unreachable(ref, j) for j in parts):
+                self.data.nursery.start_soon(self._prefetch_stripe, of.ino, c, ref, name=f"ec-decode-{of.ino}-{index}")
+            else:
+                for j in parts:
+                    if (of.ino, index, ref.version, 1 + j) not in cache:
+                        self.data.nursery.start_soon(self._prefetch, of.ino, c, ref, j, name=f"ec-prefetch-{of.ino}-{index}-{j}")
+            pos = (index + 1) * cs
+
+    def _unreachable(self, ref: p.ChunkRef, part: int) -> bool:
+        node = ref.nodes[part] if part < len(ref.nodes) else MISSING
+        return node == MISSING or self.data.nodes.is_suspect(node)
+
+    async def _prefetch_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef) -> None:
+        try:
+            await self.stripe(ino, c, ref, quiet=True)
+        except StripefsError as exc:
+            log.debug("background decode of stripe %d:%d failed: %s", ino, ref.index, exc)
 
     async def _prefetch(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> None:
         try:
