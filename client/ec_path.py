@@ -14,11 +14,14 @@ Reads
     so the kernel's next requests in the same fragment cost nothing). A
     sequential reader prefetches the fragments of the next
     ``readahead_chunks`` stripes. A fragment that is missing, whose node is
-    suspect or does not answer within ``read_timeout``, is stale, or fails its
-    checksum makes the read *degraded*: every fragment of the stripe is
-    fetched, fragments of one version are grouped, the newest version with K
-    of them is decoded (a worker thread), and the whole stripe is cached. Up
-    to M fragments can be lost that way with no error to the application.
+    suspect, that is stale or fails its checksum, or that has not come within
+    READ_DEADLINE_S (0.5 s) makes the read *degraded*: the other fragments are
+    fetched until one version has K of them, which are decoded (worker
+    threads), and the whole stripe is cached. The late read is not cancelled:
+    if its node is dead it times out and the node becomes suspect (skipped for
+    15 s), and read-ahead then decodes the stripes that need it in the
+    background. Up to M fragments can be lost that way with no error to the
+    application.
 
 Writes
     A dirty chunk becomes one stripe version. A dirty range that is not the
@@ -54,7 +57,9 @@ acknowledged.
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -75,6 +80,8 @@ log = logging.getLogger(__name__)
 MISSING = 0  #: node id of a fragment without a node (daemon/redundancy.py)
 _FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
 _MOVE_ATTEMPTS = 3
+#: a data fragment that has not come within this long makes the read decode from the others
+READ_DEADLINE_S = 0.5
 
 
 def is_ec(layout: p.Layout) -> bool:
@@ -97,6 +104,7 @@ class EcPath:
     def __init__(self, data: DataPath, *, min_extra: int = 1):
         self.data = data
         self.min_extra = min_extra
+        self.read_deadline_s = READ_DEADLINE_S
         #: one coding call at a time (the GIL; see common/erasure.py)
         self.coding = trio.CapacityLimiter(1)
         #: ino -> fragments written without fsync: node -> chunk ids
@@ -185,27 +193,45 @@ class EcPath:
         if whole is not None:
             return _piece(whole, ext.offset, ext.length)
         ranges = c.data_ranges(ext.offset, ext.length)
-        pieces: list[bytes | memoryview] = [b""] * len(ranges)
-        failed: list[StripefsError] = []
-
-        async def one(i: int, r) -> None:
-            try:
-                pieces[i] = _piece(await self._fragment(of.ino, c, ref, r.part), r.offset, r.length)
-            except StripefsError as exc:
-                if exc.code not in _FAILOVER:
-                    raise
-                failed.append(exc)
-
-        if len(ranges) == 1:
-            await one(0, ranges[0])
-        else:
-            async with trio.open_nursery() as nursery:
-                for i, r in enumerate(ranges):
-                    nursery.start_soon(one, i, r)
-        if not failed:
+        calls = {i: functools.partial(self._fragment, of.ino, c, ref, r.part) for i, r in enumerate(ranges)}
+        got, failed = await self._gather(calls, deadline=self.read_deadline_s)
+        if len(got) == len(ranges):
+            pieces = [_piece(got[i], r.offset, r.length) for i, r in enumerate(ranges)]
             return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        log.info("stripe %d:%d v%d: a data fragment is unreadable (%s); decoding", of.ino, ext.index, ref.version, failed[0])
+        why = next(iter(failed.values()), None) or f"no answer within {self.read_deadline_s}s"
+        log.info("stripe %d:%d v%d: a data fragment is unreadable (%s); decoding", of.ino, ext.index, ref.version, why)
         return _piece(await self.stripe(of.ino, c, ref), ext.offset, ext.length)
+
+    async def _gather(self, calls: dict, *, deadline: float = math.inf, enough=None) -> tuple[dict, dict]:
+        """Run ``calls`` (key -> async function) at once; (results, StripefsErrors) by key.
+
+        Returns when all are done, when ``deadline`` seconds have passed, or when
+        ``enough(results)`` says so. The calls run in the mount's nursery, so one
+        left behind is not cancelled: a read of a dead node still times out and
+        marks the node suspect, and a late fragment still lands in the cache.
+        """
+        results: dict = {}
+        failures: dict = {}
+        pending = len(calls)
+        wake = trio.Event()
+
+        async def run(key, fn) -> None:
+            nonlocal pending
+            try:
+                results[key] = await fn()
+            except StripefsError as exc:
+                failures[key] = exc
+            finally:
+                pending -= 1
+                if pending == 0 or (enough is not None and enough(results)):
+                    wake.set()
+
+        for key, fn in calls.items():
+            self.data.nursery.start_soon(run, key, fn)
+        if calls:
+            with trio.move_on_after(deadline):
+                await wake.wait()
+        return dict(results), dict(failures)
 
     async def _fragment(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> bytes | memoryview:
         """Data fragment ``part``'s stored payload (maybe shorter than fps: the rest is zeros), cached."""
@@ -228,15 +254,18 @@ class EcPath:
         return await self.data.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
 
     async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool) -> bytes:
-        got = await self._fetch_parts(ino, c, ref, range(c.k))
+        got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
         if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
             return c.decode({j: d for j, (_, d) in got.items()})
-        # degraded: every other fragment too, then decode one version's fragments
-        got.update(await self._fetch_parts(ino, c, ref, [j for j in range(c.n) if j not in got]))
-        frags = self._decodable(c, got)
-        if frags is None:  # nodes we suspect may be back: ask them too
-            got.update(await self._fetch_parts(ino, c, ref, [j for j in range(c.n) if j not in got], suspects=True))
+        # degraded: the other fragments too, until one version has K of them
+        frags = None
+        for suspects in (False, True):  # nodes we suspect may be back: asked last
+            rest = self._part_reads(ino, c, ref, [j for j in range(c.n) if j not in got], suspects=suspects)
+            more, _ = await self._gather(rest, enough=lambda r: self._decodable(c, {**got, **r}) is not None)
+            got.update(more)
             frags = self._decodable(c, got)
+            if frags is not None:
+                break
         if frags is not None:
             log.info("stripe %d:%d v%d: decoding from fragments %s", ino, ref.index, ref.version, sorted(frags))
             return await self._run(c.decode_job(frags))
@@ -261,32 +290,27 @@ class EcPath:
                 return by_version[version]
         return None
 
-    async def _fetch_parts(
-        self, ino: int, c: StripeCodec, ref: p.ChunkRef, parts, *, suspects: bool = False
-    ) -> dict[int, tuple[int, memoryview]]:
-        """part -> (version, payload) for the fragments that could be read (nodes we suspect skipped unless ``suspects``)."""
-        got: dict[int, tuple[int, memoryview]] = {}
+    def _part_reads(self, ino: int, c: StripeCodec, ref: p.ChunkRef, parts, *, suspects: bool = False) -> dict:
+        """part -> async function reading (version, payload) of that fragment, for the nodes worth asking."""
         nodes = self.data.nodes
-
-        async def one(j: int) -> None:
+        calls = {}
+        for j in parts:
             node = ref.nodes[j] if j < len(ref.nodes) else MISSING
             if node == MISSING or (nodes.is_suspect(node) and not suspects):
-                return
-            chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
-            try:
-                got[j] = await nodes.read_versioned(node, chunk, ref.version, HEADER, c.fps, last_try=False)
-            except StripefsError as exc:
-                if exc.code not in _FAILOVER:
-                    raise
-                log.log(
-                    logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
-                    "fragment %s v%d on node %d unreadable: %s", chunk, ref.version, node, exc,
-                )
+                continue
+            calls[j] = functools.partial(self._read_part, ino, c, ref, j, node)
+        return calls
 
-        async with trio.open_nursery() as nursery:
-            for j in parts:
-                nursery.start_soon(one, j)
-        return got
+    async def _read_part(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, node: int) -> tuple[int, memoryview]:
+        chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
+        try:
+            return await self.data.nodes.read_versioned(node, chunk, ref.version, HEADER, c.fps, last_try=False)
+        except StripefsError as exc:
+            log.log(
+                logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
+                "fragment %s v%d on node %d unreadable: %s", chunk, ref.version, node, exc,
+            )
+            raise
 
     async def _run(self, job):
         """Run a coding job's steps in worker threads, one at a time: the loop gets the GIL back between steps."""
