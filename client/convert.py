@@ -29,9 +29,7 @@ import logging
 import os
 import stat
 import sys
-import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -39,7 +37,6 @@ import zmq
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, QuietError, StripefsError
-from ..common.layout import format_size
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
@@ -51,46 +48,35 @@ log = logging.getLogger(__name__)
 BUSY_RETRIES = 3
 
 
-@dataclass
-class Progress:
-    """A one-line progress bar on stderr (a line per file when stderr is not a terminal)."""
+class _Tally:
+    """What happened to each file, and the shared progress bar (stripefs/progress.py).
 
-    files: int
-    total_bytes: int
-    done_files: int = 0
-    done_bytes: int = 0
-    converted: int = 0
-    skipped: int = 0
-    failed: list[str] = field(default_factory=list)
-    _last: float = 0.0
-    tty: bool = field(default_factory=lambda: sys.stderr.isatty())
+    When stderr is not a terminal, a line per file is printed instead of a bar.
+    """
+
+    def __init__(self, files: int, total_bytes: int):
+        from stripefs.progress import Progress
+
+        self.files = files
+        self.bar = Progress(files, label="converting", total_bytes=total_bytes)
+        self.done_files = 0
+        self.done_bytes = 0
+        self.converted = 0
+        self.skipped = 0
+        self.failed: list[str] = []
 
     def advance(self, nbytes: int) -> None:
         self.done_bytes += nbytes
-        now = time.monotonic()
-        if self.tty and now - self._last > 0.1:
-            self._last = now
-            self._draw()
+        self.bar.update(self.done_files, self.done_bytes)
 
     def file_done(self, path: str, outcome: str) -> None:
         self.done_files += 1
-        if self.tty:
-            self._draw()
-        else:
+        self.bar.update(self.done_files, self.done_bytes)
+        if not self.bar.tty:
             print(f"[{self.done_files}/{self.files}] {path}: {outcome}", file=sys.stderr, flush=True)
 
-    def _draw(self) -> None:
-        frac = self.done_bytes / self.total_bytes if self.total_bytes else 1.0
-        bar = "#" * int(frac * 30)
-        print(
-            f"\r[{bar:<30}] {frac:4.0%}  {format_size(self.done_bytes)}/{format_size(self.total_bytes)}"
-            f"  {self.done_files}/{self.files} files",
-            end="", file=sys.stderr, flush=True,
-        )
-
     def finish(self) -> None:
-        if self.tty:
-            print(file=sys.stderr)
+        self.bar.close()
 
 
 def _targets(paths: list[str], recursive: bool) -> tuple[list[tuple[str, int]], list[str]]:
@@ -120,7 +106,7 @@ def _targets(paths: list[str], recursive: bool) -> tuple[list[tuple[str, int]], 
 
 
 class Converter:
-    def __init__(self, meta: MetaClient, data: DataPath, redundancy: str, progress: Progress):
+    def __init__(self, meta: MetaClient, data: DataPath, redundancy: str, progress: _Tally):
         self.meta = meta
         self.data = data
         self.redundancy = redundancy
@@ -187,7 +173,7 @@ class Converter:
 def run(addresses: list[str], paths: list[str], redundancy: str, *, recursive: bool, rpc_timeout: float = 10.0) -> int:
     """Convert ``paths``; the exit code (0: all converted or already so, 3: some failed)."""
     files, dirs = _targets(paths, recursive)
-    progress = Progress(files=len(files), total_bytes=sum(s for _, s in files))
+    progress = _Tally(len(files), sum(size for _, size in files))
 
     async def main() -> None:
         ctx = zmq.Context()

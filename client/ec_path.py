@@ -12,8 +12,8 @@ Reads
     maps to offsets in data fragments, and only the fragments holding the
     range are fetched (whole fragments, cached by (ino, index, version, 1+j),
     so the kernel's next requests in the same fragment cost nothing). A
-    sequential reader prefetches the fragments of the next
-    ``readahead_chunks`` stripes. A fragment that is missing, whose node is
+    sequential reader prefetches the data fragments of the stripes in its
+    read-ahead window (client/readahead.py). A fragment that is missing, whose node is
     suspect, that is stale or fails its checksum, or that has not come within
     READ_DEADLINE_S (0.5 s) makes the read *degraded*: the other fragments are
     fetched until one version has K of them, which are decoded (worker
@@ -114,9 +114,8 @@ class EcPath:
 
     # ------------------------------------------------------------------ reads
 
-    async def read(self, of: OpenFile, offset: int, end: int, extents: list[Extent]) -> bytes | memoryview:
-        sequential = offset == of.last_read_end or offset == 0
-        of.last_read_end = end
+    async def read(self, of: OpenFile, extents: list[Extent], ahead: int) -> bytes | memoryview:
+        """The bytes of ``extents``; ``ahead``: stripes to have fetched ahead (client/readahead.py)."""
         c = layout_codec(of.layout)
         if len(extents) == 1:
             out = await self._extent(of, c, extents[0])
@@ -130,18 +129,20 @@ class EcPath:
                 for i, ext in enumerate(extents):
                     nursery.start_soon(fetch, i, ext)
             out = b"".join(parts)
-        if sequential and self.data.readahead_chunks:
-            self._read_ahead(of, c, end)
+        if ahead:
+            ahead = min(ahead, max(1, self.data.cache.budget // 4 // of.chunk_size))
+            last = extents[-1]
+            self._read_ahead(of, c, last.file_offset + last.length, ahead)
         return out
 
-    def _read_ahead(self, of: OpenFile, c: StripeCodec, end: int) -> None:
-        """Fetch, in the background, the data fragments after ``end`` up to ``readahead_chunks`` stripes on.
+    def _read_ahead(self, of: OpenFile, c: StripeCodec, end: int, ahead: int) -> None:
+        """Fetch, in the background, the data fragments after ``end`` up to ``ahead`` stripes on.
 
         A stripe with a data fragment on a suspect node or without a node is
         decoded in the background instead (the whole stripe lands in the cache).
         """
         cs = of.chunk_size
-        stop = min(of.size, (end // cs + 1 + self.data.readahead_chunks) * cs)
+        stop = min(of.size, (end // cs + 1 + ahead) * cs)
         pos = end
         cache = self.data.cache
         while pos < stop:

@@ -635,8 +635,11 @@ class Namespace:
         log.info("inode %d: conversion to %s started into shadow inode %d", ino, red, shadow)
         return shadow
 
-    def swap_shadow(self, ino: int, shadow: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]) -> Attr:
-        """Give every name of ``ino`` to ``shadow`` if ``ino`` is unchanged since the copy began.
+    def swap_shadow(
+        self, ino: int, shadow: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]
+    ) -> tuple[Attr, list[tuple[int, bytes]]]:
+        """Give every name of ``ino`` to ``shadow`` if ``ino`` is unchanged since the copy began;
+        the shadow's attributes and the (parent, name) entries that changed.
 
         ``size``, ``mtime_ns`` and ``chunks`` (index, version) are what the copy read.
         Raises BUSY when the file changed: the caller copies again or gives up.
@@ -658,10 +661,12 @@ class Namespace:
         )
         for name in self.store.list_xattrs(ino):
             self.store.set_xattr(shadow, name, self.store.get_xattr(ino, name))
-        for cookie in self.store.dentry_cookies_of(ino):
+        entries = []
+        for cookie, parent, name in self.store.dentries_of(ino):
             self.store.set_dentry_ino(cookie, shadow)
+            entries.append((parent, name))
         self.store.update_inode(ino, nlink=0, ctime_ns=now)
         if not self.is_open(ino):
             self._reclaim(ino)
         log.info("inode %d converted: its names now lead to inode %d (%s)", ino, shadow, srow["redundancy"])
-        return self.getattr(shadow)
+        return self.getattr(shadow), entries

@@ -148,9 +148,9 @@ class SqliteStore:
     def set_dentry_ino(self, cookie: int, ino: int) -> None:
         self.conn.execute("UPDATE dentries SET ino=? WHERE cookie=?", (ino, cookie))
 
-    def dentry_cookies_of(self, ino: int) -> list[int]:
-        """Every directory entry naming ``ino`` (its hard links)."""
-        return [r[0] for r in self.conn.execute("SELECT cookie FROM dentries WHERE ino=?", (ino,))]
+    def dentries_of(self, ino: int) -> list[tuple[int, int, bytes]]:
+        """(cookie, parent, name) of every directory entry naming ``ino`` (its hard links)."""
+        return [(r[0], r[1], bytes(r[2])) for r in self.conn.execute("SELECT cookie, parent, name FROM dentries WHERE ino=?", (ino,))]
 
     def has_children(self, ino: int) -> bool:
         return self.conn.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (ino,)).fetchone() is not None

@@ -69,9 +69,10 @@ def test_replace_fragment_keeps_its_position(w):
     # no node left to take a fragment: the placement stays while its node heartbeats
     # (the writer only suspected it), UNAVAILABLE once it is down
     _down(w, 3)
-    assert w.ns.replace_replica(ino, 0, ref.nodes[0], 0)[0] == ref
-    _down(w, ref.nodes[0])
-    assert code_of(w.ns.replace_replica, ino, 0, ref.nodes[0], 0) == ErrorCode.UNAVAILABLE
+    live = next(i for i, n in enumerate(ref.nodes) if w.nodes._nodes[n].up)
+    assert w.ns.replace_replica(ino, 0, ref.nodes[live], live)[0] == ref
+    _down(w, ref.nodes[live])
+    assert code_of(w.ns.replace_replica, ino, 0, ref.nodes[live], live) == ErrorCode.UNAVAILABLE
 
 
 def test_degraded_commit_is_queued_and_counted(w):
@@ -117,7 +118,8 @@ def test_conversion_swap(w):
     assert w.ns.lookup(ROOT, b"f").ino == ino
     attr = w.ns.getattr(ino)
     copied = [P.ChunkRef(index=0, version=epoch + 1, nodes=[])]
-    new = w.ns.swap_shadow(ino, shadow, attr.size, attr.mtime_ns, copied)
+    new, entries = w.ns.swap_shadow(ino, shadow, attr.size, attr.mtime_ns, copied)
+    assert sorted(entries) == [(ROOT, b"f"), (ROOT, b"hard")]
     assert new.ino == shadow and new.nlink == 2 and new.size == 6 and new.mtime_ns == attr.mtime_ns
     assert w.ns.lookup(ROOT, b"f").ino == shadow == w.ns.lookup(ROOT, b"hard").ino
     assert w.ns.getxattr(shadow, b"user.k") == b"v"
