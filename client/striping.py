@@ -19,6 +19,10 @@ Writes
     that took the write. So one node dying mid-write costs the writer nothing.
     ``flush`` waits for everything in flight and commits versions and size.
 
+Erasure-coded files (layout ``ec=K+M``) share the dirty buffering, epochs and
+commits, and take client/ec_path.py at five points: reads, the sending of a
+dirty chunk, the cut of a truncate, fsync and the prefetch of small files.
+
 Atomicity: an ``OpenFile``'s dirty map is only changed between awaits; a chunk
 is removed from ``dirty`` before its send starts, so no byte is sent twice or lost.
 """
