@@ -67,7 +67,7 @@ import trio
 import xxhash
 
 from ..common import protocol as p
-from ..common.erasure import HEADER, StripeCodec, codec, fragment_part
+from ..common.erasure import StripeCodec, codec, fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import Extent, parse_redundancy
 from .open_files import DirtyChunk, OpenFile
@@ -245,7 +245,7 @@ class EcPath:
             if nodes.is_suspect(node):
                 raise StripefsError(ErrorCode.UNAVAILABLE, f"node {node} holding fragment {part} is suspect")
             chunk = p.ChunkId(ino, ref.index, fragment_part(part, ref.version))
-            _, data = await nodes.read_versioned(node, chunk, ref.version, HEADER, c.fps, last_try=False)
+            _, data = await nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
             return data
 
         return await self.data.cache.fetch((ino, ref.index, ref.version, 1 + part), load)
@@ -305,7 +305,7 @@ class EcPath:
     async def _read_part(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, node: int) -> tuple[int, memoryview]:
         chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
         try:
-            return await self.data.nodes.read_versioned(node, chunk, ref.version, HEADER, c.fps, last_try=False)
+            return await self.data.nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
         except StripefsError as exc:
             log.log(
                 logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,

@@ -10,12 +10,18 @@ An erasure-coded file (layout ``ec=K+M``) is cut into chunks of
 data fragments and M parity fragments, fragment ``j`` stored as chunk copy
 ``ChunkId(ino, index, part=j)`` on the ``j``-th node of the chunk's placement.
 
-pyeclib's ``isa_l_rs_vand`` is a systematic code. A fragment is an
+pyeclib's ``isa_l_rs_vand`` is a systematic code. A pyeclib fragment is an
 80-byte header followed by a payload of ``fps = ceil(chunk_size / K)`` bytes,
 and data fragment ``j``'s payload is bytes ``[j*fps, (j+1)*fps)`` of the
 stripe (zero-padded at the end). So a byte range of a stripe maps to byte
 offsets inside data fragments (``data_ranges``), and a healthy read fetches
 only the data fragments that hold the range and decodes nothing.
+
+Only the payload is stored. The header depends only on (K, M, the coded
+size), never on the data (checked by the unit tests), so the codec makes it
+itself when pyeclib needs it. Stored fragments thus start at offset 0 of the
+chunk data: a read of a whole fragment is aligned on the storage node's
+64 KiB checksum blocks and is served without a copy, as a replicated chunk is.
 
 Every stripe is coded as if it were ``chunk_size`` bytes long (the rest
 zeros), so ``fps`` is a property of the layout and a reader never needs to
@@ -25,15 +31,12 @@ know how much of a stripe was written. What is stored is trimmed:
   ``L`` (a short file's later data fragments are a bare header);
 * parity byte ``b`` of a Reed-Solomon code depends only on byte ``b`` of each
   data fragment, so past ``min(L, fps)`` every parity byte is zero and is not
-  stored either; only that prefix is coded (``encode`` codes a sub-stripe of
-  ``K * min(L, fps)`` bytes and puts the full-size header in front).
+  stored either; only that prefix is coded (``encode`` codes sub-stripes of
+  the first ``min(L, fps)`` columns).
 
-A stored fragment shorter than ``HEADER + fps`` is zero-padded when read back
-(the storage node's "past the stored length is a hole" rule); readers fetch
-payloads only (offset HEADER) and ``decode`` takes payloads. The header does
-not depend on the data (checked by the unit tests), so it is computed once per
-(K, M, chunk_size). A 10-byte file costs 10 bytes per data and parity fragment
-(plus headers), not ``chunk_size * (K+M)/K``.
+A stored fragment shorter than ``fps`` is zero-padded when read back (the
+storage node's "past the stored length is a hole" rule). A 10-byte file
+costs 10 bytes per data and parity fragment, not ``chunk_size * (K+M)/K``.
 
 The GIL
 -------
@@ -143,8 +146,8 @@ class StripeCodec:
 
     @property
     def fragment_size(self) -> int:
-        """Full (untrimmed) size of a stored fragment."""
-        return HEADER + self.fps
+        """Full (untrimmed) size of a stored fragment: its payload, no header."""
+        return self.fps
 
     # -- layout math -----------------------------------------------------------
 
@@ -169,7 +172,7 @@ class StripeCodec:
     # -- coding ----------------------------------------------------------------
 
     def encode(self, stripe: bytes | bytearray | memoryview, used: int | None = None) -> list[bytes]:
-        """The K+M stored fragments (header + trimmed payload) of a stripe, in one go."""
+        """The K+M stored fragments (trimmed payloads, no header) of a stripe, in one go."""
         return self.encode_job(stripe, used).run()
 
     def decode(self, payloads: Mapping[int, bytes | memoryview]) -> bytes:
@@ -177,7 +180,7 @@ class StripeCodec:
         return self.decode_job(payloads).run()
 
     def encode_job(self, stripe: bytes | bytearray | memoryview, used: int | None = None) -> Job:
-        """Code a stripe in steps; ``result()`` is the K+M stored fragments (header + trimmed payload).
+        """Code a stripe in steps; ``result()`` is the K+M stored fragments (trimmed payloads, no header).
 
         ``stripe`` holds the stripe's first bytes (at most chunk_size); past it,
         and past ``used`` (default: len(stripe)), the stripe is zeros. Each step
@@ -203,8 +206,7 @@ class StripeCodec:
                 parity[i].append(bytes(memoryview(coded[k + i])[HEADER : HEADER + w]))
 
         def result() -> list[bytes]:
-            out = [self.headers[j] + bytes(data[j]) for j in range(k)]
-            return out + [self.headers[k + i] + b"".join(parity[i]) for i in range(m)]
+            return [bytes(d) for d in data] + [b"".join(parity[i]) for i in range(m)]
 
         steps = [functools.partial(step, a, min(a + self.slice, n)) for a in range(0, n, self.slice)]
         return Job(steps, result)
@@ -212,9 +214,8 @@ class StripeCodec:
     def decode_job(self, payloads: Mapping[int, bytes | memoryview]) -> Job:
         """Rebuild a stripe (``chunk_size`` bytes) in steps from the payloads of at least K fragments.
 
-        A payload is a stored fragment without its header (what a read at offset
-        HEADER returns), maybe trimmed: it is zero-padded to ``fps``. The stored
-        headers are not needed: they do not depend on the data. With every data
+        A payload is a stored fragment, maybe trimmed: it is zero-padded to
+        ``fps``; pyeclib's headers are made here. With every data
         fragment present the payloads are concatenated, no decoding. Otherwise
         each step decodes a slice of columns with pyeclib (headers for the
         slice's size made once); columns past the longest payload are zero in
@@ -296,7 +297,7 @@ def check_backend() -> str:
     c = StripeCodec(4, 2, 64 * 1024)
     data = os.urandom(c.chunk_size)
     frags = c.encode(data)
-    if c.decode({j: frags[j][HEADER:] for j in (1, 3, 4, 5)}) != data:
+    if c.decode({j: frags[j] for j in (1, 3, 4, 5)}) != data:
         raise StripefsError(ErrorCode.INTERNAL, f"{EC_TYPE}: a 4+2 stripe did not decode to its data")
     from importlib.metadata import version
 

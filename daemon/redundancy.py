@@ -25,7 +25,7 @@ Space accounting
 ----------------
 ``layout_usage`` estimates raw bytes from the metadata alone: each chunk's
 used length is what the file size leaves of it; a replicated chunk stores it
-once per listed node, an EC stripe stores ``HEADER + stored_payload(j)`` per
+once per listed node, an EC stripe stores ``stored_payload(j)`` per
 present fragment (common/erasure.py: trimmed fragments). Storage-node chunk
 file headers and checksum tables (64 + 8 bytes per 64 KiB) are not counted;
 holes inside a chunk count as stored.
@@ -52,7 +52,7 @@ import stat
 from collections import defaultdict
 from typing import Iterable, Sequence
 
-from ..common.erasure import HEADER, codec
+from ..common.erasure import codec
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import Redundancy, parse_redundancy
 from . import placement
@@ -108,7 +108,7 @@ def chunk_raw_bytes(redundancy: Redundancy, chunk_size: int, used: int, nodes: S
     if not redundancy.is_ec:
         return used * len([n for n in nodes if n != MISSING])
     c = codec(redundancy.ec_k, redundancy.ec_m, chunk_size)
-    return sum(HEADER + c.stored_payload(j, used) for j, n in enumerate(nodes) if n != MISSING)
+    return sum(c.stored_payload(j, used) for j, n in enumerate(nodes) if n != MISSING)
 
 
 def layout_usage(rows: Iterable) -> dict[str, dict[str, int]]:

@@ -31,7 +31,7 @@ def test_any_m_fragments_lost_decode(k, m, chunk):
         frags = c.encode(stripe)
         want = stripe + bytes(chunk - used)
         for lost in itertools.combinations(range(k + m), m):
-            have = {j: frags[j][HEADER:] for j in range(k + m) if j not in lost}
+            have = {j: frags[j] for j in range(k + m) if j not in lost}
             assert c.decode(have) == want, (used, lost)
 
 
@@ -40,7 +40,7 @@ def test_systematic_payloads_are_contiguous_slices():
     stripe = os.urandom(64 * KiB)
     frags = c.encode(stripe)
     for j in range(4):
-        assert frags[j][HEADER:] == stripe[j * c.fps : (j + 1) * c.fps]
+        assert frags[j] == stripe[j * c.fps : (j + 1) * c.fps]
 
 
 def test_trimmed_fragments_match_full_coding():
@@ -51,22 +51,22 @@ def test_trimmed_fragments_match_full_coding():
         full = c._driver.encode(stripe + bytes(64 * KiB - used))
         frags = c.encode(stripe)
         for j in range(8):
-            assert len(frags[j]) == HEADER + c.stored_payload(j, used)
-            padded = frags[j] + bytes(len(full[j]) - len(frags[j]))
-            assert padded == full[j], (used, j)
+            assert len(frags[j]) == c.stored_payload(j, used)
+            padded = frags[j] + bytes(c.fps - len(frags[j]))
+            assert padded == full[j][HEADER:], (used, j)
 
 
 def test_small_stripe_costs_its_size_per_fragment():
     c = StripeCodec(4, 2, 4 << 20)
     frags = c.encode(b"x" * 10)
-    assert [len(f) - HEADER for f in frags] == [10, 0, 0, 0, 10, 10]
+    assert [len(f) for f in frags] == [10, 0, 0, 0, 10, 10]
 
 
 def test_too_few_fragments_is_a_clear_error():
     c = StripeCodec(4, 2, 64 * KiB)
     frags = c.encode(os.urandom(1000))
     with pytest.raises(StripefsError, match="at least 4"):
-        c.decode({0: frags[0][HEADER:], 4: frags[4][HEADER:], 5: frags[5][HEADER:]})
+        c.decode({0: frags[0], 4: frags[4], 5: frags[5]})
 
 
 def test_data_ranges_cover_the_range_in_order():
@@ -115,5 +115,5 @@ def test_sliced_coding_gives_the_same_bytes(k, m):
         frags = job.run()
         assert frags == whole.encode(stripe)
         for lost in itertools.combinations(range(k + m), m):
-            have = {j: frags[j][HEADER:] for j in range(k + m) if j not in lost}
+            have = {j: frags[j] for j in range(k + m) if j not in lost}
             assert c.decode(have) == stripe + bytes(64 * KiB - used), (used, lost)
