@@ -19,7 +19,10 @@ Rules
   for long. ``stamp()`` before the request and ``changed_since()`` after it
   catch that; such a reply is cached for 0 s.
 * Invalidations run in a worker thread, never inside a request handler: the
-  kernel may hold locks that the pending request needs (pyfuse3 docs).
+  kernel may hold locks that the pending request needs (pyfuse3 docs). A
+  change is noted at once (``changed_since`` sees it) and its invalidations
+  are queued; one task sends whatever has queued up in one thread hop, so a
+  burst of changes elsewhere costs this mount a few thread hops, not one each.
 
 The visibility bound this gives a dataset mount: a change made elsewhere is
 seen once its event arrives (milliseconds); if the event is lost, at the next
@@ -62,6 +65,9 @@ class KernelCache:
         # held by worker threads while they invalidate, or push pages (notify_store): a push
         # checks changed_since under it, so it either sees the change or precedes its invalidation
         self.kernel_lock = threading.Lock()
+        self._pending_inodes: set[int] = set()  # invalidations noted, not yet sent to the kernel
+        self._pending_names: set[tuple[int, bytes]] = set()
+        self._pending = trio.Event()
 
     # ----------------------------------------------------- what the kernel knows
 
@@ -106,8 +112,8 @@ class KernelCache:
 
     # ------------------------------------------------------------ invalidation
 
-    async def apply(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
-        """One change made elsewhere (or here: the feed does not say who)."""
+    def apply(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
+        """One change made elsewhere (or here: the feed does not say who): note it, queue its invalidations."""
         touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
         self._note(touched | {parent for parent, _ in entries})
         self.on_change(touched)
@@ -118,13 +124,31 @@ class KernelCache:
             if key in self._names_of.get(ino, ()):
                 self._names_of[ino].remove(key)
         if names or known:
-            await trio.to_thread.run_sync(_invalidate, known, names, self.kernel_lock)
+            self._pending_names.update(names)
+            self._pending_inodes.update(known)
+            self._pending.set()
+
+    async def flush_pending(self) -> None:
+        """Send the queued invalidations to the kernel, all in one worker-thread hop."""
+        self._pending = trio.Event()
+        inodes, names = list(self._pending_inodes), list(self._pending_names)
+        self._pending_inodes.clear()
+        self._pending_names.clear()
+        if inodes or names:
+            await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._pending.wait()
+            await self.flush_pending()
 
     async def drop_all(self, why: str) -> None:
         self.drops += 1
         self._clock += 1
         self._floor = self._clock
         self._recent.clear()
+        self._pending_inodes.clear()
+        self._pending_names.clear()
         self.on_change(None)
         names = list(self._names)
         inodes = list(self._names_of) + [pyfuse3.ROOT_INODE]
@@ -142,6 +166,11 @@ class KernelCache:
         last seq). It is asked at start and whenever the feed goes silent (the
         daemon restarted, maybe on another port, or the network broke).
         """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._flusher, name="kernel-invalidations")
+            await self._follow_forever(ctx, feed_info)
+
+    async def _follow_forever(self, ctx: zmq.Context, feed_info) -> None:
         while True:
             try:
                 where, boot, seq = await feed_info()
@@ -177,7 +206,7 @@ class KernelCache:
                 self.healthy = True  # a heartbeat: nothing missed
             elif event.boot_id == boot and event.seq == seq + 1:
                 seq = event.seq
-                await self.apply(event.inodes, event.entries)
+                self.apply(event.inodes, event.entries)
                 self.healthy = True
             else:
                 why = "the metadata daemon restarted" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"

@@ -23,6 +23,12 @@ Erasure-coded files (layout ``ec=K+M``) share the dirty buffering, epochs and
 commits, and take client/ec_path.py at five points: reads, the sending of a
 dirty chunk, the cut of a truncate, fsync and the prefetch of small files.
 
+Memory: the chunk cache has its byte budget; unsent data is at most
+``MAX_DIRTY_CHUNKS`` partial chunks per file being written, and chunks being
+sent at most ``write_parallelism`` per file and ``write_inflight`` for the
+mount, so the client's memory stays within ``cache_size`` plus a few dozen
+chunks however applications write.
+
 Atomicity: an ``OpenFile``'s dirty map is only changed between awaits; a chunk
 is removed from ``dirty`` before its send starts, so no byte is sent twice or lost.
 """
@@ -48,6 +54,9 @@ from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
 
+#: partial chunks a file may hold unsent; a writer scattering more sends its oldest first
+MAX_DIRTY_CHUNKS = 8
+
 _FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
 
 
@@ -61,6 +70,7 @@ class DataPath:
         *,
         readahead_chunks: int,
         write_parallelism: int,
+        write_inflight: int = 16,
     ):
         self.meta = meta
         self.nodes = nodes
@@ -69,6 +79,8 @@ class DataPath:
         self.readahead_chunks = readahead_chunks
         self.write_parallelism = write_parallelism
         self.disk_cache: DiskCache | None = None  # set by the mount when configured
+        # chunks being written in the background, all files together (memory bound, with MAX_DIRTY_CHUNKS)
+        self.write_slots = trio.Semaphore(max(write_parallelism, write_inflight))
         self.ec = EcPath(self)  # erasure-coded files (client/ec_path.py)
 
     # ------------------------------------------------------------------ reads
@@ -123,7 +135,9 @@ class DataPath:
         if ref is None or ref.version == 0:
             return
         try:
-            await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True))
+            await self.cache.fetch(
+                (of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True), prefetch=True
+            )
         except StripefsError as exc:
             # the file may have been truncated or deleted meanwhile; a real read will say so
             log.debug("prefetch of chunk %d:%d failed: %s", of.ino, index, exc)
@@ -210,6 +224,9 @@ class DataPath:
             if dc.lo == 0 and dc.hi == cs:
                 del of.dirty[ext.index]
                 await self._send_in_background(of, dc)
+            elif len(of.dirty) > MAX_DIRTY_CHUNKS:  # a scattered writer: memory stays bounded
+                oldest = next(iter(of.dirty))
+                await self._send_in_background(of, of.dirty.pop(oldest))
         of.size = max(of.size, offset + len(data))
         self.cache.drop_inode(of.ino, offset // cs)
 
@@ -222,6 +239,7 @@ class DataPath:
         if of.write_slots is None:
             of.write_slots = trio.Semaphore(self.write_parallelism)
         await of.write_slots.acquire()  # backpressure: at most N chunks in flight per file
+        await self.write_slots.acquire()  # ... and at most M for the whole mount
         of.start_io()
 
         async def send():
@@ -230,6 +248,7 @@ class DataPath:
             except StripefsError as exc:
                 of.write_error = exc
             finally:
+                self.write_slots.release()
                 of.write_slots.release()
                 of.end_io()
 

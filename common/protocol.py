@@ -621,6 +621,8 @@ class StatusRsp(Msg, tag="status_rsp"):
     logical_bytes: int
     sessions: int
     boot_id: str
+    degraded_chunks: int = 0  # chunks with a copy or fragment on a down node: the repair backlog
+    garbage_copies: int = 0  # chunk copies waiting for deletion on storage nodes
     layouts: list[LayoutUsage] = []  # per redundancy: logical and raw bytes (daemon/redundancy.py)
 
 

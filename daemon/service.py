@@ -57,8 +57,9 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
-from .db import DB_NAME, open_database
+from .db import DB_NAME, lock_database, open_database
 from .events import ChangeFeed
+from .metrics import cluster_health
 from . import redundancy
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
@@ -122,6 +123,7 @@ class MetaService:
             stripe_count=self.config.stripe_count,
             redundancy=self.config.redundancy,
         )
+        self._db_lock = lock_database(self.db_path)  # released when this process exits
         self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s)
         self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
@@ -157,6 +159,7 @@ class MetaService:
             with trio.CancelScope(shield=True):
                 await self._commit_now()
             self.store.close()
+            self._db_lock.close()
             if own_ctx:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_path)
@@ -292,6 +295,7 @@ class MetaService:
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
+        health = await self._read(cluster_health, self.store, self.nodes.info())
         return P.StatusRsp(
             nodes=self.nodes.info(),
             files=counts["files"],
@@ -300,6 +304,8 @@ class MetaService:
             logical_bytes=counts["logical_bytes"],
             sessions=len(self.sessions),
             boot_id=self.boot_id,
+            degraded_chunks=health["degraded_chunks"],
+            garbage_copies=health["garbage_copies"],
             layouts=await self._read(self._layout_usage),
         )
 
