@@ -41,6 +41,12 @@ class MetaConfig(_Config):
     chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
     stripe_count: int = 4
     redundancy: str = "replicas=2"
+    # self-healing (daemon/repair.py)
+    node_suspect_s: float = 5.0  # a storage node silent this long is suspect (still used, logged)
+    repair_bandwidth: Size = Size(64 << 20)  # bytes/s of repair, drain and rebalance copies, cluster-wide; 0 = unlimited
+    repair_parallelism: int = 4  # chunk copies in flight at once
+    repair_scan_interval_s: float = 60.0  # full redundancy scan at least this often (and at once on any node change)
+    rebalance_tolerance: float = 0.10  # rebalance until every node's use is within this fraction of the mean
 
 
 class StorageConfig(_Config):
@@ -55,6 +61,8 @@ class StorageConfig(_Config):
     capacity: Size = Size(0)  # 0: the whole file system holding data_dir
     reserved_space: Size = Size(64 << 20)  # refuse writes (ENOSPC) below this much free space
     io_threads: int = 8
+    scrub_bandwidth: Size = Size(16 << 20)  # bytes/s the background scrub verifies; 0 = no background scrub
+    scrub_interval_s: float = 7 * 86400.0  # a new background scrub pass starts this long after the previous one began
 
     @property
     def address(self) -> str:
@@ -73,6 +81,7 @@ class ClientConfig(_Config):
     write_parallelism: int = 4  # chunks being written to storage at once per file
     attr_timeout_s: float = 1.0
     entry_timeout_s: float = 1.0
+    hedge_after_s: float = 0.5  # a replica read not answered by then is also asked of the next replica; 0 = never
 
 
 C = TypeVar("C", bound=_Config)
@@ -123,6 +132,12 @@ group_commit_ms = 0.0                # extra wait before each commit; changes ar
 chunk_size = "4M"
 stripe_count = 4
 redundancy = "replicas=2"            # or "ec=4+2"
+# self-healing
+node_suspect_s = 5.0                 # storage node suspect after this much silence (down after node_timeout_s)
+repair_bandwidth = "64M"             # bytes/s of re-replication, drain and rebalance copies; 0 = unlimited
+repair_parallelism = 4               # chunk copies in flight at once
+repair_scan_interval_s = 60.0        # full redundancy scan at least this often (at once after any node change)
+rebalance_tolerance = 0.10           # move data until every node is within 10% of the mean utilisation
 ''',
     "storage": '''\
 # stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
@@ -137,6 +152,8 @@ block_size = "64K"                   # checksum granularity (xxh3 per block)
 capacity = 0                         # bytes to offer; 0 = the whole file system
 reserved_space = "64M"               # answer ENOSPC rather than fill the disk completely
 io_threads = 8
+scrub_bandwidth = "16M"              # bytes/s of background checksum verification; 0 = off
+scrub_interval_s = 604800.0          # start a new scrub pass a week after the previous one began
 ''',
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
@@ -147,6 +164,7 @@ readahead_chunks = 2                 # chunks fetched ahead of a sequential read
 write_parallelism = 4                # chunks in flight to storage per file being written
 attr_timeout_s = 1.0                 # kernel attribute cache lifetime
 entry_timeout_s = 1.0                # kernel name cache lifetime
+hedge_after_s = 0.5                  # a replica slower than this: ask the next one too, take the first good answer
 ''',
 }
 

@@ -36,7 +36,10 @@ Background tasks (all in ``run``'s nursery): the committer; the health sweep
 released orphans are reclaimed); the one-time orphan sweep one session lease
 after start (mounts that still hold an unlinked file have re-announced it by
 then); and the garbage collector (DeleteChunksReq in batches to nodes that are
-up, one RpcClient per node, rows deleted on success).
+up, one RpcClient per node, rows deleted on success); the healer
+(daemon/repair.py: re-replication, drain, bad copies, scrub and fsck requests,
+whose ``handle_*`` methods are dispatched like this class's own). A session
+that expires also gives back the chunks it allocated but never committed.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from ..common.transport import RpcClient, connect, open_socket, serve
 from .db import DB_NAME, open_database
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
+from .repair import Healer
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -102,11 +106,13 @@ class MetaService:
         self._wake_committer = trio.Event()
         self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
         self._gc_wake = trio.Event()
+        self.healer = Healer(self)  # re-replication, drain, scrub, fsck (daemon/repair.py)
         self._handlers: dict[type, Callable] = {}
         for cls in P.Request.__args__:
-            handler = getattr(self, f"handle_{cls.__struct_config__.tag}", None)
-            if handler is not None:
-                self._handlers[cls] = handler
+            for owner in (self, self.healer):
+                handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
+                if handler is not None:
+                    self._handlers[cls] = handler
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -120,7 +126,8 @@ class MetaService:
             redundancy=self.config.redundancy,
         )
         self.store = SqliteStore(open_database(self.db_path, layout))
-        self.nodes = NodeRegistry(self.store, self.config.node_timeout_s)
+        self.nodes = NodeRegistry(self.store, self.config.node_timeout_s, self.config.node_suspect_s)
+        self.nodes.on_change = self.healer.node_changed
         self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
         self.store.begin()
         log.info(
@@ -141,6 +148,7 @@ class MetaService:
                 nursery.start_soon(self._health_loop, name="meta-health")
                 nursery.start_soon(self._startup_orphan_sweep, name="meta-orphans")
                 nursery.start_soon(self._gc_loop, name="meta-gc")
+                await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
                 await serve(sock, self.handle, concurrency=256, name="meta")
         finally:
@@ -176,6 +184,7 @@ class MetaService:
         """Run one mutating operation and return once it is durable."""
         async with self._lock:
             result, batch = self._write_locked(fn, *args, **kwargs)
+        self.healer.stale = True  # redundancy figures in status are recomputed
         await batch.wait()
         return result
 
@@ -215,7 +224,12 @@ class MetaService:
             async with self._lock:
                 for node_id in self.nodes.sweep(now):
                     self._write_locked(self.store.set_node_state, node_id, "down")
-            await self._release(self.sessions.expire(now))
+            expired = self.sessions.expire(now)
+            await self._release(expired)
+            if expired:
+                async with self._lock:
+                    self._write_locked(self.healer.reclaim_uncommitted, expired)
+                self._gc_wake.set()
 
     async def _startup_orphan_sweep(self) -> None:
         await trio.sleep(self.config.session_lease_s)
@@ -267,14 +281,17 @@ class MetaService:
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
+        repair = await self.healer.fresh()
         return P.StatusRsp(
-            nodes=self.nodes.info(),
+            nodes=self.nodes.info(placed=self.healer.placed()),
             files=counts["files"],
             directories=counts["directories"],
             chunks=counts["chunks"],
             logical_bytes=counts["logical_bytes"],
             sessions=len(self.sessions),
             boot_id=self.boot_id,
+            under_replicated=repair.under_replicated,
+            repair=self.healer.info(),
         )
 
     async def handle_register_node(self, req: P.RegisterNodeReq) -> P.Msg:

@@ -581,6 +581,40 @@ class ChunkStore:
         log.debug("chunk %s deleted", chunk)
         return 1
 
+    # -- inventory and verification (scrub, fsck: storage_node/healing.py) ----
+
+    FANOUT_DIRS = 1 << 16
+
+    def chunks_in_dir(self, d: int) -> list[ChunkId]:
+        """Copies in fan-out directory number ``d`` (``chunks/{d & 0xFF:02x}/{d >> 8:02x}``)."""
+        directory = self._chunks_dir / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}"
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            if not name.endswith(".chunk"):
+                continue
+            try:
+                ino, index, part = (int(x) for x in name[: -len(".chunk")].split("-"))
+            except ValueError:
+                continue
+            out.append(ChunkId(ino, index, part))
+        return sorted(out, key=lambda c: (c.ino, c.index, c.part))
+
+    def verify(self, chunk: ChunkId, min_version: int = 0) -> int:
+        """Read and check every block of a copy; its data length. NOT_FOUND, STALE, CORRUPT."""
+        _check_chunk_id(chunk)
+        with self._open(chunk) as fd:
+            hdr, head = self._read_header(fd, chunk)
+            if hdr.version < min_version:
+                raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < {min_version}")
+            step = max(hdr.block_size, (4 << 20) // hdr.block_size * hdr.block_size)  # a few MiB per read
+            for start in range(0, hdr.length, step):
+                self._read_blocks(fd, chunk, hdr, head, start, min(start + step, hdr.length))
+        return hdr.length
+
     def usage(self) -> Usage:
         """What the node offers: capacity, free (what it will still accept), used (chunk files), chunks."""
         st = os.statvfs(self._chunks_dir)

@@ -36,6 +36,7 @@ from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect, open_socket, serve
 
 from .chunk_store import ChunkStore
+from .healing import Healing
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class StorageService:
             p.StatChunkReq: self.handle_stat_chunk,
             p.NodeStatsReq: self.handle_node_stats,
         }
+        self.healing = Healing(config, store, self._ctx, self._io)  # peer copies, scrub, bad copies (healing.py)
+        self._handlers.update(self.healing.handlers())
 
     # -- requests -------------------------------------------------------------
 
@@ -89,7 +92,12 @@ class StorageService:
         return p.PingRsp(role="storage", node_id=self.node_id, boot_id=self.boot_id)
 
     async def handle_read_chunk(self, req: p.ReadChunkReq, payloads: list[memoryview]):
-        version, data, digest = await self._io(self._read_and_hash, req)
+        try:
+            version, data, digest = await self._io(self._read_and_hash, req)
+        except StripefsError as exc:
+            if exc.code == ErrorCode.CORRUPT:
+                self.healing.note_bad(req.chunk)  # reported to the daemon, which repairs it
+            raise
         return p.ReadChunkRsp(version=version, xxh3=digest), [data]
 
     def _read_and_hash(self, req: p.ReadChunkReq) -> tuple[int, bytes, int]:
@@ -146,6 +154,7 @@ class StorageService:
                     functools.partial(serve, sock, self.handle, name=f"storage-{self.node_id}"),
                     name=f"storage-{self.node_id}-server",
                 )
+                await nursery.start(self.healing.run, name=f"storage-{self.node_id}-healing")
                 for address in self.config.meta:
                     nursery.start_soon(self._heartbeat_loop, address, name=f"storage-{self.node_id}-heartbeat-{address}")
                 task_status.started()
@@ -182,6 +191,7 @@ class StorageService:
         usage = await self._io(self.store.usage)
         if registered:
             await meta.call(p.NodeHeartbeatReq(node_id=self.node_id, **usage._asdict()))
+            await self.healing.send_reports(meta)
             return True
         await meta.call(
             p.RegisterNodeReq(

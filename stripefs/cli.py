@@ -7,6 +7,9 @@
     stripefs status   [--json]                   the cluster as the metadata daemon sees it
     stripefs layout   get|set                    per-directory layouts
     stripefs config   example meta|storage|client
+    stripefs node     drain|undrain|remove NODE  storage node states   (stripefs.heal_cli)
+    stripefs scrub    [--now] [PATH]             verify checksums       (stripefs.heal_cli)
+    stripefs fsck     [--repair]                 namespace vs chunks    (stripefs.heal_cli)
 
 Admin commands find the cluster from a PATH inside a mount when given one
 (the mount's source in /proc/mounts is its metadata address), else from
@@ -22,6 +25,7 @@ import os
 import sys
 from pathlib import Path
 
+import msgspec
 import trio
 import zmq
 
@@ -97,6 +101,13 @@ def _rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
         return trio.run(run)
     except StripefsError as exc:
         raise QuietError(exc.message or exc.code.name, 3) from None
+    except BaseExceptionGroup as group:  # an error reply raised inside the connection's nursery
+        leaf = group
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if isinstance(leaf, StripefsError):
+            raise QuietError(leaf.message or leaf.code.name, 3) from None
+        raise
 
 
 def _resolve(args, path: str) -> tuple[list[str], int]:
@@ -158,11 +169,14 @@ def cmd_status(args) -> int:
             "chunks": rsp.chunks,
             "logical_bytes": rsp.logical_bytes,
             "sessions": rsp.sessions,
+            "under_replicated": rsp.under_replicated,
+            "repair": msgspec.structs.asdict(rsp.repair) if rsp.repair else None,
             "nodes": [
                 {
                     "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
                     "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes, "used_bytes": n.used_bytes,
                     "chunks": n.chunks, "last_heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
+                    "placed_chunks": n.placed_chunks,
                 }
                 for n in rsp.nodes
             ],
@@ -172,12 +186,20 @@ def cmd_status(args) -> int:
     up = sum(n.state == "up" for n in rsp.nodes)
     print(f"metadata daemon {addresses[0]}: {up}/{len(rsp.nodes)} storage nodes up, {rsp.sessions} mounts")
     print(f"  {rsp.files} files, {rsp.directories} directories, {rsp.chunks} chunks, {format_size(rsp.logical_bytes)} of file data")
-    print(f"  {'node':>5} {'state':<6} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8}  address")
+    if rsp.repair is not None:
+        r = rsp.repair
+        health = "full redundancy" if not rsp.under_replicated else f"{rsp.under_replicated} chunks under-replicated"
+        if r.lost:
+            health += f", {r.lost} WITHOUT ANY LIVE COPY"
+        limit = f"{format_size(r.bandwidth)}/s" if r.bandwidth else "unlimited"
+        print(f"  redundancy: {health}; repair backlog {r.backlog} copies ({format_size(r.backlog_bytes)}), "
+              f"{r.copied} copies ({format_size(r.copied_bytes)}) made since start, limit {limit}")
+    print(f"  {'node':>5} {'state':<8} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8}  address")
     for n in rsp.nodes:
         print(
-            f"  {n.node_id:>5} {n.state:<6} {n.host[:14]:<14} {format_size(n.used_bytes):>9} {format_size(n.free_bytes):>9} "
+            f"  {n.node_id:>5} {n.state:<8} {n.host[:14]:<14} {format_size(n.used_bytes):>9} {format_size(n.free_bytes):>9} "
             f"{format_size(n.capacity_bytes):>9} {n.chunks:>8}  {n.address}"
-            + ("" if n.state == "up" else f"  (silent {n.last_heartbeat_age_s:.0f}s)")
+            + ("" if n.state in ("up", "draining") else f"  (silent {n.last_heartbeat_age_s:.0f}s)")
         )
     return 0
 
@@ -187,9 +209,11 @@ def cmd_local(args) -> int:
 
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        return cluster.up(args.mount, args.nodes, args.options)
+        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings)
     if args.action == "down":
         return cluster.down()
+    if args.action == "add-node":
+        return cluster.add_node()
     status = cluster.status()
     if args.json:
         print(json.dumps(status, indent=1))
@@ -234,11 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--mount", default="./mnt", help="mountpoint (default: %(default)s)")
     up.add_argument("--nodes", type=int, default=4, help="storage nodes (default: %(default)s)")
     up.add_argument("-o", dest="options", action="append", default=[], help="FUSE mount option, e.g. -o allow_other (repeatable)")
+    up.add_argument("--set", dest="settings", action="append", default=[], metavar="ROLE.KEY=VALUE",
+                    help="config value for a new cluster, e.g. --set meta.node_timeout_s=3 --set storage.scrub_bandwidth=64M "
+                    "(TOML value; roles meta, storage, client; repeatable; used when STATE is created)")
+    add = lsub.add_parser("add-node", help="start one more storage node", description="Create, start and register one more storage node in a running local cluster (then data rebalances onto it).")
+    add.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     down = lsub.add_parser("down", help="unmount and stop everything 'up' started", description="Unmount and stop exactly the processes 'up' started (by pid). Data stays in the state directory.")
     down.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     st = lsub.add_parser("status", help="which local processes are running", description="List the cluster's processes: role, node id, pid, address, state and bytes stored.")
     st.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
-    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [...]}')
+    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [...], "under_replicated": N}')
     local.set_defaults(func=cmd_local)
 
     status = sub.add_parser("status", help="the cluster as the metadata daemon sees it", description="Storage nodes with their state, capacity and use; file and chunk counts.")
@@ -262,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
     _add_cluster_args(lset)
     layout.set_defaults(func=cmd_layout)
+
+    from .heal_cli import add_parsers as add_heal_parsers
+
+    add_heal_parsers(sub, _add_cluster_args)
 
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
     csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)

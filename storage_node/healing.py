@@ -1,0 +1,215 @@
+"""Self-healing, the storage node's side: peer copies, scrub, inventory, bad-copy reports.
+
+The metadata daemon decides (daemon/repair.py); the storage nodes move the
+bytes between themselves:
+
+``CopyChunkReq``
+    The daemon names a chunk, the version it must at least be, and the
+    addresses of nodes holding it. This node reads the whole chunk from the
+    first source that answers (``ReadChunkReq``: the source verifies every
+    block it sends), checks the payload's xxh3, and stores it with
+    ``replace`` and ``sync`` (temp file, fsync, rename, fsync of the
+    directory): the copy is durable before the daemon records it.
+
+Background scrub
+    A task walks the 65,536 fan-out directories in order and reads every
+    block of every copy (``ChunkStore.verify``), throttled to
+    ``scrub_bandwidth`` bytes/s; a pass starts every ``scrub_interval_s``
+    (or at once on ``ScrubStartReq``). ``scrub_bandwidth = 0`` turns it off.
+
+Bad copies
+    Any copy that fails its checksum here (a client's read, the background
+    scrub) is queued and reported to the metadata daemon after the next
+    heartbeat (``ReportBadChunksReq``); the daemon re-replicates it from a
+    good copy and queues this one for deletion. ``VerifyChunksReq`` (the
+    daemon's on-demand scrub) answers the bad ones directly instead.
+
+``ListChunksReq``
+    The inventory, a slice of fan-out directories per request, for fsck.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import trio
+import xxhash
+import zmq
+
+from stripefs.common import protocol as p
+from stripefs.common.config import StorageConfig
+from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.transport import RpcClient, connect
+
+from .chunk_store import ChunkStore
+
+log = logging.getLogger(__name__)
+
+PEER_TIMEOUT_S = 30.0
+MAX_REPORT = 1000  # bad copies per ReportBadChunksReq
+
+
+class Healing:
+    """The handlers and background tasks above, for one StorageService."""
+
+    def __init__(self, config: StorageConfig, store: ChunkStore, ctx: zmq.Context, io: Callable[..., Any]):
+        self.config = config
+        self.store = store
+        self.node_id = config.node_id
+        self._ctx = ctx
+        self._io = io  # StorageService._io: run in a worker thread under the I/O limiter
+        self._peers: dict[str, RpcClient] = {}
+        self._peer_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._bad: set[p.ChunkId] = set()
+        self._scrub_now = trio.Event()
+        self.scrubbed_passes = 0
+
+    def handlers(self) -> dict[type, Callable]:
+        return {
+            p.CopyChunkReq: self.handle_copy_chunk,
+            p.VerifyChunksReq: self.handle_verify_chunks,
+            p.ListChunksReq: self.handle_list_chunks,
+            p.ScrubStartReq: self.handle_scrub_start,
+        }
+
+    # -- bad copies ------------------------------------------------------------
+
+    def note_bad(self, chunk: p.ChunkId) -> None:
+        """A copy failed its checksum here: report it with the next heartbeat."""
+        self._bad.add(chunk)
+
+    async def send_reports(self, meta: RpcClient) -> None:
+        if not self._bad:
+            return
+        chunks = sorted(self._bad, key=lambda c: (c.ino, c.index, c.part))[:MAX_REPORT]
+        await meta.call(p.ReportBadChunksReq(node_id=self.node_id, chunks=chunks))
+        self._bad.difference_update(chunks)
+        log.info("node %d: reported %d bad copies to the metadata daemon", self.node_id, len(chunks))
+
+    # -- copies between nodes --------------------------------------------------
+
+    async def _peer(self, address: str) -> RpcClient:
+        async with self._peer_lock:
+            client = self._peers.get(address)
+            if client is None:
+                client = self._peers[address] = await self._nursery.start(self._hold, address)
+            return client
+
+    async def _hold(self, address: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with connect(self._ctx, address, timeout=PEER_TIMEOUT_S) as client:
+            task_status.started(client)
+            await trio.sleep_forever()
+
+    async def handle_copy_chunk(self, req: p.CopyChunkReq, payloads) -> p.CopyChunkRsp:
+        if self._nursery is None:
+            raise StripefsError(ErrorCode.UNAVAILABLE, "node is starting")
+        errors = []
+        for address in req.sources:
+            if address == self.config.address:
+                continue
+            try:
+                client = await self._peer(address)
+                rsp, frames = await client.call(
+                    p.ReadChunkReq(chunk=req.chunk, min_version=req.min_version, offset=0, length=req.length)
+                )
+                data = frames[0] if len(frames) == 1 else None
+                if data is None or xxhash.xxh3_64_intdigest(data) != rsp.xxh3:
+                    raise StripefsError(ErrorCode.CORRUPT, "payload failed its checksum in transit")
+            except StripefsError as exc:
+                errors.append(f"{address}: {exc}")
+                continue
+            meta = await self._io(self.store.write, req.chunk, rsp.version, 0, 0, data, replace=True, sync=True)
+            log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, req.chunk, meta.version, address, meta.length)
+            return p.CopyChunkRsp(version=meta.version, length=meta.length)
+        raise StripefsError(ErrorCode.UNAVAILABLE, f"chunk {req.chunk}: no source could be read: {'; '.join(errors)}")
+
+    # -- verification and inventory --------------------------------------------
+
+    async def handle_verify_chunks(self, req: p.VerifyChunksReq, payloads) -> p.VerifyChunksRsp:
+        if req.min_versions and len(req.min_versions) != len(req.chunks):
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"{len(req.min_versions)} min_versions for {len(req.chunks)} chunks")
+        bad, missing, total = [], [], 0
+        for i, chunk in enumerate(req.chunks):
+            try:
+                total += await self._io(self.store.verify, chunk, req.min_versions[i] if req.min_versions else 0)
+            except StripefsError as exc:
+                if exc.code == ErrorCode.NOT_FOUND:
+                    missing.append(chunk)
+                elif exc.code in (ErrorCode.CORRUPT, ErrorCode.STALE):
+                    bad.append(chunk)
+                else:
+                    raise
+        return p.VerifyChunksRsp(bad=bad, missing=missing, bytes=total)
+
+    async def handle_list_chunks(self, req: p.ListChunksReq, payloads) -> p.ListChunksRsp:
+        if not 0 <= req.start_dir < ChunkStore.FANOUT_DIRS or req.max_dirs <= 0:
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"bad directory range {req.start_dir}+{req.max_dirs}")
+        end = min(ChunkStore.FANOUT_DIRS, req.start_dir + min(req.max_dirs, 16384))
+        chunks, versions = await self._io(self._list, req.start_dir, end)
+        return p.ListChunksRsp(chunks=chunks, versions=versions, next_dir=end if end < ChunkStore.FANOUT_DIRS else -1)
+
+    def _list(self, start: int, end: int) -> tuple[list[p.ChunkId], list[int]]:
+        chunks, versions = [], []
+        for d in range(start, end):
+            for chunk in self.store.chunks_in_dir(d):
+                try:
+                    version = self.store.stat(chunk).version
+                except StripefsError as exc:
+                    if exc.code == ErrorCode.NOT_FOUND:
+                        continue  # deleted meanwhile
+                    version = 0  # unreadable header: listed, so fsck sees a bad copy
+                chunks.append(chunk)
+                versions.append(version)
+        return chunks, versions
+
+    async def handle_scrub_start(self, req: p.ScrubStartReq, payloads) -> p.OkRsp:
+        self._scrub_now.set()
+        return p.OkRsp()
+
+    # -- background ------------------------------------------------------------
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._scrub_loop, name=f"storage-{self.node_id}-scrub")
+            task_status.started()
+
+    async def _scrub_loop(self) -> None:
+        rate = int(self.config.scrub_bandwidth)
+        while True:
+            if rate > 0:
+                started = trio.current_time()
+                await self._scrub_pass(rate)
+                with trio.move_on_at(started + self.config.scrub_interval_s):
+                    await self._scrub_now.wait()
+            else:
+                await self._scrub_now.wait()  # no background pass; on request, at full speed
+                await self._scrub_pass(0)
+            self._scrub_now = trio.Event()
+
+    async def _scrub_pass(self, rate: int) -> None:
+        copies = nbytes = bad = 0
+        budget_t = trio.current_time()
+        for first in range(0, ChunkStore.FANOUT_DIRS, 256):
+            chunks = await self._io(lambda: [c for d in range(first, first + 256) for c in self.store.chunks_in_dir(d)])
+            for chunk in chunks:
+                try:
+                    n = await self._io(self.store.verify, chunk)
+                except StripefsError as exc:
+                    if exc.code == ErrorCode.CORRUPT:
+                        bad += 1
+                        self.note_bad(chunk)
+                    elif exc.code != ErrorCode.NOT_FOUND:
+                        log.warning("node %d: scrub of chunk %s failed: %s", self.node_id, chunk, exc)
+                    continue
+                copies += 1
+                nbytes += n
+                if rate:
+                    budget_t = max(budget_t, trio.current_time() - 1.0) + n / rate
+                    if budget_t > trio.current_time():
+                        await trio.sleep_until(budget_t)
+            await trio.sleep(0)
+        self.scrubbed_passes += 1
+        log.info("node %d: scrub pass %d done: %d copies, %d bytes verified, %d bad", self.node_id, self.scrubbed_passes, copies, nbytes, bad)

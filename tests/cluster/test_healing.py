@@ -1,0 +1,284 @@
+"""Self-healing on a real cluster: re-replication, stale copies, scrub, leases, drain/remove, fsck.
+
+A cluster of its own (the shared one keeps default timeouts), with short
+timeouts and small chunks set through ``stripefs local up --set``. The tests
+run in file order and share it: node 2 dies and comes back, node 3 is drained
+and removed. Every wait is a poll with a generous deadline, never a timed
+assertion.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Cluster, _wait_dead, run_cli
+from stripefs.local_cluster import _is_mounted
+
+_libc = ctypes.CDLL(None, use_errno=True)
+KiB, MiB = 1 << 10, 1 << 20
+CHUNK = 256 * KiB
+
+SETTINGS = [
+    "meta.node_timeout_s=3",
+    "meta.node_suspect_s=1.5",
+    "meta.session_lease_s=4",
+    "meta.repair_bandwidth=0",
+    "meta.repair_scan_interval_s=5",
+    f"meta.chunk_size={CHUNK}",
+    "storage.scrub_interval_s=3600",
+    "storage.heartbeat_interval_s=0.5",
+]
+
+
+class HealCluster(Cluster):
+    def up(self) -> None:
+        args = ["local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other"]
+        for s in SETTINGS:
+            args += ["--set", s]
+        run_cli(*args)
+
+    def status(self) -> dict:
+        return json.loads(run_cli("status", "--dir", str(self.state), "--json").stdout)
+
+    def node(self, node_id: int) -> dict:
+        return next(n for n in self.status()["nodes"] if n["node_id"] == node_id)
+
+    def data_dir(self, node_id: int) -> Path:
+        return self.state / f"storage-{node_id}" / "data" / "chunks"
+
+    def chunk_files(self, node_id: int | None = None, ino: int | None = None) -> list[Path]:
+        ids = [node_id] if node_id else [n["node_id"] for n in json.loads((self.state / "cluster.json").read_text())["nodes"]]
+        out = []
+        for i in ids:
+            pattern = f"{ino}-*.chunk" if ino else "*.chunk"
+            out += sorted(self.data_dir(i).glob(f"*/*/{pattern}"))
+        return out
+
+
+def wait_for(what: str, check, timeout: float = 90.0, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def heal(request):
+    root = Path(tempfile.mkdtemp(prefix="stripefs-heal-"))
+    root.chmod(0o755)
+    c = HealCluster(root)
+    c.expected_log_patterns += [r"no copy could be read", r"not answering", r"failed"]
+    try:
+        c.up()
+        yield c
+    finally:
+        c.teardown()
+        if request.session.testsfailed:
+            for name, text in c.logs().items():
+                print(f"\n===== {name} =====\n{text[-15000:]}")
+    bad = c.bad_log_lines()
+    if not any(_is_mounted(m) for m in [c.mnt, *c.extra_mounts]):
+        shutil.rmtree(root, ignore_errors=True)
+    assert not bad, "unexpected ERROR lines in process logs:\n" + "\n".join(bad[:30])
+
+
+def _drop_caches():
+    os.system("echo 3 > /proc/sys/vm/drop_caches")
+
+
+def _populate(d: Path, n: int, seed: int) -> dict[str, str]:
+    rng = random.Random(seed)
+    d.mkdir(exist_ok=True)
+    sums = {}
+    for i in range(n):
+        data = rng.randbytes(rng.choice([3000, 200 * KiB, 700 * KiB]))
+        (d / f"f{i}").write_bytes(data)
+        sums[f"f{i}"] = hashlib.sha256(data).hexdigest()
+    return sums
+
+
+def _check(d: Path, sums: dict[str, str]) -> None:
+    for name, digest in sums.items():
+        assert hashlib.sha256((d / name).read_bytes()).hexdigest() == digest, name
+
+
+def _full_redundancy(heal: HealCluster):
+    st = heal.status()
+    return st if st["under_replicated"] == 0 and st["repair"]["backlog"] == 0 else None
+
+
+FILES: dict[str, str] = {}
+
+
+def test_node_down_is_rereplicated_and_data_reads_without_it(heal):
+    d = heal.mnt / "a"
+    FILES.update(_populate(d, 12, seed=1))
+    assert heal.node(2)["placed_chunks"] > 0
+    heal.kill_node(2)
+    wait_for("node 2 declared down", lambda: heal.node(2)["state"] == "down")
+    st = wait_for("full redundancy", lambda: _full_redundancy(heal))
+    assert {n["node_id"]: n["placed_chunks"] for n in st["nodes"]}[2] == 0
+    assert st["repair"]["copied"] > 0
+    local = json.loads(run_cli("local", "status", "--dir", str(heal.state), "--json").stdout)
+    assert local["under_replicated"] == 0
+    text = run_cli("status", "--dir", str(heal.state)).stdout
+    assert "full redundancy" in text and "down" in text
+    _drop_caches()
+    _check(d, FILES)
+    assert "node 2 (" in heal.logs()["meta.log"] and "up -> suspect" in heal.logs()["meta.log"]
+
+
+def test_returning_node_never_serves_stale_copies_and_they_are_collected(heal):
+    d = heal.mnt / "a"
+    old_on_2 = heal.chunk_files(2)
+    assert old_on_2, "node 2 kept its old copies on disk"
+    # while node 2 is down: overwrite half the files in place (new versions of the same chunks), delete a few
+    rng = random.Random(2)
+    for name in list(FILES)[:6]:
+        data = rng.randbytes((d / name).stat().st_size)
+        with open(d / name, "r+b") as f:
+            f.write(data)
+        FILES[name] = hashlib.sha256(data).hexdigest()
+    for name in list(FILES)[6:8]:
+        (d / name).unlink()
+        del FILES[name]
+    heal.restart()
+    wait_for("node 2 up", lambda: heal.node(2)["state"] == "up")
+    for _ in range(3):
+        _drop_caches()
+        _check(d, FILES)
+    # every copy node 2 held is obsolete (repaired elsewhere, rewritten or deleted): all go
+    wait_for("node 2's obsolete copies deleted", lambda: not heal.chunk_files(2), timeout=60)
+    _check(d, FILES)
+
+
+def _flip_bytes(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(-100, os.SEEK_END)
+        data = f.read(10)
+        f.seek(-100, os.SEEK_END)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def test_corrupt_copies_are_found_and_repaired(heal):
+    d = heal.mnt / "scrub"
+    d.mkdir()
+    sums = {}
+    for i in range(3):
+        data = random.Random(30 + i).randbytes(600 * KiB)
+        (d / f"s{i}").write_bytes(data)
+        sums[f"s{i}"] = hashlib.sha256(data).hexdigest()
+    inos = [(d / f"s{i}").stat().st_ino for i in range(3)]
+    # 1. on-demand scrub of a path finds a flipped byte and repairs it
+    victim = heal.chunk_files(ino=inos[0])[0]
+    _flip_bytes(victim)
+    out = run_cli("scrub", "--now", str(d)).stdout
+    assert "1 bad" in out, out
+    wait_for("repair of the scrubbed copy", lambda: _full_redundancy(heal))
+    assert "0 bad" in run_cli("scrub", "--now", str(d)).stdout
+    # 2. the background scrub finds one on its own (started now instead of next week)
+    victim = heal.chunk_files(ino=inos[1])[0]
+    _flip_bytes(victim)
+    assert "started on" in run_cli("scrub", "--dir", str(heal.state)).stdout
+    wait_for("background scrub report", lambda: f"chunk {inos[1]}:" in heal.logs()["meta.log"])
+    wait_for("repair of the background-scrubbed copy", lambda: _full_redundancy(heal))
+    # 3. a client read hitting a bad copy gets good data, and the copy is repaired
+    for victim in heal.chunk_files(ino=inos[2]):
+        _flip_bytes(victim)
+        break
+    _drop_caches()
+    _check(d, sums)
+    wait_for("scrub of everything is clean", lambda: "0 bad" in run_cli("scrub", "--now", "--dir", str(heal.state)).stdout)
+    _check(d, sums)
+
+
+def test_dead_client_leaks_nothing(heal):
+    m2 = heal.mount_again("m2")
+    d = m2 / "lease"
+    d.mkdir()
+    held = open(d / "unlinked", "wb")
+    held.write(os.urandom(700 * KiB))
+    held.flush()
+    os.fsync(held.fileno())
+    ino_unlinked = os.fstat(held.fileno()).st_ino
+    os.unlink(d / "unlinked")
+    partial = open(d / "uncommitted", "wb")
+    partial.write(os.urandom(3 * CHUNK))
+    partial.flush()
+    # write the pages back (no fsync: nothing is committed); full chunks go to storage at once
+    _libc.sync_file_range(partial.fileno(), ctypes.c_long(0), ctypes.c_long(0), 2)  # SYNC_FILE_RANGE_WRITE
+    ino_partial = os.fstat(partial.fileno()).st_ino
+    wait_for("uncommitted chunks on storage", lambda: len(heal.chunk_files(ino=ino_partial)) >= 4)
+    assert heal.chunk_files(ino=ino_unlinked)
+    pid = int((heal.state / "m2.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    _wait_dead(pid)
+    for f in (held, partial):
+        try:
+            f.close()
+        except OSError:
+            pass
+    heal.unmount(m2)
+    heal.extra_mounts.remove(m2)
+    wait_for("the dead mount's chunks reclaimed",
+             lambda: not heal.chunk_files(ino=ino_unlinked) and not heal.chunk_files(ino=ino_partial), timeout=60)
+    log = heal.logs()["meta.log"]
+    assert "expired" in log and "never committed" in log
+
+
+def test_drain_then_remove(heal):
+    d = heal.mnt / "single"
+    d.mkdir()
+    run_cli("layout", "set", str(d), "--replicas", "1")
+    sums = _populate(d, 10, seed=5)
+    assert heal.node(3)["placed_chunks"] > 0
+    refused = run_cli("node", "remove", "3", "--dir", str(heal.state), check=False)
+    assert refused.returncode == 3 and "only live copy" in refused.stderr and "drain" in refused.stderr
+    drained = run_cli("node", "drain", "3", "--dir", str(heal.state))
+    assert "holds nothing" in drained.stdout
+    assert heal.node(3)["placed_chunks"] == 0
+    _drop_caches()
+    _check(d, sums)
+    _check(heal.mnt / "a", FILES)
+    run_cli("node", "remove", "3", "--dir", str(heal.state))
+    assert heal.node(3)["state"] == "removed"
+    heal.kill_node(3, signal.SIGTERM)
+    _drop_caches()
+    _check(d, sums)
+    _check(heal.mnt / "a", FILES)
+    (d / "new").write_bytes(b"x" * 100_000)
+    assert (d / "new").read_bytes() == b"x" * 100_000
+
+
+def test_fsck_finds_and_repairs_an_orphan(heal):
+    from stripefs.common.protocol import ChunkId
+    from stripefs.storage_node.chunk_store import ChunkStore, _encode_header
+
+    assert run_cli("fsck", "--dir", str(heal.state)).returncode == 0
+    orphan = ChunkId(10**9, 0, 0)
+    fake = object.__new__(ChunkStore)
+    fake._chunks_dir = heal.data_dir(1)
+    path = ChunkStore.path(fake, orphan)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(5000)
+    path.write_bytes(_encode_header(orphan, 5, memoryview(data), 64 * KiB) + data)
+    found = run_cli("fsck", "--dir", str(heal.state), check=False)
+    assert found.returncode == 3 and "orphan copies (no file refers to them): 1" in found.stdout, found.stdout
+    run_cli("fsck", "--repair", "--dir", str(heal.state))
+    wait_for("the orphan deleted", lambda: not path.exists(), timeout=30)
+    assert run_cli("fsck", "--dir", str(heal.state)).returncode == 0
