@@ -95,6 +95,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCAN_PAGE = 5000
+RETRY_S = 10.0  # after a pass that made no progress
 COPY_TIMEOUT_S = 120.0
 VERIFY_TIMEOUT_S = 300.0
 _KIND_ORDER = {"repair": 0, "reconstruct": 1, "move_empty": 2, "drain": 3, "rebalance": 4}
@@ -262,6 +263,8 @@ class Healer:
         self._backlog = 0
         self._backlog_bytes = 0
         self._clients: NodeClients | None = None
+        self._skipped = 0
+        self._fences: dict[int, int] = {}  # ino -> epochs at or below are no longer committable (lease expired)
         self._ready = trio.Event()
 
     # -- triggers and status ---------------------------------------------------
@@ -328,9 +331,14 @@ class Healer:
                 self.dirty = False
                 work = await self.scan()
                 if work.tasks or work.fixes:
+                    before = self.copied
                     await self._execute(work)
-                else:
-                    await trio.sleep(0.2)  # let a burst of changes settle before the next scan
+                    if self.copied > before or work.fixes:
+                        self.dirty = True  # progress: scan again at once for what is left
+                    else:  # nothing could be done (no target, sources unreachable): retry later
+                        with trio.move_on_after(min(RETRY_S, self.config.repair_scan_interval_s)):
+                            await self._wake.wait()
+                await trio.sleep(0.2)  # let a burst of changes settle before the next scan
 
     async def clients(self) -> NodeClients:
         await self._ready.wait()
@@ -343,10 +351,10 @@ class Healer:
                     self.svc._write_locked(self._fix, row, keep)
         runnable = [t for t in work.tasks if t.kind != "reconstruct"]
         skipped = len(work.tasks) - len(runnable)
-        if skipped:
+        if skipped and skipped != self._skipped:
             log.warning("%d erasure-coded fragment(s) need reconstruction, which needs the EC codec (not built yet)", skipped)
+        self._skipped = skipped
         if not runnable:
-            await trio.sleep(1.0)
             return
         self._backlog = len(runnable)
         self._backlog_bytes = sum(t.length for t in runnable)
@@ -503,14 +511,36 @@ class Healer:
         return dropped
 
     def reclaim_uncommitted(self, inos: Iterable[int]) -> None:
-        """A session expired: chunks it allocated but never committed in files nobody has open go."""
+        """A session expired: chunks it allocated but never committed in files nobody has open go.
+
+        The copies are deleted up to the newest epoch handed out so far, and that
+        epoch becomes the file's *fence*: a commit of chunks written at or below
+        it (a mount that was only paused past its lease, not dead) is refused
+        with STALE, as a lost lease should be, instead of recording copies that
+        are being deleted. Fences live in memory: a daemon restart forgets them
+        (and every session with them).
+        """
         store = self.svc.store
+        bound = self.svc.ns.last_epoch()
         for ino in inos:
             if self.svc.sessions.is_open(ino) or store.get_inode(ino) is None:
                 continue
-            n = store.drop_uncommitted_chunks(ino, self.svc.ns.last_epoch())
+            n = store.drop_uncommitted_chunks(ino, bound)
             if n:
+                self._fences[ino] = bound
                 log.info("inode %d: %d chunk(s) allocated but never committed by an expired session reclaimed", ino, n)
+
+    def check_fence(self, ino: int, chunks: Iterable[P.ChunkRef]) -> None:
+        """Refuse a commit of chunk versions written under a lease that expired (see reclaim_uncommitted)."""
+        fence = self._fences.get(ino)
+        if fence is None:
+            return
+        old = [c.index for c in chunks if 0 < c.version <= fence]
+        if old:
+            raise StripefsError(
+                ErrorCode.STALE,
+                f"inode {ino}: chunk(s) {old[:5]} were written under a session lease that expired; their copies are gone",
+            )
 
     # -- requests (dispatched by MetaService.handle) -----------------------------
 

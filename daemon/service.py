@@ -467,4 +467,5 @@ class MetaService:
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
+        self.healer.check_fence(req.ino, req.chunks)
         return P.AttrRsp(attr=await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks))

@@ -369,8 +369,14 @@ class ChunkStore:
         replace: bool = False,
         truncate: int = -1,
         sync: bool = False,
+        if_newer: bool = False,
     ) -> ChunkMeta:
-        """Apply one WriteChunkReq (see its docstring); returns the stored (version, length)."""
+        """Apply one WriteChunkReq (see its docstring); returns the stored (version, length).
+
+        ``if_newer`` (with ``replace``; a repair copy): keep a stored copy that is
+        at least ``version`` and return it instead; checked under the chunk's lock,
+        so a writer's newer copy is never overwritten by an older one.
+        """
         _check_chunk_id(chunk)
         data = memoryview(data)
         if data.format != "B" or data.ndim != 1:
@@ -391,6 +397,8 @@ class ChunkStore:
                 old_size = -1
             if replace:
                 old_version = self._version_or_zero(chunk) if old_size >= 0 else 0
+                if if_newer and old_size >= 0 and old_version >= version:
+                    return self.stat(chunk)
                 content: memoryview | bytearray = data
             else:
                 old_version, content = self._merge(chunk, base_version, offset, data, truncate, old_size >= 0)

@@ -9,7 +9,10 @@ bytes between themselves:
     first source that answers (``ReadChunkReq``: the source verifies every
     block it sends), checks the payload's xxh3, and stores it with
     ``replace`` and ``sync`` (temp file, fsync, rename, fsync of the
-    directory): the copy is durable before the daemon records it.
+    directory): the copy is durable before the daemon records it. A copy
+    already stored here that is at least as new (a writer moved its replica
+    here meanwhile) is kept: a repair never labels old bytes with a newer
+    version.
 
 Background scrub
     A task walks the 65,536 fan-out directories in order and reads every
@@ -46,7 +49,7 @@ from .chunk_store import ChunkStore
 
 log = logging.getLogger(__name__)
 
-PEER_TIMEOUT_S = 30.0
+PEER_TIMEOUT_S = 10.0  # one source; the next is tried after it (the daemon lists live ones first)
 MAX_REPORT = 1000  # bad copies per ReportBadChunksReq
 
 
@@ -120,7 +123,7 @@ class Healing:
             except StripefsError as exc:
                 errors.append(f"{address}: {exc}")
                 continue
-            meta = await self._io(self.store.write, req.chunk, rsp.version, 0, 0, data, replace=True, sync=True)
+            meta = await self._io(self.store.write, req.chunk, rsp.version, 0, 0, data, replace=True, sync=True, if_newer=True)
             log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, req.chunk, meta.version, address, meta.length)
             return p.CopyChunkRsp(version=meta.version, length=meta.length)
         raise StripefsError(ErrorCode.UNAVAILABLE, f"chunk {req.chunk}: no source could be read: {'; '.join(errors)}")
