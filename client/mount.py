@@ -200,6 +200,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 readahead_chunks=client_cfg.readahead_chunks,
                 write_parallelism=client_cfg.write_parallelism,
             )
+            data.hedge_after_s = client_cfg.hedge_after_s
             ops = Operations(meta, data, attr_timeout=client_cfg.attr_timeout_s, entry_timeout=client_cfg.entry_timeout_s)
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             try:
