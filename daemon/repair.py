@@ -65,9 +65,19 @@ Until the codec lands, such tasks are counted in ``under_replicated`` and
 logged once per scan. Draining a node that holds fragments already works: a
 fragment is moved as it is.
 
-Not yet: rebalance after nodes join (``rebalance_tolerance`` is read but no
-``rebalance`` tasks are planned); the scan is a full table walk (fine for
-millions of chunks, a per-node index would be needed beyond).
+Rebalance (``plan_rebalance``)
+------------------------------
+Only when a scan finds nothing to repair or drain: a node whose utilisation
+(bytes the namespace places there over its capacity) is above the mean by
+more than ``rebalance_tolerance`` (10%) gives healthy copies to the emptiest
+nodes, one chunk at a time, never so far that the taker ends fuller than the
+giver (no ping-pong). A move is a ``rebalance`` task: the same copy, switch,
+then delete, so no chunk is ever less redundant; it uses the same throttle.
+New nodes therefore fill up after they join, and a node that was down for a
+while is evened out again.
+
+Scale: the scan is a full walk of the chunk table in pages (fine for millions
+of chunks; a per-node index would be needed beyond).
 """
 
 from __future__ import annotations
@@ -95,6 +105,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCAN_PAGE = 5000
+MOVABLE_PER_NODE = 2000  # rebalance candidates remembered per node and scan
 RETRY_S = 10.0  # after a pass that made no progress
 COPY_TIMEOUT_S = 120.0
 VERIFY_TIMEOUT_S = 300.0
@@ -129,6 +140,7 @@ class Task:
     live: int  # live copies now (ordering: fewest first)
     length: int  # the file's chunk size
     ec: bool = False
+    target: int = 0  # rebalance: the node chosen to receive it (0: placement chooses)
 
     @property
     def replace(self) -> int | None:
@@ -148,6 +160,8 @@ class Plan:
     over_replicated: int = 0
     lost: int = 0
     placed: collections.Counter = field(default_factory=collections.Counter)  # node -> rows naming it
+    placed_bytes: collections.Counter = field(default_factory=collections.Counter)  # node -> chunk sizes of its copies
+    movable: dict[int, list[ChunkRow]] = field(default_factory=dict)  # node -> fully healthy rows it holds (rebalance)
     backlog_bytes: int = 0
 
 
@@ -165,6 +179,8 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
             if bad:
                 out.tasks.append(Task("move_empty", row.ino, row.idx, 0, row.nodes, (), bad[0], copies, row.chunk_size, red.is_ec))
             continue
+        for n in row.nodes:
+            out.placed_bytes[n] += row.chunk_size
         live = [i for i, s in enumerate(state) if s in LIVE_STATES]
         gone = [i for i, s in enumerate(state) if s not in LIVE_STATES]
         draining = [i for i, s in enumerate(state) if s == "draining"]
@@ -200,8 +216,62 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
             out.backlog_bytes += row.chunk_size * len(draining)
         elif gone:
             out.fixes.append((row, tuple(row.nodes[i] for i in live)))
+        elif all(s in PLACEABLE_STATES for s in state):
+            for n in row.nodes:
+                bucket = out.movable.setdefault(n, [])
+                if len(bucket) < MOVABLE_PER_NODE:
+                    bucket.append(row)
     out.tasks.sort(key=lambda t: (t.live, _KIND_ORDER[t.kind]))
     return out
+
+
+def plan_rebalance(work: Plan, capacity: dict[int, int], tolerance: float, max_moves: int = 500) -> list[Task]:
+    """Moves that bring every placeable node's utilisation within ``tolerance`` of the mean.
+
+    Utilisation is placed bytes (chunk sizes of the copies the namespace puts
+    there, so a move counts at once, without waiting for heartbeats) over
+    capacity. The fullest node gives a copy to the emptiest node that does not
+    hold that chunk, as long as the giver stays at least as full as the taker
+    after the move (no ping-pong), until the fullest is within tolerance.
+    Only ``capacity`` (placeable nodes with a known capacity) take part.
+    """
+    nodes = [n for n, c in capacity.items() if c > 0]
+    if len(nodes) < 2:
+        return []
+    used = {n: work.placed_bytes.get(n, 0) for n in nodes}
+    mean = sum(used.values()) / sum(capacity[n] for n in nodes)
+    if mean <= 0:
+        return []
+    util = lambda n: used[n] / capacity[n]  # noqa: E731
+    rows = {n: list(work.movable.get(n, ())) for n in nodes}
+    moved: set[tuple[int, int]] = set()
+    tasks: list[Task] = []
+    while len(tasks) < max_moves:
+        giver = max(nodes, key=util)
+        if util(giver) <= mean * (1 + tolerance) and min(util(n) for n in nodes) >= mean * (1 - tolerance):
+            break
+        done = False
+        for row in rows[giver]:
+            if (row.ino, row.idx) in moved:
+                continue
+            takers = sorted((n for n in nodes if n not in row.nodes), key=util)
+            if not takers:
+                continue
+            taker = takers[0]
+            size = row.chunk_size
+            if (used[giver] - size) / capacity[giver] < (used[taker] + size) / capacity[taker]:
+                continue  # would overshoot: the taker would end up fuller than the giver
+            slot = row.nodes.index(giver)
+            tasks.append(Task("rebalance", row.ino, row.idx, row.version, row.nodes, row.nodes, slot, len(row.nodes),
+                              size, parse_redundancy(row.redundancy).is_ec, target=taker))
+            moved.add((row.ino, row.idx))
+            used[giver] -= size
+            used[taker] += size
+            done = True
+            break
+        if not done:
+            break
+    return tasks
 
 
 class Throttle:
@@ -330,6 +400,10 @@ class Healer:
                 self._wake = trio.Event()
                 self.dirty = False
                 work = await self.scan()
+                if not work.tasks and not work.fixes and self.config.rebalance_tolerance > 0:
+                    async with self.svc._lock:
+                        capacity = {n: c for n, (_, c) in self.svc.nodes.usage().items()}
+                    work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance)
                 if work.tasks or work.fixes:
                     before = self.copied
                     await self._execute(work)
@@ -358,9 +432,11 @@ class Healer:
             return
         self._backlog = len(runnable)
         self._backlog_bytes = sum(t.length for t in runnable)
+        kinds = collections.Counter(t.kind for t in runnable)
         log.info(
-            "repair: %d task(s) (%d under-replicated chunk(s), %d lost), copying up to %s/s",
-            len(runnable), work.under_replicated, work.lost, self.config.repair_bandwidth or "unlimited",
+            "repair: %s (%d under-replicated chunk(s), %d lost), copying up to %s bytes/s",
+            ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())), work.under_replicated, work.lost,
+            self.config.repair_bandwidth or "unlimited",
         )
         send, recv = trio.open_memory_channel(0)
         async with trio.open_nursery() as nursery:
@@ -387,6 +463,9 @@ class Healer:
     def _choose_target(self, task: Task) -> int:
         store, nodes = self.svc.store, self.svc.nodes
         avoid = store.garbage_nodes_of_chunk(task.ino, task.idx) | set(task.nodes)
+        if task.target:  # rebalance: that node or none (it may still hold a copy being deleted)
+            ok = task.target not in avoid and nodes.state(task.target) in PLACEABLE_STATES
+            return task.target if ok else 0
         views = [NodeView(v.node_id, v.host, v.free_bytes, v.up and v.node_id not in avoid) for v in nodes.views()]
         current = [n for n in task.nodes if nodes.state(n) in LIVE_STATES]
         replaced = task.replace if task.replace is not None else -1
@@ -397,6 +476,9 @@ class Healer:
             target = self._choose_target(task)
             target_address = self.svc.nodes.address(target)
             sources = [self.svc.nodes.address(n) for n in task.sources if self.svc.nodes.is_up(n)]
+        if not target:
+            log.debug("chunk %d:%d: %s skipped, its target cannot take it now", task.ino, task.idx, task.kind)
+            return
         if task.kind == "move_empty":
             await self._record_durably(task, target, 0)
             return

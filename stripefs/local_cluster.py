@@ -150,7 +150,7 @@ class LocalCluster:
             f"storage-{key}", ["storage", "--config", str(self.state / f"storage-{key}" / "storage.toml")]
         )
         self._save_pids(pids)
-        self._wait_ready(info, pids, time.monotonic() + timeout)
+        self._wait_ready({**info, "nodes": [node]}, pids, time.monotonic() + timeout)  # the new node only
         print(f"storage node {key} started at tcp://127.0.0.1:{node['port']} and registered")
         return 0
 
@@ -253,7 +253,15 @@ class LocalCluster:
             finally:
                 ctx.destroy(linger=0)
 
-        trio.run(wait)
+        try:
+            trio.run(wait)
+        except BaseExceptionGroup as group:  # a QuietError raised inside a connection's nursery
+            leaf = group
+            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+                leaf = leaf.exceptions[0]
+            if isinstance(leaf, QuietError):
+                raise leaf from None
+            raise
 
     # ------------------------------------------------------------------ down
 

@@ -200,7 +200,7 @@ async def test_a_node_copies_a_chunk_from_another(tmp_path):
             for s in services:
                 await nursery.start(s.run)
             async with connect(ctx, services[1].config.listen, timeout=30) as target:
-                rsp, _ = await target.call(p.CopyChunkReq(chunk=c, min_version=4, sources=[_addr(), services[0].config.listen], length=1 << 20))
+                rsp, _ = await target.call(p.CopyChunkReq(chunk=c, min_version=4, sources=[services[1].config.listen, services[0].config.listen], length=1 << 20))
                 assert (rsp.version, rsp.length) == (4, 7000)
                 assert stores[1].read(c, 4, 0, 1 << 20) == (4, b"payload" * 1000)
                 with pytest.raises(StripefsError) as err:  # nobody has version 5
