@@ -107,7 +107,7 @@ log = logging.getLogger(__name__)
 SCAN_PAGE = 5000
 MOVABLE_PER_NODE = 2000  # rebalance candidates remembered per node and scan
 RETRY_S = 10.0  # after a pass that made no progress
-COPY_TIMEOUT_S = 120.0
+COPY_TIMEOUT_S = 10.0  # plus one second per MiB of chunk: a copy is one chunk read and one durable write
 VERIFY_TIMEOUT_S = 300.0
 _KIND_ORDER = {"repair": 0, "reconstruct": 1, "move_empty": 2, "drain": 3, "rebalance": 4}
 
@@ -334,6 +334,7 @@ class Healer:
         self._backlog_bytes = 0
         self._clients: NodeClients | None = None
         self._skipped = 0
+        self._pass_scope: trio.CancelScope | None = None
         self._fences: dict[int, int] = {}  # ino -> epochs at or below are no longer committable (lease expired)
         self._ready = trio.Event()
 
@@ -344,6 +345,8 @@ class Healer:
         self._wake.set()
 
     def node_changed(self, node_id: int, old: str, new: str) -> None:
+        if new in ("down", "removed", "suspect") and self._pass_scope is not None:
+            self._pass_scope.cancel()  # copies to or from it would only wait for their timeouts: replan now
         self.poke()
 
     def info(self) -> P.RepairInfo:
@@ -406,7 +409,9 @@ class Healer:
                     work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance)
                 if work.tasks or work.fixes:
                     before = self.copied
-                    await self._execute(work)
+                    with trio.CancelScope() as self._pass_scope:
+                        await self._execute(work)
+                    self._pass_scope = None
                     if self.copied > before or work.fixes:
                         self.dirty = True  # progress: scan again at once for what is left
                     else:  # nothing could be done (no target, sources unreachable): retry later
@@ -464,9 +469,12 @@ class Healer:
         store, nodes = self.svc.store, self.svc.nodes
         avoid = store.garbage_nodes_of_chunk(task.ino, task.idx) | set(task.nodes)
         if task.target:  # rebalance: that node or none (it may still hold a copy being deleted)
-            ok = task.target not in avoid and nodes.state(task.target) in PLACEABLE_STATES
+            ok = task.target not in avoid and nodes.state(task.target) == "up"
             return task.target if ok else 0
-        views = [NodeView(v.node_id, v.host, v.free_bytes, v.up and v.node_id not in avoid) for v in nodes.views()]
+        views = [  # a copy goes to a node that is plainly up: never a suspect one
+            NodeView(v.node_id, v.host, v.free_bytes, v.up and v.node_id not in avoid and nodes.state(v.node_id) == "up")
+            for v in nodes.views()
+        ]
         current = [n for n in task.nodes if nodes.state(n) in LIVE_STATES]
         replaced = task.replace if task.replace is not None else -1
         return replace_node(views, [n for n in current if n != replaced], replaced, key=task.ino * 7919 + task.idx)
@@ -487,13 +495,22 @@ class Healer:
         chunk = P.ChunkId(task.ino, task.idx, task.part)
         key = (task.ino, task.idx, target)
         self._inflight.add(key)
+        copied = False
         try:
             client = await (await self.clients()).get(target_address)
             rsp, _ = await client.call(
                 P.CopyChunkReq(chunk=chunk, min_version=task.version, sources=sources, length=task.length),
-                timeout=COPY_TIMEOUT_S,
+                timeout=COPY_TIMEOUT_S + task.length / (1 << 20),
             )
+            copied = True
             recorded = await self._record_durably(task, target, rsp.version)
+        except (trio.Cancelled, StripefsError) as exc:
+            if not copied and (isinstance(exc, trio.Cancelled) or exc.code == ErrorCode.TIMEOUT):
+                # the target may still finish the copy: make sure it does not stay there unrecorded
+                with trio.CancelScope(shield=True):
+                    async with self.svc._lock:
+                        self.svc._write_locked(self._forget_copy, task, target)
+            raise
         finally:
             self._inflight.discard(key)
         if recorded:
@@ -555,6 +572,12 @@ class Healer:
             new = nodes + [target]
         store.put_chunk(task.ino, task.idx, cur_version, new)
         return True
+
+    def _forget_copy(self, task: Task, target: int) -> None:
+        """A copy whose outcome is unknown: delete it on ``target`` unless the row places it there."""
+        cur = self.svc.store.get_chunks(task.ino, [task.idx]).get(task.idx)
+        if cur is None or target not in cur[1]:
+            self.svc.store.add_garbage([(target, task.ino, task.idx, task.part, self.svc.ns.last_epoch())])
 
     def _fix(self, row: ChunkRow, keep: tuple[int, ...]) -> None:
         """Drop gone nodes from a row that has enough live copies without them."""
@@ -799,7 +822,9 @@ class Healer:
             for c, v in zip(rsp.chunks, rsp.versions):
                 inventory[(c.ino, c.index, c.part)] = v
             start = rsp.next_dir
-        orphans = [k for k in inventory if k not in expected]
+        async with self.svc._lock:
+            pending = self.svc.store.pending_garbage(node_id)  # queued for deletion already: not orphans
+        orphans = [k for k in inventory if k not in expected and (k[0], k[1]) not in pending]
         missing = [k for k, v in expected.items() if v and inventory.get(k, -1) < v]
         problems = [f"orphan copy {i}:{x}:{p} v{inventory[(i, x, p)]} on node {node_id}" for i, x, p in orphans[:10]]
         problems += [f"copy {i}:{x}:{p} v{expected[(i, x, p)]} missing or stale on node {node_id}" for i, x, p in missing[:10]]

@@ -100,12 +100,15 @@ class LocalCluster:
         return f"tcp://127.0.0.1:{self.info()['meta_port']}"
 
     def _create(self, mount: Path, nodes: int, options: list[str], settings: list[str] = ()) -> dict:
+        parsed = _parse_settings(settings)
+        listen = str(parsed.get("meta", {}).get("listen", ""))
         info = {
-            "meta_port": _free_port(),
+            # --set meta.listen=tcp://0.0.0.0:PORT (reachable from other hosts or namespaces) fixes the port
+            "meta_port": int(listen.rsplit(":", 1)[1]) if listen.rsplit(":", 1)[-1].isdigit() else _free_port(),
             "nodes": [{"node_id": i, "port": _free_port()} for i in range(1, nodes + 1)],
             "mount": str(mount),
             "options": options,
-            "settings": _parse_settings(settings),
+            "settings": parsed,
         }
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
         meta_dir = self.state / "meta"

@@ -15,7 +15,11 @@ import json
 import os
 import random
 import shutil
+import sys
 import signal
+import socket
+import subprocess
+import threading
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +33,15 @@ _libc = ctypes.CDLL(None, use_errno=True)
 KiB, MiB = 1 << 10, 1 << 20
 CHUNK = 256 * KiB
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+META_PORT = _free_port()
 SETTINGS = [
+    f"meta.listen=tcp://0.0.0.0:{META_PORT}",  # reachable from the partition test's network namespace
     "meta.node_timeout_s=3",
     "meta.node_suspect_s=1.5",
     "meta.session_lease_s=4",
@@ -58,7 +70,7 @@ class HealCluster(Cluster):
         return self.state / f"storage-{node_id}" / "data" / "chunks"
 
     def chunk_files(self, node_id: int | None = None, ino: int | None = None) -> list[Path]:
-        ids = [node_id] if node_id else [n["node_id"] for n in json.loads((self.state / "cluster.json").read_text())["nodes"]]
+        ids = [node_id] if node_id else [int(p.name.split("-")[1]) for p in self.state.glob("storage-*")]
         out = []
         for i in ids:
             pattern = f"{ino}-*.chunk" if ino else "*.chunk"
@@ -176,6 +188,59 @@ def test_returning_node_never_serves_stale_copies_and_they_are_collected(heal):
 
     wait_for("node 2's obsolete copies deleted", lambda: not obsolete_left(), timeout=60)
     _check(d, FILES)
+
+
+def test_node_killed_under_a_write_and_a_read_stream(heal):
+    """kill -9 a storage node while a writer and a reader are half way: neither sees an error."""
+    d = heal.mnt / "streams"
+    d.mkdir()
+    sources = {f"in{i}": random.Random(100 + i).randbytes(512 * KiB) for i in range(12)}
+    for name, data in sources.items():
+        (d / name).write_bytes(data)
+    _drop_caches()
+    half_written, half_read, killed = threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    big = random.Random(7).randbytes(6 * MiB)
+
+    def writer():
+        try:
+            with open(d / "stream", "wb") as f:
+                for pos in range(0, len(big), 64 * KiB):
+                    if pos == 2 * MiB:
+                        half_written.set()
+                        killed.wait(60)
+                    f.write(big[pos : pos + 64 * KiB])
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    def reader():
+        try:
+            for i, (name, data) in enumerate(sources.items()):
+                if i == 4:
+                    half_read.set()
+                    killed.wait(60)
+                assert (d / name).read_bytes() == data, name
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    assert half_written.wait(60) and half_read.wait(60)
+    heal.kill_node(4)
+    killed.set()
+    for t in threads:
+        t.join(180)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    _drop_caches()
+    assert (d / "stream").read_bytes() == big
+    wait_for("node 4 declared down", lambda: heal.node(4)["state"] == "down")
+    wait_for("full redundancy without node 4", lambda: _full_redundancy(heal))
+    _drop_caches()
+    assert (d / "stream").read_bytes() == big
+    _check(heal.mnt / "a", FILES)
+    heal.restart()
+    wait_for("node 4 up", lambda: heal.node(4)["state"] == "up")
 
 
 def _flip_bytes(path: Path) -> None:
@@ -316,3 +381,104 @@ def test_new_nodes_get_data_until_utilisation_is_even(heal):
     _check(heal.mnt / "a", FILES)
     for i in range(16):
         assert (d / f"r{i}").read_bytes() == random.Random(60 + i).randbytes(1 * MiB)
+
+
+NS = f"sfs-heal-{os.getpid() % 100000}"
+SUBNET = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def partitioned_node(heal):
+    """Storage node 9 in a network namespace of its own, joined to this one by a veth pair.
+
+    ``cut()`` takes the link down (the node keeps running, unreachable); ``heal()`` brings it back.
+    """
+    host_if, ns_if = f"vh{os.getpid() % 100000}", f"vn{os.getpid() % 100000}"
+    proc = None
+    try:
+        _sh("ip", "netns", "add", NS)
+        _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _sh("ip", "link", "set", ns_if, "netns", NS)
+        _sh("ip", "addr", "add", f"{SUBNET}.1/30", "dev", host_if)
+        _sh("ip", "link", "set", host_if, "up")
+        _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{SUBNET}.2/30", "dev", ns_if)
+        _sh("ip", "netns", "exec", NS, "ip", "link", "set", ns_if, "up")
+        _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+        node_dir = heal.state / "storage-9"
+        (node_dir / "data").mkdir(parents=True)
+        port = _free_port()
+        (node_dir / "storage.toml").write_text(
+            f'node_id = 9\nlisten = "tcp://{SUBNET}.2:{port}"\ndata_dir = "{node_dir / "data"}"\n'
+            f'meta = ["tcp://{SUBNET}.1:{META_PORT}"]\nhost = "netns"\nheartbeat_interval_s = 0.5\n'
+            'scrub_interval_s = 3600.0\nreserved_space = 0\n'
+        )
+        log = open(heal.state / "logs" / "storage-9.log", "ab")
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", NS, sys.executable, "-m", "stripefs", "storage", "--config", str(node_dir / "storage.toml")],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        wait_for("node 9 up", lambda: any(n["node_id"] == 9 and n["state"] == "up" for n in heal.status()["nodes"]))
+
+        class Link:
+            def cut(self):
+                _sh("ip", "link", "set", host_if, "down")
+
+            def heal(self):
+                _sh("ip", "link", "set", host_if, "up")
+
+        yield Link()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("ip") is None or os.geteuid() != 0, reason="needs root and iproute2 for a network namespace")
+def test_partitioned_node_is_repaired_around_and_its_stale_copies_never_served(heal, partitioned_node):
+    d = heal.mnt / "partition"
+    d.mkdir()
+    sums = _populate(d, 16, seed=9)
+    wait_for("copies on the namespaced node", lambda: heal.node(9)["placed_chunks"] > 0 or None)
+    old_on_9 = heal.chunk_files(9)
+    assert old_on_9
+    partitioned_node.cut()  # node 9 keeps running: only the network is gone
+    wait_for("node 9 declared down", lambda: heal.node(9)["state"] == "down")
+    wait_for("full redundancy around the partition", lambda: _full_redundancy(heal))
+    _drop_caches()
+    _check(d, sums)
+    rng = random.Random(10)
+    for name in list(sums)[:8]:  # new versions of the chunks node 9 holds old copies of
+        data = rng.randbytes((d / name).stat().st_size)
+        with open(d / name, "r+b") as f:
+            f.write(data)
+        sums[name] = hashlib.sha256(data).hexdigest()
+    rejoined = time.time_ns()
+    partitioned_node.heal()
+    wait_for("node 9 up again", lambda: heal.node(9)["state"] == "up")
+    for _ in range(3):
+        _drop_caches()
+        _check(d, sums)
+
+    def obsolete_left():
+        left = []
+        for path in old_on_9:
+            try:
+                if path.stat().st_mtime_ns < rejoined:
+                    left.append(path)
+            except FileNotFoundError:
+                pass
+        return left
+
+    wait_for("node 9's obsolete copies deleted", lambda: not obsolete_left(), timeout=60)
+    _check(d, sums)
