@@ -593,6 +593,22 @@ class ChunkStore:
 
     FANOUT_DIRS = 1 << 16
 
+    def existing_dirs(self) -> list[int]:
+        """Numbers of the fan-out directories that exist, in order (most are absent on a young node)."""
+        out = []
+        with os.scandir(self._chunks_dir) as tops:
+            for top in tops:
+                if len(top.name) != 2 or not top.is_dir(follow_symlinks=False):
+                    continue
+                with os.scandir(top.path) as subs:
+                    for sub in subs:
+                        if len(sub.name) == 2 and sub.is_dir(follow_symlinks=False):
+                            try:
+                                out.append(int(top.name, 16) | int(sub.name, 16) << 8)
+                            except ValueError:
+                                continue
+        return sorted(out)
+
     def chunks_in_dir(self, d: int) -> list[ChunkId]:
         """Copies in fan-out directory number ``d`` (``chunks/{d & 0xFF:02x}/{d >> 8:02x}``)."""
         directory = self._chunks_dir / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}"

@@ -155,7 +155,7 @@ class Healing:
 
     def _list(self, start: int, end: int) -> tuple[list[p.ChunkId], list[int]]:
         chunks, versions = [], []
-        for d in range(start, end):
+        for d in (d for d in self.store.existing_dirs() if start <= d < end):
             for chunk in self.store.chunks_in_dir(d):
                 try:
                     version = self.store.stat(chunk).version
@@ -195,8 +195,9 @@ class Healing:
     async def _scrub_pass(self, rate: int) -> None:
         copies = nbytes = bad = 0
         budget_t = trio.current_time()
-        for first in range(0, ChunkStore.FANOUT_DIRS, 256):
-            chunks = await self._io(lambda: [c for d in range(first, first + 256) for c in self.store.chunks_in_dir(d)])
+        dirs = await self._io(self.store.existing_dirs)
+        for first in range(0, len(dirs), 64):
+            chunks = await self._io(lambda: [c for d in dirs[first : first + 64] for c in self.store.chunks_in_dir(d)])
             for chunk in chunks:
                 try:
                     n = await self._io(self.store.verify, chunk)
