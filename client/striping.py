@@ -151,6 +151,7 @@ class DataPath:
         results_send, results = trio.open_memory_channel(len(order))
         launched = pending = 0
         fatal: StripefsError | None = None
+        answered: set[int] = set()
 
         async def attempt(node_id: int, last: bool) -> None:
             try:
@@ -178,8 +179,12 @@ class DataPath:
                     launch()
                     continue
                 pending -= 1
+                answered.add(node_id)
                 if exc is None:
                     nursery.cancel_scope.cancel()
+                    for slow in order[:launched]:
+                        if slow not in answered:  # beaten by a hedge: asked last for a while
+                            self.nodes.note_slow(slow)
                     return data
                 if exc.code not in _FAILOVER:
                     fatal = exc  # raised outside the nursery: callers expect a plain StripefsError
