@@ -223,6 +223,8 @@ def cmd_local(args) -> int:
             stored = "" if proc["bytes_stored"] is None else f"  {format_size(proc['bytes_stored'])} stored"
             node = f" {proc['node_id']}" if proc["node_id"] else ""
             print(f"{proc['role']}{node:<4} {proc['state']:<5} pid {proc['pid']}  {where}{stored}")
+        if status.get("under_replicated") is not None:
+            print(f"under-replicated chunks: {status['under_replicated']}")
     return 0
 
 
