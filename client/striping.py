@@ -7,8 +7,9 @@ Reads
     chunk cache, so the kernel's 1 MiB requests within one chunk cost one
     network read. A replica that has not answered within ``hedge_after_s`` is
     joined by the next one (a hedged read); the first good answer wins. A
-    sequential reader triggers prefetch of the next
-    ``readahead_chunks`` chunks; chunks of one read are fetched in parallel.
+    sequential reader keeps a window of chunks fetched ahead of it, growing up
+    to ``readahead_chunks`` (client/readahead.py); chunks of one read are
+    fetched in parallel.
     A chunk never written (no placement, or version 0) reads as zeros.
 
 Writes
@@ -19,6 +20,12 @@ Writes
     (ReplaceReplicaReq) and receives the whole chunk, read back from a replica
     that took the write. So one node dying mid-write costs the writer nothing.
     ``flush`` waits for everything in flight and commits versions and size.
+
+Memory: the chunk cache has its byte budget; unsent data is at most
+``MAX_DIRTY_CHUNKS`` partial chunks per file being written, and chunks being
+sent at most ``write_parallelism`` per file and ``write_inflight`` for the
+mount, so the client's memory stays within ``cache_size`` plus a few dozen
+chunks however applications write.
 
 Atomicity: an ``OpenFile``'s dirty map is only changed between awaits; a chunk
 is removed from ``dirty`` before its send starts, so no byte is sent twice or lost.
@@ -37,10 +44,15 @@ from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_extents
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
+from .disk_cache import DiskCache
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
+from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
+
+#: partial chunks a file may hold unsent; a writer scattering more sends its oldest first
+MAX_DIRTY_CHUNKS = 8
 
 _FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
 
@@ -55,6 +67,7 @@ class DataPath:
         *,
         readahead_chunks: int,
         write_parallelism: int,
+        write_inflight: int = 16,
     ):
         self.meta = meta
         self.nodes = nodes
@@ -62,10 +75,14 @@ class DataPath:
         self.nursery = nursery
         self.readahead_chunks = readahead_chunks
         self.write_parallelism = write_parallelism
+        self.disk_cache: DiskCache | None = None  # set by the mount when configured
+        # chunks being written in the background, all files together (memory bound, with MAX_DIRTY_CHUNKS)
+        self.write_slots = trio.Semaphore(max(write_parallelism, write_inflight))
 
     # ------------------------------------------------------------------ reads
 
-    async def read(self, of: OpenFile, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, of: OpenFile, offset: int, length: int, stream: ReadStream | None = None) -> bytes | memoryview:
+        """Bytes [offset, offset+length) of the file; ``stream``: the handle's read-ahead state."""
         end = min(offset + length, of.size)
         if end <= offset:
             return b""
@@ -82,8 +99,7 @@ class DataPath:
                         of.end_io()
             await of.idle.wait()
             self._raise_write_error(of)
-        sequential = offset == of.last_read_end or offset == 0
-        of.last_read_end = end
+        ahead = stream.advance(offset, end, of.chunk_size, self.readahead_chunks) if stream is not None else 0
         if len(extents) == 1:
             ext = extents[0]
             out = _piece(await self._chunk_bytes(of, ext.index), ext.offset, ext.length)
@@ -97,9 +113,10 @@ class DataPath:
                 for i, ext in enumerate(extents):
                     nursery.start_soon(fetch, i, ext)
             out = b"".join(parts)
-        if sequential and self.readahead_chunks:
+        if ahead:
+            ahead = min(ahead, max(1, self.cache.budget // 4 // of.chunk_size))
             last = extents[-1].index
-            for index in range(last + 1, last + 1 + self.readahead_chunks):
+            for index in range(last + 1, last + 1 + ahead):
                 if index * of.chunk_size >= of.size:
                     break
                 ref = of.chunks.get(index)
@@ -202,6 +219,18 @@ class DataPath:
         return None
 
     async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
+        """Read a whole chunk: the disk cache, else the network (and fill the disk cache)."""
+        key = (ino, ref.index, ref.version)
+        if self.disk_cache is not None:
+            data = await self.disk_cache.get(key)
+            if data is not None:
+                return data
+        data = await self._read_chunk_from_nodes(ino, ref, length, quiet=quiet)
+        if self.disk_cache is not None:
+            self.disk_cache.put_soon(self.nursery, key, data)
+        return data
+
+    async def _read_chunk_from_nodes(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
         """Read a whole chunk from the first replica that has it. ``quiet``: a prefetch, whose failure is no error."""
         chunk = p.ChunkId(ino, ref.index)
         order = self.nodes.order(ref.nodes, start=ino + ref.index)
@@ -250,6 +279,9 @@ class DataPath:
             if dc.lo == 0 and dc.hi == cs:
                 del of.dirty[ext.index]
                 await self._send_in_background(of, dc)
+            elif len(of.dirty) > MAX_DIRTY_CHUNKS:  # a scattered writer: memory stays bounded
+                oldest = next(iter(of.dirty))
+                await self._send_in_background(of, of.dirty.pop(oldest))
         of.size = max(of.size, offset + len(data))
         self.cache.drop_inode(of.ino, offset // cs)
 
@@ -262,6 +294,7 @@ class DataPath:
         if of.write_slots is None:
             of.write_slots = trio.Semaphore(self.write_parallelism)
         await of.write_slots.acquire()  # backpressure: at most N chunks in flight per file
+        await self.write_slots.acquire()  # ... and at most M for the whole mount
         of.start_io()
 
         async def send():
@@ -270,6 +303,7 @@ class DataPath:
             except StripefsError as exc:
                 of.write_error = exc
             finally:
+                self.write_slots.release()
                 of.write_slots.release()
                 of.end_io()
 

@@ -10,6 +10,7 @@
     stripefs node     drain|undrain|remove NODE  storage node states   (stripefs.heal_cli)
     stripefs scrub    [--now] [PATH]             verify checksums       (stripefs.heal_cli)
     stripefs fsck     [--repair]                 namespace vs chunks    (stripefs.heal_cli)
+    stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
 
 Admin commands find the cluster from a PATH inside a mount when given one
 (the mount's source in /proc/mounts is its metadata address), else from
@@ -293,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
     _add_cluster_args(lset)
     layout.set_defaults(func=cmd_layout)
+
+    from .warmup import add_parser as add_warmup
+
+    add_warmup(sub)
 
     from .heal_cli import add_parsers as add_heal_parsers
 
