@@ -230,8 +230,14 @@ class DataPath:
             self.disk_cache.put_soon(self.nursery, key, data)
         return data
 
-    async def _read_chunk_from_nodes(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
-        """Read a whole chunk from the first replica that has it. ``quiet``: a prefetch, whose failure is no error."""
+    async def _read_chunk_from_nodes(
+        self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False, refreshed: bool = False
+    ) -> memoryview:
+        """Read a whole chunk from the first replica that has it. ``quiet``: a prefetch, whose failure is no error.
+
+        When no copy named by ``ref`` can be read, the chunk may have moved since the file was
+        opened (repair, drain, rebalance: copy, switch, delete): ask the daemon where it is now
+        and try once more there."""
         chunk = p.ChunkId(ino, ref.index)
         order = self.nodes.order(ref.nodes, start=ino + ref.index)
         errors = []
@@ -255,8 +261,26 @@ class DataPath:
                     node_id,
                     exc,
                 )
+        if not refreshed and self.meta is not None:
+            moved = await self._where_now(ino, ref)
+            if moved is not None:
+                log.info("chunk %s: moved from nodes %s to %s since the file was opened", chunk, ref.nodes, moved.nodes)
+                return await self._read_chunk_from_nodes(ino, moved, length, quiet=quiet, refreshed=True)
         log.log(logging.DEBUG if quiet else logging.ERROR, "chunk %s v%d: no copy could be read: %s", chunk, ref.version, "; ".join(errors))
         raise StripefsError(ErrorCode.IO, f"chunk {chunk}: no readable copy")
+
+    async def _where_now(self, ino: int, ref: p.ChunkRef) -> p.ChunkRef | None:
+        """The chunk's current placement when it differs from ``ref`` (read at ``ref``'s version)."""
+        try:
+            rsp = await self.meta.call(p.OpenReq(ino=ino, session_id=self.meta.session_id))
+        except StripefsError as exc:
+            log.debug("chunk %d:%d: asking where it is now failed: %s", ino, ref.index, exc)
+            return None
+        self.nodes.learn(rsp.nodes)
+        now = next((c for c in rsp.chunks if c.index == ref.index), None)
+        if now is None or set(now.nodes) <= set(ref.nodes):
+            return None
+        return p.ChunkRef(index=ref.index, version=ref.version, nodes=now.nodes)
 
     # ----------------------------------------------------------------- writes
 

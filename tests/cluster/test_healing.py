@@ -323,12 +323,17 @@ def test_drain_then_remove(heal):
     run_cli("layout", "set", str(d), "--replicas", "1")
     sums = _populate(d, 10, seed=5)
     assert heal.node(3)["placed_chunks"] > 0
+    held = {name: open(d / name, "rb") for name in sums}  # opened before the drain: their chunk maps go stale
     refused = run_cli("node", "remove", "3", "--dir", str(heal.state), check=False)
     assert refused.returncode == 3 and "only live copy" in refused.stderr and "drain" in refused.stderr
     drained = run_cli("node", "drain", "3", "--dir", str(heal.state))
     assert "holds nothing" in drained.stdout
     assert heal.node(3)["placed_chunks"] == 0
+    wait_for("node 3's moved copies deleted", lambda: not heal.chunk_files(3))
     _drop_caches()
+    for name, f in held.items():  # the only copy moved while the file was open: the mount finds it again
+        assert hashlib.sha256(f.read()).hexdigest() == sums[name], name
+        f.close()
     _check(d, sums)
     _check(heal.mnt / "a", FILES)
     run_cli("node", "remove", "3", "--dir", str(heal.state))
