@@ -330,6 +330,7 @@ class Healer:
         self._last = Plan()
         self._inflight: set[tuple[int, int, int]] = set()  # (ino, idx, target) copies not yet recorded
         self.copied = self.copied_bytes = self.failed = 0
+        self.changes = 0  # placements recorded (copies and moves of empty rows): progress
         self._backlog = 0
         self._backlog_bytes = 0
         self._clients: NodeClients | None = None
@@ -402,22 +403,33 @@ class Healer:
                         await self._wake.wait()
                 self._wake = trio.Event()
                 self.dirty = False
-                work = await self.scan()
-                if not work.tasks and not work.fixes and self.config.rebalance_tolerance > 0:
-                    async with self.svc._lock:
-                        capacity = {n: c for n, (_, c) in self.svc.nodes.usage().items()}
-                    work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance)
-                if work.tasks or work.fixes:
-                    before = self.copied
-                    with trio.CancelScope() as self._pass_scope:
-                        await self._execute(work)
-                    self._pass_scope = None
-                    if self.copied > before or work.fixes:
-                        self.dirty = True  # progress: scan again at once for what is left
-                    else:  # nothing could be done (no target, sources unreachable): retry later
-                        with trio.move_on_after(min(RETRY_S, self.config.repair_scan_interval_s)):
-                            await self._wake.wait()
+                try:
+                    await self._one_pass()
+                except Exception:  # a bug: loud, but the daemon keeps serving
+                    log.exception("repair pass failed; retrying in %.0fs", RETRY_S)
+                    await trio.sleep(RETRY_S)
                 await trio.sleep(0.2)  # let a burst of changes settle before the next scan
+
+    async def _one_pass(self) -> None:
+        work = await self.scan()
+        if not work.tasks and not work.fixes and self.config.rebalance_tolerance > 0:
+            async with self.svc._lock:
+                capacity = {n: c for n, (_, c) in self.svc.nodes.usage().items()}
+            work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance)
+        if not (work.tasks or work.fixes):
+            return
+        before = self.changes
+        try:
+            with trio.CancelScope() as self._pass_scope:
+                await self._execute(work)
+        finally:
+            self._pass_scope = None
+            self._backlog = self._backlog_bytes = 0
+        if self.changes > before or work.fixes:
+            self.dirty = True  # progress: scan again at once for what is left
+        else:  # nothing could be done (no target, sources unreachable): retry later
+            with trio.move_on_after(min(RETRY_S, self.config.repair_scan_interval_s)):
+                await self._wake.wait()
 
     async def clients(self) -> NodeClients:
         await self._ready.wait()
@@ -451,7 +463,6 @@ class Healer:
             async with send:
                 for task in runnable:
                     await send.send(task)
-        self._backlog = self._backlog_bytes = 0
 
     async def _worker(self, recv) -> None:
         async with recv:
@@ -461,6 +472,9 @@ class Healer:
                 except StripefsError as exc:
                     self.failed += 1
                     log.warning("repair of chunk %d:%d (%s) failed, will retry: %s", task.ino, task.idx, task.kind, exc)
+                except Exception:  # a bug: loud, but the other tasks and the daemon go on
+                    self.failed += 1
+                    log.exception("repair of chunk %d:%d (%s) failed", task.ino, task.idx, task.kind)
                 finally:
                     self._backlog = max(0, self._backlog - 1)
                     self._backlog_bytes = max(0, self._backlog_bytes - task.length)
@@ -530,6 +544,7 @@ class Healer:
         async with self.svc._lock:
             done, batch = self.svc._write_locked(self._record, task, target, version)
         await batch.wait()
+        self.changes += done
         return done
 
     # -- row edits (synchronous: run under the service lock, in a savepoint) ---

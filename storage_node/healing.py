@@ -182,15 +182,17 @@ class Healing:
     async def _scrub_loop(self) -> None:
         rate = int(self.config.scrub_bandwidth)
         while True:
-            if rate > 0:
-                started = trio.current_time()
+            started = trio.current_time()
+            if rate <= 0:
+                await self._scrub_now.wait()  # no background pass; on request, at full speed
+            self._scrub_now = trio.Event()  # a request from now on asks for another pass after this one
+            try:
                 await self._scrub_pass(rate)
+            except OSError as exc:  # the disk is in trouble: say so, the node keeps serving
+                log.error("node %d: scrub pass stopped: %s", self.node_id, exc)
+            if rate > 0:
                 with trio.move_on_at(started + self.config.scrub_interval_s):
                     await self._scrub_now.wait()
-            else:
-                await self._scrub_now.wait()  # no background pass; on request, at full speed
-                await self._scrub_pass(0)
-            self._scrub_now = trio.Event()
 
     async def _scrub_pass(self, rate: int) -> None:
         copies = nbytes = bad = 0
