@@ -487,3 +487,27 @@ def test_partitioned_node_is_repaired_around_and_its_stale_copies_never_served(h
 
     wait_for("node 9's obsolete copies deleted", lambda: not obsolete_left(), timeout=60)
     _check(d, sums)
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["node", "drain"], ["NODE", "--no-wait", "keeps serving"]),
+        (["node", "remove"], ["only live copy", "drain"]),
+        (["scrub"], ["--now", "PATH", "background"]),
+        (["fsck"], ["--repair", "orphan"]),
+        (["local", "add-node"], ["storage node", "--dir"]),
+        (["local", "up"], ["--set", "ROLE.KEY=VALUE"]),
+    ],
+)
+def test_healing_commands_explain_themselves(args, words):
+    out = " ".join(run_cli(*args, "--help").stdout.split())
+    for w in words:
+        assert w in out, (args, w)
+
+
+def test_healing_commands_say_what_to_do(tmp_path):
+    res = run_cli("scrub", "somewhere", "--dir", str(tmp_path), check=False)
+    assert res.returncode == 1 and "--now" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("local", "up", "--dir", str(tmp_path / "s"), "--set", "meta.no_such_key=1", check=False)
+    assert res.returncode == 1 and "no_such_key" in res.stderr and "Traceback" not in res.stderr
