@@ -42,6 +42,10 @@ Copies run ``repair_parallelism`` at a time, throttled to
 ``repair_bandwidth`` bytes/s cluster-wide (a token bucket with one second of
 burst), so training reads keep their bandwidth.
 
+After the daemon starts, repair waits ``node_timeout_s``: until then every node
+it has not heard from yet counts as down, and copying would only duplicate
+chunks whose other copies are merely not registered yet.
+
 Triggers: a node changing state, a bad copy reported, an operator command
 (drain, remove, scrub, fsck) mark the state *dirty* and wake the loop; a
 full scan also runs every ``repair_scan_interval_s``. ``stripefs status``
@@ -338,6 +342,7 @@ class Healer:
         self._pass_scope: trio.CancelScope | None = None
         self._fences: dict[int, int] = {}  # ino -> epochs at or below are no longer committable (lease expired)
         self._ready = trio.Event()
+        self._started = 0.0
 
     # -- triggers and status ---------------------------------------------------
 
@@ -395,6 +400,7 @@ class Healer:
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._clients = NodeClients(self.svc.ctx, nursery, COPY_TIMEOUT_S)
+            self._started = trio.current_time()
             self._ready.set()
             task_status.started()
             while True:
@@ -412,6 +418,15 @@ class Healer:
 
     async def _one_pass(self) -> None:
         work = await self.scan()
+        grace = self._started + self.config.node_timeout_s - trio.current_time()
+        if grace > 0:
+            # a daemon that just started knows every node as down until it heartbeats: copying
+            # now would duplicate chunks whose other copies are merely not registered yet
+            if work.tasks or work.fixes:
+                log.info("repair waits %.1fs for storage nodes to register after the daemon's start", grace)
+                await trio.sleep(grace)
+                self.dirty = True
+            return
         if not work.tasks and not work.fixes and self.config.rebalance_tolerance > 0:
             async with self.svc._lock:
                 capacity = {n: c for n, (_, c) in self.svc.nodes.usage().items()}

@@ -248,7 +248,7 @@ class LocalCluster:
                 async with connect(ctx, self.meta_address, timeout=2) as meta:
                     while True:
                         rsp, _ = await meta.call(p.StatusReq())
-                        if want <= {n.node_id for n in rsp.nodes if n.state == "up"}:
+                        if want <= {n.node_id for n in rsp.nodes if n.state in ("up", "removed")}:  # removed: by an operator
                             return
                         if time.monotonic() > deadline:
                             raise QuietError("storage nodes did not register with the metadata daemon in time", 3)

@@ -365,6 +365,19 @@ def test_fsck_finds_and_repairs_an_orphan(heal):
     assert run_cli("fsck", "--dir", str(heal.state)).returncode == 0
 
 
+def test_restarted_daemon_does_not_repair_nodes_that_merely_have_not_registered_yet(heal):
+    before = len(heal.logs()["meta.log"])
+    heal.kill_meta()
+    heal.restart()
+    live = [n["node_id"] for n in heal.status()["nodes"] if n["state"] != "removed"]
+    wait_for("every node registered again and full redundancy",
+             lambda: all(heal.node(i)["state"] == "up" for i in live) and _full_redundancy(heal))
+    time.sleep(4)  # past node_timeout_s: the grace is over, and still nothing to repair
+    assert _full_redundancy(heal)
+    after = heal.logs()["meta.log"][before:]
+    assert "(repair, replacing" not in after and "dropped copies on gone node" not in after, after[-3000:]
+
+
 def test_new_nodes_get_data_until_utilisation_is_even(heal):
     d = heal.mnt / "rebalance"
     d.mkdir()
