@@ -227,3 +227,90 @@ async def test_a_node_copies_a_chunk_from_another(tmp_path):
         for s in stores:
             s.close()
         ctx.destroy(linger=0)
+
+
+# -- the daemon's row edits (MetaService opened in-process, no sockets) -----------
+
+from stripefs.common.config import MetaConfig  # noqa: E402
+from stripefs.daemon.repair import Task  # noqa: E402
+from stripefs.daemon.service import MetaService  # noqa: E402
+
+
+@pytest.fixture
+def svc(tmp_path):
+    service = MetaService(MetaConfig(data_dir=str(tmp_path), chunk_size=1 << 20, stripe_count=2, redundancy=R2))
+    service.open()
+    for i in (1, 2, 3, 4):
+        _register(service.nodes, i, now=0)
+    yield service
+    service.store.close()
+
+
+def _file(svc, name=b"f", chunks=((0, 5, [1, 2]),)):
+    ino, _ = svc.ns.create(1, name, 0o644, 0, 0)
+    for idx, version, nodes in chunks:
+        svc.store.put_chunk(ino, idx, version, nodes)
+    return ino
+
+
+def _garbage(svc):
+    return sorted((r[0], r[1], r[2], r[4]) for r in svc.store.conn.execute("SELECT node_id, ino, idx, part, max_version FROM garbage"))
+
+
+def test_record_is_a_compare_and_swap(svc):
+    ino = _file(svc)
+    task = Task("repair", ino, 0, 5, (1, 2), (1,), 1, 1, 1 << 20)
+    with svc.store.savepoint():
+        assert svc.healer._record(task, 3, 5)
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 3])
+    assert _garbage(svc) == [(2, ino, 0, 5)]  # the replaced copy goes, bounded by the chunk's version
+    with svc.store.savepoint():  # the same task again: node 2 is no longer in the row, the new copy is garbage
+        assert not svc.healer._record(task, 4, 5)
+    assert (4, ino, 0, 5) in _garbage(svc) and svc.store.get_chunks(ino)[0] == (5, [1, 3])
+    svc.store.put_chunk(ino, 0, 9, [1, 3])  # a writer committed version 9 meanwhile
+    with svc.store.savepoint():
+        assert not svc.healer._record(Task("drain", ino, 0, 5, (1, 3), (1, 3), 0, 2, 1 << 20), 2, 5)
+    assert svc.store.get_chunks(ino)[0] == (9, [1, 3])
+
+
+def test_bad_copies_are_dropped_but_never_the_last(svc, caplog):
+    ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 5, [3])))
+    with svc.store.savepoint():
+        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, 0)]) == 1
+    assert svc.store.get_chunks(ino)[0] == (5, [1]) and (2, ino, 0, 5) in _garbage(svc)
+    with svc.store.savepoint():
+        assert svc.healer.mark_bad(3, [p.ChunkId(ino, 1, 0)]) == 0
+    assert svc.store.get_chunks(ino)[1] == (5, [3])
+    assert any("only live copy" in r.message for r in caplog.records)
+
+
+def test_remove_refuses_only_copies(svc):
+    ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 5, [3]), (2, 0, [3])))
+    with pytest.raises(StripefsError) as err, svc.store.savepoint():
+        svc.healer.remove_node(3)
+    assert err.value.code == ErrorCode.NOT_EMPTY and "drain" in err.value.message
+    assert svc.nodes.state(3) == "up"
+    with svc.store.savepoint():
+        svc.healer.remove_node(2)
+    assert svc.nodes.state(2) == "removed" and svc.store.get_chunks(ino)[0] == (5, [1])
+
+
+def test_expired_sessions_uncommitted_chunks_go_and_late_commits_are_fenced(svc):
+    ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 0, [2, 3])))
+    epoch, _ = svc.ns.alloc_epoch()
+    with svc.store.savepoint():
+        svc.healer.reclaim_uncommitted([ino])
+    assert set(svc.store.get_chunks(ino)) == {0}
+    assert {(g[0], g[2]) for g in _garbage(svc)} == {(2, 1), (3, 1)}
+    with pytest.raises(StripefsError) as err:
+        svc.healer.check_fence(ino, [p.ChunkRef(index=1, version=epoch, nodes=[2, 3])])
+    assert err.value.code == ErrorCode.STALE
+    newer, _ = svc.ns.alloc_epoch()
+    svc.healer.check_fence(ino, [p.ChunkRef(index=1, version=newer, nodes=[2, 3])])  # a new session's write
+
+
+def test_a_commit_that_drops_a_node_queues_its_copy(svc):
+    ino = _file(svc, chunks=((0, 5, [1, 3]),))  # a drain moved 2 -> 3 while a writer wrote to [1, 2]
+    with svc.store.savepoint():
+        svc.ns.commit(ino, 100, 0, [p.ChunkRef(index=0, version=7, nodes=[1, 2])])
+    assert svc.store.get_chunks(ino)[0] == (7, [1, 2]) and (3, ino, 0, 7) in _garbage(svc)
