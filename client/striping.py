@@ -129,7 +129,9 @@ class DataPath:
         if ref is None or ref.version == 0:
             return
         try:
-            await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True))
+            await self.cache.fetch(
+                (of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True), prefetch=True
+            )
         except StripefsError as exc:
             # the file may have been truncated or deleted meanwhile; a real read will say so
             log.debug("prefetch of chunk %d:%d failed: %s", of.ino, index, exc)

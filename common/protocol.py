@@ -611,6 +611,8 @@ class StatusRsp(Msg, tag="status_rsp"):
     logical_bytes: int
     sessions: int
     boot_id: str
+    degraded_chunks: int = 0  # chunks with a copy or fragment on a down node: the repair backlog
+    garbage_copies: int = 0  # chunk copies waiting for deletion on storage nodes
     under_replicated: int = 0  # chunks below their target redundancy (see ``repair``)
     repair: RepairInfo | None = None
 

@@ -60,8 +60,9 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
-from .db import DB_NAME, open_database
+from .db import DB_NAME, lock_database, open_database
 from .events import ChangeFeed
+from .metrics import cluster_health
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
 from .repair import Healer
@@ -127,6 +128,7 @@ class MetaService:
             stripe_count=self.config.stripe_count,
             redundancy=self.config.redundancy,
         )
+        self._db_lock = lock_database(self.db_path)  # released when this process exits
         self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s, self.config.node_suspect_s)
         self.nodes.on_change = self.healer.node_changed
@@ -164,6 +166,7 @@ class MetaService:
             with trio.CancelScope(shield=True):
                 await self._commit_now()
             self.store.close()
+            self._db_lock.close()
             if own_ctx:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_path)
@@ -305,6 +308,7 @@ class MetaService:
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
+        health = await self._read(cluster_health, self.store, self.nodes.info())
         repair = await self.healer.fresh()
         return P.StatusRsp(
             nodes=self.nodes.info(placed=self.healer.placed()),
@@ -314,6 +318,8 @@ class MetaService:
             logical_bytes=counts["logical_bytes"],
             sessions=len(self.sessions),
             boot_id=self.boot_id,
+            degraded_chunks=health["degraded_chunks"],
+            garbage_copies=health["garbage_copies"],
             under_replicated=repair.under_replicated,
             repair=self.healer.info(),
         )

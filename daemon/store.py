@@ -246,6 +246,13 @@ class SqliteStore:
     def count_garbage(self) -> int:
         return self.conn.execute("SELECT count(*) FROM garbage").fetchone()[0]
 
+    def count_chunks_on(self, node_ids: Iterable[int]) -> int:
+        """Chunks with a copy or fragment on any of ``node_ids`` (a full scan: for status and metrics only)."""
+        ids = [int(n) for n in node_ids]
+        if not ids:
+            return 0
+        match = " OR ".join("instr(',' || nodes || ',', ?) > 0" for _ in ids)
+        return self.conn.execute(f"SELECT count(*) FROM chunks WHERE {match}", [f",{n}," for n in ids]).fetchone()[0]
     # -- self-healing (daemon/repair.py) -----------------------------------
 
     def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int]]:

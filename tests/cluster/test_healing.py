@@ -149,7 +149,7 @@ def test_node_down_is_rereplicated_and_data_reads_without_it(heal):
     local = json.loads(run_cli("local", "status", "--dir", str(heal.state), "--json").stdout)
     assert local["under_replicated"] == 0
     text = run_cli("status", "--dir", str(heal.state)).stdout
-    assert "full redundancy" in text and "down" in text
+    assert "redundancy  full" in text and "down" in text
     _drop_caches()
     _check(d, FILES)
     assert "node 2 (" in heal.logs()["meta.log"] and "up -> suspect" in heal.logs()["meta.log"]
