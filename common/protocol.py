@@ -632,13 +632,16 @@ class CopyChunkReq(Msg, tag="copy_chunk"):
     payload's xxh3, and stores it with ``replace`` and ``sync`` (temp file,
     fsync, rename): the copy is durable before the reply. Reply: CopyChunkRsp
     with the version actually stored (a source may hold a newer, uncommitted
-    version). Errors: UNAVAILABLE (no source could be read), NO_SPACE, IO.
+    version). Errors: UNAVAILABLE (no source could be read), NO_SPACE, IO,
+    TIMEOUT (past ``deadline_s``: nothing was stored, so a daemon that gave up
+    waiting can delete the target's copy without racing a late store).
     """
 
     chunk: ChunkId
     min_version: int
     sources: list[str]
     length: int  # the file's chunk size: the most a copy can hold
+    deadline_s: float = 0.0  # > 0: a copy not ready to be stored this long after arrival is discarded (TIMEOUT)
 
 
 class CopyChunkRsp(Msg, tag="copy_chunk_rsp"):

@@ -40,7 +40,13 @@ and never a newer copy. So redundancy never drops: copy, switch, then delete.
 
 Copies run ``repair_parallelism`` at a time, throttled to
 ``repair_bandwidth`` bytes/s cluster-wide (a token bucket with one second of
-burst), so training reads keep their bandwidth.
+burst), so training reads keep their bandwidth. A node going down cancels
+the pass (its copies would only wait for their timeouts) and the next scan
+replans. A copy whose outcome is unknown (timed out, cancelled) is queued for
+deletion on its target once it can no longer be stored there: the target
+discards a copy not ready within ``CopyChunkReq.deadline_s`` (half the
+daemon's timeout) of its arrival, and the garbage row is written only when the
+daemon's full timeout has passed, so a late store never outlives its deletion.
 
 After the daemon starts, repair waits ``node_timeout_s``: until then every node
 it has not heard from yet counts as down, and copying would only duplicate
@@ -343,6 +349,7 @@ class Healer:
         self._fences: dict[int, int] = {}  # ino -> epochs at or below are no longer committable (lease expired)
         self._ready = trio.Event()
         self._started = 0.0
+        self._nursery: trio.Nursery | None = None
 
     # -- triggers and status ---------------------------------------------------
 
@@ -351,7 +358,7 @@ class Healer:
         self._wake.set()
 
     def node_changed(self, node_id: int, old: str, new: str) -> None:
-        if new in ("down", "removed", "suspect") and self._pass_scope is not None:
+        if new in ("down", "removed") and self._pass_scope is not None:
             self._pass_scope.cancel()  # copies to or from it would only wait for their timeouts: replan now
         self.poke()
 
@@ -399,6 +406,7 @@ class Healer:
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             self._clients = NodeClients(self.svc.ctx, nursery, COPY_TIMEOUT_S)
             self._started = trio.current_time()
             self._ready.set()
@@ -525,20 +533,22 @@ class Healer:
         key = (task.ino, task.idx, target)
         self._inflight.add(key)
         copied = False
+        timeout = COPY_TIMEOUT_S + task.length / (1 << 20)
+        sent = trio.current_time()
         try:
             client = await (await self.clients()).get(target_address)
             rsp, _ = await client.call(
-                P.CopyChunkReq(chunk=chunk, min_version=task.version, sources=sources, length=task.length),
-                timeout=COPY_TIMEOUT_S + task.length / (1 << 20),
+                P.CopyChunkReq(chunk=chunk, min_version=task.version, sources=sources, length=task.length,
+                               deadline_s=timeout / 2),
+                timeout=timeout,
             )
             copied = True
             recorded = await self._record_durably(task, target, rsp.version)
         except (trio.Cancelled, StripefsError) as exc:
             if not copied and (isinstance(exc, trio.Cancelled) or exc.code == ErrorCode.TIMEOUT):
-                # the target may still finish the copy: make sure it does not stay there unrecorded
-                with trio.CancelScope(shield=True):
-                    async with self.svc._lock:
-                        self.svc._write_locked(self._forget_copy, task, target)
+                # the target may still store the copy until its deadline (half our timeout after it
+                # arrived): once our full timeout has passed, make sure it does not stay unrecorded
+                self._nursery.start_soon(self._forget_copy_at, task, target, sent + timeout)
             raise
         finally:
             self._inflight.discard(key)
@@ -602,6 +612,12 @@ class Healer:
             new = nodes + [target]
         store.put_chunk(task.ino, task.idx, cur_version, new)
         return True
+
+    async def _forget_copy_at(self, task: Task, target: int, when: float) -> None:
+        await trio.sleep_until(when)
+        async with self.svc._lock:
+            self.svc._write_locked(self._forget_copy, task, target)
+        self.svc._gc_wake.set()
 
     def _forget_copy(self, task: Task, target: int) -> None:
         """A copy whose outcome is unknown: delete it on ``target`` unless the row places it there."""

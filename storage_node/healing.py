@@ -109,6 +109,7 @@ class Healing:
         if self._nursery is None:
             raise StripefsError(ErrorCode.UNAVAILABLE, "node is starting")
         errors = []
+        arrived = trio.current_time()
         for address in req.sources:
             if address == self.config.address:
                 continue
@@ -123,6 +124,9 @@ class Healing:
             except StripefsError as exc:
                 errors.append(f"{address}: {exc}")
                 continue
+            if req.deadline_s and trio.current_time() - arrived > req.deadline_s:
+                # the daemon stops waiting soon after: a copy stored later would be an orphan
+                raise StripefsError(ErrorCode.TIMEOUT, f"chunk {req.chunk}: copy not ready within {req.deadline_s:.1f}s; discarded")
             meta = await self._io(self.store.write, req.chunk, rsp.version, 0, 0, data, replace=True, sync=True, if_newer=True)
             log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, req.chunk, meta.version, address, meta.length)
             return p.CopyChunkRsp(version=meta.version, length=meta.length)

@@ -329,7 +329,16 @@ def test_drain_then_remove(heal):
     drained = run_cli("node", "drain", "3", "--dir", str(heal.state))
     assert "holds nothing" in drained.stdout
     assert heal.node(3)["placed_chunks"] == 0
-    wait_for("node 3's moved copies deleted", lambda: not heal.chunk_files(3))
+    try:
+        wait_for("node 3's moved copies deleted", lambda: not heal.chunk_files(3))
+    except AssertionError:
+        import sqlite3
+
+        db = sqlite3.connect(heal.state / "meta" / "meta.sqlite3")
+        left = [p.name for p in heal.chunk_files(3)]
+        rows = {n: db.execute("SELECT * FROM chunks WHERE ino=? AND idx=?", n.split("-")[:2]).fetchall() for n in left}
+        garbage = db.execute("SELECT * FROM garbage WHERE node_id=3").fetchall()
+        raise AssertionError(f"left on node 3: {rows}; garbage for node 3: {garbage}")
     _drop_caches()
     for name, f in held.items():  # the only copy moved while the file was open: the mount finds it again
         assert hashlib.sha256(f.read()).hexdigest() == sums[name], name
