@@ -90,7 +90,7 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         f"{format_size(s['logical_bytes'])} of file data",
         f"  capacity    {format_size(s['used_bytes'])} used, {format_size(s['free_bytes'])} free of "
         f"{format_size(s['capacity_bytes'])} on the nodes that are up",
-        f"  redundancy  {_redundancy(rsp)}, {s['degraded_chunks']} chunks with a copy on a down node, "
+        f"  redundancy  {_redundancy(rsp)}, {s['degraded_chunks']} chunks degraded (a copy on a down node), "
         f"{s['garbage_copies']} copies awaiting deletion",
     ]
     if rsp.repair is not None:
