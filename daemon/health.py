@@ -128,12 +128,18 @@ class NodeRegistry:
         log.log(level, "node %d (%s): %s -> %s%s", node.node_id, node.address, old, new, f" ({why})" if why else "")
         self.on_change(node.node_id, old, new)
 
+    def _current(self, node: _Node) -> str:
+        """``node.state``, unless ``up`` was changed without a sweep (tests flip it): then as of its last beat."""
+        if node.state == "removed" or (node.state == "down") == (not node.up):
+            return node.state
+        return self._state_of(node, node.last_heartbeat if node.up else float("inf"))
+
     def state(self, node_id: int) -> str:
         node = self._nodes.get(node_id)
-        return node.state if node is not None else "removed"
+        return self._current(node) if node is not None else "removed"
 
     def states(self) -> dict[int, str]:
-        return {n.node_id: n.state for n in self._nodes.values()}
+        return {n.node_id: self._current(n) for n in self._nodes.values()}
 
     def set_admin(self, node_id: int, admin: str, now: float | None = None) -> None:
         """Drain, undrain ("") or remove a node; persisted (call inside a write)."""
@@ -151,6 +157,8 @@ class NodeRegistry:
 
     def register(self, req: protocol.RegisterNodeReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        if req.node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)
+            raise StripefsError(ErrorCode.INVALID, f"storage node id {req.node_id} is invalid: ids start at 1")
         node = self._nodes.get(req.node_id)
         if node is None:
             node = self._nodes[req.node_id] = _Node(req.node_id, req.address, req.host)
@@ -168,6 +176,8 @@ class NodeRegistry:
 
     def heartbeat(self, req: protocol.NodeHeartbeatReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        if req.node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)
+            raise StripefsError(ErrorCode.INVALID, f"storage node id {req.node_id} is invalid: ids start at 1")
         node = self._nodes.get(req.node_id)
         if node is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"node {req.node_id} is not registered; register again")
@@ -193,26 +203,26 @@ class NodeRegistry:
     def is_up(self, node_id: int) -> bool:
         """Alive and not removed: it answers requests (garbage collection, repair sources)."""
         node = self._nodes.get(node_id)
-        return node is not None and node.state in LIVE_STATES
+        return node is not None and self._current(node) in LIVE_STATES
 
     def address(self, node_id: int) -> str:
         node = self._nodes.get(node_id)
         return node.address if node else ""
 
     def up_ids(self) -> list[int]:
-        return [n.node_id for n in self._nodes.values() if n.state in LIVE_STATES]
+        return [n.node_id for n in self._nodes.values() if self._current(n) in LIVE_STATES]
 
     def views(self) -> list[NodeView]:
         """Every node, for placement (which uses only the ones that may take new chunks)."""
-        return [NodeView(n.node_id, n.host, n.free, n.state in PLACEABLE_STATES) for n in self._nodes.values()]
+        return [NodeView(n.node_id, n.host, n.free, self._current(n) in PLACEABLE_STATES) for n in self._nodes.values()]
 
     def usage(self) -> dict[int, tuple[int, int]]:
         """node id -> (used bytes, capacity bytes) of nodes that may take chunks (rebalance)."""
-        return {n.node_id: (n.used, n.capacity) for n in self._nodes.values() if n.state in PLACEABLE_STATES}
+        return {n.node_id: (n.used, n.capacity) for n in self._nodes.values() if self._current(n) in PLACEABLE_STATES}
 
     def capacity(self) -> tuple[int, int]:
         """(total, free) bytes over the nodes that may take new chunks."""
-        up = [n for n in self._nodes.values() if n.state in PLACEABLE_STATES]
+        up = [n for n in self._nodes.values() if self._current(n) in PLACEABLE_STATES]
         return sum(n.capacity for n in up), sum(n.free for n in up)
 
     def info(self, now: float | None = None, placed: dict[int, int] | None = None) -> list[protocol.NodeInfo]:
@@ -223,7 +233,7 @@ class NodeRegistry:
                 node_id=n.node_id,
                 address=n.address,
                 host=n.host,
-                state=n.state,
+                state=self._current(n),
                 capacity_bytes=n.capacity,
                 free_bytes=n.free,
                 used_bytes=n.used,

@@ -67,7 +67,9 @@ chunk is never dropped this way (an ERROR: the data may be lost).
 
 Erasure coding (hook)
 ---------------------
-Fragments of ``ec=K+M`` files are positional (node i holds part i). A missing
+Fragments of ``ec=K+M`` files are positional: node i of the row holds fragment
+i, stored as part ``i + 32 * (version & 1)`` (``fragment_part``); node 0 marks a
+fragment without a node. A missing
 fragment yields a ``reconstruct`` task; ``Healer.reconstruct`` is the hook for
 the codec (issue 3: read K live fragments, decode, encode the missing part,
 write it to the target as ``CopyChunkReq`` writes a copy, then ``_record``).
@@ -158,7 +160,13 @@ class Task:
 
     @property
     def part(self) -> int:
-        return self.slot if self.ec and self.slot >= 0 else 0
+        return fragment_part(self.slot, self.version) if self.ec and self.slot >= 0 else 0
+
+
+def fragment_part(position: int, version: int) -> int:
+    """The chunk part storing fragment ``position`` of an EC stripe at ``version``: the
+    EC write path alternates two slots by the version's parity (docs/design.md)."""
+    return position + 32 * (version & 1)
 
 
 @dataclass
@@ -784,7 +792,7 @@ class Healer:
                 ec = parse_redundancy(row.redundancy).is_ec
                 for pos, n in enumerate(row.nodes):
                     if self.svc.nodes.is_up(n):
-                        by_node[n].append((P.ChunkId(row.ino, row.idx, pos if ec else 0), row.version))
+                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else 0), row.version))
             addresses = {n: self.svc.nodes.address(n) for n in by_node}
         totals = collections.Counter()
 
@@ -859,7 +867,8 @@ class Healer:
         for row in await self._all_rows():
             if node_id in row.nodes:
                 ec = parse_redundancy(row.redundancy).is_ec
-                expected[(row.ino, row.idx, row.nodes.index(node_id) if ec else 0)] = row.version
+                part = fragment_part(row.nodes.index(node_id), row.version) if ec else 0
+                expected[(row.ino, row.idx, part)] = row.version
         client = await (await self.clients()).get(address)
         inventory: dict[tuple[int, int, int], int] = {}
         start = 0

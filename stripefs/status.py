@@ -19,6 +19,10 @@ them; so does this table::
                        still to make: repair, drain, rebalance), copied and copied_bytes (since
                        the daemon started), failed, bandwidth (bytes/s, 0: unlimited), scanned_age_s
     garbage_copies     chunk copies waiting to be deleted from storage nodes
+    layouts[]          per redundancy ("replicas=2", "ec=4+2", ...): redundancy, files,
+                       logical_bytes, raw_bytes (copies or fragments, estimated from the
+                       metadata), overhead (raw/logical), degraded_stripes (EC stripes with
+                       a missing fragment, waiting for reconstruction)
     nodes[]            node_id, address, host, state, capacity_bytes, free_bytes, used_bytes,
                        chunks, last_heartbeat_age_s (-1: never), placed_chunks (chunk copies the
                        namespace places there)
@@ -69,6 +73,14 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
         "under_replicated": rsp.under_replicated,
         "repair": msgspec.structs.asdict(rsp.repair) if rsp.repair is not None else None,
         "garbage_copies": rsp.garbage_copies,
+        "layouts": [
+            {
+                "redundancy": u.redundancy, "files": u.files, "logical_bytes": u.logical_bytes, "raw_bytes": u.raw_bytes,
+                "overhead": round(u.raw_bytes / u.logical_bytes, 3) if u.logical_bytes else None,
+                "degraded_stripes": u.degraded_stripes,
+            }
+            for u in rsp.layouts
+        ],
         "nodes": [
             {
                 "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
@@ -99,6 +111,13 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         lines.append(
             f"  repair      backlog {r.backlog} copies ({format_size(r.backlog_bytes)}), {r.copied} copies "
             f"({format_size(r.copied_bytes)}) made since the daemon started, {r.failed} failed, limit {limit}"
+        )
+    for u in s["layouts"]:
+        overhead = f"{u['overhead']:.2f}x" if u["overhead"] else "-"
+        degraded = f", {u['degraded_stripes']} degraded stripe(s) waiting for reconstruction" if u["degraded_stripes"] else ""
+        lines.append(
+            f"  {u['redundancy']:<11} {u['files']} files, {format_size(u['logical_bytes'])} logical, "
+            f"{format_size(u['raw_bytes'])} raw, overhead {overhead}{degraded}"
         )
     lines += [
         "",

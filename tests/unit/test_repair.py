@@ -88,9 +88,11 @@ def test_erasure_coded_fragments_become_reconstruct_tasks():
     assert out.lost == 2 and out.tasks == []
     out = plan([row(1, 0, [1, 2, 3], redundancy=ec)], {**UP4, 3: "down"})
     (task,) = out.tasks
-    assert task.kind == "reconstruct" and task.part == 2 and task.replace == 3
-    out = plan([row(1, 0, [1, 2, 3], redundancy=ec)], {**UP4, 2: "draining"})
+    assert task.kind == "reconstruct" and task.part == 2 + 32 and task.replace == 3  # version 5: the odd slot
+    out = plan([row(1, 0, [1, 2, 3], version=4, redundancy=ec)], {**UP4, 2: "draining"})
     assert [(t.kind, t.part) for t in out.tasks] == [("drain", 1)]
+    out = plan([row(1, 0, [1, 0, 3], redundancy=ec)], UP4)  # node 0: a fragment placed nowhere
+    assert out.under_replicated == 1 and [(t.kind, t.slot) for t in out.tasks] == [("reconstruct", 1)]
 
 
 # -- node states -----------------------------------------------------------------
