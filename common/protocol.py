@@ -694,6 +694,34 @@ class CopyChunkRsp(Msg, tag="copy_chunk_rsp"):
     length: int
 
 
+class FragmentSource(msgspec.Struct, frozen=True, array_like=True):
+    index: int  # fragment number j of the stripe
+    part: int  # the chunk part holding it (common/erasure.fragment_part)
+    address: str  # the storage node holding it
+
+
+class ReconstructFragmentReq(Msg, tag="reconstruct_fragment"):
+    """Metadata daemon -> the node that must gain fragment ``fragment`` of an EC stripe.
+
+    The node reads at least K fragments of ``version`` exactly from ``sources``,
+    decodes the stripe (common/erasure.py, ``k``+``m``, ``chunk_size``), codes
+    fragment ``fragment`` for a stripe whose first ``used`` bytes may be nonzero,
+    and stores it as ``chunk`` like CopyChunkReq stores a copy (durable, never
+    over a newer copy, not after ``deadline_s``). Reply: CopyChunkRsp.
+    Errors: UNAVAILABLE (fewer than K fragments readable), TIMEOUT, NO_SPACE, IO.
+    """
+
+    chunk: ChunkId
+    version: int
+    k: int
+    m: int
+    chunk_size: int
+    used: int
+    fragment: int
+    sources: list[FragmentSource]
+    deadline_s: float = 0.0
+
+
 class VerifyChunksReq(Msg, tag="verify_chunks"):
     """Read and check every block of each chunk now (an on-demand scrub).
 

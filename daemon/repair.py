@@ -65,17 +65,17 @@ found missing or stale is dropped from its row and queued for deletion: it is
 a missing copy and gets re-replicated from a good one. The last live copy of a
 chunk is never dropped this way (an ERROR: the data may be lost).
 
-Erasure coding (hook)
----------------------
+Erasure coding
+--------------
 Fragments of ``ec=K+M`` files are positional: node i of the row holds fragment
-i, stored as part ``i + 32 * (version & 1)`` (``fragment_part``); node 0 marks a
-fragment without a node. A missing
-fragment yields a ``reconstruct`` task; ``Healer.reconstruct`` is the hook for
-the codec (issue 3: read K live fragments, decode, encode the missing part,
-write it to the target as ``CopyChunkReq`` writes a copy, then ``_record``).
-Until the codec lands, such tasks are counted in ``under_replicated`` and
-logged once per scan. Draining a node that holds fragments already works: a
-fragment is moved as it is.
+i, stored as part ``i + 32 * (version & 1)`` (common/erasure.fragment_part);
+node 0 marks a fragment without a node. A missing fragment (its node down or
+removed, or never placed) yields a ``reconstruct`` task: the target gets
+``ReconstructFragmentReq`` naming the live fragments, reads K of them of
+exactly the stripe's version, decodes, codes the missing fragment (trimmed to
+the file's used length in that stripe) and stores it durably; the daemon
+records it in the slot, as a copy. A stripe with fewer than K live fragments is
+lost. Draining a node that holds fragments moves them as they are (a copy).
 
 Rebalance (``plan_rebalance``)
 ------------------------------
@@ -104,6 +104,7 @@ from typing import TYPE_CHECKING, Iterable
 import trio
 
 from ..common import protocol as P
+from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import parse_redundancy
 from ..common.transport import RpcClient, connect
@@ -161,12 +162,6 @@ class Task:
     @property
     def part(self) -> int:
         return fragment_part(self.slot, self.version) if self.ec and self.slot >= 0 else 0
-
-
-def fragment_part(position: int, version: int) -> int:
-    """The chunk part storing fragment ``position`` of an EC stripe at ``version``: the
-    EC write path alternates two slots by the version's parity (docs/design.md)."""
-    return position + 32 * (version & 1)
 
 
 @dataclass
@@ -352,7 +347,6 @@ class Healer:
         self._backlog = 0
         self._backlog_bytes = 0
         self._clients: NodeClients | None = None
-        self._skipped = 0
         self._pass_scope: trio.CancelScope | None = None
         self._fences: dict[int, int] = {}  # ino -> epochs at or below are no longer committable (lease expired)
         self._ready = trio.Event()
@@ -471,13 +465,7 @@ class Healer:
             async with self.svc._lock:
                 for row, keep in work.fixes:
                     self.svc._write_locked(self._fix, row, keep)
-        runnable = [t for t in work.tasks if t.kind != "reconstruct"]
-        skipped = len(work.tasks) - len(runnable)
-        if skipped and skipped != self._skipped:
-            log.warning("%d erasure-coded fragment(s) need reconstruction, which needs the EC codec (not built yet)", skipped)
-        self._skipped = skipped
-        if not runnable:
-            return
+        runnable = work.tasks
         self._backlog = len(runnable)
         self._backlog_bytes = sum(t.length for t in runnable)
         kinds = collections.Counter(t.kind for t in runnable)
@@ -537,6 +525,9 @@ class Healer:
             return
         if not sources:
             raise StripefsError(ErrorCode.UNAVAILABLE, "no live copy to copy from")
+        if task.kind == "reconstruct":
+            await self.reconstruct(task, target, target_address)
+            return
         chunk = P.ChunkId(task.ino, task.idx, task.part)
         key = (task.ino, task.idx, target)
         self._inflight.add(key)
@@ -569,9 +560,49 @@ class Healer:
             )
         await self.throttle.consume(rsp.length)
 
-    async def reconstruct(self, task: Task) -> None:
-        """Hook for erasure-coded fragments (issue 3): rebuild ``task.part`` from K live fragments."""
-        raise StripefsError(ErrorCode.UNAVAILABLE, "erasure-coded reconstruction is not available yet")
+    async def reconstruct(self, task: Task, target: int, target_address: str) -> None:
+        """Rebuild fragment ``task.slot`` of an EC stripe on ``target`` from K live fragments.
+
+        The target reads the other fragments itself (ReconstructFragmentReq); the
+        daemon only names them and records the result as for a copy."""
+        async with self.svc._lock:
+            inode = self.svc.store.get_inode(task.ino)
+            if inode is None:
+                return
+            red = parse_redundancy(inode["redundancy"])
+            used = max(0, min(task.length, inode["size"] - task.idx * task.length))
+            sources = [
+                P.FragmentSource(i, fragment_part(i, task.version), self.svc.nodes.address(n))
+                for i, n in enumerate(task.nodes)
+                if i != task.slot and self.svc.nodes.is_up(n)
+            ]
+        chunk = P.ChunkId(task.ino, task.idx, task.part)
+        timeout = COPY_TIMEOUT_S + 2 * task.length / (1 << 20)
+        key = (task.ino, task.idx, target)
+        self._inflight.add(key)
+        sent = trio.current_time()
+        copied = False
+        try:
+            client = await (await self.clients()).get(target_address)
+            rsp, _ = await client.call(
+                P.ReconstructFragmentReq(chunk=chunk, version=task.version, k=red.ec_k, m=red.ec_m, chunk_size=task.length,
+                                         used=used, fragment=task.slot, sources=sources, deadline_s=timeout / 2),
+                timeout=timeout,
+            )
+            copied = True
+            recorded = await self._record_durably(task, target, rsp.version)
+        except (trio.Cancelled, StripefsError) as exc:
+            if not copied and (isinstance(exc, trio.Cancelled) or exc.code == ErrorCode.TIMEOUT):
+                self._nursery.start_soon(self._forget_copy_at, task, target, sent + timeout)
+            raise
+        finally:
+            self._inflight.discard(key)
+        if recorded:
+            self.copied += 1
+            self.copied_bytes += rsp.length
+            log.info("chunk %s v%d: fragment %d reconstructed on node %d%s", chunk, rsp.version, task.slot, target,
+                     f", replacing node {task.replace}" if task.replace else "")
+        await self.throttle.consume(rsp.length * max(1, red.ec_k))  # K fragments were read for it
 
     async def _record_durably(self, task: Task, target: int, version: int) -> bool:
         async with self.svc._lock:
@@ -596,7 +627,7 @@ class Healer:
                 store.add_garbage(garbage)
             return False
         cur_version, nodes = cur
-        if task.kind != "move_empty" and cur_version > version:
+        if task.kind != "move_empty" and (cur_version > version or (task.ec and cur_version != version)):
             store.add_garbage(garbage)  # a writer committed a newer version meanwhile
             return False
         if target in nodes:
@@ -610,7 +641,7 @@ class Healer:
                     return False
                 slot = nodes.index(task.replace)
             new = nodes[:slot] + [target] + nodes[slot + 1 :]
-            if task.kind != "move_empty":
+            if task.kind != "move_empty" and task.replace:  # node 0: a fragment that had no node
                 store.add_garbage([(task.replace, task.ino, task.idx, task.part, cur_version)])
         else:
             live = sum(self.svc.nodes.state(n) in LIVE_STATES for n in nodes)

@@ -72,6 +72,7 @@ class Healing:
     def handlers(self) -> dict[type, Callable]:
         return {
             p.CopyChunkReq: self.handle_copy_chunk,
+            p.ReconstructFragmentReq: self.handle_reconstruct_fragment,
             p.VerifyChunksReq: self.handle_verify_chunks,
             p.ListChunksReq: self.handle_list_chunks,
             p.ScrubStartReq: self.handle_scrub_start,
@@ -131,6 +132,49 @@ class Healing:
             log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, req.chunk, meta.version, address, meta.length)
             return p.CopyChunkRsp(version=meta.version, length=meta.length)
         raise StripefsError(ErrorCode.UNAVAILABLE, f"chunk {req.chunk}: no source could be read: {'; '.join(errors)}")
+
+    async def handle_reconstruct_fragment(self, req: p.ReconstructFragmentReq, payloads) -> p.CopyChunkRsp:
+        if self._nursery is None:
+            raise StripefsError(ErrorCode.UNAVAILABLE, "node is starting")
+        from stripefs.common.erasure import codec
+
+        arrived = trio.current_time()
+        coder = codec(req.k, req.m, req.chunk_size)  # INVALID for a bad K+M
+        got: dict[int, memoryview] = {}
+        errors: list[str] = []
+
+        async def fetch(src: p.FragmentSource) -> None:
+            try:
+                client = await self._peer(src.address)
+                rsp, frames = await client.call(
+                    p.ReadChunkReq(chunk=p.ChunkId(req.chunk.ino, req.chunk.index, src.part), min_version=req.version,
+                                   offset=0, length=coder.fragment_size)
+                )
+                if rsp.version != req.version:
+                    raise StripefsError(ErrorCode.STALE, f"fragment {src.index} is version {rsp.version}, not {req.version}")
+                if len(frames) != 1 or xxhash.xxh3_64_intdigest(frames[0]) != rsp.xxh3:
+                    raise StripefsError(ErrorCode.CORRUPT, "payload failed its checksum in transit")
+                got[src.index] = frames[0]
+            except StripefsError as exc:
+                errors.append(f"fragment {src.index} at {src.address}: {exc}")
+
+        async with trio.open_nursery() as nursery:
+            for src in req.sources:
+                if src.index != req.fragment:
+                    nursery.start_soon(fetch, src)
+        if len(got) < req.k:
+            raise StripefsError(
+                ErrorCode.UNAVAILABLE, f"chunk {req.chunk}: {len(got)} of {req.k} fragments readable: {'; '.join(errors)}"
+            )
+        chosen = dict(sorted(got.items())[: req.k])
+        stripe = await self._io(coder.decode, chosen)
+        fragment = (await self._io(coder.encode, stripe, req.used))[req.fragment]
+        if req.deadline_s and trio.current_time() - arrived > req.deadline_s:
+            raise StripefsError(ErrorCode.TIMEOUT, f"chunk {req.chunk}: fragment not ready within {req.deadline_s:.1f}s; discarded")
+        meta = await self._io(self.store.write, req.chunk, req.version, 0, 0, fragment, replace=True, sync=True, if_newer=True)
+        log.info("node %d: fragment %d of chunk %s v%d reconstructed from %d others (%d bytes)",
+                 self.node_id, req.fragment, req.chunk, meta.version, len(chosen), meta.length)
+        return p.CopyChunkRsp(version=meta.version, length=meta.length)
 
     # -- verification and inventory --------------------------------------------
 

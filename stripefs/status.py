@@ -22,7 +22,7 @@ them; so does this table::
     layouts[]          per redundancy ("replicas=2", "ec=4+2", ...): redundancy, files,
                        logical_bytes, raw_bytes (copies or fragments, estimated from the
                        metadata), overhead (raw/logical), degraded_stripes (EC stripes with
-                       a missing fragment, waiting for reconstruction)
+                       a missing fragment, until repair reconstructs it)
     nodes[]            node_id, address, host, state, capacity_bytes, free_bytes, used_bytes,
                        chunks, last_heartbeat_age_s (-1: never), placed_chunks (chunk copies the
                        namespace places there)
@@ -114,7 +114,7 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         )
     for u in s["layouts"]:
         overhead = f"{u['overhead']:.2f}x" if u["overhead"] else "-"
-        degraded = f", {u['degraded_stripes']} degraded stripe(s) waiting for reconstruction" if u["degraded_stripes"] else ""
+        degraded = f", {u['degraded_stripes']} degraded stripe(s) being reconstructed" if u["degraded_stripes"] else ""
         lines.append(
             f"  {u['redundancy']:<11} {u['files']} files, {format_size(u['logical_bytes'])} logical, "
             f"{format_size(u['raw_bytes'])} raw, overhead {overhead}{degraded}"

@@ -410,6 +410,25 @@ def test_new_nodes_get_data_until_utilisation_is_even(heal):
         assert (d / f"r{i}").read_bytes() == random.Random(60 + i).randbytes(1 * MiB)
 
 
+def test_lost_fragments_are_reconstructed(heal):
+    d = heal.mnt / "ec"
+    d.mkdir()
+    run_cli("layout", "set", str(d), "--ec", "2+1")
+    data = random.Random(77).randbytes(700 * KiB)  # 3 stripes of 256 KiB chunks
+    (d / "e").write_bytes(data)
+    ino = (d / "e").stat().st_ino
+    holders = {int(f.parents[4].name.split("-")[1]) for f in heal.chunk_files(ino=ino)}
+    victim = max(holders)
+    heal.kill_node(victim)
+    wait_for(f"node {victim} declared down", lambda: heal.node(victim)["state"] == "down")
+    wait_for("every stripe whole again", lambda: _full_redundancy(heal))
+    assert "reconstructed" in heal.logs()["meta.log"]
+    _drop_caches()
+    assert (d / "e").read_bytes() == data
+    heal.restart()
+    wait_for(f"node {victim} up", lambda: heal.node(victim)["state"] == "up")
+
+
 NS = f"sfs-heal-{os.getpid() % 100000}"
 SUBNET = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
 

@@ -316,3 +316,44 @@ def test_a_commit_that_drops_a_node_queues_its_copy(svc):
     with svc.store.savepoint():
         svc.ns.commit(ino, 100, 0, [p.ChunkRef(index=0, version=7, nodes=[1, 2])])
     assert svc.store.get_chunks(ino)[0] == (7, [1, 2]) and (3, ino, 0, 7) in _garbage(svc)
+
+
+async def test_a_node_reconstructs_a_lost_fragment_from_the_others(tmp_path):
+    from stripefs.common.erasure import codec, fragment_part
+
+    ctx = zmq.Context()
+    stores, services = [], []
+    cs, version = 64 * 1024, 7
+    coder = codec(2, 1, cs)
+    stripe = bytes(range(256)) * 200  # 51,200 bytes used of a 64 KiB stripe
+    frags = coder.encode(stripe, len(stripe))
+    try:
+        for i in (1, 2, 3):
+            (tmp_path / f"n{i}").mkdir()
+            cfg = StorageConfig(node_id=i, listen=_addr(), data_dir=str(tmp_path / f"n{i}"), meta=[_addr()],
+                                block_size=4096, reserved_space=0, scrub_bandwidth=0)
+            store = ChunkStore(cfg.data_dir, block_size=4096, reserved_space=0, node_id=i)
+            stores.append(store)
+            services.append(StorageService(cfg, store, ctx=ctx))
+        stores[0].write(p.ChunkId(9, 0, fragment_part(0, version)), version, 0, 0, frags[0])
+        stores[1].write(p.ChunkId(9, 0, fragment_part(2, version)), version, 0, 0, frags[2])
+        target = p.ChunkId(9, 0, fragment_part(1, version))
+        sources = [p.FragmentSource(0, fragment_part(0, version), services[0].config.listen),
+                   p.FragmentSource(2, fragment_part(2, version), services[1].config.listen)]
+        async with trio.open_nursery() as nursery:
+            for s in services:
+                await nursery.start(s.run)
+            async with connect(ctx, services[2].config.listen, timeout=30) as node3:
+                rsp, _ = await node3.call(p.ReconstructFragmentReq(
+                    chunk=target, version=version, k=2, m=1, chunk_size=cs, used=len(stripe), fragment=1, sources=sources))
+                assert rsp.version == version and stores[2].read(target, version, 0, cs) == (version, frags[1])
+                with pytest.raises(StripefsError) as err:  # no fragment of that version anywhere: fewer than K
+                    await node3.call(p.ReconstructFragmentReq(
+                        chunk=target, version=version + 2, k=2, m=1, chunk_size=cs, used=len(stripe), fragment=1,
+                        sources=sources))
+                assert err.value.code == ErrorCode.UNAVAILABLE
+            nursery.cancel_scope.cancel()
+    finally:
+        for s in stores:
+            s.close()
+        ctx.destroy(linger=0)
