@@ -137,7 +137,13 @@ class Healing:
         if self._nursery is None:
             raise StripefsError(ErrorCode.UNAVAILABLE, "node is starting")
         from stripefs.common.erasure import codec
+        from stripefs.common.layout import MAX_CHUNK_SIZE
 
+        if not (0 <= req.fragment < req.k + req.m and 0 < req.chunk_size <= MAX_CHUNK_SIZE and 0 <= req.used <= req.chunk_size):
+            raise StripefsError(
+                ErrorCode.BAD_REQUEST,
+                f"fragment {req.fragment} of ec={req.k}+{req.m}, chunk size {req.chunk_size}, used {req.used}: out of range",
+            )
         arrived = trio.current_time()
         coder = codec(req.k, req.m, req.chunk_size)  # INVALID for a bad K+M
         got: dict[int, memoryview] = {}

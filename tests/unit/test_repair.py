@@ -352,6 +352,11 @@ async def test_a_node_reconstructs_a_lost_fragment_from_the_others(tmp_path):
                         chunk=target, version=version + 2, k=2, m=1, chunk_size=cs, used=len(stripe), fragment=1,
                         sources=sources))
                 assert err.value.code == ErrorCode.UNAVAILABLE
+                for bad in (dict(fragment=5), dict(chunk_size=0), dict(k=0)):  # bad input: a clear error, never a crash
+                    fields = dict(chunk=target, version=version, k=2, m=1, chunk_size=cs, used=0, fragment=1, sources=[])
+                    with pytest.raises(StripefsError) as err:
+                        await node3.call(p.ReconstructFragmentReq(**{**fields, **bad}))
+                    assert err.value.code in (ErrorCode.BAD_REQUEST, ErrorCode.INVALID), bad
             nursery.cancel_scope.cancel()
     finally:
         for s in stores:
