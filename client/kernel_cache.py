@@ -62,12 +62,15 @@ class KernelCache:
         self._floor = 0  # changes at or before this are not remembered one by one
         self._recent: OrderedDict[int, int] = OrderedDict()  # ino -> clock of its last change
         self.drops = 0  # full drops so far (gaps, silences, restarts)
+        self.events_heard = 0  # frames received from the feed, heartbeats included
+        self.following = trio.Event()  # set once subscribed (the mount waits a moment for it)
         # held by worker threads while they invalidate, or push pages (notify_store): a push
         # checks changed_since under it, so it either sees the change or precedes its invalidation
         self.kernel_lock = threading.Lock()
         self._pending_inodes: set[int] = set()  # invalidations noted, not yet sent to the kernel
         self._pending_names: set[tuple[int, bytes]] = set()
         self._pending = trio.Event()
+        self._subscribed = 0  # subscriptions made so far
 
     # ----------------------------------------------------- what the kernel knows
 
@@ -183,10 +186,26 @@ class KernelCache:
                 continue
             async with open_socket(ctx, zmq.SUB, connect=where, hwm=1_000_000) as sock:
                 log.debug("change feed: following %s (boot %s) from seq %d", where, boot, seq)
-                await self._follow_one(sock, boot, seq)
+                if not self._subscribed:
+                    # Trust it at once, not after the first heartbeat: a mount that is listed right
+                    # after it starts (a DataLoader indexing its dataset) gets long timeouts. A change
+                    # missed while the subscription settles shows as a gap at the next heartbeat (1 s),
+                    # which drops everything: within the documented bound.
+                    self.healthy = True
+                self._subscribed += 1
+                self.following.set()
+                heard = await self._follow_one(sock, boot, seq)
+                if not heard:
+                    log.warning(
+                        "change feed at %s sent nothing for %.0fs: is that port reachable from here? "
+                        "The kernel caches names and attributes only briefly until it is", where, p.EVENTS_SILENCE_S,
+                    )
 
-    async def _follow_one(self, sock, boot: str, seq: int) -> None:
-        """Apply events until the feed is silent for EVENTS_SILENCE_S (then the caller asks again)."""
+    async def _follow_one(self, sock, boot: str, seq: int) -> bool:
+        """Apply events until the feed is silent for EVENTS_SILENCE_S (then the caller asks again).
+
+        Returns whether anything at all was heard."""
+        heard = False
         while True:
             with trio.move_on_after(p.EVENTS_SILENCE_S) as silence:
                 frames = await sock.recv_multipart()
@@ -194,7 +213,9 @@ class KernelCache:
                 if self.healthy:
                     self.healthy = False
                     await self.drop_all(f"nothing heard for {p.EVENTS_SILENCE_S:.0f}s")
-                return
+                return heard
+            heard = True
+            self.events_heard += 1
             try:
                 event = p.decode_event(frames[0].bytes)
             except p.ProtocolError as exc:

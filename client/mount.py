@@ -262,6 +262,8 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 nursery.start_soon(_signals, name="signals")
                 nursery.start_soon(_tune_kernel, mountpoint, client_cfg.max_background, name="tune-kernel")
                 nursery.start_soon(kcache.follow, ctx, meta.feed_info, name="change-feed")
+                with trio.move_on_after(2.0):  # so that a listing right after the mount is cached long
+                    await kcache.following.wait()
                 nursery.start_soon(prefetcher.run, name="prefetch")
                 mode = "dataset mode (read-only), " if client_cfg.dataset else ""
                 log.info("mounted %s from %s (%soptions %s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)))

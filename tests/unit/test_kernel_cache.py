@@ -59,9 +59,10 @@ async def test_follower_applies_in_order_and_drops_everything_on_a_gap(monkeypat
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cache.follow, ctx, feed_info)
             with trio.fail_after(10):
-                while not cache.healthy:  # subscribed once a heartbeat came through
+                while not cache.events_heard:  # subscribed once a heartbeat came through
                     feed._send(P.ChangeEvent("boot-1", feed.seq, [], []))
                     await trio.sleep(0.05)
+                assert cache.healthy
                 feed.changed([7], [(1, b"x")])
                 while not calls:
                     await trio.sleep(0.01)
