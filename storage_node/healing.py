@@ -17,8 +17,9 @@ bytes between themselves:
 Background scrub
     A task walks the 65,536 fan-out directories in order and reads every
     block of every copy (``ChunkStore.verify``), throttled to
-    ``scrub_bandwidth`` bytes/s; a pass starts every ``scrub_interval_s``
-    (or at once on ``ScrubStartReq``). ``scrub_bandwidth = 0`` turns it off.
+    ``scrub_bandwidth`` bytes/s; a pass starts ``scrub_interval_s`` after the
+    previous one began, across restarts (``DATA_DIR/last-scrub-start``), or at
+    once on ``ScrubStartReq``. ``scrub_bandwidth = 0`` turns it off.
 
 Bad copies
     Any copy that fails its checksum here (a client's read, the background
@@ -34,6 +35,8 @@ Bad copies
 from __future__ import annotations
 
 import logging
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 import trio
@@ -236,17 +239,37 @@ class Healing:
     async def _scrub_loop(self) -> None:
         rate = int(self.config.scrub_bandwidth)
         while True:
-            started = trio.current_time()
             if rate <= 0:
                 await self._scrub_now.wait()  # no background pass; on request, at full speed
+            else:
+                # the next pass is due scrub_interval_s after the last one began, restarts or not:
+                # a node restarted every hour must not verify its whole disk every hour
+                last = self._last_scrub_start()
+                due = 0.0 if last is None else last + self.config.scrub_interval_s - time.time()
+                if due > 0:
+                    with trio.move_on_after(due):
+                        await self._scrub_now.wait()
             self._scrub_now = trio.Event()  # a request from now on asks for another pass after this one
+            self._record_scrub_start()
             try:
                 await self._scrub_pass(rate)
             except OSError as exc:  # the disk is in trouble: say so, the node keeps serving
                 log.error("node %d: scrub pass stopped: %s", self.node_id, exc)
-            if rate > 0:
-                with trio.move_on_at(started + self.config.scrub_interval_s):
-                    await self._scrub_now.wait()
+
+    def _scrub_stamp(self) -> Path:
+        return Path(self.config.data_dir) / "last-scrub-start"
+
+    def _last_scrub_start(self) -> float | None:
+        try:
+            return float(self._scrub_stamp().read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _record_scrub_start(self) -> None:
+        try:
+            self._scrub_stamp().write_text(f"{time.time():.0f}\n")
+        except OSError as exc:
+            log.warning("node %d: cannot record the scrub start in %s: %s", self.node_id, self._scrub_stamp(), exc)
 
     async def _scrub_pass(self, rate: int) -> None:
         copies = nbytes = bad = 0
