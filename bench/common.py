@@ -236,6 +236,24 @@ def py_spy_dump(pid: int, exe: str | None = None) -> None:
         print(f"py-spy dump failed: {exc}", file=sys.stderr)
 
 
+def cold_cycle(cluster: Cluster, side: str) -> bool:
+    """Empty every cache before a cold measurement; False if drop_caches failed.
+
+    stripefs: `local down`, sync + drop_caches, `local up` on the same state (a
+    fresh client: no chunk cache, no kernel page/dentry cache); local: sync +
+    drop_caches."""
+    t = time.monotonic()
+    if side == "stripefs":
+        cluster.down()
+        ok = drop_caches()
+        cluster.up()
+    else:
+        ok = drop_caches()
+    progress(f"  {side}: caches dropped{' (cluster remounted)' if side == 'stripefs' else ''} "
+             f"in {time.monotonic() - t:.1f}s")
+    return ok
+
+
 def check_workdir(workdir: str) -> dict:
     """The filesystem of --workdir; BenchError unless it is a real disk ('local disk' is the yardstick)."""
     Path(workdir).mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import (GiB, KiB, MiB, RESULTS, BenchError, Cluster, check_workdir, drop_caches, fmt_count, fmt_rate,
+from common import (GiB, KiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fmt_count, fmt_rate,
                     fs_of, git_commit, human_size, progress, self_cpu, supervise, syncfs)
 
 try:
@@ -248,15 +248,7 @@ class Bench:
         self.phase = (name, time.monotonic(), self.args.phase_timeout)
 
     def cold(self, side: str) -> None:
-        t = time.monotonic()
-        if side == "stripefs":
-            self.cluster.down()
-            self.cold_ok &= drop_caches()
-            self.cluster.up()
-        else:
-            self.cold_ok &= drop_caches()
-        progress(f"  {side}: caches dropped{' (cluster remounted)' if side == 'stripefs' else ''} "
-                 f"in {time.monotonic() - t:.1f}s")
+        self.cold_ok &= cold_cycle(self.cluster, side)
 
     def measure(self, key: str, label: str, fn, side: str) -> dict:
         root = self.mnt if side == "stripefs" else self.local

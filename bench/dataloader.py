@@ -1,0 +1,660 @@
+#!/usr/bin/env python3
+"""stripefs DataLoader benchmark: a PyTorch DataLoader reading an ImageFolder
+tree and tar shards through a fresh local-cluster mount AND from the local
+disk, in one run, printed side by side as a ratio (stripefs / local).
+
+    make bench                      # runs bench/run.py, then this
+    .venv/bin/python bench/dataloader.py --quick      # 1,000 files: a smoke run (~1-2 min)
+    .venv/bin/python bench/dataloader.py --only raw,prefetch --profile
+
+Dataset (bench/imagedata.py): 8,000 real JPEG files of ~110 KiB in 100 class
+folders, and the same samples in ~64 MiB tar shards; generated once into
+--cache-dir, then copied into the mount and onto the local disk.
+
+Workloads (--only takes a comma-separated list of the group names):
+  raw       DataLoader, 2 workers, batch 32, shuffled; bytes only (the stress
+            test); cold epoch, then a warm epoch (another shuffle)
+  prefetch  as raw, through stripefs.torch.PrefetchSampler (sampler-order
+            prefetch, lookahead 1024) on the mount; the local side is plain
+            raw. "n/a" while stripefs.torch is not installed.
+  decode    as raw, plus PIL open + convert RGB + resize to 224x224 (what a
+            training job does); cold and warm
+  tar       the tar shards streamed by an IterableDataset (shards split
+            across the workers), cold
+  seq       one 1 GiB file read sequentially in 1 MiB reads, cold
+
+"Cold" = stripefs: `stripefs local down`, sync + drop_caches, `stripefs local
+up` on the same state (fresh client); local disk: sync + drop_caches. "Warm"
+= right after the cold epoch, nothing dropped.
+
+CPU s/GiB: stripefs = this process and its children (the DataLoader workers)
+plus every stripefs process (meta, storage nodes, mount), from /proc/PID/stat;
+local = this process and its children. Mount RSS = VmHWM of the mount process
+(/proc/PID/status; a fresh process per cold cycle), against its cache budget.
+
+Every sample is checked (length and xxh3 against the generator's manifest;
+decoded shapes); a mismatch aborts the run (exit 1). Targets from issue 4 are
+printed as PASS/BELOW; --strict exits 2 if one is below. --profile runs one
+more cold raw epoch (and one with prefetch) on the mount under `py-spy record`
+(not timed) and prints the mount's top functions. The cluster is always
+stopped and unmounted (Ctrl-C, SIGTERM, a phase past --phase-timeout). See
+bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+from common import (GiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fs_of, git_commit, human_size,
+                    progress, self_cpu, supervise)
+
+GROUPS = ("raw", "prefetch", "decode", "tar", "seq")
+
+# (key, group, label, cold?)
+ROWS = [
+    ("raw_cold", "raw", "raw read, cold epoch", True),
+    ("raw_warm", "raw", "raw read, warm epoch", False),
+    ("prefetch_cold", "prefetch", "raw + prefetch, cold epoch", True),
+    ("prefetch_warm", "prefetch", "raw + prefetch, warm epoch", False),
+    ("decode_cold", "decode", "JPEG decode, cold epoch", True),
+    ("decode_warm", "decode", "JPEG decode, warm epoch", False),
+    ("tar_cold", "tar", "tar shards, cold", True),
+    ("seq_cold", "seq", "sequential read {seq}, cold", True),
+]
+
+# issue 4 "Targets": minimum ratio stripefs/local of the throughput
+TARGETS = [
+    ("decode_cold", 0.95, "JPEG decode, cold epoch"),
+    ("decode_warm", 0.95, "JPEG decode, warm epoch"),
+    ("raw_cold", 0.40, "raw reads, cold epoch"),
+    ("raw_warm", 0.40, "raw reads, warm epoch"),
+    ("prefetch_cold", 1.00, "raw reads with sampler-order prefetch, cold epoch"),
+    ("prefetch_warm", 0.80, "raw reads with sampler-order prefetch, warm epoch"),
+    ("tar_cold", 0.70, "tar-shard streaming, cold"),
+    ("seq_cold", 0.60, "1 GiB sequential read, cold"),
+]
+CPU_MAX = 2.0  # host CPU s/GiB at most 2x the local disk's
+RSS_SLACK = 200 * MiB  # the client's RSS never above its cache budget + 200 MiB
+
+
+def prefetch_sampler_class():
+    """stripefs.torch.PrefetchSampler, or (None, why) while it is not installed."""
+    try:
+        from stripefs.torch import PrefetchSampler
+        return PrefetchSampler, None
+    except (ImportError, AttributeError) as exc:
+        return None, f"stripefs.torch.PrefetchSampler not available ({type(exc).__name__}: {exc})"
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmHWM and VmRSS of pid in bytes ({} if it is gone)."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmHWM", "VmRSS"):
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def mount_cache_budget(pid: int) -> tuple[int | None, str]:
+    """The mount's memory cache budget in bytes, and where it came from: the
+    client config named by `-o config=PATH` on its command line, else the
+    ClientConfig default."""
+    try:
+        from stripefs.common import config as cfg
+    except ImportError as exc:
+        return None, f"stripefs.common.config not importable ({exc})"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        argv = []
+    path = None
+    for a in argv:
+        for opt in a.decode(errors="replace").split(","):
+            if opt.startswith("config="):
+                path = opt[len("config="):]
+    try:
+        conf = cfg.load(path, cfg.ClientConfig) if path else cfg.ClientConfig()
+    except Exception as exc:  # noqa: BLE001 - a report line, not a failure
+        return None, f"cannot read {path}: {exc}"
+    for name in ("cache_size", "memory_cache_size", "cache_budget", "mem_cache_size"):
+        if hasattr(conf, name):
+            return int(getattr(conf, name)), f"{name} from {path or 'the ClientConfig default'}"
+    return None, "no cache size field in ClientConfig"
+
+
+# ---------------------------------------------------------------------- runner
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="stripefs-dlbench-", dir=args.workdir))
+        self.state = self.work / "state"
+        self.mnt = self.work / "mnt"
+        self.local = self.work / "local"
+        self.local.mkdir()
+        self.cluster = Cluster(self.state, self.mnt, args.nodes)
+        self.phase = ("setup", time.monotonic(), args.phase_timeout)
+        self.results: dict[str, dict] = {}
+        self.scan: dict[str, dict] = {}
+        self.profiles: dict[str, dict] = {}
+        self.problems: list[str] = []
+        self.cold_ok = True
+        self.budget: tuple[int | None, str] = (None, "mount not started")
+        self.spy: subprocess.Popen | None = None
+
+    # -- plumbing
+
+    def set_phase(self, name: str) -> None:
+        self.phase = (name, time.monotonic(), self.args.phase_timeout)
+
+    def root(self, side: str) -> Path:
+        return (self.mnt if side == "stripefs" else self.local) / "data"
+
+    def cold(self, side: str) -> None:
+        self.set_phase(f"{side}: cold cycle")
+        self.cold_ok &= cold_cycle(self.cluster, side)
+
+    def abort(self) -> None:
+        """From the supervisor thread: stop py-spy if it runs (the DataLoader
+        workers are daemonic children: they end with this process)."""
+        spy = self.spy
+        if spy is not None and spy.poll() is None:
+            spy.kill()
+
+    def measure(self, key: str, label: str, side: str, fn) -> dict:
+        self.set_phase(f"{side}: {label}")
+        before_p = self.cluster.cpu() if side == "stripefs" else {}
+        before_s = self_cpu()
+        t = time.perf_counter()
+        try:
+            out = fn()
+        except ValueError as exc:  # run_epoch's verdict on the data
+            raise BenchError(f"{side} {label}: {exc}") from None
+        wall = time.perf_counter() - t
+        cpu_self = self_cpu() - before_s
+        after_p = self.cluster.cpu() if side == "stripefs" else {}
+        cpu_procs = {k: round(after_p[k] - before_p[k], 3) for k in after_p}
+        cpu = cpu_self + sum(cpu_procs.values())
+        r = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "cpu_bench_s": round(cpu_self, 3), **out,
+             "mib_per_s": out["bytes"] / MiB / wall, "cpu_s_per_gib": cpu / (out["bytes"] / GiB)}
+        if "samples" in out:
+            r["samples_per_s"] = out["samples"] / wall
+        if cpu_procs:
+            r["cpu_by_process_s"] = cpu_procs
+        if side == "stripefs":
+            st = proc_status(self.cluster.pids["mount"])
+            r["mount_vmhwm"] = st.get("VmHWM")
+            r["mount_vmrss"] = st.get("VmRSS")
+        rate = f"{r['samples_per_s']:,.0f} samples/s, " if "samples" in out else ""
+        progress(f"  {side:8s} {label}: {rate}{r['mib_per_s']:.0f} MiB/s ({wall:.1f}s, cpu {cpu:.1f}s"
+                 + (f", mount VmHWM {r['mount_vmhwm'] / MiB:.0f} MiB)" if r.get("mount_vmhwm") else ")"))
+        return r
+
+    # -- setup
+
+    def run(self) -> None:
+        a = self.args
+        import imagedata
+
+        self.set_phase("dataset")
+        need_tree = bool({"raw", "prefetch", "decode"} & a.only)
+        if need_tree or "tar" in a.only:
+            cache = imagedata.ensure(Path(a.cache_dir), a.files, a.classes, a.shard_mib * MiB, a.seed)
+            self.manifest = imagedata.load_manifest(cache)
+            self.rels = sorted(self.manifest)
+            self.index = {r: i for i, r in enumerate(self.rels)}
+        progress(f"starting a {a.nodes}-node stripefs local cluster in {self.state}")
+        self.set_phase("local up")
+        self.cluster.up()
+        self.budget = mount_cache_budget(self.cluster.pids["mount"])
+        progress(f"  mounted at {self.mnt}; processes: " + ", ".join(f"{k}={v}" for k, v in self.cluster.pids.items()))
+        for side in ("stripefs", "local"):
+            self.set_phase(f"{side}: copying the dataset")
+            self.root(side).mkdir()
+            if need_tree:
+                imagedata.copy_tree(cache / "tree", self.root(side) / "tree", f"{side}: copying the JPEG tree")
+            if "tar" in a.only:
+                imagedata.copy_tree(cache / "shards", self.root(side) / "shards", f"{side}: copying the tar shards",
+                                    threads=2)
+            if "seq" in a.only:
+                self.write_seq_file(side)
+
+        if "raw" in a.only:
+            self.tree_group("raw", "raw")
+        if "prefetch" in a.only:
+            self.tree_group("prefetch", "raw")
+        if "decode" in a.only:
+            self.tree_group("decode", "decode")
+        if "tar" in a.only:
+            self.tar_group()
+        if "seq" in a.only:
+            self.seq_group()
+        if a.profile:
+            self.profile_runs()
+        self.set_phase("finish")
+        self.problems = self.cluster.log_problems()
+
+    def write_seq_file(self, side: str) -> None:
+        import run as runbench  # the 1 GiB file and its check come from bench/run.py
+
+        if not hasattr(self, "seq_plan"):
+            a = self.args
+            self.seq_plan = runbench.make_plan(SimpleNamespace(seed=a.seed, min_kib=100, max_kib=120, block=MiB,
+                                                               size=a.seq_mib * MiB, files=0, dirs=1))
+        t = time.monotonic()
+        runbench.w_seq_write(self.root(side), self.seq_plan)
+        progress(f"  {side}: wrote {human_size(self.seq_plan.size)} in {time.monotonic() - t:.1f}s")
+
+    # -- workloads
+
+    def rows_of(self, group: str) -> list[tuple[str, str, bool]]:
+        fmt = {"seq": human_size(self.args.seq_mib * MiB)}
+        return [(k, label.format(**fmt), cold) for k, g, label, cold in ROWS if g == group]
+
+    def tree_group(self, group: str, mode: str) -> None:
+        import loaders
+
+        a = self.args
+        rows = self.rows_of(group)
+        sampler_cls = None
+        if group == "prefetch":
+            sampler_cls, why = prefetch_sampler_class()
+            if sampler_cls is None:
+                progress(f"{group}: n/a: {why}")
+                for key, label, _ in rows:
+                    self.results[key] = {"label": label, "na": why}
+                return
+        res: dict[str, dict] = {key: {"label": label} for key, label, _ in rows}
+        for side in ("stripefs", "local"):
+            for n, (key, label, is_cold) in enumerate(rows):
+                progress(label)
+                if is_cold:
+                    self.cold(side)
+                    self.set_phase(f"{side}: scanning the tree")
+                    t = time.perf_counter()
+                    ds = loaders.ImageTree(self.root(side) / "tree", mode)
+                    scan_s = time.perf_counter() - t
+                    if ds.rels != self.rels:
+                        raise BenchError(f"{side}: the tree lists {len(ds.rels)} samples, the dataset has "
+                                         f"{len(self.rels)} (or other names)")
+                    self.scan.setdefault(group, {})[side] = {"files": len(ds), "s": round(scan_s, 3)}
+                seed = a.seed * 1000 + n  # the same shuffle on both sides; another one for the warm epoch
+
+                def epoch(ds=ds, seed=seed, side=side):
+                    sampler = None
+                    if sampler_cls is not None and side == "stripefs":
+                        sampler = sampler_cls(loaders.random_sampler(ds, seed), paths=[str(p) for p in ds.paths],
+                                              lookahead=a.lookahead)
+                    loader = loaders.make_loader(ds, seed=seed, batch_size=a.batch_size, workers=a.workers,
+                                                 sampler=sampler)
+                    return loaders.run_epoch(loader, self.rels, self.manifest, mode)
+
+                try:
+                    res[key][side] = self.measure(key, label, side, epoch)
+                except BenchError:
+                    raise
+                except Exception as exc:
+                    if group != "prefetch":
+                        raise
+                    # the prefetch path is new: its failure is a finding, not the end of the run
+                    traceback.print_exc()
+                    why = f"failed: {type(exc).__name__}: {exc}"
+                    progress(f"  {side} {label}: {why}")
+                    for k, _, _ in rows:
+                        self.results[k] = {"label": res[k]["label"], "na": why}
+                    return
+        self.results.update(res)
+
+    def tar_group(self) -> None:
+        import loaders
+
+        a = self.args
+        for key, label, _ in self.rows_of("tar"):
+            progress(label)
+            res = {"label": label}
+            for side in ("stripefs", "local"):
+                self.cold(side)
+                ds = loaders.TarShards(self.root(side) / "shards", self.index, a.seed)
+
+                def epoch(ds=ds):
+                    loader = loaders.make_loader(ds, seed=a.seed, batch_size=a.batch_size, workers=a.workers)
+                    return loaders.run_epoch(loader, self.rels, self.manifest, "raw")
+
+                res[side] = self.measure(key, label, side, epoch)
+                res[side]["shards"] = len(ds.shards)
+            self.results[key] = res
+
+    def seq_group(self) -> None:
+        import run as runbench
+
+        for key, label, _ in self.rows_of("seq"):
+            progress(label)
+            res = {"label": label}
+            for side in ("stripefs", "local"):
+                self.cold(side)
+                res[side] = self.measure(key, label, side,
+                                         lambda side=side: runbench.w_seq_read(self.root(side), self.seq_plan))
+            self.results[key] = res
+
+    # -- profiling (not timed)
+
+    def profile_runs(self) -> None:
+        import loaders
+
+        a = self.args
+        exe = a.py_spy or shutil.which("py-spy")
+        if not exe:
+            progress("--profile: py-spy not found (pip install py-spy, or give --py-spy PATH); no profile")
+            self.profiles["error"] = {"error": "py-spy not found"}
+            return
+        sampler_cls, why = prefetch_sampler_class()
+        variants = [("raw", None)] + ([("prefetch", sampler_cls)] if sampler_cls else [])
+        for name, cls in variants:
+            progress(f"profiling the mount during a cold {name} epoch (not timed)")
+            self.cold("stripefs")
+            ds = loaders.ImageTree(self.root("stripefs") / "tree", "raw")
+            sampler = loaders.random_sampler(ds, a.seed * 1000 + 7)
+            if cls is not None:
+                sampler = cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead)
+            out = RESULTS / f"dataloader-profile-{name}.txt"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            pid = self.cluster.pids["mount"]
+            self.set_phase(f"stripefs: profiled {name} epoch")
+            self.spy = subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
+                                         "--nonblocking", "--output", str(out)],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        start_new_session=True)
+            time.sleep(1.0)  # py-spy attaches
+            t = time.perf_counter()
+            try:
+                loaders.run_epoch(loaders.make_loader(ds, seed=0, batch_size=a.batch_size, workers=a.workers,
+                                                      sampler=sampler), self.rels, self.manifest, "raw")
+            finally:
+                wall = time.perf_counter() - t
+                self.spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+                try:
+                    _, err = self.spy.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.spy.kill()
+                    _, err = self.spy.communicate()
+                self.spy = None
+            if not out.exists():
+                progress(f"  py-spy wrote nothing: {err.decode(errors='replace').strip()[-500:]}")
+                self.profiles[name] = {"error": err.decode(errors="replace").strip()[-500:]}
+                continue
+            self.profiles[name] = summarise_profile(out, wall)
+            progress(f"  {name}: {self.profiles[name]['samples']} samples in {wall:.1f}s -> {out}")
+
+
+def summarise_profile(path: Path, wall: float, top: int = 15) -> dict:
+    """Top functions of a py-spy raw (collapsed) profile: by self samples and by
+    inclusive samples (a function counted once per stack)."""
+    self_c: Counter = Counter()
+    incl: Counter = Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        n = int(n)
+        frames = [_frame_name(f) for f in stack.split(";")]
+        frames = [f for f in frames if f]
+        if not frames:
+            continue
+        total += n
+        self_c[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    pct = lambda c: [[f, round(100 * v / total, 1)] for f, v in c.most_common(top)] if total else []  # noqa: E731
+    return {"file": str(path), "samples": total, "epoch_s": round(wall, 2), "self_pct": pct(self_c),
+            "inclusive_pct": pct(incl)}
+
+
+def _frame_name(frame: str) -> str:
+    """'read (client/operations.py:123)' -> 'read (client/operations.py)'; thread/process frames dropped."""
+    frame = frame.strip()
+    if frame.startswith(("process ", "thread ")):
+        return ""
+    name, _, loc = frame.partition(" (")
+    loc = loc.rstrip(")")
+    fname = loc.rsplit(":", 1)[0] if loc else ""
+    for marker in ("site-packages/", "lib/python3"):
+        if marker in fname:
+            fname = fname.split(marker, 1)[1]
+    for marker in ("/client/", "/common/", "/stripefs/"):
+        if marker in fname:
+            fname = marker.strip("/") + "/" + fname.rsplit(marker, 1)[1]
+    return f"{name} ({fname})" if fname else name
+
+
+# ---------------------------------------------------------------------- report
+
+
+def ratio(res: dict, key: str) -> float | None:
+    s, l = res.get("stripefs"), res.get("local")
+    if not s or not l or not l.get(key):
+        return None
+    return s[key] / l[key]
+
+
+def report(bench: Bench, total_s: float) -> tuple[str, dict]:
+    a = bench.args
+    lines = []
+    local_fs, state_fs = fs_of(bench.local), fs_of(bench.state)
+    budget, budget_src = bench.budget
+    lines.append(f"stripefs DataLoader benchmark  {_dt.datetime.now().strftime('%Y-%m-%d %H:%M:%S')}  "
+                 f"commit {(git_commit() or '?')[:12]}  host {socket.gethostname()}  {os.cpu_count()} cpus"
+                 f"{'  (--quick)' if a.quick else ''}")
+    lines.append(f"dataset: {a.files:,} JPEG files (~110 KiB) in {a.classes} classes, tar shards of ~{a.shard_mib} MiB; "
+                 f"DataLoader: {a.workers} workers, batch {a.batch_size}, shuffled")
+    lines.append(f"stripefs: local cluster, {a.nodes} storage nodes, state on {state_fs['device']} ({state_fs['fstype']}); "
+                 f"local: plain directory on {local_fs['device']} ({local_fs['fstype']})")
+    lines.append("cold = sync + drop_caches (stripefs also: local down + local up = fresh client); "
+                 "warm = right after the cold epoch"
+                 + ("" if bench.cold_ok else "  ** WARNING: drop_caches FAILED, cold figures are not cold **"))
+    lines.append("ratio = stripefs / local (higher is better); cpu = host CPU s per GiB read: stripefs = benchmark + "
+                 "DataLoader workers + meta + storage + mount; local = benchmark + workers. MiB = 2^20 bytes.")
+    lines.append("")
+    hdr = (f"{'workload':30s} {'stripefs':>25s} {'local':>25s} {'ratio':>6s}  "
+           f"{'cpu s/GiB stripefs / local':>27s}  {'mount RSS':>9s}")
+    lines.append(hdr)
+    lines.append("-" * len(hdr))
+
+    def fig(r: dict) -> str:
+        if "samples_per_s" in r:
+            return f"{r['samples_per_s']:,.0f} smp/s {r['mib_per_s']:,.0f} MiB/s"
+        return f"{r['mib_per_s']:,.0f} MiB/s"
+
+    for key, res in bench.results.items():
+        if "na" in res:
+            lines.append(f"{res['label']:30s} {'n/a':>25s} {'':>25s} {'':>6s}  {res['na']}")
+            continue
+        s, l = res["stripefs"], res["local"]
+        res["ratio"] = ratio(res, "mib_per_s")
+        res["cpu_ratio"] = s["cpu_s_per_gib"] / l["cpu_s_per_gib"] if l["cpu_s_per_gib"] else None
+        rs = f"{res['ratio']:5.2f}x" if res["ratio"] is not None else "    ?"
+        cr = f"({res['cpu_ratio']:.1f}x)" if res["cpu_ratio"] is not None else "(?)"
+        cpu = f"{s['cpu_s_per_gib']:.2f} / {l['cpu_s_per_gib']:.2f} {cr}"
+        rss = f"{s['mount_vmhwm'] / MiB:,.0f} MiB" if s.get("mount_vmhwm") else "?"
+        lines.append(f"{res['label']:30s} {fig(s):>25s} {fig(l):>25s} {rs}  {cpu:>27s}  {rss:>9s}")
+    lines.append("")
+    lines.append(f"stripefs cpu seconds by process: {'bench+workers':>13s} {'mount':>7s} {'meta':>7s} {'storage':>8s}")
+    for key, res in bench.results.items():
+        if "na" in res:
+            continue
+        s = res["stripefs"]
+        by = s.get("cpu_by_process_s", {})
+        stor = sum(v for k, v in by.items() if k.startswith("storage"))
+        lines.append(f"  {res['label']:30s} {s['cpu_bench_s']:13.2f} {by.get('mount', 0):7.2f} "
+                     f"{by.get('meta', 0):7.2f} {stor:8.2f}")
+    for group, sides in bench.scan.items():
+        if "stripefs" in sides and "local" in sides:
+            lines.append(f"tree scan before the cold {group} epoch ({sides['stripefs']['files']:,} files, "
+                         f"readdir of every class folder): stripefs {sides['stripefs']['s']:.2f}s, "
+                         f"local {sides['local']['s']:.2f}s")
+    lines.append("")
+
+    # targets
+    targets = []
+
+    def verdict(ok: bool | None) -> str:
+        return "n/a  " if ok is None else ("PASS " if ok else "BELOW")
+
+    for key, floor, label in TARGETS:
+        res = bench.results.get(key)
+        if res is None:
+            continue
+        r = res.get("ratio")
+        ok = None if r is None else r >= floor
+        targets.append({"target": key, "min_ratio": floor, "ratio": r, "pass": ok})
+        lines.append(f"{verdict(ok)} {label}: {'n/a' if r is None else f'{r:.2f}x'} local (target >= {floor:.2f}x)")
+    for key, res in bench.results.items():
+        c = res.get("cpu_ratio")
+        if "na" in res or c is None:
+            continue
+        ok = c <= CPU_MAX
+        targets.append({"target": f"cpu:{key}", "max_ratio": CPU_MAX, "ratio": c, "pass": ok})
+        lines.append(f"{verdict(ok)} CPU per GiB, {res['label']}: {c:.2f}x local (target <= {CPU_MAX:.1f}x)")
+    peaks = [res["stripefs"].get("mount_vmhwm") or 0 for res in bench.results.values() if "stripefs" in res]
+    peak = max(peaks, default=0)
+    if peak:
+        limit = budget + RSS_SLACK if budget is not None else None
+        ok = None if limit is None else peak <= limit
+        targets.append({"target": "mount_rss", "peak": peak, "limit": limit, "pass": ok})
+        lines.append(f"{verdict(ok)} mount peak RSS {peak / MiB:,.0f} MiB (VmHWM) vs cache budget "
+                     + (f"{budget / MiB:,.0f} MiB + 200 MiB ({budget_src})" if budget is not None else f"? ({budget_src})"))
+    lines.append(f"total time {total_s:.0f}s")
+
+    for name, prof in bench.profiles.items():
+        lines.append("")
+        if "error" in prof:
+            lines.append(f"profile ({name}): {prof['error']}")
+            continue
+        lines.append(f"mount profile, cold {name} epoch ({prof['samples']} py-spy samples over {prof['epoch_s']}s, "
+                     f"non-idle threads; {prof['file']}):")
+        lines.append(f"  {'self %':>6s}  function                                  | {'incl %':>6s}  function")
+        for i in range(max(len(prof["self_pct"]), len(prof["inclusive_pct"]))):
+            sf, sp = prof["self_pct"][i] if i < len(prof["self_pct"]) else ("", 0)
+            inf, ip = prof["inclusive_pct"][i] if i < len(prof["inclusive_pct"]) else ("", 0)
+            lines.append(f"  {sp:6.1f}  {sf[:40]:40s}  | {ip:6.1f}  {inf[:60]}")
+    if bench.problems:
+        lines.append("")
+        lines.append("stripefs logs contain warnings/errors:")
+        lines += [f"  {p}" for p in bench.problems]
+    doc = {
+        "when": _dt.datetime.now().isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(a).items()},
+        "stripefs": {"state_dir": str(bench.state), "filesystem": state_fs, "nodes": a.nodes,
+                     "mount_cache_budget": budget, "budget_source": budget_src},
+        "local": {"dir": str(bench.local), "filesystem": local_fs},
+        "caches_dropped": bench.cold_ok,
+        "results": bench.results,
+        "scan": bench.scan,
+        "targets": targets,
+        "profiles": bench.profiles,
+        "log_problems": bench.problems,
+        "total_s": round(total_s, 1),
+    }
+    return "\n".join(lines), doc
+
+
+# ------------------------------------------------------------------------ main
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1,000 files, 16 MiB shards, a 128 MiB sequential file")
+    ap.add_argument("--files", type=int, default=None, help="JPEG files (default 8000; --quick 1000)")
+    ap.add_argument("--classes", type=int, default=100, help="class folders (default 100)")
+    ap.add_argument("--shard-mib", type=int, default=None, help="tar shard size in MiB (default 64; --quick 16)")
+    ap.add_argument("--seq-mib", type=int, default=None, help="sequential file in MiB (default 1024; --quick 128)")
+    ap.add_argument("--only", default=",".join(GROUPS),
+                    help=f"comma-separated workload groups to run, of {','.join(GROUPS)} (default all)")
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
+    ap.add_argument("--batch-size", type=int, default=32, help="DataLoader batch size (default 32)")
+    ap.add_argument("--lookahead", type=int, default=1024, help="PrefetchSampler lookahead in samples (default 1024)")
+    ap.add_argument("--nodes", type=int, default=4, help="storage nodes (default 4)")
+    ap.add_argument("--workdir", default="/var/tmp",
+                    help="where the run's tmp dir (cluster state, mountpoint, local copy) goes; must be a real "
+                         "disk, not tmpfs (default /var/tmp)")
+    ap.add_argument("--cache-dir", default=None,
+                    help="where the generated dataset is kept between runs (default WORKDIR/stripefs-bench-cache)")
+    ap.add_argument("--keep", action="store_true", help="keep the tmp dir (state, logs, data) afterwards")
+    ap.add_argument("--seed", type=int, default=1, help="random seed for the images, shards and shuffles")
+    ap.add_argument("--phase-timeout", type=float, default=600,
+                    help="abort (and tear down) if one phase takes longer, seconds (default 600)")
+    ap.add_argument("--profile", action="store_true",
+                    help="afterwards, record the mount with py-spy during one more cold raw epoch (and one with "
+                         "prefetch), not timed; raw profiles go to bench/results/dataloader-profile-*.txt")
+    ap.add_argument("--py-spy", default=None, help="py-spy executable for --profile (default: py-spy on PATH)")
+    ap.add_argument("--json", default=str(RESULTS / "dataloader-latest.json"),
+                    help="results file (default bench/results/dataloader-latest.json)")
+    ap.add_argument("--strict", action="store_true", help="exit 2 if a target is not met")
+    a = ap.parse_args(argv)
+    a.files = a.files if a.files is not None else (1000 if a.quick else 8000)
+    a.shard_mib = a.shard_mib or (16 if a.quick else 64)
+    a.seq_mib = a.seq_mib or (128 if a.quick else 1024)
+    a.cache_dir = a.cache_dir or str(Path(a.workdir) / "stripefs-bench-cache")
+    only = {g.strip() for g in a.only.split(",") if g.strip()}
+    if not only or only - set(GROUPS):
+        ap.error(f"--only: unknown workload group(s) {', '.join(sorted(only - set(GROUPS))) or '(none given)'}; "
+                 f"choose from {', '.join(GROUPS)}")
+    a.only = only
+    if a.files < a.classes or a.classes <= 0 or a.workers < 0 or a.batch_size <= 0 or a.shard_mib <= 0:
+        ap.error("need --files >= --classes > 0, --workers >= 0, --batch-size > 0, --shard-mib > 0")
+    if a.py_spy and not os.access(a.py_spy, os.X_OK):
+        ap.error(f"--py-spy {a.py_spy} is not an executable")
+    try:
+        import PIL  # noqa: F401
+
+        import loaders  # noqa: F401 - torch, imported before the DataLoader forks its workers
+    except ImportError as exc:
+        ap.error(f"{exc.name} is missing: install the bench extra: .venv/bin/pip install -e '.[bench]' "
+                 "(make bench does it)")
+    try:
+        wfs = check_workdir(a.workdir)
+    except BenchError as exc:
+        ap.error(str(exc))
+
+    bench = Bench(a)
+    progress(f"work dir {bench.work} on {wfs['device']} ({wfs['fstype']}); dataset cache {a.cache_dir}")
+
+    def finish(total: float) -> int:
+        text, doc = report(bench, total)
+        print(text)
+        out = Path(a.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        progress(f"results written to {out}")
+        return 2 if a.strict and not all(t["pass"] for t in doc["targets"] if t["pass"] is not None) else 0
+
+    return supervise(bench, finish, keep=a.keep)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
