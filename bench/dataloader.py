@@ -23,9 +23,11 @@ Workloads (--only takes a comma-separated list of the group names):
             across the workers), cold
   seq       one 1 GiB file read sequentially in 1 MiB reads, cold
 
-"Cold" = stripefs: `stripefs local down`, sync + drop_caches, `stripefs local
-up` on the same state (fresh client); local disk: sync + drop_caches. "Warm"
-= right after the cold epoch, nothing dropped.
+"Cold" = `stripefs local down`, sync + drop_caches, `stripefs local up` on the
+same state (a fresh client; the local disk's caches are dropped too), then
+the local cold epoch and the stripefs cold epoch; "warm" = the stripefs warm
+epoch and the local warm epoch right after, nothing dropped. Each pair runs
+back to back, so load from other users drifts less between the two sides.
 
 CPU s/GiB: stripefs = this process and its children (the DataLoader workers)
 plus every stripefs process (meta, storage nodes, mount), from /proc/PID/stat;
@@ -160,7 +162,7 @@ class Bench:
         self.problems: list[str] = []
         self.cold_ok = True
         self.budget: tuple[int | None, str] = (None, "mount not started")
-        self.spy: subprocess.Popen | None = None
+        self.spies: list[subprocess.Popen] = []
 
     # -- plumbing
 
@@ -171,19 +173,24 @@ class Bench:
         return (self.mnt if side == "stripefs" else self.local) / "data"
 
     def cold(self, side: str) -> None:
+        """side "stripefs" or "both": the stripefs cycle (down, drop_caches, up) empties every cache."""
         self.set_phase(f"{side}: cold cycle")
-        self.cold_ok &= cold_cycle(self.cluster, side)
+        self.cold_ok &= cold_cycle(self.cluster, "stripefs" if side == "both" else side)
 
     def abort(self) -> None:
-        """From the supervisor thread: stop py-spy if it runs (the DataLoader
-        workers are daemonic children: they end with this process)."""
-        spy = self.spy
-        if spy is not None and spy.poll() is None:
-            spy.kill()
+        """From the supervisor thread: stop a dataset generation or copy and
+        py-spy if they run (the DataLoader workers are daemonic children: they
+        end with this process)."""
+        import imagedata
+
+        imagedata.cancel.set()
+        for spy in list(self.spies):
+            if spy.poll() is None:
+                spy.kill()
 
     def measure(self, key: str, label: str, side: str, fn) -> dict:
         self.set_phase(f"{side}: {label}")
-        before_p = self.cluster.cpu() if side == "stripefs" else {}
+        before_p = self.cluster.cpu()  # on the local side: what the idle cluster burns meanwhile (not counted)
         before_s = self_cpu()
         t = time.perf_counter()
         try:
@@ -192,8 +199,11 @@ class Bench:
             raise BenchError(f"{side} {label}: {exc}") from None
         wall = time.perf_counter() - t
         cpu_self = self_cpu() - before_s
-        after_p = self.cluster.cpu() if side == "stripefs" else {}
+        after_p = self.cluster.cpu()
         cpu_procs = {k: round(after_p[k] - before_p[k], 3) for k in after_p}
+        idle_cluster = None
+        if side == "local":
+            idle_cluster, cpu_procs = round(sum(cpu_procs.values()), 3), {}
         cpu = cpu_self + sum(cpu_procs.values())
         r = {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "cpu_bench_s": round(cpu_self, 3), **out,
              "mib_per_s": out["bytes"] / MiB / wall, "cpu_s_per_gib": cpu / (out["bytes"] / GiB)}
@@ -201,6 +211,8 @@ class Bench:
             r["samples_per_s"] = out["samples"] / wall
         if cpu_procs:
             r["cpu_by_process_s"] = cpu_procs
+        if idle_cluster is not None:
+            r["cpu_idle_cluster_s"] = idle_cluster  # competes with the local epoch for the CPUs
         if side == "stripefs":
             st = proc_status(self.cluster.pids["mount"])
             r["mount_vmhwm"] = st.get("VmHWM")
@@ -232,7 +244,8 @@ class Bench:
             self.set_phase(f"{side}: copying the dataset")
             self.root(side).mkdir()
             if need_tree:
-                imagedata.copy_tree(cache / "tree", self.root(side) / "tree", f"{side}: copying the JPEG tree")
+                imagedata.copy_tree(cache / "tree", self.root(side) / "tree", f"{side}: copying the JPEG tree",
+                                    threads=8)
             if "tar" in a.only:
                 imagedata.copy_tree(cache / "shards", self.root(side) / "shards", f"{side}: copying the tar shards",
                                     threads=2)
@@ -271,90 +284,102 @@ class Bench:
         fmt = {"seq": human_size(self.args.seq_mib * MiB)}
         return [(k, label.format(**fmt), cold) for k, g, label, cold in ROWS if g == group]
 
+    # Order of the measurements. One cold cycle (the stripefs cycle drops the
+    # kernel's caches for the local disk too) serves both sides, so the pair of
+    # cold epochs and the pair of warm ones run next to each other in time (the
+    # machine is shared: load drifts over minutes):
+    #     cycle, local cold, stripefs cold, stripefs warm, local warm
+    # The local disk's page cache survives the stripefs epochs in between
+    # (nothing is dropped), and the stripefs cold epoch reads chunk files the
+    # local cold epoch never touched.
+    COLD_WARM_ORDER = [("local", 0), ("stripefs", 0), ("stripefs", 1), ("local", 1)]
+    COLD_ORDER = [("local", 0), ("stripefs", 0)]
+
+    def run_pairs(self, group: str, epoch_fn) -> None:
+        """Measure every row of group on both sides; epoch_fn(side, n) -> the
+        function to time (n: row number; n == 0 is the cold epoch)."""
+        rows = self.rows_of(group)
+        order = self.COLD_WARM_ORDER if len(rows) == 2 else self.COLD_ORDER
+        res: dict[str, dict] = {key: {"label": label} for key, label, _ in rows}
+        self.cold("both")
+        for side, n in order:
+            key, label, _ = rows[n]
+            progress(f"{label} ({side})")
+            res[key][side] = self.measure(key, label, side, epoch_fn(side, n))
+        self.results.update(res)
+
     def tree_group(self, group: str, mode: str) -> None:
         import loaders
 
         a = self.args
-        rows = self.rows_of(group)
         sampler_cls = None
         if group == "prefetch":
             sampler_cls, why = prefetch_sampler_class()
             if sampler_cls is None:
                 progress(f"{group}: n/a: {why}")
-                for key, label, _ in rows:
+                for key, label, _ in self.rows_of(group):
                     self.results[key] = {"label": label, "na": why}
                 return
-        res: dict[str, dict] = {key: {"label": label} for key, label, _ in rows}
-        for side in ("stripefs", "local"):
-            for n, (key, label, is_cold) in enumerate(rows):
-                progress(label)
-                if is_cold:
-                    self.cold(side)
-                    self.set_phase(f"{side}: scanning the tree")
-                    t = time.perf_counter()
-                    ds = loaders.ImageTree(self.root(side) / "tree", mode)
-                    scan_s = time.perf_counter() - t
-                    if ds.rels != self.rels:
-                        raise BenchError(f"{side}: the tree lists {len(ds.rels)} samples, the dataset has "
-                                         f"{len(self.rels)} (or other names)")
-                    self.scan.setdefault(group, {})[side] = {"files": len(ds), "s": round(scan_s, 3)}
-                seed = a.seed * 1000 + n  # the same shuffle on both sides; another one for the warm epoch
+        datasets = {}
 
-                def epoch(ds=ds, seed=seed, side=side):
-                    sampler = None
-                    if sampler_cls is not None and side == "stripefs":
-                        sampler = sampler_cls(loaders.random_sampler(ds, seed), paths=[str(p) for p in ds.paths],
-                                              lookahead=a.lookahead)
-                    loader = loaders.make_loader(ds, seed=seed, batch_size=a.batch_size, workers=a.workers,
-                                                 sampler=sampler)
-                    return loaders.run_epoch(loader, self.rels, self.manifest, mode)
+        def epoch_fn(side: str, n: int):
+            if n == 0:  # the tree scan (ImageFolder's) is not timed: it is before the first epoch
+                self.set_phase(f"{side}: scanning the tree")
+                t = time.perf_counter()
+                ds = datasets[side] = loaders.ImageTree(self.root(side) / "tree", mode)
+                scan_s = time.perf_counter() - t
+                if ds.rels != self.rels:
+                    raise BenchError(f"{side}: the tree lists {len(ds.rels)} samples, the dataset has "
+                                     f"{len(self.rels)} (or other names)")
+                self.scan.setdefault(group, {})[side] = {"files": len(ds), "s": round(scan_s, 3)}
+            ds = datasets[side]
+            seed = a.seed * 1000 + n  # the same shuffle on both sides; another one for the warm epoch
 
-                try:
-                    res[key][side] = self.measure(key, label, side, epoch)
-                except BenchError:
-                    raise
-                except Exception as exc:
-                    if group != "prefetch":
-                        raise
-                    # the prefetch path is new: its failure is a finding, not the end of the run
-                    traceback.print_exc()
-                    why = f"failed: {type(exc).__name__}: {exc}"
-                    progress(f"  {side} {label}: {why}")
-                    for k, _, _ in rows:
-                        self.results[k] = {"label": res[k]["label"], "na": why}
-                    return
-        self.results.update(res)
+            def epoch():
+                sampler = None
+                if sampler_cls is not None and side == "stripefs":
+                    sampler = sampler_cls(loaders.random_sampler(ds, seed), paths=[str(p) for p in ds.paths],
+                                          lookahead=a.lookahead)
+                loader = loaders.make_loader(ds, seed=seed, batch_size=a.batch_size, workers=a.workers,
+                                             sampler=sampler)
+                return loaders.run_epoch(loader, self.rels, self.manifest, mode)
+
+            return epoch
+
+        try:
+            self.run_pairs(group, epoch_fn)
+        except BenchError:
+            raise
+        except Exception as exc:
+            if group != "prefetch":
+                raise
+            # the prefetch path is new: its failure is a finding, not the end of the run
+            traceback.print_exc()
+            why = f"failed: {type(exc).__name__}: {exc}"
+            progress(f"  {group}: {why}")
+            for key, label, _ in self.rows_of(group):
+                self.results[key] = {"label": label, "na": why}
 
     def tar_group(self) -> None:
         import loaders
 
         a = self.args
-        for key, label, _ in self.rows_of("tar"):
-            progress(label)
-            res = {"label": label}
-            for side in ("stripefs", "local"):
-                self.cold(side)
-                ds = loaders.TarShards(self.root(side) / "shards", self.index, a.seed)
 
-                def epoch(ds=ds):
-                    loader = loaders.make_loader(ds, seed=a.seed, batch_size=a.batch_size, workers=a.workers)
-                    return loaders.run_epoch(loader, self.rels, self.manifest, "raw")
+        def epoch_fn(side: str, n: int):
+            ds = loaders.TarShards(self.root(side) / "shards", self.index, a.seed)
 
-                res[side] = self.measure(key, label, side, epoch)
-                res[side]["shards"] = len(ds.shards)
-            self.results[key] = res
+            def epoch():
+                loader = loaders.make_loader(ds, seed=a.seed, batch_size=a.batch_size, workers=a.workers)
+                return {**loaders.run_epoch(loader, self.rels, self.manifest, "raw"), "shards": len(ds.shards)}
+
+            return epoch
+
+        self.run_pairs("tar", epoch_fn)
 
     def seq_group(self) -> None:
         import run as runbench
 
-        for key, label, _ in self.rows_of("seq"):
-            progress(label)
-            res = {"label": label}
-            for side in ("stripefs", "local"):
-                self.cold(side)
-                res[side] = self.measure(key, label, side,
-                                         lambda side=side: runbench.w_seq_read(self.root(side), self.seq_plan))
-            self.results[key] = res
+        self.run_pairs("seq", lambda side, n: lambda: runbench.w_seq_read(self.root(side), self.seq_plan))
 
     # -- profiling (not timed)
 
@@ -370,20 +395,22 @@ class Bench:
         sampler_cls, why = prefetch_sampler_class()
         variants = [("raw", None)] + ([("prefetch", sampler_cls)] if sampler_cls else [])
         for name, cls in variants:
-            progress(f"profiling the mount during a cold {name} epoch (not timed)")
-            self.cold("stripefs")
+            progress(f"profiling the mount and the metadata daemon during a cold {name} epoch (not timed)")
+            self.cold("both")
             ds = loaders.ImageTree(self.root("stripefs") / "tree", "raw")
             sampler = loaders.random_sampler(ds, a.seed * 1000 + 7)
             if cls is not None:
                 sampler = cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead)
-            out = RESULTS / f"dataloader-profile-{name}.txt"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            pid = self.cluster.pids["mount"]
+            RESULTS.mkdir(parents=True, exist_ok=True)
             self.set_phase(f"stripefs: profiled {name} epoch")
-            self.spy = subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "200", "--format", "raw",
-                                         "--nonblocking", "--output", str(out)],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        start_new_session=True)
+            outs = {proc: RESULTS / f"dataloader-profile-{name}-{proc}.txt" for proc in ("mount", "meta")}
+            for out in outs.values():
+                out.unlink(missing_ok=True)
+            self.spies = [subprocess.Popen([exe, "record", "--pid", str(self.cluster.pids[proc]), "--rate", "100",
+                                            "--format", "raw", "--output", str(out)],
+                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                           start_new_session=True)  # its own session: a Ctrl-C is ours to pass on
+                          for proc, out in outs.items()]
             time.sleep(1.0)  # py-spy attaches
             t = time.perf_counter()
             try:
@@ -391,43 +418,67 @@ class Bench:
                                                       sampler=sampler), self.rels, self.manifest, "raw")
             finally:
                 wall = time.perf_counter() - t
-                self.spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-                try:
-                    _, err = self.spy.communicate(timeout=60)
-                except subprocess.TimeoutExpired:
-                    self.spy.kill()
-                    _, err = self.spy.communicate()
-                self.spy = None
-            if not out.exists():
-                progress(f"  py-spy wrote nothing: {err.decode(errors='replace').strip()[-500:]}")
-                self.profiles[name] = {"error": err.decode(errors="replace").strip()[-500:]}
-                continue
-            self.profiles[name] = summarise_profile(out, wall)
-            progress(f"  {name}: {self.profiles[name]['samples']} samples in {wall:.1f}s -> {out}")
+                errs = []
+                for spy in self.spies:
+                    spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+                for spy in self.spies:
+                    try:
+                        errs.append(spy.communicate(timeout=60)[1])
+                    except subprocess.TimeoutExpired:
+                        spy.kill()
+                        errs.append(spy.communicate()[1])
+                self.spies = []
+            for (proc, out), err in zip(outs.items(), errs):
+                key = f"{name}-{proc}"
+                if not out.exists():
+                    why = err.decode(errors="replace").strip()[-500:]
+                    progress(f"  py-spy wrote nothing for the {proc}: {why}")
+                    self.profiles[key] = {"error": why}
+                    continue
+                self.profiles[key] = summarise_profile(out, wall)
+                progress(f"  {proc}: {self.profiles[key]['samples']} samples in {wall:.1f}s -> {out}")
+
+
+IDLE_LEAVES = {"get_events", "_epoll_wait", "epoll_wait", "wait", "select", "poll", "sleep", "_wait_for_tstate_lock",
+               "accept", "_work"}  # _work: trio's idle worker threads
+ROOT_CHAIN = ("<frozen runpy>", "stripefs/__main__.py", "stripefs/cli.py", "main (client/mount.py)",
+              "_serve (client/mount.py)", "main (daemon/cli.py)", "_serve (daemon/cli.py)", "run (trio/_core/_run.py)", "unrolled_run (trio/_core/_run.py)")
 
 
 def summarise_profile(path: Path, wall: float, top: int = 15) -> dict:
-    """Top functions of a py-spy raw (collapsed) profile: by self samples and by
-    inclusive samples (a function counted once per stack)."""
+    """Top functions of a py-spy raw (collapsed) profile.
+
+    Stacks whose innermost frame is a wait (epoll, a lock, select) are idle
+    time: counted apart. Of the busy samples: top functions by self samples,
+    and by inclusive samples (a function counted once per stack) leaving out
+    the chain every stack shares (runpy, cli main, trio's run loop)."""
     self_c: Counter = Counter()
     incl: Counter = Counter()
-    total = 0
+    total = busy = 0
     for line in path.read_text(errors="replace").splitlines():
         stack, _, n = line.rpartition(" ")
         if not stack or not n.isdigit():
             continue
         n = int(n)
-        frames = [_frame_name(f) for f in stack.split(";")]
-        frames = [f for f in frames if f]
+        frames = [f for f in (_frame_name(f) for f in stack.split(";")) if f]
         if not frames:
             continue
         total += n
+        if frames[-1].split(" (")[0].rsplit(".", 1)[-1] in IDLE_LEAVES:
+            continue
+        busy += n
         self_c[frames[-1]] += n
         for f in set(frames):
             incl[f] += n
-    pct = lambda c: [[f, round(100 * v / total, 1)] for f, v in c.most_common(top)] if total else []  # noqa: E731
-    return {"file": str(path), "samples": total, "epoch_s": round(wall, 2), "self_pct": pct(self_c),
-            "inclusive_pct": pct(incl)}
+    shared = {f for f, v in incl.items() if v >= 0.9 * busy or any(r in f for r in ROOT_CHAIN)}
+    for f in shared:
+        del incl[f]
+
+    def pct(c: Counter) -> list:
+        return [[f, round(100 * v / busy, 1)] for f, v in c.most_common(top)] if busy else []
+
+    return {"file": str(path), "samples": total, "busy_samples": busy, "epoch_s": round(wall, 2),
+            "self_pct": pct(self_c), "inclusive_pct": pct(incl)}
 
 
 def _frame_name(frame: str) -> str:
@@ -441,7 +492,7 @@ def _frame_name(frame: str) -> str:
     for marker in ("site-packages/", "lib/python3"):
         if marker in fname:
             fname = fname.split(marker, 1)[1]
-    for marker in ("/client/", "/common/", "/stripefs/"):
+    for marker in ("/client/", "/common/", "/stripefs/", "/daemon/", "/storage_node/"):
         if marker in fname:
             fname = marker.strip("/") + "/" + fname.rsplit(marker, 1)[1]
     return f"{name} ({fname})" if fname else name
@@ -469,8 +520,8 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
                  f"DataLoader: {a.workers} workers, batch {a.batch_size}, shuffled")
     lines.append(f"stripefs: local cluster, {a.nodes} storage nodes, state on {state_fs['device']} ({state_fs['fstype']}); "
                  f"local: plain directory on {local_fs['device']} ({local_fs['fstype']})")
-    lines.append("cold = sync + drop_caches (stripefs also: local down + local up = fresh client); "
-                 "warm = right after the cold epoch"
+    lines.append("cold = stripefs local down, sync + drop_caches, local up (fresh client; the local disk's caches "
+                 "are dropped too), then the local cold epoch, the stripefs cold and warm epochs, the local warm one"
                  + ("" if bench.cold_ok else "  ** WARNING: drop_caches FAILED, cold figures are not cold **"))
     lines.append("ratio = stripefs / local (higher is better); cpu = host CPU s per GiB read: stripefs = benchmark + "
                  "DataLoader workers + meta + storage + mount; local = benchmark + workers. MiB = 2^20 bytes.")
@@ -498,7 +549,8 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         rss = f"{s['mount_vmhwm'] / MiB:,.0f} MiB" if s.get("mount_vmhwm") else "?"
         lines.append(f"{res['label']:30s} {fig(s):>25s} {fig(l):>25s} {rs}  {cpu:>27s}  {rss:>9s}")
     lines.append("")
-    lines.append(f"stripefs cpu seconds by process: {'bench+workers':>13s} {'mount':>7s} {'meta':>7s} {'storage':>8s}")
+    lines.append(f"stripefs cpu seconds by process: {'bench+workers':>13s} {'mount':>7s} {'meta':>7s} {'storage':>8s}"
+                 f"   (idle cluster during the local epoch, not counted)")
     for key, res in bench.results.items():
         if "na" in res:
             continue
@@ -506,7 +558,7 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         by = s.get("cpu_by_process_s", {})
         stor = sum(v for k, v in by.items() if k.startswith("storage"))
         lines.append(f"  {res['label']:30s} {s['cpu_bench_s']:13.2f} {by.get('mount', 0):7.2f} "
-                     f"{by.get('meta', 0):7.2f} {stor:8.2f}")
+                     f"{by.get('meta', 0):7.2f} {stor:8.2f}   ({res['local'].get('cpu_idle_cluster_s', 0):.2f})")
     for group, sides in bench.scan.items():
         if "stripefs" in sides and "local" in sides:
             lines.append(f"tree scan before the cold {group} epoch ({sides['stripefs']['files']:,} files, "
@@ -550,13 +602,16 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         if "error" in prof:
             lines.append(f"profile ({name}): {prof['error']}")
             continue
-        lines.append(f"mount profile, cold {name} epoch ({prof['samples']} py-spy samples over {prof['epoch_s']}s, "
-                     f"non-idle threads; {prof['file']}):")
-        lines.append(f"  {'self %':>6s}  function                                  | {'incl %':>6s}  function")
+        idle = 100 - 100 * prof["busy_samples"] / prof["samples"] if prof["samples"] else 0
+        proc = name.rsplit("-", 1)[1]
+        lines.append(f"{proc} profile, cold {name.rsplit('-', 1)[0]} epoch ({prof['epoch_s']}s, {prof['samples']} py-spy samples, "
+                     f"{idle:.0f}% of them waiting in epoll/locks; {prof['file']})")
+        lines.append(f"  % of busy samples: {'self':>5s}  function                                  | "
+                     f"{'incl':>5s}  function (leaving out the chain every stack shares)")
         for i in range(max(len(prof["self_pct"]), len(prof["inclusive_pct"]))):
-            sf, sp = prof["self_pct"][i] if i < len(prof["self_pct"]) else ("", 0)
+            sf, sp = prof["self_pct"][i] if i < len(prof["self_pct"]) else ("", None)
             inf, ip = prof["inclusive_pct"][i] if i < len(prof["inclusive_pct"]) else ("", 0)
-            lines.append(f"  {sp:6.1f}  {sf[:40]:40s}  | {ip:6.1f}  {inf[:60]}")
+            lines.append(f"  {'':18s} {'' if sp is None else f'{sp:5.1f}':>5s}  {sf[:40]:40s}  | {ip:5.1f}  {inf[:60]}")
     if bench.problems:
         lines.append("")
         lines.append("stripefs logs contain warnings/errors:")

@@ -23,6 +23,7 @@ import random
 import shutil
 import sys
 import tarfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import Pool
@@ -33,6 +34,9 @@ import xxhash
 GEN_VERSION = 1
 WIDTH, HEIGHT, QUALITY = 500, 375, 90
 NOISE = (0.30, 0.45)  # blend weight of the noise: ~99..118 KiB per file at quality 90
+
+#: set by the benchmark's supervisor (Ctrl-C, timeout): generation and copies stop at the next file
+cancel = threading.Event()
 
 
 def _progress(msg: str) -> None:
@@ -49,6 +53,8 @@ class Bar:
         self.shown = -1
 
     def add(self, n: int = 1) -> None:
+        if cancel.is_set():
+            raise InterruptedError(f"{self.label}: cancelled")
         self.done += n
         pct = self.done * 100 // self.total
         if self.tty:
