@@ -37,10 +37,10 @@ local = this process and its children. Mount RSS = VmHWM of the mount process
 Every sample is checked (length and xxh3 against the generator's manifest;
 decoded shapes); a mismatch aborts the run (exit 1). Targets from issue 4 are
 printed as PASS/BELOW; --strict exits 2 if one is below. --profile runs one
-more cold raw epoch (and one with prefetch) on the mount under `py-spy record`
-(not timed) and prints the mount's top functions. The cluster is always
-stopped and unmounted (Ctrl-C, SIGTERM, a phase past --phase-timeout). See
-bench/README.md.
+more cold raw epoch (and one with prefetch) with `py-spy record` attached to
+the mount, the metadata daemon and storage node 1 (not timed) and prints their
+top functions. The cluster is always stopped and unmounted (Ctrl-C, SIGTERM,
+a phase past --phase-timeout). See bench/README.md.
 """
 
 from __future__ import annotations
@@ -395,7 +395,8 @@ class Bench:
         sampler_cls, why = prefetch_sampler_class()
         variants = [("raw", None)] + ([("prefetch", sampler_cls)] if sampler_cls else [])
         for name, cls in variants:
-            progress(f"profiling the mount and the metadata daemon during a cold {name} epoch (not timed)")
+            progress(f"profiling the mount, the metadata daemon and storage node 1 during a cold {name} epoch "
+                     "(not timed)")
             self.cold("both")
             ds = loaders.ImageTree(self.root("stripefs") / "tree", "raw")
             sampler = loaders.random_sampler(ds, a.seed * 1000 + 7)
@@ -403,11 +404,12 @@ class Bench:
                 sampler = cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead)
             RESULTS.mkdir(parents=True, exist_ok=True)
             self.set_phase(f"stripefs: profiled {name} epoch")
-            outs = {proc: RESULTS / f"dataloader-profile-{name}-{proc}.txt" for proc in ("mount", "meta")}
+            outs = {proc: RESULTS / f"dataloader-profile-{name}-{proc}.txt" for proc in ("mount", "meta", "storage-1")}
             for out in outs.values():
                 out.unlink(missing_ok=True)
+            native = ["--native"] if a.profile_native else []
             self.spies = [subprocess.Popen([exe, "record", "--pid", str(self.cluster.pids[proc]), "--rate", "100",
-                                            "--format", "raw", "--output", str(out)],
+                                            "--format", "raw", *native, "--output", str(out)],
                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                            start_new_session=True)  # its own session: a Ctrl-C is ours to pass on
                           for proc, out in outs.items()]
@@ -442,7 +444,9 @@ class Bench:
 IDLE_LEAVES = {"get_events", "_epoll_wait", "epoll_wait", "wait", "select", "poll", "sleep", "_wait_for_tstate_lock",
                "accept", "_work"}  # _work: trio's idle worker threads
 ROOT_CHAIN = ("<frozen runpy>", "stripefs/__main__.py", "stripefs/cli.py", "main (client/mount.py)",
-              "_serve (client/mount.py)", "main (daemon/cli.py)", "_serve (daemon/cli.py)", "run (trio/_core/_run.py)", "unrolled_run (trio/_core/_run.py)")
+              "_serve (client/mount.py)", "main (daemon/cli.py)", "_serve (daemon/cli.py)",
+              "main (storage_node/cli.py)", "_run (storage_node/cli.py)", "run (trio/_core/_run.py)",
+              "unrolled_run (trio/_core/_run.py)")
 
 
 def summarise_profile(path: Path, wall: float, top: int = 15) -> dict:
@@ -464,7 +468,8 @@ def summarise_profile(path: Path, wall: float, top: int = 15) -> dict:
         if not frames:
             continue
         total += n
-        if frames[-1].split(" (")[0].rsplit(".", 1)[-1] in IDLE_LEAVES:
+        py = [f for f in frames if ".py)" in f or "<frozen" in f]  # with --native: the innermost Python frame
+        if (py or frames)[-1].split(" (")[0].rsplit(".", 1)[-1] in IDLE_LEAVES:
             continue
         busy += n
         self_c[frames[-1]] += n
@@ -603,9 +608,9 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
             lines.append(f"profile ({name}): {prof['error']}")
             continue
         idle = 100 - 100 * prof["busy_samples"] / prof["samples"] if prof["samples"] else 0
-        proc = name.rsplit("-", 1)[1]
-        lines.append(f"{proc} profile, cold {name.rsplit('-', 1)[0]} epoch ({prof['epoch_s']}s, {prof['samples']} py-spy samples, "
-                     f"{idle:.0f}% of them waiting in epoll/locks; {prof['file']})")
+        variant, proc = name.split("-", 1)
+        lines.append(f"{proc} profile, cold {variant} epoch ({prof['epoch_s']}s, {prof['samples']} py-spy samples, "
+                     f"{idle:.0f}% of them idle (waiting in epoll or on a lock); {prof['file']})")
         lines.append(f"  % of busy samples: {'self':>5s}  function                                  | "
                      f"{'incl':>5s}  function (leaving out the chain every stack shares)")
         for i in range(max(len(prof["self_pct"]), len(prof["inclusive_pct"]))):
@@ -664,8 +669,10 @@ def main(argv=None) -> int:
     ap.add_argument("--phase-timeout", type=float, default=600,
                     help="abort (and tear down) if one phase takes longer, seconds (default 600)")
     ap.add_argument("--profile", action="store_true",
-                    help="afterwards, record the mount with py-spy during one more cold raw epoch (and one with "
-                         "prefetch), not timed; raw profiles go to bench/results/dataloader-profile-*.txt")
+                    help="afterwards, record mount, meta and storage node 1 with py-spy during one more cold "
+                         "raw epoch (and one with prefetch), not timed; raw profiles go to bench/results/dataloader-profile-*.txt")
+    ap.add_argument("--profile-native", action="store_true",
+                    help="with --profile: py-spy --native (C frames too: syscalls, Cython, libzmq; fewer samples)")
     ap.add_argument("--py-spy", default=None, help="py-spy executable for --profile (default: py-spy on PATH)")
     ap.add_argument("--json", default=str(RESULTS / "dataloader-latest.json"),
                     help="results file (default bench/results/dataloader-latest.json)")
