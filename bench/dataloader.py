@@ -443,6 +443,7 @@ class Bench:
 
 IDLE_LEAVES = {"get_events", "_epoll_wait", "epoll_wait", "wait", "select", "poll", "sleep", "_wait_for_tstate_lock",
                "accept", "_work"}  # _work: trio's idle worker threads
+IDLE_FRAMES = {"GarbageCollectorThread.run (zmq/utils/garbage.py)"}  # pyzmq's zero-copy reaper, mostly in recv
 ROOT_CHAIN = ("<frozen runpy>", "stripefs/__main__.py", "stripefs/cli.py", "main (client/mount.py)",
               "_serve (client/mount.py)", "main (daemon/cli.py)", "_serve (daemon/cli.py)",
               "main (storage_node/cli.py)", "_run (storage_node/cli.py)", "run (trio/_core/_run.py)",
@@ -469,7 +470,8 @@ def summarise_profile(path: Path, wall: float, top: int = 15) -> dict:
             continue
         total += n
         py = [f for f in frames if ".py)" in f or "<frozen" in f]  # with --native: the innermost Python frame
-        if (py or frames)[-1].split(" (")[0].rsplit(".", 1)[-1] in IDLE_LEAVES:
+        leaf = (py or frames)[-1]
+        if leaf.split(" (")[0].rsplit(".", 1)[-1] in IDLE_LEAVES or leaf in IDLE_FRAMES:
             continue
         busy += n
         self_c[frames[-1]] += n
