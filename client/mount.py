@@ -19,10 +19,12 @@ import errno
 import logging
 import os
 import signal
+import subprocess
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import msgspec
 import pyfuse3
 import trio
 import zmq
@@ -33,14 +35,17 @@ from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.systemd import notify
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
+from .disk_cache import DiskCache
+from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .operations import Operations
+from .prefetch import Prefetcher
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
-_OWN_OPTIONS = {"config"}
+_OWN_OPTIONS = {"config", "dataset", "cache_dir"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="OPT[,OPT...]",
-        help="mount options: FUSE's (allow_other, ro, ...) pass through; config=PATH reads client.toml",
+        help=(
+            "mount options: FUSE's (allow_other, ...) pass through; config=PATH reads client.toml; "
+            "dataset: read-only dataset mode (warm opens are answered by the kernel; "
+            "changes made elsewhere show within seconds); cache_dir=DIR: keep chunk data on a local disk too"
+        ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (for systemd)")
@@ -91,6 +100,12 @@ def main(argv: list[str]) -> int:
     fuse_opts, own = _split_options(args.options)
     config_path = args.config or own.get("config")
     client_cfg = cfg.load(config_path, cfg.ClientConfig) if config_path else cfg.ClientConfig()
+    if "dataset" in own:
+        client_cfg = msgspec.structs.replace(client_cfg, dataset=True)
+    if own.get("cache_dir"):
+        client_cfg = msgspec.structs.replace(client_cfg, disk_cache_dir=own["cache_dir"])
+    if client_cfg.disk_cache_dir and not Path(client_cfg.disk_cache_dir).is_dir():
+        raise QuietError(f"disk cache directory {client_cfg.disk_cache_dir} does not exist; create it first")
     addresses = [a.strip() for a in args.meta.split(",") if a.strip()]
     for a in addresses:
         if not a.startswith(("tcp://", "ipc://")):
@@ -200,7 +215,27 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 readahead_chunks=client_cfg.readahead_chunks,
                 write_parallelism=client_cfg.write_parallelism,
             )
-            ops = Operations(meta, data, attr_timeout=client_cfg.attr_timeout_s, entry_timeout=client_cfg.entry_timeout_s)
+            if client_cfg.disk_cache_dir:
+                data.disk_cache = DiskCache(
+                    client_cfg.disk_cache_dir,
+                    meta.cluster_id,
+                    capacity=client_cfg.disk_cache_size,
+                    min_free=client_cfg.disk_cache_min_free,
+                )
+                await trio.to_thread.run_sync(data.disk_cache.scan)
+            kcache = KernelCache()
+            prefetcher = Prefetcher(meta, data, kcache, parallel=client_cfg.prefetch_parallel)
+            ops = Operations(
+                meta,
+                data,
+                attr_timeout=client_cfg.attr_timeout_s,
+                entry_timeout=client_cfg.entry_timeout_s,
+                cache_timeout=client_cfg.cache_timeout_s,
+                dataset=client_cfg.dataset,
+                kcache=kcache,
+                prefetcher=prefetcher,
+            )
+            prefetcher.on_fetched = ops.prefetched
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             try:
                 pyfuse3.init(ops, mountpoint, options)
@@ -208,8 +243,11 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 raise QuietError(f"cannot mount {mountpoint}: {exc} (is /dev/fuse available, fuse3 installed?)", 3) from None
             try:
                 nursery.start_soon(_signals, name="signals")
-                nursery.start_soon(_tune_kernel, mountpoint, name="tune-kernel")
-                log.info("mounted %s from %s (options %s)", mountpoint, ",".join(addresses), ",".join(sorted(options)))
+                nursery.start_soon(_tune_kernel, mountpoint, client_cfg.max_background, name="tune-kernel")
+                nursery.start_soon(kcache.follow, ctx, meta.events_address, name="change-feed")
+                nursery.start_soon(prefetcher.run, name="prefetch")
+                mode = "dataset mode (read-only), " if client_cfg.dataset else ""
+                log.info("mounted %s from %s (%soptions %s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)))
                 notify("READY=1")
                 _report(ready_fd, "ok")
                 await pyfuse3.main()
@@ -226,29 +264,61 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
 READ_AHEAD_KB = 4096
 
 
-async def _tune_kernel(mountpoint: str) -> None:
-    # The kernel sets read-ahead from the FUSE INIT reply, so change it only after
-    # INIT: a stat() of the root from a thread returns once the loop has answered it.
+#: where the fusectl file system shows each FUSE connection's tunables
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+async def _tune_kernel(mountpoint: str, max_background: int) -> None:
+    # The kernel sets read-ahead and max_background from the FUSE INIT reply, so change
+    # them only after INIT: a stat() of the root from a thread returns once the loop has
+    # answered it.
     await trio.to_thread.run_sync(os.stat, mountpoint)
-    _raise_readahead(mountpoint)
+    device = _device_of(mountpoint)
+    if device is None:
+        log.warning("%s is not in /proc/self/mountinfo; kernel settings left at their defaults", mountpoint)
+        return
+    _raise_readahead(mountpoint, device)
+    await trio.to_thread.run_sync(_raise_max_background, device, max_background)
 
 
-def _raise_readahead(mountpoint: str) -> None:
-    """Raise the mount's backing-device read-ahead (/sys/class/bdi/MAJ:MIN/read_ahead_kb).
+def _device_of(mountpoint: str) -> str | None:
+    """MAJ:MIN of the mount, from /proc/self/mountinfo (stat() on it would wait for this very process)."""
+    with open("/proc/self/mountinfo") as f:
+        devices = [line.split()[2] for line in f if line.split()[4] == mountpoint]
+    return devices[-1] if devices else None
 
-    The device number comes from /proc/self/mountinfo: stat() on the mountpoint
-    would wait for this very process to answer.
-    """
+
+def _raise_readahead(mountpoint: str, device: str) -> None:
+    """Raise the mount's backing-device read-ahead (/sys/class/bdi/MAJ:MIN/read_ahead_kb)."""
     try:
-        with open("/proc/self/mountinfo") as f:
-            devices = [line.split()[2] for line in f if line.split()[4] == mountpoint]
-        if not devices:
-            raise OSError(f"{mountpoint} not in /proc/self/mountinfo")
-        with open(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb", "w") as f:
+        with open(f"/sys/class/bdi/{device}/read_ahead_kb", "w") as f:
             f.write(str(READ_AHEAD_KB))
-        log.debug("read-ahead of %s (bdi %s) set to %d KiB", mountpoint, devices[-1], READ_AHEAD_KB)
+        log.debug("read-ahead of %s (bdi %s) set to %d KiB", mountpoint, device, READ_AHEAD_KB)
     except OSError as exc:
         log.warning("cannot raise the kernel read-ahead of %s (sequential reads will be slower): %s", mountpoint, exc)
+
+
+def _raise_max_background(device: str, max_background: int) -> None:
+    """Let the kernel keep more requests in flight: max_background and congestion_threshold.
+
+    pyfuse3 cannot set them at INIT; the fusectl file system can, per connection
+    (named by the device minor). It is mounted at /sys/fs/fuse/connections when absent.
+    """
+    conn = os.path.join(FUSECTL, device.split(":")[1])
+    try:
+        if not os.path.isdir(conn):
+            if not os.path.ismount(FUSECTL):
+                subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], check=True, capture_output=True, text=True)
+            if not os.path.isdir(conn):
+                raise OSError(f"{conn} does not exist")
+        with open(os.path.join(conn, "max_background"), "w") as f:
+            f.write(str(max_background))
+        with open(os.path.join(conn, "congestion_threshold"), "w") as f:
+            f.write(str(max_background * 3 // 4))
+        log.debug("fuse connection %s: max_background %d, congestion_threshold %d", conn, max_background, max_background * 3 // 4)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) else exc
+        log.warning("cannot raise max_background through %s (parallel reads will queue in the kernel): %s", FUSECTL, detail)
 
 
 async def _signals() -> None:

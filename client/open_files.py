@@ -60,8 +60,6 @@ class OpenFile:
     inflight: int = 0
     idle: trio.Event = field(default_factory=trio.Event)
     write_error: BaseException | None = None
-    #: end of the last read, to detect sequential readers
-    last_read_end: int = -1
     write_slots: trio.Semaphore | None = None
 
     def __post_init__(self) -> None:

@@ -20,6 +20,27 @@ Cold small-file reads cost one metadata and one storage round trip.
 
 If the data changed since the kernel's pages were filled (the last open here),
 the page cache is dropped (``keep_cache`` False).
+
+Long kernel caching (client/kernel_cache.py)
+--------------------------------------------
+While the daemon's change feed is healthy, directory and symlink names and all
+attributes are cached for ``cache_timeout_s`` and dropped explicitly when they
+change elsewhere. Regular-file names stay at 0 s in the default mode (above).
+
+Dataset mode (``-o dataset``): a read-only mount for training data
+-------------------------------------------------------------------
+Every name and attribute is cached for ``cache_timeout_s`` while the feed is
+healthy; ``open`` is answered from the lookup's open information without a
+round trip and always keeps the page cache (the feed drops pages of files
+that change); ``flush`` answers ENOSYS, after which the kernel stops sending it
+for the connection. So a warm epoch costs Python one OPEN and one RELEASE per
+file, and no network at all. A change made elsewhere becomes visible within the
+feed's bound (kernel_cache.py: 3 s plus delivery), not at the next open.
+Writes of any kind answer EROFS.
+
+Sampler-order prefetch: ``setxattr(DIR, "user.stripefs.prefetch", PATHS)`` with
+newline-separated paths relative to DIR queues those files for prefetch
+(client/prefetch.py, stripefs.torch.PrefetchSampler).
 """
 
 from __future__ import annotations
@@ -37,14 +58,20 @@ import trio
 
 from ..common import protocol as p
 from ..common.errors import StripefsError
+from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
+from .prefetch import Prefetcher
+from .readahead import ReadStream
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
 
 #: an open may use a LOOKUP's answer this young instead of asking the daemon again
 OPEN_INFO_FRESH_S = 1.0
+
+#: dataset mode: open information kept per inode (until the feed says it changed)
+DATASET_OPEN_INFO_ENTRIES = 262_144
 
 
 def _fuse_errors(fn):
@@ -77,14 +104,33 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, meta: MetaClient, data: DataPath, *, attr_timeout: float, entry_timeout: float):
+    def __init__(
+        self,
+        meta: MetaClient,
+        data: DataPath,
+        *,
+        attr_timeout: float,
+        entry_timeout: float,
+        cache_timeout: float = 0.0,
+        dataset: bool = False,
+        kcache: KernelCache | None = None,
+        prefetcher: Prefetcher | None = None,
+    ):
         super().__init__()
         self.meta = meta
         self.data = data
         self.attr_timeout = attr_timeout
         self.entry_timeout = entry_timeout
+        self.cache_timeout = max(cache_timeout, attr_timeout, entry_timeout)
+        self.dataset = dataset
+        self.kcache = kcache or KernelCache()
+        self.kcache.on_change = self._changed_elsewhere
+        self.prefetcher = prefetcher
+        # dataset mode: ino -> OpenRsp, kept until the feed says the file changed
+        self._dataset_info: OrderedDict[int, p.OpenRsp] = OrderedDict()
         self.files: dict[int, OpenFile] = {}  # ino -> open file state
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
+        self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
         # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
         self._kernel_view: dict[int, tuple[int, int]] = {}
@@ -96,15 +142,19 @@ class Operations(pyfuse3.Operations):
 
     # ---------------------------------------------------------------- helpers
 
-    def _entry(self, attr: p.Attr) -> pyfuse3.EntryAttributes:
+    def _entry(self, attr: p.Attr, *, cacheable: bool = True) -> pyfuse3.EntryAttributes:
+        """The kernel's entry for ``attr``; ``cacheable`` False: the answer may already be old."""
         of = self.files.get(attr.ino)
         size = max(attr.size, of.size) if of is not None else attr.size
         e = pyfuse3.EntryAttributes()
         e.st_ino = attr.ino
         e.generation = attr.generation
-        # regular files: 0, so that every open() looks the file up (close-to-open, above)
-        e.entry_timeout = 0 if stat.S_ISREG(attr.mode) else self.entry_timeout
-        e.attr_timeout = self.attr_timeout
+        long = self.cache_timeout if cacheable and self.kcache.healthy else 0.0
+        if stat.S_ISREG(attr.mode) and not self.dataset:
+            e.entry_timeout = 0  # every open() looks the file up (close-to-open, above)
+        else:
+            e.entry_timeout = long or (self.entry_timeout if cacheable else 0)
+        e.attr_timeout = long or (self.attr_timeout if cacheable else 0)
         e.st_mode = attr.mode
         e.st_nlink = attr.nlink
         e.st_uid = attr.uid
@@ -132,8 +182,44 @@ class Operations(pyfuse3.Operations):
         return list(self.files.keys() | self._open_info.keys())
 
     async def _attr_reply(self, request: p.Msg) -> pyfuse3.EntryAttributes:
+        stamp = self.kcache.stamp()
         rsp = await self.meta.call(request)
-        return self._entry(rsp.attr)
+        return self._entry(rsp.attr, cacheable=not self.kcache.changed_since(stamp, rsp.attr.ino))
+
+    async def _new_name(self, parent: int, name: bytes, request: p.Msg) -> pyfuse3.EntryAttributes:
+        self._writable()
+        entry = await self._attr_reply(request)
+        self.kcache.remember(parent, name, entry.st_ino)
+        return entry
+
+    def _writable(self) -> None:
+        if self.dataset:
+            raise pyfuse3.FUSEError(errno.EROFS)
+
+    def _changed_elsewhere(self, inodes) -> None:
+        """The change feed says these inodes changed (None: anything may have)."""
+        if inodes is None:
+            self._open_info.clear()
+            self._dataset_info.clear()
+            self._kernel_view.clear()
+            return
+        for ino in inodes:
+            self._open_info.pop(ino, None)
+            self._dataset_info.pop(ino, None)
+            self._kernel_view.pop(ino, None)
+
+    def _keep_dataset_info(self, rsp: p.OpenRsp) -> None:
+        self._dataset_info[rsp.attr.ino] = rsp
+        self._dataset_info.move_to_end(rsp.attr.ino)
+        if len(self._dataset_info) > DATASET_OPEN_INFO_ENTRIES:
+            self._dataset_info.popitem(last=False)
+
+    def prefetched(self, rsp: p.OpenRsp, in_page_cache: bool) -> None:
+        """The prefetcher fetched this file (and pushed it into the page cache)."""
+        if in_page_cache:
+            self._kernel_view[rsp.attr.ino] = (rsp.attr.mtime_ns, rsp.attr.size)
+        if self.dataset:
+            self._keep_dataset_info(rsp)
 
     # -------------------------------------------------------------- namespace
 
@@ -142,24 +228,31 @@ class Operations(pyfuse3.Operations):
         # open information costs the daemon a little: ask for it unless this process
         # looked its last file up without opening it (``du`` and ``find`` do that)
         want_open_info = previous is None or previous[1]
+        stamp = self.kcache.stamp()
         rsp = await self.meta.call(
             p.LookupReq(parent=parent_inode, name=name, open_info=want_open_info, session_id=self.meta.session_id)
         )
+        ino = rsp.attr.ino
+        cacheable = not self.kcache.changed_since(stamp, parent_inode, ino)
         if len(self._last_lookup) > 4096:
             self._last_lookup.clear()
-        self._last_lookup[ctx.pid] = (rsp.attr.ino, False)
+        self._last_lookup[ctx.pid] = (ino, False)
         # only the newest lookup's answer may stand in for an OpenReq
-        self._open_info.pop(rsp.attr.ino, None)
+        self._open_info.pop(ino, None)
         if isinstance(rsp, p.OpenRsp):
-            self._open_info[rsp.attr.ino] = (trio.current_time(), rsp)
+            self._open_info[ino] = (trio.current_time(), rsp)
+            if self.dataset and cacheable:
+                self._keep_dataset_info(rsp)
             if previous is not None:  # it opened what it looked up before: a reader walking its file list
                 self.data.prefetch_small_file(rsp)  # fetch while the kernel sends OPEN and READ
-        return self._entry(rsp.attr)
+        self.kcache.remember(parent_inode, name, ino)
+        return self._entry(rsp.attr, cacheable=cacheable)
 
     async def getattr(self, inode, ctx=None):
         return await self._attr_reply(p.GetattrReq(ino=inode))
 
     async def setattr(self, inode, attr, fields, fh, ctx):
+        self._writable()
         self._open_info.pop(inode, None)  # whatever a lookup said before this change is old now
         result = None
         if fields.update_size:
@@ -187,24 +280,30 @@ class Operations(pyfuse3.Operations):
         return rsp.target
 
     async def mknod(self, parent_inode, name, mode, rdev, ctx):
-        return await self._attr_reply(p.MknodReq(parent=parent_inode, name=name, mode=mode, rdev=rdev, uid=ctx.uid, gid=ctx.gid))
+        request = p.MknodReq(parent=parent_inode, name=name, mode=mode, rdev=rdev, uid=ctx.uid, gid=ctx.gid)
+        return await self._new_name(parent_inode, name, request)
 
     async def mkdir(self, parent_inode, name, mode, ctx):
-        return await self._attr_reply(p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid))
+        request = p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid)
+        return await self._new_name(parent_inode, name, request)
 
     async def symlink(self, parent_inode, name, target, ctx):
-        return await self._attr_reply(p.SymlinkReq(parent=parent_inode, name=name, target=target, uid=ctx.uid, gid=ctx.gid))
+        request = p.SymlinkReq(parent=parent_inode, name=name, target=target, uid=ctx.uid, gid=ctx.gid)
+        return await self._new_name(parent_inode, name, request)
 
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        return await self._attr_reply(p.LinkReq(ino=inode, new_parent=new_parent_inode, new_name=new_name))
+        return await self._new_name(new_parent_inode, new_name, p.LinkReq(ino=inode, new_parent=new_parent_inode, new_name=new_name))
 
     async def unlink(self, parent_inode, name, ctx):
+        self._writable()
         await self.meta.call(p.UnlinkReq(parent=parent_inode, name=name))
 
     async def rmdir(self, parent_inode, name, ctx):
+        self._writable()
         await self.meta.call(p.RmdirReq(parent=parent_inode, name=name))
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        self._writable()
         await self.meta.call(
             p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
         )
@@ -215,10 +314,15 @@ class Operations(pyfuse3.Operations):
     async def readdir(self, fh, start_id, token):
         after = start_id
         while True:
+            stamp = self.kcache.stamp()
             rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000))
+            stale_dir = self.kcache.changed_since(stamp, fh)
             for entry in rsp.entries:
-                if not pyfuse3.readdir_reply(token, entry.name, self._entry(entry.attr), entry.cookie):
+                ino = entry.attr.ino
+                cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
+                if not pyfuse3.readdir_reply(token, entry.name, self._entry(entry.attr, cacheable=cacheable), entry.cookie):
                     return
+                self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
                 after = entry.cookie
             if not rsp.more:
                 return
@@ -238,9 +342,17 @@ class Operations(pyfuse3.Operations):
         return s
 
     async def setxattr(self, inode, name, value, ctx):
+        if name == p.PREFETCH_XATTR:
+            if self.prefetcher is None:
+                raise pyfuse3.FUSEError(errno.ENOTSUP)
+            self.prefetcher.submit(inode, value)
+            return
+        self._writable()
         await self.meta.call(p.SetxattrReq(ino=inode, name=name, value=value))
 
     async def getxattr(self, inode, name, ctx):
+        if name == p.PREFETCH_XATTR and self.prefetcher is not None:
+            return self.prefetcher.report().encode()
         rsp = await self.meta.call(p.GetxattrReq(ino=inode, name=name))
         return rsp.value
 
@@ -249,6 +361,7 @@ class Operations(pyfuse3.Operations):
         return rsp.names
 
     async def removexattr(self, inode, name, ctx):
+        self._writable()
         await self.meta.call(p.RemovexattrReq(ino=inode, name=name))
 
     # ------------------------------------------------------------------ files
@@ -258,6 +371,7 @@ class Operations(pyfuse3.Operations):
         self._next_fh += 1
         of.open_count += 1
         self.handles[fh] = of
+        self.streams[fh] = ReadStream()
         return fh
 
     async def _opened(self, rsp: p.OpenRsp, *, fresh_attrs: bool = False) -> tuple[OpenFile, bool]:
@@ -284,6 +398,8 @@ class Operations(pyfuse3.Operations):
     async def open(self, inode, flags, ctx):
         if self._last_lookup.get(ctx.pid, (0,))[0] == inode:
             self._last_lookup[ctx.pid] = (inode, True)
+        if self.dataset:
+            return await self._open_dataset(inode, flags)
         rsp = self._fresh_open_info(inode)
         if rsp is None:
             write = bool(flags & (os.O_WRONLY | os.O_RDWR))
@@ -291,24 +407,53 @@ class Operations(pyfuse3.Operations):
             of, keep = await self._opened(rsp)
         else:
             of, keep = await self._opened(rsp, fresh_attrs=True)  # the LOOKUP just gave the kernel these attributes
+        if flags & os.O_TRUNC and of.size:
+            # libfuse negotiates atomic O_TRUNC: the kernel sends no SETATTR, the open truncates
+            self._open_info.pop(inode, None)
+            await self.data.truncate(of, 0)
+            keep = False
         return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
 
+    async def _open_dataset(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+        """Dataset mode: no round trip when the open information is known; the page cache always stays."""
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        rsp = self._dataset_info.get(inode) or self._fresh_open_info(inode)
+        if rsp is None:
+            stamp = self.kcache.stamp()
+            rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id))
+            if not self.kcache.changed_since(stamp, inode):
+                self._keep_dataset_info(rsp)
+        self.data.nodes.learn(rsp.nodes)
+        of = self.files.get(inode)
+        if of is None:
+            of = self.files[inode] = OpenFile(inode, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
+        elif of.attr != rsp.attr:
+            of.refresh(rsp)
+        return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=True)
+
     async def create(self, parent_inode, name, mode, flags, ctx):
+        self._writable()
         rsp = await self.meta.call(
             p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id)
         )
         of, _ = await self._opened(rsp, fresh_attrs=True)
         fh = self._new_handle(of)
+        self.kcache.remember(parent_inode, name, rsp.attr.ino)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr)
 
     async def read(self, fh, off, size):
-        return await self.data.read(self.handles[fh], off, size)
+        return await self.data.read(self.handles[fh], off, size, self.streams[fh])
 
     async def write(self, fh, off, buf):
+        self._writable()
         await self.data.write(self.handles[fh], off, buf)
         return len(buf)
 
     async def flush(self, fh):
+        if self.dataset:
+            # nothing to commit on a read-only mount; ENOSYS stops FLUSH for good (connection-wide)
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         of = self.handles[fh]
         if of.has_unflushed or of.size != of.attr.size:
             self._open_info.pop(of.ino, None)
@@ -320,6 +465,7 @@ class Operations(pyfuse3.Operations):
 
     async def release(self, fh):
         of = self.handles.pop(fh)
+        del self.streams[fh]
         of.open_count -= 1
         if of.open_count:
             return
@@ -337,6 +483,8 @@ class Operations(pyfuse3.Operations):
     async def forget(self, inode_list):
         for ino, _ in inode_list:
             self._kernel_view.pop(ino, None)
+            self._dataset_info.pop(ino, None)
+            self.kcache.forget(ino)
 
 
 def _invalidate_attr(ino: int) -> None:

@@ -5,8 +5,9 @@ Reads
     chunk is fetched whole from one replica (tried in rotated order, suspects
     last, failing over on timeout, STALE, CORRUPT or a missing copy) into the
     chunk cache, so the kernel's 1 MiB requests within one chunk cost one
-    network read. A sequential reader triggers prefetch of the next
-    ``readahead_chunks`` chunks; chunks of one read are fetched in parallel.
+    network read. A sequential reader keeps a window of chunks fetched ahead
+    of it, growing up to ``readahead_chunks`` (client/readahead.py); chunks of
+    one read are fetched in parallel.
     A chunk never written (no placement, or version 0) reads as zeros.
 
 Writes
@@ -35,8 +36,10 @@ from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_extents
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
+from .disk_cache import DiskCache
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
+from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +63,12 @@ class DataPath:
         self.nursery = nursery
         self.readahead_chunks = readahead_chunks
         self.write_parallelism = write_parallelism
+        self.disk_cache: DiskCache | None = None  # set by the mount when configured
 
     # ------------------------------------------------------------------ reads
 
-    async def read(self, of: OpenFile, offset: int, length: int) -> bytes | memoryview:
+    async def read(self, of: OpenFile, offset: int, length: int, stream: ReadStream | None = None) -> bytes | memoryview:
+        """Bytes [offset, offset+length) of the file; ``stream``: the handle's read-ahead state."""
         end = min(offset + length, of.size)
         if end <= offset:
             return b""
@@ -80,8 +85,7 @@ class DataPath:
                         of.end_io()
             await of.idle.wait()
             self._raise_write_error(of)
-        sequential = offset == of.last_read_end or offset == 0
-        of.last_read_end = end
+        ahead = stream.advance(offset, end, of.chunk_size, self.readahead_chunks) if stream is not None else 0
         if len(extents) == 1:
             ext = extents[0]
             out = _piece(await self._chunk_bytes(of, ext.index), ext.offset, ext.length)
@@ -95,9 +99,10 @@ class DataPath:
                 for i, ext in enumerate(extents):
                     nursery.start_soon(fetch, i, ext)
             out = b"".join(parts)
-        if sequential and self.readahead_chunks:
+        if ahead:
+            ahead = min(ahead, max(1, self.cache.budget // 4 // of.chunk_size))
             last = extents[-1].index
-            for index in range(last + 1, last + 1 + self.readahead_chunks):
+            for index in range(last + 1, last + 1 + ahead):
                 if index * of.chunk_size >= of.size:
                     break
                 ref = of.chunks.get(index)
@@ -140,6 +145,18 @@ class DataPath:
         self.nursery.start_soon(fetch, name=f"prefetch-{info.attr.ino}")
 
     async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
+        """Read a whole chunk: the disk cache, else the network (and fill the disk cache)."""
+        key = (ino, ref.index, ref.version)
+        if self.disk_cache is not None:
+            data = await self.disk_cache.get(key)
+            if data is not None:
+                return data
+        data = await self._read_chunk_from_nodes(ino, ref, length, quiet=quiet)
+        if self.disk_cache is not None:
+            self.disk_cache.put_soon(self.nursery, key, data)
+        return data
+
+    async def _read_chunk_from_nodes(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
         """Read a whole chunk from the first replica that has it. ``quiet``: a prefetch, whose failure is no error."""
         chunk = p.ChunkId(ino, ref.index)
         order = self.nodes.order(ref.nodes, start=ino + ref.index)

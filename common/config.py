@@ -38,6 +38,7 @@ class MetaConfig(_Config):
     node_timeout_s: float = 10.0  # a storage node silent this long is declared down
     session_lease_s: float = 15.0  # a mount silent this long loses its open files
     group_commit_ms: float = 0.0  # extra wait before a commit; changes arriving during an fsync share the next one anyway
+    events_listen: str = ""  # the change feed mounts subscribe to (PUB); default: listen's interface, a free port
     chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
     stripe_count: int = 4
     redundancy: str = "replicas=2"
@@ -68,11 +69,18 @@ class StorageConfig(_Config):
 class ClientConfig(_Config):
     meta: list[str] = msgspec.field(default_factory=lambda: ["tcp://127.0.0.1:7100"])
     rpc_timeout_s: float = 10.0
-    cache_size: Size = Size(256 << 20)  # memory for chunk data read ahead / recently read
-    readahead_chunks: int = 2  # chunks fetched ahead of a sequential reader
+    cache_size: Size = Size(1 << 30)  # memory for chunk data read ahead / prefetched / recently read
+    readahead_chunks: int = 8  # most chunks a sequential reader's window grows to (from 1, doubling)
     write_parallelism: int = 4  # chunks being written to storage at once per file
-    attr_timeout_s: float = 1.0
-    entry_timeout_s: float = 1.0
+    attr_timeout_s: float = 1.0  # kernel attribute cache while the change feed is down
+    entry_timeout_s: float = 1.0  # kernel name cache while the change feed is down
+    cache_timeout_s: float = 300.0  # kernel name/attribute cache while the change feed is healthy
+    dataset: bool = False  # read-only dataset mode (also -o dataset): see client/operations.py
+    prefetch_parallel: int = 16  # files fetched at once by sampler-order prefetch
+    max_background: int = 64  # FUSE requests the kernel keeps in flight (fusectl); the kernel default is 12
+    disk_cache_dir: str = ""  # a local disk cache of chunk data (e.g. on NVMe); empty: none (also -o cache_dir=)
+    disk_cache_size: Size = Size(64 << 30)  # most bytes the disk cache holds
+    disk_cache_min_free: Size = Size(4 << 30)  # the disk cache stops growing when its file system has less free
 
 
 C = TypeVar("C", bound=_Config)
@@ -119,6 +127,7 @@ data_dir = "/var/lib/stripefs/meta"  # the SQLite database (WAL) lives here
 node_timeout_s = 10.0                # storage node declared down after this much silence
 session_lease_s = 15.0               # a mount's open files are released after this much silence
 group_commit_ms = 0.0                # extra wait before each commit; changes arriving during an fsync share the next one
+events_listen = "tcp://0.0.0.0:7102" # change feed (PUB) that keeps every mount's kernel cache true; default: a free port
 # layout of the root directory; new directories inherit their parent's
 chunk_size = "4M"
 stripe_count = 4
@@ -142,11 +151,18 @@ io_threads = 8
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
 meta = ["tcp://meta.example:7100"]   # overridden by META_ADDR on the command line
 rpc_timeout_s = 10.0
-cache_size = "256M"                  # memory for chunks read ahead and recently read
-readahead_chunks = 2                 # chunks fetched ahead of a sequential reader
+cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
+readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
 write_parallelism = 4                # chunks in flight to storage per file being written
-attr_timeout_s = 1.0                 # kernel attribute cache lifetime
-entry_timeout_s = 1.0                # kernel name cache lifetime
+attr_timeout_s = 1.0                 # kernel attribute cache lifetime while the change feed is down
+entry_timeout_s = 1.0                # kernel name cache lifetime while the change feed is down
+cache_timeout_s = 300.0              # ... while the feed is healthy (changes elsewhere invalidate at once)
+dataset = false                      # read-only dataset mode: warm opens never leave the kernel (or -o dataset)
+prefetch_parallel = 16               # files fetched at once by sampler-order prefetch (stripefs.torch)
+max_background = 64                  # FUSE requests in flight (set through /sys/fs/fuse/connections)
+disk_cache_dir = ""                  # e.g. "/nvme/stripefs-cache": chunk data kept across remounts; "" = none
+disk_cache_size = "64G"              # most bytes the disk cache holds
+disk_cache_min_free = "4G"           # stop caching when the disk has less than this free
 ''',
 }
 

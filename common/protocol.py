@@ -305,6 +305,9 @@ class HelloRsp(Msg, tag="hello_rsp"):
     lease_s: float  # send SessionHeartbeatReq at least this often
     boot_id: str  # changes when the daemon restarts
     root_ino: int = 1
+    events_port: int = 0  # the daemon's change feed (PUB), on the host of its address; 0: none
+    events_seq: int = 0  # the last change event published before this reply
+    cluster_id: str = ""  # fixed when the metadata database is created (names the mount's disk cache)
 
 
 class SessionHeartbeatReq(Msg, tag="session_heartbeat"):
@@ -327,6 +330,22 @@ class LookupReq(Msg, tag="lookup"):
     name: bytes
     open_info: bool = False
     session_id: int = 0
+
+
+class LookupPathsReq(Msg, tag="lookup_paths"):
+    """Resolve many paths (relative to ``root``) at once: sampler-order prefetch.
+
+    Reply: LookupPathsRsp with one entry per path: the OpenRsp of a regular
+    file, or None (missing, not a regular file, not resolvable). Nothing joins
+    the session's open set: a prefetch of a file deleted meanwhile just fails.
+    """
+
+    root: int
+    paths: list[bytes]
+
+
+class LookupPathsRsp(Msg, tag="lookup_paths_rsp"):
+    files: list[Union[OpenRsp, None]]
 
 
 class GetattrReq(Msg, tag="getattr"):
@@ -584,6 +603,60 @@ class StatusRsp(Msg, tag="status_rsp"):
     logical_bytes: int
     sessions: int
     boot_id: str
+
+
+# --------------------------------------------------------------------------
+# Metadata daemon -> mounts: the change feed (ZeroMQ PUB/SUB, not a request)
+# --------------------------------------------------------------------------
+
+
+class ChangeEvent(msgspec.Struct, frozen=True, array_like=True):
+    """One frame on the daemon's PUB socket (client/kernel_cache.py applies it).
+
+    ``seq`` numbers the changes of one daemon boot: 1, 2, 3... A heartbeat
+    (every ``EVENTS_HEARTBEAT_S``) repeats the last ``seq`` with no changes.
+    PUB/SUB drops messages silently (high-water marks, reconnects), so a mount
+    that sees a ``seq`` other than last+1 (or last, for a heartbeat), another
+    ``boot_id``, or nothing for ``EVENTS_SILENCE_S`` drops everything the
+    kernel caches of the namespace instead of trusting it.
+    """
+
+    boot_id: str
+    seq: int
+    inodes: list[int]  # attributes or data changed
+    entries: list[tuple[int, bytes]]  # (parent, name) names created, removed or renamed
+
+
+EVENTS_HEARTBEAT_S = 1.0
+EVENTS_SILENCE_S = 3.0
+
+_event_decoder = msgspec.msgpack.Decoder(ChangeEvent)
+
+
+def encode_event(event: ChangeEvent) -> bytes:
+    return msgspec.msgpack.encode((PROTOCOL_VERSION, event))
+
+
+def decode_event(frame: bytes) -> ChangeEvent:
+    """Raises ProtocolError on anything but a ChangeEvent of this protocol version."""
+    from .errors import ErrorCode
+
+    try:
+        version, raw = msgspec.msgpack.decode(frame, type=tuple[int, msgspec.Raw])
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(ErrorCode.VERSION_MISMATCH, f"change event of protocol version {version}")
+        return _event_decoder.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"undecodable change event: {exc}") from None
+
+
+# --------------------------------------------------------------------------
+# Applications -> the mount: the prefetch control xattr
+# --------------------------------------------------------------------------
+
+#: ``setxattr(DIR, PREFETCH_XATTR, b"\n".join(paths))`` queues files (paths relative to DIR)
+#: for prefetch; ``getxattr`` reports ``pending=N fetched=N stored=N failed=N``. Never stored.
+PREFETCH_XATTR = b"user.stripefs.prefetch"
 
 
 def _messages(suffix: str) -> tuple[type[Msg], ...]:

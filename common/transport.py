@@ -130,12 +130,14 @@ async def open_socket(
     connect: str | None = None,
     hwm: int = 10_000,
 ) -> AsyncIterator[ZmqSocket]:
-    """A ZmqSocket with its pump running; closed (linger 0) on exit."""
+    """A ZmqSocket with its pump running; closed (linger 0) on exit. SUB sockets subscribe to everything."""
     sock = ctx.socket(socket_type)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
-    if socket_type == zmq.DEALER:
+    if socket_type == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+    if socket_type in (zmq.DEALER, zmq.SUB):
         # reconnect quickly after a peer restarts, without hammering a dead one
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)

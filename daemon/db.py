@@ -5,8 +5,10 @@ This docstring is the schema's specification; ``_migrate_1`` is its code.
 Tables
 ------
 ``meta(key TEXT PRIMARY KEY, value)``
-    ``schema_version`` (int, the last migration applied) and ``epoch_hwm``
-    (int: every epoch handed out so far is below it; see namespace.alloc_epoch).
+    ``schema_version`` (int, the last migration applied), ``epoch_hwm``
+    (int: every epoch handed out so far is below it; see namespace.alloc_epoch)
+    and ``cluster_id`` (a random hex string set once, at the first start:
+    mounts name their disk caches with it).
 
 ``inodes``
     ``ino INTEGER PRIMARY KEY AUTOINCREMENT``: AUTOINCREMENT makes SQLite keep

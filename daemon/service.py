@@ -58,6 +58,7 @@ from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
 from .db import DB_NAME, open_database
+from .events import ChangeFeed
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
 from .store import SqliteStore
@@ -103,6 +104,7 @@ class MetaService:
         self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
         self._gc_wake = trio.Event()
         self._handlers: dict[type, Callable] = {}
+        self.feed: ChangeFeed | None = None
         for cls in P.Request.__args__:
             handler = getattr(self, f"handle_{cls.__struct_config__.tag}", None)
             if handler is not None:
@@ -122,6 +124,10 @@ class MetaService:
         self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s)
         self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
+        self.cluster_id = self.store.get_meta("cluster_id")
+        if self.cluster_id is None:  # a database from before cluster ids, or a new one
+            self.cluster_id = uuid.uuid4().hex
+            self.store.set_meta("cluster_id", self.cluster_id)  # autocommit: outside the service's transaction
         self.store.begin()
         log.info(
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
@@ -136,11 +142,14 @@ class MetaService:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
+                self.feed = ChangeFeed(self.ctx, self._events_address(), self.boot_id)
+                stack.callback(self.feed.close)
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 nursery.start_soon(self._committer, name="meta-committer")
                 nursery.start_soon(self._health_loop, name="meta-health")
                 nursery.start_soon(self._startup_orphan_sweep, name="meta-orphans")
                 nursery.start_soon(self._gc_loop, name="meta-gc")
+                nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
                 task_status.started()
                 await serve(sock, self.handle, concurrency=256, name="meta")
         finally:
@@ -150,6 +159,16 @@ class MetaService:
             if own_ctx:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_path)
+
+    def _events_address(self) -> str:
+        if self.config.events_listen:
+            return self.config.events_listen
+        return self.config.listen.rsplit(":", 1)[0] + ":0"  # same interface, any free port
+
+    def _changed(self, inodes=(), entries=()) -> None:
+        """Tell every mount (the change is durable: called after ``_write`` returned)."""
+        if self.feed is not None:
+            self.feed.changed(inodes, entries)
 
     async def handle(self, body: P.Msg, payloads: list) -> P.Msg:
         handler = self._handlers.get(type(body))
@@ -290,7 +309,14 @@ class MetaService:
 
     async def handle_hello(self, req: P.HelloReq) -> P.Msg:
         sid = self.sessions.hello(req.host, req.pid, req.mountpoint)
-        return P.HelloRsp(session_id=sid, lease_s=self.config.session_lease_s, boot_id=self.boot_id)
+        return P.HelloRsp(
+            session_id=sid,
+            lease_s=self.config.session_lease_s,
+            boot_id=self.boot_id,
+            events_port=self.feed.port if self.feed else 0,
+            events_seq=self.feed.seq if self.feed else 0,
+            cluster_id=self.cluster_id,
+        )
 
     async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:
         await self._release(self.sessions.heartbeat(req.session_id, req.open_inodes))
@@ -333,6 +359,23 @@ class MetaService:
 
         return await self._read(lookup_and_hold)
 
+    async def handle_lookup_paths(self, req: P.LookupPathsReq) -> P.Msg:
+        def resolve_all():
+            files = []
+            for path in req.paths:
+                try:
+                    ino = req.root
+                    for name in filter(None, path.split(b"/")):
+                        ino = self.ns.lookup(ino, name).ino
+                    attr, layout, chunks, nodes = self.ns.open_info(ino)
+                    regular = stat.S_ISREG(attr.mode)
+                    files.append(P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes) if regular else None)
+                except StripefsError:  # missing, or not a regular file
+                    files.append(None)
+            return files
+
+        return P.LookupPathsRsp(files=await self._read(resolve_all))
+
     async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
         return P.AttrRsp(attr=await self._read(self.ns.getattr, req.ino))
 
@@ -343,6 +386,7 @@ class MetaService:
         )
         if req.size is not None:
             self._gc_wake.set()
+        self._changed([req.ino])
         return P.AttrRsp(attr=attr)
 
     async def handle_create(self, req: P.CreateReq) -> P.Msg:
@@ -362,32 +406,44 @@ class MetaService:
             return (*info, epoch)
 
         attr, layout, chunks, nodes, epoch = await self._write(create_and_open)
+        self._changed([req.parent], [(req.parent, req.name)])
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
 
     async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
-        return P.AttrRsp(attr=await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid))
+        attr = await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid)
+        self._changed([req.parent], [(req.parent, req.name)])
+        return P.AttrRsp(attr=attr)
 
     async def handle_mkdir(self, req: P.MkdirReq) -> P.Msg:
-        return P.AttrRsp(attr=await self._write(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid))
+        attr = await self._write(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid)
+        self._changed([req.parent], [(req.parent, req.name)])
+        return P.AttrRsp(attr=attr)
 
     async def handle_symlink(self, req: P.SymlinkReq) -> P.Msg:
-        return P.AttrRsp(attr=await self._write(self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid))
+        attr = await self._write(self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid)
+        self._changed([req.parent], [(req.parent, req.name)])
+        return P.AttrRsp(attr=attr)
 
     async def handle_link(self, req: P.LinkReq) -> P.Msg:
-        return P.AttrRsp(attr=await self._write(self.ns.link, req.ino, req.new_parent, req.new_name))
+        attr = await self._write(self.ns.link, req.ino, req.new_parent, req.new_name)
+        self._changed([req.ino, req.new_parent], [(req.new_parent, req.new_name)])
+        return P.AttrRsp(attr=attr)
 
     async def handle_unlink(self, req: P.UnlinkReq) -> P.Msg:
         await self._write(self.ns.unlink, req.parent, req.name)
         self._gc_wake.set()
+        self._changed([req.parent], [(req.parent, req.name)])
         return P.OkRsp()
 
     async def handle_rmdir(self, req: P.RmdirReq) -> P.Msg:
         await self._write(self.ns.rmdir, req.parent, req.name)
+        self._changed([req.parent], [(req.parent, req.name)])
         return P.OkRsp()
 
     async def handle_rename(self, req: P.RenameReq) -> P.Msg:
         await self._write(self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags)
         self._gc_wake.set()
+        self._changed({req.parent_old, req.parent_new}, [(req.parent_old, req.name_old), (req.parent_new, req.name_new)])
         return P.OkRsp()
 
     async def handle_readlink(self, req: P.ReadlinkReq) -> P.Msg:
@@ -450,4 +506,6 @@ class MetaService:
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
-        return P.AttrRsp(attr=await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks))
+        attr = await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks)
+        self._changed([req.ino])
+        return P.AttrRsp(attr=attr)

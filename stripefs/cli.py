@@ -7,6 +7,7 @@
     stripefs status   [--json]                   the cluster as the metadata daemon sees it
     stripefs layout   get|set                    per-directory layouts
     stripefs config   example meta|storage|client
+    stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
 
 Admin commands find the cluster from a PATH inside a mount when given one
 (the mount's source in /proc/mounts is its metadata address), else from
@@ -262,6 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
     lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
     _add_cluster_args(lset)
     layout.set_defaults(func=cmd_layout)
+
+    from .warmup import add_parser as add_warmup
+
+    add_warmup(sub)
 
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
     csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)

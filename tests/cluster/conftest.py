@@ -69,11 +69,11 @@ class Cluster:
         """Start whatever is not running (the launcher's own restart path)."""
         self.up()
 
-    def mount_again(self, name: str) -> Path:
+    def mount_again(self, name: str, options: str = "") -> Path:
         mnt = self.root / name
         mnt.mkdir(exist_ok=True)
         run_cli("mount", self.meta_address, str(mnt), "--log", str(self.state / "logs" / f"{name}.log"),
-                "--pidfile", str(self.state / f"{name}.pid"), "-o", "allow_other")
+                "--pidfile", str(self.state / f"{name}.pid"), "-o", ",".join(filter(None, ["allow_other", options])))
         self.extra_mounts.append(mnt)
         return mnt
 

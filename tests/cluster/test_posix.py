@@ -229,3 +229,16 @@ def test_large_directory_listing(mnt):
 def test_statfs_reports_real_capacity(cluster):
     st = os.statvfs(cluster.mnt)
     assert st.f_blocks > 0 and 0 < st.f_bavail <= st.f_blocks
+
+
+def test_open_with_o_trunc_truncates(mnt):
+    p = mnt / "f"
+    p.write_bytes(os.urandom(300_000))
+    p.write_bytes(b"short")  # open(O_WRONLY|O_CREAT|O_TRUNC) of an existing, longer file
+    assert p.read_bytes() == b"short"
+    fd = os.open(p, os.O_RDWR | os.O_TRUNC)
+    try:
+        assert os.fstat(fd).st_size == 0
+    finally:
+        os.close(fd)
+    assert p.stat().st_size == 0 and p.read_bytes() == b""

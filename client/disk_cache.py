@@ -1,0 +1,225 @@
+"""The optional local disk cache of chunk data (for an NVMe on the GPU node).
+
+Below the memory cache (client/chunk_cache.py): a chunk missing from memory is
+looked for here before the network, and every chunk fetched from the network
+is written here in the background. It survives a remount.
+
+Layout: ``DIR/CLUSTER_ID/XX/INO.INDEX.VERSION``, ``XX`` = ino % 256 in hex.
+``CLUSTER_ID`` (from the metadata daemon's hello) keeps two clusters, or a
+re-created one whose inode numbers start over, from ever sharing entries.
+
+Correctness rests on the key: a chunk's version is the epoch of the write
+session that wrote it, never reused, so a file changed elsewhere has new
+versions and its old entries can never be returned; they just age out.
+
+File format (little-endian)::
+
+    0   8  magic b"SFSDC01\\0"
+    8   8  ino      16  8  index     24  8  version
+    32  8  length L of the data      40  4  block size B
+    44  4  0 (reserved)
+    48  8  xxh3_64 of bytes 0..47 followed by the checksum table
+    56  8*N  xxh3_64 of each block of B bytes, N = ceil(L / B)
+    ... the data
+
+An entry that fails any check is deleted and treated as a miss (logged). New
+entries are written to a temporary name and renamed, so a crash leaves no torn
+entry. Size: at most ``capacity`` bytes, and writes stop while the file system
+has less than ``min_free`` free; the least recently used entries go first (the
+order at start-up is the files' modification times).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+
+import trio
+import xxhash
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, int, int]  # (ino, index, version)
+
+MAGIC = b"SFSDC01\0"
+BLOCK = 64 << 10
+_HEAD = struct.Struct("<8sQQQQII")
+_CRC = struct.Struct("<Q")
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+def encode(key: Key, data: bytes | memoryview) -> list[bytes | memoryview]:
+    """The pieces of an entry file for ``data``."""
+    view = memoryview(data)
+    sums = [_xxh3(view[i : i + BLOCK]) for i in range(0, len(view), BLOCK)]
+    head = _HEAD.pack(MAGIC, *key, len(view), BLOCK, 0)
+    table = struct.pack(f"<{len(sums)}Q", *sums)
+    return [head, _CRC.pack(_xxh3(head + table)), table, view]
+
+
+def decode(key: Key, raw: bytes) -> memoryview:
+    """The data of an entry file; ValueError saying what is wrong."""
+    view = memoryview(raw)
+    if len(view) < _HEAD.size + _CRC.size:
+        raise ValueError("truncated header")
+    magic, ino, index, version, length, block, _ = _HEAD.unpack_from(view)
+    if magic != MAGIC:
+        raise ValueError("not a stripefs disk-cache entry")
+    if (ino, index, version) != key:
+        raise ValueError(f"holds {(ino, index, version)}, not {key}")
+    nblocks = -(-length // block) if block else -1
+    if nblocks < 0:
+        raise ValueError("bad block size")
+    table_at = _HEAD.size + _CRC.size
+    data_at = table_at + 8 * nblocks
+    if len(view) != data_at + length:
+        raise ValueError(f"{len(view)} bytes, expected {data_at + length}")
+    table = view[table_at:data_at]
+    if _xxh3(bytes(view[: _HEAD.size]) + bytes(table)) != _CRC.unpack_from(view, _HEAD.size)[0]:
+        raise ValueError("header checksum mismatch")
+    sums = struct.unpack(f"<{nblocks}Q", table)
+    data = view[data_at:]
+    for i, expected in enumerate(sums):
+        if _xxh3(data[i * block : (i + 1) * block]) != expected:
+            raise ValueError(f"block {i} checksum mismatch")
+    return data
+
+
+class DiskCache:
+    def __init__(self, directory: str | Path, cluster_id: str, *, capacity: int, min_free: int):
+        if not cluster_id:
+            raise ValueError("the metadata daemon sent no cluster id; the disk cache needs one")
+        self.root = Path(directory) / cluster_id
+        self.capacity = capacity
+        self.min_free = min_free
+        self.used = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[Key, int] = OrderedDict()  # key -> file size, least recent first
+        self._lock = threading.Lock()  # the index is used from worker threads
+        self._writing: set[Key] = set()
+
+    # ------------------------------------------------------------ start-up
+
+    def scan(self) -> None:
+        """Index what a previous mount left (in a worker thread: may be many files)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        found = []
+        for sub in self.root.iterdir():
+            if not sub.is_dir():
+                continue
+            for entry in os.scandir(sub):
+                if entry.name.startswith("."):  # a temporary file of a write that never finished
+                    os.unlink(entry.path)
+                    continue
+                try:
+                    key = tuple(int(x) for x in entry.name.split("."))
+                    st = entry.stat()
+                except (ValueError, OSError):
+                    continue
+                if len(key) == 3:
+                    found.append((st.st_mtime_ns, key, st.st_size))
+        found.sort()
+        with self._lock:
+            for _, key, size in found:
+                self._entries[key] = size
+                self.used += size
+        log.info("disk cache %s: %d entries, %.1f MiB", self.root, len(found), self.used / (1 << 20))
+        self._evict()
+
+    # ------------------------------------------------------------ lookups
+
+    def _path(self, key: Key) -> Path:
+        return self.root / f"{key[0] % 256:02x}" / f"{key[0]}.{key[1]}.{key[2]}"
+
+    async def get(self, key: Key) -> memoryview | None:
+        with self._lock:
+            if key not in self._entries:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+        data = await trio.to_thread.run_sync(self._read, key)
+        if data is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return data
+
+    def _read(self, key: Key) -> memoryview | None:
+        path = self._path(key)
+        try:
+            raw = path.read_bytes()
+            data = decode(key, raw)
+            os.utime(path)  # LRU order survives a remount
+            return data
+        except (OSError, ValueError) as exc:
+            log.warning("disk cache entry %s is unusable (%s); dropped", path, exc)
+            self._drop(key)
+            return None
+
+    # ------------------------------------------------------------ filling
+
+    def put_soon(self, nursery: trio.Nursery, key: Key, data: bytes | memoryview) -> None:
+        """Write ``data`` in the background (the reader never waits for the disk)."""
+        with self._lock:
+            if key in self._entries or key in self._writing:
+                return
+            self._writing.add(key)
+        nursery.start_soon(trio.to_thread.run_sync, self._write, key, data, name=f"disk-cache-{key}")
+
+    def _write(self, key: Key, data: bytes | memoryview) -> None:
+        path = self._path(key)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        try:
+            if self._free_bytes() < self.min_free + len(data):
+                self._evict(extra=len(data))
+                if self._free_bytes() < self.min_free + len(data):
+                    return  # the disk is needed by others: cache nothing more for now
+            path.parent.mkdir(exist_ok=True)
+            pieces = encode(key, data)
+            with open(tmp, "wb") as f:
+                f.writelines(pieces)
+            os.rename(tmp, path)
+            size = sum(len(p) for p in pieces)
+            with self._lock:
+                self._entries[key] = size
+                self.used += size
+            self._evict()
+        except OSError as exc:
+            log.warning("disk cache: cannot write %s: %s", path, exc)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        finally:
+            with self._lock:
+                self._writing.discard(key)
+
+    def _free_bytes(self) -> int:
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+    def _evict(self, extra: int = 0) -> None:
+        while True:
+            with self._lock:
+                if not self._entries or (self.used + extra <= self.capacity and self._free_bytes() >= self.min_free + extra):
+                    return
+                key = next(iter(self._entries))
+            self._drop(key)
+
+    def _drop(self, key: Key) -> None:
+        with self._lock:
+            size = self._entries.pop(key, None)
+            if size is not None:
+                self.used -= size
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("disk cache: cannot remove %s: %s", self._path(key), exc)

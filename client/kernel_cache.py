@@ -1,0 +1,192 @@
+"""What the kernel caches of this mount's namespace, and keeping it true.
+
+The fastest request is the one the kernel answers alone, so names, attributes
+and file pages are cached in the kernel for long (``cache_timeout_s``) and
+dropped explicitly when the metadata daemon's change feed (daemon/events.py)
+says they changed elsewhere. This module follows the feed and does the
+dropping; ``Operations`` asks it how long an answer may be cached.
+
+Rules
+-----
+* Long timeouts only while the feed is *healthy*: connected, and every change
+  since the last full drop seen in order. Otherwise answers get the short
+  configured timeouts (``entry_timeout_s``/``attr_timeout_s``).
+* A gap in the sequence numbers, another daemon boot, an undecodable event or
+  ``EVENTS_SILENCE_S`` without even a heartbeat: drop everything (every known
+  inode's attributes and pages, every known name) and start over.
+* A reply that raced a change: a lookup answered before a change but handed to
+  the kernel after the change's invalidation would re-install the old answer
+  for long. ``stamp()`` before the request and ``changed_since()`` after it
+  catch that; such a reply is cached for 0 s.
+* Invalidations run in a worker thread, never inside a request handler: the
+  kernel may hold locks that the pending request needs (pyfuse3 docs).
+
+The visibility bound this gives a dataset mount: a change made elsewhere is
+seen once its event arrives (milliseconds); if the event is lost, at the next
+heartbeat (``EVENTS_HEARTBEAT_S``) the gap is seen; if the feed goes silent,
+after ``EVENTS_SILENCE_S``. So within ``EVENTS_SILENCE_S`` (3 s) plus delivery.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections import OrderedDict
+from typing import Callable, Iterable
+
+import pyfuse3
+import trio
+import zmq
+
+from ..common import protocol as p
+from ..common.transport import open_socket
+
+log = logging.getLogger(__name__)
+
+#: how many recent changes ``changed_since`` remembers one by one
+_RECENT_CHANGES = 65536
+
+
+class KernelCache:
+    def __init__(self, *, on_change: Callable[[Iterable[int] | None], None] = lambda inodes: None):
+        self.healthy = False  # the feed is connected and in order: long timeouts allowed
+        self.on_change = on_change  # inodes changed (None: everything); Operations drops its own caches
+        self._names: dict[tuple[int, bytes], int] = {}  # names the kernel knows: (parent, name) -> ino
+        self._names_of: dict[int, list[tuple[int, bytes]]] = {}  # ino -> its known names
+        self._clock = 0  # counts applied changes, locally
+        self._floor = 0  # changes at or before this are not remembered one by one
+        self._recent: OrderedDict[int, int] = OrderedDict()  # ino -> clock of its last change
+        self.drops = 0  # full drops so far (gaps, silences, restarts)
+
+    # ----------------------------------------------------- what the kernel knows
+
+    def remember(self, parent: int, name: bytes, ino: int) -> None:
+        """The kernel got an entry for ``name`` (lookup, readdirplus, create...)."""
+        key = (parent, name)
+        if self._names.get(key) == ino:
+            return
+        self._names[key] = ino
+        self._names_of.setdefault(ino, []).append(key)
+
+    def forget(self, ino: int) -> None:
+        """The kernel forgot ``ino`` (FORGET with its lookup count at zero)."""
+        for key in self._names_of.pop(ino, ()):
+            if self._names.get(key) == ino:
+                del self._names[key]
+
+    def knows(self, ino: int) -> bool:
+        return ino in self._names_of
+
+    def lookup_known(self, parent: int, name: bytes) -> int | None:
+        return self._names.get((parent, name))
+
+    # ------------------------------------------------------------ reply races
+
+    def stamp(self) -> int:
+        return self._clock
+
+    def changed_since(self, stamp: int, *inodes: int) -> bool:
+        if stamp < self._floor:
+            return True
+        return any(self._recent.get(ino, 0) > stamp for ino in inodes)
+
+    def _note(self, inodes: Iterable[int]) -> None:
+        self._clock += 1
+        for ino in inodes:
+            self._recent.pop(ino, None)
+            self._recent[ino] = self._clock
+        while len(self._recent) > _RECENT_CHANGES:
+            _, when = self._recent.popitem(last=False)
+            self._floor = max(self._floor, when)
+
+    # ------------------------------------------------------------ invalidation
+
+    async def apply(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
+        """One change made elsewhere (or here: the feed does not say who)."""
+        touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
+        self._note(touched | {parent for parent, _ in entries})
+        self.on_change(touched)
+        names = [e for e in entries if e in self._names]
+        known = [ino for ino in inodes if ino in self._names_of or ino == pyfuse3.ROOT_INODE]
+        for key in names:
+            ino = self._names.pop(key)
+            if key in self._names_of.get(ino, ()):
+                self._names_of[ino].remove(key)
+        if names or known:
+            await trio.to_thread.run_sync(_invalidate, known, names)
+
+    async def drop_all(self, why: str) -> None:
+        self.drops += 1
+        self._clock += 1
+        self._floor = self._clock
+        self._recent.clear()
+        self.on_change(None)
+        names = list(self._names)
+        inodes = list(self._names_of) + [pyfuse3.ROOT_INODE]
+        self._names.clear()
+        self._names_of.clear()
+        log.info("change feed: %s; dropping the kernel's cache of %d name(s) and %d inode(s)", why, len(names), len(inodes))
+        await trio.to_thread.run_sync(_invalidate, inodes, names)
+
+    # ------------------------------------------------------------- the feed
+
+    async def follow(self, ctx: zmq.Context, address: Callable[[], tuple[str, str, int]]) -> None:
+        """Subscribe to the daemon's change feed and apply it, forever.
+
+        ``address()`` gives (feed address, daemon boot id, last seq at hello);
+        it changes when the mount re-opens its session after a daemon restart.
+        """
+        while True:
+            where, boot, seq = address()
+            if not where:
+                await trio.sleep(p.EVENTS_HEARTBEAT_S)
+                continue
+            async with open_socket(ctx, zmq.SUB, connect=where, hwm=1_000_000) as sock:
+                log.debug("change feed: following %s from seq %d", where, seq)
+                await self._follow_one(sock, boot, seq, lambda: address()[0] == where)
+            await self.drop_all("the metadata daemon's feed moved")
+            self.healthy = False
+
+    async def _follow_one(self, sock, boot: str, seq: int, same_feed: Callable[[], bool]) -> None:
+        while same_feed():
+            with trio.move_on_after(p.EVENTS_SILENCE_S) as silence:
+                frames = await sock.recv_multipart()
+            if silence.cancelled_caught:
+                if self.healthy:
+                    self.healthy = False
+                    await self.drop_all(f"nothing heard for {p.EVENTS_SILENCE_S:.0f}s")
+                continue
+            try:
+                event = p.decode_event(frames[0].bytes)
+            except p.ProtocolError as exc:
+                log.warning("change feed: %s", exc)
+                self.healthy = False
+                await self.drop_all("undecodable event")
+                continue
+            if event.boot_id == boot and event.seq == seq and not (event.inodes or event.entries):
+                self.healthy = True  # a heartbeat: nothing missed
+            elif event.boot_id == boot and event.seq == seq + 1:
+                seq = event.seq
+                await self.apply(event.inodes, event.entries)
+                self.healthy = True
+            else:
+                why = "the metadata daemon restarted" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"
+                boot, seq = event.boot_id, event.seq
+                await self.drop_all(why)  # covers this event's changes too
+                self.healthy = True
+
+
+def _invalidate(inodes: list[int], names: list[tuple[int, bytes]]) -> None:
+    """Drop names and inodes (attributes and pages) from the kernel. In a worker thread."""
+    for parent, name in names:
+        try:
+            pyfuse3.invalidate_entry(parent, name)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating name %r in inode %d: %s", name, parent, exc)
+    for ino in inodes:
+        try:
+            pyfuse3.invalidate_inode(ino)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                log.warning("invalidating inode %d: %s", ino, exc)

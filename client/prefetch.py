@@ -1,0 +1,153 @@
+"""Sampler-order prefetch: fetch the files a training job will read next.
+
+A DataLoader's sampler knows this epoch's order. ``stripefs.torch.PrefetchSampler``
+hands the upcoming paths to the mount (``setxattr(DIR, "user.stripefs.prefetch",
+b"\\n".join(paths))``, paths relative to DIR), and this module fetches them ahead
+of the readers, a few at a time, for all DataLoader workers at once:
+
+1. resolve a batch of paths with one ``LookupPathsReq`` (no per-file lookups);
+2. read each file whole through ``DataPath.read`` (so the chunk cache, replica
+   failover and every layout apply) with ``parallel`` files in flight;
+3. push the bytes into the kernel's page cache (``pyfuse3.notify_store``) when
+   the kernel knows the inode (a dataset that was listed, as ImageFolder does),
+   so the worker's open+read is answered by the kernel alone (the open keeps
+   the page cache: ``Operations.prefetched``). Otherwise the bytes wait in the
+   chunk cache, where the read finds them.
+
+Bounds: the queue holds at most ``max_queued`` paths (older ones are dropped:
+the readers are past them); files above ``max_file_bytes`` are left to the
+sequential read-ahead; the chunk cache's byte budget bounds memory. A prefetch
+that fails (file deleted, node down) is dropped quietly: the read will retry
+and report.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections import deque
+from typing import Callable
+
+import pyfuse3
+import trio
+
+from ..common import protocol as p
+from ..common.errors import StripefsError
+from .kernel_cache import KernelCache
+from .meta_rpc import MetaClient
+from .open_files import OpenFile
+from .striping import DataPath
+
+log = logging.getLogger(__name__)
+
+#: paths resolved per LookupPathsReq
+RESOLVE_BATCH = 256
+
+
+class Prefetcher:
+    def __init__(
+        self,
+        meta: MetaClient,
+        data: DataPath,
+        kcache: KernelCache,
+        *,
+        parallel: int = 16,
+        max_queued: int = 16384,
+        max_file_bytes: int = 16 << 20,
+    ):
+        self.meta = meta
+        self.data = data
+        self.kcache = kcache
+        self.parallel = parallel
+        self.max_file_bytes = max_file_bytes
+        self._queue: deque[tuple[int, bytes]] = deque(maxlen=max_queued)
+        self._wake = trio.Event()
+        self.on_fetched: Callable[[p.OpenRsp, bool], None] = lambda rsp, stored: None
+        self.fetched = 0  # files fetched
+        self.stored = 0  # of those, pushed into the page cache
+        self.failed = 0
+        self._busy = 0  # paths taken from the queue and not yet done with (resolving, fetching, storing)
+
+    def report(self) -> str:
+        """What ``getfattr -n user.stripefs.prefetch MOUNT`` shows."""
+        return f"pending={len(self._queue) + self._busy} fetched={self.fetched} stored={self.stored} failed={self.failed}"
+
+    def submit(self, root: int, blob: bytes) -> None:
+        """Queue newline-separated paths relative to directory inode ``root`` (from setxattr)."""
+        for path in blob.split(b"\n"):
+            if path.strip(b"/"):
+                self._queue.append((root, path))
+        self._wake.set()
+
+    async def run(self) -> None:
+        slots = trio.Semaphore(self.parallel)
+        fetched_send, fetched_recv = trio.open_memory_channel[tuple[p.OpenRsp, bytes | memoryview]](self.parallel * 4)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._store_loop, fetched_recv, name="prefetch-store")
+            while True:
+                while not self._queue:
+                    self._wake = trio.Event()
+                    await self._wake.wait()
+                root = self._queue[0][0]
+                batch = []
+                while self._queue and len(batch) < RESOLVE_BATCH and self._queue[0][0] == root:
+                    batch.append(self._queue.popleft()[1])
+                self._busy += len(batch)
+                try:
+                    rsp = await self.meta.call(p.LookupPathsReq(root=root, paths=batch), retry=False)
+                except StripefsError as exc:
+                    log.info("prefetch: cannot resolve %d path(s): %s", len(batch), exc)
+                    self._busy -= len(batch)
+                    continue
+                for info in rsp.files:
+                    if info is None or not 0 < info.attr.size <= self.max_file_bytes:
+                        self._busy -= 1
+                        continue
+                    await slots.acquire()  # back-pressure: at most `parallel` files in flight
+                    nursery.start_soon(self._fetch, info, slots, fetched_send, name=f"prefetch-{info.attr.ino}")
+
+    async def _fetch(self, info: p.OpenRsp, slots: trio.Semaphore, fetched: trio.MemorySendChannel) -> None:
+        try:
+            self.data.nodes.learn(info.nodes)
+            of = OpenFile(info.attr.ino, info.attr, info.layout, {c.index: c for c in info.chunks})
+            try:
+                data = await self.data.read(of, 0, info.attr.size)
+            except Exception as exc:  # a prefetch never takes the mount down; the read will retry and report
+                self.failed += 1
+                self._busy -= 1
+                log.log(logging.DEBUG if isinstance(exc, StripefsError) else logging.WARNING,
+                        "prefetch of inode %d failed: %s", info.attr.ino, exc)
+                return
+            self.fetched += 1
+            await fetched.send((info, data))  # the store loop is done with it after
+        finally:
+            slots.release()
+
+    async def _store_loop(self, fetched: trio.MemoryReceiveChannel) -> None:
+        """Push fetched files into the page cache, as many per worker-thread hop as are ready."""
+        async for first in fetched:
+            batch = [first]
+            while True:
+                try:
+                    batch.append(fetched.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            known = [(info, data) for info, data in batch if self.kcache.knows(info.attr.ino)]
+            stored = set(await trio.to_thread.run_sync(_store, known)) if known else set()
+            self.stored += len(stored)
+            for info, _ in batch:
+                self.on_fetched(info, info.attr.ino in stored)
+            self._busy -= len(batch)
+
+
+def _store(files: list[tuple[p.OpenRsp, bytes | memoryview]]) -> list[int]:
+    """notify_store each file whole; the inodes that made it. In a worker thread."""
+    stored = []
+    for info, data in files:
+        try:
+            pyfuse3.notify_store(info.attr.ino, 0, data)
+            stored.append(info.attr.ino)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:  # ENOENT: the kernel forgot the inode meanwhile
+                log.debug("prefetch: cannot store inode %d in the page cache: %s", info.attr.ino, exc)
+    return stored

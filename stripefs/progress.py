@@ -1,0 +1,51 @@
+"""A terminal progress bar for long operations (warmup, conversions, scrubs).
+
+On a terminal it redraws one line on stderr at most ten times a second; when
+stderr is not a terminal (logs, CI) it prints nothing until ``close``, so
+logs get the final report only.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, total: int, *, label: str, unit: str = "files", total_bytes: int = 0, stream=None):
+        self.total = total
+        self.label = label
+        self.unit = unit
+        self.total_bytes = total_bytes
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = time.monotonic()
+        self._drawn = 0.0
+        self.done = 0
+        self.bytes = 0
+
+    def update(self, done: int, done_bytes: int = 0) -> None:
+        self.done, self.bytes = done, done_bytes
+        now = time.monotonic()
+        if self.tty and now - self._drawn >= 0.1:
+            self._drawn = now
+            self.stream.write("\r" + self._line(now) + "\x1b[K")
+            self.stream.flush()
+
+    def _line(self, now: float) -> str:
+        fraction = self.done / self.total if self.total else 1.0
+        width = 30
+        bar = "#" * int(fraction * width) + "-" * (width - int(fraction * width))
+        elapsed = max(now - self.start, 1e-6)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else 0
+        mib = f" {self.bytes / elapsed / (1 << 20):.0f} MiB/s" if self.bytes else ""
+        return f"{self.label} [{bar}] {fraction:4.0%} {self.done:,}/{self.total:,} {self.unit} {rate:,.0f}/s{mib} ETA {eta:.0f}s"
+
+    def close(self) -> float:
+        """Finish the line; the seconds it all took."""
+        elapsed = time.monotonic() - self.start
+        if self.tty:
+            self.stream.write("\r" + self._line(time.monotonic()) + "\x1b[K\n")
+            self.stream.flush()
+        return elapsed

@@ -1,0 +1,221 @@
+"""The kernel-cache policy: the change feed, dataset mode, sampler-order prefetch.
+
+A second mount in dataset mode caches names, attributes and pages in the
+kernel for minutes; these tests check that changes made through the main
+mount still reach it within the documented bound (client/kernel_cache.py),
+also across a metadata daemon restart, and that prefetched files are served
+without the storage nodes.
+"""
+
+import errno
+import os
+import time
+
+import pytest
+from conftest import run_cli
+
+from stripefs.common.protocol import EVENTS_SILENCE_S
+from stripefs.torch import PrefetchSampler
+
+#: a change elsewhere is visible to a dataset mount within this (documented bound + slack for a busy machine)
+BOUND_S = EVENTS_SILENCE_S + 2.0
+
+
+def _eventually(check, within: float = BOUND_S):
+    """Poll ``check`` until it returns truthy; the seconds it took (fails after ``within``)."""
+    start = time.monotonic()
+    while True:
+        result = check()
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > within:
+            pytest.fail(f"not visible within {within:.1f}s")
+        time.sleep(0.05)
+
+
+def _read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def dataset(cluster):
+    mnt = cluster.mount_again("dataset", "dataset")
+    yield mnt
+    cluster.unmount(mnt)
+    cluster.extra_mounts.remove(mnt)
+
+
+def test_dataset_mount_sees_changes_within_the_bound(cluster, mnt, dataset):
+    theirs = dataset / mnt.name
+    (mnt / "f").write_bytes(b"version 1")
+    (mnt / "sub").mkdir()
+    (mnt / "sub" / "g").write_bytes(b"in sub")
+    assert _read(theirs / "f") == b"version 1"
+    assert _read(theirs / "f") == b"version 1"  # warm: from the kernel's caches
+    assert sorted(os.listdir(theirs)) == ["f", "sub"]
+
+    (mnt / "f").write_bytes(b"version 2")  # same size: only the data changed
+    _eventually(lambda: _read(theirs / "f") == b"version 2")
+
+    with open(mnt / "f", "ab") as f:
+        f.write(b" and more")
+    _eventually(lambda: os.stat(theirs / "f").st_size == len(b"version 2 and more"))
+    assert _read(theirs / "f") == b"version 2 and more"
+
+    os.rename(mnt / "f", mnt / "renamed")
+    _eventually(lambda: _read(theirs / "f") is None and _read(theirs / "renamed") == b"version 2 and more")
+
+    (mnt / "sub" / "g").unlink()
+    _eventually(lambda: not os.path.exists(theirs / "sub" / "g"))
+    (mnt / "sub" / "new").write_bytes(b"created")
+    _eventually(lambda: _read(theirs / "sub" / "new") == b"created")
+
+    os.chmod(mnt / "sub" / "new", 0o600)
+    _eventually(lambda: os.stat(theirs / "sub" / "new").st_mode & 0o777 == 0o600)
+
+
+def test_dataset_mount_is_read_only(mnt, dataset):
+    (mnt / "f").write_bytes(b"data")
+    theirs = dataset / mnt.name
+    _eventually(lambda: os.path.exists(theirs / "f"))
+    attempts = [
+        lambda: open(theirs / "new", "wb"),
+        lambda: open(theirs / "f", "r+b"),
+        lambda: os.mkdir(theirs / "d"),
+        lambda: os.unlink(theirs / "f"),
+        lambda: os.rename(theirs / "f", theirs / "g"),
+        lambda: os.chmod(theirs / "f", 0o600),
+        lambda: os.truncate(theirs / "f", 0),
+        lambda: os.symlink("f", theirs / "l"),
+        lambda: os.setxattr(theirs / "f", "user.k", b"v"),
+    ]
+    for attempt in attempts:
+        with pytest.raises(OSError) as exc:
+            attempt()
+        assert exc.value.errno == errno.EROFS
+    assert _read(mnt / "f") == b"data"
+    assert _read(theirs / "f") == b"data"
+
+
+def test_dataset_mount_follows_a_metadata_daemon_restart(cluster, mnt, dataset):
+    theirs = dataset / mnt.name
+    (mnt / "f").write_bytes(b"before")
+    _eventually(lambda: _read(theirs / "f") == b"before")
+    cluster.kill_meta()
+    cluster.restart()
+    (mnt / "f").write_bytes(b"after!")  # the new daemon boot numbers its changes from 1 again
+    _eventually(lambda: _read(theirs / "f") == b"after!", within=BOUND_S + 10)
+    # the mount noticed (silence, then a new boot) rather than trusting its cache
+    _eventually(lambda: "dropping the kernel's cache" in cluster.logs()["dataset.log"], within=BOUND_S + 10)
+
+
+def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
+    files = []
+    for i in range(40):
+        path = mnt / f"d{i % 4}" / f"sample{i}.bin"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(os.urandom(50_000 + i))
+        files.append(path)
+    contents = {p: p.read_bytes() for p in files}
+    os.system("echo 3 > /proc/sys/vm/drop_caches")
+    os.listdir(mnt)  # the kernel knows the directories again
+    for d in range(4):
+        os.listdir(mnt / f"d{d}")  # readdirplus: the kernel knows the files, so they can go into its page cache
+
+    order = list(reversed(range(len(files))))
+    sampler = PrefetchSampler(order, paths=files, lookahead=len(files))
+    assert len(sampler) == len(files)
+    first = next(iter(sampler))  # announces everything (lookahead covers the epoch)
+    assert first == order[0]
+
+    def report():
+        text = os.getxattr(cluster.mnt, "user.stripefs.prefetch").decode()
+        return dict(item.split("=") for item in text.split())
+
+    _eventually(lambda: report()["pending"] == "0", within=30)
+    assert int(report()["fetched"]) >= len(files)
+    assert int(report()["stored"]) >= len(files)  # the kernel knew every inode: all went into its page cache
+
+    # every prefetched byte is now local: reads must not need a storage node
+    stopped = list(cluster.pids()["storage"].values())
+    for pid in stopped:
+        os.kill(pid, 19)  # SIGSTOP: a node that answers nothing
+    try:
+        for path in files:
+            assert path.read_bytes() == contents[path]
+    finally:
+        for pid in stopped:
+            os.kill(pid, 18)  # SIGCONT
+
+
+def test_prefetch_of_missing_paths_is_harmless(cluster, mnt):
+    (mnt / "real").write_bytes(b"x" * 1000)
+    sampler = PrefetchSampler([0, 1], paths=[mnt / "missing", mnt / "real"])
+    assert list(sampler) == [0, 1]
+    assert (mnt / "real").read_bytes() == b"x" * 1000
+
+
+def test_disk_cache_survives_a_remount_and_never_serves_old_versions(cluster, mnt, tmp_path):
+    cache_dir = tmp_path / "nvme"
+    cache_dir.mkdir()
+    files = {mnt / f"f{i}": os.urandom(300_000 + i) for i in range(5)}
+    for path, data in files.items():
+        path.write_bytes(data)
+
+    cached = cluster.mount_again("cached", f"cache_dir={cache_dir}")
+    theirs = {cached / mnt.name / p.name: data for p, data in files.items()}
+    for path, data in theirs.items():
+        assert path.read_bytes() == data
+    _eventually(lambda: len(list(cache_dir.rglob("*.*.*"))) >= len(files))  # written in the background
+    cluster.unmount(cached)
+
+    stopped = list(cluster.pids()["storage"].values())
+    for pid in stopped:
+        os.kill(pid, 19)  # SIGSTOP: nothing can come from the network now
+    try:
+        cluster.mount_again("cached", f"cache_dir={cache_dir}")
+        for path, data in theirs.items():
+            assert path.read_bytes() == data  # from the disk cache, after a remount
+    finally:
+        for pid in stopped:
+            os.kill(pid, 18)
+
+    first = next(iter(files))
+    first.write_bytes(b"new version")
+    assert _read(first) == b"new version"
+    _eventually(lambda: _read(cached / mnt.name / first.name) == b"new version")
+    cluster.unmount(cached)
+    cluster.extra_mounts.remove(cached)
+    cluster.extra_mounts.remove(cached)
+
+
+def test_warmup_loads_a_tree_so_reads_need_no_storage_node(cluster, mnt):
+    data = {}
+    for i in range(30):
+        path = mnt / f"c{i % 3}" / f"img{i}.jpg"
+        path.parent.mkdir(exist_ok=True)
+        data[path] = os.urandom(20_000 + 7 * i)
+        path.write_bytes(data[path])
+    big = mnt / "shard.tar"
+    data[big] = os.urandom(20 << 20)  # above the prefetcher's limit: warmup reads it itself
+    big.write_bytes(data[big])
+    os.system("echo 3 > /proc/sys/vm/drop_caches")
+
+    result = run_cli("warmup", str(mnt))
+    assert f"warmed {len(data)} of {len(data)} files" in result.stdout, result.stdout + result.stderr
+    stopped = list(cluster.pids()["storage"].values())
+    for pid in stopped:
+        os.kill(pid, 19)
+    try:
+        for path, content in data.items():
+            assert path.read_bytes() == content
+    finally:
+        for pid in stopped:
+            os.kill(pid, 18)
+
+    missing = run_cli("warmup", str(mnt / "nope"), check=False)
+    assert missing.returncode == 1 and "No such file" in missing.stderr

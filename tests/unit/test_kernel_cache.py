@@ -1,0 +1,94 @@
+"""KernelCache: which replies may be cached long, and how the change feed is followed.
+
+The feed side runs the daemon's real ChangeFeed (a ZeroMQ PUB socket) against
+the mount's real follower; only the final pyfuse3 calls (which need a live
+FUSE session) are replaced by a recorder.
+"""
+
+import pytest
+import trio
+import zmq
+
+from stripefs.client import kernel_cache as kc
+from stripefs.common import protocol as P
+from stripefs.daemon.events import ChangeFeed
+
+
+def test_names_are_remembered_and_forgotten():
+    cache = kc.KernelCache()
+    cache.remember(1, b"a", 10)
+    cache.remember(1, b"b", 10)  # a hard link
+    cache.remember(2, b"c", 11)
+    assert cache.knows(10) and cache.lookup_known(1, b"b") == 10
+    cache.forget(10)
+    assert not cache.knows(10) and cache.lookup_known(1, b"a") is None
+    assert cache.lookup_known(2, b"c") == 11
+
+
+async def test_a_reply_that_raced_a_change_is_not_cached_long(monkeypatch):
+    calls = []
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names: calls.append((sorted(inodes), names)))
+    changed = []
+    cache = kc.KernelCache(on_change=changed.append)
+    cache.remember(1, b"f", 5)
+    before = cache.stamp()
+    await cache.apply([5], [(1, b"f")])
+    assert cache.changed_since(before, 5) and cache.changed_since(before, 1)  # the parent's entries changed too
+    assert not cache.changed_since(before, 6)
+    assert not cache.changed_since(cache.stamp(), 5)
+    assert calls == [([5], [(1, b"f")])] and changed == [{5}]
+    assert cache.lookup_known(1, b"f") is None  # the kernel was told to drop the name
+
+    await cache.drop_all("test")
+    assert changed[-1] is None
+    assert cache.changed_since(before, 999)  # after a full drop nothing older may be trusted
+
+
+async def test_follower_applies_in_order_and_drops_everything_on_a_gap(monkeypatch):
+    calls = []
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names: calls.append((sorted(inodes), list(names))))
+    ctx = zmq.Context()
+    feed = ChangeFeed(ctx, "tcp://127.0.0.1:0", boot_id="boot-1")
+    cache = kc.KernelCache()
+    cache.remember(1, b"x", 7)
+    address = (f"tcp://127.0.0.1:{feed.port}", "boot-1", 0)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cache.follow, ctx, lambda: address)
+            with trio.fail_after(10):
+                while not cache.healthy:  # subscribed once a heartbeat came through
+                    feed._send(P.ChangeEvent("boot-1", feed.seq, [], []))
+                    await trio.sleep(0.05)
+                feed.changed([7], [(1, b"x")])
+                while not calls:
+                    await trio.sleep(0.01)
+                assert calls == [([7], [(1, b"x")])] and cache.drops == 0
+
+                cache.remember(1, b"y", 8)
+                feed.seq += 5  # five changes this mount never saw
+                feed.changed([3], [])
+                while cache.drops == 0:
+                    await trio.sleep(0.01)
+                assert 8 in calls[-1][0] and (1, b"y") in calls[-1][1]  # everything known was dropped
+                assert cache.healthy  # and it is in step again from there
+
+                feed.changed([42], [])  # back in sequence: applied normally (inode 42 unknown: nothing to do)
+                await trio.sleep(0.2)
+                assert cache.drops == 1
+
+                garbage = feed._sock
+                garbage.send(b"\x00not an event")
+                while cache.drops == 1:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    finally:
+        feed.close()
+        ctx.term()
+
+
+def test_events_round_trip_and_reject_garbage():
+    event = P.ChangeEvent("b", 3, [1, 2], [(1, b"n\xff")])
+    assert P.decode_event(P.encode_event(event)) == event
+    for bad in (b"", b"\x93\x01\x02", P.encode(1, P.PingReq())):
+        with pytest.raises(P.ProtocolError):
+            P.decode_event(bad)
