@@ -129,6 +129,7 @@ class Cluster:
         exe = Path(sys.executable).parent / "stripefs"
         self.cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "stripefs"]
         self.pids: dict[str, int] = {}
+        self.options: list[str] = []  # extra `-o` mount options for every later `up` (e.g. dataset)
         self.lock = threading.Lock()  # up/down never overlap (the supervisor may tear down)
         self.closed = False
 
@@ -145,7 +146,7 @@ class Cluster:
             if self.closed:
                 raise BenchError("cluster was torn down")
             self._run("local", "up", "--dir", str(self.state), "--mount", str(self.mnt),
-                      "--nodes", str(self.nodes))
+                      "--nodes", str(self.nodes), *(a for o in self.options for a in ("-o", o)))
             status = json.loads(self._run("local", "status", "--dir", str(self.state), "--json"))
         pids = {}
         for p in status["processes"]:

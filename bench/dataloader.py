@@ -118,8 +118,8 @@ def proc_status(pid: int) -> dict[str, int]:
 
 def mount_cache_budget(pid: int) -> tuple[int | None, str]:
     """The mount's memory cache budget in bytes, and where it came from: the
-    client config named by `-o config=PATH` on its command line, else the
-    ClientConfig default."""
+    client config named by `--config PATH` or `-o config=PATH` on its command
+    line, else the ClientConfig default."""
     try:
         from stripefs.common import config as cfg
     except ImportError as exc:
@@ -129,9 +129,14 @@ def mount_cache_budget(pid: int) -> tuple[int | None, str]:
     except OSError:
         argv = []
     path = None
-    for a in argv:
-        for opt in a.decode(errors="replace").split(","):
-            if opt.startswith("config="):
+    args = [a.decode(errors="replace") for a in argv]
+    for i, a in enumerate(args):
+        if a == "--config" and i + 1 < len(args):
+            path = args[i + 1]
+        elif a.startswith("--config="):
+            path = a[len("--config="):]
+        for opt in a.split(","):
+            if opt.startswith("config=") and not path:
                 path = opt[len("config="):]
     try:
         conf = cfg.load(path, cfg.ClientConfig) if path else cfg.ClientConfig()
@@ -251,6 +256,9 @@ class Bench:
                                     threads=2)
             if "seq" in a.only:
                 self.write_seq_file(side)
+        if a.dataset:
+            # read-only from here on: every cold cycle's `local up` mounts with -o dataset
+            self.cluster.options = ["dataset"]
 
         if "raw" in a.only:
             self.tree_group("raw", "raw")
@@ -395,50 +403,58 @@ class Bench:
         sampler_cls, why = prefetch_sampler_class()
         variants = [("raw", None)] + ([("prefetch", sampler_cls)] if sampler_cls else [])
         for name, cls in variants:
-            progress(f"profiling the mount, the metadata daemon and storage node 1 during a cold {name} epoch "
-                     "(not timed)")
+            progress(f"profiling the mount, the metadata daemon and storage node 1 during a cold and a warm "
+                     f"{name} epoch (not timed)")
             self.cold("both")
             ds = loaders.ImageTree(self.root("stripefs") / "tree", "raw")
-            sampler = loaders.random_sampler(ds, a.seed * 1000 + 7)
-            if cls is not None:
-                sampler = cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead)
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            self.set_phase(f"stripefs: profiled {name} epoch")
-            outs = {proc: RESULTS / f"dataloader-profile-{name}-{proc}.txt" for proc in ("mount", "meta", "storage-1")}
-            for out in outs.values():
-                out.unlink(missing_ok=True)
-            native = ["--native"] if a.profile_native else []
-            self.spies = [subprocess.Popen([exe, "record", "--pid", str(self.cluster.pids[proc]), "--rate", "100",
-                                            "--format", "raw", *native, "--output", str(out)],
-                                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                           start_new_session=True)  # its own session: a Ctrl-C is ours to pass on
-                          for proc, out in outs.items()]
-            time.sleep(1.0)  # py-spy attaches
-            t = time.perf_counter()
-            try:
-                loaders.run_epoch(loaders.make_loader(ds, seed=0, batch_size=a.batch_size, workers=a.workers,
-                                                      sampler=sampler), self.rels, self.manifest, "raw")
-            finally:
-                wall = time.perf_counter() - t
-                errs = []
-                for spy in self.spies:
-                    spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-                for spy in self.spies:
-                    try:
-                        errs.append(spy.communicate(timeout=60)[1])
-                    except subprocess.TimeoutExpired:
-                        spy.kill()
-                        errs.append(spy.communicate()[1])
-                self.spies = []
-            for (proc, out), err in zip(outs.items(), errs):
-                key = f"{name}-{proc}"
-                if not out.exists():
-                    why = err.decode(errors="replace").strip()[-500:]
-                    progress(f"  py-spy wrote nothing for the {proc}: {why}")
-                    self.profiles[key] = {"error": why}
-                    continue
-                self.profiles[key] = summarise_profile(out, wall)
-                progress(f"  {proc}: {self.profiles[key]['samples']} samples in {wall:.1f}s -> {out}")
+            for n, temp in enumerate(("cold", "warm")):
+                sampler = loaders.random_sampler(ds, a.seed * 1000 + 7 + n)
+                if cls is not None:
+                    sampler = cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead)
+                self.profiled_epoch(exe, name, temp, ds, sampler)
+
+    def profiled_epoch(self, exe: str, name: str, temp: str, ds, sampler) -> None:
+        import loaders
+
+        a = self.args
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        self.set_phase(f"stripefs: profiled {temp} {name} epoch")
+        outs = {proc: RESULTS / f"dataloader-profile-{name}-{temp}-{proc}.txt" for proc in ("mount", "meta", "storage-1")}
+        for out in outs.values():
+            out.unlink(missing_ok=True)
+        native = ["--native"] if a.profile_native else []
+        self.spies = [subprocess.Popen([exe, "record", "--pid", str(self.cluster.pids[proc]), "--rate", "100",
+                                        "--format", "raw", *native, "--output", str(out)],
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       start_new_session=True)  # its own session: a Ctrl-C is ours to pass on
+                      for proc, out in outs.items()]
+        time.sleep(1.0)  # py-spy attaches
+        t = time.perf_counter()
+        try:
+            loaders.run_epoch(loaders.make_loader(ds, seed=0, batch_size=a.batch_size, workers=a.workers,
+                                                  sampler=sampler), self.rels, self.manifest, "raw")
+        finally:
+            wall = time.perf_counter() - t
+            errs = []
+            for spy in self.spies:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            for spy in self.spies:
+                try:
+                    errs.append(spy.communicate(timeout=60)[1])
+                except subprocess.TimeoutExpired:
+                    spy.kill()
+                    errs.append(spy.communicate()[1])
+            self.spies = []
+        progress(f"  {temp} {name} epoch under py-spy: {len(ds) / wall:,.0f} samples/s")
+        for (proc, out), err in zip(outs.items(), errs):
+            key = f"{name}-{temp}-{proc}"
+            if not out.exists():
+                why = err.decode(errors="replace").strip()[-500:]
+                progress(f"  py-spy wrote nothing for the {proc}: {why}")
+                self.profiles[key] = {"error": why}
+                continue
+            self.profiles[key] = {"workload": name, "epoch": temp, "process": proc, **summarise_profile(out, wall)}
+            progress(f"  {proc}: {self.profiles[key]['samples']} samples in {wall:.1f}s -> {out}")
 
 
 IDLE_LEAVES = {"get_events", "_epoll_wait", "epoll_wait", "wait", "select", "poll", "sleep", "_wait_for_tstate_lock",
@@ -447,7 +463,12 @@ IDLE_FRAMES = {"GarbageCollectorThread.run (zmq/utils/garbage.py)"}  # pyzmq's z
 ROOT_CHAIN = ("<frozen runpy>", "stripefs/__main__.py", "stripefs/cli.py", "main (client/mount.py)",
               "_serve (client/mount.py)", "main (daemon/cli.py)", "_serve (daemon/cli.py)",
               "main (storage_node/cli.py)", "_run (storage_node/cli.py)", "run (trio/_core/_run.py)",
-              "unrolled_run (trio/_core/_run.py)")
+              "unrolled_run (trio/_core/_run.py)",
+              # the chain of every trio.to_thread job
+              "(threading.py)", "(trio/_core/_thread_cache.py)", "capture (outcome/_impl.py)", "(trio/_threads.py)")
+
+
+PRINT_TOP = 8  # rows printed per profile; the JSON has 15
 
 
 def summarise_profile(path: Path, wall: float, top: int = 15) -> dict:
@@ -525,7 +546,9 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
                  f"{'  (--quick)' if a.quick else ''}")
     lines.append(f"dataset: {a.files:,} JPEG files (~110 KiB) in {a.classes} classes, tar shards of ~{a.shard_mib} MiB; "
                  f"DataLoader: {a.workers} workers, batch {a.batch_size}, shuffled")
-    lines.append(f"stripefs: local cluster, {a.nodes} storage nodes, state on {state_fs['device']} ({state_fs['fstype']}); "
+    lines.append(f"stripefs: local cluster, {a.nodes} storage nodes, "
+                 f"{'dataset-mode mount (-o dataset)' if a.dataset else 'default (read-write) mount'}, "
+                 f"state on {state_fs['device']} ({state_fs['fstype']}); "
                  f"local: plain directory on {local_fs['device']} ({local_fs['fstype']})")
     lines.append("cold = stripefs local down, sync + drop_caches, local up (fresh client; the local disk's caches "
                  "are dropped too), then the local cold epoch, the stripefs cold and warm epochs, the local warm one"
@@ -609,13 +632,13 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         if "error" in prof:
             lines.append(f"profile ({name}): {prof['error']}")
             continue
-        idle = 100 - 100 * prof["busy_samples"] / prof["samples"] if prof["samples"] else 0
-        variant, proc = name.split("-", 1)
-        lines.append(f"{proc} profile, cold {variant} epoch ({prof['epoch_s']}s, {prof['samples']} py-spy samples, "
+        idle = 100 - 100 * prof["busy_samples"] / prof["samples"] if prof["samples"] else 100
+        lines.append(f"{prof['process']} profile, {prof['epoch']} {prof['workload']} epoch "
+                     f"({prof['epoch_s']}s, {prof['samples']} py-spy samples, "
                      f"{idle:.0f}% of them idle (waiting in epoll or on a lock); {prof['file']})")
         lines.append(f"  % of busy samples: {'self':>5s}  function                                  | "
                      f"{'incl':>5s}  function (leaving out the chain every stack shares)")
-        for i in range(max(len(prof["self_pct"]), len(prof["inclusive_pct"]))):
+        for i in range(min(PRINT_TOP, max(len(prof["self_pct"]), len(prof["inclusive_pct"])))):
             sf, sp = prof["self_pct"][i] if i < len(prof["self_pct"]) else ("", None)
             inf, ip = prof["inclusive_pct"][i] if i < len(prof["inclusive_pct"]) else ("", 0)
             lines.append(f"  {'':18s} {'' if sp is None else f'{sp:5.1f}':>5s}  {sf[:40]:40s}  | {ip:5.1f}  {inf[:60]}")
@@ -660,6 +683,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     ap.add_argument("--batch-size", type=int, default=32, help="DataLoader batch size (default 32)")
     ap.add_argument("--lookahead", type=int, default=1024, help="PrefetchSampler lookahead in samples (default 1024)")
+    ap.add_argument("--dataset", action="store_true",
+                    help="measure through a dataset-mode mount (-o dataset: read-only, long kernel caching, opens "
+                         "without round trips); the data is written through a plain mount first")
     ap.add_argument("--nodes", type=int, default=4, help="storage nodes (default 4)")
     ap.add_argument("--workdir", default="/var/tmp",
                     help="where the run's tmp dir (cluster state, mountpoint, local copy) goes; must be a real "
