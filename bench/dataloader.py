@@ -102,6 +102,19 @@ def prefetch_sampler_class():
         return None, f"stripefs.torch.PrefetchSampler not available ({type(exc).__name__}: {exc})"
 
 
+def prefetcher_report(mnt: Path) -> dict | str:
+    """The mount's prefetch counters (getfattr -n user.stripefs.prefetch MOUNT:
+    "pending=N fetched=N stored=N failed=N", since the mount started)."""
+    try:
+        text = os.getxattr(mnt, "user.stripefs.prefetch").decode(errors="replace")
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    try:
+        return {k: int(v) for k, v in (f.split("=", 1) for f in text.split())}
+    except ValueError:
+        return text
+
+
 def proc_status(pid: int) -> dict[str, int]:
     """VmHWM and VmRSS of pid in bytes ({} if it is gone)."""
     out = {}
@@ -350,7 +363,10 @@ class Bench:
                                           lookahead=a.lookahead)
                 loader = loaders.make_loader(ds, seed=seed, batch_size=a.batch_size, workers=a.workers,
                                              sampler=sampler)
-                return loaders.run_epoch(loader, self.rels, self.manifest, mode)
+                out = loaders.run_epoch(loader, self.rels, self.manifest, mode)
+                if sampler is not None:
+                    out["prefetcher"] = prefetcher_report(self.mnt)  # after the epoch, not timed meanwhile
+                return out
 
             return epoch
 
@@ -589,6 +605,11 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         stor = sum(v for k, v in by.items() if k.startswith("storage"))
         lines.append(f"  {res['label']:30s} {s['cpu_bench_s']:13.2f} {by.get('mount', 0):7.2f} "
                      f"{by.get('meta', 0):7.2f} {stor:8.2f}   ({res['local'].get('cpu_idle_cluster_s', 0):.2f})")
+    for key, res in bench.results.items():
+        pf = res.get("stripefs", {}).get("prefetcher") if "na" not in res else None
+        if pf is not None:
+            text = " ".join(f"{k}={v:,}" for k, v in pf.items()) if isinstance(pf, dict) else pf
+            lines.append(f"prefetcher after the {res['label']} (counters since the mount started): {text}")
     for group, sides in bench.scan.items():
         if "stripefs" in sides and "local" in sides:
             lines.append(f"tree scan before the cold {group} epoch ({sides['stripefs']['files']:,} files, "
