@@ -4,7 +4,7 @@ tree and tar shards through a fresh local-cluster mount AND from the local
 disk, in one run, printed side by side as a ratio (stripefs / local).
 
     make bench                      # runs bench/run.py, then this
-    .venv/bin/python bench/dataloader.py --quick      # 1,000 files: a smoke run (~1-2 min)
+    .venv/bin/python bench/dataloader.py --quick      # 1,000 files: a smoke run (~1 min)
     .venv/bin/python bench/dataloader.py --only raw,prefetch --profile
 
 Dataset (bench/imagedata.py): 8,000 real JPEG files of ~110 KiB in 100 class
@@ -36,10 +36,11 @@ local = this process and its children. Mount RSS = VmHWM of the mount process
 
 Every sample is checked (length and xxh3 against the generator's manifest;
 decoded shapes); a mismatch aborts the run (exit 1). Targets from issue 4 are
-printed as PASS/BELOW; --strict exits 2 if one is below. --profile runs one
-more cold raw epoch (and one with prefetch) with `py-spy record` attached to
-the mount, the metadata daemon and storage node 1 (not timed) and prints their
-top functions. The cluster is always stopped and unmounted (Ctrl-C, SIGTERM,
+printed as PASS/BELOW; --strict exits 2 if one is below. --profile runs a
+cold and a warm raw epoch more (and two with prefetch) with `py-spy record`
+attached to the mount, the metadata daemon and storage node 1 (not timed) and
+prints their top functions (bench/profiling.py). --dataset measures through a
+`-o dataset` mount (the data is written through a plain one first). The cluster is always stopped and unmounted (Ctrl-C, SIGTERM,
 a phase past --phase-timeout). See bench/README.md.
 """
 
@@ -50,17 +51,15 @@ import datetime as _dt
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
-from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
+import profiling
 from common import (GiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fs_of, git_commit, human_size,
                     progress, self_cpu, supervise)
 
@@ -180,7 +179,7 @@ class Bench:
         self.problems: list[str] = []
         self.cold_ok = True
         self.budget: tuple[int | None, str] = (None, "mount not started")
-        self.spies: list[subprocess.Popen] = []
+        self.recorder: profiling.Recorder | None = None
 
     # -- plumbing
 
@@ -202,9 +201,8 @@ class Bench:
         import imagedata
 
         imagedata.cancel.set()
-        for spy in list(self.spies):
-            if spy.poll() is None:
-                spy.kill()
+        if self.recorder is not None:
+            self.recorder.kill()
 
     def measure(self, key: str, label: str, side: str, fn) -> dict:
         self.set_phase(f"{side}: {label}")
@@ -433,116 +431,28 @@ class Bench:
         import loaders
 
         a = self.args
-        RESULTS.mkdir(parents=True, exist_ok=True)
         self.set_phase(f"stripefs: profiled {temp} {name} epoch")
-        outs = {proc: RESULTS / f"dataloader-profile-{name}-{temp}-{proc}.txt" for proc in ("mount", "meta", "storage-1")}
-        for out in outs.values():
-            out.unlink(missing_ok=True)
-        native = ["--native"] if a.profile_native else []
-        self.spies = [subprocess.Popen([exe, "record", "--pid", str(self.cluster.pids[proc]), "--rate", "100",
-                                        "--format", "raw", *native, "--output", str(out)],
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                       start_new_session=True)  # its own session: a Ctrl-C is ours to pass on
-                      for proc, out in outs.items()]
-        time.sleep(1.0)  # py-spy attaches
-        t = time.perf_counter()
-        try:
-            loaders.run_epoch(loaders.make_loader(ds, seed=0, batch_size=a.batch_size, workers=a.workers,
-                                                  sampler=sampler), self.rels, self.manifest, "raw")
-        finally:
+        procs = {proc: self.cluster.pids[proc] for proc in ("mount", "meta", "storage-1")}
+        self.recorder = profiling.Recorder(exe, procs, RESULTS / f"dataloader-profile-{name}-{temp}",
+                                           native=a.profile_native)
+        with self.recorder:
+            t = time.perf_counter()
+            try:
+                loaders.run_epoch(loaders.make_loader(ds, seed=0, batch_size=a.batch_size, workers=a.workers,
+                                                      sampler=sampler), self.rels, self.manifest, "raw")
+            except ValueError as exc:  # run_epoch's verdict on the data
+                raise BenchError(f"stripefs profiled {temp} {name} epoch: {exc}") from None
             wall = time.perf_counter() - t
-            errs = []
-            for spy in self.spies:
-                spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
-            for spy in self.spies:
-                try:
-                    errs.append(spy.communicate(timeout=60)[1])
-                except subprocess.TimeoutExpired:
-                    spy.kill()
-                    errs.append(spy.communicate()[1])
-            self.spies = []
         progress(f"  {temp} {name} epoch under py-spy: {len(ds) / wall:,.0f} samples/s")
-        for (proc, out), err in zip(outs.items(), errs):
+        for proc, (out, err) in self.recorder.results.items():
             key = f"{name}-{temp}-{proc}"
-            if not out.exists():
-                why = err.decode(errors="replace").strip()[-500:]
-                progress(f"  py-spy wrote nothing for the {proc}: {why}")
-                self.profiles[key] = {"error": why}
+            if err is not None:
+                progress(f"  py-spy wrote nothing for the {proc}: {err}")
+                self.profiles[key] = {"error": err}
                 continue
-            self.profiles[key] = {"workload": name, "epoch": temp, "process": proc, **summarise_profile(out, wall)}
+            self.profiles[key] = {"workload": name, "epoch": temp, "process": proc,
+                                  **profiling.summarise(out, wall)}
             progress(f"  {proc}: {self.profiles[key]['samples']} samples in {wall:.1f}s -> {out}")
-
-
-IDLE_LEAVES = {"get_events", "_epoll_wait", "epoll_wait", "wait", "select", "poll", "sleep", "_wait_for_tstate_lock",
-               "accept", "_work"}  # _work: trio's idle worker threads
-IDLE_FRAMES = {"GarbageCollectorThread.run (zmq/utils/garbage.py)"}  # pyzmq's zero-copy reaper, mostly in recv
-ROOT_CHAIN = ("<frozen runpy>", "stripefs/__main__.py", "stripefs/cli.py", "main (client/mount.py)",
-              "_serve (client/mount.py)", "main (daemon/cli.py)", "_serve (daemon/cli.py)",
-              "main (storage_node/cli.py)", "_run (storage_node/cli.py)", "run (trio/_core/_run.py)",
-              "unrolled_run (trio/_core/_run.py)",
-              # the chain of every trio.to_thread job
-              "(threading.py)", "(trio/_core/_thread_cache.py)", "capture (outcome/_impl.py)", "(trio/_threads.py)")
-
-
-PRINT_TOP = 8  # rows printed per profile; the JSON has 15
-
-
-def summarise_profile(path: Path, wall: float, top: int = 15) -> dict:
-    """Top functions of a py-spy raw (collapsed) profile.
-
-    Stacks whose innermost frame is a wait (epoll, a lock, select) are idle
-    time: counted apart. Of the busy samples: top functions by self samples,
-    and by inclusive samples (a function counted once per stack) leaving out
-    the chain every stack shares (runpy, cli main, trio's run loop)."""
-    self_c: Counter = Counter()
-    incl: Counter = Counter()
-    total = busy = 0
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack or not n.isdigit():
-            continue
-        n = int(n)
-        frames = [f for f in (_frame_name(f) for f in stack.split(";")) if f]
-        if not frames:
-            continue
-        total += n
-        py = [f for f in frames if ".py)" in f or "<frozen" in f]  # with --native: the innermost Python frame
-        leaf = (py or frames)[-1]
-        if leaf.split(" (")[0].rsplit(".", 1)[-1] in IDLE_LEAVES or leaf in IDLE_FRAMES:
-            continue
-        busy += n
-        self_c[frames[-1]] += n
-        for f in set(frames):
-            incl[f] += n
-    shared = {f for f, v in incl.items() if v >= 0.9 * busy or any(r in f for r in ROOT_CHAIN)}
-    for f in shared:
-        del incl[f]
-
-    def pct(c: Counter) -> list:
-        return [[f, round(100 * v / busy, 1)] for f, v in c.most_common(top)] if busy else []
-
-    return {"file": str(path), "samples": total, "busy_samples": busy, "epoch_s": round(wall, 2),
-            "self_pct": pct(self_c), "inclusive_pct": pct(incl)}
-
-
-def _frame_name(frame: str) -> str:
-    """'read (client/operations.py:123)' -> 'read (client/operations.py)'; thread/process frames dropped."""
-    frame = frame.strip()
-    if frame.startswith(("process ", "thread ")):
-        return ""
-    name, _, loc = frame.partition(" (")
-    loc = loc.rstrip(")")
-    fname = loc.rsplit(":", 1)[0] if loc else ""
-    for marker in ("site-packages/", "lib/python3"):
-        if marker in fname:
-            fname = fname.split(marker, 1)[1]
-    for marker in ("/client/", "/common/", "/stripefs/", "/daemon/", "/storage_node/"):
-        if marker in fname:
-            fname = marker.strip("/") + "/" + fname.rsplit(marker, 1)[1]
-    return f"{name} ({fname})" if fname else name
-
-
-# ---------------------------------------------------------------------- report
 
 
 def ratio(res: dict, key: str) -> float | None:
@@ -650,19 +560,7 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
 
     for name, prof in bench.profiles.items():
         lines.append("")
-        if "error" in prof:
-            lines.append(f"profile ({name}): {prof['error']}")
-            continue
-        idle = 100 - 100 * prof["busy_samples"] / prof["samples"] if prof["samples"] else 100
-        lines.append(f"{prof['process']} profile, {prof['epoch']} {prof['workload']} epoch "
-                     f"({prof['epoch_s']}s, {prof['samples']} py-spy samples, "
-                     f"{idle:.0f}% of them idle (waiting in epoll or on a lock); {prof['file']})")
-        lines.append(f"  % of busy samples: {'self':>5s}  function                                  | "
-                     f"{'incl':>5s}  function (leaving out the chain every stack shares)")
-        for i in range(min(PRINT_TOP, max(len(prof["self_pct"]), len(prof["inclusive_pct"])))):
-            sf, sp = prof["self_pct"][i] if i < len(prof["self_pct"]) else ("", None)
-            inf, ip = prof["inclusive_pct"][i] if i < len(prof["inclusive_pct"]) else ("", 0)
-            lines.append(f"  {'':18s} {'' if sp is None else f'{sp:5.1f}':>5s}  {sf[:40]:40s}  | {ip:5.1f}  {inf[:60]}")
+        lines += profiling.format_summary(name, prof)
     if bench.problems:
         lines.append("")
         lines.append("stripefs logs contain warnings/errors:")
@@ -718,8 +616,9 @@ def main(argv=None) -> int:
     ap.add_argument("--phase-timeout", type=float, default=600,
                     help="abort (and tear down) if one phase takes longer, seconds (default 600)")
     ap.add_argument("--profile", action="store_true",
-                    help="afterwards, record mount, meta and storage node 1 with py-spy during one more cold "
-                         "raw epoch (and one with prefetch), not timed; raw profiles go to bench/results/dataloader-profile-*.txt")
+                    help="afterwards, record mount, meta and storage node 1 with py-spy during a cold and a warm "
+                         "raw epoch more (and two with prefetch), not timed; raw profiles go to "
+                         "bench/results/dataloader-profile-*.txt")
     ap.add_argument("--profile-native", action="store_true",
                     help="with --profile: py-spy --native (C frames too: syscalls, Cython, libzmq; fewer samples)")
     ap.add_argument("--py-spy", default=None, help="py-spy executable for --profile (default: py-spy on PATH)")
