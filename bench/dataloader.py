@@ -229,6 +229,7 @@ class Bench:
             r["cpu_by_process_s"] = cpu_procs
         if idle_cluster is not None:
             r["cpu_idle_cluster_s"] = idle_cluster  # competes with the local epoch for the CPUs
+        r["loadavg_1m"] = os.getloadavg()[0]  # other users' load: context for noisy figures
         if side == "stripefs":
             st = proc_status(self.cluster.pids["mount"])
             r["mount_vmhwm"] = st.get("VmHWM")
@@ -479,6 +480,10 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
     lines.append("cold = stripefs local down, sync + drop_caches, local up (fresh client; the local disk's caches "
                  "are dropped too), then the local cold epoch, the stripefs cold and warm epochs, the local warm one"
                  + ("" if bench.cold_ok else "  ** WARNING: drop_caches FAILED, cold figures are not cold **"))
+    loads = [r[side]["loadavg_1m"] for r in bench.results.values() for side in ("stripefs", "local") if side in r]
+    if loads:
+        lines.append(f"host load average (1 min) after each measurement: {min(loads):.1f} to {max(loads):.1f} on "
+                     f"{os.cpu_count()} cpus (other users' work makes figures noisy; compare the ratios)")
     lines.append("ratio = stripefs / local (higher is better); cpu = host CPU s per GiB read: stripefs = benchmark + "
                  "DataLoader workers + meta + storage + mount; local = benchmark + workers. MiB = 2^20 bytes.")
     lines.append("")
