@@ -14,6 +14,14 @@ $(VENV)/.installed: pyproject.toml
 		echo "installing fuse3, libfuse3-dev, pkg-config"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config >/dev/null; \
 	fi
+	@if ! command -v systemd-analyze >/dev/null; then \
+		echo "installing systemd (systemd-analyze verifies the units in deploy/)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; \
+	fi
+	@if ! command -v tmux >/dev/null; then \
+		echo "installing tmux (the tests watch 'stripefs top' in a terminal)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; \
+	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@

@@ -9,10 +9,13 @@ kernel's parallel read-ahead requests, a prefetch task) share one network read.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Awaitable, Callable
 
 import trio
+
+from . import metrics
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,7 @@ class ChunkCache:
         self._inflight: dict[Key, trio.Event] = {}
         self.hits = 0
         self.misses = 0
+        self._prefetched: set[Key] = set()  # prefetched, not read yet
 
     def __contains__(self, key: Key) -> bool:
         return key in self._entries or key in self._inflight
@@ -35,6 +39,9 @@ class ChunkCache:
         data = self._entries.get(key)
         if data is not None:
             self._entries.move_to_end(key)
+            if key in self._prefetched:
+                self._prefetched.discard(key)
+                metrics.READAHEAD.labels("used").inc()
         return data
 
     def put(self, key: Key, data: bytes) -> None:
@@ -46,15 +53,17 @@ class ChunkCache:
         self._entries[key] = data
         self.used += len(data)
         while self.used > self.budget:
-            _, evicted = self._entries.popitem(last=False)
+            gone, evicted = self._entries.popitem(last=False)
             self.used -= len(evicted)
+            self._forget_prefetched(gone)
 
     def drop_inode(self, ino: int, from_index: int = 0) -> None:
         """Forget every cached chunk of ``ino`` at or after ``from_index``."""
         for key in [k for k in self._entries if k[0] == ino and k[1] >= from_index]:
             self.used -= len(self._entries.pop(key))
+            self._forget_prefetched(key)
 
-    async def fetch(self, key: Key, load: Callable[[], Awaitable[bytes]]) -> bytes:
+    async def fetch(self, key: Key, load: Callable[[], Awaitable[bytes]], *, prefetch: bool = False) -> bytes:
         """The bytes for ``key``, loaded once however many tasks ask at the same time.
 
         If the load fails, the tasks that were waiting for it try again themselves.
@@ -63,17 +72,33 @@ class ChunkCache:
             data = self.get(key)
             if data is not None:
                 self.hits += 1
+                metrics.CACHE_HITS.inc()
                 return data
             pending = self._inflight.get(key)
             if pending is None:
                 break
+            waited = time.perf_counter()
             await pending.wait()
+            metrics.network_wait(time.perf_counter() - waited)
         self.misses += 1
+        metrics.CACHE_MISSES.inc()
         done = self._inflight[key] = trio.Event()
+        waited = time.perf_counter()
         try:
             data = await load()
             self.put(key, data)
+            if prefetch and key in self._entries:  # before any reader can see it: read-ahead accounting
+                self._prefetched.add(key)
+                metrics.READAHEAD.labels("fetched").inc()
             return data
         finally:
+            metrics.network_wait(time.perf_counter() - waited)
             del self._inflight[key]
             done.set()
+
+    # -- read-ahead accounting (client.metrics): was a prefetched chunk ever read? --
+
+    def _forget_prefetched(self, key: Key) -> None:
+        if key in self._prefetched:
+            self._prefetched.discard(key)
+            metrics.READAHEAD.labels("wasted").inc()

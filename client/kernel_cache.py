@@ -19,7 +19,10 @@ Rules
   for long. ``stamp()`` before the request and ``changed_since()`` after it
   catch that; such a reply is cached for 0 s.
 * Invalidations run in a worker thread, never inside a request handler: the
-  kernel may hold locks that the pending request needs (pyfuse3 docs).
+  kernel may hold locks that the pending request needs (pyfuse3 docs). A
+  change is noted at once (``changed_since`` sees it) and its invalidations
+  are queued; one task sends whatever has queued up in one thread hop, so a
+  burst of changes elsewhere costs this mount a few thread hops, not one each.
 
 The visibility bound this gives a dataset mount: a change made elsewhere is
 seen once its event arrives (milliseconds); if the event is lost, at the next
@@ -31,14 +34,16 @@ from __future__ import annotations
 
 import errno
 import logging
+import threading
 from collections import OrderedDict
-from typing import Callable, Iterable
+from typing import Awaitable, Callable, Iterable
 
 import pyfuse3
 import trio
 import zmq
 
 from ..common import protocol as p
+from ..common.errors import StripefsError
 from ..common.transport import open_socket
 
 log = logging.getLogger(__name__)
@@ -57,6 +62,12 @@ class KernelCache:
         self._floor = 0  # changes at or before this are not remembered one by one
         self._recent: OrderedDict[int, int] = OrderedDict()  # ino -> clock of its last change
         self.drops = 0  # full drops so far (gaps, silences, restarts)
+        # held by worker threads while they invalidate, or push pages (notify_store): a push
+        # checks changed_since under it, so it either sees the change or precedes its invalidation
+        self.kernel_lock = threading.Lock()
+        self._pending_inodes: set[int] = set()  # invalidations noted, not yet sent to the kernel
+        self._pending_names: set[tuple[int, bytes]] = set()
+        self._pending = trio.Event()
 
     # ----------------------------------------------------- what the kernel knows
 
@@ -101,8 +112,8 @@ class KernelCache:
 
     # ------------------------------------------------------------ invalidation
 
-    async def apply(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
-        """One change made elsewhere (or here: the feed does not say who)."""
+    def apply(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
+        """One change made elsewhere (or here: the feed does not say who): note it, queue its invalidations."""
         touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
         self._note(touched | {parent for parent, _ in entries})
         self.on_change(touched)
@@ -113,49 +124,77 @@ class KernelCache:
             if key in self._names_of.get(ino, ()):
                 self._names_of[ino].remove(key)
         if names or known:
-            await trio.to_thread.run_sync(_invalidate, known, names)
+            self._pending_names.update(names)
+            self._pending_inodes.update(known)
+            self._pending.set()
+
+    async def flush_pending(self) -> None:
+        """Send the queued invalidations to the kernel, all in one worker-thread hop."""
+        self._pending = trio.Event()
+        inodes, names = list(self._pending_inodes), list(self._pending_names)
+        self._pending_inodes.clear()
+        self._pending_names.clear()
+        if inodes or names:
+            await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._pending.wait()
+            await self.flush_pending()
 
     async def drop_all(self, why: str) -> None:
         self.drops += 1
         self._clock += 1
         self._floor = self._clock
         self._recent.clear()
+        self._pending_inodes.clear()
+        self._pending_names.clear()
         self.on_change(None)
         names = list(self._names)
         inodes = list(self._names_of) + [pyfuse3.ROOT_INODE]
         self._names.clear()
         self._names_of.clear()
         log.info("change feed: %s; dropping the kernel's cache of %d name(s) and %d inode(s)", why, len(names), len(inodes))
-        await trio.to_thread.run_sync(_invalidate, inodes, names)
+        await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
 
     # ------------------------------------------------------------- the feed
 
-    async def follow(self, ctx: zmq.Context, address: Callable[[], tuple[str, str, int]]) -> None:
+    async def follow(self, ctx: zmq.Context, feed_info: Callable[[], Awaitable[tuple[str, str, int]]]) -> None:
         """Subscribe to the daemon's change feed and apply it, forever.
 
-        ``address()`` gives (feed address, daemon boot id, last seq at hello);
-        it changes when the mount re-opens its session after a daemon restart.
+        ``feed_info()`` asks the daemon where its feed is: (address, boot id,
+        last seq). It is asked at start and whenever the feed goes silent (the
+        daemon restarted, maybe on another port, or the network broke).
         """
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._flusher, name="kernel-invalidations")
+            await self._follow_forever(ctx, feed_info)
+
+    async def _follow_forever(self, ctx: zmq.Context, feed_info) -> None:
         while True:
-            where, boot, seq = address()
-            if not where:
+            try:
+                where, boot, seq = await feed_info()
+            except StripefsError as exc:
+                log.debug("change feed: cannot ask where it is: %s", exc)
                 await trio.sleep(p.EVENTS_HEARTBEAT_S)
                 continue
+            if not where:
+                await trio.sleep(p.EVENTS_SILENCE_S)
+                continue
             async with open_socket(ctx, zmq.SUB, connect=where, hwm=1_000_000) as sock:
-                log.debug("change feed: following %s from seq %d", where, seq)
-                await self._follow_one(sock, boot, seq, lambda: address()[0] == where)
-            await self.drop_all("the metadata daemon's feed moved")
-            self.healthy = False
+                log.debug("change feed: following %s (boot %s) from seq %d", where, boot, seq)
+                await self._follow_one(sock, boot, seq)
 
-    async def _follow_one(self, sock, boot: str, seq: int, same_feed: Callable[[], bool]) -> None:
-        while same_feed():
+    async def _follow_one(self, sock, boot: str, seq: int) -> None:
+        """Apply events until the feed is silent for EVENTS_SILENCE_S (then the caller asks again)."""
+        while True:
             with trio.move_on_after(p.EVENTS_SILENCE_S) as silence:
                 frames = await sock.recv_multipart()
             if silence.cancelled_caught:
                 if self.healthy:
                     self.healthy = False
                     await self.drop_all(f"nothing heard for {p.EVENTS_SILENCE_S:.0f}s")
-                continue
+                return
             try:
                 event = p.decode_event(frames[0].bytes)
             except p.ProtocolError as exc:
@@ -167,7 +206,7 @@ class KernelCache:
                 self.healthy = True  # a heartbeat: nothing missed
             elif event.boot_id == boot and event.seq == seq + 1:
                 seq = event.seq
-                await self.apply(event.inodes, event.entries)
+                self.apply(event.inodes, event.entries)
                 self.healthy = True
             else:
                 why = "the metadata daemon restarted" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"
@@ -176,8 +215,13 @@ class KernelCache:
                 self.healthy = True
 
 
-def _invalidate(inodes: list[int], names: list[tuple[int, bytes]]) -> None:
+def _invalidate(inodes: list[int], names: list[tuple[int, bytes]], lock: threading.Lock) -> None:
     """Drop names and inodes (attributes and pages) from the kernel. In a worker thread."""
+    with lock:
+        _invalidate_locked(inodes, names)
+
+
+def _invalidate_locked(inodes: list[int], names: list[tuple[int, bytes]]) -> None:
     for parent, name in names:
         try:
             pyfuse3.invalidate_entry(parent, name)

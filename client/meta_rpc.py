@@ -44,8 +44,6 @@ class MetaClient:
         self.session_id = 0
         self.lease_s = 15.0
         self.boot_id = ""
-        self.events_port = 0  # the daemon's change feed (client/kernel_cache.py)
-        self.events_seq = 0
         self.cluster_id = ""
         self.open_inodes: Callable[[], list[int]] = lambda: []
 
@@ -91,7 +89,6 @@ class MetaClient:
                 reply = rsp[0]
                 assert isinstance(reply, p.HelloRsp)
                 self.session_id, self.lease_s, self.boot_id = reply.session_id, reply.lease_s, reply.boot_id
-                self.events_port, self.events_seq = reply.events_port, reply.events_seq
                 self.cluster_id = reply.cluster_id
                 log.info("session %d with metadata daemon %s (boot %s)", self.session_id, self.addresses[self._current], self.boot_id)
                 return
@@ -100,12 +97,18 @@ class MetaClient:
             f"no metadata daemon answered at {', '.join(self.addresses)} within {patience_s:.0f}s",
         )
 
-    def events_address(self) -> tuple[str, str, int]:
-        """(change feed address, daemon boot id, last change at hello); the address is empty without a feed."""
-        if not self.events_port:
-            return "", self.boot_id, self.events_seq
+    async def feed_info(self) -> tuple[str, str, int]:
+        """Where the daemon's change feed is now: (address, boot id, last change); "" without a feed.
+
+        Asked, not remembered from the hello: a restarted daemon adopts our session
+        without a new hello, and its feed may be on another port.
+        """
+        rsp = await self.call(p.PingReq(), retry=False)
+        assert isinstance(rsp, p.PingRsp)
+        if not rsp.events_port:
+            return "", rsp.boot_id, rsp.events_seq
         host = self.addresses[self._current].rsplit(":", 1)[0]
-        return f"{host}:{self.events_port}", self.boot_id, self.events_seq
+        return f"{host}:{rsp.events_port}", rsp.boot_id, rsp.events_seq
 
     async def heartbeat_loop(self, mountpoint: str) -> None:
         """Keep the session alive; re-open it when the daemon forgot us."""

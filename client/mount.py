@@ -8,8 +8,9 @@ sent once the mount is up).
 One trio root nursery and one AsyncExitStack own everything: the ZeroMQ
 context, the metadata session and its heartbeat task, the storage node
 connections, background writes and prefetches, and the FUSE session. SIGTERM
-and SIGINT end the FUSE loop (pending data is flushed by the kernel's release
-calls before unmount completes); the mount is always unmounted on exit.
+and SIGINT end the FUSE loop; data that files still open in applications have
+buffered is then committed (``_flush_open_files``; closed files were flushed by
+the kernel's FLUSH/RELEASE calls already), and the mount is always unmounted on exit.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from ..common import config as cfg
 from ..common.errors import QuietError, StripefsError
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.systemd import notify
+from ..common.metrics import serve as serve_metrics
+from . import metrics as client_metrics
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .disk_cache import DiskCache
@@ -40,12 +43,13 @@ from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .operations import Operations
 from .prefetch import Prefetcher
+from .shm_cache import ShmCache
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
-_OWN_OPTIONS = {"config", "dataset", "cache_dir"}
+_OWN_OPTIONS = {"config", "dataset", "cache_dir", "metrics"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "mount options: FUSE's (allow_other, ...) pass through; config=PATH reads client.toml; "
             "dataset: read-only dataset mode (warm opens are answered by the kernel; "
-            "changes made elsewhere show within seconds); cache_dir=DIR: keep chunk data on a local disk too"
+            "changes made elsewhere show within seconds); cache_dir=DIR: keep chunk data on a local disk too; "
+            "metrics=HOST:PORT: serve Prometheus metrics there"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -106,6 +111,8 @@ def main(argv: list[str]) -> int:
         client_cfg = msgspec.structs.replace(client_cfg, disk_cache_dir=own["cache_dir"])
     if client_cfg.disk_cache_dir and not Path(client_cfg.disk_cache_dir).is_dir():
         raise QuietError(f"disk cache directory {client_cfg.disk_cache_dir} does not exist; create it first")
+    if "metrics" in own:  # -o metrics=HOST:PORT overrides the config's
+        client_cfg = msgspec.structs.replace(client_cfg, metrics=own["metrics"])
     addresses = [a.strip() for a in args.meta.split(",") if a.strip()]
     for a in addresses:
         if not a.startswith(("tcp://", "ipc://")):
@@ -214,6 +221,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 nursery,
                 readahead_chunks=client_cfg.readahead_chunks,
                 write_parallelism=client_cfg.write_parallelism,
+                write_inflight=client_cfg.write_inflight,
             )
             if client_cfg.disk_cache_dir:
                 data.disk_cache = DiskCache(
@@ -236,6 +244,15 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 prefetcher=prefetcher,
             )
             prefetcher.on_fetched = ops.prefetched
+            client_metrics.instrument(ops)
+            try:
+                metrics_address = serve_metrics(client_cfg.metrics)
+            except (OSError, ValueError) as exc:
+                raise QuietError(f"cannot serve metrics at {client_cfg.metrics!r} (key metrics): {exc}", 1) from None
+            if client_cfg.shm_dir and os.path.isdir(client_cfg.shm_dir):
+                prefetcher.shm = ShmCache(Path(client_cfg.shm_dir) / f"stripefs-{os.getpid()}", client_cfg.shm_size)
+                prefetcher.shm.open()
+                stack.callback(prefetcher.shm.close)
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             try:
                 pyfuse3.init(ops, mountpoint, options)
@@ -244,19 +261,42 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             try:
                 nursery.start_soon(_signals, name="signals")
                 nursery.start_soon(_tune_kernel, mountpoint, client_cfg.max_background, name="tune-kernel")
-                nursery.start_soon(kcache.follow, ctx, meta.events_address, name="change-feed")
+                nursery.start_soon(kcache.follow, ctx, meta.feed_info, name="change-feed")
                 nursery.start_soon(prefetcher.run, name="prefetch")
                 mode = "dataset mode (read-only), " if client_cfg.dataset else ""
                 log.info("mounted %s from %s (%soptions %s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)))
+                client_metrics.write_state(mountpoint, metrics_address)
                 notify("READY=1")
                 _report(ready_fd, "ok")
                 await pyfuse3.main()
             finally:
                 notify("STOPPING=1")
+                client_metrics.remove_state(mountpoint)
+                await _flush_open_files(ops)
                 pyfuse3.close(unmount=True)
                 log.info("unmounted %s", mountpoint)
     finally:
         ctx.term()
+
+
+#: how long a stopping mount may spend committing what open files still buffer
+FLUSH_ON_STOP_S = 30.0
+
+
+async def _flush_open_files(ops: Operations) -> None:
+    """Commit data that files still open in applications have buffered: a SIGTERM loses no acknowledged write."""
+    pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
+    if not pending:
+        return
+    log.info("flushing %d file(s) still open before unmounting", len(pending))
+    with trio.move_on_after(FLUSH_ON_STOP_S, shield=True) as scope:
+        for of in pending:
+            try:
+                await ops.data.flush(of)
+            except StripefsError as exc:
+                log.error("inode %d: data written before the stop could not be stored: %s", of.ino, exc)
+    if scope.cancelled_caught:
+        log.error("flushing open files took over %.0fs; unmounting anyway (unflushed writes are lost)", FLUSH_ON_STOP_S)
 
 
 #: the kernel reads ahead this much on sequential reads (the FUSE default is 128 KiB,

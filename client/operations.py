@@ -315,8 +315,11 @@ class Operations(pyfuse3.Operations):
         after = start_id
         while True:
             stamp = self.kcache.stamp()
-            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000))
+            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset))
             stale_dir = self.kcache.changed_since(stamp, fh)
+            for info in rsp.files:  # dataset mode: opens of listed files need no round trip
+                if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
+                    self._keep_dataset_info(info)
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
@@ -342,10 +345,10 @@ class Operations(pyfuse3.Operations):
         return s
 
     async def setxattr(self, inode, name, value, ctx):
-        if name == p.PREFETCH_XATTR:
+        if name in (p.PREFETCH_XATTR, p.PREFETCH_SHM_XATTR):
             if self.prefetcher is None:
                 raise pyfuse3.FUSEError(errno.ENOTSUP)
-            self.prefetcher.submit(inode, value)
+            self.prefetcher.submit(inode, value, shm=name == p.PREFETCH_SHM_XATTR)
             return
         self._writable()
         await self.meta.call(p.SetxattrReq(ino=inode, name=name, value=value))
@@ -353,6 +356,8 @@ class Operations(pyfuse3.Operations):
     async def getxattr(self, inode, name, ctx):
         if name == p.PREFETCH_XATTR and self.prefetcher is not None:
             return self.prefetcher.report().encode()
+        if name == p.SHM_DIR_XATTR and self.prefetcher is not None:
+            return os.fsencode(self.prefetcher.shm.dir) if self.prefetcher.shm else b""
         rsp = await self.meta.call(p.GetxattrReq(ino=inode, name=name))
         return rsp.value
 

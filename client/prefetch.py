@@ -36,6 +36,7 @@ from ..common.errors import StripefsError
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
+from .shm_cache import ShmCache
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,10 @@ class Prefetcher:
         self.kcache = kcache
         self.parallel = parallel
         self.max_file_bytes = max_file_bytes
-        self._queue: deque[tuple[int, bytes]] = deque(maxlen=max_queued)
+        self._queue: deque[tuple[int, bool, bytes]] = deque(maxlen=max_queued)  # (root, to shm, path)
         self._wake = trio.Event()
         self.on_fetched: Callable[[p.OpenRsp, bool], None] = lambda rsp, stored: None
+        self.shm: ShmCache | None = None  # set by the mount when it has a shared-memory directory
         self.fetched = 0  # files fetched
         self.stored = 0  # of those, pushed into the page cache
         self.failed = 0
@@ -72,27 +74,32 @@ class Prefetcher:
         """What ``getfattr -n user.stripefs.prefetch MOUNT`` shows."""
         return f"pending={len(self._queue) + self._busy} fetched={self.fetched} stored={self.stored} failed={self.failed}"
 
-    def submit(self, root: int, blob: bytes) -> None:
-        """Queue newline-separated paths relative to directory inode ``root`` (from setxattr)."""
+    def submit(self, root: int, blob: bytes, *, shm: bool = False) -> None:
+        """Queue newline-separated paths relative to directory inode ``root`` (from setxattr).
+
+        ``shm``: also put them in the shared-memory directory (client/shm_cache.py).
+        """
+        shm = shm and self.shm is not None
         for path in blob.split(b"\n"):
             if path.strip(b"/"):
-                self._queue.append((root, path))
+                self._queue.append((root, shm, path))
         self._wake.set()
 
     async def run(self) -> None:
         slots = trio.Semaphore(self.parallel)
-        fetched_send, fetched_recv = trio.open_memory_channel[tuple[p.OpenRsp, bytes | memoryview]](self.parallel * 4)
+        fetched_send, fetched_recv = trio.open_memory_channel[tuple[p.OpenRsp, bool, int, bytes | memoryview]](self.parallel * 4)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._store_loop, fetched_recv, name="prefetch-store")
             while True:
                 while not self._queue:
                     self._wake = trio.Event()
                     await self._wake.wait()
-                root = self._queue[0][0]
+                root, shm = self._queue[0][:2]
                 batch = []
-                while self._queue and len(batch) < RESOLVE_BATCH and self._queue[0][0] == root:
-                    batch.append(self._queue.popleft()[1])
+                while self._queue and len(batch) < RESOLVE_BATCH and self._queue[0][:2] == (root, shm):
+                    batch.append(self._queue.popleft()[2])
                 self._busy += len(batch)
+                stamp = self.kcache.stamp()  # a change after this makes what we fetch unfit for the page cache
                 try:
                     rsp = await self.meta.call(p.LookupPathsReq(root=root, paths=batch), retry=False)
                 except StripefsError as exc:
@@ -104,9 +111,9 @@ class Prefetcher:
                         self._busy -= 1
                         continue
                     await slots.acquire()  # back-pressure: at most `parallel` files in flight
-                    nursery.start_soon(self._fetch, info, slots, fetched_send, name=f"prefetch-{info.attr.ino}")
+                    nursery.start_soon(self._fetch, info, shm, stamp, slots, fetched_send, name=f"prefetch-{info.attr.ino}")
 
-    async def _fetch(self, info: p.OpenRsp, slots: trio.Semaphore, fetched: trio.MemorySendChannel) -> None:
+    async def _fetch(self, info: p.OpenRsp, shm: bool, stamp: int, slots: trio.Semaphore, fetched: trio.MemorySendChannel) -> None:
         try:
             self.data.nodes.learn(info.nodes)
             of = OpenFile(info.attr.ino, info.attr, info.layout, {c.index: c for c in info.chunks})
@@ -119,7 +126,7 @@ class Prefetcher:
                         "prefetch of inode %d failed: %s", info.attr.ino, exc)
                 return
             self.fetched += 1
-            await fetched.send((info, data))  # the store loop is done with it after
+            await fetched.send((info, shm, stamp, data))  # the store loop is done with it after
         finally:
             slots.release()
 
@@ -132,22 +139,33 @@ class Prefetcher:
                     batch.append(fetched.receive_nowait())
                 except trio.WouldBlock:
                     break
-            known = [(info, data) for info, data in batch if self.kcache.knows(info.attr.ino)]
-            stored = set(await trio.to_thread.run_sync(_store, known)) if known else set()
+            known = [(info, stamp, data) for info, _, stamp, data in batch if self.kcache.knows(info.attr.ino)]
+            shared = [(info, data) for info, shm, _, data in batch if shm]
+            stored = set(await trio.to_thread.run_sync(_store, known, shared, self.shm, self.kcache)) if known or shared else set()
             self.stored += len(stored)
-            for info, _ in batch:
+            for info, _, _, _ in batch:
                 self.on_fetched(info, info.attr.ino in stored)
             self._busy -= len(batch)
 
 
-def _store(files: list[tuple[p.OpenRsp, bytes | memoryview]]) -> list[int]:
-    """notify_store each file whole; the inodes that made it. In a worker thread."""
+def _store(files: list, shared: list, shm: ShmCache | None, kcache: KernelCache) -> list[int]:
+    """notify_store each file whole (the inodes that made it); copy ``shared`` to shm. In a worker thread.
+
+    A file that changed since its prefetch began is not pushed: under ``kernel_lock``
+    a push either sees the change noted, or happens before the change's invalidation.
+    Shared-memory copies need no such care: their names carry the version.
+    """
+    for info, data in shared:
+        shm.put(info, data)
     stored = []
-    for info, data in files:
-        try:
-            pyfuse3.notify_store(info.attr.ino, 0, data)
-            stored.append(info.attr.ino)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:  # ENOENT: the kernel forgot the inode meanwhile
-                log.debug("prefetch: cannot store inode %d in the page cache: %s", info.attr.ino, exc)
+    with kcache.kernel_lock:
+        for info, stamp, data in files:
+            if kcache.changed_since(stamp, info.attr.ino):
+                continue
+            try:
+                pyfuse3.notify_store(info.attr.ino, 0, data)
+                stored.append(info.attr.ino)
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:  # ENOENT: the kernel forgot the inode meanwhile
+                    log.debug("prefetch: cannot store inode %d in the page cache: %s", info.attr.ino, exc)
     return stored

@@ -19,6 +19,12 @@ Writes
     that took the write. So one node dying mid-write costs the writer nothing.
     ``flush`` waits for everything in flight and commits versions and size.
 
+Memory: the chunk cache has its byte budget; unsent data is at most
+``MAX_DIRTY_CHUNKS`` partial chunks per file being written, and chunks being
+sent at most ``write_parallelism`` per file and ``write_inflight`` for the
+mount, so the client's memory stays within ``cache_size`` plus a few dozen
+chunks however applications write.
+
 Atomicity: an ``OpenFile``'s dirty map is only changed between awaits; a chunk
 is removed from ``dirty`` before its send starts, so no byte is sent twice or lost.
 """
@@ -43,6 +49,9 @@ from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
 
+#: partial chunks a file may hold unsent; a writer scattering more sends its oldest first
+MAX_DIRTY_CHUNKS = 8
+
 _FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
 
 
@@ -56,6 +65,7 @@ class DataPath:
         *,
         readahead_chunks: int,
         write_parallelism: int,
+        write_inflight: int = 16,
     ):
         self.meta = meta
         self.nodes = nodes
@@ -64,6 +74,8 @@ class DataPath:
         self.readahead_chunks = readahead_chunks
         self.write_parallelism = write_parallelism
         self.disk_cache: DiskCache | None = None  # set by the mount when configured
+        # chunks being written in the background, all files together (memory bound, with MAX_DIRTY_CHUNKS)
+        self.write_slots = trio.Semaphore(max(write_parallelism, write_inflight))
 
     # ------------------------------------------------------------------ reads
 
@@ -115,7 +127,9 @@ class DataPath:
         if ref is None or ref.version == 0:
             return
         try:
-            await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True))
+            await self.cache.fetch(
+                (of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True), prefetch=True
+            )
         except StripefsError as exc:
             # the file may have been truncated or deleted meanwhile; a real read will say so
             log.debug("prefetch of chunk %d:%d failed: %s", of.ino, index, exc)
@@ -200,6 +214,9 @@ class DataPath:
             if dc.lo == 0 and dc.hi == cs:
                 del of.dirty[ext.index]
                 await self._send_in_background(of, dc)
+            elif len(of.dirty) > MAX_DIRTY_CHUNKS:  # a scattered writer: memory stays bounded
+                oldest = next(iter(of.dirty))
+                await self._send_in_background(of, of.dirty.pop(oldest))
         of.size = max(of.size, offset + len(data))
         self.cache.drop_inode(of.ino, offset // cs)
 
@@ -212,6 +229,7 @@ class DataPath:
         if of.write_slots is None:
             of.write_slots = trio.Semaphore(self.write_parallelism)
         await of.write_slots.acquire()  # backpressure: at most N chunks in flight per file
+        await self.write_slots.acquire()  # ... and at most M for the whole mount
         of.start_io()
 
         async def send():
@@ -220,6 +238,7 @@ class DataPath:
             except StripefsError as exc:
                 of.write_error = exc
             finally:
+                self.write_slots.release()
                 of.write_slots.release()
                 of.end_io()
 

@@ -42,6 +42,7 @@ class MetaConfig(_Config):
     chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
     stripe_count: int = 4
     redundancy: str = "replicas=2"
+    metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
 
 
 class StorageConfig(_Config):
@@ -56,6 +57,7 @@ class StorageConfig(_Config):
     capacity: Size = Size(0)  # 0: the whole file system holding data_dir
     reserved_space: Size = Size(64 << 20)  # refuse writes (ENOSPC) below this much free space
     io_threads: int = 8
+    metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
 
     @property
     def address(self) -> str:
@@ -72,6 +74,7 @@ class ClientConfig(_Config):
     cache_size: Size = Size(1 << 30)  # memory for chunk data read ahead / prefetched / recently read
     readahead_chunks: int = 8  # most chunks a sequential reader's window grows to (from 1, doubling)
     write_parallelism: int = 4  # chunks being written to storage at once per file
+    write_inflight: int = 16  # chunks being written to storage at once, all files together
     attr_timeout_s: float = 1.0  # kernel attribute cache while the change feed is down
     entry_timeout_s: float = 1.0  # kernel name cache while the change feed is down
     cache_timeout_s: float = 300.0  # kernel name/attribute cache while the change feed is healthy
@@ -81,6 +84,9 @@ class ClientConfig(_Config):
     disk_cache_dir: str = ""  # a local disk cache of chunk data (e.g. on NVMe); empty: none (also -o cache_dir=)
     disk_cache_size: Size = Size(64 << 30)  # most bytes the disk cache holds
     disk_cache_min_free: Size = Size(4 << 30)  # the disk cache stops growing when its file system has less free
+    shm_dir: str = "/dev/shm"  # where prefetched files wait for stripefs.torch readers; empty: nowhere
+    shm_size: Size = Size(512 << 20)  # most bytes of prefetched files waiting there
+    metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
 
 
 C = TypeVar("C", bound=_Config)
@@ -132,6 +138,7 @@ events_listen = "tcp://0.0.0.0:7102" # change feed (PUB) that keeps every mount'
 chunk_size = "4M"
 stripe_count = 4
 redundancy = "replicas=2"            # or "ec=4+2"
+metrics = "0.0.0.0:9710"             # Prometheus /metrics endpoint ("": off; port 0: any free port)
 ''',
     "storage": '''\
 # stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
@@ -146,6 +153,7 @@ block_size = "64K"                   # checksum granularity (xxh3 per block)
 capacity = 0                         # bytes to offer; 0 = the whole file system
 reserved_space = "64M"               # answer ENOSPC rather than fill the disk completely
 io_threads = 8
+metrics = "0.0.0.0:9711"             # Prometheus /metrics; one port per node on a machine (9711, 9712, ...)
 ''',
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
@@ -154,6 +162,7 @@ rpc_timeout_s = 10.0
 cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
 readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
 write_parallelism = 4                # chunks in flight to storage per file being written
+write_inflight = 16                  # chunks in flight to storage, all files together (bounds memory)
 attr_timeout_s = 1.0                 # kernel attribute cache lifetime while the change feed is down
 entry_timeout_s = 1.0                # kernel name cache lifetime while the change feed is down
 cache_timeout_s = 300.0              # ... while the feed is healthy (changes elsewhere invalidate at once)
@@ -163,6 +172,9 @@ max_background = 64                  # FUSE requests in flight (set through /sys
 disk_cache_dir = ""                  # e.g. "/nvme/stripefs-cache": chunk data kept across remounts; "" = none
 disk_cache_size = "64G"              # most bytes the disk cache holds
 disk_cache_min_free = "4G"           # stop caching when the disk has less than this free
+shm_dir = "/dev/shm"                 # prefetched files wait here for stripefs.torch.read_file; "" = off
+shm_size = "512M"                    # most bytes waiting there (each copy is deleted once read)
+metrics = "0.0.0.0:9720"             # Prometheus /metrics; one port per mount on a machine (0: any free port)
 ''',
 }
 

@@ -1,7 +1,11 @@
 """One logging setup per process.
 
 Under systemd (JOURNAL_STREAM set) lines carry a ``<N>`` syslog priority prefix
-so journald records levels; otherwise a timestamped plain format. SIGUSR1
+so journald records levels, and every event is one line (tracebacks included);
+otherwise a timestamped plain format. Messages name what they are about:
+``node 3``, ``chunk 12:0:1`` (ino:index:part), ``inode 12``, ``session N``,
+``request N``, so ``journalctl -u 'stripefs-*' | grep 'chunk 12:'`` follows one
+chunk across processes. SIGUSR1
 dumps every thread's stack (faulthandler) to find where a process hangs.
 """
 
@@ -18,9 +22,12 @@ _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERRO
 
 
 class SystemdFormatter(logging.Formatter):
+    """``<N>logger: message``, one line per event: journald makes an entry of every line
+    it reads, so a traceback's newlines are written as `` | `` to keep it one entry."""
+
     def format(self, record: logging.LogRecord) -> str:
         prio = _PRIORITY.get(record.levelno, 6)
-        return f"<{prio}>{super().format(record)}"
+        return f"<{prio}>" + super().format(record).replace("\n", " | ")
 
 
 def setup_logging(role: str, *, debug: bool | list[str] = False, stream=None) -> None:

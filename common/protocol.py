@@ -142,6 +142,8 @@ class PingRsp(Msg, tag="ping_rsp"):
     role: str  # "meta" | "storage"
     node_id: int = 0
     boot_id: str = ""
+    events_port: int = 0  # meta: its change feed (PUB), on the host of its address; 0: none
+    events_seq: int = 0  # meta: the last change event published before this reply
 
 
 class OkRsp(Msg, tag="ok"):
@@ -305,8 +307,6 @@ class HelloRsp(Msg, tag="hello_rsp"):
     lease_s: float  # send SessionHeartbeatReq at least this often
     boot_id: str  # changes when the daemon restarts
     root_ino: int = 1
-    events_port: int = 0  # the daemon's change feed (PUB), on the host of its address; 0: none
-    events_seq: int = 0  # the last change event published before this reply
     cluster_id: str = ""  # fixed when the metadata database is created (names the mount's disk cache)
 
 
@@ -451,16 +451,23 @@ class ReadlinkRsp(Msg, tag="readlink_rsp"):
 
 
 class ReaddirReq(Msg, tag="readdir"):
-    """Entries of directory ``ino`` after cookie ``after`` (0: from the start)."""
+    """Entries of directory ``ino`` after cookie ``after`` (0: from the start).
+
+    ``open_info``: also the open information (layout, chunk map) of every
+    regular file listed, in ``ReaddirRsp.files``: a dataset mount that lists a
+    tree then opens its files without one round trip each.
+    """
 
     ino: int
     after: int = 0
     limit: int = 1000
+    open_info: bool = False
 
 
 class ReaddirRsp(Msg, tag="readdir_rsp"):
     entries: list[DirEntry]
     more: bool
+    files: list[OpenRsp] = []  # with open_info: one per regular file in ``entries``
 
 
 class OpenReq(Msg, tag="open"):
@@ -603,6 +610,8 @@ class StatusRsp(Msg, tag="status_rsp"):
     logical_bytes: int
     sessions: int
     boot_id: str
+    degraded_chunks: int = 0  # chunks with a copy or fragment on a down node: the repair backlog
+    garbage_copies: int = 0  # chunk copies waiting for deletion on storage nodes
 
 
 # --------------------------------------------------------------------------
@@ -657,6 +666,10 @@ def decode_event(frame: bytes) -> ChangeEvent:
 #: ``setxattr(DIR, PREFETCH_XATTR, b"\n".join(paths))`` queues files (paths relative to DIR)
 #: for prefetch; ``getxattr`` reports ``pending=N fetched=N stored=N failed=N``. Never stored.
 PREFETCH_XATTR = b"user.stripefs.prefetch"
+#: the same, and also put each file in the mount's shared-memory directory (client/shm_cache.py)
+PREFETCH_SHM_XATTR = b"user.stripefs.prefetch.shm"
+#: ``getxattr`` of the mount's root: that directory (empty when the mount has none)
+SHM_DIR_XATTR = b"user.stripefs.shm_dir"
 
 
 def _messages(suffix: str) -> tuple[type[Msg], ...]:

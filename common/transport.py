@@ -29,13 +29,14 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
 import zmq
 
-from . import protocol
+from . import metrics, protocol
 from .errors import ErrorCode, StripefsError
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,7 @@ class RpcClient:
         slot = _Pending()
         self._pending[request_id] = slot
         deadline = self.timeout if timeout is None else timeout
+        started = time.perf_counter()
         try:
             with trio.move_on_after(deadline if deadline is not None else math.inf):
                 await self.sock.send_multipart([protocol.encode(request_id, request), *payloads])
@@ -220,6 +222,7 @@ class RpcClient:
         finally:
             self._pending.pop(request_id, None)
         body = slot.body
+        _observe_rpc(self.address, request, body, time.perf_counter() - started)
         if body is None:
             raise StripefsError(
                 ErrorCode.TIMEOUT,
@@ -269,18 +272,21 @@ async def serve(
 
     async def handle_one(identity: bytes, request_id: int, body: protocol.Msg, payloads: list[memoryview]) -> None:
         try:
+            started = time.perf_counter()
             try:
                 result = await handler(body, payloads)
             except StripefsError as exc:
-                log.debug("%s: %s -> %s", name, type(body).__name__, exc)
+                log.debug("%s: %s (request %d) -> %s", name, type(body).__name__, request_id, exc)
+                metrics.REQUEST_ERRORS.labels(name, type(body).__name__, exc.code.name).inc()
                 await reply(identity, request_id, protocol.ErrorRsp(code=int(exc.code), message=exc.message))
                 return
             except Exception as exc:  # a bug: answer and log loudly, keep serving
-                log.exception("%s: handling %s failed", name, type(body).__name__)
+                log.exception("%s: handling %s (request %d) failed", name, type(body).__name__, request_id)
                 await reply(
                     identity, request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
                 )
                 return
+            _observe_served(name, body, payloads, result, time.perf_counter() - started)
             if isinstance(result, tuple):
                 await reply(identity, request_id, result[0], result[1])
             else:
@@ -304,3 +310,27 @@ async def serve(
                 continue
             await limiter.acquire()
             nursery.start_soon(handle_one, identity, request_id, body, [f.buffer for f in frames[2:]])
+
+
+# -- metrics (common.metrics): one call per request, kept out of the paths above ----------
+
+
+def _observe_rpc(peer: str, request: protocol.Msg, body: protocol.Msg | None, seconds: float) -> None:
+    kind = type(request).__name__
+    metrics.RPC_SECONDS.labels(peer, kind).observe(seconds)
+    if body is None:
+        metrics.RPC_ERRORS.labels(peer, kind, "TIMEOUT").inc()
+    elif isinstance(body, protocol.ErrorRsp):
+        try:
+            code = ErrorCode(body.code).name
+        except ValueError:
+            code = str(body.code)
+        metrics.RPC_ERRORS.labels(peer, kind, code).inc()
+
+
+def _observe_served(server: str, body: protocol.Msg, payloads: list, result, seconds: float) -> None:
+    metrics.REQUEST_SECONDS.labels(server, type(body).__name__).observe(seconds)
+    if payloads:
+        metrics.PAYLOAD_BYTES.labels(server, "in").inc(sum(memoryview(f).nbytes for f in payloads))
+    if isinstance(result, tuple) and result[1]:
+        metrics.PAYLOAD_BYTES.labels(server, "out").inc(sum(memoryview(f).nbytes for f in result[1]))

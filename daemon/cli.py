@@ -17,12 +17,14 @@ from pathlib import Path
 import trio
 import zmq
 
+from ..common import metrics
 from ..common.config import MetaConfig, load
 from ..common.errors import QuietError, StripefsError
 from ..common.layout import validate_layout
 from ..common.protocol import Layout
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.systemd import notify
+from .metrics import publish_cluster_metrics
 from .service import MetaService
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ async def _serve(config: MetaConfig) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(service.run)
+                nursery.start_soon(publish_cluster_metrics, service, name="meta-metrics")
                 notify("READY=1")
                 log.info("metadata daemon serving on %s, database %s, boot %s", config.listen, service.db_path, service.boot_id)
                 async for signum in signals:
@@ -82,6 +85,11 @@ def main(argv: list[str]) -> int:
         print(f"stripefs meta: {exc}", file=sys.stderr)
         return exc.exitcode
     setup_logging("meta", debug=debug_setting(args.debug))
+    try:
+        metrics.serve(config.metrics)
+    except (OSError, ValueError) as exc:
+        log.error("cannot serve metrics at %s (config %s, key metrics): %s", config.metrics, args.config, exc)
+        return 1
     rc = 0
     try:
         trio.run(_serve, config)

@@ -64,6 +64,7 @@ newer than this code is refused.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import random
@@ -191,6 +192,29 @@ def schema_version(conn: sqlite3.Connection) -> int:
         return 0
     row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     return int(row[0]) if row else 0
+
+
+def lock_database(path: str | Path):
+    """Hold ``PATH.lock`` exclusively (flock) while the file returned stays open; RuntimeError if another holds it.
+
+    One process owns a database: the daemon for as long as it runs, ``stripefs
+    meta restore`` while it replaces it. (SQLite's own locks cannot tell: the
+    daemon's open transaction takes no lock until it writes.)
+    """
+    lock_path = Path(str(path) + ".lock")
+    f = open(lock_path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise RuntimeError(f"{path} is in use by {holder} (lock {lock_path})") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def open_database(path: str | Path, root_layout: Layout) -> sqlite3.Connection:

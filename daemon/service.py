@@ -57,8 +57,9 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
-from .db import DB_NAME, open_database
+from .db import DB_NAME, lock_database, open_database
 from .events import ChangeFeed
+from .metrics import cluster_health
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
 from .store import SqliteStore
@@ -121,6 +122,7 @@ class MetaService:
             stripe_count=self.config.stripe_count,
             redundancy=self.config.redundancy,
         )
+        self._db_lock = lock_database(self.db_path)  # released when this process exits
         self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s)
         self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
@@ -156,6 +158,7 @@ class MetaService:
             with trio.CancelScope(shield=True):
                 await self._commit_now()
             self.store.close()
+            self._db_lock.close()
             if own_ctx:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_path)
@@ -282,10 +285,16 @@ class MetaService:
     # -- generic and nodes -------------------------------------------------------
 
     async def handle_ping(self, req: P.PingReq) -> P.Msg:
-        return P.PingRsp(role="meta", boot_id=self.boot_id)
+        return P.PingRsp(
+            role="meta",
+            boot_id=self.boot_id,
+            events_port=self.feed.port if self.feed else 0,
+            events_seq=self.feed.seq if self.feed else 0,
+        )
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
+        health = await self._read(cluster_health, self.store, self.nodes.info())
         return P.StatusRsp(
             nodes=self.nodes.info(),
             files=counts["files"],
@@ -294,6 +303,8 @@ class MetaService:
             logical_bytes=counts["logical_bytes"],
             sessions=len(self.sessions),
             boot_id=self.boot_id,
+            degraded_chunks=health["degraded_chunks"],
+            garbage_copies=health["garbage_copies"],
         )
 
     async def handle_register_node(self, req: P.RegisterNodeReq) -> P.Msg:
@@ -313,8 +324,6 @@ class MetaService:
             session_id=sid,
             lease_s=self.config.session_lease_s,
             boot_id=self.boot_id,
-            events_port=self.feed.port if self.feed else 0,
-            events_seq=self.feed.seq if self.feed else 0,
             cluster_id=self.cluster_id,
         )
 
@@ -450,8 +459,18 @@ class MetaService:
         return P.ReadlinkRsp(target=await self._read(self.ns.readlink, req.ino))
 
     async def handle_readdir(self, req: P.ReaddirReq) -> P.Msg:
-        entries, more = await self._read(self.ns.readdir, req.ino, req.after, req.limit)
-        return P.ReaddirRsp(entries=entries, more=more)
+        def list_dir():
+            entries, more = self.ns.readdir(req.ino, req.after, req.limit)
+            files = []
+            if req.open_info:
+                for entry in entries:
+                    if stat.S_ISREG(entry.attr.mode):
+                        attr, layout, chunks, nodes = self.ns.open_info(entry.attr.ino)
+                        files.append(P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes))
+            return entries, more, files
+
+        entries, more, files = await self._read(list_dir)
+        return P.ReaddirRsp(entries=entries, more=more, files=files)
 
     async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:
         total, free, files = await self._read(self.ns.statfs)

@@ -246,6 +246,14 @@ class SqliteStore:
     def count_garbage(self) -> int:
         return self.conn.execute("SELECT count(*) FROM garbage").fetchone()[0]
 
+    def count_chunks_on(self, node_ids: Iterable[int]) -> int:
+        """Chunks with a copy or fragment on any of ``node_ids`` (a full scan: for status and metrics only)."""
+        ids = [int(n) for n in node_ids]
+        if not ids:
+            return 0
+        match = " OR ".join("instr(',' || nodes || ',', ?) > 0" for _ in ids)
+        return self.conn.execute(f"SELECT count(*) FROM chunks WHERE {match}", [f",{n}," for n in ids]).fetchone()[0]
+
     # -- storage nodes -----------------------------------------------------
 
     def upsert_node(self, node_id: int, address: str, host: str, capacity: int, free: int, used: int, chunks: int, now_ns: int) -> None:

@@ -103,6 +103,21 @@ _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _xxh3 = xxhash.xxh3_64_intdigest
 
 
+def _pread(fd: int, n: int, offset: int, file_size: int, nowait: bool) -> bytes | bytearray:
+    """``os.pread``; with ``nowait`` only what the page cache holds (BlockingIOError otherwise)."""
+    if not nowait:
+        return os.pread(fd, n, offset)
+    buf = bytearray(n)
+    try:
+        got = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
+    except OSError as exc:  # EAGAIN: not cached; EOPNOTSUPP: this file system cannot say
+        raise BlockingIOError(exc.errno, exc.strerror) from None
+    if got < n and offset + got < file_size:
+        raise BlockingIOError("only part of the range is in the page cache")
+    del buf[got:]
+    return buf
+
+
 class ChunkMeta(NamedTuple):
     version: int
     length: int
@@ -262,10 +277,10 @@ class ChunkStore:
         log.warning("chunk %s is corrupt: %s (%s)", chunk, what, self.path(chunk))
         return StripefsError(ErrorCode.CORRUPT, f"chunk {chunk}: {what}")
 
-    def _read_header(self, fd: int, chunk: ChunkId) -> tuple[_Header, bytes]:
+    def _read_header(self, fd: int, chunk: ChunkId, nowait: bool = False) -> tuple[_Header, bytes]:
         """The verified header of an open chunk file, and the bytes read so far."""
         size = os.fstat(fd).st_size
-        head = os.pread(fd, _FIRST_READ, 0)
+        head = _pread(fd, _FIRST_READ, 0, size, nowait)
         if len(head) < HEADER_SIZE:
             raise self._corrupt(chunk, f"file of {size} bytes is shorter than a header")
         magic, fmt, _flags, block_size, version, length, ino, index, part, _ = _HEADER.unpack_from(head)
@@ -280,7 +295,7 @@ class ChunkStore:
         if size != data_start + length:
             raise self._corrupt(chunk, f"file is {size} bytes, header says {data_start + length}")
         if len(head) < data_start:
-            head += os.pread(fd, data_start - len(head), len(head))
+            head += _pread(fd, data_start - len(head), len(head), size, nowait)
         table = memoryview(head)[HEADER_SIZE:data_start]
         digest = xxhash.xxh3_64(memoryview(head)[: _HEADER.size])
         digest.update(table)
@@ -291,7 +306,9 @@ class ChunkStore:
         sums = struct.unpack(f"<{nblocks}Q", table)
         return _Header(version, length, block_size, sums, data_start), head
 
-    def _read_blocks(self, fd: int, chunk: ChunkId, hdr: _Header, head: bytes, start: int, end: int) -> tuple[bytes, int]:
+    def _read_blocks(
+        self, fd: int, chunk: ChunkId, hdr: _Header, head: bytes, start: int, end: int, nowait: bool = False
+    ) -> tuple[bytes, int]:
         """Verified data of the blocks covering [start, end); returns (bytes, offset of its first byte)."""
         bs = hdr.block_size
         first, last = start // bs, (end - 1) // bs
@@ -299,7 +316,8 @@ class ChunkStore:
         if hdr.data_start + span_end <= len(head):  # small chunk: already read with the header
             span = head[hdr.data_start + span_start : hdr.data_start + span_end]
         else:
-            span = os.pread(fd, span_end - span_start, hdr.data_start + span_start)
+            file_size = hdr.data_start + hdr.length
+            span = _pread(fd, span_end - span_start, hdr.data_start + span_start, file_size, nowait)
         if len(span) != span_end - span_start:
             raise self._corrupt(chunk, "short read")
         view = memoryview(span)
@@ -309,23 +327,30 @@ class ChunkStore:
                 raise self._corrupt(chunk, f"block {block} (bytes {block * bs}..) failed its checksum")
         return span, span_start
 
-    def read(self, chunk: ChunkId, min_version: int, offset: int, length: int) -> tuple[int, bytes]:
+    def read(
+        self, chunk: ChunkId, min_version: int, offset: int, length: int, *, nowait: bool = False, nowait_max: int = 1 << 20
+    ) -> tuple[int, bytes]:
         """``(version, data)`` for ``length`` bytes at ``offset``; short or empty past the stored length.
 
         NOT_FOUND: no copy. STALE: the copy is older than ``min_version``.
         CORRUPT: the header or a block in the range failed its checksum.
+        ``nowait``: only from the page cache (preadv RWF_NOWAIT), and only up to
+        ``nowait_max`` bytes; BlockingIOError when the disk would be needed or the
+        range is larger, so the caller can retry in a worker thread.
         """
         _check_chunk_id(chunk)
         if offset < 0 or length < 0 or length > MAX_CHUNK_SIZE:
             raise _bad_request(f"read of chunk {chunk}: bad range offset={offset} length={length}")
         with self._open(chunk) as fd:
-            hdr, head = self._read_header(fd, chunk)
+            hdr, head = self._read_header(fd, chunk, nowait)
             if hdr.version < min_version:
                 raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < {min_version}")
             end = min(offset + length, hdr.length)
             if end <= offset:
                 return hdr.version, b""
-            span, span_start = self._read_blocks(fd, chunk, hdr, head, offset, end)
+            if nowait and end - offset > nowait_max:
+                raise BlockingIOError("a large read: for a worker thread")
+            span, span_start = self._read_blocks(fd, chunk, hdr, head, offset, end, nowait)
         if span_start == offset and len(span) == end - offset:
             return hdr.version, span  # block-aligned: no copy
         return hdr.version, span[offset - span_start : end - span_start]
@@ -340,6 +365,8 @@ class ChunkStore:
             raise self._io_error(chunk, "open", exc) from None
         try:
             yield fd
+        except BlockingIOError:
+            raise  # a nowait read that needs the disk: not an error
         except OSError as exc:
             raise self._io_error(chunk, "read", exc) from None
         finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 import trio
 import zmq
 
+from stripefs.common import metrics
 from stripefs.common.config import StorageConfig, load
 from stripefs.common.errors import QuietError
 from stripefs.common.logs import add_debug_argument, debug_setting, setup_logging
@@ -52,6 +53,10 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             raise QuietError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
         setup_logging("storage", debug=debug_setting(args.debug))
+        try:
+            metrics.serve(config.metrics)
+        except (OSError, ValueError) as exc:
+            raise QuietError(f"cannot serve metrics at {config.metrics} (config {args.config}, key metrics): {exc}") from None
         store = ChunkStore(
             config.data_dir,
             block_size=config.block_size,

@@ -1,12 +1,15 @@
 """``stripefs``: the one command. Each subcommand family has its own module.
 
     stripefs meta     --config metad.toml        metadata daemon        (stripefs.daemon.cli)
+    stripefs meta     backup|restore FILE        metadata database copy (stripefs.daemon.backup)
     stripefs storage  --config storage.toml      storage node           (stripefs.storage_node.cli)
     stripefs mount    META_ADDR MOUNTPOINT       FUSE client            (stripefs.client.mount)
     stripefs local    up|down|status             a whole cluster here   (stripefs.local_cluster)
-    stripefs status   [--json]                   the cluster as the metadata daemon sees it
+    stripefs status   [--json]                   the cluster as the metadata daemon sees it (stripefs.status)
+    stripefs top      MOUNT                      live view of one mount's metrics (stripefs.top)
     stripefs layout   get|set                    per-directory layouts
     stripefs config   example meta|storage|client
+    stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
 
 Admin commands find the cluster from a PATH inside a mount when given one
@@ -150,36 +153,14 @@ def cmd_layout(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from . import status
+
     addresses = _meta_addresses(args, args.path)
     (rsp,) = _rpc(addresses, p.StatusReq())
     if args.json:
-        out = {
-            "files": rsp.files,
-            "directories": rsp.directories,
-            "chunks": rsp.chunks,
-            "logical_bytes": rsp.logical_bytes,
-            "sessions": rsp.sessions,
-            "nodes": [
-                {
-                    "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
-                    "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes, "used_bytes": n.used_bytes,
-                    "chunks": n.chunks, "last_heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
-                }
-                for n in rsp.nodes
-            ],
-        }
-        print(json.dumps(out, indent=1))
-        return 0
-    up = sum(n.state == "up" for n in rsp.nodes)
-    print(f"metadata daemon {addresses[0]}: {up}/{len(rsp.nodes)} storage nodes up, {rsp.sessions} mounts")
-    print(f"  {rsp.files} files, {rsp.directories} directories, {rsp.chunks} chunks, {format_size(rsp.logical_bytes)} of file data")
-    print(f"  {'node':>5} {'state':<6} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8}  address")
-    for n in rsp.nodes:
-        print(
-            f"  {n.node_id:>5} {n.state:<6} {n.host[:14]:<14} {format_size(n.used_bytes):>9} {format_size(n.free_bytes):>9} "
-            f"{format_size(n.capacity_bytes):>9} {n.chunks:>8}  {n.address}"
-            + ("" if n.state == "up" else f"  (silent {n.last_heartbeat_age_s:.0f}s)")
-        )
+        print(json.dumps(status.to_json(rsp, addresses[0]), indent=1))
+    else:
+        print(status.render(rsp, addresses[0]))
     return 0
 
 
@@ -199,7 +180,19 @@ def cmd_local(args) -> int:
             where = proc["address"] or proc.get("mountpoint")
             stored = "" if proc["bytes_stored"] is None else f"  {format_size(proc['bytes_stored'])} stored"
             node = f" {proc['node_id']}" if proc["node_id"] else ""
-            print(f"{proc['role']}{node:<4} {proc['state']:<5} pid {proc['pid']}  {where}{stored}")
+            metrics = f"  metrics {proc['metrics']}" if proc.get("metrics") else ""
+            print(f"{proc['role']}{node:<4} {proc['state']:<5} pid {proc['pid']}  {where}{stored}{metrics}")
+    return 0
+
+
+def cmd_install_mount_helper(args) -> int:
+    from .mount_helper import install
+
+    try:
+        target = install(args.dir, force=args.force)
+    except (OSError, FileExistsError) as exc:
+        raise QuietError(f"cannot install the mount helper: {exc} (run as root, or choose --dir)") from None
+    print(f"installed {target}: 'mount -t fuse.stripefs META_ADDR MOUNTPOINT' and fstab entries now work")
     return 0
 
 
@@ -239,10 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     st = lsub.add_parser("status", help="which local processes are running", description="List the cluster's processes: role, node id, pid, address, state and bytes stored.")
     st.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
-    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [...]}')
+    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [{role, node_id, pid, address, state, bytes_stored, metrics}, ...]}')
     local.set_defaults(func=cmd_local)
 
-    status = sub.add_parser("status", help="the cluster as the metadata daemon sees it", description="Storage nodes with their state, capacity and use; file and chunk counts.")
+    status = sub.add_parser(
+        "status",
+        help="the cluster as the metadata daemon sees it",
+        description="Health, storage nodes with their state, capacity, use and chunks, redundancy (degraded chunks, "
+        "repair backlog), file and chunk counts. --json keys are stable (see docs/operations.md).",
+    )
     status.add_argument("path", nargs="?", help="a path inside a stripefs mount (finds the cluster)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     _add_cluster_args(status)
@@ -264,6 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_args(lset)
     layout.set_defaults(func=cmd_layout)
 
+    from .top import add_parser as add_top_parser
+
+    add_top_parser(sub)
+
+    helper = sub.add_parser(
+        "install-mount-helper",
+        help="let mount(8), fstab and .mount units mount stripefs (writes /sbin/mount.fuse.stripefs)",
+        description="Write /sbin/mount.fuse.stripefs, which mount(8) runs for 'mount -t fuse.stripefs META_ADDR MOUNTPOINT -o OPTS' "
+        "(and so for fstab lines and systemd .mount units). It runs 'stripefs mount' with this installation's Python. "
+        "See deploy/fstab.example and deploy/mnt-data.mount.",
+    )
+    helper.add_argument("--dir", default="/sbin", help="where mount(8) looks for helpers (default: %(default)s)")
+    helper.add_argument("--force", action="store_true", help="replace a mount.fuse.stripefs that stripefs did not write")
+    helper.set_defaults(func=cmd_install_mount_helper)
+
     from .warmup import add_parser as add_warmup
 
     add_warmup(sub)
@@ -279,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["meta"] and argv[1:2] in (["backup"], ["restore"]):
+            from .daemon.backup import main as backup_main
+
+            return backup_main(argv[1:])
         if argv and argv[0] in ("meta", "storage", "mount"):
             if argv[0] == "meta":
                 from .daemon.cli import main as role_main

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,7 +38,28 @@ log = logging.getLogger(__name__)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A free TCP port on 127.0.0.1 *below* the kernel's ephemeral range.
+
+    A client that keeps reconnecting to a stopped server's port in the ephemeral
+    range can be given that very port as its own source port and connect to
+    itself (TCP simultaneous open); the server then cannot bind it again
+    ("Address already in use") when it restarts. Below the range that cannot happen.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -103,6 +125,9 @@ class LocalCluster:
             "nodes": [{"node_id": i, "port": _free_port()} for i in range(1, nodes + 1)],
             "mount": str(mount),
             "options": options,
+            # Prometheus endpoints (HOST:PORT) of the daemon, each node and the mount
+            "metrics": {"meta": f"127.0.0.1:{_free_port()}", "mount": f"127.0.0.1:{_free_port()}",
+                        **{f"storage-{i}": f"127.0.0.1:{_free_port()}" for i in range(1, nodes + 1)}},
         }
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
         meta_dir = self.state / "meta"
@@ -112,6 +137,7 @@ class LocalCluster:
             data_dir=str(meta_dir),
             stripe_count=min(4, nodes),
             redundancy=f"replicas={min(2, nodes)}",
+            metrics=info["metrics"]["meta"],
         )
         (meta_dir / "metad.toml").write_text(cfg.dumps(meta))
         for node in info["nodes"]:
@@ -124,6 +150,7 @@ class LocalCluster:
                 meta=[f"tcp://127.0.0.1:{info['meta_port']}"],
                 host=f"local-{node['node_id']}",  # one failure domain per node on a one-machine cluster
                 heartbeat_interval_s=1.0,
+                metrics=info["metrics"][f"storage-{node['node_id']}"],
             )
             (d / "storage.toml").write_text(cfg.dumps(sc))
         self.info_path.write_text(json.dumps(info, indent=1))
@@ -181,6 +208,8 @@ class LocalCluster:
                     "--pidfile", str(self.state / "mount.pid")]
             for opt in info.get("options", []) + [o for o in options if o not in info.get("options", [])]:
                 args += ["-o", opt]
+            if info.get("metrics", {}).get("mount"):
+                args += ["-o", f"metrics={info['metrics']['mount']}"]
             res = subprocess.run([sys.executable, "-m", "stripefs", *args], capture_output=True, text=True)
             if res.returncode:
                 raise QuietError(f"mount failed: {res.stderr.strip() or res.stdout.strip()}", 3)
@@ -265,11 +294,18 @@ class LocalCluster:
     # ---------------------------------------------------------------- status
 
     def status(self) -> dict:
+        """Every process: role, node_id, pid, address, state, bytes_stored, metrics (http://.../metrics or None)."""
         info = self.info()
         pids = self.pids()
+        endpoints = info.get("metrics", {})
+
+        def metrics_url(name: str) -> str | None:
+            return f"http://{endpoints[name]}/metrics" if endpoints.get(name) else None
+
         procs = [
             {"role": "meta", "node_id": None, "pid": pids.get("meta"), "address": self.meta_address,
-             "state": "up" if _alive(pids.get("meta")) else "down", "bytes_stored": None}
+             "state": "up" if _alive(pids.get("meta")) else "down", "bytes_stored": None,
+             "metrics": metrics_url("meta")}
         ]
         for node in info["nodes"]:
             pid = pids.get("storage", {}).get(str(node["node_id"]))
@@ -280,12 +316,13 @@ class LocalCluster:
                 "address": f"tcp://127.0.0.1:{node['port']}",
                 "state": "up" if _alive(pid) else "down",
                 "bytes_stored": _tree_bytes(self.state / f"storage-{node['node_id']}" / "data"),
+                "metrics": metrics_url(f"storage-{node['node_id']}"),
             })
         mpid = pids.get("mount")
         procs.append({
             "role": "mount", "node_id": None, "pid": mpid, "address": None,
             "state": "up" if _alive(mpid) and _is_mounted(Path(info["mount"])) else "down",
-            "bytes_stored": None, "mountpoint": info["mount"],
+            "bytes_stored": None, "mountpoint": info["mount"], "metrics": metrics_url("mount"),
         })
         return {"state_dir": str(self.state), "processes": procs}
 

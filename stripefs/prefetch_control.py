@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from .common.protocol import PREFETCH_XATTR as _NAME
+from .common import protocol as _p
 
-PREFETCH_XATTR = os.fsdecode(_NAME)
+PREFETCH_XATTR = os.fsdecode(_p.PREFETCH_XATTR)
+PREFETCH_SHM_XATTR = os.fsdecode(_p.PREFETCH_SHM_XATTR)
+SHM_DIR_XATTR = os.fsdecode(_p.SHM_DIR_XATTR)
 #: the kernel refuses xattr values above 64 KiB
 MAX_BLOB = 60_000
 
@@ -55,18 +57,31 @@ def group_by_mount(paths: Iterable[str | bytes | os.PathLike], roots: MountRoots
     return by_root
 
 
-def announce(root: bytes, relative: list[bytes]) -> None:
-    """Queue files of the mount at ``root`` for prefetch, in this order (OSError if the mount refuses)."""
+def announce(root: bytes, relative: list[bytes], *, shm: bool = False) -> None:
+    """Queue files of the mount at ``root`` for prefetch, in this order (OSError if the mount refuses).
+
+    ``shm``: the mount also puts each file in its shared-memory directory, for ``read_file``.
+    """
+    name = PREFETCH_SHM_XATTR if shm else PREFETCH_XATTR
     blob: list[bytes] = []
     size = 0
-    for name in relative:
-        if size + len(name) + 1 > MAX_BLOB and blob:
-            os.setxattr(root, PREFETCH_XATTR, b"\n".join(blob))
+    for path in relative:
+        if size + len(path) + 1 > MAX_BLOB and blob:
+            os.setxattr(root, name, b"\n".join(blob))
             blob, size = [], 0
-        blob.append(name)
-        size += len(name) + 1
+        blob.append(path)
+        size += len(path) + 1
     if blob:
-        os.setxattr(root, PREFETCH_XATTR, b"\n".join(blob))
+        os.setxattr(root, name, b"\n".join(blob))
+
+
+def shm_dir(root: bytes) -> bytes | None:
+    """The shared-memory directory where the mount at ``root`` leaves prefetched files (None: it has none)."""
+    try:
+        found = os.getxattr(root, SHM_DIR_XATTR)
+    except OSError:
+        return None
+    return found or None
 
 
 def report(root: bytes | str) -> dict[str, int]:

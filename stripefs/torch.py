@@ -12,6 +12,13 @@ the kernel's page cache, so the workers' open+read is answered by the kernel.
     sampler = PrefetchSampler(RandomSampler(dataset), paths=dataset.paths, lookahead=1024)
     loader = DataLoader(dataset, batch_size=32, sampler=sampler, num_workers=2)
 
+    # in the dataset's __getitem__, instead of open(path, "rb").read():
+    data = stripefs.torch.read_file(path)
+
+``read_file`` takes a prefetched file from the mount's shared-memory directory
+when it is there (client/shm_cache.py: no FUSE round trip at all) and reads
+through the mount otherwise; it is correct either way.
+
 ``paths[i]`` is the file sample ``i`` reads. Nothing here imports torch: any
 object with ``__iter__`` and ``__len__`` is a sampler to a DataLoader. Paths
 outside a stripefs mount are simply not announced. The mount is told through
@@ -25,15 +32,27 @@ import logging
 import os
 from typing import Iterable, Iterator, Sequence
 
-from .prefetch_control import MountRoots, announce, group_by_mount
+from .prefetch_control import MountRoots, announce, group_by_mount, shm_dir
 
 log = logging.getLogger(__name__)
 
 
 class PrefetchSampler:
-    def __init__(self, sampler: Iterable[int], paths: Sequence[str | os.PathLike], *, lookahead: int = 1024, batch: int = 128):
-        """Wrap ``sampler``; announce ``paths`` of the next ``lookahead`` samples, ``batch`` at a time."""
+    def __init__(
+        self,
+        sampler: Iterable[int],
+        paths: Sequence[str | os.PathLike],
+        *,
+        lookahead: int = 1024,
+        batch: int = 128,
+        shm: bool = True,
+    ):
+        """Wrap ``sampler``; announce ``paths`` of the next ``lookahead`` samples, ``batch`` at a time.
+
+        ``shm``: have the mount also leave them in shared memory for ``read_file``.
+        """
         self.sampler = sampler
+        self.shm = shm
         self.paths = paths
         self.lookahead = lookahead
         self.batch = max(1, batch)
@@ -59,7 +78,42 @@ class PrefetchSampler:
             return
         for root, relative in group_by_mount((self.paths[i] for i in indices), self._roots).items():
             try:
-                announce(root, relative)
+                announce(root, relative, shm=self.shm)
             except OSError as exc:
                 self._disabled = True
                 log.warning("stripefs prefetch disabled: cannot tell the mount at %s (%s)", os.fsdecode(root), exc.strerror)
+
+
+_shm_dirs: dict[bytes, bytes | None] = {}  # mount root -> its shared-memory directory
+_roots = MountRoots()
+
+
+def read_file(path: str | os.PathLike) -> bytes:
+    """The bytes of ``path``: from the mount's shared memory when prefetched there, else through the mount.
+
+    The copy's name is made of the attributes a stat through the mount returns
+    now, so a file changed since it was prefetched is read through the mount.
+    Each copy is read once: it is deleted after reading (memory goes back at once).
+    """
+    st = os.stat(path)
+    root = _roots.of(os.path.dirname(os.fsencode(os.path.abspath(path))))
+    if root is not None:
+        directory = _shm_dirs.get(root, b"?")
+        if directory == b"?":
+            directory = _shm_dirs[root] = shm_dir(root)
+        if directory:
+            copy = os.path.join(directory, f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}".encode())
+            try:
+                with open(copy, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                pass
+            else:
+                try:
+                    os.unlink(copy)
+                except OSError:
+                    pass
+                if len(data) == st.st_size:
+                    return data
+    with open(path, "rb") as f:
+        return f.read()

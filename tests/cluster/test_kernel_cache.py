@@ -111,6 +111,9 @@ def test_dataset_mount_follows_a_metadata_daemon_restart(cluster, mnt, dataset):
     _eventually(lambda: _read(theirs / "f") == b"after!", within=BOUND_S + 10)
     # the mount noticed (silence, then a new boot) rather than trusting its cache
     _eventually(lambda: "dropping the kernel's cache" in cluster.logs()["dataset.log"], within=BOUND_S + 10)
+    # and follows the new daemon's feed (maybe on another port): later changes arrive as events again
+    (mnt / "f").write_bytes(b"again!")
+    _eventually(lambda: _read(theirs / "f") == b"again!")
 
 
 def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
@@ -219,3 +222,32 @@ def test_warmup_loads_a_tree_so_reads_need_no_storage_node(cluster, mnt):
 
     missing = run_cli("warmup", str(mnt / "nope"), check=False)
     assert missing.returncode == 1 and "No such file" in missing.stderr
+
+
+def test_shared_memory_prefetch_hands_files_to_readers_and_never_old_ones(cluster, mnt, dataset):
+    from stripefs import torch as sft
+
+    for i in range(20):
+        (mnt / f"s{i}").write_bytes(os.urandom(10_000 + i))
+    theirs = dataset / mnt.name
+    _eventually(lambda: len(os.listdir(theirs)) == 20)
+    paths = [theirs / f"s{i}" for i in range(20)]
+    expected = {p: (mnt / p.name).read_bytes() for p in paths}
+    shm = os.getxattr(dataset, "user.stripefs.shm_dir").decode()
+    assert os.path.isdir(shm)
+
+    sampler = sft.PrefetchSampler(range(20), paths=paths, lookahead=20)
+    order = iter(sampler)
+    next(order)  # announces all 20
+    _eventually(lambda: len(os.listdir(shm)) == 20, within=30)
+    for copy in os.listdir(shm):
+        assert os.stat(os.path.join(shm, copy)).st_mode & 0o777 == 0o644  # the original's mode
+
+    (mnt / "s0").write_bytes(b"changed after the prefetch")
+    _eventually(lambda: os.stat(paths[0]).st_size == len(b"changed after the prefetch"))
+    assert sft.read_file(paths[0]) == b"changed after the prefetch"  # the old copy is never used
+    for p in paths[1:]:
+        assert sft.read_file(p) == expected[p]
+    left = os.listdir(shm)
+    assert len(left) <= 1 and all(name.startswith(f"{os.stat(paths[0]).st_ino}-") for name in left)  # read copies are gone
+    assert sft.read_file(paths[5]) == expected[paths[5]]  # a second read goes through the mount

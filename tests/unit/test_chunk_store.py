@@ -380,3 +380,16 @@ def test_delete_respects_version_bound(tmp_path):
     assert store.read(c, 0, 0, 10) == (9, b"new")
     assert store.delete([c], max_versions=[9]) == 1
     assert store.delete([c], max_versions=[9]) == 0
+
+
+def test_nowait_reads_come_from_the_page_cache_or_say_so(store):
+    data = _pattern(30 * BS + 7)
+    store.write(C, 3, 0, 0, data)
+    store.read(C, 3, 0, len(data))  # now in the page cache
+    version, got = store.read(C, 3, 1000, 5000, nowait=True)
+    assert version == 3 and bytes(got) == data[1000:6000]
+    with pytest.raises(BlockingIOError):
+        store.read(C, 3, 0, len(data), nowait=True, nowait_max=10 * BS)  # too large to do inline
+    with pytest.raises(StripefsError) as e:  # errors other than "would block" stay errors
+        store.read(ChunkId(42, 9, 0), 3, 0, 10, nowait=True)
+    assert _code(e) == ErrorCode.NOT_FOUND

@@ -27,12 +27,14 @@ def test_names_are_remembered_and_forgotten():
 
 async def test_a_reply_that_raced_a_change_is_not_cached_long(monkeypatch):
     calls = []
-    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names: calls.append((sorted(inodes), names)))
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), names)))
     changed = []
     cache = kc.KernelCache(on_change=changed.append)
     cache.remember(1, b"f", 5)
     before = cache.stamp()
-    await cache.apply([5], [(1, b"f")])
+    cache.apply([5], [(1, b"f")])
+    assert cache.changed_since(before, 5) and not calls  # noted at once, sent by the flusher
+    await cache.flush_pending()
     assert cache.changed_since(before, 5) and cache.changed_since(before, 1)  # the parent's entries changed too
     assert not cache.changed_since(before, 6)
     assert not cache.changed_since(cache.stamp(), 5)
@@ -46,15 +48,16 @@ async def test_a_reply_that_raced_a_change_is_not_cached_long(monkeypatch):
 
 async def test_follower_applies_in_order_and_drops_everything_on_a_gap(monkeypatch):
     calls = []
-    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names: calls.append((sorted(inodes), list(names))))
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), list(names))))
     ctx = zmq.Context()
     feed = ChangeFeed(ctx, "tcp://127.0.0.1:0", boot_id="boot-1")
     cache = kc.KernelCache()
     cache.remember(1, b"x", 7)
-    address = (f"tcp://127.0.0.1:{feed.port}", "boot-1", 0)
+    async def feed_info():
+        return f"tcp://127.0.0.1:{feed.port}", "boot-1", feed.seq
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cache.follow, ctx, lambda: address)
+            nursery.start_soon(cache.follow, ctx, feed_info)
             with trio.fail_after(10):
                 while not cache.healthy:  # subscribed once a heartbeat came through
                     feed._send(P.ChangeEvent("boot-1", feed.seq, [], []))

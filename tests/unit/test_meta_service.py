@@ -109,7 +109,8 @@ async def test_replies_are_durable_across_kill9(daemon, ctx):
     boot1 = (await daemon.wait_ready(ctx)).boot_id
     async with connect(ctx, daemon.address, timeout=10) as c:
         assert isinstance(await _call(c, _register()), P.OkRsp)
-        sid = (await _call(c, P.HelloReq(host="test", pid=os.getpid()))).session_id
+        hello = await _call(c, P.HelloReq(host="test", pid=os.getpid()))
+        sid, cluster_id = hello.session_id, hello.cluster_id
         d = (await _call(c, P.MkdirReq(parent=ROOT, name=b"d", mode=0o755, uid=0, gid=0))).attr
         f = await _call(c, P.CreateReq(parent=d.ino, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid))
         assert [ch.index for ch in f.chunks] == [0] and f.nodes[0].address == "tcp://127.0.0.1:1"
@@ -153,6 +154,20 @@ async def test_replies_are_durable_across_kill9(daemon, ctx):
                 break
             after = page.entries[-1].cookie
         assert sorted(names) == sorted([b"f"] + [b"n%d" % i for i in range(40)])
+        page = await _call(c, P.ReaddirReq(ino=ROOT, open_info=True))  # d only: no regular files
+        assert [e.name for e in page.entries] == [b"d"] and page.files == []
+        page = await _call(c, P.ReaddirReq(ino=d.ino, limit=3, open_info=True))
+        assert [i.attr.ino for i in page.files] == [e.attr.ino for e in page.entries]
+        with_data = await _call(c, P.ReaddirReq(ino=d.ino, limit=100, open_info=True))
+        by_ino = {i.attr.ino: i for i in with_data.files}
+        assert by_ino[f.attr.ino].chunks[0].version == epoch and by_ino[f.attr.ino].attr.size == 1000
+        found = (await _call(c, P.LookupPathsReq(root=ROOT, paths=[b"d/f", b"d/missing", b"d", b"/d//n3"]))).files
+        assert found[0].attr.ino == f.attr.ino and found[0].chunks[0].version == epoch
+        assert found[1] is None and found[2] is None and found[3].attr.size == 0
+        ping = await _call(c, P.PingReq())
+        assert ping.events_port > 0 and ping.events_seq == 0  # a new boot numbers its changes from 0
+        hello = await _call(c, P.HelloReq(host="test", pid=os.getpid()))
+        assert hello.cluster_id and hello.cluster_id == cluster_id  # fixed at creation, kept across restarts
         assert (await _call(c, P.GetxattrReq(ino=d.ino, name=b"user.x"))).value == b"y"
         assert (await _call(c, P.AllocEpochReq())).epoch > epoch
         await _call(c, P.CloseReq(ino=f.attr.ino, session_id=sid))

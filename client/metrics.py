@@ -1,0 +1,190 @@
+"""The mount's metrics: FUSE operations, bytes, the chunk cache, read-ahead, network waits.
+
+Instrumentation is additive and small:
+
+* ``instrument(ops)`` wraps every FUSE handler of one ``Operations`` instance
+  (instance attributes shadow the class's methods, and pyfuse3 looks handlers
+  up on the instance), counting calls, errors by errno and latency per op,
+  and bytes for ``read``/``write``. ``client/operations.py`` is untouched.
+* The chunk cache counts hits and misses, and reports how long a *reader*
+  waited for chunk data from the network (``network_wait``).
+* The data path marks chunks it prefetched; the cache tells whether a
+  prefetched chunk was later read (used) or evicted unread (wasted).
+
+"Is my GPU starving, and why?"  Each ``read`` op's time is split in two:
+the time it spent waiting for chunk data from storage nodes (a miss, or a
+chunk still in flight) and the rest (served from the cache, or copying).
+``stripefs_read_seconds_total{source="network"|"cache"}`` add up to the total
+time readers spent inside stripefs; ``stripefs top`` shows the split.
+
+The split works through a context variable: the read wrapper puts a fresh
+``_ReadTiming`` in it, the cache adds its waits to whatever timing is current.
+Tasks spawned during a read (prefetches) inherit the variable, so the timing is
+closed when the read returns and later waits are not charged to it.
+
+The mount records where its endpoint is in a state file (``state_path``),
+keyed by mountpoint, so ``stripefs top MOUNT`` can find it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import pyfuse3
+from prometheus_client import Counter, Histogram
+
+from ..common.metrics import LATENCY_BUCKETS
+
+log = logging.getLogger(__name__)
+
+FUSE_OPS = Counter("stripefs_fuse_ops_total", "FUSE requests answered, by operation", ["op"])
+FUSE_ERRORS = Counter("stripefs_fuse_errors_total", "FUSE requests answered with an error, by operation and errno", ["op", "errno"])
+FUSE_SECONDS = Histogram("stripefs_fuse_op_seconds", "Time to answer a FUSE request, by operation", ["op"], buckets=LATENCY_BUCKETS)
+READ_BYTES = Counter("stripefs_read_bytes_total", "Bytes returned to readers")
+WRITE_BYTES = Counter("stripefs_write_bytes_total", "Bytes accepted from writers")
+READ_SECONDS = Counter(
+    "stripefs_read_seconds_total",
+    "Time readers spent in read(): waiting on storage nodes (network) or served from memory (cache)",
+    ["source"],
+)
+CACHE_HITS = Counter("stripefs_cache_hits_total", "Chunk lookups answered from the client's chunk cache")
+CACHE_MISSES = Counter("stripefs_cache_misses_total", "Chunk lookups that had to fetch from a storage node")
+READAHEAD = Counter(
+    "stripefs_readahead_chunks_total",
+    "Chunks prefetched (fetched), later read (used), or evicted or dropped unread (wasted)",
+    ["outcome"],
+)
+
+#: FUSE handlers that are wrapped (every request handler pyfuse3 calls)
+OPS = (
+    "lookup getattr setattr readlink mknod mkdir symlink link unlink rmdir rename opendir readdir releasedir "
+    "statfs setxattr getxattr listxattr removexattr open create read write flush fsync release forget access "
+    "fsyncdir"
+).split()
+
+
+class _ReadTiming:
+    __slots__ = ("network", "open")
+
+    def __init__(self) -> None:
+        self.network = 0.0
+        self.open = True
+
+
+_current_read: contextvars.ContextVar[_ReadTiming | None] = contextvars.ContextVar("stripefs_read_timing", default=None)
+
+
+def network_wait(seconds: float) -> None:
+    """The current reader waited ``seconds`` for chunk data from the network (called by the chunk cache)."""
+    timing = _current_read.get()
+    if timing is not None and timing.open:
+        timing.network += seconds
+
+
+def _timed(op: str, fn):
+    ops, latency = FUSE_OPS.labels(op), FUSE_SECONDS.labels(op)  # label children resolved once
+    read_network, read_cache = READ_SECONDS.labels("network"), READ_SECONDS.labels("cache")
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        timing = token = None
+        if op == "read":
+            timing = _ReadTiming()
+            token = _current_read.set(timing)
+        started = time.perf_counter()
+        try:
+            result = await fn(*args, **kwargs)
+        except pyfuse3.FUSEError as exc:
+            FUSE_ERRORS.labels(op, str(exc.errno)).inc()
+            raise
+        finally:
+            elapsed = time.perf_counter() - started
+            ops.inc()
+            latency.observe(elapsed)
+            if timing is not None:
+                timing.open = False
+                _current_read.reset(token)
+                network = min(timing.network, elapsed)  # parallel chunk fetches overlap
+                read_network.inc(network)
+                read_cache.inc(elapsed - network)
+        if op == "read":
+            READ_BYTES.inc(len(result))
+        elif op == "write":
+            WRITE_BYTES.inc(result)
+        return result
+
+    return wrapper
+
+
+def instrument(ops) -> None:
+    """Count and time every FUSE handler of ``ops`` (an Operations instance)."""
+    for op in OPS:
+        fn = getattr(ops, op, None)
+        if fn is not None:
+            setattr(ops, op, _timed(op, fn))
+    for outcome in ("fetched", "used", "wasted"):
+        READAHEAD.labels(outcome)  # exported as 0 from the start
+    for source in ("network", "cache"):
+        READ_SECONDS.labels(source)
+
+
+# -- where a mount's endpoint is --------------------------------------------------
+
+
+def state_dir() -> Path:
+    """Per-user runtime directory for mount state files."""
+    if os.geteuid() == 0:
+        return Path("/run/stripefs")
+    return Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/stripefs-{os.geteuid()}") / "stripefs"
+
+
+def state_path(mountpoint: str | Path, directory: Path | None = None) -> Path:
+    name = str(Path(mountpoint).absolute()).strip("/").replace("/", "_") or "root"
+    return (directory or state_dir()) / f"mount-{name}.json"
+
+
+def write_state(mountpoint: str, metrics_address: str | None) -> Path | None:
+    """Record this mount's pid and metrics address; None (and a warning) when that is impossible."""
+    path = state_path(mountpoint)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"mountpoint": str(mountpoint), "pid": os.getpid(), "metrics": metrics_address}))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("cannot write mount state file %s ('stripefs top' will need --metrics): %s", path, exc)
+        return None
+    return path
+
+
+def remove_state(mountpoint: str) -> None:
+    path = state_path(mountpoint)
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def find_state(mountpoint: str | Path) -> dict | None:
+    """The state a live mount at ``mountpoint`` recorded (root's or this user's), or None."""
+    candidates = [state_path(mountpoint), state_path(mountpoint, Path("/run/stripefs"))]
+    for path in candidates:
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(int(state["pid"]), 0)
+        except ProcessLookupError:
+            continue
+        except (PermissionError, KeyError, TypeError, ValueError):
+            pass
+        return state
+    return None

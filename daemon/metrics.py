@@ -1,0 +1,83 @@
+"""The metadata daemon's cluster gauges, refreshed by one task.
+
+Every ``PUBLISH_INTERVAL_S`` the task reads the node registry (memory, on the
+trio thread) and the database counts: files, chunks, copies awaiting deletion
+and the repair backlog (chunks with a copy or fragment on a node that is down,
+a full scan of the chunks table). The database part runs in a worker thread
+on a second, read-only connection: in WAL mode it reads the last committed
+state without taking the service lock, so a long scan never delays metadata
+requests. The HTTP scrape thread only reads the gauges.
+
+``StatusReq`` uses the same ``cluster_health`` (on the daemon's own
+connection, under the lock), so ``stripefs status`` and Prometheus agree on
+what "degraded" means.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+
+import trio
+from prometheus_client import Gauge
+
+from .store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+NODE_UP = Gauge("stripefs_node_up", "1 while a storage node is up (heartbeating), 0 once declared down", ["node", "host"])
+NODE_CAPACITY = Gauge("stripefs_node_capacity_bytes", "Bytes a storage node offers", ["node"])
+NODE_USED = Gauge("stripefs_node_used_bytes", "Bytes of chunk data a storage node holds", ["node"])
+NODE_FREE = Gauge("stripefs_node_free_bytes", "Bytes a storage node can still take", ["node"])
+NODE_CHUNKS = Gauge("stripefs_node_chunks", "Chunk files a storage node holds", ["node"])
+FILES = Gauge("stripefs_files", "Regular files in the namespace")
+CHUNKS = Gauge("stripefs_chunks", "Chunks in the namespace (each stored as one or more copies or fragments)")
+SESSIONS = Gauge("stripefs_sessions", "Mounts with a live session")
+DEGRADED_CHUNKS = Gauge(
+    "stripefs_degraded_chunks", "Chunks with at least one copy or fragment on a node that is down: the repair backlog"
+)
+GARBAGE_COPIES = Gauge("stripefs_garbage_copies", "Chunk copies waiting to be deleted from storage nodes")
+
+PUBLISH_INTERVAL_S = 2.0
+
+
+def cluster_health(store: SqliteStore, nodes: list) -> dict[str, int]:
+    """Counts for status and metrics from ``store`` and the registry's ``nodes`` (NodeInfo list)."""
+    down = [n.node_id for n in nodes if n.state != "up"]
+    counts = store.counts()
+    return {
+        "files": counts["files"],
+        "chunks": counts["chunks"],
+        "degraded_chunks": store.count_chunks_on(down),
+        "garbage_copies": store.count_garbage(),
+    }
+
+
+async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL_S) -> None:
+    """Refresh the daemon's gauges until cancelled."""
+    conn = sqlite3.connect(f"file:{service.db_path}?mode=ro", uri=True, check_same_thread=False)
+    reader = SqliteStore(conn)
+    limiter = trio.CapacityLimiter(1)
+    try:
+        while True:
+            nodes = service.nodes.info()
+            for n in nodes:
+                node = str(n.node_id)
+                NODE_UP.labels(node, n.host).set(1 if n.state == "up" else 0)
+                NODE_CAPACITY.labels(node).set(n.capacity_bytes)
+                NODE_USED.labels(node).set(n.used_bytes)
+                NODE_FREE.labels(node).set(n.free_bytes)
+                NODE_CHUNKS.labels(node).set(n.chunks)
+            SESSIONS.set(len(service.sessions))
+            try:
+                health = await trio.to_thread.run_sync(cluster_health, reader, nodes, limiter=limiter)
+            except sqlite3.Error as exc:
+                log.warning("metrics: cannot read counts from %s: %s", service.db_path, exc)
+            else:
+                FILES.set(health["files"])
+                CHUNKS.set(health["chunks"])
+                DEGRADED_CHUNKS.set(health["degraded_chunks"])
+                GARBAGE_COPIES.set(health["garbage_copies"])
+            await trio.sleep(interval)
+    finally:
+        conn.close()

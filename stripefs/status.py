@@ -1,0 +1,91 @@
+"""``stripefs status``: the cluster as the metadata daemon sees it, as a table or as JSON.
+
+JSON keys (``stripefs status --json``) are a stable interface for scripts:
+keys are only ever added, never renamed or removed. docs/operations.md lists
+them; so does this table::
+
+    meta               address of the daemon that answered
+    boot_id            changes when the daemon restarts
+    health             "ok": every node up and no chunk degraded;
+                       "degraded": a node is down or a chunk has a copy on a down node;
+                       "no_nodes": no storage node is up
+    files, directories, chunks, logical_bytes, sessions (mounts with a live session)
+    nodes_up, nodes_total
+    capacity_bytes, used_bytes, free_bytes     summed over the nodes that are up
+    degraded_chunks    chunks with a copy or fragment on a node that is down
+    repair_backlog     chunks waiting for repair (today: = degraded_chunks)
+    garbage_copies     chunk copies waiting to be deleted from storage nodes
+    nodes[]            node_id, address, host, state ("up"/"down"), capacity_bytes,
+                       free_bytes, used_bytes, chunks, last_heartbeat_age_s (-1: never)
+
+A node is "down" once it has been silent for the daemon's ``node_timeout_s``.
+"""
+
+from __future__ import annotations
+
+from .common import protocol as p
+from .common.layout import format_size
+
+
+def health(rsp: p.StatusRsp) -> str:
+    up = sum(n.state == "up" for n in rsp.nodes)
+    if up == 0:
+        return "no_nodes"
+    if up < len(rsp.nodes) or rsp.degraded_chunks:
+        return "degraded"
+    return "ok"
+
+
+def to_json(rsp: p.StatusRsp, address: str) -> dict:
+    up = [n for n in rsp.nodes if n.state == "up"]
+    return {
+        "meta": address,
+        "boot_id": rsp.boot_id,
+        "health": health(rsp),
+        "files": rsp.files,
+        "directories": rsp.directories,
+        "chunks": rsp.chunks,
+        "logical_bytes": rsp.logical_bytes,
+        "sessions": rsp.sessions,
+        "nodes_up": len(up),
+        "nodes_total": len(rsp.nodes),
+        "capacity_bytes": sum(n.capacity_bytes for n in up),
+        "used_bytes": sum(n.used_bytes for n in up),
+        "free_bytes": sum(n.free_bytes for n in up),
+        "degraded_chunks": rsp.degraded_chunks,
+        "repair_backlog": rsp.degraded_chunks,
+        "garbage_copies": rsp.garbage_copies,
+        "nodes": [
+            {
+                "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
+                "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes, "used_bytes": n.used_bytes,
+                "chunks": n.chunks, "last_heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
+            }
+            for n in rsp.nodes
+        ],
+    }
+
+
+def render(rsp: p.StatusRsp, address: str) -> str:
+    s = to_json(rsp, address)
+    lines = [
+        f"metadata daemon {address}: {s['health'].upper()}, {s['nodes_up']}/{s['nodes_total']} storage nodes up, "
+        f"{s['sessions']} mounts",
+        f"  data        {s['files']} files, {s['directories']} directories, {s['chunks']} chunks, "
+        f"{format_size(s['logical_bytes'])} of file data",
+        f"  capacity    {format_size(s['used_bytes'])} used, {format_size(s['free_bytes'])} free of "
+        f"{format_size(s['capacity_bytes'])} on the nodes that are up",
+        f"  redundancy  {s['degraded_chunks']} chunks degraded (a copy on a down node), repair backlog "
+        f"{s['repair_backlog']}, {s['garbage_copies']} copies awaiting deletion",
+        "",
+        f"  {'node':>5} {'state':<6} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8} {'heartbeat':>9}  address",
+    ]
+    for n in rsp.nodes:
+        beat = "never" if n.last_heartbeat_age_s < 0 else f"{n.last_heartbeat_age_s:.0f}s ago"
+        lines.append(
+            f"  {n.node_id:>5} {n.state:<6} {n.host[:14]:<14} {format_size(n.used_bytes):>9} {format_size(n.free_bytes):>9} "
+            f"{format_size(n.capacity_bytes):>9} {n.chunks:>8} {beat:>9}  {n.address}"
+        )
+    if not rsp.nodes:
+        lines.append("  (no storage node has registered yet)")
+    return "\n".join(lines)
