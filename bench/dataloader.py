@@ -101,17 +101,40 @@ def prefetch_sampler_class():
         return None, f"stripefs.torch.PrefetchSampler not available ({type(exc).__name__}: {exc})"
 
 
+def read_file_function():
+    """stripefs.torch.read_file (prefetched files from shared memory, FUSE bypassed), or None."""
+    try:
+        from stripefs.torch import read_file
+        return read_file
+    except (ImportError, AttributeError):
+        return None
+
+
 def prefetcher_report(mnt: Path) -> dict | str:
     """The mount's prefetch counters (getfattr -n user.stripefs.prefetch MOUNT:
-    "pending=N fetched=N stored=N failed=N", since the mount started)."""
+    "pending=N fetched=N stored=N failed=N", since the mount started), and
+    what is left in its shared-memory directory (files prefetched for
+    read_file and not read)."""
     try:
         text = os.getxattr(mnt, "user.stripefs.prefetch").decode(errors="replace")
     except OSError as exc:
         return f"unreadable: {exc.strerror}"
     try:
-        return {k: int(v) for k, v in (f.split("=", 1) for f in text.split())}
+        out = {k: int(v) for k, v in (f.split("=", 1) for f in text.split())}
     except ValueError:
         return text
+    try:
+        from stripefs.prefetch_control import shm_dir
+        shm = shm_dir(os.fsencode(mnt))
+    except ImportError:
+        shm = None
+    if shm:
+        try:
+            sizes = [e.stat().st_size for e in os.scandir(shm) if e.is_file()]
+            out["shm_files_left"], out["shm_mib_left"] = len(sizes), sum(sizes) >> 20
+        except OSError:
+            pass
+    return out
 
 
 def proc_status(pid: int) -> dict[str, int]:
@@ -180,6 +203,7 @@ class Bench:
         self.cold_ok = True
         self.budget: tuple[int | None, str] = (None, "mount not started")
         self.recorder: profiling.Recorder | None = None
+        self.read_file_used = False
 
     # -- plumbing
 
@@ -353,6 +377,9 @@ class Bench:
                                      f"{len(self.rels)} (or other names)")
                 self.scan.setdefault(group, {})[side] = {"files": len(ds), "s": round(scan_s, 3)}
             ds = datasets[side]
+            if sampler_cls is not None and side == "stripefs" and not a.no_read_file:
+                ds.reader = read_file_function()  # None: plain reads through the mount
+                self.read_file_used = ds.reader is not None
             seed = a.seed * 1000 + n  # the same shuffle on both sides; another one for the warm epoch
 
             def epoch():
@@ -422,6 +449,8 @@ class Bench:
                      f"{name} epoch (not timed)")
             self.cold("both")
             ds = loaders.ImageTree(self.root("stripefs") / "tree", "raw")
+            if cls is not None and not a.no_read_file:
+                ds.reader = read_file_function()
             for n, temp in enumerate(("cold", "warm")):
                 sampler = loaders.random_sampler(ds, a.seed * 1000 + 7 + n)
                 if cls is not None:
@@ -520,6 +549,10 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         stor = sum(v for k, v in by.items() if k.startswith("storage"))
         lines.append(f"  {res['label']:30s} {s['cpu_bench_s']:13.2f} {by.get('mount', 0):7.2f} "
                      f"{by.get('meta', 0):7.2f} {stor:8.2f}   ({res['local'].get('cpu_idle_cluster_s', 0):.2f})")
+    if "prefetch_cold" in bench.results and "na" not in bench.results["prefetch_cold"]:
+        how = ("stripefs.torch.read_file (shared memory, falls back to the mount)" if bench.read_file_used
+               else "plain reads through the mount (page cache)")
+        lines.append(f"prefetch rows: PrefetchSampler(lookahead {a.lookahead}); the workers read with {how}")
     for key, res in bench.results.items():
         pf = res.get("stripefs", {}).get("prefetcher") if "na" not in res else None
         if pf is not None:
@@ -620,6 +653,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="random seed for the images, shards and shuffles")
     ap.add_argument("--phase-timeout", type=float, default=600,
                     help="abort (and tear down) if one phase takes longer, seconds (default 600)")
+    ap.add_argument("--no-read-file", action="store_true",
+                    help="prefetch rows: read through the mount (page cache) instead of stripefs.torch.read_file "
+                         "(shared memory)")
     ap.add_argument("--profile", action="store_true",
                     help="afterwards, record mount, meta and storage node 1 with py-spy during a cold and a warm "
                          "raw epoch more (and two with prefetch), not timed; raw profiles go to "

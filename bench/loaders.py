@@ -53,6 +53,7 @@ class ImageTree:
                     self.rels.append(f"{name}/{f}")
                     self.targets.append(c)
         self.paths = [self.root / r for r in self.rels]
+        self.reader = None  # raw mode: a function path -> bytes instead of open+read (stripefs.torch.read_file)
 
     def __len__(self) -> int:
         return len(self.rels)
@@ -60,8 +61,11 @@ class ImageTree:
     def __getitem__(self, i: int):
         path = self.paths[i]
         if self.mode == "raw":
-            with open(path, "rb", buffering=0) as f:
-                data = f.read()
+            if self.reader is not None:
+                data = self.reader(path)
+            else:
+                with open(path, "rb", buffering=0) as f:
+                    data = f.read()
             return i, len(data), _signed64(xxhash.xxh3_64_intdigest(data)), data
         with open(path, "rb") as f:  # torchvision.datasets.folder.pil_loader
             img = Image.open(f)
