@@ -15,8 +15,10 @@ Workloads (--only takes a comma-separated list of the group names):
   raw       DataLoader, 2 workers, batch 32, shuffled; bytes only (the stress
             test); cold epoch, then a warm epoch (another shuffle)
   prefetch  as raw, through stripefs.torch.PrefetchSampler (sampler-order
-            prefetch, lookahead 1024) on the mount; the local side is plain
-            raw. "n/a" while stripefs.torch is not installed.
+            prefetch, lookahead 1024) on the mount, the workers reading with
+            stripefs.torch.read_file (shared memory; --no-read-file: through
+            the mount); the local side is plain raw. "n/a" while
+            stripefs.torch is not installed.
   decode    as raw, plus PIL open + convert RGB + resize to 224x224 (what a
             training job does); cold and warm
   tar       the tar shards streamed by an IterableDataset (shards split
