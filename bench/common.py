@@ -271,7 +271,8 @@ def supervise(bench, finish: Callable[[float], int], *, keep: bool) -> int:
 
     bench has .run(), .phase = (name, since, limit), .cluster, .work, .state,
     .mnt and optionally .abort() (called from this thread on a signal or a
-    phase timeout, before the teardown). finish(total_s) prints the report and
+    phase timeout, before the teardown) and .after_teardown() (checks for
+    leftovers). finish(total_s) prints the report and
     returns 0 or 2. The main thread stays free to handle SIGINT/SIGTERM and
     per-phase timeouts even while the worker is stuck in a FUSE syscall;
     tearing the cluster down makes that syscall fail. Whatever happens, the
@@ -334,6 +335,8 @@ def supervise(bench, finish: Callable[[float], int], *, keep: bool) -> int:
         if hasattr(bench, "abort"):
             bench.abort()
         bench.cluster.teardown()
+        if hasattr(bench, "after_teardown"):
+            bench.after_teardown()
         for s, h in old.items():
             signal.signal(s, h)
         if rc not in (0, 2) and (bench.state / "logs").is_dir():

@@ -131,6 +131,7 @@ def prefetcher_report(mnt: Path) -> dict | str:
     except ImportError:
         shm = None
     if shm:
+        out["shm_dir"] = os.fsdecode(shm)
         try:
             sizes = [e.stat().st_size for e in os.scandir(shm) if e.is_file()]
             out["shm_files_left"], out["shm_mib_left"] = len(sizes), sum(sizes) >> 20
@@ -229,6 +230,13 @@ class Bench:
         imagedata.cancel.set()
         if self.recorder is not None:
             self.recorder.kill()
+
+    def after_teardown(self) -> None:
+        """Every mount is stopped now: report the shared-memory directories they left behind."""
+        dirs = {r["stripefs"]["prefetcher"].get("shm_dir") for r in self.results.values()
+                if isinstance(r.get("stripefs", {}).get("prefetcher"), dict)} - {None}
+        for d in sorted(d for d in dirs if os.path.exists(d)):
+            progress(f"WARNING: the stopped mount left its shared-memory directory {d} behind")
 
     def measure(self, key: str, label: str, side: str, fn) -> dict:
         self.set_phase(f"{side}: {label}")
@@ -558,7 +566,8 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
     for key, res in bench.results.items():
         pf = res.get("stripefs", {}).get("prefetcher") if "na" not in res else None
         if pf is not None:
-            text = " ".join(f"{k}={v:,}" for k, v in pf.items()) if isinstance(pf, dict) else pf
+            text = (" ".join(f"{k}={v:,}" for k, v in pf.items() if k != "shm_dir") if isinstance(pf, dict)
+                    else pf)
             lines.append(f"prefetcher after the {res['label']} (counters since the mount started): {text}")
     for group, sides in bench.scan.items():
         if "stripefs" in sides and "local" in sides:
