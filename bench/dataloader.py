@@ -23,7 +23,8 @@ Workloads (--only takes a comma-separated list of the group names):
             training job does); cold and warm
   tar       the tar shards streamed by an IterableDataset (shards split
             across the workers), cold
-  seq       one 1 GiB file read sequentially in 1 MiB reads, cold
+  seq       one 1 GiB file read sequentially in 1 MiB reads, cold (the file
+            and its check come from bench/run.py)
 
 "Cold" = `stripefs local down`, sync + drop_caches, `stripefs local up` on the
 same state (a fresh client; the local disk's caches are dropped too), then
@@ -42,8 +43,9 @@ printed as PASS/BELOW; --strict exits 2 if one is below. --profile runs a
 cold and a warm raw epoch more (and two with prefetch) with `py-spy record`
 attached to the mount, the metadata daemon and storage node 1 (not timed) and
 prints their top functions (bench/profiling.py). --dataset measures through a
-`-o dataset` mount (the data is written through a plain one first). The cluster is always stopped and unmounted (Ctrl-C, SIGTERM,
-a phase past --phase-timeout). See bench/README.md.
+`-o dataset` mount (the data is written through a plain one first). The
+cluster is always stopped and unmounted (Ctrl-C, SIGTERM, a phase past
+--phase-timeout). See bench/README.md.
 """
 
 from __future__ import annotations
