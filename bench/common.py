@@ -129,6 +129,7 @@ class Cluster:
         exe = Path(sys.executable).parent / "stripefs"
         self.cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "stripefs"]
         self.pids: dict[str, int] = {}
+        self.metrics: dict[str, str] = {}
         self.options: list[str] = []  # extra `-o` mount options for every later `up` (e.g. dataset)
         self.lock = threading.Lock()  # up/down never overlap (the supervisor may tear down)
         self.closed = False
@@ -148,12 +149,15 @@ class Cluster:
             self._run("local", "up", "--dir", str(self.state), "--mount", str(self.mnt),
                       "--nodes", str(self.nodes), *(a for o in self.options for a in ("-o", o)))
             status = json.loads(self._run("local", "status", "--dir", str(self.state), "--json"))
-        pids = {}
+        pids, metrics = {}, {}
         for p in status["processes"]:
             name = p["role"] if p["node_id"] is None else f"{p['role']}-{p['node_id']}"
             if p["state"] != "up" or not p["pid"]:
                 raise BenchError(f"after 'local up', {name} is {p['state']}")
             pids[name] = p["pid"]
+            if p.get("metrics"):
+                metrics[name] = p["metrics"]
+        self.metrics = metrics  # name -> Prometheus endpoint URL
         if not os.path.ismount(self.mnt):
             raise BenchError(f"{self.mnt} is not mounted after 'local up'")
         self.pids = pids

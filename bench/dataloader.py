@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -139,6 +140,29 @@ def prefetcher_report(mnt: Path) -> dict | str:
             out["shm_files_left"], out["shm_mib_left"] = len(sizes), sum(sizes) >> 20
         except OSError:
             pass
+    return out
+
+
+def mount_counters(url: str | None) -> dict[str, float]:
+    """Request counters from the mount's Prometheus endpoint: FUSE operations
+    by op ("fuse:lookup") and RPCs by message type ("rpc:LookupReq", all
+    peers); {} if there is no endpoint."""
+    if not url:
+        return {}
+    try:
+        with urllib.request.urlopen(url, timeout=5) as rsp:
+            text = rsp.read().decode(errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("stripefs_fuse_ops_total{"):
+            key = "fuse:" + line.split('op="', 1)[1].split('"', 1)[0]
+        elif line.startswith("stripefs_rpc_seconds_count{"):
+            key = "rpc:" + line.split('type="', 1)[1].split('"', 1)[0]
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -242,6 +266,8 @@ class Bench:
 
     def measure(self, key: str, label: str, side: str, fn) -> dict:
         self.set_phase(f"{side}: {label}")
+        url = self.cluster.metrics.get("mount") if side == "stripefs" else None
+        before_ops = mount_counters(url)
         before_p = self.cluster.cpu()  # on the local side: what the idle cluster burns meanwhile (not counted)
         before_s = self_cpu()
         t = time.perf_counter()
@@ -252,6 +278,7 @@ class Bench:
         wall = time.perf_counter() - t
         cpu_self = self_cpu() - before_s
         after_p = self.cluster.cpu()
+        after_ops = mount_counters(url)
         cpu_procs = {k: round(after_p[k] - before_p[k], 3) for k in after_p}
         idle_cluster = None
         if side == "local":
@@ -266,6 +293,9 @@ class Bench:
         if idle_cluster is not None:
             r["cpu_idle_cluster_s"] = idle_cluster  # competes with the local epoch for the CPUs
         r["loadavg_1m"] = os.getloadavg()[0]  # other users' load: context for noisy figures
+        ops = {k: int(v - before_ops.get(k, 0)) for k, v in after_ops.items() if v - before_ops.get(k, 0) >= 1}
+        if ops:
+            r["mount_requests"] = ops  # FUSE operations and RPCs the mount handled during the epoch
         if side == "stripefs":
             st = proc_status(self.cluster.pids["mount"])
             r["mount_vmhwm"] = st.get("VmHWM")
@@ -571,6 +601,17 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
             text = (" ".join(f"{k}={v:,}" for k, v in pf.items() if k != "shm_dir") if isinstance(pf, dict)
                     else pf)
             lines.append(f"prefetcher after the {res['label']} (counters since the mount started): {text}")
+    req_rows = [(res["label"], res["stripefs"]) for res in bench.results.values()
+                if "na" not in res and res["stripefs"].get("mount_requests") and res["stripefs"].get("samples")]
+    if req_rows:
+        lines.append("mount requests per sample (FUSE operations | RPCs to daemon and nodes), from its metrics:")
+        for label, s in req_rows:
+            n = s["samples"]
+            fuse = " ".join(f"{k[5:]} {v / n:.2f}" for k, v in sorted(s["mount_requests"].items(), key=lambda kv: -kv[1])
+                            if k.startswith("fuse:") and v / n >= 0.01)
+            rpc = " ".join(f"{k[4:]} {v / n:.2f}" for k, v in sorted(s["mount_requests"].items(), key=lambda kv: -kv[1])
+                           if k.startswith("rpc:") and v / n >= 0.01)
+            lines.append(f"  {label:30s} {fuse or '-'} | {rpc or '-'}")
     for group, sides in bench.scan.items():
         if "stripefs" in sides and "local" in sides:
             lines.append(f"tree scan before the cold {group} epoch ({sides['stripefs']['files']:,} files, "
