@@ -24,6 +24,13 @@ $(VENV)/.installed: pyproject.toml
 	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[test]'
+	@# erasure coding: the pyeclib wheel bundles liberasurecode and ISA-L; where pip had to build it
+	@# from source (no wheel for this platform) the C libraries come from Debian, then pyeclib is rebuilt
+	@if ! $(PY) -m stripefs.common.erasure; then \
+		echo "installing liberasurecode-dev, libisal-dev and rebuilding pyeclib"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq liberasurecode-dev libisal-dev >/dev/null; \
+		$(PY) -m pip install -q --force-reinstall --no-binary pyeclib pyeclib && $(PY) -m stripefs.common.erasure; \
+	fi
 	@touch $@
 
 install: $(VENV)/.installed
@@ -54,6 +61,7 @@ unit: install
 
 bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py
+	$(PY) bench/ec.py
 	$(PY) bench/dataloader.py
 
 clean: stop

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from common import (GiB, KiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fmt_count, fmt_rate,
                     fs_of, git_commit, human_size, progress, self_cpu, supervise, syncfs)
+from common import drop_caches, proc_cpu  # noqa: F401 - still reachable as run.X (bench/ec.py uses run.drop_caches)
 
 try:
     import xxhash

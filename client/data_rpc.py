@@ -76,6 +76,12 @@ class NodePool:
         return self._suspect_until.get(node_id, 0) > trio.current_time()
 
     async def read(self, node_id: int, chunk: p.ChunkId, min_version: int, offset: int, length: int, *, last_try: bool) -> memoryview:
+        return (await self.read_versioned(node_id, chunk, min_version, offset, length, last_try=last_try))[1]
+
+    async def read_versioned(
+        self, node_id: int, chunk: p.ChunkId, min_version: int, offset: int, length: int, *, last_try: bool
+    ) -> tuple[int, memoryview]:
+        """``read``, with the version of the copy that answered (EC decodes only one version's fragments)."""
         client = await self._client(node_id)
         try:
             rsp, payloads = await client.call(
@@ -92,7 +98,7 @@ class NodePool:
         data = payloads[0]
         if xxhash.xxh3_64_intdigest(data) != rsp.xxh3:
             raise StripefsError(ErrorCode.CORRUPT, f"chunk {chunk} from node {node_id} failed its checksum in transit")
-        return data  # a view of the received frame: the bytes are never copied on the client
+        return rsp.version, data  # a view of the received frame: the bytes are never copied on the client
 
     async def write(self, node_id: int, request: p.WriteChunkReq, data) -> p.WriteChunkRsp:
         client = await self._client(node_id)

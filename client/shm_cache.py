@@ -16,7 +16,8 @@ found; it ages out. Copies take the original file's owner and mode, so no one
 reads through the shared copy what the original would refuse them. A worker
 deletes a copy once it has read it (each sample is read once per epoch), which
 frees the memory at once; copies never read are deleted oldest first once
-``budget`` bytes are in use, and the whole directory when the mount ends.
+``budget`` bytes are in use, and the whole directory when the mount ends (or,
+after a ``kill -9``, when the next mount on this machine starts).
 """
 
 from __future__ import annotations
@@ -45,11 +46,26 @@ class ShmCache:
         self.written = 0
 
     def open(self) -> None:
+        self._sweep_dead_mounts()
         self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chmod(self.dir, 0o1777)  # workers of any user may delete the copies they own (sticky, as /tmp)
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _sweep_dead_mounts(self) -> None:
+        """Remove what mounts killed without a chance to clean up left (``stripefs-PID`` of dead PIDs)."""
+        for other in self.dir.parent.glob("stripefs-*"):
+            pid = other.name.removeprefix("stripefs-")
+            if not pid.isdigit() or other == self.dir:
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                log.info("removing %s, left by a mount that is gone", other)
+                shutil.rmtree(other, ignore_errors=True)
+            except PermissionError:
+                pass  # alive, another user's
 
     def put(self, info: p.OpenRsp, data: bytes | memoryview) -> bool:
         """Write one prefetched file (in a worker thread); False when there is no room."""

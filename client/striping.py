@@ -19,6 +19,10 @@ Writes
     that took the write. So one node dying mid-write costs the writer nothing.
     ``flush`` waits for everything in flight and commits versions and size.
 
+Erasure-coded files (layout ``ec=K+M``) share the dirty buffering, epochs and
+commits, and take client/ec_path.py at five points: reads, the sending of a
+dirty chunk, the cut of a truncate, fsync and the prefetch of small files.
+
 Memory: the chunk cache has its byte budget; unsent data is at most
 ``MAX_DIRTY_CHUNKS`` partial chunks per file being written, and chunks being
 sent at most ``write_parallelism`` per file and ``write_inflight`` for the
@@ -43,6 +47,7 @@ from ..common.layout import chunk_extents
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .disk_cache import DiskCache
+from .ec_path import EcPath, is_ec
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from .readahead import ReadStream
@@ -76,6 +81,7 @@ class DataPath:
         self.disk_cache: DiskCache | None = None  # set by the mount when configured
         # chunks being written in the background, all files together (memory bound, with MAX_DIRTY_CHUNKS)
         self.write_slots = trio.Semaphore(max(write_parallelism, write_inflight))
+        self.ec = EcPath(self)  # erasure-coded files (client/ec_path.py)
 
     # ------------------------------------------------------------------ reads
 
@@ -98,6 +104,8 @@ class DataPath:
             await of.idle.wait()
             self._raise_write_error(of)
         ahead = stream.advance(offset, end, of.chunk_size, self.readahead_chunks) if stream is not None else 0
+        if is_ec(of.layout):
+            return await self.ec.read(of, extents, ahead)
         if len(extents) == 1:
             ext = extents[0]
             out = _piece(await self._chunk_bytes(of, ext.index), ext.offset, ext.length)
@@ -147,6 +155,8 @@ class DataPath:
         ref = info.chunks[0]
         if ref.index != 0 or not ref.version or (info.attr.ino, 0, ref.version) in self.cache:
             return
+        if is_ec(info.layout):
+            return self.ec.prefetch_small_file(info)
         self.nodes.learn(info.nodes)
 
         async def fetch():
@@ -262,6 +272,8 @@ class DataPath:
 
     async def _send_chunk(self, of: OpenFile, dc: DirtyChunk, *, sync: bool = False) -> None:
         """Write one dirty range to every replica of its chunk, replacing failed replicas."""
+        if is_ec(of.layout):
+            return await self.ec.send_stripe(of, dc, sync=sync)
         epoch = await self._epoch(of)
         ref = await self._placement(of, dc.index)
         chunk = p.ChunkId(of.ino, dc.index)
@@ -334,6 +346,8 @@ class DataPath:
                 of.end_io()
         await of.idle.wait()
         self._raise_write_error(of)
+        if sync:
+            await self.ec.sync(of)
         if sync and of.unsynced:
             by_node: dict[int, list[p.ChunkId]] = {}
             for index, nodes in of.unsynced.items():
@@ -360,7 +374,9 @@ class DataPath:
         index, inner = divmod(new_size, cs)
         refs: list[p.ChunkRef] = []
         ref = of.chunks.get(index)
-        if inner and ref is not None and ref.version and new_size < of.size:
+        if inner and ref is not None and ref.version and new_size < of.size and is_ec(of.layout):
+            refs.append(await self.ec.cut_stripe(of, ref, inner))
+        elif inner and ref is not None and ref.version and new_size < of.size:
             rsp = await self.meta.call(p.AllocEpochReq())
             epoch = rsp.epoch
             request = p.WriteChunkReq(

@@ -74,6 +74,7 @@ class ClientConfig(_Config):
     cache_size: Size = Size(1 << 30)  # memory for chunk data read ahead / prefetched / recently read
     readahead_chunks: int = 8  # most chunks a sequential reader's window grows to (from 1, doubling)
     write_parallelism: int = 4  # chunks being written to storage at once per file
+    ec_min_fragments_over_k: int = 1  # an EC stripe write succeeds with K + this many fragments stored (0..M)
     write_inflight: int = 16  # chunks being written to storage at once, all files together
     attr_timeout_s: float = 1.0  # kernel attribute cache while the change feed is down
     entry_timeout_s: float = 1.0  # kernel name cache while the change feed is down
@@ -162,6 +163,7 @@ rpc_timeout_s = 10.0
 cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
 readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
 write_parallelism = 4                # chunks in flight to storage per file being written
+ec_min_fragments_over_k = 1          # an ec=K+M stripe write succeeds with K+this fragments stored, nodes being down
 write_inflight = 16                  # chunks in flight to storage, all files together (bounds memory)
 attr_timeout_s = 1.0                 # kernel attribute cache lifetime while the change feed is down
 entry_timeout_s = 1.0                # kernel name cache lifetime while the change feed is down

@@ -37,6 +37,7 @@ class ErrorCode(enum.IntEnum):
     STALE = 31  # the copy is older than the version asked for
     CORRUPT = 32  # a block failed its checksum: a bad copy, never returned as data
     IO = 33  # local I/O error on a storage node
+    BUSY = 34  # the object changed under a long operation (a conversion's copy): try again
 
 
 ERRNO_BY_CODE: dict[int, int] = {
@@ -54,6 +55,7 @@ ERRNO_BY_CODE: dict[int, int] = {
     ErrorCode.NO_SPACE: errno.ENOSPC,
     ErrorCode.TIMEOUT: errno.ETIMEDOUT,
     ErrorCode.UNAVAILABLE: errno.EIO,
+    ErrorCode.BUSY: errno.EBUSY,
 }
 
 

@@ -117,6 +117,16 @@ class DirEntry(msgspec.Struct, frozen=True, array_like=True):
     cookie: int  # pass back as ReaddirReq.after to continue after this entry
 
 
+class LayoutUsage(msgspec.Struct, frozen=True):
+    """Space used by the files of one redundancy (StatusRsp)."""
+
+    redundancy: str
+    files: int
+    logical_bytes: int
+    raw_bytes: int  # estimated from the metadata: copies or fragments, without chunk file headers
+    degraded_stripes: int = 0  # EC stripes with a missing fragment, waiting for reconstruction
+
+
 class NodeInfo(msgspec.Struct, frozen=True):
     node_id: int
     address: str
@@ -523,6 +533,7 @@ class ReplaceReplicaReq(Msg, tag="replace_replica"):
     ino: int
     index: int
     failed_node: int
+    part: int = -1  # erasure-coded files: the fragment to move (failed_node may be 0: a missing one)
 
 
 class CommitReq(Msg, tag="commit"):
@@ -612,6 +623,40 @@ class StatusRsp(Msg, tag="status_rsp"):
     boot_id: str
     degraded_chunks: int = 0  # chunks with a copy or fragment on a down node: the repair backlog
     garbage_copies: int = 0  # chunk copies waiting for deletion on storage nodes
+    layouts: list[LayoutUsage] = []  # per redundancy: logical and raw bytes (daemon/redundancy.py)
+
+
+# --------------------------------------------------------------------------
+# Erasure coding and online conversion (daemon/redundancy.py, client/ec_path.py)
+# --------------------------------------------------------------------------
+
+
+class CreateShadowReq(Msg, tag="create_shadow"):
+    """Start converting file ``ino`` to ``redundancy``: a nameless inode to copy into.
+
+    The shadow is held open by ``session_id``; if that session lapses before
+    SwapShadowReq, the shadow is reclaimed (the conversion rolls back).
+    Reply: OpenRsp of the shadow (with a write epoch).
+    """
+
+    ino: int
+    redundancy: str
+    session_id: int
+
+
+class SwapShadowReq(Msg, tag="swap_shadow"):
+    """Finish a conversion: every name of ``ino`` now leads to ``shadow``, atomically.
+
+    ``size``, ``mtime_ns`` and ``chunks`` (index and version of each chunk) are
+    what the copy read from ``ino``; if ``ino`` changed since, BUSY and nothing
+    changes. Reply: AttrRsp of the shadow, now the file.
+    """
+
+    ino: int
+    shadow: int
+    size: int
+    mtime_ns: int
+    chunks: list[ChunkRef]
 
 
 # --------------------------------------------------------------------------

@@ -71,6 +71,8 @@ class NodeRegistry:
 
     def register(self, req: protocol.RegisterNodeReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        if req.node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)
+            raise StripefsError(ErrorCode.INVALID, f"storage node id {req.node_id} is invalid: ids start at 1")
         node = self._nodes.get(req.node_id)
         if node is None:
             node = self._nodes[req.node_id] = _Node(req.node_id, req.address, req.host)
@@ -87,6 +89,8 @@ class NodeRegistry:
 
     def heartbeat(self, req: protocol.NodeHeartbeatReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        if req.node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)
+            raise StripefsError(ErrorCode.INVALID, f"storage node id {req.node_id} is invalid: ids start at 1")
         node = self._nodes.get(req.node_id)
         if node is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"node {req.node_id} is not registered; register again")

@@ -42,10 +42,12 @@ import stat
 import time
 from typing import Callable, Protocol, Sequence
 
+from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_count, parse_redundancy, validate_layout
 from ..common.protocol import Attr, ChunkRef, DirEntry, Layout, NodeAddr
-from . import placement
+from . import placement, redundancy
+from . import redundancy as _redundancy
 from .db import ROOT_INO
 from .store import SqliteStore
 
@@ -196,7 +198,7 @@ class Namespace:
 
     def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
         refs = [ChunkRef(index=i, version=v, nodes=n) for i, (v, n) in sorted(chunks.items())]
-        ids = sorted({n for ref in refs for n in ref.nodes})
+        ids = sorted({n for ref in refs for n in ref.nodes} - {redundancy.MISSING})
         return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
 
     # -- lookups -------------------------------------------------------------
@@ -498,6 +500,8 @@ class Namespace:
             redundancy=old.redundancy if redundancy is None else str(parse_redundancy(redundancy)),
         )
         validate_layout(new)
+        if new.redundancy != old.redundancy:
+            _redundancy.check_fits(self.nodes.views(), parse_redundancy(new.redundancy))
         self.store.update_inode(
             ino, chunk_size=new.chunk_size, stripe_count=new.stripe_count, redundancy=new.redundancy, ctime_ns=self.clock()
         )
@@ -539,32 +543,49 @@ class Namespace:
         existing = self.store.get_chunks(ino, indices)
         missing = sorted(set(indices) - set(existing))
         if missing:
-            copies = parse_redundancy(row["redundancy"]).copies
+            red = parse_redundancy(row["redundancy"])
             placed = placement.place_chunks(
-                self.nodes.views(), missing, copies=copies, stripe_count=row["stripe_count"], stripe_seed=row["stripe_seed"]
+                self.nodes.views(), missing, copies=red.copies, stripe_count=row["stripe_count"], stripe_seed=row["stripe_seed"]
             )
             for index, nodes in placed.items():
+                nodes = placed[index] = redundancy.pad_fragments(nodes, red)
                 self.store.put_chunk(ino, index, 0, nodes)
                 existing[index] = (0, nodes)
             log.debug("inode %d: placed chunk(s) %s", ino, placed)
         return self._chunk_map(ino, existing)
 
-    def replace_replica(self, ino: int, index: int, failed_node: int) -> tuple[ChunkRef, list[NodeAddr]]:
+    def replace_replica(self, ino: int, index: int, failed_node: int, part: int = -1) -> tuple[ChunkRef, list[NodeAddr]]:
+        """Move ``failed_node``'s copy (fragment ``part`` of an EC stripe, when given) to another node."""
         row = self._file(ino)
         current = self.store.get_chunks(ino, [index]).get(index)
         if current is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"chunk {ino}:{index} has no placement")
         version, nodes = current
-        if failed_node not in nodes:
+        position = redundancy.fragment_position(nodes, failed_node, part)
+        if position is None:
             # already replaced (a retry, or another writer did it): answer the current placement
             refs, addrs = self._chunk_map(ino, {index: current})
             return refs[0], addrs
-        new = placement.replace_node(self.nodes.views(), nodes, failed_node, key=row["stripe_seed"] ^ index)
-        position = nodes.index(failed_node)
-        nodes = [new if n == failed_node else n for n in nodes]
+        present = [n for n in nodes if n != redundancy.MISSING]
+        try:
+            new = placement.replace_node(
+                self.nodes.views(), present + ([failed_node] if failed_node == redundancy.MISSING else []), failed_node,
+                key=row["stripe_seed"] ^ index,
+            )
+        except StripefsError as exc:
+            views = {v.node_id: v for v in self.nodes.views()}
+            if exc.code == ErrorCode.UNAVAILABLE and part >= 0 and failed_node in views and views[failed_node].up:
+                # an EC writer that skipped a node it suspects, with nowhere else to go: the node
+                # heartbeats, so the placement stays and the writer tries it after all
+                refs, addrs = self._chunk_map(ino, {index: current})
+                return refs[0], addrs
+            raise
+        nodes = list(nodes)
+        nodes[position] = new
         self.store.put_chunk(ino, index, version, nodes)
-        part = position if parse_redundancy(row["redundancy"]).is_ec else 0
-        self.store.add_garbage([(failed_node, ino, index, part, self.last_epoch())])
+        is_ec = parse_redundancy(row["redundancy"]).is_ec
+        if failed_node != redundancy.MISSING:
+            self.store.add_garbage([(failed_node, ino, index, position if is_ec else 0, self.last_epoch())])
         log.info("chunk %d:%d: copy on node %d moved to node %d", ino, index, failed_node, new)
         refs, addrs = self._chunk_map(ino, {index: (version, nodes)})
         return refs[0], addrs
@@ -573,6 +594,7 @@ class Namespace:
         if not chunks:
             return
         existing = self.store.get_chunks(ino, [c.index for c in chunks])
+        is_ec = parse_redundancy(self._inode(ino)["redundancy"]).is_ec
         for ref in chunks:
             if ref.index < 0 or ref.version < 0:
                 raise StripefsError(ErrorCode.INVALID, f"bad chunk ref {ref} for inode {ino}")
@@ -581,6 +603,17 @@ class Namespace:
             if not nodes:
                 raise StripefsError(ErrorCode.INVALID, f"chunk {ino}:{ref.index} has no placement and no nodes given")
             self.store.put_chunk(ino, ref.index, max(old_version, ref.version), nodes)
+            if old_version and ref.version > old_version and is_ec and (old_version & 1) != (ref.version & 1):
+                # the new version went to the other slot: the committed one's fragments are garbage now
+                self.store.add_garbage(
+                    (node, ino, ref.index, fragment_part(j, old_version), old_version)
+                    for j, node in enumerate(old_nodes) if node != redundancy.MISSING
+                )
+            if redundancy.MISSING in nodes:
+                log.warning(
+                    "stripe %d:%d v%d committed with %d of %d fragments: queued for reconstruction",
+                    ino, ref.index, ref.version, len(nodes) - nodes.count(redundancy.MISSING), len(nodes),
+                )
 
     def commit(self, ino: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]) -> Attr:
         row = self._file(ino)
@@ -590,3 +623,50 @@ class Namespace:
         now = self.clock()
         self.store.update_inode(ino, size=max(row["size"], size), mtime_ns=mtime_ns or now, ctime_ns=now)
         return self.getattr(ino)
+
+    # -- online conversion (daemon/redundancy.py) --------------------------------
+
+    def create_shadow(self, ino: int, new_redundancy: str) -> int:
+        """A nameless copy target for file ``ino`` with ``new_redundancy``; its inode number."""
+        row = self._file(ino)
+        red = parse_redundancy(new_redundancy)
+        _redundancy.check_fits(self.nodes.views(), red)
+        shadow = self.store.insert_inode(**_redundancy.shadow_fields(row, str(red), self.clock()))
+        log.info("inode %d: conversion to %s started into shadow inode %d", ino, red, shadow)
+        return shadow
+
+    def swap_shadow(
+        self, ino: int, shadow: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]
+    ) -> tuple[Attr, list[tuple[int, bytes]]]:
+        """Give every name of ``ino`` to ``shadow`` if ``ino`` is unchanged since the copy began;
+        the shadow's attributes and the (parent, name) entries that changed.
+
+        ``size``, ``mtime_ns`` and ``chunks`` (index, version) are what the copy read.
+        Raises BUSY when the file changed: the caller copies again or gives up.
+        """
+        row = self._file(ino)
+        srow = self._file(shadow)
+        if srow["nlink"] != 0:
+            raise StripefsError(ErrorCode.INVALID, f"inode {shadow} is not a conversion shadow")
+        versions = {i: v for i, (v, _) in self.store.get_chunks(ino).items() if v}
+        copied = {c.index: c.version for c in chunks if c.version}
+        if row["size"] != size or row["mtime_ns"] != mtime_ns or versions != copied:
+            raise StripefsError(ErrorCode.BUSY, f"inode {ino} changed while it was being converted")
+        if row["nlink"] <= 0:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} was unlinked while it was being converted")
+        now = self.clock()
+        self.store.update_inode(
+            shadow, nlink=row["nlink"], size=size, mtime_ns=row["mtime_ns"], atime_ns=row["atime_ns"], ctime_ns=now,
+            mode=row["mode"], uid=row["uid"], gid=row["gid"],
+        )
+        for name in self.store.list_xattrs(ino):
+            self.store.set_xattr(shadow, name, self.store.get_xattr(ino, name))
+        entries = []
+        for cookie, parent, name in self.store.dentries_of(ino):
+            self.store.set_dentry_ino(cookie, shadow)
+            entries.append((parent, name))
+        self.store.update_inode(ino, nlink=0, ctime_ns=now)
+        if not self.is_open(ino):
+            self._reclaim(ino)
+        log.info("inode %d converted: its names now lead to inode %d (%s)", ino, shadow, srow["redundancy"])
+        return self.getattr(shadow), entries

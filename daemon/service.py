@@ -60,6 +60,7 @@ from ..common.transport import RpcClient, connect, open_socket, serve
 from .db import DB_NAME, lock_database, open_database
 from .events import ChangeFeed
 from .metrics import cluster_health
+from . import redundancy
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
 from .store import SqliteStore
@@ -305,7 +306,12 @@ class MetaService:
             boot_id=self.boot_id,
             degraded_chunks=health["degraded_chunks"],
             garbage_copies=health["garbage_copies"],
+            layouts=await self._read(self._layout_usage),
         )
+
+    def _layout_usage(self) -> list[P.LayoutUsage]:
+        usage = redundancy.layout_usage(self.store.usage_rows())
+        return [P.LayoutUsage(redundancy=r, **u) for r, u in sorted(usage.items())]
 
     async def handle_register_node(self, req: P.RegisterNodeReq) -> P.Msg:
         await self._write(self.nodes.register, req)
@@ -521,10 +527,30 @@ class MetaService:
         return P.ChunksRsp(chunks=chunks, nodes=nodes)
 
     async def handle_replace_replica(self, req: P.ReplaceReplicaReq) -> P.Msg:
-        chunk, nodes = await self._write(self.ns.replace_replica, req.ino, req.index, req.failed_node)
+        chunk, nodes = await self._write(self.ns.replace_replica, req.ino, req.index, req.failed_node, req.part)
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
         attr = await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks)
         self._changed([req.ino])
+        return P.AttrRsp(attr=attr)
+
+    # -- online conversion (daemon/redundancy.py) ----------------------------------
+
+    async def handle_create_shadow(self, req: P.CreateShadowReq) -> P.Msg:
+        self.sessions.touch(req.session_id)
+
+        def create_and_hold():
+            shadow = self.ns.create_shadow(req.ino, req.redundancy)
+            self.sessions.open(req.session_id, shadow)  # under the lock: nothing reclaims it in between
+            return self.ns.open_info(shadow)
+
+        attr, layout, chunks, nodes = await self._write(create_and_hold)
+        epoch = await self._alloc_epoch()
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
+
+    async def handle_swap_shadow(self, req: P.SwapShadowReq) -> P.Msg:
+        attr, entries = await self._write(self.ns.swap_shadow, req.ino, req.shadow, req.size, req.mtime_ns, req.chunks)
+        self._changed([req.ino, *{parent for parent, _ in entries}], entries)
+        self._gc_wake.set()
         return P.AttrRsp(attr=attr)

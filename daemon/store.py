@@ -148,6 +148,10 @@ class SqliteStore:
     def set_dentry_ino(self, cookie: int, ino: int) -> None:
         self.conn.execute("UPDATE dentries SET ino=? WHERE cookie=?", (ino, cookie))
 
+    def dentries_of(self, ino: int) -> list[tuple[int, int, bytes]]:
+        """(cookie, parent, name) of every directory entry naming ``ino`` (its hard links)."""
+        return [(r[0], r[1], bytes(r[2])) for r in self.conn.execute("SELECT cookie, parent, name FROM dentries WHERE ino=?", (ino,))]
+
     def has_children(self, ino: int) -> bool:
         return self.conn.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (ino,)).fetchone() is not None
 
@@ -224,7 +228,8 @@ class SqliteStore:
             "SELECT idx, nodes FROM chunks WHERE ino=? AND idx>=?", (ino, from_index)
         ).fetchall()
         for idx, nodes in rows:
-            self.add_garbage((node, ino, idx, 0, max_version) for node in decode_nodes(nodes))
+            # node 0 marks a missing EC fragment (daemon/redundancy.py): nothing to delete
+            self.add_garbage((node, ino, idx, 0, max_version) for node in decode_nodes(nodes) if node)
         self.conn.execute("DELETE FROM chunks WHERE ino=? AND idx>=?", (ino, from_index))
         return len(rows)
 
@@ -245,6 +250,23 @@ class SqliteStore:
 
     def count_garbage(self) -> int:
         return self.conn.execute("SELECT count(*) FROM garbage").fetchone()[0]
+
+    def usage_rows(self) -> Iterator[tuple]:
+        """(ino, redundancy, chunk_size, size, idx, version, nodes) of every chunk of every regular file
+        with a name (idx None for a file without chunks): daemon.redundancy.layout_usage."""
+        return self.conn.execute(
+            "SELECT i.ino, i.redundancy, i.chunk_size, i.size, c.idx, c.version, c.nodes FROM inodes i"
+            " LEFT JOIN chunks c ON c.ino = i.ino WHERE (i.mode & 0xF000) = 0x8000 AND i.nlink > 0"
+        )
+
+    def degraded_stripes(self, limit: int = 1000) -> list[tuple[int, int]]:
+        """(ino, idx) of committed EC stripes with a missing fragment: the reconstruction queue."""
+        return [
+            (r[0], r[1])
+            for r in self.conn.execute(
+                "SELECT ino, idx FROM chunks WHERE version > 0 AND (',' || nodes || ',') LIKE '%,0,%' LIMIT ?", (limit,)
+            )
+        ]
 
     def count_chunks_on(self, node_ids: Iterable[int]) -> int:
         """Chunks with a copy or fragment on any of ``node_ids`` (a full scan: for status and metrics only)."""

@@ -7,7 +7,7 @@
     stripefs local    up|down|status             a whole cluster here   (stripefs.local_cluster)
     stripefs status   [--json]                   the cluster as the metadata daemon sees it (stripefs.status)
     stripefs top      MOUNT                      live view of one mount's metrics (stripefs.top)
-    stripefs layout   get|set                    per-directory layouts
+    stripefs layout   get|set|convert            per-directory layouts; convert existing files
     stripefs config   example meta|storage|client
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
@@ -86,13 +86,16 @@ def _rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
         try:
             last: StripefsError | None = None
             for address in addresses:
+                refused: StripefsError | None = None
                 async with connect(ctx, address, timeout=5) as client:
                     try:
                         return [(await client.call(r))[0] for r in requests]
                     except StripefsError as exc:
                         if exc.code not in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE):
-                            raise
+                            refused = exc  # raised outside the connection's nursery: not wrapped in an ExceptionGroup
                         last = exc
+                if refused is not None:
+                    raise refused
             raise QuietError(f"no metadata daemon answered at {', '.join(addresses)} ({last.message})", 2)
         finally:
             ctx.destroy(linger=0)
@@ -123,6 +126,8 @@ def _resolve(args, path: str) -> tuple[list[str], int]:
 
 
 def cmd_layout(args) -> int:
+    if args.action == "convert":
+        return cmd_layout_convert(args)
     addresses, ino = _resolve(args, args.path)
     if args.action == "set":
         redundancy = None
@@ -150,6 +155,25 @@ def cmd_layout(args) -> int:
     else:
         print(f"{args.path}: chunk_size={format_size(layout.chunk_size)} stripe_count={layout.stripe_count} {layout.redundancy}")
     return 0
+
+
+def cmd_layout_convert(args) -> int:
+    if (args.ec is None) == (args.replicas is None):
+        raise QuietError("give the target redundancy: --ec K+M or --replicas R")
+    redundancy = f"ec={args.ec}" if args.ec else f"replicas={args.replicas}"
+    try:
+        redundancy = str(parse_redundancy(redundancy))
+    except StripefsError as exc:
+        raise QuietError(exc.message) from None
+    mounts = {_mount_of(Path(path)) for path in args.paths}
+    if None in mounts:
+        raise QuietError("layout convert works on paths inside a stripefs mount (it reads and writes the files there)")
+    if len(mounts) > 1:
+        raise QuietError("give paths of one stripefs mount at a time")
+    (found,) = mounts
+    from .client.convert import run
+
+    return run([a for a in found[0].replace(";", ",").split(",") if a], args.paths, redundancy, recursive=args.recursive)
 
 
 def cmd_status(args) -> int:
@@ -260,6 +284,18 @@ def build_parser() -> argparse.ArgumentParser:
     lset.add_argument("--ec", help="erasure code K+M, e.g. 4+2")
     lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
     _add_cluster_args(lset)
+    conv = lysub.add_parser(
+        "convert",
+        help="re-write existing files to another redundancy, online",
+        description="Copy each file into its new layout through the data path, then switch it over atomically. "
+        "Files stay readable throughout. An interrupted run leaves every file whole in its old or new layout; "
+        "run it again to finish (files already converted are skipped).",
+    )
+    conv.add_argument("paths", nargs="+", metavar="PATH", help="files (or directories with --recursive) inside a stripefs mount")
+    conv.add_argument("--recursive", "-r", action="store_true", help="convert every file under directories; the directories get the new redundancy for new files too")
+    target = conv.add_mutually_exclusive_group(required=True)
+    target.add_argument("--ec", help="erasure code K+M, e.g. 4+2")
+    target.add_argument("--replicas", type=int, help="copies of each chunk")
     layout.set_defaults(func=cmd_layout)
 
     from .top import add_parser as add_top_parser

@@ -15,6 +15,10 @@ them; so does this table::
     degraded_chunks    chunks with a copy or fragment on a node that is down
     repair_backlog     chunks waiting for repair (today: = degraded_chunks)
     garbage_copies     chunk copies waiting to be deleted from storage nodes
+    layouts[]          per redundancy ("replicas=2", "ec=4+2", ...): redundancy, files,
+                       logical_bytes, raw_bytes (copies or fragments, estimated from the
+                       metadata), overhead (raw/logical), degraded_stripes (EC stripes with
+                       a missing fragment, waiting for reconstruction)
     nodes[]            node_id, address, host, state ("up"/"down"), capacity_bytes,
                        free_bytes, used_bytes, chunks, last_heartbeat_age_s (-1: never)
 
@@ -55,6 +59,14 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
         "degraded_chunks": rsp.degraded_chunks,
         "repair_backlog": rsp.degraded_chunks,
         "garbage_copies": rsp.garbage_copies,
+        "layouts": [
+            {
+                "redundancy": u.redundancy, "files": u.files, "logical_bytes": u.logical_bytes, "raw_bytes": u.raw_bytes,
+                "overhead": round(u.raw_bytes / u.logical_bytes, 3) if u.logical_bytes else None,
+                "degraded_stripes": u.degraded_stripes,
+            }
+            for u in rsp.layouts
+        ],
         "nodes": [
             {
                 "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
@@ -77,6 +89,15 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         f"{format_size(s['capacity_bytes'])} on the nodes that are up",
         f"  redundancy  {s['degraded_chunks']} chunks degraded (a copy on a down node), repair backlog "
         f"{s['repair_backlog']}, {s['garbage_copies']} copies awaiting deletion",
+    ]
+    for u in s["layouts"]:
+        overhead = f"{u['overhead']:.2f}x" if u["overhead"] else "-"
+        degraded = f", {u['degraded_stripes']} degraded stripe(s) waiting for reconstruction" if u["degraded_stripes"] else ""
+        lines.append(
+            f"  {u['redundancy']:<11} {u['files']} files, {format_size(u['logical_bytes'])} logical, "
+            f"{format_size(u['raw_bytes'])} raw, overhead {overhead}{degraded}"
+        )
+    lines += [
         "",
         f"  {'node':>5} {'state':<6} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8} {'heartbeat':>9}  address",
     ]

@@ -73,3 +73,4 @@ def test_free_space_floor_stops_filling(tmp_path):
     cache.scan()
     _fill(cache, (1, 0, 1), b"x" * 1000)
     assert trio.run(cache.get, (1, 0, 1)) is None and cache.used == 0
+

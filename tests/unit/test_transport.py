@@ -136,10 +136,29 @@ async def test_timeout_when_peer_is_absent(ctx):
         assert exc.value.code == ErrorCode.TIMEOUT
 
 
+async def _port_released(address):
+    """Wait until a listener that was just closed has really let go of its port: zmq
+    closes sockets in its I/O thread, after close() returns, so binding again at once
+    can fail with EADDRINUSE."""
+    import socket
+
+    port = int(address.rsplit(":", 1)[1])
+    for _ in range(500):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as zmq's listener does
+            try:
+                s.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                pass
+        await trio.sleep(0.01)
+
+
 async def test_reconnects_after_server_restart(ctx):
     address = _free_address()
     async with connect(ctx, address, timeout=5) as client:
         for _ in range(2):
+            await _port_released(address)
             async with trio.open_nursery() as nursery:
                 await nursery.start(_echo_server, ctx, address)
                 rsp, _ = await client.call(protocol.PingReq())

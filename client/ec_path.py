@@ -1,0 +1,453 @@
+"""The data path of erasure-coded files (layout ``ec=K+M``): stripes <-> fragments.
+
+``DataPath`` (client/striping.py) hands EC files to ``EcPath`` at a few
+points: reads (after its own unsent data is sent), the sending of a dirty
+chunk, the cut of the boundary chunk in a truncate, fsync, and the
+prefetch of small files. Everything else (dirty buffering per chunk, write
+parallelism, commits, epochs) is shared with replicated files. The codec
+and the stripe/fragment arithmetic are in common/erasure.py.
+
+Reads
+    A healthy read decodes nothing: the code is systematic, so the byte range
+    maps to offsets in data fragments, and only the fragments holding the
+    range are fetched (whole fragments, cached by (ino, index, version, 1+j),
+    so the kernel's next requests in the same fragment cost nothing). A
+    sequential reader prefetches the data fragments of the stripes in its
+    read-ahead window (client/readahead.py). A fragment that is missing, whose node is
+    suspect, that is stale or fails its checksum, or that has not come within
+    READ_DEADLINE_S (0.5 s) makes the read *degraded*: the other fragments are
+    fetched until one version has K of them, which are decoded (worker
+    threads), and the whole stripe is cached. The late read is not cancelled:
+    if its node is dead it times out and the node becomes suspect (skipped for
+    15 s), and read-ahead then decodes the stripes that need it in the
+    background. Up to M fragments can be lost that way with no error to the
+    application.
+
+Writes
+    A dirty chunk becomes one stripe version. A dirty range that is not the
+    whole chunk is merged into the current stripe, read first
+    (read-modify-write); a stripe never written before is zeros. The stripe is
+    coded in worker threads, 1 MiB of stripe per pyeclib call, one call at a
+    time (pyeclib holds the GIL: parallel calls would only queue; between
+    calls the FUSE loop runs), and
+    its K+M fragments are written in parallel, each replacing its copy
+    whole. The version is this write session's epoch, or, if that has the
+    parity of the committed version, another epoch of the other parity: the
+    new fragments go to the other *slot* (common/erasure.fragment_part), so the
+    committed stripe stays intact until CommitReq, and a crash or a failed
+    write never leaves a torn stripe. A fragment whose node is suspect or
+    fails is moved by the daemon (ReplaceReplicaReq with its part) and
+    written to the new node. If no node is left for it, the stripe is written
+    degraded, with that fragment MISSING (node 0) in the committed placement
+    and counted by the daemon as waiting for reconstruction, provided at
+    least K + ``min_extra`` fragments are stored (client config
+    ``ec_min_fragments_over_k``, default 1). Below that the write fails with
+    UNAVAILABLE (EIO) and nothing is committed.
+
+fsync
+    Fragments are written without fsync and remembered; ``sync`` sends
+    SyncChunksReq for every fragment written since, to every node holding
+    one, before DataPath.flush commits: fsync returns when all K+M (or the
+    degraded number of) fragments are durable.
+
+Atomicity: as in striping.py, an OpenFile's ``uncommitted``/``chunks`` maps
+are only changed between awaits, after every fragment of the stripe is
+acknowledged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import trio
+import xxhash
+
+from ..common import protocol as p
+from ..common.erasure import StripeCodec, codec, fragment_part
+from ..common.errors import ErrorCode, StripefsError
+from ..common.layout import Extent, parse_redundancy
+from .open_files import DirtyChunk, OpenFile
+
+if TYPE_CHECKING:
+    from .striping import DataPath
+
+log = logging.getLogger(__name__)
+
+MISSING = 0  #: node id of a fragment without a node (daemon/redundancy.py)
+_FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
+_MOVE_ATTEMPTS = 3
+#: a data fragment that has not come within this long makes the read decode from the others
+READ_DEADLINE_S = 0.5
+
+
+def is_ec(layout: p.Layout) -> bool:
+    return layout.redundancy.startswith("ec=")
+
+
+def layout_codec(layout: p.Layout) -> StripeCodec:
+    red = parse_redundancy(layout.redundancy)
+    return codec(red.ec_k, red.ec_m, layout.chunk_size)
+
+
+def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memoryview:
+    piece = data[offset : offset + length]
+    if len(piece) == length:
+        return piece
+    return bytes(piece) + bytes(length - len(piece))
+
+
+class EcPath:
+    def __init__(self, data: DataPath, *, min_extra: int = 1):
+        self.data = data
+        self.min_extra = min_extra
+        self.read_deadline_s = READ_DEADLINE_S
+        #: one coding call at a time (the GIL; see common/erasure.py)
+        self.coding = trio.CapacityLimiter(1)
+        #: ino -> fragments written without fsync: node -> chunk ids
+        self._unsynced: dict[int, dict[int, set[p.ChunkId]]] = {}
+        #: (ino, session epoch) -> an epoch of the other parity, for stripes whose committed version shares the session's
+        self._other_parity: dict[tuple[int, int], int] = {}
+
+    # ------------------------------------------------------------------ reads
+
+    async def read(self, of: OpenFile, extents: list[Extent], ahead: int) -> bytes | memoryview:
+        """The bytes of ``extents``; ``ahead``: stripes to have fetched ahead (client/readahead.py)."""
+        c = layout_codec(of.layout)
+        if len(extents) == 1:
+            out = await self._extent(of, c, extents[0])
+        else:
+            parts: list[bytes | memoryview] = [b""] * len(extents)
+
+            async def fetch(i: int, ext: Extent) -> None:
+                parts[i] = await self._extent(of, c, ext)
+
+            async with trio.open_nursery() as nursery:
+                for i, ext in enumerate(extents):
+                    nursery.start_soon(fetch, i, ext)
+            out = b"".join(parts)
+        if ahead:
+            ahead = min(ahead, max(1, self.data.cache.budget // 4 // of.chunk_size))
+            last = extents[-1]
+            self._read_ahead(of, c, last.file_offset + last.length, ahead)
+        return out
+
+    def _read_ahead(self, of: OpenFile, c: StripeCodec, end: int, ahead: int) -> None:
+        """Fetch, in the background, the data fragments after ``end`` up to ``ahead`` stripes on.
+
+        A stripe with a data fragment on a suspect node or without a node is
+        decoded in the background instead (the whole stripe lands in the cache).
+        """
+        cs = of.chunk_size
+        stop = min(of.size, (end // cs + 1 + ahead) * cs)
+        pos = end
+        cache = self.data.cache
+        while pos < stop:
+            index, inner = divmod(pos, cs)
+            ref = of.chunks.get(index)
+            if ref is None or not ref.version or (of.ino, index, ref.version) in cache:
+                pos = (index + 1) * cs
+                continue
+            parts = range(inner // c.fps, -(-min(cs, stop - index * cs) // c.fps))
+            if any(self._unreachable(ref, j) for j in parts):
+                self.data.nursery.start_soon(self._prefetch_stripe, of.ino, c, ref, name=f"ec-decode-{of.ino}-{index}")
+            else:
+                for j in parts:
+                    if (of.ino, index, ref.version, 1 + j) not in cache:
+                        self.data.nursery.start_soon(self._prefetch, of.ino, c, ref, j, name=f"ec-prefetch-{of.ino}-{index}-{j}")
+            pos = (index + 1) * cs
+
+    def _unreachable(self, ref: p.ChunkRef, part: int) -> bool:
+        node = ref.nodes[part] if part < len(ref.nodes) else MISSING
+        return node == MISSING or self.data.nodes.is_suspect(node)
+
+    async def _prefetch_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef) -> None:
+        try:
+            await self.stripe(ino, c, ref, quiet=True)
+        except StripefsError as exc:
+            log.debug("background decode of stripe %d:%d failed: %s", ino, ref.index, exc)
+
+    async def _prefetch(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> None:
+        try:
+            await self._fragment(ino, c, ref, part)
+        except StripefsError as exc:
+            # a degraded stripe, or the file changed meanwhile: the real read will decode or say so
+            log.debug("prefetch of fragment %d of stripe %d:%d failed: %s", part, ino, ref.index, exc)
+
+    def prefetch_small_file(self, info: p.OpenRsp) -> None:
+        """Fetch the fragments of a one-stripe file about to be opened (DataPath.prefetch_small_file)."""
+        ref = info.chunks[0]
+        c = layout_codec(info.layout)
+        self.data.nodes.learn(info.nodes)
+        for r in c.data_ranges(0, info.attr.size):
+            if (info.attr.ino, 0, ref.version, 1 + r.part) not in self.data.cache:
+                self.data.nursery.start_soon(self._prefetch, info.attr.ino, c, ref, r.part, name=f"ec-prefetch-{info.attr.ino}")
+
+    async def _extent(self, of: OpenFile, c: StripeCodec, ext: Extent) -> bytes | memoryview:
+        ref = of.chunks.get(ext.index)
+        if ref is None or ref.version == 0:
+            return bytes(ext.length)
+        whole = self.data.cache.get((of.ino, ext.index, ref.version))
+        if whole is not None:
+            return _piece(whole, ext.offset, ext.length)
+        ranges = c.data_ranges(ext.offset, ext.length)
+        calls = {i: functools.partial(self._fragment, of.ino, c, ref, r.part) for i, r in enumerate(ranges)}
+        got, failed = await self._gather(calls, deadline=self.read_deadline_s)
+        if len(got) == len(ranges):
+            pieces = [_piece(got[i], r.offset, r.length) for i, r in enumerate(ranges)]
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        why = next(iter(failed.values()), None) or f"no answer within {self.read_deadline_s}s"
+        log.info("stripe %d:%d v%d: a data fragment is unreadable (%s); decoding", of.ino, ext.index, ref.version, why)
+        return _piece(await self.stripe(of.ino, c, ref), ext.offset, ext.length)
+
+    async def _gather(self, calls: dict, *, deadline: float = math.inf, enough=None) -> tuple[dict, dict]:
+        """Run ``calls`` (key -> async function) at once; (results, StripefsErrors) by key.
+
+        Returns when all are done, when ``deadline`` seconds have passed, or when
+        ``enough(results)`` says so. The calls run in the mount's nursery, so one
+        left behind is not cancelled: a read of a dead node still times out and
+        marks the node suspect, and a late fragment still lands in the cache.
+        """
+        results: dict = {}
+        failures: dict = {}
+        pending = len(calls)
+        wake = trio.Event()
+
+        async def run(key, fn) -> None:
+            nonlocal pending
+            try:
+                results[key] = await fn()
+            except StripefsError as exc:
+                failures[key] = exc
+            finally:
+                pending -= 1
+                if pending == 0 or (enough is not None and enough(results)):
+                    wake.set()
+
+        for key, fn in calls.items():
+            self.data.nursery.start_soon(run, key, fn)
+        if calls:
+            with trio.move_on_after(deadline):
+                await wake.wait()
+        return dict(results), dict(failures)
+
+    async def _fragment(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> bytes | memoryview:
+        """Data fragment ``part``'s stored payload (maybe shorter than fps: the rest is zeros), cached."""
+        nodes = self.data.nodes
+
+        async def load():
+            node = ref.nodes[part] if part < len(ref.nodes) else MISSING
+            if node == MISSING:
+                raise StripefsError(ErrorCode.UNAVAILABLE, f"fragment {part} of stripe {ino}:{ref.index} has no node")
+            if nodes.is_suspect(node):
+                raise StripefsError(ErrorCode.UNAVAILABLE, f"node {node} holding fragment {part} is suspect")
+            chunk = p.ChunkId(ino, ref.index, fragment_part(part, ref.version))
+            _, data = await nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
+            return data
+
+        return await self.data.cache.fetch((ino, ref.index, ref.version, 1 + part), load)
+
+    async def stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, *, quiet: bool = False) -> bytes | memoryview:
+        """The whole stripe (chunk_size bytes), cached: from the data fragments, or decoded."""
+        return await self.data.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
+
+    async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool) -> bytes:
+        got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
+        if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
+            return c.decode({j: d for j, (_, d) in got.items()})
+        # degraded: the other fragments too, until one version has K of them
+        frags = None
+        for suspects in (False, True):  # nodes we suspect may be back: asked last
+            rest = self._part_reads(ino, c, ref, [j for j in range(c.n) if j not in got], suspects=suspects)
+            more, _ = await self._gather(rest, enough=lambda r: self._decodable(c, {**got, **r}) is not None)
+            got.update(more)
+            frags = self._decodable(c, got)
+            if frags is not None:
+                break
+        if frags is not None:
+            log.info("stripe %d:%d v%d: decoding from fragments %s", ino, ref.index, ref.version, sorted(frags))
+            return await self._run(c.decode_job(frags))
+        by_version: dict[int, list[int]] = defaultdict(list)
+        for j, (version, _) in got.items():
+            by_version[version].append(j)
+        counts = {v: sorted(f) for v, f in by_version.items()}  # version -> parts read
+        log.log(
+            logging.DEBUG if quiet else logging.ERROR,
+            "stripe %d:%d v%d: fewer than %d fragments of one version readable (%s)", ino, ref.index, ref.version, c.k, counts,
+        )
+        raise StripefsError(ErrorCode.IO, f"stripe {ino}:{ref.index}: fewer than {c.k} fragments readable")
+
+    @staticmethod
+    def _decodable(c: StripeCodec, got: dict[int, tuple[int, memoryview]]) -> dict[int, memoryview] | None:
+        """The payloads of the newest version that has K fragments, if any."""
+        by_version: dict[int, dict[int, memoryview]] = defaultdict(dict)
+        for j, (version, data) in got.items():
+            by_version[version][j] = data
+        for version in sorted(by_version, reverse=True):
+            if len(by_version[version]) >= c.k:
+                return by_version[version]
+        return None
+
+    def _part_reads(self, ino: int, c: StripeCodec, ref: p.ChunkRef, parts, *, suspects: bool = False) -> dict:
+        """part -> async function reading (version, payload) of that fragment, for the nodes worth asking."""
+        nodes = self.data.nodes
+        calls = {}
+        for j in parts:
+            node = ref.nodes[j] if j < len(ref.nodes) else MISSING
+            if node == MISSING or (nodes.is_suspect(node) and not suspects):
+                continue
+            calls[j] = functools.partial(self._read_part, ino, c, ref, j, node)
+        return calls
+
+    async def _read_part(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, node: int) -> tuple[int, memoryview]:
+        chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
+        try:
+            return await self.data.nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
+        except StripefsError as exc:
+            log.log(
+                logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
+                "fragment %s v%d on node %d unreadable: %s", chunk, ref.version, node, exc,
+            )
+            raise
+
+    async def _run(self, job):
+        """Run a coding job's steps in worker threads, one at a time: the loop gets the GIL back between steps."""
+        for step in job.steps:
+            await trio.to_thread.run_sync(step, limiter=self.coding)
+        return job.result()
+
+    # ----------------------------------------------------------------- writes
+
+    async def _version_for(self, of: OpenFile, epoch: int, committed: int) -> int:
+        """A version for a new stripe version: this session's epoch unless it shares the committed one's parity."""
+        if not committed or (epoch & 1) != (committed & 1):
+            return epoch
+        key = (of.ino, epoch)
+        other = self._other_parity.get(key)
+        while other is None:
+            rsp = await self.data.meta.call(p.AllocEpochReq())
+            if (rsp.epoch & 1) != (epoch & 1):
+                if len(self._other_parity) > 1024:
+                    self._other_parity.clear()
+                other = self._other_parity[key] = rsp.epoch
+        return other
+
+    async def send_stripe(self, of: OpenFile, dc: DirtyChunk, *, sync: bool) -> None:
+        """Write one dirty chunk as a new stripe version (read-modify-write when partial)."""
+        data = self.data
+        c = layout_codec(of.layout)
+        epoch = await data._epoch(of)
+        ref = await data._placement(of, dc.index)
+        mine = of.uncommitted.get(dc.index)
+        version = mine.version if mine is not None else await self._version_for(of, epoch, ref.version)
+        cs = of.chunk_size
+        if dc.lo == 0 and dc.hi >= cs:
+            stripe: bytes | bytearray | memoryview = memoryview(dc.buf)[:cs]
+        else:
+            stripe = bytearray(cs)
+            if ref.version:
+                old = await self.stripe(of.ino, c, ref)
+                stripe[: len(old)] = old
+            stripe[dc.lo : dc.hi] = memoryview(dc.buf)[dc.lo : dc.hi]
+        await self._write_stripe(of, c, ref, version, stripe, sync=sync)
+
+    async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
+        """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
+        c = layout_codec(of.layout)
+        rsp = await self.data.meta.call(p.AllocEpochReq())
+        version = await self._version_for(of, rsp.epoch, ref.version)
+        old = await self.stripe(of.ino, c, ref)
+        return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
+
+    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True) -> p.ChunkRef:
+        used = len(bytes(stripe).rstrip(b"\0"))  # trailing zeros need not be stored (common/erasure.py)
+        frags = await self._run(c.encode_job(stripe, used))
+        nodes = await self._write_fragments(of.ino, c, ref, version, frags, sync)
+        new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes)
+        # the cache may hold what this stripe version held before this write (a rewrite in one session)
+        self.data.cache.drop_inode(of.ino, ref.index)
+        if record:
+            of.uncommitted[ref.index] = new_ref
+            of.chunks[ref.index] = new_ref
+        return new_ref
+
+    async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, frags: list[bytes], sync: bool) -> list[int]:
+        """Write every fragment, moving the ones whose node fails; the placement, MISSING where none took it."""
+        data = self.data
+        nodes = list(ref.nodes) + [MISSING] * (c.n - len(ref.nodes))
+        stored = [False] * c.n
+        errors: dict[int, str] = {}
+
+        async def one(j: int) -> None:
+            node = nodes[j]
+            chunk = p.ChunkId(ino, ref.index, fragment_part(j, version))
+            request = p.WriteChunkReq(
+                chunk=chunk, version=version, base_version=0, offset=0, xxh3=xxhash.xxh3_64_intdigest(frags[j]), replace=True, sync=sync
+            )
+            tried: set[int] = set()
+            force = False  # the daemon kept a node we suspect: it heartbeats, try it after all
+            for _ in range(_MOVE_ATTEMPTS):
+                if node != MISSING and node not in tried and (force or not data.nodes.is_suspect(node)):
+                    tried.add(node)
+                    try:
+                        await data.nodes.write(node, request, frags[j])
+                        nodes[j], stored[j] = node, True
+                        return
+                    except StripefsError as exc:
+                        errors[j] = f"node {node}: {exc}"
+                        log.warning("fragment %s: write to node %d failed (%s); moving it", chunk, node, exc)
+                try:
+                    # not retried on UNAVAILABLE (the daemon's "no node left"): that fragment stays missing
+                    rsp = await data.meta.call(p.ReplaceReplicaReq(ino=ino, index=ref.index, failed_node=node, part=j), retry=False)
+                except StripefsError as exc:
+                    if exc.code != ErrorCode.UNAVAILABLE:
+                        raise
+                    errors[j] = exc.message
+                    break
+                data.nodes.learn(rsp.nodes)
+                new = rsp.chunks[0].nodes[j] if j < len(rsp.chunks[0].nodes) else MISSING
+                if new == node:
+                    if node == MISSING or node in tried:
+                        break
+                    force = True
+                    continue
+                node = new
+            nodes[j] = MISSING
+
+        async with trio.open_nursery() as nursery:
+            for j in range(c.n):
+                nursery.start_soon(one, j)
+        count = sum(stored)
+        need = min(c.n, c.k + max(0, self.min_extra))  # never fewer than K: that would lose the stripe
+        if count < need:
+            log.error(
+                "stripe %d:%d: only %d of %d fragments could be written, %d needed; nothing committed (%s)",
+                ino, ref.index, count, c.n, need, "; ".join(f"fragment {j}: {e}" for j, e in sorted(errors.items())),
+            )
+            raise StripefsError(
+                ErrorCode.UNAVAILABLE,
+                f"stripe {ino}:{ref.index}: only {count} of {c.n} fragments could be stored, {need} needed: "
+                f"too few storage nodes are up for {c.k}+{c.m}",
+            )
+        if count < c.n:
+            log.warning("stripe %d:%d v%d written with %d of %d fragments (degraded): %s", ino, ref.index, version, count, c.n, errors)
+        if not sync:
+            if len(self._unsynced) > 4096:  # files closed without fsync: forget the oldest
+                del self._unsynced[next(iter(self._unsynced))]
+            pending = self._unsynced.setdefault(ino, {})
+            for j, node in enumerate(nodes):
+                if stored[j]:
+                    pending.setdefault(node, set()).add(p.ChunkId(ino, ref.index, fragment_part(j, version)))
+        return [n if stored[j] else MISSING for j, n in enumerate(nodes)]
+
+    async def sync(self, of: OpenFile) -> None:
+        """fsync every fragment written since the last sync, on every node holding one."""
+        pending = self._unsynced.pop(of.ino, None)
+        if not pending:
+            return
+        async with trio.open_nursery() as nursery:
+            for node, chunks in pending.items():
+                nursery.start_soon(self.data.nodes.sync, node, sorted(chunks, key=lambda ch: (ch.index, ch.part)))

@@ -1,0 +1,119 @@
+"""The stripe codec (common/erasure.py): round trips with any M fragments lost, trimming, range math."""
+
+import itertools
+import os
+import random
+
+import pytest
+
+from stripefs.common.erasure import HEADER, StripeCodec, check_backend, codec
+from stripefs.common.errors import StripefsError
+
+KiB = 1024
+
+
+def test_backend_is_isa_l():
+    assert "isa_l_rs_vand" in check_backend()
+
+
+def test_headers_do_not_depend_on_the_data():
+    c = StripeCodec(4, 2, 64 * KiB)
+    full = c._driver.encode(os.urandom(64 * KiB))
+    assert [bytes(f[:HEADER]) for f in full] == list(c.headers)
+
+
+@pytest.mark.parametrize("k,m,chunk", [(4, 2, 64 * KiB), (3, 2, 64 * KiB), (6, 3, 68 * KiB), (2, 1, 64 * KiB), (1, 1, 64 * KiB)])
+def test_any_m_fragments_lost_decode(k, m, chunk):
+    rng = random.Random(k * 100 + m)
+    c = StripeCodec(k, m, chunk)
+    for used in sorted({u for u in (0, 1, 7, c.fps - 1, c.fps, c.fps + 1, chunk - 3, chunk) if u <= chunk}):
+        stripe = rng.randbytes(used)
+        frags = c.encode(stripe)
+        want = stripe + bytes(chunk - used)
+        for lost in itertools.combinations(range(k + m), m):
+            have = {j: frags[j] for j in range(k + m) if j not in lost}
+            assert c.decode(have) == want, (used, lost)
+
+
+def test_systematic_payloads_are_contiguous_slices():
+    c = StripeCodec(4, 2, 64 * KiB)
+    stripe = os.urandom(64 * KiB)
+    frags = c.encode(stripe)
+    for j in range(4):
+        assert frags[j] == stripe[j * c.fps : (j + 1) * c.fps]
+
+
+def test_trimmed_fragments_match_full_coding():
+    """What is stored is a prefix of what pyeclib makes for the zero-padded full stripe."""
+    c = StripeCodec(5, 3, 64 * KiB)
+    for used in (10, 5000, c.fps + 17, 64 * KiB):
+        stripe = os.urandom(used)
+        full = c._driver.encode(stripe + bytes(64 * KiB - used))
+        frags = c.encode(stripe)
+        for j in range(8):
+            assert len(frags[j]) == c.stored_payload(j, used)
+            padded = frags[j] + bytes(c.fps - len(frags[j]))
+            assert padded == full[j][HEADER:], (used, j)
+
+
+def test_small_stripe_costs_its_size_per_fragment():
+    c = StripeCodec(4, 2, 4 << 20)
+    frags = c.encode(b"x" * 10)
+    assert [len(f) for f in frags] == [10, 0, 0, 0, 10, 10]
+
+
+def test_too_few_fragments_is_a_clear_error():
+    c = StripeCodec(4, 2, 64 * KiB)
+    frags = c.encode(os.urandom(1000))
+    with pytest.raises(StripefsError, match="at least 4"):
+        c.decode({0: frags[0], 4: frags[4], 5: frags[5]})
+
+
+def test_data_ranges_cover_the_range_in_order():
+    c = StripeCodec(3, 2, 64 * KiB)  # fps = 21846, not a divisor of the chunk size
+    for offset, length in [(0, 1), (0, 64 * KiB), (21845, 2), (21846, 21846), (60000, 10000), (100, 0)]:
+        pieces = c.data_ranges(offset, length)
+        end = min(offset + length, 64 * KiB)
+        assert sum(p.length for p in pieces) == max(0, end - offset)
+        pos = offset
+        for p in pieces:
+            assert p.stripe_offset == pos == p.part * c.fps + p.offset
+            assert 0 <= p.offset and p.offset + p.length <= c.fps and p.part < 3
+            pos += p.length
+
+
+def test_codec_is_shared_per_layout():
+    assert codec(4, 2, 64 * KiB) is codec(4, 2, 64 * KiB)
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(StripefsError):
+        StripeCodec(17, 2, 64 * KiB)
+    with pytest.raises(StripefsError):
+        StripeCodec(4, 5, 64 * KiB)
+
+
+def test_fragment_slots_alternate_with_version_parity():
+    from stripefs.common.erasure import SLOT_STRIDE, fragment_part
+
+    assert {fragment_part(j, 10) for j in range(20)}.isdisjoint({fragment_part(j, 11) for j in range(20)})
+    assert fragment_part(3, 10) == fragment_part(3, 12) == 3 and fragment_part(3, 11) == 3 + SLOT_STRIDE
+
+
+@pytest.mark.parametrize("k,m", [(4, 2), (3, 2), (5, 1)])
+def test_sliced_coding_gives_the_same_bytes(k, m):
+    """Coding column slices separately (short GIL holds) equals coding the stripe at once."""
+    rng = random.Random(k)
+    c = StripeCodec(k, m, 64 * KiB)
+    whole = StripeCodec(k, m, 64 * KiB)
+    whole.slice = 1 << 30
+    c.slice = 4096 + 64  # several steps, the last one short
+    for used in (100, c.fps - 5, c.fps + 3, 64 * KiB):
+        stripe = rng.randbytes(used)
+        job = c.encode_job(stripe)
+        assert len(job.steps) == -(-min(used, c.fps) // c.slice)
+        frags = job.run()
+        assert frags == whole.encode(stripe)
+        for lost in itertools.combinations(range(k + m), m):
+            have = {j: frags[j] for j in range(k + m) if j not in lost}
+            assert c.decode(have) == stripe + bytes(64 * KiB - used), (used, lost)
