@@ -3,7 +3,7 @@
 tree and tar shards through a fresh local-cluster mount AND from the local
 disk, in one run, printed side by side as a ratio (stripefs / local).
 
-    make bench                      # runs bench/run.py, then this
+    make bench                      # runs bench/run.py, bench/ec.py, then this
     .venv/bin/python bench/dataloader.py --quick      # 1,000 files: a smoke run (~1 min)
     .venv/bin/python bench/dataloader.py --only raw,prefetch --profile
 
