@@ -382,17 +382,31 @@ class Bench:
     COLD_ORDER = [("local", 0), ("stripefs", 0)]
 
     def run_pairs(self, group: str, epoch_fn) -> None:
-        """Measure every row of group on both sides; epoch_fn(side, n) -> the
-        function to time (n: row number; n == 0 is the cold epoch)."""
+        """Measure every row of group on both sides, --repeat times; epoch_fn(side, n)
+        -> the function to time (n: row number; n == 0 is the cold epoch).
+
+        With repetitions, each row keeps the repetition whose ratio is the median
+        (its figures, CPU and counters, all from the same pair of epochs) and the
+        list of every repetition's ratio."""
         rows = self.rows_of(group)
         order = self.COLD_WARM_ORDER if len(rows) == 2 else self.COLD_ORDER
-        res: dict[str, dict] = {key: {"label": label} for key, label, _ in rows}
-        self.cold("both")
-        for side, n in order:
-            key, label, _ = rows[n]
-            progress(f"{label} ({side})")
-            res[key][side] = self.measure(key, label, side, epoch_fn(side, n))
-        self.results.update(res)
+        runs: dict[str, list[dict]] = {key: [] for key, _, _ in rows}
+        for rep in range(self.args.repeat):
+            pair: dict[str, dict] = {key: {} for key, _, _ in rows}
+            self.cold("both")
+            for side, n in order:
+                key, label, _ = rows[n]
+                progress(f"{label} ({side})" + (f", repetition {rep + 1}/{self.args.repeat}" if self.args.repeat > 1
+                                                else ""))
+                pair[key][side] = self.measure(key, label, side, epoch_fn(side, n))
+            for key in runs:
+                runs[key].append(pair[key])
+        for key, label, _ in rows:
+            reps = sorted(runs[key], key=lambda r: r["stripefs"]["mib_per_s"] / r["local"]["mib_per_s"])
+            self.results[key] = {"label": label, **reps[(len(reps) - 1) // 2]}
+            if len(reps) > 1:
+                self.results[key]["ratios"] = [round(r["stripefs"]["mib_per_s"] / r["local"]["mib_per_s"], 3)
+                                               for r in runs[key]]
 
     def tree_group(self, group: str, mode: str) -> None:
         import loaders
@@ -580,6 +594,10 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         cpu = f"{s['cpu_s_per_gib']:.2f} / {l['cpu_s_per_gib']:.2f} {cr}"
         rss = f"{s['mount_vmhwm'] / MiB:,.0f} MiB" if s.get("mount_vmhwm") else "?"
         lines.append(f"{res['label']:30s} {fig(s):>25s} {fig(l):>25s} {rs}  {cpu:>27s}  {rss:>9s}")
+    spread = [(res["label"], res["ratios"]) for res in bench.results.values() if res.get("ratios")]
+    if spread:
+        lines.append(f"ratio = the median of {a.repeat} repetitions; all of them: "
+                     + "; ".join(f"{label} {min(r):.2f}-{max(r):.2f}" for label, r in spread))
     lines.append("")
     lines.append(f"stripefs cpu seconds by process: {'bench+workers':>13s} {'mount':>7s} {'meta':>7s} {'storage':>8s}"
                  f"   (idle cluster during the local epoch, not counted)")
@@ -697,6 +715,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dataset", action="store_true",
                     help="measure through a dataset-mode mount (-o dataset: read-only, long kernel caching, opens "
                          "without round trips); the data is written through a plain mount first")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure each cold/warm pair N times and report the repetition with the median ratio "
+                         "(the lower middle one for an even N) and the range (the machines are shared and single "
+                         "epochs vary by up to 2x; default 1)")
     ap.add_argument("--nodes", type=int, default=4, help="storage nodes (default 4)")
     ap.add_argument("--workdir", default="/var/tmp",
                     help="where the run's tmp dir (cluster state, mountpoint, local copy) goes; must be a real "
@@ -730,6 +752,8 @@ def main(argv=None) -> int:
         ap.error(f"--only: unknown workload group(s) {', '.join(sorted(only - set(GROUPS))) or '(none given)'}; "
                  f"choose from {', '.join(GROUPS)}")
     a.only = only
+    if a.repeat < 1:
+        ap.error("--repeat must be at least 1")
     if a.files < a.classes or a.classes <= 0 or a.workers < 0 or a.batch_size <= 0 or a.shard_mib <= 0:
         ap.error("need --files >= --classes > 0, --workers >= 0, --batch-size > 0, --shard-mib > 0")
     if a.py_spy and not os.access(a.py_spy, os.X_OK):
