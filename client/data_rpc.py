@@ -72,6 +72,10 @@ class NodePool:
                 log.warning("storage node %d (%s) is not answering: %s", node_id, self.addresses.get(node_id), exc.message)
             self._suspect_until[node_id] = trio.current_time() + SUSPECT_FOR_S
 
+    def note_slow(self, node_id: int) -> None:
+        """A hedged read got its answer elsewhere first: try this node last for a while."""
+        self._suspect(node_id, StripefsError(ErrorCode.TIMEOUT, "slower than the hedge deadline"))
+
     def is_suspect(self, node_id: int) -> bool:
         return self._suspect_until.get(node_id, 0) > trio.current_time()
 

@@ -223,6 +223,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 write_parallelism=client_cfg.write_parallelism,
                 write_inflight=client_cfg.write_inflight,
             )
+            data.hedge_after_s = client_cfg.hedge_after_s
             data.ec.min_extra = client_cfg.ec_min_fragments_over_k
             if client_cfg.disk_cache_dir:
                 data.disk_cache = DiskCache(

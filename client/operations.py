@@ -249,6 +249,12 @@ class Operations(pyfuse3.Operations):
         return self._entry(rsp.attr, cacheable=cacheable)
 
     async def getattr(self, inode, ctx=None):
+        if self.dataset and self.kcache.healthy:
+            # the kernel asks again at the end of every whole-file read (a read past its
+            # i_size); what a listing or lookup said is still true unless the feed said otherwise
+            known = self._dataset_info.get(inode)
+            if known is not None:
+                return self._entry(known.attr)
         return await self._attr_reply(p.GetattrReq(ino=inode))
 
     async def setattr(self, inode, attr, fields, fh, ctx):

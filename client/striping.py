@@ -5,9 +5,11 @@ Reads
     chunk is fetched whole from one replica (tried in rotated order, suspects
     last, failing over on timeout, STALE, CORRUPT or a missing copy) into the
     chunk cache, so the kernel's 1 MiB requests within one chunk cost one
-    network read. A sequential reader keeps a window of chunks fetched ahead
-    of it, growing up to ``readahead_chunks`` (client/readahead.py); chunks of
-    one read are fetched in parallel.
+    network read. A replica that has not answered within ``hedge_after_s`` is
+    joined by the next one (a hedged read); the first good answer wins. A
+    sequential reader keeps a window of chunks fetched ahead of it, growing up
+    to ``readahead_chunks`` (client/readahead.py); chunks of one read are
+    fetched in parallel.
     A chunk never written (no placement, or version 0) reads as zeros.
 
 Writes
@@ -168,6 +170,66 @@ class DataPath:
 
         self.nursery.start_soon(fetch, name=f"prefetch-{info.attr.ino}")
 
+    #: a replica that has not answered this long is joined by the next one (ClientConfig.hedge_after_s; 0: never)
+    hedge_after_s = 0.5
+
+    async def _hedged_read(self, chunk: p.ChunkId, version: int, length: int, order: list[int], errors: list[str]) -> memoryview | None:
+        """Ask ``order[0]``; when it has not answered within ``hedge_after_s`` (or failed), ask the next
+        too; the first good answer wins and the others are cancelled. None when every copy failed
+        (their errors appended to ``errors``); an error that is no reason to fail over is raised."""
+        results_send, results = trio.open_memory_channel(len(order))
+        launched = pending = 0
+        fatal: StripefsError | None = None
+        answered: set[int] = set()
+
+        async def attempt(node_id: int, last: bool) -> None:
+            try:
+                data = await self.nodes.read(node_id, chunk, version, 0, length, last_try=last)
+            except StripefsError as exc:
+                results_send.send_nowait((node_id, None, exc))
+            else:
+                results_send.send_nowait((node_id, data, None))
+
+        async with trio.open_nursery() as nursery:
+
+            def launch() -> None:
+                nonlocal launched, pending
+                nursery.start_soon(attempt, order[launched], launched == len(order) - 1)
+                launched += 1
+                pending += 1
+
+            launch()
+            while pending:
+                hedge = self.hedge_after_s if launched < len(order) else float("inf")
+                with trio.move_on_after(hedge) as waited:
+                    node_id, data, exc = await results.receive()
+                if waited.cancelled_caught:
+                    log.debug("chunk %s: node %d is slow; asking node %d too", chunk, order[launched - 1], order[launched])
+                    launch()
+                    continue
+                pending -= 1
+                answered.add(node_id)
+                if exc is None:
+                    nursery.cancel_scope.cancel()
+                    for slow in order[:launched]:
+                        if slow not in answered:  # beaten by a hedge: asked last for a while
+                            self.nodes.note_slow(slow)
+                    return data
+                if exc.code not in _FAILOVER:
+                    fatal = exc  # raised outside the nursery: callers expect a plain StripefsError
+                    nursery.cancel_scope.cancel()
+                    break
+                errors.append(f"node {node_id}: {exc}")
+                log.log(
+                    logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
+                    "chunk %s v%d: node %d failed (%s); trying the next copy", chunk, version, node_id, exc,
+                )
+                if launched < len(order):
+                    launch()
+        if fatal is not None:
+            raise fatal
+        return None
+
     async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
         """Read a whole chunk: the disk cache, else the network (and fill the disk cache)."""
         key = (ino, ref.index, ref.version)
@@ -180,11 +242,22 @@ class DataPath:
             self.disk_cache.put_soon(self.nursery, key, data)
         return data
 
-    async def _read_chunk_from_nodes(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
-        """Read a whole chunk from the first replica that has it. ``quiet``: a prefetch, whose failure is no error."""
+    async def _read_chunk_from_nodes(
+        self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False, refreshed: bool = False
+    ) -> memoryview:
+        """Read a whole chunk from the first replica that has it. ``quiet``: a prefetch, whose failure is no error.
+
+        When no copy named by ``ref`` can be read, the chunk may have moved since the file was
+        opened (repair, drain, rebalance: copy, switch, delete): ask the daemon where it is now
+        and try once more there."""
         chunk = p.ChunkId(ino, ref.index)
         order = self.nodes.order(ref.nodes, start=ino + ref.index)
         errors = []
+        if self.hedge_after_s > 0 and len(order) > 1:
+            data = await self._hedged_read(chunk, ref.version, length, order, errors)
+            if data is not None:
+                return data
+            order = []  # every copy failed: fall through to the error below
         for i, node_id in enumerate(order):
             try:
                 return await self.nodes.read(node_id, chunk, ref.version, 0, length, last_try=i == len(order) - 1)
@@ -200,8 +273,26 @@ class DataPath:
                     node_id,
                     exc,
                 )
+        if not refreshed and self.meta is not None:
+            moved = await self._where_now(ino, ref)
+            if moved is not None:
+                log.info("chunk %s: moved from nodes %s to %s since the file was opened", chunk, ref.nodes, moved.nodes)
+                return await self._read_chunk_from_nodes(ino, moved, length, quiet=quiet, refreshed=True)
         log.log(logging.DEBUG if quiet else logging.ERROR, "chunk %s v%d: no copy could be read: %s", chunk, ref.version, "; ".join(errors))
         raise StripefsError(ErrorCode.IO, f"chunk {chunk}: no readable copy")
+
+    async def _where_now(self, ino: int, ref: p.ChunkRef) -> p.ChunkRef | None:
+        """The chunk's current placement when it differs from ``ref`` (read at ``ref``'s version)."""
+        try:
+            rsp = await self.meta.call(p.OpenReq(ino=ino, session_id=self.meta.session_id))
+        except StripefsError as exc:
+            log.debug("chunk %d:%d: asking where it is now failed: %s", ino, ref.index, exc)
+            return None
+        self.nodes.learn(rsp.nodes)
+        now = next((c for c in rsp.chunks if c.index == ref.index), None)
+        if now is None or set(now.nodes) <= set(ref.nodes):
+            return None
+        return p.ChunkRef(index=ref.index, version=ref.version, nodes=now.nodes)
 
     # ----------------------------------------------------------------- writes
 

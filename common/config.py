@@ -43,6 +43,12 @@ class MetaConfig(_Config):
     stripe_count: int = 4
     redundancy: str = "replicas=2"
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
+    # self-healing (daemon/repair.py)
+    node_suspect_s: float = 5.0  # a storage node silent this long is suspect (still used, logged)
+    repair_bandwidth: Size = Size(64 << 20)  # bytes/s of repair, drain and rebalance copies, cluster-wide; 0 = unlimited
+    repair_parallelism: int = 4  # chunk copies in flight at once
+    repair_scan_interval_s: float = 60.0  # full redundancy scan at least this often (and at once on any node change)
+    rebalance_tolerance: float = 0.10  # rebalance until every node's use is within this fraction of the mean
 
 
 class StorageConfig(_Config):
@@ -58,6 +64,8 @@ class StorageConfig(_Config):
     reserved_space: Size = Size(64 << 20)  # refuse writes (ENOSPC) below this much free space
     io_threads: int = 8
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
+    scrub_bandwidth: Size = Size(16 << 20)  # bytes/s the background scrub verifies; 0 = no background scrub
+    scrub_interval_s: float = 7 * 86400.0  # a new background scrub pass starts this long after the previous one began
 
     @property
     def address(self) -> str:
@@ -88,6 +96,7 @@ class ClientConfig(_Config):
     shm_dir: str = "/dev/shm"  # where prefetched files wait for stripefs.torch readers; empty: nowhere
     shm_size: Size = Size(512 << 20)  # most bytes of prefetched files waiting there
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
+    hedge_after_s: float = 0.5  # a replica read not answered by then is also asked of the next replica; 0 = never
 
 
 C = TypeVar("C", bound=_Config)
@@ -140,6 +149,12 @@ chunk_size = "4M"
 stripe_count = 4
 redundancy = "replicas=2"            # or "ec=4+2"
 metrics = "0.0.0.0:9710"             # Prometheus /metrics endpoint ("": off; port 0: any free port)
+# self-healing
+node_suspect_s = 5.0                 # storage node suspect after this much silence (down after node_timeout_s)
+repair_bandwidth = "64M"             # bytes/s of re-replication, drain and rebalance copies; 0 = unlimited
+repair_parallelism = 4               # chunk copies in flight at once
+repair_scan_interval_s = 60.0        # full redundancy scan at least this often (at once after any node change)
+rebalance_tolerance = 0.10           # move data until every node is within 10% of the mean utilisation
 ''',
     "storage": '''\
 # stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
@@ -155,6 +170,8 @@ capacity = 0                         # bytes to offer; 0 = the whole file system
 reserved_space = "64M"               # answer ENOSPC rather than fill the disk completely
 io_threads = 8
 metrics = "0.0.0.0:9711"             # Prometheus /metrics; one port per node on a machine (9711, 9712, ...)
+scrub_bandwidth = "16M"              # bytes/s of background checksum verification; 0 = off
+scrub_interval_s = 604800.0          # start a new scrub pass a week after the previous one began
 ''',
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
@@ -177,6 +194,7 @@ disk_cache_min_free = "4G"           # stop caching when the disk has less than 
 shm_dir = "/dev/shm"                 # prefetched files wait here for stripefs.torch.read_file; "" = off
 shm_size = "512M"                    # most bytes waiting there (each copy is deleted once read)
 metrics = "0.0.0.0:9720"             # Prometheus /metrics; one port per mount on a machine (0: any free port)
+hedge_after_s = 0.5                  # a replica slower than this: ask the next one too, take the first good answer
 ''',
 }
 

@@ -131,12 +131,13 @@ class NodeInfo(msgspec.Struct, frozen=True):
     node_id: int
     address: str
     host: str
-    state: str  # "up" | "down"
+    state: str  # "up" | "suspect" | "down" | "draining" | "removed" (daemon/health.py)
     capacity_bytes: int
     free_bytes: int
     used_bytes: int  # bytes of chunk files stored
     chunks: int
     last_heartbeat_age_s: float
+    placed_chunks: int = -1  # chunk copies the namespace places on it (last repair scan; -1 unknown)
 
 
 # --------------------------------------------------------------------------
@@ -624,6 +625,8 @@ class StatusRsp(Msg, tag="status_rsp"):
     degraded_chunks: int = 0  # chunks with a copy or fragment on a down node: the repair backlog
     garbage_copies: int = 0  # chunk copies waiting for deletion on storage nodes
     layouts: list[LayoutUsage] = []  # per redundancy: logical and raw bytes (daemon/redundancy.py)
+    under_replicated: int = 0  # chunks below their target redundancy (see ``repair``)
+    repair: RepairInfo | None = None
 
 
 # --------------------------------------------------------------------------
@@ -657,6 +660,184 @@ class SwapShadowReq(Msg, tag="swap_shadow"):
     size: int
     mtime_ns: int
     chunks: list[ChunkRef]
+
+
+# --------------------------------------------------------------------------
+# Self-healing (daemon/repair.py, storage_node/healing.py): repair, scrub,
+# fsck, drain. Data always flows storage node to storage node; the metadata
+# daemon only decides and records.
+# --------------------------------------------------------------------------
+
+
+class CopyChunkReq(Msg, tag="copy_chunk"):
+    """Metadata daemon -> the node that must gain a copy: pull ``chunk`` from a source.
+
+    The node reads the whole chunk (``ReadChunkReq`` with ``min_version``) from
+    the first of ``sources`` (storage node addresses) that answers, checks the
+    payload's xxh3, and stores it with ``replace`` and ``sync`` (temp file,
+    fsync, rename): the copy is durable before the reply. Reply: CopyChunkRsp
+    with the version actually stored (a source may hold a newer, uncommitted
+    version). Errors: UNAVAILABLE (no source could be read), NO_SPACE, IO,
+    TIMEOUT (past ``deadline_s``: nothing was stored, so a daemon that gave up
+    waiting can delete the target's copy without racing a late store).
+    """
+
+    chunk: ChunkId
+    min_version: int
+    sources: list[str]
+    length: int  # the file's chunk size: the most a copy can hold
+    deadline_s: float = 0.0  # > 0: a copy not ready to be stored this long after arrival is discarded (TIMEOUT)
+
+
+class CopyChunkRsp(Msg, tag="copy_chunk_rsp"):
+    version: int
+    length: int
+
+
+class FragmentSource(msgspec.Struct, frozen=True, array_like=True):
+    index: int  # fragment number j of the stripe
+    part: int  # the chunk part holding it (common/erasure.fragment_part)
+    address: str  # the storage node holding it
+
+
+class ReconstructFragmentReq(Msg, tag="reconstruct_fragment"):
+    """Metadata daemon -> the node that must gain fragment ``fragment`` of an EC stripe.
+
+    The node reads at least K fragments of ``version`` exactly from ``sources``,
+    decodes the stripe (common/erasure.py, ``k``+``m``, ``chunk_size``), codes
+    fragment ``fragment`` for a stripe whose first ``used`` bytes may be nonzero,
+    and stores it as ``chunk`` like CopyChunkReq stores a copy (durable, never
+    over a newer copy, not after ``deadline_s``). Reply: CopyChunkRsp.
+    Errors: UNAVAILABLE (fewer than K fragments readable), TIMEOUT, NO_SPACE, IO.
+    """
+
+    chunk: ChunkId
+    version: int
+    k: int
+    m: int
+    chunk_size: int
+    used: int
+    fragment: int
+    sources: list[FragmentSource]
+    deadline_s: float = 0.0
+
+
+class VerifyChunksReq(Msg, tag="verify_chunks"):
+    """Read and check every block of each chunk now (an on-demand scrub).
+
+    ``min_versions``: one per chunk; a copy older than its bound counts as bad
+    (it missed a write). Reply: VerifyChunksRsp. Bad copies are also reported
+    by the node itself (ReportBadChunksReq), like those its background scrub finds.
+    """
+
+    chunks: list[ChunkId]
+    min_versions: list[int] = []
+
+
+class VerifyChunksRsp(Msg, tag="verify_chunks_rsp"):
+    bad: list[ChunkId]  # corrupt, or older than asked
+    missing: list[ChunkId]
+    bytes: int  # data bytes verified
+
+
+class ListChunksReq(Msg, tag="list_chunks"):
+    """The node's chunk inventory, one slice of its 65,536 fan-out directories at a time.
+
+    Directory number d is ``chunks/{d & 0xFF:02x}/{d >> 8:02x}``. Reply: ListChunksRsp;
+    ``next_dir`` is -1 when the listing is complete.
+    """
+
+    start_dir: int = 0
+    max_dirs: int = 4096
+
+
+class ListChunksRsp(Msg, tag="list_chunks_rsp"):
+    chunks: list[ChunkId]
+    versions: list[int]  # 0 for a copy whose header is unreadable (corrupt)
+    next_dir: int
+
+
+class ScrubStartReq(Msg, tag="scrub_start"):
+    """Start a new background scrub pass on this storage node now. Reply: OkRsp."""
+
+
+class ReportBadChunksReq(Msg, tag="report_bad_chunks"):
+    """Storage node -> metadata daemon: these copies failed their checksums here.
+
+    The daemon treats each as a missing copy (re-replicated from a good one) and
+    queues the bad one for deletion. Reply: OkRsp.
+    """
+
+    node_id: int
+    chunks: list[ChunkId]
+
+
+class NodeAdminReq(Msg, tag="node_admin"):
+    """Administrative state of a storage node. Reply: OkRsp.
+
+    ``action``: ``"drain"`` (move every copy off it while it keeps serving;
+    no new chunks go there), ``"undrain"``, or ``"remove"`` (forget it: refused
+    with NOT_EMPTY while it holds the only live copy of any chunk).
+    """
+
+    node_id: int
+    action: str
+
+
+class ScrubReq(Msg, tag="scrub"):
+    """Verify every copy of the chunks of some files now (``stripefs scrub --now``).
+
+    ``inos``: those files; empty: files with ino > ``after_ino``, up to ``limit``
+    of them (the caller pages through the namespace with ``next_ino``).
+    Bad or missing copies are treated as missing and repaired. Reply: ScrubRsp.
+    """
+
+    inos: list[int] = []
+    after_ino: int = 0
+    limit: int = 64
+
+
+class ScrubRsp(Msg, tag="scrub_rsp"):
+    files: int
+    copies: int  # chunk copies verified
+    bad: int  # corrupt, stale or missing copies found (queued for repair)
+    bytes: int
+    next_ino: int  # 0: no more files
+    total_files: int  # files in the namespace (for a progress bar)
+
+
+class FsckReq(Msg, tag="fsck"):
+    """Check the namespace against one storage node's chunk store, or (``node_id`` 0)
+    the redundancy of every chunk. ``repair``: fix what can be fixed
+    (orphans deleted, missing copies re-replicated). Reply: FsckRsp."""
+
+    node_id: int = 0
+    repair: bool = False
+
+
+class FsckRsp(Msg, tag="fsck_rsp"):
+    checked: int  # copies (node) or chunks (redundancy) looked at
+    orphans: int  # copies no file refers to
+    missing: int  # copies the namespace expects that the node lacks (or holds stale)
+    under_replicated: int
+    over_replicated: int
+    lost: int  # chunks without any live copy
+    repaired: int
+    problems: list[str]  # the first few, for the operator
+
+
+class RepairInfo(msgspec.Struct, frozen=True):
+    """Redundancy and repair progress, as of the last scan (StatusRsp.repair)."""
+
+    under_replicated: int = 0  # chunks below their target redundancy
+    lost: int = 0  # chunks with no live copy at all
+    backlog: int = 0  # copies still to make (repair, drain, rebalance)
+    backlog_bytes: int = 0
+    copied: int = 0  # copies made since the daemon started
+    copied_bytes: int = 0
+    failed: int = 0
+    bandwidth: int = 0  # bytes/s limit, 0 = none
+    scanned_age_s: float = -1.0
 
 
 # --------------------------------------------------------------------------

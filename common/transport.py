@@ -142,6 +142,11 @@ async def open_socket(
         # reconnect quickly after a peer restarts, without hammering a dead one
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        # queue requests only on a live connection: a request sent while the peer is
+        # down waits (under its caller's timeout) instead of sitting in a queue that a
+        # restarted peer would drain later: a write timed out and moved elsewhere must
+        # never be applied by the node when it comes back
+        sock.setsockopt(zmq.IMMEDIATE, 1)
     try:
         if bind:
             sock.bind(bind)

@@ -1,14 +1,34 @@
-"""Who is alive: storage nodes (up/down) and client sessions (open files).
+"""Who is alive: storage nodes (their states) and client sessions (open files).
 
 Storage nodes
 -------------
 A node registers (RegisterNodeReq) at start and whenever the daemon answers
 its heartbeat with NOT_FOUND (the daemon restarted and does not know it yet).
 Registration is stored in the ``nodes`` table so that chunk maps can name the
-node's address while it is down. A node silent for ``node_timeout_s`` is
-declared down (WARNING); its next heartbeat brings it back (INFO). At daemon
-start every known node is down until it heartbeats: the daemon never places
-data on a node it has not heard from in this boot.
+node's address while it is down. At daemon start every known node is down
+until it heartbeats: the daemon never places data on a node it has not heard
+from in this boot.
+
+A node is in exactly one of five states (``NodeRegistry.state``)::
+
+    up        heartbeating; takes new chunks; a repair source and target
+    suspect   silent for node_suspect_s: still a source and still placed on
+              (a slow beat is not a failure), logged so an operator sees it coming
+    down      silent for node_timeout_s: gets nothing new; every chunk it held
+              is re-replicated elsewhere (daemon/repair.py); its next heartbeat
+              brings it back, its obsolete copies then go as garbage
+    draining  an operator asked to empty it (``stripefs node drain``): it keeps
+              serving reads and is a repair source, but gets no new chunks and
+              every copy on it is moved away (copy, switch, then delete)
+    removed   forgotten by an operator (``stripefs node remove``); final for
+              that node id (ids are never reused); its heartbeats are ignored
+
+up/suspect/down follow heartbeats; draining and removed are the
+*administrative* state, persisted in the ``meta`` table (key
+``node_admin.<id>``) so that they survive a daemon restart, and they win over
+the heartbeat state except that a draining node that stops beating is down.
+Every change of a node's state is logged (WARNING for suspect and down, INFO
+otherwise) and ``on_change`` is called so that repair rescans at once.
 
 Sessions
 --------
@@ -33,6 +53,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..common import protocol
 from ..common.errors import ErrorCode, StripefsError
@@ -40,6 +61,14 @@ from .placement import NodeView
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
+
+
+NODE_STATES = ("up", "suspect", "down", "draining", "removed")
+#: states whose copies count as live (readable) and that may serve as repair sources
+LIVE_STATES = frozenset({"up", "suspect", "draining"})
+#: states that may receive new chunks and repair copies
+PLACEABLE_STATES = frozenset({"up", "suspect"})
+_ADMIN_KEY = "node_admin.{}"
 
 
 @dataclass
@@ -52,22 +81,79 @@ class _Node:
     used: int = 0
     chunks: int = 0
     last_heartbeat: float = float("-inf")  # monotonic seconds
-    up: bool = False
+    up: bool = False  # heard from within node_timeout_s (up or suspect)
+    admin: str = ""  # "" | "draining" | "removed"
+    state: str = "down"  # the last state logged
 
 
 class NodeRegistry:
     """Storage nodes known to this daemon, in memory, registrations persisted in the store."""
 
-    def __init__(self, store: SqliteStore, node_timeout_s: float):
+    def __init__(self, store: SqliteStore, node_timeout_s: float, node_suspect_s: float | None = None):
         self._store = store
         self._timeout = node_timeout_s
+        self._suspect = min(node_suspect_s, node_timeout_s) if node_suspect_s is not None else node_timeout_s
         self._nodes: dict[int, _Node] = {}
+        self.on_change: Callable[[int, str, str], None] = lambda node_id, old, new: None
         for row in store.all_nodes():
-            self._nodes[row["node_id"]] = _Node(
+            node = self._nodes[row["node_id"]] = _Node(
                 row["node_id"], row["address"], row["host"], row["capacity"], row["free"], row["used"], row["chunks"]
             )
+            node.admin = store.get_meta(_ADMIN_KEY.format(node.node_id), "") or ""
+            node.state = self._state_of(node, time.monotonic())
         if self._nodes:
             log.info("%d known storage node(s), all down until they heartbeat: %s", len(self._nodes), sorted(self._nodes))
+
+    # -- states ----------------------------------------------------------------
+
+    def _state_of(self, node: _Node, now: float) -> str:
+        if node.admin == "removed":
+            return "removed"
+        if not node.up:
+            return "down"
+        if node.admin == "draining":
+            return "draining"
+        if now - node.last_heartbeat > self._suspect:
+            return "suspect"
+        return "up"
+
+    def _update(self, node: _Node, now: float, why: str = "") -> None:
+        """Recompute ``node``'s state; log and announce a change."""
+        new = self._state_of(node, now)
+        old = node.state
+        if new == old:
+            return
+        node.state = new
+        level = logging.WARNING if new in ("suspect", "down") else logging.INFO
+        log.log(level, "node %d (%s): %s -> %s%s", node.node_id, node.address, old, new, f" ({why})" if why else "")
+        self.on_change(node.node_id, old, new)
+
+    def _current(self, node: _Node) -> str:
+        """``node.state``, unless ``up`` was changed without a sweep (tests flip it): then as of its last beat."""
+        if node.state == "removed" or (node.state == "down") == (not node.up):
+            return node.state
+        return self._state_of(node, node.last_heartbeat if node.up else float("inf"))
+
+    def state(self, node_id: int) -> str:
+        node = self._nodes.get(node_id)
+        return self._current(node) if node is not None else "removed"
+
+    def states(self) -> dict[int, str]:
+        return {n.node_id: self._current(n) for n in self._nodes.values()}
+
+    def set_admin(self, node_id: int, admin: str, now: float | None = None) -> None:
+        """Drain, undrain ("") or remove a node; persisted (call inside a write)."""
+        now = time.monotonic() if now is None else now
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"storage node {node_id} is not known to this cluster")
+        if node.admin == "removed" and admin != "removed":
+            raise StripefsError(ErrorCode.INVALID, f"storage node {node_id} was removed; node ids are never reused")
+        node.admin = admin
+        self._store.set_meta(_ADMIN_KEY.format(node_id), admin)
+        self._update(node, now, f"operator: {admin or 'undrain'}")
+
+    # -- heartbeats ------------------------------------------------------------
 
     def register(self, req: protocol.RegisterNodeReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -77,8 +163,8 @@ class NodeRegistry:
         if node is None:
             node = self._nodes[req.node_id] = _Node(req.node_id, req.address, req.host)
             log.info("node %d registered: %s, host %s", req.node_id, req.address, req.host)
-        elif not node.up or node.address != req.address or node.host != req.host:
-            log.info("node %d is up: %s, host %s", req.node_id, req.address, req.host)
+        elif node.address != req.address or node.host != req.host:
+            log.info("node %d moved: %s, host %s", req.node_id, req.address, req.host)
         node.address, node.host = req.address, req.host
         node.capacity, node.free, node.used, node.chunks = req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks
         node.last_heartbeat = now
@@ -86,6 +172,7 @@ class NodeRegistry:
         self._store.upsert_node(
             req.node_id, req.address, req.host, req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks, time.time_ns()
         )
+        self._update(node, now, "registered")
 
     def heartbeat(self, req: protocol.NodeHeartbeatReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -96,56 +183,63 @@ class NodeRegistry:
             raise StripefsError(ErrorCode.NOT_FOUND, f"node {req.node_id} is not registered; register again")
         node.capacity, node.free, node.used, node.chunks = req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks
         node.last_heartbeat = now
-        if not node.up:
-            node.up = True
-            log.info("node %d is up again (%s)", req.node_id, node.address)
+        node.up = True
+        self._update(node, now, "heartbeat")
 
     def sweep(self, now: float | None = None) -> list[int]:
-        """Declare silent nodes down; the ids that just went down."""
+        """Move silent nodes to suspect and down; the ids that just went down."""
         now = time.monotonic() if now is None else now
         went_down = []
         for node in self._nodes.values():
-            if node.up and now - node.last_heartbeat > self._timeout:
+            silence = now - node.last_heartbeat
+            if node.up and silence > self._timeout:
                 node.up = False
                 went_down.append(node.node_id)
-                log.warning(
-                    "node %d (%s) is down: no heartbeat for %.1fs", node.node_id, node.address, now - node.last_heartbeat
-                )
+            self._update(node, now, f"no heartbeat for {silence:.1f}s" if silence != float("inf") else "")
         return went_down
 
+    # -- queries ---------------------------------------------------------------
+
     def is_up(self, node_id: int) -> bool:
+        """Alive and not removed: it answers requests (garbage collection, repair sources)."""
         node = self._nodes.get(node_id)
-        return node is not None and node.up
+        return node is not None and self._current(node) in LIVE_STATES
 
     def address(self, node_id: int) -> str:
         node = self._nodes.get(node_id)
         return node.address if node else ""
 
     def up_ids(self) -> list[int]:
-        return [n.node_id for n in self._nodes.values() if n.up]
+        return [n.node_id for n in self._nodes.values() if self._current(n) in LIVE_STATES]
 
     def views(self) -> list[NodeView]:
-        """Every node, for placement (which uses only the up ones)."""
-        return [NodeView(n.node_id, n.host, n.free, n.up) for n in self._nodes.values()]
+        """Every node, for placement (which uses only the ones that may take new chunks)."""
+        return [NodeView(n.node_id, n.host, n.free, self._current(n) in PLACEABLE_STATES) for n in self._nodes.values()]
+
+    def usage(self) -> dict[int, tuple[int, int]]:
+        """node id -> (used bytes, capacity bytes) of nodes that may take chunks (rebalance)."""
+        return {n.node_id: (n.used, n.capacity) for n in self._nodes.values() if self._current(n) in PLACEABLE_STATES}
 
     def capacity(self) -> tuple[int, int]:
-        """(total, free) bytes over the nodes that are up."""
-        up = [n for n in self._nodes.values() if n.up]
+        """(total, free) bytes over the nodes that may take new chunks."""
+        up = [n for n in self._nodes.values() if self._current(n) in PLACEABLE_STATES]
         return sum(n.capacity for n in up), sum(n.free for n in up)
 
-    def info(self, now: float | None = None) -> list[protocol.NodeInfo]:
+    def info(self, now: float | None = None, placed: dict[int, int] | None = None) -> list[protocol.NodeInfo]:
         now = time.monotonic() if now is None else now
+        placed = placed if placed is not None else {}
         return [
             protocol.NodeInfo(
                 node_id=n.node_id,
                 address=n.address,
                 host=n.host,
-                state="up" if n.up else "down",
+                state=self._current(n),
                 capacity_bytes=n.capacity,
                 free_bytes=n.free,
                 used_bytes=n.used,
                 chunks=n.chunks,
                 last_heartbeat_age_s=max(0.0, now - n.last_heartbeat) if n.last_heartbeat > float("-inf") else -1.0,
+                placed_chunks=placed.get(n.node_id, 0 if placed else -1),
             )
             for n in sorted(self._nodes.values(), key=lambda n: n.node_id)
         ]

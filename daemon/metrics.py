@@ -37,13 +37,19 @@ DEGRADED_CHUNKS = Gauge(
     "stripefs_degraded_chunks", "Chunks with at least one copy or fragment on a node that is down: the repair backlog"
 )
 GARBAGE_COPIES = Gauge("stripefs_garbage_copies", "Chunk copies waiting to be deleted from storage nodes")
+UNDER_REPLICATED = Gauge(
+    "stripefs_under_replicated_chunks", "Chunks below their target redundancy, as of the last repair scan (daemon/repair.py)"
+)
+LOST_CHUNKS = Gauge("stripefs_lost_chunks", "Chunks without any live copy, as of the last repair scan")
+REPAIR_BACKLOG = Gauge("stripefs_repair_backlog_copies", "Copies the running repair, drain or rebalance pass still has to make")
+REPAIR_COPIED = Gauge("stripefs_repair_copied_bytes", "Bytes copied by repair, drain and rebalance since the daemon started")
 
 PUBLISH_INTERVAL_S = 2.0
 
 
 def cluster_health(store: SqliteStore, nodes: list) -> dict[str, int]:
     """Counts for status and metrics from ``store`` and the registry's ``nodes`` (NodeInfo list)."""
-    down = [n.node_id for n in nodes if n.state != "up"]
+    down = [n.node_id for n in nodes if n.state not in ("up", "suspect", "draining")]  # copies there are not live
     counts = store.counts()
     return {
         "files": counts["files"],
@@ -63,12 +69,17 @@ async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL
             nodes = service.nodes.info()
             for n in nodes:
                 node = str(n.node_id)
-                NODE_UP.labels(node, n.host).set(1 if n.state == "up" else 0)
+                NODE_UP.labels(node, n.host).set(1 if n.state in ("up", "suspect", "draining") else 0)
                 NODE_CAPACITY.labels(node).set(n.capacity_bytes)
                 NODE_USED.labels(node).set(n.used_bytes)
                 NODE_FREE.labels(node).set(n.free_bytes)
                 NODE_CHUNKS.labels(node).set(n.chunks)
             SESSIONS.set(len(service.sessions))
+            repair = service.healer.info()
+            UNDER_REPLICATED.set(repair.under_replicated)
+            LOST_CHUNKS.set(repair.lost)
+            REPAIR_BACKLOG.set(repair.backlog)
+            REPAIR_COPIED.set(repair.copied_bytes)
             try:
                 health = await trio.to_thread.run_sync(cluster_health, reader, nodes, limiter=limiter)
             except sqlite3.Error as exc:

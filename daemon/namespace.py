@@ -62,6 +62,12 @@ EPOCH_BLOCK = 1000
 READDIR_MAX = 10_000
 
 
+def _is_replicated(store: SqliteStore, ino: int) -> bool:
+    """True for a replicated file (positional EC fragments are left to their own rules)."""
+    row = store.get_inode(ino)
+    return row is not None and not parse_redundancy(row["redundancy"]).is_ec
+
+
 class NodeSource(Protocol):
     """What the namespace asks about storage nodes (daemon.health.NodeRegistry)."""
 
@@ -602,6 +608,11 @@ class Namespace:
             nodes = list(ref.nodes) or old_nodes
             if not nodes:
                 raise StripefsError(ErrorCode.INVALID, f"chunk {ino}:{ref.index} has no placement and no nodes given")
+            dropped = [n for n in old_nodes if n not in nodes]
+            if dropped and not _is_replicated(self.store, ino):
+                dropped = []
+            # a copy the writer did not write (a repair or drain moved the row meanwhile) is now stale: garbage
+            self.store.add_garbage((n, ino, ref.index, 0, max(old_version, ref.version)) for n in dropped)
             self.store.put_chunk(ino, ref.index, max(old_version, ref.version), nodes)
             if old_version and ref.version > old_version and is_ec and (old_version & 1) != (ref.version & 1):
                 # the new version went to the other slot: the committed one's fragments are garbage now

@@ -36,7 +36,10 @@ Background tasks (all in ``run``'s nursery): the committer; the health sweep
 released orphans are reclaimed); the one-time orphan sweep one session lease
 after start (mounts that still hold an unlinked file have re-announced it by
 then); and the garbage collector (DeleteChunksReq in batches to nodes that are
-up, one RpcClient per node, rows deleted on success).
+up, one RpcClient per node, rows deleted on success); the healer
+(daemon/repair.py: re-replication, drain, bad copies, scrub and fsck requests,
+whose ``handle_*`` methods are dispatched like this class's own). A session
+that expires also gives back the chunks it allocated but never committed.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from .metrics import cluster_health
 from . import redundancy
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
+from .repair import Healer
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -105,12 +109,14 @@ class MetaService:
         self._wake_committer = trio.Event()
         self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
         self._gc_wake = trio.Event()
+        self.healer = Healer(self)  # re-replication, drain, scrub, fsck (daemon/repair.py)
         self._handlers: dict[type, Callable] = {}
         self.feed: ChangeFeed | None = None
         for cls in P.Request.__args__:
-            handler = getattr(self, f"handle_{cls.__struct_config__.tag}", None)
-            if handler is not None:
-                self._handlers[cls] = handler
+            for owner in (self, self.healer):
+                handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
+                if handler is not None:
+                    self._handlers[cls] = handler
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -125,7 +131,8 @@ class MetaService:
         )
         self._db_lock = lock_database(self.db_path)  # released when this process exits
         self.store = SqliteStore(open_database(self.db_path, layout))
-        self.nodes = NodeRegistry(self.store, self.config.node_timeout_s)
+        self.nodes = NodeRegistry(self.store, self.config.node_timeout_s, self.config.node_suspect_s)
+        self.nodes.on_change = self.healer.node_changed
         self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
         self.cluster_id = self.store.get_meta("cluster_id")
         if self.cluster_id is None:  # a database from before cluster ids, or a new one
@@ -153,6 +160,7 @@ class MetaService:
                 nursery.start_soon(self._startup_orphan_sweep, name="meta-orphans")
                 nursery.start_soon(self._gc_loop, name="meta-gc")
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
+                await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
                 await serve(sock, self.handle, concurrency=256, name="meta")
         finally:
@@ -199,6 +207,7 @@ class MetaService:
         """Run one mutating operation and return once it is durable."""
         async with self._lock:
             result, batch = self._write_locked(fn, *args, **kwargs)
+        self.healer.stale = True  # redundancy figures in status are recomputed
         await batch.wait()
         return result
 
@@ -238,7 +247,12 @@ class MetaService:
             async with self._lock:
                 for node_id in self.nodes.sweep(now):
                     self._write_locked(self.store.set_node_state, node_id, "down")
-            await self._release(self.sessions.expire(now))
+            expired = self.sessions.expire(now)
+            await self._release(expired)
+            if expired:
+                async with self._lock:
+                    self._write_locked(self.healer.reclaim_uncommitted, expired)
+                self._gc_wake.set()
 
     async def _startup_orphan_sweep(self) -> None:
         await trio.sleep(self.config.session_lease_s)
@@ -296,8 +310,9 @@ class MetaService:
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
         health = await self._read(cluster_health, self.store, self.nodes.info())
+        repair = await self.healer.fresh()
         return P.StatusRsp(
-            nodes=self.nodes.info(),
+            nodes=self.nodes.info(placed=self.healer.placed()),
             files=counts["files"],
             directories=counts["directories"],
             chunks=counts["chunks"],
@@ -307,6 +322,8 @@ class MetaService:
             degraded_chunks=health["degraded_chunks"],
             garbage_copies=health["garbage_copies"],
             layouts=await self._read(self._layout_usage),
+            under_replicated=repair.under_replicated,
+            repair=self.healer.info(),
         )
 
     def _layout_usage(self) -> list[P.LayoutUsage]:
@@ -531,6 +548,7 @@ class MetaService:
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
+        self.healer.check_fence(req.ino, req.chunks)
         attr = await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks)
         self._changed([req.ino])
         return P.AttrRsp(attr=attr)

@@ -275,6 +275,55 @@ class SqliteStore:
             return 0
         match = " OR ".join("instr(',' || nodes || ',', ?) > 0" for _ in ids)
         return self.conn.execute(f"SELECT count(*) FROM chunks WHERE {match}", [f",{n}," for n in ids]).fetchone()[0]
+    # -- self-healing (daemon/repair.py) -----------------------------------
+
+    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int]]:
+        """(ino, idx, version, nodes, redundancy, chunk_size) of chunks after ``after`` = (ino, idx), in order."""
+        return self.conn.execute(
+            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size FROM chunks c"
+            " JOIN inodes i ON i.ino = c.ino WHERE (c.ino, c.idx) > (?, ?) ORDER BY c.ino, c.idx LIMIT ?",
+            (after[0], after[1], limit),
+        ).fetchall()
+
+    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int]]:
+        """The same rows for the chunks of some files."""
+        out = []
+        for i in range(0, len(inos), 500):
+            part = list(inos[i : i + 500])
+            out += self.conn.execute(
+                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size FROM chunks c"
+                f" JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({','.join('?' * len(part))}) ORDER BY c.ino, c.idx",
+                part,
+            ).fetchall()
+        return out
+
+    def regular_files_after(self, after_ino: int, limit: int) -> list[int]:
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT ino FROM inodes WHERE ino > ? AND (mode & 0xF000) = 0x8000 ORDER BY ino LIMIT ?", (after_ino, limit)
+            )
+        ]
+
+    def garbage_nodes_of_chunk(self, ino: int, idx: int) -> set[int]:
+        """Nodes with a pending deletion of chunk (ino, idx): never a repair target for it."""
+        return {r[0] for r in self.conn.execute("SELECT node_id FROM garbage WHERE ino=? AND idx=?", (ino, idx))}
+
+    def pending_garbage(self, node_id: int) -> set[tuple[int, int]]:
+        """(ino, idx) of every pending deletion on a node (fsck: those copies are not orphans)."""
+        return {(r[0], r[1]) for r in self.conn.execute("SELECT ino, idx FROM garbage WHERE node_id=?", (node_id,))}
+
+    def forget_node_garbage(self, node_id: int) -> int:
+        return self.conn.execute("DELETE FROM garbage WHERE node_id=?", (node_id,)).rowcount
+
+    def drop_uncommitted_chunks(self, ino: int, max_version: int) -> int:
+        """Chunk rows never committed (version 0) of ``ino`` go; copies their writer may
+        have stored become garbage up to ``max_version``. The number dropped."""
+        rows = self.conn.execute("SELECT idx, nodes FROM chunks WHERE ino=? AND version=0", (ino,)).fetchall()
+        for idx, nodes in rows:
+            self.add_garbage((node, ino, idx, 0, max_version) for node in decode_nodes(nodes))
+        self.conn.execute("DELETE FROM chunks WHERE ino=? AND version=0", (ino,))
+        return len(rows)
 
     # -- storage nodes -----------------------------------------------------
 

@@ -396,8 +396,14 @@ class ChunkStore:
         replace: bool = False,
         truncate: int = -1,
         sync: bool = False,
+        if_newer: bool = False,
     ) -> ChunkMeta:
-        """Apply one WriteChunkReq (see its docstring); returns the stored (version, length)."""
+        """Apply one WriteChunkReq (see its docstring); returns the stored (version, length).
+
+        ``if_newer`` (with ``replace``; a repair copy): keep a stored copy that is
+        at least ``version`` and return it instead; checked under the chunk's lock,
+        so a writer's newer copy is never overwritten by an older one.
+        """
         _check_chunk_id(chunk)
         data = memoryview(data)
         if data.format != "B" or data.ndim != 1:
@@ -418,6 +424,8 @@ class ChunkStore:
                 old_size = -1
             if replace:
                 old_version = self._version_or_zero(chunk) if old_size >= 0 else 0
+                if if_newer and old_size >= 0 and old_version >= version:
+                    return self.stat(chunk)
                 content: memoryview | bytearray = data
             else:
                 old_version, content = self._merge(chunk, base_version, offset, data, truncate, old_size >= 0)
@@ -607,6 +615,56 @@ class ChunkStore:
                 self._count -= 1
         log.debug("chunk %s deleted", chunk)
         return 1
+
+    # -- inventory and verification (scrub, fsck: storage_node/healing.py) ----
+
+    FANOUT_DIRS = 1 << 16
+
+    def existing_dirs(self) -> list[int]:
+        """Numbers of the fan-out directories that exist, in order (most are absent on a young node)."""
+        out = []
+        with os.scandir(self._chunks_dir) as tops:
+            for top in tops:
+                if len(top.name) != 2 or not top.is_dir(follow_symlinks=False):
+                    continue
+                with os.scandir(top.path) as subs:
+                    for sub in subs:
+                        if len(sub.name) == 2 and sub.is_dir(follow_symlinks=False):
+                            try:
+                                out.append(int(top.name, 16) | int(sub.name, 16) << 8)
+                            except ValueError:
+                                continue
+        return sorted(out)
+
+    def chunks_in_dir(self, d: int) -> list[ChunkId]:
+        """Copies in fan-out directory number ``d`` (``chunks/{d & 0xFF:02x}/{d >> 8:02x}``)."""
+        directory = self._chunks_dir / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}"
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            if not name.endswith(".chunk"):
+                continue
+            try:
+                ino, index, part = (int(x) for x in name[: -len(".chunk")].split("-"))
+            except ValueError:
+                continue
+            out.append(ChunkId(ino, index, part))
+        return sorted(out, key=lambda c: (c.ino, c.index, c.part))
+
+    def verify(self, chunk: ChunkId, min_version: int = 0) -> int:
+        """Read and check every block of a copy; its data length. NOT_FOUND, STALE, CORRUPT."""
+        _check_chunk_id(chunk)
+        with self._open(chunk) as fd:
+            hdr, head = self._read_header(fd, chunk)
+            if hdr.version < min_version:
+                raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < {min_version}")
+            step = max(hdr.block_size, (4 << 20) // hdr.block_size * hdr.block_size)  # a few MiB per read
+            for start in range(0, hdr.length, step):
+                self._read_blocks(fd, chunk, hdr, head, start, min(start + step, hdr.length))
+        return hdr.length
 
     def usage(self) -> Usage:
         """What the node offers: capacity, free (what it will still accept), used (chunk files), chunks."""

@@ -41,6 +41,7 @@ from stripefs.common.transport import connect, open_socket, serve
 
 from . import metrics
 from .chunk_store import ChunkStore
+from .healing import Healing
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class StorageService:
             p.StatChunkReq: self.handle_stat_chunk,
             p.NodeStatsReq: self.handle_node_stats,
         }
+        self.healing = Healing(config, store, self._ctx, self._io)  # peer copies, scrub, bad copies (healing.py)
+        self._handlers.update(self.healing.handlers())
 
     # -- requests -------------------------------------------------------------
 
@@ -98,17 +101,22 @@ class StorageService:
         return p.PingRsp(role="storage", node_id=self.node_id, boot_id=self.boot_id)
 
     async def handle_read_chunk(self, req: p.ReadChunkReq, payloads: list[memoryview]):
-        if self._inline_reads:
-            # From the page cache, a small read costs less than the hop to a worker thread
-            # (about a third of a read's CPU here); one that needs the disk goes to a thread.
-            try:
-                version, data, digest = self._read_and_hash(req, nowait=True)  # at most INLINE_READ_MAX bytes
-                return p.ReadChunkRsp(version=version, xxh3=digest), [data]
-            except BlockingIOError as exc:
-                if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                    self._inline_reads = False
-                    log.info("node %d: the data file system cannot read without waiting (%s); reads go to threads", self.node_id, exc.strerror)
-        version, data, digest = await self._io(self._read_and_hash, req)
+        try:
+            if self._inline_reads:
+                # From the page cache, a small read costs less than the hop to a worker thread
+                # (about a third of a read's CPU here); one that needs the disk goes to a thread.
+                try:
+                    version, data, digest = self._read_and_hash(req, nowait=True)  # at most INLINE_READ_MAX bytes
+                    return p.ReadChunkRsp(version=version, xxh3=digest), [data]
+                except BlockingIOError as exc:
+                    if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                        self._inline_reads = False
+                        log.info("node %d: the data file system cannot read without waiting (%s); reads go to threads", self.node_id, exc.strerror)
+            version, data, digest = await self._io(self._read_and_hash, req)
+        except StripefsError as exc:
+            if exc.code == ErrorCode.CORRUPT:
+                self.healing.note_bad(req.chunk)  # reported to the daemon, which repairs it
+            raise
         return p.ReadChunkRsp(version=version, xxh3=digest), [data]
 
     def _read_and_hash(self, req: p.ReadChunkReq, nowait: bool = False) -> tuple[int, bytes, int]:
@@ -166,6 +174,7 @@ class StorageService:
                     functools.partial(serve, sock, self.handle, name=f"storage-{self.node_id}"),
                     name=f"storage-{self.node_id}-server",
                 )
+                await nursery.start(self.healing.run, name=f"storage-{self.node_id}-healing")
                 for address in self.config.meta:
                     nursery.start_soon(self._heartbeat_loop, address, name=f"storage-{self.node_id}-heartbeat-{address}")
                 task_status.started()
@@ -203,6 +212,7 @@ class StorageService:
         metrics.set_store_usage(usage)
         if registered:
             await meta.call(p.NodeHeartbeatReq(node_id=self.node_id, **usage._asdict()))
+            await self.healing.send_reports(meta)
             return True
         await meta.call(
             p.RegisterNodeReq(

@@ -9,6 +9,9 @@
     stripefs top      MOUNT                      live view of one mount's metrics (stripefs.top)
     stripefs layout   get|set|convert            per-directory layouts; convert existing files
     stripefs config   example meta|storage|client
+    stripefs node     drain|undrain|remove NODE  storage node states   (stripefs.heal_cli)
+    stripefs scrub    [--now] [PATH]             verify checksums       (stripefs.heal_cli)
+    stripefs fsck     [--repair]                 namespace vs chunks    (stripefs.heal_cli)
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
 
@@ -26,6 +29,7 @@ import os
 import sys
 from pathlib import Path
 
+import msgspec
 import trio
 import zmq
 
@@ -104,6 +108,13 @@ def _rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
         return trio.run(run)
     except StripefsError as exc:
         raise QuietError(exc.message or exc.code.name, 3) from None
+    except BaseExceptionGroup as group:  # an error reply raised inside the connection's nursery
+        leaf = group
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if isinstance(leaf, StripefsError):
+            raise QuietError(leaf.message or leaf.code.name, 3) from None
+        raise
 
 
 def _resolve(args, path: str) -> tuple[list[str], int]:
@@ -193,9 +204,11 @@ def cmd_local(args) -> int:
 
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        return cluster.up(args.mount, args.nodes, args.options)
+        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings)
     if args.action == "down":
         return cluster.down()
+    if args.action == "add-node":
+        return cluster.add_node()
     status = cluster.status()
     if args.json:
         print(json.dumps(status, indent=1))
@@ -206,6 +219,8 @@ def cmd_local(args) -> int:
             node = f" {proc['node_id']}" if proc["node_id"] else ""
             metrics = f"  metrics {proc['metrics']}" if proc.get("metrics") else ""
             print(f"{proc['role']}{node:<4} {proc['state']:<5} pid {proc['pid']}  {where}{stored}{metrics}")
+        if status.get("under_replicated") is not None:
+            print(f"under-replicated chunks: {status['under_replicated']}")
     return 0
 
 
@@ -252,11 +267,16 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--mount", default="./mnt", help="mountpoint (default: %(default)s)")
     up.add_argument("--nodes", type=int, default=4, help="storage nodes (default: %(default)s)")
     up.add_argument("-o", dest="options", action="append", default=[], help="FUSE mount option, e.g. -o allow_other (repeatable)")
+    up.add_argument("--set", dest="settings", action="append", default=[], metavar="ROLE.KEY=VALUE",
+                    help="config value for a new cluster, e.g. --set meta.node_timeout_s=3 --set storage.scrub_bandwidth=64M "
+                    "(TOML value; roles meta, storage, client; repeatable; used when STATE is created)")
+    add = lsub.add_parser("add-node", help="start one more storage node", description="Create, start and register one more storage node in a running local cluster (then data rebalances onto it).")
+    add.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     down = lsub.add_parser("down", help="unmount and stop everything 'up' started", description="Unmount and stop exactly the processes 'up' started (by pid). Data stays in the state directory.")
     down.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     st = lsub.add_parser("status", help="which local processes are running", description="List the cluster's processes: role, node id, pid, address, state and bytes stored.")
     st.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
-    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [{role, node_id, pid, address, state, bytes_stored, metrics}, ...]}')
+    st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [{role, node_id, pid, address, state, bytes_stored, metrics}, ...], "under_replicated": N}')
     local.set_defaults(func=cmd_local)
 
     status = sub.add_parser(
@@ -316,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .warmup import add_parser as add_warmup
 
     add_warmup(sub)
+
+    from .heal_cli import add_parsers as add_heal_parsers
+
+    add_heal_parsers(sub, _add_cluster_args)
 
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
     csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)

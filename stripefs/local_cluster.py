@@ -1,4 +1,4 @@
-"""``stripefs local up|down|status``: a whole cluster on one machine, in one directory.
+"""``stripefs local up|down|status|add-node``: a whole cluster on one machine, in one directory.
 
 State directory layout (everything the cluster owns lives here)::
 
@@ -9,7 +9,9 @@ State directory layout (everything the cluster owns lives here)::
     STATE/logs/*.log          one log per process
 
 Running ``up`` again on a stopped STATE starts the same processes on the same
-ports and data, so everything comes back. The processes are started detached
+ports and data, so everything comes back. ``up --set ROLE.KEY=VALUE`` puts
+config values into a new STATE's files (tests use it for short timeouts);
+``add-node`` creates and starts one more storage node with the same settings. The processes are started detached
 (their own session), so they outlive the command that started them.
 """
 
@@ -119,12 +121,16 @@ class LocalCluster:
     def meta_address(self) -> str:
         return f"tcp://127.0.0.1:{self.info()['meta_port']}"
 
-    def _create(self, mount: Path, nodes: int, options: list[str]) -> dict:
+    def _create(self, mount: Path, nodes: int, options: list[str], settings: list[str] = ()) -> dict:
+        parsed = _parse_settings(settings)
+        listen = str(parsed.get("meta", {}).get("listen", ""))
         info = {
-            "meta_port": _free_port(),
+            # --set meta.listen=tcp://0.0.0.0:PORT (reachable from other hosts or namespaces) fixes the port
+            "meta_port": int(listen.rsplit(":", 1)[1]) if listen.rsplit(":", 1)[-1].isdigit() else _free_port(),
             "nodes": [{"node_id": i, "port": _free_port()} for i in range(1, nodes + 1)],
             "mount": str(mount),
             "options": options,
+            "settings": parsed,
             # Prometheus endpoints (HOST:PORT) of the daemon, each node and the mount
             "metrics": {"meta": f"127.0.0.1:{_free_port()}", "mount": f"127.0.0.1:{_free_port()}",
                         **{f"storage-{i}": f"127.0.0.1:{_free_port()}" for i in range(1, nodes + 1)}},
@@ -139,22 +145,45 @@ class LocalCluster:
             redundancy=f"replicas={min(2, nodes)}",
             metrics=info["metrics"]["meta"],
         )
-        (meta_dir / "metad.toml").write_text(cfg.dumps(meta))
+        (meta_dir / "metad.toml").write_text(_with_settings(meta, info["settings"].get("meta", {})))
         for node in info["nodes"]:
-            d = self.state / f"storage-{node['node_id']}"
-            (d / "data").mkdir(parents=True, exist_ok=True)
-            sc = cfg.StorageConfig(
-                node_id=node["node_id"],
-                listen=f"tcp://127.0.0.1:{node['port']}",
-                data_dir=str(d / "data"),
-                meta=[f"tcp://127.0.0.1:{info['meta_port']}"],
-                host=f"local-{node['node_id']}",  # one failure domain per node on a one-machine cluster
-                heartbeat_interval_s=1.0,
-                metrics=info["metrics"][f"storage-{node['node_id']}"],
-            )
-            (d / "storage.toml").write_text(cfg.dumps(sc))
+            self._write_storage_config(info, node)
         self.info_path.write_text(json.dumps(info, indent=1))
         return info
+
+    def _write_storage_config(self, info: dict, node: dict) -> None:
+        d = self.state / f"storage-{node['node_id']}"
+        (d / "data").mkdir(parents=True, exist_ok=True)
+        sc = cfg.StorageConfig(
+            node_id=node["node_id"],
+            listen=f"tcp://127.0.0.1:{node['port']}",
+            data_dir=str(d / "data"),
+            meta=[f"tcp://127.0.0.1:{info['meta_port']}"],
+            host=f"local-{node['node_id']}",  # one failure domain per node on a one-machine cluster
+            heartbeat_interval_s=1.0,
+            metrics=info.get("metrics", {}).get(f"storage-{node['node_id']}", ""),
+        )
+        (d / "storage.toml").write_text(_with_settings(sc, info.get("settings", {}).get("storage", {})))
+
+    def add_node(self, *, timeout: float = 60.0) -> int:
+        """One more storage node: configured like the others, started, registered."""
+        info = self.info()
+        pids = self.pids()
+        if not _alive(pids.get("meta")):
+            raise QuietError(f"the local cluster in {self.state} is not running; start it with 'stripefs local up'", 3)
+        node = {"node_id": max(n["node_id"] for n in info["nodes"]) + 1, "port": _free_port()}
+        info.setdefault("metrics", {})[f"storage-{node['node_id']}"] = f"127.0.0.1:{_free_port()}"
+        self._write_storage_config(info, node)
+        info["nodes"].append(node)
+        self.info_path.write_text(json.dumps(info, indent=1))
+        key = str(node["node_id"])
+        pids.setdefault("storage", {})[key] = self._spawn(
+            f"storage-{key}", ["storage", "--config", str(self.state / f"storage-{key}" / "storage.toml")]
+        )
+        self._save_pids(pids)
+        self._wait_ready({**info, "nodes": [node]}, pids, time.monotonic() + timeout)  # the new node only
+        print(f"storage node {key} started at tcp://127.0.0.1:{node['port']} and registered")
+        return 0
 
     # -------------------------------------------------------------------- up
 
@@ -170,10 +199,15 @@ class LocalCluster:
         log_file.close()
         return proc.pid
 
-    def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0) -> int:
+    def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = ()) -> int:
         self.state.mkdir(parents=True, exist_ok=True)
         mount = Path(mount).absolute()
-        info = json.loads(self.info_path.read_text()) if self.info_path.exists() else self._create(mount, nodes, options)
+        if self.info_path.exists():
+            info = json.loads(self.info_path.read_text())
+            if settings:
+                print(f"note: {self.state} exists; --set applies only when a cluster is created", file=sys.stderr)
+        else:
+            info = self._create(mount, nodes, options, settings)
         if Path(info["mount"]) != mount:
             raise QuietError(f"{self.state} was created for mountpoint {info['mount']}, not {mount}")
         if len(info["nodes"]) != nodes:
@@ -244,7 +278,7 @@ class LocalCluster:
                 async with connect(ctx, self.meta_address, timeout=2) as meta:
                     while True:
                         rsp, _ = await meta.call(p.StatusReq())
-                        if want <= {n.node_id for n in rsp.nodes if n.state == "up"}:
+                        if want <= {n.node_id for n in rsp.nodes if n.state in ("up", "removed")}:  # removed: by an operator
                             return
                         if time.monotonic() > deadline:
                             raise QuietError("storage nodes did not register with the metadata daemon in time", 3)
@@ -252,7 +286,15 @@ class LocalCluster:
             finally:
                 ctx.destroy(linger=0)
 
-        trio.run(wait)
+        try:
+            trio.run(wait)
+        except BaseExceptionGroup as group:  # a QuietError raised inside a connection's nursery
+            leaf = group
+            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+                leaf = leaf.exceptions[0]
+            if isinstance(leaf, QuietError):
+                raise leaf from None
+            raise
 
     # ------------------------------------------------------------------ down
 
@@ -324,7 +366,25 @@ class LocalCluster:
             "state": "up" if _alive(mpid) and _is_mounted(Path(info["mount"])) else "down",
             "bytes_stored": None, "mountpoint": info["mount"], "metrics": metrics_url("mount"),
         })
-        return {"state_dir": str(self.state), "processes": procs}
+        return {"state_dir": str(self.state), "processes": procs, "under_replicated": self._under_replicated()}
+
+    def _under_replicated(self) -> int | None:
+        """Chunks below their target redundancy, as the metadata daemon says (None: it does not answer)."""
+
+        async def ask():
+            ctx = zmq.Context()
+            try:
+                async with connect(ctx, self.meta_address, timeout=3) as meta:
+                    rsp, _ = await meta.call(p.StatusReq())
+                    return rsp.under_replicated
+            except StripefsError:
+                return None
+            finally:
+                ctx.destroy(linger=0)
+
+        if not _alive(self.pids().get("meta")):
+            return None
+        return trio.run(ask)
 
 
 def _tree_bytes(root: Path) -> int:
@@ -336,3 +396,30 @@ def _tree_bytes(root: Path) -> int:
             except OSError:
                 pass
     return total
+
+
+def _parse_settings(settings) -> dict[str, dict[str, object]]:
+    """["meta.node_timeout_s=3", ...] -> {"meta": {"node_timeout_s": 3}}; values are TOML (bare words: strings)."""
+    import tomllib
+
+    out: dict[str, dict[str, object]] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        role, dot, name = key.strip().partition(".")
+        if not sep or not dot or role not in cfg.ROLES or not name:
+            raise QuietError(f"--set {item!r}: expected ROLE.KEY=VALUE with ROLE one of {', '.join(sorted(cfg.ROLES))}")
+        try:
+            parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            parsed = value.strip()
+        out.setdefault(role, {})[name] = parsed
+    return out
+
+
+def _with_settings(config, values: dict[str, object]) -> str:
+    """The config's TOML with ``values`` put in, checked by the role's own loader."""
+    lines = [line for line in cfg.dumps(config).splitlines() if line.split(" = ")[0] not in values]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    text = "\n".join(lines) + "\n"
+    cfg.loads(text, type(config), source="--set")  # unknown keys and bad values are errors here
+    return text

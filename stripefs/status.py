@@ -6,42 +6,54 @@ them; so does this table::
 
     meta               address of the daemon that answered
     boot_id            changes when the daemon restarts
-    health             "ok": every node up and no chunk degraded;
-                       "degraded": a node is down or a chunk has a copy on a down node;
-                       "no_nodes": no storage node is up
+    health             "ok": every node up and every chunk at full redundancy;
+                       "degraded": a node is down, a chunk has a copy on a down node or is
+                       under-replicated; "no_nodes": no storage node is up
     files, directories, chunks, logical_bytes, sessions (mounts with a live session)
     nodes_up, nodes_total
     capacity_bytes, used_bytes, free_bytes     summed over the nodes that are up
     degraded_chunks    chunks with a copy or fragment on a node that is down
-    repair_backlog     chunks waiting for repair (today: = degraded_chunks)
+    repair_backlog     chunks waiting for repair (= under_replicated)
+    under_replicated   chunks below their target redundancy (daemon/repair.py)
+    repair             under_replicated, lost (no live copy), backlog and backlog_bytes (copies
+                       still to make: repair, drain, rebalance), copied and copied_bytes (since
+                       the daemon started), failed, bandwidth (bytes/s, 0: unlimited), scanned_age_s
     garbage_copies     chunk copies waiting to be deleted from storage nodes
     layouts[]          per redundancy ("replicas=2", "ec=4+2", ...): redundancy, files,
                        logical_bytes, raw_bytes (copies or fragments, estimated from the
                        metadata), overhead (raw/logical), degraded_stripes (EC stripes with
-                       a missing fragment, waiting for reconstruction)
-    nodes[]            node_id, address, host, state ("up"/"down"), capacity_bytes,
-                       free_bytes, used_bytes, chunks, last_heartbeat_age_s (-1: never)
+                       a missing fragment, until repair reconstructs it)
+    nodes[]            node_id, address, host, state, capacity_bytes, free_bytes, used_bytes,
+                       chunks, last_heartbeat_age_s (-1: never), placed_chunks (chunk copies the
+                       namespace places there)
 
-A node is "down" once it has been silent for the daemon's ``node_timeout_s``.
+A node's state is "up", "suspect" (silent for ``node_suspect_s``, still used),
+"down" (silent for ``node_timeout_s``), "draining" or "removed" (operator);
+nodes_up counts the live ones (up, suspect, draining), nodes_total all but
+the removed ones.
 """
 
 from __future__ import annotations
 
+import msgspec
+
 from .common import protocol as p
 from .common.layout import format_size
 
+LIVE = ("up", "suspect", "draining")
+
 
 def health(rsp: p.StatusRsp) -> str:
-    up = sum(n.state == "up" for n in rsp.nodes)
+    up = sum(n.state in LIVE for n in rsp.nodes)
     if up == 0:
         return "no_nodes"
-    if up < len(rsp.nodes) or rsp.degraded_chunks:
+    if up < sum(n.state != "removed" for n in rsp.nodes) or rsp.degraded_chunks or rsp.under_replicated:
         return "degraded"
     return "ok"
 
 
 def to_json(rsp: p.StatusRsp, address: str) -> dict:
-    up = [n for n in rsp.nodes if n.state == "up"]
+    up = [n for n in rsp.nodes if n.state in LIVE]
     return {
         "meta": address,
         "boot_id": rsp.boot_id,
@@ -52,12 +64,14 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
         "logical_bytes": rsp.logical_bytes,
         "sessions": rsp.sessions,
         "nodes_up": len(up),
-        "nodes_total": len(rsp.nodes),
+        "nodes_total": sum(n.state != "removed" for n in rsp.nodes),
         "capacity_bytes": sum(n.capacity_bytes for n in up),
         "used_bytes": sum(n.used_bytes for n in up),
         "free_bytes": sum(n.free_bytes for n in up),
         "degraded_chunks": rsp.degraded_chunks,
-        "repair_backlog": rsp.degraded_chunks,
+        "repair_backlog": rsp.under_replicated if rsp.repair is not None else rsp.degraded_chunks,
+        "under_replicated": rsp.under_replicated,
+        "repair": msgspec.structs.asdict(rsp.repair) if rsp.repair is not None else None,
         "garbage_copies": rsp.garbage_copies,
         "layouts": [
             {
@@ -72,6 +86,7 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
                 "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
                 "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes, "used_bytes": n.used_bytes,
                 "chunks": n.chunks, "last_heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
+                "placed_chunks": n.placed_chunks,
             }
             for n in rsp.nodes
         ],
@@ -87,26 +102,42 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         f"{format_size(s['logical_bytes'])} of file data",
         f"  capacity    {format_size(s['used_bytes'])} used, {format_size(s['free_bytes'])} free of "
         f"{format_size(s['capacity_bytes'])} on the nodes that are up",
-        f"  redundancy  {s['degraded_chunks']} chunks degraded (a copy on a down node), repair backlog "
-        f"{s['repair_backlog']}, {s['garbage_copies']} copies awaiting deletion",
+        f"  redundancy  {_redundancy(rsp)}, {s['degraded_chunks']} chunks degraded (a copy on a down node), "
+        f"{s['garbage_copies']} copies awaiting deletion",
     ]
+    if rsp.repair is not None:
+        r = rsp.repair
+        limit = f"{format_size(r.bandwidth)}/s" if r.bandwidth else "unlimited"
+        lines.append(
+            f"  repair      backlog {r.backlog} copies ({format_size(r.backlog_bytes)}), {r.copied} copies "
+            f"({format_size(r.copied_bytes)}) made since the daemon started, {r.failed} failed, limit {limit}"
+        )
     for u in s["layouts"]:
         overhead = f"{u['overhead']:.2f}x" if u["overhead"] else "-"
-        degraded = f", {u['degraded_stripes']} degraded stripe(s) waiting for reconstruction" if u["degraded_stripes"] else ""
+        degraded = f", {u['degraded_stripes']} degraded stripe(s) being reconstructed" if u["degraded_stripes"] else ""
         lines.append(
             f"  {u['redundancy']:<11} {u['files']} files, {format_size(u['logical_bytes'])} logical, "
             f"{format_size(u['raw_bytes'])} raw, overhead {overhead}{degraded}"
         )
     lines += [
         "",
-        f"  {'node':>5} {'state':<6} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8} {'heartbeat':>9}  address",
+        f"  {'node':>5} {'state':<8} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8} {'heartbeat':>9}  address",
     ]
     for n in rsp.nodes:
         beat = "never" if n.last_heartbeat_age_s < 0 else f"{n.last_heartbeat_age_s:.0f}s ago"
         lines.append(
-            f"  {n.node_id:>5} {n.state:<6} {n.host[:14]:<14} {format_size(n.used_bytes):>9} {format_size(n.free_bytes):>9} "
+            f"  {n.node_id:>5} {n.state:<8} {n.host[:14]:<14} {format_size(n.used_bytes):>9} {format_size(n.free_bytes):>9} "
             f"{format_size(n.capacity_bytes):>9} {n.chunks:>8} {beat:>9}  {n.address}"
         )
     if not rsp.nodes:
         lines.append("  (no storage node has registered yet)")
     return "\n".join(lines)
+
+
+def _redundancy(rsp: p.StatusRsp) -> str:
+    if rsp.repair is None:
+        return "unknown"
+    if not rsp.under_replicated:
+        return "full"
+    lost = f", {rsp.repair.lost} WITHOUT ANY LIVE COPY" if rsp.repair.lost else ""
+    return f"{rsp.under_replicated} chunks under-replicated{lost}"

@@ -26,9 +26,20 @@ async def _echo_server(ctx, address, task_status=trio.TASK_STATUS_IGNORED):
             return protocol.WriteChunkRsp(version=body.version, length=sum(len(p) for p in payloads))
         return protocol.PingRsp(role="test")
 
-    async with open_socket(ctx, zmq.ROUTER, bind=address) as sock:
+    for attempt in range(100):  # libzmq closes sockets in its I/O thread: a rebind may briefly find the port taken
+        try:
+            server = open_socket(ctx, zmq.ROUTER, bind=address)
+            sock = await server.__aenter__()
+            break
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or attempt == 99:
+                raise
+            await trio.sleep(0.02)
+    try:
         task_status.started()
         await serve(sock, handler, name="echo")
+    finally:
+        await server.__aexit__(None, None, None)
 
 
 @pytest.fixture

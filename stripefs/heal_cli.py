@@ -1,0 +1,265 @@
+"""``stripefs node``, ``stripefs scrub``, ``stripefs fsck``: operating a self-healing cluster.
+
+    stripefs node drain NODE [--no-wait]   move every copy off NODE (it keeps serving meanwhile)
+    stripefs node undrain NODE             cancel a drain: NODE takes new chunks again
+    stripefs node remove NODE              forget NODE; refused while it holds the only copy of anything
+    stripefs scrub [--now] [PATH]          verify checksums: start a background pass on every node now,
+                                           or (--now) verify PATH's files (or all files) here, with progress
+    stripefs fsck [--repair]               namespace against chunk stores: orphans, missing copies, redundancy
+
+The metadata daemon decides and the storage nodes copy (daemon/repair.py,
+storage_node/healing.py); these commands only ask and report. Long ones show a
+progress bar on stderr. Exit codes as for every admin command: 0 ok, 1 usage,
+2 cluster unreachable, 3 operation refused or failed (fsck: 3 when problems
+remain after --repair, or are found without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from .common import protocol as p
+from .common.errors import QuietError
+from .common.layout import format_size
+
+
+class Progress:
+    """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
+
+    def __init__(self, label: str, total: int):
+        self.label = label
+        self.total = max(total, 1)
+        self.tty = sys.stderr.isatty()
+        self._last = -1
+
+    def update(self, done: int, note: str = "") -> None:
+        pct = min(100, int(100 * done / self.total))
+        if self.tty:
+            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+            print(f"\r{self.label} [{bar}] {pct:3d}% {note}   ", end="", file=sys.stderr, flush=True)
+        elif pct // 10 != self._last // 10 or pct == 100:
+            print(f"{self.label}: {pct}% {note}", file=sys.stderr, flush=True)
+        self._last = pct
+
+    def done(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+def _status(addresses) -> p.StatusRsp:
+    from .cli import _rpc
+
+    (rsp,) = _rpc(addresses, p.StatusReq())
+    return rsp
+
+
+def cmd_node(args) -> int:
+    from .cli import _meta_addresses, _rpc
+
+    addresses = _meta_addresses(args)
+    _rpc(addresses, p.NodeAdminReq(node_id=args.node, action=args.action))
+    if args.action == "remove":
+        print(f"node {args.node} removed; chunks that had a copy there are being re-replicated")
+        return 0
+    if args.action == "undrain":
+        print(f"node {args.node} takes new chunks again")
+        return 0
+    print(f"node {args.node} is draining: its copies are moving to other nodes while it keeps serving")
+    if args.no_wait:
+        return 0
+    first = None
+    bar = None
+    while True:
+        rsp = _status(addresses)
+        node = next((n for n in rsp.nodes if n.node_id == args.node), None)
+        if node is None or node.state not in ("draining", "down"):
+            raise QuietError(f"node {args.node} is {node.state if node else 'gone'}: the drain stopped", 3)
+        left = node.placed_chunks
+        if left >= 0:
+            if first is None:
+                first = max(left, 1)
+                bar = Progress(f"draining node {args.node}", first)
+            bar.update(first - left, f"{left} chunk(s) left")
+            if left == 0:
+                bar.done()
+                print(f"node {args.node} holds nothing any more; remove it with 'stripefs node remove {args.node}'")
+                return 0
+        time.sleep(0.5)
+
+
+def _files_under(path: Path) -> list[int]:
+    if path.is_file():
+        return [path.stat().st_ino]
+    inos = []
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, f))
+            except OSError:
+                continue
+            if (st.st_mode & 0o170000) == 0o100000:
+                inos.append(st.st_ino)
+    return inos
+
+
+def cmd_scrub(args) -> int:
+    from .cli import _meta_addresses, _mount_of, _rpc
+
+    if args.path and not args.now:
+        raise QuietError("a PATH is scrubbed with --now (without it, every node starts its background pass)")
+    if not args.now:
+        addresses = _meta_addresses(args)
+        rsp = _status(addresses)
+        started = _scrub_start([n.address for n in rsp.nodes if n.state in ("up", "suspect", "draining")])
+        print(f"background scrub pass started on {started} storage node(s); bad copies are repaired as they are found")
+        return 0
+    if args.path:
+        found = _mount_of(Path(args.path))
+        if not found:
+            raise QuietError(f"{args.path} is not inside a stripefs mount")
+        addresses = _meta_addresses(args, args.path)
+        inos = _files_under(Path(args.path))
+        batches = [p.ScrubReq(inos=inos[i : i + 64]) for i in range(0, len(inos), 64)]
+        total = len(inos)
+    else:
+        addresses = _meta_addresses(args)
+        batches = None
+        total = None
+    bar = None
+    files = copies = bad = nbytes = 0
+    after = 0
+    i = 0
+    while True:
+        if batches is not None:
+            if i >= len(batches):
+                break
+            req = batches[i]
+            i += 1
+        else:
+            req = p.ScrubReq(after_ino=after, limit=64)
+        (rsp,) = _rpc(addresses, req)
+        files += rsp.files
+        copies += rsp.copies
+        bad += rsp.bad
+        nbytes += rsp.bytes
+        if bar is None:
+            bar = Progress("scrub", total if total is not None else rsp.total_files)
+        bar.update(files, f"{copies} copies, {format_size(nbytes)}, {bad} bad")
+        if batches is None:
+            if not rsp.next_ino:
+                break
+            after = rsp.next_ino
+    if bar:
+        bar.done()
+    print(f"scrub: {files} file(s), {copies} chunk copies, {format_size(nbytes)} verified; {bad} bad copies found"
+          + (" (re-replicating from good copies)" if bad else ""))
+    return 0
+
+
+def _scrub_start(addresses: list[str]) -> int:
+    import trio
+    import zmq
+
+    from .common.transport import connect
+
+    async def run() -> int:
+        ctx = zmq.Context()
+        n = 0
+        try:
+            for address in addresses:
+                async with connect(ctx, address, timeout=5) as client:
+                    await client.call(p.ScrubStartReq())
+                    n += 1
+        finally:
+            ctx.destroy(linger=0)
+        return n
+
+    return trio.run(run)
+
+
+def cmd_fsck(args) -> int:
+    from .cli import _meta_addresses, _rpc
+
+    addresses = _meta_addresses(args)
+    rsp = _status(addresses)
+    nodes = [n for n in rsp.nodes if n.state in ("up", "suspect", "draining")]
+    skipped = [n.node_id for n in rsp.nodes if n not in nodes and n.state != "removed"]
+    bar = Progress("fsck", len(nodes) + 1)
+    totals = dict(checked=0, orphans=0, missing=0, repaired=0)
+    problems: list[str] = []
+    for i, node in enumerate(nodes):
+        bar.update(i, f"node {node.node_id}")
+        (r,) = _rpc(addresses, p.FsckReq(node_id=node.node_id, repair=args.repair))
+        for k in totals:
+            totals[k] += getattr(r, k)
+        problems += r.problems
+    bar.update(len(nodes), "redundancy")
+    (red,) = _rpc(addresses, p.FsckReq(node_id=0, repair=args.repair))
+    bar.update(len(nodes) + 1)
+    bar.done()
+    totals["repaired"] += red.repaired
+    problems += red.problems
+    print(f"fsck: {totals['checked']} chunk copies on {len(nodes)} node(s), {red.checked} chunks in the namespace")
+    print(f"  orphan copies (no file refers to them): {totals['orphans']}")
+    print(f"  missing or stale copies:                {totals['missing']}")
+    print(f"  under-replicated chunks:                {red.under_replicated} ({red.lost} without any live copy)")
+    print(f"  over-replicated chunks:                 {red.over_replicated}")
+    if skipped:
+        print(f"  not checked (down): node(s) {', '.join(map(str, skipped))}")
+    for line in problems[:20]:
+        print(f"  - {line}")
+    found = totals["orphans"] + totals["missing"] + red.under_replicated + red.over_replicated
+    if args.repair:
+        print(f"  repaired: {totals['repaired']} (copies are deleted and re-replicated in the background; see 'stripefs status')")
+        return 3 if red.lost else 0
+    if found:
+        print("  run 'stripefs fsck --repair' to fix what can be fixed")
+        return 3
+    print("  clean")
+    return 0
+
+
+def add_parsers(sub, add_cluster_args) -> None:
+    node = sub.add_parser(
+        "node", help="drain, undrain or remove a storage node",
+        description="Administrative states of a storage node. A drained node keeps serving reads while every copy "
+        "on it moves elsewhere (copy, switch, then delete: redundancy never drops); a removed node is forgotten.",
+    )
+    nsub = node.add_subparsers(dest="action", metavar="ACTION", required=True)
+    drain = nsub.add_parser("drain", help="move all data off NODE, with a progress bar", description="Move every chunk copy off NODE while it keeps serving; waits until it holds nothing (Ctrl-C stops waiting, not the drain).")
+    drain.add_argument("node", type=int, metavar="NODE", help="storage node id (see 'stripefs status')")
+    drain.add_argument("--no-wait", action="store_true", help="return at once; follow progress with 'stripefs status'")
+    add_cluster_args(drain)
+    undrain = nsub.add_parser("undrain", help="cancel a drain", description="NODE takes new chunks again; copies already moved stay where they are.")
+    undrain.add_argument("node", type=int, metavar="NODE", help="storage node id")
+    add_cluster_args(undrain)
+    remove = nsub.add_parser("remove", help="forget NODE (refused while it holds the only copy of anything)", description="Forget NODE for good (its id is never reused). Refused while it holds the only live copy of any chunk: drain it first. Chunks with a copy there are re-replicated.")
+    remove.add_argument("node", type=int, metavar="NODE", help="storage node id")
+    add_cluster_args(remove)
+    node.set_defaults(func=cmd_node, no_wait=True)
+    drain.set_defaults(no_wait=False)
+
+    scrub = sub.add_parser(
+        "scrub", help="verify every block's checksum and repair bad copies",
+        description="Without --now: every storage node starts a background scrub pass now (at its configured "
+        "scrub_bandwidth). With --now: verify the copies of PATH's files (or of every file) immediately, with a "
+        "progress bar. Bad, stale or missing copies are re-replicated from good ones.",
+    )
+    scrub.add_argument("path", nargs="?", help="a file or directory inside a stripefs mount (needs --now)")
+    scrub.add_argument("--now", action="store_true", help="verify here and now instead of starting background passes")
+    add_cluster_args(scrub)
+    scrub.set_defaults(func=cmd_scrub)
+
+    fsck = sub.add_parser(
+        "fsck", help="check the namespace against the chunk stores",
+        description="Compare the namespace with every live storage node's chunk inventory: orphan copies (no file "
+        "refers to them), missing or stale copies, chunks with too few or too many copies. --repair queues orphans "
+        "for deletion and missing copies for re-replication. Exit code 3 when problems are found (without --repair).",
+    )
+    fsck.add_argument("--repair", action="store_true", help="fix what can be fixed")
+    add_cluster_args(fsck)
+    fsck.set_defaults(func=cmd_fsck)
