@@ -30,7 +30,6 @@ import os
 import stat
 import sys
 from contextlib import AsyncExitStack
-from pathlib import Path
 
 import trio
 import zmq

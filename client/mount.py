@@ -16,12 +16,10 @@ the kernel's FLUSH/RELEASE calls already), and the mount is always unmounted on 
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
 import subprocess
-import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 

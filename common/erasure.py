@@ -68,7 +68,7 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from .errors import ErrorCode, StripefsError
 

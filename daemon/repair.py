@@ -95,7 +95,6 @@ of chunks; a per-node index would be needed beyond).
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -529,23 +528,31 @@ class Healer:
             await self.reconstruct(task, target, target_address)
             return
         chunk = P.ChunkId(task.ino, task.idx, task.part)
+        timeout = COPY_TIMEOUT_S + task.length / (1 << 20)
+        request = P.CopyChunkReq(chunk=chunk, min_version=task.version, sources=sources, length=task.length, deadline_s=timeout / 2)
+        recorded, rsp = await self._store_on(task, target, target_address, request, timeout)
+        if recorded:
+            log.info(
+                "chunk %s v%d: copied to node %d (%s%s)", chunk, rsp.version, target, task.kind,
+                f", replacing node {task.replace}" if task.replace is not None else "",
+            )
+        await self.throttle.consume(rsp.length)
+
+    async def _store_on(self, task: Task, target: int, target_address: str, request: P.Msg, timeout: float):
+        """Have ``target`` store a copy (CopyChunkReq) or a rebuilt fragment (ReconstructFragmentReq)
+        and record it durably: (recorded, the node's reply)."""
         key = (task.ino, task.idx, target)
         self._inflight.add(key)
-        copied = False
-        timeout = COPY_TIMEOUT_S + task.length / (1 << 20)
         sent = trio.current_time()
+        stored = False
         try:
             client = await (await self.clients()).get(target_address)
-            rsp, _ = await client.call(
-                P.CopyChunkReq(chunk=chunk, min_version=task.version, sources=sources, length=task.length,
-                               deadline_s=timeout / 2),
-                timeout=timeout,
-            )
-            copied = True
+            rsp, _ = await client.call(request, timeout=timeout)
+            stored = True
             recorded = await self._record_durably(task, target, rsp.version)
         except (trio.Cancelled, StripefsError) as exc:
-            if not copied and (isinstance(exc, trio.Cancelled) or exc.code == ErrorCode.TIMEOUT):
-                # the target may still store the copy until its deadline (half our timeout after it
+            if not stored and (isinstance(exc, trio.Cancelled) or exc.code == ErrorCode.TIMEOUT):
+                # the target may still store it until its deadline (half our timeout after it
                 # arrived): once our full timeout has passed, make sure it does not stay unrecorded
                 self._nursery.start_soon(self._forget_copy_at, task, target, sent + timeout)
             raise
@@ -554,11 +561,7 @@ class Healer:
         if recorded:
             self.copied += 1
             self.copied_bytes += rsp.length
-            log.info(
-                "chunk %s v%d: copied to node %d (%s%s)", chunk, rsp.version, target, task.kind,
-                f", replacing node {task.replace}" if task.replace is not None else "",
-            )
-        await self.throttle.consume(rsp.length)
+        return recorded, rsp
 
     async def reconstruct(self, task: Task, target: int, target_address: str) -> None:
         """Rebuild fragment ``task.slot`` of an EC stripe on ``target`` from K live fragments.
@@ -578,28 +581,12 @@ class Healer:
             ]
         chunk = P.ChunkId(task.ino, task.idx, task.part)
         timeout = COPY_TIMEOUT_S + 2 * task.length / (1 << 20)
-        key = (task.ino, task.idx, target)
-        self._inflight.add(key)
-        sent = trio.current_time()
-        copied = False
-        try:
-            client = await (await self.clients()).get(target_address)
-            rsp, _ = await client.call(
-                P.ReconstructFragmentReq(chunk=chunk, version=task.version, k=red.ec_k, m=red.ec_m, chunk_size=task.length,
-                                         used=used, fragment=task.slot, sources=sources, deadline_s=timeout / 2),
-                timeout=timeout,
-            )
-            copied = True
-            recorded = await self._record_durably(task, target, rsp.version)
-        except (trio.Cancelled, StripefsError) as exc:
-            if not copied and (isinstance(exc, trio.Cancelled) or exc.code == ErrorCode.TIMEOUT):
-                self._nursery.start_soon(self._forget_copy_at, task, target, sent + timeout)
-            raise
-        finally:
-            self._inflight.discard(key)
+        request = P.ReconstructFragmentReq(
+            chunk=chunk, version=task.version, k=red.ec_k, m=red.ec_m, chunk_size=task.length,
+            used=used, fragment=task.slot, sources=sources, deadline_s=timeout / 2,
+        )
+        recorded, rsp = await self._store_on(task, target, target_address, request, timeout)
         if recorded:
-            self.copied += 1
-            self.copied_bytes += rsp.length
             log.info("chunk %s v%d: fragment %d reconstructed on node %d%s", chunk, rsp.version, task.slot, target,
                      f", replacing node {task.replace}" if task.replace else "")
         await self.throttle.consume(rsp.length * max(1, red.ec_k))  # K fragments were read for it

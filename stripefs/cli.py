@@ -29,7 +29,6 @@ import os
 import sys
 from pathlib import Path
 
-import msgspec
 import trio
 import zmq
 

@@ -16,7 +16,6 @@ remain after --repair, or are found without it).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time

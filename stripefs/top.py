@@ -20,7 +20,6 @@ last interval.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time

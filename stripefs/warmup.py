@@ -12,7 +12,6 @@ be loaded.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time

@@ -10,7 +10,6 @@ traceback in any log not declared expected fails the session.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -124,26 +123,37 @@ def _wait_dead(pid: int, timeout: float = 10, kill: bool = False) -> None:
         pass
 
 
-@pytest.fixture(scope="session")
-def cluster(request):
-    # not under pytest's tmp dir: that is 0700, and the permission tests need
-    # other users to reach the mountpoint
-    root = Path(tempfile.mkdtemp(prefix="stripefs-cluster-"))
+def cluster_root(prefix: str) -> Path:
+    """A directory for a cluster. Not under pytest's tmp dir: that is 0700, and
+    the permission tests need other users to reach the mountpoint."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o755)
-    c = Cluster(root)
+    return root
+
+
+def run_cluster(request, c: "Cluster", *, after_up=None, label: str = ""):
+    """The body of a cluster fixture (``yield from``): up, then always torn down;
+    its logs printed when a test failed; any unexpected ERROR line fails the run."""
     try:
         c.up()
+        if after_up is not None:
+            after_up(c)
         yield c
     finally:
         failed = request.session.testsfailed
         c.teardown()
         if failed:
             for name, text in c.logs().items():
-                print(f"\n===== {name} =====\n{text[-20000:]}")
+                print(f"\n===== {label}{name} =====\n{text[-20000:]}")
     bad = c.bad_log_lines()
     if not any(_is_mounted(m) for m in [c.mnt, *c.extra_mounts]):
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(c.root, ignore_errors=True)
     assert not bad, "unexpected ERROR lines in process logs:\n" + "\n".join(bad[:30])
+
+
+@pytest.fixture(scope="session")
+def cluster(request):
+    yield from run_cluster(request, Cluster(cluster_root("stripefs-cluster-")))
 
 
 @pytest.fixture

@@ -12,18 +12,15 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from conftest import Cluster, _is_mounted, run_cli
+from conftest import Cluster, cluster_root, run_cli, run_cluster
 from stripefs.common import config as cfg
 
 MiB = 1 << 20
@@ -40,9 +37,7 @@ def _sha(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def ec(request):
-    root = Path(tempfile.mkdtemp(prefix="stripefs-ec-"))
-    root.chmod(0o755)
-    c = Cluster(root, nodes=6)
+    c = Cluster(cluster_root("stripefs-ec-"), nodes=6)
     c.state.mkdir(parents=True)
     c.local._create(c.mnt.absolute(), 6, ["allow_other"])
     meta_toml = c.state / "meta" / "metad.toml"
@@ -52,20 +47,10 @@ def ec(request):
         r"not answering", r"failed", r"unreadable", r"no reply", r"fragments could be written", r"fewer than",
         r"fragments of one version", r"session",
     ]
-    try:
-        c.up()
-        run_cli("layout", "set", str(c.mnt), "--ec", "4+2", "--chunk-size", "1M")
-        yield c
-    finally:
-        failed = request.session.testsfailed
-        c.teardown()
-        if failed:
-            for name, text in c.logs().items():
-                print(f"\n===== ec {name} =====\n{text[-20000:]}")
-    bad = c.bad_log_lines()
-    if not any(_is_mounted(m) for m in [c.mnt, *c.extra_mounts]):
-        shutil.rmtree(root, ignore_errors=True)
-    assert not bad, "unexpected ERROR lines in process logs:\n" + "\n".join(bad[:30])
+    yield from run_cluster(
+        request, c, label="ec ",
+        after_up=lambda c: run_cli("layout", "set", str(c.mnt), "--ec", "4+2", "--chunk-size", "1M"),
+    )
 
 
 @pytest.fixture

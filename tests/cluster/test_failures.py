@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import random
-import signal
 import time
 
 import msgspec

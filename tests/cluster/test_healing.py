@@ -20,14 +20,12 @@ import signal
 import socket
 import subprocess
 import threading
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Cluster, _wait_dead, run_cli
-from stripefs.local_cluster import _is_mounted
+from conftest import Cluster, _wait_dead, cluster_root, run_cli, run_cluster
 
 _libc = ctypes.CDLL(None, use_errno=True)
 KiB, MiB = 1 << 10, 1 << 20
@@ -91,22 +89,9 @@ def wait_for(what: str, check, timeout: float = 90.0, interval: float = 0.3):
 
 @pytest.fixture(scope="module")
 def heal(request):
-    root = Path(tempfile.mkdtemp(prefix="stripefs-heal-"))
-    root.chmod(0o755)
-    c = HealCluster(root)
+    c = HealCluster(cluster_root("stripefs-heal-"))
     c.expected_log_patterns += [r"no copy could be read", r"not answering", r"failed"]
-    try:
-        c.up()
-        yield c
-    finally:
-        c.teardown()
-        if request.session.testsfailed:
-            for name, text in c.logs().items():
-                print(f"\n===== {name} =====\n{text[-15000:]}")
-    bad = c.bad_log_lines()
-    if not any(_is_mounted(m) for m in [c.mnt, *c.extra_mounts]):
-        shutil.rmtree(root, ignore_errors=True)
-    assert not bad, "unexpected ERROR lines in process logs:\n" + "\n".join(bad[:30])
+    yield from run_cluster(request, c, label="heal ")
 
 
 def _drop_caches():
