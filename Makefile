@@ -1,4 +1,4 @@
-# stripefs: make run (local cluster at ./mnt), make test, make bench, make stop.
+# stripefs: make run (local cluster at ./mnt), make test, make bench (bench/run.py + bench/dataloader.py), make stop.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -35,6 +35,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# the bench extra (torch, Pillow) only for make bench: tests do not need it
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,bench]'
+	@touch $@
+
 run: install
 	$(VENV)/bin/stripefs local up --dir $(STATE) --mount $(MNT) --nodes $(NODES)
 	@echo
@@ -54,9 +59,10 @@ test: install
 unit: install
 	$(PY) -m pytest -q tests/unit
 
-bench: install
+bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py
 	$(PY) bench/ec.py
+	$(PY) bench/dataloader.py
 
 clean: stop
 	rm -rf $(VENV) *.egg-info
