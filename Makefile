@@ -62,7 +62,7 @@ unit: install
 bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py
 	$(PY) bench/ec.py
-	$(PY) bench/dataloader.py
+	$(PY) bench/dataloader.py --dataset
 
 clean: stop
 	rm -rf $(VENV) *.egg-info
