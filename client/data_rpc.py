@@ -104,6 +104,32 @@ class NodePool:
             raise StripefsError(ErrorCode.CORRUPT, f"chunk {chunk} from node {node_id} failed its checksum in transit")
         return rsp.version, data  # a view of the received frame: the bytes are never copied on the client
 
+    async def read_many(self, node_id: int, reads: list[p.ReadChunkReq]) -> list[memoryview | StripefsError]:
+        """Several reads from one node in one round trip; each is its data or why it failed."""
+        client = await self._client(node_id)
+        try:
+            rsp, payloads = await client.call(p.ReadChunksReq(reads=reads), timeout=self.timeout)
+        except StripefsError as exc:
+            self._suspect(node_id, exc)
+            raise
+        self._suspect_until.pop(node_id, None)
+        assert isinstance(rsp, p.ReadChunksRsp)
+        if len(rsp.results) != len(reads) or len(payloads) != len(reads):
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"node {node_id} answered {len(rsp.results)} of {len(reads)} reads")
+        out: list[memoryview | StripefsError] = []
+        for read, result, data in zip(reads, rsp.results, payloads):
+            if result.code:
+                try:
+                    code = ErrorCode(result.code)
+                except ValueError:
+                    code = ErrorCode.IO
+                out.append(StripefsError(code, result.message))
+            elif xxhash.xxh3_64_intdigest(data) != result.xxh3:
+                out.append(StripefsError(ErrorCode.CORRUPT, f"chunk {read.chunk} from node {node_id} failed its checksum in transit"))
+            else:
+                out.append(data)
+        return out
+
     async def write(self, node_id: int, request: p.WriteChunkReq, data) -> p.WriteChunkRsp:
         client = await self._client(node_id)
         try:

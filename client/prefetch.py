@@ -6,8 +6,10 @@ b"\\n".join(paths))``, paths relative to DIR), and this module fetches them ahea
 of the readers, a few at a time, for all DataLoader workers at once:
 
 1. resolve a batch of paths with one ``LookupPathsReq`` (no per-file lookups);
-2. read each file whole through ``DataPath.read`` (so the chunk cache, replica
-   failover and every layout apply) with ``parallel`` files in flight;
+2. read each file whole: small replicated files 16 at a time from one node in
+   one ``ReadChunksReq`` (into the chunk cache), anything else, and any read of
+   a batch that fails, through ``DataPath.read`` (replica failover, every
+   layout); ``parallel`` requests in flight;
 3. push the bytes into the kernel's page cache (``pyfuse3.notify_store``) when
    the kernel knows the inode (a dataset that was listed, as ImageFolder does),
    so the worker's open+read is answered by the kernel alone (the open keeps
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: paths resolved per LookupPathsReq
 RESOLVE_BATCH = 256
+#: small files read from one node in one ReadChunksReq
+FETCH_BATCH = 16
 
 
 class Prefetcher:
@@ -106,12 +110,66 @@ class Prefetcher:
                     log.info("prefetch: cannot resolve %d path(s): %s", len(batch), exc)
                     self._busy -= len(batch)
                     continue
+                by_node: dict[int, list[p.OpenRsp]] = {}
                 for info in rsp.files:
                     if info is None or not 0 < info.attr.size <= self.max_file_bytes:
                         self._busy -= 1
                         continue
-                    await slots.acquire()  # back-pressure: at most `parallel` files in flight
+                    node = self._batchable(info)
+                    if node is not None:  # a small replicated file: with others from the same node
+                        by_node.setdefault(node, []).append(info)
+                        continue
+                    await slots.acquire()  # back-pressure: at most `parallel` requests in flight
                     nursery.start_soon(self._fetch, info, shm, stamp, slots, fetched_send, name=f"prefetch-{info.attr.ino}")
+                for node, infos in by_node.items():
+                    for i in range(0, len(infos), FETCH_BATCH):
+                        await slots.acquire()
+                        nursery.start_soon(
+                            self._fetch_batch, node, infos[i : i + FETCH_BATCH], shm, stamp, slots, fetched_send,
+                            name=f"prefetch-batch-{node}",
+                        )
+
+    def _batchable(self, info: p.OpenRsp) -> int | None:
+        """The node to read a one-chunk replicated file from in a batch (None: read it alone)."""
+        if not info.layout.redundancy.startswith("replicas") or len(info.chunks) != 1:
+            return None
+        ref = info.chunks[0]
+        if ref.index != 0 or not ref.version or not ref.nodes or info.attr.size > info.layout.chunk_size:
+            return None
+        if (info.attr.ino, 0, ref.version) in self.data.cache:
+            return None  # cached already: the single path answers it without the network
+        self.data.nodes.learn(info.nodes)
+        order = self.data.nodes.order(ref.nodes, start=info.attr.ino)
+        return None if self.data.nodes.is_suspect(order[0]) else order[0]
+
+    async def _fetch_batch(
+        self, node: int, infos: list[p.OpenRsp], shm: bool, stamp: int, slots: trio.Semaphore, fetched: trio.MemorySendChannel
+    ) -> None:
+        """Whole small files from one node in one request; any that fails goes the single way (failover)."""
+        retry = infos
+        try:
+            reads = [
+                p.ReadChunkReq(chunk=p.ChunkId(i.attr.ino, 0), min_version=i.chunks[0].version, offset=0, length=i.layout.chunk_size)
+                for i in infos
+            ]
+            try:
+                results = await self.data.nodes.read_many(node, reads)
+            except StripefsError as exc:
+                log.debug("prefetch: batch of %d from node %d failed: %s", len(infos), node, exc)
+                results = [exc] * len(infos)
+            retry = []
+            for info, result in zip(infos, results):
+                if isinstance(result, StripefsError):
+                    retry.append(info)
+                    continue
+                self.data.cache.put((info.attr.ino, 0, info.chunks[0].version), result)
+                self.fetched += 1
+                await fetched.send((info, shm, stamp, result[: info.attr.size]))
+        finally:
+            slots.release()
+        for info in retry:  # rare: a copy gone, stale or corrupt; the single path fails over to other copies
+            await slots.acquire()
+            await self._fetch(info, shm, stamp, slots, fetched)
 
     async def _fetch(self, info: p.OpenRsp, shm: bool, stamp: int, slots: trio.Semaphore, fetched: trio.MemorySendChannel) -> None:
         try:

@@ -191,6 +191,31 @@ class ReadChunkRsp(Msg, tag="read_chunk_rsp"):
     xxh3: int  # xxh3_64 of the payload frame
 
 
+class ReadChunksReq(Msg, tag="read_chunks"):
+    """Several whole reads in one request (prefetch of small files: one round trip, not one each).
+
+    Reply: ReadChunksRsp with one ``ChunkRead`` per read, in order, and one
+    payload frame per read (empty for a read that failed: its ``code`` says why,
+    as ErrorRsp would for a ReadChunkReq). At most ``MAX_BATCH_READS`` reads.
+    """
+
+    reads: list[ReadChunkReq]
+
+
+class ChunkRead(msgspec.Struct, frozen=True, array_like=True):
+    version: int
+    xxh3: int  # of its payload frame
+    code: int = 0  # an ErrorCode when this read failed
+    message: str = ""
+
+
+class ReadChunksRsp(Msg, tag="read_chunks_rsp"):
+    results: list[ChunkRead]
+
+
+MAX_BATCH_READS = 64
+
+
 class WriteChunkReq(Msg, tag="write_chunk"):
     """Write payload frame 1 at ``offset`` into a chunk, making version ``version``.
 

@@ -65,6 +65,7 @@ class StorageService:
         self._handlers: dict[type, Callable[[Any, list[memoryview]], Awaitable[Any]]] = {
             p.PingReq: self.handle_ping,
             p.ReadChunkReq: self.handle_read_chunk,
+            p.ReadChunksReq: self.handle_read_chunks,
             p.WriteChunkReq: self.handle_write_chunk,
             p.DeleteChunksReq: self.handle_delete_chunks,
             p.SyncChunksReq: self.handle_sync_chunks,
@@ -81,7 +82,7 @@ class StorageService:
         if handler is None:
             log.warning("node %d: %s is not a storage node request", self.node_id, type(body).__name__)
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"a storage node does not handle {type(body).__name__}")
-        expected = 1 if type(body) is p.WriteChunkReq else 0
+        expected = 1 if type(body) is p.WriteChunkReq else 0  # ReadChunksReq: none either
         if len(payloads) != expected:
             log.warning("node %d: refusing %s with %d payload frames", self.node_id, type(body).__name__, len(payloads))
             raise StripefsError(
@@ -118,6 +119,26 @@ class StorageService:
                 self.healing.note_bad(req.chunk)  # reported to the daemon, which repairs it
             raise
         return p.ReadChunkRsp(version=version, xxh3=digest), [data]
+
+    async def handle_read_chunks(self, req: p.ReadChunksReq, payloads: list[memoryview]):
+        if len(req.reads) > p.MAX_BATCH_READS:
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"{len(req.reads)} reads in one request; at most {p.MAX_BATCH_READS}")
+        done: list[tuple[p.ChunkRead, bytes] | None] = [None] * len(req.reads)
+        for i, read in enumerate(req.reads):  # from the page cache on the loop, as handle_read_chunk
+            if self._inline_reads:
+                try:
+                    done[i] = _outcome(self._read_and_hash, read, nowait=True)
+                except BlockingIOError:
+                    pass
+        rest = [i for i, d in enumerate(done) if d is None]
+        if rest:  # the others in one worker-thread hop
+
+            def read_rest():
+                for i in rest:
+                    done[i] = _outcome(self._read_and_hash, req.reads[i])
+
+            await self._io(read_rest)
+        return p.ReadChunksRsp(results=[d[0] for d in done]), [d[1] for d in done]
 
     def _read_and_hash(self, req: p.ReadChunkReq, nowait: bool = False) -> tuple[int, bytes, int]:
         version, data = self.store.read(req.chunk, req.min_version, req.offset, req.length, nowait=nowait, nowait_max=INLINE_READ_MAX)
@@ -232,3 +253,12 @@ class StorageService:
             usage.free_bytes,
         )
         return True
+
+
+def _outcome(read, request: p.ReadChunkReq, **kwargs) -> tuple[p.ChunkRead, bytes]:
+    """One read of a ReadChunksReq: its result and payload (an empty one when it failed)."""
+    try:
+        version, data, digest = read(request, **kwargs)
+    except StripefsError as exc:
+        return p.ChunkRead(version=0, xxh3=0, code=int(exc.code), message=exc.message), b""
+    return p.ChunkRead(version=version, xxh3=digest), data

@@ -191,6 +191,26 @@ async def test_chunk_contract(ctx, node_address):
         assert await _code_of(node.call(p.ReadChunkReq(chunk=c, min_version=0, offset=0, length=1))) == ErrorCode.NOT_FOUND
 
 
+async def test_batched_reads_answer_each_read_on_its_own(ctx, node_address):
+    base = 3000 + hash(node_address) % 1000
+    chunks = [p.ChunkId(base + i, 0, 0) for i in range(3)]
+    blobs = [os.urandom(20_000 + i) for i in range(3)]
+    async with connect(ctx, node_address, timeout=10) as node:
+        for c, data in zip(chunks, blobs):
+            await node.call(p.WriteChunkReq(chunk=c, version=4, base_version=0, offset=0, xxh3=_h(data), replace=True), [data])
+        reads = [p.ReadChunkReq(chunk=c, min_version=4, offset=0, length=1 << 20) for c in chunks]
+        reads.insert(1, p.ReadChunkReq(chunk=p.ChunkId(base + 99, 0, 0), min_version=0, offset=0, length=10))  # no copy
+        reads.append(p.ReadChunkReq(chunk=chunks[0], min_version=5, offset=0, length=10))  # stale
+        rsp, payloads = await node.call(p.ReadChunksReq(reads=reads))
+        assert len(rsp.results) == len(payloads) == 5
+        assert [r.code for r in rsp.results] == [0, ErrorCode.NOT_FOUND, 0, 0, ErrorCode.STALE]
+        for (r, data), expected in zip([(rsp.results[i], payloads[i]) for i in (0, 2, 3)], blobs):
+            assert r.version == 4 and bytes(data) == expected and r.xxh3 == _h(data)
+        assert bytes(payloads[1]) == b"" and "chunk" in rsp.results[1].message
+        too_many = p.ReadChunksReq(reads=[reads[0]] * (p.MAX_BATCH_READS + 1))
+        assert await _code_of(node.call(too_many)) == ErrorCode.BAD_REQUEST
+
+
 async def test_payload_checksum_mismatch_writes_nothing(ctx, node_address):
     c = p.ChunkId(2000 + hash(node_address) % 1000, 0, 0)
     async with connect(ctx, node_address, timeout=10) as node:
