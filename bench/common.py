@@ -259,6 +259,14 @@ def cold_cycle(cluster: Cluster, side: str) -> bool:
     return ok
 
 
+def write_results(doc: dict, path: str | Path) -> None:
+    """The run's figures as JSON (bench/results/...)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    progress(f"results written to {out}")
+
+
 def check_workdir(workdir: str) -> dict:
     """The filesystem of --workdir; BenchError unless it is a real disk ('local disk' is the yardstick)."""
     Path(workdir).mkdir(parents=True, exist_ok=True)

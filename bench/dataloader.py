@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import shutil
 import socket
@@ -66,7 +65,7 @@ from types import SimpleNamespace
 
 import profiling
 from common import (GiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fs_of, git_commit, human_size,
-                    progress, self_cpu, supervise)
+                    progress, self_cpu, supervise, write_results)
 
 GROUPS = ("raw", "prefetch", "decode", "tar", "seq")
 
@@ -776,10 +775,7 @@ def main(argv=None) -> int:
     def finish(total: float) -> int:
         text, doc = report(bench, total)
         print(text)
-        out = Path(a.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        progress(f"results written to {out}")
+        write_results(doc, a.json)
         return 2 if a.strict and not all(t["pass"] for t in doc["targets"] if t["pass"] is not None) else 0
 
     return supervise(bench, finish, keep=a.keep)

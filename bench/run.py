@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import random
 import socket
@@ -42,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import (GiB, KiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fmt_count, fmt_rate,
-                    fs_of, git_commit, human_size, progress, self_cpu, supervise, syncfs)
+                    fs_of, git_commit, human_size, progress, self_cpu, supervise, syncfs, write_results)
 from common import drop_caches, proc_cpu  # noqa: F401 - still reachable as run.X (bench/ec.py uses run.drop_caches)
 
 try:
@@ -433,10 +432,7 @@ def main(argv=None) -> int:
     def finish(total: float) -> int:
         text, doc = report(bench, total)
         print(text)
-        out = Path(a.json)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        progress(f"results written to {out}")
+        write_results(doc, a.json)
         return 2 if a.strict and not all(f["pass"] for f in doc["floors"]) else 0
 
     return supervise(bench, finish, keep=a.keep)

@@ -28,8 +28,6 @@ class ChunkCache:
         self.used = 0
         self._entries: OrderedDict[Key, bytes] = OrderedDict()
         self._inflight: dict[Key, trio.Event] = {}
-        self.hits = 0
-        self.misses = 0
         self._prefetched: set[Key] = set()  # prefetched, not read yet
 
     def __contains__(self, key: Key) -> bool:
@@ -71,7 +69,6 @@ class ChunkCache:
         while True:
             data = self.get(key)
             if data is not None:
-                self.hits += 1
                 metrics.CACHE_HITS.inc()
                 return data
             pending = self._inflight.get(key)
@@ -80,7 +77,6 @@ class ChunkCache:
             waited = time.perf_counter()
             await pending.wait()
             metrics.network_wait(time.perf_counter() - waited)
-        self.misses += 1
         metrics.CACHE_MISSES.inc()
         done = self._inflight[key] = trio.Event()
         waited = time.perf_counter()

@@ -98,8 +98,6 @@ class DiskCache:
         self.capacity = capacity
         self.min_free = min_free
         self.used = 0
-        self.hits = 0
-        self.misses = 0
         self._entries: OrderedDict[Key, int] = OrderedDict()  # key -> file size, least recent first
         self._lock = threading.Lock()  # the index is used from worker threads
         self._writing: set[Key] = set()
@@ -140,15 +138,9 @@ class DiskCache:
     async def get(self, key: Key) -> memoryview | None:
         with self._lock:
             if key not in self._entries:
-                self.misses += 1
                 return None
             self._entries.move_to_end(key)
-        data = await trio.to_thread.run_sync(self._read, key)
-        if data is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return data
+        return await trio.to_thread.run_sync(self._read, key)
 
     def _read(self, key: Key) -> memoryview | None:
         path = self._path(key)

@@ -43,7 +43,6 @@ class ShmCache:
         self.budget = budget
         self.used = 0
         self._copies: OrderedDict[str, int] = OrderedDict()  # name -> size, oldest first
-        self.written = 0
 
     def open(self) -> None:
         self._sweep_dead_mounts()
@@ -101,7 +100,6 @@ class ShmCache:
             return False
         self._copies[name] = size
         self.used += size
-        self.written += 1
         return True
 
     def _reclaim(self, wanted: int) -> None:

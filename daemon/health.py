@@ -157,8 +157,7 @@ class NodeRegistry:
 
     def register(self, req: protocol.RegisterNodeReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        if req.node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)
-            raise StripefsError(ErrorCode.INVALID, f"storage node id {req.node_id} is invalid: ids start at 1")
+        _check_node_id(req.node_id)
         node = self._nodes.get(req.node_id)
         if node is None:
             node = self._nodes[req.node_id] = _Node(req.node_id, req.address, req.host)
@@ -166,9 +165,7 @@ class NodeRegistry:
         elif node.address != req.address or node.host != req.host:
             log.info("node %d moved: %s, host %s", req.node_id, req.address, req.host)
         node.address, node.host = req.address, req.host
-        node.capacity, node.free, node.used, node.chunks = req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks
-        node.last_heartbeat = now
-        node.up = True
+        _heard_from(node, req, now)
         self._store.upsert_node(
             req.node_id, req.address, req.host, req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks, time.time_ns()
         )
@@ -176,14 +173,11 @@ class NodeRegistry:
 
     def heartbeat(self, req: protocol.NodeHeartbeatReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        if req.node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)
-            raise StripefsError(ErrorCode.INVALID, f"storage node id {req.node_id} is invalid: ids start at 1")
+        _check_node_id(req.node_id)
         node = self._nodes.get(req.node_id)
         if node is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"node {req.node_id} is not registered; register again")
-        node.capacity, node.free, node.used, node.chunks = req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks
-        node.last_heartbeat = now
-        node.up = True
+        _heard_from(node, req, now)
         self._update(node, now, "heartbeat")
 
     def sweep(self, now: float | None = None) -> list[int]:
@@ -334,3 +328,15 @@ class Sessions:
 
     def is_open(self, ino: int) -> bool:
         return self._open_count.get(ino, 0) > 0
+
+
+def _check_node_id(node_id: int) -> None:
+    if node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)
+        raise StripefsError(ErrorCode.INVALID, f"storage node id {node_id} is invalid: ids start at 1")
+
+
+def _heard_from(node, req, now: float) -> None:
+    """A registration or heartbeat arrived: its usage figures, and the node is up."""
+    node.capacity, node.free, node.used, node.chunks = req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks
+    node.last_heartbeat = now
+    node.up = True
