@@ -103,17 +103,8 @@ class StorageService:
 
     async def handle_read_chunk(self, req: p.ReadChunkReq, payloads: list[memoryview]):
         try:
-            if self._inline_reads:
-                # From the page cache, a small read costs less than the hop to a worker thread
-                # (about a third of a read's CPU here); one that needs the disk goes to a thread.
-                try:
-                    version, data, digest = self._read_and_hash(req, nowait=True)  # at most INLINE_READ_MAX bytes
-                    return p.ReadChunkRsp(version=version, xxh3=digest), [data]
-                except BlockingIOError as exc:
-                    if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                        self._inline_reads = False
-                        log.info("node %d: the data file system cannot read without waiting (%s); reads go to threads", self.node_id, exc.strerror)
-            version, data, digest = await self._io(self._read_and_hash, req)
+            result = self._read_inline(req)
+            version, data, digest = result if result is not None else await self._io(self._read_and_hash, req)
         except StripefsError as exc:
             if exc.code == ErrorCode.CORRUPT:
                 self.healing.note_bad(req.chunk)  # reported to the daemon, which repairs it
@@ -123,13 +114,7 @@ class StorageService:
     async def handle_read_chunks(self, req: p.ReadChunksReq, payloads: list[memoryview]):
         if len(req.reads) > p.MAX_BATCH_READS:
             raise StripefsError(ErrorCode.BAD_REQUEST, f"{len(req.reads)} reads in one request; at most {p.MAX_BATCH_READS}")
-        done: list[tuple[p.ChunkRead, bytes] | None] = [None] * len(req.reads)
-        for i, read in enumerate(req.reads):  # from the page cache on the loop, as handle_read_chunk
-            if self._inline_reads:
-                try:
-                    done[i] = _outcome(self._read_and_hash, read, nowait=True)
-                except BlockingIOError:
-                    pass
+        done = [_outcome(self._read_inline, read) for read in req.reads]  # None: needs the disk
         rest = [i for i, d in enumerate(done) if d is None]
         if rest:  # the others in one worker-thread hop
 
@@ -138,7 +123,24 @@ class StorageService:
                     done[i] = _outcome(self._read_and_hash, req.reads[i])
 
             await self._io(read_rest)
+        for read, (result, _) in zip(req.reads, done):
+            if result.code == ErrorCode.CORRUPT:
+                self.healing.note_bad(read.chunk)  # as for a single read (on the loop, not in the thread)
         return p.ReadChunksRsp(results=[d[0] for d in done]), [d[1] for d in done]
+
+    def _read_inline(self, req: p.ReadChunkReq) -> tuple[int, bytes, int] | None:
+        """The read from the page cache, on the event loop: a small read costs less than the
+        hop to a worker thread (about a third of its CPU here). None when it needs the disk or
+        is larger than INLINE_READ_MAX."""
+        if not self._inline_reads:
+            return None
+        try:
+            return self._read_and_hash(req, nowait=True)
+        except BlockingIOError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                self._inline_reads = False
+                log.info("node %d: the data file system cannot read without waiting (%s); reads go to threads", self.node_id, exc.strerror)
+            return None
 
     def _read_and_hash(self, req: p.ReadChunkReq, nowait: bool = False) -> tuple[int, bytes, int]:
         version, data = self.store.read(req.chunk, req.min_version, req.offset, req.length, nowait=nowait, nowait_max=INLINE_READ_MAX)
@@ -255,10 +257,14 @@ class StorageService:
         return True
 
 
-def _outcome(read, request: p.ReadChunkReq, **kwargs) -> tuple[p.ChunkRead, bytes]:
-    """One read of a ReadChunksReq: its result and payload (an empty one when it failed)."""
+def _outcome(read, request: p.ReadChunkReq) -> tuple[p.ChunkRead, bytes] | None:
+    """One read of a ReadChunksReq: its result and payload (an empty one when it failed); None when
+    ``read`` (the inline one) leaves it to a worker thread."""
     try:
-        version, data, digest = read(request, **kwargs)
+        done = read(request)
     except StripefsError as exc:
         return p.ChunkRead(version=0, xxh3=0, code=int(exc.code), message=exc.message), b""
+    if done is None:
+        return None
+    version, data, digest = done
     return p.ChunkRead(version=version, xxh3=digest), data

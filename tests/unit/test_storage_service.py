@@ -211,6 +211,27 @@ async def test_batched_reads_answer_each_read_on_its_own(ctx, node_address):
         assert await _code_of(node.call(too_many)) == ErrorCode.BAD_REQUEST
 
 
+async def test_a_corrupt_copy_in_a_batch_is_reported_like_a_single_read(ctx, nursery, tmp_path):
+    config = _config(tmp_path / "data")
+    os.makedirs(config.data_dir)
+    store = ChunkStore(config.data_dir, block_size=config.block_size, reserved_space=0, node_id=NODE_ID)
+    service = StorageService(config, store, ctx=ctx)
+    await nursery.start(service.run)
+    good, bad = p.ChunkId(1, 0, 0), p.ChunkId(2, 0, 0)
+    async with connect(ctx, config.listen, timeout=10) as node:
+        for c in (good, bad):
+            data = os.urandom(5000)
+            await node.call(p.WriteChunkReq(chunk=c, version=1, base_version=0, offset=0, xxh3=_h(data), replace=True), [data])
+        raw = bytearray(store.path(bad).read_bytes())
+        raw[-1] ^= 0xFF
+        store.path(bad).write_bytes(raw)
+        reads = [p.ReadChunkReq(chunk=c, min_version=1, offset=0, length=1 << 20) for c in (good, bad)]
+        rsp, _ = await node.call(p.ReadChunksReq(reads=reads))
+        assert [r.code for r in rsp.results] == [0, ErrorCode.CORRUPT]
+    assert bad in service.healing._bad and good not in service.healing._bad
+    store.close()
+
+
 async def test_payload_checksum_mismatch_writes_nothing(ctx, node_address):
     c = p.ChunkId(2000 + hash(node_address) % 1000, 0, 0)
     async with connect(ctx, node_address, timeout=10) as node:
