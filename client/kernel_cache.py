@@ -11,7 +11,7 @@ Rules
 * Long timeouts only while the feed is *healthy*: connected, and every change
   since the last full drop seen in order. Otherwise answers get the short
   configured timeouts (``entry_timeout_s``/``attr_timeout_s``).
-* A gap in the sequence numbers, another daemon boot, an undecodable event or
+* A gap in the sequence numbers, another change log, an undecodable event or
   ``EVENTS_SILENCE_S`` without even a heartbeat: drop everything (every known
   inode's attributes and pages, every known name) and start over.
 * A reply that raced a change: a lookup answered before a change but handed to
@@ -230,7 +230,7 @@ class KernelCache:
                 self.apply(event.inodes, event.entries)
                 self.healthy = True
             else:
-                why = "the metadata daemon restarted" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"
+                why = "another change log (a restored database?)" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"
                 boot, seq = event.boot_id, event.seq
                 await self.drop_all(why)  # covers this event's changes too
                 self.healthy = True

@@ -3,8 +3,14 @@
 One DEALER per metadata address. A request that times out (the daemon is
 restarting, say) is retried on the next address, for up to ``retry_window_s``
 in all: a metadata daemon restart is invisible to applications, only slower.
-(A retried create whose first attempt was applied answers EEXIST; making
-retries idempotent is the multi-daemon work.)
+
+Idempotent retries: every mutating request (``protocol.ONCE_MESSAGES``) is
+sent wrapped in ``OnceReq(client_id, op_id, done_below, body)``, and a retry
+resends the very same OnceReq: a daemon that finds the op applied already
+(by itself or another daemon, before a crash or a lost reply) answers what it
+answered then instead of applying it twice (daemon/applied_ops.py). The
+client id is random per MetaClient; op ids count up; ``done_below`` is the
+lowest op id still waiting for its reply, so the daemons may forget the rest.
 
 The session: ``HelloReq`` at start gives a session id; a heartbeat task sends
 the set of open inodes every third of the lease. When the daemon answers
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 from contextlib import AsyncExitStack
 from typing import Callable
@@ -46,13 +53,29 @@ class MetaClient:
         self.boot_id = ""
         self.cluster_id = ""
         self.open_inodes: Callable[[], list[int]] = lambda: []
+        self.client_id = random.getrandbits(63) or 1  # names this client's ops in the daemons' applied-ops table
+        self._next_op = 1
+        self._unanswered: set[int] = set()  # op ids sent and not answered yet
 
     async def open(self, stack: AsyncExitStack) -> None:
         for address in self.addresses:
             self._clients.append(await stack.enter_async_context(connect(self._ctx, address, timeout=self.timeout)))
 
     async def call(self, request: p.Msg, *, retry: bool = True) -> p.Msg:
-        """One request to the metadata daemon; retried across a restart or failover."""
+        """One request to the metadata daemon; retried across a restart or failover.
+
+        A mutating request is applied once however often it is retried (OnceReq)."""
+        if type(request).__name__ in p.ONCE_MESSAGES:
+            op_id, self._next_op = self._next_op, self._next_op + 1
+            self._unanswered.add(op_id)
+            try:
+                done_below = min(self._unanswered)
+                return await self._call(p.OnceReq(client_id=self.client_id, op_id=op_id, done_below=done_below, body=request), retry)
+            finally:
+                self._unanswered.discard(op_id)
+        return await self._call(request, retry)
+
+    async def _call(self, request: p.Msg, retry: bool) -> p.Msg:
         deadline = trio.current_time() + self.retry_window_s
         attempt = 0
         while True:
@@ -105,10 +128,11 @@ class MetaClient:
         """
         rsp = await self.call(p.PingReq(), retry=False)
         assert isinstance(rsp, p.PingRsp)
+        log_id = rsp.events_log or rsp.boot_id  # the change log's id names the feed's events
         if not rsp.events_port:
-            return "", rsp.boot_id, rsp.events_seq
+            return "", log_id, rsp.events_seq
         host = self.addresses[self._current].rsplit(":", 1)[0]
-        return f"{host}:{rsp.events_port}", rsp.boot_id, rsp.events_seq
+        return f"{host}:{rsp.events_port}", log_id, rsp.events_seq
 
     async def heartbeat_loop(self, mountpoint: str) -> None:
         """Keep the session alive; re-open it when the daemon forgot us."""

@@ -155,6 +155,7 @@ class PingRsp(Msg, tag="ping_rsp"):
     boot_id: str = ""
     events_port: int = 0  # meta: its change feed (PUB), on the host of its address; 0: none
     events_seq: int = 0  # meta: the last change event published before this reply
+    events_log: str = ""  # meta: the change log's id, ChangeEvent.boot_id on its feed (daemon/change_log.py)
 
 
 class OkRsp(Msg, tag="ok"):
@@ -652,6 +653,8 @@ class StatusRsp(Msg, tag="status_rsp"):
     layouts: list[LayoutUsage] = []  # per redundancy: logical and raw bytes (daemon/redundancy.py)
     under_replicated: int = 0  # chunks below their target redundancy (see ``repair``)
     repair: RepairInfo | None = None
+    leader: str = ""  # the metadata daemon running the cluster-wide duties (daemon/duties.py); "" none yet
+    daemon: str = ""  # the metadata daemon that answered, named as in ``leader``
 
 
 # --------------------------------------------------------------------------
@@ -863,6 +866,36 @@ class RepairInfo(msgspec.Struct, frozen=True):
     failed: int = 0
     bandwidth: int = 0  # bytes/s limit, 0 = none
     scanned_age_s: float = -1.0
+
+
+# --------------------------------------------------------------------------
+# Idempotent retries (daemon/applied_ops.py): a mutating request wrapped once
+# --------------------------------------------------------------------------
+
+
+class OnceReq(Msg, tag="once"):
+    """Apply ``body`` (a mutating request, one of ``ONCE_MESSAGES``) at most once.
+
+    ``client_id`` is a random 63-bit id the client picks at start; ``op_id``
+    numbers its wrapped requests 1, 2, 3... A retry (after a timeout, on the
+    same or another metadata daemon) resends the same OnceReq: if the first
+    attempt was applied, the daemon answers what it answered then instead of
+    applying it again. ``done_below``: every op id below it has been answered
+    (the daemon may forget those). Reply: the reply of ``body``.
+    """
+
+    client_id: int
+    op_id: int
+    done_below: int
+    body: "Request"
+
+
+#: requests a client wraps in OnceReq (they change the namespace and are not naturally idempotent)
+ONCE_MESSAGES: frozenset[str] = frozenset(
+    "SetattrReq CreateReq MknodReq MkdirReq SymlinkReq LinkReq UnlinkReq RmdirReq RenameReq"
+    " SetxattrReq RemovexattrReq SetLayoutReq AllocChunksReq ReplaceReplicaReq CommitReq"
+    " CreateShadowReq SwapShadowReq".split()
+)
 
 
 # --------------------------------------------------------------------------

@@ -50,6 +50,22 @@ Tables
     DeleteChunksReq to nodes that are up and deletes the rows that succeeded.
     Placing a chunk on a node deletes that node's garbage rows for the chunk.
 
+``change_log(seq PRIMARY KEY, created_ns, event)``
+    Every namespace change, numbered 1, 2, 3... in commit order, written in
+    the transaction that made the change; every daemon's change feed publishes
+    it in order (daemon/change_log.py). ``counters(name, value)`` row
+    ``change_seq`` is the last number handed out (its row lock orders the
+    writers); ``meta.change_log_id`` names this log (mounts compare it).
+    Trimmed to the newest rows by the duties leader.
+
+``applied_ops(client_id, op_id, created_ns, result, PK(client_id, op_id))``
+    Mutating requests applied on behalf of a client (OnceReq), with what the
+    operation returned, written in the operation's transaction: a retry
+    answers from here instead of applying twice (daemon/applied_ops.py).
+
+``leases(name PRIMARY KEY, holder, expires_ns, term)``
+    ``duties``: which daemon runs the cluster-wide duties (daemon/duties.py).
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -71,6 +87,7 @@ import random
 import sqlite3
 import stat
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -183,7 +200,29 @@ def _execute_script(conn: sqlite3.Connection, script: str) -> None:
             conn.execute(statement)
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection, Layout], None]] = [_migrate_1]
+def _migrate_2(conn, root_layout: Layout) -> None:
+    """Several daemons over one database: change log, applied operations, leases.
+
+    Portable SQL only (SQLite, PostgreSQL, CockroachDB): plain INTEGER/BIGINT
+    and BLOB-like columns, no AUTOINCREMENT (the change log's numbers come from
+    the ``change_seq`` row of ``counters``, see daemon/change_log.py).
+    """
+    blob = getattr(conn, "blob_type", "BLOB")  # a PostgreSQL store names it BYTEA
+    for statement in (
+        f"CREATE TABLE change_log (seq BIGINT PRIMARY KEY, created_ns BIGINT NOT NULL, event {blob} NOT NULL)",
+        "CREATE TABLE applied_ops (client_id BIGINT NOT NULL, op_id BIGINT NOT NULL,"
+        f" created_ns BIGINT NOT NULL, result {blob} NOT NULL, PRIMARY KEY (client_id, op_id))",
+        "CREATE INDEX applied_ops_age ON applied_ops(created_ns)",
+        "CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_ns BIGINT NOT NULL, term BIGINT NOT NULL)",
+        "INSERT INTO leases (name, holder, expires_ns, term) VALUES ('duties', '', 0, 0)",
+        "CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+        "INSERT INTO counters (name, value) VALUES ('change_seq', 0)",
+    ):
+        conn.execute(statement)
+    conn.execute("INSERT INTO meta (key, value) VALUES ('change_log_id', ?)", (uuid.uuid4().hex,))
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection, Layout], None]] = [_migrate_1, _migrate_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

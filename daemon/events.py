@@ -2,26 +2,33 @@
 
 Mounts cache names and attributes in the kernel for long (and file pages
 across opens); the feed is how they learn to drop what is no longer true. It
-is a ZeroMQ PUB socket: one ``ChangeEvent`` frame per namespace change,
-numbered per daemon boot, plus a heartbeat that repeats the last number every
-``EVENTS_HEARTBEAT_S``. PUB never blocks the daemon: a slow subscriber whose
-queue is full loses messages, sees the gap in the numbers and drops its whole
-cache (client/kernel_cache.py). That is the consistency rule: a mount either
-saw every change, in order, or it trusts nothing it cached.
+is a ZeroMQ PUB socket: one ``ChangeEvent`` frame per row of the change log
+(daemon/change_log.py), numbered by the log, plus a heartbeat that repeats
+the last number every ``EVENTS_HEARTBEAT_S``. The log holds the changes made
+through every daemon sharing the database, so a mount following any one of
+them hears of all of them, in order. ``ChangeEvent.boot_id`` carries the
+log's id (``meta.change_log_id``), the same on every daemon of a cluster.
 
-Events are published after the change is durable (the handler's commit
-returned), so a mount never invalidates toward a state that a crash could undo.
+PUB never blocks the daemon: a slow subscriber whose queue is full loses
+messages, sees the gap in the numbers and drops its whole cache
+(client/kernel_cache.py). That is the consistency rule: a mount either saw
+every change, in order, or it trusts nothing it cached. A mount that switches
+to another daemon (failover) hears silence on the old feed and drops its cache
+once.
+
+Events are published from committed rows only, so a mount never invalidates
+toward a state that a crash could undo.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterable
 
 import trio
 import zmq
 
 from ..common import protocol as P
+from . import change_log
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +37,9 @@ SEND_HWM = 100_000
 
 
 class ChangeFeed:
-    def __init__(self, ctx: zmq.Context, bind: str, boot_id: str):
-        self.boot_id = boot_id
-        self.seq = 0
+    def __init__(self, ctx: zmq.Context, bind: str, log_id: str, seq: int):
+        self.boot_id = log_id
+        self.seq = seq  # the last change published
         self._sock = ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
@@ -41,12 +48,23 @@ class ChangeFeed:
         else:
             self._sock.bind(bind)
             self.port = int(self._sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[-1])
-        log.info("change feed on port %d", self.port)
+        log.info("change feed on port %d, from change %d of log %s", self.port, seq, log_id)
 
-    def changed(self, inodes: Iterable[int] = (), entries: Iterable[tuple[int, bytes]] = ()) -> None:
-        """Publish one change (call only once it is durable)."""
-        self.seq += 1
-        self._send(P.ChangeEvent(self.boot_id, self.seq, list(inodes), list(entries)))
+    def publish_new(self, store) -> int:
+        """Publish the committed changes after the last one published; how many.
+
+        Call where ``store`` sees only committed rows (right after a commit, or in a
+        transaction of its own)."""
+        published = 0
+        while True:
+            rows = store.changes_after(self.seq, change_log.PAGE)
+            for seq, blob in rows:
+                inodes, entries = change_log.decode(blob)
+                self.seq = seq
+                self._send(P.ChangeEvent(self.boot_id, seq, inodes, entries))
+            published += len(rows)
+            if len(rows) < change_log.PAGE:
+                return published
 
     def _send(self, event: P.ChangeEvent) -> None:
         try:

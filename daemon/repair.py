@@ -358,6 +358,11 @@ class Healer:
         self.dirty = True
         self._wake.set()
 
+    def stop_pass(self) -> None:
+        """This daemon stopped leading: the pass in progress ends now."""
+        if self._pass_scope is not None:
+            self._pass_scope.cancel()
+
     def node_changed(self, node_id: int, old: str, new: str) -> None:
         if new in ("down", "removed") and self._pass_scope is not None:
             self._pass_scope.cancel()  # copies to or from it would only wait for their timeouts: replan now
@@ -417,6 +422,10 @@ class Healer:
                     with trio.move_on_after(self.config.repair_scan_interval_s):
                         await self._wake.wait()
                 self._wake = trio.Event()
+                if not self.svc.duties.leading:  # another daemon runs repair (daemon/duties.py)
+                    await self.svc.duties.wait_leading()
+                    self.dirty = True
+                    continue
                 self.dirty = False
                 try:
                     await self._one_pass()

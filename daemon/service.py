@@ -61,6 +61,8 @@ from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
 from .db import DB_NAME, lock_database, open_database
+from . import applied_ops, change_log
+from .duties import Duties
 from .events import ChangeFeed
 from .metrics import cluster_health
 from . import redundancy
@@ -76,6 +78,7 @@ T = TypeVar("T")
 GC_BATCH = 1000
 GC_INTERVAL_S = 1.0
 GC_RPC_TIMEOUT_S = 10.0
+TRIM_INTERVAL_S = 30.0
 
 
 class _Batch:
@@ -112,6 +115,7 @@ class MetaService:
         self.healer = Healer(self)  # re-replication, drain, scrub, fsck (daemon/repair.py)
         self._handlers: dict[type, Callable] = {}
         self.feed: ChangeFeed | None = None
+        self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
         for cls in P.Request.__args__:
             for owner in (self, self.healer):
                 handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
@@ -138,6 +142,8 @@ class MetaService:
         if self.cluster_id is None:  # a database from before cluster ids, or a new one
             self.cluster_id = uuid.uuid4().hex
             self.store.set_meta("cluster_id", self.cluster_id)  # autocommit: outside the service's transaction
+        self.duties = Duties(f"{self.config.listen}#{self.boot_id[:8]}", shared=self.store.shared)
+        self.duties.on_lost.append(self.healer.stop_pass)
         self.store.begin()
         log.info(
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
@@ -152,14 +158,25 @@ class MetaService:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
-                self.feed = ChangeFeed(self.ctx, self._events_address(), self.boot_id)
+                log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
+                self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq)
                 stack.callback(self.feed.close)
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 nursery.start_soon(self._committer, name="meta-committer")
                 nursery.start_soon(self._health_loop, name="meta-health")
-                nursery.start_soon(self._startup_orphan_sweep, name="meta-orphans")
-                nursery.start_soon(self._gc_loop, name="meta-gc")
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
+                if self.store.shared:
+                    nursery.start_soon(self._feed_poll_loop, name="meta-feed-poll")
+                nursery.start_soon(self.duties.run, self._take_lease, self._release_lease, name="meta-lease")
+                nursery.start_soon(
+                    self.duties.run_while_leading,
+                    [
+                        (self._startup_orphan_sweep, "meta-orphans"),
+                        (self._gc_loop, "meta-gc"),
+                        (self._trim_loop, "meta-trim"),
+                    ],
+                    name="meta-duties",
+                )
                 await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
                 await serve(sock, self.handle, concurrency=256, name="meta")
@@ -177,11 +194,6 @@ class MetaService:
             return self.config.events_listen
         return self.config.listen.rsplit(":", 1)[0] + ":0"  # same interface, any free port
 
-    def _changed(self, inodes=(), entries=()) -> None:
-        """Tell every mount (the change is durable: called after ``_write`` returned)."""
-        if self.feed is not None:
-            self.feed.changed(inodes, entries)
-
     async def handle(self, body: P.Msg, payloads: list) -> P.Msg:
         handler = self._handlers.get(type(body))
         if handler is None:
@@ -194,19 +206,33 @@ class MetaService:
         async with self._lock:
             return fn(*args, **kwargs)
 
-    def _write_locked(self, fn: Callable[..., T], *args, **kwargs) -> tuple[T, _Batch]:
-        """Run one operation in its savepoint; the caller holds ``_lock``."""
+    def _write_locked(self, fn: Callable[..., T], *args, change=None, **kwargs) -> tuple[T, _Batch]:
+        """Run one operation in its savepoint; the caller holds ``_lock``.
+
+        Under a OnceReq the operation runs at most once (daemon/applied_ops.py).
+        ``change``: what it changed for the mounts' caches, ``(inodes, entries)`` or
+        a function of the result giving them; logged in the same savepoint
+        (daemon/change_log.py) and published once committed.
+        """
         with self.store.savepoint():
-            result = fn(*args, **kwargs)
+            result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
+            if ran and change is not None:
+                inodes, entries = change(result) if callable(change) else change
+                self.store.log_change(time.time_ns(), change_log.encode(inodes, entries))
         batch = self._batch
-        batch.dirty = True
+        batch.dirty = True  # a replayed result too: its first attempt may not be committed yet
         self._wake_committer.set()
         return result, batch
 
     async def _write(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run one mutating operation and return once it is durable."""
-        async with self._lock:
-            result, batch = self._write_locked(fn, *args, **kwargs)
+        try:
+            async with self._lock:
+                result, batch = self._write_locked(fn, *args, **kwargs)
+        finally:
+            key = applied_ops.once.get()
+            if key is not None:
+                key.used = True  # one operation per OnceReq
         self.healer.stale = True  # redundancy figures in status are recomputed
         await batch.wait()
         return result
@@ -229,6 +255,9 @@ class MetaService:
                     batch.error = exc
                     self.store.rollback()
                     self.store.begin()
+                else:
+                    if self.feed is not None:  # durable now: tell the mounts before the replies go
+                        self.feed.publish_new(self.store)
             batch.done.set()
 
     # -- background tasks ------------------------------------------------------
@@ -246,7 +275,8 @@ class MetaService:
             now = time.monotonic()
             async with self._lock:
                 for node_id in self.nodes.sweep(now):
-                    self._write_locked(self.store.set_node_state, node_id, "down")
+                    if self.duties.leading:  # every daemon hears every node; one records the decision
+                        self._write_locked(self.store.set_node_state, node_id, "down")
             expired = self.sessions.expire(now)
             await self._release(expired)
             if expired:
@@ -258,6 +288,28 @@ class MetaService:
         await trio.sleep(self.config.session_lease_s)
         async with self._lock:
             self._write_locked(self.ns.reclaim_orphans)
+        await trio.sleep_forever()  # a duty task: ends with the term
+
+    async def _feed_poll_loop(self) -> None:
+        """A shared database: publish the changes other daemons made (daemon/change_log.py)."""
+        while True:
+            await trio.sleep(change_log.POLL_S)
+            await self._read(self.feed.publish_new, self.store)
+
+    async def _trim_loop(self) -> None:
+        """Keep the change log and the applied-ops table bounded (a duty)."""
+        while True:
+            await trio.sleep(TRIM_INTERVAL_S)
+            trimmed = await self._write(self.store.trim_change_log, change_log.KEEP)
+            expired = await self._write(applied_ops.expire, self.store)
+            if trimmed or expired:
+                log.debug("trimmed %d change log rows and %d applied ops", trimmed, expired)
+
+    async def _take_lease(self, name: str, holder: str, now_ns: int, ttl_ns: int) -> tuple[str, int, int]:
+        return await self._write(self.store.take_lease, name, holder, now_ns, ttl_ns)
+
+    async def _release_lease(self, name: str, holder: str) -> None:
+        await self._write(self.store.release_lease, name, holder)
 
     async def _gc_loop(self) -> None:
         # the RpcClients' nurseries must be entered and left by this task: its own exit stack
@@ -305,7 +357,19 @@ class MetaService:
             boot_id=self.boot_id,
             events_port=self.feed.port if self.feed else 0,
             events_seq=self.feed.seq if self.feed else 0,
+            events_log=self.feed.boot_id if self.feed else "",
         )
+
+    async def handle_once(self, req: P.OnceReq) -> P.Msg:
+        """A mutating request applied at most once however often it is retried (daemon/applied_ops.py)."""
+        name = type(req.body).__name__
+        if name not in P.ONCE_MESSAGES:
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"{name} cannot be wrapped in OnceReq")
+        token = applied_ops.once.set(applied_ops.OnceKey(req.client_id, req.op_id, req.done_below))
+        try:
+            return await self.handle(req.body, [])
+        finally:
+            applied_ops.once.reset(token)
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         counts = await self._read(self.store.counts)
@@ -324,6 +388,8 @@ class MetaService:
             layouts=await self._read(self._layout_usage),
             under_replicated=repair.under_replicated,
             repair=self.healer.info(),
+            leader=self.duties.leader,
+            daemon=self.duties.holder,
         )
 
     def _layout_usage(self) -> list[P.LayoutUsage]:
@@ -415,10 +481,10 @@ class MetaService:
         attr = await self._write(
             self.ns.setattr, req.ino, mode=req.mode, uid=req.uid, gid=req.gid, size=req.size,
             atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, ctime_ns=req.ctime_ns, chunks=req.chunks,
+            change=([req.ino], []),
         )
         if req.size is not None:
             self._gc_wake.set()
-        self._changed([req.ino])
         return P.AttrRsp(attr=attr)
 
     async def handle_create(self, req: P.CreateReq) -> P.Msg:
@@ -437,45 +503,39 @@ class MetaService:
                 self._epoch_batch = self._batch
             return (*info, epoch)
 
-        attr, layout, chunks, nodes, epoch = await self._write(create_and_open)
-        self._changed([req.parent], [(req.parent, req.name)])
+        attr, layout, chunks, nodes, epoch = await self._write(create_and_open, change=([req.parent], [(req.parent, req.name)]))
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
 
     async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
-        attr = await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid)
-        self._changed([req.parent], [(req.parent, req.name)])
+        attr = await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid, change=([req.parent], [(req.parent, req.name)]))
         return P.AttrRsp(attr=attr)
 
     async def handle_mkdir(self, req: P.MkdirReq) -> P.Msg:
-        attr = await self._write(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid)
-        self._changed([req.parent], [(req.parent, req.name)])
+        attr = await self._write(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid, change=([req.parent], [(req.parent, req.name)]))
         return P.AttrRsp(attr=attr)
 
     async def handle_symlink(self, req: P.SymlinkReq) -> P.Msg:
-        attr = await self._write(self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid)
-        self._changed([req.parent], [(req.parent, req.name)])
+        attr = await self._write(self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid, change=([req.parent], [(req.parent, req.name)]))
         return P.AttrRsp(attr=attr)
 
     async def handle_link(self, req: P.LinkReq) -> P.Msg:
-        attr = await self._write(self.ns.link, req.ino, req.new_parent, req.new_name)
-        self._changed([req.ino, req.new_parent], [(req.new_parent, req.new_name)])
+        change = ([req.ino, req.new_parent], [(req.new_parent, req.new_name)])
+        attr = await self._write(self.ns.link, req.ino, req.new_parent, req.new_name, change=change)
         return P.AttrRsp(attr=attr)
 
     async def handle_unlink(self, req: P.UnlinkReq) -> P.Msg:
-        await self._write(self.ns.unlink, req.parent, req.name)
+        await self._write(self.ns.unlink, req.parent, req.name, change=([req.parent], [(req.parent, req.name)]))
         self._gc_wake.set()
-        self._changed([req.parent], [(req.parent, req.name)])
         return P.OkRsp()
 
     async def handle_rmdir(self, req: P.RmdirReq) -> P.Msg:
-        await self._write(self.ns.rmdir, req.parent, req.name)
-        self._changed([req.parent], [(req.parent, req.name)])
+        await self._write(self.ns.rmdir, req.parent, req.name, change=([req.parent], [(req.parent, req.name)]))
         return P.OkRsp()
 
     async def handle_rename(self, req: P.RenameReq) -> P.Msg:
-        await self._write(self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags)
+        change = ({req.parent_old, req.parent_new}, [(req.parent_old, req.name_old), (req.parent_new, req.name_new)])
+        await self._write(self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags, change=change)
         self._gc_wake.set()
-        self._changed({req.parent_old, req.parent_new}, [(req.parent_old, req.name_old), (req.parent_new, req.name_new)])
         return P.OkRsp()
 
     async def handle_readlink(self, req: P.ReadlinkReq) -> P.Msg:
@@ -549,8 +609,7 @@ class MetaService:
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
         self.healer.check_fence(req.ino, req.chunks)
-        attr = await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks)
-        self._changed([req.ino])
+        attr = await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks, change=([req.ino], []))
         return P.AttrRsp(attr=attr)
 
     # -- online conversion (daemon/redundancy.py) ----------------------------------
@@ -568,7 +627,12 @@ class MetaService:
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
 
     async def handle_swap_shadow(self, req: P.SwapShadowReq) -> P.Msg:
-        attr, entries = await self._write(self.ns.swap_shadow, req.ino, req.shadow, req.size, req.mtime_ns, req.chunks)
-        self._changed([req.ino, *{parent for parent, _ in entries}], entries)
+        def change(result):
+            _, entries = result
+            return [req.ino, *{parent for parent, _ in entries}], entries
+
+        attr, entries = await self._write(
+            self.ns.swap_shadow, req.ino, req.shadow, req.size, req.mtime_ns, req.chunks, change=change
+        )
         self._gc_wake.set()
         return P.AttrRsp(attr=attr)

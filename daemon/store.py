@@ -341,3 +341,65 @@ class SqliteStore:
 
     def all_nodes(self) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM nodes ORDER BY node_id").fetchall()
+
+    # -- several daemons over one database (daemon/change_log.py, applied_ops.py, duties.py) --
+
+    shared = False  #: whether other daemons write this database too (SQLite: never, the file is locked)
+
+    def log_change(self, created_ns: int, event: bytes) -> int:
+        """Append to the change log; its number. The counter row's lock orders concurrent writers:
+        numbers are handed out in commit order, without holes (a rollback gives its number back)."""
+        self.conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'change_seq'")
+        seq = self.conn.execute("SELECT value FROM counters WHERE name = 'change_seq'").fetchone()[0]
+        self.conn.execute("INSERT INTO change_log (seq, created_ns, event) VALUES (?, ?, ?)", (seq, created_ns, event))
+        return seq
+
+    def last_change_seq(self) -> int:
+        return self.conn.execute("SELECT value FROM counters WHERE name = 'change_seq'").fetchone()[0]
+
+    def changes_after(self, seq: int, limit: int) -> list[tuple[int, bytes]]:
+        return [
+            (r[0], bytes(r[1]))
+            for r in self.conn.execute("SELECT seq, event FROM change_log WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit))
+        ]
+
+    def trim_change_log(self, keep: int) -> int:
+        """Forget all but the newest ``keep`` changes; how many went."""
+        return self.conn.execute("DELETE FROM change_log WHERE seq <= ?", (self.last_change_seq() - keep,)).rowcount
+
+    def get_applied(self, client_id: int, op_id: int) -> bytes | None:
+        row = self.conn.execute("SELECT result FROM applied_ops WHERE client_id=? AND op_id=?", (client_id, op_id)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def put_applied(self, client_id: int, op_id: int, created_ns: int, result: bytes) -> None:
+        self.conn.execute(
+            "INSERT INTO applied_ops (client_id, op_id, created_ns, result) VALUES (?,?,?,?)", (client_id, op_id, created_ns, result)
+        )
+
+    def forget_applied(self, client_id: int, below: int) -> int:
+        """The client has its answers to every op below ``below``: they are never retried."""
+        return self.conn.execute("DELETE FROM applied_ops WHERE client_id=? AND op_id<?", (client_id, below)).rowcount
+
+    def expire_applied(self, before_ns: int) -> int:
+        return self.conn.execute("DELETE FROM applied_ops WHERE created_ns<?", (before_ns,)).rowcount
+
+    def count_applied(self) -> int:
+        return self.conn.execute("SELECT count(*) FROM applied_ops").fetchone()[0]
+
+    def take_lease(self, name: str, holder: str, now_ns: int, ttl_ns: int) -> tuple[str, int, int]:
+        """Renew the lease if ``holder`` has it, take it if it expired; (holder, expires_ns, term) after.
+        ``term`` counts the changes of holder."""
+        self.conn.execute(
+            "UPDATE leases SET term = term + (CASE WHEN holder = ? THEN 0 ELSE 1 END), holder = ?, expires_ns = ?"
+            " WHERE name = ? AND (holder = ? OR expires_ns < ?)",
+            (holder, holder, now_ns + ttl_ns, name, holder, now_ns),
+        )
+        return self.get_lease(name)
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up at once (a clean stop): another daemon takes it at its next try."""
+        self.conn.execute("UPDATE leases SET expires_ns = 0 WHERE name = ? AND holder = ?", (name, holder))
+
+    def get_lease(self, name: str) -> tuple[str, int, int]:
+        row = self.conn.execute("SELECT holder, expires_ns, term FROM leases WHERE name = ?", (name,)).fetchone()
+        return (row[0], row[1], row[2]) if row else ("", 0, 0)

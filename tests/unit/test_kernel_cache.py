@@ -11,7 +11,24 @@ import zmq
 
 from stripefs.client import kernel_cache as kc
 from stripefs.common import protocol as P
+from stripefs.daemon import change_log
+from stripefs.daemon.db import open_database
 from stripefs.daemon.events import ChangeFeed
+from stripefs.daemon.store import SqliteStore
+
+
+def _logged_feed(ctx, tmp_path):
+    """A real feed over a real change log; ``changed`` commits one change and publishes it."""
+    store = SqliteStore(open_database(tmp_path / "meta.sqlite3", P.Layout(1 << 20, 1, "replicas=1")))
+    store.begin()
+    feed = ChangeFeed(ctx, "tcp://127.0.0.1:0", "log-1", store.last_change_seq())
+
+    def changed(inodes, entries):
+        store.log_change(0, change_log.encode(inodes, entries))
+        store.commit()
+        feed.publish_new(store)
+
+    return feed, store, changed
 
 
 def test_names_are_remembered_and_forgotten():
@@ -46,37 +63,40 @@ async def test_a_reply_that_raced_a_change_is_not_cached_long(monkeypatch):
     assert cache.changed_since(before, 999)  # after a full drop nothing older may be trusted
 
 
-async def test_follower_applies_in_order_and_drops_everything_on_a_gap(monkeypatch):
+async def test_follower_applies_in_order_and_drops_everything_on_a_gap(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), list(names))))
     ctx = zmq.Context()
-    feed = ChangeFeed(ctx, "tcp://127.0.0.1:0", boot_id="boot-1")
+    feed, store, changed = _logged_feed(ctx, tmp_path)
     cache = kc.KernelCache()
     cache.remember(1, b"x", 7)
     async def feed_info():
-        return f"tcp://127.0.0.1:{feed.port}", "boot-1", feed.seq
+        return f"tcp://127.0.0.1:{feed.port}", "log-1", feed.seq
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(cache.follow, ctx, feed_info)
             with trio.fail_after(10):
                 while not cache.events_heard:  # subscribed once a heartbeat came through
-                    feed._send(P.ChangeEvent("boot-1", feed.seq, [], []))
+                    feed._send(P.ChangeEvent("log-1", feed.seq, [], []))
                     await trio.sleep(0.05)
                 assert cache.healthy
-                feed.changed([7], [(1, b"x")])
+                changed([7], [(1, b"x")])
                 while not calls:
                     await trio.sleep(0.01)
                 assert calls == [([7], [(1, b"x")])] and cache.drops == 0
 
                 cache.remember(1, b"y", 8)
-                feed.seq += 5  # five changes this mount never saw
-                feed.changed([3], [])
+                for _ in range(5):  # five changes this mount never saw (as if PUB dropped them)
+                    store.log_change(0, change_log.encode([3], []))
+                store.commit()
+                feed.seq += 5
+                changed([3], [])
                 while cache.drops == 0:
                     await trio.sleep(0.01)
                 assert 8 in calls[-1][0] and (1, b"y") in calls[-1][1]  # everything known was dropped
                 assert cache.healthy  # and it is in step again from there
 
-                feed.changed([42], [])  # back in sequence: applied normally (inode 42 unknown: nothing to do)
+                changed([42], [])  # back in sequence: applied normally (inode 42 unknown: nothing to do)
                 await trio.sleep(0.2)
                 assert cache.drops == 1
 
@@ -87,6 +107,7 @@ async def test_follower_applies_in_order_and_drops_everything_on_a_gap(monkeypat
             nursery.cancel_scope.cancel()
     finally:
         feed.close()
+        store.close()
         ctx.term()
 
 

@@ -1,0 +1,107 @@
+"""Idempotent retries: a mutating request is applied at most once, however often it is sent.
+
+A client times a request out and resends it, to the same metadata daemon or,
+after a failover, to another (client/meta_rpc.py). When the first attempt was
+applied and only its reply was lost, applying the retry would create a second
+file, rename twice, unlink whatever took the name meanwhile. So clients wrap
+every mutating request (``protocol.ONCE_MESSAGES``) in ``OnceReq(client_id,
+op_id, done_below, body)`` and resend the very same OnceReq on a retry.
+
+The daemon runs ``body``'s handler with the key ``(client_id, op_id)`` in
+effect (``once``, a context variable). The one namespace operation the handler
+makes (``MetaService._write``) is then, in the same transaction as the change:
+
+* ``applied_ops`` has a row for the key: the operation is *not* run; the
+  result it returned the first time is returned instead (the handler builds the
+  same reply from it). If the row is not durable yet (the first attempt is
+  still waiting for its group commit) the retry waits for that commit too.
+* no row: the operation runs, and its result is recorded under the key in
+  the same savepoint or transaction. An operation that fails records nothing
+  (it changed nothing, so running the retry is running it for the first time).
+
+What is recorded is the operation's return value (``Attr``, chunk maps, ...),
+pickled: the reply is rebuilt from it by unchanged handler code, and only
+this daemon code ever reads it back. Side effects outside the database that a
+handler performs after the operation (publishing nothing: the change feed
+reads the database; waking the garbage collector) are harmless to repeat; the
+session's in-memory open set is rebuilt by the client's next heartbeat.
+
+Several daemons: two attempts of one op on two daemons at once both miss the
+row; the second to commit fails on the primary key (or a serialization
+failure) and, retried as a whole, finds the row. That rests on the store
+retrying transactions on conflicts, which the PostgreSQL store does.
+
+Bounds: a client's op ids below its ``done_below`` are never retried, so the
+daemon deletes them (every ``TRIM_EVERY`` ops of that client, in the op's
+transaction: one indexed range delete); rows older than ``RETENTION_S`` (a
+client that died, say) are deleted by the duties leader (daemon/duties.py).
+``RETENTION_S`` must exceed the clients' retry window (``retry_window_s``,
+120 s by default): a row must outlive every retry of its op.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import pickle
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+RETENTION_S = 600.0
+TRIM_EVERY = 32
+
+
+@dataclass
+class OnceKey:
+    client_id: int
+    op_id: int
+    done_below: int
+    used: bool = False  # set by the caller once the request's one operation is over: a second write is not deduplicated
+
+
+#: the OnceReq being handled in this task, if any
+once: contextvars.ContextVar[OnceKey | None] = contextvars.ContextVar("once", default=None)
+
+_MISSING = object()
+
+
+def applied_result(store, key: OnceKey):
+    """What the operation returned when it was applied, or ``MISSING``."""
+    blob = store.get_applied(key.client_id, key.op_id)
+    if blob is None:
+        return _MISSING
+    log.info("client %x op %d was applied already: answering what it answered then", key.client_id, key.op_id)
+    return pickle.loads(blob)
+
+
+def record(store, key: OnceKey, result) -> None:
+    """Record ``result`` under ``key`` (call inside the operation's transaction, after it succeeded)."""
+    store.put_applied(key.client_id, key.op_id, time.time_ns(), pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+    if key.op_id % TRIM_EVERY == 0:
+        store.forget_applied(key.client_id, key.done_below)
+
+
+def run_once(store, fn, *args, **kwargs) -> tuple[object, bool]:
+    """Run ``fn`` at most once for the OnceReq in effect: (result, whether it ran now).
+
+    Call inside the transaction (or savepoint) that ``fn``'s statements are in;
+    a transaction retried after a conflict calls it again (it checks again).
+    The caller sets ``once.get().used`` when the operation is over. Without a OnceReq in effect this is just ``fn(*args, **kwargs)``.
+    """
+    key = once.get()
+    if key is None or key.used:
+        return fn(*args, **kwargs), True
+    result = applied_result(store, key)
+    if result is not _MISSING:
+        return result, False
+    result = fn(*args, **kwargs)
+    record(store, key, result)
+    return result, True
+
+
+def expire(store, now_ns: int | None = None) -> int:
+    """Forget applied ops older than RETENTION_S (a duty of the leader)."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return store.expire_applied(now_ns - int(RETENTION_S * 1e9))
