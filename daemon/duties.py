@@ -82,7 +82,7 @@ class Duties:
 
     def expire(self, now: float) -> None:
         """No renewal succeeded in time: stop leading."""
-        if self.leading and now >= self._valid_until:
+        if self.shared and self.leading and now >= self._valid_until:
             self._set(False, f"the lease was not renewed within {self.ttl_s - MAX_SKEW_S:.1f}s")
 
     def _set(self, leading: bool, why: str = "") -> None:

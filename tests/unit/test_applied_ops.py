@@ -1,0 +1,125 @@
+"""Idempotent retries (daemon/applied_ops.py) against the real SQLite store and a real daemon.
+
+The store part checks the table's rules (recorded with the operation, replayed
+without running it, nothing recorded for a failure, trimmed by acknowledgement
+and by age); the daemon part resends the very same OnceReq, as a client does
+after a lost reply, including across a kill -9 of the daemon.
+"""
+
+import os
+import time
+
+import pytest
+
+from stripefs.common import protocol as P
+from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.transport import connect
+from stripefs.daemon import applied_ops
+from stripefs.daemon.db import open_database
+from stripefs.daemon.store import SqliteStore
+
+from test_meta_service import ROOT, Daemon, _call, ctx  # noqa: F401  (ctx: its fixture)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(open_database(tmp_path / "meta.sqlite3", P.Layout(1 << 20, 1, "replicas=1")))
+    s.begin()
+    yield s
+    s.close()
+
+
+def _once(key, store, fn, *args):
+    token = applied_ops.once.set(key)
+    try:
+        return applied_ops.run_once(store, fn, *args)
+    finally:
+        applied_ops.once.reset(token)
+
+
+def test_an_op_runs_once_and_its_result_is_replayed(store):
+    calls = []
+
+    def op(x):
+        calls.append(x)
+        return (P.Attr(ino=7, mode=0o100644, nlink=1, uid=0, gid=0, rdev=0, size=0, atime_ns=0, mtime_ns=0, ctime_ns=0), x)
+
+    first, ran = _once(applied_ops.OnceKey(5, 1, 1), store, op, "a")
+    again, ran_again = _once(applied_ops.OnceKey(5, 1, 1), store, op, "b")  # the retry: same key
+    assert ran and not ran_again and calls == ["a"] and again == first
+    other, ran_other = _once(applied_ops.OnceKey(6, 1, 1), store, op, "c")  # another client's op 1
+    assert ran_other and other[1] == "c"
+    assert applied_ops.run_once(store, op, "d") == (op("d"), True)  # no OnceReq in effect: plain call
+
+
+def test_a_failed_op_records_nothing(store):
+    def fails():
+        raise StripefsError(ErrorCode.EXISTS, "taken")
+
+    with pytest.raises(StripefsError):
+        _once(applied_ops.OnceKey(5, 2, 1), store, fails)
+    assert store.get_applied(5, 2) is None
+    assert _once(applied_ops.OnceKey(5, 2, 1), store, lambda: "now") == ("now", True)
+
+
+def test_the_table_is_trimmed_by_acknowledgement_and_by_age(store):
+    for op_id in range(1, applied_ops.TRIM_EVERY):
+        _once(applied_ops.OnceKey(5, op_id, 1), store, lambda: None)
+    assert store.count_applied() == applied_ops.TRIM_EVERY - 1
+    # op TRIM_EVERY says every op below 30 was answered: those rows go with it
+    _once(applied_ops.OnceKey(5, applied_ops.TRIM_EVERY, 30), store, lambda: None)
+    assert store.count_applied() == applied_ops.TRIM_EVERY - 30 + 1
+    assert store.get_applied(5, 29) is None and store.get_applied(5, 30) is not None
+    assert applied_ops.expire(store) == 0  # nothing is that old yet
+    later = time.time_ns() + int((applied_ops.RETENTION_S + 1) * 1e9)
+    assert applied_ops.expire(store, now_ns=later) == applied_ops.TRIM_EVERY - 29
+    assert store.count_applied() == 0
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        print(d.log.read_text())
+
+
+async def test_a_resent_request_is_not_applied_twice_even_across_kill9(daemon, ctx):
+    await daemon.wait_ready(ctx)
+    client_id = 0x5EED
+
+    def once(op_id, body):
+        return P.OnceReq(client_id=client_id, op_id=op_id, done_below=op_id, body=body)
+
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        sid = (await _call(c, P.HelloReq(host="test", pid=os.getpid()))).session_id
+        create = once(1, P.CreateReq(parent=ROOT, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid))
+        first = await _call(c, create)
+        again = await _call(c, create)  # a retry after a lost reply: the same answer, not EEXIST
+        assert again.attr == first.attr and again.epoch == first.epoch
+        rename = once(2, P.RenameReq(parent_old=ROOT, name_old=b"f", parent_new=ROOT, name_new=b"g"))
+        assert isinstance(await _call(c, rename), P.OkRsp)
+        # another file takes the old name: a second application would now rename it over g
+        other = await _call(c, once(3, P.CreateReq(parent=ROOT, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid)))
+        assert isinstance(await _call(c, rename), P.OkRsp)
+        assert (await _call(c, P.LookupReq(parent=ROOT, name=b"g"))).attr.ino == first.attr.ino
+        assert (await _call(c, P.LookupReq(parent=ROOT, name=b"f"))).attr.ino == other.attr.ino
+        with pytest.raises(StripefsError) as info:  # only mutating requests may be wrapped
+            await c.call(once(4, P.GetattrReq(ino=ROOT)))
+        assert info.value.code == ErrorCode.BAD_REQUEST
+        unlink = once(5, P.UnlinkReq(parent=ROOT, name=b"g"))
+        assert isinstance(await _call(c, unlink), P.OkRsp)
+
+    daemon.kill9()  # the records are durable like the changes they answer for
+    daemon.start()
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        assert isinstance(await _call(c, unlink), P.OkRsp)  # not ENOENT
+        assert (await _call(c, create)).attr == first.attr  # not a new file named f
+        assert (await _call(c, P.LookupReq(parent=ROOT, name=b"f"))).attr.ino == other.attr.ino
+        with pytest.raises(StripefsError) as info:
+            await c.call(P.CreateReq(parent=ROOT, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid))
+        assert info.value.code == ErrorCode.EXISTS  # unwrapped requests are applied as they come
