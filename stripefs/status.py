@@ -6,6 +6,9 @@ them; so does this table::
 
     meta               address of the daemon that answered
     boot_id            changes when the daemon restarts
+    daemon, leader     the daemon that answered, and the one running the cluster-wide duties
+                       (node health decisions, repair, garbage collection: daemon/duties.py),
+                       both as "LISTEN_ADDRESS#BOOT"; leader "" while no daemon holds the lease
     health             "ok": every node up and every chunk at full redundancy;
                        "degraded": a node is down, a chunk has a copy on a down node or is
                        under-replicated; "no_nodes": no storage node is up
@@ -57,6 +60,8 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
     return {
         "meta": address,
         "boot_id": rsp.boot_id,
+        "daemon": rsp.daemon,
+        "leader": rsp.leader,
         "health": health(rsp),
         "files": rsp.files,
         "directories": rsp.directories,
@@ -105,6 +110,10 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         f"  redundancy  {_redundancy(rsp)}, {s['degraded_chunks']} chunks degraded (a copy on a down node), "
         f"{s['garbage_copies']} copies awaiting deletion",
     ]
+    if rsp.daemon:
+        leader = rsp.leader or "no daemon yet (the lease is being taken)"
+        here = " (this daemon)" if rsp.leader == rsp.daemon else ""
+        lines.append(f"  duties      led by {leader}{here}")
     if rsp.repair is not None:
         r = rsp.repair
         limit = f"{format_size(r.bandwidth)}/s" if r.bandwidth else "unlimited"

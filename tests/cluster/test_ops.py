@@ -116,6 +116,7 @@ def test_status_json_matches_the_cluster_after_a_node_is_killed(cluster, mnt):
     before = _status(cluster)
     assert before["health"] == "ok" and before["nodes_up"] == before["nodes_total"] == 4
     assert before["degraded_chunks"] == 0
+    assert before["leader"] and before["leader"] == before["daemon"]  # one daemon (SQLite): it leads
     on_node4 = next(n for n in before["nodes"] if n["node_id"] == 4)["chunks"]
     assert on_node4 > 0
 
@@ -132,6 +133,7 @@ def test_status_json_matches_the_cluster_after_a_node_is_killed(cluster, mnt):
         assert next(n for n in after["nodes"] if n["node_id"] == 4)["last_heartbeat_age_s"] > 0
         text = run_cli("status", "--meta", cluster.meta_address).stdout
         assert "DEGRADED, 3/4 storage nodes up" in text
+        assert f"duties      led by {before['leader']} (this daemon)" in text
         degraded_now = int(re.search(r"(\d+) chunks degraded", text).group(1))
         assert degraded_now <= after["degraded_chunks"]
         meta_metrics = next(p["metrics"] for p in _processes(cluster) if p["role"] == "meta")
