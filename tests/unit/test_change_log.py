@@ -1,0 +1,99 @@
+"""The change log (daemon/change_log.py): numbered in commit order, published by every daemon's feed.
+
+Two connections to one SQLite file stand for two daemons sharing a database:
+a change committed through "daemon A" reaches a mount following "daemon B"'s
+real feed (a ZeroMQ PUB socket) and the mount's real follower
+(client/kernel_cache.py); only the final pyfuse3 calls are recorded instead.
+"""
+
+import sqlite3
+
+import pytest
+import trio
+import zmq
+
+from stripefs.client import kernel_cache as kc
+from stripefs.common import protocol as P
+from stripefs.daemon import change_log
+from stripefs.daemon.db import open_database
+from stripefs.daemon.events import ChangeFeed
+from stripefs.daemon.store import SqliteStore
+
+LAYOUT = P.Layout(1 << 20, 1, "replicas=1")
+
+
+@pytest.fixture
+def two(tmp_path):
+    """Two stores (two "daemons") over one database file."""
+    a = SqliteStore(open_database(tmp_path / "meta.sqlite3", LAYOUT))
+    b = SqliteStore(open_database(tmp_path / "meta.sqlite3", LAYOUT))
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_numbers_follow_commits_without_holes(two):
+    a, b = two
+    a.begin()
+    assert a.log_change(1, change_log.encode([5], [(1, b"x")])) == 1
+    a.commit()
+    assert a.log_change(2, change_log.encode([6], [])) == 2
+    a.rollback()  # the change failed: its number is given back
+    a.begin()
+    assert a.log_change(3, change_log.encode([7], [])) == 2
+    with pytest.raises(sqlite3.OperationalError):  # a second writer waits for the first (here: refused at once)
+        b.conn.execute("PRAGMA busy_timeout=0")
+        b.log_change(4, change_log.encode([8], []))
+    a.commit()
+    a.rollback()
+    rows = b.changes_after(0, 10)
+    assert [seq for seq, _ in rows] == [1, 2]
+    assert change_log.decode(rows[0][1]) == ([5], [(1, b"x")]) and change_log.decode(rows[1][1]) == ([7], [])
+    assert b.log_change(4, change_log.encode([8], [])) == 3  # now b may write: after a's
+    assert b.changes_after(2, 10)[0][0] == 3
+
+
+def test_the_log_is_trimmed_to_its_newest_rows(two):
+    a, _ = two
+    for i in range(10):
+        a.log_change(i, change_log.encode([i], []))
+    assert a.trim_change_log(keep=4) == 6
+    assert [seq for seq, _ in a.changes_after(0, 100)] == [7, 8, 9, 10]
+    assert a.last_change_seq() == 10
+
+
+async def test_a_change_made_through_one_daemon_reaches_a_mount_following_the_other(two, monkeypatch):
+    a, b = two
+    calls = []
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), list(names))))
+    ctx = zmq.Context()
+    log_id = b.get_meta("change_log_id")
+    feed_b = ChangeFeed(ctx, "tcp://127.0.0.1:0", log_id, b.last_change_seq())
+    cache = kc.KernelCache()
+    cache.remember(1, b"x", 7)
+    cache.remember(1, b"y", 8)
+
+    async def feed_info():
+        return f"tcp://127.0.0.1:{feed_b.port}", log_id, feed_b.seq
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cache.follow, ctx, feed_info)
+            with trio.fail_after(10):
+                while not cache.events_heard:  # subscribed once a heartbeat came through
+                    feed_b._send(P.ChangeEvent(log_id, feed_b.seq, [], []))
+                    await trio.sleep(0.05)
+                a.begin()  # "daemon A" renames x to y: one transaction, the change logged in it
+                a.log_change(0, change_log.encode([1], [(1, b"x"), (1, b"y")]))
+                assert feed_b.publish_new(b) == 0  # not committed: nothing to publish
+                a.commit()
+                a.rollback()
+                assert feed_b.publish_new(b) == 1  # what B's poll loop does
+                while not calls:
+                    await trio.sleep(0.01)
+                assert calls == [([1], [(1, b"x"), (1, b"y")])] and cache.drops == 0 and cache.healthy
+                assert cache.lookup_known(1, b"x") is None and cache.lookup_known(1, b"y") is None
+            nursery.cancel_scope.cancel()
+    finally:
+        feed_b.close()
+        ctx.term()
