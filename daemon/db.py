@@ -207,11 +207,11 @@ def _migrate_2(conn, root_layout: Layout) -> None:
     and BLOB-like columns, no AUTOINCREMENT (the change log's numbers come from
     the ``change_seq`` row of ``counters``, see daemon/change_log.py).
     """
-    blob = getattr(conn, "blob_type", "BLOB")  # a PostgreSQL store names it BYTEA
     for statement in (
-        f"CREATE TABLE change_log (seq BIGINT PRIMARY KEY, created_ns BIGINT NOT NULL, event {blob} NOT NULL)",
+        # BIGINT, not INTEGER PRIMARY KEY (an engine-numbered column): the counter numbers the log
+        "CREATE TABLE change_log (seq BIGINT NOT NULL PRIMARY KEY, created_ns BIGINT NOT NULL, event BLOB NOT NULL)",
         "CREATE TABLE applied_ops (client_id BIGINT NOT NULL, op_id BIGINT NOT NULL,"
-        f" created_ns BIGINT NOT NULL, result {blob} NOT NULL, PRIMARY KEY (client_id, op_id))",
+        " created_ns BIGINT NOT NULL, result BLOB NOT NULL, PRIMARY KEY (client_id, op_id))",
         "CREATE INDEX applied_ops_age ON applied_ops(created_ns)",
         "CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_ns BIGINT NOT NULL, term BIGINT NOT NULL)",
         "INSERT INTO leases (name, holder, expires_ns, term) VALUES ('duties', '', 0, 0)",

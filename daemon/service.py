@@ -215,14 +215,21 @@ class MetaService:
         (daemon/change_log.py) and published once committed.
         """
         with self.store.savepoint():
-            result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
-            if ran and change is not None:
-                inodes, entries = change(result) if callable(change) else change
-                self.store.log_change(time.time_ns(), change_log.encode(inodes, entries))
+            result = self._operation(fn, change, *args, **kwargs)
         batch = self._batch
         batch.dirty = True  # a replayed result too: its first attempt may not be committed yet
         self._wake_committer.set()
         return result, batch
+
+    def _operation(self, fn: Callable[..., T], change, *args, **kwargs) -> T:
+        """``fn`` as one operation runs it inside its transaction (a store retrying the
+        transaction after a conflict calls this again): at most once under a OnceReq,
+        its change logged with it, the change-log counter taken last (it orders writers)."""
+        result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
+        if ran and change is not None:
+            inodes, entries = change(result) if callable(change) else change
+            self.store.log_change(time.time_ns(), change_log.encode(inodes, entries))
+        return result
 
     async def _write(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run one mutating operation and return once it is durable."""
