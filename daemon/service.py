@@ -40,6 +40,17 @@ up, one RpcClient per node, rows deleted on success); the healer
 (daemon/repair.py: re-replication, drain, bad copies, scrub and fsck requests,
 whose ``handle_*`` methods are dispatched like this class's own). A session
 that expires also gives back the chunks it allocated but never committed.
+
+Cluster duties (daemon/duties.py): the orphan sweep, the garbage collector,
+the repair passes, recording node states and trimming the change log and the
+applied-ops table run only while this daemon holds the ``duties`` lease
+(always, on SQLite); they are cancelled when it loses it.
+
+Every mutating operation goes through ``_write`` (or ``_write_locked``) as
+one ``_operation``: under a OnceReq it runs at most once (daemon/applied_ops.py),
+and its ``change=`` (what mounts must drop) is appended to the change log in
+the same transaction; the feed publishes the log after the commit
+(daemon/change_log.py).
 """
 
 from __future__ import annotations
