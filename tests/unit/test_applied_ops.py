@@ -10,6 +10,7 @@ import os
 import time
 
 import pytest
+import trio
 
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
@@ -123,3 +124,46 @@ async def test_a_resent_request_is_not_applied_twice_even_across_kill9(daemon, c
         with pytest.raises(StripefsError) as info:
             await c.call(P.CreateReq(parent=ROOT, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid))
         assert info.value.code == ErrorCode.EXISTS  # unwrapped requests are applied as they come
+
+
+async def test_a_client_whose_reply_was_lost_retries_on_the_next_daemon_without_applying_twice(daemon, ctx):
+    """The first daemon address is a relay that passes requests on but loses the reply
+    of the first create, as when a daemon dies between its commit and its reply."""
+    from stripefs.client.meta_rpc import MetaClient
+    from stripefs.common.transport import open_socket
+    import contextlib
+    import zmq
+
+    await daemon.wait_ready(ctx)
+    relay_address = daemon.address.rsplit(":", 1)[0] + ":0"
+    lost = []
+
+    async def relay(router, task_status):
+        async with open_socket(ctx, zmq.DEALER, connect=daemon.address) as upstream:
+            task_status.started()
+            while True:
+                identity, *frames = await router.recv_multipart()
+                await upstream.send_multipart([f.bytes for f in frames])
+                reply = await upstream.recv_multipart()
+                _, body = P.decode_request(frames[0].bytes)
+                if isinstance(body, P.OnceReq) and isinstance(body.body, P.CreateReq) and not lost:
+                    lost.append(body)  # applied by the daemon; the mount never hears of it
+                    continue
+                await router.send_multipart([identity.bytes, *[f.bytes for f in reply]])
+
+    async with open_socket(ctx, zmq.ROUTER, bind=relay_address) as router:
+        port = router.raw.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[-1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(relay, router)
+            client = MetaClient(ctx, [relay_address.rsplit(":", 1)[0] + f":{port}", daemon.address], timeout=1.0)
+            async with contextlib.AsyncExitStack() as stack:
+                await client.open(stack)
+                await client.hello("", patience_s=10)
+                created = await client.call(P.CreateReq(parent=ROOT, name=b"once", mode=0o644, uid=0, gid=0,
+                                                        session_id=client.session_id))
+                assert isinstance(created, P.OpenRsp) and len(lost) == 1  # not EEXIST: the first answer
+                listing = await client.call(P.ReaddirReq(ino=ROOT))
+                assert [e.name for e in listing.entries] == [b"once"] and listing.entries[0].attr.ino == created.attr.ino
+                # the next op carries the next id and says the first one was answered
+                await client.call(P.UnlinkReq(parent=ROOT, name=b"once"))
+            nursery.cancel_scope.cancel()
