@@ -890,6 +890,11 @@ class OnceReq(Msg, tag="once"):
     body: "Request"
 
 
+def kind(msg: Msg) -> str:
+    """The message's type name for metrics and logs: a OnceReq counts as what it carries."""
+    return type(msg.body).__name__ if isinstance(msg, OnceReq) else type(msg).__name__
+
+
 #: requests a client wraps in OnceReq (they change the namespace and are not naturally idempotent)
 ONCE_MESSAGES: frozenset[str] = frozenset(
     "SetattrReq CreateReq MknodReq MkdirReq SymlinkReq LinkReq UnlinkReq RmdirReq RenameReq"

@@ -231,7 +231,7 @@ class RpcClient:
         if body is None:
             raise StripefsError(
                 ErrorCode.TIMEOUT,
-                f"{type(request).__name__} to {self.address} got no reply within {deadline:.1f}s",
+                f"{protocol.kind(request)} to {self.address} got no reply within {deadline:.1f}s",
             )
         if isinstance(body, protocol.ErrorRsp):
             raise StripefsError(body.code, body.message)
@@ -281,12 +281,12 @@ async def serve(
             try:
                 result = await handler(body, payloads)
             except StripefsError as exc:
-                log.debug("%s: %s (request %d) -> %s", name, type(body).__name__, request_id, exc)
-                metrics.REQUEST_ERRORS.labels(name, type(body).__name__, exc.code.name).inc()
+                log.debug("%s: %s (request %d) -> %s", name, protocol.kind(body), request_id, exc)
+                metrics.REQUEST_ERRORS.labels(name, protocol.kind(body), exc.code.name).inc()
                 await reply(identity, request_id, protocol.ErrorRsp(code=int(exc.code), message=exc.message))
                 return
             except Exception as exc:  # a bug: answer and log loudly, keep serving
-                log.exception("%s: handling %s (request %d) failed", name, type(body).__name__, request_id)
+                log.exception("%s: handling %s (request %d) failed", name, protocol.kind(body), request_id)
                 await reply(
                     identity, request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
                 )
@@ -321,7 +321,7 @@ async def serve(
 
 
 def _observe_rpc(peer: str, request: protocol.Msg, body: protocol.Msg | None, seconds: float) -> None:
-    kind = type(request).__name__
+    kind = protocol.kind(request)
     metrics.RPC_SECONDS.labels(peer, kind).observe(seconds)
     if body is None:
         metrics.RPC_ERRORS.labels(peer, kind, "TIMEOUT").inc()
@@ -334,7 +334,7 @@ def _observe_rpc(peer: str, request: protocol.Msg, body: protocol.Msg | None, se
 
 
 def _observe_served(server: str, body: protocol.Msg, payloads: list, result, seconds: float) -> None:
-    metrics.REQUEST_SECONDS.labels(server, type(body).__name__).observe(seconds)
+    metrics.REQUEST_SECONDS.labels(server, protocol.kind(body)).observe(seconds)
     if payloads:
         metrics.PAYLOAD_BYTES.labels(server, "in").inc(sum(memoryview(f).nbytes for f in payloads))
     if isinstance(result, tuple) and result[1]:
