@@ -53,18 +53,24 @@ class ChangeFeed:
     def publish_new(self, store) -> int:
         """Publish the committed changes after the last one published; how many.
 
-        Call where ``store`` sees only committed rows (right after a commit, or in a
-        transaction of its own)."""
+        Call on the trio thread (the socket is not thread-safe) where ``store``
+        sees only committed rows (right after a commit)."""
         published = 0
         while True:
             rows = store.changes_after(self.seq, change_log.PAGE)
-            for seq, blob in rows:
-                inodes, entries = change_log.decode(blob)
-                self.seq = seq
-                self._send(P.ChangeEvent(self.boot_id, seq, inodes, entries))
+            self.publish(rows)
             published += len(rows)
             if len(rows) < change_log.PAGE:
                 return published
+
+    def publish(self, rows: list[tuple[int, bytes]]) -> None:
+        """Publish change-log rows read after ``seq`` (on the trio thread)."""
+        for seq, blob in rows:
+            if seq <= self.seq:  # read twice (two readers raced): already out
+                continue
+            inodes, entries = change_log.decode(blob)
+            self.seq = seq
+            self._send(P.ChangeEvent(self.boot_id, seq, inodes, entries))
 
     def _send(self, event: P.ChangeEvent) -> None:
         try:

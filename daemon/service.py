@@ -123,6 +123,7 @@ class MetaService:
         self._wake_committer = trio.Event()
         self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
         self._gc_wake = trio.Event()
+        self._feed_wake = trio.Event()
         self.healer = Healer(self)  # re-replication, drain, scrub, fsck (daemon/repair.py)
         self._handlers: dict[type, Callable] = {}
         self.feed: ChangeFeed | None = None
@@ -253,6 +254,7 @@ class MetaService:
                 key.used = True  # one operation per OnceReq
         self.healer.stale = True  # redundancy figures in status are recomputed
         await batch.wait()
+        self._feed_wake.set()  # a shared database: publish this change now, not at the next poll
         return result
 
     async def _committer(self) -> None:
@@ -309,10 +311,19 @@ class MetaService:
         await trio.sleep_forever()  # a duty task: ends with the term
 
     async def _feed_poll_loop(self) -> None:
-        """A shared database: publish the changes other daemons made (daemon/change_log.py)."""
+        """A shared database: publish the log as it grows, whichever daemon wrote it (daemon/change_log.py).
+
+        Woken at once by this daemon's own writes, else every POLL_S for the others'.
+        The rows are read in a transaction of their own, then sent from this thread."""
         while True:
-            await trio.sleep(change_log.POLL_S)
-            await self._read(self.feed.publish_new, self.store)
+            with trio.move_on_after(change_log.POLL_S):
+                await self._feed_wake.wait()
+            self._feed_wake = trio.Event()
+            while True:
+                rows = await self._read(self.store.changes_after, self.feed.seq, change_log.PAGE)
+                self.feed.publish(rows)
+                if len(rows) < change_log.PAGE:
+                    break
 
     async def _trim_loop(self) -> None:
         """Keep the change log and the applied-ops table bounded (a duty)."""
