@@ -86,13 +86,20 @@ class MetaClient:
                     log.info("metadata daemon %s answers again", client.address)
                 return reply
             except StripefsError as exc:
+                if exc.code in _RETRYABLE:
+                    self._next_after(client)  # also without retry: the next request (a feed_info, say) goes elsewhere
                 if not retry or exc.code not in _RETRYABLE or trio.current_time() > deadline:
                     raise
                 attempt += 1
                 if attempt == 1:
                     log.warning("metadata daemon %s: %s; retrying", client.address, exc.message)
-                self._current = (self._current + 1) % len(self._clients)
                 await trio.sleep(min(0.1 * attempt, 1.0))
+
+    def _next_after(self, failed: RpcClient) -> None:
+        """Move on from ``failed``, once: many requests timing out on one dead daemon
+        together must not rotate the mount past the live one and back."""
+        if self._clients[self._current] is failed:
+            self._current = (self._current + 1) % len(self._clients)
 
     async def hello(self, mountpoint: str, *, patience_s: float) -> None:
         """Open a session; QuietError-friendly StripefsError if nobody answers within ``patience_s``."""
@@ -121,17 +128,25 @@ class MetaClient:
         )
 
     async def feed_info(self) -> tuple[str, str, int]:
-        """Where the daemon's change feed is now: (address, boot id, last change); "" without a feed.
+        """Where the current daemon's change feed is now: (address, log id, last change); "" without a feed.
 
         Asked, not remembered from the hello: a restarted daemon adopts our session
-        without a new hello, and its feed may be on another port.
+        without a new hello, and its feed may be on another port. A daemon that does
+        not answer is left for the next one (the mount then follows that one's feed:
+        every daemon publishes the whole change log).
         """
-        rsp = await self.call(p.PingReq(), retry=False)
+        client = self._clients[self._current]
+        try:
+            rsp, _ = await client.call(p.PingReq())
+        except StripefsError as exc:
+            if exc.code in _RETRYABLE:
+                self._next_after(client)
+            raise
         assert isinstance(rsp, p.PingRsp)
         log_id = rsp.events_log or rsp.boot_id  # the change log's id names the feed's events
         if not rsp.events_port:
             return "", log_id, rsp.events_seq
-        host = self.addresses[self._current].rsplit(":", 1)[0]
+        host = client.address.rsplit(":", 1)[0]
         return f"{host}:{rsp.events_port}", log_id, rsp.events_seq
 
     async def heartbeat_loop(self, mountpoint: str) -> None:

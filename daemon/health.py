@@ -239,6 +239,22 @@ class NodeRegistry:
         ]
 
 
+    # -- several daemons ---------------------------------------------------------
+
+    def admin_states(self) -> dict[int, str]:
+        """The administrative state of every known node as stored (run in a read transaction)."""
+        return {node_id: self._store.get_meta(_ADMIN_KEY.format(node_id), "") or "" for node_id in list(self._nodes)}
+
+    def apply_admin_states(self, admins: dict[int, str], now: float | None = None) -> None:
+        """Adopt drains, undrains and removals an operator made through another daemon."""
+        now = time.monotonic() if now is None else now
+        for node_id, admin in admins.items():
+            node = self._nodes.get(node_id)
+            if node is not None and node.admin != admin and node.admin != "removed":
+                node.admin = admin
+                self._update(node, now, f"operator, through another daemon: {admin or 'undrain'}")
+
+
 @dataclass
 class _Session:
     session_id: int

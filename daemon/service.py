@@ -297,6 +297,8 @@ class MetaService:
                 for node_id in self.nodes.sweep(now):
                     if self.duties.leading:  # every daemon hears every node; one records the decision
                         self._write_locked(self.store.set_node_state, node_id, "down")
+            if self.store.shared:  # an operator may have drained or removed a node through another daemon
+                self.nodes.apply_admin_states(await self._read(self.nodes.admin_states))
             expired = self.sessions.expire(now)
             await self._release(expired)
             if expired:

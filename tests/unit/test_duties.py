@@ -111,3 +111,25 @@ async def test_duties_move_to_the_other_daemon_when_the_holder_stops(store):
             assert not a.leading and b.term == a.term + 1
             assert store.get_lease("duties")[0] == "b" and not overlap
             nursery.cancel_scope.cancel()
+
+
+def test_a_drain_made_through_another_daemon_is_adopted(tmp_path):
+    from stripefs.daemon.health import NodeRegistry
+
+    a_store = SqliteStore(open_database(tmp_path / "meta.sqlite3", P.Layout(1 << 20, 1, "replicas=1")))
+    b_store = SqliteStore(open_database(tmp_path / "meta.sqlite3", P.Layout(1 << 20, 1, "replicas=1")))
+    reg = P.RegisterNodeReq(node_id=3, address="tcp://n3:1", host="h3", capacity_bytes=1, free_bytes=1, used_bytes=0, chunks=0)
+    a, b = NodeRegistry(a_store, 10.0), NodeRegistry(b_store, 10.0)
+    a.register(reg, now=0.0)
+    b.register(reg, now=0.0)  # the node heartbeats both daemons
+    changes = []
+    b.on_change = lambda node_id, old, new: changes.append((node_id, old, new))
+    a.set_admin(3, "draining", now=1.0)  # the operator asked daemon a
+    assert a.state(3) == "draining" and b.state(3) == "up"
+    b.apply_admin_states(b.admin_states(), now=1.0)
+    assert b.state(3) == "draining" and changes == [(3, "up", "draining")]
+    a.set_admin(3, "", now=2.0)
+    b.apply_admin_states(b.admin_states(), now=2.0)
+    assert b.state(3) == "up"
+    a_store.close()
+    b_store.close()
