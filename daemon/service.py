@@ -57,6 +57,7 @@ import functools
 import logging
 import sqlite3
 import stat
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -147,7 +148,7 @@ class MetaService:
             self._db_lock = lock_database(self.db_path)  # released when this process exits
             self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s, self.config.node_suspect_s)
-        self.nodes.on_change = self.healer.node_changed
+        self.nodes.on_change = self._on_trio_thread(self.healer.node_changed)
         self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
         self.cluster_id = self.store.get_meta("cluster_id")
         if self.cluster_id is None:  # a database from before cluster ids, or a new one
@@ -161,6 +162,18 @@ class MetaService:
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
             self._db_name(), self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
         )
+
+    def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """``fn`` run on the trio thread even when called from a PostgreSQL worker thread (it wakes trio tasks)."""
+        trio_thread = threading.get_ident()
+
+        def call(*args) -> None:
+            if threading.get_ident() == trio_thread:
+                fn(*args)
+            else:
+                trio.from_thread.run_sync(fn, *args)
+
+        return call
 
     def _db_name(self) -> str:
         return str(self.db_path) if self.store is None or self.store.group_commit else "PostgreSQL"
