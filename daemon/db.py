@@ -50,6 +50,10 @@ Tables
     DeleteChunksReq to nodes that are up and deletes the rows that succeeded.
     Placing a chunk on a node deletes that node's garbage rows for the chunk.
 
+``daemons(boot_id PRIMARY KEY, until_ns)``, ``open_holds(boot_id, ino, PK(boot_id, ino))``
+    (schema version 2) With PostgreSQL, the inodes each live daemon's sessions
+    hold open, renewed every second (daemon/open_holds.py). Unused with SQLite.
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -203,8 +207,20 @@ def execute_script(db, script: str) -> None:
             db.execute(statement)
 
 
+def _migrate_2(db, root_layout: Layout) -> None:
+    """Open files held through several daemons (daemon/open_holds.py; unused with SQLite)."""
+    execute_script(
+        db,
+        """
+        CREATE TABLE daemons (boot_id TEXT PRIMARY KEY, until_ns INTEGER NOT NULL);
+        CREATE TABLE open_holds (boot_id TEXT NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (boot_id, ino));
+        CREATE INDEX open_holds_ino ON open_holds(ino)
+        """,
+    )
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
-MIGRATIONS: list[Callable[..., None]] = [_migrate_1]
+MIGRATIONS: list[Callable[..., None]] = [_migrate_1, _migrate_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

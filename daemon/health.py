@@ -351,6 +351,11 @@ class Sessions:
     def is_open(self, ino: int) -> bool:
         return self._open_count.get(ino, 0) > 0
 
+    @_locked
+    def open_inodes(self) -> set[int]:
+        """Every inode some session holds open."""
+        return set(self._open_count)
+
 
 def _check_node_id(node_id: int) -> None:
     if node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)

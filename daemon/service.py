@@ -26,6 +26,9 @@ SERIALIZABLE for writes, a REPEATABLE READ snapshot for reads, retried on
 serialization failures), committed before the reply, so several daemons can
 serve one database at once (daemon/pg_store.py). ``_write_locked`` (background
 work holding ``_lock``) runs its operation as one transaction on the spot.
+Open files are shared between daemons through the database
+(daemon/open_holds.py), so an unlinked file stays while a mount of any daemon
+holds it.
 
 Read-only requests answer as soon as they hold the lock. They may see a
 change another request made but whose commit is still pending (a few ms);
@@ -77,6 +80,7 @@ from . import redundancy
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
 from .repair import Healer
+from .open_holds import OpenHolds
 from .pg_store import open_pg_store
 from .store import SqliteStore
 
@@ -149,7 +153,9 @@ class MetaService:
             self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s, self.config.node_suspect_s)
         self.nodes.on_change = self._on_trio_thread(self.healer.node_changed)
-        self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
+        # several daemons (PostgreSQL): a file is open if a session of any of them holds it
+        self.holds = None if self.store.group_commit else OpenHolds(self)
+        self.ns = Namespace(self.store, self.nodes, is_open=self.holds.is_open if self.holds else self.sessions.is_open)
         self.cluster_id = self.store.get_meta("cluster_id")
         if self.cluster_id is None:  # a database from before cluster ids, or a new one
             self.cluster_id = uuid.uuid4().hex
@@ -193,6 +199,8 @@ class MetaService:
                 nursery.start_soon(self._health_loop, name="meta-health")
                 nursery.start_soon(self._startup_orphan_sweep, name="meta-orphans")
                 nursery.start_soon(self._gc_loop, name="meta-gc")
+                if self.holds is not None:
+                    nursery.start_soon(self.holds.run, name="meta-open-holds")
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
                 await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()

@@ -323,6 +323,37 @@ class SqlStore:
         self._x("DELETE FROM chunks WHERE ino=? AND version=0", (ino,))
         return len(rows)
 
+    # -- open files held through several daemons (daemon/open_holds.py) ------
+
+    def renew_daemon(self, boot_id: str, until_ns: int) -> None:
+        self._x(
+            "INSERT INTO daemons (boot_id, until_ns) VALUES (?,?) ON CONFLICT (boot_id) DO UPDATE SET until_ns=excluded.until_ns",
+            (boot_id, until_ns),
+        )
+
+    def add_holds(self, boot_id: str, inos: Sequence[int]) -> None:
+        self._xm("INSERT OR IGNORE INTO open_holds (boot_id, ino) VALUES (?,?)", ((boot_id, ino) for ino in inos))
+
+    def drop_holds(self, boot_id: str, inos: Sequence[int]) -> None:
+        self._xm("DELETE FROM open_holds WHERE boot_id=? AND ino=?", ((boot_id, ino) for ino in inos))
+
+    def forget_dead_daemons(self, now_ns: int) -> None:
+        """Holds of daemons that stopped renewing go."""
+        self._x("DELETE FROM open_holds WHERE boot_id IN (SELECT boot_id FROM daemons WHERE until_ns < ?)", (now_ns,))
+        self._x("DELETE FROM daemons WHERE until_ns < ?", (now_ns,))
+
+    def held_elsewhere(self, ino: int, boot_id: str, now_ns: int, changed_after_ns: int) -> bool:
+        """Another live daemon's session holds ``ino``, or it changed after ``changed_after_ns``."""
+        return (
+            self._x(
+                "SELECT 1 FROM inodes WHERE ino=? AND ctime_ns > ? UNION ALL"
+                " SELECT 1 FROM open_holds h JOIN daemons d ON d.boot_id = h.boot_id"
+                " WHERE h.ino=? AND h.boot_id<>? AND d.until_ns > ? LIMIT 1",
+                (ino, changed_after_ns, ino, boot_id, now_ns),
+            ).fetchone()
+            is not None
+        )
+
     # -- storage nodes -----------------------------------------------------
 
     def upsert_node(self, node_id: int, address: str, host: str, capacity: int, free: int, used: int, chunks: int, now_ns: int) -> None:

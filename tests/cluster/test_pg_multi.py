@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import psycopg
@@ -171,3 +172,36 @@ def _paths_under(entries: dict[int, tuple[int, bytes]], top: int) -> list[str]:
             out.append(path)
             stack.append((child, path + "/"))
     return sorted(out)
+
+
+def test_file_open_through_one_daemon_survives_unlink_through_the_other(pg_cluster, mounts):
+    """daemon/open_holds.py: daemon 1 must not reclaim a file that a mount of daemon 2 holds open."""
+    from stripefs.daemon.open_holds import GRACE_S, SWEEP_INTERVAL_S
+
+    m1, m2 = mounts
+    (m1 / "held").mkdir()
+    (m1 / "held" / "f").write_bytes(os.urandom(300_000))
+    ino = os.stat(m1 / "held" / "f").st_ino
+    dsn = _dsn(pg_cluster)
+
+    def rows():
+        with psycopg.connect(dsn) as conn:
+            inode = conn.execute("SELECT nlink FROM inodes WHERE ino=%s", (ino,)).fetchone()
+            chunks = conn.execute("SELECT count(*) FROM chunks WHERE ino=%s", (ino,)).fetchone()[0]
+        return inode, chunks
+
+    fd = os.open(m2 / "held" / "f", os.O_RDONLY)
+    try:
+        assert len(os.pread(fd, 10, 0)) == 10
+        os.unlink(m1 / "held" / "f")
+        # past the grace period and two orphan sweeps of every daemon: still there, an orphan
+        time.sleep(GRACE_S + 2 * SWEEP_INTERVAL_S + 1)
+        inode, chunks = rows()
+        assert inode == (0,) and chunks >= 1
+    finally:
+        os.close(fd)
+    deadline = time.monotonic() + 60
+    while rows()[0] is not None:  # released: reclaimed by a daemon
+        assert time.monotonic() < deadline, "orphan never reclaimed after the last close"
+        time.sleep(0.5)
+    assert rows() == (None, 0)
