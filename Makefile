@@ -69,6 +69,7 @@ bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py
 	$(PY) bench/ec.py
 	$(PY) bench/dataloader.py --dataset
+	$(PY) bench/meta.py
 
 clean: stop
 	rm -rf $(VENV) *.egg-info

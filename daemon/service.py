@@ -159,9 +159,8 @@ class MetaService:
         self.cluster_id = self.store.get_meta("cluster_id")
         if self.cluster_id is None:  # a database from before cluster ids, or a new one
             self.cluster_id = uuid.uuid4().hex
-            self.store.set_meta("cluster_id", self.cluster_id)  # autocommit: outside the service's transaction
-            if not self.store.group_commit:  # another daemon may have set it first
-                self.cluster_id = self.store.get_meta("cluster_id")
+            # autocommit, outside the service's transaction; with several daemons starting at once the first one's wins
+            self.cluster_id = self.store.init_meta("cluster_id", self.cluster_id)
         if self.store.group_commit:
             self.store.begin()
         log.info(

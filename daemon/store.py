@@ -80,6 +80,11 @@ class SqlStore:
         row = self._x("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return default if row is None else row[0]
 
+    def init_meta(self, key: str, value):
+        """Set ``key`` unless it is set; the value it has now."""
+        self._x("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", (key, value))
+        return self.get_meta(key)
+
     def set_meta(self, key: str, value) -> None:
         self._x("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value", (key, value))
 
