@@ -131,6 +131,7 @@ class Cluster:
         self.pids: dict[str, int] = {}
         self.metrics: dict[str, str] = {}
         self.options: list[str] = []  # extra `-o` mount options for every later `up` (e.g. dataset)
+        self.up_args: list[str] = []  # extra `local up` arguments (e.g. --meta-store postgresql --metas 2)
         self.lock = threading.Lock()  # up/down never overlap (the supervisor may tear down)
         self.closed = False
 
@@ -147,11 +148,13 @@ class Cluster:
             if self.closed:
                 raise BenchError("cluster was torn down")
             self._run("local", "up", "--dir", str(self.state), "--mount", str(self.mnt),
-                      "--nodes", str(self.nodes), *(a for o in self.options for a in ("-o", o)))
+                      "--nodes", str(self.nodes), *(a for o in self.options for a in ("-o", o)), *self.up_args)
             status = json.loads(self._run("local", "status", "--dir", str(self.state), "--json"))
         pids, metrics = {}, {}
         for p in status["processes"]:
             name = p["role"] if p["node_id"] is None else f"{p['role']}-{p['node_id']}"
+            if name in pids:  # a second metadata daemon: meta-2, ...
+                name = f"{name}-{sum(1 for n in pids if n.split('-')[0] == name) + 1}"
             if p["state"] != "up" or not p["pid"]:
                 raise BenchError(f"after 'local up', {name} is {p['state']}")
             pids[name] = p["pid"]

@@ -1,4 +1,4 @@
-"""The metadata database: one SQLite file, its schema and its migrations.
+"""The metadata database: its schema and its migrations (SQLite file or PostgreSQL).
 
 This docstring is the schema's specification; ``_migrate_1`` is its code.
 
@@ -50,8 +50,12 @@ Tables
     DeleteChunksReq to nodes that are up and deletes the rows that succeeded.
     Placing a chunk on a node deletes that node's garbage rows for the chunk.
 
+``daemons(boot_id PRIMARY KEY, until_ns)``, ``open_holds(boot_id, ino, PK(boot_id, ino))``
+    (schema version 2) With PostgreSQL, the inodes each live daemon's sessions
+    hold open, renewed every second (daemon/open_holds.py). Unused with SQLite.
+
 ``change_log(seq PRIMARY KEY, created_ns, event)``
-    Every namespace change, numbered 1, 2, 3... in commit order, written in
+    (schema version 3) Every namespace change, numbered 1, 2, 3... in commit order, written in
     the transaction that made the change; every daemon's change feed publishes
     it in order (daemon/change_log.py). ``counters(name, value)`` row
     ``change_seq`` is the last number handed out (its row lock orders the
@@ -75,7 +79,21 @@ The service keeps one transaction open and commits it in groups
 
 Migrations: ``MIGRATIONS[i]`` takes the schema from version ``i`` to ``i+1``;
 each runs in its own transaction with the new ``schema_version``. A database
-newer than this code is refused.
+newer than this code is refused. A migration is a function ``(db, root_layout)``
+whose ``db.execute(sql, params)`` takes the shared SQL text (SQLite's spelling,
+``?`` placeholders; daemon/dialect.py rewrites it for PostgreSQL), so one
+migration serves both engines; ``execute_script(db, text)`` runs several
+statements. Where the engines really differ, branch on ``db.dialect`` (as
+``_migrate_1`` does for the epoch sequence). On PostgreSQL several daemons may
+start at once: each migration is one transaction (PostgreSQL's DDL is
+transactional), and a daemon whose migration fails re-reads the version and
+carries on if another daemon applied it meanwhile (``PgStore.migrate``).
+
+PostgreSQL differences (the same tables otherwise): ``meta.value`` is TEXT
+(readers convert: ``int(get_meta(...))``); integers are BIGINT; ``ino`` and
+``cookie`` are identity columns (never reused); epochs come from the sequence
+``epochs`` (strictly increasing across every daemon, see
+namespace.alloc_epoch), not from ``epoch_hwm``.
 """
 
 from __future__ import annotations
@@ -99,11 +117,11 @@ ROOT_INO = 1
 DB_NAME = "meta.sqlite3"
 
 
-def _migrate_1(conn: sqlite3.Connection, root_layout: Layout) -> None:
-    _execute_script(
-        conn,
+def _migrate_1(db, root_layout: Layout) -> None:
+    execute_script(
+        db,
         """
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value);
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value%s);
         CREATE TABLE inodes (
             ino INTEGER PRIMARY KEY AUTOINCREMENT,
             mode INTEGER NOT NULL,
@@ -170,13 +188,16 @@ def _migrate_1(conn: sqlite3.Connection, root_layout: Layout) -> None:
         CREATE INDEX garbage_by_node ON garbage(node_id, id);
         CREATE INDEX garbage_by_chunk ON garbage(ino, idx);
         """
+        % ("" if db.dialect.name == "sqlite" else " TEXT"),  # SQLite: untyped, values keep their type
     )
+    if db.dialect.sequences:
+        db.execute("CREATE SEQUENCE epochs START WITH 1")
     now = time.time_ns()
-    conn.execute(
-        "INSERT INTO inodes (ino, mode, uid, gid, nlink, atime_ns, mtime_ns, ctime_ns,"
-        " chunk_size, stripe_count, redundancy, stripe_seed) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+    # the first inode number of the table: the root, ROOT_INO, on both engines
+    root = db.execute(
+        "INSERT INTO inodes (mode, uid, gid, nlink, atime_ns, mtime_ns, ctime_ns,"
+        " chunk_size, stripe_count, redundancy, stripe_seed) VALUES (?,?,?,?,?,?,?,?,?,?,?) RETURNING ino",
         (
-            ROOT_INO,
             stat.S_IFDIR | 0o755,
             os.getuid(),
             os.getgid(),
@@ -189,18 +210,33 @@ def _migrate_1(conn: sqlite3.Connection, root_layout: Layout) -> None:
             root_layout.redundancy,
             random.getrandbits(31),
         ),
-    )
-    conn.execute("INSERT INTO meta (key, value) VALUES ('epoch_hwm', 1)")
+    ).fetchone()[0]
+    if root != ROOT_INO:
+        raise RuntimeError(f"the root directory got inode {root}, not {ROOT_INO}: the inodes table was not empty")
+    db.execute("INSERT INTO meta (key, value) VALUES ('epoch_hwm', ?)", (1,))
 
 
-def _execute_script(conn: sqlite3.Connection, script: str) -> None:
-    # not conn.executescript: that may COMMIT the caller's transaction first
+def execute_script(db, script: str) -> None:
+    """Run ``;``-separated statements (no ``;`` inside literals) through ``db.execute``."""
+    # not sqlite3's executescript: that may COMMIT the caller's transaction first
     for statement in script.split(";"):
         if statement.strip():
-            conn.execute(statement)
+            db.execute(statement)
 
 
-def _migrate_2(conn, root_layout: Layout) -> None:
+def _migrate_2(db, root_layout: Layout) -> None:
+    """Open files held through several daemons (daemon/open_holds.py; unused with SQLite)."""
+    execute_script(
+        db,
+        """
+        CREATE TABLE daemons (boot_id TEXT PRIMARY KEY, until_ns INTEGER NOT NULL);
+        CREATE TABLE open_holds (boot_id TEXT NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (boot_id, ino));
+        CREATE INDEX open_holds_ino ON open_holds(ino)
+        """,
+    )
+
+
+def _migrate_3(db, root_layout: Layout) -> None:
     """Several daemons over one database: change log, applied operations, leases.
 
     Portable SQL only (SQLite, PostgreSQL, CockroachDB): plain INTEGER/BIGINT
@@ -218,19 +254,32 @@ def _migrate_2(conn, root_layout: Layout) -> None:
         "CREATE TABLE counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
         "INSERT INTO counters (name, value) VALUES ('change_seq', 0)",
     ):
-        conn.execute(statement)
-    conn.execute("INSERT INTO meta (key, value) VALUES ('change_log_id', ?)", (uuid.uuid4().hex,))
+        db.execute(statement)
+    db.execute("INSERT INTO meta (key, value) VALUES ('change_log_id', ?)", (uuid.uuid4().hex,))
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection, Layout], None]] = [_migrate_1, _migrate_2]
+#: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
+MIGRATIONS: list[Callable[..., None]] = [_migrate_1, _migrate_2, _migrate_3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def schema_version(conn: sqlite3.Connection) -> int:
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone():
+def schema_version(db) -> int:
+    """The version of a database (0: empty); ``db`` is a store or a sqlite3 connection."""
+    if getattr(getattr(db, "dialect", None), "name", "sqlite") == "sqlite":
+        found = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+    else:
+        found = db.execute("SELECT 1 FROM information_schema.tables WHERE table_name='meta' AND table_schema=current_schema()").fetchone()
+    if not found:
         return 0
-    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     return int(row[0]) if row else 0
+
+
+def set_schema_version(db, version: int) -> None:
+    db.execute(
+        "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+        (version,),
+    )
 
 
 def lock_database(path: str | Path):
@@ -274,12 +323,15 @@ def open_database(path: str | Path, root_layout: Layout) -> sqlite3.Connection:
     if version > SCHEMA_VERSION:
         conn.close()
         raise RuntimeError(f"{path} has schema version {version}; this stripefs knows only up to {SCHEMA_VERSION}")
+    from .store import SqliteStore
+
+    db = SqliteStore(conn)
     for target in range(version + 1, SCHEMA_VERSION + 1):
         log.info("database %s: migrating schema to version %d", path, target)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            MIGRATIONS[target - 1](conn, root_layout)
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (target,))
+            MIGRATIONS[target - 1](db, root_layout)
+            set_schema_version(db, target)
         except BaseException:
             conn.execute("ROLLBACK")
             conn.close()

@@ -19,6 +19,17 @@ pays one fsync and no timer, and no reply ever announces a change that a
 ``kill -9`` could lose.
 If COMMIT fails the batch is rolled back and its waiters get IO errors.
 
+PostgreSQL (``store = "postgresql"``): no group commit and no ``_lock`` on
+the request path. ``_read`` and ``_write`` run each operation as its own
+transaction in a worker thread on a pooled connection (``PgStore.run``:
+SERIALIZABLE for writes, a REPEATABLE READ snapshot for reads, retried on
+serialization failures), committed before the reply, so several daemons can
+serve one database at once (daemon/pg_store.py). ``_write_locked`` (background
+work holding ``_lock``) runs its operation as one transaction on the spot.
+Open files are shared between daemons through the database
+(daemon/open_holds.py), so an unlinked file stays while a mount of any daemon
+holds it.
+
 Read-only requests answer as soon as they hold the lock. They may see a
 change another request made but whose commit is still pending (a few ms);
 a crash in that window loses the change that was never acknowledged. Epochs
@@ -56,9 +67,11 @@ the same transaction; the feed publishes the log after the commit
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 import stat
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -80,6 +93,8 @@ from . import redundancy
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
 from .repair import Healer
+from .open_holds import OpenHolds
+from .pg_store import open_pg_store
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -145,22 +160,46 @@ class MetaService:
             stripe_count=self.config.stripe_count,
             redundancy=self.config.redundancy,
         )
-        self._db_lock = lock_database(self.db_path)  # released when this process exits
-        self.store = SqliteStore(open_database(self.db_path, layout))
+        self._db_lock = None
+        if self.config.store == "postgresql":
+            self.store = open_pg_store(self.config.dsn, layout, pool_size=self.config.pool_size)
+            self._limiter = trio.CapacityLimiter(max(1, self.config.pool_size))
+        else:
+            self._db_lock = lock_database(self.db_path)  # released when this process exits
+            self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s, self.config.node_suspect_s)
-        self.nodes.on_change = self.healer.node_changed
-        self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
+        self.nodes.on_change = self._on_trio_thread(self.healer.node_changed)
+        # several daemons (PostgreSQL): a file is open if a session of any of them holds it
+        self.holds = None if self.store.group_commit else OpenHolds(self)
+        self.ns = Namespace(self.store, self.nodes, is_open=self.holds.is_open if self.holds else self.sessions.is_open)
         self.cluster_id = self.store.get_meta("cluster_id")
         if self.cluster_id is None:  # a database from before cluster ids, or a new one
             self.cluster_id = uuid.uuid4().hex
-            self.store.set_meta("cluster_id", self.cluster_id)  # autocommit: outside the service's transaction
-        self.duties = Duties(f"{self.config.listen}#{self.boot_id[:8]}", shared=self.store.shared)
+            # autocommit, outside the service's transaction; with several daemons starting at once the first one's wins
+            self.cluster_id = self.store.init_meta("cluster_id", self.cluster_id)
+        self.duties = Duties(f"{self.config.listen}#{self.boot_id[:8]}", shared=not self.store.group_commit)
         self.duties.on_lost.append(self.healer.stop_pass)
-        self.store.begin()
+        if self.store.group_commit:
+            self.store.begin()
         log.info(
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
-            self.db_path, self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
+            self._db_name(), self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
         )
+
+    def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """``fn`` run on the trio thread even when called from a PostgreSQL worker thread (it wakes trio tasks)."""
+        trio_thread = threading.get_ident()
+
+        def call(*args) -> None:
+            if threading.get_ident() == trio_thread:
+                fn(*args)
+            else:
+                trio.from_thread.run_sync(fn, *args)
+
+        return call
+
+    def _db_name(self) -> str:
+        return str(self.db_path) if self.store is None or self.store.group_commit else "PostgreSQL"
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         own_ctx = self.ctx is None
@@ -176,8 +215,10 @@ class MetaService:
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 nursery.start_soon(self._committer, name="meta-committer")
                 nursery.start_soon(self._health_loop, name="meta-health")
+                if self.holds is not None:
+                    nursery.start_soon(self.holds.run, name="meta-open-holds")
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
-                if self.store.shared:
+                if not self.store.group_commit:
                     nursery.start_soon(self._feed_poll_loop, name="meta-feed-poll")
                 nursery.start_soon(self.duties.run, self._take_lease, self._release_lease, name="meta-lease")
                 nursery.start_soon(
@@ -196,10 +237,11 @@ class MetaService:
             with trio.CancelScope(shield=True):
                 await self._commit_now()
             self.store.close()
-            self._db_lock.close()
+            if self._db_lock is not None:
+                self._db_lock.close()
             if own_ctx:
                 self.ctx.term()
-            log.info("metadata daemon stopped; database %s closed", self.db_path)
+            log.info("metadata daemon stopped; database %s closed", self._db_name())
 
     def _events_address(self) -> str:
         if self.config.events_listen:
@@ -215,8 +257,15 @@ class MetaService:
     # -- group commit ----------------------------------------------------------
 
     async def _read(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        if not self.store.group_commit:
+            return await self._in_transaction(fn, args, kwargs, readonly=True)
         async with self._lock:
             return fn(*args, **kwargs)
+
+    async def _in_transaction(self, fn: Callable[..., T], args, kwargs, *, readonly: bool) -> T:
+        """PostgreSQL: one operation, one transaction, in a worker thread (daemon/pg_store.py)."""
+        call = functools.partial(self.store.run, fn, *args, readonly=readonly, **kwargs)
+        return await trio.to_thread.run_sync(call, limiter=self._limiter)
 
     def _write_locked(self, fn: Callable[..., T], *args, change=None, **kwargs) -> tuple[T, _Batch]:
         """Run one operation in its savepoint; the caller holds ``_lock``.
@@ -226,6 +275,10 @@ class MetaService:
         a function of the result giving them; logged in the same savepoint
         (daemon/change_log.py) and published once committed.
         """
+        if not self.store.group_commit:  # its own transaction, committed now (blocks this thread meanwhile)
+            done = _Batch()
+            done.done.set()
+            return self.store.run(self._operation, fn, change, *args, **kwargs), done
         with self.store.savepoint():
             result = self._operation(fn, change, *args, **kwargs)
         batch = self._batch
@@ -246,6 +299,12 @@ class MetaService:
     async def _write(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run one mutating operation and return once it is durable."""
         try:
+            if not self.store.group_commit:
+                change = kwargs.pop("change", None)
+                result = await self._in_transaction(self._operation, (fn, change, *args), kwargs, readonly=False)
+                self.healer.stale = True
+                self._feed_wake.set()  # publish this change now, not at the next poll
+                return result
             async with self._lock:
                 result, batch = self._write_locked(fn, *args, **kwargs)
         finally:
@@ -297,7 +356,7 @@ class MetaService:
                 for node_id in self.nodes.sweep(now):
                     if self.duties.leading:  # every daemon hears every node; one records the decision
                         self._write_locked(self.store.set_node_state, node_id, "down")
-            if self.store.shared:  # an operator may have drained or removed a node through another daemon
+            if not self.store.group_commit:  # an operator may have drained or removed a node through another daemon
                 self.nodes.apply_admin_states(await self._read(self.nodes.admin_states))
             expired = self.sessions.expire(now)
             await self._release(expired)
@@ -619,6 +678,8 @@ class MetaService:
         return P.EpochRsp(epoch=await self._alloc_epoch())
 
     async def _alloc_epoch(self) -> int:
+        if not self.store.group_commit:  # the database's sequence: durable as soon as handed out
+            return (await self._in_transaction(self.ns.alloc_epoch, (), {}, readonly=False))[0]
         async with self._lock:
             (epoch, raised), batch = self.ns.alloc_epoch(), None
             if raised:

@@ -73,7 +73,7 @@ def _meta_addresses(args, path: str | None = None) -> list[str]:
         if (state / "cluster.json").exists():
             from .local_cluster import LocalCluster
 
-            return [LocalCluster(state).meta_address]
+            return LocalCluster(state).meta_addresses
         raise QuietError(
             "cannot find the cluster: give a PATH inside a stripefs mount, --meta tcp://HOST:PORT, "
             "set $STRIPEFS_META, or --dir STATE of a local cluster"
@@ -203,7 +203,8 @@ def cmd_local(args) -> int:
 
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings)
+        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings,
+                          meta_store=args.meta_store, metas=args.metas)
     if args.action == "down":
         return cluster.down()
     if args.action == "add-node":
@@ -269,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--set", dest="settings", action="append", default=[], metavar="ROLE.KEY=VALUE",
                     help="config value for a new cluster, e.g. --set meta.node_timeout_s=3 --set storage.scrub_bandwidth=64M "
                     "(TOML value; roles meta, storage, client; repeatable; used when STATE is created)")
+    up.add_argument("--meta-store", choices=("sqlite", "postgresql"), default="sqlite",
+                    help="where metadata lives: an SQLite file (one daemon), or a throwaway PostgreSQL server started "
+                    "in STATE (needs Debian's postgresql package; several daemons) (default: %(default)s; used when STATE is created)")
+    up.add_argument("--metas", type=int, default=1, metavar="N",
+                    help="metadata daemons, each on its own port, all given to the storage nodes and the mount "
+                    "(N > 1 needs --meta-store postgresql) (default: %(default)s; used when STATE is created)")
     add = lsub.add_parser("add-node", help="start one more storage node", description="Create, start and register one more storage node in a running local cluster (then data rebalances onto it).")
     add.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     down = lsub.add_parser("down", help="unmount and stop everything 'up' started", description="Unmount and stop exactly the processes 'up' started (by pid). Data stays in the state directory.")
