@@ -17,23 +17,35 @@ from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect
 from stripefs.daemon import applied_ops
 from stripefs.daemon.db import open_database
+from stripefs.daemon.pg_store import open_pg_store
 from stripefs.daemon.store import SqliteStore
 
 from test_meta_service import ROOT, Daemon, _call, ctx  # noqa: F401  (ctx: its fixture)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = SqliteStore(open_database(tmp_path / "meta.sqlite3", P.Layout(1 << 20, 1, "replicas=1")))
-    s.begin()
+LAYOUT = P.Layout(1 << 20, 1, "replicas=1")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(tmp_path, request):
+    if request.param == "sqlite":
+        s = SqliteStore(open_database(tmp_path / "meta.sqlite3", LAYOUT))
+        s.begin()
+    else:
+        s = open_pg_store(request.getfixturevalue("pg_dsn"), LAYOUT, pool_size=2)
     yield s
     s.close()
+
+
+def _in_transaction(store, fn, *args):
+    """As the service runs an operation: SQLite inside its open transaction, PostgreSQL one transaction each."""
+    return fn(*args) if store.group_commit else store.run(fn, *args)
 
 
 def _once(key, store, fn, *args):
     token = applied_ops.once.set(key)
     try:
-        return applied_ops.run_once(store, fn, *args)
+        return _in_transaction(store, applied_ops.run_once, store, fn, *args)
     finally:
         applied_ops.once.reset(token)
 
@@ -50,7 +62,7 @@ def test_an_op_runs_once_and_its_result_is_replayed(store):
     assert ran and not ran_again and calls == ["a"] and again == first
     other, ran_other = _once(applied_ops.OnceKey(6, 1, 1), store, op, "c")  # another client's op 1
     assert ran_other and other[1] == "c"
-    assert applied_ops.run_once(store, op, "d") == (op("d"), True)  # no OnceReq in effect: plain call
+    assert _in_transaction(store, applied_ops.run_once, store, op, "d") == (op("d"), True)  # no OnceReq: a plain call
 
 
 def test_a_failed_op_records_nothing(store):
@@ -71,10 +83,44 @@ def test_the_table_is_trimmed_by_acknowledgement_and_by_age(store):
     _once(applied_ops.OnceKey(5, applied_ops.TRIM_EVERY, 30), store, lambda: None)
     assert store.count_applied() == applied_ops.TRIM_EVERY - 30 + 1
     assert store.get_applied(5, 29) is None and store.get_applied(5, 30) is not None
-    assert applied_ops.expire(store) == 0  # nothing is that old yet
+    assert _in_transaction(store, applied_ops.expire, store) == 0  # nothing is that old yet
     later = time.time_ns() + int((applied_ops.RETENTION_S + 1) * 1e9)
-    assert applied_ops.expire(store, now_ns=later) == applied_ops.TRIM_EVERY - 29
+    assert _in_transaction(store, applied_ops.expire, store, later) == applied_ops.TRIM_EVERY - 29
     assert store.count_applied() == 0
+
+
+def test_two_daemons_racing_one_retry_apply_it_once(pg_dsn):
+    """PostgreSQL: the first attempt and its retry run at once on two daemons; both miss the row,
+    both run the operation, one commits; the other's insert of the row conflicts, its transaction
+    is retried and answers the recorded result. The change is made once."""
+    import threading
+
+    stores = [open_pg_store(pg_dsn, LAYOUT, pool_size=2) for _ in range(2)]
+    both_ran = threading.Barrier(2, timeout=10)
+    results, calls = [None, None], []
+
+    def attempt(i):
+        store = stores[i]
+
+        def op():
+            calls.append(i)
+            if len(calls) <= 2:
+                both_ran.wait()  # both attempts are inside their transactions, both found no row
+            return store.log_change(i, b"x")  # a change: applied twice it would take two numbers
+
+        results[i] = _once(applied_ops.OnceKey(9, 1, 1), store, op)
+
+    try:
+        threads = [threading.Thread(target=attempt, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(ran for _, ran in results) == [False, True]  # one applied it, one answered from the row
+        assert results[0][0] == results[1][0] == 1 and stores[0].last_change_seq() == 1
+    finally:
+        for s in stores:
+            s.close()
 
 
 @pytest.fixture

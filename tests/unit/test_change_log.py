@@ -17,6 +17,7 @@ from stripefs.common import protocol as P
 from stripefs.daemon import change_log
 from stripefs.daemon.db import open_database
 from stripefs.daemon.events import ChangeFeed
+from stripefs.daemon.pg_store import open_pg_store
 from stripefs.daemon.store import SqliteStore
 
 LAYOUT = P.Layout(1 << 20, 1, "replicas=1")
@@ -62,8 +63,30 @@ def test_the_log_is_trimmed_to_its_newest_rows(two):
     assert a.last_change_seq() == 10
 
 
-async def test_a_change_made_through_one_daemon_reaches_a_mount_following_the_other(two, monkeypatch):
-    a, b = two
+@pytest.fixture(params=["sqlite", "postgresql"])
+def two_daemons(tmp_path, request):
+    """Two stores over one database, each writing as its daemon does: ``write(store, fn)``."""
+    if request.param == "sqlite":
+        stores = [SqliteStore(open_database(tmp_path / "meta.sqlite3", LAYOUT)) for _ in range(2)]
+
+        def write(store, fn):
+            store.begin()
+            fn()
+            store.commit()
+            store.rollback()
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        stores = [open_pg_store(dsn, LAYOUT, pool_size=2) for _ in range(2)]
+
+        def write(store, fn):
+            store.run(fn)
+    yield stores, write
+    for s in stores:
+        s.close()
+
+
+async def test_a_change_made_through_one_daemon_reaches_a_mount_following_the_other(two_daemons, monkeypatch):
+    (a, b), write = two_daemons
     calls = []
     monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), list(names))))
     ctx = zmq.Context()
@@ -83,11 +106,14 @@ async def test_a_change_made_through_one_daemon_reaches_a_mount_following_the_ot
                 while not cache.events_heard:  # subscribed once a heartbeat came through
                     feed_b._send(P.ChangeEvent(log_id, feed_b.seq, [], []))
                     await trio.sleep(0.05)
-                a.begin()  # "daemon A" renames x to y: one transaction, the change logged in it
-                a.log_change(0, change_log.encode([1], [(1, b"x"), (1, b"y")]))
-                assert feed_b.publish_new(b) == 0  # not committed: nothing to publish
-                a.commit()
-                a.rollback()
+                published = []
+
+                def rename():  # "daemon A" renames x to y: one transaction, the change logged in it
+                    a.log_change(0, change_log.encode([1], [(1, b"x"), (1, b"y")]))
+                    published.append(feed_b.publish_new(b))  # not committed yet: nothing to publish
+
+                write(a, rename)
+                assert published == [0]
                 assert feed_b.publish_new(b) == 1  # what B's poll loop does
                 while not calls:
                     await trio.sleep(0.01)

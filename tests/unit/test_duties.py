@@ -13,15 +13,20 @@ import trio
 from stripefs.common import protocol as P
 from stripefs.daemon import duties as D
 from stripefs.daemon.db import open_database
+from stripefs.daemon.pg_store import open_pg_store
 from stripefs.daemon.store import SqliteStore
 
 S = 1_000_000_000
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = SqliteStore(open_database(tmp_path / "meta.sqlite3", P.Layout(1 << 20, 1, "replicas=1")))
-    yield s  # autocommit: every statement its own transaction, as take_lease runs on a shared database
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(tmp_path, request):
+    layout = P.Layout(1 << 20, 1, "replicas=1")
+    if request.param == "sqlite":
+        s = SqliteStore(open_database(tmp_path / "meta.sqlite3", layout))
+    else:
+        s = open_pg_store(request.getfixturevalue("pg_dsn"), layout, pool_size=2)
+    yield s  # used outside transactions: one statement each (the service runs take_lease as one transaction)
     s.close()
 
 
