@@ -15,9 +15,10 @@ name; B alone would reclaim it under A's reader. So, with PostgreSQL:
   less than ``GRACE_S`` ago (a hold taken through another daemon in the last
   moments may not be written yet). Unlinking the last name therefore always
   leaves an orphan (the unlink itself is the change), and
-* every daemon sweeps orphans every ``SWEEP_INTERVAL_S`` and reclaims those
-  that nobody holds (each reclaim is one SERIALIZABLE transaction: two daemons
-  sweeping at once reclaim an inode once).
+* the daemon leading the cluster duties (daemon/duties.py) sweeps orphans
+  every ``SWEEP_INTERVAL_S`` and reclaims those that nobody holds (each
+  reclaim is one SERIALIZABLE transaction, so even two daemons sweeping at
+  once around a change of leader reclaim an inode once).
 
 A hold is thus visible to every daemon within ``SYNC_INTERVAL_S`` plus one
 transaction, well inside ``GRACE_S``; clocks of the daemons' machines may
@@ -68,7 +69,7 @@ class OpenHolds:
                 self._written = held
             except Exception as exc:  # a database error (logged by the store): retried next round
                 log.warning("open files of this daemon's sessions not written to the database: %s", exc)
-            if time.monotonic() - last_sweep >= SWEEP_INTERVAL_S:
+            if self.svc.duties.leading and time.monotonic() - last_sweep >= SWEEP_INTERVAL_S:  # a cluster duty
                 last_sweep = time.monotonic()
                 try:
                     reclaimed = await self.svc._write(self.svc.ns.reclaim_orphans)
