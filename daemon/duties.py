@@ -21,7 +21,8 @@ Losing it: a daemon leads only until ``TTL_S - MAX_SKEW_S`` after the start
 of its last successful renewal (measured on its own monotonic clock). If a
 renewal fails (the database is unreachable, the row names another holder)
 and that deadline passes, it stops its duties at once (their tasks are
-cancelled) before any other daemon can take the row, as long as the daemons'
+cancelled; a watchdog checks the deadline even while a renewal is stuck in a
+database call) before any other daemon can take the row, as long as the daemons'
 wall clocks differ by less than ``MAX_SKEW_S`` (run NTP). A clean stop gives
 the lease back (``release``) so the next daemon takes over at its next try.
 
@@ -113,18 +114,9 @@ class Duties:
         if not self.shared:
             return
         try:
-            while True:
-                started = time.monotonic()
-                row = None
-                with trio.move_on_after(self.renew_s):
-                    try:
-                        row = await take(LEASE, self.holder, time.time_ns(), int(self.ttl_s * 1e9))
-                    except Exception as exc:  # the database is unreachable or refused: try again
-                        log.warning("duties: cannot renew the lease: %s", exc)
-                if row is not None:
-                    self.apply(row, started)
-                self.expire(time.monotonic())
-                await trio.sleep_until(started + self.renew_s)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watchdog, name="duties-watchdog")
+                await self._renew_forever(take)
         finally:
             if self.leading:
                 with trio.CancelScope(shield=True), trio.move_on_after(2.0):
@@ -133,6 +125,26 @@ class Duties:
                         log.info("duties: lease given back")
                     except Exception as exc:
                         log.warning("duties: cannot give the lease back (it expires in %.0fs): %s", self.ttl_s, exc)
+
+    async def _watchdog(self) -> None:
+        """Stop leading at the deadline even while a renewal hangs (a database call cannot be abandoned)."""
+        while True:
+            await trio.sleep(min(0.1, self.renew_s / 4))
+            self.expire(time.monotonic())
+
+    async def _renew_forever(self, take: Take) -> None:
+        while True:
+            started = time.monotonic()
+            row = None
+            with trio.move_on_after(self.renew_s):
+                try:
+                    row = await take(LEASE, self.holder, time.time_ns(), int(self.ttl_s * 1e9))
+                except Exception as exc:  # the database is unreachable or refused: try again
+                    log.warning("duties: cannot renew the lease: %s", exc)
+            if row is not None:
+                self.apply(row, started)
+            self.expire(time.monotonic())
+            await trio.sleep_until(started + self.renew_s)
 
     async def run_while_leading(self, tasks: list[tuple[Callable[[], Awaitable[None]], str]]) -> None:
         """Run ``tasks`` during every term this daemon leads; they are cancelled when it stops."""
