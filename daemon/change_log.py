@@ -5,19 +5,26 @@ Mounts cache names and attributes in the kernel and drop them when told
 mount follows one daemon's feed but must hear of changes made through every
 daemon, in order. So the change is not announced from memory: the operation
 that makes it also appends a row to ``change_log`` in the same transaction
-(``MetaService._write`` with ``change=``), numbered by the ``change_seq``
-counter row (daemon/store.py ``log_change``). The counter's row lock makes
-numbers follow commit order with no holes: a writer cannot take number n+1
-before the holder of n has committed (or rolled back and given it back), so a
-reader that sees n+1 already sees n.
+(``MetaService._write`` with ``change=``), and every daemon's feed
+(daemon/events.py) publishes the log by its number ``seq``, reading
+``seq > last published``. Numbers follow commit order with no holes:
 
-Every daemon's feed (daemon/events.py) publishes the log in order, reading
-``seq > last published``: on SQLite right after each group commit (the only
-writer is this daemon, so nothing is polled and an event still goes out after
-the commit that made it durable, before the replies); on a shared database
-also every ``POLL_S``, which is how changes made through other daemons reach
-its mounts. (PostgreSQL's LISTEN/NOTIFY could shorten that wait; correctness
-never rests on it.)
+* SQLite (one writer, group commit): ``log_change`` numbers the row at once
+  from the ``change_seq`` counter row; the feed reads the new rows right
+  after each group commit, before the replies (nothing is polled).
+* A shared database (PostgreSQL): a counter row taken by every writer would
+  make every two concurrent namespace transactions conflict (SERIALIZABLE
+  aborts one; under a create storm some ran out of retries). So writers only
+  insert the row, unnumbered, and a *sequencer* (``number_changes``, run by
+  every daemon's feed loop every ``POLL_S`` and after its own writes, one
+  short transaction) numbers the rows that have committed, after the last
+  number. A row is visible to it only once its writer committed, so the
+  order follows commit order (rows committed between two runs are numbered
+  together, by id: their relative order does not matter to invalidations),
+  and a run's numbers become visible all at once with its commit: a reader
+  never sees a hole. Sequencers of two daemons racing conflict on the
+  counter row and one is retried. (LISTEN/NOTIFY could shorten the poll;
+  correctness never rests on it.)
 
 A row holds ``msgpack([inodes, entries])``: the inodes whose attributes or data
 changed and the (parent, name) entries created, removed or renamed.

@@ -54,12 +54,14 @@ Tables
     (schema version 2) With PostgreSQL, the inodes each live daemon's sessions
     hold open, renewed every second (daemon/open_holds.py). Unused with SQLite.
 
-``change_log(seq PRIMARY KEY, created_ns, event)``
-    (schema version 3) Every namespace change, numbered 1, 2, 3... in commit order, written in
-    the transaction that made the change; every daemon's change feed publishes
-    it in order (daemon/change_log.py). ``counters(name, value)`` row
-    ``change_seq`` is the last number handed out (its row lock orders the
-    writers); ``meta.change_log_id`` names this log (mounts compare it).
+``change_log(id PRIMARY KEY, seq UNIQUE, created_ns, event)``
+    (schema version 3) Every namespace change, written in the transaction
+    that made the change, numbered ``seq`` 1, 2, 3... in commit order (SQLite:
+    at once; a shared database: by a sequencer after the commit, NULL until
+    then); every daemon's change feed publishes it in order
+    (daemon/change_log.py). ``counters(name, value)`` row ``change_seq`` is
+    the last number handed out; ``meta.change_log_id`` names this log (mounts
+    compare it).
     Trimmed to the newest rows by the duties leader.
 
 ``applied_ops(client_id, op_id, created_ns, result, PK(client_id, op_id))``
@@ -239,13 +241,14 @@ def _migrate_2(db, root_layout: Layout) -> None:
 def _migrate_3(db, root_layout: Layout) -> None:
     """Several daemons over one database: change log, applied operations, leases.
 
-    Portable SQL only (SQLite, PostgreSQL, CockroachDB): plain INTEGER/BIGINT
-    and BLOB-like columns, no AUTOINCREMENT (the change log's numbers come from
-    the ``change_seq`` row of ``counters``, see daemon/change_log.py).
+    Portable SQL only (SQLite, PostgreSQL, CockroachDB), in the shared
+    spelling of daemon/dialect.py (the change log's numbers come from the
+    ``change_seq`` row of ``counters``, see daemon/change_log.py).
     """
     for statement in (
-        # BIGINT, not INTEGER PRIMARY KEY (an engine-numbered column): the counter numbers the log
-        "CREATE TABLE change_log (seq BIGINT NOT NULL PRIMARY KEY, created_ns BIGINT NOT NULL, event BLOB NOT NULL)",
+        # id: the row's identity; seq: its place in the log (daemon/change_log.py), NULL until numbered
+        "CREATE TABLE change_log (id INTEGER PRIMARY KEY AUTOINCREMENT, seq BIGINT UNIQUE,"
+        " created_ns BIGINT NOT NULL, event BLOB NOT NULL)",
         "CREATE TABLE applied_ops (client_id BIGINT NOT NULL, op_id BIGINT NOT NULL,"
         " created_ns BIGINT NOT NULL, result BLOB NOT NULL, PRIMARY KEY (client_id, op_id))",
         "CREATE INDEX applied_ops_age ON applied_ops(created_ns)",

@@ -372,19 +372,23 @@ class MetaService:
         await trio.sleep_forever()  # a duty task: ends with the term
 
     async def _feed_poll_loop(self) -> None:
-        """A shared database: publish the log as it grows, whichever daemon wrote it (daemon/change_log.py).
-
-        Woken at once by this daemon's own writes, else every POLL_S for the others'.
-        The rows are read in a transaction of their own, then sent from this thread."""
+        """A shared database: number the log and publish it as it grows, whichever daemon wrote it
+        (daemon/change_log.py). Woken at once by this daemon's own writes, else every POLL_S.
+        The rows are numbered and read in transactions of their own, then sent from this thread."""
         while True:
             with trio.move_on_after(change_log.POLL_S):
                 await self._feed_wake.wait()
             self._feed_wake = trio.Event()
-            while True:
-                rows = await self._read(self.store.changes_after, self.feed.seq, change_log.PAGE)
-                self.feed.publish(rows)
-                if len(rows) < change_log.PAGE:
-                    break
+            try:
+                await self._in_transaction(self.store.number_changes, (change_log.PAGE,), {}, readonly=False)
+                while True:
+                    rows = await self._read(self.store.changes_after, self.feed.seq, change_log.PAGE)
+                    self.feed.publish(rows)
+                    if len(rows) < change_log.PAGE:
+                        break
+            except StripefsError as exc:  # the database is unreachable (logged by the store): next round
+                log.warning("change feed: cannot read the change log: %s", exc)
+                await trio.sleep(1.0)
 
     async def _trim_loop(self) -> None:
         """Keep the change log and the applied-ops table bounded (a duty)."""

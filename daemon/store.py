@@ -378,13 +378,33 @@ class SqlStore:
 
     # -- several daemons over one database (daemon/change_log.py, applied_ops.py, duties.py) --
 
-    def log_change(self, created_ns: int, event: bytes) -> int:
-        """Append to the change log; its number. The counter row's lock orders concurrent writers:
-        numbers are handed out in commit order, without holes (a rollback gives its number back)."""
+    def log_change(self, created_ns: int, event: bytes) -> int | None:
+        """Append to the change log in the caller's transaction; its number, or None until numbered.
+
+        One writer (SQLite, group commit): numbered at once from the counter row, in commit
+        order by construction. Several daemons: the row waits for ``number_changes`` (a
+        counter row taken by every writer would make every two concurrent writes conflict)."""
+        if not self.group_commit:
+            self._x("INSERT INTO change_log (created_ns, event) VALUES (?, ?)", (created_ns, event))
+            return None
         self._x("UPDATE counters SET value = value + 1 WHERE name = 'change_seq'")
-        seq = self._x("SELECT value FROM counters WHERE name = 'change_seq'").fetchone()[0]
+        seq = self.last_change_seq()
         self._x("INSERT INTO change_log (seq, created_ns, event) VALUES (?, ?, ?)", (seq, created_ns, event))
         return seq
+
+    def number_changes(self, limit: int) -> int:
+        """The sequencer: number committed, unnumbered rows after the last number (one transaction).
+
+        Rows become visible to it only once their writers committed, so numbers follow commit
+        order (rows committed between two runs are numbered together, by id); a reader never
+        sees a hole, since a run's numbers appear all at once with its commit."""
+        ids = [r[0] for r in self._x("SELECT id FROM change_log WHERE seq IS NULL ORDER BY id LIMIT ?", (limit,))]
+        if not ids:
+            return 0
+        first = self.last_change_seq() + 1
+        self._x("UPDATE counters SET value = value + ? WHERE name = 'change_seq'", (len(ids),))
+        self._xm("UPDATE change_log SET seq = ? WHERE id = ?", ((first + i, row_id) for i, row_id in enumerate(ids)))
+        return len(ids)
 
     def last_change_seq(self) -> int:
         return self._x("SELECT value FROM counters WHERE name = 'change_seq'").fetchone()[0]

@@ -53,12 +53,24 @@ def _eventually(check, within: float, what: str) -> float:
 
 
 def _both_up(cluster) -> list[str]:
-    """Both daemons answer; their names (as in status ``daemon``/``leader``)."""
-    addresses = cluster.local.meta_addresses
-    return [_status(a)["daemon"] for a in addresses]
+    """Both daemons run and answer (a test before may have killed one); their names
+    (as in status ``daemon``/``leader``)."""
+    cluster.restart()  # starts whatever is not running
+    names = []
+    for address in cluster.local.meta_addresses:
+        deadline = time.monotonic() + 60
+        while True:
+            res = run_cli("status", "--meta", address, "--json", check=False)
+            if res.returncode == 0:
+                names.append(json.loads(res.stdout)["daemon"])
+                break
+            assert time.monotonic() < deadline, res.stderr
+            time.sleep(0.5)
+    return names
 
 
 def test_a_change_through_one_daemon_invalidates_a_mount_following_the_other(pg_cluster):
+    _both_up(pg_cluster)
     first, second = pg_cluster.local.meta_addresses
     writer = pg_cluster.mount_again("via-first", meta=first)
     reader = pg_cluster.mount_again("via-second", "dataset", meta=second)  # caches for minutes while its feed is healthy
@@ -83,6 +95,7 @@ def test_a_change_through_one_daemon_invalidates_a_mount_following_the_other(pg_
 
 
 def test_kill9_of_a_daemon_during_a_create_and_rename_storm(pg_cluster):
+    _both_up(pg_cluster)
     first, second = pg_cluster.local.meta_addresses
     # two mounts, each talking to one daemon first and failing over to the other
     mounts = [pg_cluster.mount_again("storm-1", meta=f"{first},{second}"),
@@ -139,12 +152,12 @@ def test_kill9_of_a_daemon_during_a_create_and_rename_storm(pg_cluster):
         logs = pg_cluster.logs()
         print(f"storm: {progress} ops; mount retries after the kill: {logs.get('storm-1.log', '').count('retrying')}; "
               f"ops answered from applied_ops: {sum(t.count('was applied already') for t in logs.values())}")
-        pg_cluster.restart()  # the killed daemon comes back
-        _both_up(pg_cluster)
+        _both_up(pg_cluster)  # the killed daemon comes back
         fsck = run_cli("fsck", "--meta", second, check=False)
         assert fsck.returncode == 0, fsck.stdout + fsck.stderr
     finally:
         stop.set()
+        pg_cluster.restart()
         for m in mounts:
             pg_cluster.unmount(m)
             pg_cluster.extra_mounts.remove(m)
@@ -162,7 +175,6 @@ def test_the_duties_leader_moves_when_its_daemon_dies(pg_cluster):
     print(f"duties moved to {names[other]} in {took:.1f}s")
     text = run_cli("status", "--meta", addresses[other]).stdout
     assert f"led by {names[other]} (this daemon)" in text
-    pg_cluster.restart()  # the killed daemon comes back as a follower: no flapping
-    names = _both_up(pg_cluster)
+    names = _both_up(pg_cluster)  # the killed daemon comes back as a follower: no flapping
     time.sleep(2)
     assert {_status(a)["leader"] for a in addresses} == {_status(addresses[other])["daemon"]}

@@ -114,6 +114,8 @@ async def test_a_change_made_through_one_daemon_reaches_a_mount_following_the_ot
 
                 write(a, rename)
                 assert published == [0]
+                if not b.group_commit:  # a shared database: B's poll loop numbers the log first
+                    assert feed_b.publish_new(b) == 0 and b.run(b.number_changes, change_log.PAGE) == 1
                 assert feed_b.publish_new(b) == 1  # what B's poll loop does
                 while not calls:
                     await trio.sleep(0.01)
@@ -124,3 +126,37 @@ async def test_a_change_made_through_one_daemon_reaches_a_mount_following_the_ot
     finally:
         feed_b.close()
         ctx.term()
+
+
+def test_a_shared_log_is_numbered_in_commit_order_after_the_commits(pg_dsn):
+    """PostgreSQL: writers insert unnumbered rows (no counter to fight over); the sequencer
+    numbers what has committed. A row inserted first but committed last is numbered last."""
+    import threading
+
+    a, b = (open_pg_store(pg_dsn, LAYOUT, pool_size=2) for _ in range(2))
+    inserted, release = threading.Event(), threading.Event()
+
+    def slow_writer():
+        def op():
+            a.log_change(1, change_log.encode([1], []))
+            inserted.set()
+            release.wait(10)  # still uncommitted while the others commit and get numbered
+        a.run(op)
+
+    try:
+        t = threading.Thread(target=slow_writer)
+        t.start()
+        assert inserted.wait(10)
+        b.run(b.log_change, 2, change_log.encode([2], []))
+        assert b.run(b.number_changes, 100) == 1  # only the committed row
+        assert [change_log.decode(e)[0] for _, e in b.changes_after(0, 10)] == [[2]]
+        release.set()
+        t.join(10)
+        assert a.run(a.number_changes, 100) == 1 and a.run(a.number_changes, 100) == 0
+        rows = a.changes_after(0, 10)
+        assert [seq for seq, _ in rows] == [1, 2] and [change_log.decode(e)[0] for _, e in rows] == [[2], [1]]
+        assert a.trim_change_log(keep=1) == 1 and [seq for seq, _ in a.changes_after(0, 10)] == [2]
+    finally:
+        release.set()
+        a.close()
+        b.close()
