@@ -123,8 +123,11 @@ class PgStore(SqlStore):
             self._main = psycopg.connect(dsn, **_connect_kwargs())
         except psycopg.Error as exc:
             raise RuntimeError(f"cannot connect to PostgreSQL ({_redact(dsn)}): {exc}".strip()) from None
+        # the service's worker threads (at most pool_size), the metrics reader and the trio thread's own
+        # transactions (``_write_locked``) each have a connection: the trio thread never waits behind
+        # workers that wait for the trio thread
         self.pool = psycopg_pool.ConnectionPool(
-            dsn, min_size=1, max_size=max(1, pool_size), kwargs=_connect_kwargs(), open=True, name="stripefs-meta"
+            dsn, min_size=1, max_size=max(1, pool_size) + 2, kwargs=_connect_kwargs(), open=True, name="stripefs-meta"
         )
 
     # -- connections -------------------------------------------------------
