@@ -183,11 +183,12 @@ class Quotas:
         rooms = [max(0, q.max_bytes - q.used_bytes) for q in self._rows(roots) if q.max_bytes]
         return min(rooms) if rooms else -1
 
-    def max_size(self, ino: int, size: int) -> int:
-        """The largest size file ``ino`` (now ``size`` bytes) may grow to; -1: no limit applies."""
+    def max_size(self, ino: int, size: int, parent: int | None = None) -> int:
+        """The largest size file ``ino`` (now ``size`` bytes, in directory ``parent`` when known)
+        may grow to; -1: no limit applies."""
         if not self.roots:
             return -1
-        room = self.room(self.roots_of_inode(ino))
+        room = self.room(self.roots_of_inode(ino) if parent is None else self.roots_of_dir(parent))
         return -1 if room < 0 else size + room
 
     # -- namespace hooks (called by daemon/namespace.py inside the operation's savepoint) --

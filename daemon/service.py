@@ -391,7 +391,7 @@ class MetaService:
             _, layout, chunks, nodes = self.ns.open_info(attr.ino)
             if req.session_id:  # under the lock, as for OpenReq: no unlink can reclaim it in between
                 self.sessions.open(req.session_id, attr.ino)
-            quota_max = self.ns.quotas.max_size(attr.ino, attr.size)
+            quota_max = self.ns.quotas.max_size(attr.ino, attr.size, req.parent)
             return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, quota_max_size=quota_max)
 
         return await self._read(lookup_and_hold)
@@ -433,7 +433,7 @@ class MetaService:
         def create_and_open():
             ino, _ = self.ns.create(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
             info = self.ns.open_info(ino)
-            info = (*info, self.ns.quotas.max_size(ino, info[0].size))
+            info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
                 self.sessions.open(req.session_id, ino)
             # last: nothing after it can fail, so the high-water mark it may raise is

@@ -221,3 +221,32 @@ def test_cli_refusals(d):
     res = quota("set", str(d / "file"), "--inodes", "5", check=False)
     assert res.returncode == 3 and "not a directory" in res.stderr
     assert quota("get", str(d)).stdout.strip() == f"{d}: no quota applies"
+
+
+def test_erasure_coded_files_are_cut_too(cluster, d):
+    run_cli("layout", "set", str(d), "--ec", "2+1")
+    quota("set", str(d), "--bytes", "300K")
+    one, two = os.urandom(200 * K), os.urandom(300 * K)
+    f1, f2 = open(d / "one", "wb"), open(d / "two", "wb")
+    try:
+        f1.write(one)
+        f2.write(two)
+        f1.close()
+        edquot(f2.close)
+    finally:
+        f1.close()
+    assert (d / "two").read_bytes() == two[: 100 * K]
+    ino = (d / "two").stat().st_ino
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # stripe 1 (past the limit) is garbage: collected within a few GC rounds
+        indices = {int(f.name.split("-")[1]) for f in cluster.state.glob(f"storage-*/data/chunks/*/*/{ino}-*.chunk")}
+        if indices == {0}:
+            break
+        time.sleep(0.2)
+    assert indices == {0}
+    os.unlink(d / "one")
+    data = os.urandom(250 * K)
+    assert write_all(d / "three", data) == (200 * K, True)
+    assert (d / "three").read_bytes() == data[: 200 * K]
+    assert used(d) == (300 * K, 2)
+    recount_ok(d)
