@@ -203,9 +203,10 @@ class Quotas:
         if not self.roots:
             return
         self._charge(self.roots_of_dir(parent), -charged_bytes(row), -1)
-        if row["ino"] in self.roots:  # its quotas row goes with the inode (ON DELETE CASCADE)
-            self.roots.discard(row["ino"])
-            self._cache.clear()
+        # a deleted quota root's row goes with its inode (ON DELETE CASCADE); its ino stays in
+        # ``roots`` until ``all`` prunes it: harmless (nothing can be created under it), and an
+        # operation that fails after this (a rename answered EXDEV) cannot lose a live root
+        self._cache.pop(row["ino"], None)
 
     def resized(self, ino: int, old: int, new: int) -> None:
         """File ``ino`` changes size; growth beyond a limit raises EDQUOT."""
@@ -254,7 +255,9 @@ class Quotas:
         return [by_ino[r] for r in roots if r in by_ino]
 
     def all(self) -> list[Quota]:
-        return self._rows(sorted(self.roots)) if self.roots else []
+        rows = self._rows(sorted(self.roots))
+        self.roots = {q.ino for q in rows}  # prunes roots deleted with their directory
+        return rows
 
     def set(self, ino: int, max_bytes: int | None, max_inodes: int | None) -> Quota | None:
         """Set (None: keep) the limits of directory ``ino``; both 0 removes the quota. The new quota or None."""

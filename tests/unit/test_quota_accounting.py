@@ -190,3 +190,14 @@ def test_no_quota_no_quota_sql(w):
 def test_bad_limits(w):
     d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0).ino
     assert code_of(w.ns.quotas.set, d, -1, None) == ErrorCode.INVALID
+
+
+def test_a_failed_rename_keeps_a_quota_root_it_would_have_replaced(w):
+    q = w.ns.mkdir(ROOT, b"q", 0o755, 0, 0).ino
+    inner = w.ns.mkdir(q, b"inner", 0o755, 0, 0).ino  # an empty quota root that a rename could replace
+    w.ns.quotas.set(inner, 0, 1)
+    w.ns.quotas.set(q, 0, 10)
+    w.ns.mkdir(ROOT, b"dir", 0o755, 0, 0)
+    assert code_of(w.ns.rename, ROOT, b"dir", q, b"inner") == ErrorCode.CROSS_DEVICE
+    w.ns.create(inner, b"f", 0o644, 0, 0)
+    assert code_of(w.ns.create, inner, b"g", 0o644, 0, 0) == QUOTA  # still enforced
