@@ -119,6 +119,8 @@ class PgStore(SqlStore):
         self.dsn = dsn
         self._local = threading.local()
         self.retries = 0  # transactions retried after a serialization failure (tests and metrics read it)
+        #: called at the start of every transaction, in its thread (daemon/quota.py reads the quota roots afresh)
+        self.begin_hooks: list[Callable[[], None]] = []
         try:
             self._main = psycopg.connect(dsn, **_connect_kwargs())
         except psycopg.Error as exc:
@@ -158,6 +160,8 @@ class PgStore(SqlStore):
                     self._local.conn = conn
                     try:
                         conn.execute(_BEGIN_READ if readonly else _BEGIN_WRITE)
+                        for hook in self.begin_hooks:
+                            hook()
                         result = fn(*args, **kwargs)
                         conn.execute("COMMIT")
                         return result
