@@ -50,12 +50,17 @@ Tables
     DeleteChunksReq to nodes that are up and deletes the rows that succeeded.
     Placing a chunk on a node deletes that node's garbage rows for the chunk.
 
+``quotas(ino PRIMARY KEY, max_bytes, max_inodes, used_bytes, used_inodes)``
+    (schema version 2) One row per directory with a quota (daemon/quota.py):
+    its limits (0: none) and the usage below it, kept up to date in the same
+    transaction as every namespace change.
+
 ``daemons(boot_id PRIMARY KEY, until_ns)``, ``open_holds(boot_id, ino, PK(boot_id, ino))``
-    (schema version 2) With PostgreSQL, the inodes each live daemon's sessions
+    (schema version 3) With PostgreSQL, the inodes each live daemon's sessions
     hold open, renewed every second (daemon/open_holds.py). Unused with SQLite.
 
 ``change_log(id PRIMARY KEY, seq UNIQUE, created_ns, event)``
-    (schema version 3) Every namespace change, written in the transaction
+    (schema version 4) Every namespace change, written in the transaction
     that made the change, numbered ``seq`` 1, 2, 3... in commit order (SQLite:
     at once; a shared database: by a sequencer after the commit, NULL until
     then); every daemon's change feed publishes it in order
@@ -226,7 +231,19 @@ def execute_script(db, script: str) -> None:
             db.execute(statement)
 
 
-def _migrate_2(db, root_layout: Layout) -> None:
+def _migrate_2_quotas(db, root_layout: Layout) -> None:
+    """Directory quotas (daemon/quota.py): limits and incrementally kept usage per quota root."""
+    db.execute(
+        "CREATE TABLE quotas ("
+        " ino BIGINT PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,"
+        " max_bytes BIGINT NOT NULL DEFAULT 0,"
+        " max_inodes BIGINT NOT NULL DEFAULT 0,"
+        " used_bytes BIGINT NOT NULL DEFAULT 0,"
+        " used_inodes BIGINT NOT NULL DEFAULT 0)"
+    )
+
+
+def _migrate_3_open_holds(db, root_layout: Layout) -> None:
     """Open files held through several daemons (daemon/open_holds.py; unused with SQLite)."""
     execute_script(
         db,
@@ -238,7 +255,7 @@ def _migrate_2(db, root_layout: Layout) -> None:
     )
 
 
-def _migrate_3(db, root_layout: Layout) -> None:
+def _migrate_4_several_daemons(db, root_layout: Layout) -> None:
     """Several daemons over one database: change log, applied operations, leases.
 
     Portable SQL only (SQLite, PostgreSQL, CockroachDB), in the shared
@@ -262,7 +279,7 @@ def _migrate_3(db, root_layout: Layout) -> None:
 
 
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
-MIGRATIONS: list[Callable[..., None]] = [_migrate_1, _migrate_2, _migrate_3]
+MIGRATIONS: list[Callable[..., None]] = [_migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

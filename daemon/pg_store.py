@@ -119,12 +119,17 @@ class PgStore(SqlStore):
         self.dsn = dsn
         self._local = threading.local()
         self.retries = 0  # transactions retried after a serialization failure (tests and metrics read it)
+        #: called at the start of every transaction, in its thread (daemon/quota.py reads the quota roots afresh)
+        self.begin_hooks: list[Callable[[], None]] = []
         try:
             self._main = psycopg.connect(dsn, **_connect_kwargs())
         except psycopg.Error as exc:
             raise RuntimeError(f"cannot connect to PostgreSQL ({_redact(dsn)}): {exc}".strip()) from None
+        # the service's worker threads (at most pool_size), the metrics reader and the trio thread's own
+        # transactions (``_write_locked``) each have a connection: the trio thread never waits behind
+        # workers that wait for the trio thread
         self.pool = psycopg_pool.ConnectionPool(
-            dsn, min_size=1, max_size=max(1, pool_size), kwargs=_connect_kwargs(), open=True, name="stripefs-meta"
+            dsn, min_size=1, max_size=max(1, pool_size) + 2, kwargs=_connect_kwargs(), open=True, name="stripefs-meta"
         )
 
     # -- connections -------------------------------------------------------
@@ -155,6 +160,8 @@ class PgStore(SqlStore):
                     self._local.conn = conn
                     try:
                         conn.execute(_BEGIN_READ if readonly else _BEGIN_WRITE)
+                        for hook in self.begin_hooks:
+                            hook()
                         result = fn(*args, **kwargs)
                         conn.execute("COMMIT")
                         return result

@@ -92,6 +92,7 @@ from .metrics import cluster_health
 from . import redundancy
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
+from .quota_service import QuotaService
 from .repair import Healer
 from .open_holds import OpenHolds
 from .pg_store import open_pg_store
@@ -140,11 +141,12 @@ class MetaService:
         self._gc_wake = trio.Event()
         self._feed_wake = trio.Event()
         self.healer = Healer(self)  # re-replication, drain, scrub, fsck (daemon/repair.py)
+        self.quota_service = QuotaService(self)  # directory quotas (daemon/quota.py)
         self._handlers: dict[type, Callable] = {}
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
         for cls in P.Request.__args__:
-            for owner in (self, self.healer):
+            for owner in (self, self.healer, self.quota_service):
                 handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
                 if handler is not None:
                     self._handlers[cls] = handler
@@ -289,7 +291,7 @@ class MetaService:
     def _operation(self, fn: Callable[..., T], change, *args, **kwargs) -> T:
         """``fn`` as one operation runs it inside its transaction (a store retrying the
         transaction after a conflict calls this again): at most once under a OnceReq,
-        its change logged with it, the change-log counter taken last (it orders writers)."""
+        its change logged with it, last (SQLite numbers it from a counter row: held briefly)."""
         result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
         if ran and change is not None:
             inodes, entries = change(result) if callable(change) else change
@@ -334,6 +336,7 @@ class MetaService:
                     batch.error = exc
                     self.store.rollback()
                     self.store.begin()
+                    self.ns.quotas.reload()
                 else:
                     if self.feed is not None:  # durable now: tell the mounts before the replies go
                         self.feed.publish_new(self.store)
@@ -484,6 +487,7 @@ class MetaService:
             repair=self.healer.info(),
             leader=self.duties.leader,
             daemon=self.duties.holder,
+            quotas=await self._read(self.quota_service.all_info),
         )
 
     def _layout_usage(self) -> list[P.LayoutUsage]:
@@ -522,11 +526,11 @@ class MetaService:
             info = self.ns.open_info(req.ino)
             if req.session_id:  # under the lock: no unlink can reclaim it in between
                 self.sessions.open(req.session_id, req.ino)
-            return info
+            return *info, self.ns.quotas.max_size(req.ino, info[0].size)
 
-        attr, layout, chunks, nodes = await self._read(open_and_hold)
+        attr, layout, chunks, nodes, quota_max = await self._read(open_and_hold)
         epoch = await self._alloc_epoch() if req.write else 0
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
 
     async def handle_close(self, req: P.CloseReq) -> P.Msg:
         await self._release(self.sessions.close(req.session_id, req.ino))
@@ -547,7 +551,8 @@ class MetaService:
             _, layout, chunks, nodes = self.ns.open_info(attr.ino)
             if req.session_id:  # under the lock, as for OpenReq: no unlink can reclaim it in between
                 self.sessions.open(req.session_id, attr.ino)
-            return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
+            quota_max = self.ns.quotas.max_size(attr.ino, attr.size, req.parent)
+            return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, quota_max_size=quota_max)
 
         return await self._read(lookup_and_hold)
 
@@ -588,6 +593,7 @@ class MetaService:
         def create_and_open():
             ino, _ = self.ns.create(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
             info = self.ns.open_info(ino)
+            info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
                 self.sessions.open(req.session_id, ino)
             # last: nothing after it can fail, so the high-water mark it may raise is
@@ -597,8 +603,10 @@ class MetaService:
                 self._epoch_batch = self._batch
             return (*info, epoch)
 
-        attr, layout, chunks, nodes, epoch = await self._write(create_and_open, change=([req.parent], [(req.parent, req.name)]))
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
+        attr, layout, chunks, nodes, quota_max, epoch = await self._write(
+            create_and_open, change=([req.parent], [(req.parent, req.name)])
+        )
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
 
     async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
         attr = await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid, change=([req.parent], [(req.parent, req.name)]))

@@ -160,3 +160,12 @@ def test_database_errors_become_io_errors_and_rows_read_like_sqlite(two):
     assert info.value.code == ErrorCode.IO
     row = a.store.get_inode(ROOT)  # the pool still works afterwards
     assert row["ino"] == row[0] == ROOT and "mode" in row.keys()
+
+
+def test_local_cluster_refuses_several_daemons_on_sqlite(tmp_path):
+    from stripefs.common.errors import QuietError
+    from stripefs.local_cluster import LocalCluster
+
+    with pytest.raises(QuietError, match="--meta-store postgresql"):
+        LocalCluster(tmp_path / "state").up(tmp_path / "mnt", 1, [], metas=2)
+    assert not (tmp_path / "state" / "cluster.json").exists()
