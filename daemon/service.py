@@ -162,7 +162,7 @@ class MetaService:
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
                 await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
-                await serve(sock, self.handle, concurrency=256, name="meta")
+                await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits())
         finally:
             with trio.CancelScope(shield=True):
                 await self._commit_now()
