@@ -69,6 +69,7 @@ forever.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, TypeVar, Union
 
 import msgspec
@@ -142,6 +143,21 @@ class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
     index: int
     version: int
     nodes: Annotated[list[int], msgspec.Meta(max_length=MAX_CHUNK_NODES)]
+
+
+#: a storage node address on the wire: a ZeroMQ TCP endpoint, or IPC for tests on one machine
+_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})|ipc://[^\0]{1,100}")
+INT64_MAX = (1 << 63) - 1  # the metadata store's integers are signed 64-bit
+
+
+def is_endpoint(address: str) -> bool:
+    """Whether ``address`` is an endpoint a peer may be told to connect to (tcp://HOST:PORT, ipc://PATH).
+
+    Anything else (a wildcard, a bind-only form, garbage) would make libzmq's
+    connect fail: addresses from the wire are checked with this first.
+    """
+    m = _ENDPOINT.fullmatch(address)
+    return m is not None and (m.group(2) is None or 0 < int(m.group(2)) < 65536)
 
 
 class NodeAddr(msgspec.Struct, frozen=True, array_like=True):

@@ -186,7 +186,11 @@ class MetaService:
         handler = self._handlers.get(type(body))
         if handler is None:
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"the metadata daemon does not serve {type(body).__name__}")
-        return await handler(body)
+        try:
+            return await handler(body)
+        except OverflowError as exc:  # SQLite stores signed 64-bit integers: a number from the wire was out of range
+            log.warning("refusing %s: a number is out of range: %s", type(body).__name__, exc)
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"a number in {type(body).__name__} is out of range (signed 64-bit)") from None
 
     # -- group commit ----------------------------------------------------------
 
