@@ -399,6 +399,9 @@ class MetaService:
         def resolve_all():
             files = []
             for path in req.paths:
+                if len(path) >= P.PATH_MAX:  # ENAMETOOLONG for a path: not resolvable, like a missing one
+                    files.append(None)
+                    continue
                 try:
                     ino = req.root
                     for name in filter(None, path.split(b"/")):

@@ -296,3 +296,32 @@ async def test_in_process_group_commit_gc_and_health(tmp_path, ctx):
         assert info.value.code == ErrorCode.UNAVAILABLE
         other.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_hostile_values_found_by_fuzzing_get_error_codes_not_internal(daemon, ctx):
+    """Regressions from tests/cluster/test_fuzz.py: each got INTERNAL (a traceback) before."""
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        # an inode number past SQLite's signed 64-bit integers
+        for req in (P.ListxattrReq(ino=2**64 - 1), P.GetattrReq(ino=2**63), P.LookupReq(parent=2**64 - 1, name=b"x")):
+            with pytest.raises(StripefsError) as exc:
+                await c.call(req)
+            assert exc.value.code == ErrorCode.BAD_REQUEST, req
+        # a node registering impossible figures or an address nobody can connect to: refused, and
+        # nothing kept (statfs sums the capacities: 2**64-1 made its reply unencodable)
+        bad = [
+            msgspec.structs.replace(_register(77), capacity_bytes=2**64 - 1),
+            msgspec.structs.replace(_register(78), free_bytes=-1),
+            msgspec.structs.replace(_register(79), address="tcp://*:0"),
+            msgspec.structs.replace(_register(80), address="garbage"),
+            msgspec.structs.replace(_register(2**63), address="tcp://127.0.0.1:2"),
+        ]
+        for req in bad:
+            with pytest.raises(StripefsError) as exc:
+                await c.call(req)
+            assert exc.value.code == ErrorCode.INVALID, req
+        rsp = await _call(c, P.StatfsReq())
+        assert isinstance(rsp, P.StatfsRsp) and rsp.total_bytes == 0
+        status = await _call(c, P.StatusReq())
+        assert status.nodes == []
+    assert "Traceback" not in daemon.log.read_text()
