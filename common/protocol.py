@@ -90,6 +90,8 @@ MAX_SOURCES = 64
 MAX_CHUNK_NODES = 64
 #: paths resolved by one LookupPathsReq (the client sends 256 at a time)
 MAX_LOOKUP_PATHS = 4096
+#: the metadata store's integers are signed 64-bit
+INT64_MAX = (1 << 63) - 1
 #: the longest path (PATH_MAX, including its NUL) and the longest name (NAME_MAX)
 PATH_MAX = 4096
 NAME_MAX = 255
@@ -147,7 +149,6 @@ class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
 
 #: a storage node address on the wire: a ZeroMQ TCP endpoint, or IPC for tests on one machine
 _ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})|ipc://[^\0]{1,100}")
-INT64_MAX = (1 << 63) - 1  # the metadata store's integers are signed 64-bit
 
 
 def is_endpoint(address: str) -> bool:
@@ -403,7 +404,8 @@ class SessionHeartbeatReq(Msg, tag="session_heartbeat"):
     """The full set of inodes this session has open; replaces the previous set."""
 
     session_id: int
-    open_inodes: Annotated[list[int], msgspec.Meta(max_length=4 * MAX_LIST)]
+    # kept by the daemon and reclaimed later: checked now, not when the session expires
+    open_inodes: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]], msgspec.Meta(max_length=4 * MAX_LIST)]
 
 
 class LookupReq(Msg, tag="lookup"):

@@ -276,6 +276,8 @@ class Sessions:
         now = time.monotonic() if now is None else now
         session = self._sessions.get(session_id)
         if session is None:
+            if not 0 < session_id <= protocol.INT64_MAX:  # never handed out: nothing to adopt
+                raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is not a session id; say hello again")
             if not adopt:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is unknown or expired; say hello again")
             session = self._sessions[session_id] = _Session(session_id, "?", 0, "", now)

@@ -247,16 +247,22 @@ class MetaService:
     async def _health_loop(self) -> None:
         while True:
             await trio.sleep(1.0)
-            now = time.monotonic()
+            try:
+                await self._health_round()
+            except (StripefsError, OverflowError, sqlite3.Error):  # never the end of the daemon: logged, tried again
+                log.exception("health sweep failed; trying again in a second")
+
+    async def _health_round(self) -> None:
+        now = time.monotonic()
+        async with self._lock:
+            for node_id in self.nodes.sweep(now):
+                self._write_locked(self.store.set_node_state, node_id, "down")
+        expired = self.sessions.expire(now)
+        await self._release(expired)
+        if expired:
             async with self._lock:
-                for node_id in self.nodes.sweep(now):
-                    self._write_locked(self.store.set_node_state, node_id, "down")
-            expired = self.sessions.expire(now)
-            await self._release(expired)
-            if expired:
-                async with self._lock:
-                    self._write_locked(self.healer.reclaim_uncommitted, expired)
-                self._gc_wake.set()
+                self._write_locked(self.healer.reclaim_uncommitted, expired)
+            self._gc_wake.set()
 
     async def _startup_orphan_sweep(self) -> None:
         await trio.sleep(self.config.session_lease_s)

@@ -29,10 +29,12 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import msgspec
 import pytest
+import xxhash
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,11 +42,10 @@ from hypothesis import strategies as st
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode
 
-from conftest import Cluster, cluster_root, run_cluster
+from conftest import Cluster, cluster_root, run_cli, run_cluster
 
 EXAMPLES = int(os.environ.get("STRIPEFS_FUZZ_EXAMPLES", "0"))
 FUZZ = settings(
-    max_examples=EXAMPLES or 500,
     deadline=None,
     derandomize=not EXAMPLES,  # CI: the same examples every run; make fuzz: new ones
     suppress_health_check=list(HealthCheck),
@@ -52,6 +53,7 @@ FUZZ = settings(
 )
 REPLY_TIMEOUT_MS = 20_000  # a loaded 2-core machine; a reply that never comes fails the test
 RSS_GROWTH_MAX = 96 << 20
+LEASE_S = 2.0  # the fuzz cluster's session lease
 
 DATASET = b"dataset-\xe2\x9c\x93-\xff"  # a directory no fuzzed name can hit (non-UTF-8 on purpose)
 
@@ -72,6 +74,7 @@ HOSTILE_STR = st.one_of(
 )
 BAD_ENDPOINTS = ["", "tcp://", "tcp://*:0", "tcp://[::1", "ipc://", "udp://x:1", "x" * 5000, "tcp://127.0.0.1:99999", "tcp://h:0"]
 _real_addresses: list[str] = []  # the cluster's storage nodes, filled in by the fixture
+_sessions: list[int] = []  # sessions opened for the fuzzer before it starts
 WIRE_INT = st.integers(-(2**63), 2**64 - 1)  # what msgpack can carry
 WRONG_TYPE = st.one_of(st.none(), st.booleans(), st.floats(), st.text(max_size=5), st.binary(max_size=5),
                        st.lists(WIRE_INT, max_size=3), st.dictionaries(st.text(max_size=3), WIRE_INT, max_size=2), WIRE_INT)
@@ -102,6 +105,8 @@ def _value(t, name: str, safe: bool, real_inos: list[int]) -> st.SearchStrategy:
             return st.sampled_from(real_inos) | BOGUS_INO if safe else BOGUS_INO
         if name in NODE_FIELDS:
             return BOGUS_NODE
+        if name == "session_id" and _sessions:  # live sessions, often: their state outlives the request
+            return st.sampled_from(_sessions) | HOSTILE_INT
         return HOSTILE_INT
     if isinstance(t, mi.BytesType):
         return HOSTILE_BYTES
@@ -178,6 +183,9 @@ def hostile_message(draw, tags: list[str], real_inos: list[int]) -> list[bytes]:
         return [msgspec.msgpack.encode([version, request_id, body, *extra]), *payloads]
     if kind == 2:  # a header that is not [version, id, body]
         return [msgspec.msgpack.encode(draw(WRONG_TYPE)), *payloads]
+    if body["t"] == "write_chunk" and draw(st.booleans()):  # a payload that passes its checksum: into the chunk store
+        payloads = [draw(st.binary(max_size=70_000))]
+        body["xxh3"] = xxhash.xxh3_64_intdigest(payloads[0])
     frame = bytearray(_encode(P.PROTOCOL_VERSION, request_id, body))
     if kind == 3 and frame:  # flipped bytes
         for _ in range(draw(st.integers(1, 4))):
@@ -205,6 +213,13 @@ class FuzzCluster(Cluster):
         self.real_inos: list[int] = [1]
         # the fuzzer's garbage is logged (WARNING) by design; ERROR lines stay failures
         self.expected_log_patterns = []
+
+    def up(self) -> None:
+        # short leases: state a hostile request left behind (sessions, nodes) expires during the test,
+        # so a background task that chokes on it fails here, not an hour later in production
+        run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes),
+                "--set", f"meta.session_lease_s={LEASE_S}", "--set", "meta.node_suspect_s=2", "--set", "meta.node_timeout_s=4",
+                "--set", "storage.heartbeat_interval_s=0.5")
 
     def data_dirs(self) -> list[Path]:
         return sorted(self.state.glob("storage-*/data"))
@@ -288,7 +303,7 @@ def _check_reply(body: P.Msg, frames: list[bytes]) -> str:
     return type(body).__name__
 
 
-def _fuzz_endpoint(c: FuzzCluster, address: str, pid: int, tags: list[str]) -> None:
+def _fuzz_endpoint(c: FuzzCluster, address: str, pid: int, tags: list[str], examples: int) -> None:
     ctx = zmq.Context()
     peer = Peer(ctx, address)
     try:
@@ -297,7 +312,7 @@ def _fuzz_endpoint(c: FuzzCluster, address: str, pid: int, tags: list[str]) -> N
 
         seen = collections.Counter()
 
-        @FUZZ
+        @settings(FUZZ, max_examples=EXAMPLES or examples)
         @given(hostile_message(tags, c.real_inos))
         def fuzz(frames):
             seen[_check_reply(peer.ask(frames), frames)] += 1
@@ -325,14 +340,30 @@ def _assert_dataset_unchanged(c: FuzzCluster) -> None:
 def test_metadata_daemon_survives_hostile_input(fuzz_cluster):
     c = fuzz_cluster
     tags = sorted(t for t in REQUESTS if t not in META_SKIP)  # every request type: the daemon must refuse storage ones too
-    _fuzz_endpoint(c, c.meta_address, c.pids()["meta"], tags)
+    ctx = zmq.Context()
+    try:
+        peer = Peer(ctx, c.meta_address)
+        _sessions[:] = [peer.ask([P.encode(1, P.HelloReq(host="fuzz", pid=i))]).session_id for i in range(3)]
+        peer.close()
+    finally:
+        ctx.term()
+    _fuzz_endpoint(c, c.meta_address, c.pids()["meta"], tags, examples=2000)
+    # the sessions and nodes the fuzzer made up expire, their inodes are released: the daemon lives on
+    time.sleep(2 * LEASE_S + 1.5)
+    ctx = zmq.Context()
+    try:
+        peer = Peer(ctx, c.meta_address)
+        peer.ping()
+        peer.close()
+    finally:
+        ctx.term()
     _assert_dataset_unchanged(c)
 
 
 def test_storage_node_survives_hostile_input(fuzz_cluster):
     c = fuzz_cluster
     tags = sorted(STORAGE_TAGS)
-    _fuzz_endpoint(c, c.storage_addresses()[0], c.pids()["storage"]["1"], tags)
+    _fuzz_endpoint(c, c.storage_addresses()[0], c.pids()["storage"]["1"], tags, examples=1000)
     _assert_dataset_unchanged(c)
 
 

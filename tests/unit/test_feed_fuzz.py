@@ -55,8 +55,8 @@ def hostile_event_frames(draw) -> list[bytes]:
 @settings(max_examples=int(os.environ.get("STRIPEFS_FUZZ_EXAMPLES", "0")) // 100 or 12, deadline=None,
           derandomize="STRIPEFS_FUZZ_EXAMPLES" not in os.environ, suppress_health_check=list(HealthCheck), database=None)
 @given(st.lists(hostile_event_frames(), min_size=5, max_size=40))
-def test_the_mount_follows_the_feed_whatever_arrives(monkeypatch_frames):
-    trio.run(_follow_through, monkeypatch_frames)
+def test_the_mount_follows_the_feed_whatever_arrives(frames_list):
+    trio.run(_follow_through, frames_list)
 
 
 async def _follow_through(frames_list: list[list[bytes]]) -> None:
