@@ -59,6 +59,8 @@ SERVER_MAX_FRAME = max(MAX_CHUNK_SIZE, MAX_HEADER_BYTES) + FRAME_SLACK
 CLIENT_MAX_FRAME = max(MAX_CHUNK_SIZE, MAX_REPLY_HEADER_BYTES) + FRAME_SLACK
 #: ZMQ_MAXMSGSIZE of a change-feed subscriber
 FEED_MAX_FRAME = MAX_HEADER_BYTES + FRAME_SLACK
+#: ZMQ_MAXMSGSIZE of the change feed's PUB socket: it only receives subscriptions
+SUBSCRIPTION_MAX_FRAME = 1024
 
 
 class ServeLimits(msgspec.Struct, frozen=True, kw_only=True):

@@ -196,3 +196,39 @@ async def test_an_rpc_client_never_waits_forever(ctx):
                     await client.call(protocol.PingReq(), timeout=math.inf)  # falls back to the client's timeout
                 assert exc.value.code == ErrorCode.TIMEOUT
         nursery.cancel_scope.cancel()
+
+
+async def test_the_change_feed_cuts_off_a_subscriber_sending_large_frames(ctx):
+    """PUB receives subscriptions only: a peer sending a large one is disconnected, others are fed."""
+    from stripefs.daemon.events import ChangeFeed
+
+    feed = ChangeFeed(ctx, "tcp://127.0.0.1:0", boot_id="b")
+    hostile = ctx.socket(zmq.SUB)
+    good = ctx.socket(zmq.SUB)
+    try:
+        for sock in (hostile, good):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVTIMEO, 100)
+            sock.connect(f"tcp://127.0.0.1:{feed.port}")
+        hostile.setsockopt(zmq.SUBSCRIBE, b"x" * 4096)  # larger than any subscription
+        hostile.setsockopt(zmq.SUBSCRIBE, b"")
+        good.setsockopt(zmq.SUBSCRIBE, b"")
+        got_good = got_hostile = 0
+        with trio.fail_after(10):
+            while got_good < 3:
+                feed.changed([1], [])
+                await trio.sleep(0.05)
+                for sock in (good, hostile):
+                    try:
+                        sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        continue
+                    if sock is good:
+                        got_good += 1
+                    else:
+                        got_hostile += 1
+        assert got_hostile == 0
+    finally:
+        hostile.close(linger=0)
+        good.close(linger=0)
+        feed.close()
