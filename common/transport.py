@@ -309,21 +309,21 @@ async def serve(
     async def handle_one(identity: bytes, request_id: int, body: protocol.Msg, payloads: list[memoryview]) -> None:
         kind = type(body).__name__
         started = time.perf_counter()
+        error = None
         async with running:
-            with trio.move_on_after(limits.request_timeout_s) as timer:
+            with trio.move_on_after(limits.request_timeout_s) as timer:  # around the handler only: one reply, always
                 try:
                     result = await handler(body, payloads)
                 except StripefsError as exc:
                     log.debug("%s: %s (request %d) -> %s", name, kind, request_id, exc)
                     metrics.REQUEST_ERRORS.labels(name, kind, getattr(exc.code, "name", str(exc.code))).inc()
-                    await reply(identity, request_id, protocol.ErrorRsp(code=int(exc.code), message=exc.message))
-                    return
+                    error = protocol.ErrorRsp(code=int(exc.code), message=exc.message)
                 except Exception as exc:  # a bug: answer and log loudly, keep serving
                     log.exception("%s: handling %s (request %d) failed", name, kind, request_id)
-                    await reply(
-                        identity, request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
-                    )
-                    return
+                    error = protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+        if error is not None:
+            await reply(identity, request_id, error)
+            return
         if timer.cancelled_caught:
             log.warning("%s: %s (request %d) from %r still running after %.0fs: cancelled", name, kind, request_id, identity, limits.request_timeout_s)
             metrics.REQUEST_ERRORS.labels(name, kind, "TIMEOUT").inc()
