@@ -142,6 +142,10 @@ def hostile_body(draw, tags: list[str], real_inos: list[int]) -> dict:
     """A request body: the right tag, fields of the right types with hostile values, now and then
     a field of a wrong type, missing or unknown."""
     tag = draw(st.sampled_from(tags))
+    if tag == "once":  # a retry wrapper: hostile ids around a hostile inner body (the same rules apply to it)
+        inner = draw(hostile_body([t for t in tags if t != "once"], real_inos))
+        return {"t": "once", "client_id": draw(HOSTILE_INT), "op_id": draw(HOSTILE_INT),
+                "done_below": draw(HOSTILE_INT), "body": inner}
     cls = REQUESTS[tag]
     safe = tag in READ_ONLY
     body = {"t": tag}
