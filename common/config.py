@@ -32,7 +32,28 @@ class _Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     pass
 
 
-class MetaConfig(_Config):
+class _ServerLimits(_Config, kw_only=True):
+    """What one server admits from its peers (common/limits.py; docs/security.md)."""
+
+    per_peer_inflight: int = 64  # requests of one connection handled at once
+    per_peer_queue: int = 1024  # more of its requests waiting for a slot; past that: BUSY
+    max_queued: int = 16384  # waiting requests of all connections together; past that: BUSY
+    max_queued_bytes: Size = Size(256 << 20)  # their frames' bytes together; past that: BUSY
+    request_timeout_s: float = 600.0  # a request still being handled after this is cancelled (TIMEOUT)
+
+    def serve_limits(self):
+        from .limits import ServeLimits
+
+        return ServeLimits(
+            per_peer_inflight=max(1, self.per_peer_inflight),
+            per_peer_queue=max(0, self.per_peer_queue),
+            max_queued=max(0, self.max_queued),
+            max_queued_bytes=int(self.max_queued_bytes),
+            request_timeout_s=self.request_timeout_s if self.request_timeout_s > 0 else 600.0,
+        )
+
+
+class MetaConfig(_ServerLimits, kw_only=True):
     listen: str = "tcp://127.0.0.1:7100"
     data_dir: str = "/var/lib/stripefs/meta"
     store: str = "sqlite"  # "sqlite" (a file in data_dir, one daemon) or "postgresql" (dsn; several daemons)
@@ -54,7 +75,7 @@ class MetaConfig(_Config):
     rebalance_tolerance: float = 0.10  # rebalance until every node's use is within this fraction of the mean
 
 
-class StorageConfig(_Config):
+class StorageConfig(_ServerLimits, kw_only=True):
     node_id: int
     listen: str = "tcp://127.0.0.1:7101"
     advertise: str = ""  # the address clients connect to; default: listen
@@ -161,6 +182,12 @@ repair_bandwidth = "64M"             # bytes/s of re-replication, drain and reba
 repair_parallelism = 4               # chunk copies in flight at once
 repair_scan_interval_s = 60.0        # full redundancy scan at least this often (at once after any node change)
 rebalance_tolerance = 0.10           # move data until every node is within 10% of the mean utilisation
+# limits on what one peer may ask at once (docs/security.md)
+per_peer_inflight = 64               # requests of one connection handled at once
+per_peer_queue = 1024                # more of its requests waiting; past that they are answered BUSY
+max_queued = 16384                   # waiting requests of all connections together; past that: BUSY
+max_queued_bytes = "256M"            # their bytes together; past that: BUSY
+request_timeout_s = 600.0            # a request still being handled after this is cancelled (TIMEOUT)
 ''',
     "storage": '''\
 # stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
@@ -178,11 +205,17 @@ io_threads = 8
 metrics = "0.0.0.0:9711"             # Prometheus /metrics; one port per node on a machine (9711, 9712, ...)
 scrub_bandwidth = "16M"              # bytes/s of background checksum verification; 0 = off
 scrub_interval_s = 604800.0          # start a new scrub pass a week after the previous one began
+# limits on what one peer may ask at once (docs/security.md)
+per_peer_inflight = 64               # requests of one connection handled at once
+per_peer_queue = 1024                # more of its requests waiting; past that they are answered BUSY
+max_queued = 16384                   # waiting requests of all connections together; past that: BUSY
+max_queued_bytes = "256M"            # their bytes together; past that: BUSY
+request_timeout_s = 600.0            # a request still being handled after this is cancelled (TIMEOUT)
 ''',
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
 meta = ["tcp://meta.example:7100"]   # overridden by META_ADDR on the command line
-rpc_timeout_s = 10.0
+rpc_timeout_s = 10.0                 # every request to the daemon or a node gives up after this (never waits forever)
 cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
 readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
 write_parallelism = 4                # chunks in flight to storage per file being written
