@@ -28,8 +28,10 @@ Transaction model (docs/design.md, "Metadata transactions")
   that doubles. ``fn`` must therefore be safe to run again: namespace code is
   (it only talks to the database); in-memory side effects of the service's
   callbacks (holding an open file for a session) are idempotent.
-* Any other database error is an IO error for the client (and an ERROR log
-  line); a lost connection is dropped by the pool and replaced.
+* A data exception (SQLSTATE class 22: a number from the wire beyond BIGINT)
+  is BAD_REQUEST, as SQLite's OverflowError is. Any other database error is
+  an IO error for the client (and an ERROR log line); a lost connection is
+  dropped by the pool and replaced.
 * Background work of the service that calls store methods directly on the trio
   thread (repair scans, garbage collection) runs them on one extra
   connection in autocommit mode, one statement per transaction;
@@ -178,6 +180,9 @@ class PgStore(SqlStore):
                     time.sleep(random.uniform(0, delay))
                     delay = min(delay * 2, 0.05)
                     continue
+                if (exc.sqlstate or "").startswith("22"):  # data exception: a number from the wire out of BIGINT range
+                    log.warning("refusing %s: %s (SQLSTATE %s)", getattr(fn, "__name__", fn), exc, exc.sqlstate)
+                    raise StripefsError(ErrorCode.BAD_REQUEST, f"a value is out of range for the database: {exc}") from None
                 log.error("metadata transaction %s failed: %s (SQLSTATE %s)", getattr(fn, "__name__", fn), exc, exc.sqlstate)
                 raise StripefsError(ErrorCode.IO, f"metadata database: {exc}") from None
         raise AssertionError("unreachable")

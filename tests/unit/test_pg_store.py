@@ -169,3 +169,18 @@ def test_local_cluster_refuses_several_daemons_on_sqlite(tmp_path):
     with pytest.raises(QuietError, match="--meta-store postgresql"):
         LocalCluster(tmp_path / "state").up(tmp_path / "mnt", 1, [], metas=2)
     assert not (tmp_path / "state" / "cluster.json").exists()
+
+
+def test_numbers_beyond_bigint_are_bad_requests(two):
+    a, _ = two
+    ino, _ = a.op("create", ROOT, b"f", 0o644, 0, 0, True)
+    with pytest.raises(StripefsError) as info:
+        a.store.run(a.ns.setattr, ino, mtime_ns=1 << 70)
+    assert info.value.code == ErrorCode.BAD_REQUEST
+    assert code_of_lookup(a, 1 << 70) == ErrorCode.NOT_FOUND  # a comparison with a huge number simply finds nothing
+
+
+def code_of_lookup(d, ino):
+    with pytest.raises(StripefsError) as info:
+        d.op("getattr", ino)
+    return info.value.code
