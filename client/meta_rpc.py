@@ -24,7 +24,9 @@ import zmq
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
+from ..common.security import split_address, with_key
 from ..common.transport import RpcClient, connect
+from .subtree import Subtree
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class MetaClient:
         self.boot_id = ""
         self.cluster_id = ""
         self.open_inodes: Callable[[], list[int]] = lambda: []
+        self.subdir = b""  # ask to see only this directory (HelloReq.subdir)
+        self.subtree: Subtree | None = None  # set when the daemon gives a root other than inode 1
 
     async def open(self, stack: AsyncExitStack) -> None:
         for address in self.addresses:
@@ -58,7 +62,11 @@ class MetaClient:
         while True:
             client = self._clients[self._current]
             try:
-                reply, _ = await client.call(request)
+                if self.subtree is None:
+                    reply, _ = await client.call(request)
+                else:
+                    reply, _ = await client.call(self.subtree.request(request))
+                    reply = self.subtree.reply(reply)
                 if attempt:
                     log.info("metadata daemon %s answers again", client.address)
                 return reply
@@ -77,7 +85,7 @@ class MetaClient:
             while True:
                 try:
                     rsp = await self._clients[self._current].call(
-                        p.HelloReq(host=socket.gethostname(), pid=os.getpid(), mountpoint=mountpoint),
+                        p.HelloReq(host=socket.gethostname(), pid=os.getpid(), mountpoint=mountpoint, subdir=self.subdir),
                         timeout=min(self.timeout, 2.0),
                     )
                 except StripefsError as exc:
@@ -90,6 +98,7 @@ class MetaClient:
                 assert isinstance(reply, p.HelloRsp)
                 self.session_id, self.lease_s, self.boot_id = reply.session_id, reply.lease_s, reply.boot_id
                 self.cluster_id = reply.cluster_id
+                self.subtree = Subtree(reply.root_ino) if reply.root_ino != 1 else None
                 log.info("session %d with metadata daemon %s (boot %s)", self.session_id, self.addresses[self._current], self.boot_id)
                 return
         raise StripefsError(
@@ -107,8 +116,9 @@ class MetaClient:
         assert isinstance(rsp, p.PingRsp)
         if not rsp.events_port:
             return "", rsp.boot_id, rsp.events_seq
-        host = self.addresses[self._current].rsplit(":", 1)[0]
-        return f"{host}:{rsp.events_port}", rsp.boot_id, rsp.events_seq
+        endpoint, key = split_address(self.addresses[self._current])
+        host = endpoint.rsplit(":", 1)[0]
+        return with_key(f"{host}:{rsp.events_port}", key), rsp.boot_id, rsp.events_seq
 
     async def heartbeat_loop(self, mountpoint: str) -> None:
         """Keep the session alive; re-open it when the daemon forgot us."""

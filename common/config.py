@@ -49,6 +49,9 @@ class MetaConfig(_Config):
     repair_parallelism: int = 4  # chunk copies in flight at once
     repair_scan_interval_s: float = 60.0  # full redundancy scan at least this often (and at once on any node change)
     rebalance_tolerance: float = 0.10  # rebalance until every node's use is within this fraction of the mean
+    # CURVE (docs/security.md): this daemon's NAME.key_secret and the keys it accepts; required off loopback
+    curve_key: str = ""
+    keyring: str = ""
 
 
 class StorageConfig(_Config):
@@ -66,6 +69,10 @@ class StorageConfig(_Config):
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
     scrub_bandwidth: Size = Size(16 << 20)  # bytes/s the background scrub verifies; 0 = no background scrub
     scrub_interval_s: float = 7 * 86400.0  # a new background scrub pass starts this long after the previous one began
+    # CURVE (docs/security.md): this node's NAME.key_secret and the keys it accepts; meta addresses then
+    # name the daemon's key (tcp://HOST:PORT?key=Z85)
+    curve_key: str = ""
+    keyring: str = ""
 
     @property
     def address(self) -> str:
@@ -97,6 +104,8 @@ class ClientConfig(_Config):
     shm_size: Size = Size(512 << 20)  # most bytes of prefetched files waiting there
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
     hedge_after_s: float = 0.5  # a replica read not answered by then is also asked of the next replica; 0 = never
+    curve_key: str = ""  # this mount's NAME.key_secret (also -o key=); the meta address names the daemon's key
+    subdir: str = ""  # expose only this directory of the cluster (also -o subdir=/team-a)
 
 
 C = TypeVar("C", bound=_Config)
@@ -155,6 +164,9 @@ repair_bandwidth = "64M"             # bytes/s of re-replication, drain and reba
 repair_parallelism = 4               # chunk copies in flight at once
 repair_scan_interval_s = 60.0        # full redundancy scan at least this often (at once after any node change)
 rebalance_tolerance = 0.10           # move data until every node is within 10% of the mean utilisation
+# CURVE authentication and encryption (docs/security.md); required when listening beyond loopback
+curve_key = "/etc/stripefs/keys/meta.key_secret"   # stripefs keygen /etc/stripefs/keys/meta
+keyring = "/etc/stripefs/keyring.toml"             # the public keys allowed in, with their roles and rights
 ''',
     "storage": '''\
 # stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
@@ -162,7 +174,7 @@ node_id = 1                          # unique in the cluster, never reused
 listen = "tcp://0.0.0.0:7101"
 advertise = "tcp://storage1.example:7101"  # what clients connect to (default: listen)
 data_dir = "/srv/nvme0/stripefs"     # chunk files live here
-meta = ["tcp://meta.example:7100"]   # metadata daemon(s)
+meta = ["tcp://meta.example:7100?key=META_PUBLIC_KEY_40_CHARACTERS_OF_Z85_TEXT"]  # daemon(s), with its public key
 host = ""                            # failure domain; default the hostname: replicas go to distinct hosts
 heartbeat_interval_s = 2.0
 block_size = "64K"                   # checksum granularity (xxh3 per block)
@@ -172,10 +184,13 @@ io_threads = 8
 metrics = "0.0.0.0:9711"             # Prometheus /metrics; one port per node on a machine (9711, 9712, ...)
 scrub_bandwidth = "16M"              # bytes/s of background checksum verification; 0 = off
 scrub_interval_s = 604800.0          # start a new scrub pass a week after the previous one began
+# CURVE (docs/security.md): then meta addresses carry the daemon's public key: "tcp://meta.example:7100?key=Z85"
+curve_key = "/etc/stripefs/keys/storage-nvme0.key_secret"
+keyring = "/etc/stripefs/keyring.toml"
 ''',
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
-meta = ["tcp://meta.example:7100"]   # overridden by META_ADDR on the command line
+meta = ["tcp://meta.example:7100?key=META_PUBLIC_KEY_40_CHARACTERS_OF_Z85_TEXT"]  # or META_ADDR on the command line
 rpc_timeout_s = 10.0
 cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
 readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
@@ -195,6 +210,8 @@ shm_dir = "/dev/shm"                 # prefetched files wait here for stripefs.t
 shm_size = "512M"                    # most bytes waiting there (each copy is deleted once read)
 metrics = "0.0.0.0:9720"             # Prometheus /metrics; one port per mount on a machine (0: any free port)
 hedge_after_s = 0.5                  # a replica slower than this: ask the next one too, take the first good answer
+curve_key = "/etc/stripefs/keys/client.key_secret"  # this mount's key (stripefs keygen; or -o key=)
+subdir = ""                          # e.g. "/team-a": the mount shows only that directory (also -o subdir=)
 ''',
 }
 

@@ -39,6 +39,10 @@ class ErrorCode(enum.IntEnum):
     IO = 33  # local I/O error on a storage node
     BUSY = 34  # the object changed under a long operation (a conversion's copy): try again
 
+    # authorisation (daemon/access.py, storage_node/access.py)
+    READ_ONLY = 50  # the sender's key may not change anything
+    ACCESS = 51  # outside the sender key's subtree, or a request its role may not send
+
 
 ERRNO_BY_CODE: dict[int, int] = {
     ErrorCode.NOT_FOUND: errno.ENOENT,
@@ -56,6 +60,8 @@ ERRNO_BY_CODE: dict[int, int] = {
     ErrorCode.TIMEOUT: errno.ETIMEDOUT,
     ErrorCode.UNAVAILABLE: errno.EIO,
     ErrorCode.BUSY: errno.EBUSY,
+    ErrorCode.READ_ONLY: errno.EROFS,
+    ErrorCode.ACCESS: errno.EACCES,
 }
 
 

@@ -336,6 +336,7 @@ class HelloReq(Msg, tag="hello"):
     host: str
     pid: int
     mountpoint: str = ""
+    subdir: bytes = b""  # expose only this directory (absolute path); HelloRsp.root_ino is its inode
 
 
 class HelloRsp(Msg, tag="hello_rsp"):

@@ -36,8 +36,8 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 import trio
 import zmq
 
-from . import metrics, protocol
-from .errors import ErrorCode, StripefsError
+from . import metrics, protocol, security
+from .errors import ErrorCode, QuietError, StripefsError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class ZmqSocket:
         self._recv_ready = trio.Event()
         self._send_ready = trio.Event()
         self.closed = False
+        self.secure = False  # a CURVE server: every request carries its sender's key (security.py)
 
     @property
     def raw(self) -> zmq.Socket:
@@ -148,14 +149,16 @@ async def open_socket(
         # never be applied by the node when it comes back
         sock.setsockopt(zmq.IMMEDIATE, 1)
     try:
+        connect = security.secure_socket(ctx, sock, bind=bind, connect=connect)  # CURVE keys, or refuse
         if bind:
             sock.bind(bind)
         if connect:
             sock.connect(connect)
-    except zmq.ZMQError:
+    except (zmq.ZMQError, QuietError):
         sock.close(linger=0)
         raise
     zsock = ZmqSocket(sock)
+    zsock.secure = bool(bind) and bool(sock.curve_server)
     async with trio.open_nursery() as nursery:
         await nursery.start(zsock._pump)
         try:
@@ -314,6 +317,7 @@ async def serve(
                 await reply(identity, exc.request_id, protocol.ErrorRsp(code=exc.code, message=str(exc)))
                 continue
             await limiter.acquire()
+            security.PEER.set(security.peer_of(frames[1]) if sock.secure else None)  # the task inherits it
             nursery.start_soon(handle_one, identity, request_id, body, [f.buffer for f in frames[2:]])
 
 

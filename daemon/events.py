@@ -22,6 +22,7 @@ import trio
 import zmq
 
 from ..common import protocol as P
+from ..common.security import secure_socket
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class ChangeFeed:
         self._sock = ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        secure_socket(ctx, self._sock, bind=bind)  # a CURVE server when the daemon has a key
         if bind.rsplit(":", 1)[-1] in ("0", "*"):
             self.port = self._sock.bind_to_random_port(bind.rsplit(":", 1)[0])
         else:

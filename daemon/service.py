@@ -60,6 +60,9 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
+from ..common.keyring import server_keyring
+from ..common.security import run_zap
+from .access import MetaAccess
 from .db import DB_NAME, lock_database, open_database
 from .events import ChangeFeed
 from .metrics import cluster_health
@@ -112,6 +115,7 @@ class MetaService:
         self.healer = Healer(self)  # re-replication, drain, scrub, fsck (daemon/repair.py)
         self._handlers: dict[type, Callable] = {}
         self.feed: ChangeFeed | None = None
+        self.access = MetaAccess(self)  # keys, roles, read-only, subtrees (daemon/access.py)
         for cls in P.Request.__args__:
             for owner in (self, self.healer):
                 handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
@@ -151,6 +155,7 @@ class MetaService:
         self.open()
         try:
             async with contextlib.AsyncExitStack() as stack:
+                await self._start_curve(stack)
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
                 self.feed = ChangeFeed(self.ctx, self._events_address(), self.boot_id)
                 stack.callback(self.feed.close)
@@ -172,6 +177,15 @@ class MetaService:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_path)
 
+    async def _start_curve(self, stack: contextlib.AsyncExitStack) -> None:
+        """With curve_key/keyring: this daemon's key on every socket, and ZAP admitting the keyring's keys."""
+        listen = [self.config.listen, self._events_address()]
+        self.access.keyring = server_keyring(self.ctx, self.config.curve_key, self.config.keyring, listen)
+        if self.access.keyring is not None:
+            zap = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(zap.cancel_scope.cancel)
+            await zap.start(run_zap, self.ctx, self.access.keyring.accepts)
+
     def _events_address(self) -> str:
         if self.config.events_listen:
             return self.config.events_listen
@@ -186,7 +200,7 @@ class MetaService:
         handler = self._handlers.get(type(body))
         if handler is None:
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"the metadata daemon does not serve {type(body).__name__}")
-        return await handler(body)
+        return await self.access.handle(body, handler)
 
     # -- group commit ----------------------------------------------------------
 

@@ -14,6 +14,7 @@
     stripefs fsck     [--repair]                 namespace vs chunks    (stripefs.heal_cli)
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
+    stripefs keygen   NAME                       a CURVE keypair (stripefs.keys_cli; docs/security.md)
 
 Admin commands find the cluster from a PATH inside a mount when given one
 (the mount's source in /proc/mounts is its metadata address), else from
@@ -73,7 +74,9 @@ def _meta_addresses(args, path: str | None = None) -> list[str]:
         if (state / "cluster.json").exists():
             from .local_cluster import LocalCluster
 
-            return [LocalCluster(state).meta_address]
+            cluster = LocalCluster(state)
+            cluster.use_admin_key()  # a --secure cluster: its admin key, unless $STRIPEFS_KEY names one
+            return [cluster.meta_address]
         raise QuietError(
             "cannot find the cluster: give a PATH inside a stripefs mount, --meta tcp://HOST:PORT, "
             "set $STRIPEFS_META, or --dir STATE of a local cluster"
@@ -203,7 +206,7 @@ def cmd_local(args) -> int:
 
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings)
+        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings, secure=args.secure, subdir=args.subdir)
     if args.action == "down":
         return cluster.down()
     if args.action == "add-node":
@@ -269,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--set", dest="settings", action="append", default=[], metavar="ROLE.KEY=VALUE",
                     help="config value for a new cluster, e.g. --set meta.node_timeout_s=3 --set storage.scrub_bandwidth=64M "
                     "(TOML value; roles meta, storage, client; repeatable; used when STATE is created)")
+    up.add_argument("--secure", action="store_true",
+                    help="CURVE on every socket: keys for the daemon, each node, the mount and an admin in STATE/keys, "
+                         "listed in STATE/keys/keyring.toml (new clusters only; docs/security.md)")
+    up.add_argument("--subdir", default="", metavar="/DIR",
+                    help="mount only this directory of the cluster (created if missing); with --secure the mount's key "
+                         "is restricted to it at the daemon")
     add = lsub.add_parser("add-node", help="start one more storage node", description="Create, start and register one more storage node in a running local cluster (then data rebalances onto it).")
     add.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     down = lsub.add_parser("down", help="unmount and stop everything 'up' started", description="Unmount and stop exactly the processes 'up' started (by pid). Data stays in the state directory.")
@@ -340,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_heal_parsers(sub, _add_cluster_args)
 
+    from .keys_cli import add_parsers as add_key_parsers
+
+    add_key_parsers(sub)
+
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
     csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)
     ex = csub.add_parser("example", help="print an example config")
@@ -351,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        from .keys_cli import use_env_key
+
+        use_env_key()
         if argv[:1] == ["meta"] and argv[1:2] in (["backup"], ["restore"]):
             from .daemon.backup import main as backup_main
 

@@ -6,12 +6,19 @@ State directory layout (everything the cluster owns lives here)::
     STATE/pids.json           pids of what `up` started; `down` stops exactly these
     STATE/meta/metad.toml     metadata daemon config; STATE/meta/ holds its SQLite database
     STATE/storage-N/storage.toml and STATE/storage-N/data/   one storage node each
+    STATE/keys/               with --secure: NAME.key / NAME.key_secret for meta, admin, mount and
+                              each storage node, and keyring.toml listing them (docs/security.md)
     STATE/logs/*.log          one log per process
 
 Running ``up`` again on a stopped STATE starts the same processes on the same
 ports and data, so everything comes back. ``up --set ROLE.KEY=VALUE`` puts
 config values into a new STATE's files (tests use it for short timeouts);
-``add-node`` creates and starts one more storage node with the same settings. The processes are started detached
+``add-node`` creates and starts one more storage node with the same settings.
+``up --secure`` turns CURVE on everywhere: every process gets its own key, the
+keyring lists them, addresses carry the servers' keys, and admin commands
+given ``--dir STATE`` use the admin key. ``up --subdir /team-a`` mounts only
+that directory (created if missing); with ``--secure`` the mount's key is
+restricted to it too, so the daemon enforces it. The processes are started detached
 (their own session), so they outlive the command that started them.
 """
 
@@ -33,7 +40,9 @@ import zmq
 
 from .common import config as cfg
 from .common import protocol as p
-from .common.errors import QuietError, StripefsError
+from .common.errors import ErrorCode, QuietError, StripefsError
+from .common.keyring import load_identity, load_public, write_keypair
+from .common.security import identity_of, use_identity, with_key
 from .common.transport import connect
 
 log = logging.getLogger(__name__)
@@ -119,9 +128,41 @@ class LocalCluster:
 
     @property
     def meta_address(self) -> str:
-        return f"tcp://127.0.0.1:{self.info()['meta_port']}"
+        return self._keyed(f"tcp://127.0.0.1:{self.info()['meta_port']}", "meta")
 
-    def _create(self, mount: Path, nodes: int, options: list[str], settings: list[str] = ()) -> dict:
+    # ------------------------------------------------------------------ keys
+
+    @property
+    def keys(self) -> Path:
+        return self.state / "keys"
+
+    def _keyed(self, endpoint: str, name: str) -> str:
+        """``endpoint`` with the public key of process ``name`` when the cluster is --secure."""
+        if not self.info().get("secure"):
+            return endpoint
+        return with_key(endpoint, load_public(self.keys / f"{name}.key"))
+
+    def use_admin_key(self) -> None:
+        """Admin connections of this process use the cluster's admin key (unless $STRIPEFS_KEY set one)."""
+        if self.info_path.exists() and self.info().get("secure") and identity_of(None) is None:
+            use_identity(None, load_identity(self.keys / "admin.key_secret"))
+
+    def _new_key(self, name: str, role: str, **rights) -> None:
+        """A keypair for process ``name``, appended to the keyring."""
+        public_path, _ = write_keypair(self.keys / name, force=True)
+        lines = ["[[key]]", f"name = {json.dumps(name)}", f"public = {json.dumps(load_public(public_path))}",
+                 f"role = {json.dumps(role)}"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in rights.items() if v]
+        with open(self.keys / "keyring.toml", "a") as f:
+            f.write("\n".join(lines) + "\n\n")
+
+    def _curve_settings(self, name: str) -> dict:
+        if not self.info().get("secure"):
+            return {}
+        return {"curve_key": str(self.keys / f"{name}.key_secret"), "keyring": str(self.keys / "keyring.toml")}
+
+    def _create(self, mount: Path, nodes: int, options: list[str], settings: list[str] = (), *,
+                secure: bool = False, subdir: str = "") -> dict:
         parsed = _parse_settings(settings)
         listen = str(parsed.get("meta", {}).get("listen", ""))
         info = {
@@ -131,11 +172,22 @@ class LocalCluster:
             "mount": str(mount),
             "options": options,
             "settings": parsed,
+            "secure": secure,  # CURVE on every socket, keys in STATE/keys
+            "subdir": subdir,  # the mount shows only this directory
             # Prometheus endpoints (HOST:PORT) of the daemon, each node and the mount
             "metrics": {"meta": f"127.0.0.1:{_free_port()}", "mount": f"127.0.0.1:{_free_port()}",
                         **{f"storage-{i}": f"127.0.0.1:{_free_port()}" for i in range(1, nodes + 1)}},
         }
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
+        self.info_path.write_text(json.dumps(info, indent=1))  # _keyed and _curve_settings read it
+        if secure:
+            self.keys.mkdir(mode=0o700, exist_ok=True)
+            (self.keys / "keyring.toml").write_text("# who may talk to this cluster (docs/security.md)\n\n")
+            self._new_key("meta", "meta")
+            self._new_key("admin", "admin")
+            self._new_key("mount", "client", subdir=subdir)
+            for node in info["nodes"]:
+                self._new_key(f"storage-{node['node_id']}", "storage")
         meta_dir = self.state / "meta"
         meta_dir.mkdir(exist_ok=True)
         meta = cfg.MetaConfig(
@@ -144,6 +196,7 @@ class LocalCluster:
             stripe_count=min(4, nodes),
             redundancy=f"replicas={min(2, nodes)}",
             metrics=info["metrics"]["meta"],
+            **self._curve_settings("meta"),
         )
         (meta_dir / "metad.toml").write_text(_with_settings(meta, info["settings"].get("meta", {})))
         for node in info["nodes"]:
@@ -158,10 +211,11 @@ class LocalCluster:
             node_id=node["node_id"],
             listen=f"tcp://127.0.0.1:{node['port']}",
             data_dir=str(d / "data"),
-            meta=[f"tcp://127.0.0.1:{info['meta_port']}"],
+            meta=[self.meta_address],
             host=f"local-{node['node_id']}",  # one failure domain per node on a one-machine cluster
             heartbeat_interval_s=1.0,
             metrics=info.get("metrics", {}).get(f"storage-{node['node_id']}", ""),
+            **self._curve_settings(f"storage-{node['node_id']}"),
         )
         (d / "storage.toml").write_text(_with_settings(sc, info.get("settings", {}).get("storage", {})))
 
@@ -173,6 +227,9 @@ class LocalCluster:
             raise QuietError(f"the local cluster in {self.state} is not running; start it with 'stripefs local up'", 3)
         node = {"node_id": max(n["node_id"] for n in info["nodes"]) + 1, "port": _free_port()}
         info.setdefault("metrics", {})[f"storage-{node['node_id']}"] = f"127.0.0.1:{_free_port()}"
+        if info.get("secure"):  # the keyring is re-read by the running daemon and nodes
+            self.use_admin_key()
+            self._new_key(f"storage-{node['node_id']}", "storage")
         self._write_storage_config(info, node)
         info["nodes"].append(node)
         self.info_path.write_text(json.dumps(info, indent=1))
@@ -199,7 +256,8 @@ class LocalCluster:
         log_file.close()
         return proc.pid
 
-    def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = ()) -> int:
+    def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
+           secure: bool = False, subdir: str = "") -> int:
         self.state.mkdir(parents=True, exist_ok=True)
         mount = Path(mount).absolute()
         if self.info_path.exists():
@@ -207,7 +265,10 @@ class LocalCluster:
             if settings:
                 print(f"note: {self.state} exists; --set applies only when a cluster is created", file=sys.stderr)
         else:
-            info = self._create(mount, nodes, options, settings)
+            info = self._create(mount, nodes, options, settings, secure=secure, subdir=subdir)
+        if (secure and not info.get("secure")) or (subdir and subdir != info.get("subdir", "")):
+            print(f"note: {self.state} exists; --secure and --subdir apply only when a cluster is created", file=sys.stderr)
+        self.use_admin_key()
         if Path(info["mount"]) != mount:
             raise QuietError(f"{self.state} was created for mountpoint {info['mount']}, not {mount}")
         if len(info["nodes"]) != nodes:
@@ -236,6 +297,8 @@ class LocalCluster:
                 )
         self._save_pids(pids)
         self._wait_ready(info, pids, deadline)
+        if info.get("subdir"):
+            self._make_dirs(info["subdir"])
 
         if not _is_mounted(mount):
             args = ["mount", self.meta_address, str(mount), "--log", str(self.state / "logs" / "mount.log"),
@@ -244,6 +307,10 @@ class LocalCluster:
                 args += ["-o", opt]
             if info.get("metrics", {}).get("mount"):
                 args += ["-o", f"metrics={info['metrics']['mount']}"]
+            if info.get("secure"):
+                args += ["-o", f"key={self.keys / 'mount.key_secret'}"]
+            if info.get("subdir"):
+                args += ["-o", f"subdir={info['subdir']}"]
             res = subprocess.run([sys.executable, "-m", "stripefs", *args], capture_output=True, text=True)
             if res.returncode:
                 raise QuietError(f"mount failed: {res.stderr.strip() or res.stdout.strip()}", 3)
@@ -259,7 +326,8 @@ class LocalCluster:
             ctx = zmq.Context()
             try:
                 targets = [("meta", pids["meta"], self.meta_address)] + [
-                    (f"storage-{n['node_id']}", pids["storage"][str(n["node_id"])], f"tcp://127.0.0.1:{n['port']}")
+                    (f"storage-{n['node_id']}", pids["storage"][str(n["node_id"])],
+                     self._keyed(f"tcp://127.0.0.1:{n['port']}", f"storage-{n['node_id']}"))
                     for n in info["nodes"]
                 ]
                 for name, pid, address in targets:
@@ -295,6 +363,27 @@ class LocalCluster:
             if isinstance(leaf, QuietError):
                 raise leaf from None
             raise
+
+    def _make_dirs(self, path: str) -> None:
+        """mkdir -p ``path`` in the cluster (as the admin): a --subdir mount needs its directory."""
+
+        async def make() -> None:
+            ctx = zmq.Context()
+            try:
+                async with connect(ctx, self.meta_address, timeout=5) as meta:
+                    ino = 1
+                    for name in filter(None, path.encode().split(b"/")):
+                        try:
+                            rsp, _ = await meta.call(p.MkdirReq(parent=ino, name=name, mode=0o40755, uid=0, gid=0))
+                        except StripefsError as exc:
+                            if exc.code != ErrorCode.EXISTS:
+                                raise
+                            rsp, _ = await meta.call(p.LookupReq(parent=ino, name=name))
+                        ino = rsp.attr.ino
+            finally:
+                ctx.destroy(linger=0)
+
+        trio.run(make)
 
     # ------------------------------------------------------------------ down
 
