@@ -444,7 +444,7 @@ class LocalCluster:
                 "role": "storage",
                 "node_id": node["node_id"],
                 "pid": pid,
-                "address": f"tcp://127.0.0.1:{node['port']}",
+                "address": self._keyed(f"tcp://127.0.0.1:{node['port']}", f"storage-{node['node_id']}"),
                 "state": "up" if _alive(pid) else "down",
                 "bytes_stored": _tree_bytes(self.state / f"storage-{node['node_id']}" / "data"),
                 "metrics": metrics_url(f"storage-{node['node_id']}"),
@@ -473,6 +473,7 @@ class LocalCluster:
 
         if not _alive(self.pids().get("meta")):
             return None
+        self.use_admin_key()
         return trio.run(ask)
 
 
