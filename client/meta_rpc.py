@@ -24,6 +24,7 @@ import zmq
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
+from ..common.keyring import squash
 from ..common.security import split_address, with_key
 from ..common.transport import RpcClient, connect
 from .subtree import Subtree
@@ -50,6 +51,7 @@ class MetaClient:
         self.open_inodes: Callable[[], list[int]] = lambda: []
         self.subdir = b""  # ask to see only this directory (HelloReq.subdir)
         self.subtree: Subtree | None = None  # set when the daemon gives a root other than inode 1
+        self.root_squash = False  # uid/gid 0 in requests become nobody (-o root_squash)
 
     async def open(self, stack: AsyncExitStack) -> None:
         for address in self.addresses:
@@ -61,6 +63,8 @@ class MetaClient:
         attempt = 0
         while True:
             client = self._clients[self._current]
+            if self.root_squash:
+                request = squash(request)
             try:
                 if self.subtree is None:
                     reply, _ = await client.call(request)
@@ -103,7 +107,9 @@ class MetaClient:
                 return
         raise StripefsError(
             ErrorCode.UNAVAILABLE,
-            f"no metadata daemon answered at {', '.join(self.addresses)} within {patience_s:.0f}s",
+            f"no metadata daemon answered at {', '.join(self.addresses)} within {patience_s:.0f}s"
+            + ("; a CURVE daemon also stays silent to a key its keyring does not list (see its log)"
+               if any(split_address(a)[1] for a in self.addresses) else ""),
         )
 
     async def feed_info(self) -> tuple[str, str, int]:

@@ -49,7 +49,7 @@ from .striping import DataPath
 log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
-_OWN_OPTIONS = {"config", "dataset", "cache_dir", "metrics", "key", "subdir"}
+_OWN_OPTIONS = {"config", "dataset", "cache_dir", "metrics", "key", "subdir", "root_squash"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
             "changes made elsewhere show within seconds); cache_dir=DIR: keep chunk data on a local disk too; "
             "metrics=HOST:PORT: serve Prometheus metrics there; key=NAME.key_secret: this mount's CURVE key "
             "(META_ADDR then names the daemon's key: tcp://HOST:PORT?key=Z85); subdir=/DIR: show only that "
-            "directory of the cluster"
+            "directory of the cluster; root_squash: root's new files and chowns become nobody's"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -119,6 +119,8 @@ def main(argv: list[str]) -> int:
         client_cfg = msgspec.structs.replace(client_cfg, curve_key=own["key"])
     if own.get("subdir"):
         client_cfg = msgspec.structs.replace(client_cfg, subdir=own["subdir"])
+    if "root_squash" in own:
+        client_cfg = msgspec.structs.replace(client_cfg, root_squash=True)
     if client_cfg.subdir and not client_cfg.subdir.startswith("/"):
         raise QuietError(f"subdir={client_cfg.subdir} must be an absolute path in the cluster, like /team-a")
     if client_cfg.curve_key:
@@ -226,6 +228,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             stack.callback(nursery.cancel_scope.cancel)
             meta = MetaClient(ctx, addresses, timeout=client_cfg.rpc_timeout_s)
             meta.subdir = client_cfg.subdir.encode()
+            meta.root_squash = client_cfg.root_squash
             await meta.open(stack)
             await meta.hello(mountpoint, patience_s=max(client_cfg.rpc_timeout_s, 10.0))
             nodes = NodePool(ctx, nursery, timeout=client_cfg.rpc_timeout_s, read_timeout=min(3.0, client_cfg.rpc_timeout_s))

@@ -106,6 +106,7 @@ class ClientConfig(_Config):
     hedge_after_s: float = 0.5  # a replica read not answered by then is also asked of the next replica; 0 = never
     curve_key: str = ""  # this mount's NAME.key_secret (also -o key=); the meta address names the daemon's key
     subdir: str = ""  # expose only this directory of the cluster (also -o subdir=/team-a)
+    root_squash: bool = False  # files root creates through this mount are nobody's (also -o root_squash)
 
 
 C = TypeVar("C", bound=_Config)
@@ -212,6 +213,7 @@ metrics = "0.0.0.0:9720"             # Prometheus /metrics; one port per mount o
 hedge_after_s = 0.5                  # a replica slower than this: ask the next one too, take the first good answer
 curve_key = "/etc/stripefs/keys/client.key_secret"  # this mount's key (stripefs keygen; or -o key=)
 subdir = ""                          # e.g. "/team-a": the mount shows only that directory (also -o subdir=)
+root_squash = false                  # uid/gid 0 of new files and chowns become 65534 (also -o root_squash)
 ''',
 }
 

@@ -62,6 +62,16 @@ class Grant(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         return self.role in ("admin", "client")
 
 
+#: request fields holding a uid or gid (root squash)
+OWNER_FIELDS = ("uid", "gid")
+
+
+def squash(body: msgspec.Struct) -> msgspec.Struct:
+    """A request with uid/gid 0 replaced by nobody: root squash (the daemon's per key, a mount's -o root_squash)."""
+    changes = {f: NOBODY for f in OWNER_FIELDS if getattr(body, f, None) == 0}
+    return msgspec.structs.replace(body, **changes) if changes else body
+
+
 #: what a plain (unauthenticated) socket's peers get: everything, as before CURVE
 TRUSTED = Grant(name="plain", public="", role="meta")
 

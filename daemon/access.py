@@ -36,7 +36,7 @@ import msgspec
 
 from ..common import protocol as P
 from ..common.errors import ErrorCode, StripefsError
-from ..common.keyring import NOBODY, TRUSTED, Grant, Keyring
+from ..common.keyring import TRUSTED, Grant, Keyring, squash
 from ..common.security import current_peer, split_address
 
 log = logging.getLogger(__name__)
@@ -58,14 +58,6 @@ READING_REQUESTS = frozenset({
 })
 #: request fields holding inode numbers (checked against a key's subtree)
 INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root", "shadow")
-#: request fields holding a uid or gid (root squash)
-OWNER_FIELDS = ("uid", "gid")
-
-
-def squash(body: P.Msg) -> P.Msg:
-    """``body`` with uid/gid 0 replaced by nobody."""
-    changes = {f: NOBODY for f in OWNER_FIELDS if getattr(body, f, None) == 0}
-    return msgspec.structs.replace(body, **changes) if changes else body
 
 
 class MetaAccess:
@@ -89,7 +81,7 @@ class MetaAccess:
         self._check_role(grant, body)
         if grant.root_squash:
             body = squash(body)
-        if isinstance(body, P.RegisterNodeReq) and grant is not TRUSTED:
+        if type(body) in NODE_REQUESTS and grant is not TRUSTED:
             self._check_node_key(grant, body)
         if not grant.subdir and not (isinstance(body, P.HelloReq) and body.subdir):
             return await handler(body)
@@ -128,12 +120,18 @@ class MetaAccess:
         log.warning("refused %s from key %r (role %s): %s", type(body).__name__, grant.name, grant.role, why)
         return StripefsError(code, f"{type(body).__name__} refused: {why}")
 
-    @staticmethod
-    def _check_node_key(grant: Grant, req: P.RegisterNodeReq) -> None:
-        _, key = split_address(req.address)
-        if key != grant.public:
+    def _check_node_key(self, grant: Grant, req: P.Msg) -> None:
+        """A node id belongs to the key that registered it, while the keyring lists that key: a
+        storage key cannot take over another node's id (and its clients' reads and writes)."""
+        if isinstance(req, P.RegisterNodeReq) and split_address(req.address)[1] != grant.public:
             log.warning("node %d registered %s with key %r, not its own: refused", req.node_id, req.address, grant.name)
             raise StripefsError(ErrorCode.ACCESS, "a node must register its address with its own key (ADDRESS?key=PUBLIC)")
+        owner = split_address(self.service.nodes.address(req.node_id))[1] if self.service.nodes else None
+        if owner and owner != grant.public and (isinstance(req, (P.NodeHeartbeatReq, P.ReportBadChunksReq))
+                                                or self.keyring.grant(owner) is not None):
+            log.warning("key %r sent %s for node %d, which key %s registered: refused", grant.name, type(req).__name__,
+                        req.node_id, owner)
+            raise StripefsError(ErrorCode.ACCESS, f"node {req.node_id} is registered with another key")
 
     # -- subtrees (called under the service's lock) ----------------------------------------
 

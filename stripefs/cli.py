@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -45,6 +46,12 @@ DEFAULT_STATE = "./.stripefs"
 # --------------------------------------------------------------- finding the cluster
 
 
+def _unescape(field: str) -> str:
+    """A /proc/mounts field as it was given: the kernel writes space, tab, newline, backslash and '#' as octal escapes
+    (a mount source naming a CURVE key may contain '#')."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def _mount_of(path: Path) -> tuple[str, Path] | None:
     """(metadata address, mountpoint) of the stripefs mount holding ``path``."""
     target = path.absolute()
@@ -52,7 +59,7 @@ def _mount_of(path: Path) -> tuple[str, Path] | None:
     try:
         with open("/proc/mounts") as f:
             for line in f:
-                source, mnt, fstype = line.split()[:3]
+                source, mnt, fstype = (_unescape(field) for field in line.split()[:3])
                 if fstype != "fuse.stripefs":
                     continue
                 mnt_path = Path(mnt.replace("\\040", " "))

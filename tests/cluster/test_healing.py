@@ -96,7 +96,14 @@ def wait_for(what: str, check, timeout: float = 90.0, interval: float = 0.3):
 def heal(request):
     c = HealCluster(cluster_root("stripefs-heal-"))
     c.expected_log_patterns += [r"no copy could be read", r"not answering", r"failed"]
-    yield from run_cluster(request, c, label="heal ")
+    # admin commands given a path in the mount, and extra mounts, use the cluster's admin key (docs/security.md)
+    def use_admin_key(c):
+        os.environ["STRIPEFS_KEY"] = str(c.state / "keys" / "admin.key_secret")
+
+    try:
+        yield from run_cluster(request, c, after_up=use_admin_key, label="heal ")
+    finally:
+        os.environ.pop("STRIPEFS_KEY", None)
 
 
 def _drop_caches():

@@ -171,13 +171,18 @@ def test_a_subdir_mount_cannot_reach_outside(secure):
         secure.unmount(full)
 
 
-def test_root_squash_key_never_creates_roots_files(secure):
-    key = secure.add_key("squashed", root_squash=True)
-    mnt = secure.mount_again("squash-mnt", f"key={key}")
+@pytest.mark.parametrize("how", ["key", "mount-option"])
+def test_root_squash_never_creates_roots_files(secure, how):
+    if how == "key":  # enforced by the daemon for every mount of that key
+        options = f"key={secure.add_key('squashed', root_squash=True)}"
+    else:  # the mount's own choice
+        options = f"key={secure.keys / 'mount.key_secret'},root_squash"
+    mnt = secure.mount_again(f"squash-{how}", options)
     try:
-        (mnt / "squash-test").mkdir()
-        (mnt / "squash-test" / "f").write_bytes(b"x")
-        for p in (secure.mnt / "squash-test", secure.mnt / "squash-test" / "f"):
+        (mnt / f"squash-{how}").mkdir()
+        (mnt / f"squash-{how}" / "f").write_bytes(b"x")
+        os.chown(mnt / f"squash-{how}" / "f", 0, 0)
+        for p in (secure.mnt / f"squash-{how}", secure.mnt / f"squash-{how}" / "f"):
             st = os.stat(p)
             assert (st.st_uid, st.st_gid) == (65534, 65534), p
     finally:

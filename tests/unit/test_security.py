@@ -22,7 +22,7 @@ from stripefs.common import protocol as P
 from stripefs.common import security
 from stripefs.common.config import MetaConfig, StorageConfig
 from stripefs.common.errors import ErrorCode, QuietError, StripefsError
-from stripefs.common.keyring import Keyring, load_identity, load_public, parse, write_keypair
+from stripefs.common.keyring import Keyring, load_identity, load_public, parse, squash, write_keypair
 from stripefs.common.transport import connect, open_socket
 from stripefs.daemon import access as meta_access
 from stripefs.daemon.service import MetaService
@@ -130,8 +130,8 @@ def test_every_request_has_a_class():
 
 def test_root_squash_maps_owner_zero_to_nobody():
     req = P.MkdirReq(parent=1, name=b"d", mode=0o40755, uid=0, gid=0)
-    assert (meta_access.squash(req).uid, meta_access.squash(req).gid) == (65534, 65534)
-    assert meta_access.squash(P.SetattrReq(ino=5, uid=1000)).uid == 1000
+    assert (squash(req).uid, squash(req).gid) == (65534, 65534)
+    assert squash(P.SetattrReq(ino=5, uid=1000)).uid == 1000
 
 
 # -- an in-process cluster with CURVE ---------------------------------------------------------
@@ -139,6 +139,7 @@ def test_root_squash_maps_owner_zero_to_nobody():
 KEYS = {  # name -> (role, rights)
     "meta": ("meta", {}),
     "node": ("storage", {}),
+    "node2": ("storage", {}),
     "admin": ("admin", {}),
     "rw": ("client", {}),
     "ro": ("client", {"read_only": True}),
@@ -324,3 +325,30 @@ async def test_root_squash_key_creates_nothing_as_root(tmp_path):
             f = (await meta.call(P.CreateReq(parent=d.ino, name=b"f", mode=0o104755, uid=1000, gid=0, session_id=0)))[0].attr
             assert (f.uid, f.gid) == (1000, 65534)
             assert (await meta.call(P.SetattrReq(ino=f.ino, uid=0)))[0].attr.uid == 65534  # chown to root: to nobody
+
+
+def test_the_deploy_keyring_example_is_valid_once_keys_are_filled_in():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "deploy" / "keyring.toml").read_text()
+    filled = re.sub(r'public = "[^"]*"', lambda m: f'public = "{zmq.curve_keypair()[0].decode()}"', text)
+    grants = parse(filled)
+    assert {g.role for g in grants.values()} == {"meta", "storage", "admin", "client"}
+    assert any(g.subdir and g.root_squash for g in grants.values()) and any(g.read_only for g in grants.values())
+
+
+async def test_a_storage_key_cannot_take_over_another_nodes_id(tmp_path):
+    async with secure_cluster(tmp_path) as c:
+        other = load_public(c.keys / "node2.key")
+        usage = dict(capacity_bytes=1 << 30, free_bytes=1 << 30, used_bytes=0, chunks=0)
+        async with c.client("node2") as meta:
+            fake = P.RegisterNodeReq(node_id=1, address=security.with_key("tcp://127.0.0.1:9", other), host="evil", **usage)
+            assert await _code(meta.call(fake)) == ErrorCode.ACCESS  # node 1 belongs to the "node" key
+            assert await _code(meta.call(P.NodeHeartbeatReq(node_id=1, **usage))) == ErrorCode.ACCESS
+            lying = P.RegisterNodeReq(node_id=2, address=c.node, host="evil", **usage)  # someone else's key in the address
+            assert await _code(meta.call(lying)) == ErrorCode.ACCESS
+            await meta.call(P.RegisterNodeReq(node_id=2, address=security.with_key("tcp://127.0.0.1:9", other), host="h2", **usage))
+        async with c.client("admin") as admin:
+            nodes = {n.node_id: n for n in (await admin.call(P.StatusReq()))[0].nodes}
+            assert nodes[1].address == c.node and nodes[2].host == "h2"
