@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
+import shutil
+import socket
 import subprocess
+import sys
+import time
 
 import pytest
 import trio
+import xxhash
 import zmq
 
 from stripefs.common import protocol as P
@@ -56,7 +62,8 @@ def secure(request):
 
 
 def _raw_calls(address: str, key_file: str | None, *requests, timeout: float = 1.0):
-    """Each request's reply, or its error code, from a client holding ``key_file`` (None: no key)."""
+    """Each request's reply, or its error code, from a client holding ``key_file`` (None: no key);
+    a request may come as (request, payload frames)."""
 
     async def run():
         ctx = zmq.Context()
@@ -66,8 +73,9 @@ def _raw_calls(address: str, key_file: str | None, *requests, timeout: float = 1
         try:
             async with connect(ctx, address, timeout=timeout) as client:
                 for r in requests:
+                    r, payloads = r if isinstance(r, tuple) else (r, ())
                     try:
-                        out.append((await client.call(r))[0])
+                        out.append((await client.call(r, payloads))[0])
                     except StripefsError as exc:
                         out.append(exc.code)
         finally:
@@ -187,3 +195,111 @@ def test_root_squash_never_creates_roots_files(secure, how):
             assert (st.st_uid, st.st_gid) == (65534, 65534), p
     finally:
         secure.unmount(mnt)
+
+
+# -- across network namespaces: a storage node bound beyond loopback ------------------------------
+
+NS = f"sfs-sec-{os.getpid() % 100000}"
+SUBNET = f"10.{150 + os.getpid() % 50}.{os.getpid() % 250}"
+
+_PROBE = """
+import json, sys, trio, zmq
+from stripefs.common import protocol as P
+from stripefs.common.errors import StripefsError
+from stripefs.common.keyring import load_identity
+from stripefs.common.security import use_identity
+from stripefs.common.transport import connect
+address, key_file, ino = sys.argv[1], sys.argv[2], int(sys.argv[3])
+async def main():
+    ctx = zmq.Context()
+    if key_file:
+        use_identity(ctx, load_identity(key_file))
+    out = []
+    async with connect(ctx, address, timeout=3.0) as node:
+        for req in (P.PingReq(), P.ReadChunkReq(chunk=P.ChunkId(ino, 0, 0), min_version=0, offset=0, length=64)):
+            try:
+                rsp, frames = await node.call(req)
+                out.append(bytes(frames[0]).decode() if frames else type(rsp).__name__)
+            except StripefsError as exc:
+                out.append(exc.code.name)
+    ctx.destroy(linger=0)
+    print(json.dumps(out))
+trio.run(main)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def netns():
+    """A network namespace joined to this one by a veth pair: SUBNET.1 here, SUBNET.2 there. Always removed."""
+    host_if, ns_if = f"sh{os.getpid() % 100000}", f"sn{os.getpid() % 100000}"
+    try:
+        _sh("ip", "netns", "add", NS)
+        _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _sh("ip", "link", "set", ns_if, "netns", NS)
+        _sh("ip", "addr", "add", f"{SUBNET}.1/30", "dev", host_if)
+        _sh("ip", "link", "set", host_if, "up")
+        _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{SUBNET}.2/30", "dev", ns_if)
+        _sh("ip", "netns", "exec", NS, "ip", "link", "set", ns_if, "up")
+        _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+        yield NS
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("ip") is None or os.geteuid() != 0, reason="needs root and iproute2 for a network namespace")
+def test_a_node_beyond_loopback_needs_curve_and_serves_only_listed_keys_across_namespaces(secure, netns):
+    from conftest import _wait_dead
+
+    port = _free_port()
+    node_dir = secure.state / "storage-7"
+    (node_dir / "data").mkdir(parents=True)
+    plain = (f'node_id = 7\nlisten = "tcp://{SUBNET}.1:{port}"\ndata_dir = "{node_dir / "data"}"\n'
+             f'meta = ["{secure.meta_address}"]\nhost = "veth"\nheartbeat_interval_s = 0.5\nreserved_space = 0\nmetrics = ""\n')
+    (node_dir / "plain.toml").write_text(plain)
+    res = run_cli("storage", "--config", str(node_dir / "plain.toml"), check=False)  # no key: refused, with what to do
+    assert res.returncode != 0 and "CURVE is required" in res.stderr and "stripefs keygen" in res.stderr
+    key = secure.add_key("storage-7", role="storage")
+    (node_dir / "storage.toml").write_text(plain + f'curve_key = "{key}"\nkeyring = "{secure.keys / "keyring.toml"}"\n')
+    log = open(secure.state / "logs" / "storage-7.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "stripefs", "storage", "--config", str(node_dir / "storage.toml")],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    try:
+        address = with_key(f"tcp://{SUBNET}.1:{port}", load_public(secure.keys / "storage-7.key"))
+        data = b"across the veth, encrypted" * 2
+        ino = 900_000  # a chunk put there directly: the node answers any listed client key
+        assert _raw_calls(address, str(secure.keys / "mount.key_secret"), P.PingReq(), timeout=10)[0].role == "storage"
+        write = P.WriteChunkReq(chunk=P.ChunkId(ino, 0, 0), version=1, base_version=0, offset=0,
+                                xxh3=xxhash.xxh3_64_intdigest(data), replace=True)
+        assert isinstance(_raw_calls(address, str(secure.keys / "mount.key_secret"), (write, [data]))[0], P.WriteChunkRsp)
+        stranger = str(write_keypair(secure.root / "ns-stranger", force=True)[1])
+
+        def probe(addr, key_file):
+            out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", _PROBE, addr, key_file or "", str(ino)],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        assert probe(address, str(secure.keys / "mount.key_secret")) == ["PingRsp", data[:64].decode()]
+        assert probe(address, stranger) == ["TIMEOUT", "TIMEOUT"]
+        assert probe(split_address(address)[0], None) == ["TIMEOUT", "TIMEOUT"]
+        deadline = time.monotonic() + 30  # it registered over CURVE, with its own key in its address
+        while not any(n["node_id"] == 7 and n["state"] == "up" and n["address"] == address
+                      for n in json.loads(run_cli("status", "--dir", str(secure.state), "--json").stdout)["nodes"]):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        _wait_dead(proc.pid, timeout=10, kill=True)
+        proc.wait()
