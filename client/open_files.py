@@ -61,6 +61,8 @@ class OpenFile:
     idle: trio.Event = field(default_factory=trio.Event)
     write_error: BaseException | None = None
     write_slots: trio.Semaphore | None = None
+    #: the size writes may make the file reach under its directory quotas (OpenRsp.quota_max_size); -1: none applies
+    quota_max: int = -1
 
     def __post_init__(self) -> None:
         self.size = self.attr.size

@@ -57,7 +57,7 @@ import pyfuse3
 import trio
 
 from ..common import protocol as p
-from ..common.errors import StripefsError
+from ..common.errors import ErrorCode, StripefsError
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
@@ -396,6 +396,7 @@ class Operations(pyfuse3.Operations):
             of.refresh(rsp)
         if rsp.epoch and not of.epoch:
             of.epoch = rsp.epoch  # this write session's version, without an AllocEpochReq
+        of.quota_max = rsp.quota_max_size
         view = (rsp.attr.mtime_ns, rsp.attr.size)
         before = self._kernel_view.get(ino)
         keep = before == view or of.has_unflushed
@@ -458,8 +459,7 @@ class Operations(pyfuse3.Operations):
 
     async def write(self, fh, off, buf):
         self._writable()
-        await self.data.write(self.handles[fh], off, buf)
-        return len(buf)
+        return await self.data.write(self.handles[fh], off, buf)  # short at a directory quota's limit
 
     async def flush(self, fh):
         if self.dataset:
@@ -468,11 +468,20 @@ class Operations(pyfuse3.Operations):
         of = self.handles[fh]
         if of.has_unflushed or of.size != of.attr.size:
             self._open_info.pop(of.ino, None)
-            await self.data.flush(of)
+            await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
 
     async def fsync(self, fh, datasync):
-        await self.data.flush(self.handles[fh], sync=True)
+        await self._flush(self.handles[fh], sync=True)
+
+    async def _flush(self, of: OpenFile, sync: bool = False) -> None:
+        try:
+            await self.data.flush(of, sync=sync)
+        except StripefsError as exc:
+            if exc.code == ErrorCode.QUOTA_EXCEEDED:
+                # a directory quota cut the file below what the kernel wrote: drop its size and pages
+                await trio.to_thread.run_sync(_invalidate_attr, of.ino, False)
+            raise
 
     async def release(self, fh):
         of = self.handles.pop(fh)
@@ -498,9 +507,9 @@ class Operations(pyfuse3.Operations):
             self.kcache.forget(ino)
 
 
-def _invalidate_attr(ino: int) -> None:
+def _invalidate_attr(ino: int, attr_only: bool = True) -> None:
     try:
-        pyfuse3.invalidate_inode(ino, attr_only=True)
+        pyfuse3.invalidate_inode(ino, attr_only=attr_only)
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             log.warning("invalidating attributes of inode %d: %s", ino, exc)

@@ -20,6 +20,11 @@ Writes
     (ReplaceReplicaReq) and receives the whole chunk, read back from a replica
     that took the write. So one node dying mid-write costs the writer nothing.
     ``flush`` waits for everything in flight and commits versions and size.
+    Directory quotas (daemon/quota.py): a write that would grow the file past
+    ``OpenFile.quota_max`` asks the daemon again (QuotaRoomReq), then takes the
+    part that fits (a short write) or raises QUOTA_EXCEEDED (EDQUOT); a commit
+    the daemon cut to the limit makes ``flush`` cut the boundary chunk on its
+    replicas and raise QUOTA_EXCEEDED, so nothing past the limit is kept.
 
 Erasure-coded files (layout ``ec=K+M``) share the dirty buffering, epochs and
 commits, and take client/ec_path.py at five points: reads, the sending of a
@@ -296,8 +301,11 @@ class DataPath:
 
     # ----------------------------------------------------------------- writes
 
-    async def write(self, of: OpenFile, offset: int, data: bytes) -> None:
+    async def write(self, of: OpenFile, offset: int, data: bytes) -> int:
+        """Buffer (and send) a write; the bytes taken: fewer than ``len(data)`` only at a quota's limit."""
         self._raise_write_error(of)
+        if of.quota_max >= 0 and offset + len(data) > max(of.quota_max, of.size):
+            data = await self._within_quota(of, offset, data)
         cs = of.chunk_size
         pos = 0
         for ext in chunk_extents(offset, len(data), cs):
@@ -320,6 +328,20 @@ class DataPath:
                 await self._send_in_background(of, of.dirty.pop(oldest))
         of.size = max(of.size, offset + len(data))
         self.cache.drop_inode(of.ino, offset // cs)
+        return len(data)
+
+    async def _within_quota(self, of: OpenFile, offset: int, data: bytes) -> bytes | memoryview:
+        """The part of a write that fits under the file's directory quotas (asked afresh: others may have shrunk)."""
+        rsp = await self.meta.call(p.QuotaRoomReq(ino=of.ino))
+        of.quota_max = rsp.max_size
+        limit = max(of.quota_max, of.size)
+        if of.quota_max < 0 or offset + len(data) <= limit:
+            return data
+        if offset >= limit:
+            raise StripefsError(
+                ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota allows at most {limit} bytes here"
+            )
+        return memoryview(data)[: limit - offset]
 
     def _raise_write_error(self, of: OpenFile) -> None:
         if of.write_error is not None:
@@ -453,14 +475,24 @@ class DataPath:
             rsp = await self.meta.call(p.CommitReq(ino=of.ino, size=of.size, mtime_ns=time.time_ns(), chunks=refs))
             of.uncommitted.clear()
             of.attr = rsp.attr
-            of.size = max(of.size, rsp.attr.size)
+            wanted, of.size = of.size, max(of.size, rsp.attr.size)
             of.epoch = 0  # the next write session gets a newer version
+            if rsp.attr.size < wanted:
+                # a directory quota cut the commit (daemon/quota.py): drop our bytes past it
+                await self._cut(of, rsp.attr.size)
+                raise StripefsError(
+                    ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota kept {rsp.attr.size} of {wanted} bytes"
+                )
 
     # --------------------------------------------------------------- truncate
 
     async def truncate(self, of: OpenFile, new_size: int) -> p.Attr:
         """Cut or extend a file: the boundary chunk is cut on its replicas, then the daemon drops the rest."""
         await self.flush(of)
+        return await self._cut(of, new_size)
+
+    async def _cut(self, of: OpenFile, new_size: int) -> p.Attr:
+        """Truncate with nothing left to flush: cut the boundary chunk, then tell the daemon."""
         cs = of.chunk_size
         index, inner = divmod(new_size, cs)
         refs: list[p.ChunkRef] = []

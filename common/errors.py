@@ -38,6 +38,8 @@ class ErrorCode(enum.IntEnum):
     CORRUPT = 32  # a block failed its checksum: a bad copy, never returned as data
     IO = 33  # local I/O error on a storage node
     BUSY = 34  # the object changed under a long operation (a conversion's copy): try again
+    # quotas
+    QUOTA_EXCEEDED = 40  # a directory quota's byte or inode limit (daemon/quota.py)
 
     # authorisation (daemon/access.py, storage_node/access.py)
     READ_ONLY = 50  # the sender's key may not change anything
@@ -60,6 +62,7 @@ ERRNO_BY_CODE: dict[int, int] = {
     ErrorCode.TIMEOUT: errno.ETIMEDOUT,
     ErrorCode.UNAVAILABLE: errno.EIO,
     ErrorCode.BUSY: errno.EBUSY,
+    ErrorCode.QUOTA_EXCEEDED: errno.EDQUOT,
     ErrorCode.READ_ONLY: errno.EROFS,
     ErrorCode.ACCESS: errno.EACCES,
 }

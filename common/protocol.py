@@ -525,6 +525,7 @@ class OpenRsp(Msg, tag="open_rsp"):
     chunks: list[ChunkRef]  # every chunk with a placement, ordered by index
     nodes: list[NodeAddr]  # addresses of every node named in ``chunks``
     epoch: int = 0  # a fresh write epoch when opened for writing or created (saves an AllocEpochReq)
+    quota_max_size: int = -1  # the size the file may grow to under its directory quotas now; -1: no quota applies
 
 
 class CloseReq(Msg, tag="close"):
@@ -653,6 +654,7 @@ class StatusRsp(Msg, tag="status_rsp"):
     layouts: list[LayoutUsage] = []  # per redundancy: logical and raw bytes (daemon/redundancy.py)
     under_replicated: int = 0  # chunks below their target redundancy (see ``repair``)
     repair: RepairInfo | None = None
+    quotas: list[QuotaInfo] = []  # every directory quota (daemon/quota.py)
 
 
 # --------------------------------------------------------------------------
@@ -864,6 +866,60 @@ class RepairInfo(msgspec.Struct, frozen=True):
     failed: int = 0
     bandwidth: int = 0  # bytes/s limit, 0 = none
     scanned_age_s: float = -1.0
+
+
+# --------------------------------------------------------------------------
+# Directory quotas (daemon/quota.py, stripefs/quota_cli.py)
+# --------------------------------------------------------------------------
+
+
+class QuotaInfo(msgspec.Struct, frozen=True):
+    """One quota root: limits (0: none) and usage below it. ``path`` is for display only."""
+
+    ino: int
+    path: bytes
+    max_bytes: int
+    max_inodes: int
+    used_bytes: int
+    used_inodes: int
+
+
+class QuotaSetReq(Msg, tag="quota_set"):
+    """Set the limits of directory ``ino`` (None: leave as is; 0: no limit; both 0 removes the quota).
+    Reply: QuotaRsp with the quota (none when removed)."""
+
+    ino: int
+    max_bytes: int | None = None
+    max_inodes: int | None = None
+
+
+class QuotaGetReq(Msg, tag="quota_get"):
+    """Every quota that applies to ``ino`` (a directory's own first), nearest first; ``ino`` 0: all quotas.
+    Reply: QuotaRsp."""
+
+    ino: int = 0
+
+
+class QuotaRecountReq(Msg, tag="quota_recount"):
+    """Count the trees of every quota (or of the one on ``ino``) again and correct usage that drifted.
+    Reply: QuotaRsp (all quotas after the count) with ``corrected`` (the quotas that were wrong, as they were)."""
+
+    ino: int = 0
+
+
+class QuotaRsp(Msg, tag="quota_rsp"):
+    quotas: list[QuotaInfo]
+    corrected: list[QuotaInfo] = []
+
+
+class QuotaRoomReq(Msg, tag="quota_room"):
+    """The size file ``ino`` may grow to now (a writer about to cross ``OpenRsp.quota_max_size``). Reply: QuotaRoomRsp."""
+
+    ino: int
+
+
+class QuotaRoomRsp(Msg, tag="quota_room_rsp"):
+    max_size: int  # -1: no quota applies
 
 
 # --------------------------------------------------------------------------

@@ -50,6 +50,11 @@ Tables
     DeleteChunksReq to nodes that are up and deletes the rows that succeeded.
     Placing a chunk on a node deletes that node's garbage rows for the chunk.
 
+``quotas(ino PRIMARY KEY, max_bytes, max_inodes, used_bytes, used_inodes)``
+    (schema version 2) One row per directory with a quota (daemon/quota.py):
+    its limits (0: none) and the usage below it, kept up to date in the same
+    transaction as every namespace change.
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -183,7 +188,19 @@ def _execute_script(conn: sqlite3.Connection, script: str) -> None:
             conn.execute(statement)
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection, Layout], None]] = [_migrate_1]
+def _migrate_2_quotas(conn: sqlite3.Connection, root_layout: Layout) -> None:
+    """Directory quotas (daemon/quota.py): limits and incrementally kept usage per quota root."""
+    conn.execute(
+        "CREATE TABLE quotas ("
+        " ino BIGINT PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,"
+        " max_bytes BIGINT NOT NULL DEFAULT 0,"
+        " max_inodes BIGINT NOT NULL DEFAULT 0,"
+        " used_bytes BIGINT NOT NULL DEFAULT 0,"
+        " used_inodes BIGINT NOT NULL DEFAULT 0)"
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection, Layout], None]] = [_migrate_1, _migrate_2_quotas]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

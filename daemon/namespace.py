@@ -27,6 +27,9 @@ Semantics worth knowing
   own subtree -> INVALID. Renaming onto another name of the same inode does
   nothing.
 * Layout: a directory's layout is what new entries inherit; a file's is fixed.
+* Quotas: operations that add, remove, move or resize inodes call the hooks
+  of ``self.quotas`` (daemon/quota.py) inside their savepoint; EDQUOT
+  (QUOTA_EXCEEDED) and EXDEV across quota trees are decided there.
 * Epochs: strictly increasing and never repeated across restarts. The store
   keeps a high-water mark raised in blocks of ``EPOCH_BLOCK``; epochs below
   the stored mark may be handed out without writing. After a restart the
@@ -49,6 +52,7 @@ from ..common.protocol import Attr, ChunkRef, DirEntry, Layout, NodeAddr
 from . import placement, redundancy
 from . import redundancy as _redundancy
 from .db import ROOT_INO
+from .quota import Quotas
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -119,6 +123,7 @@ class Namespace:
         self.nodes = nodes
         self.is_open = is_open
         self.clock = clock
+        self.quotas = Quotas(store)  # directory quotas: hooks below, design in daemon/quota.py
         # epochs in [_epoch_next, _epoch_limit) may be handed out without a write
         self._epoch_next = self._epoch_limit = int(store.get_meta("epoch_hwm", 1))
 
@@ -178,6 +183,7 @@ class Namespace:
         parent_row = self._dir(parent)
         if self.store.get_dentry(parent, name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
+        self.quotas.created(parent)
         now = self.clock()
         is_dir = stat.S_ISDIR(mode)
         ino = self._new_inode(parent_row, mode, uid, gid, nlink=2 if is_dir else 1, rdev=rdev, now=now)
@@ -247,6 +253,7 @@ class Namespace:
             raise StripefsError(ErrorCode.INVALID, "symlink target must be 1..4096 bytes without NUL")
         ino = self._add_entry(parent, name, stat.S_IFLNK | 0o777, uid, gid)
         self.store.insert_symlink(ino, target)
+        self.quotas.resized(ino, 0, len(target))
         self.store.update_inode(ino, size=len(target))
         return self.getattr(ino)
 
@@ -281,6 +288,7 @@ class Namespace:
         self._dir(new_parent)
         if self.store.get_dentry(new_parent, new_name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{new_name!r} exists in directory {new_parent}")
+        self.quotas.linking(ino, new_parent)
         now = self.clock()
         self.store.insert_dentry(new_parent, new_name, ino)
         self.store.add_nlink(ino, 1, now)
@@ -291,8 +299,11 @@ class Namespace:
 
     def unlink(self, parent: int, name: bytes) -> None:
         entry = self._entry(parent, name)
-        if stat.S_ISDIR(self._inode(entry["ino"])["mode"]):
+        row = self._inode(entry["ino"])
+        if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
+        if row["nlink"] <= 1:
+            self.quotas.removed(parent, row)
         now = self.clock()
         self.store.delete_dentry(entry["cookie"])
         self._touch_dir(parent, now)
@@ -301,10 +312,12 @@ class Namespace:
     def rmdir(self, parent: int, name: bytes) -> None:
         entry = self._entry(parent, name)
         ino = entry["ino"]
-        if not stat.S_ISDIR(self._inode(ino)["mode"]):
+        row = self._inode(ino)
+        if not stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.NOT_DIR, f"{name!r} in directory {parent} is not a directory")
         if self.store.has_children(ino):
             raise StripefsError(ErrorCode.NOT_EMPTY, f"directory {ino} ({name!r}) is not empty")
+        self.quotas.removed(parent, row)
         now = self.clock()
         self.store.delete_dentry(entry["cookie"])
         self.store.delete_inode(ino)
@@ -346,6 +359,7 @@ class Namespace:
             dst_dir = stat.S_ISDIR(dst_row["mode"])
             if dst_dir and self._is_ancestor(dst["ino"], parent_old):
                 raise StripefsError(ErrorCode.INVALID, f"cannot move directory {dst['ino']} into its own subtree")
+            self.quotas.moving(src_row, parent_old, parent_new, exchange=True)
             self.store.set_dentry_ino(src["cookie"], dst["ino"])
             self.store.set_dentry_ino(dst["cookie"], src["ino"])
             if parent_old != parent_new and src_dir != dst_dir:
@@ -364,12 +378,15 @@ class Namespace:
                     raise StripefsError(ErrorCode.IS_DIR, f"{name_new!r} in directory {parent_new} is a directory")
                 if dst_dir and self.store.has_children(dst["ino"]):
                     raise StripefsError(ErrorCode.NOT_EMPTY, f"directory {dst['ino']} ({name_new!r}) is not empty")
+                if dst_dir or dst_row["nlink"] <= 1:
+                    self.quotas.removed(parent_new, dst_row)
                 self.store.delete_dentry(dst["cookie"])
                 if dst_dir:
                     self.store.delete_inode(dst["ino"])
                     self.store.add_nlink(parent_new, -1, now)
                 else:
                     self._drop_link(dst["ino"], now)
+            self.quotas.moving(src_row, parent_old, parent_new)
             self.store.move_dentry(src["cookie"], parent_new, name_new)
             if src_dir and parent_old != parent_new:
                 self.store.add_nlink(parent_old, -1, now)
@@ -433,6 +450,7 @@ class Namespace:
             self._file(ino)
             if size < 0:
                 raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
+            self.quotas.resized(ino, row["size"], size)
             keep = chunk_count(size, row["chunk_size"])
             dropped = self.store.drop_chunks(ino, keep, max_version=self.last_epoch())
             if dropped:
@@ -630,9 +648,22 @@ class Namespace:
         row = self._file(ino)
         if size < 0:
             raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
+        new_size = max(row["size"], size)
+        fits = self.quotas.fit_growth(ino, new_size - row["size"])
+        if fits < new_size - row["size"]:
+            # the quota backstop (daemon/quota.py): keep what fits, drop the chunks past it;
+            # the smaller size in the reply tells the writer to cut the boundary chunk
+            new_size = row["size"] + fits
+            keep = chunk_count(new_size, row["chunk_size"])
+            chunks = [c for c in chunks if c.index < keep]
+            dropped = self.store.drop_chunks(ino, keep, max_version=self.last_epoch())
+            log.info(
+                "inode %d: commit of %d bytes cut to %d by a directory quota (%d chunk(s) dropped)", ino, size, new_size, dropped
+            )
         self._record_chunks(ino, chunks)
+        self.quotas.resized(ino, row["size"], new_size)
         now = self.clock()
-        self.store.update_inode(ino, size=max(row["size"], size), mtime_ns=mtime_ns or now, ctime_ns=now)
+        self.store.update_inode(ino, size=new_size, mtime_ns=mtime_ns or now, ctime_ns=now)
         return self.getattr(ino)
 
     # -- online conversion (daemon/redundancy.py) --------------------------------

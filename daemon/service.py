@@ -69,6 +69,7 @@ from .metrics import cluster_health
 from . import redundancy
 from .health import NodeRegistry, Sessions
 from .namespace import Namespace
+from .quota_service import QuotaService
 from .repair import Healer
 from .store import SqliteStore
 
@@ -113,11 +114,12 @@ class MetaService:
         self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
         self._gc_wake = trio.Event()
         self.healer = Healer(self)  # re-replication, drain, scrub, fsck (daemon/repair.py)
+        self.quota_service = QuotaService(self)  # directory quotas (daemon/quota.py)
         self._handlers: dict[type, Callable] = {}
         self.feed: ChangeFeed | None = None
         self.access = MetaAccess(self)  # keys, roles, read-only, subtrees (daemon/access.py)
         for cls in P.Request.__args__:
-            for owner in (self, self.healer):
+            for owner in (self, self.healer, self.quota_service):
                 handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
                 if handler is not None:
                     self._handlers[cls] = handler
@@ -243,6 +245,7 @@ class MetaService:
                     batch.error = exc
                     self.store.rollback()
                     self.store.begin()
+                    self.ns.quotas.reload()
             batch.done.set()
 
     # -- background tasks ------------------------------------------------------
@@ -338,6 +341,7 @@ class MetaService:
             layouts=await self._read(self._layout_usage),
             under_replicated=repair.under_replicated,
             repair=self.healer.info(),
+            quotas=await self._read(self.quota_service.all_info),
         )
 
     def _layout_usage(self) -> list[P.LayoutUsage]:
@@ -376,11 +380,11 @@ class MetaService:
             info = self.ns.open_info(req.ino)
             if req.session_id:  # under the lock: no unlink can reclaim it in between
                 self.sessions.open(req.session_id, req.ino)
-            return info
+            return *info, self.ns.quotas.max_size(req.ino, info[0].size)
 
-        attr, layout, chunks, nodes = await self._read(open_and_hold)
+        attr, layout, chunks, nodes, quota_max = await self._read(open_and_hold)
         epoch = await self._alloc_epoch() if req.write else 0
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
 
     async def handle_close(self, req: P.CloseReq) -> P.Msg:
         await self._release(self.sessions.close(req.session_id, req.ino))
@@ -401,7 +405,8 @@ class MetaService:
             _, layout, chunks, nodes = self.ns.open_info(attr.ino)
             if req.session_id:  # under the lock, as for OpenReq: no unlink can reclaim it in between
                 self.sessions.open(req.session_id, attr.ino)
-            return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
+            quota_max = self.ns.quotas.max_size(attr.ino, attr.size, req.parent)
+            return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, quota_max_size=quota_max)
 
         return await self._read(lookup_and_hold)
 
@@ -442,6 +447,7 @@ class MetaService:
         def create_and_open():
             ino, _ = self.ns.create(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
             info = self.ns.open_info(ino)
+            info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
                 self.sessions.open(req.session_id, ino)
             # last: nothing after it can fail, so the high-water mark it may raise is
@@ -451,9 +457,9 @@ class MetaService:
                 self._epoch_batch = self._batch
             return (*info, epoch)
 
-        attr, layout, chunks, nodes, epoch = await self._write(create_and_open)
+        attr, layout, chunks, nodes, quota_max, epoch = await self._write(create_and_open)
         self._changed([req.parent], [(req.parent, req.name)])
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
 
     async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
         attr = await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid)

@@ -341,3 +341,58 @@ class SqliteStore:
 
     def all_nodes(self) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM nodes ORDER BY node_id").fetchall()
+
+    # -- directory quotas (daemon/quota.py) --------------------------------
+    # portable SQL: plain INSERT/UPDATE/DELETE, WITH RECURSIVE, decimal bit masks
+
+    def quota_roots(self) -> list[int]:
+        return [r[0] for r in self.conn.execute("SELECT ino FROM quotas")]
+
+    def get_quotas(self, inos: Sequence[int]) -> list[tuple[int, int, int, int, int]]:
+        """(ino, max_bytes, max_inodes, used_bytes, used_inodes) of the quotas on ``inos``, by ino."""
+        inos = list(inos)
+        if not inos:
+            return []
+        return [
+            tuple(r)
+            for r in self.conn.execute(
+                "SELECT ino, max_bytes, max_inodes, used_bytes, used_inodes FROM quotas"
+                f" WHERE ino IN ({','.join('?' * len(inos))}) ORDER BY ino",
+                inos,
+            )
+        ]
+
+    def insert_quota(self, ino: int, max_bytes: int, max_inodes: int, used_bytes: int, used_inodes: int) -> None:
+        self.conn.execute(
+            "INSERT INTO quotas (ino, max_bytes, max_inodes, used_bytes, used_inodes) VALUES (?,?,?,?,?)",
+            (ino, max_bytes, max_inodes, used_bytes, used_inodes),
+        )
+
+    def set_quota_limits(self, ino: int, max_bytes: int, max_inodes: int) -> None:
+        self.conn.execute("UPDATE quotas SET max_bytes=?, max_inodes=? WHERE ino=?", (max_bytes, max_inodes, ino))
+
+    def set_quota_usage(self, ino: int, used_bytes: int, used_inodes: int) -> None:
+        self.conn.execute("UPDATE quotas SET used_bytes=?, used_inodes=? WHERE ino=?", (used_bytes, used_inodes, ino))
+
+    def delete_quota(self, ino: int) -> None:
+        self.conn.execute("DELETE FROM quotas WHERE ino=?", (ino,))
+
+    def add_quota_usage(self, inos: Sequence[int], nbytes: int, ninodes: int) -> None:
+        """One UPDATE for every quota root a change lies under."""
+        inos = list(inos)
+        self.conn.execute(
+            f"UPDATE quotas SET used_bytes=used_bytes+?, used_inodes=used_inodes+? WHERE ino IN ({','.join('?' * len(inos))})",
+            (nbytes, ninodes, *inos),
+        )
+
+    def subtree_usage(self, ino: int) -> tuple[int, int]:
+        """(bytes, inodes) below directory ``ino``: sizes of non-directories and every inode, each inode once."""
+        row = self.conn.execute(
+            "WITH RECURSIVE tree(ino) AS ("
+            " SELECT ino FROM dentries WHERE parent=?"
+            " UNION SELECT d.ino FROM dentries d JOIN tree t ON d.parent = t.ino)"
+            " SELECT count(*), coalesce(sum(CASE WHEN (i.mode & 61440) = 16384 THEN 0 ELSE i.size END), 0)"
+            " FROM inodes i WHERE i.ino IN (SELECT ino FROM tree)",
+            (ino,),
+        ).fetchone()
+        return int(row[1]), int(row[0])

@@ -12,6 +12,7 @@
     stripefs node     drain|undrain|remove NODE  storage node states   (stripefs.heal_cli)
     stripefs scrub    [--now] [PATH]             verify checksums       (stripefs.heal_cli)
     stripefs fsck     [--repair]                 namespace vs chunks    (stripefs.heal_cli)
+    stripefs quota    set|get|list|recount       directory-tree quotas  (stripefs.quota_cli)
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
     stripefs keygen   NAME                       a CURVE keypair (stripefs.keys_cli; docs/security.md)
@@ -355,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .heal_cli import add_parsers as add_heal_parsers
 
     add_heal_parsers(sub, _add_cluster_args)
+
+    from .quota_cli import add_parser as add_quota_parser
+
+    add_quota_parser(sub, _add_cluster_args)
 
     from .keys_cli import add_parsers as add_key_parsers
 

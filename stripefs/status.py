@@ -23,6 +23,8 @@ them; so does this table::
                        logical_bytes, raw_bytes (copies or fragments, estimated from the
                        metadata), overhead (raw/logical), degraded_stripes (EC stripes with
                        a missing fragment, until repair reconstructs it)
+    quotas[]           every directory quota: path, ino, max_bytes, max_inodes (0: no limit),
+                       used_bytes, used_inodes (stripefs quota, daemon/quota.py)
     nodes[]            node_id, address, host, state, capacity_bytes, free_bytes, used_bytes,
                        chunks, last_heartbeat_age_s (-1: never), placed_chunks (chunk copies the
                        namespace places there)
@@ -38,6 +40,7 @@ from __future__ import annotations
 import msgspec
 
 from .common import protocol as p
+from . import quota_cli
 from .common.layout import format_size
 
 LIVE = ("up", "suspect", "draining")
@@ -81,6 +84,7 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
             }
             for u in rsp.layouts
         ],
+        "quotas": [quota_cli.to_json(q) for q in rsp.quotas],
         "nodes": [
             {
                 "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
@@ -119,6 +123,8 @@ def render(rsp: p.StatusRsp, address: str) -> str:
             f"  {u['redundancy']:<11} {u['files']} files, {format_size(u['logical_bytes'])} logical, "
             f"{format_size(u['raw_bytes'])} raw, overhead {overhead}{degraded}"
         )
+    for q in rsp.quotas:
+        lines.append(f"  quota       {quota_cli.render(q)}")
     lines += [
         "",
         f"  {'node':>5} {'state':<8} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8} {'heartbeat':>9}  address",

@@ -1,0 +1,83 @@
+"""The metadata daemon's quota requests (QuotaSetReq, QuotaGetReq, QuotaRecountReq, QuotaRoomReq).
+
+Dispatched like MetaService's own ``handle_*`` methods; the bookkeeping is
+daemon/quota.py. Setting a quota on a large tree and recounting scan that tree
+inside one operation (the daemon waits meanwhile): these are rare admin actions.
+"""
+
+from __future__ import annotations
+
+import logging
+import stat
+
+from ..common import protocol as P
+from ..common.errors import ErrorCode, StripefsError
+from .db import ROOT_INO
+from .quota import Quota
+
+log = logging.getLogger(__name__)
+
+
+class QuotaService:
+    def __init__(self, service):
+        self.service = service  # daemon.service.MetaService
+
+    @property
+    def quotas(self):
+        return self.service.ns.quotas
+
+    def _path(self, ino: int) -> bytes:
+        parts = []
+        while ino != ROOT_INO:
+            names = self.service.store.dentries_of(ino)
+            if not names:
+                return b"<unlinked %d>" % ino
+            _, ino, name = names[0]
+            parts.append(name)
+            if len(parts) > 4096:
+                break
+        return b"/" + b"/".join(reversed(parts))
+
+    def info(self, q: Quota) -> P.QuotaInfo:
+        return P.QuotaInfo(
+            ino=q.ino, path=self._path(q.ino), max_bytes=q.max_bytes, max_inodes=q.max_inodes,
+            used_bytes=q.used_bytes, used_inodes=q.used_inodes,
+        )
+
+    def all_info(self) -> list[P.QuotaInfo]:
+        """Every quota (for StatusRsp); call under the service's lock."""
+        return [self.info(q) for q in self.quotas.all()]
+
+    async def handle_quota_set(self, req: P.QuotaSetReq) -> P.Msg:
+        def set_quota():
+            row = self.service.ns._dir(req.ino)
+            q = self.quotas.set(row["ino"], req.max_bytes, req.max_inodes)
+            return [] if q is None else [self.info(q)]
+
+        return P.QuotaRsp(quotas=await self.service._write(set_quota))
+
+    async def handle_quota_get(self, req: P.QuotaGetReq) -> P.Msg:
+        def get():
+            if not req.ino:
+                return self.all_info()
+            row = self.service.ns._inode(req.ino)
+            return [self.info(q) for q in self.quotas.applying(req.ino, stat.S_ISDIR(row["mode"]))]
+
+        return P.QuotaRsp(quotas=await self.service._read(get))
+
+    async def handle_quota_recount(self, req: P.QuotaRecountReq) -> P.Msg:
+        def recount():
+            if req.ino and self.quotas.get(req.ino) is None:
+                raise StripefsError(ErrorCode.NOT_FOUND, f"directory {req.ino} has no quota")
+            fixed = self.quotas.recount(req.ino or None)
+            return [self.info(before) for before, _ in fixed], self.all_info()
+
+        corrected, quotas = await self.service._write(recount)
+        return P.QuotaRsp(quotas=quotas, corrected=corrected)
+
+    async def handle_quota_room(self, req: P.QuotaRoomReq) -> P.Msg:
+        def room():
+            row = self.service.ns._file(req.ino)
+            return self.quotas.max_size(req.ino, row["size"])
+
+        return P.QuotaRoomRsp(max_size=await self.service._read(room))
