@@ -1,4 +1,4 @@
-# stripefs: make run (local cluster at ./mnt), make test, make bench (bench/run.py + bench/dataloader.py), make stop.
+# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/run.py + bench/dataloader.py), make stop.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +7,7 @@ STATE ?= ./.stripefs
 MNT ?= ./mnt
 NODES ?= 4
 
-.PHONY: install run stop status test unit cluster bench clean
+.PHONY: install run stop status test unit cluster bench fuzz clean
 
 $(VENV)/.installed: pyproject.toml
 	@if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null; then \
@@ -58,6 +58,11 @@ test: install
 
 unit: install
 	$(PY) -m pytest -q tests/unit
+
+# long fuzzing runs: random seeds, FUZZ_EXAMPLES examples per endpoint (make test runs a fixed, short set)
+FUZZ_EXAMPLES ?= 20000
+fuzz: install
+	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/cluster/test_fuzz.py tests/unit/test_feed_fuzz.py
 
 bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py

@@ -143,7 +143,8 @@ class NodePool:
     async def sync(self, node_id: int, chunks: list[p.ChunkId]) -> None:
         client = await self._client(node_id)
         try:
-            await client.call(p.SyncChunksReq(chunks=chunks))
+            for i in range(0, len(chunks), p.MAX_LIST):  # a request lists at most MAX_LIST chunks
+                await client.call(p.SyncChunksReq(chunks=chunks[i : i + p.MAX_LIST]))
         except StripefsError as exc:
             self._suspect(node_id, exc)
             raise

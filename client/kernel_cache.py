@@ -185,6 +185,10 @@ class KernelCache:
             if not where:
                 await trio.sleep(p.EVENTS_SILENCE_S)
                 continue
+            if not p.is_endpoint(where):  # libzmq would refuse to connect: never the end of the follower
+                log.warning("change feed: the metadata daemon named %r, which is not an address; asking again", where[:100])
+                await trio.sleep(p.EVENTS_SILENCE_S)
+                continue
             async with open_socket(ctx, zmq.SUB, connect=where, hwm=1_000_000) as sock:
                 log.debug("change feed: following %s (boot %s) from seq %d", where, boot, seq)
                 if not self._subscribed:

@@ -32,7 +32,28 @@ class _Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     pass
 
 
-class MetaConfig(_Config):
+class _ServerLimits(_Config, kw_only=True):
+    """What one server admits from its peers (common/limits.py; docs/security.md)."""
+
+    per_peer_inflight: int = 64  # requests of one connection handled at once
+    per_peer_queue: int = 1024  # more of its requests waiting for a slot; past that: BUSY
+    max_queued: int = 16384  # waiting requests of all connections together; past that: BUSY
+    max_queued_bytes: Size = Size(256 << 20)  # their frames' bytes together; past that: BUSY
+    request_timeout_s: float = 600.0  # a request still being handled after this is cancelled (TIMEOUT)
+
+    def serve_limits(self):
+        from .limits import ServeLimits
+
+        return ServeLimits(
+            per_peer_inflight=max(1, self.per_peer_inflight),
+            per_peer_queue=max(0, self.per_peer_queue),
+            max_queued=max(0, self.max_queued),
+            max_queued_bytes=int(self.max_queued_bytes),
+            request_timeout_s=self.request_timeout_s if self.request_timeout_s > 0 else 600.0,
+        )
+
+
+class MetaConfig(_ServerLimits, kw_only=True):
     listen: str = "tcp://127.0.0.1:7100"
     data_dir: str = "/var/lib/stripefs/meta"
     node_timeout_s: float = 10.0  # a storage node silent this long is declared down
@@ -54,7 +75,7 @@ class MetaConfig(_Config):
     keyring: str = ""
 
 
-class StorageConfig(_Config):
+class StorageConfig(_ServerLimits, kw_only=True):
     node_id: int
     listen: str = "tcp://127.0.0.1:7101"
     advertise: str = ""  # the address clients connect to; default: listen
@@ -165,6 +186,12 @@ repair_bandwidth = "64M"             # bytes/s of re-replication, drain and reba
 repair_parallelism = 4               # chunk copies in flight at once
 repair_scan_interval_s = 60.0        # full redundancy scan at least this often (at once after any node change)
 rebalance_tolerance = 0.10           # move data until every node is within 10% of the mean utilisation
+# limits on what one peer may ask at once (docs/security.md)
+per_peer_inflight = 64               # requests of one connection handled at once
+per_peer_queue = 1024                # more of its requests waiting; past that they are answered BUSY
+max_queued = 16384                   # waiting requests of all connections together; past that: BUSY
+max_queued_bytes = "256M"            # their bytes together; past that: BUSY
+request_timeout_s = 600.0            # a request still being handled after this is cancelled (TIMEOUT)
 # CURVE authentication and encryption (docs/security.md); required when listening beyond loopback
 curve_key = "/etc/stripefs/keys/meta.key_secret"   # stripefs keygen /etc/stripefs/keys/meta
 keyring = "/etc/stripefs/keyring.toml"             # the public keys allowed in, with their roles and rights
@@ -185,6 +212,12 @@ io_threads = 8
 metrics = "0.0.0.0:9711"             # Prometheus /metrics; one port per node on a machine (9711, 9712, ...)
 scrub_bandwidth = "16M"              # bytes/s of background checksum verification; 0 = off
 scrub_interval_s = 604800.0          # start a new scrub pass a week after the previous one began
+# limits on what one peer may ask at once (docs/security.md)
+per_peer_inflight = 64               # requests of one connection handled at once
+per_peer_queue = 1024                # more of its requests waiting; past that they are answered BUSY
+max_queued = 16384                   # waiting requests of all connections together; past that: BUSY
+max_queued_bytes = "256M"            # their bytes together; past that: BUSY
+request_timeout_s = 600.0            # a request still being handled after this is cancelled (TIMEOUT)
 # CURVE (docs/security.md): then meta addresses carry the daemon's public key: "tcp://meta.example:7100?key=Z85"
 curve_key = "/etc/stripefs/keys/storage-nvme0.key_secret"
 keyring = "/etc/stripefs/keyring.toml"
@@ -192,7 +225,7 @@ keyring = "/etc/stripefs/keyring.toml"
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
 meta = ["tcp://meta.example:7100?key=META_PUBLIC_KEY_40_CHARACTERS_OF_Z85_TEXT"]  # or META_ADDR on the command line
-rpc_timeout_s = 10.0
+rpc_timeout_s = 10.0                 # every request to the daemon or a node gives up after this (never waits forever)
 cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
 readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
 write_parallelism = 4                # chunks in flight to storage per file being written

@@ -29,10 +29,29 @@ Rules
   restart times out and is retried.
 * Payload frames are listed in each message's docstring. Their integrity is
   carried in the header (``xxh3`` = xxh3_64 of the payload).
+* Limits (common/limits.py): a request header of more than
+  ``MAX_HEADER_BYTES`` (a reply's: ``MAX_REPLY_HEADER_BYTES``) is refused
+  before decoding; a frame larger than a chunk or a header drops the
+  connection (ZMQ_MAXMSGSIZE); lists that handlers iterate over have a
+  ``max_length`` below (``Max``); a peer with too many requests waiting gets
+  ``BUSY``; a handler running past the server's ``request_timeout_s`` is
+  answered ``TIMEOUT``.
 
 Versions
 --------
-* ``PROTOCOL_VERSION``: checked on every message.
+* ``PROTOCOL_VERSION``: checked on every message, first. Element 0 of the
+  header array is the protocol version in every version, past and future, and
+  it is the only thing a peer may rely on: a server reads it before anything
+  else (``_Version``, which ignores the rest of the array), so a newer peer
+  whose header has another shape still gets ``ErrorRsp(VERSION_MISMATCH,
+  "protocol version 2 is not 1: ...")``, encoded in the server's version with
+  the request id when it can be read (0 otherwise). Change feed frames follow
+  the same rule (``[version, event]``); a mount drops its cache on one.
+* What needs a new version: any change to the frame layout, to the header
+  array, to a field's type or meaning, or a removed field. What does not: a
+  new message type (an old server answers ``UNKNOWN_MESSAGE``) and a new
+  field with a default at the end of a message (old peers ignore unknown
+  fields; new peers fill the default).
 * Chunk versions: every write session gets a fresh, cluster-wide increasing
   *epoch* from the metadata daemon (``AllocEpochReq``); data written in that
   session carries the epoch as its chunk version. The metadata daemon records
@@ -50,7 +69,8 @@ forever.
 
 from __future__ import annotations
 
-from typing import Union
+import re
+from typing import Annotated, TypeVar, Union
 
 import msgspec
 
@@ -58,6 +78,27 @@ PROTOCOL_VERSION = 1
 
 #: requests larger than this (header frame) are refused before decoding
 MAX_HEADER_BYTES = 1 << 20
+#: replies may be larger (a directory listing with chunk maps); only clients decode them
+MAX_REPLY_HEADER_BYTES = 64 << 20
+
+#: the most items of a request list a handler walks through (chunk ids, inodes, chunk refs):
+#: a 1 MiB header could otherwise expand to a million Python objects held while it waits
+MAX_LIST = 65536
+#: the most storage node addresses named in one request (repair sources)
+MAX_SOURCES = 64
+#: the most nodes of one chunk (replicas, or K+M fragments)
+MAX_CHUNK_NODES = 64
+#: paths resolved by one LookupPathsReq (the client sends 256 at a time)
+MAX_LOOKUP_PATHS = 4096
+#: the metadata store's integers are signed 64-bit
+INT64_MAX = (1 << 63) - 1
+#: the longest path (PATH_MAX, including its NUL) and the longest name (NAME_MAX)
+PATH_MAX = 4096
+NAME_MAX = 255
+
+_T = TypeVar("_T")
+#: a request list of at most ``MAX_LIST`` items
+Max = Annotated[list[_T], msgspec.Meta(max_length=MAX_LIST)]
 
 
 class Msg(msgspec.Struct, tag_field="t", frozen=True, kw_only=True):
@@ -103,7 +144,25 @@ class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
 
     index: int
     version: int
-    nodes: list[int]
+    nodes: Annotated[list[int], msgspec.Meta(max_length=MAX_CHUNK_NODES)]
+
+
+#: a storage node address on the wire: a ZeroMQ TCP endpoint, or IPC for tests on one machine
+#: (with CURVE, followed by ``?key=`` and the server's 40-character Z85 public key: common/security.py)
+_ENDPOINT = re.compile(
+    r"(tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})|ipc://[^\0?]{1,100})"
+    r"(\?key=[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40})?"
+)
+
+
+def is_endpoint(address: str) -> bool:
+    """Whether ``address`` is an endpoint a peer may be told to connect to (tcp://HOST:PORT, ipc://PATH).
+
+    Anything else (a wildcard, a bind-only form, garbage) would make libzmq's
+    connect fail: addresses from the wire are checked with this first.
+    """
+    m = _ENDPOINT.fullmatch(address)
+    return m is not None and (m.group(3) is None or 0 < int(m.group(3)) < 65536)
 
 
 class NodeAddr(msgspec.Struct, frozen=True, array_like=True):
@@ -170,6 +229,8 @@ class ErrorRsp(Msg, tag="error"):
 # Storage node: clients and the metadata daemon talk to it directly
 # --------------------------------------------------------------------------
 
+MAX_BATCH_READS = 64
+
 
 class ReadChunkReq(Msg, tag="read_chunk"):
     """Read ``length`` bytes at ``offset`` of a chunk.
@@ -199,7 +260,7 @@ class ReadChunksReq(Msg, tag="read_chunks"):
     as ErrorRsp would for a ReadChunkReq). At most ``MAX_BATCH_READS`` reads.
     """
 
-    reads: list[ReadChunkReq]
+    reads: Annotated[list[ReadChunkReq], msgspec.Meta(max_length=MAX_BATCH_READS)]
 
 
 class ChunkRead(msgspec.Struct, frozen=True, array_like=True):
@@ -211,9 +272,6 @@ class ChunkRead(msgspec.Struct, frozen=True, array_like=True):
 
 class ReadChunksRsp(Msg, tag="read_chunks_rsp"):
     results: list[ChunkRead]
-
-
-MAX_BATCH_READS = 64
 
 
 class WriteChunkReq(Msg, tag="write_chunk"):
@@ -258,9 +316,9 @@ class DeleteChunksReq(Msg, tag="delete_chunks"):
     newer epoch, so a late delete cannot destroy it.
     """
 
-    chunks: list[ChunkId]
+    chunks: Max[ChunkId]
     all_parts: bool = True
-    max_versions: list[int] = []
+    max_versions: Max[int] = []
 
 
 class DeleteChunksRsp(Msg, tag="delete_chunks_rsp"):
@@ -273,7 +331,7 @@ class SyncChunksReq(Msg, tag="sync_chunks"):
     Chunks this node does not hold are ignored (a later read fails over anyway).
     """
 
-    chunks: list[ChunkId]
+    chunks: Max[ChunkId]
 
 
 class StatChunkReq(Msg, tag="stat_chunk"):
@@ -351,7 +409,8 @@ class SessionHeartbeatReq(Msg, tag="session_heartbeat"):
     """The full set of inodes this session has open; replaces the previous set."""
 
     session_id: int
-    open_inodes: list[int]
+    # kept by the daemon and reclaimed later: checked now, not when the session expires
+    open_inodes: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]], msgspec.Meta(max_length=4 * MAX_LIST)]
 
 
 class LookupReq(Msg, tag="lookup"):
@@ -378,7 +437,7 @@ class LookupPathsReq(Msg, tag="lookup_paths"):
     """
 
     root: int
-    paths: list[bytes]
+    paths: Annotated[list[bytes], msgspec.Meta(max_length=MAX_LOOKUP_PATHS)]
 
 
 class LookupPathsRsp(Msg, tag="lookup_paths_rsp"):
@@ -405,7 +464,7 @@ class SetattrReq(Msg, tag="setattr"):
     atime_ns: int | None = None
     mtime_ns: int | None = None
     ctime_ns: int | None = None
-    chunks: list[ChunkRef] = []
+    chunks: Max[ChunkRef] = []
 
 
 class AttrRsp(Msg, tag="attr_rsp"):
@@ -547,7 +606,7 @@ class AllocChunksReq(Msg, tag="alloc_chunks"):
     """Choose nodes for chunks that have no placement yet (existing ones are returned as is)."""
 
     ino: int
-    indices: list[int]
+    indices: Max[int]
 
 
 class ChunksRsp(Msg, tag="chunks_rsp"):
@@ -574,7 +633,7 @@ class CommitReq(Msg, tag="commit"):
     ino: int
     size: int
     mtime_ns: int
-    chunks: list[ChunkRef]
+    chunks: Max[ChunkRef]
 
 
 class StatfsReq(Msg, tag="statfs"):
@@ -687,7 +746,7 @@ class SwapShadowReq(Msg, tag="swap_shadow"):
     shadow: int
     size: int
     mtime_ns: int
-    chunks: list[ChunkRef]
+    chunks: Max[ChunkRef]
 
 
 # --------------------------------------------------------------------------
@@ -712,7 +771,7 @@ class CopyChunkReq(Msg, tag="copy_chunk"):
 
     chunk: ChunkId
     min_version: int
-    sources: list[str]
+    sources: Annotated[list[str], msgspec.Meta(max_length=MAX_SOURCES)]
     length: int  # the file's chunk size: the most a copy can hold
     deadline_s: float = 0.0  # > 0: a copy not ready to be stored this long after arrival is discarded (TIMEOUT)
 
@@ -746,7 +805,7 @@ class ReconstructFragmentReq(Msg, tag="reconstruct_fragment"):
     chunk_size: int
     used: int
     fragment: int
-    sources: list[FragmentSource]
+    sources: Annotated[list[FragmentSource], msgspec.Meta(max_length=MAX_SOURCES)]
     deadline_s: float = 0.0
 
 
@@ -758,8 +817,8 @@ class VerifyChunksReq(Msg, tag="verify_chunks"):
     by the node itself (ReportBadChunksReq), like those its background scrub finds.
     """
 
-    chunks: list[ChunkId]
-    min_versions: list[int] = []
+    chunks: Max[ChunkId]
+    min_versions: Max[int] = []
 
 
 class VerifyChunksRsp(Msg, tag="verify_chunks_rsp"):
@@ -797,7 +856,7 @@ class ReportBadChunksReq(Msg, tag="report_bad_chunks"):
     """
 
     node_id: int
-    chunks: list[ChunkId]
+    chunks: Max[ChunkId]
 
 
 class NodeAdminReq(Msg, tag="node_admin"):
@@ -820,7 +879,7 @@ class ScrubReq(Msg, tag="scrub"):
     Bad or missing copies are treated as missing and repaired. Reply: ScrubRsp.
     """
 
-    inos: list[int] = []
+    inos: Max[int] = []
     after_ino: int = 0
     limit: int = 64
 
@@ -959,9 +1018,10 @@ def decode_event(frame: bytes) -> ChangeEvent:
     from .errors import ErrorCode
 
     try:
-        version, raw = msgspec.msgpack.decode(frame, type=tuple[int, msgspec.Raw])
+        version = _version_decoder.decode(frame).version  # first, whatever the rest looks like
         if version != PROTOCOL_VERSION:
-            raise ProtocolError(ErrorCode.VERSION_MISMATCH, f"change event of protocol version {version}")
+            raise ProtocolError(ErrorCode.VERSION_MISMATCH, f"change event of protocol version {version}, not {PROTOCOL_VERSION}")
+        _, raw = msgspec.msgpack.decode(frame, type=tuple[int, msgspec.Raw])
         return _event_decoder.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"undecodable change event: {exc}") from None
@@ -989,14 +1049,28 @@ Request = Union[_messages("Req")]
 Reply = Union[_messages("Rsp")]
 
 
+class _Version(msgspec.Struct, array_like=True):
+    """Element 0 of every header, in every protocol version (the rest of the array is skipped)."""
+
+    version: int
+
+
 class _Header(msgspec.Struct, array_like=True):
     version: int
-    request_id: int
+    request_id: Annotated[int, msgspec.Meta(ge=0)]
     body: msgspec.Raw
 
 
+class _RequestId(msgspec.Struct, array_like=True):
+    version: int
+    request_id: int
+
+
 _encoder = msgspec.msgpack.Encoder()
+_version_decoder = msgspec.msgpack.Decoder(_Version)
 _header_decoder = msgspec.msgpack.Decoder(_Header)
+_request_id_decoder = msgspec.msgpack.Decoder(_RequestId)
+_tags = frozenset(cls.__struct_config__.tag for cls in Msg.__subclasses__())
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 
@@ -1015,33 +1089,58 @@ def encode(request_id: int, body: Msg) -> bytes:
     return _encoder.encode((PROTOCOL_VERSION, request_id, body))
 
 
-def _decode(frame: bytes, decoder: msgspec.msgpack.Decoder) -> tuple[int, Msg]:
+def _decode(frame: bytes, decoder: msgspec.msgpack.Decoder, max_bytes: int) -> tuple[int, Msg]:
     from .errors import ErrorCode  # local: keeps this module importable alone
 
-    if len(frame) > MAX_HEADER_BYTES:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"header frame of {len(frame)} bytes is too large")
+    if len(frame) > max_bytes:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"header frame of {len(frame)} bytes is larger than {max_bytes}")
+    try:
+        version = _version_decoder.decode(frame).version
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"undecodable header (expected [version, request_id, body]): {exc}") from None
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.VERSION_MISMATCH,
+            f"protocol version {version} is not {PROTOCOL_VERSION}: peers of different versions do not talk; "
+            "upgrade or downgrade one side",
+            _request_id_or_zero(frame),
+        )
     try:
         header = _header_decoder.decode(frame)
     except msgspec.DecodeError as exc:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"undecodable header: {exc}") from None
-    if header.version != PROTOCOL_VERSION:
         raise ProtocolError(
-            ErrorCode.VERSION_MISMATCH,
-            f"protocol version {header.version} is not {PROTOCOL_VERSION}",
-            header.request_id,
-        )
+            ErrorCode.BAD_REQUEST, f"undecodable header (expected [version, request_id, body]): {exc}", _request_id_or_zero(frame)
+        ) from None
     try:
         body = decoder.decode(header.body)
     except msgspec.ValidationError as exc:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"invalid message: {exc}", header.request_id) from None
+        code = ErrorCode.UNKNOWN_MESSAGE if _unknown_tag(header.body) else ErrorCode.BAD_REQUEST
+        raise ProtocolError(code, f"invalid message: {exc}", header.request_id) from None
     except msgspec.DecodeError as exc:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"undecodable body: {exc}", header.request_id) from None
     return header.request_id, body
 
 
+def _request_id_or_zero(frame: bytes) -> int:
+    try:
+        request_id = _request_id_decoder.decode(frame).request_id
+    except msgspec.DecodeError:
+        return 0
+    return request_id if 0 <= request_id < 1 << 64 else 0  # it must fit the reply's header
+
+
+def _unknown_tag(body: msgspec.Raw) -> bool:
+    """Whether ``body`` is a map whose tag names no message of this version."""
+    try:
+        tag = msgspec.msgpack.decode(body, type=dict[str, msgspec.Raw]).get("t")
+        return tag is not None and msgspec.msgpack.decode(tag, type=str) not in _tags
+    except msgspec.DecodeError:
+        return False
+
+
 def decode_request(frame: bytes) -> tuple[int, Msg]:
-    return _decode(frame, _request_decoder)
+    return _decode(frame, _request_decoder, MAX_HEADER_BYTES)
 
 
 def decode_reply(frame: bytes) -> tuple[int, Msg]:
-    return _decode(frame, _reply_decoder)
+    return _decode(frame, _reply_decoder, MAX_REPLY_HEADER_BYTES)

@@ -31,6 +31,10 @@ none of it, so concurrent senders never interleave frames.
 On top: ``RpcClient`` (a DEALER with any number of requests in flight, matched
 by request id, each under a timeout) and ``serve`` (a ROUTER loop that decodes,
 dispatches to a handler, and answers every request, errors included).
+
+Every socket is bounded (common/limits.py): ZMQ_MAXMSGSIZE per socket type,
+request headers and frame counts checked before decoding, requests in flight
+per peer, and a deadline on every handler and every RPC.
 """
 
 from __future__ import annotations
@@ -45,12 +49,20 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 import trio
 import zmq
 
-from . import metrics, protocol, security
+from . import limits, metrics, protocol, security
 from .errors import ErrorCode, QuietError, StripefsError
 
 log = logging.getLogger(__name__)
 
 Payload = bytes | memoryview | bytearray
+
+# Frames up to this size are copied into libzmq even when sent with copy=False.
+# Zero-copy hands libzmq the buffer and learns when it is done through pyzmq's
+# garbage-collector thread: a thread wake-up per frame, which costs more than
+# copying a small-file chunk (a 110 KiB reply: 63-67 us of sender CPU copied,
+# 74-107 us zero-copy; pyzmq's own default threshold is 64 KiB). Whole 4 MiB
+# chunks still go zero-copy.
+COPY_THRESHOLD = 1 << 20
 
 # plain ints: pyzmq's IntFlag members cost microseconds per operation on this hot path
 _EVENTS, _POLLIN, _POLLOUT, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.NOBLOCK)
@@ -150,12 +162,20 @@ async def open_socket(
     bind: str | None = None,
     connect: str | None = None,
     hwm: int = 10_000,
+    max_frame: int | None = None,
 ) -> AsyncIterator[ZmqSocket]:
-    """A ZmqSocket with its pump running; closed (linger 0) on exit. SUB sockets subscribe to everything."""
+    """A ZmqSocket with its pump running; closed (linger 0) on exit. SUB sockets subscribe to everything.
+
+    ``max_frame``: ZMQ_MAXMSGSIZE, the largest frame a peer may send before it is
+    disconnected; by default the largest legitimate frame for the socket type
+    (common/limits.py).
+    """
     sock = ctx.socket(socket_type)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.copy_threshold = COPY_THRESHOLD
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame if max_frame is not None else _MAX_FRAME.get(socket_type, limits.SERVER_MAX_FRAME))
     if socket_type == zmq.SUB:
         sock.setsockopt(zmq.SUBSCRIBE, b"")
     if socket_type in (zmq.DEALER, zmq.SUB):
@@ -184,6 +204,9 @@ async def open_socket(
         zsock.close()
 
 
+_MAX_FRAME = {zmq.ROUTER: limits.SERVER_MAX_FRAME, zmq.DEALER: limits.CLIENT_MAX_FRAME, zmq.SUB: limits.FEED_MAX_FRAME}
+
+
 class _Pending:
     __slots__ = ("event", "body", "payloads")
 
@@ -199,6 +222,8 @@ class RpcClient:
     _ids = itertools.count(1)  # unique across clients of a process: easier log reading
 
     def __init__(self, sock: ZmqSocket, address: str, timeout: float):
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"an RpcClient needs a finite timeout, not {timeout!r}")
         self.sock = sock
         self.address = address
         self.timeout = timeout
@@ -235,10 +260,10 @@ class RpcClient:
         request_id = next(self._ids)
         slot = _Pending()
         self._pending[request_id] = slot
-        deadline = self.timeout if timeout is None else timeout
+        deadline = self.timeout if timeout is None or not math.isfinite(timeout) else timeout  # never wait forever
         started = time.perf_counter()
         try:
-            with trio.move_on_after(deadline if deadline is not None else math.inf):
+            with trio.move_on_after(deadline):
                 await self.sock.send_multipart([protocol.encode(request_id, request), *payloads])
                 await slot.event.wait()
         except trio.ClosedResourceError:
@@ -279,44 +304,71 @@ async def serve(
     *,
     concurrency: int = 64,
     name: str = "server",
+    limits: limits.ServeLimits = limits.ServeLimits(),
 ) -> None:
     """Answer requests on a bound ROUTER socket until cancelled.
 
     ``handler(body, payloads)`` returns a reply body, or ``(body, payload_frames)``.
     A StripefsError becomes an ErrorRsp with its code; any other exception is
     logged with its traceback and answered INTERNAL. The server never dies on input.
+
+    At most ``concurrency`` handlers run at once, at most
+    ``limits.per_peer_inflight`` of them for one peer; a peer's further requests
+    wait in its own bounded queue and past it are answered BUSY at once
+    (common/limits.py). A handler still running after
+    ``limits.request_timeout_s`` is cancelled and answered TIMEOUT.
     """
-    limiter = trio.Semaphore(concurrency)
+    running = trio.Semaphore(concurrency)
+    admission: _limits.PeerQueues[tuple] = _limits.PeerQueues(limits)
+    refusals = _RateLimitedLog(name)
 
     async def reply(identity: bytes, request_id: int, body: protocol.Msg, payloads: Sequence[Payload] = ()) -> None:
         try:
-            await sock.send_multipart([identity, protocol.encode(request_id, body), *payloads])
+            header = protocol.encode(request_id, body)
+        except (TypeError, ValueError, OverflowError) as exc:  # a value the wire cannot carry: a bug
+            log.error("%s: cannot encode %s for request %d: %s", name, type(body).__name__, request_id, exc)
+            header = protocol.encode(request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"unencodable reply: {exc}"))
+            payloads = ()
+        try:
+            await sock.send_multipart([identity, header, *payloads])
         except trio.ClosedResourceError:
             pass
 
     async def handle_one(identity: bytes, request_id: int, body: protocol.Msg, payloads: list[memoryview]) -> None:
-        try:
-            started = time.perf_counter()
-            try:
-                result = await handler(body, payloads)
-            except StripefsError as exc:
-                log.debug("%s: %s (request %d) -> %s", name, type(body).__name__, request_id, exc)
-                metrics.REQUEST_ERRORS.labels(name, type(body).__name__, exc.code.name).inc()
-                await reply(identity, request_id, protocol.ErrorRsp(code=int(exc.code), message=exc.message))
-                return
-            except Exception as exc:  # a bug: answer and log loudly, keep serving
-                log.exception("%s: handling %s (request %d) failed", name, type(body).__name__, request_id)
-                await reply(
-                    identity, request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
-                )
-                return
-            _observe_served(name, body, payloads, result, time.perf_counter() - started)
-            if isinstance(result, tuple):
-                await reply(identity, request_id, result[0], result[1])
-            else:
-                await reply(identity, request_id, result)
-        finally:
-            limiter.release()
+        kind = type(body).__name__
+        started = time.perf_counter()
+        error = None
+        async with running:
+            with trio.move_on_after(limits.request_timeout_s) as timer:  # around the handler only: one reply, always
+                try:
+                    result = await handler(body, payloads)
+                except StripefsError as exc:
+                    log.debug("%s: %s (request %d) -> %s", name, kind, request_id, exc)
+                    metrics.REQUEST_ERRORS.labels(name, kind, getattr(exc.code, "name", str(exc.code))).inc()
+                    error = protocol.ErrorRsp(code=int(exc.code), message=exc.message)
+                except Exception as exc:  # a bug: answer and log loudly, keep serving
+                    log.exception("%s: handling %s (request %d) failed", name, kind, request_id)
+                    error = protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+        if error is not None:
+            await reply(identity, request_id, error)
+            return
+        if timer.cancelled_caught:
+            log.warning("%s: %s (request %d) from %r still running after %.0fs: cancelled", name, kind, request_id, identity, limits.request_timeout_s)
+            metrics.REQUEST_ERRORS.labels(name, kind, "TIMEOUT").inc()
+            message = f"{kind} took longer than the server's request_timeout_s ({limits.request_timeout_s:.0f}s)"
+            await reply(identity, request_id, protocol.ErrorRsp(code=ErrorCode.TIMEOUT, message=message))
+            return
+        _observe_served(name, body, payloads, result, time.perf_counter() - started)
+        if isinstance(result, tuple):
+            await reply(identity, request_id, result[0], result[1])
+        else:
+            await reply(identity, request_id, result)
+
+    async def peer_slot(identity: bytes, request: tuple) -> None:
+        # one of a peer's slots: runs its request, then the peer's queued ones, in turn
+        while request is not None:
+            await handle_one(identity, *request)
+            request = admission.finish(identity)
 
     async with trio.open_nursery() as nursery:
         while True:
@@ -326,15 +378,54 @@ async def serve(
                 log.warning("%s: message without a header frame from %r", name, identity)
                 await reply(identity, 0, protocol.ErrorRsp(code=ErrorCode.BAD_REQUEST, message="no header frame"))
                 continue
+            if len(frames) > _limits.MAX_REQUEST_FRAMES:
+                log.warning("%s: message of %d frames from %r refused", name, len(frames), identity)
+                message = f"{len(frames) - 1} frames; a request has at most {_limits.MAX_REQUEST_FRAMES - 1}"
+                await reply(identity, 0, protocol.ErrorRsp(code=ErrorCode.BAD_REQUEST, message=message))
+                continue
             try:
                 request_id, body = protocol.decode_request(frames[1].bytes)
             except protocol.ProtocolError as exc:
                 log.warning("%s: bad request from %r: %s", name, identity, exc)
                 await reply(identity, exc.request_id, protocol.ErrorRsp(code=exc.code, message=str(exc)))
                 continue
-            await limiter.acquire()
-            security.PEER.set(security.peer_of(frames[1]) if sock.secure else None)  # the task inherits it
-            nursery.start_soon(handle_one, identity, request_id, body, [f.buffer for f in frames[2:]])
+            request = (request_id, body, [f.buffer for f in frames[2:]])
+            verdict = admission.offer(identity, request, sum(len(f) for f in frames))
+            if verdict == _limits.START:
+                # the slot's task inherits the sender's key (one connection, one key: its queued requests too)
+                security.PEER.set(security.peer_of(frames[1]) if sock.secure else None)
+                nursery.start_soon(peer_slot, identity, request)
+            elif verdict == _limits.REFUSED:
+                refusals.note(identity, admission.inflight(identity))
+                metrics.REQUEST_ERRORS.labels(name, type(body).__name__, "BUSY").inc()
+                message = f"too many requests in flight from this connection ({admission.inflight(identity)} running, queue full): retry later"
+                await reply(identity, request_id, protocol.ErrorRsp(code=ErrorCode.BUSY, message=message))
+
+
+_limits = limits  # serve()'s parameter of the same name shadows the module
+
+
+class _RateLimitedLog:
+    """One WARNING per peer per minute about refused requests (a flood must not flood the log)."""
+
+    def __init__(self, name: str, every_s: float = 60.0):
+        self.name = name
+        self.every_s = every_s
+        self._last: dict[bytes, float] = {}
+        self._count: dict[bytes, int] = {}
+
+    def note(self, identity: bytes, inflight: int) -> None:
+        now = time.monotonic()
+        self._count[identity] = self._count.get(identity, 0) + 1
+        if now - self._last.get(identity, -math.inf) >= self.every_s:
+            log.warning(
+                "%s: peer %r has %d requests running and its queue full: %d request(s) answered BUSY",
+                self.name, identity, inflight, self._count.pop(identity),
+            )
+            self._last[identity] = now
+            if len(self._last) > 10_000:  # forget old peers: bounded like everything else
+                self._last.clear()
+                self._count.clear()
 
 
 # -- metrics (common.metrics): one call per request, kept out of the paths above ----------

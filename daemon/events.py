@@ -21,6 +21,7 @@ from typing import Iterable
 import trio
 import zmq
 
+from ..common import limits
 from ..common import protocol as P
 from ..common.security import secure_socket
 
@@ -38,6 +39,9 @@ class ChangeFeed:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
         secure_socket(ctx, self._sock, bind=bind)  # a CURVE server when the daemon has a key
+        # what subscribers send a PUB is subscriptions (mounts subscribe to everything: one byte);
+        # a peer sending more is cut off (common/limits.py)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, limits.SUBSCRIPTION_MAX_FRAME)
         if bind.rsplit(":", 1)[-1] in ("0", "*"):
             self.port = self._sock.bind_to_random_port(bind.rsplit(":", 1)[0])
         else:

@@ -157,7 +157,7 @@ class NodeRegistry:
 
     def register(self, req: protocol.RegisterNodeReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        _check_node_id(req.node_id)
+        _check_report(req)
         node = self._nodes.get(req.node_id)
         if node is None:
             node = self._nodes[req.node_id] = _Node(req.node_id, req.address, req.host)
@@ -173,7 +173,7 @@ class NodeRegistry:
 
     def heartbeat(self, req: protocol.NodeHeartbeatReq, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        _check_node_id(req.node_id)
+        _check_report(req)
         node = self._nodes.get(req.node_id)
         if node is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"node {req.node_id} is not registered; register again")
@@ -276,6 +276,8 @@ class Sessions:
         now = time.monotonic() if now is None else now
         session = self._sessions.get(session_id)
         if session is None:
+            if not 0 < session_id <= protocol.INT64_MAX:  # never handed out: nothing to adopt
+                raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is not a session id; say hello again")
             if not adopt:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is unknown or expired; say hello again")
             session = self._sessions[session_id] = _Session(session_id, "?", 0, "", now)
@@ -333,6 +335,23 @@ class Sessions:
 def _check_node_id(node_id: int) -> None:
     if node_id < 1:  # 0 marks a missing EC fragment in chunk rows (daemon/redundancy.py)
         raise StripefsError(ErrorCode.INVALID, f"storage node id {node_id} is invalid: ids start at 1")
+    if node_id > protocol.INT64_MAX:
+        raise StripefsError(ErrorCode.INVALID, f"storage node id {node_id} is larger than {protocol.INT64_MAX}")
+
+
+def _check_report(req) -> None:
+    """A registration's or heartbeat's figures, before anything is kept: they are summed (statfs)
+    and stored, so each must be a sane 64-bit count."""
+    _check_node_id(req.node_id)
+    for field in ("capacity_bytes", "free_bytes", "used_bytes", "chunks"):
+        value = getattr(req, field)
+        if not 0 <= value <= 1 << 60:  # an exabyte, and room to sum thousands of them
+            raise StripefsError(ErrorCode.INVALID, f"node {req.node_id}: {field} {value} is out of range")
+    if isinstance(req, protocol.RegisterNodeReq):
+        if not protocol.is_endpoint(req.address):
+            raise StripefsError(ErrorCode.INVALID, f"node {req.node_id}: address {req.address[:100]!r} is not tcp://HOST:PORT")
+        if len(req.host) > 255:
+            raise StripefsError(ErrorCode.INVALID, f"node {req.node_id}: host label of {len(req.host)} characters (at most 255)")
 
 
 def _heard_from(node, req, now: float) -> None:

@@ -58,7 +58,9 @@ from .store import SqliteStore
 log = logging.getLogger(__name__)
 
 NAME_MAX = 255
+PATH_MAX = 4096  # including the terminating NUL, as in <linux/limits.h>
 XATTR_NAME_MAX = 255
+PATH_MAX = 4096  # including the terminating NUL, as in <linux/limits.h>
 XATTR_VALUE_MAX = 64 * 1024
 XATTR_CREATE, XATTR_REPLACE = 1, 2
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
@@ -249,8 +251,10 @@ class Namespace:
         return self.getattr(self._add_entry(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
 
     def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attr:
-        if not target or b"\0" in target or len(target) > 4096:
-            raise StripefsError(ErrorCode.INVALID, "symlink target must be 1..4096 bytes without NUL")
+        if not target or b"\0" in target:
+            raise StripefsError(ErrorCode.INVALID, "a symlink target is 1 or more bytes without NUL")
+        if len(target) >= PATH_MAX:  # PATH_MAX counts the NUL: as symlink(2), ENAMETOOLONG
+            raise StripefsError(ErrorCode.NAME_TOO_LONG, f"symlink target of {len(target)} bytes is longer than {PATH_MAX - 1}")
         ino = self._add_entry(parent, name, stat.S_IFLNK | 0o777, uid, gid)
         self.store.insert_symlink(ino, target)
         self.quotas.resized(ino, 0, len(target))

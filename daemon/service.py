@@ -169,7 +169,7 @@ class MetaService:
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
                 await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
-                await serve(sock, self.handle, concurrency=256, name="meta")
+                await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits())
         finally:
             with trio.CancelScope(shield=True):
                 await self._commit_now()
@@ -202,7 +202,11 @@ class MetaService:
         handler = self._handlers.get(type(body))
         if handler is None:
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"the metadata daemon does not serve {type(body).__name__}")
-        return await self.access.handle(body, handler)
+        try:
+            return await self.access.handle(body, handler)
+        except OverflowError as exc:  # SQLite stores signed 64-bit integers: a number from the wire was out of range
+            log.warning("refusing %s: a number is out of range: %s", type(body).__name__, exc)
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"a number in {type(body).__name__} is out of range (signed 64-bit)") from None
 
     # -- group commit ----------------------------------------------------------
 
@@ -260,16 +264,22 @@ class MetaService:
     async def _health_loop(self) -> None:
         while True:
             await trio.sleep(1.0)
-            now = time.monotonic()
+            try:
+                await self._health_round()
+            except (StripefsError, OverflowError, sqlite3.Error):  # never the end of the daemon: logged, tried again
+                log.exception("health sweep failed; trying again in a second")
+
+    async def _health_round(self) -> None:
+        now = time.monotonic()
+        async with self._lock:
+            for node_id in self.nodes.sweep(now):
+                self._write_locked(self.store.set_node_state, node_id, "down")
+        expired = self.sessions.expire(now)
+        await self._release(expired)
+        if expired:
             async with self._lock:
-                for node_id in self.nodes.sweep(now):
-                    self._write_locked(self.store.set_node_state, node_id, "down")
-            expired = self.sessions.expire(now)
-            await self._release(expired)
-            if expired:
-                async with self._lock:
-                    self._write_locked(self.healer.reclaim_uncommitted, expired)
-                self._gc_wake.set()
+                self._write_locked(self.healer.reclaim_uncommitted, expired)
+            self._gc_wake.set()
 
     async def _startup_orphan_sweep(self) -> None:
         await trio.sleep(self.config.session_lease_s)
@@ -414,6 +424,9 @@ class MetaService:
         def resolve_all():
             files = []
             for path in req.paths:
+                if len(path) >= P.PATH_MAX:  # ENAMETOOLONG for a path: not resolvable, like a missing one
+                    files.append(None)
+                    continue
                 try:
                     ino = req.root
                     for name in filter(None, path.split(b"/")):

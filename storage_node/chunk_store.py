@@ -96,6 +96,7 @@ _HEADER_CRC = struct.Struct("<Q")
 HEADER_SIZE = _HEADER.size + _HEADER_CRC.size  # 64
 _SUM = 8  # bytes per block checksum
 _FIRST_READ = 4096  # header + 504 checksums: the whole table of a 31.5 MiB chunk at 64 KiB blocks
+_WHOLE_READ_MAX = 1 << 20  # a read from the start of a file this small takes all of it in one pread
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -277,10 +278,11 @@ class ChunkStore:
         log.warning("chunk %s is corrupt: %s (%s)", chunk, what, self.path(chunk))
         return StripefsError(ErrorCode.CORRUPT, f"chunk {chunk}: {what}")
 
-    def _read_header(self, fd: int, chunk: ChunkId, nowait: bool = False) -> tuple[_Header, bytes]:
-        """The verified header of an open chunk file, and the bytes read so far."""
+    def _read_header(self, fd: int, chunk: ChunkId, nowait: bool = False, *, whole: bool = False) -> tuple[_Header, bytes]:
+        """The verified header of an open chunk file, and the bytes read so far (``whole``: all of
+        a small file, so that reading a small chunk from its start costs one pread, not two)."""
         size = os.fstat(fd).st_size
-        head = _pread(fd, _FIRST_READ, 0, size, nowait)
+        head = _pread(fd, size if whole and size <= _WHOLE_READ_MAX else _FIRST_READ, 0, size, nowait)
         if len(head) < HEADER_SIZE:
             raise self._corrupt(chunk, f"file of {size} bytes is shorter than a header")
         magic, fmt, _flags, block_size, version, length, ino, index, part, _ = _HEADER.unpack_from(head)
@@ -342,7 +344,7 @@ class ChunkStore:
         if offset < 0 or length < 0 or length > MAX_CHUNK_SIZE:
             raise _bad_request(f"read of chunk {chunk}: bad range offset={offset} length={length}")
         with self._open(chunk) as fd:
-            hdr, head = self._read_header(fd, chunk, nowait)
+            hdr, head = self._read_header(fd, chunk, nowait, whole=offset == 0)
             if hdr.version < min_version:
                 raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < {min_version}")
             end = min(offset + length, hdr.length)

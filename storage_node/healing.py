@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 PEER_TIMEOUT_S = 10.0  # one source; the next is tried after it (the daemon lists live ones first)
 MAX_REPORT = 1000  # bad copies per ReportBadChunksReq
+MAX_PEERS = 4096  # connections held to other storage nodes (repair sources)
 
 
 class Healing:
@@ -99,9 +100,14 @@ class Healing:
     # -- copies between nodes --------------------------------------------------
 
     async def _peer(self, address: str) -> RpcClient:
+        """A held connection to another storage node (a StripefsError for an address that is none)."""
+        if not p.is_endpoint(address):
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"source address {address[:100]!r} is not tcp://HOST:PORT")
         async with self._peer_lock:
             client = self._peers.get(address)
             if client is None:
+                if len(self._peers) >= MAX_PEERS:  # every storage node of a large cluster fits; a flood of made-up ones does not
+                    raise StripefsError(ErrorCode.UNAVAILABLE, f"already connected to {MAX_PEERS} peers; not to {address}")
                 client = self._peers[address] = await self._nursery.start(self._hold, address)
             return client
 

@@ -219,7 +219,7 @@ class StorageService:
         async with open_socket(self._ctx, zmq.ROUTER, bind=self.config.listen) as sock:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
-                    functools.partial(serve, sock, self.handle, name=f"storage-{self.node_id}"),
+                    functools.partial(serve, sock, self.handle, name=f"storage-{self.node_id}", limits=self.config.serve_limits()),
                     name=f"storage-{self.node_id}-server",
                 )
                 await nursery.start(self.healing.run, name=f"storage-{self.node_id}-healing")

@@ -26,6 +26,7 @@ Exit codes: 0 ok, 1 usage or config error, 2 cluster unreachable, 3 operation fa
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -127,8 +128,18 @@ def _rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
         raise
 
 
+def _print_names_as_bytes() -> None:
+    """File names are bytes (not always UTF-8): argv holds them with surrogate escapes, and
+    printing them must give the same bytes back, as ls does, not a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
+
+
 def _resolve(args, path: str) -> tuple[list[str], int]:
     """Metadata addresses and inode of PATH (inside a mount, or a namespace path with --meta)."""
+    if len(os.fsencode(path)) >= p.PATH_MAX:
+        raise QuietError(f"{path[:80]}...: {os.strerror(errno.ENAMETOOLONG)} ({len(os.fsencode(path))} bytes; at most {p.PATH_MAX - 1})")
     found = _mount_of(Path(path))
     if found:
         try:
@@ -138,7 +149,7 @@ def _resolve(args, path: str) -> tuple[list[str], int]:
     addresses = _meta_addresses(args)
     ino = 1
     for part in [x for x in path.split("/") if x]:
-        (rsp,) = _rpc(addresses, p.LookupReq(parent=ino, name=part.encode()))
+        (rsp,) = _rpc(addresses, p.LookupReq(parent=ino, name=os.fsencode(part)))
         ino = rsp.attr.ino
     return addresses, ino
 
@@ -375,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _print_names_as_bytes()
     try:
         from .keys_cli import use_env_key
 

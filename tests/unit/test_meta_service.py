@@ -296,3 +296,61 @@ async def test_in_process_group_commit_gc_and_health(tmp_path, ctx):
         assert info.value.code == ErrorCode.UNAVAILABLE
         other.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_hostile_values_found_by_fuzzing_get_error_codes_not_internal(daemon, ctx):
+    """Regressions from tests/cluster/test_fuzz.py: each got INTERNAL (a traceback) before."""
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        # an inode number past SQLite's signed 64-bit integers
+        for req in (P.ListxattrReq(ino=2**64 - 1), P.GetattrReq(ino=2**63), P.LookupReq(parent=2**64 - 1, name=b"x")):
+            with pytest.raises(StripefsError) as exc:
+                await c.call(req)
+            assert exc.value.code == ErrorCode.BAD_REQUEST, req
+        # a node registering impossible figures or an address nobody can connect to: refused, and
+        # nothing kept (statfs sums the capacities: 2**64-1 made its reply unencodable)
+        bad = [
+            msgspec.structs.replace(_register(77), capacity_bytes=2**64 - 1),
+            msgspec.structs.replace(_register(78), free_bytes=-1),
+            msgspec.structs.replace(_register(79), address="tcp://*:0"),
+            msgspec.structs.replace(_register(80), address="garbage"),
+            msgspec.structs.replace(_register(2**63), address="tcp://127.0.0.1:2"),
+        ]
+        for req in bad:
+            with pytest.raises(StripefsError) as exc:
+                await c.call(req)
+            assert exc.value.code == ErrorCode.INVALID, req
+        rsp = await _call(c, P.StatfsReq())
+        assert isinstance(rsp, P.StatfsRsp) and rsp.total_bytes == 0
+        status = await _call(c, P.StatusReq())
+        assert status.nodes == []
+    assert "Traceback" not in daemon.log.read_text()
+
+
+async def test_hostile_session_state_cannot_end_the_daemon_later(tmp_path, ctx):
+    """Regression from `make fuzz`: a SessionHeartbeatReq listing inode 2**64-1 was kept, and when
+    the session expired the health sweep's SQL overflowed and ended the daemon. Now the inode is
+    refused on arrival, and made-up session ids are not adopted."""
+    config = MetaConfig(
+        listen=_free_address(), data_dir=str(tmp_path), node_timeout_s=1.0, session_lease_s=0.5,
+        chunk_size=1 << 20, stripe_count=2, redundancy="replicas=1",
+    )
+    service = MetaService(config, zmq_context=ctx)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        async with connect(ctx, config.listen, timeout=10) as c:
+            sid = (await _call(c, P.HelloReq(host="t", pid=1))).session_id
+            for bad in ([2**64 - 1], [2**63], [0], [-5]):
+                with pytest.raises(StripefsError) as exc:
+                    await c.call(P.SessionHeartbeatReq(session_id=sid, open_inodes=bad))
+                assert exc.value.code == ErrorCode.BAD_REQUEST
+            for sid_bad in (2**64 - 1, 2**63, -1):  # 0: no session
+                with pytest.raises(StripefsError) as exc:
+                    await c.call(P.OpenReq(ino=ROOT, session_id=sid_bad))
+                assert exc.value.code == ErrorCode.NOT_FOUND
+            await _call(c, P.SessionHeartbeatReq(session_id=sid, open_inodes=[2**63 - 1, 12345]))  # bogus but storable
+            with trio.fail_after(10):
+                while len(service.sessions):  # expired, its inodes released by the health sweep
+                    await trio.sleep(0.1)
+            assert isinstance(await _call(c, P.PingReq()), P.PingRsp)
+        nursery.cancel_scope.cancel()

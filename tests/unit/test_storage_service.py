@@ -367,3 +367,14 @@ async def test_heartbeats_register_and_reregister(ctx, nursery, tmp_path, caplog
     assert any("answers again" in m for m in messages), messages
     assert any("does not know this node" in m for m in messages), messages
     assert sum("registered with metadata daemon" in m for m in messages) >= 2, messages
+
+
+async def test_repair_sources_that_are_no_address_are_refused(ctx, node_address):
+    """Regression from tests/cluster/test_fuzz.py: a CopyChunkReq naming a source libzmq cannot
+    connect to got INTERNAL (a ZMQError traceback); now the source is skipped with a clear error."""
+    async with connect(ctx, node_address, timeout=10) as c:
+        for sources in (["tcp://*:0"], ["garbage", "tcp://h:0"], ["x" * 5000]):
+            req = p.CopyChunkReq(chunk=p.ChunkId(1 << 50, 0), min_version=1, sources=sources, length=1 << 20)
+            with pytest.raises(StripefsError) as exc:
+                await c.call(req)
+            assert exc.value.code == ErrorCode.UNAVAILABLE and "tcp://HOST:PORT" in exc.value.message

@@ -127,7 +127,7 @@ async def test_errors_travel_as_codes_and_server_survives(ctx):
                 [msgspec.msgpack.encode([protocol.PROTOCOL_VERSION, 9, {"t": "read_chunk", "offset": "x"}])],
                 [],
             ]
-            expected = [ErrorCode.BAD_REQUEST, ErrorCode.VERSION_MISMATCH, ErrorCode.BAD_REQUEST, ErrorCode.BAD_REQUEST]
+            expected = [ErrorCode.BAD_REQUEST, ErrorCode.VERSION_MISMATCH, ErrorCode.UNKNOWN_MESSAGE, ErrorCode.BAD_REQUEST]
             for frames, code in zip(bad, expected):
                 await raw.send_multipart(frames)
                 with trio.fail_after(5):

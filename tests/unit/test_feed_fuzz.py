@@ -1,0 +1,99 @@
+"""Fuzzing the mount's side of the change feed (client/kernel_cache.py) over a real PUB/SUB pair.
+
+The mount follows whatever arrives on its SUB socket. Garbage, other protocol
+versions, truncated or multipart messages, and well-formed events with hostile
+values (negative or enormous inode numbers, names with NUL or '/', long
+lists) must never end the follower: it drops its cache (trusting nothing)
+and is back in step with the next good event. Only the final pyfuse3 calls are
+replaced by a recorder, as in test_kernel_cache.py; they must only ever be
+asked about inodes and names the mount itself handed to the kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+import trio
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stripefs.client import kernel_cache as kc
+from stripefs.common import protocol as P
+from stripefs.daemon.events import ChangeFeed
+
+WIRE_INT = st.integers(-(2**63), 2**64 - 1)
+INO = st.one_of(st.sampled_from([0, -1, 1, 7, 2**63 - 1, 2**64 - 1, -(2**63)]), WIRE_INT)
+NAME = st.one_of(st.binary(max_size=20), st.sampled_from([b"", b"\0", b"a/b", b"x" * 5000]))
+WRONG = st.one_of(st.none(), st.text(max_size=4), st.floats(), st.lists(WIRE_INT, max_size=3), WIRE_INT)
+
+
+@st.composite
+def hostile_event_frames(draw) -> list[bytes]:
+    kind = draw(st.integers(0, 5))
+    event = [
+        draw(st.sampled_from(["boot-1", "boot-2", ""]) | st.text(max_size=8)),
+        draw(st.sampled_from([0, 1, 2, 10**6]) | WIRE_INT),
+        draw(st.lists(INO, max_size=8)),
+        draw(st.lists(st.tuples(INO, NAME), max_size=8)),
+    ]
+    if kind == 0:
+        return draw(st.lists(st.binary(max_size=200), min_size=1, max_size=3))
+    if kind == 1:  # another version, maybe another shape
+        return [msgspec.msgpack.encode([draw(st.sampled_from([0, 2, -1])), event, *draw(st.lists(WRONG, max_size=2))])]
+    if kind == 2:  # a field of a wrong type
+        event[draw(st.integers(0, 3))] = draw(WRONG)
+    frame = msgspec.msgpack.encode([P.PROTOCOL_VERSION, event])
+    if kind == 3:
+        frame = frame[: draw(st.integers(0, len(frame)))]
+    if kind == 4:  # a multipart message: only frame 0 is an event
+        return [frame, *draw(st.lists(st.binary(max_size=50), min_size=1, max_size=3))]
+    return [frame]
+
+
+@settings(max_examples=int(os.environ.get("STRIPEFS_FUZZ_EXAMPLES", "0")) // 100 or 12, deadline=None,
+          derandomize="STRIPEFS_FUZZ_EXAMPLES" not in os.environ, suppress_health_check=list(HealthCheck), database=None)
+@given(st.lists(hostile_event_frames(), min_size=5, max_size=40))
+def test_the_mount_follows_the_feed_whatever_arrives(frames_list):
+    trio.run(_follow_through, frames_list)
+
+
+async def _follow_through(frames_list: list[list[bytes]]) -> None:
+    calls: list[tuple[list[int], list]] = []
+    saved = kc._invalidate
+    kc._invalidate = lambda inodes, names, lock: calls.append((sorted(inodes), list(names)))
+    ctx = zmq.Context()
+    feed = ChangeFeed(ctx, "tcp://127.0.0.1:0", boot_id="boot-1")
+    cache = kc.KernelCache()
+
+    async def feed_info():
+        return f"tcp://127.0.0.1:{feed.port}", "boot-1", feed.seq
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cache.follow, ctx, feed_info)
+            with trio.fail_after(20):
+                while not cache.events_heard:  # subscribed once a heartbeat came through
+                    feed._send(P.ChangeEvent("boot-1", feed.seq, [], []))
+                    await trio.sleep(0.02)
+                for frames in frames_list:
+                    feed._sock.send_multipart(frames)
+                # then the real daemon goes on: a heartbeat, then a change to an inode the kernel knows
+                cache.remember(1, b"known", 7)
+                feed.seq += 1000  # from a number the follower has not seen: it drops all, then follows
+                feed.changed([], [])
+                while not cache.healthy:
+                    await trio.sleep(0.01)
+                calls.clear()
+                feed.changed([7], [(1, b"known")])
+                while not any(7 in inodes for inodes, _ in calls):
+                    await trio.sleep(0.01)
+            known = {7, 1}
+            for inodes, names in calls:  # the kernel only ever hears of what the mount told it
+                assert set(inodes) <= known and all(name == (1, b"known") for name in names)
+            nursery.cancel_scope.cancel()
+    finally:
+        kc._invalidate = saved
+        feed.close()
+        ctx.term()
