@@ -18,6 +18,12 @@ $(VENV)/.installed: pyproject.toml
 		echo "installing systemd (systemd-analyze verifies the units in deploy/)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; \
 	fi
+	@# metadata on PostgreSQL (stripefs local up --meta-store postgresql, its tests): Debian's server
+	@# binaries live in /usr/lib/postgresql/<version>/bin (stripefs/local_postgres.py finds them)
+	@if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
+		echo "installing postgresql (initdb, pg_ctl) for --meta-store postgresql and its tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	fi
 	@if ! command -v tmux >/dev/null; then \
 		echo "installing tmux (the tests watch 'stripefs top' in a terminal)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; \
@@ -68,6 +74,7 @@ bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py
 	$(PY) bench/ec.py
 	$(PY) bench/dataloader.py --dataset
+	$(PY) bench/meta.py
 
 clean: stop
 	rm -rf $(VENV) *.egg-info

@@ -131,7 +131,7 @@ class Cluster:
         self.pids: dict[str, int] = {}
         self.metrics: dict[str, str] = {}
         self.options: list[str] = []  # extra `-o` mount options for every later `up` (e.g. dataset)
-        self.up_args: list[str] = []  # extra `local up` flags for a new cluster (e.g. --secure: CURVE everywhere)
+        self.up_args: list[str] = []  # extra `local up` flags for a new cluster (e.g. --secure; --meta-store postgresql --metas 2)
         self.lock = threading.Lock()  # up/down never overlap (the supervisor may tear down)
         self.closed = False
 
@@ -153,6 +153,8 @@ class Cluster:
         pids, metrics = {}, {}
         for p in status["processes"]:
             name = p["role"] if p["node_id"] is None else f"{p['role']}-{p['node_id']}"
+            if name in pids:  # a second metadata daemon: meta-2, ...
+                name = f"{name}-{sum(1 for n in pids if n.split('-')[0] == name) + 1}"
             if p["state"] != "up" or not p["pid"]:
                 raise BenchError(f"after 'local up', {name} is {p['state']}")
             pids[name] = p["pid"]

@@ -56,6 +56,9 @@ class _ServerLimits(_Config, kw_only=True):
 class MetaConfig(_ServerLimits, kw_only=True):
     listen: str = "tcp://127.0.0.1:7100"
     data_dir: str = "/var/lib/stripefs/meta"
+    store: str = "sqlite"  # "sqlite" (a file in data_dir, one daemon) or "postgresql" (dsn; several daemons)
+    dsn: str = ""  # PostgreSQL connection string (libpq), for store = "postgresql"
+    pool_size: int = 8  # PostgreSQL connections, i.e. metadata transactions in flight at once (store = "postgresql")
     node_timeout_s: float = 10.0  # a storage node silent this long is declared down
     session_lease_s: float = 15.0  # a mount silent this long loses its open files
     group_commit_ms: float = 0.0  # extra wait before a commit; changes arriving during an fsync share the next one anyway
@@ -171,6 +174,9 @@ _EXAMPLES = {
 # stripefs metadata daemon: stripefs meta --config /etc/stripefs/metad.toml
 listen = "tcp://0.0.0.0:7100"        # ZeroMQ endpoint for clients and storage nodes
 data_dir = "/var/lib/stripefs/meta"  # the SQLite database (WAL) lives here
+store = "sqlite"                     # or "postgresql": metadata in PostgreSQL, several daemons (docs/postgresql.md)
+dsn = ""                             # e.g. "host=db1,db2 dbname=stripefs user=stripefs target_session_attrs=read-write"
+pool_size = 8                        # PostgreSQL connections (transactions in flight) of this daemon
 node_timeout_s = 10.0                # storage node declared down after this much silence
 session_lease_s = 15.0               # a mount's open files are released after this much silence
 group_commit_ms = 0.0                # extra wait before each commit; changes arriving during an fsync share the next one

@@ -75,7 +75,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _database(args) -> Path:
     config = Path(args.dir) / "meta" / "metad.toml" if args.dir else Path(args.config or "/etc/stripefs/metad.toml")
-    return Path(load(config, MetaConfig).data_dir) / DB_NAME
+    meta = load(config, MetaConfig)
+    if meta.store == "postgresql":
+        raise QuietError(
+            f"{config}: the metadata is in PostgreSQL; back it up with PostgreSQL's own tools "
+            "(pg_dump, or pg_basebackup with WAL archiving; see docs/postgresql.md)"
+        )
+    return Path(meta.data_dir) / DB_NAME
 
 
 def backup(db: Path, target: Path, *, force: bool = False) -> dict:

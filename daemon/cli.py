@@ -35,8 +35,9 @@ Run the stripefs metadata daemon: the one process that owns the namespace
 (inodes, directories, attributes, xattrs, symlinks, hard links), file layouts,
 chunk placement and the membership and health of storage nodes. Clients and
 storage nodes reach it over ZeroMQ at the config's `listen` address; its state
-is an SQLite database (WAL, fsync on every group commit) in `data_dir`.
-Bulk data never flows through it.
+is an SQLite database (WAL, fsync on every group commit) in `data_dir`, or,
+with `store = "postgresql"` and a `dsn`, a PostgreSQL database that several
+daemons serve at once (docs/postgresql.md). Bulk data never flows through it.
 
 Write a config with `stripefs config example meta > metad.toml`.
 """
@@ -60,7 +61,7 @@ async def _serve(config: MetaConfig) -> None:
                 await nursery.start(service.run)
                 nursery.start_soon(publish_cluster_metrics, service, name="meta-metrics")
                 notify("READY=1")
-                log.info("metadata daemon serving on %s, database %s, boot %s", config.listen, service.db_path, service.boot_id)
+                log.info("metadata daemon serving on %s, database %s, boot %s", config.listen, service._db_name(), service.boot_id)
                 async for signum in signals:
                     log.info("%s received: stopping", signal.Signals(signum).name)
                     notify("STOPPING=1")
@@ -78,6 +79,10 @@ def main(argv: list[str]) -> int:
             validate_layout(Layout(int(config.chunk_size), config.stripe_count, config.redundancy))
         except StripefsError as exc:
             raise QuietError(f"{args.config}: root layout: {exc.message}") from None
+        if config.store not in ("sqlite", "postgresql"):
+            raise QuietError(f'{args.config}: store = "{config.store}": use "sqlite" or "postgresql"')
+        if config.store == "postgresql" and not config.dsn:
+            raise QuietError(f'{args.config}: store = "postgresql" needs dsn = "host=... dbname=... user=..."')
         try:
             Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -1,4 +1,4 @@
-"""The metadata database: one SQLite file, its schema and its migrations.
+"""The metadata database: its schema and its migrations (SQLite file or PostgreSQL).
 
 This docstring is the schema's specification; ``_migrate_1`` is its code.
 
@@ -55,6 +55,10 @@ Tables
     its limits (0: none) and the usage below it, kept up to date in the same
     transaction as every namespace change.
 
+``daemons(boot_id PRIMARY KEY, until_ns)``, ``open_holds(boot_id, ino, PK(boot_id, ino))``
+    (schema version 3) With PostgreSQL, the inodes each live daemon's sessions
+    hold open, renewed every second (daemon/open_holds.py). Unused with SQLite.
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -64,7 +68,21 @@ The service keeps one transaction open and commits it in groups
 
 Migrations: ``MIGRATIONS[i]`` takes the schema from version ``i`` to ``i+1``;
 each runs in its own transaction with the new ``schema_version``. A database
-newer than this code is refused.
+newer than this code is refused. A migration is a function ``(db, root_layout)``
+whose ``db.execute(sql, params)`` takes the shared SQL text (SQLite's spelling,
+``?`` placeholders; daemon/dialect.py rewrites it for PostgreSQL), so one
+migration serves both engines; ``execute_script(db, text)`` runs several
+statements. Where the engines really differ, branch on ``db.dialect`` (as
+``_migrate_1`` does for the epoch sequence). On PostgreSQL several daemons may
+start at once: each migration is one transaction (PostgreSQL's DDL is
+transactional), and a daemon whose migration fails re-reads the version and
+carries on if another daemon applied it meanwhile (``PgStore.migrate``).
+
+PostgreSQL differences (the same tables otherwise): ``meta.value`` is TEXT
+(readers convert: ``int(get_meta(...))``); integers are BIGINT; ``ino`` and
+``cookie`` are identity columns (never reused); epochs come from the sequence
+``epochs`` (strictly increasing across every daemon, see
+namespace.alloc_epoch), not from ``epoch_hwm``.
 """
 
 from __future__ import annotations
@@ -87,11 +105,11 @@ ROOT_INO = 1
 DB_NAME = "meta.sqlite3"
 
 
-def _migrate_1(conn: sqlite3.Connection, root_layout: Layout) -> None:
-    _execute_script(
-        conn,
+def _migrate_1(db, root_layout: Layout) -> None:
+    execute_script(
+        db,
         """
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value);
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value%s);
         CREATE TABLE inodes (
             ino INTEGER PRIMARY KEY AUTOINCREMENT,
             mode INTEGER NOT NULL,
@@ -158,13 +176,16 @@ def _migrate_1(conn: sqlite3.Connection, root_layout: Layout) -> None:
         CREATE INDEX garbage_by_node ON garbage(node_id, id);
         CREATE INDEX garbage_by_chunk ON garbage(ino, idx);
         """
+        % ("" if db.dialect.name == "sqlite" else " TEXT"),  # SQLite: untyped, values keep their type
     )
+    if db.dialect.sequences:
+        db.execute("CREATE SEQUENCE epochs START WITH 1")
     now = time.time_ns()
-    conn.execute(
-        "INSERT INTO inodes (ino, mode, uid, gid, nlink, atime_ns, mtime_ns, ctime_ns,"
-        " chunk_size, stripe_count, redundancy, stripe_seed) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+    # the first inode number of the table: the root, ROOT_INO, on both engines
+    root = db.execute(
+        "INSERT INTO inodes (mode, uid, gid, nlink, atime_ns, mtime_ns, ctime_ns,"
+        " chunk_size, stripe_count, redundancy, stripe_seed) VALUES (?,?,?,?,?,?,?,?,?,?,?) RETURNING ino",
         (
-            ROOT_INO,
             stat.S_IFDIR | 0o755,
             os.getuid(),
             os.getgid(),
@@ -177,20 +198,23 @@ def _migrate_1(conn: sqlite3.Connection, root_layout: Layout) -> None:
             root_layout.redundancy,
             random.getrandbits(31),
         ),
-    )
-    conn.execute("INSERT INTO meta (key, value) VALUES ('epoch_hwm', 1)")
+    ).fetchone()[0]
+    if root != ROOT_INO:
+        raise RuntimeError(f"the root directory got inode {root}, not {ROOT_INO}: the inodes table was not empty")
+    db.execute("INSERT INTO meta (key, value) VALUES ('epoch_hwm', ?)", (1,))
 
 
-def _execute_script(conn: sqlite3.Connection, script: str) -> None:
-    # not conn.executescript: that may COMMIT the caller's transaction first
+def execute_script(db, script: str) -> None:
+    """Run ``;``-separated statements (no ``;`` inside literals) through ``db.execute``."""
+    # not sqlite3's executescript: that may COMMIT the caller's transaction first
     for statement in script.split(";"):
         if statement.strip():
-            conn.execute(statement)
+            db.execute(statement)
 
 
-def _migrate_2_quotas(conn: sqlite3.Connection, root_layout: Layout) -> None:
+def _migrate_2_quotas(db, root_layout: Layout) -> None:
     """Directory quotas (daemon/quota.py): limits and incrementally kept usage per quota root."""
-    conn.execute(
+    db.execute(
         "CREATE TABLE quotas ("
         " ino BIGINT PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,"
         " max_bytes BIGINT NOT NULL DEFAULT 0,"
@@ -200,15 +224,40 @@ def _migrate_2_quotas(conn: sqlite3.Connection, root_layout: Layout) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection, Layout], None]] = [_migrate_1, _migrate_2_quotas]
+def _migrate_3_open_holds(db, root_layout: Layout) -> None:
+    """Open files held through several daemons (daemon/open_holds.py; unused with SQLite)."""
+    execute_script(
+        db,
+        """
+        CREATE TABLE daemons (boot_id TEXT PRIMARY KEY, until_ns INTEGER NOT NULL);
+        CREATE TABLE open_holds (boot_id TEXT NOT NULL, ino INTEGER NOT NULL, PRIMARY KEY (boot_id, ino));
+        CREATE INDEX open_holds_ino ON open_holds(ino)
+        """,
+    )
+
+
+#: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
+MIGRATIONS: list[Callable[..., None]] = [_migrate_1, _migrate_2_quotas, _migrate_3_open_holds]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def schema_version(conn: sqlite3.Connection) -> int:
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone():
+def schema_version(db) -> int:
+    """The version of a database (0: empty); ``db`` is a store or a sqlite3 connection."""
+    if getattr(getattr(db, "dialect", None), "name", "sqlite") == "sqlite":
+        found = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+    else:
+        found = db.execute("SELECT 1 FROM information_schema.tables WHERE table_name='meta' AND table_schema=current_schema()").fetchone()
+    if not found:
         return 0
-    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     return int(row[0]) if row else 0
+
+
+def set_schema_version(db, version: int) -> None:
+    db.execute(
+        "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+        (version,),
+    )
 
 
 def lock_database(path: str | Path):
@@ -252,12 +301,15 @@ def open_database(path: str | Path, root_layout: Layout) -> sqlite3.Connection:
     if version > SCHEMA_VERSION:
         conn.close()
         raise RuntimeError(f"{path} has schema version {version}; this stripefs knows only up to {SCHEMA_VERSION}")
+    from .store import SqliteStore
+
+    db = SqliteStore(conn)
     for target in range(version + 1, SCHEMA_VERSION + 1):
         log.info("database %s: migrating schema to version %d", path, target)
         conn.execute("BEGIN IMMEDIATE")
         try:
-            MIGRATIONS[target - 1](conn, root_layout)
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)", (target,))
+            MIGRATIONS[target - 1](db, root_layout)
+            set_schema_version(db, target)
         except BaseException:
             conn.execute("ROLLBACK")
             conn.close()

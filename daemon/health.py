@@ -49,8 +49,10 @@ drive time by hand.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -160,7 +162,9 @@ class NodeRegistry:
         _check_report(req)
         node = self._nodes.get(req.node_id)
         if node is None:
-            node = self._nodes[req.node_id] = _Node(req.node_id, req.address, req.host)
+            node = _Node(req.node_id, req.address, req.host)
+            # copy on write: with PostgreSQL, placement reads the registry from worker threads meanwhile
+            self._nodes = {**self._nodes, req.node_id: node}
             log.info("node %d registered: %s, host %s", req.node_id, req.address, req.host)
         elif node.address != req.address or node.host != req.host:
             log.info("node %d moved: %s, host %s", req.node_id, req.address, req.host)
@@ -249,10 +253,22 @@ class _Session:
     open: set[int] = field(default_factory=set)
 
 
+def _locked(method):
+    """With PostgreSQL, requests run in worker threads: session changes take the table's lock."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._mutex:
+            return method(self, *args, **kwargs)
+
+    return call
+
+
 class Sessions:
     """Mounts and the inodes they hold open, with an open count per inode."""
 
     def __init__(self, lease_s: float):
+        self._mutex = threading.RLock()
         self.lease_s = lease_s
         self._sessions: dict[int, _Session] = {}
         self._next_id = random.randrange(1, 1 << 30) << 16
@@ -261,6 +277,7 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    @_locked
     def hello(self, host: str, pid: int, mountpoint: str, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
         self._next_id += 1
@@ -298,22 +315,27 @@ class Sessions:
         session.open = inos
         return released
 
+    @_locked
     def heartbeat(self, session_id: int, open_inodes: list[int], now: float | None = None) -> list[int]:
         return self._set_open(self._get(session_id, now), set(open_inodes))
 
+    @_locked
     def touch(self, session_id: int, now: float | None = None) -> None:
         """Renew the session's lease (adopting it if this daemon restarted since it began)."""
         self._get(session_id, now, adopt=True)
 
+    @_locked
     def open(self, session_id: int, ino: int, now: float | None = None) -> None:
         session = self._get(session_id, now, adopt=True)
         if ino not in session.open:
             self._set_open(session, session.open | {ino})
 
+    @_locked
     def close(self, session_id: int, ino: int, now: float | None = None) -> list[int]:
         session = self._get(session_id, now)
         return self._set_open(session, session.open - {ino})
 
+    @_locked
     def expire(self, now: float | None = None) -> list[int]:
         """Drop sessions silent for longer than the lease; the inodes nobody has open any more."""
         now = time.monotonic() if now is None else now
@@ -330,6 +352,11 @@ class Sessions:
 
     def is_open(self, ino: int) -> bool:
         return self._open_count.get(ino, 0) > 0
+
+    @_locked
+    def open_inodes(self) -> set[int]:
+        """Every inode some session holds open."""
+        return set(self._open_count)
 
 
 def _check_node_id(node_id: int) -> None:

@@ -15,12 +15,14 @@ what "degraded" means.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 
 import trio
 from prometheus_client import Gauge
 
+from ..common.errors import StripefsError
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,13 @@ def cluster_health(store: SqliteStore, nodes: list) -> dict[str, int]:
 
 async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL_S) -> None:
     """Refresh the daemon's gauges until cancelled."""
-    conn = sqlite3.connect(f"file:{service.db_path}?mode=ro", uri=True, check_same_thread=False)
-    reader = SqliteStore(conn)
+    if service.store.group_commit:
+        conn = sqlite3.connect(f"file:{service.db_path}?mode=ro", uri=True, check_same_thread=False)
+        reader = SqliteStore(conn)
+        read_health = functools.partial(cluster_health, reader)
+    else:  # PostgreSQL: a read-only transaction on the service's pool
+        conn = None
+        read_health = functools.partial(service.store.run, cluster_health, service.store, readonly=True)
     limiter = trio.CapacityLimiter(1)
     try:
         while True:
@@ -81,9 +88,9 @@ async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL
             REPAIR_BACKLOG.set(repair.backlog)
             REPAIR_COPIED.set(repair.copied_bytes)
             try:
-                health = await trio.to_thread.run_sync(cluster_health, reader, nodes, limiter=limiter)
-            except sqlite3.Error as exc:
-                log.warning("metrics: cannot read counts from %s: %s", service.db_path, exc)
+                health = await trio.to_thread.run_sync(read_health, nodes, limiter=limiter)
+            except (*service.store.errors, StripefsError) as exc:
+                log.warning("metrics: cannot read counts from %s: %s", service._db_name(), exc)
             else:
                 FILES.set(health["files"])
                 CHUNKS.set(health["chunks"])
@@ -91,4 +98,5 @@ async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL
                 GARBAGE_COPIES.set(health["garbage_copies"])
             await trio.sleep(interval)
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()

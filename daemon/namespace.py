@@ -35,6 +35,8 @@ Semantics worth knowing
   the stored mark may be handed out without writing. After a restart the
   numbers of a partly used block are skipped. ``alloc_epoch`` says when it
   raised the mark: that change must be durable before the epoch is used.
+  On PostgreSQL (several daemons) epochs come from a database sequence
+  instead: unique and increasing across daemons, durable when handed out.
 """
 
 from __future__ import annotations
@@ -550,10 +552,14 @@ class Namespace:
 
     def last_epoch(self) -> int:
         """The newest epoch handed out so far: every write started before now carries at most this."""
+        if self.store.dialect.sequences:  # several daemons: the database's sequence (daemon/pg_store.py)
+            return self.store.last_epoch()
         return self._epoch_next - 1
 
     def alloc_epoch(self) -> tuple[int, bool]:
         """A fresh epoch, and whether the stored high-water mark was raised for it."""
+        if self.store.dialect.sequences:
+            return self.store.next_epoch(), False
         epoch = self._epoch_next
         raised = False
         if epoch >= self._epoch_limit:

@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import logging
 import stat
+import threading
 from typing import NamedTuple
 
 from ..common.errors import ErrorCode, StripefsError
@@ -122,8 +123,42 @@ class Quotas:
 
     def __init__(self, store: SqliteStore):
         self.store = store
-        self.roots: set[int] = set(store.quota_roots())
-        self._cache: dict[int, tuple[int, ...]] = {}
+        # PostgreSQL (several daemons, one transaction per request in worker threads): another daemon may
+        # set a quota at any time, so each transaction reads the roots afresh (a begin hook of the store)
+        # into its own thread's view, with its own directory cache
+        self._per_transaction = not getattr(store, "group_commit", True)
+        self._view = threading.local()
+        self.reload()
+        if self._per_transaction:
+            store.begin_hooks.append(self.reload)
+
+    @property
+    def roots(self) -> set[int]:
+        if self._per_transaction and not hasattr(self._view, "roots"):
+            self.reload()
+        return self._view.roots if self._per_transaction else self._roots
+
+    @roots.setter
+    def roots(self, value: set[int]) -> None:
+        if self._per_transaction:
+            self._view.roots = value
+        else:
+            self._roots = value
+
+    @property
+    def _cache(self) -> dict[int, tuple[int, ...]]:
+        if self._per_transaction:
+            if not hasattr(self._view, "cache"):
+                self._view.cache = {}
+            return self._view.cache
+        return self._shared_cache
+
+    @_cache.setter
+    def _cache(self, value: dict[int, tuple[int, ...]]) -> None:
+        if self._per_transaction:
+            self._view.cache = value
+        else:
+            self._shared_cache = value
 
     @property
     def active(self) -> bool:
@@ -301,6 +336,6 @@ class Quotas:
         return fixed
 
     def reload(self) -> None:
-        """Read the set of roots again (after a transaction was rolled back)."""
+        """Read the set of roots again (after a transaction was rolled back; PostgreSQL: as each one begins)."""
         self.roots = set(self.store.quota_roots())
-        self._cache.clear()
+        self._cache = {}

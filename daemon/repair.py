@@ -791,7 +791,7 @@ class Healer:
             if keep:
                 store.put_chunk(row.ino, row.idx, row.version, keep)
             else:  # an allocated, never written chunk on this node alone: unplace it
-                store.conn.execute("DELETE FROM chunks WHERE ino=? AND idx=?", (row.ino, row.idx))
+                store.delete_chunk(row.ino, row.idx)
         forgotten = store.forget_node_garbage(node_id)
         nodes.set_admin(node_id, "removed")
         log.warning("node %d removed: dropped from %d chunk row(s), %d pending deletion(s) forgotten", node_id, len(edits), forgotten)

@@ -19,6 +19,17 @@ pays one fsync and no timer, and no reply ever announces a change that a
 ``kill -9`` could lose.
 If COMMIT fails the batch is rolled back and its waiters get IO errors.
 
+PostgreSQL (``store = "postgresql"``): no group commit and no ``_lock`` on
+the request path. ``_read`` and ``_write`` run each operation as its own
+transaction in a worker thread on a pooled connection (``PgStore.run``:
+SERIALIZABLE for writes, a REPEATABLE READ snapshot for reads, retried on
+serialization failures), committed before the reply, so several daemons can
+serve one database at once (daemon/pg_store.py). ``_write_locked`` (background
+work holding ``_lock``) runs its operation as one transaction on the spot.
+Open files are shared between daemons through the database
+(daemon/open_holds.py), so an unlinked file stays while a mount of any daemon
+holds it.
+
 Read-only requests answer as soon as they hold the lock. They may see a
 change another request made but whose commit is still pending (a few ms);
 a crash in that window loses the change that was never acknowledged. Epochs
@@ -45,9 +56,11 @@ that expires also gives back the chunks it allocated but never committed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 import stat
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -71,6 +84,8 @@ from .health import NodeRegistry, Sessions
 from .namespace import Namespace
 from .quota_service import QuotaService
 from .repair import Healer
+from .open_holds import OpenHolds
+from .pg_store import open_pg_store
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -135,20 +150,44 @@ class MetaService:
             stripe_count=self.config.stripe_count,
             redundancy=self.config.redundancy,
         )
-        self._db_lock = lock_database(self.db_path)  # released when this process exits
-        self.store = SqliteStore(open_database(self.db_path, layout))
+        self._db_lock = None
+        if self.config.store == "postgresql":
+            self.store = open_pg_store(self.config.dsn, layout, pool_size=self.config.pool_size)
+            self._limiter = trio.CapacityLimiter(max(1, self.config.pool_size))
+        else:
+            self._db_lock = lock_database(self.db_path)  # released when this process exits
+            self.store = SqliteStore(open_database(self.db_path, layout))
         self.nodes = NodeRegistry(self.store, self.config.node_timeout_s, self.config.node_suspect_s)
-        self.nodes.on_change = self.healer.node_changed
-        self.ns = Namespace(self.store, self.nodes, is_open=self.sessions.is_open)
+        self.nodes.on_change = self._on_trio_thread(self.healer.node_changed)
+        # several daemons (PostgreSQL): a file is open if a session of any of them holds it
+        self.holds = None if self.store.group_commit else OpenHolds(self)
+        self.ns = Namespace(self.store, self.nodes, is_open=self.holds.is_open if self.holds else self.sessions.is_open)
         self.cluster_id = self.store.get_meta("cluster_id")
         if self.cluster_id is None:  # a database from before cluster ids, or a new one
             self.cluster_id = uuid.uuid4().hex
-            self.store.set_meta("cluster_id", self.cluster_id)  # autocommit: outside the service's transaction
-        self.store.begin()
+            # autocommit, outside the service's transaction; with several daemons starting at once the first one's wins
+            self.cluster_id = self.store.init_meta("cluster_id", self.cluster_id)
+        if self.store.group_commit:
+            self.store.begin()
         log.info(
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
-            self.db_path, self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
+            self._db_name(), self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
         )
+
+    def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """``fn`` run on the trio thread even when called from a PostgreSQL worker thread (it wakes trio tasks)."""
+        trio_thread = threading.get_ident()
+
+        def call(*args) -> None:
+            if threading.get_ident() == trio_thread:
+                fn(*args)
+            else:
+                trio.from_thread.run_sync(fn, *args)
+
+        return call
+
+    def _db_name(self) -> str:
+        return str(self.db_path) if self.store is None or self.store.group_commit else "PostgreSQL"
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         own_ctx = self.ctx is None
@@ -166,6 +205,8 @@ class MetaService:
                 nursery.start_soon(self._health_loop, name="meta-health")
                 nursery.start_soon(self._startup_orphan_sweep, name="meta-orphans")
                 nursery.start_soon(self._gc_loop, name="meta-gc")
+                if self.holds is not None:
+                    nursery.start_soon(self.holds.run, name="meta-open-holds")
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
                 await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
@@ -174,10 +215,11 @@ class MetaService:
             with trio.CancelScope(shield=True):
                 await self._commit_now()
             self.store.close()
-            self._db_lock.close()
+            if self._db_lock is not None:
+                self._db_lock.close()
             if own_ctx:
                 self.ctx.term()
-            log.info("metadata daemon stopped; database %s closed", self.db_path)
+            log.info("metadata daemon stopped; database %s closed", self._db_name())
 
     async def _start_curve(self, stack: contextlib.AsyncExitStack) -> None:
         """With curve_key/keyring: this daemon's key on every socket, and ZAP admitting the keyring's keys."""
@@ -211,11 +253,22 @@ class MetaService:
     # -- group commit ----------------------------------------------------------
 
     async def _read(self, fn: Callable[..., T], *args, **kwargs) -> T:
+        if not self.store.group_commit:
+            return await self._in_transaction(fn, args, kwargs, readonly=True)
         async with self._lock:
             return fn(*args, **kwargs)
 
+    async def _in_transaction(self, fn: Callable[..., T], args, kwargs, *, readonly: bool) -> T:
+        """PostgreSQL: one operation, one transaction, in a worker thread (daemon/pg_store.py)."""
+        call = functools.partial(self.store.run, fn, *args, readonly=readonly, **kwargs)
+        return await trio.to_thread.run_sync(call, limiter=self._limiter)
+
     def _write_locked(self, fn: Callable[..., T], *args, **kwargs) -> tuple[T, _Batch]:
         """Run one operation in its savepoint; the caller holds ``_lock``."""
+        if not self.store.group_commit:  # its own transaction, committed now (blocks this thread meanwhile)
+            done = _Batch()
+            done.done.set()
+            return self.store.run(fn, *args, **kwargs), done
         with self.store.savepoint():
             result = fn(*args, **kwargs)
         batch = self._batch
@@ -225,6 +278,10 @@ class MetaService:
 
     async def _write(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run one mutating operation and return once it is durable."""
+        if not self.store.group_commit:
+            result = await self._in_transaction(fn, args, kwargs, readonly=False)
+            self.healer.stale = True
+            return result
         async with self._lock:
             result, batch = self._write_locked(fn, *args, **kwargs)
         self.healer.stale = True  # redundancy figures in status are recomputed
@@ -561,6 +618,8 @@ class MetaService:
         return P.EpochRsp(epoch=await self._alloc_epoch())
 
     async def _alloc_epoch(self) -> int:
+        if not self.store.group_commit:  # the database's sequence: durable as soon as handed out
+            return (await self._in_transaction(self.ns.alloc_epoch, (), {}, readonly=False))[0]
         async with self._lock:
             (epoch, raised), batch = self.ns.alloc_epoch(), None
             if raised:

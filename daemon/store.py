@@ -1,14 +1,19 @@
-"""Every SQL statement of the metadata daemon, behind one small class.
+"""Every SQL statement of the metadata daemon, behind one small class per engine.
 
-``SqliteStore`` is the storage engine interface: namespace.py holds the POSIX
-semantics and calls only these methods, so another engine (a replicated KV
-store, say) can be added later by writing another class with the same
-methods. Rows come back as ``sqlite3.Row`` (indexable by column name); an
-inode row has the columns of the ``inodes`` table (daemon/db.py).
+``SqlStore`` is the storage engine interface: namespace.py holds the POSIX
+semantics and calls only these methods. Its SQL is written once, in SQLite's
+spelling, and ``self.dialect`` (daemon/dialect.py) rewrites it for the engine:
+``SqliteStore`` (below, the embedded default) and ``PgStore``
+(daemon/pg_store.py, PostgreSQL) differ only in connections and transactions.
+A new method is written once here, with ``self._x(sql, params)``, and works
+on both. Rows come back indexable by position and by column name (``sqlite3.Row``
+or pg_store's equivalent); an inode row has the columns of the ``inodes``
+table (daemon/db.py).
 
-Transactions: the service keeps one transaction open (``begin``) and commits
-it in groups (``commit``); each request runs inside ``savepoint()`` so a
-failure undoes only that request's statements.
+Transactions, SQLite: the service keeps one transaction open (``begin``) and
+commits it in groups (``commit``); each request runs inside ``savepoint()`` so
+a failure undoes only that request's statements. PostgreSQL: each request is
+its own transaction (``PgStore.run``), see daemon/pg_store.py.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import itertools
 import logging
 import sqlite3
 from typing import Iterable, Iterator, Sequence
+
+from .dialect import SQLITE, Dialect
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +44,395 @@ def decode_nodes(text: str) -> list[int]:
     return [int(n) for n in text.split(",") if n]
 
 
-class SqliteStore:
+class SqlStore:
+    """The SQL of every engine; subclasses give ``conn`` and the transaction methods."""
+
+    dialect: Dialect = SQLITE
+    #: True: the service group-commits one long transaction (SQLite); False: one transaction per request
+    group_commit = True
+    #: what the engine raises for a failed statement or commit
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    conn = None
+
+    def _x(self, sql: str, params: Sequence = ()):
+        """Execute one statement of the shared SQL text on the current connection."""
+        return self.conn.execute(self.dialect.sql(sql), params)
+
+    def _xm(self, sql: str, rows: Iterable[Sequence]) -> None:
+        rows = list(rows)
+        if rows:
+            self.conn.cursor().executemany(self.dialect.sql(sql), rows)
+
+    execute = _x  # for migrations (daemon/db.py) and tests
+
+    # -- epochs (PgStore overrides: a database sequence) -----------------------
+
+    def next_epoch(self) -> int:
+        raise NotImplementedError("epochs of this store come from a block in memory (daemon/namespace.py)")
+
+    def last_epoch(self) -> int:
+        raise NotImplementedError
+
+
+    # -- meta --------------------------------------------------------------
+
+    def get_meta(self, key: str, default=None):
+        row = self._x("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return default if row is None else row[0]
+
+    def init_meta(self, key: str, value):
+        """Set ``key`` unless it is set; the value it has now."""
+        self._x("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", (key, value))
+        return self.get_meta(key)
+
+    def set_meta(self, key: str, value) -> None:
+        self._x("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value", (key, value))
+
+    # -- inodes ------------------------------------------------------------
+
+    def get_inode(self, ino: int) -> sqlite3.Row | None:
+        return self._x("SELECT * FROM inodes WHERE ino=?", (ino,)).fetchone()
+
+    def insert_inode(self, **fields) -> int:
+        cols = [f for f in _INODE_FIELDS if f in fields]
+        return self._x(
+            f"INSERT INTO inodes ({','.join(cols)}) VALUES ({','.join('?' * len(cols))}) RETURNING ino",
+            [fields[c] for c in cols],
+        ).fetchone()[0]
+
+    def update_inode(self, ino: int, **fields) -> None:
+        for key in fields:
+            if key not in _INODE_FIELDS:
+                raise KeyError(key)
+        assignments = ",".join(f"{k}=?" for k in fields)
+        self._x(f"UPDATE inodes SET {assignments} WHERE ino=?", [*fields.values(), ino])
+
+    def add_nlink(self, ino: int, delta: int, ctime_ns: int) -> None:
+        self._x("UPDATE inodes SET nlink=nlink+?, ctime_ns=? WHERE ino=?", (delta, ctime_ns, ino))
+
+    def delete_inode(self, ino: int) -> None:
+        self._x("DELETE FROM inodes WHERE ino=?", (ino,))
+
+    def orphans(self) -> list[int]:
+        return [r[0] for r in self._x("SELECT ino FROM inodes WHERE nlink=0")]
+
+    def counts(self) -> dict[str, int]:
+        """files, directories, all inodes and logical bytes of regular files."""
+        row = self._x(
+            "SELECT count(*),"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 THEN 1 ELSE 0 END), 0) AS INTEGER),"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x4000 THEN 1 ELSE 0 END), 0) AS INTEGER),"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 THEN size ELSE 0 END), 0) AS INTEGER)"
+            " FROM inodes"
+        ).fetchone()
+        chunks = self._x("SELECT count(*) FROM chunks").fetchone()[0]
+        return {"inodes": row[0], "files": row[1], "directories": row[2], "logical_bytes": row[3], "chunks": chunks}
+
+    # -- directory entries -------------------------------------------------
+
+    def get_dentry(self, parent: int, name: bytes) -> sqlite3.Row | None:
+        return self._x("SELECT * FROM dentries WHERE parent=? AND name=?", (parent, name)).fetchone()
+
+    def insert_dentry(self, parent: int, name: bytes, ino: int) -> int:
+        return self._x(
+            "INSERT INTO dentries (parent, name, ino) VALUES (?,?,?) RETURNING cookie", (parent, name, ino)
+        ).fetchone()[0]
+
+    def delete_dentry(self, cookie: int) -> None:
+        self._x("DELETE FROM dentries WHERE cookie=?", (cookie,))
+
+    def move_dentry(self, cookie: int, parent: int, name: bytes) -> None:
+        self._x("UPDATE dentries SET parent=?, name=? WHERE cookie=?", (parent, name, cookie))
+
+    def set_dentry_ino(self, cookie: int, ino: int) -> None:
+        self._x("UPDATE dentries SET ino=? WHERE cookie=?", (ino, cookie))
+
+    def dentries_of(self, ino: int) -> list[tuple[int, int, bytes]]:
+        """(cookie, parent, name) of every directory entry naming ``ino`` (its hard links)."""
+        return [(r[0], r[1], bytes(r[2])) for r in self._x("SELECT cookie, parent, name FROM dentries WHERE ino=?", (ino,))]
+
+    def has_children(self, ino: int) -> bool:
+        return self._x("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (ino,)).fetchone() is not None
+
+    def parent_of(self, ino: int) -> int | None:
+        """The parent of a directory (directories have exactly one name)."""
+        row = self._x("SELECT parent FROM dentries WHERE ino=? LIMIT 1", (ino,)).fetchone()
+        return None if row is None else row[0]
+
+    def list_dentries(self, parent: int, after: int, limit: int) -> list[sqlite3.Row]:
+        """Entries after cookie ``after`` joined with their inode rows."""
+        return self._x(
+            "SELECT d.cookie AS cookie, d.name AS name, i.* FROM dentries d JOIN inodes i ON i.ino = d.ino"
+            " WHERE d.parent=? AND d.cookie>? ORDER BY d.cookie LIMIT ?",
+            (parent, after, limit),
+        ).fetchall()
+
+    # -- symlinks and xattrs -----------------------------------------------
+
+    def insert_symlink(self, ino: int, target: bytes) -> None:
+        self._x("INSERT INTO symlinks (ino, target) VALUES (?,?)", (ino, target))
+
+    def get_symlink(self, ino: int) -> bytes | None:
+        row = self._x("SELECT target FROM symlinks WHERE ino=?", (ino,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
+        row = self._x("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def set_xattr(self, ino: int, name: bytes, value: bytes) -> None:
+        self._x("INSERT INTO xattrs (ino, name, value) VALUES (?,?,?) ON CONFLICT (ino, name) DO UPDATE SET value=excluded.value", (ino, name, value))
+
+    def list_xattrs(self, ino: int) -> list[bytes]:
+        return [bytes(r[0]) for r in self._x("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
+
+    def delete_xattr(self, ino: int, name: bytes) -> bool:
+        return self._x("DELETE FROM xattrs WHERE ino=? AND name=?", (ino, name)).rowcount > 0
+
+    # -- chunks and garbage ------------------------------------------------
+
+    def get_chunks(self, ino: int, indices: Iterable[int] | None = None) -> dict[int, tuple[int, list[int]]]:
+        """index -> (version, nodes), for all chunks of ``ino`` or only ``indices``."""
+        if indices is None:
+            rows = self._x("SELECT idx, version, nodes FROM chunks WHERE ino=? ORDER BY idx", (ino,))
+        else:
+            wanted = sorted(set(indices))
+            rows = itertools.chain.from_iterable(
+                self._x(
+                    f"SELECT idx, version, nodes FROM chunks WHERE ino=? AND idx IN ({','.join('?' * len(part))})",
+                    (ino, *part),
+                )
+                for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
+            )
+        return {r[0]: (r[1], decode_nodes(r[2])) for r in rows}
+
+    def put_chunk(self, ino: int, idx: int, version: int, nodes: Sequence[int]) -> None:
+        """Insert or replace a chunk row; its nodes' pending deletions of this chunk are cancelled."""
+        self._x(
+            "INSERT INTO chunks (ino, idx, version, nodes) VALUES (?,?,?,?)"
+            " ON CONFLICT (ino, idx) DO UPDATE SET version=excluded.version, nodes=excluded.nodes",
+            (ino, idx, version, _encode_nodes(nodes)),
+        )
+        if nodes:
+            self._x(
+                f"DELETE FROM garbage WHERE ino=? AND idx=? AND node_id IN ({','.join('?' * len(nodes))})",
+                (ino, idx, *nodes),
+            )
+
+    def drop_chunks(self, ino: int, from_index: int = 0, max_version: int = ANY_VERSION) -> int:
+        """Move chunk rows with index >= ``from_index`` into garbage; the number moved.
+
+        ``max_version``: copies newer than this (written after the drop) must survive the deletion.
+        """
+        rows = self._x(
+            "SELECT idx, nodes FROM chunks WHERE ino=? AND idx>=?", (ino, from_index)
+        ).fetchall()
+        for idx, nodes in rows:
+            # node 0 marks a missing EC fragment (daemon/redundancy.py): nothing to delete
+            self.add_garbage((node, ino, idx, 0, max_version) for node in decode_nodes(nodes) if node)
+        self._x("DELETE FROM chunks WHERE ino=? AND idx>=?", (ino, from_index))
+        return len(rows)
+
+    def add_garbage(self, rows: Iterable[tuple[int, int, int, int, int]]) -> None:
+        """Rows of (node_id, ino, idx, part, max_version)."""
+        self._xm("INSERT INTO garbage (node_id, ino, idx, part, max_version) VALUES (?,?,?,?,?)", rows)
+
+    def garbage_for_node(self, node_id: int, limit: int) -> list[sqlite3.Row]:
+        return self._x(
+            "SELECT id, ino, idx, part, max_version FROM garbage WHERE node_id=? ORDER BY id LIMIT ?", (node_id, limit)
+        ).fetchall()
+
+    def garbage_nodes(self) -> list[int]:
+        return [r[0] for r in self._x("SELECT DISTINCT node_id FROM garbage")]
+
+    def delete_chunk(self, ino: int, idx: int) -> None:
+        self._x("DELETE FROM chunks WHERE ino=? AND idx=?", (ino, idx))
+
+    def delete_garbage(self, ids: Sequence[int]) -> None:
+        self._xm("DELETE FROM garbage WHERE id=?", ((i,) for i in ids))
+
+    def count_garbage(self) -> int:
+        return self._x("SELECT count(*) FROM garbage").fetchone()[0]
+
+    def usage_rows(self) -> Iterator[tuple]:
+        """(ino, redundancy, chunk_size, size, idx, version, nodes) of every chunk of every regular file
+        with a name (idx None for a file without chunks): daemon.redundancy.layout_usage."""
+        return self._x(
+            "SELECT i.ino, i.redundancy, i.chunk_size, i.size, c.idx, c.version, c.nodes FROM inodes i"
+            " LEFT JOIN chunks c ON c.ino = i.ino WHERE (i.mode & 0xF000) = 0x8000 AND i.nlink > 0"
+        )
+
+    def degraded_stripes(self, limit: int = 1000) -> list[tuple[int, int]]:
+        """(ino, idx) of committed EC stripes with a missing fragment: the reconstruction queue."""
+        return [
+            (r[0], r[1])
+            for r in self._x(
+                "SELECT ino, idx FROM chunks WHERE version > 0 AND (',' || nodes || ',') LIKE '%,0,%' LIMIT ?", (limit,)
+            )
+        ]
+
+    def count_chunks_on(self, node_ids: Iterable[int]) -> int:
+        """Chunks with a copy or fragment on any of ``node_ids`` (a full scan: for status and metrics only)."""
+        ids = [int(n) for n in node_ids]
+        if not ids:
+            return 0
+        match = " OR ".join("(',' || nodes || ',') LIKE ?" for _ in ids)
+        return self._x(f"SELECT count(*) FROM chunks WHERE {match}", [f"%,{n},%" for n in ids]).fetchone()[0]
+    # -- self-healing (daemon/repair.py) -----------------------------------
+
+    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int]]:
+        """(ino, idx, version, nodes, redundancy, chunk_size) of chunks after ``after`` = (ino, idx), in order."""
+        return self._x(
+            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size FROM chunks c"
+            " JOIN inodes i ON i.ino = c.ino WHERE (c.ino, c.idx) > (?, ?) ORDER BY c.ino, c.idx LIMIT ?",
+            (after[0], after[1], limit),
+        ).fetchall()
+
+    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int]]:
+        """The same rows for the chunks of some files."""
+        out = []
+        for i in range(0, len(inos), 500):
+            part = list(inos[i : i + 500])
+            out += self._x(
+                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size FROM chunks c"
+                f" JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({','.join('?' * len(part))}) ORDER BY c.ino, c.idx",
+                part,
+            ).fetchall()
+        return out
+
+    def regular_files_after(self, after_ino: int, limit: int) -> list[int]:
+        return [
+            r[0]
+            for r in self._x(
+                "SELECT ino FROM inodes WHERE ino > ? AND (mode & 0xF000) = 0x8000 ORDER BY ino LIMIT ?", (after_ino, limit)
+            )
+        ]
+
+    def garbage_nodes_of_chunk(self, ino: int, idx: int) -> set[int]:
+        """Nodes with a pending deletion of chunk (ino, idx): never a repair target for it."""
+        return {r[0] for r in self._x("SELECT node_id FROM garbage WHERE ino=? AND idx=?", (ino, idx))}
+
+    def pending_garbage(self, node_id: int) -> set[tuple[int, int]]:
+        """(ino, idx) of every pending deletion on a node (fsck: those copies are not orphans)."""
+        return {(r[0], r[1]) for r in self._x("SELECT ino, idx FROM garbage WHERE node_id=?", (node_id,))}
+
+    def forget_node_garbage(self, node_id: int) -> int:
+        return self._x("DELETE FROM garbage WHERE node_id=?", (node_id,)).rowcount
+
+    def drop_uncommitted_chunks(self, ino: int, max_version: int) -> int:
+        """Chunk rows never committed (version 0) of ``ino`` go; copies their writer may
+        have stored become garbage up to ``max_version``. The number dropped."""
+        rows = self._x("SELECT idx, nodes FROM chunks WHERE ino=? AND version=0", (ino,)).fetchall()
+        for idx, nodes in rows:
+            self.add_garbage((node, ino, idx, 0, max_version) for node in decode_nodes(nodes))
+        self._x("DELETE FROM chunks WHERE ino=? AND version=0", (ino,))
+        return len(rows)
+
+    # -- open files held through several daemons (daemon/open_holds.py) ------
+
+    def renew_daemon(self, boot_id: str, until_ns: int) -> None:
+        self._x(
+            "INSERT INTO daemons (boot_id, until_ns) VALUES (?,?) ON CONFLICT (boot_id) DO UPDATE SET until_ns=excluded.until_ns",
+            (boot_id, until_ns),
+        )
+
+    def add_holds(self, boot_id: str, inos: Sequence[int]) -> None:
+        self._xm("INSERT OR IGNORE INTO open_holds (boot_id, ino) VALUES (?,?)", ((boot_id, ino) for ino in inos))
+
+    def drop_holds(self, boot_id: str, inos: Sequence[int]) -> None:
+        self._xm("DELETE FROM open_holds WHERE boot_id=? AND ino=?", ((boot_id, ino) for ino in inos))
+
+    def forget_dead_daemons(self, now_ns: int) -> None:
+        """Holds of daemons that stopped renewing go."""
+        self._x("DELETE FROM open_holds WHERE boot_id IN (SELECT boot_id FROM daemons WHERE until_ns < ?)", (now_ns,))
+        self._x("DELETE FROM daemons WHERE until_ns < ?", (now_ns,))
+
+    def held_elsewhere(self, ino: int, boot_id: str, now_ns: int, changed_after_ns: int) -> bool:
+        """Another live daemon's session holds ``ino``, or it changed after ``changed_after_ns``."""
+        return (
+            self._x(
+                "SELECT 1 FROM inodes WHERE ino=? AND ctime_ns > ? UNION ALL"
+                " SELECT 1 FROM open_holds h JOIN daemons d ON d.boot_id = h.boot_id"
+                " WHERE h.ino=? AND h.boot_id<>? AND d.until_ns > ? LIMIT 1",
+                (ino, changed_after_ns, ino, boot_id, now_ns),
+            ).fetchone()
+            is not None
+        )
+
+    # -- storage nodes -----------------------------------------------------
+
+    def upsert_node(self, node_id: int, address: str, host: str, capacity: int, free: int, used: int, chunks: int, now_ns: int) -> None:
+        self._x(
+            "INSERT INTO nodes (node_id, address, host, capacity, free, used, chunks, last_heartbeat_ns, state)"
+            " VALUES (?,?,?,?,?,?,?,?, 'up') ON CONFLICT(node_id) DO UPDATE SET address=excluded.address,"
+            " host=excluded.host, capacity=excluded.capacity, free=excluded.free, used=excluded.used,"
+            " chunks=excluded.chunks, last_heartbeat_ns=excluded.last_heartbeat_ns, state='up'",
+            (node_id, address, host, capacity, free, used, chunks, now_ns),
+        )
+
+    def set_node_state(self, node_id: int, state: str) -> None:
+        self._x("UPDATE nodes SET state=? WHERE node_id=?", (state, node_id))
+
+    def all_nodes(self) -> list[sqlite3.Row]:
+        return self._x("SELECT * FROM nodes ORDER BY node_id").fetchall()
+
+    # -- directory quotas (daemon/quota.py) --------------------------------
+    # portable SQL: plain INSERT/UPDATE/DELETE, WITH RECURSIVE, decimal bit masks
+
+    def quota_roots(self) -> list[int]:
+        return [r[0] for r in self._x("SELECT ino FROM quotas")]
+
+    def get_quotas(self, inos: Sequence[int]) -> list[tuple[int, int, int, int, int]]:
+        """(ino, max_bytes, max_inodes, used_bytes, used_inodes) of the quotas on ``inos``, by ino."""
+        inos = list(inos)
+        if not inos:
+            return []
+        return [
+            tuple(r)
+            for r in self._x(
+                "SELECT ino, max_bytes, max_inodes, used_bytes, used_inodes FROM quotas"
+                f" WHERE ino IN ({','.join('?' * len(inos))}) ORDER BY ino",
+                inos,
+            )
+        ]
+
+    def insert_quota(self, ino: int, max_bytes: int, max_inodes: int, used_bytes: int, used_inodes: int) -> None:
+        self._x(
+            "INSERT INTO quotas (ino, max_bytes, max_inodes, used_bytes, used_inodes) VALUES (?,?,?,?,?)",
+            (ino, max_bytes, max_inodes, used_bytes, used_inodes),
+        )
+
+    def set_quota_limits(self, ino: int, max_bytes: int, max_inodes: int) -> None:
+        self._x("UPDATE quotas SET max_bytes=?, max_inodes=? WHERE ino=?", (max_bytes, max_inodes, ino))
+
+    def set_quota_usage(self, ino: int, used_bytes: int, used_inodes: int) -> None:
+        self._x("UPDATE quotas SET used_bytes=?, used_inodes=? WHERE ino=?", (used_bytes, used_inodes, ino))
+
+    def delete_quota(self, ino: int) -> None:
+        self._x("DELETE FROM quotas WHERE ino=?", (ino,))
+
+    def add_quota_usage(self, inos: Sequence[int], nbytes: int, ninodes: int) -> None:
+        """One UPDATE for every quota root a change lies under."""
+        inos = list(inos)
+        self._x(
+            f"UPDATE quotas SET used_bytes=used_bytes+?, used_inodes=used_inodes+? WHERE ino IN ({','.join('?' * len(inos))})",
+            (nbytes, ninodes, *inos),
+        )
+
+    def subtree_usage(self, ino: int) -> tuple[int, int]:
+        """(bytes, inodes) below directory ``ino``: sizes of non-directories and every inode, each inode once."""
+        row = self._x(
+            "WITH RECURSIVE tree(ino) AS ("
+            " SELECT ino FROM dentries WHERE parent=?"
+            " UNION SELECT d.ino FROM dentries d JOIN tree t ON d.parent = t.ino)"
+            " SELECT count(*), coalesce(sum(CASE WHEN (i.mode & 61440) = 16384 THEN 0 ELSE i.size END), 0)"
+            " FROM inodes i WHERE i.ino IN (SELECT ino FROM tree)",
+            (ino,),
+        ).fetchone()
+        return int(row[1]), int(row[0])
+
+
+class SqliteStore(SqlStore):
     """SQL over one connection from daemon.db.open_database."""
 
     def __init__(self, conn: sqlite3.Connection):
@@ -79,320 +474,3 @@ class SqliteStore:
             self.conn.execute(f"RELEASE {name}")
             raise
         self.conn.execute(f"RELEASE {name}")
-
-    # -- meta --------------------------------------------------------------
-
-    def get_meta(self, key: str, default=None):
-        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-        return default if row is None else row[0]
-
-    def set_meta(self, key: str, value) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
-
-    # -- inodes ------------------------------------------------------------
-
-    def get_inode(self, ino: int) -> sqlite3.Row | None:
-        return self.conn.execute("SELECT * FROM inodes WHERE ino=?", (ino,)).fetchone()
-
-    def insert_inode(self, **fields) -> int:
-        cols = [f for f in _INODE_FIELDS if f in fields]
-        cur = self.conn.execute(
-            f"INSERT INTO inodes ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
-            [fields[c] for c in cols],
-        )
-        return cur.lastrowid
-
-    def update_inode(self, ino: int, **fields) -> None:
-        for key in fields:
-            if key not in _INODE_FIELDS:
-                raise KeyError(key)
-        assignments = ",".join(f"{k}=?" for k in fields)
-        self.conn.execute(f"UPDATE inodes SET {assignments} WHERE ino=?", [*fields.values(), ino])
-
-    def add_nlink(self, ino: int, delta: int, ctime_ns: int) -> None:
-        self.conn.execute("UPDATE inodes SET nlink=nlink+?, ctime_ns=? WHERE ino=?", (delta, ctime_ns, ino))
-
-    def delete_inode(self, ino: int) -> None:
-        self.conn.execute("DELETE FROM inodes WHERE ino=?", (ino,))
-
-    def orphans(self) -> list[int]:
-        return [r[0] for r in self.conn.execute("SELECT ino FROM inodes WHERE nlink=0")]
-
-    def counts(self) -> dict[str, int]:
-        """files, directories, all inodes and logical bytes of regular files."""
-        row = self.conn.execute(
-            "SELECT count(*),"
-            " coalesce(sum((mode & 0xF000) = 0x8000), 0),"
-            " coalesce(sum((mode & 0xF000) = 0x4000), 0),"
-            " coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 THEN size ELSE 0 END), 0)"
-            " FROM inodes"
-        ).fetchone()
-        chunks = self.conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
-        return {"inodes": row[0], "files": row[1], "directories": row[2], "logical_bytes": row[3], "chunks": chunks}
-
-    # -- directory entries -------------------------------------------------
-
-    def get_dentry(self, parent: int, name: bytes) -> sqlite3.Row | None:
-        return self.conn.execute("SELECT * FROM dentries WHERE parent=? AND name=?", (parent, name)).fetchone()
-
-    def insert_dentry(self, parent: int, name: bytes, ino: int) -> int:
-        cur = self.conn.execute("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", (parent, name, ino))
-        return cur.lastrowid
-
-    def delete_dentry(self, cookie: int) -> None:
-        self.conn.execute("DELETE FROM dentries WHERE cookie=?", (cookie,))
-
-    def move_dentry(self, cookie: int, parent: int, name: bytes) -> None:
-        self.conn.execute("UPDATE dentries SET parent=?, name=? WHERE cookie=?", (parent, name, cookie))
-
-    def set_dentry_ino(self, cookie: int, ino: int) -> None:
-        self.conn.execute("UPDATE dentries SET ino=? WHERE cookie=?", (ino, cookie))
-
-    def dentries_of(self, ino: int) -> list[tuple[int, int, bytes]]:
-        """(cookie, parent, name) of every directory entry naming ``ino`` (its hard links)."""
-        return [(r[0], r[1], bytes(r[2])) for r in self.conn.execute("SELECT cookie, parent, name FROM dentries WHERE ino=?", (ino,))]
-
-    def has_children(self, ino: int) -> bool:
-        return self.conn.execute("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (ino,)).fetchone() is not None
-
-    def parent_of(self, ino: int) -> int | None:
-        """The parent of a directory (directories have exactly one name)."""
-        row = self.conn.execute("SELECT parent FROM dentries WHERE ino=? LIMIT 1", (ino,)).fetchone()
-        return None if row is None else row[0]
-
-    def list_dentries(self, parent: int, after: int, limit: int) -> list[sqlite3.Row]:
-        """Entries after cookie ``after`` joined with their inode rows."""
-        return self.conn.execute(
-            "SELECT d.cookie AS cookie, d.name AS name, i.* FROM dentries d JOIN inodes i ON i.ino = d.ino"
-            " WHERE d.parent=? AND d.cookie>? ORDER BY d.cookie LIMIT ?",
-            (parent, after, limit),
-        ).fetchall()
-
-    # -- symlinks and xattrs -----------------------------------------------
-
-    def insert_symlink(self, ino: int, target: bytes) -> None:
-        self.conn.execute("INSERT INTO symlinks (ino, target) VALUES (?,?)", (ino, target))
-
-    def get_symlink(self, ino: int) -> bytes | None:
-        row = self.conn.execute("SELECT target FROM symlinks WHERE ino=?", (ino,)).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def get_xattr(self, ino: int, name: bytes) -> bytes | None:
-        row = self.conn.execute("SELECT value FROM xattrs WHERE ino=? AND name=?", (ino, name)).fetchone()
-        return None if row is None else bytes(row[0])
-
-    def set_xattr(self, ino: int, name: bytes, value: bytes) -> None:
-        self.conn.execute("INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?,?,?)", (ino, name, value))
-
-    def list_xattrs(self, ino: int) -> list[bytes]:
-        return [bytes(r[0]) for r in self.conn.execute("SELECT name FROM xattrs WHERE ino=? ORDER BY name", (ino,))]
-
-    def delete_xattr(self, ino: int, name: bytes) -> bool:
-        return self.conn.execute("DELETE FROM xattrs WHERE ino=? AND name=?", (ino, name)).rowcount > 0
-
-    # -- chunks and garbage ------------------------------------------------
-
-    def get_chunks(self, ino: int, indices: Iterable[int] | None = None) -> dict[int, tuple[int, list[int]]]:
-        """index -> (version, nodes), for all chunks of ``ino`` or only ``indices``."""
-        if indices is None:
-            rows = self.conn.execute("SELECT idx, version, nodes FROM chunks WHERE ino=? ORDER BY idx", (ino,))
-        else:
-            wanted = sorted(set(indices))
-            rows = itertools.chain.from_iterable(
-                self.conn.execute(
-                    f"SELECT idx, version, nodes FROM chunks WHERE ino=? AND idx IN ({','.join('?' * len(part))})",
-                    (ino, *part),
-                )
-                for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
-            )
-        return {r[0]: (r[1], decode_nodes(r[2])) for r in rows}
-
-    def put_chunk(self, ino: int, idx: int, version: int, nodes: Sequence[int]) -> None:
-        """Insert or replace a chunk row; its nodes' pending deletions of this chunk are cancelled."""
-        self.conn.execute(
-            "INSERT OR REPLACE INTO chunks (ino, idx, version, nodes) VALUES (?,?,?,?)",
-            (ino, idx, version, _encode_nodes(nodes)),
-        )
-        if nodes:
-            self.conn.execute(
-                f"DELETE FROM garbage WHERE ino=? AND idx=? AND node_id IN ({','.join('?' * len(nodes))})",
-                (ino, idx, *nodes),
-            )
-
-    def drop_chunks(self, ino: int, from_index: int = 0, max_version: int = ANY_VERSION) -> int:
-        """Move chunk rows with index >= ``from_index`` into garbage; the number moved.
-
-        ``max_version``: copies newer than this (written after the drop) must survive the deletion.
-        """
-        rows = self.conn.execute(
-            "SELECT idx, nodes FROM chunks WHERE ino=? AND idx>=?", (ino, from_index)
-        ).fetchall()
-        for idx, nodes in rows:
-            # node 0 marks a missing EC fragment (daemon/redundancy.py): nothing to delete
-            self.add_garbage((node, ino, idx, 0, max_version) for node in decode_nodes(nodes) if node)
-        self.conn.execute("DELETE FROM chunks WHERE ino=? AND idx>=?", (ino, from_index))
-        return len(rows)
-
-    def add_garbage(self, rows: Iterable[tuple[int, int, int, int, int]]) -> None:
-        """Rows of (node_id, ino, idx, part, max_version)."""
-        self.conn.executemany("INSERT INTO garbage (node_id, ino, idx, part, max_version) VALUES (?,?,?,?,?)", rows)
-
-    def garbage_for_node(self, node_id: int, limit: int) -> list[sqlite3.Row]:
-        return self.conn.execute(
-            "SELECT id, ino, idx, part, max_version FROM garbage WHERE node_id=? ORDER BY id LIMIT ?", (node_id, limit)
-        ).fetchall()
-
-    def garbage_nodes(self) -> list[int]:
-        return [r[0] for r in self.conn.execute("SELECT DISTINCT node_id FROM garbage")]
-
-    def delete_garbage(self, ids: Sequence[int]) -> None:
-        self.conn.executemany("DELETE FROM garbage WHERE id=?", ((i,) for i in ids))
-
-    def count_garbage(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM garbage").fetchone()[0]
-
-    def usage_rows(self) -> Iterator[tuple]:
-        """(ino, redundancy, chunk_size, size, idx, version, nodes) of every chunk of every regular file
-        with a name (idx None for a file without chunks): daemon.redundancy.layout_usage."""
-        return self.conn.execute(
-            "SELECT i.ino, i.redundancy, i.chunk_size, i.size, c.idx, c.version, c.nodes FROM inodes i"
-            " LEFT JOIN chunks c ON c.ino = i.ino WHERE (i.mode & 0xF000) = 0x8000 AND i.nlink > 0"
-        )
-
-    def degraded_stripes(self, limit: int = 1000) -> list[tuple[int, int]]:
-        """(ino, idx) of committed EC stripes with a missing fragment: the reconstruction queue."""
-        return [
-            (r[0], r[1])
-            for r in self.conn.execute(
-                "SELECT ino, idx FROM chunks WHERE version > 0 AND (',' || nodes || ',') LIKE '%,0,%' LIMIT ?", (limit,)
-            )
-        ]
-
-    def count_chunks_on(self, node_ids: Iterable[int]) -> int:
-        """Chunks with a copy or fragment on any of ``node_ids`` (a full scan: for status and metrics only)."""
-        ids = [int(n) for n in node_ids]
-        if not ids:
-            return 0
-        match = " OR ".join("instr(',' || nodes || ',', ?) > 0" for _ in ids)
-        return self.conn.execute(f"SELECT count(*) FROM chunks WHERE {match}", [f",{n}," for n in ids]).fetchone()[0]
-    # -- self-healing (daemon/repair.py) -----------------------------------
-
-    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int]]:
-        """(ino, idx, version, nodes, redundancy, chunk_size) of chunks after ``after`` = (ino, idx), in order."""
-        return self.conn.execute(
-            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size FROM chunks c"
-            " JOIN inodes i ON i.ino = c.ino WHERE (c.ino, c.idx) > (?, ?) ORDER BY c.ino, c.idx LIMIT ?",
-            (after[0], after[1], limit),
-        ).fetchall()
-
-    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int]]:
-        """The same rows for the chunks of some files."""
-        out = []
-        for i in range(0, len(inos), 500):
-            part = list(inos[i : i + 500])
-            out += self.conn.execute(
-                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size FROM chunks c"
-                f" JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({','.join('?' * len(part))}) ORDER BY c.ino, c.idx",
-                part,
-            ).fetchall()
-        return out
-
-    def regular_files_after(self, after_ino: int, limit: int) -> list[int]:
-        return [
-            r[0]
-            for r in self.conn.execute(
-                "SELECT ino FROM inodes WHERE ino > ? AND (mode & 0xF000) = 0x8000 ORDER BY ino LIMIT ?", (after_ino, limit)
-            )
-        ]
-
-    def garbage_nodes_of_chunk(self, ino: int, idx: int) -> set[int]:
-        """Nodes with a pending deletion of chunk (ino, idx): never a repair target for it."""
-        return {r[0] for r in self.conn.execute("SELECT node_id FROM garbage WHERE ino=? AND idx=?", (ino, idx))}
-
-    def pending_garbage(self, node_id: int) -> set[tuple[int, int]]:
-        """(ino, idx) of every pending deletion on a node (fsck: those copies are not orphans)."""
-        return {(r[0], r[1]) for r in self.conn.execute("SELECT ino, idx FROM garbage WHERE node_id=?", (node_id,))}
-
-    def forget_node_garbage(self, node_id: int) -> int:
-        return self.conn.execute("DELETE FROM garbage WHERE node_id=?", (node_id,)).rowcount
-
-    def drop_uncommitted_chunks(self, ino: int, max_version: int) -> int:
-        """Chunk rows never committed (version 0) of ``ino`` go; copies their writer may
-        have stored become garbage up to ``max_version``. The number dropped."""
-        rows = self.conn.execute("SELECT idx, nodes FROM chunks WHERE ino=? AND version=0", (ino,)).fetchall()
-        for idx, nodes in rows:
-            self.add_garbage((node, ino, idx, 0, max_version) for node in decode_nodes(nodes))
-        self.conn.execute("DELETE FROM chunks WHERE ino=? AND version=0", (ino,))
-        return len(rows)
-
-    # -- storage nodes -----------------------------------------------------
-
-    def upsert_node(self, node_id: int, address: str, host: str, capacity: int, free: int, used: int, chunks: int, now_ns: int) -> None:
-        self.conn.execute(
-            "INSERT INTO nodes (node_id, address, host, capacity, free, used, chunks, last_heartbeat_ns, state)"
-            " VALUES (?,?,?,?,?,?,?,?, 'up') ON CONFLICT(node_id) DO UPDATE SET address=excluded.address,"
-            " host=excluded.host, capacity=excluded.capacity, free=excluded.free, used=excluded.used,"
-            " chunks=excluded.chunks, last_heartbeat_ns=excluded.last_heartbeat_ns, state='up'",
-            (node_id, address, host, capacity, free, used, chunks, now_ns),
-        )
-
-    def set_node_state(self, node_id: int, state: str) -> None:
-        self.conn.execute("UPDATE nodes SET state=? WHERE node_id=?", (state, node_id))
-
-    def all_nodes(self) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM nodes ORDER BY node_id").fetchall()
-
-    # -- directory quotas (daemon/quota.py) --------------------------------
-    # portable SQL: plain INSERT/UPDATE/DELETE, WITH RECURSIVE, decimal bit masks
-
-    def quota_roots(self) -> list[int]:
-        return [r[0] for r in self.conn.execute("SELECT ino FROM quotas")]
-
-    def get_quotas(self, inos: Sequence[int]) -> list[tuple[int, int, int, int, int]]:
-        """(ino, max_bytes, max_inodes, used_bytes, used_inodes) of the quotas on ``inos``, by ino."""
-        inos = list(inos)
-        if not inos:
-            return []
-        return [
-            tuple(r)
-            for r in self.conn.execute(
-                "SELECT ino, max_bytes, max_inodes, used_bytes, used_inodes FROM quotas"
-                f" WHERE ino IN ({','.join('?' * len(inos))}) ORDER BY ino",
-                inos,
-            )
-        ]
-
-    def insert_quota(self, ino: int, max_bytes: int, max_inodes: int, used_bytes: int, used_inodes: int) -> None:
-        self.conn.execute(
-            "INSERT INTO quotas (ino, max_bytes, max_inodes, used_bytes, used_inodes) VALUES (?,?,?,?,?)",
-            (ino, max_bytes, max_inodes, used_bytes, used_inodes),
-        )
-
-    def set_quota_limits(self, ino: int, max_bytes: int, max_inodes: int) -> None:
-        self.conn.execute("UPDATE quotas SET max_bytes=?, max_inodes=? WHERE ino=?", (max_bytes, max_inodes, ino))
-
-    def set_quota_usage(self, ino: int, used_bytes: int, used_inodes: int) -> None:
-        self.conn.execute("UPDATE quotas SET used_bytes=?, used_inodes=? WHERE ino=?", (used_bytes, used_inodes, ino))
-
-    def delete_quota(self, ino: int) -> None:
-        self.conn.execute("DELETE FROM quotas WHERE ino=?", (ino,))
-
-    def add_quota_usage(self, inos: Sequence[int], nbytes: int, ninodes: int) -> None:
-        """One UPDATE for every quota root a change lies under."""
-        inos = list(inos)
-        self.conn.execute(
-            f"UPDATE quotas SET used_bytes=used_bytes+?, used_inodes=used_inodes+? WHERE ino IN ({','.join('?' * len(inos))})",
-            (nbytes, ninodes, *inos),
-        )
-
-    def subtree_usage(self, ino: int) -> tuple[int, int]:
-        """(bytes, inodes) below directory ``ino``: sizes of non-directories and every inode, each inode once."""
-        row = self.conn.execute(
-            "WITH RECURSIVE tree(ino) AS ("
-            " SELECT ino FROM dentries WHERE parent=?"
-            " UNION SELECT d.ino FROM dentries d JOIN tree t ON d.parent = t.ino)"
-            " SELECT count(*), coalesce(sum(CASE WHEN (i.mode & 61440) = 16384 THEN 0 ELSE i.size END), 0)"
-            " FROM inodes i WHERE i.ino IN (SELECT ino FROM tree)",
-            (ino,),
-        ).fetchone()
-        return int(row[1]), int(row[0])

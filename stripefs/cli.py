@@ -85,7 +85,7 @@ def _meta_addresses(args, path: str | None = None) -> list[str]:
 
             cluster = LocalCluster(state)
             cluster.use_admin_key()  # a --secure cluster: its admin key, unless $STRIPEFS_KEY names one
-            return [cluster.meta_address]
+            return cluster.meta_addresses
         raise QuietError(
             "cannot find the cluster: give a PATH inside a stripefs mount, --meta tcp://HOST:PORT, "
             "set $STRIPEFS_META, or --dir STATE of a local cluster"
@@ -225,7 +225,8 @@ def cmd_local(args) -> int:
 
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings, secure=args.secure, subdir=args.subdir)
+        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings, secure=args.secure, subdir=args.subdir,
+                          meta_store=args.meta_store, metas=args.metas)
     if args.action == "down":
         return cluster.down()
     if args.action == "add-node":
@@ -297,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--subdir", default="", metavar="/DIR",
                     help="mount only this directory of the cluster (created if missing); with --secure the mount's key "
                          "is restricted to it at the daemon")
+    up.add_argument("--meta-store", choices=("sqlite", "postgresql"), default="sqlite",
+                    help="where metadata lives: an SQLite file (one daemon), or a throwaway PostgreSQL server started "
+                    "in STATE (needs Debian's postgresql package; several daemons) (default: %(default)s; used when STATE is created)")
+    up.add_argument("--metas", type=int, default=1, metavar="N",
+                    help="metadata daemons, each on its own port, all given to the storage nodes and the mount "
+                    "(N > 1 needs --meta-store postgresql) (default: %(default)s; used when STATE is created)")
     add = lsub.add_parser("add-node", help="start one more storage node", description="Create, start and register one more storage node in a running local cluster (then data rebalances onto it).")
     add.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     down = lsub.add_parser("down", help="unmount and stop everything 'up' started", description="Unmount and stop exactly the processes 'up' started (by pid). Data stays in the state directory.")

@@ -5,6 +5,9 @@ State directory layout (everything the cluster owns lives here)::
     STATE/cluster.json        ports, node ids, mountpoint, mount options (fixed at first `up`)
     STATE/pids.json           pids of what `up` started; `down` stops exactly these
     STATE/meta/metad.toml     metadata daemon config; STATE/meta/ holds its SQLite database
+    STATE/meta-N/metad.toml   further metadata daemons (``--metas N``, PostgreSQL only)
+    STATE/postgres/           the throwaway PostgreSQL server of ``--meta-store postgresql``
+                              (or a dir in the temp dir named in cluster.json: stripefs/local_postgres.py)
     STATE/storage-N/storage.toml and STATE/storage-N/data/   one storage node each
     STATE/keys/               with --secure: NAME.key / NAME.key_secret for meta, admin, mount and
                               each storage node, and keyring.toml listing them (docs/security.md)
@@ -20,6 +23,12 @@ given ``--dir STATE`` use the admin key. ``up --subdir /team-a`` mounts only
 that directory (created if missing); with ``--secure`` the mount's key is
 restricted to it too, so the daemon enforces it. The processes are started detached
 (their own session), so they outlive the command that started them.
+
+``up --meta-store postgresql --metas N`` keeps the metadata in a throwaway
+PostgreSQL server and starts N metadata daemons over it, each on its own
+port; storage nodes and the mount are given every daemon's address. ``down``
+stops the server too. pids.json keeps the first daemon under ``meta`` (as
+with SQLite) and the others under ``metas`` ({"2": pid, ...}).
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from .common.errors import ErrorCode, QuietError, StripefsError
 from .common.keyring import load_identity, load_public, write_keypair
 from .common.security import identity_of, use_identity, with_key
 from .common.transport import connect
+from .local_postgres import LocalPostgres, choose_dir
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +171,28 @@ class LocalCluster:
             return {}
         return {"curve_key": str(self.keys / f"{name}.key_secret"), "keyring": str(self.keys / "keyring.toml")}
 
+    # ------------------------------------------------------------------ metadata daemons
+
+    @property
+    def meta_addresses(self) -> list[str]:
+        """Every metadata daemon's address, the first one first (all share the key named meta)."""
+        info = self.info()
+        return [self._keyed(f"tcp://127.0.0.1:{port}", "meta") for port in info.get("meta_ports", [info["meta_port"]])]
+
+    def _meta_names(self, info: dict) -> list[str]:
+        """Process and directory names of the metadata daemons: meta, meta-2, ..."""
+        return ["meta"] + [f"meta-{i}" for i in range(2, len(info.get("meta_ports", [0])) + 1)]
+
+    def _postgres(self, info: dict) -> LocalPostgres | None:
+        pg = info.get("postgres")
+        return LocalPostgres(pg["dir"], pg["port"]) if pg else None
+
     def _create(self, mount: Path, nodes: int, options: list[str], settings: list[str] = (), *,
-                secure: bool = False, subdir: str = "") -> dict:
+                secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1) -> dict:
+        if meta_store not in ("sqlite", "postgresql"):
+            raise QuietError(f"--meta-store {meta_store}: use sqlite or postgresql")
+        if metas < 1 or (metas > 1 and meta_store != "postgresql"):
+            raise QuietError("--metas N > 1 needs --meta-store postgresql: an SQLite database has exactly one daemon")
         parsed = _parse_settings(settings)
         listen = str(parsed.get("meta", {}).get("listen", ""))
         info = {
@@ -177,28 +207,41 @@ class LocalCluster:
             # Prometheus endpoints (HOST:PORT) of the daemon, each node and the mount
             "metrics": {"meta": f"127.0.0.1:{_free_port()}", "mount": f"127.0.0.1:{_free_port()}",
                         **{f"storage-{i}": f"127.0.0.1:{_free_port()}" for i in range(1, nodes + 1)}},
+            "meta_store": meta_store,
         }
+        if metas > 1:
+            info["meta_ports"] = [info["meta_port"]] + [_free_port() for _ in range(metas - 1)]
+            info["metrics"].update({name: f"127.0.0.1:{_free_port()}" for name in self._meta_names(info)[1:]})
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
         self.info_path.write_text(json.dumps(info, indent=1))  # _keyed and _curve_settings read it
         if secure:
             self.keys.mkdir(mode=0o700, exist_ok=True)
             (self.keys / "keyring.toml").write_text("# who may talk to this cluster (docs/security.md)\n\n")
-            self._new_key("meta", "meta")
+            self._new_key("meta", "meta")  # every metadata daemon of the cluster uses it
             self._new_key("admin", "admin")
             self._new_key("mount", "client", subdir=subdir)
             for node in info["nodes"]:
                 self._new_key(f"storage-{node['node_id']}", "storage")
-        meta_dir = self.state / "meta"
-        meta_dir.mkdir(exist_ok=True)
-        meta = cfg.MetaConfig(
-            listen=f"tcp://127.0.0.1:{info['meta_port']}",
-            data_dir=str(meta_dir),
-            stripe_count=min(4, nodes),
-            redundancy=f"replicas={min(2, nodes)}",
-            metrics=info["metrics"]["meta"],
-            **self._curve_settings("meta"),
-        )
-        (meta_dir / "metad.toml").write_text(_with_settings(meta, info["settings"].get("meta", {})))
+        store = {}
+        if meta_store == "postgresql":
+            server = LocalPostgres(choose_dir(self.state), _free_port())
+            info["postgres"] = {"dir": str(server.base), "port": server.port}
+            server.init()
+            store = {"store": "postgresql", "dsn": server.dsn}
+        ports = info.get("meta_ports", [info["meta_port"]])
+        for name, port in zip(self._meta_names(info), ports):
+            meta_dir = self.state / name
+            meta_dir.mkdir(exist_ok=True)
+            meta = cfg.MetaConfig(
+                listen=f"tcp://127.0.0.1:{port}",
+                data_dir=str(meta_dir),
+                stripe_count=min(4, nodes),
+                redundancy=f"replicas={min(2, nodes)}",
+                metrics=info["metrics"][name],
+                **store,
+                **self._curve_settings("meta"),
+            )
+            (meta_dir / "metad.toml").write_text(_with_settings(meta, info["settings"].get("meta", {})))
         for node in info["nodes"]:
             self._write_storage_config(info, node)
         self.info_path.write_text(json.dumps(info, indent=1))
@@ -211,7 +254,7 @@ class LocalCluster:
             node_id=node["node_id"],
             listen=f"tcp://127.0.0.1:{node['port']}",
             data_dir=str(d / "data"),
-            meta=[self.meta_address],
+            meta=self.meta_addresses,
             host=f"local-{node['node_id']}",  # one failure domain per node on a one-machine cluster
             heartbeat_interval_s=1.0,
             metrics=info.get("metrics", {}).get(f"storage-{node['node_id']}", ""),
@@ -257,7 +300,7 @@ class LocalCluster:
         return proc.pid
 
     def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
-           secure: bool = False, subdir: str = "") -> int:
+           secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1) -> int:
         self.state.mkdir(parents=True, exist_ok=True)
         mount = Path(mount).absolute()
         if self.info_path.exists():
@@ -265,7 +308,7 @@ class LocalCluster:
             if settings:
                 print(f"note: {self.state} exists; --set applies only when a cluster is created", file=sys.stderr)
         else:
-            info = self._create(mount, nodes, options, settings, secure=secure, subdir=subdir)
+            info = self._create(mount, nodes, options, settings, secure=secure, subdir=subdir, meta_store=meta_store, metas=metas)
         if (secure and not info.get("secure")) or (subdir and subdir != info.get("subdir", "")):
             print(f"note: {self.state} exists; --secure and --subdir apply only when a cluster is created", file=sys.stderr)
         self.use_admin_key()
@@ -274,9 +317,11 @@ class LocalCluster:
         if len(info["nodes"]) != nodes:
             print(f"note: {self.state} has {len(info['nodes'])} storage nodes; --nodes {nodes} is ignored", file=sys.stderr)
         pids = self.pids()
-        expected = 2 + len(info["nodes"])  # meta, storage nodes, mount
+        metas = self._meta_names(info)
+        expected = len(metas) + 1 + len(info["nodes"])  # metas, storage nodes, mount
         alive = [name for name, pid in self._flat_pids(pids) if _alive(pid)]
-        if len(alive) == expected and _is_mounted(mount):
+        server = self._postgres(info)
+        if len(alive) == expected and _is_mounted(mount) and (server is None or server.running()):
             print(f"stripefs local cluster in {self.state} is already running, mounted at {mount}")
             return 0
         if alive:
@@ -285,9 +330,21 @@ class LocalCluster:
             mount.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
 
-        if not _alive(pids.get("meta")):
-            pids["meta"] = self._spawn("meta", ["meta", "--config", str(self.state / "meta" / "metad.toml")])
+        if server is not None:
+            server.start(timeout=max(1.0, deadline - time.monotonic()))
+            pids["postgres"] = server.pid()
+        for i, name in enumerate(metas):
+            current = pids.get("meta") if i == 0 else pids.get("metas", {}).get(str(i + 1))
+            if _alive(current):
+                continue
+            pid = self._spawn(name, ["meta", "--config", str(self.state / name / "metad.toml")])
+            if i == 0:
+                pids["meta"] = pid
+            else:
+                pids.setdefault("metas", {})[str(i + 1)] = pid
             self._save_pids(pids)
+            if i == 0 and len(metas) > 1:  # the first creates the schema; the others find it
+                self._wait_ready({**info, "nodes": []}, pids, deadline, metas_only=True)
         storage = pids.setdefault("storage", {})
         for node in info["nodes"]:
             key = str(node["node_id"])
@@ -301,7 +358,7 @@ class LocalCluster:
             self._make_dirs(info["subdir"])
 
         if not _is_mounted(mount):
-            args = ["mount", self.meta_address, str(mount), "--log", str(self.state / "logs" / "mount.log"),
+            args = ["mount", ",".join(self.meta_addresses), str(mount), "--log", str(self.state / "logs" / "mount.log"),
                     "--pidfile", str(self.state / "mount.pid")]
             for opt in info.get("options", []) + [o for o in options if o not in info.get("options", [])]:
                 args += ["-o", opt]
@@ -316,16 +373,23 @@ class LocalCluster:
                 raise QuietError(f"mount failed: {res.stderr.strip() or res.stdout.strip()}", 3)
             pids["mount"] = int((self.state / "mount.pid").read_text())
             self._save_pids(pids)
-        print(f"stripefs local cluster up: metadata {self.meta_address}, {len(info['nodes'])} storage nodes, mounted at {mount}")
+        store = f" on PostgreSQL at 127.0.0.1:{info['postgres']['port']}" if server is not None else ""
+        print(f"stripefs local cluster up: metadata {', '.join(self.meta_addresses)}{store}, "
+              f"{len(info['nodes'])} storage nodes, mounted at {mount}")
         return 0
 
-    def _wait_ready(self, info: dict, pids: dict, deadline: float) -> None:
-        """Wait for every process to answer a ping and every node to be up at the daemon."""
+    def _wait_ready(self, info: dict, pids: dict, deadline: float, *, metas_only: bool = False) -> None:
+        """Wait for every process to answer a ping and every node to be up at every daemon."""
+        names = self._meta_names(info)
+        meta_pids = [pids.get("meta")] + [pids.get("metas", {}).get(str(i)) for i in range(2, len(names) + 1)]
+        meta_targets = [t for t in zip(names, meta_pids, self.meta_addresses) if t[1]]
+        if metas_only:
+            meta_targets = meta_targets[:1]
 
         async def wait() -> None:
             ctx = zmq.Context()
             try:
-                targets = [("meta", pids["meta"], self.meta_address)] + [
+                targets = meta_targets + [
                     (f"storage-{n['node_id']}", pids["storage"][str(n["node_id"])],
                      self._keyed(f"tcp://127.0.0.1:{n['port']}", f"storage-{n['node_id']}"))
                     for n in info["nodes"]
@@ -343,14 +407,15 @@ class LocalCluster:
                             except StripefsError:
                                 await trio.sleep(0.1)
                 want = {n["node_id"] for n in info["nodes"]}
-                async with connect(ctx, self.meta_address, timeout=2) as meta:
-                    while True:
-                        rsp, _ = await meta.call(p.StatusReq())
-                        if want <= {n.node_id for n in rsp.nodes if n.state in ("up", "removed")}:  # removed: by an operator
-                            return
-                        if time.monotonic() > deadline:
-                            raise QuietError("storage nodes did not register with the metadata daemon in time", 3)
-                        await trio.sleep(0.1)
+                for _, _, address in meta_targets if want else ():
+                    async with connect(ctx, address, timeout=2) as meta:
+                        while True:
+                            rsp, _ = await meta.call(p.StatusReq())
+                            if want <= {n.node_id for n in rsp.nodes if n.state in ("up", "removed")}:  # removed: by an operator
+                                break
+                            if time.monotonic() > deadline:
+                                raise QuietError(f"storage nodes did not register with the metadata daemon {address} in time", 3)
+                            await trio.sleep(0.1)
             finally:
                 ctx.destroy(linger=0)
 
@@ -396,6 +461,8 @@ class LocalCluster:
             out.append((f"storage-{k}", v))
         if pids.get("meta"):
             out.append(("meta", pids["meta"]))
+        for k, v in sorted(pids.get("metas", {}).items()):
+            out.append((f"meta-{k}", v))
         return out
 
     def down(self) -> int:
@@ -418,6 +485,9 @@ class LocalCluster:
             if _alive(pid):
                 print(f"{name} (pid {pid}) ignored SIGTERM; killing it", file=sys.stderr)
                 os.kill(pid, signal.SIGKILL)
+        server = self._postgres(info)
+        if server is not None:
+            server.stop()
         self.pids_path.unlink(missing_ok=True)
         print(f"stripefs local cluster in {self.state} stopped")
         return 0
@@ -433,11 +503,18 @@ class LocalCluster:
         def metrics_url(name: str) -> str | None:
             return f"http://{endpoints[name]}/metrics" if endpoints.get(name) else None
 
-        procs = [
-            {"role": "meta", "node_id": None, "pid": pids.get("meta"), "address": self.meta_address,
-             "state": "up" if _alive(pids.get("meta")) else "down", "bytes_stored": None,
-             "metrics": metrics_url("meta")}
-        ]
+        procs = []
+        for i, (name, address) in enumerate(zip(self._meta_names(info), self.meta_addresses)):
+            pid = pids.get("meta") if i == 0 else pids.get("metas", {}).get(str(i + 1))
+            procs.append({"role": "meta", "node_id": None, "pid": pid, "address": address,
+                          "state": "up" if _alive(pid) else "down", "bytes_stored": None,
+                          "metrics": metrics_url(name)})
+        server = self._postgres(info)
+        if server is not None:  # role "postgres": the database the daemons share (no metrics endpoint)
+            up = server.running()
+            procs.append({"role": "postgres", "node_id": None, "pid": server.pid() if up else None,
+                          "address": f"postgresql://127.0.0.1:{server.port}/",
+                          "state": "up" if up else "down", "bytes_stored": None, "metrics": None})
         for node in info["nodes"]:
             pid = pids.get("storage", {}).get(str(node["node_id"]))
             procs.append({

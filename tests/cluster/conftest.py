@@ -35,8 +35,9 @@ def run_cli(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess
 
 
 class Cluster:
-    def __init__(self, root: Path, nodes: int = 4):
+    def __init__(self, root: Path, nodes: int = 4, up_args: tuple[str, ...] = ()):
         self.root = root
+        self.up_args = up_args
         self.state = root / "state"
         self.mnt = root / "mnt"
         self.nodes = nodes
@@ -45,7 +46,8 @@ class Cluster:
         self.expected_log_patterns: list[str] = []
 
     def up(self) -> None:
-        run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other")
+        run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other",
+                *self.up_args)
 
     @property
     def meta_address(self) -> str:
@@ -68,10 +70,11 @@ class Cluster:
         """Start whatever is not running (the launcher's own restart path)."""
         self.up()
 
-    def mount_again(self, name: str, options: str = "") -> Path:
+    def mount_again(self, name: str, options: str = "", meta: str = "") -> Path:
+        """Another mount of the cluster (``meta``: its metadata address list; default the first daemon)."""
         mnt = self.root / name
         mnt.mkdir(exist_ok=True)
-        run_cli("mount", self.meta_address, str(mnt), "--log", str(self.state / "logs" / f"{name}.log"),
+        run_cli("mount", meta or self.meta_address, str(mnt), "--log", str(self.state / "logs" / f"{name}.log"),
                 "--pidfile", str(self.state / f"{name}.pid"), "-o", ",".join(filter(None, ["allow_other", options])))
         self.extra_mounts.append(mnt)
         return mnt
@@ -154,6 +157,16 @@ def run_cluster(request, c: "Cluster", *, after_up=None, label: str = ""):
 @pytest.fixture(scope="session")
 def cluster(request):
     yield from run_cluster(request, Cluster(cluster_root("stripefs-cluster-")))
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(request):
+    """Metadata on a throwaway PostgreSQL server, two metadata daemons, 3 storage nodes; the mount knows both daemons."""
+    yield from run_cluster(
+        request,
+        Cluster(cluster_root("stripefs-pg-cluster-"), nodes=3, up_args=("--meta-store", "postgresql", "--metas", "2")),
+        label="pg: ",
+    )
 
 
 @pytest.fixture

@@ -1,12 +1,26 @@
-"""POSIX behaviour through the real mount."""
+"""POSIX behaviour through the real mount, with metadata in SQLite and in PostgreSQL.
+
+Every test taking ``mnt`` runs twice: on the default cluster (SQLite) and on
+``pg_cluster`` (PostgreSQL, two metadata daemons; the mount talks to the first).
+"""
 
 import errno
 import mmap
 import os
+import re
 import stat
 import subprocess
 
 import pytest
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def mnt(request) -> "os.PathLike":
+    """A fresh directory inside the mount of the cluster whose metadata store is the parameter."""
+    c = request.getfixturevalue("cluster" if request.param == "sqlite" else "pg_cluster")
+    d = c.mnt / re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)
+    d.mkdir()
+    return d
 
 
 def test_write_read_and_stat(mnt):

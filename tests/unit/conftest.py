@@ -1,0 +1,41 @@
+"""A throwaway PostgreSQL server for the unit tests of the PostgreSQL store (stripefs/local_postgres.py).
+
+One server per test session, started on first use; each test gets its own
+empty schema (``pg_dsn``), so tests never see each other's tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from stripefs.local_cluster import _free_port
+from stripefs.local_postgres import LocalPostgres, choose_dir
+
+_schemas = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    root = Path(tempfile.mkdtemp(prefix="stripefs-unit-pg-"))
+    server = LocalPostgres(choose_dir(root), _free_port())
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.remove()
+        root.rmdir() if root.exists() and not any(root.iterdir()) else None
+
+
+@pytest.fixture
+def pg_dsn(pg_server) -> str:
+    """A DSN whose search_path is a new, empty schema."""
+    schema = f"t{next(_schemas)}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    return f"{pg_server.dsn} options='-csearch_path={schema}'"
