@@ -131,7 +131,7 @@ class Cluster:
         self.pids: dict[str, int] = {}
         self.metrics: dict[str, str] = {}
         self.options: list[str] = []  # extra `-o` mount options for every later `up` (e.g. dataset)
-        self.up_args: list[str] = []  # extra `local up` arguments (e.g. --meta-store postgresql --metas 2)
+        self.up_args: list[str] = []  # extra `local up` flags for a new cluster (e.g. --secure; --meta-store postgresql --metas 2)
         self.lock = threading.Lock()  # up/down never overlap (the supervisor may tear down)
         self.closed = False
 
@@ -148,7 +148,7 @@ class Cluster:
             if self.closed:
                 raise BenchError("cluster was torn down")
             self._run("local", "up", "--dir", str(self.state), "--mount", str(self.mnt),
-                      "--nodes", str(self.nodes), *(a for o in self.options for a in ("-o", o)), *self.up_args)
+                      "--nodes", str(self.nodes), *self.up_args, *(a for o in self.options for a in ("-o", o)))
             status = json.loads(self._run("local", "status", "--dir", str(self.state), "--json"))
         pids, metrics = {}, {}
         for p in status["processes"]:

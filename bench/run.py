@@ -239,6 +239,8 @@ class Bench:
         self.local = self.work / "local"
         self.local.mkdir()
         self.cluster = Cluster(self.state, self.mnt, args.nodes)
+        if args.secure:
+            self.cluster.up_args.append("--secure")
         self.phase = ("setup", time.monotonic(), args.phase_timeout)
         self.results: dict[str, dict] = {}
         self.problems: list[str] = []
@@ -406,6 +408,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="/var/tmp",
                     help="where the run's tmp dir (cluster state, mountpoint, local dir) goes; must be a real disk, "
                          "not tmpfs (default /var/tmp)")
+    ap.add_argument("--secure", action="store_true", help="CURVE on every socket (local up --secure): its cost on the data path")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir (state, logs, data) afterwards")
     ap.add_argument("--seed", type=int, default=1, help="random seed for sizes, content and shuffles")
     ap.add_argument("--phase-timeout", type=float, default=600,

@@ -56,6 +56,7 @@ class KernelCache:
     def __init__(self, *, on_change: Callable[[Iterable[int] | None], None] = lambda inodes: None):
         self.healthy = False  # the feed is connected and in order: long timeouts allowed
         self.on_change = on_change  # inodes changed (None: everything); Operations drops its own caches
+        self.map_event = lambda inodes, entries: (inodes, entries)  # a subdir mount's (client/subtree.py)
         self._names: dict[tuple[int, bytes], int] = {}  # names the kernel knows: (parent, name) -> ino
         self._names_of: dict[int, list[tuple[int, bytes]]] = {}  # ino -> its known names
         self._clock = 0  # counts applied changes, locally
@@ -231,7 +232,7 @@ class KernelCache:
                 self.healthy = True  # a heartbeat: nothing missed
             elif event.boot_id == boot and event.seq == seq + 1:
                 seq = event.seq
-                self.apply(event.inodes, event.entries)
+                self.apply(*self.map_event(event.inodes, event.entries))
                 self.healthy = True
             else:
                 why = "another change log (a restored database?)" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"

@@ -31,7 +31,10 @@ import zmq
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
+from ..common.keyring import squash
+from ..common.security import split_address, with_key
 from ..common.transport import RpcClient, connect
+from .subtree import Subtree
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,9 @@ class MetaClient:
         self.client_id = random.getrandbits(63) or 1  # names this client's ops in the daemons' applied-ops table
         self._next_op = 1
         self._unanswered: set[int] = set()  # op ids sent and not answered yet
+        self.subdir = b""  # ask to see only this directory (HelloReq.subdir)
+        self.subtree: Subtree | None = None  # set when the daemon gives a root other than inode 1
+        self.root_squash = False  # uid/gid 0 in requests become nobody (-o root_squash)
 
     async def open(self, stack: AsyncExitStack) -> None:
         for address in self.addresses:
@@ -69,19 +75,25 @@ class MetaClient:
             op_id, self._next_op = self._next_op, self._next_op + 1
             self._unanswered.add(op_id)
             try:
-                done_below = min(self._unanswered)
-                return await self._call(p.OnceReq(client_id=self.client_id, op_id=op_id, done_below=done_below, body=request), retry)
+                return await self._call(request, retry, (op_id, min(self._unanswered)))
             finally:
                 self._unanswered.discard(op_id)
         return await self._call(request, retry)
 
-    async def _call(self, request: p.Msg, retry: bool) -> p.Msg:
+    async def _call(self, request: p.Msg, retry: bool, once: tuple[int, int] | None = None) -> p.Msg:
         deadline = trio.current_time() + self.retry_window_s
         attempt = 0
+        if self.root_squash:
+            request = squash(request)
+        wire = request if self.subtree is None else self.subtree.request(request)
+        if once is not None:  # wrapped last: the daemon checks and maps what it carries
+            wire = p.OnceReq(client_id=self.client_id, op_id=once[0], done_below=once[1], body=wire)
         while True:
             client = self._clients[self._current]
             try:
-                reply, _ = await client.call(request)
+                reply, _ = await client.call(wire)
+                if self.subtree is not None:
+                    reply = self.subtree.reply(reply)
                 if attempt:
                     log.info("metadata daemon %s answers again", client.address)
                 return reply
@@ -107,7 +119,7 @@ class MetaClient:
             while True:
                 try:
                     rsp = await self._clients[self._current].call(
-                        p.HelloReq(host=socket.gethostname(), pid=os.getpid(), mountpoint=mountpoint),
+                        p.HelloReq(host=socket.gethostname(), pid=os.getpid(), mountpoint=mountpoint, subdir=self.subdir),
                         timeout=min(self.timeout, 2.0),
                     )
                 except StripefsError as exc:
@@ -120,11 +132,14 @@ class MetaClient:
                 assert isinstance(reply, p.HelloRsp)
                 self.session_id, self.lease_s, self.boot_id = reply.session_id, reply.lease_s, reply.boot_id
                 self.cluster_id = reply.cluster_id
+                self.subtree = Subtree(reply.root_ino) if reply.root_ino != 1 else None
                 log.info("session %d with metadata daemon %s (boot %s)", self.session_id, self.addresses[self._current], self.boot_id)
                 return
         raise StripefsError(
             ErrorCode.UNAVAILABLE,
-            f"no metadata daemon answered at {', '.join(self.addresses)} within {patience_s:.0f}s",
+            f"no metadata daemon answered at {', '.join(self.addresses)} within {patience_s:.0f}s"
+            + ("; a CURVE daemon also stays silent to a key its keyring does not list (see its log)"
+               if any(split_address(a)[1] for a in self.addresses) else ""),
         )
 
     async def feed_info(self) -> tuple[str, str, int]:
@@ -146,8 +161,9 @@ class MetaClient:
         log_id = rsp.events_log or rsp.boot_id  # the change log's id names the feed's events
         if not rsp.events_port:
             return "", log_id, rsp.events_seq
-        host = client.address.rsplit(":", 1)[0]
-        return f"{host}:{rsp.events_port}", log_id, rsp.events_seq
+        endpoint, key = split_address(self.addresses[self._clients.index(client)])  # the daemon that answered
+        host = endpoint.rsplit(":", 1)[0]
+        return with_key(f"{host}:{rsp.events_port}", key), log_id, rsp.events_seq
 
     async def heartbeat_loop(self, mountpoint: str) -> None:
         """Keep the session alive; re-open it when the daemon forgot us."""

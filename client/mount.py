@@ -31,6 +31,8 @@ import zmq
 from ..common import config as cfg
 from ..common.errors import QuietError, StripefsError
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
+from ..common.keyring import load_identity
+from ..common.security import identity_of, split_address, use_identity
 from ..common.systemd import notify
 from ..common.metrics import serve as serve_metrics
 from . import metrics as client_metrics
@@ -47,7 +49,7 @@ from .striping import DataPath
 log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
-_OWN_OPTIONS = {"config", "dataset", "cache_dir", "metrics"}
+_OWN_OPTIONS = {"config", "dataset", "cache_dir", "metrics", "key", "subdir", "root_squash"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
             "mount options: FUSE's (allow_other, ...) pass through; config=PATH reads client.toml; "
             "dataset: read-only dataset mode (warm opens are answered by the kernel; "
             "changes made elsewhere show within seconds); cache_dir=DIR: keep chunk data on a local disk too; "
-            "metrics=HOST:PORT: serve Prometheus metrics there"
+            "metrics=HOST:PORT: serve Prometheus metrics there; key=NAME.key_secret: this mount's CURVE key "
+            "(META_ADDR then names the daemon's key: tcp://HOST:PORT?key=Z85); subdir=/DIR: show only that "
+            "directory of the cluster; root_squash: root's new files and chowns become nobody's"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -111,10 +115,22 @@ def main(argv: list[str]) -> int:
         raise QuietError(f"disk cache directory {client_cfg.disk_cache_dir} does not exist; create it first")
     if "metrics" in own:  # -o metrics=HOST:PORT overrides the config's
         client_cfg = msgspec.structs.replace(client_cfg, metrics=own["metrics"])
+    if own.get("key"):
+        client_cfg = msgspec.structs.replace(client_cfg, curve_key=own["key"])
+    if own.get("subdir"):
+        client_cfg = msgspec.structs.replace(client_cfg, subdir=own["subdir"])
+    if "root_squash" in own:
+        client_cfg = msgspec.structs.replace(client_cfg, root_squash=True)
+    if client_cfg.subdir and not client_cfg.subdir.startswith("/"):
+        raise QuietError(f"subdir={client_cfg.subdir} must be an absolute path in the cluster, like /team-a")
+    if client_cfg.curve_key:
+        load_identity(client_cfg.curve_key)  # a missing or unsafe key file is reported before forking
     addresses = [a.strip() for a in args.meta.split(",") if a.strip()]
     for a in addresses:
         if not a.startswith(("tcp://", "ipc://")):
             raise QuietError(f"metadata address {a!r} must look like tcp://HOST:PORT")
+        if split_address(a)[1] and not client_cfg.curve_key and identity_of(None) is None:
+            raise QuietError(f"{a} names a CURVE server key: give this mount its own key (-o key=NAME.key_secret)")
     mountpoint = Path(args.mountpoint).absolute()
     if not mountpoint.is_dir():
         raise QuietError(f"mountpoint {mountpoint} is not a directory; create it first (mkdir -p {mountpoint})")
@@ -204,11 +220,15 @@ def _first_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> Bas
 
 async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig, ready_fd: int | None) -> None:
     ctx = zmq.Context()
+    if client_cfg.curve_key:
+        use_identity(ctx, load_identity(client_cfg.curve_key))
     try:
         async with AsyncExitStack() as stack:
             nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(nursery.cancel_scope.cancel)
             meta = MetaClient(ctx, addresses, timeout=client_cfg.rpc_timeout_s)
+            meta.subdir = client_cfg.subdir.encode()
+            meta.root_squash = client_cfg.root_squash
             await meta.open(stack)
             await meta.hello(mountpoint, patience_s=max(client_cfg.rpc_timeout_s, 10.0))
             nodes = NodePool(ctx, nursery, timeout=client_cfg.rpc_timeout_s, read_timeout=min(3.0, client_cfg.rpc_timeout_s))
@@ -232,6 +252,8 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 )
                 await trio.to_thread.run_sync(data.disk_cache.scan)
             kcache = KernelCache()
+            if meta.subtree is not None:  # a subdir mount: the kernel's root is that directory
+                kcache.map_event = meta.subtree.event
             prefetcher = Prefetcher(meta, data, kcache, parallel=client_cfg.prefetch_parallel)
             ops = Operations(
                 meta,

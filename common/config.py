@@ -73,6 +73,9 @@ class MetaConfig(_ServerLimits, kw_only=True):
     repair_parallelism: int = 4  # chunk copies in flight at once
     repair_scan_interval_s: float = 60.0  # full redundancy scan at least this often (and at once on any node change)
     rebalance_tolerance: float = 0.10  # rebalance until every node's use is within this fraction of the mean
+    # CURVE (docs/security.md): this daemon's NAME.key_secret and the keys it accepts; required off loopback
+    curve_key: str = ""
+    keyring: str = ""
 
 
 class StorageConfig(_ServerLimits, kw_only=True):
@@ -90,6 +93,10 @@ class StorageConfig(_ServerLimits, kw_only=True):
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
     scrub_bandwidth: Size = Size(16 << 20)  # bytes/s the background scrub verifies; 0 = no background scrub
     scrub_interval_s: float = 7 * 86400.0  # a new background scrub pass starts this long after the previous one began
+    # CURVE (docs/security.md): this node's NAME.key_secret and the keys it accepts; meta addresses then
+    # name the daemon's key (tcp://HOST:PORT?key=Z85)
+    curve_key: str = ""
+    keyring: str = ""
 
     @property
     def address(self) -> str:
@@ -121,6 +128,9 @@ class ClientConfig(_Config):
     shm_size: Size = Size(512 << 20)  # most bytes of prefetched files waiting there
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
     hedge_after_s: float = 0.5  # a replica read not answered by then is also asked of the next replica; 0 = never
+    curve_key: str = ""  # this mount's NAME.key_secret (also -o key=); the meta address names the daemon's key
+    subdir: str = ""  # expose only this directory of the cluster (also -o subdir=/team-a)
+    root_squash: bool = False  # files root creates through this mount are nobody's (also -o root_squash)
 
 
 C = TypeVar("C", bound=_Config)
@@ -188,6 +198,9 @@ per_peer_queue = 1024                # more of its requests waiting; past that t
 max_queued = 16384                   # waiting requests of all connections together; past that: BUSY
 max_queued_bytes = "256M"            # their bytes together; past that: BUSY
 request_timeout_s = 600.0            # a request still being handled after this is cancelled (TIMEOUT)
+# CURVE authentication and encryption (docs/security.md); required when listening beyond loopback
+curve_key = "/etc/stripefs/keys/meta.key_secret"   # stripefs keygen /etc/stripefs/keys/meta
+keyring = "/etc/stripefs/keyring.toml"             # the public keys allowed in, with their roles and rights
 ''',
     "storage": '''\
 # stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
@@ -195,7 +208,7 @@ node_id = 1                          # unique in the cluster, never reused
 listen = "tcp://0.0.0.0:7101"
 advertise = "tcp://storage1.example:7101"  # what clients connect to (default: listen)
 data_dir = "/srv/nvme0/stripefs"     # chunk files live here
-meta = ["tcp://meta.example:7100"]   # metadata daemon(s)
+meta = ["tcp://meta.example:7100?key=META_PUBLIC_KEY_40_CHARACTERS_OF_Z85_TEXT"]  # daemon(s), with its public key
 host = ""                            # failure domain; default the hostname: replicas go to distinct hosts
 heartbeat_interval_s = 2.0
 block_size = "64K"                   # checksum granularity (xxh3 per block)
@@ -211,10 +224,13 @@ per_peer_queue = 1024                # more of its requests waiting; past that t
 max_queued = 16384                   # waiting requests of all connections together; past that: BUSY
 max_queued_bytes = "256M"            # their bytes together; past that: BUSY
 request_timeout_s = 600.0            # a request still being handled after this is cancelled (TIMEOUT)
+# CURVE (docs/security.md): then meta addresses carry the daemon's public key: "tcp://meta.example:7100?key=Z85"
+curve_key = "/etc/stripefs/keys/storage-nvme0.key_secret"
+keyring = "/etc/stripefs/keyring.toml"
 ''',
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT
-meta = ["tcp://meta.example:7100"]   # overridden by META_ADDR on the command line
+meta = ["tcp://meta.example:7100?key=META_PUBLIC_KEY_40_CHARACTERS_OF_Z85_TEXT"]  # or META_ADDR on the command line
 rpc_timeout_s = 10.0                 # every request to the daemon or a node gives up after this (never waits forever)
 cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
 readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
@@ -234,6 +250,9 @@ shm_dir = "/dev/shm"                 # prefetched files wait here for stripefs.t
 shm_size = "512M"                    # most bytes waiting there (each copy is deleted once read)
 metrics = "0.0.0.0:9720"             # Prometheus /metrics; one port per mount on a machine (0: any free port)
 hedge_after_s = 0.5                  # a replica slower than this: ask the next one too, take the first good answer
+curve_key = "/etc/stripefs/keys/client.key_secret"  # this mount's key (stripefs keygen; or -o key=)
+subdir = ""                          # e.g. "/team-a": the mount shows only that directory (also -o subdir=)
+root_squash = false                  # uid/gid 0 of new files and chowns become 65534 (also -o root_squash)
 ''',
 }
 

@@ -41,6 +41,10 @@ class ErrorCode(enum.IntEnum):
     # quotas
     QUOTA_EXCEEDED = 40  # a directory quota's byte or inode limit (daemon/quota.py)
 
+    # authorisation (daemon/access.py, storage_node/access.py)
+    READ_ONLY = 50  # the sender's key may not change anything
+    ACCESS = 51  # outside the sender key's subtree, or a request its role may not send
+
 
 ERRNO_BY_CODE: dict[int, int] = {
     ErrorCode.NOT_FOUND: errno.ENOENT,
@@ -59,6 +63,8 @@ ERRNO_BY_CODE: dict[int, int] = {
     ErrorCode.UNAVAILABLE: errno.EIO,
     ErrorCode.BUSY: errno.EBUSY,
     ErrorCode.QUOTA_EXCEEDED: errno.EDQUOT,
+    ErrorCode.READ_ONLY: errno.EROFS,
+    ErrorCode.ACCESS: errno.EACCES,
 }
 
 

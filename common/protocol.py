@@ -148,7 +148,11 @@ class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
 
 
 #: a storage node address on the wire: a ZeroMQ TCP endpoint, or IPC for tests on one machine
-_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})|ipc://[^\0]{1,100}")
+#: (with CURVE, followed by ``?key=`` and the server's 40-character Z85 public key: common/security.py)
+_ENDPOINT = re.compile(
+    r"(tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})|ipc://[^\0?]{1,100})"
+    r"(\?key=[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40})?"
+)
 
 
 def is_endpoint(address: str) -> bool:
@@ -158,7 +162,7 @@ def is_endpoint(address: str) -> bool:
     connect fail: addresses from the wire are checked with this first.
     """
     m = _ENDPOINT.fullmatch(address)
-    return m is not None and (m.group(2) is None or 0 < int(m.group(2)) < 65536)
+    return m is not None and (m.group(3) is None or 0 < int(m.group(3)) < 65536)
 
 
 class NodeAddr(msgspec.Struct, frozen=True, array_like=True):
@@ -391,6 +395,7 @@ class HelloReq(Msg, tag="hello"):
     host: str
     pid: int
     mountpoint: str = ""
+    subdir: bytes = b""  # expose only this directory (absolute path); HelloRsp.root_ino is its inode
 
 
 class HelloRsp(Msg, tag="hello_rsp"):

@@ -49,8 +49,8 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 import trio
 import zmq
 
-from . import limits, metrics, protocol
-from .errors import ErrorCode, StripefsError
+from . import limits, metrics, protocol, security
+from .errors import ErrorCode, QuietError, StripefsError
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class ZmqSocket:
         self._fd_want = 0  # the event the task on the FD waits for; 0: nobody is on the FD
         self._fd_scope: trio.CancelScope | None = None
         self.closed = False
+        self.secure = False  # a CURVE server: every request carries its sender's key (security.py)
 
     @property
     def raw(self) -> zmq.Socket:
@@ -187,14 +188,16 @@ async def open_socket(
         # never be applied by the node when it comes back
         sock.setsockopt(zmq.IMMEDIATE, 1)
     try:
+        connect = security.secure_socket(ctx, sock, bind=bind, connect=connect)  # CURVE keys, or refuse
         if bind:
             sock.bind(bind)
         if connect:
             sock.connect(connect)
-    except zmq.ZMQError:
+    except (zmq.ZMQError, QuietError):
         sock.close(linger=0)
         raise
     zsock = ZmqSocket(sock)
+    zsock.secure = bool(bind) and bool(sock.curve_server)
     try:
         yield zsock
     finally:
@@ -389,6 +392,8 @@ async def serve(
             request = (request_id, body, [f.buffer for f in frames[2:]])
             verdict = admission.offer(identity, request, sum(len(f) for f in frames))
             if verdict == _limits.START:
+                # the slot's task inherits the sender's key (one connection, one key: its queued requests too)
+                security.PEER.set(security.peer_of(frames[1]) if sock.secure else None)
                 nursery.start_soon(peer_slot, identity, request)
             elif verdict == _limits.REFUSED:
                 refusals.note(identity, admission.inflight(identity))

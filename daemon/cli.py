@@ -17,6 +17,7 @@ from pathlib import Path
 import trio
 import zmq
 
+from ..common.keyring import server_keyring
 from ..common import metrics
 from ..common.config import MetaConfig, load
 from ..common.errors import QuietError, StripefsError
@@ -86,6 +87,8 @@ def main(argv: list[str]) -> int:
             Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise QuietError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
+        # CURVE settings checked before starting: a key, a keyring, loopback-only without them
+        server_keyring(None, config.curve_key, config.keyring, [config.listen, config.events_listen], source=args.config)
     except QuietError as exc:
         print(f"stripefs meta: {exc}", file=sys.stderr)
         return exc.exitcode

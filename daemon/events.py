@@ -30,6 +30,7 @@ import zmq
 from ..common import limits
 from ..common import protocol as P
 from . import change_log
+from ..common.security import secure_socket
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class ChangeFeed:
         self._sock = ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+        secure_socket(ctx, self._sock, bind=bind)  # a CURVE server when the daemon has a key
         # what subscribers send a PUB is subscriptions (mounts subscribe to everything: one byte);
         # a peer sending more is cut off (common/limits.py)
         self._sock.setsockopt(zmq.MAXMSGSIZE, limits.SUBSCRIPTION_MAX_FRAME)

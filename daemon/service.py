@@ -84,6 +84,9 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
+from ..common.keyring import server_keyring
+from ..common.security import run_zap
+from .access import MetaAccess
 from .db import DB_NAME, lock_database, open_database
 from . import applied_ops, change_log
 from .duties import Duties
@@ -145,6 +148,7 @@ class MetaService:
         self._handlers: dict[type, Callable] = {}
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
+        self.access = MetaAccess(self)  # keys, roles, read-only, subtrees (daemon/access.py)
         for cls in P.Request.__args__:
             for owner in (self, self.healer, self.quota_service):
                 handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
@@ -210,6 +214,7 @@ class MetaService:
         self.open()
         try:
             async with contextlib.AsyncExitStack() as stack:
+                await self._start_curve(stack)
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
                 log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
                 self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq)
@@ -245,6 +250,15 @@ class MetaService:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self._db_name())
 
+    async def _start_curve(self, stack: contextlib.AsyncExitStack) -> None:
+        """With curve_key/keyring: this daemon's key on every socket, and ZAP admitting the keyring's keys."""
+        listen = [self.config.listen, self._events_address()]
+        self.access.keyring = server_keyring(self.ctx, self.config.curve_key, self.config.keyring, listen)
+        if self.access.keyring is not None:
+            zap = await stack.enter_async_context(trio.open_nursery())
+            stack.callback(zap.cancel_scope.cancel)
+            await zap.start(run_zap, self.ctx, self.access.keyring.accepts)
+
     def _events_address(self) -> str:
         if self.config.events_listen:
             return self.config.events_listen
@@ -255,7 +269,7 @@ class MetaService:
         if handler is None:
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"the metadata daemon does not serve {type(body).__name__}")
         try:
-            return await handler(body)
+            return await self.access.handle(body, handler)
         except OverflowError as exc:  # SQLite stores signed 64-bit integers: a number from the wire was out of range
             log.warning("refusing %s: a number is out of range: %s", type(body).__name__, exc)
             raise StripefsError(ErrorCode.BAD_REQUEST, f"a number in {type(body).__name__} is out of range (signed 64-bit)") from None

@@ -16,6 +16,7 @@ from pathlib import Path
 import trio
 import zmq
 
+from stripefs.common.keyring import server_keyring
 from stripefs.common import metrics
 from stripefs.common.config import StorageConfig, load
 from stripefs.common.errors import QuietError
@@ -52,6 +53,8 @@ def main(argv: list[str]) -> int:
             Path(config.data_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise QuietError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
+        # CURVE settings checked before starting: a key, a keyring, loopback-only without them
+        server_keyring(None, config.curve_key, config.keyring, [config.listen], source=args.config)
         setup_logging("storage", debug=debug_setting(args.debug))
         try:
             metrics.serve(config.metrics)

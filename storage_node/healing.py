@@ -46,6 +46,7 @@ import zmq
 from stripefs.common import protocol as p
 from stripefs.common.config import StorageConfig
 from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.security import split_address
 from stripefs.common.transport import RpcClient, connect
 
 from .chunk_store import ChunkStore
@@ -121,7 +122,7 @@ class Healing:
         errors = []
         arrived = trio.current_time()
         for address in req.sources:
-            if address == self.config.address:
+            if split_address(address)[0] == self.config.address:  # itself (the address may name its key)
                 continue
             try:
                 client = await self._peer(address)

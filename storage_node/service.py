@@ -41,9 +41,11 @@ import zmq
 from stripefs.common import protocol as p
 from stripefs.common.config import StorageConfig
 from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.keyring import server_keyring
+from stripefs.common.security import identity_of, run_zap, with_key
 from stripefs.common.transport import connect, open_socket, serve
 
-from . import metrics
+from . import access, metrics
 from .chunk_store import ChunkStore
 from .healing import Healing
 
@@ -79,6 +81,7 @@ class StorageService:
         }
         self.healing = Healing(config, store, self._ctx, self._io)  # peer copies, scrub, bad copies (healing.py)
         self._handlers.update(self.healing.handlers())
+        self.keyring = None  # with CURVE: the keys allowed in (storage_node/access.py)
 
     # -- requests -------------------------------------------------------------
 
@@ -87,6 +90,7 @@ class StorageService:
         if handler is None:
             log.warning("node %d: %s is not a storage node request", self.node_id, type(body).__name__)
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"a storage node does not handle {type(body).__name__}")
+        access.check(self.keyring, body, self.node_id)
         expected = 1 if type(body) is p.WriteChunkReq else 0  # ReadChunksReq: none either
         if len(payloads) != expected:
             log.warning("node %d: refusing %s with %d payload frames", self.node_id, type(body).__name__, len(payloads))
@@ -202,6 +206,16 @@ class StorageService:
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Bind, report started, then serve and heartbeat until cancelled."""
+        self.keyring = server_keyring(self._ctx, self.config.curve_key, self.config.keyring, [self.config.listen])
+        async with trio.open_nursery() as zap:
+            if self.keyring is not None:  # ZAP must answer before the first client connects
+                await zap.start(run_zap, self._ctx, self.keyring.accepts)
+            try:
+                await self._serve(task_status)
+            finally:
+                zap.cancel_scope.cancel()
+
+    async def _serve(self, task_status) -> None:
         async with open_socket(self._ctx, zmq.ROUTER, bind=self.config.listen) as sock:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
@@ -212,6 +226,12 @@ class StorageService:
                 for address in self.config.meta:
                     nursery.start_soon(self._heartbeat_loop, address, name=f"storage-{self.node_id}-heartbeat-{address}")
                 task_status.started()
+
+    @property
+    def address(self) -> str:
+        """Where clients and peers reach this node, with its public key when CURVE is on."""
+        identity = identity_of(self._ctx)
+        return with_key(self.config.address, identity.public if identity and self.keyring is not None else None)
 
     async def _heartbeat_loop(self, address: str) -> None:
         interval = self.config.heartbeat_interval_s
@@ -251,7 +271,7 @@ class StorageService:
         await meta.call(
             p.RegisterNodeReq(
                 node_id=self.node_id,
-                address=self.config.address,
+                address=self.address,
                 host=self.config.host_label,
                 **usage._asdict(),
             )
@@ -260,7 +280,7 @@ class StorageService:
             "node %d: registered with metadata daemon %s as %s (host %s, %d chunks, %d bytes free)",
             self.node_id,
             meta.address,
-            self.config.address,
+            self.address,
             self.config.host_label,
             usage.chunks,
             usage.free_bytes,

@@ -15,6 +15,7 @@
     stripefs quota    set|get|list|recount       directory-tree quotas  (stripefs.quota_cli)
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
+    stripefs keygen   NAME                       a CURVE keypair (stripefs.keys_cli; docs/security.md)
 
 Admin commands find the cluster from a PATH inside a mount when given one
 (the mount's source in /proc/mounts is its metadata address), else from
@@ -28,6 +29,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -46,6 +48,12 @@ DEFAULT_STATE = "./.stripefs"
 # --------------------------------------------------------------- finding the cluster
 
 
+def _unescape(field: str) -> str:
+    """A /proc/mounts field as it was given: the kernel writes space, tab, newline, backslash and '#' as octal escapes
+    (a mount source naming a CURVE key may contain '#')."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def _mount_of(path: Path) -> tuple[str, Path] | None:
     """(metadata address, mountpoint) of the stripefs mount holding ``path``."""
     target = path.absolute()
@@ -53,7 +61,7 @@ def _mount_of(path: Path) -> tuple[str, Path] | None:
     try:
         with open("/proc/mounts") as f:
             for line in f:
-                source, mnt, fstype = line.split()[:3]
+                source, mnt, fstype = (_unescape(field) for field in line.split()[:3])
                 if fstype != "fuse.stripefs":
                     continue
                 mnt_path = Path(mnt.replace("\\040", " "))
@@ -75,7 +83,9 @@ def _meta_addresses(args, path: str | None = None) -> list[str]:
         if (state / "cluster.json").exists():
             from .local_cluster import LocalCluster
 
-            return LocalCluster(state).meta_addresses
+            cluster = LocalCluster(state)
+            cluster.use_admin_key()  # a --secure cluster: its admin key, unless $STRIPEFS_KEY names one
+            return cluster.meta_addresses
         raise QuietError(
             "cannot find the cluster: give a PATH inside a stripefs mount, --meta tcp://HOST:PORT, "
             "set $STRIPEFS_META, or --dir STATE of a local cluster"
@@ -215,7 +225,7 @@ def cmd_local(args) -> int:
 
     cluster = LocalCluster(args.dir)
     if args.action == "up":
-        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings,
+        return cluster.up(args.mount, args.nodes, args.options, settings=args.settings, secure=args.secure, subdir=args.subdir,
                           meta_store=args.meta_store, metas=args.metas)
     if args.action == "down":
         return cluster.down()
@@ -282,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--set", dest="settings", action="append", default=[], metavar="ROLE.KEY=VALUE",
                     help="config value for a new cluster, e.g. --set meta.node_timeout_s=3 --set storage.scrub_bandwidth=64M "
                     "(TOML value; roles meta, storage, client; repeatable; used when STATE is created)")
+    up.add_argument("--secure", action="store_true",
+                    help="CURVE on every socket: keys for the daemon, each node, the mount and an admin in STATE/keys, "
+                         "listed in STATE/keys/keyring.toml (new clusters only; docs/security.md)")
+    up.add_argument("--subdir", default="", metavar="/DIR",
+                    help="mount only this directory of the cluster (created if missing); with --secure the mount's key "
+                         "is restricted to it at the daemon")
     up.add_argument("--meta-store", choices=("sqlite", "postgresql"), default="sqlite",
                     help="where metadata lives: an SQLite file (one daemon), or a throwaway PostgreSQL server started "
                     "in STATE (needs Debian's postgresql package; several daemons) (default: %(default)s; used when STATE is created)")
@@ -363,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_quota_parser(sub, _add_cluster_args)
 
+    from .keys_cli import add_parsers as add_key_parsers
+
+    add_key_parsers(sub)
+
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
     csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)
     ex = csub.add_parser("example", help="print an example config")
@@ -375,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _print_names_as_bytes()
     try:
+        from .keys_cli import use_env_key
+
+        use_env_key()
         if argv[:1] == ["meta"] and argv[1:2] in (["backup"], ["restore"]):
             from .daemon.backup import main as backup_main
 

@@ -9,12 +9,19 @@ State directory layout (everything the cluster owns lives here)::
     STATE/postgres/           the throwaway PostgreSQL server of ``--meta-store postgresql``
                               (or a dir in the temp dir named in cluster.json: stripefs/local_postgres.py)
     STATE/storage-N/storage.toml and STATE/storage-N/data/   one storage node each
+    STATE/keys/               with --secure: NAME.key / NAME.key_secret for meta, admin, mount and
+                              each storage node, and keyring.toml listing them (docs/security.md)
     STATE/logs/*.log          one log per process
 
 Running ``up`` again on a stopped STATE starts the same processes on the same
 ports and data, so everything comes back. ``up --set ROLE.KEY=VALUE`` puts
 config values into a new STATE's files (tests use it for short timeouts);
-``add-node`` creates and starts one more storage node with the same settings. The processes are started detached
+``add-node`` creates and starts one more storage node with the same settings.
+``up --secure`` turns CURVE on everywhere: every process gets its own key, the
+keyring lists them, addresses carry the servers' keys, and admin commands
+given ``--dir STATE`` use the admin key. ``up --subdir /team-a`` mounts only
+that directory (created if missing); with ``--secure`` the mount's key is
+restricted to it too, so the daemon enforces it. The processes are started detached
 (their own session), so they outlive the command that started them.
 
 ``up --meta-store postgresql --metas N`` keeps the metadata in a throwaway
@@ -42,7 +49,9 @@ import zmq
 
 from .common import config as cfg
 from .common import protocol as p
-from .common.errors import QuietError, StripefsError
+from .common.errors import ErrorCode, QuietError, StripefsError
+from .common.keyring import load_identity, load_public, write_keypair
+from .common.security import identity_of, use_identity, with_key
 from .common.transport import connect
 from .local_postgres import LocalPostgres, choose_dir
 
@@ -129,13 +138,46 @@ class LocalCluster:
 
     @property
     def meta_address(self) -> str:
-        return f"tcp://127.0.0.1:{self.info()['meta_port']}"
+        return self._keyed(f"tcp://127.0.0.1:{self.info()['meta_port']}", "meta")
+
+    # ------------------------------------------------------------------ keys
+
+    @property
+    def keys(self) -> Path:
+        return self.state / "keys"
+
+    def _keyed(self, endpoint: str, name: str) -> str:
+        """``endpoint`` with the public key of process ``name`` when the cluster is --secure."""
+        if not self.info().get("secure"):
+            return endpoint
+        return with_key(endpoint, load_public(self.keys / f"{name}.key"))
+
+    def use_admin_key(self) -> None:
+        """Admin connections of this process use the cluster's admin key (unless $STRIPEFS_KEY set one)."""
+        if self.info_path.exists() and self.info().get("secure") and identity_of(None) is None:
+            use_identity(None, load_identity(self.keys / "admin.key_secret"))
+
+    def _new_key(self, name: str, role: str, **rights) -> None:
+        """A keypair for process ``name``, appended to the keyring."""
+        public_path, _ = write_keypair(self.keys / name, force=True)
+        lines = ["[[key]]", f"name = {json.dumps(name)}", f"public = {json.dumps(load_public(public_path))}",
+                 f"role = {json.dumps(role)}"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in rights.items() if v]
+        with open(self.keys / "keyring.toml", "a") as f:
+            f.write("\n".join(lines) + "\n\n")
+
+    def _curve_settings(self, name: str) -> dict:
+        if not self.info().get("secure"):
+            return {}
+        return {"curve_key": str(self.keys / f"{name}.key_secret"), "keyring": str(self.keys / "keyring.toml")}
+
+    # ------------------------------------------------------------------ metadata daemons
 
     @property
     def meta_addresses(self) -> list[str]:
-        """Every metadata daemon's address, the first one first."""
+        """Every metadata daemon's address, the first one first (all share the key named meta)."""
         info = self.info()
-        return [f"tcp://127.0.0.1:{port}" for port in info.get("meta_ports", [info["meta_port"]])]
+        return [self._keyed(f"tcp://127.0.0.1:{port}", "meta") for port in info.get("meta_ports", [info["meta_port"]])]
 
     def _meta_names(self, info: dict) -> list[str]:
         """Process and directory names of the metadata daemons: meta, meta-2, ..."""
@@ -145,8 +187,8 @@ class LocalCluster:
         pg = info.get("postgres")
         return LocalPostgres(pg["dir"], pg["port"]) if pg else None
 
-    def _create(self, mount: Path, nodes: int, options: list[str], settings: list[str] = (),
-                meta_store: str = "sqlite", metas: int = 1) -> dict:
+    def _create(self, mount: Path, nodes: int, options: list[str], settings: list[str] = (), *,
+                secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1) -> dict:
         if meta_store not in ("sqlite", "postgresql"):
             raise QuietError(f"--meta-store {meta_store}: use sqlite or postgresql")
         if metas < 1 or (metas > 1 and meta_store != "postgresql"):
@@ -160,6 +202,8 @@ class LocalCluster:
             "mount": str(mount),
             "options": options,
             "settings": parsed,
+            "secure": secure,  # CURVE on every socket, keys in STATE/keys
+            "subdir": subdir,  # the mount shows only this directory
             # Prometheus endpoints (HOST:PORT) of the daemon, each node and the mount
             "metrics": {"meta": f"127.0.0.1:{_free_port()}", "mount": f"127.0.0.1:{_free_port()}",
                         **{f"storage-{i}": f"127.0.0.1:{_free_port()}" for i in range(1, nodes + 1)}},
@@ -169,6 +213,15 @@ class LocalCluster:
             info["meta_ports"] = [info["meta_port"]] + [_free_port() for _ in range(metas - 1)]
             info["metrics"].update({name: f"127.0.0.1:{_free_port()}" for name in self._meta_names(info)[1:]})
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
+        self.info_path.write_text(json.dumps(info, indent=1))  # _keyed and _curve_settings read it
+        if secure:
+            self.keys.mkdir(mode=0o700, exist_ok=True)
+            (self.keys / "keyring.toml").write_text("# who may talk to this cluster (docs/security.md)\n\n")
+            self._new_key("meta", "meta")  # every metadata daemon of the cluster uses it
+            self._new_key("admin", "admin")
+            self._new_key("mount", "client", subdir=subdir)
+            for node in info["nodes"]:
+                self._new_key(f"storage-{node['node_id']}", "storage")
         store = {}
         if meta_store == "postgresql":
             server = LocalPostgres(choose_dir(self.state), _free_port())
@@ -186,6 +239,7 @@ class LocalCluster:
                 redundancy=f"replicas={min(2, nodes)}",
                 metrics=info["metrics"][name],
                 **store,
+                **self._curve_settings("meta"),
             )
             (meta_dir / "metad.toml").write_text(_with_settings(meta, info["settings"].get("meta", {})))
         for node in info["nodes"]:
@@ -200,10 +254,11 @@ class LocalCluster:
             node_id=node["node_id"],
             listen=f"tcp://127.0.0.1:{node['port']}",
             data_dir=str(d / "data"),
-            meta=[f"tcp://127.0.0.1:{port}" for port in info.get("meta_ports", [info["meta_port"]])],
+            meta=self.meta_addresses,
             host=f"local-{node['node_id']}",  # one failure domain per node on a one-machine cluster
             heartbeat_interval_s=1.0,
             metrics=info.get("metrics", {}).get(f"storage-{node['node_id']}", ""),
+            **self._curve_settings(f"storage-{node['node_id']}"),
         )
         (d / "storage.toml").write_text(_with_settings(sc, info.get("settings", {}).get("storage", {})))
 
@@ -215,6 +270,9 @@ class LocalCluster:
             raise QuietError(f"the local cluster in {self.state} is not running; start it with 'stripefs local up'", 3)
         node = {"node_id": max(n["node_id"] for n in info["nodes"]) + 1, "port": _free_port()}
         info.setdefault("metrics", {})[f"storage-{node['node_id']}"] = f"127.0.0.1:{_free_port()}"
+        if info.get("secure"):  # the keyring is re-read by the running daemon and nodes
+            self.use_admin_key()
+            self._new_key(f"storage-{node['node_id']}", "storage")
         self._write_storage_config(info, node)
         info["nodes"].append(node)
         self.info_path.write_text(json.dumps(info, indent=1))
@@ -242,7 +300,7 @@ class LocalCluster:
         return proc.pid
 
     def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
-           meta_store: str = "sqlite", metas: int = 1) -> int:
+           secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1) -> int:
         self.state.mkdir(parents=True, exist_ok=True)
         mount = Path(mount).absolute()
         if self.info_path.exists():
@@ -250,7 +308,10 @@ class LocalCluster:
             if settings:
                 print(f"note: {self.state} exists; --set applies only when a cluster is created", file=sys.stderr)
         else:
-            info = self._create(mount, nodes, options, settings, meta_store, metas)
+            info = self._create(mount, nodes, options, settings, secure=secure, subdir=subdir, meta_store=meta_store, metas=metas)
+        if (secure and not info.get("secure")) or (subdir and subdir != info.get("subdir", "")):
+            print(f"note: {self.state} exists; --secure and --subdir apply only when a cluster is created", file=sys.stderr)
+        self.use_admin_key()
         if Path(info["mount"]) != mount:
             raise QuietError(f"{self.state} was created for mountpoint {info['mount']}, not {mount}")
         if len(info["nodes"]) != nodes:
@@ -293,6 +354,8 @@ class LocalCluster:
                 )
         self._save_pids(pids)
         self._wait_ready(info, pids, deadline)
+        if info.get("subdir"):
+            self._make_dirs(info["subdir"])
 
         if not _is_mounted(mount):
             args = ["mount", ",".join(self.meta_addresses), str(mount), "--log", str(self.state / "logs" / "mount.log"),
@@ -301,6 +364,10 @@ class LocalCluster:
                 args += ["-o", opt]
             if info.get("metrics", {}).get("mount"):
                 args += ["-o", f"metrics={info['metrics']['mount']}"]
+            if info.get("secure"):
+                args += ["-o", f"key={self.keys / 'mount.key_secret'}"]
+            if info.get("subdir"):
+                args += ["-o", f"subdir={info['subdir']}"]
             res = subprocess.run([sys.executable, "-m", "stripefs", *args], capture_output=True, text=True)
             if res.returncode:
                 raise QuietError(f"mount failed: {res.stderr.strip() or res.stdout.strip()}", 3)
@@ -323,7 +390,8 @@ class LocalCluster:
             ctx = zmq.Context()
             try:
                 targets = meta_targets + [
-                    (f"storage-{n['node_id']}", pids["storage"][str(n["node_id"])], f"tcp://127.0.0.1:{n['port']}")
+                    (f"storage-{n['node_id']}", pids["storage"][str(n["node_id"])],
+                     self._keyed(f"tcp://127.0.0.1:{n['port']}", f"storage-{n['node_id']}"))
                     for n in info["nodes"]
                 ]
                 for name, pid, address in targets:
@@ -360,6 +428,27 @@ class LocalCluster:
             if isinstance(leaf, QuietError):
                 raise leaf from None
             raise
+
+    def _make_dirs(self, path: str) -> None:
+        """mkdir -p ``path`` in the cluster (as the admin): a --subdir mount needs its directory."""
+
+        async def make() -> None:
+            ctx = zmq.Context()
+            try:
+                async with connect(ctx, self.meta_address, timeout=5) as meta:
+                    ino = 1
+                    for name in filter(None, path.encode().split(b"/")):
+                        try:
+                            rsp, _ = await meta.call(p.MkdirReq(parent=ino, name=name, mode=0o40755, uid=0, gid=0))
+                        except StripefsError as exc:
+                            if exc.code != ErrorCode.EXISTS:
+                                raise
+                            rsp, _ = await meta.call(p.LookupReq(parent=ino, name=name))
+                        ino = rsp.attr.ino
+            finally:
+                ctx.destroy(linger=0)
+
+        trio.run(make)
 
     # ------------------------------------------------------------------ down
 
@@ -432,7 +521,7 @@ class LocalCluster:
                 "role": "storage",
                 "node_id": node["node_id"],
                 "pid": pid,
-                "address": f"tcp://127.0.0.1:{node['port']}",
+                "address": self._keyed(f"tcp://127.0.0.1:{node['port']}", f"storage-{node['node_id']}"),
                 "state": "up" if _alive(pid) else "down",
                 "bytes_stored": _tree_bytes(self.state / f"storage-{node['node_id']}" / "data"),
                 "metrics": metrics_url(f"storage-{node['node_id']}"),
@@ -461,6 +550,7 @@ class LocalCluster:
 
         if not _alive(self.pids().get("meta")):
             return None
+        self.use_admin_key()
         return trio.run(ask)
 
 

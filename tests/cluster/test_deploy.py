@@ -160,13 +160,13 @@ def test_meta_and_storage_units_start_and_send_ready(tmp_path):
     meta_cfg = msgspec.structs.replace(
         cfg.loads(cfg.example("meta"), cfg.MetaConfig),
         listen=f"tcp://127.0.0.1:{meta_port}", data_dir=str(tmp_path / "meta"), metrics="127.0.0.1:0",
-        stripe_count=1, redundancy="replicas=1",
+        stripe_count=1, redundancy="replicas=1", events_listen="", curve_key="", keyring="",  # CURVE: test_secure_cluster.py
     )
     (etc / "metad.toml").write_text(cfg.dumps(meta_cfg))
     node_cfg = msgspec.structs.replace(
         cfg.loads(cfg.example("storage"), cfg.StorageConfig),
         listen=f"tcp://127.0.0.1:{node_port}", advertise="", data_dir=str(tmp_path / "nvme0"),
-        meta=[f"tcp://127.0.0.1:{meta_port}"], metrics="127.0.0.1:0", heartbeat_interval_s=0.5,
+        meta=[f"tcp://127.0.0.1:{meta_port}"], metrics="127.0.0.1:0", heartbeat_interval_s=0.5, curve_key="", keyring="",
     )
     (etc / "storage-nvme0.toml").write_text(cfg.dumps(node_cfg))
 
@@ -208,7 +208,7 @@ def test_mount_unit_starts_sends_ready_and_unmounts_on_sigterm(cluster, tmp_path
     etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "client.toml").write_text(
-        cfg.dumps(msgspec.structs.replace(cfg.loads(cfg.example("client"), cfg.ClientConfig), metrics="127.0.0.1:0"))
+        cfg.dumps(msgspec.structs.replace(cfg.loads(cfg.example("client"), cfg.ClientConfig), metrics="127.0.0.1:0", curve_key=""))
     )
     where = cluster.root / "unit-mnt"
     where.mkdir()

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from stripefs.common.keyring import load_public, write_keypair
+from stripefs.common.security import with_key
+
 from conftest import Cluster, _wait_dead, cluster_root, run_cli, run_cluster
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -53,7 +56,9 @@ SETTINGS = [
 
 class HealCluster(Cluster):
     def up(self) -> None:
-        args = ["local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other"]
+        # --secure: the daemon listens beyond loopback (for the partition test), which needs CURVE
+        args = ["local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other",
+                "--secure"]
         for s in SETTINGS:
             args += ["--set", s]
         run_cli(*args)
@@ -91,7 +96,14 @@ def wait_for(what: str, check, timeout: float = 90.0, interval: float = 0.3):
 def heal(request):
     c = HealCluster(cluster_root("stripefs-heal-"))
     c.expected_log_patterns += [r"no copy could be read", r"not answering", r"failed"]
-    yield from run_cluster(request, c, label="heal ")
+    # admin commands given a path in the mount, and extra mounts, use the cluster's admin key (docs/security.md)
+    def use_admin_key(c):
+        os.environ["STRIPEFS_KEY"] = str(c.state / "keys" / "admin.key_secret")
+
+    try:
+        yield from run_cluster(request, c, after_up=use_admin_key, label="heal ")
+    finally:
+        os.environ.pop("STRIPEFS_KEY", None)
 
 
 def _drop_caches():
@@ -442,10 +454,16 @@ def partitioned_node(heal):
         node_dir = heal.state / "storage-9"
         (node_dir / "data").mkdir(parents=True)
         port = _free_port()
+        keys = heal.state / "keys"  # CURVE across the veth: node 9 gets a key in the cluster's keyring
+        public_path, secret_path = write_keypair(keys / "storage-9")
+        with open(keys / "keyring.toml", "a") as f:
+            f.write(f'[[key]]\nname = "storage-9"\npublic = "{load_public(public_path)}"\nrole = "storage"\n')
+        meta = with_key(f"tcp://{SUBNET}.1:{META_PORT}", load_public(keys / "meta.key"))
         (node_dir / "storage.toml").write_text(
             f'node_id = 9\nlisten = "tcp://{SUBNET}.2:{port}"\ndata_dir = "{node_dir / "data"}"\n'
-            f'meta = ["tcp://{SUBNET}.1:{META_PORT}"]\nhost = "netns"\nheartbeat_interval_s = 0.5\n'
+            f'meta = ["{meta}"]\nhost = "netns"\nheartbeat_interval_s = 0.5\n'
             'scrub_interval_s = 3600.0\nreserved_space = 0\n'
+            f'curve_key = "{secret_path}"\nkeyring = "{keys / "keyring.toml"}"\n'
         )
         log = open(heal.state / "logs" / "storage-9.log", "ab")
         proc = subprocess.Popen(

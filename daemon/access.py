@@ -1,0 +1,188 @@
+"""Who may send what to the metadata daemon: roles, read-only keys, subtrees, root squash.
+
+``MetaAccess.handle`` wraps every request handler (daemon/service.py). On a
+CURVE socket ``serve()`` knows the sending key (common/security.py); the
+keyring (common/keyring.py) gives its ``Grant``. On a plain socket (a local
+cluster without ``--secure``) every peer is trusted as before.
+
+* Role: every request type is in exactly one class below (a unit test checks
+  that each request the daemon serves is classified). ``storage`` keys send
+  only node requests, ``client`` keys no node or admin requests, ``admin``
+  and ``meta`` keys anything.
+* Read-only keys: every request that changes something (and an open for
+  writing) is refused READ_ONLY (EROFS), before the handler runs.
+* Subtree keys (``subdir``): every inode number in a request must lie inside
+  the subtree: a directory whose chain of parents reaches the subtree's root,
+  a file with a name inside it, or an inode this key unlinked there while it
+  could still be open. Anything else is ACCESS (EACCES); a number naming no
+  inode is NOT_FOUND. ``..`` is no directory entry, so names never climb.
+  HelloRsp.root_ino tells the mount its root (the subtree, or the mount's own
+  ``subdir`` inside it), and the mount maps FUSE's root inode to it.
+* Root squash: uid or gid 0 in a request becomes 65534 (nobody), so files a
+  squashed client creates or chowns are never root's.
+
+Checks and the operation take the daemon's lock separately: an administrator
+moving a directory out of a subtree while a request of that subtree is in
+flight may let that one request through (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import stat
+from typing import Awaitable, Callable
+
+import msgspec
+
+from ..common import protocol as P
+from ..common.errors import ErrorCode, StripefsError
+from ..common.keyring import TRUSTED, Grant, Keyring, squash
+from ..common.security import current_peer, split_address
+
+log = logging.getLogger(__name__)
+
+#: only storage nodes send these
+NODE_REQUESTS = frozenset({P.RegisterNodeReq, P.NodeHeartbeatReq, P.ReportBadChunksReq})
+#: only admin (and meta) keys send these
+ADMIN_REQUESTS = frozenset({P.NodeAdminReq, P.ScrubReq, P.FsckReq, P.QuotaSetReq, P.QuotaRecountReq})
+#: change the namespace or data: refused to read-only keys
+CHANGING_REQUESTS = frozenset({
+    P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq, P.RmdirReq, P.RenameReq,
+    P.SetattrReq, P.SetxattrReq, P.RemovexattrReq, P.SetLayoutReq, P.AllocEpochReq, P.AllocChunksReq,
+    P.ReplaceReplicaReq, P.CommitReq, P.CreateShadowReq, P.SwapShadowReq,
+    P.OnceReq,  # carries only changing requests; what it carries is checked again on its own (handle_once)
+})
+#: read or keep a session; OpenReq with ``write`` counts as changing
+READING_REQUESTS = frozenset({
+    P.PingReq, P.StatusReq, P.HelloReq, P.SessionHeartbeatReq, P.LookupReq, P.LookupPathsReq, P.GetattrReq,
+    P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
+    P.QuotaGetReq, P.QuotaRoomReq,
+})
+#: request fields holding inode numbers (checked against a key's subtree)
+INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root", "shadow")
+
+
+class MetaAccess:
+    def __init__(self, service) -> None:
+        self.service = service
+        self.keyring: Keyring | None = None  # None: CURVE off, every peer trusted
+        self._kept: dict[str, set[int]] = {}  # per subtree key: inodes it unlinked inside its subtree
+
+    def grant(self) -> Grant:
+        peer = current_peer()
+        if peer is None:
+            return TRUSTED
+        grant = self.keyring.grant(peer) if self.keyring is not None else None
+        if grant is None:  # accepted at connect time, removed from the keyring since
+            log.warning("request from key %s refused: it is no longer in the keyring", peer)
+            raise StripefsError(ErrorCode.ACCESS, "this key is not in the cluster's keyring")
+        return grant
+
+    async def handle(self, body: P.Msg, handler: Callable[[P.Msg], Awaitable[P.Msg]]) -> P.Msg:
+        grant = self.grant()
+        self._check_role(grant, body)
+        if grant.root_squash:
+            body = squash(body)
+        if type(body) in NODE_REQUESTS and grant is not TRUSTED:
+            self._check_node_key(grant, body)
+        if not grant.subdir and not (isinstance(body, P.HelloReq) and body.subdir):
+            return await handler(body)
+        top = await self.service._read(self._subtree_root, grant.subdir.encode())  # ino 1 when unrestricted
+        if isinstance(body, P.HelloReq):
+            root = top
+            if body.subdir:
+                root = await self.service._read(self._subtree_root, body.subdir, top)
+            rsp = await handler(body)
+            log.info("session %d (key %s) sees only %s", rsp.session_id, grant.name, (body.subdir or grant.subdir.encode()).decode(errors="replace"))
+            return msgspec.structs.replace(rsp, root_ino=root)
+        await self.service._read(self._check_inodes, grant, top, body)
+        return await handler(body)
+
+    # -- roles ---------------------------------------------------------------------
+
+    def _check_role(self, grant: Grant, body: P.Msg) -> None:
+        kind = type(body)
+        if grant.role == "meta":
+            return
+        if kind in NODE_REQUESTS:
+            if grant.role != "storage":
+                raise self._refuse(grant, body, ErrorCode.ACCESS, "only storage node keys send this")
+            return
+        if grant.role == "storage":
+            if kind not in (P.PingReq, P.StatusReq):
+                raise self._refuse(grant, body, ErrorCode.ACCESS, "a storage node key sends only node requests")
+            return
+        if kind in ADMIN_REQUESTS and grant.role != "admin":
+            raise self._refuse(grant, body, ErrorCode.ACCESS, "this needs an admin key")
+        if grant.read_only and (kind in CHANGING_REQUESTS or (kind is P.OpenReq and body.write)):
+            raise self._refuse(grant, body, ErrorCode.READ_ONLY, "this key is read-only")
+
+    @staticmethod
+    def _refuse(grant: Grant, body: P.Msg, code: ErrorCode, why: str) -> StripefsError:
+        log.warning("refused %s from key %r (role %s): %s", type(body).__name__, grant.name, grant.role, why)
+        return StripefsError(code, f"{type(body).__name__} refused: {why}")
+
+    def _check_node_key(self, grant: Grant, req: P.Msg) -> None:
+        """A node id belongs to the key that registered it, while the keyring lists that key: a
+        storage key cannot take over another node's id (and its clients' reads and writes)."""
+        if isinstance(req, P.RegisterNodeReq) and split_address(req.address)[1] != grant.public:
+            log.warning("node %d registered %s with key %r, not its own: refused", req.node_id, req.address, grant.name)
+            raise StripefsError(ErrorCode.ACCESS, "a node must register its address with its own key (ADDRESS?key=PUBLIC)")
+        owner = split_address(self.service.nodes.address(req.node_id))[1] if self.service.nodes else None
+        if owner and owner != grant.public and (isinstance(req, (P.NodeHeartbeatReq, P.ReportBadChunksReq))
+                                                or self.keyring.grant(owner) is not None):
+            log.warning("key %r sent %s for node %d, which key %s registered: refused", grant.name, type(req).__name__,
+                        req.node_id, owner)
+            raise StripefsError(ErrorCode.ACCESS, f"node {req.node_id} is registered with another key")
+
+    # -- subtrees (called under the service's lock) ----------------------------------------
+
+    def _subtree_root(self, path: bytes, start: int = 1) -> int:
+        """The directory inode of absolute ``path`` (below ``start`` when given one)."""
+        ns = self.service.ns
+        ino = 1
+        for name in filter(None, path.split(b"/")):
+            if name in (b".", b".."):
+                raise StripefsError(ErrorCode.INVALID, f"subdir {path!r} may not contain . or ..")
+            try:
+                ino = ns.lookup(ino, name).ino
+            except StripefsError as exc:
+                raise StripefsError(exc.code, f"subdir {path.decode(errors='replace')}: {exc.message}") from None
+        if not stat.S_ISDIR(ns.getattr(ino).mode):
+            raise StripefsError(ErrorCode.NOT_DIR, f"subdir {path.decode(errors='replace')} is not a directory")
+        if start != 1 and not ns._is_ancestor(start, ino):
+            raise StripefsError(ErrorCode.ACCESS, f"subdir {path.decode(errors='replace')} is outside this key's subtree")
+        return ino
+
+    def _check_inodes(self, grant: Grant, top: int, body: P.Msg) -> None:
+        for field in INODE_FIELDS:
+            ino = getattr(body, field, None)
+            if isinstance(ino, int) and not self._inside(grant, top, ino):
+                log.warning("refused %s from key %r: inode %d is outside %s", type(body).__name__, grant.name, ino, grant.subdir)
+                raise StripefsError(ErrorCode.ACCESS, f"inode {ino} is outside this key's subtree")
+        for inos in (getattr(body, "inos", None),):
+            if inos and any(not self._inside(grant, top, i) for i in inos):
+                raise StripefsError(ErrorCode.ACCESS, "an inode is outside this key's subtree")
+        if isinstance(body, (P.UnlinkReq, P.RenameReq)):  # the inode that may become an open orphan stays reachable
+            victims = [(body.parent, body.name)] if isinstance(body, P.UnlinkReq) else [
+                (body.parent_old, body.name_old), (body.parent_new, body.name_new)]
+            kept = self._kept.setdefault(grant.public, set())
+            for parent, name in victims:
+                row = self.service.store.get_dentry(parent, name)
+                if row is not None:
+                    kept.add(row["ino"])
+            if len(kept) > 100_000:  # forget inodes that are gone
+                self._kept[grant.public] = {i for i in kept if self.service.store.get_inode(i) is not None}
+
+    def _inside(self, grant: Grant, top: int, ino: int) -> bool:
+        if ino == top:
+            return True
+        store, ns = self.service.store, self.service.ns
+        row = store.get_inode(ino)
+        if row is None:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {ino}")
+        if stat.S_ISDIR(row["mode"]):
+            return ino != 1 and ns._is_ancestor(top, ino)
+        if any(ns._is_ancestor(top, parent) for _, parent, _ in store.dentries_of(ino)):
+            return True
+        return ino in self._kept.get(grant.public, ())

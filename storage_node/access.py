@@ -1,0 +1,62 @@
+"""Who may send what to a storage node (the daemon's side is daemon/access.py).
+
+With CURVE on, only keys in the node's keyring connect at all (ZAP,
+common/security.py); then each request is checked against the sender's role:
+
+========  =====================================================================
+meta      everything (deletes, copies, reconstruction, verification, listing)
+storage   reads only: a peer copying or reconstructing a chunk reads it here
+admin     reads, writes, scrub start
+client    reads and writes; a read-only client key reads only (writes: READ_ONLY)
+========  =====================================================================
+
+Storage nodes know nothing of the namespace: a subtree key (``subdir``) reads
+and writes chunks like any client key; the subtree is enforced on names and
+inode numbers at the metadata daemon (docs/security.md says what that leaves).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from stripefs.common import protocol as p
+from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.keyring import TRUSTED, Grant, Keyring
+from stripefs.common.security import current_peer
+
+log = logging.getLogger(__name__)
+
+READS = frozenset({p.PingReq, p.ReadChunkReq, p.ReadChunksReq, p.StatChunkReq, p.NodeStatsReq})
+WRITES = frozenset({p.WriteChunkReq, p.SyncChunksReq})
+ADMIN = frozenset({p.ScrubStartReq})
+META_ONLY = frozenset({p.DeleteChunksReq, p.CopyChunkReq, p.ReconstructFragmentReq, p.VerifyChunksReq, p.ListChunksReq})
+
+
+def allowed(grant: Grant, kind: type) -> ErrorCode | None:
+    """None when ``grant`` may send a ``kind`` request; else the error code of the refusal."""
+    if grant.role == "meta" or kind in READS:
+        return None
+    if grant.role == "storage" or kind in META_ONLY:
+        return ErrorCode.ACCESS
+    if kind in ADMIN:
+        return None if grant.role == "admin" else ErrorCode.ACCESS
+    if kind in WRITES:
+        return ErrorCode.READ_ONLY if grant.read_only else None
+    return ErrorCode.ACCESS
+
+
+def check(keyring: Keyring | None, body: p.Msg, node_id: int) -> None:
+    """Raise READ_ONLY or ACCESS when the request's sender may not send it."""
+    peer = current_peer()
+    if peer is None:
+        grant = TRUSTED
+    else:
+        grant = keyring.grant(peer) if keyring is not None else None
+        if grant is None:
+            log.warning("node %d: %s from key %s refused: no longer in the keyring", node_id, type(body).__name__, peer)
+            raise StripefsError(ErrorCode.ACCESS, "this key is not in the cluster's keyring")
+    code = allowed(grant, type(body))
+    if code is not None:
+        log.warning("node %d: refused %s from key %r (role %s%s)", node_id, type(body).__name__, grant.name, grant.role,
+                    ", read-only" if grant.read_only else "")
+        raise StripefsError(code, f"{type(body).__name__} refused: key {grant.name!r} may not send it")

@@ -1,0 +1,305 @@
+"""A ``stripefs local up --secure`` cluster: CURVE everywhere, keys from the launcher, extra mounts with their own keys.
+
+Covers what only real processes and real mounts show: the secure cluster reads
+and writes; raw clients without a listed key get nothing from the daemon or a
+node; a read-only key's mount cannot write; a subtree key's mount sees only its
+subtree, through ``..`` and symlinks too; a root-squash key's files are never
+root's. Raw-request checks of every rule are in tests/unit/test_security.py;
+CURVE across network namespaces is the partition test in test_healing.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import trio
+import xxhash
+import zmq
+
+from stripefs.common import protocol as P
+from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.keyring import load_identity, load_public, write_keypair
+from stripefs.common.security import split_address, use_identity, with_key
+from stripefs.common.transport import connect
+
+from conftest import Cluster, cluster_root, run_cli, run_cluster
+
+MiB = 1 << 20
+
+
+class SecureCluster(Cluster):
+    def up(self) -> None:
+        run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes),
+                "-o", "allow_other", "--secure", "--set", "meta.chunk_size=256K")
+
+    @property
+    def keys(self):
+        return self.state / "keys"
+
+    def add_key(self, name: str, role: str = "client", **rights) -> str:
+        """A new keypair listed in the running cluster's keyring (re-read on change); its secret file."""
+        public_path, secret_path = write_keypair(self.keys / name, force=True)
+        lines = ["[[key]]", f'name = "{name}"', f'public = "{load_public(public_path)}"', f'role = "{role}"']
+        lines += [f"{k} = {'true' if v is True else repr(v).replace(chr(39), chr(34))}" for k, v in rights.items()]
+        with open(self.keys / "keyring.toml", "a") as f:
+            f.write("\n".join(lines) + "\n\n")
+        return str(secret_path)
+
+
+@pytest.fixture(scope="module")
+def secure(request):
+    c = SecureCluster(cluster_root("stripefs-secure-"), nodes=2)
+    yield from run_cluster(request, c, label="secure ")
+
+
+def _raw_calls(address: str, key_file: str | None, *requests, timeout: float = 1.0):
+    """Each request's reply, or its error code, from a client holding ``key_file`` (None: no key);
+    a request may come as (request, payload frames)."""
+
+    async def run():
+        ctx = zmq.Context()
+        if key_file:
+            use_identity(ctx, load_identity(key_file))
+        out = []
+        try:
+            async with connect(ctx, address, timeout=timeout) as client:
+                for r in requests:
+                    r, payloads = r if isinstance(r, tuple) else (r, ())
+                    try:
+                        out.append((await client.call(r, payloads))[0])
+                    except StripefsError as exc:
+                        out.append(exc.code)
+        finally:
+            ctx.destroy(linger=0)
+        return out
+
+    return trio.run(run)
+
+
+def test_secure_cluster_reads_and_writes(secure):
+    d = secure.mnt / "rw"
+    d.mkdir()
+    sums = {}
+    for i in range(4):
+        data = os.urandom(MiB // 2 + i * 1000)
+        (d / f"f{i}").write_bytes(data)
+        sums[f"f{i}"] = hashlib.sha256(data).hexdigest()
+    subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=False)
+    for name, digest in sums.items():
+        assert hashlib.sha256((d / name).read_bytes()).hexdigest() == digest
+    assert secure.meta_address.split("?key=")[1] == load_public(secure.keys / "meta.key")
+    status = run_cli("status", "--dir", str(secure.state)).stdout  # admin commands use the cluster's admin key
+    assert "2/2 storage nodes up" in status
+
+
+def test_clients_without_a_listed_key_get_nothing(secure):
+    (secure.mnt / "private").write_bytes(b"not for strangers")
+    node = next(p for p in secure.local.status()["processes"] if p["role"] == "storage")
+    node_address = node["address"]
+    assert node_address == with_key(node_address, load_public(secure.keys / f"storage-{node['node_id']}.key"))
+    stranger = str(write_keypair(secure.root / "stranger")[1])  # a valid key nobody listed
+    ino = os.stat(secure.mnt / "private").st_ino
+    for key_file in (None, stranger):
+        meta = secure.meta_address if key_file else split_address(secure.meta_address)[0]
+        nodeaddr = node_address if key_file else split_address(node_address)[0]
+        assert _raw_calls(meta, key_file, P.LookupReq(parent=1, name=b"private"), P.GetattrReq(ino=ino)) == [ErrorCode.TIMEOUT] * 2
+        read = P.ReadChunkReq(chunk=P.ChunkId(ino, 0, 0), min_version=0, offset=0, length=100)
+        assert _raw_calls(nodeaddr, key_file, read, P.PingReq()) == [ErrorCode.TIMEOUT] * 2
+    assert "not in the keyring" in secure.logs()["meta.log"]
+    # the cluster's own mount key does get through (the checks above could not pass by accident)
+    got = _raw_calls(secure.meta_address, str(secure.keys / "mount.key_secret"), P.LookupReq(parent=1, name=b"private"))
+    assert got[0].attr.ino == ino
+
+
+def test_a_read_only_key_mount_cannot_write(secure):
+    (secure.mnt / "ro-data").mkdir()
+    (secure.mnt / "ro-data" / "f").write_bytes(b"readable")
+    key = secure.add_key("reader", read_only=True)
+    mnt = secure.mount_again("ro-mnt", f"key={key}")
+    try:
+        assert (mnt / "ro-data" / "f").read_bytes() == b"readable"
+        for attempt in (
+            lambda: (mnt / "ro-data" / "new").write_bytes(b"x"),
+            lambda: (mnt / "ro-data" / "d").mkdir(),
+            lambda: (mnt / "ro-data" / "f").unlink(),
+            lambda: os.truncate(mnt / "ro-data" / "f", 0),
+            lambda: os.rename(mnt / "ro-data" / "f", mnt / "ro-data" / "g"),
+            lambda: os.chmod(mnt / "ro-data" / "f", 0o600),
+        ):
+            with pytest.raises(OSError) as e:
+                attempt()
+            assert e.value.errno in (errno.EROFS, errno.EACCES, errno.EPERM), e.value
+        with pytest.raises(OSError) as e:  # opening for writing asks the daemon for a write epoch: refused
+            open(mnt / "ro-data" / "f", "r+b")
+        assert e.value.errno == errno.EROFS
+        assert (secure.mnt / "ro-data" / "f").read_bytes() == b"readable"
+        assert sorted(os.listdir(secure.mnt / "ro-data")) == ["f"]
+    finally:
+        secure.unmount(mnt)
+
+
+def test_a_subdir_mount_cannot_reach_outside(secure):
+    (secure.mnt / "team-a").mkdir()
+    (secure.mnt / "team-b").mkdir()
+    (secure.mnt / "team-b" / "secret").write_bytes(b"team b only")
+    (secure.mnt / "team-a" / "up").symlink_to("../team-b/secret")
+    (secure.mnt / "team-a" / "abs").symlink_to("/team-b/secret")
+    key = secure.add_key("team-a", subdir="/team-a")
+    mnt = secure.mount_again("team-a-mnt", f"key={key}")  # no subdir option: the key's subtree is the root
+    try:
+        assert sorted(os.listdir(mnt)) == ["abs", "up"]
+        (mnt / "mine").write_bytes(b"a's")
+        assert (secure.mnt / "team-a" / "mine").read_bytes() == b"a's"
+        # '..' at the mount's root is the mountpoint's parent on this machine, never the cluster's root
+        assert sorted(os.listdir(mnt / "..")) == sorted(os.listdir(mnt.parent))
+        assert not os.path.exists(mnt / ".." / "team-b")
+        for link in ("up", "abs"):  # symlinks resolve on this machine: outside the subtree is not the cluster
+            with pytest.raises(OSError):
+                (mnt / link).read_bytes()
+        assert os.stat(mnt).st_ino == 1
+    finally:
+        secure.unmount(mnt)
+    # asking for another team's directory with this key fails at the daemon
+    res = run_cli("mount", secure.meta_address, str(secure.root / "team-a-mnt"), "-o", f"key={key},subdir=/team-b", check=False)
+    assert res.returncode != 0 and "outside" in (res.stderr + res.stdout)
+    # an unrestricted key may mount a subdir for convenience
+    full = secure.mount_again("sub-mnt", f"key={secure.keys / 'mount.key_secret'},subdir=/team-b")
+    try:
+        assert os.listdir(full) == ["secret"] and (full / "secret").read_bytes() == b"team b only"
+    finally:
+        secure.unmount(full)
+
+
+@pytest.mark.parametrize("how", ["key", "mount-option"])
+def test_root_squash_never_creates_roots_files(secure, how):
+    if how == "key":  # enforced by the daemon for every mount of that key
+        options = f"key={secure.add_key('squashed', root_squash=True)}"
+    else:  # the mount's own choice
+        options = f"key={secure.keys / 'mount.key_secret'},root_squash"
+    mnt = secure.mount_again(f"squash-{how}", options)
+    try:
+        (mnt / f"squash-{how}").mkdir()
+        (mnt / f"squash-{how}" / "f").write_bytes(b"x")
+        os.chown(mnt / f"squash-{how}" / "f", 0, 0)
+        for p in (secure.mnt / f"squash-{how}", secure.mnt / f"squash-{how}" / "f"):
+            st = os.stat(p)
+            assert (st.st_uid, st.st_gid) == (65534, 65534), p
+    finally:
+        secure.unmount(mnt)
+
+
+# -- across network namespaces: a storage node bound beyond loopback ------------------------------
+
+NS = f"sfs-sec-{os.getpid() % 100000}"
+SUBNET = f"10.{150 + os.getpid() % 50}.{os.getpid() % 250}"
+
+_PROBE = """
+import json, sys, trio, zmq
+from stripefs.common import protocol as P
+from stripefs.common.errors import StripefsError
+from stripefs.common.keyring import load_identity
+from stripefs.common.security import use_identity
+from stripefs.common.transport import connect
+address, key_file, ino = sys.argv[1], sys.argv[2], int(sys.argv[3])
+async def main():
+    ctx = zmq.Context()
+    if key_file:
+        use_identity(ctx, load_identity(key_file))
+    out = []
+    async with connect(ctx, address, timeout=3.0) as node:
+        for req in (P.PingReq(), P.ReadChunkReq(chunk=P.ChunkId(ino, 0, 0), min_version=0, offset=0, length=64)):
+            try:
+                rsp, frames = await node.call(req)
+                out.append(bytes(frames[0]).decode() if frames else type(rsp).__name__)
+            except StripefsError as exc:
+                out.append(exc.code.name)
+    ctx.destroy(linger=0)
+    print(json.dumps(out))
+trio.run(main)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture
+def netns():
+    """A network namespace joined to this one by a veth pair: SUBNET.1 here, SUBNET.2 there. Always removed."""
+    host_if, ns_if = f"sh{os.getpid() % 100000}", f"sn{os.getpid() % 100000}"
+    try:
+        _sh("ip", "netns", "add", NS)
+        _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        _sh("ip", "link", "set", ns_if, "netns", NS)
+        _sh("ip", "addr", "add", f"{SUBNET}.1/30", "dev", host_if)
+        _sh("ip", "link", "set", host_if, "up")
+        _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{SUBNET}.2/30", "dev", ns_if)
+        _sh("ip", "netns", "exec", NS, "ip", "link", "set", ns_if, "up")
+        _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+        yield NS
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+
+
+@pytest.mark.skipif(shutil.which("ip") is None or os.geteuid() != 0, reason="needs root and iproute2 for a network namespace")
+def test_a_node_beyond_loopback_needs_curve_and_serves_only_listed_keys_across_namespaces(secure, netns):
+    from conftest import _wait_dead
+
+    port = _free_port()
+    node_dir = secure.state / "storage-7"
+    (node_dir / "data").mkdir(parents=True)
+    plain = (f'node_id = 7\nlisten = "tcp://{SUBNET}.1:{port}"\ndata_dir = "{node_dir / "data"}"\n'
+             f'meta = ["{secure.meta_address}"]\nhost = "veth"\nheartbeat_interval_s = 0.5\nreserved_space = 0\nmetrics = ""\n')
+    (node_dir / "plain.toml").write_text(plain)
+    res = run_cli("storage", "--config", str(node_dir / "plain.toml"), check=False)  # no key: refused, with what to do
+    assert res.returncode != 0 and "CURVE is required" in res.stderr and "stripefs keygen" in res.stderr
+    key = secure.add_key("storage-7", role="storage")
+    (node_dir / "storage.toml").write_text(plain + f'curve_key = "{key}"\nkeyring = "{secure.keys / "keyring.toml"}"\n')
+    log = open(secure.state / "logs" / "storage-7.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "stripefs", "storage", "--config", str(node_dir / "storage.toml")],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    try:
+        address = with_key(f"tcp://{SUBNET}.1:{port}", load_public(secure.keys / "storage-7.key"))
+        data = b"across the veth, encrypted" * 2
+        ino = 900_000  # a chunk put there directly: the node answers any listed client key
+        assert _raw_calls(address, str(secure.keys / "mount.key_secret"), P.PingReq(), timeout=10)[0].role == "storage"
+        write = P.WriteChunkReq(chunk=P.ChunkId(ino, 0, 0), version=1, base_version=0, offset=0,
+                                xxh3=xxhash.xxh3_64_intdigest(data), replace=True)
+        assert isinstance(_raw_calls(address, str(secure.keys / "mount.key_secret"), (write, [data]))[0], P.WriteChunkRsp)
+        stranger = str(write_keypair(secure.root / "ns-stranger", force=True)[1])
+
+        def probe(addr, key_file):
+            out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", _PROBE, addr, key_file or "", str(ino)],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        assert probe(address, str(secure.keys / "mount.key_secret")) == ["PingRsp", data[:64].decode()]
+        assert probe(address, stranger) == ["TIMEOUT", "TIMEOUT"]
+        assert probe(split_address(address)[0], None) == ["TIMEOUT", "TIMEOUT"]
+        deadline = time.monotonic() + 30  # it registered over CURVE, with its own key in its address
+        while not any(n["node_id"] == 7 and n["state"] == "up" and n["address"] == address
+                      for n in json.loads(run_cli("status", "--dir", str(secure.state), "--json").stdout)["nodes"]):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        _wait_dead(proc.pid, timeout=10, kill=True)
+        proc.wait()
