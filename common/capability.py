@@ -90,14 +90,20 @@ def parse_secrets(text: str, source: str) -> list[bytes]:
 class Capabilities:
     """The cluster's capability secret(s): ``issue`` (daemons) and ``verify`` (storage nodes)."""
 
-    def __init__(self, path: str | Path, ttl_s: float = 3600.0):
+    def __init__(self, path: str | Path, ttl_s: float = 3600.0, *, recheck_s: float = 1.0):
         self.path = Path(path)
         self.ttl_s = ttl_s
+        self.recheck_s = recheck_s  # look at the file's stamp at most this often (not on every chunk)
+        self._checked = float("-inf")
         self._stamp: tuple[int, int] | None = None
         self._secrets: list[bytes] = []
         self._load()
 
     def _load(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self.recheck_s:
+            return
+        self._checked = now
         stamp = None
         try:
             st = self.path.stat()

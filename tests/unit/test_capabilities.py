@@ -55,7 +55,7 @@ def test_rotation_accepts_the_previous_secret_until_retired(tmp_path):
         write_secret(path)
     write_secret(path, rotate=True)
     os.utime(path, ns=(1, 1))  # a re-read is noticed even within one clock tick
-    caps = Capabilities(path)
+    caps = Capabilities(path, recheck_s=0)
     new = caps.issue(3, False, "K" * 40)
     assert new.mac != old.mac
     assert caps.verify(old, 3, False, "K" * 40) is None and caps.verify(new, 3, False, "K" * 40) is None
@@ -179,3 +179,22 @@ async def test_the_mount_data_path_renews_capabilities_past_their_expiry(tmp_pat
             await nodes.write(1, _write(chunk, b"again", 3, base=2), b"again")
             await nodes.sync(1, [chunk])
             assert bytes(await nodes.read(1, chunk, 0, 0, 100, last_try=True)) == b"again"
+
+
+def test_a_node_without_the_secret_refuses_subtree_keys_and_checks_nobody_else(tmp_path):
+    from stripefs.common.errors import StripefsError
+    from stripefs.common.keyring import Grant
+    from stripefs.storage_node.access import check_caps
+
+    team = Grant(name="team", public="K" * 40, role="client", subdir="/team-a")
+    read = P.ReadChunkReq(chunk=P.ChunkId(5, 0, 0), min_version=0, offset=0, length=1)
+    with pytest.raises(StripefsError, match="no cap_secret") as e:
+        check_caps(None, team, read, 1)  # fails closed
+    assert e.value.code == ErrorCode.ACCESS
+    write_secret(tmp_path / "s")
+    caps = Capabilities(tmp_path / "s")
+    check_caps(caps, team, msgspec.structs.replace(read, cap=caps.issue(5, False, "K" * 40)), 1)
+    check_caps(caps, team, P.PingReq(), 1)  # no chunk, nothing to show
+    sync = P.SyncChunksReq(chunks=[P.ChunkId(5, 0, 0), P.ChunkId(6, 1, 0)], caps=[caps.issue(5, True, "K" * 40)])
+    with pytest.raises(StripefsError, match="inode 6"):
+        check_caps(caps, team, sync, 1)  # every inode of a sync needs its own
