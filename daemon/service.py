@@ -69,11 +69,11 @@ from typing import Callable, TypeVar
 import trio
 import zmq
 
+from ..common import capability
 from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect, open_socket, serve
-from ..common import capability
 from ..common.keyring import server_keyring
 from ..common.security import run_zap
 from .access import MetaAccess
