@@ -184,6 +184,7 @@ def run(addresses: list[str], paths: list[str], redundancy: str, *, recursive: b
                 await meta.open(stack)
                 await meta.hello(f"layout convert pid {os.getpid()}", patience_s=rpc_timeout)
                 nodes = NodePool(ctx, nursery, timeout=rpc_timeout, read_timeout=min(3.0, rpc_timeout))
+                meta.caps, nodes.caps.meta = nodes.caps, meta  # a subtree key's capabilities (client/caps.py)
                 data = DataPath(meta, nodes, ChunkCache(128 << 20), nursery, readahead_chunks=2, write_parallelism=4)
                 converter = Converter(meta, data, redundancy, progress)
                 nursery.start_soon(meta.heartbeat_loop, "", name="session-heartbeat")

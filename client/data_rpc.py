@@ -4,12 +4,17 @@ One DEALER per storage node, opened on first use and kept. Every payload is
 checked against the xxh3 its header carries. A node that timed out is
 *suspect* for a while: replica choice tries it last, so one dead node costs one
 timeout, not one per chunk.
+
+A mount whose key is restricted to a subtree shows a capability with every
+chunk request (``caps``, client/caps.py); a node refusing one with ACCESS gets
+the request once more with a renewed capability.
 """
 
 from __future__ import annotations
 
 import logging
 
+import msgspec
 import trio
 import xxhash
 import zmq
@@ -17,6 +22,7 @@ import zmq
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from ..common.transport import RpcClient, connect
+from .caps import CapStore
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +39,27 @@ class NodePool:
         self._clients: dict[str, RpcClient] = {}
         self._suspect_until: dict[int, float] = {}
         self._lock = trio.Lock()
+        self.caps = CapStore()  # capabilities, for a key restricted to a subtree (client/caps.py)
+
+    async def _call_with_caps(self, client: RpcClient, request: p.Msg, payloads=(), **kwargs):
+        """``client.call``, with capabilities when this mount has any; once more with renewed ones on ACCESS."""
+        try:
+            return await client.call(await self._with_caps(request) if self.caps.active else request, payloads, **kwargs)
+        except StripefsError as exc:
+            if exc.code != ErrorCode.ACCESS or not await self.caps.refresh(_inodes(request), force=True):
+                raise
+        return await client.call(await self._with_caps(request), payloads, **kwargs)
+
+    async def _with_caps(self, request: p.Msg) -> p.Msg:
+        fresh = self.caps.fresh
+        if isinstance(request, (p.ReadChunkReq, p.WriteChunkReq, p.StatChunkReq)):
+            return msgspec.structs.replace(request, cap=await fresh(request.chunk.ino))
+        if isinstance(request, p.ReadChunksReq):
+            return p.ReadChunksReq(reads=[msgspec.structs.replace(r, cap=await fresh(r.chunk.ino)) for r in request.reads])
+        if isinstance(request, p.SyncChunksReq):
+            caps = [await fresh(ino) for ino in sorted({c.ino for c in request.chunks})]
+            return p.SyncChunksReq(chunks=request.chunks, caps=[c for c in caps if c is not None])
+        return request
 
     def learn(self, nodes: list[p.NodeAddr]) -> None:
         for node in nodes:
@@ -88,7 +115,8 @@ class NodePool:
         """``read``, with the version of the copy that answered (EC decodes only one version's fragments)."""
         client = await self._client(node_id)
         try:
-            rsp, payloads = await client.call(
+            rsp, payloads = await self._call_with_caps(
+                client,
                 p.ReadChunkReq(chunk=chunk, min_version=min_version, offset=offset, length=length),
                 timeout=self.timeout if last_try else self.read_timeout,
             )
@@ -108,7 +136,7 @@ class NodePool:
         """Several reads from one node in one round trip; each is its data or why it failed."""
         client = await self._client(node_id)
         try:
-            rsp, payloads = await client.call(p.ReadChunksReq(reads=reads), timeout=self.timeout)
+            rsp, payloads = await self._call_with_caps(client, p.ReadChunksReq(reads=reads), timeout=self.timeout)
         except StripefsError as exc:
             self._suspect(node_id, exc)
             raise
@@ -133,7 +161,7 @@ class NodePool:
     async def write(self, node_id: int, request: p.WriteChunkReq, data) -> p.WriteChunkRsp:
         client = await self._client(node_id)
         try:
-            rsp, _ = await client.call(request, [data])
+            rsp, _ = await self._call_with_caps(client, request, [data])
         except StripefsError as exc:
             self._suspect(node_id, exc)
             raise
@@ -144,7 +172,17 @@ class NodePool:
         client = await self._client(node_id)
         try:
             for i in range(0, len(chunks), p.MAX_LIST):  # a request lists at most MAX_LIST chunks
-                await client.call(p.SyncChunksReq(chunks=chunks[i : i + p.MAX_LIST]))
+                await self._call_with_caps(client, p.SyncChunksReq(chunks=chunks[i : i + p.MAX_LIST]))
         except StripefsError as exc:
             self._suspect(node_id, exc)
             raise
+
+
+def _inodes(request: p.Msg) -> list[int]:
+    """The inodes whose chunks ``request`` touches (to renew their capabilities)."""
+    if isinstance(request, p.ReadChunksReq):
+        return [r.chunk.ino for r in request.reads]
+    if isinstance(request, p.SyncChunksReq):
+        return [c.ino for c in request.chunks]
+    chunk = getattr(request, "chunk", None)
+    return [chunk.ino] if chunk is not None else []

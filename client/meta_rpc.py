@@ -62,6 +62,7 @@ class MetaClient:
         self.subdir = b""  # ask to see only this directory (HelloReq.subdir)
         self.subtree: Subtree | None = None  # set when the daemon gives a root other than inode 1
         self.root_squash = False  # uid/gid 0 in requests become nobody (-o root_squash)
+        self.caps = None  # client.caps.CapStore: keeps the capabilities replies carry (a subtree key's)
 
     async def open(self, stack: AsyncExitStack) -> None:
         for address in self.addresses:
@@ -96,6 +97,8 @@ class MetaClient:
                     reply = self.subtree.reply(reply)
                 if attempt:
                     log.info("metadata daemon %s answers again", client.address)
+                if self.caps is not None:
+                    self.caps.take(reply)
                 return reply
             except StripefsError as exc:
                 if exc.code in _RETRYABLE:

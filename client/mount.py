@@ -232,6 +232,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             await meta.open(stack)
             await meta.hello(mountpoint, patience_s=max(client_cfg.rpc_timeout_s, 10.0))
             nodes = NodePool(ctx, nursery, timeout=client_cfg.rpc_timeout_s, read_timeout=min(3.0, client_cfg.rpc_timeout_s))
+            meta.caps, nodes.caps.meta = nodes.caps, meta  # a subtree key's capabilities (client/caps.py)
             data = DataPath(
                 meta,
                 nodes,

@@ -76,6 +76,9 @@ class MetaConfig(_ServerLimits, kw_only=True):
     # CURVE (docs/security.md): this daemon's NAME.key_secret and the keys it accepts; required off loopback
     curve_key: str = ""
     keyring: str = ""
+    # capabilities for subtree keys (common/capability.py): the secret shared with the storage nodes
+    cap_secret: str = ""
+    cap_ttl_s: float = 3600.0  # a capability's lifetime; mounts refresh theirs before it ends
 
 
 class StorageConfig(_ServerLimits, kw_only=True):
@@ -97,6 +100,7 @@ class StorageConfig(_ServerLimits, kw_only=True):
     # name the daemon's key (tcp://HOST:PORT?key=Z85)
     curve_key: str = ""
     keyring: str = ""
+    cap_secret: str = ""  # the daemons' capability secret: subtree keys' chunk requests need a Cap signed with it
 
     @property
     def address(self) -> str:
@@ -201,6 +205,8 @@ request_timeout_s = 600.0            # a request still being handled after this 
 # CURVE authentication and encryption (docs/security.md); required when listening beyond loopback
 curve_key = "/etc/stripefs/keys/meta.key_secret"   # stripefs keygen /etc/stripefs/keys/meta
 keyring = "/etc/stripefs/keyring.toml"             # the public keys allowed in, with their roles and rights
+cap_secret = "/etc/stripefs/keys/cap_secret"       # stripefs cap-secret PATH; the same file on every daemon and node
+cap_ttl_s = 3600.0                                 # capabilities for subtree keys live this long (mounts renew them)
 ''',
     "storage": '''\
 # stripefs storage node: stripefs storage --config /etc/stripefs/storage-nvme0.toml
@@ -227,6 +233,7 @@ request_timeout_s = 600.0            # a request still being handled after this 
 # CURVE (docs/security.md): then meta addresses carry the daemon's public key: "tcp://meta.example:7100?key=Z85"
 curve_key = "/etc/stripefs/keys/storage-nvme0.key_secret"
 keyring = "/etc/stripefs/keyring.toml"
+cap_secret = "/etc/stripefs/keys/cap_secret"       # the daemons' capability secret: subtree keys need capabilities
 ''',
     "client": '''\
 # stripefs mount options: stripefs mount --config /etc/stripefs/client.toml META_ADDR MOUNTPOINT

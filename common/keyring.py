@@ -17,7 +17,7 @@ A TOML file read by the metadata daemon and every storage node
     public = "Z85 public key"       # 40 characters (the line in NAME.key)
     role = "client"                 # meta | storage | admin | client
     read_only = false               # client: every change refused (EROFS), chunk writes too
-    subdir = "/team-a"              # client: only this subtree (enforced by the daemon)
+    subdir = "/team-a"              # client: only this subtree (the daemon; nodes through capabilities)
     root_squash = false             # client: uid/gid 0 in its requests become nobody (65534)
 
 Roles: ``meta`` (a metadata daemon: everything on storage nodes), ``storage``

@@ -114,6 +114,18 @@ class ChunkId(msgspec.Struct, frozen=True, array_like=True):
         return f"{self.ino}:{self.index}:{self.part}"
 
 
+class Cap(msgspec.Struct, frozen=True, array_like=True):
+    """A capability: the metadata daemon's signed word that ``key`` may read (``write``: and write)
+    the chunks of inode ``ino`` until ``expires`` (Unix seconds). Issued only to subtree-restricted
+    keys, checked by storage nodes for them only (common/capability.py)."""
+
+    ino: int
+    write: bool
+    expires: int
+    key: Annotated[str, msgspec.Meta(max_length=64)]  # the Z85 public key it was issued to
+    mac: Annotated[bytes, msgspec.Meta(max_length=64)]
+
+
 class Layout(msgspec.Struct, frozen=True):
     """How a file is cut and protected; fixed at creation, inherited from its directory.
 
@@ -246,6 +258,7 @@ class ReadChunkReq(Msg, tag="read_chunk"):
     min_version: int
     offset: int
     length: int
+    cap: Cap | None = None  # subtree keys: a capability for chunk.ino (common/capability.py)
 
 
 class ReadChunkRsp(Msg, tag="read_chunk_rsp"):
@@ -301,6 +314,7 @@ class WriteChunkReq(Msg, tag="write_chunk"):
     replace: bool = False
     truncate: int = -1
     sync: bool = False
+    cap: Cap | None = None  # subtree keys: a writing capability for chunk.ino
 
 
 class WriteChunkRsp(Msg, tag="write_chunk_rsp"):
@@ -333,10 +347,12 @@ class SyncChunksReq(Msg, tag="sync_chunks"):
     """
 
     chunks: Max[ChunkId]
+    caps: Max[Cap] = []  # subtree keys: a writing capability for each inode in ``chunks``
 
 
 class StatChunkReq(Msg, tag="stat_chunk"):
     chunk: ChunkId
+    cap: Cap | None = None  # subtree keys: a capability for chunk.ino
 
 
 class StatChunkRsp(Msg, tag="stat_chunk_rsp"):
@@ -586,6 +602,7 @@ class OpenRsp(Msg, tag="open_rsp"):
     nodes: list[NodeAddr]  # addresses of every node named in ``chunks``
     epoch: int = 0  # a fresh write epoch when opened for writing or created (saves an AllocEpochReq)
     quota_max_size: int = -1  # the size the file may grow to under its directory quotas now; -1: no quota applies
+    cap: Cap | None = None  # subtree keys: what storage nodes ask of them for this file's chunks
 
 
 class CloseReq(Msg, tag="close"):
@@ -613,6 +630,7 @@ class AllocChunksReq(Msg, tag="alloc_chunks"):
 class ChunksRsp(Msg, tag="chunks_rsp"):
     chunks: list[ChunkRef]
     nodes: list[NodeAddr]
+    cap: Cap | None = None  # subtree keys: a capability for the request's inode
 
 
 class ReplaceReplicaReq(Msg, tag="replace_replica"):
@@ -982,6 +1000,18 @@ class QuotaRoomReq(Msg, tag="quota_room"):
 
 class QuotaRoomRsp(Msg, tag="quota_room_rsp"):
     max_size: int  # -1: no quota applies
+
+
+class CapsReq(Msg, tag="caps"):
+    """Fresh capabilities for inodes (a mount whose capabilities near expiry, or that a storage node
+    refused). Reply: CapsRsp, one Cap per inode; empty for a key that needs none (not subtree-restricted).
+    An inode outside the key's subtree: ACCESS (common/capability.py)."""
+
+    inos: Max[int]
+
+
+class CapsRsp(Msg, tag="caps_rsp"):
+    caps: list[Cap]
 
 
 # --------------------------------------------------------------------------

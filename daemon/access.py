@@ -20,6 +20,11 @@ cluster without ``--secure``) every peer is trusted as before.
   ``subdir`` inside it), and the mount maps FUSE's root inode to it.
 * Root squash: uid or gid 0 in a request becomes 65534 (nobody), so files a
   squashed client creates or chowns are never root's.
+* Capabilities: every reply that hands a subtree key chunk locations (an
+  OpenRsp, alone or in lookups, readdir, LookupPathsRsp; a ChunksRsp) gets a
+  ``Cap`` for its inode signed with ``cap_secret``, which storage nodes demand
+  of that key (common/capability.py); ``CapsReq`` renews them. Other keys get
+  none.
 
 Checks and the operation take the daemon's lock separately: an administrator
 moving a directory out of a subtree while a request of that subtree is in
@@ -56,7 +61,7 @@ CHANGING_REQUESTS = frozenset({
 READING_REQUESTS = frozenset({
     P.PingReq, P.StatusReq, P.HelloReq, P.SessionHeartbeatReq, P.LookupReq, P.LookupPathsReq, P.GetattrReq,
     P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
-    P.QuotaGetReq, P.QuotaRoomReq,
+    P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq,
 })
 #: request fields holding inode numbers (checked against a key's subtree)
 INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root", "shadow")
@@ -67,6 +72,8 @@ class MetaAccess:
         self.service = service
         self.keyring: Keyring | None = None  # None: CURVE off, every peer trusted
         self._kept: dict[str, set[int]] = {}  # per subtree key: inodes it unlinked inside its subtree
+        self.caps = None  # common.capability.Capabilities: signs capabilities for subtree keys (cap_secret)
+        self._warned_no_caps = False
 
     def grant(self) -> Grant:
         peer = current_peer()
@@ -96,7 +103,7 @@ class MetaAccess:
             log.info("session %d (key %s) sees only %s", rsp.session_id, grant.name, (body.subdir or grant.subdir.encode()).decode(errors="replace"))
             return msgspec.structs.replace(rsp, root_ino=root)
         await self.service._read(self._check_inodes, grant, top, body)
-        return await handler(body)
+        return self._with_caps(grant, body, await handler(body))
 
     # -- roles ---------------------------------------------------------------------
 
@@ -134,6 +141,39 @@ class MetaAccess:
             log.warning("key %r sent %s for node %d, which key %s registered: refused", grant.name, type(req).__name__,
                         req.node_id, owner)
             raise StripefsError(ErrorCode.ACCESS, f"node {req.node_id} is registered with another key")
+
+    # -- capabilities (common/capability.py) ----------------------------------------------
+
+    async def handle_caps(self, req: P.CapsReq) -> P.Msg:
+        """Fresh capabilities; the inodes were checked against the key's subtree by ``handle``."""
+        grant = self.grant()
+        if not grant.subdir or self.caps is None:
+            return P.CapsRsp(caps=[])
+        return P.CapsRsp(caps=[self.caps.issue(ino, not grant.read_only, grant.public) for ino in req.inos])
+
+    def _with_caps(self, grant: Grant, body: P.Msg, rsp: P.Msg) -> P.Msg:
+        """``rsp`` with a capability for each file whose chunk locations it hands out."""
+        if self.caps is None:
+            if not self._warned_no_caps and isinstance(rsp, (P.OpenRsp, P.ChunksRsp, P.ReaddirRsp, P.LookupPathsRsp)):
+                self._warned_no_caps = True
+                log.warning("key %r is restricted to %s but this daemon has no cap_secret: storage nodes will refuse "
+                            "its chunk requests; set cap_secret in metad.toml and storage.toml (docs/security.md)",
+                            grant.name, grant.subdir)
+            return rsp
+        write, key = not grant.read_only, grant.public
+
+        def signed(info):
+            if info is None or not stat.S_ISREG(info.attr.mode):
+                return info
+            return msgspec.structs.replace(info, cap=self.caps.issue(info.attr.ino, write, key))
+
+        if isinstance(rsp, P.OpenRsp):
+            return signed(rsp)
+        if isinstance(rsp, P.ChunksRsp):
+            return msgspec.structs.replace(rsp, cap=self.caps.issue(body.ino, write, key))
+        if isinstance(rsp, (P.ReaddirRsp, P.LookupPathsRsp)) and rsp.files:
+            return msgspec.structs.replace(rsp, files=[signed(f) for f in rsp.files])
+        return rsp
 
     # -- subtrees (called under the service's lock) ----------------------------------------
 

@@ -80,6 +80,7 @@ from typing import Callable, TypeVar
 import trio
 import zmq
 
+from ..common import capability
 from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, StripefsError
@@ -150,7 +151,7 @@ class MetaService:
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
         self.access = MetaAccess(self)  # keys, roles, read-only, subtrees (daemon/access.py)
         for cls in P.Request.__args__:
-            for owner in (self, self.healer, self.quota_service):
+            for owner in (self, self.healer, self.quota_service, self.access):
                 handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
                 if handler is not None:
                     self._handlers[cls] = handler
@@ -254,6 +255,7 @@ class MetaService:
         """With curve_key/keyring: this daemon's key on every socket, and ZAP admitting the keyring's keys."""
         listen = [self.config.listen, self._events_address()]
         self.access.keyring = server_keyring(self.ctx, self.config.curve_key, self.config.keyring, listen)
+        self.access.caps = capability.load(self.config.cap_secret, self.config.cap_ttl_s)  # subtree keys' capabilities
         if self.access.keyring is not None:
             zap = await stack.enter_async_context(trio.open_nursery())
             stack.callback(zap.cancel_scope.cancel)

@@ -10,9 +10,11 @@ admin     reads, writes, scrub start
 client    reads and writes; a read-only client key reads only (writes: READ_ONLY)
 ========  =====================================================================
 
-Storage nodes know nothing of the namespace: a subtree key (``subdir``) reads
-and writes chunks like any client key; the subtree is enforced on names and
-inode numbers at the metadata daemon (docs/security.md says what that leaves).
+Storage nodes know nothing of the namespace, so a subtree key (``subdir``)
+must show, with every chunk read, write, sync and stat, a capability for the
+chunk's inode that the metadata daemon signed for that very key (and that
+grants writing, for a write or a sync): ``check_caps``, common/capability.py.
+Other keys send none and are not checked; without CURVE nothing is.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def allowed(grant: Grant, kind: type) -> ErrorCode | None:
     return ErrorCode.ACCESS
 
 
-def check(keyring: Keyring | None, body: p.Msg, node_id: int) -> None:
+def check(keyring: Keyring | None, body: p.Msg, node_id: int, caps=None) -> None:
     """Raise READ_ONLY or ACCESS when the request's sender may not send it."""
     peer = current_peer()
     if peer is None:
@@ -60,3 +62,29 @@ def check(keyring: Keyring | None, body: p.Msg, node_id: int) -> None:
         log.warning("node %d: refused %s from key %r (role %s%s)", node_id, type(body).__name__, grant.name, grant.role,
                     ", read-only" if grant.read_only else "")
         raise StripefsError(code, f"{type(body).__name__} refused: key {grant.name!r} may not send it")
+    if grant.subdir:
+        check_caps(caps, grant, body, node_id)
+
+
+def _needs(body: p.Msg) -> list[tuple[int, p.Cap | None, bool]]:
+    """(inode, the capability shown for it, whether writing) for every chunk ``body`` touches."""
+    if isinstance(body, (p.ReadChunkReq, p.StatChunkReq)):
+        return [(body.chunk.ino, body.cap, False)]
+    if isinstance(body, p.ReadChunksReq):
+        return [(r.chunk.ino, r.cap, False) for r in body.reads]
+    if isinstance(body, p.WriteChunkReq):
+        return [(body.chunk.ino, body.cap, True)]
+    if isinstance(body, p.SyncChunksReq):
+        shown = {c.ino: c for c in body.caps}
+        return [(ino, shown.get(ino), True) for ino in {c.ino for c in body.chunks}]
+    return []  # no chunk: ping, stats, scrub start
+
+
+def check_caps(caps, grant: Grant, body: p.Msg, node_id: int) -> None:
+    """ACCESS unless every chunk of a subtree key's request is covered by a valid capability of that key."""
+    for ino, cap, write in _needs(body):
+        why = "this node has no cap_secret, so it cannot check subtree keys" if caps is None else caps.verify(cap, ino, write, grant.public)
+        if why is not None:
+            log.warning("node %d: refused %s of inode %d from key %r (restricted to %s): %s", node_id, type(body).__name__,
+                        ino, grant.name, grant.subdir, why)
+            raise StripefsError(ErrorCode.ACCESS, f"{type(body).__name__} of inode {ino} refused: {why}")

@@ -39,6 +39,7 @@ import xxhash
 import zmq
 
 from stripefs.common import protocol as p
+from stripefs.common import capability
 from stripefs.common.config import StorageConfig
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.keyring import server_keyring
@@ -82,6 +83,7 @@ class StorageService:
         self.healing = Healing(config, store, self._ctx, self._io)  # peer copies, scrub, bad copies (healing.py)
         self._handlers.update(self.healing.handlers())
         self.keyring = None  # with CURVE: the keys allowed in (storage_node/access.py)
+        self.caps = None  # with cap_secret: checks subtree keys' capabilities (common/capability.py)
 
     # -- requests -------------------------------------------------------------
 
@@ -90,7 +92,7 @@ class StorageService:
         if handler is None:
             log.warning("node %d: %s is not a storage node request", self.node_id, type(body).__name__)
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"a storage node does not handle {type(body).__name__}")
-        access.check(self.keyring, body, self.node_id)
+        access.check(self.keyring, body, self.node_id, self.caps)
         expected = 1 if type(body) is p.WriteChunkReq else 0  # ReadChunksReq: none either
         if len(payloads) != expected:
             log.warning("node %d: refusing %s with %d payload frames", self.node_id, type(body).__name__, len(payloads))
@@ -207,6 +209,7 @@ class StorageService:
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Bind, report started, then serve and heartbeat until cancelled."""
         self.keyring = server_keyring(self._ctx, self.config.curve_key, self.config.keyring, [self.config.listen])
+        self.caps = capability.load(self.config.cap_secret)
         async with trio.open_nursery() as zap:
             if self.keyring is not None:  # ZAP must answer before the first client connects
                 await zap.start(run_zap, self._ctx, self.keyring.accepts)

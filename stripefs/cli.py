@@ -16,6 +16,7 @@
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
     stripefs keygen   NAME                       a CURVE keypair (stripefs.keys_cli; docs/security.md)
+    stripefs cap-secret PATH [--rotate]          the capability secret of daemons and nodes (stripefs.keys_cli)
 
 Admin commands find the cluster from a PATH inside a mount when given one
 (the mount's source in /proc/mounts is its metadata address), else from

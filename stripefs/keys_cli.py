@@ -31,6 +31,40 @@ def add_parsers(sub) -> None:
     keygen.add_argument("name", metavar="NAME", help="path prefix of the two files, e.g. /etc/stripefs/keys/node1")
     keygen.add_argument("--force", action="store_true", help="replace an existing keypair")
     keygen.set_defaults(func=cmd_keygen)
+    cap = sub.add_parser(
+        "cap-secret", help="create or rotate the capability secret of daemons and storage nodes",
+        description=_CAP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: stripefs cap-secret /etc/stripefs/keys/cap_secret",
+    )
+    cap.add_argument("path", metavar="PATH", help="the secret file (created mode 0600)")
+    how = cap.add_mutually_exclusive_group()
+    how.add_argument("--rotate", action="store_true", help="put a new secret first, keep the previous one (still accepted)")
+    how.add_argument("--retire", action="store_true", help="keep only the first secret (once cap_ttl_s has passed since --rotate)")
+    how.add_argument("--force", action="store_true", help="replace the file with one new secret (capabilities in use stop working)")
+    cap.set_defaults(func=cmd_cap_secret)
+
+
+_CAP_DESCRIPTION = """\
+Write the secret with which metadata daemons sign capabilities and storage
+nodes check them: a key restricted to a subtree (keyring subdir) must show one
+for every chunk it reads or writes (docs/security.md, "Capabilities"). Copy
+the same file to every daemon and storage node (mode 0600, readable only by
+the service's user) and set cap_secret = "PATH" in metad.toml and storage.toml.
+
+Rotation: --rotate puts a new secret first and keeps the previous one; install
+the file on every storage node first (they accept both), then on the daemons
+(they sign with the first). After cap_ttl_s (metad.toml) no capability signed
+with the old secret is alive: --retire drops it, everywhere.
+"""
+
+
+def cmd_cap_secret(args) -> int:
+    from .common.capability import write_secret
+
+    lines = write_secret(args.path, rotate=args.rotate, retire=args.retire, force=args.force)
+    what = "rotated" if args.rotate else "retired the old secret(s) of" if args.retire else "wrote"
+    print(f"{what} {args.path} (mode 0600): {len(lines)} secret(s); daemons sign with the first, nodes accept any")
+    return 0
 
 
 def cmd_keygen(args) -> int:

@@ -10,7 +10,8 @@ State directory layout (everything the cluster owns lives here)::
                               (or a dir in the temp dir named in cluster.json: stripefs/local_postgres.py)
     STATE/storage-N/storage.toml and STATE/storage-N/data/   one storage node each
     STATE/keys/               with --secure: NAME.key / NAME.key_secret for meta, admin, mount and
-                              each storage node, and keyring.toml listing them (docs/security.md)
+                              each storage node, keyring.toml listing them, and cap_secret (the
+                              capability secret of daemons and nodes; docs/security.md)
     STATE/logs/*.log          one log per process
 
 Running ``up`` again on a stopped STATE starts the same processes on the same
@@ -50,6 +51,7 @@ import zmq
 from .common import config as cfg
 from .common import protocol as p
 from .common.errors import ErrorCode, QuietError, StripefsError
+from .common.capability import write_secret
 from .common.keyring import load_identity, load_public, write_keypair
 from .common.security import identity_of, use_identity, with_key
 from .common.transport import connect
@@ -169,7 +171,8 @@ class LocalCluster:
     def _curve_settings(self, name: str) -> dict:
         if not self.info().get("secure"):
             return {}
-        return {"curve_key": str(self.keys / f"{name}.key_secret"), "keyring": str(self.keys / "keyring.toml")}
+        return {"curve_key": str(self.keys / f"{name}.key_secret"), "keyring": str(self.keys / "keyring.toml"),
+                "cap_secret": str(self.keys / "cap_secret")}  # daemons and nodes only (common/capability.py)
 
     # ------------------------------------------------------------------ metadata daemons
 
@@ -218,6 +221,7 @@ class LocalCluster:
             self.keys.mkdir(mode=0o700, exist_ok=True)
             (self.keys / "keyring.toml").write_text("# who may talk to this cluster (docs/security.md)\n\n")
             self._new_key("meta", "meta")  # every metadata daemon of the cluster uses it
+            write_secret(self.keys / "cap_secret", force=True)  # capabilities for subtree keys, shared by daemons and nodes
             self._new_key("admin", "admin")
             self._new_key("mount", "client", subdir=subdir)
             for node in info["nodes"]:

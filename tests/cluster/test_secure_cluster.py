@@ -303,3 +303,78 @@ def test_a_node_beyond_loopback_needs_curve_and_serves_only_listed_keys_across_n
         proc.terminate()
         _wait_dead(proc.pid, timeout=10, kill=True)
         proc.wait()
+
+
+# -- capabilities: a --subdir cluster whose mount key is restricted to /team-a ---------------------
+
+
+class SubtreeCluster(SecureCluster):
+    def up(self) -> None:  # capabilities live 3 s here, so a test sees them expire and renew
+        run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes),
+                "-o", "allow_other", "--secure", "--subdir", "/team-a", "--set", "meta.chunk_size=256K",
+                "--set", "meta.cap_ttl_s=3")
+
+
+@pytest.fixture(scope="module")
+def subtree(request):
+    c = SubtreeCluster(cluster_root("stripefs-subtree-"), nodes=2)
+    yield from run_cluster(request, c, label="subtree ")
+
+
+def _chunk_files(state) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in state.glob("storage-*/data/**/*") if p.is_file()}
+
+
+def test_a_subtree_key_reaches_only_its_own_chunks_at_the_nodes(subtree):
+    full = subtree.mount_again("admin-mnt", f"key={subtree.keys / 'admin.key_secret'}")  # sees the whole cluster
+    try:
+        (full / "team-b").mkdir()
+        secret = os.urandom(300_000)
+        (full / "team-b" / "secret").write_bytes(secret)
+        outside = os.stat(full / "team-b" / "secret").st_ino
+    finally:
+        subtree.unmount(full)
+    mine = os.urandom(200_000)
+    (subtree.mnt / "mine").write_bytes(mine)  # the --subdir mount's root is /team-a
+    own = os.stat(subtree.mnt / "mine").st_ino
+    key = str(subtree.keys / "mount.key_secret")
+    opened = _raw_calls(subtree.meta_address, key, P.OpenReq(ino=own, session_id=0), P.OpenReq(ino=outside, session_id=0))
+    assert opened[0].cap is not None and opened[0].cap.ino == own and opened[1] == ErrorCode.ACCESS
+    cap = opened[0].cap
+    before = _chunk_files(subtree.state)
+    data = b"overwritten by team a" * 10
+    nodes = [with_key(f"tcp://127.0.0.1:{n['port']}", load_public(subtree.keys / f"storage-{n['node_id']}.key"))
+             for n in subtree.local.info()["nodes"]]  # (status() would ask with the first cluster's admin key)
+    for address in nodes:  # a guessed chunk id: with no capability, and with the key's capability for its own file
+        chunk = P.ChunkId(outside, 0, 0)
+        got = _raw_calls(address, key,
+                         P.ReadChunkReq(chunk=chunk, min_version=0, offset=0, length=100),
+                         P.ReadChunkReq(chunk=chunk, min_version=0, offset=0, length=100, cap=cap),
+                         (P.WriteChunkReq(chunk=chunk, version=1 << 40, base_version=0, offset=0, replace=True,
+                                          xxh3=xxhash.xxh3_64_intdigest(data)), [data]),
+                         (P.WriteChunkReq(chunk=chunk, version=1 << 40, base_version=0, offset=0, replace=True,
+                                          xxh3=xxhash.xxh3_64_intdigest(data), cap=cap), [data]),
+                         P.SyncChunksReq(chunks=[chunk], caps=[cap]),
+                         P.StatChunkReq(chunk=chunk, cap=cap), timeout=10)
+        assert got == [ErrorCode.ACCESS] * 6, got
+    assert _chunk_files(subtree.state) == before  # no chunk file changed
+    # the admin key (unrestricted) needs no capability: the chunk is there to be read
+    admin = [_raw_calls(a, str(subtree.keys / "admin.key_secret"),
+                        P.ReadChunkReq(chunk=P.ChunkId(outside, 0, 0), min_version=0, offset=0, length=100), timeout=10)[0]
+             for a in nodes]
+    assert any(isinstance(r, P.ReadChunkRsp) for r in admin), admin
+    assert "capability" in "".join(text for name, text in subtree.logs().items() if name.startswith("storage"))
+    # its own files work through the mount, also past the capabilities' expiry (3 s here): renewed
+    first, second = os.urandom(300_000), os.urandom(300_000)
+    with open(subtree.mnt / "long", "wb") as f:
+        f.write(first)
+        f.flush()
+        os.fsync(f.fileno())
+        time.sleep(4)  # the capability from the create has expired
+        f.write(second)
+        f.flush()
+        os.fsync(f.fileno())
+    subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=False)
+    assert (subtree.mnt / "long").read_bytes() == first + second
+    assert (subtree.mnt / "mine").read_bytes() == mine
+    assert "renewing capabilities" not in subtree.logs().get("mount.log", "")

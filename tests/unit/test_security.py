@@ -20,6 +20,7 @@ import zmq
 
 from stripefs.common import protocol as P
 from stripefs.common import security
+from stripefs.common.capability import write_secret
 from stripefs.common.config import MetaConfig, StorageConfig
 from stripefs.common.errors import ErrorCode, QuietError, StripefsError
 from stripefs.common.keyring import Keyring, load_identity, load_public, parse, squash, write_keypair
@@ -144,6 +145,8 @@ KEYS = {  # name -> (role, rights)
     "rw": ("client", {}),
     "ro": ("client", {"read_only": True}),
     "team": ("client", {"subdir": "/team-a"}),
+    "team-b": ("client", {"subdir": "/team-b"}),
+    "team-ro": ("client", {"subdir": "/team-a", "read_only": True}),
     "squash": ("client", {"root_squash": True}),
 }
 
@@ -178,7 +181,12 @@ class SecureCluster:
             yield c
 
     def curve(self, name):
-        return dict(curve_key=str(self.keys / f"{name}.key_secret"), keyring=str(self.keys / "keyring.toml"))
+        return dict(curve_key=str(self.keys / f"{name}.key_secret"), keyring=str(self.keys / "keyring.toml"),
+                    cap_secret=str(self.cap_secret))
+
+    @property
+    def cap_secret(self):
+        return self.keys / "cap_secret"
 
     def close(self):
         for ctx in self._contexts:
@@ -186,10 +194,11 @@ class SecureCluster:
 
 
 @asynccontextmanager
-async def secure_cluster(tmp_path):
+async def secure_cluster(tmp_path, **meta_settings):
     c = SecureCluster(tmp_path)
+    write_secret(c.cap_secret)
     meta_cfg = MetaConfig(listen=c.meta_endpoint, data_dir=str(tmp_path / "meta"), stripe_count=1,
-                          redundancy="replicas=1", chunk_size=65536, metrics="", **c.curve("meta"))
+                          redundancy="replicas=1", chunk_size=65536, metrics="", **c.curve("meta"), **meta_settings)
     node_cfg = StorageConfig(node_id=1, listen=c.node_endpoint, data_dir=str(tmp_path / "node"), meta=[c.meta],
                              heartbeat_interval_s=0.2, block_size=4096, reserved_space=0, metrics="", **c.curve("node"))
     os.makedirs(node_cfg.data_dir)
