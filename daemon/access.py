@@ -88,6 +88,8 @@ class MetaAccess:
     async def handle(self, body: P.Msg, handler: Callable[[P.Msg], Awaitable[P.Msg]]) -> P.Msg:
         grant = self.grant()
         self._check_role(grant, body)
+        if isinstance(body, P.OnceReq):  # what it carries comes through here on its own (handle_once): checked, squashed, signed
+            return await handler(body)
         if grant.root_squash:
             body = squash(body)
         if type(body) in NODE_REQUESTS and grant is not TRUSTED:
@@ -153,8 +155,6 @@ class MetaAccess:
 
     def _with_caps(self, grant: Grant, body: P.Msg, rsp: P.Msg) -> P.Msg:
         """``rsp`` with a capability for each file whose chunk locations it hands out."""
-        if isinstance(body, P.OnceReq):  # signed already, when what it carries passed through here (handle_once)
-            return rsp
         if self.caps is None:
             if not self._warned_no_caps and isinstance(rsp, (P.OpenRsp, P.ChunksRsp, P.ReaddirRsp, P.LookupPathsRsp)):
                 self._warned_no_caps = True

@@ -50,7 +50,7 @@ from typing import Callable, Protocol, Sequence
 from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_count, parse_redundancy, validate_layout
-from ..common.protocol import Attr, ChunkRef, DirEntry, Layout, NodeAddr
+from ..common.protocol import NAME_MAX, PATH_MAX, Attr, ChunkRef, DirEntry, Layout, NodeAddr
 from . import placement, redundancy
 from . import redundancy as _redundancy
 from .db import ROOT_INO
@@ -59,10 +59,7 @@ from .store import SqliteStore
 
 log = logging.getLogger(__name__)
 
-NAME_MAX = 255
-PATH_MAX = 4096  # including the terminating NUL, as in <linux/limits.h>
 XATTR_NAME_MAX = 255
-PATH_MAX = 4096  # including the terminating NUL, as in <linux/limits.h>
 XATTR_VALUE_MAX = 64 * 1024
 XATTR_CREATE, XATTR_REPLACE = 1, 2
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2

@@ -126,8 +126,6 @@ class StorageService:
         return p.ReadChunkRsp(version=version, xxh3=digest), [data]
 
     async def handle_read_chunks(self, req: p.ReadChunksReq, payloads: list[memoryview]):
-        if len(req.reads) > p.MAX_BATCH_READS:
-            raise StripefsError(ErrorCode.BAD_REQUEST, f"{len(req.reads)} reads in one request; at most {p.MAX_BATCH_READS}")
         done = [_outcome(functools.partial(self._read_inline, alone=False), read) for read in req.reads]  # None: needs the disk
         rest = [i for i, d in enumerate(done) if d is None]
         if rest:  # the others in one worker-thread hop

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,32 @@ class Cluster:
                     subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], capture_output=True)
                 for _, pid in self.local._flat_pids(self.pids()):
                     _wait_dead(pid, timeout=0, kill=True)
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@contextmanager
+def veth_namespace(ns: str, subnet: str, tag: str):
+    """Network namespace ``ns`` joined to this one by a veth pair: SUBNET.1 here, SUBNET.2 in it.
+
+    Yields the host side's interface name (``{tag}h{pid}``); the pair and the namespace are
+    removed on the way out, whatever happened."""
+    host_if, ns_if = f"{tag}h{os.getpid() % 100000}", f"{tag}n{os.getpid() % 100000}"
+    try:
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+        sh("ip", "link", "set", ns_if, "netns", ns)
+        sh("ip", "addr", "add", f"{subnet}.1/30", "dev", host_if)
+        sh("ip", "link", "set", host_if, "up")
+        sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{subnet}.2/30", "dev", ns_if)
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", ns_if, "up")
+        sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        yield host_if
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def _wait_dead(pid: int, timeout: float = 10, kill: bool = False) -> None:

@@ -28,7 +28,7 @@ import pytest
 from stripefs.common.keyring import load_public, write_keypair
 from stripefs.common.security import with_key
 
-from conftest import Cluster, _wait_dead, cluster_root, run_cli, run_cluster
+from conftest import Cluster, _wait_dead, cluster_root, run_cli, run_cluster, sh, veth_namespace
 
 _libc = ctypes.CDLL(None, use_errno=True)
 KiB, MiB = 1 << 10, 1 << 20
@@ -430,67 +430,53 @@ NS = f"sfs-heal-{os.getpid() % 100000}"
 SUBNET = f"10.{200 + os.getpid() % 50}.{os.getpid() % 250}"
 
 
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True)
-
-
 @pytest.fixture
 def partitioned_node(heal):
     """Storage node 9 in a network namespace of its own, joined to this one by a veth pair.
 
     ``cut()`` takes the link down (the node keeps running, unreachable); ``heal()`` brings it back.
     """
-    host_if, ns_if = f"vh{os.getpid() % 100000}", f"vn{os.getpid() % 100000}"
-    proc = None
-    try:
-        _sh("ip", "netns", "add", NS)
-        _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        _sh("ip", "link", "set", ns_if, "netns", NS)
-        _sh("ip", "addr", "add", f"{SUBNET}.1/30", "dev", host_if)
-        _sh("ip", "link", "set", host_if, "up")
-        _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{SUBNET}.2/30", "dev", ns_if)
-        _sh("ip", "netns", "exec", NS, "ip", "link", "set", ns_if, "up")
-        _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
-        node_dir = heal.state / "storage-9"
-        (node_dir / "data").mkdir(parents=True)
-        port = _free_port()
-        keys = heal.state / "keys"  # CURVE across the veth: node 9 gets a key in the cluster's keyring
-        public_path, secret_path = write_keypair(keys / "storage-9")
-        with open(keys / "keyring.toml", "a") as f:
-            f.write(f'[[key]]\nname = "storage-9"\npublic = "{load_public(public_path)}"\nrole = "storage"\n')
-        meta = with_key(f"tcp://{SUBNET}.1:{META_PORT}", load_public(keys / "meta.key"))
-        (node_dir / "storage.toml").write_text(
-            f'node_id = 9\nlisten = "tcp://{SUBNET}.2:{port}"\ndata_dir = "{node_dir / "data"}"\n'
-            f'meta = ["{meta}"]\nhost = "netns"\nheartbeat_interval_s = 0.5\n'
-            'scrub_interval_s = 3600.0\nreserved_space = 0\n'
-            f'curve_key = "{secret_path}"\nkeyring = "{keys / "keyring.toml"}"\n'
-        )
-        log = open(heal.state / "logs" / "storage-9.log", "ab")
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", NS, sys.executable, "-m", "stripefs", "storage", "--config", str(node_dir / "storage.toml")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        log.close()
-        wait_for("node 9 up", lambda: any(n["node_id"] == 9 and n["state"] == "up" for n in heal.status()["nodes"]))
+    with veth_namespace(NS, SUBNET, "v") as host_if:
+        proc = None
+        try:
+            node_dir = heal.state / "storage-9"
+            (node_dir / "data").mkdir(parents=True)
+            port = _free_port()
+            keys = heal.state / "keys"  # CURVE across the veth: node 9 gets a key in the cluster's keyring
+            public_path, secret_path = write_keypair(keys / "storage-9")
+            with open(keys / "keyring.toml", "a") as f:
+                f.write(f'[[key]]\nname = "storage-9"\npublic = "{load_public(public_path)}"\nrole = "storage"\n')
+            meta = with_key(f"tcp://{SUBNET}.1:{META_PORT}", load_public(keys / "meta.key"))
+            (node_dir / "storage.toml").write_text(
+                f'node_id = 9\nlisten = "tcp://{SUBNET}.2:{port}"\ndata_dir = "{node_dir / "data"}"\n'
+                f'meta = ["{meta}"]\nhost = "netns"\nheartbeat_interval_s = 0.5\n'
+                'scrub_interval_s = 3600.0\nreserved_space = 0\n'
+                f'curve_key = "{secret_path}"\nkeyring = "{keys / "keyring.toml"}"\n'
+            )
+            log = open(heal.state / "logs" / "storage-9.log", "ab")
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", NS, sys.executable, "-m", "stripefs", "storage", "--config", str(node_dir / "storage.toml")],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+            log.close()
+            wait_for("node 9 up", lambda: any(n["node_id"] == 9 and n["state"] == "up" for n in heal.status()["nodes"]))
 
-        class Link:
-            def cut(self):
-                _sh("ip", "link", "set", host_if, "down")
+            class Link:
+                def cut(self):
+                    sh("ip", "link", "set", host_if, "down")
 
-            def heal(self):
-                _sh("ip", "link", "set", host_if, "up")
+                def heal(self):
+                    sh("ip", "link", "set", host_if, "up")
 
-        yield Link()
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+            yield Link()
+        finally:
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 @pytest.mark.skipif(shutil.which("ip") is None or os.geteuid() != 0, reason="needs root and iproute2 for a network namespace")

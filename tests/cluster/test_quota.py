@@ -132,11 +132,8 @@ def test_byte_limit_short_write_then_edquot(cluster, d):
     recount_ok(d)
 
 
-def test_racing_writers_are_cut_at_close(cluster, d):
-    """Both files fit when written, not together: the second close gets EDQUOT and keeps what fits."""
-    limit = 600 * K
-    quota("set", str(d), "--bytes", str(limit))
-    one, two = os.urandom(400 * K), os.urandom(400 * K)
+def close_second_over_quota(d, one: bytes, two: bytes) -> None:
+    """Write files one and two side by side; close one, then two, whose close gets EDQUOT."""
     f1, f2 = open(d / "one", "wb"), open(d / "two", "wb")
     try:
         f1.write(one)
@@ -145,6 +142,14 @@ def test_racing_writers_are_cut_at_close(cluster, d):
         edquot(f2.close)
     finally:
         f1.close()
+
+
+def test_racing_writers_are_cut_at_close(cluster, d):
+    """Both files fit when written, not together: the second close gets EDQUOT and keeps what fits."""
+    limit = 600 * K
+    quota("set", str(d), "--bytes", str(limit))
+    one, two = os.urandom(400 * K), os.urandom(400 * K)
+    close_second_over_quota(d, one, two)
     assert (d / "one").read_bytes() == one
     assert (d / "two").stat().st_size == limit - len(one)
     assert (d / "two").read_bytes() == two[: limit - len(one)]
@@ -227,14 +232,7 @@ def test_erasure_coded_files_are_cut_too(cluster, d):
     run_cli("layout", "set", str(d), "--ec", "2+1")
     quota("set", str(d), "--bytes", "300K")
     one, two = os.urandom(200 * K), os.urandom(300 * K)
-    f1, f2 = open(d / "one", "wb"), open(d / "two", "wb")
-    try:
-        f1.write(one)
-        f2.write(two)
-        f1.close()
-        edquot(f2.close)
-    finally:
-        f1.close()
+    close_second_over_quota(d, one, two)
     assert (d / "two").read_bytes() == two[: 100 * K]
     ino = (d / "two").stat().st_ino
     deadline = time.monotonic() + 20

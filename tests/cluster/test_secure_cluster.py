@@ -31,7 +31,7 @@ from stripefs.common.keyring import load_identity, load_public, write_keypair
 from stripefs.common.security import split_address, use_identity, with_key
 from stripefs.common.transport import connect
 
-from conftest import Cluster, cluster_root, run_cli, run_cluster
+from conftest import Cluster, cluster_root, run_cli, run_cluster, veth_namespace
 
 MiB = 1 << 20
 
@@ -234,27 +234,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True)
-
-
 @pytest.fixture
 def netns():
     """A network namespace joined to this one by a veth pair: SUBNET.1 here, SUBNET.2 there. Always removed."""
-    host_if, ns_if = f"sh{os.getpid() % 100000}", f"sn{os.getpid() % 100000}"
-    try:
-        _sh("ip", "netns", "add", NS)
-        _sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if)
-        _sh("ip", "link", "set", ns_if, "netns", NS)
-        _sh("ip", "addr", "add", f"{SUBNET}.1/30", "dev", host_if)
-        _sh("ip", "link", "set", host_if, "up")
-        _sh("ip", "netns", "exec", NS, "ip", "addr", "add", f"{SUBNET}.2/30", "dev", ns_if)
-        _sh("ip", "netns", "exec", NS, "ip", "link", "set", ns_if, "up")
-        _sh("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
+    with veth_namespace(NS, SUBNET, "s"):
         yield NS
-    finally:
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
 
 
 @pytest.mark.skipif(shutil.which("ip") is None or os.geteuid() != 0, reason="needs root and iproute2 for a network namespace")

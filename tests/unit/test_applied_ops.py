@@ -20,7 +20,7 @@ from stripefs.daemon.db import open_database
 from stripefs.daemon.pg_store import open_pg_store
 from stripefs.daemon.store import SqliteStore
 
-from test_meta_service import ROOT, Daemon, _call, ctx  # noqa: F401  (ctx: its fixture)
+from test_meta_service import ROOT, _call, ctx, daemon  # noqa: F401  (ctx, daemon: its fixtures)
 
 
 LAYOUT = P.Layout(1 << 20, 1, "replicas=1")
@@ -123,17 +123,6 @@ def test_two_daemons_racing_one_retry_apply_it_once(pg_dsn):
     finally:
         for s in stores:
             s.close()
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(tmp_path)
-    d.start()
-    try:
-        yield d
-    finally:
-        d.stop()
-        print(d.log.read_text())
 
 
 async def test_a_resent_request_is_not_applied_twice_even_across_kill9(daemon, ctx):

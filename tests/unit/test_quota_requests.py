@@ -11,18 +11,7 @@ import pytest
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect
-from test_meta_service import ROOT, Daemon, _call, _register, ctx  # noqa: F401 (ctx: a fixture)
-
-
-@pytest.fixture
-def daemon(tmp_path):
-    d = Daemon(tmp_path)
-    d.start()
-    try:
-        yield d
-    finally:
-        d.stop()
-        print(d.log.read_text())
+from test_meta_service import ROOT, _call, _register, ctx, daemon  # noqa: F401 (ctx, daemon: fixtures)
 
 
 async def _code(client, req) -> ErrorCode:
