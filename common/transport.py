@@ -296,6 +296,8 @@ async def connect(ctx: zmq.Context, address: str, *, timeout: float = 10.0) -> A
 
 
 Handler = Callable[[protocol.Msg, list[memoryview]], Awaitable[protocol.Msg | tuple[protocol.Msg, Sequence[Payload]]]]
+#: serve()'s fast path: the reply to a request it can answer at once, without waiting, else None
+FastHandler = Callable[[protocol.Msg, list[memoryview]], protocol.Msg | tuple[protocol.Msg, Sequence[Payload]] | None]
 
 
 async def serve(
@@ -305,6 +307,7 @@ async def serve(
     concurrency: int = 64,
     name: str = "server",
     limits: limits.ServeLimits = limits.ServeLimits(),
+    fast: FastHandler | None = None,
 ) -> None:
     """Answer requests on a bound ROUTER socket until cancelled.
 
@@ -317,6 +320,13 @@ async def serve(
     wait in its own bounded queue and past it are answered BUSY at once
     (common/limits.py). A handler still running after
     ``limits.request_timeout_s`` is cancelled and answered TIMEOUT.
+
+    ``fast(body, payloads)``, when given, is offered each request first, on the
+    receiving task, while its peer has nothing running: a reply it returns is
+    sent at once; None sends the request the usual way, to ``handler`` in a task
+    of its own. It must not block for long, and answers only successes (on any
+    doubt: None). For a storage node's small reads this halves the CPU a request
+    costs: no task, semaphore, cancel scope or extra scheduler passes.
     """
     running = trio.Semaphore(concurrency)
     admission: _limits.PeerQueues[tuple] = _limits.PeerQueues(limits)
@@ -389,11 +399,22 @@ async def serve(
                 log.warning("%s: bad request from %r: %s", name, identity, exc)
                 await reply(identity, exc.request_id, protocol.ErrorRsp(code=exc.code, message=str(exc)))
                 continue
-            request = (request_id, body, [f.buffer for f in frames[2:]])
+            payloads = [f.buffer for f in frames[2:]]
+            security.PEER.set(security.peer_of(frames[1]) if sock.secure else None)
+            if fast is not None and not admission.inflight(identity):  # never overtakes the peer's queue
+                started = time.perf_counter()
+                result = fast(body, payloads)
+                if result is not None:
+                    _observe_served(name, body, payloads, result, time.perf_counter() - started)
+                    if isinstance(result, tuple):
+                        await reply(identity, request_id, result[0], result[1])
+                    else:
+                        await reply(identity, request_id, result)
+                    continue
+            request = (request_id, body, payloads)
             verdict = admission.offer(identity, request, sum(len(f) for f in frames))
             if verdict == _limits.START:
                 # the slot's task inherits the sender's key (one connection, one key: its queued requests too)
-                security.PEER.set(security.peer_of(frames[1]) if sock.secure else None)
                 nursery.start_soon(peer_slot, identity, request)
             elif verdict == _limits.REFUSED:
                 refusals.note(identity, admission.inflight(identity))

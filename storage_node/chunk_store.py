@@ -330,15 +330,24 @@ class ChunkStore:
         return span, span_start
 
     def read(
-        self, chunk: ChunkId, min_version: int, offset: int, length: int, *, nowait: bool = False, nowait_max: int = 1 << 20
+        self,
+        chunk: ChunkId,
+        min_version: int,
+        offset: int,
+        length: int,
+        *,
+        nowait: bool = False,
+        max_bytes: int | None = None,
     ) -> tuple[int, bytes]:
         """``(version, data)`` for ``length`` bytes at ``offset``; short or empty past the stored length.
 
         NOT_FOUND: no copy. STALE: the copy is older than ``min_version``.
         CORRUPT: the header or a block in the range failed its checksum.
-        ``nowait``: only from the page cache (preadv RWF_NOWAIT), and only up to
-        ``nowait_max`` bytes; BlockingIOError when the disk would be needed or the
-        range is larger, so the caller can retry in a worker thread.
+        ``nowait``: only from the page cache (preadv RWF_NOWAIT); BlockingIOError
+        when the disk would be needed. ``max_bytes``: BlockingIOError when the
+        range holds more (known only once the header is read; a caller asks for a
+        whole chunk by its layout's chunk size). Either way the caller can retry
+        in a worker thread.
         """
         _check_chunk_id(chunk)
         if offset < 0 or length < 0 or length > MAX_CHUNK_SIZE:
@@ -350,7 +359,7 @@ class ChunkStore:
             end = min(offset + length, hdr.length)
             if end <= offset:
                 return hdr.version, b""
-            if nowait and end - offset > nowait_max:
+            if max_bytes is not None and end - offset > max_bytes:
                 raise BlockingIOError("a large read: for a worker thread")
             span, span_start = self._read_blocks(fd, chunk, hdr, head, offset, end, nowait)
         if span_start == offset and len(span) == end - offset:

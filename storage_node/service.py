@@ -52,7 +52,7 @@ from .healing import Healing
 
 log = logging.getLogger(__name__)
 
-#: reads up to this size are tried inline from the page cache before a worker thread
+#: reads of chunks holding up to this much are tried on the event loop before a worker thread (_read_inline)
 INLINE_READ_MAX = 1 << 20
 
 _xxh3 = xxhash.xxh3_64_intdigest
@@ -109,6 +109,20 @@ class StorageService:
         finally:
             self._busy -= 1
 
+    def handle_now(self, body: p.Msg, payloads: list[memoryview]):
+        """serve()'s fast path: a small read answered on the receiving task (_read_inline), else None."""
+        if type(body) is not p.ReadChunkReq or payloads:
+            return None
+        try:
+            access.check(self.keyring, body, self.node_id, self.caps)
+            result = self._read_inline(body)
+        except StripefsError:
+            return None  # the usual path answers it, and reports a corrupt copy
+        if result is None:
+            return None
+        version, data, digest = result
+        return p.ReadChunkRsp(version=version, xxh3=digest), [data]
+
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=self._limiter)
 
@@ -141,24 +155,22 @@ class StorageService:
         return p.ReadChunksRsp(results=[d[0] for d in done]), [d[1] for d in done]
 
     def _read_inline(self, req: p.ReadChunkReq, *, alone: bool = True) -> tuple[int, bytes, int] | None:
-        """A small read on the event loop, when that delays nobody: from the page cache, or from
-        the disk if ``alone`` and no other request is being handled. None: it goes to a worker thread."""
-        if req.length > INLINE_READ_MAX:
-            return None
-        if alone and self._busy <= 1:
-            return self._read_and_hash(req)
-        if not self._inline_reads:
+        """A read of at most INLINE_READ_MAX stored bytes on the event loop, when that delays nobody:
+        from the page cache, or from the disk too if ``alone`` and no other request is being handled.
+        None: it goes to a worker thread (a larger chunk, or the disk while others wait)."""
+        from_disk = alone and self._busy <= 1  # handle() counts the caller; handle_now() is not counted
+        if not (from_disk or self._inline_reads):
             return None
         try:
-            return self._read_and_hash(req, nowait=True)
+            return self._read_and_hash(req, nowait=not from_disk, max_bytes=INLINE_READ_MAX)
         except BlockingIOError as exc:
             if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
                 self._inline_reads = False
                 log.info("node %d: the data file system cannot read without waiting (%s); reads go to threads", self.node_id, exc.strerror)
             return None
 
-    def _read_and_hash(self, req: p.ReadChunkReq, nowait: bool = False) -> tuple[int, bytes, int]:
-        version, data = self.store.read(req.chunk, req.min_version, req.offset, req.length, nowait=nowait, nowait_max=INLINE_READ_MAX)
+    def _read_and_hash(self, req: p.ReadChunkReq, nowait: bool = False, max_bytes: int | None = None) -> tuple[int, bytes, int]:
+        version, data = self.store.read(req.chunk, req.min_version, req.offset, req.length, nowait=nowait, max_bytes=max_bytes)
         return version, data, _xxh3(data)
 
     async def handle_write_chunk(self, req: p.WriteChunkReq, payloads: list[memoryview]) -> p.WriteChunkRsp:
@@ -220,7 +232,9 @@ class StorageService:
         async with open_socket(self._ctx, zmq.ROUTER, bind=self.config.listen) as sock:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(
-                    functools.partial(serve, sock, self.handle, name=f"storage-{self.node_id}", limits=self.config.serve_limits()),
+                    functools.partial(
+                        serve, sock, self.handle, name=f"storage-{self.node_id}", limits=self.config.serve_limits(), fast=self.handle_now
+                    ),
                     name=f"storage-{self.node_id}-server",
                 )
                 await nursery.start(self.healing.run, name=f"storage-{self.node_id}-healing")

@@ -389,7 +389,10 @@ def test_nowait_reads_come_from_the_page_cache_or_say_so(store):
     version, got = store.read(C, 3, 1000, 5000, nowait=True)
     assert version == 3 and bytes(got) == data[1000:6000]
     with pytest.raises(BlockingIOError):
-        store.read(C, 3, 0, len(data), nowait=True, nowait_max=10 * BS)  # too large to do inline
+        store.read(C, 3, 0, len(data), nowait=True, max_bytes=10 * BS)  # too large to do inline
+    # the limit is on what the chunk holds: a client asks for a whole chunk by its layout's chunk size
+    version, got = store.read(C, 3, 0, 64 << 20, max_bytes=len(data))
+    assert version == 3 and bytes(got) == data
     with pytest.raises(StripefsError) as e:  # errors other than "would block" stay errors
         store.read(ChunkId(42, 9, 0), 3, 0, 10, nowait=True)
     assert _code(e) == ErrorCode.NOT_FOUND
