@@ -87,6 +87,8 @@ from stripefs.common.errors import ErrorCode, QuietError, StripefsError
 from stripefs.common.layout import MAX_CHUNK_SIZE
 from stripefs.common.protocol import ChunkId
 
+from .direct_io import DirectWriter
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"STRIPECK"
@@ -172,6 +174,7 @@ class ChunkStore:
         capacity: int = 0,
         reserved_space: int = 64 << 20,
         node_id: int | None = None,
+        direct_io: bool = True,
     ):
         if not (512 <= block_size <= MAX_CHUNK_SIZE):
             raise QuietError(f"block_size {block_size} must be between 512 bytes and {MAX_CHUNK_SIZE} bytes")
@@ -183,6 +186,7 @@ class ChunkStore:
         self._locks: dict[ChunkId, list] = {}  # chunk -> [lock, users]
         self._locks_guard = threading.Lock()
         self._usage_guard = threading.Lock()
+        self._direct = DirectWriter(enabled=direct_io)  # large chunk files bypass the page cache (direct_io.py)
         self._lock_fd = self._lock_data_dir()
         try:
             if node_id is not None:
@@ -516,13 +520,8 @@ class ChunkStore:
     def _replace_file(self, chunk: ChunkId, path: Path, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> None:
         tmp = path.with_name(path.name + ".tmp")
         try:
+            fd = self._write_new(tmp, parts)
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            except FileNotFoundError:
-                self._make_dirs(path.parent)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                _write_all(fd, parts)
                 if sync:
                     os.fsync(fd)
             finally:
@@ -539,6 +538,28 @@ class ChunkStore:
         except BaseException:
             _unlink_quietly(tmp)
             raise
+
+    def _write_new(self, tmp: Path, parts: Sequence[bytes | bytearray | memoryview]) -> int:
+        """Create ``tmp`` holding ``parts``; its open fd. Large files with O_DIRECT (direct_io.py)."""
+        for attempt in range(2):
+            try:
+                if self._direct.wants(sum(len(p) for p in parts)):
+                    fd = self._direct.write_file(tmp, parts)
+                    if fd is not None:
+                        return fd
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            except FileNotFoundError:
+                if attempt:
+                    raise
+                self._make_dirs(tmp.parent)
+                continue
+            try:
+                _write_all(fd, parts)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        raise AssertionError("unreachable")
 
     def _make_dirs(self, directory: Path) -> None:
         """Create a fan-out directory; new directory entries are fsynced (rare: 65,792 at most)."""
