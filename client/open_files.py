@@ -63,6 +63,11 @@ class OpenFile:
     write_slots: trio.Semaphore | None = None
     #: the size writes may make the file reach under its directory quotas (OpenRsp.quota_max_size); -1: none applies
     quota_max: int = -1
+    #: the daemon said this file has no ``security.capability`` since it was last opened here.
+    #: The kernel asks before every WRITE (FUSE file systems have no SB_NOSEC): one daemon round
+    #: trip per 1 MiB written, otherwise. Another mount adding the xattr meanwhile is seen at
+    #: the next open, like any other change (close-to-open); setxattr/removexattr here forget it.
+    killpriv_absent: bool = False
 
     def __post_init__(self) -> None:
         self.size = self.attr.size

@@ -67,6 +67,10 @@ from .striping import DataPath
 
 log = logging.getLogger(__name__)
 
+#: the xattr the kernel asks for before every write to a FUSE file (file_remove_privs: may the
+#: write keep file capabilities?); its absence is remembered while the file is open
+KILLPRIV_XATTR = b"security.capability"
+
 #: an open may use a LOOKUP's answer this young instead of asking the daemon again
 OPEN_INFO_FRESH_S = 1.0
 
@@ -357,6 +361,7 @@ class Operations(pyfuse3.Operations):
             self.prefetcher.submit(inode, value, shm=name == p.PREFETCH_SHM_XATTR)
             return
         self._writable()
+        self._forget_killpriv(inode)
         await self.meta.call(p.SetxattrReq(ino=inode, name=name, value=value))
 
     async def getxattr(self, inode, name, ctx):
@@ -364,7 +369,15 @@ class Operations(pyfuse3.Operations):
             return self.prefetcher.report().encode()
         if name == p.SHM_DIR_XATTR and self.prefetcher is not None:
             return os.fsencode(self.prefetcher.shm.dir) if self.prefetcher.shm else b""
-        rsp = await self.meta.call(p.GetxattrReq(ino=inode, name=name))
+        of = self.files.get(inode) if name == KILLPRIV_XATTR else None
+        if of is not None and of.open_count and of.killpriv_absent:
+            raise pyfuse3.FUSEError(errno.ENODATA)  # asked before every write: answered here (OpenFile.killpriv_absent)
+        try:
+            rsp = await self.meta.call(p.GetxattrReq(ino=inode, name=name))
+        except StripefsError as exc:
+            if of is not None and of.open_count and exc.code == ErrorCode.NO_ATTR:
+                of.killpriv_absent = True
+            raise
         return rsp.value
 
     async def listxattr(self, inode, ctx):
@@ -373,11 +386,18 @@ class Operations(pyfuse3.Operations):
 
     async def removexattr(self, inode, name, ctx):
         self._writable()
+        self._forget_killpriv(inode)
         await self.meta.call(p.RemovexattrReq(ino=inode, name=name))
+
+    def _forget_killpriv(self, inode: int) -> None:
+        of = self.files.get(inode)
+        if of is not None:
+            of.killpriv_absent = False
 
     # ------------------------------------------------------------------ files
 
     def _new_handle(self, of: OpenFile) -> int:
+        of.killpriv_absent = False  # every open asks the daemon afresh (close-to-open)
         fh = self._next_fh
         self._next_fh += 1
         of.open_count += 1

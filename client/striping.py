@@ -61,6 +61,9 @@ from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
 
+#: chunks placed ahead of a sequential writer in one AllocChunksReq (alloc_indices)
+ALLOC_AHEAD = 16
+
 #: partial chunks a file may hold unsent; a writer scattering more sends its oldest first
 MAX_DIRTY_CHUNKS = 8
 
@@ -376,7 +379,7 @@ class DataPath:
     async def _placement(self, of: OpenFile, index: int) -> p.ChunkRef:
         ref = of.uncommitted.get(index) or of.chunks.get(index)
         if ref is None or not ref.nodes:
-            rsp = await self.meta.call(p.AllocChunksReq(ino=of.ino, indices=[index]))
+            rsp = await self.meta.call(p.AllocChunksReq(ino=of.ino, indices=alloc_indices(of, index)))
             self.nodes.learn(rsp.nodes)
             for c in rsp.chunks:
                 of.chunks[c.index] = c
@@ -530,6 +533,26 @@ class DataPath:
             of.chunks[r.index] = r
         self.cache.drop_inode(of.ino)
         return rsp.attr
+
+
+def alloc_indices(of: OpenFile, index: int) -> list[int]:
+    """The chunks to place in one AllocChunksReq when ``index`` needs a placement.
+
+    A file growing chunk by chunk (the one before ``index`` is placed) is most
+    likely written on: place the next chunks too, as many as the file already has before ``index`` (so a
+    small file never gets more than it holds, and a growing one at most double),
+    up to ``ALLOC_AHEAD``. Chunks placed but never written stay version 0: they
+    read as zeros and are reclaimed like any uncommitted allocation.
+    """
+    want = [index]
+    before = of.uncommitted.get(index - 1) or of.chunks.get(index - 1)
+    if before is None or not before.nodes:  # not growing chunk by chunk (a new file, a sparse writer)
+        return want
+    for i in range(index + 1, index + 1 + min(index, ALLOC_AHEAD)):
+        ref = of.uncommitted.get(i) or of.chunks.get(i)
+        if ref is None or not ref.nodes:
+            want.append(i)
+    return want
 
 
 def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memoryview:
