@@ -34,10 +34,15 @@ class DirtyChunk:
         return offset <= self.hi and offset + length >= self.lo
 
     def merge(self, offset: int, data: bytes | memoryview) -> None:
+        """Copy ``data`` in at ``offset`` (``contiguous_with`` holds): the new bytes are copied once."""
         end = offset + len(data)
-        if len(self.buf) < end:
-            self.buf.extend(bytes(end - len(self.buf)))
-        self.buf[offset:end] = data
+        n = len(self.buf)
+        if offset == n:  # appending, as sequential writers do: amortised growth, no zero fill
+            self.buf += data
+        else:
+            if n < offset:  # the first bytes of a range starting mid-chunk: padding in front
+                self.buf += bytes(offset - n)
+            self.buf[offset:end] = data  # grows the buffer when ``end`` is past it
         self.lo = min(self.lo, offset)
         self.hi = max(self.hi, end)
 
