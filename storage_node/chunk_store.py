@@ -186,6 +186,7 @@ class ChunkStore:
         self._locks: dict[ChunkId, list] = {}  # chunk -> [lock, users]
         self._locks_guard = threading.Lock()
         self._usage_guard = threading.Lock()
+        self._unsynced_dirs: set[Path] = set()  # parents of fan-out directories made by non-sync writes (_make_dirs)
         self._direct = DirectWriter(enabled=direct_io)  # large chunk files bypass the page cache (direct_io.py)
         self._lock_fd = self._lock_data_dir()
         try:
@@ -520,7 +521,7 @@ class ChunkStore:
     def _replace_file(self, chunk: ChunkId, path: Path, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> None:
         tmp = path.with_name(path.name + ".tmp")
         try:
-            fd = self._write_new(tmp, parts)
+            fd = self._write_new(tmp, parts, sync)
             try:
                 if sync:
                     os.fsync(fd)
@@ -539,7 +540,7 @@ class ChunkStore:
             _unlink_quietly(tmp)
             raise
 
-    def _write_new(self, tmp: Path, parts: Sequence[bytes | bytearray | memoryview]) -> int:
+    def _write_new(self, tmp: Path, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> int:
         """Create ``tmp`` holding ``parts``; its open fd. Large files with O_DIRECT (direct_io.py)."""
         for attempt in range(2):
             try:
@@ -551,7 +552,7 @@ class ChunkStore:
             except FileNotFoundError:
                 if attempt:
                     raise
-                self._make_dirs(tmp.parent)
+                self._make_dirs(tmp.parent, sync)
                 continue
             try:
                 _write_all(fd, parts)
@@ -561,14 +562,20 @@ class ChunkStore:
             return fd
         raise AssertionError("unreachable")
 
-    def _make_dirs(self, directory: Path) -> None:
-        """Create a fan-out directory; new directory entries are fsynced (rare: 65,792 at most)."""
+    def _make_dirs(self, directory: Path, sync: bool) -> None:
+        """Create a fan-out directory (65,792 at most). Its entry in its parent is fsynced now for a
+        ``sync`` write, else by the next ``sync`` (a young node creates one or two directories for
+        almost every chunk: an fsync each, a journal commit each, cost more than the writes)."""
         for d in (directory.parent, directory):
             try:
                 d.mkdir()
             except FileExistsError:
                 continue
-            _fsync_dir(d.parent)
+            if sync:
+                _fsync_dir(d.parent)
+            else:
+                with self._usage_guard:
+                    self._unsynced_dirs.add(d.parent)
 
     def sync(self, chunks: Sequence[ChunkId]) -> int:
         """fsync chunk files written earlier without ``sync``, and their directories (the
@@ -590,8 +597,18 @@ class ChunkStore:
                 os.close(fd)
             directories.add(path.parent)
             synced += 1
-        for directory in directories:
-            _fsync_dir(directory)
+        if synced:
+            with self._usage_guard:
+                parents, self._unsynced_dirs = self._unsynced_dirs, set()
+            directories |= parents  # fan-out directories created since: their entries too
+        try:
+            for directory in directories:
+                _fsync_dir(directory)
+        except BaseException:
+            if synced:
+                with self._usage_guard:
+                    self._unsynced_dirs |= parents  # the next sync tries them again
+            raise
         return synced
 
     # -- deleting and accounting ----------------------------------------------
