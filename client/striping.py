@@ -20,6 +20,9 @@ Writes
     (ReplaceReplicaReq) and receives the whole chunk, read back from a replica
     that took the write. So one node dying mid-write costs the writer nothing.
     ``flush`` waits for everything in flight and commits versions and size.
+    A file growing chunk by chunk gets placements ahead, up to ``ALLOC_AHEAD``
+    chunks per AllocChunksReq (``alloc_indices``): one daemon round trip per
+    64 MiB written instead of one per chunk.
     Directory quotas (daemon/quota.py): a write that would grow the file past
     ``OpenFile.quota_max`` asks the daemon again (QuotaRoomReq), then takes the
     part that fits (a short write) or raises QUOTA_EXCEEDED (EDQUOT); a commit

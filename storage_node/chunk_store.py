@@ -56,6 +56,13 @@ for ``sync``), renames it over ``NAME`` (then fsyncs the directory when
 or the new file; leftover ``*.tmp`` files are removed at startup. A partial
 write reads the old copy (verifying it), merges and writes a whole new file:
 simple, crash-safe, and cheap for the chunk sizes used (a few MiB).
+Files of ``direct_io.DIRECT_MIN`` (1 MiB) or more are written with O_DIRECT
+from a reused aligned buffer (storage_node/direct_io.py: the page-cache copy
+was most of a sequential writer's CPU on a virtual machine); smaller ones
+through the page cache, where reads right after the write find them. A new
+fan-out directory's entry is fsynced at once by a ``sync`` write, else by the
+next ``sync`` call, which fsyncs every such parent made since (chunk files
+written without ``sync`` are not durable before it anyway).
 
 Concurrency: calls may come from many threads at once. Writes and deletes of
 one chunk are serialised by a per-chunk lock (read-merge-rename is otherwise a

@@ -1,0 +1,90 @@
+"""The sequential write path: what a large write costs the daemon, and what it must still do."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+from conftest import run_cli  # noqa: F401 - the cluster fixture's module
+from test_ops import _processes, scrape, total
+
+MiB = 1 << 20
+
+#: a valid struct vfs_cap_data (revision 2): CAP_NET_BIND_SERVICE permitted
+CAPS = struct.pack("<IIIII", 0x02000000, 1 << 10, 0, 0, 0)
+
+
+def _mount_metrics(cluster) -> dict:
+    (url,) = [p["metrics"] for p in _processes(cluster) if p["role"] == "mount"]
+    return scrape(url)
+
+
+def test_sequential_write_asks_the_daemon_little_and_reads_back(cluster, mnt):
+    chunks = 24  # default layout: 4 MiB chunks
+    blocks = [os.urandom(MiB) for _ in range(8)]
+    before = _mount_metrics(cluster)
+    digest = hashlib.sha256()
+    fd = os.open(mnt / "big", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i in range(chunks * 4):
+            block = blocks[i % len(blocks)]
+            assert os.write(fd, block) == MiB
+            digest.update(block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    after = _mount_metrics(cluster)
+
+    def delta(name, **labels):
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    writes = delta("stripefs_fuse_ops_total", op="write")
+    assert writes >= chunks * 4
+    # the kernel asks for security.capability before every WRITE; the daemon hears of it once
+    assert delta("stripefs_rpc_seconds_count", type="GetxattrReq") <= 2
+    # chunks are placed ahead of a sequential writer, not one request per chunk
+    assert 1 <= delta("stripefs_rpc_seconds_count", type="AllocChunksReq") <= chunks // 3
+    assert delta("stripefs_rpc_seconds_count", type="WriteChunkReq") >= 2 * chunks  # every replica
+
+    os.system("echo 3 > /proc/sys/vm/drop_caches")
+    h = hashlib.sha256()
+    with open(mnt / "big", "rb", buffering=0) as f:
+        while piece := f.read(MiB):
+            h.update(piece)
+    assert h.digest() == digest.digest()
+    assert (mnt / "big").stat().st_size == chunks * 4 * MiB
+
+    # the file is exactly as long as written: chunks placed ahead and never written add nothing
+    with open(mnt / "big", "ab") as f:
+        f.write(b"tail")
+    assert (mnt / "big").stat().st_size == chunks * 4 * MiB + 4
+    with open(mnt / "big", "rb") as f:
+        f.seek(chunks * 4 * MiB - 2)
+        assert f.read() == blocks[(chunks * 4 - 1) % len(blocks)][-2:] + b"tail"
+
+
+def test_a_write_still_drops_file_capabilities(cluster, mnt):
+    """The mount answers the kernel's security.capability question from memory while a file is
+    open; setting the xattr through the mount must end that, or a write would keep capabilities."""
+    p = mnt / "tool"
+    p.write_bytes(b"x" * 100)
+    with open(p, "r+b", buffering=0) as f:
+        f.write(b"a")  # the mount learns: no capabilities
+        os.setxattr(p, "security.capability", CAPS)
+        assert os.getxattr(p, "security.capability") == CAPS
+        f.write(b"b")  # the kernel asks again, finds them and removes them
+        assert _no_caps(p)
+    os.setxattr(p, "security.capability", CAPS)
+    with open(p, "r+b", buffering=0) as f:  # a new open asks the daemon afresh
+        f.write(b"c")
+    assert _no_caps(p)
+    assert p.read_bytes() == b"cb" + b"x" * 98  # the second handle wrote at 0 again
+
+
+def _no_caps(path) -> bool:
+    try:
+        os.getxattr(path, "security.capability")
+    except OSError as exc:
+        return exc.errno == 61  # ENODATA
+    return False

@@ -1,0 +1,95 @@
+"""The mount's write buffering (open_files.DirtyChunk) and chunk placement ahead of a
+sequential writer (striping.alloc_indices)."""
+
+import random
+
+import pytest
+
+from stripefs.client.open_files import DirtyChunk, OpenFile
+from stripefs.client.striping import ALLOC_AHEAD, alloc_indices
+from stripefs.common import protocol as p
+
+CS = 1 << 20
+
+
+def _reference(writes, size=CS):
+    """What the chunk holds after ``writes``, by brute force: (bytes, lo, hi) of the written range."""
+    buf = bytearray(size)
+    lo, hi = None, None
+    for off, data in writes:
+        buf[off : off + len(data)] = data
+        lo = off if lo is None else min(lo, off)
+        hi = off + len(data) if hi is None else max(hi, off + len(data))
+    return bytes(buf[lo:hi]), lo, hi
+
+
+def _apply(writes):
+    off0 = writes[0][0]
+    dc = DirtyChunk(0, bytearray(), off0, off0)
+    for off, data in writes:
+        assert dc.contiguous_with(off, len(data))
+        dc.merge(off, data)
+    return dc
+
+
+@pytest.mark.parametrize(
+    "writes",
+    [
+        [(0, b"a" * 100), (100, b"b" * 50), (150, b"c" * 10)],  # appending
+        [(300, b"a" * 100), (400, b"b" * 100)],  # a range starting mid-chunk: padded in front
+        [(300, b"a" * 100), (250, b"b" * 60)],  # growing at the front
+        [(300, b"a" * 100), (350, b"b" * 200)],  # overlapping the end and past it
+        [(0, b"a" * 100), (20, b"b" * 10), (100, b"c")],  # overwriting inside, then appending
+        [(500, b"a" * 10), (200, b"b" * 400)],  # covering the whole range and both sides
+    ],
+)
+def test_merge_keeps_the_written_range(writes):
+    dc = _apply(writes)
+    want, lo, hi = _reference(writes)
+    assert (dc.lo, dc.hi) == (lo, hi)
+    assert bytes(dc.buf[dc.lo : dc.hi]) == want
+
+
+def test_merge_random_contiguous_writes():
+    rng = random.Random(7)
+    for _ in range(200):
+        start = rng.randrange(0, CS // 2)
+        writes = [(start, rng.randbytes(rng.randrange(1, 5000)))]
+        lo, hi = start, start + len(writes[0][1])
+        for _ in range(rng.randrange(1, 8)):
+            off = rng.randrange(max(0, lo - 3000), hi + 1)  # contiguous with [lo, hi)
+            data = rng.randbytes(rng.randrange(max(1, lo - off), max(2, lo - off) + 4000))
+            writes.append((off, data))
+            lo, hi = min(lo, off), max(hi, off + len(data))
+        dc = _apply(writes)
+        want, wlo, whi = _reference(writes)
+        assert (dc.lo, dc.hi) == (wlo, whi)
+        assert bytes(dc.buf[dc.lo : dc.hi]) == want
+
+
+def _file(placed: dict[int, int]) -> OpenFile:
+    """A file whose chunks ``placed`` (index -> version) have nodes."""
+    attr = p.Attr(ino=9, mode=0o100644, nlink=1, uid=0, gid=0, rdev=0, size=0, atime_ns=0, mtime_ns=0, ctime_ns=0)
+    chunks = {i: p.ChunkRef(index=i, version=v, nodes=[1, 2]) for i, v in placed.items()}
+    return OpenFile(9, attr, p.Layout(CS, 4, "replicas=2"), chunks)
+
+
+def test_a_new_file_and_a_sparse_writer_place_one_chunk():
+    assert alloc_indices(_file({}), 0) == [0]
+    assert alloc_indices(_file({}), 7) == [7]  # nothing before it is placed: no guess
+    assert alloc_indices(_file({0: 3}), 5) == [5]
+
+
+def test_a_growing_file_places_ahead_at_most_doubling():
+    assert alloc_indices(_file({0: 0}), 1) == [1, 2]
+    assert alloc_indices(_file({i: 0 for i in range(3)}), 3) == [3, 4, 5, 6]
+    big = _file({i: 0 for i in range(100)})
+    assert alloc_indices(big, 100) == list(range(100, 101 + ALLOC_AHEAD))
+
+
+def test_chunks_already_placed_or_written_here_are_not_asked_for():
+    of = _file({i: 0 for i in range(5)} | {6: 0})
+    of.uncommitted[7] = p.ChunkRef(index=7, version=12, nodes=[3, 4])
+    assert alloc_indices(of, 5) == [5, 8, 9, 10]  # 5 ahead of index 5: 6..10, less 6 and 7
+    of.chunks[8] = p.ChunkRef(index=8, version=0, nodes=[])  # known, but without a placement
+    assert 8 in alloc_indices(of, 5)
