@@ -59,6 +59,8 @@ class OpenFile:
     dirty: dict[int, DirtyChunk] = field(default_factory=dict)
     #: chunks sent to storage but not yet committed: index -> ref with the new version
     uncommitted: dict[int, p.ChunkRef] = field(default_factory=dict)
+    #: chunks placed ahead of a sequential writer and not written yet (striping.alloc_indices)
+    placed_ahead: set[int] = field(default_factory=set)
     #: chunks written without fsync since the last fsync: index -> nodes
     unsynced: dict[int, list[int]] = field(default_factory=dict)
     epoch: int = 0  # version for this write session; 0 until the first write

@@ -65,7 +65,7 @@ from .readahead import ReadStream
 log = logging.getLogger(__name__)
 
 #: chunks placed ahead of a sequential writer in one AllocChunksReq (alloc_indices)
-ALLOC_AHEAD = 16
+ALLOC_AHEAD = int(__import__("os").environ.get("AB_AHEAD", 16))
 
 #: partial chunks a file may hold unsent; a writer scattering more sends its oldest first
 MAX_DIRTY_CHUNKS = 8
@@ -382,15 +382,18 @@ class DataPath:
     async def _placement(self, of: OpenFile, index: int) -> p.ChunkRef:
         ref = of.uncommitted.get(index) or of.chunks.get(index)
         if ref is None or not ref.nodes:
-            rsp = await self.meta.call(p.AllocChunksReq(ino=of.ino, indices=alloc_indices(of, index)))
+            indices = alloc_indices(of, index)
+            rsp = await self.meta.call(p.AllocChunksReq(ino=of.ino, indices=indices))
             self.nodes.learn(rsp.nodes)
             for c in rsp.chunks:
                 of.chunks[c.index] = c
+            of.placed_ahead.update(indices[1:])  # released by flush if not written (_release_unused)
             ref = of.chunks[index]
         return ref
 
     async def _send_chunk(self, of: OpenFile, dc: DirtyChunk, *, sync: bool = False) -> None:
         """Write one dirty range to every replica of its chunk, replacing failed replicas."""
+        of.placed_ahead.discard(dc.index)  # used: inside the file from now on
         if is_ec(of.layout):
             return await self.ec.send_stripe(of, dc, sync=sync)
         epoch = await self._epoch(of)
@@ -483,12 +486,31 @@ class DataPath:
             of.attr = rsp.attr
             wanted, of.size = of.size, max(of.size, rsp.attr.size)
             of.epoch = 0  # the next write session gets a newer version
+            await self._release_unused(of)
             if rsp.attr.size < wanted:
                 # a directory quota cut the commit (daemon/quota.py): drop our bytes past it
                 await self._cut(of, rsp.attr.size)
                 raise StripefsError(
                     ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota kept {rsp.attr.size} of {wanted} bytes"
                 )
+
+    async def _release_unused(self, of: OpenFile) -> None:
+        """Give back placements made ahead (alloc_indices) past the end that nothing was written to.
+
+        Best effort: a failure leaves version-0 rows, which read as zeros and go with the
+        session's other uncommitted allocations."""
+        unused = sorted(i for i in of.placed_ahead if i * of.chunk_size >= of.size)
+        of.placed_ahead.clear()
+        if not unused:
+            return
+        for i in unused:
+            ref = of.chunks.get(i)
+            if ref is not None and ref.version == 0:
+                del of.chunks[i]
+        try:
+            await self.meta.call(p.ReleaseChunksReq(ino=of.ino, indices=unused))
+        except StripefsError as exc:
+            log.info("inode %d: releasing %d unused chunk placement(s) failed: %s", of.ino, len(unused), exc)
 
     # --------------------------------------------------------------- truncate
 

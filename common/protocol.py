@@ -1108,6 +1108,22 @@ PREFETCH_SHM_XATTR = b"user.stripefs.prefetch.shm"
 SHM_DIR_XATTR = b"user.stripefs.shm_dir"
 
 
+# --------------------------------------------------------------------------
+# Mount -> metadata daemon, appended: placements a sequential writer did not use
+# --------------------------------------------------------------------------
+
+
+class ReleaseChunksReq(Msg, tag="release_chunks"):
+    """Chunks this writer had placed ahead (AllocChunksReq) and did not write. Rows past the
+    file's end still at version 0 go; anything else is left alone. Idempotent. Reply: OkRsp.
+
+    A writer that did store copies under such a placement recreates the row with its
+    CommitReq (the ref names its nodes), so a release never loses a concurrent write."""
+
+    ino: int
+    indices: Max[int]
+
+
 def _messages(suffix: str) -> tuple[type[Msg], ...]:
     # the naming rule (FooReq / FooRsp) is the registry: no second list to keep in step
     return tuple(cls for cls in Msg.__subclasses__() if cls.__name__.endswith(suffix))

@@ -54,7 +54,7 @@ ADMIN_REQUESTS = frozenset({P.NodeAdminReq, P.ScrubReq, P.FsckReq, P.QuotaSetReq
 CHANGING_REQUESTS = frozenset({
     P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq, P.RmdirReq, P.RenameReq,
     P.SetattrReq, P.SetxattrReq, P.RemovexattrReq, P.SetLayoutReq, P.AllocEpochReq, P.AllocChunksReq,
-    P.ReplaceReplicaReq, P.CommitReq, P.CreateShadowReq, P.SwapShadowReq,
+    P.ReplaceReplicaReq, P.CommitReq, P.CreateShadowReq, P.SwapShadowReq, P.ReleaseChunksReq,
     P.OnceReq,  # carries only changing requests; what it carries is checked again on its own (handle_once)
 })
 #: read or keep a session; OpenReq with ``write`` counts as changing

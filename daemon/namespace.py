@@ -585,6 +585,16 @@ class Namespace:
             log.debug("inode %d: placed chunk(s) %s", ino, placed)
         return self._chunk_map(ino, existing)
 
+    def release_chunks(self, ino: int, indices: Sequence[int]) -> int:
+        """Drop placements ``indices`` of ``ino`` past its end that were never committed
+        (ReleaseChunksReq: a writer placed them ahead and did not use them); how many."""
+        row = self._file(ino)
+        first = chunk_count(row["size"], row["chunk_size"])
+        dropped = self.store.drop_unwritten_chunks(ino, [i for i in indices if i >= first])
+        if dropped:
+            log.debug("inode %d: %d placement(s) made ahead and not used released", ino, dropped)
+        return dropped
+
     def replace_replica(self, ino: int, index: int, failed_node: int, part: int = -1) -> tuple[ChunkRef, list[NodeAddr]]:
         """Move ``failed_node``'s copy (fragment ``part`` of an EC stripe, when given) to another node."""
         row = self._file(ino)

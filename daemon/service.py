@@ -736,6 +736,10 @@ class MetaService:
         chunks, nodes = await self._write(self.ns.alloc_chunks, req.ino, req.indices)
         return P.ChunksRsp(chunks=chunks, nodes=nodes)
 
+    async def handle_release_chunks(self, req: P.ReleaseChunksReq) -> P.Msg:
+        await self._write(self.ns.release_chunks, req.ino, req.indices)
+        return P.OkRsp()
+
     async def handle_replace_replica(self, req: P.ReplaceReplicaReq) -> P.Msg:
         chunk, nodes = await self._write(self.ns.replace_replica, req.ino, req.index, req.failed_node, req.part)
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)

@@ -319,6 +319,16 @@ class SqlStore:
     def forget_node_garbage(self, node_id: int) -> int:
         return self._x("DELETE FROM garbage WHERE node_id=?", (node_id,)).rowcount
 
+    def drop_unwritten_chunks(self, ino: int, indices: Iterable[int]) -> int:
+        """Delete the rows of ``indices`` still at version 0 (no copy was ever committed); how many."""
+        wanted = sorted(set(indices))
+        return sum(
+            self._x(
+                f"DELETE FROM chunks WHERE ino=? AND version=0 AND idx IN ({','.join('?' * len(part))})", (ino, *part)
+            ).rowcount
+            for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
+        )
+
     def drop_uncommitted_chunks(self, ino: int, max_version: int) -> int:
         """Chunk rows never committed (version 0) of ``ino`` go; copies their writer may
         have stored become garbage up to ``max_version``. The number dropped."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sqlite3
 import struct
+
+from stripefs.daemon.db import DB_NAME
 
 from conftest import run_cli  # noqa: F401 - the cluster fixture's module
 from test_ops import _processes, scrape, total
@@ -55,13 +58,27 @@ def test_sequential_write_asks_the_daemon_little_and_reads_back(cluster, mnt):
     assert h.digest() == digest.digest()
     assert (mnt / "big").stat().st_size == chunks * 4 * MiB
 
-    # the file is exactly as long as written: chunks placed ahead and never written add nothing
+    # placements made ahead and not used were given back: every row is a written chunk
+    ino = (mnt / "big").stat().st_ino
+    assert _chunk_rows(cluster, ino) == [(i, True) for i in range(chunks)]
+
+    # appending places ahead again (the chunk before is placed) and gives back what it did not use
     with open(mnt / "big", "ab") as f:
         f.write(b"tail")
     assert (mnt / "big").stat().st_size == chunks * 4 * MiB + 4
     with open(mnt / "big", "rb") as f:
         f.seek(chunks * 4 * MiB - 2)
         assert f.read() == blocks[(chunks * 4 - 1) % len(blocks)][-2:] + b"tail"
+    assert _chunk_rows(cluster, ino) == [(i, True) for i in range(chunks + 1)]
+
+
+def _chunk_rows(cluster, ino: int) -> list[tuple[int, bool]]:
+    """(index, committed) of every chunk row of ``ino`` in the daemon's database."""
+    db = sqlite3.connect(f"file:{cluster.state / 'meta' / DB_NAME}?mode=ro", uri=True)
+    try:
+        return [(i, v > 0) for i, v in db.execute("SELECT idx, version FROM chunks WHERE ino=? ORDER BY idx", (ino,))]
+    finally:
+        db.close()
 
 
 def test_a_write_still_drops_file_capabilities(cluster, mnt):

@@ -93,3 +93,23 @@ def test_chunks_already_placed_or_written_here_are_not_asked_for():
     assert alloc_indices(of, 5) == [5, 8, 9, 10]  # 5 ahead of index 5: 6..10, less 6 and 7
     of.chunks[8] = p.ChunkRef(index=8, version=0, nodes=[])  # known, but without a placement
     assert 8 in alloc_indices(of, 5)
+
+
+# -- the daemon's side: ReleaseChunksReq (namespace.release_chunks), on both stores ---------
+
+from test_namespace import ROOT, w  # noqa: E402,F401 - the namespace fixture, on SQLite and PostgreSQL
+
+
+def test_release_drops_only_unwritten_placements_past_the_end(w):
+    ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
+    w.ns.alloc_chunks(ino, list(range(6)))
+    w.ns.commit(ino, 2 * CS + 5, 1, [p.ChunkRef(index=i, version=7, nodes=[]) for i in range(3)])
+    w.ns.commit(ino, 0, 2, [p.ChunkRef(index=5, version=9, nodes=[])])  # stored past the end (a racing writer)
+    assert w.ns.release_chunks(ino, [1, 3, 4, 5, 40]) == 2  # 3 and 4: past the end and never written
+    chunks = {c.index: c for c in w.ns.open_info(ino)[2]}
+    assert sorted(chunks) == [0, 1, 2, 5] and chunks[1].version == 7 and chunks[5].version == 9
+    assert w.ns.release_chunks(ino, [3, 4]) == 0  # idempotent
+    # a writer that stored copies under a released placement recreates the row by committing
+    w.ns.commit(ino, 4 * CS, 3, [p.ChunkRef(index=3, version=11, nodes=[2, 3])])
+    chunks = {c.index: c for c in w.ns.open_info(ino)[2]}
+    assert chunks[3].version == 11 and chunks[3].nodes == [2, 3]
