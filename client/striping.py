@@ -65,7 +65,7 @@ from .readahead import ReadStream
 log = logging.getLogger(__name__)
 
 #: chunks placed ahead of a sequential writer in one AllocChunksReq (alloc_indices)
-ALLOC_AHEAD = int(__import__("os").environ.get("AB_AHEAD", 16))
+ALLOC_AHEAD = 16
 
 #: partial chunks a file may hold unsent; a writer scattering more sends its oldest first
 MAX_DIRTY_CHUNKS = 8
