@@ -42,7 +42,7 @@ from .ec_path import is_ec
 log = logging.getLogger(__name__)
 
 #: lookup-then-opens in one directory before it is listed for hints
-WALK_THRESHOLD = 4
+WALK_THRESHOLD = 3
 #: directories with more entries than this are not listed
 MAX_LISTED = 65_536
 #: entries per ReaddirReq page (each costs the daemon a chunk-map query while it holds its lock)
