@@ -728,6 +728,12 @@ def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None
             views[0] = views[0][n:]
 
 
+def chunk_path(data_dir: Path, chunk: ChunkId) -> Path:
+    """Where the node using ``data_dir`` keeps ``chunk``, without opening the store (tools, tests)."""
+    d = _FANOUT[(Path(data_dir) / "fanout").read_text().strip()](chunk.ino, chunk.index)
+    return Path(data_dir) / "chunks" / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}" / f"{chunk.ino}-{chunk.index}-{chunk.part}.chunk"
+
+
 def _dir_by_inode(ino: int, index: int) -> int:
     return ((ino >> 6) + (index >> 12)) & 0xFFFF
 

@@ -406,6 +406,7 @@ def test_a_new_data_directory_keeps_files_written_together_in_one_fanout_directo
         dirs = {p.parent for p in (tmp_path / "chunks").glob("*/*/*.chunk")}
         assert len(dirs) == 2 and store.path(ChunkId(128, 0)).parent != store.path(ChunkId(128, 4096)).parent
         assert store.path(ChunkId(128, 0, 1)).parent == store.path(ChunkId(128, 0, 0)).parent  # parts stay together
+        assert cs.chunk_path(tmp_path, ChunkId(128, 4096)) == store.path(ChunkId(128, 4096))  # tools find it too
     assert (tmp_path / "fanout").read_text() == "by-inode\n"
 
 
