@@ -58,6 +58,7 @@ import trio
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
+from .dir_hints import DirHints
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
@@ -143,6 +144,7 @@ class Operations(pyfuse3.Operations):
         meta.open_inodes = self._held_inodes
         # pid -> (inode it looked up last, whether it then opened it): drives prefetch on lookup
         self._last_lookup: dict[int, tuple[int, bool]] = {}
+        self.hints = DirHints()  # where small files of directories being walked live (client/dir_hints.py)
 
     # ---------------------------------------------------------------- helpers
 
@@ -232,10 +234,20 @@ class Operations(pyfuse3.Operations):
         # open information costs the daemon a little: ask for it unless this process
         # looked its last file up without opening it (``du`` and ``find`` do that)
         want_open_info = previous is None or previous[1]
+        walking = previous is not None and previous[1]  # it opened what it looked up before: a reader walking its files
+        if walking:
+            hint = self.hints.get(parent_inode, name)
+            if hint is not None:
+                self.data.read_hinted(hint)  # beside the lookup, which decides whether it is used (dir_hints.py)
         stamp = self.kcache.stamp()
-        rsp = await self.meta.call(
-            p.LookupReq(parent=parent_inode, name=name, open_info=want_open_info, session_id=self.meta.session_id)
-        )
+        try:
+            rsp = await self.meta.call(
+                p.LookupReq(parent=parent_inode, name=name, open_info=want_open_info, session_id=self.meta.session_id)
+            )
+        except StripefsError as exc:
+            if exc.code == ErrorCode.NOT_FOUND:
+                self.hints.forget(parent_inode, name)
+            raise
         ino = rsp.attr.ino
         cacheable = not self.kcache.changed_since(stamp, parent_inode, ino)
         if len(self._last_lookup) > 4096:
@@ -247,8 +259,11 @@ class Operations(pyfuse3.Operations):
             self._open_info[ino] = (trio.current_time(), rsp)
             if self.dataset and cacheable:
                 self._keep_dataset_info(rsp)
-            if previous is not None:  # it opened what it looked up before: a reader walking its file list
+            self.hints.learn(parent_inode, name, rsp)
+            if walking:
                 self.data.prefetch_small_file(rsp)  # fetch while the kernel sends OPEN and READ
+                if self.hints.should_list(parent_inode):
+                    self.data.nursery.start_soon(self.hints.list_dir, self.meta, self.data.nodes, parent_inode, name=f"hints-{parent_inode}")
         self.kcache.remember(parent_inode, name, ino)
         return self._entry(rsp.attr, cacheable=cacheable)
 

@@ -56,6 +56,7 @@ from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_extents
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
+from .dir_hints import Hint
 from .disk_cache import DiskCache
 from .ec_path import EcPath, is_ec
 from .meta_rpc import MetaClient
@@ -180,6 +181,36 @@ class DataPath:
                 log.debug("prefetch of inode %d failed: %s", info.attr.ino, exc)
 
         self.nursery.start_soon(fetch, name=f"prefetch-{info.attr.ino}")
+
+    def read_hinted(self, hint: Hint) -> None:
+        """Start reading the chunk a read hint names, beside the lookup that will confirm it (client/dir_hints.py)."""
+        key = (hint.ino, 0, hint.ref.version)
+        if key in self.cache:
+            return
+
+        async def fetch():
+            try:
+                await self.cache.fetch(key, lambda: self._read_exact(hint), prefetch=True)
+            except StripefsError as exc:
+                log.debug("hinted read of inode %d failed: %s", hint.ino, exc)
+
+        self.nursery.start_soon(fetch, name=f"hinted-{hint.ino}")
+
+    async def _read_exact(self, hint: Hint) -> memoryview:
+        """Chunk 0 of a hinted file from the replica a read would ask first, only at exactly the hinted
+        version (a newer copy is not what the key says); one try, no fail-over: it is a guess."""
+        key = (hint.ino, 0, hint.ref.version)
+        if self.disk_cache is not None:
+            data = await self.disk_cache.get(key)
+            if data is not None:
+                return data
+        node_id = self.nodes.order(hint.ref.nodes, start=hint.ino)[0]
+        version, data = await self.nodes.read_versioned(node_id, p.ChunkId(hint.ino, 0), hint.ref.version, 0, hint.length, last_try=False)
+        if version != hint.ref.version:
+            raise StripefsError(ErrorCode.STALE, f"inode {hint.ino} is at version {version}, the hint said {hint.ref.version}")
+        if self.disk_cache is not None:
+            self.disk_cache.put_soon(self.nursery, key, data)
+        return data
 
     #: a replica that has not answered this long is joined by the next one (ClientConfig.hedge_after_s; 0: never)
     hedge_after_s = 0.5

@@ -135,6 +135,11 @@ class PeerQueues(Generic[T]):
         state = self._peers.get(peer)
         return state.inflight if state else 0
 
+    def waiting(self, peer: bytes) -> int:
+        """The peer's requests queued for a slot (a request answered at once must not pass them)."""
+        state = self._peers.get(peer)
+        return len(state.queue) if state else 0
+
     def __len__(self) -> int:
         """Peers with something in flight."""
         return len(self._peers)

@@ -568,13 +568,15 @@ class ReaddirReq(Msg, tag="readdir"):
 
     ``open_info``: also the open information (layout, chunk map) of every
     regular file listed, in ``ReaddirRsp.files``: a dataset mount that lists a
-    tree then opens its files without one round trip each.
+    tree then opens its files without one round trip each. ``small_only``:
+    only of files of at most one chunk (a mount's read hints, client/dir_hints.py).
     """
 
     ino: int
     after: int = 0
     limit: int = 1000
     open_info: bool = False
+    small_only: bool = False
 
 
 class ReaddirRsp(Msg, tag="readdir_rsp"):

@@ -322,7 +322,7 @@ async def serve(
     ``limits.request_timeout_s`` is cancelled and answered TIMEOUT.
 
     ``fast(body, payloads)``, when given, is offered each request first, on the
-    receiving task, while its peer has nothing running: a reply it returns is
+    receiving task, unless its peer has requests queued: a reply it returns is
     sent at once; None sends the request the usual way, to ``handler`` in a task
     of its own. It must not block for long, and answers only successes (on any
     doubt: None). For a storage node's small reads this halves the CPU a request
@@ -401,7 +401,7 @@ async def serve(
                 continue
             payloads = [f.buffer for f in frames[2:]]
             security.PEER.set(security.peer_of(frames[1]) if sock.secure else None)
-            if fast is not None and not admission.inflight(identity):  # never overtakes the peer's queue
+            if fast is not None and not admission.waiting(identity):  # never passes the peer's queued requests
                 started = time.perf_counter()
                 result = fast(body, payloads)
                 if result is not None:
@@ -452,9 +452,22 @@ class _RateLimitedLog:
 # -- metrics (common.metrics): one call per request, kept out of the paths above ----------
 
 
+_children: dict[tuple, object] = {}  # (metric, *labels) -> its child: ``labels()`` locks and hashes on every call
+
+
+def _child(metric, *labels):
+    key = (metric, *labels)
+    child = _children.get(key)
+    if child is None:
+        if len(_children) > 100_000:  # peers come and go: bounded like everything else
+            _children.clear()
+        child = _children[key] = metric.labels(*labels)
+    return child
+
+
 def _observe_rpc(peer: str, request: protocol.Msg, body: protocol.Msg | None, seconds: float) -> None:
     kind = protocol.kind(request)
-    metrics.RPC_SECONDS.labels(peer, kind).observe(seconds)
+    _child(metrics.RPC_SECONDS, peer, kind).observe(seconds)
     if body is None:
         metrics.RPC_ERRORS.labels(peer, kind, "TIMEOUT").inc()
     elif isinstance(body, protocol.ErrorRsp):
@@ -466,8 +479,8 @@ def _observe_rpc(peer: str, request: protocol.Msg, body: protocol.Msg | None, se
 
 
 def _observe_served(server: str, body: protocol.Msg, payloads: list, result, seconds: float) -> None:
-    metrics.REQUEST_SECONDS.labels(server, protocol.kind(body)).observe(seconds)
+    _child(metrics.REQUEST_SECONDS, server, protocol.kind(body)).observe(seconds)
     if payloads:
-        metrics.PAYLOAD_BYTES.labels(server, "in").inc(sum(memoryview(f).nbytes for f in payloads))
+        _child(metrics.PAYLOAD_BYTES, server, "in").inc(sum(memoryview(f).nbytes for f in payloads))
     if isinstance(result, tuple) and result[1]:
-        metrics.PAYLOAD_BYTES.labels(server, "out").inc(sum(memoryview(f).nbytes for f in result[1]))
+        _child(metrics.PAYLOAD_BYTES, server, "out").inc(sum(memoryview(f).nbytes for f in result[1]))

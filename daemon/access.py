@@ -85,6 +85,18 @@ class MetaAccess:
             raise StripefsError(ErrorCode.ACCESS, "this key is not in the cluster's keyring")
         return grant
 
+    def passes_unchanged(self, body: P.Msg) -> bool:
+        """Whether ``handle`` would hand a reading request to its handler as it is (no refusal,
+        squash, subtree check or capability): the daemon's fast path (service.handle_now) then
+        may answer it. False when in doubt; ``handle`` then decides, logging as usual."""
+        if type(body) not in READING_REQUESTS or isinstance(body, P.HelloReq):
+            return False
+        peer = current_peer()
+        if peer is None:
+            return True
+        grant = self.keyring.grant(peer) if self.keyring is not None else None
+        return grant is not None and grant.role in ("meta", "admin", "client") and not grant.subdir and not grant.root_squash
+
     async def handle(self, body: P.Msg, handler: Callable[[P.Msg], Awaitable[P.Msg]]) -> P.Msg:
         grant = self.grant()
         self._check_role(grant, body)

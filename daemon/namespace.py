@@ -217,7 +217,16 @@ class Namespace:
     # -- lookups -------------------------------------------------------------
 
     def lookup(self, parent: int, name: bytes) -> Attr:
-        return to_attr(self._inode(self._entry(parent, name)["ino"]))
+        return to_attr(self.lookup_row(parent, name))
+
+    def lookup_row(self, parent: int, name: bytes):
+        """The inode row of ``name`` in ``parent``: one query when it exists; the precise error when not."""
+        check_name(name)
+        row = self.store.lookup_inode(parent, name)
+        if row is None:
+            self._entry(parent, name)  # NOT_DIR, or NOT_FOUND for the parent or the name
+            raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name!r} in directory {parent}")  # a dentry without its inode
+        return row
 
     def getattr(self, ino: int) -> Attr:
         return to_attr(self._inode(ino))
@@ -543,8 +552,11 @@ class Namespace:
     # -- data: open, epochs, placement, commit ---------------------------------
 
     def open_info(self, ino: int) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
-        row = self._inode(ino)
-        refs, addrs = self._chunk_map(ino, self.store.get_chunks(ino))
+        return self.open_info_of(self._inode(ino))
+
+    def open_info_of(self, row) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
+        """``open_info`` of an inode row already read (a lookup's)."""
+        refs, addrs = self._chunk_map(row["ino"], self.store.get_chunks(row["ino"]))
         return to_attr(row), to_layout(row), refs, addrs
 
     def last_epoch(self) -> int:

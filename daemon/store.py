@@ -130,6 +130,10 @@ class SqlStore:
 
     # -- directory entries -------------------------------------------------
 
+    def lookup_inode(self, parent: int, name: bytes) -> sqlite3.Row | None:
+        """The inode row ``name`` in ``parent`` names, in one query (a lookup's hot path)."""
+        return self._x("SELECT inodes.* FROM dentries JOIN inodes ON inodes.ino = dentries.ino WHERE dentries.parent=? AND dentries.name=?", (parent, name)).fetchone()
+
     def get_dentry(self, parent: int, name: bytes) -> sqlite3.Row | None:
         return self._x("SELECT * FROM dentries WHERE parent=? AND name=?", (parent, name)).fetchone()
 

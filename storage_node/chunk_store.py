@@ -14,11 +14,25 @@ On-disk layout
         node_id                   the node id that owns it (refuses another)
         chunks/AA/BB/INO-INDEX-PART.chunk
 
-``AA/BB`` are the two low bytes of xxh3_64 of ``(ino, index)`` in hex: 65,536
-directories, so ten million chunks make about 150 files per directory, and
-every part of one ``(ino, index)`` sits in the same directory (``delete``
-with ``all_parts`` lists one directory). Names are decimal so that an
-operator can go from a log line ("chunk 1234:5:0") to the file.
+``AA/BB`` name one of 65,536 fan-out directories, number ``d`` =
+``0xAA | 0xBB << 8``; every part of one ``(ino, index)`` sits in the same
+directory (``delete`` with ``all_parts`` lists one directory). Names are
+decimal so that an operator can go from a log line ("chunk 1234:5:0") to the
+file. Which directory (``DATA_DIR/fanout`` says; a data directory keeps the
+scheme it started with):
+
+``by-inode`` (new data directories): ``d = ((ino >> 6) + (index >> 12)) mod
+65536``: 64 consecutive inodes share a directory, and a file's chunks move on
+every 4,096. Files written together (a dataset) sit together, as they would
+on a local disk: ext4 allocates a directory's inodes in its block group, so
+one inode-table read-ahead serves the whole directory, and a cold read of a
+small chunk costs about one disk read (with ``hashed`` it cost 3.5: the two
+directory levels and an inode-table block per chunk, each directory in its
+own block group; measured on this project's ext4 VM: 3.53 reads and 169 KiB
+per cold 110 KiB chunk, against 1.06 reads for the same files on the local disk).
+
+``hashed`` (data directories made before): the two low bytes of xxh3_64 of
+``(ino, index)``.
 
 Chunk file format (FORMAT_VERSION 1; all integers little-endian)
 ----------------------------------------------------------------
@@ -201,6 +215,7 @@ class ChunkStore:
                 self._claim(node_id)
             self._chunks_dir.mkdir(exist_ok=True)
             self._used, self._count = self._scan()
+            self._dir_number = _FANOUT[self._fanout_scheme()]
         except BaseException:
             self.close()
             raise
@@ -227,6 +242,19 @@ class ChunkStore:
             raise QuietError(f"{marker} is not a node id; remove it only if you know this disk's history") from None
         if owner != node_id:
             raise QuietError(f"{self.data_dir} belongs to storage node {owner}, not {node_id}")
+
+    def _fanout_scheme(self) -> str:
+        """The fan-out scheme of this data directory: as recorded; a new one gets ``by-inode``."""
+        marker = self.data_dir / "fanout"
+        try:
+            scheme = marker.read_text().strip()
+        except FileNotFoundError:
+            scheme = "hashed" if self._count else "by-inode"  # chunks from before the marker: hashed
+            _write_durably(marker, f"{scheme}\n")
+            return scheme
+        if scheme not in _FANOUT:
+            raise QuietError(f"{marker} says {scheme!r}; known fan-out schemes: {', '.join(_FANOUT)}")
+        return scheme
 
     def _scan(self) -> tuple[int, int]:
         """Sum the chunk files and remove temp files left by a crash."""
@@ -263,8 +291,8 @@ class ChunkStore:
     # -- paths and locks ----------------------------------------------------
 
     def _dir(self, ino: int, index: int) -> Path:
-        h = _xxh3(struct.pack("<QQ", ino, index))
-        return self._chunks_dir / f"{h & 0xFF:02x}" / f"{(h >> 8) & 0xFF:02x}"
+        d = self._dir_number(ino, index)
+        return self._chunks_dir / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}"
 
     def path(self, chunk: ChunkId) -> Path:
         """The file holding ``chunk`` (tests corrupt it on purpose)."""
@@ -743,6 +771,34 @@ def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None
             views.pop(0)
         if views and n:
             views[0] = views[0][n:]
+
+
+def chunk_path(data_dir: Path, chunk: ChunkId) -> Path:
+    """Where the node using ``data_dir`` keeps ``chunk``, without opening the store (tools, tests)."""
+    d = _FANOUT[(Path(data_dir) / "fanout").read_text().strip()](chunk.ino, chunk.index)
+    return Path(data_dir) / "chunks" / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}" / f"{chunk.ino}-{chunk.index}-{chunk.part}.chunk"
+
+
+def _dir_by_inode(ino: int, index: int) -> int:
+    return ((ino >> 6) + (index >> 12)) & 0xFFFF
+
+
+def _dir_hashed(ino: int, index: int) -> int:
+    return _xxh3(struct.pack("<QQ", ino, index)) & 0xFFFF
+
+
+#: fan-out schemes (module docstring): chunk id -> directory number
+_FANOUT = {"by-inode": _dir_by_inode, "hashed": _dir_hashed}
+
+
+def _write_durably(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:

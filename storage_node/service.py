@@ -115,7 +115,7 @@ class StorageService:
             return None
         try:
             access.check(self.keyring, body, self.node_id, self.caps)
-            result = self._read_inline(body)
+            result = self._read_inline(body, others=0)
         except StripefsError:
             return None  # the usual path answers it, and reports a corrupt copy
         if result is None:
@@ -154,11 +154,12 @@ class StorageService:
                 self.healing.note_bad(read.chunk)  # as for a single read (on the loop, not in the thread)
         return p.ReadChunksRsp(results=[d[0] for d in done]), [d[1] for d in done]
 
-    def _read_inline(self, req: p.ReadChunkReq, *, alone: bool = True) -> tuple[int, bytes, int] | None:
+    def _read_inline(self, req: p.ReadChunkReq, *, alone: bool = True, others: int = 1) -> tuple[int, bytes, int] | None:
         """A read of at most INLINE_READ_MAX stored bytes on the event loop, when that delays nobody:
-        from the page cache, or from the disk too if ``alone`` and no other request is being handled.
+        from the page cache, or from the disk too if ``alone`` and no other request is being handled
+        (``others``: how many of ``_busy`` are the caller's own: 1 in handle(), 0 on the fast path).
         None: it goes to a worker thread (a larger chunk, or the disk while others wait)."""
-        from_disk = alone and self._busy <= 1  # handle() counts the caller; handle_now() is not counted
+        from_disk = alone and self._busy <= others
         if not (from_disk or self._inline_reads):
             return None
         try:

@@ -354,13 +354,11 @@ def test_drain_then_remove(heal):
 
 def test_fsck_finds_and_repairs_an_orphan(heal):
     from stripefs.common.protocol import ChunkId
-    from stripefs.storage_node.chunk_store import ChunkStore, _encode_header
+    from stripefs.storage_node.chunk_store import _encode_header, chunk_path
 
     assert run_cli("fsck", "--dir", str(heal.state)).returncode == 0
     orphan = ChunkId(10**9, 0, 0)
-    fake = object.__new__(ChunkStore)
-    fake._chunks_dir = heal.data_dir(1)
-    path = ChunkStore.path(fake, orphan)
+    path = chunk_path(heal.data_dir(1).parent, orphan)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = os.urandom(5000)
     path.write_bytes(_encode_header(orphan, 5, memoryview(data), 64 * KiB) + data)

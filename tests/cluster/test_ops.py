@@ -101,19 +101,22 @@ def _status(cluster) -> dict:
     return json.loads(run_cli("status", "--meta", cluster.meta_address, "--json").stdout)
 
 
-def _wait_status(cluster, predicate, what: str, timeout: float = 90) -> dict:
+def _wait_status(cluster, predicate, what: str, timeout: float = 90, every: float = 0.5) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         status = _status(cluster)
         if predicate(status):
             return status
         assert time.monotonic() < deadline, f"{what}: {status}"
-        time.sleep(0.5)
+        time.sleep(every)
 
 
 def test_status_json_matches_the_cluster_after_a_node_is_killed(cluster, mnt):
-    (mnt / "striped").write_bytes(os.urandom(16 * MiB))  # 4 chunks over 4 nodes, 2 copies each
-    before = _status(cluster)
+    # 32 chunks over 4 nodes, 2 copies each: node 4's ~64 MiB take repair (64 MiB/s) about a second,
+    # so the status that first shows the node down still counts degraded chunks
+    (mnt / "striped").write_bytes(os.urandom(128 * MiB))
+    # a node's chunk count comes with its heartbeat (every second): wait for the one after the write
+    before = _wait_status(cluster, lambda s: all(n["chunks"] > 0 for n in s["nodes"]), "nodes never reported their chunks", timeout=10)
     assert before["health"] == "ok" and before["nodes_up"] == before["nodes_total"] == 4
     assert before["degraded_chunks"] == 0
     assert before["leader"] and before["leader"] == before["daemon"]  # one daemon (SQLite): it leads
@@ -122,7 +125,7 @@ def test_status_json_matches_the_cluster_after_a_node_is_killed(cluster, mnt):
 
     cluster.kill_node(4)
     try:
-        after = _wait_status(cluster, lambda s: s["nodes_up"] == 3, "node 4 never declared down")
+        after = _wait_status(cluster, lambda s: s["nodes_up"] == 3, "node 4 never declared down", every=0.1)
         states = {n["node_id"]: n["state"] for n in after["nodes"]}
         assert states == {1: "up", 2: "up", 3: "up", 4: "down"}
         assert after["health"] == "degraded"

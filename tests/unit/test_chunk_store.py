@@ -396,3 +396,33 @@ def test_nowait_reads_come_from_the_page_cache_or_say_so(store):
     with pytest.raises(StripefsError) as e:  # errors other than "would block" stay errors
         store.read(ChunkId(42, 9, 0), 3, 0, 10, nowait=True)
     assert _code(e) == ErrorCode.NOT_FOUND
+
+
+def test_a_new_data_directory_keeps_files_written_together_in_one_fanout_directory(tmp_path):
+    with ChunkStore(tmp_path) as store:
+        for ino in range(128, 192):  # 64 consecutive inodes: one directory
+            store.write(ChunkId(ino, 0), 1, 0, 0, b"x", replace=True)
+        store.write(ChunkId(128, 4096), 1, 0, 0, b"y", replace=True)  # a big file's chunks move on every 4,096
+        dirs = {p.parent for p in (tmp_path / "chunks").glob("*/*/*.chunk")}
+        assert len(dirs) == 2 and store.path(ChunkId(128, 0)).parent != store.path(ChunkId(128, 4096)).parent
+        assert store.path(ChunkId(128, 0, 1)).parent == store.path(ChunkId(128, 0, 0)).parent  # parts stay together
+        assert cs.chunk_path(tmp_path, ChunkId(128, 4096)) == store.path(ChunkId(128, 4096))  # tools find it too
+    assert (tmp_path / "fanout").read_text() == "by-inode\n"
+
+
+def test_a_data_directory_from_before_the_marker_keeps_hashed_fanout(tmp_path):
+    with ChunkStore(tmp_path) as store:
+        store.write(C, 3, 0, 0, b"old data", replace=True)
+    (tmp_path / "fanout").unlink()
+    h = cs._dir_hashed(C.ino, C.index)
+    assert h != cs._dir_by_inode(C.ino, C.index)
+    target = tmp_path / "chunks" / f"{h & 0xFF:02x}" / f"{h >> 8:02x}"
+    source = next((tmp_path / "chunks").glob("*/*/*.chunk"))
+    target.mkdir(parents=True, exist_ok=True)
+    os.rename(source, target / source.name)  # where a node from before the marker put it
+    with ChunkStore(tmp_path) as store:
+        assert store.read(C, 0, 0, 100) == (3, b"old data")
+    assert (tmp_path / "fanout").read_text() == "hashed\n"
+    (tmp_path / "fanout").write_text("spiral\n")
+    with pytest.raises(QuietError, match="fan-out"):
+        ChunkStore(tmp_path)

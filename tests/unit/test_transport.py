@@ -7,7 +7,7 @@ import pytest
 import trio
 import zmq
 
-from stripefs.common import protocol
+from stripefs.common import limits, protocol
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect, open_socket, serve
 
@@ -176,3 +176,56 @@ async def test_reconnects_after_server_restart(ctx):
                 assert rsp.role == "test"
                 nursery.cancel_scope.cancel()
             await _until_bindable(address)  # libzmq closes the listener in its own thread, a moment later
+
+
+async def test_the_fast_path_answers_what_it_can_and_never_passes_a_peer_queue(ctx):
+    """serve(fast=...): a reply from ``fast`` goes out at once; None takes the usual path; a
+    request of a peer whose queue holds requests waits its turn behind them."""
+    address = _free_address()
+    seen = {"fast": 0, "slow": 0}
+    held = trio.Event()
+    release = trio.Event()
+
+    def fast(body, payloads):
+        if isinstance(body, protocol.ReadChunkReq) and body.chunk.ino == 1:
+            seen["fast"] += 1
+            return protocol.ReadChunkRsp(version=7, xxh3=0), [b"fast"]
+        return None
+
+    async def handler(body, payloads):
+        seen["slow"] += 1
+        if body.chunk.ino == 2:  # holds the peer's only slot until released
+            held.set()
+            await release.wait()
+        return protocol.ReadChunkRsp(version=body.chunk.ino, xxh3=0), [b"slow"]
+
+    def read(ino):
+        return protocol.ReadChunkReq(chunk=protocol.ChunkId(ino, 0), min_version=0, offset=0, length=4)
+
+    one_slot = limits.ServeLimits(per_peer_inflight=1)
+    async with trio.open_nursery() as nursery:
+        async with open_socket(ctx, zmq.ROUTER, bind=address) as sock:
+            nursery.start_soon(lambda: serve(sock, handler, name="fast-test", limits=one_slot, fast=fast))
+            async with connect(ctx, address, timeout=5) as client:
+                rsp, data = await client.call(read(1))
+                assert (rsp.version, bytes(data[0])) == (7, b"fast") and seen == {"fast": 1, "slow": 0}
+                rsp, data = await client.call(read(3))  # fast says None: the handler answers
+                assert (rsp.version, bytes(data[0])) == (3, b"slow") and seen == {"fast": 1, "slow": 1}
+
+                results = {}
+
+                async def ask(name, ino):
+                    results[name] = await client.call(read(ino))
+
+                async with trio.open_nursery() as calls:
+                    calls.start_soon(ask, "held", 2)
+                    await held.wait()
+                    calls.start_soon(ask, "queued", 3)  # the peer's slot is taken: it queues
+                    await trio.sleep(0.1)
+                    calls.start_soon(ask, "behind", 1)  # fast could answer it, but not past "queued"
+                    await trio.sleep(0.2)
+                    assert not results and seen["fast"] == 1
+                    release.set()
+                assert [results[k][0].version for k in ("held", "queued", "behind")] == [2, 3, 1]
+                assert bytes(results["behind"][1][0]) == b"slow"
+            nursery.cancel_scope.cancel()
