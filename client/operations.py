@@ -235,6 +235,7 @@ class Operations(pyfuse3.Operations):
             hint = self.hints.get(parent_inode, name)
             if hint is not None:
                 self.data.read_hinted(hint)  # beside the lookup, which decides whether it is used (dir_hints.py)
+                await trio.lowlevel.checkpoint()  # let it send first: its round trip is the longer one (a disk read)
         stamp = self.kcache.stamp()
         try:
             rsp = await self.meta.call(
