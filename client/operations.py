@@ -16,7 +16,8 @@ open information too (layout, chunk map), and ``open`` uses the newest lookup
 answer if it is younger than ``OPEN_INFO_FRESH_S``: it was answered after the
 open() began, so it is as fresh as an OpenReq would be. Opens that walk no path
 (reopening /proc/PID/fd/N) fall back to an OpenReq once that answer is older.
-Cold small-file reads cost one metadata and one storage round trip.
+Cold small-file reads cost one metadata and one storage round trip, at the same
+time once the directory has read hints (client/dir_hints.py).
 
 If the data changed since the kernel's pages were filled (the last open here),
 the page cache is dropped (``keep_cache`` False).
@@ -239,6 +240,7 @@ class Operations(pyfuse3.Operations):
             hint = self.hints.get(parent_inode, name)
             if hint is not None:
                 self.data.read_hinted(hint)  # beside the lookup, which decides whether it is used (dir_hints.py)
+                await trio.lowlevel.checkpoint()  # let it send first: its round trip is the longer one (a disk read)
         stamp = self.kcache.stamp()
         try:
             rsp = await self.meta.call(

@@ -356,3 +356,45 @@ async def test_hostile_session_state_cannot_end_the_daemon_later(tmp_path, ctx):
                     await trio.sleep(0.1)
             assert isinstance(await _call(c, P.PingReq()), P.PingRsp)
         nursery.cancel_scope.cancel()
+
+
+async def test_lookups_answered_on_the_fast_path_match_the_usual_path(daemon, ctx):
+    """LookupReq/GetattrReq take serve()'s fast path when the daemon's lock is free; what they answer,
+    errors included, is what the handler answers; a small_only listing leaves large files out."""
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        await _call(c, _register())
+        sid = (await _call(c, P.HelloReq(host="test", pid=os.getpid()))).session_id
+        d = (await _call(c, P.MkdirReq(parent=ROOT, name=b"fast", mode=0o755, uid=0, gid=0))).attr
+        small = await _call(c, P.CreateReq(parent=d.ino, name=b"small", mode=0o644, uid=0, gid=0, session_id=sid))
+        big = await _call(c, P.CreateReq(parent=d.ino, name=b"big", mode=0o644, uid=0, gid=0, session_id=sid))
+        epoch = (await _call(c, P.AllocEpochReq())).epoch
+        await _call(c, P.CommitReq(ino=small.attr.ino, size=1000, mtime_ns=5, chunks=[P.ChunkRef(index=0, version=epoch, nodes=[])]))
+        await _call(c, P.AllocChunksReq(ino=big.attr.ino, indices=[0, 1, 2]))
+        await _call(c, P.CommitReq(ino=big.attr.ino, size=3 << 20, mtime_ns=5,
+                                   chunks=[P.ChunkRef(index=i, version=epoch, nodes=[]) for i in range(3)]))
+
+        by_open = await _call(c, P.OpenReq(ino=small.attr.ino, session_id=sid))
+        by_lookup = await _call(c, P.LookupReq(parent=d.ino, name=b"small", open_info=True, session_id=sid))
+        assert isinstance(by_lookup, P.OpenRsp)
+        assert (by_lookup.attr, by_lookup.layout, by_lookup.chunks) == (by_open.attr, by_open.layout, by_open.chunks)
+        plain = await _call(c, P.LookupReq(parent=d.ino, name=b"small"))
+        assert isinstance(plain, P.AttrRsp) and plain.attr == by_open.attr
+        assert (await _call(c, P.GetattrReq(ino=small.attr.ino))).attr == by_open.attr
+        assert isinstance(await _call(c, P.LookupReq(parent=ROOT, name=b"fast", open_info=True)), P.AttrRsp)  # a directory
+        for request, code in [
+            (P.LookupReq(parent=d.ino, name=b"missing", open_info=True), ErrorCode.NOT_FOUND),
+            (P.LookupReq(parent=small.attr.ino, name=b"x"), ErrorCode.NOT_DIR),
+            (P.LookupReq(parent=987654, name=b"x"), ErrorCode.NOT_FOUND),
+            (P.LookupReq(parent=d.ino, name=b"a/b"), ErrorCode.INVALID),
+            (P.GetattrReq(ino=987654), ErrorCode.NOT_FOUND),
+        ]:
+            with pytest.raises(StripefsError) as info:
+                await c.call(request)
+            assert info.value.code == code, request
+
+        listing = await _call(c, P.ReaddirReq(ino=d.ino, open_info=True, small_only=True))
+        assert sorted(e.name for e in listing.entries) == [b"big", b"small"]
+        assert [i.attr.ino for i in listing.files] == [small.attr.ino]  # 3 chunks of 1 MiB: not small
+        full = await _call(c, P.ReaddirReq(ino=d.ino, open_info=True))
+        assert sorted(i.attr.ino for i in full.files) == sorted([small.attr.ino, big.attr.ino])
