@@ -595,10 +595,10 @@ def alloc_indices(of: OpenFile, index: int) -> list[int]:
     """The chunks to place in one AllocChunksReq when ``index`` needs a placement.
 
     A file growing chunk by chunk (the one before ``index`` is placed) is most
-    likely written on: place the next chunks too, as many as the file already has before ``index`` (so a
-    small file never gets more than it holds, and a growing one at most double),
-    up to ``ALLOC_AHEAD``. Chunks placed but never written stay version 0: they
-    read as zeros and are reclaimed like any uncommitted allocation.
+    likely written on: place the next chunks too, as many as the file already
+    has before ``index`` (a small file never gets more than it holds, a growing
+    one at most double), up to ``ALLOC_AHEAD``. Those not written are given back
+    at the commit (``DataPath._release_unused``, ReleaseChunksReq).
     """
     want = [index]
     before = of.uncommitted.get(index - 1) or of.chunks.get(index - 1)

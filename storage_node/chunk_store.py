@@ -599,8 +599,8 @@ class ChunkStore:
 
     def _make_dirs(self, directory: Path, sync: bool) -> None:
         """Create a fan-out directory (65,792 at most). Its entry in its parent is fsynced now for a
-        ``sync`` write, else by the next ``sync`` (a young node creates one or two directories for
-        almost every chunk: an fsync each, a journal commit each, cost more than the writes)."""
+        ``sync`` write, else by the next ``sync``: an fsync is a journal commit, and with the
+        ``hashed`` fan-out a young node made one or two directories for almost every chunk."""
         for d in (directory.parent, directory):
             try:
                 d.mkdir()
