@@ -154,8 +154,7 @@ class ZmqSocket:
         self._changed.set()  # wake anyone still waiting so they see `closed`
 
 
-@asynccontextmanager
-async def open_socket(
+def new_socket(
     ctx: zmq.Context,
     socket_type: int,
     *,
@@ -163,13 +162,8 @@ async def open_socket(
     connect: str | None = None,
     hwm: int = 10_000,
     max_frame: int | None = None,
-) -> AsyncIterator[ZmqSocket]:
-    """A ZmqSocket with its pump running; closed (linger 0) on exit. SUB sockets subscribe to everything.
-
-    ``max_frame``: ZMQ_MAXMSGSIZE, the largest frame a peer may send before it is
-    disconnected; by default the largest legitimate frame for the socket type
-    (common/limits.py).
-    """
+) -> zmq.Socket:
+    """A pyzmq socket with stripefs's options, bound or connected (``open_socket`` without the trio adapter)."""
     sock = ctx.socket(socket_type)
     sock.setsockopt(zmq.LINGER, 0)
     sock.copy_threshold = COPY_THRESHOLD
@@ -196,6 +190,26 @@ async def open_socket(
     except (zmq.ZMQError, QuietError):
         sock.close(linger=0)
         raise
+    return sock
+
+
+@asynccontextmanager
+async def open_socket(
+    ctx: zmq.Context,
+    socket_type: int,
+    *,
+    bind: str | None = None,
+    connect: str | None = None,
+    hwm: int = 10_000,
+    max_frame: int | None = None,
+) -> AsyncIterator[ZmqSocket]:
+    """A ZmqSocket (``new_socket``); closed (linger 0) on exit. SUB sockets subscribe to everything.
+
+    ``max_frame``: ZMQ_MAXMSGSIZE, the largest frame a peer may send before it is
+    disconnected; by default the largest legitimate frame for the socket type
+    (common/limits.py).
+    """
+    sock = new_socket(ctx, socket_type, bind=bind, connect=connect, hwm=hwm, max_frame=max_frame)
     zsock = ZmqSocket(sock)
     zsock.secure = bool(bind) and bool(sock.curve_server)
     try:
@@ -308,6 +322,7 @@ async def serve(
     name: str = "server",
     limits: limits.ServeLimits = limits.ServeLimits(),
     fast: FastHandler | None = None,
+    keyed: bool = False,
 ) -> None:
     """Answer requests on a bound ROUTER socket until cancelled.
 
@@ -327,6 +342,9 @@ async def serve(
     of its own. It must not block for long, and answers only successes (on any
     doubt: None). For a storage node's small reads this halves the CPU a request
     costs: no task, semaphore, cancel scope or extra scheduler passes.
+
+    ``keyed``: ``sock`` is the inner end of a fast lane (common/fast_lane.py),
+    whose messages carry the sender's key as a frame after the identity.
     """
     running = trio.Semaphore(concurrency)
     admission: _limits.PeerQueues[tuple] = _limits.PeerQueues(limits)
@@ -384,6 +402,11 @@ async def serve(
         while True:
             frames = await sock.recv_multipart()
             identity = frames[0].bytes
+            if keyed:  # [identity, key, header, payloads...] from a fast lane: its thread read the key
+                peer = frames[1].bytes.decode() or None
+                frames = [frames[0], *frames[2:]]
+            else:
+                peer = security.peer_of(frames[1]) if sock.secure and len(frames) > 1 else None
             if len(frames) < 2:
                 log.warning("%s: message without a header frame from %r", name, identity)
                 await reply(identity, 0, protocol.ErrorRsp(code=ErrorCode.BAD_REQUEST, message="no header frame"))
@@ -400,7 +423,7 @@ async def serve(
                 await reply(identity, exc.request_id, protocol.ErrorRsp(code=exc.code, message=str(exc)))
                 continue
             payloads = [f.buffer for f in frames[2:]]
-            security.PEER.set(security.peer_of(frames[1]) if sock.secure else None)
+            security.PEER.set(peer)
             if fast is not None and not admission.waiting(identity):  # never passes the peer's queued requests
                 started = time.perf_counter()
                 result = fast(body, payloads)

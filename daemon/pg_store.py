@@ -153,8 +153,9 @@ class PgStore(SqlStore):
 
     # -- transactions --------------------------------------------------------
 
-    def run(self, fn: Callable[..., T], *args, readonly: bool = False, **kwargs) -> T:
-        """``fn(*args, **kwargs)`` as one transaction, committed before returning; retried on conflicts."""
+    def run(self, fn: Callable[..., T], *args, readonly: bool = False, hooks: bool = True, **kwargs) -> T:
+        """``fn(*args, **kwargs)`` as one transaction, committed before returning; retried on conflicts.
+        ``hooks`` False: without the begin hooks (a probe that touches no quota)."""
         delay = 0.001
         for attempt in itertools.count(1):
             try:
@@ -162,7 +163,7 @@ class PgStore(SqlStore):
                     self._local.conn = conn
                     try:
                         conn.execute(_BEGIN_READ if readonly else _BEGIN_WRITE)
-                        for hook in self.begin_hooks:
+                        for hook in self.begin_hooks if hooks else ():
                             hook()
                         result = fn(*args, **kwargs)
                         conn.execute("COMMIT")

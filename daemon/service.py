@@ -285,9 +285,9 @@ class MetaService:
         async with self._lock:
             return fn(*args, **kwargs)
 
-    async def _in_transaction(self, fn: Callable[..., T], args, kwargs, *, readonly: bool) -> T:
+    async def _in_transaction(self, fn: Callable[..., T], args, kwargs, *, readonly: bool, hooks: bool = True) -> T:
         """PostgreSQL: one operation, one transaction, in a worker thread (daemon/pg_store.py)."""
-        call = functools.partial(self.store.run, fn, *args, readonly=readonly, **kwargs)
+        call = functools.partial(self.store.run, fn, *args, readonly=readonly, hooks=hooks, **kwargs)
         return await trio.to_thread.run_sync(call, limiter=self._limiter)
 
     def _write_locked(self, fn: Callable[..., T], *args, change=None, **kwargs) -> tuple[T, _Batch]:
@@ -406,10 +406,16 @@ class MetaService:
         (daemon/change_log.py). Woken at once by this daemon's own writes, else every POLL_S.
         The rows are numbered and read in transactions of their own, then sent from this thread."""
         while True:
-            with trio.move_on_after(change_log.POLL_S):
+            with trio.move_on_after(change_log.POLL_S) as idle:
                 await self._feed_wake.wait()
             self._feed_wake = trio.Event()
             try:
+                # idle: one light read-only probe first (two write/read transactions every POLL_S
+                # kept an idle daemon at ~30% of a core)
+                if idle.cancelled_caught and not await self._in_transaction(
+                    self.store.feed_behind, (self.feed.seq,), {}, readonly=True, hooks=False
+                ):
+                    continue
                 await self._in_transaction(self.store.number_changes, (change_log.PAGE,), {}, readonly=False)
                 while True:
                     rows = await self._read(self.store.changes_after, self.feed.seq, change_log.PAGE)

@@ -420,6 +420,12 @@ class SqlStore:
         self._xm("UPDATE change_log SET seq = ? WHERE id = ?", ((first + i, row_id) for i, row_id in enumerate(ids)))
         return len(ids)
 
+    def feed_behind(self, seq: int) -> bool:
+        """Whether the log has rows to number, or numbered rows after ``seq`` (the idle feed's cheap probe)."""
+        return bool(self._x(
+            "SELECT EXISTS (SELECT 1 FROM change_log WHERE seq IS NULL) OR EXISTS (SELECT 1 FROM change_log WHERE seq > ?)", (seq,)
+        ).fetchone()[0])
+
     def last_change_seq(self) -> int:
         return self._x("SELECT value FROM counters WHERE name = 'change_seq'").fetchone()[0]
 

@@ -147,8 +147,11 @@ def test_a_shared_log_is_numbered_in_commit_order_after_the_commits(pg_dsn):
         t = threading.Thread(target=slow_writer)
         t.start()
         assert inserted.wait(10)
+        assert not b.run(b.feed_behind, 0, readonly=True, hooks=False)  # the idle feed's probe: nothing committed yet
         b.run(b.log_change, 2, change_log.encode([2], []))
+        assert b.run(b.feed_behind, 0, readonly=True, hooks=False)  # a row to number
         assert b.run(b.number_changes, 100) == 1  # only the committed row
+        assert b.run(b.feed_behind, 0, readonly=True) and not b.run(b.feed_behind, 1, readonly=True)  # seq 1 published: idle
         assert [change_log.decode(e)[0] for _, e in b.changes_after(0, 10)] == [[2]]
         release.set()
         t.join(10)

@@ -229,3 +229,56 @@ async def test_the_fast_path_answers_what_it_can_and_never_passes_a_peer_queue(c
                 assert [results[k][0].version for k in ("held", "queued", "behind")] == [2, 3, 1]
                 assert bytes(results["behind"][1][0]) == b"slow"
             nursery.cancel_scope.cancel()
+
+
+async def test_a_fast_lane_answers_on_its_thread_and_forwards_the_rest(ctx):
+    """common/fast_lane.py: ``fast`` answers on the lane thread; everything else reaches the trio
+    handler with its errors and payloads intact; stopping frees the address."""
+    import threading
+
+    from stripefs.common.fast_lane import serve_with_fast_lane
+
+    address = _free_address()
+    threads = {}
+
+    def fast(body, payloads, *, waiting):
+        threads["fast"] = threading.current_thread().name
+        if isinstance(body, protocol.ReadChunkReq) and body.chunk.ino == 1:
+            return protocol.ReadChunkRsp(version=1, xxh3=0), [b"from the lane"]
+        return None
+
+    async def handler(body, payloads):
+        threads["handler"] = threading.current_thread().name
+        if isinstance(body, protocol.WriteChunkReq):
+            return protocol.WriteChunkRsp(version=body.version, length=sum(len(p) for p in payloads))
+        if body.chunk.ino == 666:
+            raise StripefsError(ErrorCode.NOT_FOUND, "no such chunk")
+        return protocol.ReadChunkRsp(version=body.chunk.ino, xxh3=0), [b"from trio"]
+
+    def read(ino):
+        return protocol.ReadChunkReq(chunk=protocol.ChunkId(ino, 0), min_version=0, offset=0, length=4)
+
+    for _ in range(2):  # twice on one address: the first lane closed its socket
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: serve_with_fast_lane(ctx, address, handler, fast, name="lane-test", task_status=task_status))
+            async with connect(ctx, address, timeout=5) as client:
+                rsp, data = await client.call(read(1))
+                assert bytes(data[0]) == b"from the lane" and threads["fast"] == "lane-test-fast-lane"
+                rsp, data = await client.call(read(7))
+                assert (rsp.version, bytes(data[0])) == (7, b"from trio") and threads["handler"] == threading.main_thread().name
+                write = protocol.WriteChunkReq(chunk=protocol.ChunkId(2, 0), version=3, base_version=0, offset=0, xxh3=0)
+                rsp, _ = await client.call(write, [b"x" * 1000, b"y" * 24])
+                assert rsp.length == 1024
+                with pytest.raises(StripefsError) as info:
+                    await client.call(read(666))
+                assert info.value.code == ErrorCode.NOT_FOUND
+
+                async def many(k):
+                    rsp, data = await client.call(read(1 if k % 2 else 100 + k))
+                    assert bytes(data[0]) == (b"from the lane" if k % 2 else b"from trio")
+
+                async with trio.open_nursery() as calls:
+                    for k in range(200):
+                        calls.start_soon(many, k)
+            nursery.cancel_scope.cancel()
+        await _until_bindable(address)
