@@ -163,7 +163,12 @@ def new_socket(
     hwm: int = 10_000,
     max_frame: int | None = None,
 ) -> zmq.Socket:
-    """A pyzmq socket with stripefs's options, bound or connected (``open_socket`` without the trio adapter)."""
+    """A pyzmq socket with stripefs's options, bound or connected (``open_socket`` without the trio adapter).
+
+    ``max_frame``: ZMQ_MAXMSGSIZE, the largest frame a peer may send before it is
+    disconnected; by default the largest legitimate frame for the socket type
+    (common/limits.py).
+    """
     sock = ctx.socket(socket_type)
     sock.setsockopt(zmq.LINGER, 0)
     sock.copy_threshold = COPY_THRESHOLD
@@ -194,24 +199,12 @@ def new_socket(
 
 
 @asynccontextmanager
-async def open_socket(
-    ctx: zmq.Context,
-    socket_type: int,
-    *,
-    bind: str | None = None,
-    connect: str | None = None,
-    hwm: int = 10_000,
-    max_frame: int | None = None,
-) -> AsyncIterator[ZmqSocket]:
-    """A ZmqSocket (``new_socket``); closed (linger 0) on exit. SUB sockets subscribe to everything.
-
-    ``max_frame``: ZMQ_MAXMSGSIZE, the largest frame a peer may send before it is
-    disconnected; by default the largest legitimate frame for the socket type
-    (common/limits.py).
-    """
-    sock = new_socket(ctx, socket_type, bind=bind, connect=connect, hwm=hwm, max_frame=max_frame)
+async def open_socket(ctx: zmq.Context, socket_type: int, **options) -> AsyncIterator[ZmqSocket]:
+    """A ZmqSocket over ``new_socket(ctx, socket_type, **options)``; closed (linger 0) on exit.
+    SUB sockets subscribe to everything."""
+    sock = new_socket(ctx, socket_type, **options)
     zsock = ZmqSocket(sock)
-    zsock.secure = bool(bind) and bool(sock.curve_server)
+    zsock.secure = bool(sock.curve_server)  # set only on a bound socket with a key (security.secure_socket)
     try:
         yield zsock
     finally:

@@ -291,12 +291,11 @@ class ChunkStore:
     # -- paths and locks ----------------------------------------------------
 
     def _dir(self, ino: int, index: int) -> Path:
-        d = self._dir_number(ino, index)
-        return self._chunks_dir / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}"
+        return _fanout_dir(self._chunks_dir, self._dir_number(ino, index))
 
     def path(self, chunk: ChunkId) -> Path:
         """The file holding ``chunk`` (tests corrupt it on purpose)."""
-        return self._dir(chunk.ino, chunk.index) / f"{chunk.ino}-{chunk.index}-{chunk.part}.chunk"
+        return self._dir(chunk.ino, chunk.index) / _file_name(chunk)
 
     @contextmanager
     def _chunk_lock(self, chunk: ChunkId) -> Iterator[None]:
@@ -722,7 +721,7 @@ class ChunkStore:
 
     def chunks_in_dir(self, d: int) -> list[ChunkId]:
         """Copies in fan-out directory number ``d`` (``chunks/{d & 0xFF:02x}/{d >> 8:02x}``)."""
-        directory = self._chunks_dir / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}"
+        directory = _fanout_dir(self._chunks_dir, d)
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
@@ -776,7 +775,16 @@ def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None
 def chunk_path(data_dir: Path, chunk: ChunkId) -> Path:
     """Where the node using ``data_dir`` keeps ``chunk``, without opening the store (tools, tests)."""
     d = _FANOUT[(Path(data_dir) / "fanout").read_text().strip()](chunk.ino, chunk.index)
-    return Path(data_dir) / "chunks" / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}" / f"{chunk.ino}-{chunk.index}-{chunk.part}.chunk"
+    return _fanout_dir(Path(data_dir) / "chunks", d) / _file_name(chunk)
+
+
+def _fanout_dir(chunks_dir: Path, d: int) -> Path:
+    """Fan-out directory number ``d``: ``chunks/AA/BB`` with AA its low byte."""
+    return chunks_dir / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}"
+
+
+def _file_name(chunk: ChunkId) -> str:
+    return f"{chunk.ino}-{chunk.index}-{chunk.part}.chunk"
 
 
 def _dir_by_inode(ino: int, index: int) -> int:

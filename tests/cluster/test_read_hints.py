@@ -1,12 +1,10 @@
 """Read hints (client/dir_hints.py): a walked directory's small files are read beside their lookups,
 and a hint that went out of date never hands out old data (close-to-open holds)."""
 
-import json
 import os
 import time
 
-from conftest import run_cli
-from test_ops import scrape, total
+from test_ops import _processes, scrape, total
 
 
 def _read(path):
@@ -15,8 +13,7 @@ def _read(path):
 
 
 def _mount_metrics(cluster) -> str:
-    procs = json.loads(run_cli("local", "status", "--dir", str(cluster.state), "--json").stdout)["processes"]
-    return next(p["metrics"] for p in procs if p["role"] == "mount")
+    return next(p["metrics"] for p in _processes(cluster) if p["role"] == "mount")
 
 
 def test_hinted_reads_are_used_and_never_serve_an_old_version(cluster, mnt):

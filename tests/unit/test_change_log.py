@@ -17,6 +17,7 @@ from stripefs.common import protocol as P
 from stripefs.daemon import change_log
 from stripefs.daemon.db import open_database
 from stripefs.daemon.events import ChangeFeed
+from test_kernel_cache import follow_until_heard
 from stripefs.daemon.pg_store import open_pg_store
 from stripefs.daemon.store import SqliteStore
 
@@ -96,16 +97,10 @@ async def test_a_change_made_through_one_daemon_reaches_a_mount_following_the_ot
     cache.remember(1, b"x", 7)
     cache.remember(1, b"y", 8)
 
-    async def feed_info():
-        return f"tcp://127.0.0.1:{feed_b.port}", log_id, feed_b.seq
-
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cache.follow, ctx, feed_info)
             with trio.fail_after(10):
-                while not cache.events_heard:  # subscribed once a heartbeat came through
-                    feed_b._send(P.ChangeEvent(log_id, feed_b.seq, [], []))
-                    await trio.sleep(0.05)
+                await follow_until_heard(nursery, cache, ctx, feed_b, log_id)
                 published = []
 
                 def rename():  # "daemon A" renames x to y: one transaction, the change logged in it

@@ -5,17 +5,13 @@ import errno
 import logging
 import os
 import random
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 
 import pytest
 
 from stripefs.common.protocol import ChunkId
 from stripefs.storage_node.chunk_store import HEADER_SIZE, ChunkStore
 from stripefs.storage_node.direct_io import ALIGN, DirectWriter, round_up
+from test_chunk_store import kill_9_while_rewriting
 
 MiB = 1 << 20
 BS = 64 << 10
@@ -123,44 +119,10 @@ def test_large_chunks_bypass_the_page_cache_small_ones_do_not(writer, tmp_path):
         assert s.usage().used_bytes == os.path.getsize(s.path(big)) + os.path.getsize(s.path(small))
 
 
-_WRITER = textwrap.dedent(
-    """
-    import sys
-    from stripefs.common.protocol import ChunkId
-    from stripefs.storage_node.chunk_store import ChunkStore
-    store = ChunkStore(sys.argv[1], block_size=65536, reserved_space=0)
-    contents = [bytes([65]) * 1_500_000, bytes([66]) * 1_200_000 + bytes([67]) * 1_100_000]
-    chunk = ChunkId(42, 3, 0)
-    i = 0
-    while True:
-        store.write(chunk, 1, 0, 0, contents[i % 2], replace=True)
-        if i == 0:
-            print("writing", store._direct.enabled, flush=True)
-        i += 1
-    """
-)
-
-
 def test_kill_9_during_direct_writes_leaves_old_or_new_content(writer, tmp_path):
-    contents = {b"A" * 1_500_000, b"B" * 1_200_000 + b"C" * 1_100_000}
-    c = ChunkId(42, 3, 0)
-    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
-        s.write(c, 1, 0, 0, b"A" * 1_500_000)
-    rng = random.Random(2)
-    for _ in range(6):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE)
-        try:
-            assert proc.stdout.readline() == b"writing True\n"
-            time.sleep(rng.uniform(0, 0.05))
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            proc.stdout.close()
-        with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
-            version, data = s.read(c, 1, 0, 4 * MiB)  # verifies every block
-            assert data in contents
-            assert s.usage().chunks == 1
-            assert not [n for n in os.listdir(s.path(c).parent) if n.endswith(".tmp")]
+    ready = kill_9_while_rewriting(tmp_path, [[(65, 1_500_000)], [(66, 1_200_000), (67, 1_100_000)]],
+                                   block_size=65536, kills=6, max_pause_s=0.05, seed=2)
+    assert ready == {b"writing True\n"}
 
 
 def test_new_directories_are_made_durable_by_the_next_sync(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from stripefs.client import kernel_cache as kc
 from stripefs.common import protocol as P
 from stripefs.daemon import change_log
 from stripefs.daemon.events import ChangeFeed
+from test_kernel_cache import follow_until_heard
 
 WIRE_INT = st.integers(-(2**63), 2**64 - 1)
 INO = st.one_of(st.sampled_from([0, -1, 1, 7, 2**63 - 1, 2**64 - 1, -(2**63)]), WIRE_INT)
@@ -71,16 +72,10 @@ async def _follow_through(frames_list: list[list[bytes]]) -> None:
         feed.publish([(feed.seq + 1, change_log.encode(inodes, entries))])
     cache = kc.KernelCache()
 
-    async def feed_info():
-        return f"tcp://127.0.0.1:{feed.port}", "boot-1", feed.seq
-
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cache.follow, ctx, feed_info)
             with trio.fail_after(20):
-                while not cache.events_heard:  # subscribed once a heartbeat came through
-                    feed._send(P.ChangeEvent("boot-1", feed.seq, [], []))
-                    await trio.sleep(0.02)
+                await follow_until_heard(nursery, cache, ctx, feed, "boot-1", every=0.02)
                 for frames in frames_list:
                     feed._sock.send_multipart(frames)
                 # then the real daemon goes on: a heartbeat, then a change to an inode the kernel knows

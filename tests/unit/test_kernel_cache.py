@@ -70,15 +70,10 @@ async def test_follower_applies_in_order_and_drops_everything_on_a_gap(monkeypat
     feed, store, changed = _logged_feed(ctx, tmp_path)
     cache = kc.KernelCache()
     cache.remember(1, b"x", 7)
-    async def feed_info():
-        return f"tcp://127.0.0.1:{feed.port}", "log-1", feed.seq
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(cache.follow, ctx, feed_info)
             with trio.fail_after(10):
-                while not cache.events_heard:  # subscribed once a heartbeat came through
-                    feed._send(P.ChangeEvent("log-1", feed.seq, [], []))
-                    await trio.sleep(0.05)
+                await follow_until_heard(nursery, cache, ctx, feed, "log-1")
                 assert cache.healthy
                 changed([7], [(1, b"x")])
                 while not calls:
@@ -117,3 +112,16 @@ def test_events_round_trip_and_reject_garbage():
     for bad in (b"", b"\x93\x01\x02", P.encode(1, P.PingReq())):
         with pytest.raises(P.ProtocolError):
             P.decode_event(bad)
+
+
+async def follow_until_heard(nursery, cache, ctx, feed, log_id: str, every: float = 0.05) -> None:
+    """Start ``cache`` following ``feed`` (a real ChangeFeed) and return once it hears it:
+    subscribed, since a heartbeat came through."""
+
+    async def feed_info():
+        return f"tcp://127.0.0.1:{feed.port}", log_id, feed.seq
+
+    nursery.start_soon(cache.follow, ctx, feed_info)
+    while not cache.events_heard:
+        feed._send(P.ChangeEvent(log_id, feed.seq, [], []))
+        await trio.sleep(every)

@@ -10,19 +10,10 @@ import pytest
 
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode
-from test_namespace import ROOT, World, code_of
+from test_namespace import ROOT, code_of, w  # noqa: F401 - w: the fixture, over SQLite and PostgreSQL
 
 MiB = 1 << 20
 QUOTA = ErrorCode.QUOTA_EXCEEDED
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def w(tmp_path, request):
-    """Over SQLite and over PostgreSQL (each operation its own transaction, quota roots read afresh)."""
-    world = World(tmp_path, request.getfixturevalue("pg_dsn") if request.param == "postgresql" else "")
-    world.add_nodes()
-    yield world
-    world.store.close()
 
 
 def usage(w, ino):
