@@ -2,10 +2,21 @@
 
 Processes are started by the same launcher users run (``stripefs local up``),
 in a tmp dir, on free ports. The session fixture waits for pings (never a
-sleep), offers ``kill_node``/``restart_node``/``kill_meta``, and on teardown
+sleep), offers ``kill_node``/``kill_meta``/``restart``, and on teardown
 unmounts (lazily if busy), stops every process (TERM, then KILL) and prints
-every process's log if a test failed. Logs are assertions: an ERROR line or a
-traceback in any log not declared expected fails the session.
+every process's log if a test failed.
+
+Logs are assertions, checked per test: an autouse fixture notes where each log
+of every cluster fixture ends before a test, and after it reads only what was
+logged during the test. An ERROR/CRITICAL line or a traceback there fails that
+test (an error at its teardown, with the lines) unless a pattern excuses it:
+one the test declared with ``cluster.expect_log(r"...")`` (forgotten after the
+test), or one of the cluster's own ``expected_log_patterns``, which a fixture
+sets for a cluster it owns, for the cluster's whole life. What is logged
+outside any test (start-up, background work between tests, shutdown) is
+checked against the cluster's own patterns only, when the cluster is torn down.
+
+``drop_caches()`` makes the next read cold (and fails the test if it cannot).
 """
 
 from __future__ import annotations
@@ -35,6 +46,24 @@ def run_cli(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess
     return res
 
 
+def drop_caches() -> None:
+    """Write dirty pages back (``sync``), then drop the page cache, dentries and inodes:
+    the next read goes to the mount. Raises when the kernel does not take the write
+    (not root, a read-only /proc), so that a "cold" test never runs warm unnoticed."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as exc:
+        raise AssertionError(f"cannot drop the kernel's caches, so this read would not be cold: {exc}") from exc
+
+
+BAD_LOG_LINE = re.compile(r" (ERROR|CRITICAL) |Traceback")
+
+# clusters that are up (run_cluster): the per-test log check marks their logs before every test
+_live_clusters: list["Cluster"] = []
+
+
 class Cluster:
     def __init__(self, root: Path, nodes: int = 4, up_args: tuple[str, ...] = ()):
         self.root = root
@@ -44,7 +73,12 @@ class Cluster:
         self.nodes = nodes
         self.local = LocalCluster(self.state)
         self.extra_mounts: list[Path] = []
+        # excuse ERROR lines for the cluster's whole life: set by the fixture that owns the cluster
         self.expected_log_patterns: list[str] = []
+        # excuse ERROR lines logged during the running test only (expect_log); cleared after it
+        self.test_log_patterns: list[str] = []
+        self._log_checked: dict[str, int] = {}  # log file name -> bytes already checked
+        self._untested_bad: list[str] = []  # unexpected lines logged outside any test, reported at teardown
 
     def up(self) -> None:
         run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other",
@@ -92,13 +126,51 @@ class Cluster:
     def logs(self) -> dict[str, str]:
         return {p.name: p.read_text(errors="replace") for p in sorted((self.state / "logs").glob("*.log"))}
 
+    def expect_log(self, *patterns: str) -> None:
+        """Excuse ERROR lines matching any of ``patterns`` (regular expressions) logged
+        during the running test; forgotten when the test ends."""
+        self.test_log_patterns += patterns
+
     def bad_log_lines(self) -> list[str]:
-        bad = []
-        for name, text in self.logs().items():
-            for line in text.splitlines():
-                if re.search(r" (ERROR|CRITICAL) |Traceback", line) and not any(re.search(pat, line) for pat in self.expected_log_patterns):
-                    bad.append(f"{name}: {line}")
+        """Every unexpected ERROR line in every log, from the start (the cluster's own patterns only)."""
+        return self._scan({}, self.expected_log_patterns)[0]
+
+    def _scan(self, start: dict[str, int], patterns: list[str]) -> tuple[list[str], dict[str, int]]:
+        """Unexpected lines in each log after ``start[name]`` bytes, and where the scan stopped:
+        after the last complete line (one being written is left for the next scan)."""
+        bad, ends = [], {}
+        for path in sorted((self.state / "logs").glob("*.log")):
+            with open(path, "rb") as f:
+                offset = start.get(path.name, 0)
+                if offset > os.fstat(f.fileno()).st_size:  # truncated or replaced: read it all
+                    offset = 0
+                f.seek(offset)
+                data = f.read()
+            data = data[: data.rfind(b"\n") + 1]
+            ends[path.name] = offset + len(data)
+            for line in data.decode(errors="replace").splitlines():
+                if BAD_LOG_LINE.search(line) and not any(re.search(pat, line) for pat in patterns):
+                    bad.append(f"{path.name}: {line}")
+        return bad, ends
+
+    def begin_test(self) -> None:
+        """Before a test: what was logged since the last check was logged between tests (its
+        unexpected lines fail the cluster's teardown); the test's own lines start here."""
+        self.test_log_patterns.clear()
+        bad, self._log_checked = self._scan(self._log_checked, self.expected_log_patterns)
+        self._untested_bad += bad
+
+    def end_test(self) -> list[str]:
+        """After a test: unexpected lines it logged, excused by its own and the cluster's patterns."""
+        try:
+            bad, self._log_checked = self._scan(self._log_checked, self.expected_log_patterns + self.test_log_patterns)
+        finally:
+            self.test_log_patterns.clear()
         return bad
+
+    def untested_bad_log_lines(self) -> list[str]:
+        """Unexpected lines logged outside any test (the cluster's own patterns only)."""
+        return self._untested_bad + self._scan(self._log_checked, self.expected_log_patterns)[0]
 
     def teardown(self) -> None:
         for mnt in self.extra_mounts:
@@ -163,22 +235,42 @@ def cluster_root(prefix: str) -> Path:
 
 def run_cluster(request, c: "Cluster", *, after_up=None, label: str = ""):
     """The body of a cluster fixture (``yield from``): up, then always torn down;
-    its logs printed when a test failed; any unexpected ERROR line fails the run."""
+    its logs printed when a test failed. Its logs are checked per test (``check_logs``);
+    an unexpected ERROR line logged outside any test fails the teardown."""
+    _live_clusters.append(c)
     try:
         c.up()
         if after_up is not None:
             after_up(c)
         yield c
     finally:
+        _live_clusters.remove(c)
         failed = request.session.testsfailed
         c.teardown()
         if failed:
             for name, text in c.logs().items():
                 print(f"\n===== {label}{name} =====\n{text[-20000:]}")
-    bad = c.bad_log_lines()
+    bad = c.untested_bad_log_lines()
     if not any(_is_mounted(m) for m in [c.mnt, *c.extra_mounts]):
         shutil.rmtree(c.root, ignore_errors=True)
-    assert not bad, "unexpected ERROR lines in process logs:\n" + "\n".join(bad[:30])
+    assert not bad, f"unexpected ERROR lines in {label}process logs outside any test:\n" + "\n".join(bad[:30])
+
+
+@pytest.fixture(autouse=True)
+def check_logs(request):
+    """Fail the test (at its teardown) on ERROR lines it made a cluster it uses log, unless
+    the test declared them (``cluster.expect_log``) or the cluster's fixture did."""
+    marked = list(_live_clusters)  # every cluster fixture a test uses is up before this runs (wider scope)
+    for c in marked:
+        c.begin_test()
+    yield
+    used = [c for c in marked if any(v is c for v in request.node.funcargs.values())]
+    bad = [line for c in used for line in c.end_test()]
+    for c in marked:
+        c.test_log_patterns.clear()
+    if bad:
+        pytest.fail("unexpected ERROR lines in process logs during this test "
+                    "(declare the expected ones with cluster.expect_log):\n" + "\n".join(bad[:30]), pytrace=False)
 
 
 @pytest.fixture(scope="session")

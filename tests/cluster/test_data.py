@@ -6,7 +6,7 @@ import os
 import random
 import time
 
-from conftest import run_cli
+from conftest import drop_caches, run_cli
 
 MiB = 1 << 20
 
@@ -36,7 +36,7 @@ def _sha(path):
 def test_256mib_file_round_trip(mnt):
     digest = _write_random(mnt / "big", 256 * MiB, seed=1)
     assert os.stat(mnt / "big").st_size == 256 * MiB
-    os.system("echo 3 > /proc/sys/vm/drop_caches")
+    drop_caches()
     assert _sha(mnt / "big") == digest
     # random ranged reads agree with the file
     rng = random.Random(2)
@@ -58,7 +58,7 @@ def test_thousands_of_small_files(mnt):
         (mnt / name).parent.mkdir(exist_ok=True)
         (mnt / name).write_bytes(data)
         sums[name] = hashlib.sha256(data).hexdigest()
-    os.system("echo 3 > /proc/sys/vm/drop_caches")
+    drop_caches()
     for name, digest in sums.items():
         assert hashlib.sha256((mnt / name).read_bytes()).hexdigest() == digest, name
 
@@ -132,7 +132,7 @@ def test_unlinked_on_another_mount_while_open_here(cluster, mnt):
             os.unlink(other / mnt.relative_to(cluster.mnt) / "held")
             assert not (mnt / "held").exists()
             time.sleep(1.5)  # past the daemon's garbage collection cycle
-            os.system("echo 3 > /proc/sys/vm/drop_caches")
+            drop_caches()
             assert f.read() == data
     finally:
         cluster.unmount(other)

@@ -20,15 +20,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conftest import Cluster, cluster_root, run_cli, run_cluster
+from conftest import Cluster, cluster_root, drop_caches, run_cli, run_cluster
 from stripefs.common import config as cfg
 
 MiB = 1 << 20
 CHUNK = 1 * MiB  # small stripes keep the data small: 4 data fragments of 256 KiB
-
-
-def _drop_caches() -> None:
-    os.system("echo 3 > /proc/sys/vm/drop_caches")
 
 
 def _sha(path: Path) -> str:
@@ -125,7 +121,7 @@ def test_sizes_overwrites_sparse_truncate(ec, d):
     del content[2 * CHUNK + 999 :]
     os.truncate(d / "rw", 4 * CHUNK)  # extend: zeros
     content.extend(bytes(4 * CHUNK - len(content)))
-    _drop_caches()
+    drop_caches()
     for view in (d, _fresh_view(ec, d)):
         for name, digest in sums.items():
             assert _sha(view / name) == digest, name
@@ -140,7 +136,7 @@ def test_two_nodes_killed_every_file_reads(ec, d):
     ec.kill_node(2)
     ec.kill_node(5)
     try:
-        _drop_caches()
+        drop_caches()
         for name, digest in sums.items():
             assert _sha(fresh / name) == digest, name
     finally:
@@ -155,7 +151,7 @@ def test_corrupt_fragment_reads_stay_correct(ec, d):
     raw = bytearray(victim.read_bytes())
     raw[-100] ^= 0xFF
     victim.write_bytes(raw)
-    _drop_caches()
+    drop_caches()
     assert _sha(_fresh_view(ec, d) / "c") == hashlib.sha256(data).hexdigest()
 
 
@@ -177,11 +173,11 @@ def test_degraded_writes(ec, d):
                 os.fsync(f.fileno())
         # nothing torn: the failed stripe is a hole (the size the writer set may stay, as for replicated files)
         assert not any((d / "two_down").read_bytes())
-        _drop_caches()
+        drop_caches()
         assert _sha(_fresh_view(ec, d) / "one_down") == sums["one_down"]
     finally:
         ec.restart()
-    _drop_caches()
+    drop_caches()
     assert _sha(d / "one_down") == sums["one_down"]
 
 
@@ -193,7 +189,7 @@ def test_fsync_and_rewrite_same_session(ec, d):
         f.write(b"b" * 10)  # a stripe rewritten in the same write session
         os.fsync(f.fileno())
     want = b"a" * 5 + b"b" * 10 + b"a" * (CHUNK - 5)
-    _drop_caches()
+    drop_caches()
     assert (_fresh_view(ec, d) / "s").read_bytes() == want
 
 
@@ -225,7 +221,7 @@ def test_convert_both_ways(ec, d):
     for name, digest in sums.items():
         assert "ec=4+2" in run_cli("layout", "get", str(rep / name)).stdout
         assert (rep / name).stat().st_ino != inos[name]
-    _drop_caches()
+    drop_caches()
     fresh = _fresh_view(ec, rep)
     for name, digest in sums.items():
         assert _sha(fresh / name) == digest, name
@@ -253,14 +249,14 @@ def test_convert_killed_leaves_every_file_readable(ec, d):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stderr.close()
-    _drop_caches()
+    drop_caches()
     for name, digest in sums.items():
         assert _sha(d / name) == digest, name
         assert re.search(r"ec=4\+2|replicas=2", run_cli("layout", "get", str(d / name)).stdout)
     # running it again finishes the job
     res = run_cli("layout", "convert", "-r", str(d), "--replicas", "2")
     assert "failed" not in res.stdout
-    _drop_caches()
+    drop_caches()
     for name, digest in sums.items():
         assert "replicas=2" in run_cli("layout", "get", str(d / name)).stdout
         assert _sha(d / name) == digest, name

@@ -28,7 +28,7 @@ import pytest
 from stripefs.common.keyring import load_public, write_keypair
 from stripefs.common.security import with_key
 
-from conftest import Cluster, _wait_dead, cluster_root, run_cli, run_cluster, sh, veth_namespace
+from conftest import Cluster, _wait_dead, cluster_root, drop_caches, run_cli, run_cluster, sh, veth_namespace
 
 _libc = ctypes.CDLL(None, use_errno=True)
 KiB, MiB = 1 << 10, 1 << 20
@@ -106,10 +106,6 @@ def heal(request):
         os.environ.pop("STRIPEFS_KEY", None)
 
 
-def _drop_caches():
-    os.system("echo 3 > /proc/sys/vm/drop_caches")
-
-
 def _populate(d: Path, n: int, seed: int) -> dict[str, str]:
     rng = random.Random(seed)
     d.mkdir(exist_ok=True)
@@ -147,7 +143,7 @@ def test_node_down_is_rereplicated_and_data_reads_without_it(heal):
     assert local["under_replicated"] == 0
     text = run_cli("status", "--dir", str(heal.state)).stdout
     assert "redundancy  full" in text and "down" in text
-    _drop_caches()
+    drop_caches()
     _check(d, FILES)
     assert "node 2 (" in heal.logs()["meta.log"] and "up -> suspect" in heal.logs()["meta.log"]
 
@@ -170,7 +166,7 @@ def test_returning_node_never_serves_stale_copies_and_they_are_collected(heal):
     heal.restart()
     wait_for("node 2 up", lambda: heal.node(2)["state"] == "up")
     for _ in range(3):
-        _drop_caches()
+        drop_caches()
         _check(d, FILES)
 
     def obsolete_left():  # every copy node 2 held is obsolete (repaired elsewhere, rewritten or deleted)
@@ -194,7 +190,7 @@ def test_node_killed_under_a_write_and_a_read_stream(heal):
     sources = {f"in{i}": random.Random(100 + i).randbytes(512 * KiB) for i in range(12)}
     for name, data in sources.items():
         (d / name).write_bytes(data)
-    _drop_caches()
+    drop_caches()
     half_written, half_read, killed = threading.Event(), threading.Event(), threading.Event()
     errors: list[BaseException] = []
     big = random.Random(7).randbytes(6 * MiB)
@@ -229,11 +225,11 @@ def test_node_killed_under_a_write_and_a_read_stream(heal):
     for t in threads:
         t.join(180)
     assert not any(t.is_alive() for t in threads) and not errors, errors
-    _drop_caches()
+    drop_caches()
     assert (d / "stream").read_bytes() == big
     wait_for("node 4 declared down", lambda: heal.node(4)["state"] == "down")
     wait_for("full redundancy without node 4", lambda: _full_redundancy(heal))
-    _drop_caches()
+    drop_caches()
     assert (d / "stream").read_bytes() == big
     _check(heal.mnt / "a", FILES)
     heal.restart()
@@ -274,7 +270,7 @@ def test_corrupt_copies_are_found_and_repaired(heal):
     for victim in heal.chunk_files(ino=inos[2]):
         _flip_bytes(victim)
         break
-    _drop_caches()
+    drop_caches()
     _check(d, sums)
     wait_for("scrub of everything is clean", lambda: "0 bad" in run_cli("scrub", "--now", "--dir", str(heal.state)).stdout)
     _check(d, sums)
@@ -336,7 +332,7 @@ def test_drain_then_remove(heal):
         rows = {n: db.execute("SELECT * FROM chunks WHERE ino=? AND idx=?", n.split("-")[:2]).fetchall() for n in left}
         garbage = db.execute("SELECT * FROM garbage WHERE node_id=3").fetchall()
         raise AssertionError(f"left on node 3: {rows}; garbage for node 3: {garbage}")
-    _drop_caches()
+    drop_caches()
     for name, f in held.items():  # the only copy moved while the file was open: the mount finds it again
         assert hashlib.sha256(f.read()).hexdigest() == sums[name], name
         f.close()
@@ -345,7 +341,7 @@ def test_drain_then_remove(heal):
     run_cli("node", "remove", "3", "--dir", str(heal.state))
     assert heal.node(3)["state"] == "removed"
     heal.kill_node(3, signal.SIGTERM)
-    _drop_caches()
+    drop_caches()
     _check(d, sums)
     _check(heal.mnt / "a", FILES)
     (d / "new").write_bytes(b"x" * 100_000)
@@ -399,7 +395,7 @@ def test_new_nodes_get_data_until_utilisation_is_even(heal):
 
     wait_for("utilisation within 10% of the mean", lambda: balanced() is True, timeout=120)
     assert {n["node_id"]: n["placed_chunks"] for n in heal.status()["nodes"]}[6] > 0
-    _drop_caches()
+    drop_caches()
     _check(heal.mnt / "a", FILES)
     for i in range(16):
         assert (d / f"r{i}").read_bytes() == random.Random(60 + i).randbytes(1 * MiB)
@@ -418,7 +414,7 @@ def test_lost_fragments_are_reconstructed(heal):
     wait_for(f"node {victim} declared down", lambda: heal.node(victim)["state"] == "down")
     wait_for("every stripe whole again", lambda: _full_redundancy(heal))
     assert "reconstructed" in heal.logs()["meta.log"]
-    _drop_caches()
+    drop_caches()
     assert (d / "e").read_bytes() == data
     heal.restart()
     wait_for(f"node {victim} up", lambda: heal.node(victim)["state"] == "up")
@@ -488,7 +484,7 @@ def test_partitioned_node_is_repaired_around_and_its_stale_copies_never_served(h
     partitioned_node.cut()  # node 9 keeps running: only the network is gone
     wait_for("node 9 declared down", lambda: heal.node(9)["state"] == "down")
     wait_for("full redundancy around the partition", lambda: _full_redundancy(heal))
-    _drop_caches()
+    drop_caches()
     _check(d, sums)
     rng = random.Random(10)
     for name in list(sums)[:8]:  # new versions of the chunks node 9 holds old copies of
@@ -500,7 +496,7 @@ def test_partitioned_node_is_repaired_around_and_its_stale_copies_never_served(h
     partitioned_node.heal()
     wait_for("node 9 up again", lambda: heal.node(9)["state"] == "up")
     for _ in range(3):
-        _drop_caches()
+        drop_caches()
         _check(d, sums)
 
     def obsolete_left():

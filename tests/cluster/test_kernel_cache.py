@@ -12,7 +12,7 @@ import os
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import drop_caches, run_cli
 
 from stripefs.common.protocol import EVENTS_SILENCE_S
 from stripefs.torch import PrefetchSampler
@@ -124,7 +124,7 @@ def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
         path.write_bytes(os.urandom(50_000 + i))
         files.append(path)
     contents = {p: p.read_bytes() for p in files}
-    os.system("echo 3 > /proc/sys/vm/drop_caches")
+    drop_caches()
     os.listdir(mnt)  # the kernel knows the directories again
     for d in range(4):
         os.listdir(mnt / f"d{d}")  # readdirplus: the kernel knows the files, so they can go into its page cache
@@ -206,7 +206,7 @@ def test_warmup_loads_a_tree_so_reads_need_no_storage_node(cluster, mnt):
     big = mnt / "shard.tar"
     data[big] = os.urandom(20 << 20)  # above the prefetcher's limit: warmup reads it itself
     big.write_bytes(data[big])
-    os.system("echo 3 > /proc/sys/vm/drop_caches")
+    drop_caches()
 
     result = run_cli("warmup", str(mnt))
     assert f"warmed {len(data)} of {len(data)} files" in result.stdout, result.stdout + result.stderr

@@ -100,7 +100,7 @@ def test_kill9_of_a_daemon_during_a_create_and_rename_storm(pg_cluster):
     # two mounts, each talking to one daemon first and failing over to the other
     mounts = [pg_cluster.mount_again("storm-1", meta=f"{first},{second}"),
               pg_cluster.mount_again("storm-2", meta=f"{second},{first}")]
-    pg_cluster.expected_log_patterns.append(r"metadata daemon .* (got no reply|is unreachable)")
+    pg_cluster.expect_log(r"metadata daemon .* (got no reply|is unreachable)")
     errors: list[str] = []
     done: dict[str, list[str]] = {}
     progress: dict[str, int] = {}

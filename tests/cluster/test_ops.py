@@ -16,7 +16,7 @@ import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import run_cli
+from conftest import drop_caches, run_cli
 
 MiB = 1 << 20
 
@@ -41,14 +41,10 @@ def _processes(cluster) -> list[dict]:
     return json.loads(run_cli("local", "status", "--dir", str(cluster.state), "--json").stdout)["processes"]
 
 
-def _drop_caches():
-    os.system("echo 3 > /proc/sys/vm/drop_caches")
-
-
 def test_every_process_serves_metrics_with_nonzero_values_after_io(cluster, mnt):
     data = os.urandom(10 * MiB)
     (mnt / "big").write_bytes(data)
-    _drop_caches()
+    drop_caches()
     assert (mnt / "big").read_bytes() == data
 
     procs = _processes(cluster)
@@ -162,7 +158,7 @@ def test_top_renders_in_a_terminal(cluster, mnt):
         while time.monotonic() < deadline:
             data = os.urandom(4 * MiB)  # a new file each time: its chunks are in no cache yet
             (mnt / f"watched{i}").write_bytes(data)
-            _drop_caches()
+            drop_caches()
             assert (mnt / f"watched{i}").read_bytes() == data
             i += 1
             screen = subprocess.run(

@@ -31,7 +31,7 @@ from stripefs.common.keyring import load_identity, load_public, write_keypair
 from stripefs.common.security import split_address, use_identity, with_key
 from stripefs.common.transport import connect
 
-from conftest import Cluster, cluster_root, run_cli, run_cluster, veth_namespace
+from conftest import Cluster, cluster_root, drop_caches, run_cli, run_cluster, veth_namespace
 
 MiB = 1 << 20
 
@@ -93,7 +93,7 @@ def test_secure_cluster_reads_and_writes(secure):
         data = os.urandom(MiB // 2 + i * 1000)
         (d / f"f{i}").write_bytes(data)
         sums[f"f{i}"] = hashlib.sha256(data).hexdigest()
-    subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=False)
+    drop_caches()
     for name, digest in sums.items():
         assert hashlib.sha256((d / name).read_bytes()).hexdigest() == digest
     assert secure.meta_address.split("?key=")[1] == load_public(secure.keys / "meta.key")
@@ -358,7 +358,7 @@ def test_a_subtree_key_reaches_only_its_own_chunks_at_the_nodes(subtree):
         f.write(second)
         f.flush()
         os.fsync(f.fileno())
-    subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=False)
+    drop_caches()
     assert (subtree.mnt / "long").read_bytes() == first + second
     assert (subtree.mnt / "mine").read_bytes() == mine
     assert "renewing capabilities" not in subtree.logs().get("mount.log", "")

@@ -9,7 +9,7 @@ import struct
 
 from stripefs.daemon.db import DB_NAME
 
-from conftest import run_cli  # noqa: F401 - the cluster fixture's module
+from conftest import drop_caches
 from test_ops import _processes, scrape, total
 
 MiB = 1 << 20
@@ -50,7 +50,7 @@ def test_sequential_write_asks_the_daemon_little_and_reads_back(cluster, mnt):
     assert 1 <= delta("stripefs_rpc_seconds_count", type="AllocChunksReq") <= chunks // 3
     assert delta("stripefs_rpc_seconds_count", type="WriteChunkReq") >= 2 * chunks  # every replica
 
-    os.system("echo 3 > /proc/sys/vm/drop_caches")
+    drop_caches()
     h = hashlib.sha256()
     with open(mnt / "big", "rb", buffering=0) as f:
         while piece := f.read(MiB):
