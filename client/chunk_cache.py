@@ -4,6 +4,14 @@ Keyed by (ino, index, version): a committed write makes a new version, so a
 stale entry can never be returned for a newer version; it just ages out of the
 LRU. ``fetch`` deduplicates concurrent misses: many readers of one chunk (the
 kernel's parallel read-ahead requests, a prefetch task) share one network read.
+
+A version is not yet final while its write session is open: the mount rewrites
+an uncommitted chunk (or EC stripe) at the same version, and every such change
+calls ``drop_inode``. A load that was already in flight then may bring back the
+bytes from before the change, under the same key. So ``drop_inode`` also marks
+the inode's loads in flight as stale: their result is handed to the task that
+started them (its read began before the change) but never stored, and tasks
+waiting for it load again.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ class ChunkCache:
         self._entries: OrderedDict[Key, bytes] = OrderedDict()
         self._inflight: dict[Key, trio.Event] = {}
         self._prefetched: set[Key] = set()  # prefetched, not read yet
+        self._stale_loads: set[Key] = set()  # in flight across a drop_inode: not to be stored
 
     def __contains__(self, key: Key) -> bool:
         return key in self._entries or key in self._inflight
@@ -55,11 +64,21 @@ class ChunkCache:
             self.used -= len(evicted)
             self._forget_prefetched(gone)
 
-    def drop_inode(self, ino: int, from_index: int = 0) -> None:
-        """Forget every cached chunk of ``ino`` at or after ``from_index``."""
-        for key in [k for k in self._entries if k[0] == ino and k[1] >= from_index]:
+    def drop_inode(self, ino: int, from_index: int = 0, until: int | None = None) -> None:
+        """Forget every cached chunk of ``ino`` from ``from_index`` on (to ``until``, exclusive),
+        and make the loads of those chunks in flight store nothing."""
+
+        def dropped(key: Key) -> bool:
+            return key[0] == ino and key[1] >= from_index and (until is None or key[1] < until)
+
+        for key in [k for k in self._entries if dropped(k)]:
             self.used -= len(self._entries.pop(key))
             self._forget_prefetched(key)
+        self._stale_loads.update(k for k in self._inflight if dropped(k))
+
+    def drop_chunk(self, ino: int, index: int) -> None:
+        """``drop_inode`` for one chunk (every version, every EC fragment)."""
+        self.drop_inode(ino, index, index + 1)
 
     async def fetch(self, key: Key, load: Callable[[], Awaitable[bytes]], *, prefetch: bool = False) -> bytes:
         """The bytes for ``key``, loaded once however many tasks ask at the same time.
@@ -82,6 +101,8 @@ class ChunkCache:
         waited = time.perf_counter()
         try:
             data = await load()
+            if key in self._stale_loads:
+                return data  # loaded across a change of the chunk: good for this reader only
             self.put(key, data)
             if prefetch and key in self._entries:  # before any reader can see it: read-ahead accounting
                 self._prefetched.add(key)
@@ -90,6 +111,7 @@ class ChunkCache:
         finally:
             metrics.network_wait(time.perf_counter() - waited)
             del self._inflight[key]
+            self._stale_loads.discard(key)
             done.set()
 
     # -- read-ahead accounting (client.metrics): was a prefetched chunk ever read? --

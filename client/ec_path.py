@@ -367,11 +367,11 @@ class EcPath:
         frags = await self._run(c.encode_job(stripe, used))
         nodes = await self._write_fragments(of.ino, c, ref, version, frags, sync)
         new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes)
-        # the cache may hold what this stripe version held before this write (a rewrite in one session)
-        self.data.cache.drop_inode(of.ino, ref.index)
+        # the cache may hold what this stripe version held before this write (a rewrite in one
+        # session), and reads in flight may bring it back: both are dropped (chunk_cache.py)
+        self.data.cache.drop_chunk(of.ino, ref.index)
         if record:
-            of.uncommitted[ref.index] = new_ref
-            of.chunks[ref.index] = new_ref
+            of.record(new_ref)
         return new_ref
 
     async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, frags: list[bytes], sync: bool) -> list[int]:
@@ -442,6 +442,10 @@ class EcPath:
                 if stored[j]:
                     pending.setdefault(node, set()).add(p.ChunkId(ino, ref.index, fragment_part(j, version)))
         return [n if stored[j] else MISSING for j, n in enumerate(nodes)]
+
+    def forget_unsynced(self, ino: int) -> None:
+        """A discarded write session's fragments need no fsync."""
+        self._unsynced.pop(ino, None)
 
     async def sync(self, of: OpenFile) -> None:
         """fsync every fragment written since the last sync, on every node holding one."""

@@ -226,7 +226,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
         async with AsyncExitStack() as stack:
             nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(nursery.cancel_scope.cancel)
-            meta = MetaClient(ctx, addresses, timeout=client_cfg.rpc_timeout_s)
+            meta = MetaClient(ctx, addresses, timeout=client_cfg.rpc_timeout_s, retry_window_s=client_cfg.op_timeout_s)
             meta.subdir = client_cfg.subdir.encode()
             meta.root_squash = client_cfg.root_squash
             await meta.open(stack)
@@ -265,6 +265,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 dataset=client_cfg.dataset,
                 kcache=kcache,
                 prefetcher=prefetcher,
+                op_timeout=client_cfg.op_timeout_s,
             )
             prefetcher.on_fetched = ops.prefetched
             client_metrics.instrument(ops)
@@ -297,31 +298,28 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             finally:
                 notify("STOPPING=1")
                 client_metrics.remove_state(mountpoint)
-                await _flush_open_files(ops)
+                await _flush_open_files(ops, client_cfg.op_timeout_s)
                 pyfuse3.close(unmount=True)
                 log.info("unmounted %s", mountpoint)
     finally:
         ctx.term()
 
 
-#: how long a stopping mount may spend committing what open files still buffer
-FLUSH_ON_STOP_S = 30.0
-
-
-async def _flush_open_files(ops: Operations) -> None:
-    """Commit data that files still open in applications have buffered: a SIGTERM loses no acknowledged write."""
+async def _flush_open_files(ops: Operations, bound_s: float) -> None:
+    """Commit data that files still open in applications have buffered: a SIGTERM loses no
+    acknowledged write that the cluster can store within ``bound_s`` (op_timeout_s)."""
     pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
     if not pending:
         return
     log.info("flushing %d file(s) still open before unmounting", len(pending))
-    with trio.move_on_after(FLUSH_ON_STOP_S, shield=True) as scope:
+    with trio.move_on_after(bound_s, shield=True) as scope:
         for of in pending:
             try:
                 await ops.data.flush(of)
             except StripefsError as exc:
                 log.error("inode %d: data written before the stop could not be stored: %s", of.ino, exc)
     if scope.cancelled_caught:
-        log.error("flushing open files took over %.0fs; unmounting anyway (unflushed writes are lost)", FLUSH_ON_STOP_S)
+        log.error("flushing open files took over %.0fs; unmounting anyway (unflushed writes are lost)", bound_s)
 
 
 #: the kernel reads ahead this much on sequential reads (the FUSE default is 128 KiB,

@@ -6,6 +6,14 @@ lets a handler raise only FUSEError, so StripefsError becomes its errno (one
 table: common.errors.ERRNO_BY_CODE) and anything else is logged with its
 traceback and answered EIO. The mount stays up; the ERROR line makes tests fail.
 
+Nothing waits forever (a "soft" mount, as NFS calls it): every handler runs
+under ``op_timeout_s`` (ClientConfig; 60 s by default, long enough to ride out
+a metadata daemon restart or failover). A call the cluster cannot serve in
+that time (no storage node up, no daemon answering) fails with EIO and a log
+line; a write cut short that way fails its write session (open_files.py), so
+the close or fsync that follows reports it. Unmounting gives open files the
+same bound to commit what they buffer (client/mount.py).
+
 Close-to-open without an open round trip
 -----------------------------------------
 An open must see every change closed elsewhere before the open() began. The
@@ -82,9 +90,13 @@ DATASET_OPEN_INFO_ENTRIES = 262_144
 
 def _fuse_errors(fn):
     @functools.wraps(fn)
-    async def wrapper(*args, **kwargs):
+    async def wrapper(self, *args, **kwargs):
         try:
-            return await fn(*args, **kwargs)
+            with trio.fail_after(self.op_timeout):
+                return await fn(self, *args, **kwargs)
+        except trio.TooSlowError:
+            log.warning("%s: the cluster did not answer within %.0fs (op_timeout_s); answering EIO", fn.__name__, self.op_timeout)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except pyfuse3.FUSEError:
             raise
         except StripefsError as exc:
@@ -121,10 +133,13 @@ class Operations(pyfuse3.Operations):
         dataset: bool = False,
         kcache: KernelCache | None = None,
         prefetcher: Prefetcher | None = None,
+        op_timeout: float = 60.0,
     ):
         super().__init__()
         self.meta = meta
         self.data = data
+        self.op_timeout = op_timeout  # the longest any handler waits for the cluster (module docstring)
+        data.on_discard = self._session_discarded
         self.attr_timeout = attr_timeout
         self.entry_timeout = entry_timeout
         self.cache_timeout = max(cache_timeout, attr_timeout, entry_timeout)
@@ -198,6 +213,14 @@ class Operations(pyfuse3.Operations):
         entry = await self._attr_reply(request)
         self.kcache.remember(parent, name, entry.st_ino)
         return entry
+
+    def _session_discarded(self, ino: int) -> None:
+        """A write session of ``ino`` failed and was thrown away: the kernel's pages and size
+        may hold what was never stored. Dropped from a worker thread, in the background: the
+        kernel may hold page locks of this inode until the failing WRITE is answered."""
+        self._open_info.pop(ino, None)
+        self._kernel_view.pop(ino, None)
+        self.data.nursery.start_soon(trio.to_thread.run_sync, _invalidate_attr, ino, False, name=f"invalidate-{ino}")
 
     def _writable(self) -> None:
         if self.dataset:
@@ -503,7 +526,7 @@ class Operations(pyfuse3.Operations):
             # nothing to commit on a read-only mount; ENOSYS stops FLUSH for good (connection-wide)
             raise pyfuse3.FUSEError(errno.ENOSYS)
         of = self.handles[fh]
-        if of.has_unflushed or of.size != of.attr.size:
+        if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             self._open_info.pop(of.ino, None)
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)

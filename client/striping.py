@@ -20,6 +20,9 @@ Writes
     (ReplaceReplicaReq) and receives the whole chunk, read back from a replica
     that took the write. So one node dying mid-write costs the writer nothing.
     ``flush`` waits for everything in flight and commits versions and size.
+    Sends of one chunk are applied in order (``OpenFile.take``); a send that
+    fails fails the whole write session, which is then discarded, never
+    committed, and reported by the next flush/fsync (open_files.py).
     A file growing chunk by chunk gets placements ahead, up to ``ALLOC_AHEAD``
     chunks per AllocChunksReq (``alloc_indices``): one daemon round trip per
     64 MiB written instead of one per chunk.
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import trio
 import xxhash
@@ -96,6 +100,8 @@ class DataPath:
         # chunks being written in the background, all files together (memory bound, with MAX_DIRTY_CHUNKS)
         self.write_slots = trio.Semaphore(max(write_parallelism, write_inflight))
         self.ec = EcPath(self)  # erasure-coded files (client/ec_path.py)
+        #: called with the inode of a discarded write session: the kernel's pages and size are wrong now
+        self.on_discard: Callable[[int], None] = lambda ino: None
 
     # ------------------------------------------------------------------ reads
 
@@ -105,18 +111,19 @@ class DataPath:
         if end <= offset:
             return b""
         extents = list(chunk_extents(offset, end - offset, of.chunk_size))
-        if of.dirty or of.inflight:
+        if of.dirty or of.inflight or of.write_error:
             # our own bytes not yet on storage: send them (uncommitted versions are readable)
             for ext in extents:
-                dc = of.dirty.pop(ext.index, None)
-                if dc is not None:
-                    of.start_io()
+                if ext.index in of.dirty and of.write_error is None:
                     try:
-                        await self._send_chunk(of, dc)
-                    finally:
-                        of.end_io()
-            await of.idle.wait()
-            self._raise_write_error(of)
+                        await self._send(of, of.take(ext.index))
+                    except StripefsError:
+                        pass  # the session failed: it is discarded below, the read sees what is committed
+            await self._settle(of)
+            end = min(offset + length, of.size)
+            if end <= offset:
+                return b""
+            extents = list(chunk_extents(offset, end - offset, of.chunk_size))
         ahead = stream.advance(offset, end, of.chunk_size, self.readahead_chunks) if stream is not None else 0
         if is_ec(of.layout):
             return await self.ec.read(of, extents, ahead)
@@ -339,8 +346,13 @@ class DataPath:
     # ----------------------------------------------------------------- writes
 
     async def write(self, of: OpenFile, offset: int, data: bytes) -> int:
-        """Buffer (and send) a write; the bytes taken: fewer than ``len(data)`` only at a quota's limit."""
-        self._raise_write_error(of)
+        """Buffer (and send) a write; the bytes taken: fewer than ``len(data)`` only at a quota's limit.
+
+        After a failed send of this write session every write is refused with that error
+        until a flush or fsync has reported it (open_files.py)."""
+        if of.write_error is not None:
+            await self._settle(of)
+            raise of.write_error
         if of.quota_max >= 0 and offset + len(data) > max(of.quota_max, of.size):
             data = await self._within_quota(of, offset, data)
         cs = of.chunk_size
@@ -349,22 +361,22 @@ class DataPath:
             piece = memoryview(data)[pos : pos + ext.length]
             pos += ext.length
             dc = of.dirty.get(ext.index)
-            if dc is not None and not dc.contiguous_with(ext.offset, ext.length):
-                del of.dirty[ext.index]
-                await self._send_chunk(of, dc)
-                dc = None
+            while dc is not None and not dc.contiguous_with(ext.offset, ext.length):
+                await self._send(of, of.take(ext.index))
+                # the kernel's writeback of mmap'd pages sends WRITEs of one file at the same
+                # time: another may have buffered a new range of this chunk meanwhile
+                dc = of.dirty.get(ext.index)
             if dc is None:
                 dc = DirtyChunk(ext.index, bytearray(), ext.offset, ext.offset)
                 of.dirty[ext.index] = dc
             dc.merge(ext.offset, piece)
             if dc.lo == 0 and dc.hi == cs:
-                del of.dirty[ext.index]
-                await self._send_in_background(of, dc)
+                await self._send_in_background(of, of.take(ext.index))
             elif len(of.dirty) > MAX_DIRTY_CHUNKS:  # a scattered writer: memory stays bounded
-                oldest = next(iter(of.dirty))
-                await self._send_in_background(of, of.dirty.pop(oldest))
+                await self._send_in_background(of, of.take(next(iter(of.dirty))))
         of.size = max(of.size, offset + len(data))
-        self.cache.drop_inode(of.ino, offset // cs)
+        of.written_end = max(of.written_end, offset + len(data))
+        self.cache.drop_inode(of.ino, offset // cs, (offset + len(data) - 1) // cs + 1)
         return len(data)
 
     async def _within_quota(self, of: OpenFile, offset: int, data: bytes) -> bytes | memoryview:
@@ -380,27 +392,72 @@ class DataPath:
             )
         return memoryview(data)[: limit - offset]
 
-    def _raise_write_error(self, of: OpenFile) -> None:
+    async def _send(self, of: OpenFile, dc: DirtyChunk, *, sync: bool = False) -> None:
+        """Send a range taken with ``OpenFile.take``, after the chunk's earlier sends.
+
+        Not stored (an error, or cancelled by the operation deadline): the write session
+        has failed (``_fail``) and the error is raised."""
+        try:
+            if dc.after is not None:
+                await dc.after.wait()
+            if of.write_error is not None:
+                raise of.write_error  # the session failed already: storing more of it is pointless
+            await self._send_chunk(of, dc, sync=sync)
+        except BaseException as exc:
+            self._fail(of, exc)
+            raise
+        finally:
+            of.sent(dc)
+
+    def _fail(self, of: OpenFile, exc: BaseException) -> None:
+        """A range of this write session could not be stored: the session is lost (open_files.py)."""
         if of.write_error is not None:
-            exc, of.write_error = of.write_error, None
-            raise exc
+            return
+        if isinstance(exc, StripefsError):
+            error = exc
+        elif isinstance(exc, trio.Cancelled):
+            error = StripefsError(ErrorCode.TIMEOUT, "the write was not stored within the operation deadline")
+        else:
+            error = StripefsError(ErrorCode.IO, f"the write failed: {exc!r}")
+        of.write_error = error
+        log.error(
+            "inode %d: data written since the last commit could not be stored (%s); it is discarded, "
+            "the file keeps its committed content and the next close or fsync reports the error", of.ino, error,
+        )
+        self.on_discard(of.ino)
+
+    async def _settle(self, of: OpenFile) -> None:
+        """Wait for the sends in flight; a failed session is then thrown away (its error stays to be reported)."""
+        await of.idle.wait()
+        if of.write_error is not None and (of.dirty or of.uncommitted or of.before_session or of.size != of.attr.size):
+            of.discard_session()
+            self.cache.drop_inode(of.ino)
+            self.ec.forget_unsynced(of.ino)
+            self.on_discard(of.ino)
 
     async def _send_in_background(self, of: OpenFile, dc: DirtyChunk) -> None:
-        if of.write_slots is None:
-            of.write_slots = trio.Semaphore(self.write_parallelism)
-        await of.write_slots.acquire()  # backpressure: at most N chunks in flight per file
-        await self.write_slots.acquire()  # ... and at most M for the whole mount
-        of.start_io()
+        try:
+            if of.write_slots is None:
+                of.write_slots = trio.Semaphore(self.write_parallelism)
+            await of.write_slots.acquire()  # backpressure: at most N chunks in flight per file
+            try:
+                await self.write_slots.acquire()  # ... and at most M for the whole mount
+            except BaseException:
+                of.write_slots.release()
+                raise
+        except BaseException as exc:  # the deadline passed while waiting: this range is not stored
+            self._fail(of, exc)
+            of.sent(dc)
+            raise
 
         async def send():
             try:
-                await self._send_chunk(of, dc)
-            except StripefsError as exc:
-                of.write_error = exc
+                await self._send(of, dc)
+            except StripefsError:
+                pass  # recorded in of.write_error by _send
             finally:
                 self.write_slots.release()
                 of.write_slots.release()
-                of.end_io()
 
         self.nursery.start_soon(send, name=f"write-{of.ino}-{dc.index}")
 
@@ -471,9 +528,8 @@ class DataPath:
             log.error("chunk %s: no replica took the write: %s", chunk, "; ".join(f"node {n}: {e}" for n, e in failed.items()))
             raise StripefsError(ErrorCode.NO_SPACE if codes == {ErrorCode.NO_SPACE} else first.code, first.message)
         nodes = [n for n in nodes if n in done]
-        new_ref = p.ChunkRef(index=dc.index, version=epoch, nodes=nodes)
-        of.uncommitted[dc.index] = new_ref
-        of.chunks[dc.index] = new_ref
+        of.record(p.ChunkRef(index=dc.index, version=epoch, nodes=nodes))
+        self.cache.drop_chunk(of.ino, dc.index)  # reads of the chunk's old bytes in flight are stale now
         if not sync:
             of.unsynced[dc.index] = nodes
 
@@ -488,20 +544,38 @@ class DataPath:
         )
 
     async def flush(self, of: OpenFile, *, sync: bool = False) -> None:
-        """Send every dirty range, wait for writes in flight, commit versions and size."""
-        while of.dirty:
-            index = min(of.dirty)
-            dc = of.dirty.pop(index)
-            of.start_io()
-            try:
-                await self._send_chunk(of, dc, sync=sync)
-            finally:
-                of.end_io()
-        await of.idle.wait()
-        self._raise_write_error(of)
-        if sync:
-            await self.ec.sync(of)
-        if sync and of.unsynced:
+        """Send every dirty range, wait for writes in flight, commit versions and size.
+
+        Any part of that failing fails the write session: it is discarded and the error
+        raised here, once (open_files.py); nothing of it is committed."""
+        try:
+            while of.dirty and of.write_error is None:
+                await self._send(of, of.take(min(of.dirty)), sync=sync)
+        except StripefsError:
+            pass  # the session failed (of.write_error): reported below
+        wanted = kept = 0
+        try:
+            await self._settle(of)
+            if of.write_error is None:
+                if sync:
+                    await self._sync(of)
+                if of.uncommitted or of.written_end > of.attr.size:
+                    wanted, kept = await self._commit(of)
+        except BaseException as exc:
+            self._fail(of, exc)
+            if isinstance(exc, trio.Cancelled):
+                raise  # the next _settle discards the session; its error stays to be reported
+            await self._settle(of)
+        if of.write_error is not None:
+            exc, of.write_error = of.write_error, None
+            raise exc
+        if kept < wanted:
+            raise StripefsError(ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota kept {kept} of {wanted} bytes")
+
+    async def _sync(self, of: OpenFile) -> None:
+        """fsync, on its nodes, every chunk written since the last sync."""
+        await self.ec.sync(of)
+        if of.unsynced:
             by_node: dict[int, list[p.ChunkId]] = {}
             for index, nodes in of.unsynced.items():
                 for node_id in nodes:
@@ -510,20 +584,29 @@ class DataPath:
                 for node_id, chunks in by_node.items():
                     nursery.start_soon(self.nodes.sync, node_id, chunks)
             of.unsynced.clear()
-        if of.uncommitted or of.size > of.attr.size:
-            refs = sorted(of.uncommitted.values(), key=lambda c: c.index)
-            rsp = await self.meta.call(p.CommitReq(ino=of.ino, size=of.size, mtime_ns=time.time_ns(), chunks=refs))
-            of.uncommitted.clear()
-            of.attr = rsp.attr
-            wanted, of.size = of.size, max(of.size, rsp.attr.size)
-            of.epoch = 0  # the next write session gets a newer version
-            await self._release_unused(of)
-            if rsp.attr.size < wanted:
-                # a directory quota cut the commit (daemon/quota.py): drop our bytes past it
-                await self._cut(of, rsp.attr.size)
-                raise StripefsError(
-                    ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota kept {rsp.attr.size} of {wanted} bytes"
-                )
+
+    async def _commit(self, of: OpenFile) -> tuple[int, int]:
+        """Commit the session's chunk versions and size (other mounts see them from now on);
+        (the size asked, the size kept: less when a directory quota cut the commit)."""
+        refs = sorted(of.uncommitted.values(), key=lambda c: c.index)
+        wanted, before = of.written_end, of.before_session
+        # writes arriving during the round trip belong to the next session
+        of.uncommitted, of.before_session, of.written_end, of.epoch = {}, {}, 0, 0
+        try:
+            rsp = await self.meta.call(p.CommitReq(ino=of.ino, size=wanted, mtime_ns=time.time_ns(), chunks=refs))
+        except BaseException:
+            # not known to be committed: these stay part of the session, which fails
+            of.uncommitted = {**{r.index: r for r in refs}, **of.uncommitted}
+            of.before_session.update(before)
+            of.written_end = max(of.written_end, wanted)
+            raise
+        of.attr = rsp.attr
+        of.size = max(rsp.attr.size, of.written_end, wanted)  # wanted > the size: the quota cut below
+        await self._release_unused(of)
+        if rsp.attr.size < wanted:
+            # a directory quota cut the commit (daemon/quota.py): drop our bytes past it
+            await self._cut(of, rsp.attr.size)
+        return wanted, rsp.attr.size
 
     async def _release_unused(self, of: OpenFile) -> None:
         """Give back placements made ahead (alloc_indices) past the end that nothing was written to.

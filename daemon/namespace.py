@@ -677,6 +677,16 @@ class Namespace:
         row = self._file(ino)
         if size < 0:
             raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
+        if size > row["size"]:
+            # a length is committed only with its data: the writer of the new last byte stored
+            # the chunk holding it, and commits that chunk's version here (client/open_files.py)
+            last = (size - 1) // row["chunk_size"]
+            if not any(c.index == last and c.version for c in chunks):
+                raise StripefsError(
+                    ErrorCode.INVALID,
+                    f"inode {ino}: a commit growing the file to {size} bytes carries no version of chunk {last}, "
+                    "which holds its last byte: its data was not stored",
+                )
         new_size = max(row["size"], size)
         fits = self.quotas.fit_growth(ino, new_size - row["size"])
         if fits < new_size - row["size"]:

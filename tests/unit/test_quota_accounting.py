@@ -22,8 +22,11 @@ def usage(w, ino):
 
 
 def write(w, ino, size):
-    """What a writer's close does: commit the new size (chunks already allocated at create)."""
-    return w.ns.commit(ino, size, 0, [])
+    """What a writer's close does: commit the new size with the chunk holding its last byte
+    (a commit that grows a file must carry it: daemon/namespace.py)."""
+    last = max(size - 1, 0) // MiB  # the default layout's 1 MiB chunks
+    w.ns.alloc_chunks(ino, [last])
+    return w.ns.commit(ino, size, 0, [P.ChunkRef(index=last, version=5, nodes=[])])
 
 
 def test_inode_limit_counts_everything_below_and_unlink_frees(w):
@@ -73,7 +76,7 @@ def test_byte_limit_commit_is_cut_to_what_fits_and_truncate_is_checked(w):
     assert usage(w, d) == (2 * MiB, 2)
     assert write(w, g, MiB + 5).size == MiB + 5
     w.ns.setattr(f, size=0)
-    w.ns.commit(f, 100, 0, [])  # overwriting within the size never fails
+    write(w, f, 100)  # overwriting within the size never fails
     assert usage(w, d) == (MiB + 105, 2)
     w.ns.unlink(d, b"g")
     assert usage(w, d) == (100, 1)

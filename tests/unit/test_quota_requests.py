@@ -32,7 +32,7 @@ async def test_quota_requests_errors_and_kill9(daemon, ctx):
         assert (q.path, q.max_bytes, q.max_inodes, q.used_bytes, q.used_inodes) == (b"/d", 5000, 2, 0, 0)
         f = await _call(c, P.CreateReq(parent=d, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid))
         assert f.quota_max_size == 5000
-        await _call(c, P.CommitReq(ino=f.attr.ino, size=3000, mtime_ns=1, chunks=[]))
+        await _call(c, P.CommitReq(ino=f.attr.ino, size=3000, mtime_ns=1, chunks=[P.ChunkRef(index=0, version=1, nodes=[])]))
         assert (await _call(c, P.QuotaRoomReq(ino=f.attr.ino))).max_size == 5000
         assert (await _call(c, P.OpenReq(ino=f.attr.ino, session_id=sid, write=True))).quota_max_size == 5000
         looked = await _call(c, P.LookupReq(parent=d, name=b"f", open_info=True, session_id=sid))
