@@ -49,7 +49,7 @@ from .striping import DataPath
 log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
-_OWN_OPTIONS = {"config", "dataset", "cache_dir", "metrics", "key", "subdir", "root_squash"}
+_OWN_OPTIONS = {"config", "dataset", "cache_dir", "metrics", "key", "subdir", "root_squash", "op_timeout"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
             "changes made elsewhere show within seconds); cache_dir=DIR: keep chunk data on a local disk too; "
             "metrics=HOST:PORT: serve Prometheus metrics there; key=NAME.key_secret: this mount's CURVE key "
             "(META_ADDR then names the daemon's key: tcp://HOST:PORT?key=Z85); subdir=/DIR: show only that "
-            "directory of the cluster; root_squash: root's new files and chowns become nobody's"
+            "directory of the cluster; root_squash: root's new files and chowns become nobody's; "
+            "op_timeout=SECONDS: the longest any file operation waits for the cluster before failing "
+            "with EIO (default 60; close() then reports writes that could not be stored)"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -121,6 +123,13 @@ def main(argv: list[str]) -> int:
         client_cfg = msgspec.structs.replace(client_cfg, subdir=own["subdir"])
     if "root_squash" in own:
         client_cfg = msgspec.structs.replace(client_cfg, root_squash=True)
+    if "op_timeout" in own:
+        try:
+            client_cfg = msgspec.structs.replace(client_cfg, op_timeout_s=float(own["op_timeout"]))
+        except ValueError:
+            raise QuietError(f"op_timeout={own['op_timeout']}: give a number of seconds, e.g. op_timeout=30") from None
+    if not client_cfg.op_timeout_s > 0:
+        raise QuietError(f"op_timeout_s = {client_cfg.op_timeout_s}: must be a positive number of seconds (default 60)")
     if client_cfg.subdir and not client_cfg.subdir.startswith("/"):
         raise QuietError(f"subdir={client_cfg.subdir} must be an absolute path in the cluster, like /team-a")
     if client_cfg.curve_key:

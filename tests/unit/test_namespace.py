@@ -256,6 +256,19 @@ def test_readdir_pages_by_cookie(w):
     assert code_of(w.ns.readdir, w.ns.lookup(d.ino, b"n00000").ino) == ErrorCode.NOT_DIR
 
 
+def test_a_commit_grows_a_file_only_with_the_chunk_of_its_new_last_byte(w):
+    """The writer of the new last byte stored its chunk: a commit without it (the data was
+    lost on the way) must not leave a length that reads as zeros."""
+    ino, _ = w.ns.create(ROOT, b"grown", 0o644, 0, 0)
+    w.ns.alloc_chunks(ino, [0, 1])
+    assert code_of(w.ns.commit, ino, 3, 0, []) == ErrorCode.INVALID
+    assert code_of(w.ns.commit, ino, (1 << 20) + 1, 0, [P.ChunkRef(index=0, version=7, nodes=[])]) == ErrorCode.INVALID
+    assert code_of(w.ns.commit, ino, 5, 0, [P.ChunkRef(index=0, version=0, nodes=[])]) == ErrorCode.INVALID
+    assert w.ns.getattr(ino).size == 0
+    assert w.ns.commit(ino, (1 << 20) + 1, 0, [P.ChunkRef(index=1, version=7, nodes=[])]).size == (1 << 20) + 1
+    assert w.ns.commit(ino, 10, 0, []).size == (1 << 20) + 1  # not growing: nothing to carry
+
+
 def test_setattr_and_truncate(w):
     ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
     w.ns.alloc_chunks(ino, [0, 1, 2, 3])

@@ -1,0 +1,188 @@
+"""The mount's data path (client/striping.py) without a kernel: a real metadata daemon process,
+real storage nodes in this process, over real ZeroMQ, driven through ``DataPath`` directly.
+
+What it pins down: the ordering and failure rules of write sessions (client/open_files.py) that
+the kernel makes hard to hit on purpose: WRITEs of one file arriving at once (the kernel's
+writeback of mmap'd pages), sends of one chunk taken in one order and run in another, and a
+failed send, which must never let a length be committed without its data.
+"""
+
+from __future__ import annotations
+
+import socket
+from contextlib import AsyncExitStack
+
+import pytest
+import trio
+import trio.testing
+import zmq
+
+from stripefs.client.chunk_cache import ChunkCache
+from stripefs.client.data_rpc import NodePool
+from stripefs.client.meta_rpc import MetaClient
+from stripefs.client.open_files import DirtyChunk, OpenFile
+from stripefs.client.striping import DataPath
+from stripefs.common import protocol as P
+from stripefs.common.config import StorageConfig
+from stripefs.common.errors import StripefsError
+from stripefs.storage_node.chunk_store import ChunkStore
+from stripefs.storage_node.service import StorageService
+from test_meta_service import ROOT, Daemon
+
+CS = 64 << 10
+PAGE = 4096
+
+
+def _addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+class Rig:
+    """A daemon (replicas=2, 64 KiB chunks), two storage nodes that can be stopped and started
+    again on the same data, and a DataPath as the mount builds it."""
+
+    def __init__(self, tmp_path, nursery: trio.Nursery, ctx: zmq.Context):
+        self.tmp, self.nursery, self.ctx = tmp_path, nursery, ctx
+        self.daemon = Daemon(tmp_path)
+        self.daemon.config.write_text(
+            self.daemon.config.read_text().replace('chunk_size = "1M"', 'chunk_size = "64K"').replace("replicas=1", "replicas=2")
+        )
+        self.nodes: dict[int, tuple[StorageConfig, ChunkStore, trio.CancelScope | None]] = {}
+        self.data: DataPath
+        self.meta: MetaClient
+
+    async def start_node(self, node_id: int) -> None:
+        if node_id not in self.nodes:
+            cfg = StorageConfig(
+                node_id=node_id, listen=_addr(), data_dir=str(self.tmp / f"node{node_id}"), meta=[self.daemon.address],
+                reserved_space=0, scrub_bandwidth=0, heartbeat_interval_s=0.5, metrics="",
+            )
+            (self.tmp / f"node{node_id}").mkdir()
+            store = ChunkStore(self.tmp / f"node{node_id}", reserved_space=0, node_id=node_id)
+            self.nodes[node_id] = (cfg, store, None)
+        cfg, store, _ = self.nodes[node_id]
+
+        async def serve(task_status=trio.TASK_STATUS_IGNORED):
+            with trio.CancelScope() as scope:
+                self.nodes[node_id] = (cfg, store, scope)
+                await StorageService(cfg, store, ctx=self.ctx).run(task_status=task_status)
+
+        await self.nursery.start(serve)
+
+    def stop_node(self, node_id: int) -> None:
+        cfg, store, scope = self.nodes[node_id]
+        scope.cancel()
+        self.nodes[node_id] = (cfg, store, None)
+
+    async def create(self, name: bytes) -> OpenFile:
+        rsp = await self.meta.call(P.CreateReq(parent=ROOT, name=name, mode=0o100644, uid=0, gid=0, session_id=self.meta.session_id))
+        self.data.nodes.learn(rsp.nodes)
+        of = OpenFile(rsp.attr.ino, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
+        of.epoch = rsp.epoch
+        return of
+
+    async def committed(self, of: OpenFile) -> tuple[int, bytes]:
+        """The file as another mount opening it now sees it: (size, bytes)."""
+        rsp = await self.meta.call(P.OpenReq(ino=of.ino, session_id=self.meta.session_id))
+        self.data.nodes.learn(rsp.nodes)
+        fresh = OpenFile(of.ino, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
+        reader = DataPath(self.meta, self.data.nodes, ChunkCache(16 << 20), self.nursery, readahead_chunks=0, write_parallelism=1)
+        return rsp.attr.size, bytes(await reader.read(fresh, 0, rsp.attr.size + 1))
+
+
+@pytest.fixture
+async def rig(tmp_path, nursery):
+    ctx = zmq.Context()
+    r = Rig(tmp_path, nursery, ctx)
+    r.daemon.start()
+    try:
+        await r.daemon.wait_ready(ctx)
+        for node_id in (1, 2):
+            await r.start_node(node_id)
+        async with AsyncExitStack() as stack:
+            r.meta = MetaClient(ctx, [r.daemon.address], timeout=5.0, retry_window_s=20.0)
+            await r.meta.open(stack)
+            await r.meta.hello("test_data_path", patience_s=10)
+            pool = NodePool(ctx, nursery, timeout=2.0, read_timeout=2.0)
+            r.data = DataPath(r.meta, pool, ChunkCache(16 << 20), nursery, readahead_chunks=0, write_parallelism=2)
+            yield r
+            nursery.cancel_scope.cancel()
+    finally:
+        r.daemon.stop()
+        for _, store, _ in r.nodes.values():
+            store.close()
+        ctx.destroy(linger=0)
+
+
+async def test_writes_of_one_chunk_arriving_at_once_all_land(rig):
+    """The kernel's writeback of mmap'd pages: WRITEs of scattered pages of one chunk, concurrently.
+    Each non-contiguous page sends the chunk's buffered range first; while it waits, the others
+    buffer theirs. Every page must be stored (a range was overwritten in the buffer before)."""
+    of = await rig.create(b"pages")
+    order = [0, 2, 4, 6, 1, 3, 5, 7, 12, 9, 14, 11, 8, 15, 10, 13]
+    want = bytearray(16 * PAGE)
+    async with trio.open_nursery() as writers:
+        for page in order:
+            data = bytes([page + 1]) * PAGE
+            want[page * PAGE : (page + 1) * PAGE] = data
+            writers.start_soon(rig.data.write, of, page * PAGE, data)
+    await rig.data.flush(of)
+    assert await rig.committed(of) == (len(want), bytes(want))
+
+
+async def test_sends_of_one_chunk_apply_in_the_order_their_ranges_were_taken(rig):
+    """A range sent in the background and a later, overlapping range of the same chunk sent
+    inline: whichever task runs first, the later range wins."""
+    of = await rig.create(b"order")
+    of.dirty[0] = DirtyChunk(0, bytearray(b"a" * 300), 0, 300)
+    first = of.take(0)
+    of.dirty[0] = DirtyChunk(0, bytearray(b"\0" * 100 + b"b" * 100), 100, 200)
+    second = of.take(0)
+    of.size = of.written_end = 300
+    async with trio.open_nursery() as senders:
+        senders.start_soon(rig.data._send, of, second)  # started first, must wait for the first range
+        await trio.sleep(0.5)  # time enough to store it if it did not wait (then the first range would win)
+        senders.start_soon(rig.data._send, of, first)
+    await rig.data.flush(of)
+    assert await rig.committed(of) == (300, b"a" * 100 + b"b" * 100 + b"a" * 100)
+
+
+async def test_a_write_no_node_takes_is_reported_once_and_never_committed(rig):
+    """Every node gone: the flush (close) fails; the next flush (the kernel's RELEASE) must not
+    commit the size the lost write had reached. The file keeps its content; later writes work."""
+    of = await rig.create(b"lost")
+    await rig.data.write(of, 0, b"old content\n")
+    await rig.data.flush(of)
+    for node_id in (1, 2):
+        rig.stop_node(node_id)
+    await rig.data.write(of, 0, b"new content, longer than the old one\n")
+    with pytest.raises(StripefsError):
+        await rig.data.flush(of)
+    await rig.data.flush(of)  # reported once; nothing left to commit
+    assert of.size == len(b"old content\n")
+    for node_id in (1, 2):
+        await rig.start_node(node_id)
+    assert await rig.committed(of) == (12, b"old content\n")
+    await rig.data.write(of, 12, b"more\n")  # a new write session
+    await rig.data.flush(of)
+    assert await rig.committed(of) == (17, b"old content\nmore\n")
+
+
+async def test_writes_after_a_failed_send_are_refused_until_the_error_is_reported(rig):
+    of = await rig.create(b"refused")
+    for node_id in (1, 2):
+        rig.stop_node(node_id)
+    await rig.data.write(of, 0, b"x" * CS)  # a whole chunk: sent in the background, fails there
+    await of.idle.wait()
+    with pytest.raises(StripefsError):
+        await rig.data.write(of, CS, b"y")
+    with pytest.raises(StripefsError):
+        await rig.data.flush(of)
+    assert (of.size, of.dirty, of.uncommitted) == (0, {}, {})
+    for node_id in (1, 2):
+        await rig.start_node(node_id)
+    await rig.data.write(of, 0, b"z")
+    await rig.data.flush(of)
+    assert await rig.committed(of) == (1, b"z")
