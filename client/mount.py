@@ -283,9 +283,14 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             except (OSError, ValueError) as exc:
                 raise QuietError(f"cannot serve metrics at {client_cfg.metrics!r} (key metrics): {exc}", 1) from None
             if client_cfg.shm_dir and os.path.isdir(client_cfg.shm_dir):
-                prefetcher.shm = ShmCache(Path(client_cfg.shm_dir) / f"stripefs-{os.getpid()}", client_cfg.shm_size)
-                prefetcher.shm.open()
-                stack.callback(prefetcher.shm.close)
+                shm = ShmCache(client_cfg.shm_dir, client_cfg.shm_size)
+                try:
+                    shm.open()
+                except OSError as exc:
+                    log.warning("no shared-memory prefetch (read_file reads through the mount): %s", exc)
+                else:
+                    prefetcher.shm = shm
+                    stack.callback(shm.close)
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             try:
                 pyfuse3.init(ops, mountpoint, options)

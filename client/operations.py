@@ -237,6 +237,8 @@ class Operations(pyfuse3.Operations):
             self._open_info.pop(ino, None)
             self._dataset_info.pop(ino, None)
             self._kernel_view.pop(ino, None)
+            if self.prefetcher is not None and self.prefetcher.shm is not None:
+                self.prefetcher.shm.forget(ino)
 
     def _keep_dataset_info(self, rsp: p.OpenRsp) -> None:
         self._dataset_info[rsp.attr.ino] = rsp
@@ -409,6 +411,12 @@ class Operations(pyfuse3.Operations):
             return self.prefetcher.report().encode()
         if name == p.SHM_DIR_XATTR and self.prefetcher is not None:
             return os.fsencode(self.prefetcher.shm.dir) if self.prefetcher.shm else b""
+        if name == p.SHM_COPY_XATTR:
+            # the kernel checked that the caller may read this file (client/shm_cache.py)
+            found = self.prefetcher.shm.lookup(inode) if self.prefetcher is not None and self.prefetcher.shm else None
+            if found is None:
+                raise pyfuse3.FUSEError(errno.ENODATA)
+            return found
         of = self.files.get(inode) if name == KILLPRIV_XATTR else None
         if of is not None and of.open_count and of.killpriv_absent:
             raise pyfuse3.FUSEError(errno.ENODATA)  # asked before every write: answered here (OpenFile.killpriv_absent)

@@ -8,58 +8,133 @@ DataLoader workers read it from there (``stripefs.torch.read_file``) instead of
 through the mount: the model is 3FS's USRBIO, with plain files on tmpfs as
 the shared buffer.
 
-Naming and correctness: ``DIR/INO-MTIME_NS-SIZE``. A worker stats the path
-through the mount first (answered by the kernel in dataset mode) and looks
-for the name made of what it got: a file changed elsewhere has new attributes
-(the change feed makes the kernel drop the old ones), so an old copy is never
-found; it ages out. Copies take the original file's owner and mode, so no one
-reads through the shared copy what the original would refuse them. A worker
-deletes a copy once it has read it (each sample is read once per epoch), which
-frees the memory at once; copies never read are deleted oldest first once
-``budget`` bytes are in use, and the whole directory when the mount ends (or,
-after a ``kill -9``, when the next mount on this machine starts).
+Who may read a copy: exactly who may read the original, as the kernel decides
+(docs/security.md). The mount runs as root and writes into a world-writable
+place (/dev/shm), so nothing here trusts a name:
+
+- The directory is made fresh by the mount, ``BASE/stripefs-PID-RANDOM``,
+  with ``mkdir`` (which fails on anything already there: nothing is adopted),
+  mode 0711, owned by the mount's user: others may open a name in it but not
+  list it, create, rename or delete anything. Every later operation goes
+  through the directory's file descriptor (``*at`` calls), never its path.
+- A copy's name is 128 random bits, created ``O_EXCL|O_NOFOLLOW``; it takes
+  the original's owner, group and permission bits. A reader learns the name
+  only from ``getxattr(PATH, "user.stripefs.shm_copy")`` on the original
+  through the mount; the kernel answers that only to a caller who can walk the
+  path and read the file (user.* extended attributes need read permission),
+  so a copy of a 0644 file in a 0700 directory stays private to those who can
+  enter the directory. The answer also carries the copy's size, the file
+  version (mtime, size) it was made from and its xxh3 checksum, which
+  ``read_file`` checks before it uses a byte; anything else falls back to a
+  read through the mount.
+- Readers cannot delete copies (the directory is not theirs): a copy handed
+  out is deleted by the mount ``HANDED_OUT_S`` later, copies never asked for
+  oldest first once ``budget`` bytes are in use, and the whole directory when
+  the mount ends (or, after a ``kill -9``, when the next mount on this machine
+  starts and finds a ``stripefs-PID-*`` directory of its own user whose PID is
+  gone).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
+import stat
+import threading
+import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
+
+import xxhash
 
 from ..common import protocol as p
 
 log = logging.getLogger(__name__)
 
+#: a copy whose name was handed to a reader is deleted this long after (time enough to open it)
+HANDED_OUT_S = 10.0
 
-def copy_name(ino: int, mtime_ns: int, size: int) -> str:
-    return f"{ino}-{mtime_ns}-{size}"
+DIR_MODE = 0o711
+
+
+@dataclass
+class Copy:
+    name: str
+    size: int
+    mtime_ns: int  # the original's version the copy was made from
+    digest: int  # xxh3_64 of the bytes
+    handed_out: float = 0.0  # monotonic time the name was given to a reader; 0: not yet
+
+
+def describe(copy: Copy) -> bytes:
+    """The ``user.stripefs.shm_copy`` value: NAME SIZE MTIME_NS XXH3 (stripefs.torch.read_file parses it)."""
+    return f"{copy.name} {copy.size} {copy.mtime_ns} {copy.digest:016x}".encode()
 
 
 class ShmCache:
-    def __init__(self, directory: str | Path, budget: int):
-        self.dir = Path(directory)
+    def __init__(self, base: str | Path, budget: int):
+        self.base = Path(base)
         self.budget = budget
         self.used = 0
-        self._copies: OrderedDict[str, int] = OrderedDict()  # name -> size, oldest first
+        self.dir: Path | None = None
+        self._dir_fd = -1
+        self._copies: OrderedDict[int, Copy] = OrderedDict()  # ino -> its copy, oldest first
+        self._lock = threading.Lock()  # put() runs in worker threads, lookup() on the trio loop
 
     def open(self) -> None:
+        """Make this mount's directory; OSError (said plainly) when that is not possible."""
         self._sweep_dead_mounts()
-        self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        os.chmod(self.dir, 0o1777)  # workers of any user may delete the copies they own (sticky, as /tmp)
+        for _ in range(8):
+            path = self.base / f"stripefs-{os.getpid()}-{secrets.token_hex(8)}"
+            try:
+                os.mkdir(path, DIR_MODE)
+            except FileExistsError:
+                continue  # someone made that name: never adopted
+            break
+        else:
+            raise OSError(f"cannot create a fresh directory under {self.base}")
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            os.close(fd)
+            raise OSError(f"{path} is not ours after mkdir")
+        os.fchmod(fd, DIR_MODE)  # whatever the umask took away or added
+        self.dir, self._dir_fd = path, fd
 
     def close(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self._dir_fd < 0:
+            return
+        for name in os.listdir(self._dir_fd):
+            try:
+                os.unlink(name, dir_fd=self._dir_fd)
+            except OSError:
+                pass
+        os.close(self._dir_fd)
+        self._dir_fd = -1
+        try:
+            os.rmdir(self.dir)
+        except OSError as exc:
+            log.warning("cannot remove the shared-memory directory %s: %s", self.dir, exc)
 
     def _sweep_dead_mounts(self) -> None:
-        """Remove what mounts killed without a chance to clean up left (``stripefs-PID`` of dead PIDs)."""
-        for other in self.dir.parent.glob("stripefs-*"):
-            pid = other.name.removeprefix("stripefs-")
-            if not pid.isdigit() or other == self.dir:
+        """Remove what mounts of this user killed without a chance to clean up left."""
+        if not self.base.is_dir():
+            return
+        for other in self.base.iterdir():
+            parts = other.name.split("-")
+            if len(parts) != 3 or parts[0] != "stripefs" or not parts[1].isdigit():
                 continue
             try:
-                os.kill(int(pid), 0)
+                st = os.lstat(other)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                continue  # not a directory a mount of ours made: not ours to remove
+            try:
+                os.kill(int(parts[1]), 0)
             except ProcessLookupError:
                 log.info("removing %s, left by a mount that is gone", other)
                 shutil.rmtree(other, ignore_errors=True)
@@ -69,48 +144,77 @@ class ShmCache:
     def put(self, info: p.OpenRsp, data: bytes | memoryview) -> bool:
         """Write one prefetched file (in a worker thread); False when there is no room."""
         size = len(data)
-        if size > self.budget:
+        attr = info.attr
+        if size > self.budget or self._dir_fd < 0:
             return False
-        if self.used + size > self.budget:
+        with self._lock:
+            old = self._copies.get(attr.ino)
+            if old is not None and (old.mtime_ns, old.size) == (attr.mtime_ns, size) and not old.handed_out:
+                return True
             self._reclaim(size)
             if self.used + size > self.budget:
                 return False
-        attr = info.attr
-        name = copy_name(attr.ino, attr.mtime_ns, attr.size)
-        if name in self._copies:
-            return True
-        tmp = self.dir / f".{name}"
+        name = secrets.token_hex(16)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._dir_fd)
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
                 os.fchown(fd, attr.uid, attr.gid)
-                os.fchmod(fd, attr.mode & 0o777)
+                os.fchmod(fd, attr.mode & 0o777)  # never set-id bits
             finally:
                 os.close(fd)
-            os.rename(tmp, self.dir / name)
         except OSError as exc:
-            log.warning("shared-memory prefetch: cannot write %s: %s", name, exc)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            log.warning("shared-memory prefetch: cannot write a copy of inode %d: %s", attr.ino, exc)
+            self._unlink(name)
             return False
-        self._copies[name] = size
-        self.used += size
+        copy = Copy(name, size, attr.mtime_ns, xxhash.xxh3_64_intdigest(data))
+        with self._lock:
+            replaced = self._copies.pop(attr.ino, None)
+            if replaced is not None:
+                self._drop(replaced)
+            self._copies[attr.ino] = copy
+            self.used += size
         return True
 
+    def lookup(self, ino: int) -> bytes | None:
+        """What a reader allowed to read inode ``ino`` is told of its copy (``describe``); None: no copy.
+
+        The kernel has checked the caller's permission before asking (getxattr of user.*)."""
+        with self._lock:
+            copy = self._copies.get(ino)
+            if copy is None:
+                return None
+            if not copy.handed_out:
+                copy.handed_out = time.monotonic()
+            return describe(copy)
+
+    def forget(self, ino: int) -> None:
+        """Inode ``ino`` changed: its copy is of an old version."""
+        with self._lock:
+            copy = self._copies.pop(ino, None)
+            if copy is not None:
+                self._drop(copy)
+
     def _reclaim(self, wanted: int) -> None:
-        """Forget copies the workers consumed; then delete the oldest until ``wanted`` fits."""
-        present = set(os.listdir(self.dir)) if self.dir.exists() else set()
-        for name in [n for n in self._copies if n not in present]:
-            self.used -= self._copies.pop(name)
+        """(Under the lock.) Delete copies handed out a while ago; then the oldest until ``wanted`` fits."""
+        now = time.monotonic()
+        for ino in [i for i, c in self._copies.items() if c.handed_out and now - c.handed_out > HANDED_OUT_S]:
+            self._drop(self._copies.pop(ino))
         while self._copies and self.used + wanted > self.budget:
-            name, size = self._copies.popitem(last=False)
-            self.used -= size
-            try:
-                os.unlink(self.dir / name)
-            except FileNotFoundError:
-                pass
+            _, copy = self._copies.popitem(last=False)
+            self._drop(copy)
+
+    def _drop(self, copy: Copy) -> None:
+        """(Under the lock.)"""
+        self.used -= copy.size
+        self._unlink(copy.name)
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("shared-memory prefetch: cannot delete a copy: %s", exc)

@@ -1108,6 +1108,9 @@ PREFETCH_XATTR = b"user.stripefs.prefetch"
 PREFETCH_SHM_XATTR = b"user.stripefs.prefetch.shm"
 #: ``getxattr`` of the mount's root: that directory (empty when the mount has none)
 SHM_DIR_XATTR = b"user.stripefs.shm_dir"
+#: ``getxattr`` of a file: its copy there, ``NAME SIZE MTIME_NS XXH3HEX`` (ENODATA: none). The
+#: kernel asks the mount only for callers that may read the file: the copy's access check
+SHM_COPY_XATTR = b"user.stripefs.shm_copy"
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from .common import protocol as _p
 PREFETCH_XATTR = os.fsdecode(_p.PREFETCH_XATTR)
 PREFETCH_SHM_XATTR = os.fsdecode(_p.PREFETCH_SHM_XATTR)
 SHM_DIR_XATTR = os.fsdecode(_p.SHM_DIR_XATTR)
+SHM_COPY_XATTR = os.fsdecode(_p.SHM_COPY_XATTR)
 #: the kernel refuses xattr values above 64 KiB
 MAX_BLOB = 60_000
 

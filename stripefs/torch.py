@@ -16,8 +16,10 @@ the kernel's page cache, so the workers' open+read is answered by the kernel.
     data = stripefs.torch.read_file(path)
 
 ``read_file`` takes a prefetched file from the mount's shared-memory directory
-when it is there (client/shm_cache.py: no FUSE round trip at all) and reads
-through the mount otherwise; it is correct either way.
+when it is there (client/shm_cache.py: one getxattr through the mount, which
+the kernel answers only to those who may read the file, instead of an open, a
+read and a release) and reads through the mount otherwise; it is correct
+either way.
 
 ``paths[i]`` is the file sample ``i`` reads. Nothing here imports torch: any
 object with ``__iter__`` and ``__len__`` is a sampler to a DataLoader. Paths
@@ -30,9 +32,12 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from typing import Iterable, Iterator, Sequence
 
-from .prefetch_control import MountRoots, announce, group_by_mount, shm_dir
+import xxhash
+
+from .prefetch_control import SHM_COPY_XATTR, MountRoots, announce, group_by_mount, shm_dir
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +96,11 @@ _roots = MountRoots()
 def read_file(path: str | os.PathLike) -> bytes:
     """The bytes of ``path``: from the mount's shared memory when prefetched there, else through the mount.
 
-    The copy's name is made of the attributes a stat through the mount returns
-    now, so a file changed since it was prefetched is read through the mount.
-    Each copy is read once: it is deleted after reading (memory goes back at once).
+    The mount names the copy only to a caller the kernel lets read ``path``
+    (``getxattr`` of ``user.stripefs.shm_copy``, client/shm_cache.py), with the
+    version it was made from and its checksum: a copy of another version, of
+    another owner or mode, or whose bytes do not match is never returned; the
+    file is then read through the mount.
     """
     st = os.stat(path)
     root = _roots.of(os.path.dirname(os.fsencode(os.path.abspath(path))))
@@ -102,18 +109,42 @@ def read_file(path: str | os.PathLike) -> bytes:
         if directory == b"?":
             directory = _shm_dirs[root] = shm_dir(root)
         if directory:
-            copy = os.path.join(directory, f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}".encode())
-            try:
-                with open(copy, "rb") as f:
-                    data = f.read()
-            except FileNotFoundError:
-                pass
-            else:
-                try:
-                    os.unlink(copy)
-                except OSError:
-                    pass
-                if len(data) == st.st_size:
-                    return data
+            data = _from_shm(path, directory, st)
+            if data is not None:
+                return data
     with open(path, "rb") as f:
         return f.read()
+
+
+def _from_shm(path, directory: bytes, st: os.stat_result) -> bytes | None:
+    try:
+        name, size, mtime_ns, digest = os.getxattr(path, SHM_COPY_XATTR).split()
+    except (OSError, ValueError):
+        return None  # no copy (ENODATA), or not ours to read: the mount decides, as for the file
+    if (int(size), int(mtime_ns)) != (st.st_size, st.st_mtime_ns) or not name.isalnum():
+        return None  # a copy of another version of the file
+    try:
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None  # deleted meanwhile
+    try:
+        cs = os.fstat(fd)
+        if (
+            not stat.S_ISREG(cs.st_mode)
+            or cs.st_size != st.st_size
+            or (cs.st_uid, cs.st_gid, stat.S_IMODE(cs.st_mode)) != (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o777)
+        ):
+            return None
+        data = os.read(fd, st.st_size + 1)
+        while len(data) < st.st_size:
+            more = os.read(fd, st.st_size + 1 - len(data))
+            if not more:
+                break
+            data += more
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) != st.st_size or xxhash.xxh3_64_intdigest(data) != int(digest, 16):
+        return None
+    return data

@@ -9,6 +9,8 @@ without the storage nodes.
 
 import errno
 import os
+import stat
+import subprocess
 import time
 
 import pytest
@@ -234,7 +236,7 @@ def test_shared_memory_prefetch_hands_files_to_readers_and_never_old_ones(cluste
     paths = [theirs / f"s{i}" for i in range(20)]
     expected = {p: (mnt / p.name).read_bytes() for p in paths}
     shm = os.getxattr(dataset, "user.stripefs.shm_dir").decode()
-    assert os.path.isdir(shm)
+    assert os.path.isdir(shm) and stat.S_IMODE(os.stat(shm).st_mode) == 0o711  # nobody else lists or plants
 
     sampler = sft.PrefetchSampler(range(20), paths=paths, lookahead=20)
     order = iter(sampler)
@@ -247,7 +249,66 @@ def test_shared_memory_prefetch_hands_files_to_readers_and_never_old_ones(cluste
     _eventually(lambda: os.stat(paths[0]).st_size == len(b"changed after the prefetch"))
     assert sft.read_file(paths[0]) == b"changed after the prefetch"  # the old copy is never used
     for p in paths[1:]:
+        name = os.getxattr(p, "user.stripefs.shm_copy").split()[0].decode()
+        assert os.path.exists(os.path.join(shm, name))  # prefetched: read_file takes it from there
         assert sft.read_file(p) == expected[p]
-    left = os.listdir(shm)
-    assert len(left) <= 1 and all(name.startswith(f"{os.stat(paths[0]).st_ino}-") for name in left)  # read copies are gone
-    assert sft.read_file(paths[5]) == expected[paths[5]]  # a second read goes through the mount
+    # a planted or changed copy is never returned: read_file checks size, owner, mode and checksum
+    victim = paths[5]
+    name = os.getxattr(victim, "user.stripefs.shm_copy").split()[0].decode()
+    with open(os.path.join(shm, name), "r+b") as f:
+        f.write(b"tampered")
+    assert sft.read_file(victim) == expected[victim]
+
+
+def test_shared_memory_copies_are_for_those_who_may_read_the_original(cluster, mnt, dataset):
+    """The attacks of the security review, as another local user (uid 65534) on an allow_other
+    mount: list or plant in the shared-memory directory, learn where the copy of a file they may
+    not read is, or of a readable file inside a directory they may not enter."""
+    from stripefs import torch as sft
+
+    (mnt / "secret").write_bytes(b"root's secret")
+    (mnt / "secret").chmod(0o600)
+    (mnt / "closed").mkdir(mode=0o700)
+    (mnt / "closed" / "open").write_bytes(b"readable, in a closed directory")
+    (mnt / "closed" / "open").chmod(0o644)
+    (mnt / "public").write_bytes(b"for everyone")
+    (mnt / "public").chmod(0o644)
+    theirs = dataset / mnt.name
+    _eventually(lambda: (theirs / "public").exists())
+    paths = [theirs / "secret", theirs / "closed" / "open", theirs / "public"]
+    shm = os.getxattr(dataset, "user.stripefs.shm_dir").decode()
+    before = set(os.listdir(shm))
+    next(iter(sft.PrefetchSampler(range(3), paths=paths, lookahead=3)))
+    _eventually(lambda: len(set(os.listdir(shm)) - before) == 3, within=30)
+    names = {p.name: os.getxattr(p, "user.stripefs.shm_copy").split()[0].decode() for p in paths}
+    script = f"""
+import os, sys
+out = []
+for path in {[str(p) for p in paths]!r}:
+    try:
+        out.append(os.getxattr(path, "user.stripefs.shm_copy").split()[0].decode())
+    except OSError as exc:
+        out.append(exc.strerror)
+try:
+    out.append(str(len(os.listdir({shm!r}))))
+except OSError as exc:
+    out.append(exc.strerror)
+for name in ("planted", {names["secret"]!r}):
+    try:
+        os.symlink("/etc/shadow", os.path.join({shm!r}, name))
+        out.append("planted")
+    except OSError as exc:
+        out.append(exc.strerror)
+try:
+    out.append(open(os.path.join({shm!r}, {names["secret"]!r}), "rb").read().decode())
+except OSError as exc:
+    out.append(exc.strerror)
+print("|".join(out))
+"""
+    res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script],
+                         capture_output=True, text=True, timeout=30)
+    secret, closed, public, listing, plant, over, read = res.stdout.strip().split("|")
+    assert (secret, closed, listing, plant, read) == ("Permission denied",) * 5, res
+    assert over in ("Permission denied", "File exists"), res  # the name is there, and not theirs to replace
+    assert public == names["public"]  # a file they may read: they are told where its copy is
+    assert sft.read_file(paths[0]) == b"root's secret"  # root still gets its copy

@@ -1,41 +1,95 @@
-"""The shared-memory directory of prefetched files (client/shm_cache.py)."""
+"""The shared-memory directory of prefetched files (client/shm_cache.py): a root-owned mount
+writing into a world-writable place must trust no name there (docs/security.md)."""
 
 import os
+import stat
 import subprocess
 
+import pytest
+import xxhash
+
+from stripefs.client import shm_cache
 from stripefs.client.shm_cache import ShmCache
 from stripefs.common import protocol as p
 
+NOBODY = 65534
 
-def test_shared_memory_directories_of_dead_mounts_are_swept(tmp_path):
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (tmp_path / f"stripefs-{dead.pid}").mkdir()
-    (tmp_path / f"stripefs-{dead.pid}" / "1-2-3").write_bytes(b"x")
-    alive = tmp_path / f"stripefs-{os.getppid()}"
-    alive.mkdir()
-    cache = ShmCache(tmp_path / f"stripefs-{os.getpid()}", 1 << 20)
+
+def _info(ino, size, mode=0o100640, uid=1234, gid=5678):
+    attr = p.Attr(ino=ino, mode=mode, nlink=1, uid=uid, gid=gid, rdev=0, size=size, atime_ns=0, mtime_ns=ino * 10, ctime_ns=0, generation=0)
+    return p.OpenRsp(attr=attr, layout=p.Layout(chunk_size=1 << 20, stripe_count=1, redundancy="replicas=1"), chunks=[], nodes=[])
+
+
+def _as_nobody(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def base(tmp_path):
+    tmp_path.chmod(0o1777)  # as /dev/shm
+    return tmp_path
+
+
+def test_the_directory_is_fresh_private_and_never_adopted(base, monkeypatch):
+    cache = ShmCache(base, 1 << 20)
     cache.open()
-    assert not (tmp_path / f"stripefs-{dead.pid}").exists() and alive.exists() and cache.dir.is_dir()
+    st = os.lstat(cache.dir)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o711
+    # another user can neither list it nor put anything in it (a symlink to plant, a fake copy)
+    res = _as_nobody(f"ls {cache.dir}; ln -s /etc/shadow {cache.dir}/x; echo planted > {cache.dir}/y")
+    assert "Permission denied" in res.stderr and not os.listdir(cache.dir), res
     cache.close()
     assert not cache.dir.exists()
+    # a name made ready in advance (a symlink to a root-owned directory, or a directory) is never used
+    target = base / "roots"
+    target.mkdir(mode=0o700)
+    monkeypatch.setattr(shm_cache.secrets, "token_hex", lambda n=8: "ab" * n)
+    os.symlink(target, base / f"stripefs-{os.getpid()}-{'ab' * 8}")
+    with pytest.raises(OSError):
+        ShmCache(base, 1 << 20).open()
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o700
 
 
-def test_copies_keep_the_owner_and_mode_and_respect_the_budget(tmp_path):
-    cache = ShmCache(tmp_path / "stripefs-test", budget=25_000)
+def test_only_own_directories_of_dead_mounts_are_swept(base):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mine = base / f"stripefs-{dead.pid}-0011"
+    mine.mkdir(mode=0o711)
+    (mine / "copy").write_bytes(b"x")
+    theirs = base / f"stripefs-{dead.pid}-0022"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    (base / "victim").mkdir()
+    (base / "victim" / "keep").write_bytes(b"k")
+    os.symlink(base / "victim", base / f"stripefs-{dead.pid}-0033")
+    alive = base / f"stripefs-{os.getppid()}-0044"
+    alive.mkdir(mode=0o711)
+    cache = ShmCache(base, 1 << 20)
     cache.open()
+    assert not mine.exists() and theirs.exists() and alive.exists()
+    assert (base / "victim" / "keep").exists()  # a symlink is never followed
+    cache.close()
 
-    def info(ino, size):
-        attr = p.Attr(ino=ino, mode=0o100640, nlink=1, uid=1234, gid=5678, rdev=0, size=size, atime_ns=0, mtime_ns=ino * 10, ctime_ns=0, generation=0)
-        return p.OpenRsp(attr=attr, layout=p.Layout(chunk_size=1 << 20, stripe_count=1, redundancy="replicas=1"), chunks=[], nodes=[])
 
-    assert cache.put(info(1, 10_000), b"a" * 10_000)
-    st = os.stat(cache.dir / "1-10-10000")
-    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (1234, 5678, 0o640)
-    assert cache.put(info(2, 10_000), b"b" * 10_000)
-    os.unlink(cache.dir / "1-10-10000")  # a reader took it
-    assert cache.put(info(3, 10_000), b"c" * 10_000)  # room again: the consumed copy no longer counts
-    assert cache.put(info(4, 10_000), b"d" * 10_000)  # full: the oldest unread copy (2) goes
-    assert sorted(os.listdir(cache.dir)) == ["3-30-10000", "4-40-10000"]
-    assert not cache.put(info(5, 30_000), b"e" * 30_000)  # larger than the budget: not copied
+def test_copies_are_exclusive_files_with_the_originals_owner_and_mode(base, monkeypatch):
+    cache = ShmCache(base, budget=25_000)
+    cache.open()
+    assert cache.put(_info(1, 10_000, mode=0o104755), b"a" * 10_000)
+    name, size, mtime_ns, digest = cache.lookup(1).split()
+    assert name.isalnum() and len(name) == 32 and (int(size), int(mtime_ns)) == (10_000, 10)
+    assert int(digest, 16) == xxhash.xxh3_64_intdigest(b"a" * 10_000)
+    st = os.lstat(cache.dir / name.decode())
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 5678, 0o755)  # no set-id bits
+    assert cache.lookup(2) is None
+    assert cache.put(_info(2, 10_000), b"b" * 10_000)
+    # 1 was handed out: gone once readers had time to open it; 2 never asked for: the oldest to go
+    monkeypatch.setattr(shm_cache, "HANDED_OUT_S", 0.0)
+    assert cache.put(_info(3, 10_000), b"c" * 10_000)
+    assert len(os.listdir(cache.dir)) == 2 and cache.lookup(1) is None
+    assert cache.put(_info(4, 10_000), b"d" * 10_000)  # full: 2 goes
+    assert cache.lookup(2) is None and cache.lookup(3) and cache.lookup(4)
+    cache.forget(4)  # the file changed elsewhere
+    assert cache.lookup(4) is None and len(os.listdir(cache.dir)) == 1
+    assert not cache.put(_info(5, 30_000), b"e" * 30_000)  # larger than the budget: not copied
     cache.close()
