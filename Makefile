@@ -65,10 +65,18 @@ test: install
 unit: install
 	$(PY) -m pytest -q tests/unit
 
-# long fuzzing runs: random seeds, FUZZ_EXAMPLES examples per endpoint (make test runs a fixed, short set)
+# long fuzzing runs: random seeds, FUZZ_EXAMPLES examples per endpoint (make test runs a fixed, short set);
+# then the data path against a model (tests/datapath_model.py): FUZZ_DATAPATH_OPS operations per layout
+# (replicas=2 and ec=4+2, at once, a cluster each) and mmap mode (with, then without: 2x that per layout),
+# random seeds (printed, with the line that replays a failure), a storage node kill -9ed and restarted
+# every FUZZ_DATAPATH_KILL_EVERY operations
 FUZZ_EXAMPLES ?= 20000
+FUZZ_DATAPATH_OPS ?= 500000
+FUZZ_DATAPATH_KILL_EVERY ?= 50000
 fuzz: install
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/cluster/test_fuzz.py tests/unit/test_feed_fuzz.py
+	$(PY) tests/datapath_model.py --layout both --parallel --mmap both --ops $(FUZZ_DATAPATH_OPS) \
+		--kill-every $(FUZZ_DATAPATH_KILL_EVERY) --progress 60
 
 bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py

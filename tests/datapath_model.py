@@ -1,0 +1,675 @@
+#!/usr/bin/env python3
+"""Model-based random tester of the data path: real mounts of a real local cluster.
+
+A seeded random sequence of operations on a few files is run through a real
+FUSE mount; every file has an in-memory model (a ``bytearray``) and every read
+(``pread``, a read through ``mmap``, a whole-file read through a *second* mount
+after close) is compared with it. Operations, with their rates
+(``OPS`` below): ``pwrite`` at random offsets and sizes (unaligned, across
+chunk and stripe boundaries, beyond EOF leaving holes), ``pread``,
+``ftruncate`` up and down, ``mmap`` writes followed by ``msync`` and
+``munmap`` and ``mmap`` reads (within the current size, page-aligned map
+offset), ``os.copy_file_range`` within a file (non-overlapping) and between
+files, ``fsync``, close and reopen, ``O_APPEND`` appends through a second
+descriptor, an open with ``O_TRUNC``, and close-to-open: the file is closed,
+opened through a second mount of the same cluster and read whole. Optionally
+a storage node is killed with SIGKILL in the middle of a run and restarted
+later (reads must stay right all along: replicas fail over, EC decodes).
+
+Replayable: everything random (operations, offsets, sizes, *data bytes*,
+which node is killed) comes from ``random.Random`` seeded by ``--seed``, so
+``--seed N --ops M`` with the same flags runs the same sequence again (a bug
+that is a race may need a few replays to show). On the first mismatch, or an
+operation failing (EIO...), it reports the seed, the operation number, the
+operation, the last ~30 operations, where the first wrong byte is (its chunk,
+EC stripe, offset in it), whether the wrong bytes are zeros, stale (bytes a
+recent operation wrote, or truncated away, at that place) or misplaced, and
+the command line that replays it; the CLI then exits 1. It also fails on an
+ERROR line in its cluster's logs (``--allow-log REGEX`` excuses one).
+
+Where it lives: this file is the engine (``Engine``, ``Target``) and the CLI.
+The ``make test`` run, ``tests/cluster/test_datapath_model.py``, puts
+``tests/`` on ``sys.path`` and imports it; both start clusters with the
+cluster tests' helpers (``tests/cluster/conftest.py``: ``Cluster``,
+``cluster_root``, ``run_cli``, i.e. ``stripefs local up``; the CLI puts
+``tests/cluster`` on ``sys.path`` for that), 6 storage nodes, a directory
+``rep`` (replicas=2, 64 KiB chunks) and ``ec`` (ec=4+2, 64 KiB chunks), a
+second mount, short node and request timeouts (``new_cluster``,
+``set_up``). The CLI tears its clusters down whatever happens (a failure,
+Ctrl-C, SIGTERM) and keeps their logs when something failed.
+
+CLI (``make fuzz`` runs a million operations per layout)::
+
+    .venv/bin/python tests/datapath_model.py --layout ec --mmap off --seed 1 --ops 20000   # a cluster of its own
+    .venv/bin/python tests/datapath_model.py --layout both --parallel --mmap both --kill-every 5000 --ops 100000
+    .venv/bin/python tests/datapath_model.py --mount ./mnt/somedir --ops 20000   # a running cluster, that dir's layout
+    .venv/bin/python tests/datapath_model.py --local-dir /tmp/x --ops 20000      # the model itself, on a local fs
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import mmap
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+KiB = 1 << 10
+PAGE = mmap.PAGESIZE
+CHUNK = 64 * KiB  # the cluster layouts' chunk size (and the EC fragment size): offsets are drawn near its multiples
+FILE_MAX = (256 * KiB, 1024 * KiB, 192 * KiB + 4321)  # per file: the largest offset an operation reaches
+IO_MAX = 64 * KiB  # most operations' sizes; some are up to 4x that (a whole EC stripe and more)
+
+# operation kind -> weight (like the issue's sample: 25% writes, 10% copies, 10% mmap writes,
+# 10% truncates, the rest reads, plus the extra kinds). Without mmap its kinds are left out; mmap on an empty
+# file reads instead.
+OPS = {
+    "pwrite": 25,
+    "copy": 10,
+    "mmap_write": 10,
+    "truncate": 10,
+    "pread": 35,
+    "mmap_read": 4,
+    "append": 2,
+    "fsync": 1,
+    "reopen": 0.5,
+    "otrunc": 0.3,
+    "close_to_open": 0.5,
+}
+STICKY = 0.85  # the chance that an operation is on the same file as the one before: runs of operations on one
+# open file (as one writer does) keep a write session and the client's caches and read-ahead busy
+
+
+class Mismatch(AssertionError):
+    """A read differed from the model, or an operation failed: the message says where and how to replay."""
+
+
+class Stopped(Exception):
+    """Another run failed or the user pressed Ctrl-C: this run stops (and tears down its cluster)."""
+
+
+@dataclass
+class Target:
+    """Where the files live and what the engine may do to the cluster.
+
+    ``other_view(path)``: the same file through a second mount (close-to-open
+    reads), or None to read through the same path; ``kill(rng)`` kills a
+    storage node (returns a description), ``restart()`` starts what is not
+    running; ``chunk``: the layout's chunk size, for reports."""
+
+    dir: Path
+    other_view: Callable[[Path], Path] | None = None
+    kill: Callable[[random.Random], str] | None = None
+    restart: Callable[[], None] | None = None
+    chunk: int = CHUNK
+    stripe: int = 0  # an EC layout's stripe (data fragments x chunk), for reports
+    replay: str = ""  # what the CLI needs to replay a run here, besides mmap, seed and counts (e.g. " --layout ec")
+    label: str = ""
+
+
+@dataclass
+class FileState:
+    path: Path
+    max: int
+    model: bytearray = field(default_factory=bytearray)
+    fd: int = -1
+
+
+class Engine:
+    """One seeded run over ``nfiles`` files in ``target.dir``.
+
+    ``mmap``: use mmap reads and writes. ``kills``: (kill at op, restart at op) pairs.
+    ``progress``: seconds between progress lines (0: none)."""
+
+    def __init__(self, target: Target, seed: int, *, use_mmap: bool = True, nfiles: int = 3,
+                 kills: list[tuple[int, int]] = (), progress: float = 0.0, history: int = 30, out=sys.stdout,
+                 stop: threading.Event | None = None):
+        self.t = target
+        self.seed = seed
+        self.use_mmap = use_mmap
+        self.rng = random.Random(seed)  # operations, offsets, sizes, data
+        self.kill_rng = random.Random(f"kill-{seed}")  # which node: runs with and without kills draw the same ops
+        self.kills = {k: r for k, r in kills}
+        self.restarts = {r for _, r in kills}
+        self.progress = progress
+        self.stop = stop
+        self.out = out
+        self.recent: collections.deque[str] = collections.deque(maxlen=history)
+        # (op, file index, offset, data) of recent writes, and of data cut off by truncates (its old place):
+        # a mismatch report says whose bytes were read
+        self.writes: collections.deque[tuple[int, int, int, bytes]] = collections.deque(maxlen=300)
+        self.files = [FileState(target.dir / f"model-{seed}-{i}", FILE_MAX[i % len(FILE_MAX)]) for i in range(nfiles)]
+        kinds = [k for k in OPS if use_mmap or not k.startswith("mmap")]
+        self.kinds, self.weights = kinds, [OPS[k] for k in kinds]
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.times: collections.Counter[str] = collections.Counter()  # seconds spent per kind
+        self.op = -1
+        self.desc = ""
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _print(self, msg: str) -> None:
+        print(msg, file=self.out, flush=True)
+
+    def _offset(self, limit: int) -> int:
+        """An offset in [0, limit): often within a few bytes of a chunk or page boundary."""
+        if limit <= 0:
+            return 0
+        r = self.rng.random()
+        if r < 0.25:
+            step = self.t.chunk if r < 0.15 else PAGE
+            off = self.rng.randrange(0, limit // step + 1) * step + self.rng.randint(-3, 3)
+            return min(max(off, 0), limit - 1)
+        return self.rng.randrange(0, limit)
+
+    def _size(self) -> int:
+        r = self.rng.random()
+        if r < 0.15:
+            return self.rng.randint(1, 16)
+        if r < 0.9:
+            return self.rng.randint(1, IO_MAX)
+        return self.rng.randint(IO_MAX, 4 * IO_MAX + 17)
+
+    def _data(self, n: int) -> bytes:
+        return self.rng.randbytes(n)
+
+    @staticmethod
+    def _put(model: bytearray, off: int, data: bytes) -> None:
+        if off > len(model):
+            model.extend(bytes(off - len(model)))
+        model[off:off + len(data)] = data
+
+    def _open(self, f: FileState, flags: int = 0) -> None:
+        f.fd = os.open(f.path, os.O_RDWR | flags)
+
+    def _compare(self, f: FileState, off: int, got: bytes, n: int, how: str) -> None:
+        want = bytes(f.model[off:off + n])
+        if got == want:
+            return
+        self._fail(self._diff(f, off, got, want, how))
+
+    def _whose(self, f: FileState, pos: int, wrong: bytes) -> str:
+        """What the wrong bytes read at ``pos`` are: zeros, or bytes of a recent write (which one, where)."""
+        nonzero = sum(1 for b in wrong if b)
+        if not nonzero:
+            return "zeros"
+        if len(wrong) >= 64 and nonzero <= max(4, len(wrong) // 256):
+            return f"zeros but for {nonzero} bytes"
+        i = self.files.index(f)
+        probe = wrong[:32]
+        for op, j, off, data in reversed(self.writes):  # the same place first: stale data
+            if j == i and off <= pos and pos + len(wrong) <= off + len(data) and data[pos - off:pos - off + len(wrong)] == wrong:
+                return f"stale: the bytes op {op} wrote (or truncated away) here"
+        for op, j, off, data in reversed(self.writes):
+            if j == i and off <= pos and pos + len(probe) <= off + len(data) and data[pos - off:pos - off + len(probe)] == probe:
+                return f"partly stale: begins with the bytes op {op} wrote (or truncated away) here"
+        if len(probe) >= 8:
+            for op, j, off, data in reversed(self.writes):
+                at = data.find(probe)
+                if at >= 0:
+                    return f"misplaced: the bytes op {op} wrote (or truncated away) at f{j} {off + at:#x} (shift {pos - off - at:+#x})"
+            for j, g in enumerate(self.files):
+                at = g.model.find(probe)
+                if at >= 0:
+                    return f"misplaced: f{j}'s current bytes at {at:#x} (shift {pos - at:+#x})"
+        return "unknown bytes"
+
+    def _diff(self, f: FileState, off: int, got: bytes, want: bytes, how: str) -> str:
+        lines = [f"{how} of {f.path.name} at {off:#x}+{len(want):#x} differs from the model (file size {len(f.model):#x})"]
+        if len(got) != len(want):
+            lines.append(f"  got {len(got):#x} bytes, expected {len(want):#x}")
+        common = min(len(got), len(want))
+        bad = [i for i in range(common) if got[i] != want[i]]
+        if bad:
+            first, last = bad[0], bad[-1]
+            pos = off + first
+            wrong = [got[i] for i in bad]
+            zeros = all(b == 0 for b in wrong)
+            lines.append(f"  first differing byte at {pos:#x} (chunk {pos // self.t.chunk}, {pos % self.t.chunk:#x} into it"
+                         f"{f'; stripe {pos // self.t.stripe}, {pos % self.t.stripe:#x} into it' if self.t.stripe else ''}), last at {off + last:#x}; "
+                         f"{len(bad)} bytes differ, the wrong bytes are {'ALL ZEROS' if zeros else 'not all zeros'}"
+                         f"{' (' + str(sum(b == 0 for b in wrong)) + ' of them zero)' if not zeros else ''}")
+            lines.append(f"  got      {got[first:first + 16].hex(' ')}")
+            lines.append(f"  expected {want[first:first + 16].hex(' ')}")
+            runs, start = [], bad[0]  # ranges of wrong bytes; a few equal bytes by chance do not split one
+            for a, b in zip(bad, bad[1:] + [None]):
+                if b is None or b > a + 16:
+                    runs.append((start, a + 1))
+                    start = b
+            lines.append(f"  wrong ranges ({len(runs)}):")
+            for s, e in runs[:12]:
+                lines.append(f"    {off + s:#x}-{off + e:#x} ({e - s:#x} bytes): {self._whose(f, off + s, got[s:e])}")
+            if len(runs) > 12:
+                lines.append("    ...")
+        elif len(got) < len(want):
+            lines.append(f"  short read: the first {len(got):#x} bytes are right, it stops at {off + len(got):#x}")
+        return "\n".join(lines)
+
+    def _fail(self, what: str) -> None:
+        hist = "\n".join(f"    {line}" for line in self.recent)
+        raise Mismatch(
+            f"{self.t.label}seed {self.seed}, operation {self.op} ({'mmap on' if self.use_mmap else 'mmap off'}): {self.desc}\n"
+            f"{what}\n  last {len(self.recent)} operations (the failing one last):\n{hist}\n"
+            f"  replay: .venv/bin/python tests/datapath_model.py{self.t.replay} --mmap {'on' if self.use_mmap else 'off'}"
+            f"{f' --files {len(self.files)}' if len(self.files) != 3 else ''} --seed {self.seed} --ops {self.op + 1}"
+        )
+
+    # -- operations ------------------------------------------------------------------
+
+    def _do_pwrite(self, f: FileState, i: int) -> str:
+        off = self._offset(f.max)
+        n = min(self._size(), f.max - off) or 1
+        data = self._data(n)
+        self.desc = f"pwrite f{i} {off:#x}+{n:#x}" + (f" (hole {len(f.model):#x}-{off:#x})" if off > len(f.model) else "")
+        done = os.pwrite(f.fd, data, off)
+        if done != n:
+            self._fail(f"short write: {done:#x} of {n:#x}")
+        self._put(f.model, off, data)
+        self.writes.append((self.op, i, off, data))
+        return self.desc
+
+    def _do_pread(self, f: FileState, i: int) -> str:
+        size = len(f.model)
+        off = self._offset(size + 2 * KiB if self.rng.random() < 0.1 else size) if size else 0
+        n = self._size()
+        self.desc = f"pread f{i} {off:#x}+{n:#x}" + (" (past EOF)" if off + n > size else "")
+        got = os.pread(f.fd, n, off)
+        self._compare(f, off, got, max(0, min(n, size - off)), "pread")
+        return self.desc
+
+    def _do_truncate(self, f: FileState, i: int) -> str:
+        size = len(f.model)
+        r = self.rng.random()
+        new = max(0, size + self.rng.randint(-300, 300)) if r < 0.3 else self._offset(f.max)
+        self.desc = f"ftruncate f{i} {size:#x} -> {new:#x}"
+        os.ftruncate(f.fd, new)
+        if new < size:
+            self.writes.append((self.op, i, new, bytes(f.model[new:])))
+        del f.model[new:]
+        f.model.extend(bytes(new - len(f.model)))
+        return self.desc
+
+    def _do_copy(self, f: FileState, i: int) -> str:
+        if self.rng.random() < 0.5 and len(self.files) > 1:
+            j = self.rng.choice([k for k in range(len(self.files)) if k != i])
+        else:
+            j = i
+        src_f, dst_f = self.files[j], f  # copy from file j into this file
+        size = len(src_f.model)
+        if not size:
+            self.desc = f"copy f{j}->f{i} skipped (f{j} is empty)"
+            return self.desc
+        src = self._offset(size)
+        n = min(self._size(), size - src)
+        dst = self._offset(max(1, dst_f.max - n))
+        if j == i and dst + n > src and src + n > dst:  # overlapping ranges in one file: undefined, shift past
+            dst = src + n if src + 2 * n <= dst_f.max else max(0, src - n)
+            if dst + n > src and src + n > dst:
+                self.desc = f"copy f{j}->f{i} skipped (no room)"
+                return self.desc
+        self.desc = f"copy_file_range f{j} {src:#x}+{n:#x} -> f{i} {dst:#x}"
+        done = 0
+        while done < n:
+            c = os.copy_file_range(src_f.fd, dst_f.fd, n - done, src + done, dst + done)
+            if c <= 0:
+                break
+            done += c
+        if done != n:
+            self._fail(f"copy_file_range copied {done:#x} of {n:#x} bytes (source size {size:#x})")
+        data = bytes(src_f.model[src:src + n])
+        self._put(dst_f.model, dst, data)
+        self.writes.append((self.op, i, dst, data))
+        return self.desc
+
+    def _map(self, f: FileState, off: int, n: int) -> tuple[mmap.mmap, int]:
+        pg = off & ~(PAGE - 1)
+        return mmap.mmap(f.fd, off + n - pg, offset=pg), off - pg
+
+    def _do_mmap_write(self, f: FileState, i: int) -> str:
+        size = len(f.model)
+        off = self._offset(size)
+        n = min(self._size(), size - off)
+        data = self._data(n)
+        self.desc = f"mmap write f{i} {off:#x}+{n:#x}, msync, munmap"
+        m, at = self._map(f, off, n)
+        try:
+            m[at:at + n] = data
+            m.flush()
+        finally:
+            m.close()
+        self._put(f.model, off, data)
+        self.writes.append((self.op, i, off, data))
+        return self.desc
+
+    def _do_mmap_read(self, f: FileState, i: int) -> str:
+        size = len(f.model)
+        off = self._offset(size)
+        n = min(self._size(), size - off)
+        self.desc = f"mmap read f{i} {off:#x}+{n:#x}"
+        m, at = self._map(f, off, n)
+        try:
+            got = m[at:at + n]
+        finally:
+            m.close()
+        self._compare(f, off, got, n, "mmap read")
+        return self.desc
+
+    def _do_append(self, f: FileState, i: int) -> str:
+        n = min(self._size(), max(1, f.max - len(f.model))) if len(f.model) < f.max else self.rng.randint(1, 100)
+        data = self._data(n)
+        self.desc = f"open O_APPEND f{i}, append {n:#x} at {len(f.model):#x}, close"
+        fd = os.open(f.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            done = os.write(fd, data)
+        finally:
+            os.close(fd)
+        if done != n:
+            self._fail(f"short append: {done:#x} of {n:#x}")
+        self.writes.append((self.op, i, len(f.model), data))
+        self._put(f.model, len(f.model), data)
+        return self.desc
+
+    def _do_fsync(self, f: FileState, i: int) -> str:
+        self.desc = f"fsync f{i}"
+        os.fsync(f.fd)
+        return self.desc
+
+    def _do_reopen(self, f: FileState, i: int) -> str:
+        self.desc = f"close f{i}, reopen"
+        os.close(f.fd)
+        f.fd = -1
+        self._open(f)
+        return self.desc
+
+    def _do_otrunc(self, f: FileState, i: int) -> str:
+        self.desc = f"open f{i} O_TRUNC (size {len(f.model):#x} -> 0), close the old descriptor"
+        fd = os.open(f.path, os.O_RDWR | os.O_TRUNC)
+        os.close(f.fd)
+        f.fd = fd
+        self.writes.append((self.op, i, 0, bytes(f.model)))
+        del f.model[:]
+        return self.desc
+
+    def _do_close_to_open(self, f: FileState, i: int) -> str:
+        other = self.t.other_view(f.path) if self.t.other_view else f.path
+        self.desc = f"close f{i}, read it whole through {'the second mount' if self.t.other_view else 'the same path'}, reopen"
+        os.close(f.fd)
+        f.fd = -1
+        with open(other, "rb") as g:
+            got = g.read()
+        self._compare(f, 0, got, len(f.model), "close-to-open read (second mount)")
+        self._open(f)
+        return self.desc
+
+    # -- the run ---------------------------------------------------------------------
+
+    def _restart(self, killed: str) -> None:
+        t = time.monotonic()
+        self.t.restart()
+        self.recent.append(f"{self.op}: -- restarted ({killed})")
+        self._print(f"{self.t.label}op {self.op}: restarted what was killed ({time.monotonic() - t:.1f} s)")
+        return None
+
+    def run(self, ops: int) -> dict:
+        for f in self.files:
+            f.fd = os.open(f.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        t0 = last = time.monotonic()
+        last_op = i = 0
+        killed = None
+        try:
+            for self.op in range(ops):
+                if self.stop is not None and self.stop.is_set():
+                    raise Stopped(f"{self.t.label}stopped at operation {self.op}")
+                if self.op in self.kills and self.t.kill:
+                    self.desc = "kill a storage node"
+                    killed = self.t.kill(self.kill_rng)
+                    self.recent.append(f"{self.op}: -- {killed}")
+                    self._print(f"{self.t.label}op {self.op}: {killed}")
+                if self.op in self.restarts and killed:
+                    self.desc = "restart the killed node"
+                    killed = self._restart(killed)
+                if self.op == 0 or self.rng.random() >= STICKY:
+                    i = self.rng.randrange(len(self.files))
+                f = self.files[i]
+                kind = self.rng.choices(self.kinds, self.weights)[0]
+                if not f.model and kind in ("mmap_write", "mmap_read"):
+                    kind = "pread"  # nothing to map
+                self.desc = kind
+                t_op = time.monotonic()
+                try:
+                    desc = getattr(self, f"_do_{kind}")(f, i)
+                except Mismatch:
+                    raise
+                except OSError as e:
+                    self._fail(f"{kind} failed: {e!r}")
+                self.recent.append(f"{self.op}: {desc}")
+                self.counts[kind] += 1
+                self.times[kind] += time.monotonic() - t_op
+                if self.progress and (now := time.monotonic()) - last >= self.progress:
+                    self._print(f"{self.t.label}seed {self.seed}: {self.op + 1}/{ops} ops, {(self.op + 1 - last_op) / (now - last):.0f} ops/s, "
+                                f"sizes {', '.join(f'{len(g.model) // KiB}K' for g in self.files)}")
+                    last, last_op = now, self.op + 1
+            if killed:
+                killed = self._restart(killed)
+            # the end: every file read whole, through this mount and the other one
+            self.op, self.desc = ops, "final check: every file read whole"
+            for i, f in enumerate(self.files):
+                self._do_close_to_open(f, i)
+        finally:
+            for f in self.files:
+                if f.fd >= 0:
+                    os.close(f.fd)
+                    f.fd = -1
+            if killed:  # a failure while a node was down: the next run finds the cluster whole
+                try:
+                    self._restart(killed)
+                except Exception as e:  # noqa: BLE001  (the failure that got us here is the one to report)
+                    self._print(f"{self.t.label}could not restart after {killed}: {e!r}")
+        elapsed = time.monotonic() - t0
+        return {"seed": self.seed, "ops": ops, "seconds": elapsed, "ops_per_s": ops / elapsed if elapsed else 0.0,
+                "counts": dict(self.counts), "times": dict(self.times)}
+
+
+def kill_schedule(ops: int, every: int) -> list[tuple[int, int]]:
+    """Every ``every`` operations: a node killed a quarter in, restarted three quarters in."""
+    if every <= 0:
+        return []
+    return [(p + every // 4, p + 3 * every // 4) for p in range(0, ops - every // 4, every)]
+
+
+# -- the CLI: its own cluster --------------------------------------------------------
+
+LAYOUTS = {"rep": ("--replicas", "2", "--chunk-size", "64K"), "ec": ("--ec", "4+2", "--chunk-size", "64K")}
+NODES = 6
+# the CLI's own cluster and the pytest one: a dead node is declared down after 3 s, and the mounts'
+# requests to it give up after 3 s, not 10 (a write to a chunk with a copy there waits that long).
+# The mounts read that from a client config (-o config=...): local up's --set does not reach the mount.
+CLUSTER_SETTINGS = ("--set", "meta.node_timeout_s=3", "--set", "meta.session_lease_s=6")
+CLIENT_TOML = "rpc_timeout_s = 3.0\n"
+
+
+def new_cluster(conftest, prefix: str = "stripefs-datapath-"):
+    """A conftest ``Cluster`` (not started) of NODES nodes with the settings above."""
+    root = conftest.cluster_root(prefix)
+    (root / "client.toml").write_text(CLIENT_TOML)
+    return conftest.Cluster(root, nodes=NODES, up_args=(*CLUSTER_SETTINGS, "-o", f"config={root / 'client.toml'}"))
+
+
+def set_up(cluster, run_cli) -> Path:
+    """The two layout directories and the second mount (returned)."""
+    for layout, args in LAYOUTS.items():
+        (cluster.mnt / layout).mkdir()
+        run_cli("layout", "set", "--dir", str(cluster.state), *args, str(cluster.mnt / layout))
+    return cluster.mount_again("second", options=f"config={cluster.root / 'client.toml'}")
+
+
+def _cluster_helpers():
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
+    import conftest  # noqa: E402  (the cluster tests' launcher helpers)
+    return conftest
+
+
+def cluster_target(cluster, d: Path, other_mnt: Path, label: str, kill_every: int = 0) -> Target:
+    """A Target on ``cluster`` (conftest's ``Cluster``) for directory ``d`` of its mount."""
+    from stripefs.local_cluster import _alive
+
+    def kill(rng: random.Random) -> str:
+        alive = sorted((n for n, pid in cluster.pids()["storage"].items() if _alive(pid)), key=int)
+        node = rng.choice(alive)
+        cluster.kill_node(int(node))
+        return f"storage node {node} killed (SIGKILL)"
+    return Target(dir=d, other_view=lambda p: other_mnt / p.relative_to(cluster.mnt), kill=kill, restart=cluster.restart,
+                  chunk=CHUNK, stripe=4 * CHUNK if label.startswith("ec") else 0, label=label,
+                  replay=f" --layout {label.strip()}" + (f" --kill-every {kill_every}" if kill_every else ""))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="A failure prints the command line that replays it.")
+    ap.add_argument("--layout", choices=["rep", "ec", "both"], default="both", help="replicas=2 or ec=4+2, both 64K chunks (default both)")
+    ap.add_argument("--ops", type=int, default=20000, help="operations per layout and mmap mode (default 20000)")
+    ap.add_argument("--seed", type=int, help="the first run's seed, the next runs' count up from it (default: random, printed)")
+    ap.add_argument("--mmap", choices=["on", "off", "both"], default="on", help="mmap reads and writes (default on; both: a run with, then one without)")
+    ap.add_argument("--no-mmap", dest="mmap", action="store_const", const="off", help="same as --mmap off")
+    ap.add_argument("--files", type=int, default=3, help="files per run (default 3)")
+    ap.add_argument("--kill-every", type=int, default=0, metavar="N", help="every N operations kill -9 a storage node (a quarter in) "
+                    "and restart it (three quarters in)")
+    ap.add_argument("--parallel", action="store_true", help="with --layout both: the two layouts at once (one cluster each)")
+    ap.add_argument("--mount", type=Path, help="a directory in an existing stripefs mount: run in a new directory there, with the "
+                    "layout it has (no cluster started, no kills; close-to-open through the same mount)")
+    ap.add_argument("--local-dir", type=Path, help="run on a local directory instead (checks the model itself)")
+    ap.add_argument("--allow-log", action="append", default=[], metavar="REGEX", help="an ERROR line in the cluster's logs that "
+                    "does not fail the run (any other does; repeatable)")
+    ap.add_argument("--keep", action="store_true", help="keep the cluster's state directory (logs) even when everything passed")
+    ap.add_argument("--verbose", "-v", action="store_true", help="at the end of each run: operations per kind and their mean time")
+    ap.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines (default 5; 0: none)")
+    args = ap.parse_args(argv)
+    seed0 = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    modes = {"on": [True], "off": [False], "both": [True, False]}[args.mmap]
+    layouts = ["rep", "ec"] if args.layout == "both" else [args.layout]
+    if args.local_dir or args.mount:
+        layouts = ["local" if args.local_dir else "mount"]
+    runs = [(layout, use_mmap, seed0 + k) for k, (layout, use_mmap) in enumerate((lo, m) for lo in layouts for m in modes)]
+    results: list[tuple[str, dict]] = []
+    failures: list[str] = []
+    stop = threading.Event()
+    print("seeds: " + ", ".join(f"{lo} mmap {'on' if m else 'off'}: {s}" for lo, m, s in runs), flush=True)
+
+    def run_one(target: Target, layout: str, use_mmap: bool, seed: int, kills=()) -> None:
+        name = f"{target.label}mmap {'on' if use_mmap else 'off'}"
+        print(f"== {name}: seed {seed}, {args.ops} ops, {args.files} files in {target.dir}", flush=True)
+        engine = Engine(target, seed, use_mmap=use_mmap, nfiles=args.files, kills=kills, progress=args.progress, stop=stop)
+        try:
+            res = engine.run(args.ops)
+        except Mismatch as e:
+            failures.append(f"{name} FAILED: {e}")
+            print(f"\n{failures[-1]}\n", flush=True)
+            stop.set()
+            raise
+        results.append((name, res))
+        if args.verbose:
+            print("   " + ", ".join(f"{k} {res['counts'][k]} ({1e3 * res['times'][k] / res['counts'][k]:.1f} ms)"
+                                   for k in sorted(res["counts"], key=lambda k: -res["times"][k])), flush=True)
+        print(f"== {name}: seed {seed}: {args.ops} ops OK in {res['seconds']:.0f} s ({res['ops_per_s']:.0f} ops/s)", flush=True)
+
+    def on_cluster(layout: str) -> None:
+        """The runs of one layout on a cluster of their own, always torn down."""
+        c = _cluster_helpers()
+        cluster = new_cluster(c)
+        cluster.expected_log_patterns += args.allow_log
+        ok = False
+        try:
+            t = time.monotonic()
+            cluster.up()
+            other = set_up(cluster, c.run_cli)
+            print(f"{layout}: cluster of {NODES} nodes up in {time.monotonic() - t:.1f} s at {cluster.root}", flush=True)
+            for lo, use_mmap, seed in runs:
+                if lo == layout:
+                    run_one(cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ", args.kill_every), layout, use_mmap,
+                            seed, kill_schedule(args.ops, args.kill_every))
+            ok = True
+        finally:
+            cluster.teardown()
+            bad = cluster.bad_log_lines()
+            if bad:
+                failures.append(f"{layout}: unexpected ERROR lines in the cluster's logs (--allow-log REGEX excuses one):\n"
+                                + "\n".join(bad[:20]))
+                print(failures[-1], flush=True)
+                ok = False
+            if ok and not args.keep:
+                shutil.rmtree(cluster.root, ignore_errors=True)
+            else:
+                print(f"{layout}: cluster state and logs kept in {cluster.state}", flush=True)
+
+    def guarded(layout: str) -> None:
+        try:
+            on_cluster(layout)
+        except Mismatch:
+            pass
+        except Stopped as e:
+            print(f"{e} (another run failed)", flush=True)
+        except BaseException as e:  # noqa: BLE001  (a thread's error ends every run, reported)
+            failures.append(f"{layout}: {e!r}")
+            stop.set()
+
+    # SIGTERM / SIGHUP: unwind like Ctrl-C so the clusters are always torn down
+    def _term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _term)
+
+    try:
+        if args.local_dir or args.mount:
+            base = (args.local_dir or args.mount).resolve()
+            d = Path(tempfile.mkdtemp(prefix="datapath-model-", dir=base))
+            try:
+                for layout, use_mmap, seed in runs:
+                    run_one(Target(dir=d, label=f"{layout} ", replay=f" --{layout.replace('local', 'local-dir')} {base}"),
+                            layout, use_mmap, seed)
+            except Mismatch:
+                pass
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+        elif args.parallel and len(layouts) > 1:
+            threads = [threading.Thread(target=guarded, args=(lo,), name=lo) for lo in layouts]
+            for t in threads:
+                t.start()
+            try:
+                while any(t.is_alive() for t in threads):
+                    for t in threads:
+                        t.join(0.2)
+            except KeyboardInterrupt:
+                stop.set()
+                print("\ninterrupted: stopping the runs, tearing the clusters down", flush=True)
+                for t in threads:
+                    t.join()
+                return 130
+        else:
+            for layout in layouts:
+                guarded(layout)
+                if stop.is_set():
+                    break
+        return 1 if failures else 0
+    except KeyboardInterrupt:
+        stop.set()
+        print("\ninterrupted", flush=True)
+        return 130
+    finally:
+        print("\nseeds used:", flush=True)
+        for name, res in results:
+            print(f"  {name}: seed {res['seed']}, {res['ops']} ops OK ({res['ops_per_s']:.0f} ops/s)")
+        for f in failures:
+            print(f"  {f.splitlines()[0]}" + "".join(f"\n  {line.strip()}" for line in f.splitlines() if "replay:" in line))
+        print("FAILED" if failures else "OK" if results else "", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
