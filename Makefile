@@ -24,6 +24,10 @@ $(VENV)/.installed: pyproject.toml
 		echo "installing postgresql (initdb, pg_ctl) for --meta-store postgresql and its tests"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	fi
+	@if [ ! -x /usr/bin/python3 ]; then \
+		echo "installing python3 (the security tests run attacks as uid 65534 with Debian's interpreter)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null; \
+	fi
 	@if ! command -v tmux >/dev/null; then \
 		echo "installing tmux (the tests watch 'stripefs top' in a terminal)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; \

@@ -106,7 +106,8 @@ class DiskCache:
 
     def scan(self) -> None:
         """Index what a previous mount left (in a worker thread: may be many files)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.root, 0o700)  # cached chunks are every user's files: the mount's user only, whatever the umask
         found = []
         for sub in self.root.iterdir():
             if not sub.is_dir():
@@ -172,9 +173,10 @@ class DiskCache:
                 self._evict(extra=len(data))
                 if self._free_bytes() < self.min_free + len(data):
                     return  # the disk is needed by others: cache nothing more for now
-            path.parent.mkdir(exist_ok=True)
+            path.parent.mkdir(mode=0o700, exist_ok=True)
             pieces = encode(key, data)
-            with open(tmp, "wb") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as f:
                 f.writelines(pieces)
             os.rename(tmp, path)
             size = sum(len(p) for p in pieces)

@@ -33,6 +33,7 @@ import functools
 import json
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -138,10 +139,21 @@ def instrument(ops) -> None:
 
 
 def state_dir() -> Path:
-    """Per-user runtime directory for mount state files."""
+    """Per-user runtime directory for mount state files and default logs: /run/stripefs for root,
+    else under $XDG_RUNTIME_DIR (or ~/.cache). Never /tmp: a name there can be planted by anyone."""
     if os.geteuid() == 0:
         return Path("/run/stripefs")
-    return Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/stripefs-{os.geteuid()}") / "stripefs"
+    return Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache") / "stripefs"
+
+
+def ensure_state_dir() -> Path:
+    """``state_dir()``, created if missing; OSError unless it is a directory only this user can write."""
+    path = state_dir()
+    path.mkdir(mode=0o755 if os.geteuid() == 0 else 0o700, parents=True, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise OSError(f"{path} is not a directory only this user can write to")
+    return path
 
 
 def state_path(mountpoint: str | Path, directory: Path | None = None) -> Path:
@@ -151,14 +163,13 @@ def state_path(mountpoint: str | Path, directory: Path | None = None) -> Path:
 
 def write_state(mountpoint: str, metrics_address: str | None) -> Path | None:
     """Record this mount's pid and metrics address; None (and a warning) when that is impossible."""
-    path = state_path(mountpoint)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = state_path(mountpoint, ensure_state_dir())
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"mountpoint": str(mountpoint), "pid": os.getpid(), "metrics": metrics_address}))
         tmp.replace(path)
     except OSError as exc:
-        log.warning("cannot write mount state file %s ('stripefs top' will need --metrics): %s", path, exc)
+        log.warning("cannot write the mount state file ('stripefs top' will need --metrics): %s", exc)
         return None
     return path
 

@@ -83,7 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
     parser.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground (for systemd)")
-    parser.add_argument("--log", help="log file when running in the background (default: syslog-style file under /tmp)")
+    parser.add_argument(
+        "--log",
+        help="log file when running in the background (default: mount-PATH.log in a private runtime directory: "
+        "/run/stripefs for root, $XDG_RUNTIME_DIR/stripefs or ~/.cache/stripefs otherwise); never followed if a symlink",
+    )
     parser.add_argument("--pidfile", help="write the client's pid here once mounted")
     add_debug_argument(parser, "stripefs.client.striping")
     return parser
@@ -152,11 +156,20 @@ def main(argv: list[str]) -> int:
             Path(args.pidfile).write_text(f"{os.getpid()}\n")
         return _serve(addresses, mountpoint, fuse_opts, client_cfg, ready_fd=None)
 
-    log_path = Path(args.log or f"/tmp/stripefs-mount-{str(mountpoint).strip('/').replace('/', '_') or 'root'}.log")
+    try:
+        log_dir = None if args.log else client_metrics.ensure_state_dir()
+    except OSError as exc:
+        raise QuietError(f"no private directory for the log ({exc}); give --log FILE") from None
+    log_path = Path(args.log) if args.log else log_dir / f"mount-{str(mountpoint).strip('/').replace('/', '_') or 'root'}.log"
+    try:
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise QuietError(f"cannot open the log file {log_path}: {exc.strerror} (a symlink is never followed; give --log FILE)") from None
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid:
         os.close(write_fd)
+        os.close(log_fd)
         with os.fdopen(read_fd, "rb") as pipe:
             message = pipe.read().decode(errors="replace")
         if message.startswith("ok"):
@@ -168,7 +181,7 @@ def main(argv: list[str]) -> int:
     # child: detach, log to a file
     os.close(read_fd)
     os.setsid()
-    log_file = open(log_path, "a", buffering=1)
+    log_file = os.fdopen(log_fd, "a", buffering=1)
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(log_file.fileno(), 1)

@@ -492,6 +492,12 @@ class Operations(pyfuse3.Operations):
             self._open_info.pop(inode, None)
             await self.data.truncate(of, 0)
             keep = False
+        if flags & os.O_TRUNC and ctx.uid != 0 and _privileges_to_kill(of.attr.mode):
+            # ... and so also kills set-id bits itself, as a truncate by anyone without
+            # CAP_FSETID does on ext4 and tmpfs (should_remove_suid)
+            mode = stat.S_IMODE(of.attr.mode) & ~_privileges_to_kill(of.attr.mode)
+            of.attr = (await self.meta.call(p.SetattrReq(ino=inode, mode=mode))).attr
+            await trio.to_thread.run_sync(_invalidate_attr, inode)
         return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
 
     async def _open_dataset(self, inode: int, flags: int) -> pyfuse3.FileInfo:
@@ -573,6 +579,14 @@ class Operations(pyfuse3.Operations):
             self._kernel_view.pop(ino, None)
             self._dataset_info.pop(ino, None)
             self.kcache.forget(ino)
+
+
+def _privileges_to_kill(mode: int) -> int:
+    """The set-id bits a change of a file's data by an unprivileged caller removes."""
+    kill = mode & stat.S_ISUID
+    if mode & stat.S_ISGID and mode & stat.S_IXGRP:
+        kill |= stat.S_ISGID
+    return kill if stat.S_ISREG(mode) else 0
 
 
 def _invalidate_attr(ino: int, attr_only: bool = True) -> None:

@@ -192,7 +192,7 @@ events_listen = "tcp://0.0.0.0:7102" # change feed (PUB) that keeps every mount'
 chunk_size = "4M"
 stripe_count = 4
 redundancy = "replicas=2"            # or "ec=4+2"
-metrics = "0.0.0.0:9710"             # Prometheus /metrics endpoint ("": off; port 0: any free port)
+metrics = "127.0.0.1:9710"           # Prometheus /metrics, plain HTTP: loopback; for a remote Prometheus bind an address it reaches ("": off)
 # self-healing
 node_suspect_s = 5.0                 # storage node suspect after this much silence (down after node_timeout_s)
 repair_bandwidth = "64M"             # bytes/s of re-replication, drain and rebalance copies; 0 = unlimited
@@ -224,7 +224,7 @@ block_size = "64K"                   # checksum granularity (xxh3 per block)
 capacity = 0                         # bytes to offer; 0 = the whole file system
 reserved_space = "64M"               # answer ENOSPC rather than fill the disk completely
 io_threads = 8
-metrics = "0.0.0.0:9711"             # Prometheus /metrics; one port per node on a machine (9711, 9712, ...)
+metrics = "127.0.0.1:9711"           # Prometheus /metrics (plain HTTP: loopback unless a remote Prometheus must reach it); one port per node
 scrub_bandwidth = "16M"              # bytes/s of background checksum verification; 0 = off
 scrub_interval_s = 604800.0          # start a new scrub pass a week after the previous one began
 # limits on what one peer may ask at once (docs/security.md)
@@ -259,7 +259,7 @@ disk_cache_size = "64G"              # most bytes the disk cache holds
 disk_cache_min_free = "4G"           # stop caching when the disk has less than this free
 shm_dir = "/dev/shm"                 # prefetched files wait here for stripefs.torch.read_file; "" = off
 shm_size = "512M"                    # most bytes waiting there (each copy is deleted once read)
-metrics = "0.0.0.0:9720"             # Prometheus /metrics; one port per mount on a machine (0: any free port)
+metrics = "127.0.0.1:9720"           # Prometheus /metrics (plain HTTP: loopback unless a remote Prometheus must reach it); one port per mount
 hedge_after_s = 0.5                  # a replica slower than this: ask the next one too, take the first good answer
 curve_key = "/etc/stripefs/keys/client.key_secret"  # this mount's key (stripefs keygen; or -o key=)
 subdir = ""                          # e.g. "/team-a": the mount shows only that directory (also -o subdir=)

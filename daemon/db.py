@@ -334,6 +334,11 @@ def open_database(path: str | Path, root_layout: Layout) -> sqlite3.Connection:
     ``root_layout`` is used only when the database is created.
     """
     path = Path(path)
+    # names, owners and xattrs of every file: the daemon's user only, whatever the umask (SQLite
+    # creates the -wal and -shm files with the database file's permissions)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    os.chmod(path, 0o600)
+    os.chmod(path.parent, 0o700)
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA journal_mode=WAL")

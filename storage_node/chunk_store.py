@@ -211,9 +211,12 @@ class ChunkStore:
         self._direct = DirectWriter(enabled=direct_io)  # large chunk files bypass the page cache (direct_io.py)
         self._lock_fd = self._lock_data_dir()
         try:
+            # chunk data is every user's files: only the node's own user may read it, whatever
+            # the umask (files 0600, directories 0700; docs/security.md)
+            os.chmod(self.data_dir, 0o700)
             if node_id is not None:
                 self._claim(node_id)
-            self._chunks_dir.mkdir(exist_ok=True)
+            self._chunks_dir.mkdir(mode=0o700, exist_ok=True)
             self._used, self._count = self._scan()
             self._dir_number = _FANOUT[self._fanout_scheme()]
         except BaseException:
@@ -223,7 +226,7 @@ class ChunkStore:
     # -- lifecycle --------------------------------------------------------
 
     def _lock_data_dir(self) -> int:
-        fd = os.open(self.data_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.data_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -236,7 +239,7 @@ class ChunkStore:
         try:
             owner = int(marker.read_text().strip())
         except FileNotFoundError:
-            marker.write_text(f"{node_id}\n")
+            _write_durably(marker, f"{node_id}\n")
             return
         except ValueError:
             raise QuietError(f"{marker} is not a node id; remove it only if you know this disk's history") from None
@@ -582,7 +585,7 @@ class ChunkStore:
                     fd = self._direct.write_file(tmp, parts)
                     if fd is not None:
                         return fd
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             except FileNotFoundError:
                 if attempt:
                     raise
@@ -602,7 +605,7 @@ class ChunkStore:
         ``hashed`` fan-out a young node made one or two directories for almost every chunk."""
         for d in (directory.parent, directory):
             try:
-                d.mkdir()
+                d.mkdir(mode=0o700)
             except FileExistsError:
                 continue
             if sync:
@@ -801,7 +804,7 @@ _FANOUT = {"by-inode": _dir_by_inode, "hashed": _dir_hashed}
 
 def _write_durably(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "w") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())

@@ -92,7 +92,7 @@ class DirectWriter:
         The caller fsyncs (if it wants) and closes the fd; OSError propagates with the fd closed."""
         total = sum(len(p) for p in parts)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT, 0o600)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise

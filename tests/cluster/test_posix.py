@@ -217,6 +217,22 @@ def test_permissions_as_other_user(mnt):
     assert (mnt / "mine").stat().st_uid == 65534
 
 
+def test_truncating_open_by_another_user_kills_set_id_bits(mnt):
+    """open(O_WRONLY|O_TRUNC) by a user without CAP_FSETID clears set-uid and set-gid (with group
+    exec), as ext4 and tmpfs do; the kernel leaves it to the FUSE server (atomic O_TRUNC)."""
+    prog = mnt / "prog"
+    prog.write_bytes(b"#!/bin/sh\n")
+    os.chmod(prog, 0o6777)
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", f"echo x > '{prog}'"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(os.stat(prog).st_mode) == 0o777
+    os.chmod(prog, 0o6777)
+    with open(prog, "w") as f:  # root keeps them (CAP_FSETID)
+        f.write("y")
+    assert stat.S_IMODE(os.stat(prog).st_mode) == 0o6777
+
+
 def test_mmap_read_and_shared_write(mnt):
     p = mnt / "mm"
     data = bytearray(os.urandom(3 * 4096))
