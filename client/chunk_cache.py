@@ -38,6 +38,7 @@ class ChunkCache:
         self._inflight: dict[Key, trio.Event] = {}
         self._prefetched: set[Key] = set()  # prefetched, not read yet
         self._stale_loads: set[Key] = set()  # in flight across a drop_inode: not to be stored
+        self._by_ino: dict[int, set[Key]] = {}  # the cached keys of each inode (drop_inode without a scan)
 
     def __contains__(self, key: Key) -> bool:
         return key in self._entries or key in self._inflight
@@ -58,11 +59,19 @@ class ChunkCache:
         if old is not None:
             self.used -= len(old)
         self._entries[key] = data
+        self._by_ino.setdefault(key[0], set()).add(key)
         self.used += len(data)
         while self.used > self.budget:
             gone, evicted = self._entries.popitem(last=False)
+            self._unindex(gone)
             self.used -= len(evicted)
             self._forget_prefetched(gone)
+
+    def _unindex(self, key: Key) -> None:
+        keys = self._by_ino[key[0]]
+        keys.discard(key)
+        if not keys:
+            del self._by_ino[key[0]]
 
     def drop_inode(self, ino: int, from_index: int = 0, until: int | None = None) -> None:
         """Forget every cached chunk of ``ino`` from ``from_index`` on (to ``until``, exclusive),
@@ -71,10 +80,12 @@ class ChunkCache:
         def dropped(key: Key) -> bool:
             return key[0] == ino and key[1] >= from_index and (until is None or key[1] < until)
 
-        for key in [k for k in self._entries if dropped(k)]:
+        for key in [k for k in self._by_ino.get(ino, ()) if dropped(k)]:
+            self._unindex(key)
             self.used -= len(self._entries.pop(key))
             self._forget_prefetched(key)
-        self._stale_loads.update(k for k in self._inflight if dropped(k))
+        if self._inflight:
+            self._stale_loads.update(k for k in self._inflight if dropped(k))
 
     def drop_chunk(self, ino: int, index: int) -> None:
         """``drop_inode`` for one chunk (every version, every EC fragment)."""
