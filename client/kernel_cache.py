@@ -222,7 +222,7 @@ class KernelCache:
             heard = True
             self.events_heard += 1
             try:
-                event = p.decode_event(frames[0].bytes)
+                event = p.decode_event(frames[-1].bytes)  # a secure feed sends [topic, event] (daemon/events.py)
             except p.ProtocolError as exc:
                 log.warning("change feed: %s", exc)
                 self.healthy = False

@@ -189,6 +189,70 @@ class MetaAccess:
             return msgspec.structs.replace(rsp, files=[signed(f) for f in rsp.files])
         return rsp
 
+    # -- the change feed (daemon/events.py) ---------------------------------------------------
+
+    def feed_views(self, rows: list[tuple[int, bytes]], subdirs: set[str]) -> dict[str, dict]:
+        """What a key restricted to each of ``subdirs`` may hear of change-log ``rows``: per
+        subtree, seq -> (inodes, entries) inside it as the namespace stands now (under the lock,
+        or in the read transaction). A subtree that does not exist hears of nothing."""
+        from . import change_log
+
+        store = self.service.store
+        chains: dict[int, frozenset[int]] = {}  # directory -> itself and its ancestors (empty: detached)
+
+        def chain(ino: int) -> frozenset[int]:
+            path, cur = [], ino
+            while cur not in chains:
+                path.append(cur)
+                if cur == 1:
+                    above = frozenset()  # the root: nothing above it
+                    break
+                parent = store.parent_of(cur)
+                if parent is None or len(path) > 100_000:  # removed meanwhile (or a loop): reaches no subtree
+                    chains.update(dict.fromkeys(path, frozenset()))
+                    return chains[ino]
+                cur = parent
+            else:
+                above = chains[cur]
+                if not above:  # below a detached directory
+                    chains.update(dict.fromkeys(path, above))
+                    return chains[ino]
+            for d in reversed(path):
+                above = above | {d}
+                chains[d] = above
+            return chains[ino]
+
+        holders: dict[int, list[int]] = {}  # inode -> the directories holding it (itself for a directory)
+
+        def holding(ino: int) -> list[int]:
+            if ino not in holders:
+                row = store.get_inode(ino)
+                if row is None:
+                    holders[ino] = []
+                elif stat.S_ISDIR(row["mode"]):
+                    holders[ino] = [ino]
+                else:
+                    holders[ino] = [parent for _, parent, _ in store.dentries_of(ino)]
+            return holders[ino]
+
+        tops = {}
+        for subdir in subdirs:
+            try:
+                tops[subdir] = self._subtree_root(subdir.encode())
+            except StripefsError:  # the subtree is gone (or not made yet)
+                tops[subdir] = None
+        views: dict[str, dict] = {subdir: {} for subdir in subdirs}
+        for seq, blob in rows:
+            inodes, entries = change_log.decode(blob)
+            for subdir, top in tops.items():
+                if top is None:
+                    views[subdir][seq] = ([], [])
+                    continue
+                seen = [i for i in inodes if i == top or any(top in chain(d) for d in holding(i))]
+                named = [(parent, name) for parent, name in entries if top in chain(parent)]
+                views[subdir][seq] = (seen, named)
+        return views
+
     # -- subtrees (called under the service's lock) ----------------------------------------
 
     def _subtree_root(self, path: bytes, start: int = 1) -> int:

@@ -219,7 +219,7 @@ class MetaService:
                 await self._start_curve(stack)
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
                 log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
-                self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq)
+                self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring)
                 stack.callback(self.feed.close)
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 nursery.start_soon(self._committer, name="meta-committer")
@@ -227,6 +227,8 @@ class MetaService:
                 if self.holds is not None:
                     nursery.start_soon(self.holds.run, name="meta-open-holds")
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
+                if self.access.keyring is not None:  # who hears what (daemon/events.py)
+                    nursery.start_soon(self.feed.subscription_loop, name="meta-feed-subscriptions")
                 if not self.store.group_commit:
                     nursery.start_soon(self._feed_poll_loop, name="meta-feed-poll")
                 nursery.start_soon(self.duties.run, self._take_lease, self._release_lease, name="meta-lease")
@@ -360,7 +362,7 @@ class MetaService:
                     self.ns.quotas.reload()
                 else:
                     if self.feed is not None:  # durable now: tell the mounts before the replies go
-                        self.feed.publish_new(self.store)
+                        self.feed.publish_new(self.store, self.access.feed_views)
             batch.done.set()
 
     # -- background tasks ------------------------------------------------------
@@ -418,13 +420,18 @@ class MetaService:
                     continue
                 await self._in_transaction(self.store.number_changes, (change_log.PAGE,), {}, readonly=False)
                 while True:
-                    rows = await self._read(self.store.changes_after, self.feed.seq, change_log.PAGE)
-                    self.feed.publish(rows)
+                    rows, views = await self._read(self._feed_page, self.feed.seq, self.feed.subtrees())
+                    self.feed.publish(rows, views)
                     if len(rows) < change_log.PAGE:
                         break
             except StripefsError as exc:  # the database is unreachable (logged by the store): next round
                 log.warning("change feed: cannot read the change log: %s", exc)
                 await trio.sleep(1.0)
+
+    def _feed_page(self, after: int, subdirs: set[str]):
+        """The next page of the change log and each subtree's view of it, in one snapshot."""
+        rows = self.store.changes_after(after, change_log.PAGE)
+        return rows, self.access.feed_views(rows, subdirs) if rows and subdirs else None
 
     async def _trim_loop(self) -> None:
         """Keep the change log and the applied-ops table bounded (a duty)."""

@@ -1,0 +1,160 @@
+"""What each key may see and hold beyond single requests (security review, issue 20).
+
+Each test performs an attack of the review against an in-process CURVE cluster
+(test_security.secure_cluster) with raw sockets, as a hostile key would: the
+change feed, sessions, access to a file moved out of a subtree, the quotas in
+StatusRsp, and storage node ids.
+"""
+
+from __future__ import annotations
+
+import trio
+import zmq
+
+from stripefs.common import protocol as P
+from stripefs.common import security
+from stripefs.common.errors import ErrorCode
+from stripefs.common.keyring import load_public
+from stripefs.common.transport import open_socket
+from test_security import ROOT, _code, secure_cluster
+
+
+def _drop_key(c, name: str) -> None:
+    """Remove ``name``'s entry from the cluster's keyring (re-read on its next use)."""
+    path = c.keys / "keyring.toml"
+    entries = path.read_text().split("[[key]]")
+    path.write_text("[[key]]".join(e for e in entries if f'name = "{name}"' not in e))
+
+
+# -- 1. the change feed ---------------------------------------------------------------------
+
+
+class _Listener:
+    """A raw SUB socket of one key on the daemon's change feed, recording what arrives."""
+
+    def __init__(self, c, name: str, address: str):
+        self.name, self.address, self.ctx = name, address, c.context(name)
+        self.events: list[P.ChangeEvent] = []
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED):
+        async with open_socket(self.ctx, zmq.SUB, connect=self.address) as sock:  # subscribes to everything
+            task_status.started()
+            while True:
+                frames = await sock.recv_multipart()
+                self.events.append(P.decode_event(frames[-1].bytes))
+
+    def names(self) -> set[bytes]:
+        return {name for e in self.events for _, name in e.entries}
+
+    def changes(self) -> list[int]:
+        return [e.seq for e in self.events if e.inodes or e.entries]
+
+
+async def test_the_change_feed_tells_each_key_only_its_subtree_and_nothing_once_removed(tmp_path):
+    async with secure_cluster(tmp_path) as c:
+        async with c.client("rw") as meta, trio.open_nursery() as nursery:
+            team_a = (await meta.call(P.MkdirReq(parent=ROOT, name=b"team-a", mode=0o40755, uid=0, gid=0)))[0].attr
+            team_b = (await meta.call(P.MkdirReq(parent=ROOT, name=b"team-b", mode=0o40755, uid=0, gid=0)))[0].attr
+            ping = (await meta.call(P.PingReq()))[0]
+            feed = security.with_key(f"tcp://127.0.0.1:{ping.events_port}", load_public(c.keys / "meta.key"))
+            who = {name: _Listener(c, name, feed) for name in ("team", "team-b", "rw", "node")}
+            for listener in who.values():
+                await nursery.start(listener.run)
+            with trio.fail_after(10):  # subscribed: every key that may read the namespace hears a heartbeat
+                while not all(who[name].events for name in ("team", "team-b", "rw")):
+                    await trio.sleep(0.05)
+
+            async def create(parent, name):
+                f = (await meta.call(P.CreateReq(parent=parent, name=name, mode=0o100644, uid=0, gid=0, session_id=0)))[0].attr
+                return f
+
+            mine = await create(team_a.ino, b"a-plan.txt")
+            secret = await create(team_b.ino, b"b-acquisition-target.txt")
+            await meta.call(P.RenameReq(parent_old=team_b.ino, name_old=b"b-acquisition-target.txt",
+                                        parent_new=team_b.ino, name_new=b"b-renamed.txt"))
+            await meta.call(P.SetattrReq(ino=secret.ino, mode=0o100600))
+            await meta.call(P.SetattrReq(ino=mine.ino, mode=0o100600))
+            last = (await meta.call(P.PingReq()))[0].events_seq
+            with trio.fail_after(10):
+                while not all(w.events and w.events[-1].seq >= last for w in (who["team"], who["team-b"], who["rw"])):
+                    await trio.sleep(0.05)
+            team, other, whole = who["team"], who["team-b"], who["rw"]
+            assert {b"a-plan.txt", b"b-acquisition-target.txt", b"b-renamed.txt"} <= whole.names()
+            assert team.names() == {b"a-plan.txt"}  # not one of team b's names...
+            assert other.names() == {b"b-acquisition-target.txt", b"b-renamed.txt"}
+            assert secret.ino not in {i for e in team.events for i in e.inodes}  # ...nor its inode numbers
+            assert mine.ino in {i for e in team.events for i in e.inodes}
+            # every change is numbered for every key (an empty one where nothing is its own): no gaps
+            for w in (team, other):
+                seqs = [e.seq for e in w.events]
+                assert all(b - a in (0, 1) for a, b in zip(seqs, seqs[1:])), seqs
+            assert not who["node"].events  # a storage key reads no namespace
+
+            # a key removed from the keyring hears nothing more on the connection it holds
+            _drop_key(c, "team")
+            heard = len(team.events)
+            await create(team_a.ino, b"a-after-removal.txt")
+            last = (await meta.call(P.PingReq()))[0].events_seq
+            with trio.fail_after(10):
+                while not (whole.events and whole.events[-1].seq >= last):
+                    await trio.sleep(0.05)
+            await trio.sleep(2 * P.EVENTS_HEARTBEAT_S)
+            assert len(team.events) == heard, team.events[heard:]
+            assert b"a-after-removal.txt" in whole.names()
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_hostile_peer_cannot_shift_subscriptions_onto_its_connection(tmp_path):
+    """libzmq 4.3 queues each subscription with its connection, but a message that is not one
+    without: a key sending one ahead of another key's subscription, then subscribing itself,
+    would have the other key's topic applied to its own connection."""
+    from stripefs.common.keyring import Keyring, load_identity, write_keypair
+    from stripefs.daemon import change_log
+    from stripefs.daemon.events import ChangeFeed
+
+    keys, lines = {}, []
+    for name, subdir in (("server", ""), ("victim", "/team-a"), ("hostile", "/team-b")):
+        write_keypair(tmp_path / name)
+        keys[name] = load_public(tmp_path / f"{name}.key")
+        lines += ["[[key]]", f'name = "{name}"', f'public = "{keys[name]}"', f'role = "{"meta" if name == "server" else "client"}"']
+        lines += [f'subdir = "{subdir}"'] if subdir else []
+    (tmp_path / "keyring.toml").write_text("\n".join(lines) + "\n")
+    ring = Keyring(tmp_path / "keyring.toml")
+    contexts = {name: zmq.Context() for name in keys}
+    for name, ctx in contexts.items():
+        security.use_identity(ctx, load_identity(tmp_path / f"{name}.key_secret"))
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(security.run_zap, contexts["server"], ring.accepts)
+            feed = ChangeFeed(contexts["server"], "tcp://127.0.0.1:0", "log", 0, ring)
+            address = security.with_key(f"tcp://127.0.0.1:{feed.port}", keys["server"])
+            hostile, victim = contexts["hostile"].socket(zmq.XSUB), contexts["victim"].socket(zmq.SUB)
+            for sock in (hostile, victim):
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(security.secure_socket(sock.context, sock, connect=address))
+
+            async def queued():  # let libzmq queue what arrived, without reading it
+                await trio.sleep(0.3)
+                feed._sock.getsockopt(zmq.EVENTS)
+
+            await queued()
+            hostile.send(b"\x07 not a subscription")
+            await queued()
+            victim.setsockopt(zmq.SUBSCRIBE, b"")
+            await queued()
+            hostile.send(b"\x01")  # its own subscription, queued after the victim's
+            await queued()
+            secret = [(5, b"victim-secret")]
+            feed.publish([(1, change_log.encode([5], secret))], {"/team-a": {1: ([5], secret)}, "/team-b": {1: ([], [])}})
+            await trio.sleep(0.3)
+            got = []
+            while hostile.poll(100):
+                got.append(hostile.recv_multipart())
+            assert not any(b"victim-secret" in frame for frames in got for frame in frames), got
+            feed.close()
+            hostile.close(0)
+            victim.close(0)
+            nursery.cancel_scope.cancel()
+    finally:
+        for ctx in contexts.values():
+            ctx.destroy(linger=0)
