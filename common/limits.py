@@ -14,8 +14,10 @@ Every socket (common/transport.py) is bounded at three levels:
 * **Header size and shape.** A request's header frame over ``MAX_HEADER_BYTES``
   is refused before msgpack decoding; lists a handler iterates over carry a
   ``max_length`` in their schema (common/protocol.py) so that one request
-  cannot hold the metadata daemon's lock for long; a message with more frames
-  than ``MAX_REQUEST_FRAMES`` is refused without looking at them.
+  cannot hold the metadata daemon's lock for long (a ``LookupPathsReq``, whose
+  paths may name 65,536 names, is resolved in slices, each under the lock on its
+  own, one request of a connection at a time: daemon/service.py); a message
+  with more frames than ``MAX_REQUEST_FRAMES`` is refused without looking at them.
 * **Requests in flight.** ``serve()`` admits at most ``per_peer_inflight``
   requests of one peer (one ROUTER identity: one connection) into its
   handlers at once and queues up to ``per_peer_queue`` more of that peer; a

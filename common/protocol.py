@@ -90,6 +90,9 @@ MAX_SOURCES = 64
 MAX_CHUNK_NODES = 64
 #: paths resolved by one LookupPathsReq (the client sends 256 at a time)
 MAX_LOOKUP_PATHS = 4096
+#: names (path components) one LookupPathsReq may ask the daemon to look up, all paths together:
+#: 16 per path of a full request. A 1 MiB header could otherwise name 500,000 ("a/a/a/...").
+MAX_LOOKUP_NAMES = 65536
 #: the metadata store's integers are signed 64-bit
 INT64_MAX = (1 << 63) - 1
 #: the longest path (PATH_MAX, including its NUL) and the longest name (NAME_MAX)

@@ -39,6 +39,7 @@ per peer, and a deadline on every handler and every RPC.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import logging
 import math
@@ -55,6 +56,10 @@ from .errors import ErrorCode, QuietError, StripefsError
 log = logging.getLogger(__name__)
 
 Payload = bytes | memoryview | bytearray
+
+#: the connection (ROUTER identity) whose request is being handled: what a handler charges
+#: per-connection work to (set by ``serve()``, like ``security.PEER``; b"" outside a request)
+CONNECTION: contextvars.ContextVar[bytes] = contextvars.ContextVar("stripefs_connection", default=b"")
 
 # Frames up to this size are copied into libzmq even when sent with copy=False.
 # Zero-copy hands libzmq the buffer and learns when it is done through pyzmq's
@@ -417,6 +422,7 @@ async def serve(
                 continue
             payloads = [f.buffer for f in frames[2:]]
             security.PEER.set(peer)
+            CONNECTION.set(identity)
             if fast is not None and not admission.waiting(identity):  # never passes the peer's queued requests
                 started = time.perf_counter()
                 result = fast(body, payloads)
@@ -430,7 +436,7 @@ async def serve(
             request = (request_id, body, payloads)
             verdict = admission.offer(identity, request, sum(len(f) for f in frames))
             if verdict == _limits.START:
-                # the slot's task inherits the sender's key (one connection, one key: its queued requests too)
+                # the slot's task inherits the sender's key and connection (one connection, one key: its queued requests too)
                 nursery.start_soon(peer_slot, identity, request)
             elif verdict == _limits.REFUSED:
                 refusals.note(identity, admission.inflight(identity))

@@ -398,3 +398,37 @@ async def test_lookups_answered_on_the_fast_path_match_the_usual_path(daemon, ct
         assert [i.attr.ino for i in listing.files] == [small.attr.ino]  # 3 chunks of 1 MiB: not small
         full = await _call(c, P.ReaddirReq(ino=d.ino, open_info=True))
         assert sorted(i.attr.ino for i in full.files) == sorted([small.attr.ino, big.attr.ino])
+
+
+async def test_path_lookup_batches_of_one_connection_do_not_stall_the_others(daemon, ctx):
+    """Review finding (issue 20): 64 LookupPathsReq of 4,096 paths on one connection made another
+    connection's getattr wait 26 s. Scaled down: 6 batches of 4,096 paths nine names deep (about
+    6 s of lookups) are queued; a getattr of another connection is still answered at once. A
+    request naming more path components than the daemon resolves for one request is refused."""
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        await _call(c, _register())
+        ino = ROOT
+        for _ in range(8):
+            ino = (await _call(c, P.MkdirReq(parent=ino, name=b"d", mode=0o755, uid=0, gid=0))).attr.ino
+        f = (await _call(c, P.CreateReq(parent=ino, name=b"f", mode=0o644, uid=0, gid=0, session_id=0))).attr
+        deep = b"/".join([b"d"] * 8 + [b"f"])
+        assert (await _call(c, P.LookupPathsReq(root=ROOT, paths=[deep]))).files[0].attr.ino == f.ino
+    async with open_socket(ctx, zmq.DEALER, connect=daemon.address) as flood:
+        for i in range(6):
+            await flood.send_multipart([P.encode(i + 1, P.LookupPathsReq(root=ROOT, paths=[deep] * P.MAX_LOOKUP_PATHS))])
+        await trio.sleep(0.3)  # they are being resolved
+        async with connect(ctx, daemon.address, timeout=1.5) as other:
+            for _ in range(3):
+                started = time.monotonic()
+                assert (await _call(other, P.GetattrReq(ino=f.ino))).attr.ino == f.ino
+                assert time.monotonic() - started < 0.75
+                await trio.sleep(0.1)
+        with trio.fail_after(20):  # a batch resolved in slices is answered in full all the same
+            _, body = P.decode_reply((await flood.recv_multipart())[0].bytes)
+            assert [i.attr.ino for i in body.files] == [f.ino] * P.MAX_LOOKUP_PATHS
+    too_many = [b"/".join([b"d"] * 17)] * P.MAX_LOOKUP_PATHS  # 69,632 names
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        with pytest.raises(StripefsError) as info:
+            await c.call(P.LookupPathsReq(root=ROOT, paths=too_many))
+        assert info.value.code == ErrorCode.BAD_REQUEST
