@@ -13,9 +13,12 @@ cluster without ``--secure``) every peer is trusted as before.
   writing) is refused READ_ONLY (EROFS), before the handler runs.
 * Subtree keys (``subdir``): every inode number in a request must lie inside
   the subtree: a directory whose chain of parents reaches the subtree's root,
-  a file with a name inside it, or an inode this key unlinked there while it
-  could still be open. Anything else is ACCESS (EACCES); a number naming no
-  inode is NOT_FOUND. ``..`` is no directory entry, so names never climb.
+  a file with a name inside it, or a file with no name left that this key
+  unlinked (or replaced by a rename) there, while it may still be open.
+  Access follows where a file is now: one with a name anywhere is judged by
+  its names only, so a file an administrator moved (or linked) out of the
+  subtree is out of reach however the key touched it before. Anything else is
+  ACCESS (EACCES); a number naming no inode is NOT_FOUND. ``..`` is no directory entry, so names never climb.
   HelloRsp.root_ino tells the mount its root (the subtree, or the mount's own
   ``subdir`` inside it), and the mount maps FUSE's root inode to it.
 * Root squash: uid or gid 0 in a request becomes 65534 (nobody), so files a
@@ -282,12 +285,12 @@ class MetaAccess:
             if inos and any(not self._inside(grant, top, i) for i in inos):
                 raise StripefsError(ErrorCode.ACCESS, "an inode is outside this key's subtree")
         if isinstance(body, (P.UnlinkReq, P.RenameReq)):  # the inode that may become an open orphan stays reachable
-            victims = [(body.parent, body.name)] if isinstance(body, P.UnlinkReq) else [
-                (body.parent_old, body.name_old), (body.parent_new, body.name_new)]
+            # (while it has no name: _inside); a renamed file keeps its name, so only a replaced one is noted
+            victims = [(body.parent, body.name)] if isinstance(body, P.UnlinkReq) else [(body.parent_new, body.name_new)]
             kept = self._kept.setdefault(grant.public, set())
             for parent, name in victims:
                 row = self.service.store.get_dentry(parent, name)
-                if row is not None:
+                if row is not None and len(self.service.store.dentries_of(row["ino"])) == 1:  # its last name goes
                     kept.add(row["ino"])
             if len(kept) > 100_000:  # forget inodes that are gone
                 self._kept[grant.public] = {i for i in kept if self.service.store.get_inode(i) is not None}
@@ -301,6 +304,7 @@ class MetaAccess:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {ino}")
         if stat.S_ISDIR(row["mode"]):
             return ino != 1 and ns._is_ancestor(top, ino)
-        if any(ns._is_ancestor(top, parent) for _, parent, _ in store.dentries_of(ino)):
-            return True
-        return ino in self._kept.get(grant.public, ())
+        names = store.dentries_of(ino)
+        if names:  # where the file is now, whatever this key did to it before
+            return any(ns._is_ancestor(top, parent) for _, parent, _ in names)
+        return ino in self._kept.get(grant.public, ())  # an orphan this key unlinked, maybe still open

@@ -158,3 +158,32 @@ async def test_a_hostile_peer_cannot_shift_subscriptions_onto_its_connection(tmp
     finally:
         for ctx in contexts.values():
             ctx.destroy(linger=0)
+
+
+# -- 3. access follows where a file is now -------------------------------------------------------
+
+
+async def test_a_subtree_key_loses_a_file_it_renamed_once_an_admin_moves_it_out(tmp_path):
+    async with secure_cluster(tmp_path) as c:
+        async with c.client("rw") as admin:
+            team_a = (await admin.call(P.MkdirReq(parent=ROOT, name=b"team-a", mode=0o40755, uid=0, gid=0)))[0].attr
+            team_b = (await admin.call(P.MkdirReq(parent=ROOT, name=b"team-b", mode=0o40755, uid=0, gid=0)))[0].attr
+            async with c.client("team") as team:
+                sid = (await team.call(P.HelloReq(host="a", pid=1)))[0].session_id
+                f = (await team.call(P.CreateReq(parent=team_a.ino, name=b"draft", mode=0o100644, uid=0, gid=0, session_id=0)))[0].attr
+                await team.call(P.RenameReq(parent_old=team_a.ino, name_old=b"draft", parent_new=team_a.ino, name_new=b"final"))
+                linked = (await team.call(P.CreateReq(parent=team_a.ino, name=b"shared", mode=0o100644, uid=0, gid=0, session_id=0)))[0].attr
+                gone = (await team.call(P.CreateReq(parent=team_a.ino, name=b"scratch", mode=0o100644, uid=0, gid=0, session_id=sid)))[0].attr
+                # the administrator hands both files to team b (one moved, one linked there, team a's name then removed)
+                await admin.call(P.RenameReq(parent_old=team_a.ino, name_old=b"final", parent_new=team_b.ino, name_new=b"final"))
+                await admin.call(P.LinkReq(ino=linked.ino, new_parent=team_b.ino, new_name=b"shared"))
+                await team.call(P.UnlinkReq(parent=team_a.ino, name=b"shared"))
+                for ino in (f.ino, linked.ino):
+                    for req in (P.OpenReq(ino=ino, session_id=0, write=True), P.SetattrReq(ino=ino, mode=0o100666),
+                                P.CapsReq(inos=[ino]), P.GetattrReq(ino=ino), P.AllocChunksReq(ino=ino, indices=[0])):
+                        assert await _code(team.call(req)) == ErrorCode.ACCESS, (ino, req)
+                # a file it unlinked with no other name (open here) stays its own
+                await team.call(P.UnlinkReq(parent=team_a.ino, name=b"scratch"))
+                assert (await team.call(P.GetattrReq(ino=gone.ino)))[0].attr.nlink == 0
+                assert (await team.call(P.CapsReq(inos=[gone.ino])))[0].caps[0].ino == gone.ino
+            assert (await admin.call(P.GetattrReq(ino=f.ino)))[0].attr.mode & 0o777 == 0o644  # team b's file, unchanged
