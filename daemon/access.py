@@ -120,6 +120,8 @@ class MetaAccess:
             log.info("session %d (key %s) sees only %s", rsp.session_id, grant.name, (body.subdir or grant.subdir.encode()).decode(errors="replace"))
             return msgspec.structs.replace(rsp, root_ino=root)
         await self.service._read(self._check_inodes, grant, top, body)
+        if isinstance(body, P.SessionHeartbeatReq) and body.open_inodes:
+            body = await self.service._read(self._open_inside, grant, top, body)
         return self._with_caps(grant, body, await handler(body))
 
     # -- roles ---------------------------------------------------------------------
@@ -294,6 +296,24 @@ class MetaAccess:
                     kept.add(row["ino"])
             if len(kept) > 100_000:  # forget inodes that are gone
                 self._kept[grant.public] = {i for i in kept if self.service.store.get_inode(i) is not None}
+
+    def _open_inside(self, grant: Grant, top: int, req: P.SessionHeartbeatReq) -> P.SessionHeartbeatReq:
+        """A heartbeat holding only inodes of the subtree: those the session did not hold yet are
+        checked (the others were, when it opened them), those outside (or gone) are left out."""
+        held = self.service.sessions.holding(req.session_id)
+        keep = []
+        for ino in req.open_inodes:
+            try:
+                inside = ino in held or self._inside(grant, top, ino)
+            except StripefsError:  # no such inode
+                inside = False
+            if inside:
+                keep.append(ino)
+        if len(keep) == len(req.open_inodes):
+            return req
+        log.warning("key %r: session %d named %d open inode(s) outside %s; not held", grant.name, req.session_id,
+                    len(req.open_inodes) - len(keep), grant.subdir)
+        return msgspec.structs.replace(req, open_inodes=keep)
 
     def _inside(self, grant: Grant, top: int, ino: int) -> bool:
         if ino == top:

@@ -32,12 +32,17 @@ otherwise) and ``on_change`` is called so that repair rescans at once.
 
 Sessions
 --------
-A mount says HelloReq and gets a session id, never reused within this boot
-(they start from a random base so ids of two boots rarely collide). Its
-SessionHeartbeatReq carries the full set of inodes it has open and replaces
-the previous one. A session silent for ``session_lease_s`` expires (INFO) and
-its open set is dropped. Sessions live in memory only: after a restart the
-daemon answers NOT_FOUND and mounts say hello again. ``is_open(ino)`` is what
+A mount says HelloReq and gets a session id: 63 random bits (within the
+int64 that stores keep), so no key can guess another's, and ids of two boots
+or two daemons do not collide. A session belongs to the key that opened it
+(``owner``, the CURVE key; None on a plain socket): a request naming a
+session of another key is refused ACCESS, so no key can renew, empty or
+close another's open set. Its SessionHeartbeatReq carries the full set of
+inodes it has open and replaces the previous one. A session silent for
+``session_lease_s`` expires (INFO) and its open set is dropped. Sessions live
+in memory only: after a restart the daemon answers a heartbeat NOT_FOUND and
+mounts say hello again (an open naming an unknown session adopts it for the
+key that sends it). ``is_open(ino)`` is what
 keeps an unlinked inode (an orphan) alive; every method that can drop the
 last reference to an inode returns those inodes so the caller can reclaim
 orphans among them.
@@ -51,7 +56,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import random
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -267,6 +272,7 @@ class _Session:
     mountpoint: str
     last_seen: float
     open: set[int] = field(default_factory=set)
+    owner: str | None = None  # the key that opened (or adopted) it; None: a plain socket
 
 
 def _locked(method):
@@ -287,25 +293,27 @@ class Sessions:
         self._mutex = threading.RLock()
         self.lease_s = lease_s
         self._sessions: dict[int, _Session] = {}
-        self._next_id = random.randrange(1, 1 << 30) << 16
         self._open_count: collections.Counter[int] = collections.Counter()
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     @_locked
-    def hello(self, host: str, pid: int, mountpoint: str, now: float | None = None) -> int:
+    def hello(self, host: str, pid: int, mountpoint: str, now: float | None = None, owner: str | None = None) -> int:
         now = time.monotonic() if now is None else now
-        self._next_id += 1
-        sid = self._next_id
-        self._sessions[sid] = _Session(sid, host, pid, mountpoint, now)
+        sid = 0
+        while not sid or sid in self._sessions:
+            sid = secrets.randbelow(protocol.INT64_MAX) + 1  # unguessable, within the stores' int64
+        self._sessions[sid] = _Session(sid, host, pid, mountpoint, now, owner=owner)
         log.info("session %d opened by %s pid %d (%s)", sid, host, pid, mountpoint or "no mountpoint")
         return sid
 
-    def _get(self, session_id: int, now: float | None, *, adopt: bool = False) -> _Session:
-        """The session, lease renewed. ``adopt``: a session this daemon does not know
-        (it restarted) is taken back under its old id rather than failing the request:
-        sessions are soft state that mounts rebuild, and an open() must not fail for it."""
+    def _get(self, session_id: int, now: float | None, *, adopt: bool = False, owner: str | None = None) -> _Session:
+        """The session of key ``owner``, lease renewed. ``adopt``: a session this daemon does not
+        know (it restarted, or the mount failed over from another daemon) is taken back under its
+        old id, for the key naming it, rather than failing the request: sessions are soft state
+        that mounts rebuild, and an open() must not fail for it. Ids are random, so the key naming
+        an id this daemon does not know is the key it was handed to."""
         now = time.monotonic() if now is None else now
         session = self._sessions.get(session_id)
         if session is None:
@@ -313,8 +321,12 @@ class Sessions:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is not a session id; say hello again")
             if not adopt:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is unknown or expired; say hello again")
-            session = self._sessions[session_id] = _Session(session_id, "?", 0, "", now)
+            session = self._sessions[session_id] = _Session(session_id, "?", 0, "", now, owner=owner)
             log.info("session %d adopted (opened before this daemon started)", session_id)
+        elif session.owner != owner:
+            log.warning("session %d (%s pid %d) named by key %s, not the key that opened it: refused",
+                        session_id, session.host, session.pid, owner)
+            raise StripefsError(ErrorCode.ACCESS, f"session {session_id} belongs to another key")
         session.last_seen = now
         return session
 
@@ -332,24 +344,30 @@ class Sessions:
         return released
 
     @_locked
-    def heartbeat(self, session_id: int, open_inodes: list[int], now: float | None = None) -> list[int]:
-        return self._set_open(self._get(session_id, now), set(open_inodes))
+    def heartbeat(self, session_id: int, open_inodes: list[int], now: float | None = None, owner: str | None = None) -> list[int]:
+        return self._set_open(self._get(session_id, now, owner=owner), set(open_inodes))
 
     @_locked
-    def touch(self, session_id: int, now: float | None = None) -> None:
+    def touch(self, session_id: int, now: float | None = None, owner: str | None = None) -> None:
         """Renew the session's lease (adopting it if this daemon restarted since it began)."""
-        self._get(session_id, now, adopt=True)
+        self._get(session_id, now, adopt=True, owner=owner)
 
     @_locked
-    def open(self, session_id: int, ino: int, now: float | None = None) -> None:
-        session = self._get(session_id, now, adopt=True)
+    def open(self, session_id: int, ino: int, now: float | None = None, owner: str | None = None) -> None:
+        session = self._get(session_id, now, adopt=True, owner=owner)
         if ino not in session.open:
             self._set_open(session, session.open | {ino})
 
     @_locked
-    def close(self, session_id: int, ino: int, now: float | None = None) -> list[int]:
-        session = self._get(session_id, now)
+    def close(self, session_id: int, ino: int, now: float | None = None, owner: str | None = None) -> list[int]:
+        session = self._get(session_id, now, owner=owner)
         return self._set_open(session, session.open - {ino})
+
+    @_locked
+    def holding(self, session_id: int) -> frozenset[int]:
+        """The inodes the session holds now (none when unknown)."""
+        session = self._sessions.get(session_id)
+        return frozenset(session.open) if session is not None else frozenset()
 
     @_locked
     def expire(self, now: float | None = None) -> list[int]:

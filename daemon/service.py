@@ -88,7 +88,7 @@ from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import MAX_CHUNK_SIZE
 from ..common.transport import CONNECTION, RpcClient, connect, open_socket, serve
 from ..common.keyring import server_keyring
-from ..common.security import run_zap
+from ..common.security import current_peer, run_zap
 from .access import MetaAccess
 from .db import DB_NAME, lock_database, open_database
 from . import applied_ops, change_log
@@ -551,7 +551,7 @@ class MetaService:
     # -- sessions --------------------------------------------------------------
 
     async def handle_hello(self, req: P.HelloReq) -> P.Msg:
-        sid = self.sessions.hello(req.host, req.pid, req.mountpoint)
+        sid = self.sessions.hello(req.host, req.pid, req.mountpoint, owner=current_peer())  # the key's own session
         return P.HelloRsp(
             session_id=sid,
             lease_s=self.config.session_lease_s,
@@ -560,17 +560,18 @@ class MetaService:
         )
 
     async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:
-        await self._release(self.sessions.heartbeat(req.session_id, req.open_inodes))
+        await self._release(self.sessions.heartbeat(req.session_id, req.open_inodes, owner=current_peer()))
         return P.OkRsp()
 
     async def handle_open(self, req: P.OpenReq) -> P.Msg:
+        owner = current_peer()  # sessions belong to their key (daemon/health.py)
         if req.session_id:
-            self.sessions.touch(req.session_id)
+            self.sessions.touch(req.session_id, owner=owner)
 
         def open_and_hold():
             info = self.ns.open_info(req.ino)
             if req.session_id:  # under the lock: no unlink can reclaim it in between
-                self.sessions.open(req.session_id, req.ino)
+                self.sessions.open(req.session_id, req.ino, owner=owner)
             return *info, self.ns.quotas.max_size(req.ino, info[0].size)
 
         attr, layout, chunks, nodes, quota_max = await self._read(open_and_hold)
@@ -578,7 +579,7 @@ class MetaService:
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
 
     async def handle_close(self, req: P.CloseReq) -> P.Msg:
-        await self._release(self.sessions.close(req.session_id, req.ino))
+        await self._release(self.sessions.close(req.session_id, req.ino, owner=current_peer()))
         return P.OkRsp()
 
     # -- namespace -------------------------------------------------------------
@@ -589,14 +590,15 @@ class MetaService:
     def _lookup(self, req: P.LookupReq) -> P.Msg:
         if not req.open_info:
             return P.AttrRsp(attr=self.ns.lookup(req.parent, req.name))
+        owner = current_peer()
         if req.session_id:
-            self.sessions.touch(req.session_id)
+            self.sessions.touch(req.session_id, owner=owner)
         row = self.ns.lookup_row(req.parent, req.name)
         if not stat.S_ISREG(row["mode"]):
             return P.AttrRsp(attr=to_attr(row))
         attr, layout, chunks, nodes = self.ns.open_info_of(row)
         if req.session_id:  # under the lock, as for OpenReq: no unlink can reclaim it in between
-            self.sessions.open(req.session_id, attr.ino)
+            self.sessions.open(req.session_id, attr.ino, owner=owner)
         quota_max = self.ns.quotas.max_size(attr.ino, attr.size, req.parent)
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, quota_max_size=quota_max)
 
@@ -690,15 +692,16 @@ class MetaService:
         return P.AttrRsp(attr=attr)
 
     async def handle_create(self, req: P.CreateReq) -> P.Msg:
+        owner = current_peer()
         if req.session_id:
-            self.sessions.touch(req.session_id)
+            self.sessions.touch(req.session_id, owner=owner)
 
         def create_and_open():
             ino, _ = self.ns.create(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
             info = self.ns.open_info(ino)
             info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
-                self.sessions.open(req.session_id, ino)
+                self.sessions.open(req.session_id, ino, owner=owner)
             # last: nothing after it can fail, so the high-water mark it may raise is
             # committed with the create, never rolled back under a handed-out epoch
             epoch, raised = self.ns.alloc_epoch()
@@ -827,11 +830,12 @@ class MetaService:
     # -- online conversion (daemon/redundancy.py) ----------------------------------
 
     async def handle_create_shadow(self, req: P.CreateShadowReq) -> P.Msg:
-        self.sessions.touch(req.session_id)
+        owner = current_peer()
+        self.sessions.touch(req.session_id, owner=owner)
 
         def create_and_hold():
             shadow = self.ns.create_shadow(req.ino, req.redundancy)
-            self.sessions.open(req.session_id, shadow)  # under the lock: nothing reclaims it in between
+            self.sessions.open(req.session_id, shadow, owner=owner)  # under the lock: nothing reclaims it in between
             return self.ns.open_info(shadow)
 
         attr, layout, chunks, nodes = await self._write(create_and_hold)

@@ -187,3 +187,39 @@ async def test_a_subtree_key_loses_a_file_it_renamed_once_an_admin_moves_it_out(
                 assert (await team.call(P.GetattrReq(ino=gone.ino)))[0].attr.nlink == 0
                 assert (await team.call(P.CapsReq(inos=[gone.ino])))[0].caps[0].ino == gone.ino
             assert (await admin.call(P.GetattrReq(ino=f.ino)))[0].attr.mode & 0o777 == 0o644  # team b's file, unchanged
+
+
+# -- 2. sessions belong to their key -----------------------------------------------------------
+
+
+async def test_no_key_can_take_over_another_keys_session(tmp_path):
+    async with secure_cluster(tmp_path) as c:
+        async with c.client("rw") as admin:
+            team_a = (await admin.call(P.MkdirReq(parent=ROOT, name=b"team-a", mode=0o40755, uid=0, gid=0)))[0].attr
+            team_b = (await admin.call(P.MkdirReq(parent=ROOT, name=b"team-b", mode=0o40755, uid=0, gid=0)))[0].attr
+            listed = (await admin.call(P.CreateReq(parent=team_b.ino, name=b"listed", mode=0o100644, uid=0, gid=0, session_id=0)))[0].attr
+        async with c.client("team-b") as victim, c.client("team") as team, c.client("ro") as ro:
+            sids = [(await victim.call(P.HelloReq(host="b", pid=i)))[0].session_id for i in range(3)]
+            sid = sids[0]
+            assert all(0 < s < 2**63 for s in sids) and sorted(b - a for a, b in zip(sids, sids[1:])) != [1, 1]
+            # team b reads a file that someone then unlinks: open, so its data stays
+            f = (await victim.call(P.CreateReq(parent=team_b.ino, name=b"checkpoint", mode=0o100644, uid=0, gid=0, session_id=sid)))[0].attr
+            await victim.call(P.UnlinkReq(parent=team_b.ino, name=b"checkpoint"))
+            for thief in (team, ro):  # another team's key, and a read-only key, name team b's session
+                assert await _code(thief.call(P.SessionHeartbeatReq(session_id=sid, open_inodes=[]))) == ErrorCode.ACCESS
+                assert await _code(thief.call(P.CloseReq(session_id=sid, ino=f.ino))) == ErrorCode.ACCESS
+            assert await _code(ro.call(P.OpenReq(ino=listed.ino, session_id=sid))) == ErrorCode.ACCESS
+            assert await _code(ro.call(P.LookupReq(parent=team_b.ino, name=b"listed", open_info=True, session_id=sid))) == ErrorCode.ACCESS
+            assert (await victim.call(P.GetattrReq(ino=f.ino)))[0].attr.nlink == 0  # still there for its reader
+            await victim.call(P.SessionHeartbeatReq(session_id=sid, open_inodes=[f.ino]))  # and its own key keeps it
+            # a session this daemon does not know (it restarted) is adopted by the key naming it, for that key only
+            unknown = 123_456_789
+            await team.call(P.OpenReq(ino=team_a.ino, session_id=unknown))
+            assert await _code(ro.call(P.OpenReq(ino=listed.ino, session_id=unknown))) == ErrorCode.ACCESS
+            await team.call(P.SessionHeartbeatReq(session_id=unknown, open_inodes=[]))
+            # a subtree key cannot hold another team's files open through its own session
+            mine = (await team.call(P.HelloReq(host="a", pid=1)))[0].session_id
+            await team.call(P.SessionHeartbeatReq(session_id=mine, open_inodes=[listed.ino]))
+        async with c.client("rw") as admin:
+            await admin.call(P.UnlinkReq(parent=team_b.ino, name=b"listed"))
+            assert await _code(admin.call(P.GetattrReq(ino=listed.ino))) == ErrorCode.NOT_FOUND  # nobody held it
