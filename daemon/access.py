@@ -194,6 +194,29 @@ class MetaAccess:
             return msgspec.structs.replace(rsp, files=[signed(f) for f in rsp.files])
         return rsp
 
+    # -- status ----------------------------------------------------------------------------------
+
+    def visible_quotas(self, grant: Grant, quotas: list[P.QuotaInfo]) -> list[P.QuotaInfo]:
+        """The quotas of StatusRsp a key may see (under the lock): none for a storage key; for a
+        subtree key those on its subtree and below, with paths as its mounts see them ("/" is the
+        subtree); all for the others."""
+        if grant.role == "storage":
+            return []
+        if not grant.subdir:
+            return quotas
+        try:
+            top = self._subtree_root(grant.subdir.encode())
+        except StripefsError:  # the subtree is gone: nothing of it to show
+            return []
+        base = grant.subdir.encode().rstrip(b"/")
+        shown = []
+        for q in quotas:
+            if q.ino != top and not (q.ino != 1 and self.service.ns._is_ancestor(top, q.ino)):
+                continue
+            path = q.path[len(base):] if q.path.startswith(base + b"/") else b""
+            shown.append(msgspec.structs.replace(q, path=path or b"/"))
+        return shown
+
     # -- the change feed (daemon/events.py) ---------------------------------------------------
 
     def feed_views(self, rows: list[tuple[int, bytes]], subdirs: set[str]) -> dict[str, dict]:

@@ -514,6 +514,7 @@ class MetaService:
             applied_ops.once.reset(token)
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
+        grant = self.access.grant()  # a subtree key sees only its own quotas, a storage key none
         counts = await self._read(self.store.counts)
         health = await self._read(cluster_health, self.store, self.nodes.info())
         repair = await self.healer.fresh()
@@ -532,7 +533,7 @@ class MetaService:
             repair=self.healer.info(),
             leader=self.duties.leader,
             daemon=self.duties.holder,
-            quotas=await self._read(self.quota_service.all_info),
+            quotas=await self._read(lambda: self.access.visible_quotas(grant, self.quota_service.all_info())),
         )
 
     def _layout_usage(self) -> list[P.LayoutUsage]:

@@ -223,3 +223,27 @@ async def test_no_key_can_take_over_another_keys_session(tmp_path):
         async with c.client("rw") as admin:
             await admin.call(P.UnlinkReq(parent=team_b.ino, name=b"listed"))
             assert await _code(admin.call(P.GetattrReq(ino=listed.ino))) == ErrorCode.NOT_FOUND  # nobody held it
+
+
+# -- 4. quotas in StatusRsp ---------------------------------------------------------------------
+
+
+async def test_status_shows_a_subtree_key_only_its_own_quotas_and_a_storage_key_none(tmp_path):
+    async with secure_cluster(tmp_path) as c:
+        async with c.client("admin") as admin:
+            async def mkdir(parent, name):
+                return (await admin.call(P.MkdirReq(parent=parent, name=name, mode=0o40755, uid=0, gid=0)))[0].attr.ino
+
+            made = {"team-a": await mkdir(ROOT, b"team-a"), "team-b": await mkdir(ROOT, b"team-b")}
+            made["proj"] = await mkdir(made["team-a"], b"proj")
+            made["acquisition-x"] = await mkdir(made["team-b"], b"acquisition-x")
+            for ino in (ROOT, made["team-a"], made["proj"], made["acquisition-x"]):
+                await admin.call(P.QuotaSetReq(ino=ino, max_bytes=1 << 30))
+            everything = {q.path for q in (await admin.call(P.StatusReq()))[0].quotas}
+            assert everything == {b"/", b"/team-a", b"/team-a/proj", b"/team-b/acquisition-x"}
+        async with c.client("team") as team:
+            assert {(q.ino, q.path) for q in (await team.call(P.StatusReq()))[0].quotas} == {
+                (made["team-a"], b"/"), (made["proj"], b"/proj")}
+        async with c.client("node") as node:
+            status = (await node.call(P.StatusReq()))[0]
+            assert status.quotas == [] and status.nodes  # the rest of the status is still there
