@@ -40,6 +40,10 @@ class _ServerLimits(_Config, kw_only=True):
     max_queued: int = 16384  # waiting requests of all connections together; past that: BUSY
     max_queued_bytes: Size = Size(256 << 20)  # their frames' bytes together; past that: BUSY
     request_timeout_s: float = 600.0  # a request still being handled after this is cancelled (TIMEOUT)
+    # replies to one connection that its network has not taken yet (a peer that never reads them);
+    # past that its requests wait in its queue until they leave. A mount reading as fast as the
+    # network goes keeps far less queued; 64 MiB keeps a 10 Gb/s link busy for 50 ms
+    per_peer_reply_bytes: Size = Size(64 << 20)
 
     def serve_limits(self):
         from .limits import ServeLimits
@@ -50,6 +54,7 @@ class _ServerLimits(_Config, kw_only=True):
             max_queued=max(0, self.max_queued),
             max_queued_bytes=int(self.max_queued_bytes),
             request_timeout_s=self.request_timeout_s if self.request_timeout_s > 0 else 600.0,
+            per_peer_reply_bytes=max(1, int(self.per_peer_reply_bytes)),
         )
 
 
@@ -205,6 +210,7 @@ per_peer_queue = 1024                # more of its requests waiting; past that t
 max_queued = 16384                   # waiting requests of all connections together; past that: BUSY
 max_queued_bytes = "256M"            # their bytes together; past that: BUSY
 request_timeout_s = 600.0            # a request still being handled after this is cancelled (TIMEOUT)
+per_peer_reply_bytes = "64M"         # replies to one connection not yet taken by the network; past that its requests wait
 # CURVE authentication and encryption (docs/security.md); required when listening beyond loopback
 curve_key = "/etc/stripefs/keys/meta.key_secret"   # stripefs keygen /etc/stripefs/keys/meta
 keyring = "/etc/stripefs/keyring.toml"             # the public keys allowed in, with their roles and rights
@@ -233,6 +239,7 @@ per_peer_queue = 1024                # more of its requests waiting; past that t
 max_queued = 16384                   # waiting requests of all connections together; past that: BUSY
 max_queued_bytes = "256M"            # their bytes together; past that: BUSY
 request_timeout_s = 600.0            # a request still being handled after this is cancelled (TIMEOUT)
+per_peer_reply_bytes = "64M"         # replies to one connection not yet taken by the network; past that its requests wait
 # CURVE (docs/security.md): then meta addresses carry the daemon's public key: "tcp://meta.example:7100?key=Z85"
 curve_key = "/etc/stripefs/keys/storage-nvme0.key_secret"
 keyring = "/etc/stripefs/keyring.toml"

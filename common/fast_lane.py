@@ -22,6 +22,11 @@ and go out on the ROUTER. Admission limits, timeouts and error answers stay in
 ``serve()``; a forward the inner pipe cannot take at once is answered BUSY, so
 the lane never blocks. ``fast`` runs on the lane thread: it must be
 thread-safe, as everything a worker thread touches already is.
+
+Every reply leaves through the lane, which counts what each peer's connection
+has not taken yet (``limits.ReplyQueues``): a peer at ``per_peer_reply_bytes``
+gets no fast answer, and ``serve()``, which shares the count, runs none of
+its requests until its replies have left (a peer that never reads them).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import zmq
 
 from . import limits, protocol, security
 from .errors import ErrorCode
+from .limits import ReplyQueues
 from .transport import FastHandler, Handler, _observe_served, new_socket, open_socket, serve
 
 log = logging.getLogger(__name__)
@@ -46,11 +52,12 @@ _INNER_MAX_FRAME = max(limits.SERVER_MAX_FRAME, limits.CLIENT_MAX_FRAME)  # requ
 
 
 class _Lane:
-    def __init__(self, router: zmq.Socket, inner: zmq.Socket, fast: FastHandler, name: str):
+    def __init__(self, router: zmq.Socket, inner: zmq.Socket, fast: FastHandler, name: str, replies: ReplyQueues):
         self.router = router
         self.inner = inner
         self.fast = fast
         self.name = name
+        self.replies = replies  # bytes sent to each peer and not yet taken by its connection
         self.secure = bool(router.curve_server)
         self.stopping = False
 
@@ -64,7 +71,8 @@ class _Lane:
                     if sock is self.router:
                         self._request(self.router.recv_multipart(copy=False))
                     else:
-                        self.router.send_multipart(self.inner.recv_multipart(copy=False), copy=False)
+                        frames = self.inner.recv_multipart(copy=False)
+                        self._send(frames[0].bytes, frames)
         except Exception:  # noqa: BLE001 - a bug: logged loudly; serve() stops getting requests
             log.exception("%s: the fast lane failed", self.name)
         finally:
@@ -73,7 +81,7 @@ class _Lane:
 
     def _request(self, frames: list[zmq.Frame]) -> None:
         peer = security.peer_of(frames[1]) if self.secure and len(frames) > 1 else None
-        if 2 <= len(frames) <= limits.MAX_REQUEST_FRAMES and self._answered(frames, peer):
+        if 2 <= len(frames) <= limits.MAX_REQUEST_FRAMES and not self.replies.over(frames[0].bytes) and self._answered(frames, peer):
             return
         try:
             self.inner.send_multipart([frames[0], (peer or "").encode(), *frames[1:]], zmq.NOBLOCK, copy=False)
@@ -97,8 +105,13 @@ class _Lane:
             return False
         _observe_served(self.name, body, payloads, result, time.perf_counter() - started)
         reply, out = result if isinstance(result, tuple) else (result, ())
-        self.router.send_multipart([frames[0], protocol.encode(request_id, reply), *out], copy=False)
+        self._send(frames[0].bytes, [frames[0], protocol.encode(request_id, reply), *out])
         return True
+
+    def _send(self, identity: bytes, frames: list) -> None:
+        frames, nbytes, tracked = self.replies.outgoing(identity, frames)
+        self.router.send_multipart(frames, copy=False)
+        self.replies.sent(identity, nbytes, frames[-1].tracker if tracked else None)
 
     def _busy(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -106,7 +119,7 @@ class _Lane:
         except (protocol.ProtocolError, IndexError):
             request_id = 0
         message = "the server is too far behind: retry later"
-        self.router.send_multipart([frames[0], protocol.encode(request_id, protocol.ErrorRsp(code=ErrorCode.BUSY, message=message))])
+        self._send(frames[0].bytes, [frames[0], protocol.encode(request_id, protocol.ErrorRsp(code=ErrorCode.BUSY, message=message))])
 
 
 async def serve_with_fast_lane(
@@ -129,13 +142,13 @@ async def serve_with_fast_lane(
     except BaseException:
         router.close(linger=0)
         raise
-    lane = _Lane(router, inner, fast, name)
+    lane = _Lane(router, inner, fast, name, ReplyQueues(limits.per_peer_reply_bytes))
     thread = threading.Thread(target=lane.run, name=f"{name}-fast-lane", daemon=True)
     try:
         async with open_socket(ctx, zmq.PAIR, connect=inner_address, hwm=100_000, max_frame=_INNER_MAX_FRAME) as sock:
             thread.start()  # the thread owns router and inner from here on (libzmq: one thread per socket)
             task_status.started()
-            await serve(sock, handler, name=name, limits=limits, keyed=True)
+            await serve(sock, handler, name=name, limits=limits, keyed=True, replies=lane.replies)
     finally:
         lane.stopping = True
         if thread.is_alive():

@@ -29,6 +29,10 @@ Every socket (common/transport.py) is bounded at three levels:
   then is cancelled and answered ``TIMEOUT``, so its slot is freed (a worker
   thread doing disk I/O is never abandoned halfway: the slot is freed when it
   returns). On the client side ``RpcClient`` never waits without a deadline.
+* **Replies not taken.** A peer whose replies its connection has not taken
+  reach ``per_peer_reply_bytes`` (``ReplyQueues``: a peer that sends and
+  never reads) has none of its further requests run until they leave; they
+  wait in its queue like requests past its slots.
 
 The choice "reply BUSY" over "stop reading the socket": a ROUTER that stops
 reading stops every peer, not just the flooding one; a queue per peer with an
@@ -43,9 +47,11 @@ The limit is per connection: a hostile process can open several. CURVE keys
 from __future__ import annotations
 
 import collections
+import threading
 from typing import Generic, TypeVar
 
 import msgspec
+import zmq
 
 from .layout import MAX_CHUNK_SIZE
 from .protocol import MAX_HEADER_BYTES, MAX_REPLY_HEADER_BYTES
@@ -73,6 +79,7 @@ class ServeLimits(msgspec.Struct, frozen=True, kw_only=True):
     max_queued: int = 16384  # waiting requests of all connections together; past it: BUSY
     max_queued_bytes: int = 256 << 20  # their frames' bytes together; past it: BUSY
     request_timeout_s: float = 600.0  # a handler still running after this is cancelled: TIMEOUT
+    per_peer_reply_bytes: int = 64 << 20  # replies to one connection the network has not taken; past it its requests wait
 
 
 T = TypeVar("T")
@@ -145,3 +152,86 @@ class PeerQueues(Generic[T]):
     def __len__(self) -> int:
         """Peers with something in flight."""
         return len(self._peers)
+
+
+class _Sent:
+    __slots__ = ("segments", "closed", "open")
+
+    def __init__(self) -> None:
+        self.segments: collections.deque = collections.deque()  # (bytes, tracker): ends with a tracked reply
+        self.closed = 0  # bytes in segments
+        self.open = 0  # bytes of untracked replies after the last tracked one
+
+
+class ReplyQueues:
+    """Bytes of replies handed to libzmq for each peer that its connection has not taken yet.
+
+    libzmq keeps a ROUTER's replies to a peer in a queue of up to SNDHWM messages of any size
+    until the peer's connection takes them: a peer that never reads made a storage node hold
+    every read it answered (review, issue 20: 250 unread 4 MiB reads took one from 64 MiB to
+    1 GiB). serve() therefore runs a peer's requests only while its replies waiting here are
+    under ``per_peer_reply_bytes`` (``over``); the others wait in its queue, and past the queue
+    are answered BUSY, as for a peer with too many requests.
+
+    pyzmq says when libzmq is done with a frame sent without a copy (a ``MessageTracker``), and
+    a peer's replies leave in order: once a tracked reply is done, so is every reply before it.
+    A reply is tracked (its last frame sent without a copy) once it and the untracked replies
+    since the last tracked one reach ``track_every`` bytes, so the count is exact to within
+    ``track_every`` per peer, for one wake-up of pyzmq's collector thread per ``track_every``
+    bytes (a reply of 1 MiB or more goes without a copy and is tracked anyway).
+
+    Thread-safe: a fast lane (common/fast_lane.py) sends on its thread while serve() asks.
+    """
+
+    MAX_PEERS = 10_000  # peers remembered with nothing tracked: past it they are forgotten
+
+    def __init__(self, per_peer_bytes: int):
+        self.limit = max(1, per_peer_bytes)
+        self.track_every = min(1 << 20, max(1, self.limit // 8))
+        self._lock = threading.Lock()
+        self._peers: dict[bytes, _Sent] = {}
+
+    def outgoing(self, peer: bytes, frames: list) -> tuple[list, int, bool]:
+        """(the frames to send, their bytes, whether tracked): tracked, the last frame is a zmq.Frame
+        sent without a copy; give its ``tracker`` to ``sent`` once sent."""
+        nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames[1:])
+        with self._lock:
+            state = self._peers.get(peer)
+            pending = state.open if state is not None else 0
+        if pending + nbytes < self.track_every:
+            return frames, nbytes, False
+        last = frames[-1]
+        last = zmq.Frame(last.buffer if isinstance(last, zmq.Frame) else last, copy=False, track=True)
+        return [*frames[:-1], last], nbytes, True
+
+    def sent(self, peer: bytes, nbytes: int, tracker=None) -> None:
+        """A reply of ``nbytes`` went to libzmq for ``peer``; ``tracker``: it was tracked."""
+        with self._lock:
+            state = self._peers.get(peer)
+            if state is None:
+                if len(self._peers) >= self.MAX_PEERS:
+                    self._peers = {p: s for p, s in self._peers.items() if s.segments}
+                state = self._peers[peer] = _Sent()
+            if tracker is None:
+                state.open += nbytes
+            else:
+                state.segments.append((state.open + nbytes, tracker))
+                state.closed += state.open + nbytes
+                state.open = 0
+
+    def queued(self, peer: bytes) -> int:
+        """Bytes of replies to ``peer`` libzmq may still hold."""
+        with self._lock:
+            state = self._peers.get(peer)
+            if state is None:
+                return 0
+            segments = state.segments
+            while segments and segments[0][1].done:
+                state.closed -= segments.popleft()[0]
+            if not segments and not state.open:
+                del self._peers[peer]
+            return state.closed + state.open
+
+    def over(self, peer: bytes) -> bool:
+        """Whether ``peer``'s next request must wait for its replies to leave."""
+        return self.queued(peer) >= self.limit

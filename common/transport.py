@@ -321,6 +321,7 @@ async def serve(
     limits: limits.ServeLimits = limits.ServeLimits(),
     fast: FastHandler | None = None,
     keyed: bool = False,
+    replies: _limits.ReplyQueues | None = None,
 ) -> None:
     """Answer requests on a bound ROUTER socket until cancelled.
 
@@ -332,7 +333,10 @@ async def serve(
     ``limits.per_peer_inflight`` of them for one peer; a peer's further requests
     wait in its own bounded queue and past it are answered BUSY at once
     (common/limits.py). A handler still running after
-    ``limits.request_timeout_s`` is cancelled and answered TIMEOUT.
+    ``limits.request_timeout_s`` is cancelled and answered TIMEOUT. A peer whose
+    replies the network has not taken reach ``limits.per_peer_reply_bytes``
+    (``replies``: a peer that does not read them) has no further request run
+    until they drop below: they wait in its queue, as if its slots were full.
 
     ``fast(body, payloads)``, when given, is offered each request first, on the
     receiving task, unless its peer has requests queued: a reply it returns is
@@ -342,11 +346,16 @@ async def serve(
     costs: no task, semaphore, cancel scope or extra scheduler passes.
 
     ``keyed``: ``sock`` is the inner end of a fast lane (common/fast_lane.py),
-    whose messages carry the sender's key as a frame after the identity.
+    whose messages carry the sender's key as a frame after the identity; the
+    lane sends the replies and counts them in its ``replies``, given here.
     """
     running = trio.Semaphore(concurrency)
     admission: _limits.PeerQueues[tuple] = _limits.PeerQueues(limits)
     refusals = _RateLimitedLog(name)
+    counting = replies is None and not keyed  # replies go out here: count them
+    if counting:
+        replies = _limits.ReplyQueues(limits.per_peer_reply_bytes)
+    held = _Held(replies)
 
     async def reply(identity: bytes, request_id: int, body: protocol.Msg, payloads: Sequence[Payload] = ()) -> None:
         try:
@@ -355,10 +364,15 @@ async def serve(
             log.error("%s: cannot encode %s for request %d: %s", name, type(body).__name__, request_id, exc)
             header = protocol.encode(request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"unencodable reply: {exc}"))
             payloads = ()
+        frames = [identity, header, *payloads]
+        if counting:
+            frames, nbytes, tracked = replies.outgoing(identity, frames)
         try:
-            await sock.send_multipart([identity, header, *payloads])
+            await sock.send_multipart(frames)
         except trio.ClosedResourceError:
-            pass
+            return
+        if counting:
+            replies.sent(identity, nbytes, frames[-1].tracker if tracked else None)
 
     async def handle_one(identity: bytes, request_id: int, body: protocol.Msg, payloads: list[memoryview]) -> None:
         kind = protocol.kind(body)  # a OnceReq counts as what it carries
@@ -393,10 +407,12 @@ async def serve(
     async def peer_slot(identity: bytes, request: tuple) -> None:
         # one of a peer's slots: runs its request, then the peer's queued ones, in turn
         while request is not None:
+            await held.until_taken(identity)  # its replies so far have left (a peer that never reads them waits here)
             await handle_one(identity, *request)
             request = admission.finish(identity)
 
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(held.watch, name=f"{name}-held-peers")
         while True:
             frames = await sock.recv_multipart()
             identity = frames[0].bytes
@@ -423,7 +439,8 @@ async def serve(
             payloads = [f.buffer for f in frames[2:]]
             security.PEER.set(peer)
             CONNECTION.set(identity)
-            if fast is not None and not admission.waiting(identity):  # never passes the peer's queued requests
+            # never passes the peer's queued requests, nor answers a peer that does not take its replies
+            if fast is not None and not admission.waiting(identity) and not held.over(identity):
                 started = time.perf_counter()
                 result = fast(body, payloads)
                 if result is not None:
@@ -446,6 +463,41 @@ async def serve(
 
 
 _limits = limits  # serve()'s parameter of the same name shadows the module
+
+#: how often serve() looks whether the replies of a peer it holds back have left
+HELD_POLL_S = 0.01
+
+
+class _Held:
+    """serve()'s peers whose requests wait until their replies leave (limits.ReplyQueues).
+
+    pyzmq's trackers cannot be awaited under trio; one task (``watch``) looks at the held
+    peers every ``HELD_POLL_S`` while there are any, and lets each go once it is under."""
+
+    def __init__(self, replies: limits.ReplyQueues | None):
+        self.replies = replies
+        self._peers: dict[bytes, trio.Event] = {}
+        self._wake = trio.Event()
+
+    def over(self, identity: bytes) -> bool:
+        return self.replies is not None and self.replies.over(identity)
+
+    async def until_taken(self, identity: bytes) -> None:
+        while self.over(identity):
+            event = self._peers.get(identity)
+            if event is None:
+                event = self._peers[identity] = trio.Event()
+                self._wake.set()
+            await event.wait()
+
+    async def watch(self) -> None:
+        while True:
+            if not self._peers:
+                await self._wake.wait()
+                self._wake = trio.Event()
+            await trio.sleep(HELD_POLL_S)
+            for identity in [i for i in self._peers if not self.over(i)]:
+                self._peers.pop(identity).set()
 
 
 class _RateLimitedLog:

@@ -234,3 +234,48 @@ async def test_the_change_feed_cuts_off_a_subscriber_sending_large_frames(ctx):
         hostile.close(linger=0)
         good.close(linger=0)
         feed.close()
+
+
+async def test_a_peer_that_never_reads_its_replies_gets_no_more_handled(ctx):
+    """Review finding (issue 20): a client that never read its replies made a server queue every
+    reply it answered (a storage node grew to 1 GiB). Past per_peer_reply_bytes of replies its
+    connection has not taken, the peer's requests wait; another peer is served meanwhile; once
+    the peer reads, every request is answered."""
+    address = _free_address()
+    handled = []
+
+    async def handler(body, payloads):
+        if isinstance(body, protocol.PingReq):
+            return protocol.PingRsp(role="test")
+        handled.append(body.chunk.ino)
+        return protocol.ReadChunkRsp(version=1, xxh3=0), [bytes(1 << 20)]
+
+    serve_limits = ServeLimits(per_peer_inflight=2, per_peer_reply_bytes=4 << 20)
+    slow = ctx.socket(zmq.DEALER)
+    slow.setsockopt(zmq.LINGER, 0)
+    slow.setsockopt(zmq.RCVHWM, 1)
+    slow.setsockopt(zmq.RCVBUF, 64 << 10)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_server, ctx, address, handler, serve_limits)
+        try:
+            slow.connect(address)
+            for i in range(64):  # 64 MiB of replies asked for, none read
+                read = protocol.ReadChunkReq(chunk=protocol.ChunkId(i + 1, 0), min_version=0, offset=0, length=1 << 20)
+                slow.send(protocol.encode(i + 1, read))
+            await trio.sleep(1.0)
+            assert len(handled) < 24, len(handled)  # 4 MiB queued, and what the kernel's buffers took
+            async with connect(ctx, address, timeout=2) as other:
+                assert (await other.call(protocol.PingReq()))[0].role == "test"
+            got = set()
+            with trio.fail_after(20):
+                while len(got) < 64:
+                    if slow.poll(0):
+                        request_id, body = protocol.decode_reply(slow.recv_multipart()[0])
+                        assert isinstance(body, protocol.ReadChunkRsp), body
+                        got.add(request_id)
+                    else:
+                        await trio.sleep(0.005)
+            assert sorted(handled) == list(range(1, 65))
+        finally:
+            slow.close(linger=0)
+            nursery.cancel_scope.cancel()

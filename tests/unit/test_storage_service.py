@@ -54,7 +54,7 @@ def _config(data_dir, **overrides):
 class _Node:
     """A storage node process; its stderr goes to a file that teardown prints."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, extra_config=""):
         self.config = _config(tmp_path / "data")
         self.address = self.config.listen
         self.log_path = tmp_path / "storage.log"
@@ -66,7 +66,7 @@ class _Node:
             f'meta = ["{self.config.meta[0]}"]\n'
             "heartbeat_interval_s = 0.1\n"
             'block_size = "4K"\n'
-            "reserved_space = 0\n"
+            "reserved_space = 0\n" + extra_config
         )
         with open(self.log_path, "wb") as log_file:
             self.proc = subprocess.Popen(
@@ -378,3 +378,42 @@ async def test_repair_sources_that_are_no_address_are_refused(ctx, node_address)
             with pytest.raises(StripefsError) as exc:
                 await c.call(req)
             assert exc.value.code == ErrorCode.UNAVAILABLE and "tcp://HOST:PORT" in exc.value.message
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+async def test_a_client_that_never_reads_replies_cannot_grow_the_node(tmp_path, ctx):
+    """Review finding (issue 20): 250 reads of 4 MiB from a client with a receive HWM of 1 that
+    never reads grew a node from 64 MiB to 1,054 MiB. Scaled down: 40 such reads against a node
+    with per_peer_reply_bytes = 8M leave it within a few dozen MiB of where it was, and another
+    client's read is served meanwhile."""
+    node = _Node(tmp_path, 'per_peer_reply_bytes = "8M"\nper_peer_inflight = 4\n')
+    slow = ctx.socket(zmq.DEALER)
+    slow.setsockopt(zmq.LINGER, 0)
+    slow.setsockopt(zmq.RCVHWM, 1)
+    slow.setsockopt(zmq.RCVBUF, 64 << 10)
+    try:
+        data = os.urandom(4 << 20)
+        chunk = p.ChunkId(1, 0)
+        read = p.ReadChunkReq(chunk=chunk, min_version=0, offset=0, length=len(data))
+        async with connect(ctx, node.address, timeout=10) as good:
+            await good.call(p.WriteChunkReq(chunk=chunk, version=1, base_version=0, offset=0, xxh3=_h(data), replace=True), [data])
+            for _ in range(3):  # the node has read a chunk before: its allocator is warm
+                assert bytes((await good.call(read))[1][0]) == data
+            await trio.sleep(0.3)
+            before = _rss(node.proc.pid)
+            slow.connect(node.address)
+            for i in range(40):  # 160 MiB of replies, never read
+                slow.send(p.encode(i + 1, read))
+            await trio.sleep(1.5)
+            grown = _rss(node.proc.pid) - before
+            with trio.fail_after(5):
+                assert bytes((await good.call(read))[1][0]) == data  # the others are served
+        assert grown < 48 << 20, f"the node grew by {grown >> 20} MiB"
+        assert node.proc.poll() is None
+    finally:
+        slow.close(linger=0)
+        node.stop()
