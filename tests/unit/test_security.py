@@ -235,13 +235,19 @@ async def test_only_keyring_keys_get_anything(tmp_path):
                                             xxh3=xxhash.xxh3_64_intdigest(data), replace=True), [data])
             _, got = await node.call(P.ReadChunkReq(chunk=chunk, min_version=0, offset=0, length=len(data)))
             assert bytes(got[0]) == data
-        for who in (None, "stranger"):  # no key at all, and a key the keyring does not list
-            async with c.client(who, c.meta_endpoint if who is None else c.meta, timeout=1.0) as meta:
-                assert await _code(meta.call(P.LookupReq(parent=ROOT, name=b"visible"))) == ErrorCode.TIMEOUT
-                assert await _code(meta.call(P.GetattrReq(ino=made.attr.ino))) == ErrorCode.TIMEOUT
-            async with c.client(who, c.node_endpoint if who is None else c.node, timeout=1.0) as node:
-                assert await _code(node.call(P.ReadChunkReq(chunk=chunk, min_version=0, offset=0, length=10))) == ErrorCode.TIMEOUT
-                assert await _code(node.call(P.PingReq())) == ErrorCode.TIMEOUT
+
+        async def unanswered(who, address, request):
+            async with c.client(who, address, timeout=1.0) as client:
+                assert await _code(client.call(request)) == ErrorCode.TIMEOUT, (who, address, request)
+
+        async with trio.open_nursery() as nursery:  # all at once: each waits out its own timeout
+            for who in (None, "stranger"):  # no key at all, and a key the keyring does not list
+                meta_address = c.meta_endpoint if who is None else c.meta
+                node_address = c.node_endpoint if who is None else c.node
+                nursery.start_soon(unanswered, who, meta_address, P.LookupReq(parent=ROOT, name=b"visible"))
+                nursery.start_soon(unanswered, who, meta_address, P.GetattrReq(ino=made.attr.ino))
+                nursery.start_soon(unanswered, who, node_address, P.ReadChunkReq(chunk=chunk, min_version=0, offset=0, length=10))
+                nursery.start_soon(unanswered, who, node_address, P.PingReq())
         # a client key may not pretend to be a storage node, nor run admin requests
         async with c.client("rw") as meta:
             assert await _code(meta.call(P.RegisterNodeReq(node_id=9, address="tcp://127.0.0.1:1", host="x", capacity_bytes=1,
