@@ -19,6 +19,7 @@ A TOML file read by the metadata daemon and every storage node
     read_only = false               # client: every change refused (EROFS), chunk writes too
     subdir = "/team-a"              # client: only this subtree (the daemon; nodes through capabilities)
     root_squash = false             # client: uid/gid 0 in its requests become nobody (65534)
+    node_ids = 1                    # storage: how many storage node ids this key may register
 
 Roles: ``meta`` (a metadata daemon: everything on storage nodes), ``storage``
 (registers and heartbeats; reads other nodes' chunks to repair), ``admin``
@@ -44,6 +45,8 @@ from .security import Identity, valid_key
 log = logging.getLogger(__name__)
 
 ROLES = ("meta", "storage", "admin", "client")
+#: the most storage node ids one key may hold (``node_ids``)
+MAX_NODE_IDS = 4096
 NOBODY = 65534
 
 
@@ -56,6 +59,7 @@ class Grant(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
     read_only: bool = False
     subdir: str = ""
     root_squash: bool = False
+    node_ids: int = 1  # storage keys: node ids it may hold (registered, not removed); the first come first
 
     @property
     def is_client(self) -> bool:
@@ -95,6 +99,10 @@ def parse(data: bytes | str, source: str = "<keyring>") -> dict[str, Grant]:
             raise QuietError(f"{where}: role {g.role!r} is not one of {', '.join(ROLES)}")
         if not g.is_client and (g.read_only or g.subdir or g.root_squash):
             raise QuietError(f"{where}: read_only, subdir and root_squash apply to client and admin keys only")
+        if g.node_ids != 1 and g.role != "storage":
+            raise QuietError(f"{where}: node_ids applies to storage keys only")
+        if not 1 <= g.node_ids <= MAX_NODE_IDS:
+            raise QuietError(f"{where}: node_ids must be 1 to {MAX_NODE_IDS}")
         if g.subdir and (not g.subdir.startswith("/") or "/../" in g.subdir + "/" or "/./" in g.subdir + "/"):
             raise QuietError(f"{where}: subdir {g.subdir!r} must be an absolute path without . or .. parts")
         if g.public in grants:

@@ -23,6 +23,12 @@ A node is in exactly one of five states (``NodeRegistry.state``)::
     removed   forgotten by an operator (``stripefs node remove``); final for
               that node id (ids are never reused); its heartbeats are ignored
 
+A node takes new chunks only once it has *answered*: a daemon with CURVE on
+pings the address a node registers before recording it, and a node whose
+ping failed is placed on from its next heartbeat only (``proven``), so ids
+registered for nodes that never answer get no data. (Without CURVE a
+registration is trusted as before.)
+
 up/suspect/down follow heartbeats; draining and removed are the
 *administrative* state, persisted in the ``meta`` table (key
 ``node_admin.<id>``) so that they survive a daemon restart, and they win over
@@ -64,6 +70,7 @@ from typing import Callable
 
 from ..common import protocol
 from ..common.errors import ErrorCode, StripefsError
+from ..common.security import KEY_MARK
 from .placement import NodeView
 from .store import SqliteStore
 
@@ -91,6 +98,7 @@ class _Node:
     up: bool = False  # heard from within node_timeout_s (up or suspect)
     admin: str = ""  # "" | "draining" | "removed"
     state: str = "down"  # the last state logged
+    proven: bool = False  # it answered (a ping at its registered address, or a heartbeat): it may take chunks
 
 
 class NodeRegistry:
@@ -162,7 +170,8 @@ class NodeRegistry:
 
     # -- heartbeats ------------------------------------------------------------
 
-    def register(self, req: protocol.RegisterNodeReq, now: float | None = None) -> None:
+    def register(self, req: protocol.RegisterNodeReq, now: float | None = None, *, proven: bool = True) -> None:
+        """``proven``: the node answered at ``req.address`` (else it takes no chunks until it heartbeats)."""
         now = time.monotonic() if now is None else now
         _check_report(req)
         node = self._nodes.get(req.node_id)
@@ -174,6 +183,7 @@ class NodeRegistry:
         elif node.address != req.address or node.host != req.host:
             log.info("node %d moved: %s, host %s", req.node_id, req.address, req.host)
         node.address, node.host = req.address, req.host
+        node.proven = proven
         _heard_from(node, req, now)
         self._store.upsert_node(
             req.node_id, req.address, req.host, req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks, time.time_ns()
@@ -186,6 +196,9 @@ class NodeRegistry:
         node = self._nodes.get(req.node_id)
         if node is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"node {req.node_id} is not registered; register again")
+        if not node.proven:
+            log.info("node %d (%s) heartbeats: it takes chunks from now on", node.node_id, node.address)
+        node.proven = True
         _heard_from(node, req, now)
         self._update(node, now, "heartbeat")
 
@@ -215,18 +228,30 @@ class NodeRegistry:
     def up_ids(self) -> list[int]:
         return [n.node_id for n in self._nodes.values() if self._current(n) in LIVE_STATES]
 
+    def _placeable(self, node: _Node) -> bool:
+        return node.proven and self._current(node) in PLACEABLE_STATES
+
     def views(self) -> list[NodeView]:
         """Every node, for placement (which uses only the ones that may take new chunks)."""
-        return [NodeView(n.node_id, n.host, n.free, self._current(n) in PLACEABLE_STATES) for n in self._nodes.values()]
+        return [NodeView(n.node_id, n.host, n.free, self._placeable(n)) for n in self._nodes.values()]
 
     def usage(self) -> dict[int, tuple[int, int]]:
         """node id -> (used bytes, capacity bytes) of nodes that may take chunks (rebalance)."""
-        return {n.node_id: (n.used, n.capacity) for n in self._nodes.values() if self._current(n) in PLACEABLE_STATES}
+        return {n.node_id: (n.used, n.capacity) for n in self._nodes.values() if self._placeable(n)}
 
     def capacity(self) -> tuple[int, int]:
         """(total, free) bytes over the nodes that may take new chunks."""
-        up = [n for n in self._nodes.values() if self._current(n) in PLACEABLE_STATES]
+        up = [n for n in self._nodes.values() if self._placeable(n)]
         return sum(n.capacity for n in up), sum(n.free for n in up)
+
+    def held_by(self, key: str) -> list[int]:
+        """The ids of nodes registered with ``key`` in their address, not removed."""
+        held = []
+        for n in self._nodes.values():
+            _, mark, node_key = n.address.partition(KEY_MARK)
+            if mark and node_key == key and n.admin != "removed":
+                held.append(n.node_id)
+        return held
 
     def info(self, now: float | None = None, placed: dict[int, int] | None = None) -> list[protocol.NodeInfo]:
         now = time.monotonic() if now is None else now

@@ -84,7 +84,7 @@ import zmq
 from ..common import capability
 from ..common import protocol as P
 from ..common.config import MetaConfig
-from ..common.errors import ErrorCode, StripefsError
+from ..common.errors import ErrorCode, QuietError, StripefsError
 from ..common.layout import MAX_CHUNK_SIZE
 from ..common.transport import CONNECTION, RpcClient, connect, open_socket, serve
 from ..common.keyring import server_keyring
@@ -112,6 +112,8 @@ GC_BATCH = 1000
 GC_INTERVAL_S = 1.0
 GC_RPC_TIMEOUT_S = 10.0
 TRIM_INTERVAL_S = 30.0
+#: how long a node that registers has to answer the daemon's ping
+NODE_PING_TIMEOUT_S = 2.0
 #: lookups a LookupPathsReq makes per hold of the lock (handle_lookup_paths): about 10 ms of work,
 #: the most another request waits behind one connection's batches
 LOOKUP_SLICE = 512
@@ -541,9 +543,31 @@ class MetaService:
         return [P.LayoutUsage(redundancy=r, **u) for r, u in sorted(usage.items())]
 
     async def handle_register_node(self, req: P.RegisterNodeReq) -> P.Msg:
-        await self._write(self.nodes.register, req)
+        proven = True  # without CURVE a registration is trusted, as before
+        if self.access.keyring is not None:  # data goes only to nodes that answered (daemon/health.py)
+            proven = await self._node_answers(req.node_id, req.address)
+        await self._write(self.nodes.register, req, proven=proven)
         self._gc_wake.set()
         return P.OkRsp()
+
+    async def _node_answers(self, node_id: int, address: str) -> bool:
+        """Whether storage node ``node_id`` answers a ping at ``address`` (with the key it names)."""
+        rsp, why = None, "no answer"
+        try:
+            async with connect(self.ctx, address, timeout=NODE_PING_TIMEOUT_S) as node:
+                try:  # (inside: an error leaving the client's nursery would come wrapped in a group)
+                    rsp, _ = await node.call(P.PingReq())
+                except StripefsError as exc:
+                    why = str(exc)
+        except (QuietError, zmq.ZMQError) as exc:  # an address libzmq refuses
+            why = str(exc)
+        if isinstance(rsp, P.PingRsp) and rsp.role == "storage" and rsp.node_id == node_id:
+            return True
+        if rsp is not None:
+            why = f"answered as {getattr(rsp, 'role', '?')} node {getattr(rsp, 'node_id', '?')}"
+        log.warning("node %d registered %s, which does not answer as that node (%s): it takes no chunks until it "
+                    "heartbeats", node_id, address, why)
+        return False
 
     async def handle_node_heartbeat(self, req: P.NodeHeartbeatReq) -> P.Msg:
         self.nodes.heartbeat(req)

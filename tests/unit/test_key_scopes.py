@@ -247,3 +247,44 @@ async def test_status_shows_a_subtree_key_only_its_own_quotas_and_a_storage_key_
         async with c.client("node") as node:
             status = (await node.call(P.StatusReq()))[0]
             assert status.quotas == [] and status.nodes  # the rest of the status is still there
+
+
+# -- 5. storage node ids ------------------------------------------------------------------------
+
+
+def _set_node_ids(c, name: str, n: int) -> None:
+    path = c.keys / "keyring.toml"
+    text = path.read_text().replace(f'name = "{name}"\n', f'name = "{name}"\nnode_ids = {n}\n', 1)
+    path.write_text(text)
+
+
+async def test_a_storage_key_holds_a_bounded_number_of_node_ids_and_silent_ones_get_no_data(tmp_path, monkeypatch):
+    from stripefs.daemon import service
+
+    monkeypatch.setattr(service, "NODE_PING_TIMEOUT_S", 0.3, raising=False)  # the fake nodes never answer
+    async with secure_cluster(tmp_path) as c:
+        mine = load_public(c.keys / "node2.key")
+        usage = dict(capacity_bytes=1 << 40, free_bytes=1 << 40, used_bytes=0, chunks=0)
+
+        def register(node_id):  # an address with its own key, where nothing answers
+            return P.RegisterNodeReq(node_id=node_id, address=security.with_key(f"tcp://127.0.0.1:{9 + node_id}", mine),
+                                     host=f"fake{node_id}", **usage)
+
+        async with c.client("node2") as meta:
+            await meta.call(register(2))  # its first id: accepted (and registering it again too)
+            await meta.call(register(2))
+            refused = [await _code(meta.call(register(i))) for i in range(3, 103)]
+            assert refused == [ErrorCode.ACCESS] * 100
+        async with c.client("admin") as admin:
+            nodes = {n.node_id: n for n in (await admin.call(P.StatusReq()))[0].nodes}
+            assert sorted(nodes) == [1, 2]
+            # node 2 never answered: nothing is placed on it, however many files are made
+            for i in range(24):
+                opened = (await admin.call(P.CreateReq(parent=ROOT, name=b"f%d" % i, mode=0o100644, uid=0, gid=0, session_id=0)))[0]
+                assert {ref.node_id for ref in opened.nodes} == {1}, opened.nodes
+            await admin.call(P.NodeAdminReq(node_id=2, action="remove"))  # an operator frees its id
+        _set_node_ids(c, "node2", 2)  # and the keyring may allow more
+        async with c.client("node2") as meta:
+            await meta.call(register(3))
+            await meta.call(register(4))
+            assert await _code(meta.call(register(5))) == ErrorCode.ACCESS
