@@ -109,8 +109,8 @@ class EcPath:
         self.coding = trio.CapacityLimiter(1)
         #: ino -> fragments written without fsync: node -> chunk ids
         self._unsynced: dict[int, dict[int, set[p.ChunkId]]] = {}
-        #: (ino, session epoch) -> an epoch of the other parity, for stripes whose committed version shares the session's
-        self._other_parity: dict[tuple[int, int], int] = {}
+        #: (ino, session epoch, committed parity) -> the version stripes of that parity get (_version_for)
+        self._other_parity: dict[tuple[int, int, int], int] = {}
 
     # ------------------------------------------------------------------ reads
 
@@ -322,14 +322,16 @@ class EcPath:
     # ----------------------------------------------------------------- writes
 
     async def _version_for(self, of: OpenFile, epoch: int, committed: int) -> int:
-        """A version for a new stripe version: this session's epoch unless it shares the committed one's parity."""
-        if not committed or (epoch & 1) != (committed & 1):
+        """A version for a new stripe version: newer than the committed one (else the daemon keeps
+        that one and the write is lost) and of the other parity (its slot). This session's epoch
+        when it is; else a fresh epoch (the newest handed out), remembered for the session."""
+        if not committed or ((epoch & 1) != (committed & 1) and epoch > committed):
             return epoch
-        key = (of.ino, epoch)
+        key = (of.ino, epoch, committed & 1)
         other = self._other_parity.get(key)
-        while other is None:
+        while other is None or other <= committed:
             rsp = await self.data.meta.call(p.AllocEpochReq())
-            if (rsp.epoch & 1) != (epoch & 1):
+            if (rsp.epoch & 1) != (committed & 1):
                 if len(self._other_parity) > 1024:
                     self._other_parity.clear()
                 other = self._other_parity[key] = rsp.epoch

@@ -487,9 +487,15 @@ class DataPath:
         epoch = await self._epoch(of)
         ref = await self._placement(of, dc.index)
         chunk = p.ChunkId(of.ino, dc.index)
-        payload = memoryview(dc.buf)[dc.lo : dc.hi]
+        # A chunk with no committed data is a hole before this write. A node may still hold a copy
+        # of that chunk id from before a truncate (garbage not deleted yet): the first range of the
+        # session replaces it, zeros in front, so none of its old bytes come back.
+        fresh = ref.version == 0 and dc.index not in of.uncommitted
+        lo = 0 if fresh else dc.lo
+        payload = memoryview(dc.buf)[lo : dc.hi]  # buf holds zeros before dc.lo
         request = p.WriteChunkReq(
-            chunk=chunk, version=epoch, base_version=ref.version, offset=dc.lo, xxh3=xxhash.xxh3_64_intdigest(payload), sync=sync
+            chunk=chunk, version=epoch, base_version=ref.version, offset=lo, xxh3=xxhash.xxh3_64_intdigest(payload),
+            sync=sync, replace=fresh,
         )
         failed: dict[int, StripefsError] = {}
         done: list[int] = []
@@ -664,6 +670,10 @@ class DataPath:
                 raise StripefsError(ErrorCode.IO, f"no replica of chunk {of.ino}:{index} could be truncated")
             refs.append(p.ChunkRef(index=index, version=epoch, nodes=ok))
         rsp = await self.meta.call(p.SetattrReq(ino=of.ino, size=new_size, chunks=refs))
+        if new_size < of.size:
+            # the chunks dropped are deleted on their nodes up to the newest epoch handed out, and
+            # the cut one carries a fresh version: what is written next needs a newer epoch than ours
+            of.epoch = 0
         of.attr = rsp.attr
         of.size = new_size
         keep = index + (1 if inner else 0)

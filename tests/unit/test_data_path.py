@@ -76,8 +76,8 @@ class Rig:
         scope.cancel()
         self.nodes[node_id] = (cfg, store, None)
 
-    async def create(self, name: bytes) -> OpenFile:
-        rsp = await self.meta.call(P.CreateReq(parent=ROOT, name=name, mode=0o100644, uid=0, gid=0, session_id=self.meta.session_id))
+    async def create(self, name: bytes, parent: int = ROOT) -> OpenFile:
+        rsp = await self.meta.call(P.CreateReq(parent=parent, name=name, mode=0o100644, uid=0, gid=0, session_id=self.meta.session_id))
         self.data.nodes.learn(rsp.nodes)
         of = OpenFile(rsp.attr.ino, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
         of.epoch = rsp.epoch
@@ -99,7 +99,7 @@ async def rig(tmp_path, nursery):
     r.daemon.start()
     try:
         await r.daemon.wait_ready(ctx)
-        for node_id in (1, 2):
+        for node_id in (1, 2, 3):  # replicas=2; ec=2+1 in a directory that asks for it
             await r.start_node(node_id)
         async with AsyncExitStack() as stack:
             r.meta = MetaClient(ctx, [r.daemon.address], timeout=5.0, retry_window_s=20.0)
@@ -155,14 +155,14 @@ async def test_a_write_no_node_takes_is_reported_once_and_never_committed(rig):
     of = await rig.create(b"lost")
     await rig.data.write(of, 0, b"old content\n")
     await rig.data.flush(of)
-    for node_id in (1, 2):
+    for node_id in list(rig.nodes):
         rig.stop_node(node_id)
     await rig.data.write(of, 0, b"new content, longer than the old one\n")
     with pytest.raises(StripefsError):
         await rig.data.flush(of)
     await rig.data.flush(of)  # reported once; nothing left to commit
     assert of.size == len(b"old content\n")
-    for node_id in (1, 2):
+    for node_id in list(rig.nodes):
         await rig.start_node(node_id)
     assert await rig.committed(of) == (12, b"old content\n")
     await rig.data.write(of, 12, b"more\n")  # a new write session
@@ -172,7 +172,7 @@ async def test_a_write_no_node_takes_is_reported_once_and_never_committed(rig):
 
 async def test_writes_after_a_failed_send_are_refused_until_the_error_is_reported(rig):
     of = await rig.create(b"refused")
-    for node_id in (1, 2):
+    for node_id in list(rig.nodes):
         rig.stop_node(node_id)
     await rig.data.write(of, 0, b"x" * CS)  # a whole chunk: sent in the background, fails there
     await of.idle.wait()
@@ -181,8 +181,40 @@ async def test_writes_after_a_failed_send_are_refused_until_the_error_is_reporte
     with pytest.raises(StripefsError):
         await rig.data.flush(of)
     assert (of.size, of.dirty, of.uncommitted) == (0, {}, {})
-    for node_id in (1, 2):
+    for node_id in list(rig.nodes):
         await rig.start_node(node_id)
     await rig.data.write(of, 0, b"z")
     await rig.data.flush(of)
     assert await rig.committed(of) == (1, b"z")
+
+
+async def test_a_chunk_rewritten_after_a_truncate_shows_no_bytes_of_before(rig):
+    """Truncated chunks are deleted on their nodes later (garbage); a write into such a chunk
+    index before that must not merge with the old copy: the part before it is a hole (zeros)."""
+    of = await rig.create(b"regrown")
+    await rig.data.write(of, 0, b"o" * (2 * CS))
+    await rig.data.flush(of)
+    await rig.data.truncate(of, CS)  # chunk 1 dropped: its copies wait for deletion
+    await rig.data.write(of, CS + 1000, b"new")
+    await rig.data.flush(of)
+    assert await rig.committed(of) == (CS + 1003, b"o" * CS + bytes(1000) + b"new")
+
+
+async def test_a_stripe_written_after_a_truncate_in_the_same_session_is_not_lost(rig):
+    """A write session that began before a truncate (the epoch a writable open hands out) must
+    still write a version newer than the stripe the truncate cut, or the daemon keeps that one."""
+    d = (await rig.meta.call(P.MkdirReq(parent=ROOT, name=b"ec", mode=0o40755, uid=0, gid=0))).attr.ino
+    await rig.meta.call(P.SetLayoutReq(ino=d, redundancy="ec=2+1"))
+    for i in range(4):
+        of = await rig.create(b"s%d" % i, parent=d)
+        await rig.data.write(of, 0, b"a" * (2 * CS))
+        await rig.data.flush(of)
+        for _ in range(i):  # other writers take epochs meanwhile: every parity order happens
+            await rig.meta.call(P.AllocEpochReq())
+        reopened = await rig.meta.call(P.OpenReq(ino=of.ino, session_id=rig.meta.session_id, write=True))
+        of.epoch = reopened.epoch  # as Operations._opened takes it
+        await rig.data.truncate(of, CS + 100)
+        await rig.data.write(of, CS + 10, b"b" * 10)
+        await rig.data.flush(of)
+        want = b"a" * (CS + 10) + b"b" * 10 + b"a" * 80
+        assert await rig.committed(of) == (CS + 100, want), i
