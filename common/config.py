@@ -66,6 +66,14 @@ class MetaConfig(_ServerLimits, kw_only=True):
     pool_size: int = 8  # PostgreSQL connections, i.e. metadata transactions in flight at once (store = "postgresql")
     node_timeout_s: float = 10.0  # a storage node silent this long is declared down
     session_lease_s: float = 15.0  # a mount silent this long loses its open files
+    # a mount's open set is the files it has open plus those it looked up in the last second (an open
+    # then needs no request); 262,144 is the most a SessionHeartbeatReq can carry (4 x MAX_LIST), far
+    # above both, and about 15 MiB of daemon memory. Past it an open is refused LIMIT (EMFILE)
+    max_open_per_session: int = 262144
+    # sessions of one key (mounts using it, plus those of the last session_lease_s that did not say
+    # goodbye); without CURVE every peer counts as one key. Past it a hello is refused LIMIT.
+    # A key's sessions hold at most max_sessions_per_key * max_open_per_session inodes (~60 bytes each)
+    max_sessions_per_key: int = 256
     group_commit_ms: float = 0.0  # extra wait before a commit; changes arriving during an fsync share the next one anyway
     events_listen: str = ""  # the change feed mounts subscribe to (PUB); default: listen's interface, a free port
     chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
@@ -191,6 +199,8 @@ dsn = ""                             # e.g. "host=db1,db2 dbname=stripefs user=s
 pool_size = 8                        # PostgreSQL connections (transactions in flight) of this daemon
 node_timeout_s = 10.0                # storage node declared down after this much silence
 session_lease_s = 15.0               # a mount's open files are released after this much silence
+max_open_per_session = 262144        # inodes one mount's session may hold open (EMFILE past it); the heartbeat's own maximum
+max_sessions_per_key = 256           # mounts (sessions) of one key at once; without CURVE, of all peers together
 group_commit_ms = 0.0                # extra wait before each commit; changes arriving during an fsync share the next one
 events_listen = "tcp://0.0.0.0:7102" # change feed (PUB) that keeps every mount's kernel cache true; default: a free port
 # layout of the root directory; new directories inherit their parent's

@@ -20,6 +20,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_MESSAGE = 4
     TIMEOUT = 5  # the peer did not answer in time (raised locally)
     UNAVAILABLE = 6  # no healthy node / peer down
+    LIMIT = 7  # a count one session or key may hold is reached (open inodes, sessions: docs/security.md)
     # namespace
     NOT_FOUND = 10
     EXISTS = 11
@@ -62,6 +63,7 @@ ERRNO_BY_CODE: dict[int, int] = {
     ErrorCode.TIMEOUT: errno.ETIMEDOUT,
     ErrorCode.UNAVAILABLE: errno.EIO,
     ErrorCode.BUSY: errno.EBUSY,
+    ErrorCode.LIMIT: errno.EMFILE,
     ErrorCode.QUOTA_EXCEEDED: errno.EDQUOT,
     ErrorCode.READ_ONLY: errno.EROFS,
     ErrorCode.ACCESS: errno.EACCES,

@@ -53,6 +53,13 @@ keeps an unlinked inode (an orphan) alive; every method that can drop the
 last reference to an inode returns those inodes so the caller can reclaim
 orphans among them.
 
+Bounds (review, issue 20: 20 adopted sessions holding 150,000 inodes each
+grew a daemon by 170 MiB): a session holds at most ``max_open`` inodes (an
+open or heartbeat past it is refused LIMIT, EMFILE at the mount; a lookup
+then answers without open information) and a key has at most ``max_per_key``
+sessions (a hello or an adoption past it is refused LIMIT). Each refusal is
+logged once per session or key per minute.
+
 Both classes take ``now`` (monotonic seconds) as an argument so tests can
 drive time by hand.
 """
@@ -298,6 +305,7 @@ class _Session:
     last_seen: float
     open: set[int] = field(default_factory=set)
     owner: str | None = None  # the key that opened (or adopted) it; None: a plain socket
+    warned: float = float("-inf")  # when a refusal past max_open was last logged
 
 
 def _locked(method):
@@ -314,11 +322,15 @@ def _locked(method):
 class Sessions:
     """Mounts and the inodes they hold open, with an open count per inode."""
 
-    def __init__(self, lease_s: float):
+    def __init__(self, lease_s: float, max_open: int = 262_144, max_per_key: int = 256):
         self._mutex = threading.RLock()
         self.lease_s = lease_s
+        self.max_open = max(1, max_open)  # inodes one session holds
+        self.max_per_key = max(1, max_per_key)  # sessions of one key (None: every plain-socket peer)
         self._sessions: dict[int, _Session] = {}
         self._open_count: collections.Counter[int] = collections.Counter()
+        self._per_key: collections.Counter[str | None] = collections.Counter()
+        self._key_warned: dict[str | None, float] = {}  # when a refusal of the key's sessions was last logged
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -326,12 +338,26 @@ class Sessions:
     @_locked
     def hello(self, host: str, pid: int, mountpoint: str, now: float | None = None, owner: str | None = None) -> int:
         now = time.monotonic() if now is None else now
+        self._admit(owner, now)
         sid = 0
         while not sid or sid in self._sessions:
             sid = secrets.randbelow(protocol.INT64_MAX) + 1  # unguessable, within the stores' int64
         self._sessions[sid] = _Session(sid, host, pid, mountpoint, now, owner=owner)
+        self._per_key[owner] += 1
         log.info("session %d opened by %s pid %d (%s)", sid, host, pid, mountpoint or "no mountpoint")
         return sid
+
+    def _admit(self, owner: str | None, now: float) -> None:
+        """Refuse a new session of ``owner`` when it has ``max_per_key`` already."""
+        count = self._per_key[owner]
+        if count < self.max_per_key:
+            return
+        if now - self._key_warned.get(owner, float("-inf")) >= 60.0:
+            if len(self._key_warned) > 10_000:
+                self._key_warned.clear()
+            self._key_warned[owner] = now
+            log.warning("key %s has %d sessions, max_sessions_per_key: new ones are refused (logged once a minute)", owner or "(none)", count)
+        raise StripefsError(ErrorCode.LIMIT, f"this key has {count} sessions, the daemon's max_sessions_per_key: close a mount or let its session expire")
 
     def _get(self, session_id: int, now: float | None, *, adopt: bool = False, owner: str | None = None) -> _Session:
         """The session of key ``owner``, lease renewed. ``adopt``: a session this daemon does not
@@ -346,7 +372,9 @@ class Sessions:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is not a session id; say hello again")
             if not adopt:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"session {session_id} is unknown or expired; say hello again")
+            self._admit(owner, now)
             session = self._sessions[session_id] = _Session(session_id, "?", 0, "", now, owner=owner)
+            self._per_key[owner] += 1
             log.info("session %d adopted (opened before this daemon started)", session_id)
         elif session.owner != owner:
             log.warning("session %d (%s pid %d) named by key %s, not the key that opened it: refused",
@@ -368,9 +396,22 @@ class Sessions:
         session.open = inos
         return released
 
+    def _full(self, session: _Session, count: int, now: float | None) -> StripefsError:
+        """The refusal of ``count`` open inodes for ``session``; logged once a minute per session."""
+        now = time.monotonic() if now is None else now
+        if now - session.warned >= 60.0:
+            session.warned = now
+            log.warning("session %d (%s pid %d, key %s) would hold %d open inodes, more than max_open_per_session (%d): refused",
+                        session.session_id, session.host, session.pid, session.owner or "(none)", count, self.max_open)
+        return StripefsError(ErrorCode.LIMIT, f"the session would hold {count} open inodes; the daemon's max_open_per_session is {self.max_open}")
+
     @_locked
     def heartbeat(self, session_id: int, open_inodes: list[int], now: float | None = None, owner: str | None = None) -> list[int]:
-        return self._set_open(self._get(session_id, now, owner=owner), set(open_inodes))
+        session = self._get(session_id, now, owner=owner)  # renewed even when refused: it keeps what it held
+        inos = set(open_inodes)
+        if len(inos) > self.max_open:
+            raise self._full(session, len(inos), now)
+        return self._set_open(session, inos)
 
     @_locked
     def touch(self, session_id: int, now: float | None = None, owner: str | None = None) -> None:
@@ -381,12 +422,22 @@ class Sessions:
     def open(self, session_id: int, ino: int, now: float | None = None, owner: str | None = None) -> None:
         session = self._get(session_id, now, adopt=True, owner=owner)
         if ino not in session.open:
-            self._set_open(session, session.open | {ino})
+            if len(session.open) >= self.max_open:
+                raise self._full(session, len(session.open) + 1, now)
+            session.open.add(ino)
+            self._open_count[ino] += 1
 
     @_locked
     def close(self, session_id: int, ino: int, now: float | None = None, owner: str | None = None) -> list[int]:
         session = self._get(session_id, now, owner=owner)
-        return self._set_open(session, session.open - {ino})
+        if ino not in session.open:
+            return []
+        session.open.discard(ino)  # in place: a copy of a large open set per close would cost milliseconds
+        self._open_count[ino] -= 1
+        if self._open_count[ino] > 0:
+            return []
+        del self._open_count[ino]
+        return [ino]
 
     @_locked
     def holding(self, session_id: int) -> frozenset[int]:
@@ -407,6 +458,9 @@ class Sessions:
                 )
                 released += self._set_open(session, set())
                 del self._sessions[sid]
+                self._per_key[session.owner] -= 1
+                if self._per_key[session.owner] <= 0:
+                    del self._per_key[session.owner]
         return released
 
     def is_open(self, ino: int) -> bool:

@@ -144,7 +144,7 @@ class MetaService:
         self.store: SqliteStore | None = None
         self.ns: Namespace | None = None
         self.nodes: NodeRegistry | None = None
-        self.sessions = Sessions(config.session_lease_s)
+        self.sessions = Sessions(config.session_lease_s, config.max_open_per_session, config.max_sessions_per_key)
         self._lock = trio.Lock()
         self._batch = _Batch()
         self._wake_committer = trio.Event()
@@ -623,7 +623,12 @@ class MetaService:
             return P.AttrRsp(attr=to_attr(row))
         attr, layout, chunks, nodes = self.ns.open_info_of(row)
         if req.session_id:  # under the lock, as for OpenReq: no unlink can reclaim it in between
-            self.sessions.open(req.session_id, attr.ino, owner=owner)
+            try:
+                self.sessions.open(req.session_id, attr.ino, owner=owner)
+            except StripefsError as exc:
+                if exc.code != ErrorCode.LIMIT:
+                    raise
+                return P.AttrRsp(attr=attr)  # the session holds all it may: no open information (the open is told why)
         quota_max = self.ns.quotas.max_size(attr.ino, attr.size, req.parent)
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, quota_max_size=quota_max)
 

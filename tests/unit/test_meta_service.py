@@ -432,3 +432,51 @@ async def test_path_lookup_batches_of_one_connection_do_not_stall_the_others(dae
         with pytest.raises(StripefsError) as info:
             await c.call(P.LookupPathsReq(root=ROOT, paths=too_many))
         assert info.value.code == ErrorCode.BAD_REQUEST
+
+
+async def test_sessions_and_their_open_inodes_are_capped(tmp_path, ctx):
+    """Review finding (issue 20): 20 adopted sessions holding 150,000 open inodes each grew the daemon
+    by 170 MiB, without limit. Scaled down with max_open_per_session = 5 and max_sessions_per_key =
+    3: the same attack (20 made-up session ids, 8 files each) leaves 3 sessions of 5 inodes, every
+    refusal is LIMIT (EMFILE); a full session's lookup answers without open information, its
+    heartbeat past the cap is refused and it keeps what it held."""
+    import errno
+
+    from stripefs.common.errors import errno_for
+
+    config = MetaConfig(
+        listen=_free_address(), data_dir=str(tmp_path), session_lease_s=30.0, chunk_size=1 << 20,
+        stripe_count=1, redundancy="replicas=1", metrics="", max_open_per_session=5, max_sessions_per_key=3,
+    )
+    service = MetaService(config, zmq_context=ctx)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        async with connect(ctx, config.listen, timeout=10) as c:
+            await _call(c, _register())
+            files = [(await _call(c, P.CreateReq(parent=ROOT, name=b"f%d" % i, mode=0o644, uid=0, gid=0, session_id=0))).attr.ino
+                     for i in range(8)]
+            refused = []
+            for sid in range(1000, 1020):  # adopted: ids this daemon never handed out
+                for ino in files:
+                    try:
+                        await c.call(P.OpenReq(ino=ino, session_id=sid))
+                    except StripefsError as exc:
+                        refused.append(exc.code)
+            assert len(service.sessions) == 3 and set(refused) == {ErrorCode.LIMIT}
+            assert sum(len(service.sessions.holding(sid)) for sid in range(1000, 1020)) == 3 * 5
+            assert errno_for(ErrorCode.LIMIT) == errno.EMFILE
+            with pytest.raises(StripefsError) as info:
+                await c.call(P.HelloReq(host="t", pid=1))
+            assert info.value.code == ErrorCode.LIMIT
+
+            full = 1000
+            held = service.sessions.holding(full)
+            rsp = await _call(c, P.LookupReq(parent=ROOT, name=b"f7", open_info=True, session_id=full))
+            assert isinstance(rsp, P.AttrRsp) and rsp.attr.ino == files[7]  # no open information, nothing held
+            with pytest.raises(StripefsError) as info:
+                await c.call(P.SessionHeartbeatReq(session_id=full, open_inodes=files))
+            assert info.value.code == ErrorCode.LIMIT and service.sessions.holding(full) == held
+            await _call(c, P.CloseReq(ino=min(held), session_id=full))
+            assert isinstance(await _call(c, P.OpenReq(ino=files[7], session_id=full)), P.OpenRsp)  # room again
+            assert isinstance(await _call(c, P.PingReq()), P.PingRsp)
+        nursery.cancel_scope.cancel()
