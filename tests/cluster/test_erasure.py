@@ -1,8 +1,8 @@
 """Erasure-coded files (ec=4+2) on a 6-node cluster of real processes with a real mount.
 
-The module starts its own cluster (6 storage nodes, short node and session
-timeouts) next to the session's 4-node one. Reads that must not come from
-the writer's memory cache use a fresh mount (a new client process).
+The module starts its own cluster (6 storage nodes, short node, session and
+mount RPC timeouts) next to the session's 4-node one. Reads that must not come
+from the writer's memory cache use a fresh mount (a new client process).
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ def _sha(path: Path) -> str:
 def ec(request):
     c = Cluster(cluster_root("stripefs-ec-"), nodes=6)
     c.state.mkdir(parents=True)
-    c.local._create(c.mnt.absolute(), 6, ["allow_other"])
+    # the mount's: a fragment sent to a killed node is given up after 4 s (default 10 s), then the
+    # stripe counts the fragments that were stored (test_degraded_writes waits this out twice)
+    client_toml = c.state / "client.toml"
+    client_toml.write_text(cfg.dumps(msgspec.structs.replace(cfg.ClientConfig(), rpc_timeout_s=4.0)))
+    c.local._create(c.mnt.absolute(), 6, ["allow_other", f"config={client_toml}"])
     meta_toml = c.state / "meta" / "metad.toml"
     meta = cfg.load(meta_toml, cfg.MetaConfig)
     meta_toml.write_text(cfg.dumps(msgspec.structs.replace(meta, node_timeout_s=3.0, session_lease_s=4.0)))
