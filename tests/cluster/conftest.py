@@ -256,6 +256,27 @@ def run_cluster(request, c: "Cluster", *, after_up=None, label: str = ""):
     assert not bad, f"unexpected ERROR lines in {label}process logs outside any test:\n" + "\n".join(bad[:30])
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "pg_cluster: the test uses pg_cluster (run last: see pytest_collection_modifyitems)")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests on ``pg_cluster`` run last (in their own order), so that it is up only while they run.
+
+    A session fixture is torn down at the end of the session, not after its last user: started by
+    the first of them, the PostgreSQL cluster would otherwise run through every file after it. Idle,
+    its two metadata daemons poll the shared database (change feed, duties lease) and with
+    PostgreSQL take about 0.6 of a core: a third of a 2-core CI machine, taken from every other
+    test. A test gets there by asking for ``pg_cluster`` or by the ``pg_cluster`` mark (a fixture
+    that picks the cluster at run time, like test_posix.py's ``mnt``, marks its parameter)."""
+    def on_pg(item) -> bool:
+        return "pg_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("pg_cluster") is not None
+
+    pg = [item for item in items if on_pg(item)]
+    if pg:
+        items[:] = [item for item in items if not on_pg(item)] + pg
+
+
 @pytest.fixture(autouse=True)
 def check_logs(request):
     """Fail the test (at its teardown) on ERROR lines it made a cluster it uses log, unless

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg_cluster)])  # the mark: conftest runs it last
 def mnt(request) -> "os.PathLike":
     """A fresh directory inside the mount of the cluster whose metadata store is the parameter."""
     c = request.getfixturevalue("cluster" if request.param == "sqlite" else "pg_cluster")
