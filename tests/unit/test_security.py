@@ -367,3 +367,56 @@ async def test_a_storage_key_cannot_take_over_another_nodes_id(tmp_path):
         async with c.client("admin") as admin:
             nodes = {n.node_id: n for n in (await admin.call(P.StatusReq()))[0].nodes}
             assert nodes[1].address == c.node and nodes[2].host == "h2"
+
+
+async def test_refused_handshakes_are_logged_at_a_bounded_rate(caplog, monkeypatch):
+    """Review finding (issue 20): CURVE handshakes with unknown keys logged about 390 lines a second.
+    Now a key and address is logged once a window, at most REFUSAL_LOG_LINES keys in all, and the
+    others are counted in one line once the window has passed. 30 connections with one unlisted
+    key and 10 with made-up keys (window 1 s, 3 lines): at most 3 lines, then one count of the rest."""
+    import logging
+    import re
+
+    monkeypatch.setattr(security, "REFUSAL_LOG_EVERY_S", 1.0, raising=False)
+    monkeypatch.setattr(security, "REFUSAL_LOG_LINES", 3, raising=False)
+    caplog.set_level(logging.WARNING, logger="stripefs.common.security")
+    server_ctx, client_ctx = zmq.Context(), zmq.Context()
+    public, secret = zmq.curve_keypair()
+    security.use_identity(server_ctx, security.Identity(public, secret))
+    refused = []
+
+    def accept(key):
+        refused.append(key)
+        return False
+
+    def lines():
+        return [r.getMessage() for r in caplog.records if r.name == "stripefs.common.security"]
+
+    endpoint = _free_address()
+    stranger = zmq.curve_keypair()
+    socks = []
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(security.run_zap, server_ctx, accept)
+            async with open_socket(server_ctx, zmq.ROUTER, bind=endpoint):
+                for i in range(40):
+                    sock = client_ctx.socket(zmq.DEALER)
+                    socks.append(sock)  # kept: a socket collected is closed
+                    sock.linger = 0
+                    client_public, client_secret = stranger if i < 30 else zmq.curve_keypair()
+                    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = public, client_public, client_secret
+                    sock.connect(endpoint)
+                with trio.fail_after(10):
+                    while len(refused) < 40:
+                        await trio.sleep(0.02)
+                one_by_one = [line for line in lines() if line.startswith("refused key")]
+                assert 1 <= len(one_by_one) <= 3, lines()
+                with trio.fail_after(5):
+                    while not [line for line in lines() if "not logged one by one" in line]:
+                        await trio.sleep(0.05)
+                (count,) = [line for line in lines() if "not logged one by one" in line]
+                assert int(re.search(r"(\d+) more handshake", count).group(1)) == 40 - len(one_by_one)
+            nursery.cancel_scope.cancel()
+    finally:
+        client_ctx.destroy(linger=0)
+        server_ctx.destroy(linger=0)
