@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import trio
@@ -108,12 +109,16 @@ def test_clients_without_a_listed_key_get_nothing(secure):
     assert node_address == with_key(node_address, load_public(secure.keys / f"storage-{node['node_id']}.key"))
     stranger = str(write_keypair(secure.root / "stranger")[1])  # a valid key nobody listed
     ino = os.stat(secure.mnt / "private").st_ino
+    read = P.ReadChunkReq(chunk=P.ChunkId(ino, 0, 0), min_version=0, offset=0, length=100)
+    asks = []  # (address, key file, request)
     for key_file in (None, stranger):
         meta = secure.meta_address if key_file else split_address(secure.meta_address)[0]
         nodeaddr = node_address if key_file else split_address(node_address)[0]
-        assert _raw_calls(meta, key_file, P.LookupReq(parent=1, name=b"private"), P.GetattrReq(ino=ino)) == [ErrorCode.TIMEOUT] * 2
-        read = P.ReadChunkReq(chunk=P.ChunkId(ino, 0, 0), min_version=0, offset=0, length=100)
-        assert _raw_calls(nodeaddr, key_file, read, P.PingReq()) == [ErrorCode.TIMEOUT] * 2
+        asks += [(meta, key_file, P.LookupReq(parent=1, name=b"private")), (meta, key_file, P.GetattrReq(ino=ino)),
+                 (nodeaddr, key_file, read), (nodeaddr, key_file, P.PingReq())]
+    with ThreadPoolExecutor(len(asks)) as pool:  # all at once: each client waits out its own 1 s timeout
+        answers = list(pool.map(lambda ask: _raw_calls(*ask), asks))
+    assert answers == [[ErrorCode.TIMEOUT]] * len(asks), list(zip(asks, answers))
     assert "not in the keyring" in secure.logs()["meta.log"]
     # the cluster's own mount key does get through (the checks above could not pass by accident)
     got = _raw_calls(secure.meta_address, str(secure.keys / "mount.key_secret"), P.LookupReq(parent=1, name=b"private"))
@@ -214,14 +219,18 @@ async def main():
     ctx = zmq.Context()
     if key_file:
         use_identity(ctx, load_identity(key_file))
-    out = []
+    requests = (P.PingReq(), P.ReadChunkReq(chunk=P.ChunkId(ino, 0, 0), min_version=0, offset=0, length=64))
+    out = [None] * len(requests)
     async with connect(ctx, address, timeout=3.0) as node:
-        for req in (P.PingReq(), P.ReadChunkReq(chunk=P.ChunkId(ino, 0, 0), min_version=0, offset=0, length=64)):
+        async def ask(i, req):
             try:
                 rsp, frames = await node.call(req)
-                out.append(bytes(frames[0]).decode() if frames else type(rsp).__name__)
+                out[i] = bytes(frames[0]).decode() if frames else type(rsp).__name__
             except StripefsError as exc:
-                out.append(exc.code.name)
+                out[i] = exc.code.name
+        async with trio.open_nursery() as nursery:  # both at once: an unanswered one waits out its timeout
+            for i, req in enumerate(requests):
+                nursery.start_soon(ask, i, req)
     ctx.destroy(linger=0)
     print(json.dumps(out))
 trio.run(main)
@@ -275,9 +284,12 @@ def test_a_node_beyond_loopback_needs_curve_and_serves_only_listed_keys_across_n
             assert out.returncode == 0, out.stderr
             return json.loads(out.stdout)
 
-        assert probe(address, str(secure.keys / "mount.key_secret")) == ["PingRsp", data[:64].decode()]
-        assert probe(address, stranger) == ["TIMEOUT", "TIMEOUT"]
-        assert probe(split_address(address)[0], None) == ["TIMEOUT", "TIMEOUT"]
+        with ThreadPoolExecutor(3) as pool:  # the three probes at once: two of them wait out their timeouts
+            listed, unlisted, keyless = pool.map(lambda args: probe(*args), [
+                (address, str(secure.keys / "mount.key_secret")), (address, stranger), (split_address(address)[0], None)])
+        assert listed == ["PingRsp", data[:64].decode()]
+        assert unlisted == ["TIMEOUT", "TIMEOUT"]
+        assert keyless == ["TIMEOUT", "TIMEOUT"]
         deadline = time.monotonic() + 30  # it registered over CURVE, with its own key in its address
         while not any(n["node_id"] == 7 and n["state"] == "up" and n["address"] == address
                       for n in json.loads(run_cli("status", "--dir", str(secure.state), "--json").stdout)["nodes"]):
