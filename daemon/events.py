@@ -77,7 +77,7 @@ class ChangeFeed:
         self.keyring = keyring  # None: a plain feed, every subscriber hears everything
         self._subscribers: dict[str, Grant] = {}  # secure feed: key -> its grant, keys subscribed to their topic
         self._misaligned = False  # a non-subscription was read: apply nothing until the queue is empty
-        self._refused: set[str] = set()  # keys whose refused subscriptions were logged
+        self._logged: set[tuple[str, str | None]] = set()  # (what, key) logged once: a peer cannot flood the log
         self._sock = ctx.socket(zmq.PUB if keyring is None else zmq.XPUB)
         if keyring is not None:
             self._sock.setsockopt(zmq.XPUB_MANUAL, 1)  # subscriptions are the daemon's to apply (admit)
@@ -187,7 +187,7 @@ class ChangeFeed:
 
     def _admit_one(self, data: bytes, key: str | None) -> None:
         if not data or data[0] > 1:  # not a (un)subscription: the queue's connection pairs shifted
-            if not self._misaligned:
+            if self._once("junk", key):
                 log.warning("change feed: key %s sent a message that is not a subscription; the subscriptions "
                             "queued with it are ignored (their mounts subscribe again)", key)
             self._misaligned = True
@@ -200,13 +200,19 @@ class ChangeFeed:
             return
         grant = self.keyring.grant(key)
         if grant is None or grant.role == "storage":
-            if key not in self._refused and len(self._refused) < 10_000:
-                self._refused.add(key)
+            if self._once("refused", key):
                 log.warning("change feed: subscription of key %s refused: %s", key,
                             "not in the keyring" if grant is None else "a storage key does not read the namespace")
             return
         self._sock.setsockopt(zmq.SUBSCRIBE, topic)  # the connection the subscription came from
         self._subscribers[key] = grant
+
+    def _once(self, what: str, key: str | None) -> bool:
+        """Whether to log ``what`` for ``key``: the first time only (for a bounded number of keys)."""
+        if (what, key) in self._logged or len(self._logged) >= 10_000:
+            return False
+        self._logged.add((what, key))
+        return True
 
     async def subscription_loop(self) -> None:
         """A secure feed: admit subscriptions as they arrive (every publication admits too)."""
