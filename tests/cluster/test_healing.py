@@ -1,10 +1,10 @@
 """Self-healing on a real cluster: re-replication, stale copies, scrub, leases, drain/remove, fsck.
 
 A cluster of its own (the shared one keeps default timeouts), with short
-timeouts and small chunks set through ``stripefs local up --set``. The tests
-run in file order and share it: node 2 dies and comes back, node 3 is drained
-and removed. Every wait is a poll with a generous deadline, never a timed
-assertion.
+timeouts and small chunks set through ``stripefs local up --set`` (the mount's
+through its config file). The tests run in file order and share it: node 2
+dies and comes back, node 3 is drained and removed. Every wait is a poll with
+a generous deadline, never a timed assertion.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from stripefs.common import config as cfg
 from stripefs.common.keyring import load_public, write_keypair
 from stripefs.common.security import with_key
 
@@ -56,9 +58,13 @@ SETTINGS = [
 
 class HealCluster(Cluster):
     def up(self) -> None:
+        # the mount's config: short timeouts here too, a request to a killed node is given up after 4 s
+        # (default 10 s; test_node_killed_under_a_write_and_a_read_stream waits it out)
+        client_toml = self.root / "client.toml"
+        client_toml.write_text(cfg.dumps(msgspec.structs.replace(cfg.ClientConfig(), rpc_timeout_s=4.0)))
         # --secure: the daemon listens beyond loopback (for the partition test), which needs CURVE
         args = ["local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other",
-                "--secure"]
+                "-o", f"config={client_toml}", "--secure"]
         for s in SETTINGS:
             args += ["--set", s]
         run_cli(*args)
