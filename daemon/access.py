@@ -150,25 +150,39 @@ class MetaAccess:
 
     def _check_node_key(self, grant: Grant, req: P.Msg) -> None:
         """A node id belongs to the key that registered it, while the keyring lists that key: a
-        storage key cannot take over another node's id (and its clients' reads and writes). A
-        storage key holds at most ``node_ids`` ids (keyring, default 1): those it registered
-        first, until an operator removes one."""
-        if isinstance(req, P.RegisterNodeReq) and split_address(req.address)[1] != grant.public:
-            log.warning("node %d registered %s with key %r, not its own: refused", req.node_id, req.address, grant.name)
-            raise StripefsError(ErrorCode.ACCESS, "a node must register its address with its own key (ADDRESS?key=PUBLIC)")
-        if isinstance(req, P.RegisterNodeReq) and grant.role == "storage" and self.service.nodes:
-            held = self.service.nodes.held_by(grant.public)
+        storage key cannot take over another node's id (and its clients' reads and writes)."""
+        if isinstance(req, P.RegisterNodeReq):
+            if split_address(req.address)[1] != grant.public:
+                log.warning("node %d registered %s with key %r, not its own: refused", req.node_id, req.address, grant.name)
+                raise StripefsError(ErrorCode.ACCESS, "a node must register its address with its own key (ADDRESS?key=PUBLIC)")
+            self.check_registration(grant, req)
+            return
+        owner = split_address(self.service.nodes.address(req.node_id))[1] if self.service.nodes else None
+        if owner and owner != grant.public:
+            log.warning("key %r sent %s for node %d, which key %s registered: refused", grant.name, type(req).__name__,
+                        req.node_id, owner)
+            raise StripefsError(ErrorCode.ACCESS, f"node {req.node_id} is registered with another key")
+
+    def check_registration(self, grant: Grant, req: P.RegisterNodeReq) -> None:
+        """Whether ``grant``'s key may register ``req.node_id``: no id another listed key holds, and
+        for a storage key at most ``node_ids`` ids (keyring, default 1): those it registered first,
+        until an operator removes one. The handler asks again under the registry's lock, with the
+        registration, since registrations of one key run concurrently (daemon/service.py)."""
+        nodes = self.service.nodes
+        if grant is TRUSTED or not nodes:
+            return
+        owner = split_address(nodes.address(req.node_id))[1]
+        if owner and owner != grant.public and self.keyring.grant(owner) is not None:
+            log.warning("key %r sent %s for node %d, which key %s registered: refused", grant.name, type(req).__name__,
+                        req.node_id, owner)
+            raise StripefsError(ErrorCode.ACCESS, f"node {req.node_id} is registered with another key")
+        if grant.role == "storage":
+            held = nodes.held_by(grant.public)
             if req.node_id not in held and len(held) >= grant.node_ids:
                 log.warning("key %r registered node %d but already holds node id(s) %s (node_ids = %d): refused",
                             grant.name, req.node_id, sorted(held)[:10], grant.node_ids)
                 raise StripefsError(ErrorCode.ACCESS, f"this key already holds {len(held)} node id(s), its limit: remove one "
                                     "(stripefs node remove) or raise node_ids in the keyring")
-        owner = split_address(self.service.nodes.address(req.node_id))[1] if self.service.nodes else None
-        if owner and owner != grant.public and (isinstance(req, (P.NodeHeartbeatReq, P.ReportBadChunksReq))
-                                                or self.keyring.grant(owner) is not None):
-            log.warning("key %r sent %s for node %d, which key %s registered: refused", grant.name, type(req).__name__,
-                        req.node_id, owner)
-            raise StripefsError(ErrorCode.ACCESS, f"node {req.node_id} is registered with another key")
 
     # -- capabilities (common/capability.py) ----------------------------------------------
 

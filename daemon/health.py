@@ -116,6 +116,7 @@ class NodeRegistry:
         self._timeout = node_timeout_s
         self._suspect = min(node_suspect_s, node_timeout_s) if node_suspect_s is not None else node_timeout_s
         self._nodes: dict[int, _Node] = {}
+        self.registering = threading.Lock()  # held by a registration and the check of its key's rights
         self.on_change: Callable[[int, str, str], None] = lambda node_id, old, new: None
         for row in store.all_nodes():
             node = self._nodes[row["node_id"]] = _Node(

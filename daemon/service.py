@@ -543,10 +543,17 @@ class MetaService:
         return [P.LayoutUsage(redundancy=r, **u) for r, u in sorted(usage.items())]
 
     async def handle_register_node(self, req: P.RegisterNodeReq) -> P.Msg:
+        grant = self.access.grant()
         proven = True  # without CURVE a registration is trusted, as before
         if self.access.keyring is not None:  # data goes only to nodes that answered (daemon/health.py)
             proven = await self._node_answers(req.node_id, req.address)
-        await self._write(self.nodes.register, req, proven=proven)
+
+        def register():
+            with self.nodes.registering:  # other registrations ran meanwhile: the key's rights again, with it
+                self.access.check_registration(grant, req)
+                self.nodes.register(req, proven=proven)
+
+        await self._write(register)
         self._gc_wake.set()
         return P.OkRsp()
 

@@ -14,7 +14,7 @@ import zmq
 
 from stripefs.common import protocol as P
 from stripefs.common import security
-from stripefs.common.errors import ErrorCode
+from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.keyring import load_public
 from stripefs.common.transport import open_socket
 from test_security import ROOT, _code, secure_cluster
@@ -269,24 +269,37 @@ async def test_a_storage_key_holds_a_bounded_number_of_node_ids_and_silent_ones_
         usage = dict(capacity_bytes=1 << 40, free_bytes=1 << 40, used_bytes=0, chunks=0)
 
         def register(node_id):  # an address with its own key, where nothing answers
-            return P.RegisterNodeReq(node_id=node_id, address=security.with_key(f"tcp://127.0.0.1:{9 + node_id}", mine),
+            return P.RegisterNodeReq(node_id=node_id, address=security.with_key("tcp://127.0.0.1:1", mine),
                                      host=f"fake{node_id}", **usage)
 
         async with c.client("node2") as meta:
-            await meta.call(register(2))  # its first id: accepted (and registering it again too)
-            await meta.call(register(2))
-            refused = [await _code(meta.call(register(i))) for i in range(3, 103)]
+            accepted = []
+
+            async def attempt(node_id):  # all at once: each waits for its ping meanwhile
+                try:
+                    await meta.call(register(node_id))
+                    accepted.append(node_id)
+                except StripefsError as exc:
+                    assert exc.code == ErrorCode.ACCESS
+
+            async with trio.open_nursery() as nursery:
+                for node_id in range(2, 22):
+                    nursery.start_soon(attempt, node_id)
+            assert len(accepted) == 1, accepted  # its first id only
+            held = accepted[0]
+            await meta.call(register(held))  # registering it again is fine
+            refused = [await _code(meta.call(register(i))) for i in range(22, 122)]
             assert refused == [ErrorCode.ACCESS] * 100
         async with c.client("admin") as admin:
             nodes = {n.node_id: n for n in (await admin.call(P.StatusReq()))[0].nodes}
-            assert sorted(nodes) == [1, 2]
+            assert sorted(nodes) == [1, held]
             # node 2 never answered: nothing is placed on it, however many files are made
             for i in range(24):
                 opened = (await admin.call(P.CreateReq(parent=ROOT, name=b"f%d" % i, mode=0o100644, uid=0, gid=0, session_id=0)))[0]
                 assert {ref.node_id for ref in opened.nodes} == {1}, opened.nodes
-            await admin.call(P.NodeAdminReq(node_id=2, action="remove"))  # an operator frees its id
+            await admin.call(P.NodeAdminReq(node_id=held, action="remove"))  # an operator frees its id
         _set_node_ids(c, "node2", 2)  # and the keyring may allow more
         async with c.client("node2") as meta:
-            await meta.call(register(3))
-            await meta.call(register(4))
-            assert await _code(meta.call(register(5))) == ErrorCode.ACCESS
+            await meta.call(register(200))
+            await meta.call(register(201))
+            assert await _code(meta.call(register(202))) == ErrorCode.ACCESS
