@@ -216,7 +216,8 @@ class Engine:
             for op, j, off, data in reversed(self.writes):
                 at = data.find(probe)
                 if at >= 0:
-                    return f"misplaced: the bytes op {op} wrote (or truncated away) at f{j} {off + at:#x} (shift {pos - off - at:+#x})"
+                    return (f"misplaced: the bytes op {op} wrote (or truncated away) at f{j} {off + at:#x} "
+                            f"(shift {pos - off - at:+#x})")
             for j, g in enumerate(self.files):
                 at = g.model.find(probe)
                 if at >= 0:
@@ -235,7 +236,8 @@ class Engine:
             wrong = [got[i] for i in bad]
             zeros = all(b == 0 for b in wrong)
             lines.append(f"  first differing byte at {pos:#x} (chunk {pos // self.t.chunk}, {pos % self.t.chunk:#x} into it"
-                         f"{f'; stripe {pos // self.t.stripe}, {pos % self.t.stripe:#x} into it' if self.t.stripe else ''}), last at {off + last:#x}; "
+                         f"{f'; stripe {pos // self.t.stripe}, {pos % self.t.stripe:#x} into it' if self.t.stripe else ''})"
+                         f", last at {off + last:#x}; "
                          f"{len(bad)} bytes differ, the wrong bytes are {'ALL ZEROS' if zeros else 'not all zeros'}"
                          f"{' (' + str(sum(b == 0 for b in wrong)) + ' of them zero)' if not zeros else ''}")
             lines.append(f"  got      {got[first:first + 16].hex(' ')}")
@@ -455,7 +457,8 @@ class Engine:
                 self.counts[kind] += 1
                 self.times[kind] += time.monotonic() - t_op
                 if self.progress and (now := time.monotonic()) - last >= self.progress:
-                    self._print(f"{self.t.label}seed {self.seed}: {self.op + 1}/{ops} ops, {(self.op + 1 - last_op) / (now - last):.0f} ops/s, "
+                    rate = (self.op + 1 - last_op) / (now - last)
+                    self._print(f"{self.t.label}seed {self.seed}: {self.op + 1}/{ops} ops, {rate:.0f} ops/s, "
                                 f"sizes {', '.join(f'{len(g.model) // KiB}K' for g in self.files)}")
                     last, last_op = now, self.op + 1
             if killed:
@@ -534,10 +537,12 @@ def cluster_target(cluster, d: Path, other_mnt: Path, label: str, kill_every: in
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="A failure prints the command line that replays it.")
-    ap.add_argument("--layout", choices=["rep", "ec", "both"], default="both", help="replicas=2 or ec=4+2, both 64K chunks (default both)")
+    ap.add_argument("--layout", choices=["rep", "ec", "both"], default="both",
+                    help="replicas=2 or ec=4+2, both 64K chunks (default both)")
     ap.add_argument("--ops", type=int, default=20000, help="operations per layout and mmap mode (default 20000)")
     ap.add_argument("--seed", type=int, help="the first run's seed, the next runs' count up from it (default: random, printed)")
-    ap.add_argument("--mmap", choices=["on", "off", "both"], default="on", help="mmap reads and writes (default on; both: a run with, then one without)")
+    ap.add_argument("--mmap", choices=["on", "off", "both"], default="on",
+                    help="mmap reads and writes (default on; both: a run with, then one without)")
     ap.add_argument("--no-mmap", dest="mmap", action="store_const", const="off", help="same as --mmap off")
     ap.add_argument("--files", type=int, default=3, help="files per run (default 3)")
     ap.add_argument("--kill-every", type=int, default=0, metavar="N", help="every N operations kill -9 a storage node (a quarter in) "
