@@ -67,7 +67,7 @@ import trio
 import xxhash
 
 from ..common import protocol as p
-from ..common.erasure import StripeCodec, codec, fragment_part
+from ..common.erasure import SLOT_STRIDE, StripeCodec, codec, fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import Extent, parse_redundancy
 from .open_files import DirtyChunk, OpenFile
@@ -450,10 +450,36 @@ class EcPath:
         self._unsynced.pop(ino, None)
 
     async def sync(self, of: OpenFile) -> None:
-        """fsync every fragment written since the last sync, on every node holding one."""
+        """fsync every fragment written since the last sync, on every node holding one.
+
+        A node that fails makes its fragments MISSING in the commit, as a failed write does
+        (reconstructed by the daemon), while each stripe keeps K + ``min_extra`` durable ones;
+        below that the sync fails."""
         pending = self._unsynced.pop(of.ino, None)
         if not pending:
             return
-        async with trio.open_nursery() as nursery:
-            for node, chunks in pending.items():
-                nursery.start_soon(self.data.nodes.sync, node, sorted(chunks, key=lambda ch: (ch.index, ch.part)))
+        by_node = {node: sorted(chunks, key=lambda ch: (ch.index, ch.part)) for node, chunks in pending.items()}
+        failed = await self.data.sync_nodes(by_node)
+        if not failed:
+            return
+        c = layout_codec(of.layout)
+        need = min(c.n, c.k + max(0, self.min_extra))
+        lost: dict[int, set[int]] = defaultdict(set)  # stripe index -> fragments not durable
+        for node, error in failed.items():
+            for chunk in pending[node]:
+                lost[chunk.index].add(chunk.part % SLOT_STRIDE)
+        for index, parts in sorted(lost.items()):
+            ref = of.uncommitted.get(index) or of.chunks.get(index)
+            durable = sum(1 for j, n in enumerate(ref.nodes) if n != MISSING and j not in parts) if ref else 0
+            if durable < need:
+                error = next(iter(failed.values()))
+                raise StripefsError(
+                    ErrorCode.UNAVAILABLE,
+                    f"stripe {of.ino}:{index}: only {durable} of {c.n} fragments are durable, {need} needed: {error.message}",
+                )
+            log.warning(
+                "stripe %d:%d: fragment(s) %s not durable (%s); committed with %d of %d, the daemon reconstructs the rest",
+                of.ino, index, sorted(parts), "; ".join(f"node {n}: {e}" for n, e in failed.items()), durable, c.n,
+            )
+            if index in of.uncommitted:
+                of.record(p.ChunkRef(index=index, version=ref.version, nodes=[MISSING if j in parts else n for j, n in enumerate(ref.nodes)]))

@@ -579,17 +579,49 @@ class DataPath:
             raise StripefsError(ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota kept {kept} of {wanted} bytes")
 
     async def _sync(self, of: OpenFile) -> None:
-        """fsync, on its nodes, every chunk written since the last sync."""
+        """fsync, on their nodes, the chunks written since the last sync.
+
+        A node that fails (it died after taking the write) loses its copies from the commit, as
+        if the write to it had failed: the chunk is durable on its other replicas, and the daemon
+        restores the copy count (daemon/repair.py). A chunk left with no durable copy fails."""
         await self.ec.sync(of)
-        if of.unsynced:
-            by_node: dict[int, list[p.ChunkId]] = {}
-            for index, nodes in of.unsynced.items():
-                for node_id in nodes:
-                    by_node.setdefault(node_id, []).append(p.ChunkId(of.ino, index))
-            async with trio.open_nursery() as nursery:
-                for node_id, chunks in by_node.items():
-                    nursery.start_soon(self.nodes.sync, node_id, chunks)
-            of.unsynced.clear()
+        if not of.unsynced:
+            return
+        by_node: dict[int, list[p.ChunkId]] = {}
+        for index, nodes in of.unsynced.items():
+            for node_id in nodes:
+                by_node.setdefault(node_id, []).append(p.ChunkId(of.ino, index))
+        failed = await self.sync_nodes(by_node)
+        synced = {index: [n for n in nodes if n not in failed] for index, nodes in of.unsynced.items()}
+        lost = sorted(index for index, nodes in synced.items() if not nodes)
+        if lost:
+            first = failed[of.unsynced[lost[0]][0]]
+            raise StripefsError(first.code, f"chunk {of.ino}:{lost[0]}: no replica could make it durable: {first.message}")
+        for index, nodes in synced.items():
+            ref = of.uncommitted.get(index)
+            if ref is not None and len(nodes) < len(of.unsynced[index]):
+                log.warning(
+                    "chunk %d:%d: not durable on node(s) %s (%s); committed with its %d other copies, the daemon restores the rest",
+                    of.ino, index, sorted(set(of.unsynced[index]) - set(nodes)),
+                    "; ".join(str(failed[n]) for n in set(of.unsynced[index]) - set(nodes)), len(nodes),
+                )
+                of.record(p.ChunkRef(index=index, version=ref.version, nodes=[n for n in ref.nodes if n not in failed]))
+        of.unsynced.clear()
+
+    async def sync_nodes(self, by_node: dict[int, list[p.ChunkId]]) -> dict[int, StripefsError]:
+        """SyncChunksReq to each node, at once; the nodes that failed, with their errors."""
+        failed: dict[int, StripefsError] = {}
+
+        async def one(node_id: int, chunks: list[p.ChunkId]) -> None:
+            try:
+                await self.nodes.sync(node_id, chunks)
+            except StripefsError as exc:
+                failed[node_id] = exc
+
+        async with trio.open_nursery() as nursery:
+            for node_id, chunks in by_node.items():
+                nursery.start_soon(one, node_id, chunks)
+        return failed
 
     async def _commit(self, of: OpenFile) -> tuple[int, int]:
         """Commit the session's chunk versions and size (other mounts see them from now on);

@@ -218,3 +218,30 @@ async def test_a_stripe_written_after_a_truncate_in_the_same_session_is_not_lost
         await rig.data.flush(of)
         want = b"a" * (CS + 10) + b"b" * 10 + b"a" * 80
         assert await rig.committed(of) == (CS + 100, want), i
+
+
+@pytest.mark.parametrize("layout", ["replicas=2", "ec=2+1"])
+async def test_fsync_after_a_node_died_keeps_the_write_on_the_other_copies(rig, layout):
+    """The node holding one copy (one fragment) dies between the write and the fsync: the fsync
+    succeeds with the copies that are durable, and the commit leaves that copy to repair."""
+    d = (await rig.meta.call(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0))).attr.ino
+    await rig.meta.call(P.SetLayoutReq(ino=d, redundancy=layout))
+    rig.data.ec.min_extra = 0  # ec=2+1 on three nodes: K fragments are enough here
+    of = await rig.create(b"f", parent=d)
+    data = bytes(range(256)) * (CS // 256) + b"tail"
+    await rig.data.write(of, 0, data)
+    await rig.data.flush(of)  # sent, committed, not yet durable
+    await rig.data.write(of, 5, b"again")  # a second session, on the same nodes
+    await rig.data.flush(of)
+    await rig.data.write(of, 10, b"third")
+    assert await rig.data.read(of, 10, 5) == b"third"  # sent (a read sends what it covers), not committed
+    victim = of.chunks[0].nodes[0]
+    rig.stop_node(victim)  # the victim dies between the write and the fsync
+    await rig.data.flush(of, sync=True)
+    assert victim not in of.chunks[0].nodes  # committed without it: repair restores the copy
+    want = bytearray(data)
+    want[5:10], want[10:15] = b"again", b"third"
+    for node_id in list(rig.nodes):
+        if rig.nodes[node_id][2] is None:
+            await rig.start_node(node_id)
+    assert await rig.committed(of) == (len(want), bytes(want))
