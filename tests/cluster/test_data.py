@@ -64,7 +64,6 @@ def test_thousands_of_small_files(mnt):
     # (one writer at a time leaves them waiting on each other: about 35% longer)
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda name: (mnt / name).write_bytes(contents[name]), contents))
-    del contents
     drop_caches()
     for name, digest in sums.items():
         assert hashlib.sha256((mnt / name).read_bytes()).hexdigest() == digest, name
