@@ -32,8 +32,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from stripefs.common import config as cfg
 from stripefs.local_cluster import LocalCluster, _alive, _is_mounted
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,6 +58,12 @@ def drop_caches() -> None:
             f.write("3\n")
     except OSError as exc:
         raise AssertionError(f"cannot drop the kernel's caches, so this read would not be cold: {exc}") from exc
+
+
+def client_config(path: Path, **settings) -> Path:
+    """A mount's config file (for ``-o config=PATH``): the defaults, with ``settings`` put in."""
+    path.write_text(cfg.dumps(msgspec.structs.replace(cfg.ClientConfig(), **settings)))
+    return path
 
 
 BAD_LOG_LINE = re.compile(r" (ERROR|CRITICAL) |Traceback")

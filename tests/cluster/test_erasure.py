@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from conftest import Cluster, cluster_root, drop_caches, run_cli, run_cluster
+from conftest import Cluster, client_config, cluster_root, drop_caches, run_cli, run_cluster
 from stripefs.common import config as cfg
 
 MiB = 1 << 20
@@ -37,8 +37,7 @@ def ec(request):
     c.state.mkdir(parents=True)
     # the mount's: a fragment sent to a killed node is given up after 4 s (default 10 s), then the
     # stripe counts the fragments that were stored (test_degraded_writes waits this out twice)
-    client_toml = c.state / "client.toml"
-    client_toml.write_text(cfg.dumps(msgspec.structs.replace(cfg.ClientConfig(), rpc_timeout_s=4.0)))
+    client_toml = client_config(c.state / "client.toml", rpc_timeout_s=4.0)
     c.local._create(c.mnt.absolute(), 6, ["allow_other", f"config={client_toml}"])
     meta_toml = c.state / "meta" / "metad.toml"
     meta = cfg.load(meta_toml, cfg.MetaConfig)

@@ -23,14 +23,12 @@ import threading
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from stripefs.common import config as cfg
 from stripefs.common.keyring import load_public, write_keypair
 from stripefs.common.security import with_key
 
-from conftest import Cluster, _wait_dead, cluster_root, drop_caches, run_cli, run_cluster, sh, veth_namespace
+from conftest import Cluster, _wait_dead, client_config, cluster_root, drop_caches, run_cli, run_cluster, sh, veth_namespace
 
 _libc = ctypes.CDLL(None, use_errno=True)
 KiB, MiB = 1 << 10, 1 << 20
@@ -60,8 +58,7 @@ class HealCluster(Cluster):
     def up(self) -> None:
         # the mount's config: short timeouts here too, a request to a killed node is given up after 4 s
         # (default 10 s; test_node_killed_under_a_write_and_a_read_stream waits it out)
-        client_toml = self.root / "client.toml"
-        client_toml.write_text(cfg.dumps(msgspec.structs.replace(cfg.ClientConfig(), rpc_timeout_s=4.0)))
+        client_toml = client_config(self.root / "client.toml", rpc_timeout_s=4.0)
         # --secure: the daemon listens beyond loopback (for the partition test), which needs CURVE
         args = ["local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other",
                 "-o", f"config={client_toml}", "--secure"]

@@ -17,11 +17,9 @@ import signal
 import threading
 import time
 
-import msgspec
 import pytest
-from conftest import _wait_dead, run_cli
+from conftest import _wait_dead, client_config, run_cli
 
-from stripefs.common import config as cfg
 from stripefs.common.protocol import EVENTS_SILENCE_S
 
 #: how long duties may take to move (lease 3 s + one renewal), with slack for a busy 2-core machine
@@ -101,8 +99,7 @@ def test_kill9_of_a_daemon_during_a_create_and_rename_storm(pg_cluster):
     first, second = pg_cluster.local.meta_addresses
     # two mounts, each talking to one daemon first and failing over to the other: after 4 s without a
     # reply (their config's rpc_timeout_s; the default 10 s only made storm-1's writers wait longer)
-    config = pg_cluster.root / "storm-client.toml"
-    config.write_text(cfg.dumps(msgspec.structs.replace(cfg.ClientConfig(), rpc_timeout_s=4.0)))
+    config = client_config(pg_cluster.root / "storm-client.toml", rpc_timeout_s=4.0)
     mounts = [pg_cluster.mount_again("storm-1", f"config={config}", meta=f"{first},{second}"),
               pg_cluster.mount_again("storm-2", f"config={config}", meta=f"{second},{first}")]
     pg_cluster.expect_log(r"metadata daemon .* (got no reply|is unreachable)")
