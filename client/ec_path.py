@@ -67,7 +67,7 @@ import trio
 import xxhash
 
 from ..common import protocol as p
-from ..common.erasure import SLOT_STRIDE, StripeCodec, codec, fragment_part
+from ..common.erasure import StripeCodec, codec, fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import Extent, parse_redundancy
 from .open_files import DirtyChunk, OpenFile
@@ -464,13 +464,15 @@ class EcPath:
             return
         c = layout_codec(of.layout)
         need = min(c.n, c.k + max(0, self.min_extra))
-        lost: dict[int, set[int]] = defaultdict(set)  # stripe index -> fragments not durable
-        for node, error in failed.items():
-            for chunk in pending[node]:
-                lost[chunk.index].add(chunk.part % SLOT_STRIDE)
-        for index, parts in sorted(lost.items()):
+        stripes = sorted({chunk.index for node in failed for chunk in pending[node]})
+        for index in stripes:
             ref = of.uncommitted.get(index) or of.chunks.get(index)
-            durable = sum(1 for j, n in enumerate(ref.nodes) if n != MISSING and j not in parts) if ref else 0
+            if ref is None:
+                continue
+            parts = {j for j, n in enumerate(ref.nodes) if n in failed}  # the version to commit: older ones do not matter
+            if not parts:
+                continue
+            durable = sum(1 for n in ref.nodes if n != MISSING and n not in failed)
             if durable < need:
                 error = next(iter(failed.values()))
                 raise StripefsError(
