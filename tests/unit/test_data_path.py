@@ -9,7 +9,6 @@ failed send, which must never let a length be committed without its data.
 
 from __future__ import annotations
 
-import socket
 from contextlib import AsyncExitStack
 
 import pytest
@@ -28,15 +27,10 @@ from stripefs.common.errors import StripefsError
 from stripefs.storage_node.chunk_store import ChunkStore
 from stripefs.storage_node.service import StorageService
 from test_meta_service import ROOT, Daemon
+from test_meta_service import _free_address as _addr
 
 CS = 64 << 10
 PAGE = 4096
-
-
-def _addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 class Rig:
