@@ -78,7 +78,9 @@ FUZZ_EXAMPLES ?= 20000
 FUZZ_DATAPATH_OPS ?= 500000
 FUZZ_DATAPATH_KILL_EVERY ?= 50000
 fuzz: install
-	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/cluster/test_fuzz.py tests/unit/test_feed_fuzz.py
+	@# two runs: each tier's tests import their own conftest by that name
+	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/cluster/test_fuzz.py
+	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/unit/test_feed_fuzz.py
 	$(PY) tests/datapath_model.py --layout both --parallel --mmap both --ops $(FUZZ_DATAPATH_OPS) \
 		--kill-every $(FUZZ_DATAPATH_KILL_EVERY) --progress 60
 
