@@ -144,7 +144,8 @@ class Duties:
             if row is not None:
                 self.apply(row, started)
             self.expire(time.monotonic())
-            await trio.sleep_until(started + self.renew_s)
+            # time.monotonic() is not trio's clock (offset at random): wait what is left of the period
+            await trio.sleep(max(0.0, started + self.renew_s - time.monotonic()))
 
     async def run_while_leading(self, tasks: list[tuple[Callable[[], Awaitable[None]], str]]) -> None:
         """Run ``tasks`` during every term this daemon leads; they are cancelled when it stops."""

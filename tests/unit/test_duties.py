@@ -139,3 +139,20 @@ def test_a_drain_made_through_another_daemon_is_adopted(tmp_path):
     assert b.state(3) == "up"
     a_store.close()
     b_store.close()
+
+
+async def test_renewals_come_once_a_period_not_in_a_busy_loop():
+    """The renew loop waited on time.monotonic()'s deadline with trio's clock, whose origin is
+    random: the deadline was always past and an idle daemon renewed ~800 times a second."""
+    from stripefs.daemon.duties import Duties
+
+    calls = []
+
+    async def take(lease, holder, now_ns, ttl_ns):
+        calls.append(now_ns)
+        return holder, now_ns + ttl_ns, 1
+
+    duties = Duties("a", shared=True, ttl_s=1.0, renew_s=0.2)
+    with trio.move_on_after(0.5):
+        await duties._renew_forever(take)
+    assert 2 <= len(calls) <= 4, len(calls)
