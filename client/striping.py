@@ -107,20 +107,23 @@ class DataPath:
 
     async def read(self, of: OpenFile, offset: int, length: int, stream: ReadStream | None = None) -> bytes | memoryview:
         """Bytes [offset, offset+length) of the file; ``stream``: the handle's read-ahead state."""
-        if of.dirty or of.inflight or of.write_error:
-            # our own bytes not yet on storage: send them (uncommitted versions are readable)
-            first, last = offset // of.chunk_size, (offset + max(length, 1) - 1) // of.chunk_size
-            for index in [i for i in of.dirty if first <= i <= last]:
-                if index in of.dirty and of.write_error is None:
-                    try:
-                        await self._send(of, of.take(index))
-                    except StripefsError:
-                        pass  # the session failed: it is discarded below, the read sees what is committed
-            await self._settle(of)
-        end = min(offset + length, of.size)  # after the settle: a discarded session's size is gone
+        end = min(offset + length, of.size)
         if end <= offset:
             return b""
         extents = list(chunk_extents(offset, end - offset, of.chunk_size))
+        if of.dirty or of.inflight or of.write_error:
+            # our own bytes not yet on storage: send them (uncommitted versions are readable)
+            for ext in extents:
+                if ext.index in of.dirty and of.write_error is None:
+                    try:
+                        await self._send(of, of.take(ext.index))
+                    except StripefsError:
+                        pass  # the session failed: it is discarded below, the read sees what is committed
+            await self._settle(of)
+            end = min(offset + length, of.size)
+            if end <= offset:
+                return b""
+            extents = list(chunk_extents(offset, end - offset, of.chunk_size))
         ahead = stream.advance(offset, end, of.chunk_size, self.readahead_chunks) if stream is not None else 0
         if is_ec(of.layout):
             return await self.ec.read(of, extents, ahead)
@@ -433,16 +436,16 @@ class DataPath:
             self.on_discard(of.ino)
 
     async def _send_in_background(self, of: OpenFile, dc: DirtyChunk) -> None:
-        if of.write_slots is None:
-            of.write_slots = trio.Semaphore(self.write_parallelism)
-        held: list[trio.Semaphore] = []
         try:
-            for slots in (of.write_slots, self.write_slots):  # at most N chunks in flight per file, M per mount
-                await slots.acquire()
-                held.append(slots)
+            if of.write_slots is None:
+                of.write_slots = trio.Semaphore(self.write_parallelism)
+            await of.write_slots.acquire()  # backpressure: at most N chunks in flight per file
+            try:
+                await self.write_slots.acquire()  # ... and at most M for the whole mount
+            except BaseException:
+                of.write_slots.release()
+                raise
         except BaseException as exc:  # the deadline passed while waiting: this range is not stored
-            for slots in held:
-                slots.release()
             self._fail(of, exc)
             of.sent(dc)
             raise
