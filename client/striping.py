@@ -474,9 +474,15 @@ class DataPath:
             rsp = await self.meta.call(p.AllocChunksReq(ino=of.ino, indices=indices))
             self.nodes.learn(rsp.nodes)
             for c in rsp.chunks:
-                of.chunks[c.index] = c
-            of.placed_ahead.update(indices[1:])  # released by flush if not written (_release_unused)
-            ref = of.chunks[index]
+                # only where the file still has no placement: a chunk placed ahead here may have
+                # been placed, written and recorded by another send during the round trip, and
+                # its bare placement would hide that version from reads (a hole) until the commit
+                now = of.uncommitted.get(c.index) or of.chunks.get(c.index)
+                if now is None or not now.nodes:
+                    of.chunks[c.index] = c
+                    if c.index != index:
+                        of.placed_ahead.add(c.index)  # released by flush if not written (_release_unused)
+            ref = of.uncommitted.get(index) or of.chunks[index]
         return ref
 
     async def _send_chunk(self, of: OpenFile, dc: DirtyChunk, *, sync: bool = False) -> None:

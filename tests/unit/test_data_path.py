@@ -215,6 +215,41 @@ async def test_a_stripe_written_after_a_truncate_in_the_same_session_is_not_lost
 
 
 @pytest.mark.parametrize("layout", ["replicas=2", "ec=2+1"])
+async def test_a_placement_made_ahead_never_hides_a_version_written_meanwhile(rig, layout):
+    """Placing chunk 1 also places chunk 2 ahead (alloc_indices). When chunk 2 is written and
+    recorded while that reply is still on its way, the late reply must not put chunk 2 back to
+    its bare placement: reads would return a hole (zeros) where the data was, until the commit."""
+    d = (await rig.meta.call(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0))).attr.ino
+    await rig.meta.call(P.SetLayoutReq(ino=d, redundancy=layout))
+    rig.data.ec.min_extra = 0
+    of = await rig.create(b"f", parent=d)
+    await rig.data.write(of, 0, b"a" * CS)
+    await rig.data.flush(of)  # chunk 0 placed: placing chunk 1 places chunk 2 too
+    real_call, held, recorded = rig.meta.call, trio.Event(), trio.Event()
+
+    async def slow_alloc(req, **kw):
+        if isinstance(req, P.AllocChunksReq) and req.indices[:2] == [1, 2]:
+            held.set()
+            rsp = await real_call(req, **kw)
+            await recorded.wait()  # the reply arrives after chunk 2 was written
+            return rsp
+        return await real_call(req, **kw)
+
+    rig.meta.call = slow_alloc
+    await rig.data.write(of, CS + 10, b"b" * 10)
+    await rig.data.write(of, 2 * CS + 10, b"c" * 10)
+    async with trio.open_nursery() as senders:
+        senders.start_soon(rig.data._send, of, of.take(1))
+        await held.wait()
+        await rig.data._send(of, of.take(2))
+        recorded.set()
+    assert await rig.data.read(of, 2 * CS + 10, 10) == b"c" * 10
+    await rig.data.flush(of)
+    want = b"a" * CS + bytes(10) + b"b" * 10 + bytes(CS - 20) + bytes(10) + b"c" * 10
+    assert await rig.committed(of) == (len(want), want)
+
+
+@pytest.mark.parametrize("layout", ["replicas=2", "ec=2+1"])
 async def test_fsync_after_a_node_died_keeps_the_write_on_the_other_copies(rig, layout):
     """The node holding one copy (one fragment) dies between the write and the fsync: the fsync
     succeeds with the copies that are durable, and the commit leaves that copy to repair."""
