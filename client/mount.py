@@ -28,6 +28,7 @@ import pyfuse3
 import trio
 import zmq
 
+from ..common.arguments import ArgumentParser
 from ..common import config as cfg
 from ..common.errors import QuietError, StripefsError
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
@@ -49,11 +50,11 @@ from .striping import DataPath
 log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
-_OWN_OPTIONS = {"config", "dataset", "cache_dir", "metrics", "key", "subdir", "root_squash", "op_timeout"}
+_OWN_OPTIONS = {"config", "dataset", "disk_cache_dir", "metrics", "key", "subdir", "root_squash", "op_timeout", "nonempty"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="stripefs mount",
         description=(
             "Mount a stripefs cluster. Returns once the mount answers; the client keeps running in the "
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: stripefs mount tcp://meta1:7100 /mnt/data -o allow_other",
     )
     parser.add_argument("meta", metavar="META_ADDR", help="metadata daemon address(es): tcp://HOST:PORT[,tcp://HOST:PORT...]")
-    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory")
+    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing, empty directory (-o nonempty: or one with files, hidden while mounted)")
     parser.add_argument(
         "-o",
         dest="options",
@@ -73,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "mount options: FUSE's (allow_other, ...) pass through; config=PATH reads client.toml; "
             "dataset: read-only dataset mode (warm opens are answered by the kernel; "
-            "changes made elsewhere show within seconds); cache_dir=DIR: keep chunk data on a local disk too; "
+            "changes made elsewhere show within seconds); disk_cache_dir=DIR: keep chunk data on a local disk too "
+            "(client.toml's key of that name); nonempty: mount over a directory that has files (hidden meanwhile); "
             "metrics=HOST:PORT: serve Prometheus metrics there; key=NAME.key_secret: this mount's CURVE key "
             "(META_ADDR then names the daemon's key: tcp://HOST:PORT?key=Z85); subdir=/DIR: show only that "
             "directory of the cluster; root_squash: root's new files and chowns become nobody's; "
@@ -99,6 +101,8 @@ def _split_options(raw: list[str]) -> tuple[set[str], dict[str, str]]:
     for group in raw:
         for opt in filter(None, group.split(",")):
             key, _, value = opt.partition("=")
+            if key == "cache_dir":  # the name this option had: a mount must not start without the cache asked for
+                raise QuietError("-o cache_dir is called disk_cache_dir, as in client.toml: -o disk_cache_dir=DIR")
             if key in _OWN_OPTIONS:
                 own[key] = value
             elif key in ("rw", "defaults", "_netdev", "auto", "noauto", "user", "nouser", "nofail"):
@@ -115,8 +119,8 @@ def main(argv: list[str]) -> int:
     client_cfg = cfg.load(config_path, cfg.ClientConfig) if config_path else cfg.ClientConfig()
     if "dataset" in own:
         client_cfg = msgspec.structs.replace(client_cfg, dataset=True)
-    if own.get("cache_dir"):
-        client_cfg = msgspec.structs.replace(client_cfg, disk_cache_dir=own["cache_dir"])
+    if own.get("disk_cache_dir"):
+        client_cfg = msgspec.structs.replace(client_cfg, disk_cache_dir=own["disk_cache_dir"])
     if client_cfg.disk_cache_dir and not Path(client_cfg.disk_cache_dir).is_dir():
         raise QuietError(f"disk cache directory {client_cfg.disk_cache_dir} does not exist; create it first")
     if "metrics" in own:  # -o metrics=HOST:PORT overrides the config's
@@ -145,10 +149,7 @@ def main(argv: list[str]) -> int:
         if split_address(a)[1] and not client_cfg.curve_key and identity_of(None) is None:
             raise QuietError(f"{a} names a CURVE server key: give this mount its own key (-o key=NAME.key_secret)")
     mountpoint = Path(args.mountpoint).absolute()
-    if not mountpoint.is_dir():
-        raise QuietError(f"mountpoint {mountpoint} is not a directory; create it first (mkdir -p {mountpoint})")
-    if os.path.ismount(mountpoint):
-        raise QuietError(f"{mountpoint} is already a mount point; unmount it first (fusermount3 -u {mountpoint})")
+    _check_mountpoint(mountpoint, nonempty="nonempty" in own)
 
     if args.foreground:
         setup_logging("mount", debug=debug_setting(args.debug))
@@ -192,6 +193,7 @@ def main(argv: list[str]) -> int:
     try:
         code = _serve(addresses, mountpoint, fuse_opts, client_cfg, ready_fd=write_fd)
     except QuietError as exc:
+        log.error("mount failed: %s", exc)  # the log the parent's error points to says why
         _report(write_fd, str(exc))
         code = exc.exitcode
     except BaseException as exc:
@@ -199,6 +201,24 @@ def main(argv: list[str]) -> int:
         _report(write_fd, f"{type(exc).__name__}: {exc}")
         code = 3
     os._exit(code)
+
+
+def _check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
+    """An existing directory, not mounted on, empty unless ``nonempty`` (as other FUSE file systems ask)."""
+    if not mountpoint.exists() and not mountpoint.is_symlink():
+        raise QuietError(f"mountpoint {mountpoint} does not exist; create it first (mkdir -p {mountpoint})")
+    if not mountpoint.is_dir():
+        raise QuietError(f"mountpoint {mountpoint} is not a directory; mount on a directory (an empty one)")
+    if os.path.ismount(mountpoint):
+        raise QuietError(f"{mountpoint} is already a mount point; unmount it first (fusermount3 -u {mountpoint})")
+    if not nonempty:
+        try:
+            entries = len(os.listdir(mountpoint))
+        except OSError as exc:
+            raise QuietError(f"mountpoint {mountpoint}: {exc.strerror}") from None
+        if entries:
+            raise QuietError(f"mountpoint {mountpoint} is not empty ({entries} entries, hidden while mounted); "
+                             "use an empty directory, or -o nonempty to mount over them")
 
 
 def _report(fd: int | None, message: str) -> None:

@@ -141,7 +141,7 @@ class ClientConfig(_Config):
     dataset: bool = False  # read-only dataset mode (also -o dataset): see client/operations.py
     prefetch_parallel: int = 16  # files fetched at once by sampler-order prefetch
     max_background: int = 64  # FUSE requests the kernel keeps in flight (fusectl); the kernel default is 12
-    disk_cache_dir: str = ""  # a local disk cache of chunk data (e.g. on NVMe); empty: none (also -o cache_dir=)
+    disk_cache_dir: str = ""  # a local disk cache of chunk data (e.g. on NVMe); empty: none (also -o disk_cache_dir=)
     disk_cache_size: Size = Size(64 << 30)  # most bytes the disk cache holds
     disk_cache_min_free: Size = Size(4 << 30)  # the disk cache stops growing when its file system has less free
     shm_dir: str = "/dev/shm"  # where prefetched files wait for stripefs.torch readers; empty: nowhere

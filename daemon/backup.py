@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..common.arguments import ArgumentParser
 from ..common.config import MetaConfig, load
 from ..common.errors import QuietError
 from .db import DB_NAME, SCHEMA_VERSION, lock_database
@@ -52,13 +53,13 @@ Copy the metadata database (namespace, layouts, chunk maps) to FILE while the
 daemon serves (backup), or replace the database with such a copy while the
 daemon is stopped (restore). Chunk data is not copied: it stays on the storage
 nodes. Run on the metadata daemon's machine. The database is found from the
-daemon's config (--config, default /etc/stripefs/metad.toml) or from a local
-cluster's state directory (--dir).
+daemon's config (--config; without it /etc/stripefs/metad.toml, else the local
+cluster in ./.stripefs) or from a local cluster's state directory (--dir).
 """
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stripefs meta", description=_DESCRIPTION)
+    parser = ArgumentParser(prog="stripefs meta", description=_DESCRIPTION)  # "stripefs meta backup|restore ..." only
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     backup = sub.add_parser("backup", help="copy the live database to FILE (online, consistent)", description=_DESCRIPTION)
     restore = sub.add_parser(
@@ -67,14 +68,33 @@ def _parser() -> argparse.ArgumentParser:
     for p in (backup, restore):
         p.add_argument("file", metavar="FILE", help="the backup file")
         where = p.add_mutually_exclusive_group()
-        where.add_argument("--config", default=None, help="the daemon's config (default: /etc/stripefs/metad.toml)")
+        where.add_argument("--config", default=None, help="the daemon's config (default: /etc/stripefs/metad.toml, else ./.stripefs/meta/metad.toml)")
         where.add_argument("--dir", help="state directory of a local cluster (stripefs local up --dir)")
     backup.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     return parser
 
 
+#: where the config is looked for without --config or --dir, in this order: a systemd install, then
+#: the local cluster ``stripefs local up`` (and ``make run``) starts by default
+SYSTEM_CONFIG = Path("/etc/stripefs/metad.toml")
+LOCAL_STATE = Path(".stripefs")
+
+
+def config_path(config: str | None, state: str | None) -> Path:
+    """The daemon's config: --config, --dir STATE's, else /etc/stripefs/metad.toml or ./.stripefs's."""
+    if state:
+        return Path(state) / "meta" / "metad.toml"
+    if config:
+        return Path(config)
+    for candidate in (SYSTEM_CONFIG, LOCAL_STATE / "meta" / "metad.toml"):
+        if candidate.exists():
+            return candidate
+    raise QuietError(f"cannot find the metadata daemon's config (neither {SYSTEM_CONFIG} nor "
+                     f"./{LOCAL_STATE}/meta/metad.toml exists): give --config metad.toml, or --dir STATE of a local cluster")
+
+
 def _database(args) -> Path:
-    config = Path(args.dir) / "meta" / "metad.toml" if args.dir else Path(args.config or "/etc/stripefs/metad.toml")
+    config = config_path(args.config, args.dir)
     meta = load(config, MetaConfig)
     if meta.store == "postgresql":
         raise QuietError(

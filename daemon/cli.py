@@ -17,6 +17,7 @@ from pathlib import Path
 import trio
 import zmq
 
+from ..common.arguments import ArgumentParser
 from ..common.keyring import server_keyring
 from ..common import metrics
 from ..common.config import MetaConfig, load
@@ -40,11 +41,16 @@ with `store = "postgresql"` and a `dsn`, a PostgreSQL database that several
 daemons serve at once (docs/postgresql.md). Bulk data never flows through it.
 
 Write a config with `stripefs config example meta > metad.toml`.
+
+Also:
+  stripefs meta backup FILE [--config PATH | --dir STATE]    online copy of the metadata database
+  stripefs meta restore FILE [--config PATH | --dir STATE]   put a copy back (the daemon stopped)
+(`stripefs meta backup --help`; docs/operations.md, "Metadata backup and restore")
 """
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="stripefs meta", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", required=True, metavar="PATH", help="the daemon's TOML config (metad.toml)")

@@ -16,6 +16,7 @@ from pathlib import Path
 import trio
 import zmq
 
+from stripefs.common.arguments import ArgumentParser
 from stripefs.common.keyring import server_keyring
 from stripefs.common import metrics
 from stripefs.common.config import StorageConfig, load
@@ -39,7 +40,7 @@ template unit stripefs-storage@.service. Print a commented config with
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stripefs storage", description=_DESCRIPTION)
+    parser = ArgumentParser(prog="stripefs storage", description=_DESCRIPTION)
     parser.add_argument("--config", required=True, metavar="FILE", help="the node's TOML config (storage.toml)")
     add_debug_argument(parser, "stripefs.storage_node.chunk_store")
     return parser

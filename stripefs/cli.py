@@ -37,6 +37,7 @@ from pathlib import Path
 import trio
 import zmq
 
+from .common.arguments import ArgumentParser
 from .common import config as cfg
 from .common import protocol as p
 from .common.errors import ErrorCode, QuietError, StripefsError
@@ -74,10 +75,14 @@ def _mount_of(path: Path) -> tuple[str, Path] | None:
 
 
 def _meta_addresses(args, path: str | None = None) -> list[str]:
+    """The cluster's metadata addresses: from PATH's mount when a path is given (a path outside any
+    stripefs mount is an error, never silently the local cluster), else --meta, $STRIPEFS_META, --dir."""
     if path:
         found = _mount_of(Path(path))
-        if found:
-            return [a for a in found[0].replace(";", ",").split(",") if a]
+        if not found:
+            raise QuietError(f"{path} is not inside a stripefs mount; give a path inside one, or no path "
+                             "(then --meta ADDR, $STRIPEFS_META or a local cluster's --dir finds the cluster)")
+        return [a for a in found[0].replace(";", ",").split(",") if a]
     spec = getattr(args, "meta", None) or os.environ.get("STRIPEFS_META")
     if not spec:
         state = Path(getattr(args, "dir", None) or DEFAULT_STATE)
@@ -92,6 +97,12 @@ def _meta_addresses(args, path: str | None = None) -> list[str]:
             "set $STRIPEFS_META, or --dir STATE of a local cluster"
         )
     return [a.strip() for a in spec.split(",") if a.strip()]
+
+
+def _names_cluster(args) -> bool:
+    """Whether the command line names a cluster (--meta, $STRIPEFS_META, --dir): then a path outside
+    every mount is a path in that cluster's namespace."""
+    return bool(getattr(args, "meta", None) or os.environ.get("STRIPEFS_META") or getattr(args, "dir", None))
 
 
 def _rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
@@ -138,21 +149,35 @@ def _print_names_as_bytes() -> None:
 
 
 def _resolve(args, path: str) -> tuple[list[str], int]:
-    """Metadata addresses and inode of PATH (inside a mount, or a namespace path with --meta)."""
+    """Metadata addresses and inode of PATH (inside a mount, or a namespace path with --meta or --dir)."""
+    return _resolve_attr(args, path)[:2]
+
+
+def _resolve_attr(args, path: str) -> tuple[list[str], int, int]:
+    """Metadata addresses, inode and mode of PATH (inside a mount, or a namespace path with --meta or --dir)."""
     if len(os.fsencode(path)) >= p.PATH_MAX:
         raise QuietError(f"{path[:80]}...: {os.strerror(errno.ENAMETOOLONG)} ({len(os.fsencode(path))} bytes; at most {p.PATH_MAX - 1})")
     found = _mount_of(Path(path))
     if found:
         try:
-            return [a for a in found[0].replace(";", ",").split(",") if a], os.stat(path).st_ino
+            st = os.stat(path)
         except OSError as exc:
             raise QuietError(f"{path}: {exc.strerror}") from None
+        return [a for a in found[0].replace(";", ",").split(",") if a], st.st_ino, st.st_mode
+    if not _names_cluster(args):
+        raise QuietError(f"{path} is not inside a stripefs mount; give a path inside one (or, with --meta ADDR "
+                         "or --dir STATE, a path in the cluster's namespace such as /dataset)")
     addresses = _meta_addresses(args)
-    ino = 1
+    ino, mode = 1, 0o40755
     for part in [x for x in path.split("/") if x]:
-        (rsp,) = _rpc(addresses, p.LookupReq(parent=ino, name=os.fsencode(part)))
-        ino = rsp.attr.ino
-    return addresses, ino
+        try:
+            (rsp,) = _rpc(addresses, p.LookupReq(parent=ino, name=os.fsencode(part)))
+        except QuietError as exc:
+            if exc.exitcode != 3:
+                raise
+            raise QuietError(f"{path}: no such file or directory in the cluster's namespace ({part!r} not found)", 3) from None
+        ino, mode = rsp.attr.ino, rsp.attr.mode
+    return addresses, ino, mode
 
 
 # ----------------------------------------------------------------------- commands
@@ -161,6 +186,11 @@ def _resolve(args, path: str) -> tuple[list[str], int]:
 def cmd_layout(args) -> int:
     if args.action == "convert":
         return cmd_layout_convert(args)
+    if args.action == "set":
+        try:
+            chunk_size = parse_size(args.chunk_size) if args.chunk_size else None
+        except ValueError as exc:
+            raise QuietError(f"--chunk-size: {exc}") from None
     addresses, ino = _resolve(args, args.path)
     if args.action == "set":
         redundancy = None
@@ -175,7 +205,7 @@ def cmd_layout(args) -> int:
                 raise QuietError(exc.message) from None
         req = p.SetLayoutReq(
             ino=ino,
-            chunk_size=parse_size(args.chunk_size) if args.chunk_size else None,
+            chunk_size=chunk_size,
             stripe_count=args.stripe_count,
             redundancy=redundancy,
         )
@@ -272,7 +302,7 @@ def _add_cluster_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="stripefs",
         description="stripefs: a striped, replicated filesystem that keeps GPU training jobs fed.",
         epilog="Start here: 'stripefs local up --dir ./.stripefs --mount ./mnt --nodes 4' runs a whole cluster on this machine.",
@@ -396,32 +426,70 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _print_names_as_bytes()
     try:
-        from .keys_cli import use_env_key
-
-        use_env_key()
-        if argv[:1] == ["meta"] and argv[1:2] in (["backup"], ["restore"]):
-            from .daemon.backup import main as backup_main
-
-            return backup_main(argv[1:])
-        if argv and argv[0] in ("meta", "storage", "mount"):
-            if argv[0] == "meta":
-                from .daemon.cli import main as role_main
-            elif argv[0] == "storage":
-                from .storage_node.cli import main as role_main
-            else:
-                from .client.mount import main as role_main
-            return role_main(argv[1:])
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        if not getattr(args, "func", None):
-            parser.print_help()
-            return 1
-        return args.func(args)
+        code = _dispatch(argv)
+        sys.stdout.flush()  # a closed pipe (stripefs status | head -1) is seen here, not at exit
+        return code
     except QuietError as exc:
         print(f"stripefs: {exc}", file=sys.stderr)
         return exc.exitcode
+    except BrokenPipeError:
+        # the reader went away: what was left unprinted is not wanted; nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         return 130
+    except BaseExceptionGroup as group:  # a user error raised inside a nursery (trio wraps it)
+        leaf = _user_error(group)
+        if leaf is None:
+            raise
+        print(f"stripefs: {leaf}", file=sys.stderr)
+        return leaf.exitcode
+
+
+def _user_error(group: BaseExceptionGroup) -> QuietError | None:
+    """The first user error (QuietError, or an error reply) in ``group``, as a QuietError; None if
+    anything else (a bug) is in it, so that the bug keeps its traceback."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    if not leaves or not all(isinstance(e, (QuietError, StripefsError)) for e in leaves):
+        return None
+    first = leaves[0]
+    more = f" (and {len(leaves) - 1} more failure(s))" if len(leaves) > 1 else ""
+    if isinstance(first, QuietError):
+        return QuietError(f"{first}{more}", first.exitcode)
+    return QuietError(f"{first.message or first.code.name}{more}", 3)
+
+
+def _dispatch(argv: list[str]) -> int:
+    from .keys_cli import use_env_key
+
+    use_env_key()
+    if argv[:1] == ["meta"] and argv[1:2] in (["backup"], ["restore"]):
+        from .daemon.backup import main as backup_main
+
+        return backup_main(argv[1:])
+    if argv and argv[0] in ("meta", "storage", "mount"):
+        if argv[0] == "meta":
+            from .daemon.cli import main as role_main
+        elif argv[0] == "storage":
+            from .storage_node.cli import main as role_main
+        else:
+            from .client.mount import main as role_main
+        return role_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 1
+    return args.func(args)
 
 
 if __name__ == "__main__":

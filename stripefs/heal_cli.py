@@ -4,7 +4,7 @@
     stripefs node undrain NODE             cancel a drain: NODE takes new chunks again
     stripefs node remove NODE              forget NODE; refused while it holds the only copy of anything
     stripefs scrub [--now] [PATH]          verify checksums: start a background pass on every node now,
-                                           or (--now) verify PATH's files (or all files) here, with progress
+                                           or verify PATH's files (--now: all files) here, with progress
     stripefs fsck [--repair]               namespace against chunk stores: orphans, missing copies, redundancy
 
 The metadata daemon decides and the storage nodes copy (daemon/repair.py,
@@ -108,9 +108,7 @@ def _files_under(path: Path) -> list[int]:
 def cmd_scrub(args) -> int:
     from .cli import _meta_addresses, _mount_of, _rpc
 
-    if args.path and not args.now:
-        raise QuietError("a PATH is scrubbed with --now (without it, every node starts its background pass)")
-    if not args.now:
+    if not args.now and not args.path:
         addresses = _meta_addresses(args)
         rsp = _status(addresses)
         started = _scrub_start([n.address for n in rsp.nodes if n.state in ("up", "suspect", "draining")])
@@ -244,12 +242,14 @@ def add_parsers(sub, add_cluster_args) -> None:
 
     scrub = sub.add_parser(
         "scrub", help="verify every block's checksum and repair bad copies",
-        description="Without --now: every storage node starts a background scrub pass now (at its configured "
-        "scrub_bandwidth). With --now: verify the copies of PATH's files (or of every file) immediately, with a "
-        "progress bar. Bad, stale or missing copies are re-replicated from good ones.",
+        description="Without arguments: every storage node starts a background scrub pass now (at its configured "
+        "scrub_bandwidth). With PATH: verify the copies of PATH's files immediately, with a progress bar; --now "
+        "without PATH: the same for every file. Bad, stale or missing copies are re-replicated from good ones "
+        "where a good one exists.",
     )
-    scrub.add_argument("path", nargs="?", help="a file or directory inside a stripefs mount (needs --now)")
-    scrub.add_argument("--now", action="store_true", help="verify here and now instead of starting background passes")
+    scrub.add_argument("path", nargs="?", help="a file or directory inside a stripefs mount: verify its files now")
+    scrub.add_argument("--now", action="store_true", help="verify here and now instead of starting background passes "
+                       "(implied by PATH)")
     add_cluster_args(scrub)
     scrub.set_defaults(func=cmd_scrub)
 

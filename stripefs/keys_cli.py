@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
+from .common.errors import QuietError
 from .common.keyring import load_identity, write_keypair
 from .common.security import identity_of, use_identity
 
@@ -28,7 +30,7 @@ def add_parsers(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: stripefs keygen /etc/stripefs/keys/meta && grep public-key /etc/stripefs/keys/meta.key",
     )
-    keygen.add_argument("name", metavar="NAME", help="path prefix of the two files, e.g. /etc/stripefs/keys/node1")
+    keygen.add_argument("name", metavar="NAME", help="path prefix of the two files, e.g. /etc/stripefs/keys/node1 (a missing directory is created, mode 0700)")
     keygen.add_argument("--force", action="store_true", help="replace an existing keypair")
     keygen.set_defaults(func=cmd_keygen)
     cap = sub.add_parser(
@@ -36,7 +38,7 @@ def add_parsers(sub) -> None:
         description=_CAP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: stripefs cap-secret /etc/stripefs/keys/cap_secret",
     )
-    cap.add_argument("path", metavar="PATH", help="the secret file (created mode 0600)")
+    cap.add_argument("path", metavar="PATH", help="the secret file (created mode 0600; a missing directory is created, mode 0700)")
     how = cap.add_mutually_exclusive_group()
     how.add_argument("--rotate", action="store_true", help="put a new secret first, keep the previous one (still accepted)")
     how.add_argument("--retire", action="store_true", help="keep only the first secret (once cap_ttl_s has passed since --rotate)")
@@ -58,17 +60,29 @@ with the old secret is alive: --retire drops it, everywhere.
 """
 
 
+def _writing(path: str, what):
+    """Run ``what()``, which writes key material at ``path``: its directory is created (mode 0700) when
+    missing, as the README's ``stripefs keygen /etc/stripefs/keys/NAME`` expects; an OSError is one line."""
+    parent = Path(path).absolute().parent
+    try:
+        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return what()
+    except OSError as exc:
+        where = exc.filename or parent
+        raise QuietError(f"cannot write {where}: {exc.strerror} (choose a directory you may write to, or run as its owner)") from None
+
+
 def cmd_cap_secret(args) -> int:
     from .common.capability import write_secret
 
-    lines = write_secret(args.path, rotate=args.rotate, retire=args.retire, force=args.force)
+    lines = _writing(args.path, lambda: write_secret(args.path, rotate=args.rotate, retire=args.retire, force=args.force))
     what = "rotated" if args.rotate else "retired the old secret(s) of" if args.retire else "wrote"
     print(f"{what} {args.path} (mode 0600): {len(lines)} secret(s); daemons sign with the first, nodes accept any")
     return 0
 
 
 def cmd_keygen(args) -> int:
-    public_path, secret_path = write_keypair(args.name, force=args.force)
+    public_path, secret_path = _writing(args.name, lambda: write_keypair(args.name, force=args.force))
     public = load_identity(secret_path).public_text
     print(f"public key {public}\n  written to {public_path}\nsecret key written to {secret_path} (mode 0600)")
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 from .common import protocol as p
 from .common.errors import QuietError
@@ -61,13 +62,15 @@ def _print(quotas: list[p.QuotaInfo], as_json: bool, empty: str) -> None:
 
 
 def cmd_quota(args) -> int:
-    from .cli import _meta_addresses, _resolve, _rpc
+    from .cli import _meta_addresses, _resolve, _resolve_attr, _rpc
 
     if args.action == "set":
         max_bytes, max_inodes = _limit(args.bytes, "bytes"), _limit(args.inodes, "inodes")
         if max_bytes is None and max_inodes is None:
             raise QuietError("give --bytes SIZE and/or --inodes N (0 or 'none' removes a limit)")
-        addresses, ino = _resolve(args, args.path)
+        addresses, ino, mode = _resolve_attr(args, args.path)
+        if not stat.S_ISDIR(mode):
+            raise QuietError(f"{args.path} is not a directory: a quota limits a directory tree; give the directory")
         (rsp,) = _rpc(addresses, p.QuotaSetReq(ino=ino, max_bytes=max_bytes, max_inodes=max_inodes))
         _print(rsp.quotas, args.json, f"{args.path}: no quota")
         return 0

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
         help="load files into a mount's caches before a job reads them",
         description=(
             "Load files (directories recursively) into the caches of the stripefs mount holding them: "
-            "the kernel's page cache, the mount's memory cache (cache_size) and its disk cache (cache_dir). "
+            "the kernel's page cache, the mount's memory cache (cache_size) and its disk cache (disk_cache_dir). "
             "Files larger than the memory cache will not all stay in it."
         ),
         epilog="Example: stripefs warmup /mnt/data/imagenet/train --threads 4",

@@ -171,7 +171,7 @@ def test_disk_cache_survives_a_remount_and_never_serves_old_versions(cluster, mn
     for path, data in files.items():
         path.write_bytes(data)
 
-    cached = cluster.mount_again("cached", f"cache_dir={cache_dir}")
+    cached = cluster.mount_again("cached", f"disk_cache_dir={cache_dir}")
     theirs = {cached / mnt.name / p.name: data for p, data in files.items()}
     for path, data in theirs.items():
         assert path.read_bytes() == data
@@ -182,7 +182,7 @@ def test_disk_cache_survives_a_remount_and_never_serves_old_versions(cluster, mn
     for pid in stopped:
         os.kill(pid, 19)  # SIGSTOP: nothing can come from the network now
     try:
-        cluster.mount_again("cached", f"cache_dir={cache_dir}")
+        cluster.mount_again("cached", f"disk_cache_dir={cache_dir}")
         for path, data in theirs.items():
             assert path.read_bytes() == data  # from the disk cache, after a remount
     finally:
