@@ -4,7 +4,8 @@ Instrumentation is additive and small:
 
 * ``instrument(ops)`` wraps every FUSE handler of one ``Operations`` instance
   (instance attributes shadow the class's methods, and pyfuse3 looks handlers
-  up on the instance), counting calls, errors by errno and latency per op,
+  up on the instance), counting calls, failures by errno (answers such as
+  ENOENT from a lookup apart: ``ANSWER_ERRNOS``) and latency per op,
   and bytes for ``read``/``write``. ``client/operations.py`` is untouched.
 * The chunk cache counts hits and misses, and reports how long a *reader*
   waited for chunk data from the network (``network_wait``).
@@ -29,6 +30,7 @@ keyed by mountpoint, so ``stripefs top MOUNT`` can find it.
 from __future__ import annotations
 
 import contextvars
+import errno
 import functools
 import json
 import logging
@@ -45,7 +47,16 @@ from ..common.metrics import LATENCY_BUCKETS
 log = logging.getLogger(__name__)
 
 FUSE_OPS = Counter("stripefs_fuse_ops_total", "FUSE requests answered, by operation", ["op"])
-FUSE_ERRORS = Counter("stripefs_fuse_errors_total", "FUSE requests answered with an error, by operation and errno", ["op", "errno"])
+FUSE_ERRORS = Counter(
+    "stripefs_fuse_errors_total", "FUSE requests that failed (EIO, ETIMEDOUT, ENOSPC, EDQUOT, ...), by operation and errno",
+    ["op", "errno"],
+)
+FUSE_ANSWERS = Counter(
+    "stripefs_fuse_negative_answers_total",
+    "FUSE requests answered with an errno that is an answer, not a failure (ENOENT from lookup, ENODATA from "
+    "getxattr, ENOSYS for a declined open, EEXIST, EACCES, ...), by operation and errno",
+    ["op", "errno"],
+)
 FUSE_SECONDS = Histogram("stripefs_fuse_op_seconds", "Time to answer a FUSE request, by operation", ["op"], buckets=LATENCY_BUCKETS)
 READ_BYTES = Counter("stripefs_read_bytes_total", "Bytes returned to readers")
 WRITE_BYTES = Counter("stripefs_write_bytes_total", "Bytes accepted from writers")
@@ -61,6 +72,22 @@ READAHEAD = Counter(
     "Chunks prefetched (fetched), later read (used), or evicted or dropped unread (wasted)",
     ["outcome"],
 )
+
+#: errnos that answer a question rather than report a failure: "no such name" to a lookup, "no such
+#: attribute" to getxattr, "not implemented" to the open/flush the mount declines on purpose (the kernel
+#: then stops sending them), a refused permission, an existing name, ... Every other errno (EIO,
+#: ETIMEDOUT, ENOSPC, EDQUOT, ENOTCONN, EBADF, ...) is a failure: stripefs_fuse_errors_total.
+ANSWER_ERRNOS = frozenset({
+    errno.ENOENT, errno.ENODATA, errno.ENOSYS, errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR,
+    errno.ERANGE, errno.EACCES, errno.EPERM, errno.EROFS, errno.EXDEV, errno.ENAMETOOLONG, errno.EINVAL,
+    errno.ENOTSUP, errno.EOPNOTSUPP, errno.ELOOP, errno.EMLINK, errno.E2BIG, errno.EFBIG, errno.ENOTTY,
+})
+
+
+def is_failure(err: int) -> bool:
+    """Whether a FUSE reply with ``err`` reports a failure (counted as an error), not an answer."""
+    return err not in ANSWER_ERRNOS
+
 
 #: FUSE handlers that are wrapped (every request handler pyfuse3 calls)
 OPS = (
@@ -102,7 +129,7 @@ def _timed(op: str, fn):
         try:
             result = await fn(*args, **kwargs)
         except pyfuse3.FUSEError as exc:
-            FUSE_ERRORS.labels(op, str(exc.errno)).inc()
+            (FUSE_ERRORS if is_failure(exc.errno) else FUSE_ANSWERS).labels(op, str(exc.errno)).inc()
             raise
         finally:
             elapsed = time.perf_counter() - started

@@ -390,7 +390,10 @@ class Operations(pyfuse3.Operations):
         s = pyfuse3.StatvfsData()
         s.f_bsize = s.f_frsize = rsp.block_size
         s.f_blocks = rsp.total_bytes // rsp.block_size
-        s.f_bfree = s.f_bavail = rsp.free_bytes // rsp.block_size
+        s.f_bavail = rsp.free_bytes // rsp.block_size
+        # df's "used" is blocks - bfree: what stripefs stores, not what other programs use on those disks
+        used = rsp.used_bytes if rsp.used_bytes >= 0 else rsp.total_bytes - rsp.free_bytes
+        s.f_bfree = max(0, s.f_blocks - -(-used // rsp.block_size))
         s.f_files = rsp.files + s.f_bfree // 16
         s.f_ffree = s.f_favail = s.f_bfree // 16
         s.f_namemax = rsp.name_max

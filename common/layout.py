@@ -47,10 +47,10 @@ def parse_size(text: str | int) -> int:
 
 
 def format_size(n: float) -> str:
-    """4194304 -> '4.0M' (binary units, as parse_size reads them)."""
+    """4194304 -> '4.0M', 22 -> '22B' (binary units, as parse_size reads them)."""
     for unit in ("", "K", "M", "G", "T"):
         if abs(n) < 1024 or unit == "T":
-            return f"{n:.0f}{unit}" if unit == "" else f"{n:.1f}{unit}"
+            return f"{n:.0f}B" if unit == "" else f"{n:.1f}{unit}"
         n /= 1024
     return f"{n:.1f}P"
 

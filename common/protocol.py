@@ -212,6 +212,7 @@ class NodeInfo(msgspec.Struct, frozen=True):
     chunks: int
     last_heartbeat_age_s: float
     placed_chunks: int = -1  # chunk copies the namespace places on it (last repair scan; -1 unknown)
+    filesystem: str = ""  # the file system its data is on (common/space.py): shared ones count once
 
 
 # --------------------------------------------------------------------------
@@ -390,6 +391,7 @@ class RegisterNodeReq(Msg, tag="register_node"):
     free_bytes: int
     used_bytes: int
     chunks: int
+    filesystem: str = ""  # which file system capacity and free are of (common/space.py); "" unknown
 
 
 class NodeHeartbeatReq(Msg, tag="node_heartbeat"):
@@ -398,6 +400,7 @@ class NodeHeartbeatReq(Msg, tag="node_heartbeat"):
     free_bytes: int
     used_bytes: int
     chunks: int
+    filesystem: str = ""  # as in RegisterNodeReq
 
 
 # replies: OkRsp
@@ -665,11 +668,12 @@ class StatfsReq(Msg, tag="statfs"):
 
 
 class StatfsRsp(Msg, tag="statfs_rsp"):
-    total_bytes: int
-    free_bytes: int
+    total_bytes: int  # capacity of the nodes that take chunks, a file system shared by several counted once
+    free_bytes: int  # what they can still take, counted the same way
     files: int
     block_size: int = 4096
     name_max: int = 255
+    used_bytes: int = -1  # bytes stripefs stores on those nodes (chunk files); -1: unknown (total - free)
 
 
 class SetxattrReq(Msg, tag="setxattr"):
@@ -917,6 +921,7 @@ class ScrubRsp(Msg, tag="scrub_rsp"):
     bytes: int
     next_ino: int  # 0: no more files
     total_files: int  # files in the namespace (for a progress bar)
+    repairing: int = -1  # of ``bad``: copies being re-replicated from a good copy (the rest have none now); -1 unknown
 
 
 class FsckReq(Msg, tag="fsck"):
@@ -935,8 +940,9 @@ class FsckRsp(Msg, tag="fsck_rsp"):
     under_replicated: int
     over_replicated: int
     lost: int  # chunks without any live copy
-    repaired: int
+    repaired: int  # repairs queued that can be made now
     problems: list[str]  # the first few, for the operator
+    unrepairable: int = 0  # chunks that want more copies than there are nodes up to hold them
 
 
 class RepairInfo(msgspec.Struct, frozen=True):

@@ -78,6 +78,7 @@ from typing import Callable
 from ..common import protocol
 from ..common.errors import ErrorCode, StripefsError
 from ..common.security import KEY_MARK
+from ..common.space import shared_capacity
 from .placement import NodeView
 from .store import SqliteStore
 
@@ -101,6 +102,7 @@ class _Node:
     free: int = 0
     used: int = 0
     chunks: int = 0
+    filesystem: str = ""  # which file system capacity and free are of (common/space.py); "" unknown
     last_heartbeat: float = float("-inf")  # monotonic seconds
     up: bool = False  # heard from within node_timeout_s (up or suspect)
     admin: str = ""  # "" | "draining" | "removed"
@@ -247,10 +249,12 @@ class NodeRegistry:
         """node id -> (used bytes, capacity bytes) of nodes that may take chunks (rebalance)."""
         return {n.node_id: (n.used, n.capacity) for n in self._nodes.values() if self._placeable(n)}
 
-    def capacity(self) -> tuple[int, int]:
-        """(total, free) bytes over the nodes that may take new chunks."""
+    def capacity(self) -> tuple[int, int, int]:
+        """(total, free, used) bytes over the nodes that may take new chunks: total and free count a
+        file system shared by several nodes once (common/space.py), used is what stripefs stores there."""
         up = [n for n in self._nodes.values() if self._placeable(n)]
-        return sum(n.capacity for n in up), sum(n.free for n in up)
+        total, free = shared_capacity((n.filesystem, n.capacity, n.free) for n in up)
+        return total, free, sum(n.used for n in up)
 
     def held_by(self, key: str) -> list[int]:
         """The ids of nodes registered with ``key`` in their address, not removed."""
@@ -273,6 +277,7 @@ class NodeRegistry:
                 capacity_bytes=n.capacity,
                 free_bytes=n.free,
                 used_bytes=n.used,
+                filesystem=n.filesystem,
                 chunks=n.chunks,
                 last_heartbeat_age_s=max(0.0, now - n.last_heartbeat) if n.last_heartbeat > float("-inf") else -1.0,
                 placed_chunks=placed.get(n.node_id, 0 if placed else -1),
@@ -488,6 +493,8 @@ def _check_report(req) -> None:
         value = getattr(req, field)
         if not 0 <= value <= 1 << 60:  # an exabyte, and room to sum thousands of them
             raise StripefsError(ErrorCode.INVALID, f"node {req.node_id}: {field} {value} is out of range")
+    if len(req.filesystem) > 255:
+        raise StripefsError(ErrorCode.INVALID, f"node {req.node_id}: file system id of {len(req.filesystem)} characters (at most 255)")
     if isinstance(req, protocol.RegisterNodeReq):
         if not protocol.is_endpoint(req.address):
             raise StripefsError(ErrorCode.INVALID, f"node {req.node_id}: address {req.address[:100]!r} is not tcp://HOST:PORT")
@@ -498,5 +505,6 @@ def _check_report(req) -> None:
 def _heard_from(node, req, now: float) -> None:
     """A registration or heartbeat arrived: its usage figures, and the node is up."""
     node.capacity, node.free, node.used, node.chunks = req.capacity_bytes, req.free_bytes, req.used_bytes, req.chunks
+    node.filesystem = req.filesystem
     node.last_heartbeat = now
     node.up = True

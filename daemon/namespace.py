@@ -544,10 +544,11 @@ class Namespace:
         log.info("directory %d layout: %s", ino, new)
         return new
 
-    def statfs(self) -> tuple[int, int, int]:
-        """(total bytes, free bytes, inodes)."""
-        total, free = self.nodes.capacity()
-        return total, free, self.store.counts()["inodes"]
+    def statfs(self) -> tuple[int, int, int, int]:
+        """(total bytes, free bytes, used bytes, inodes): a shared file system counted once, used is
+        what stripefs stores (daemon/health.py ``capacity``)."""
+        total, free, used = self.nodes.capacity()
+        return total, free, used, self.store.counts()["inodes"]
 
     # -- data: open, epochs, placement, commit ---------------------------------
 

@@ -64,22 +64,23 @@ MISSING = 0
 
 
 def check_fits(nodes: Iterable[placement.NodeView], redundancy: Redundancy) -> None:
-    """Refuse an EC layout the up nodes (or hosts) cannot hold."""
-    if not redundancy.is_ec:
-        return
+    """Refuse a layout the up nodes (or hosts) cannot hold: R copies or K+M fragments, each on its own
+    node, on distinct hosts where there are several. Accepted, every new file would stay
+    under-replicated for good and repair would look for a node that does not exist."""
     up = [n for n in nodes if n.up]
     hosts = {n.host for n in up}
     need = redundancy.copies
+    what, smaller = (f"{need} fragments", "a smaller K+M") if redundancy.is_ec else (f"{need} copies", "fewer replicas")
     if len(hosts) > 1 and len(hosts) < need:
         raise StripefsError(
             ErrorCode.INVALID,
-            f"{redundancy} puts {need} fragments on distinct hosts, but only {len(hosts)} host(s) have storage nodes up; "
-            f"add hosts or choose a smaller K+M",
+            f"{redundancy} puts {what} on distinct hosts, but only {len(hosts)} host(s) have storage nodes up; "
+            f"add hosts or choose {smaller}",
         )
     if len(up) < need:
         raise StripefsError(
             ErrorCode.INVALID,
-            f"{redundancy} needs {need} storage nodes up, the cluster has {len(up)}; start more nodes or choose a smaller K+M",
+            f"{redundancy} needs {need} storage nodes up, the cluster has {len(up)}; start more nodes or choose {smaller}",
         )
 
 

@@ -343,6 +343,7 @@ class Healer:
         self._inflight: set[tuple[int, int, int]] = set()  # (ino, idx, target) copies not yet recorded
         self.copied = self.copied_bytes = self.failed = 0
         self.changes = 0  # placements recorded (copies and moves of empty rows): progress
+        self.stuck = 0  # tasks of the last pass that no node could take (logged when the number changes)
         self._backlog = 0
         self._backlog_bytes = 0
         self._clients: NodeClients | None = None
@@ -473,7 +474,16 @@ class Healer:
             async with self.svc._lock:
                 for row, keep in work.fixes:
                     self.svc._write_locked(self._fix, row, keep)
-        runnable = work.tasks
+        runnable = [t for t in work.tasks if self.has_target(t)]
+        stuck = len(work.tasks) - len(runnable)
+        if stuck != self.stuck:
+            self.stuck = stuck
+            if stuck:  # once per change, not on every pass: nothing will change until nodes are added
+                log.warning(
+                    "repair: %d chunk(s) need a copy that no storage node can take (every node up holds one already: "
+                    "a layout wanting more copies than there are nodes, or a drain with nowhere to go); "
+                    "they wait until nodes are added or their layout is lowered", stuck,
+                )
         self._backlog = len(runnable)
         self._backlog_bytes = sum(t.length for t in runnable)
         kinds = collections.Counter(t.kind for t in runnable)
@@ -505,6 +515,12 @@ class Healer:
                 finally:
                     self._backlog = max(0, self._backlog - 1)
                     self._backlog_bytes = max(0, self._backlog_bytes - task.length)
+
+    def has_target(self, task: Task) -> bool:
+        """Whether some node could take ``task``'s copy now: up and not holding the chunk already."""
+        if task.target:  # rebalance: its own target, checked when it runs
+            return True
+        return any(v.up and v.node_id not in task.nodes and self.svc.nodes.state(v.node_id) == "up" for v in self.svc.nodes.views())
 
     def _choose_target(self, task: Task) -> int:
         store, nodes = self.svc.store, self.svc.nodes
@@ -671,7 +687,9 @@ class Healer:
         log.info("chunk %d:%d: dropped copies on gone node(s) %s (enough live copies remain)", row.ino, row.idx, dropped)
 
     def mark_bad(self, node_id: int, chunks: Iterable[P.ChunkId], why: str = "failed its checksum") -> int:
-        """Copies on ``node_id`` that are bad (or missing) count as missing; the number dropped."""
+        """Copies on ``node_id`` that are bad (or missing) count as missing; the number dealt with:
+        dropped (re-replicated from a good copy), or no longer placed there (deleted). The others
+        (an only live copy, an erasure-coded fragment) are kept as they are and logged."""
         store, nodes = self.svc.store, self.svc.nodes
         dropped = 0
         for c in chunks:
@@ -679,6 +697,7 @@ class Healer:
             if cur is None or node_id not in cur[1]:
                 bound = cur[0] if cur is not None else self.svc.ns.last_epoch()
                 store.add_garbage([(node_id, c.ino, c.index, c.part, bound)])
+                dropped += 1
                 continue
             version, holders = cur
             if parse_redundancy(store.get_inode(c.ino)["redundancy"]).is_ec:
@@ -840,7 +859,8 @@ class Healer:
                 totals["bad"] += len(bad)
                 if bad:
                     async with self.svc._lock:
-                        self.svc._write_locked(self.mark_bad, node_id, bad, "is bad, stale or missing (scrub)")
+                        dropped = self.svc._write_locked(self.mark_bad, node_id, bad, "is bad, stale or missing (scrub)")[0]
+                    totals["repairing"] += dropped  # the others have no good copy elsewhere (mark_bad logs each)
 
         async with trio.open_nursery() as nursery:
             for node_id, items in by_node.items():
@@ -848,7 +868,8 @@ class Healer:
         limit = max(1, min(req.limit, 1000))
         next_ino = inos[-1] if (not req.inos and len(inos) == limit) else 0
         return P.ScrubRsp(
-            files=len(inos), copies=totals["copies"], bad=totals["bad"], bytes=totals["bytes"], next_ino=next_ino, total_files=total
+            files=len(inos), copies=totals["copies"], bad=totals["bad"], bytes=totals["bytes"], next_ino=next_ino, total_files=total,
+            repairing=totals["repairing"],
         )
 
     async def fsck(self, req: P.FsckReq) -> P.FsckRsp:
@@ -863,6 +884,12 @@ class Healer:
         result = plan(rows, states)
         problems = []
         trimmed = 0
+        async with self.svc._lock:
+            doable = [t for t in result.tasks if self.has_target(t)]
+        doable_ids = {id(t) for t in doable}
+        for t in [t for t in result.tasks if id(t) not in doable_ids][:10]:
+            problems.append(f"chunk {t.ino}:{t.idx}: wants another copy, but every storage node up holds one already "
+                            f"(copies on {list(t.nodes)}): add nodes or lower its layout (stripefs layout convert)")
         for row in rows:
             red = parse_redundancy(row.redundancy)
             live = [n for n in row.nodes if states.get(n) in LIVE_STATES]
@@ -880,7 +907,8 @@ class Healer:
         return P.FsckRsp(
             checked=result.chunks, orphans=0, missing=0, under_replicated=result.under_replicated,
             over_replicated=result.over_replicated, lost=result.lost,
-            repaired=trimmed + (len(result.tasks) if repair else 0), problems=problems,
+            repaired=trimmed + (len(doable) if repair else 0), problems=problems,
+            unrepairable=len(result.tasks) - len(doable),
         )
 
     async def _fsck_node(self, node_id: int, repair: bool) -> P.FsckRsp:

@@ -802,8 +802,8 @@ class MetaService:
         return P.ReaddirRsp(entries=entries, more=more, files=files)
 
     async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:
-        total, free, files = await self._read(self.ns.statfs)
-        return P.StatfsRsp(total_bytes=total, free_bytes=free, files=files)
+        total, free, used, files = await self._read(self.ns.statfs)
+        return P.StatfsRsp(total_bytes=total, free_bytes=free, files=files, used_bytes=used)
 
     # -- xattrs and layouts ------------------------------------------------------
 

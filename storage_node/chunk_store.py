@@ -107,6 +107,7 @@ import xxhash
 from stripefs.common.errors import ErrorCode, QuietError, StripefsError
 from stripefs.common.layout import MAX_CHUNK_SIZE
 from stripefs.common.protocol import ChunkId
+from stripefs.common.space import filesystem_id
 
 from .direct_io import DirectWriter
 
@@ -152,6 +153,7 @@ class Usage(NamedTuple):
     free_bytes: int
     used_bytes: int
     chunks: int
+    filesystem: str = ""  # which file system capacity and free are of (common/space.py)
 
 
 class _Header(NamedTuple):
@@ -203,6 +205,7 @@ class ChunkStore:
         self.block_size = block_size
         self.capacity = capacity
         self.reserved_space = reserved_space
+        self.node_id = node_id
         self._chunks_dir = self.data_dir / "chunks"
         self._locks: dict[ChunkId, list] = {}  # chunk -> [lock, users]
         self._locks_guard = threading.Lock()
@@ -758,9 +761,10 @@ class ChunkStore:
         fs_free = max(0, st.f_bavail * st.f_frsize - self.reserved_space)
         with self._usage_guard:
             used, count = self._used, self._count
-        if self.capacity:
-            return Usage(self.capacity, max(0, min(self.capacity - used, fs_free)), used, count)
-        return Usage(st.f_blocks * st.f_frsize, fs_free, used, count)
+        if self.capacity:  # a slice of the disk: this node's alone
+            fs = filesystem_id(self._chunks_dir, own=f"node-{self.node_id}")
+            return Usage(self.capacity, max(0, min(self.capacity - used, fs_free)), used, count, fs)
+        return Usage(st.f_blocks * st.f_frsize, fs_free, used, count, filesystem_id(self._chunks_dir))
 
 
 def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:

@@ -266,14 +266,9 @@ def cmd_local(args) -> int:
     if args.json:
         print(json.dumps(status, indent=1))
     else:
-        for proc in status["processes"]:
-            where = proc["address"] or proc.get("mountpoint")
-            stored = "" if proc["bytes_stored"] is None else f"  {format_size(proc['bytes_stored'])} stored"
-            node = f" {proc['node_id']}" if proc["node_id"] else ""
-            metrics = f"  metrics {proc['metrics']}" if proc.get("metrics") else ""
-            print(f"{proc['role']}{node:<4} {proc['state']:<5} pid {proc['pid']}  {where}{stored}{metrics}")
-        if status.get("under_replicated") is not None:
-            print(f"under-replicated chunks: {status['under_replicated']}")
+        from .status import render_local
+
+        print(render_local(status))
     return 0
 
 

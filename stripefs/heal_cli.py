@@ -11,7 +11,8 @@ The metadata daemon decides and the storage nodes copy (daemon/repair.py,
 storage_node/healing.py); these commands only ask and report. Long ones show a
 progress bar on stderr. Exit codes as for every admin command: 0 ok, 1 usage,
 2 cluster unreachable, 3 operation refused or failed (fsck: 3 when problems
-remain after --repair, or are found without it).
+remain after --repair, or are found without it; scrub: 3 when bad copies were
+found that cannot be repaired).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def cmd_scrub(args) -> int:
         batches = None
         total = None
     bar = None
-    files = copies = bad = nbytes = 0
+    files = copies = bad = nbytes = repairing = 0
     after = 0
     i = 0
     while True:
@@ -142,6 +143,7 @@ def cmd_scrub(args) -> int:
         files += rsp.files
         copies += rsp.copies
         bad += rsp.bad
+        repairing += rsp.repairing if rsp.repairing >= 0 else rsp.bad
         nbytes += rsp.bytes
         if bar is None:
             bar = Progress("scrub", total if total is not None else rsp.total_files)
@@ -153,8 +155,19 @@ def cmd_scrub(args) -> int:
     if bar:
         bar.done()
     print(f"scrub: {files} file(s), {copies} chunk copies, {format_size(nbytes)} verified; {bad} bad copies found"
-          + (" (re-replicating from good copies)" if bad else ""))
-    return 0
+          + (scrub_outcome(bad, repairing) if bad else ""))
+    return 3 if bad > repairing else 0
+
+
+def scrub_outcome(bad: int, repairing: int) -> str:
+    """What happens to the bad copies a scrub found: the part with a good copy elsewhere is re-replicated."""
+    parts = []
+    if repairing:
+        parts.append(f"{repairing} being re-replicated from good copies")
+    if bad > repairing:
+        parts.append(f"{bad - repairing} NOT repaired: no good copy to repair from (kept as they are, those files may "
+                     "fail to read; the metadata daemon's log names each chunk)")
+    return ": " + "; ".join(parts)
 
 
 def _scrub_start(addresses: list[str]) -> int:
@@ -199,12 +212,14 @@ def cmd_fsck(args) -> int:
     bar.update(len(nodes) + 1)
     bar.done()
     totals["repaired"] += red.repaired
-    problems += red.problems
+    problems = red.problems + problems  # what cannot be repaired first
     print(f"fsck: {totals['checked']} chunk copies on {len(nodes)} node(s), {red.checked} chunks in the namespace")
     print(f"  orphan copies (no file refers to them): {totals['orphans']}")
     print(f"  missing or stale copies:                {totals['missing']}")
     print(f"  under-replicated chunks:                {red.under_replicated} ({red.lost} without any live copy)")
     print(f"  over-replicated chunks:                 {red.over_replicated}")
+    if red.unrepairable:
+        print(f"  cannot be repaired now:                 {red.unrepairable} (no storage node up can take the copy they need)")
     if skipped:
         print(f"  not checked (down): node(s) {', '.join(map(str, skipped))}")
     for line in problems[:20]:
@@ -212,7 +227,10 @@ def cmd_fsck(args) -> int:
     found = totals["orphans"] + totals["missing"] + red.under_replicated + red.over_replicated
     if args.repair:
         print(f"  repaired: {totals['repaired']} (copies are deleted and re-replicated in the background; see 'stripefs status')")
-        return 3 if red.lost else 0
+        if red.unrepairable:
+            print(f"  not repaired: {red.unrepairable} chunk(s) want more copies than the storage nodes up can hold: "
+                  "add nodes, or lower their layout (stripefs layout convert)")
+        return 3 if red.lost or red.unrepairable else 0
     if found:
         print("  run 'stripefs fsck --repair' to fix what can be fixed")
         return 3

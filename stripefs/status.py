@@ -14,7 +14,9 @@ them; so does this table::
                        under-replicated; "no_nodes": no storage node is up
     files, directories, chunks, logical_bytes, sessions (mounts with a live session)
     nodes_up, nodes_total
-    capacity_bytes, used_bytes, free_bytes     summed over the nodes that are up
+    capacity_bytes, free_bytes    over the nodes that are up, a file system that several nodes
+                       share counted once (common/space.py)
+    used_bytes         what stripefs stores on the nodes that are up (their chunk files)
     degraded_chunks    chunks with a copy or fragment on a node that is down
     repair_backlog     chunks waiting for repair (= under_replicated)
     under_replicated   chunks below their target redundancy (daemon/repair.py)
@@ -30,7 +32,8 @@ them; so does this table::
                        used_bytes, used_inodes (stripefs quota, daemon/quota.py)
     nodes[]            node_id, address, host, state, capacity_bytes, free_bytes, used_bytes,
                        chunks, last_heartbeat_age_s (-1: never), placed_chunks (chunk copies the
-                       namespace places there)
+                       namespace places there), filesystem (MACHINE:DEV:FSID of its data: nodes
+                       with the same one share a disk)
 
 A node's state is "up", "suspect" (silent for ``node_suspect_s``, still used),
 "down" (silent for ``node_timeout_s``), "draining" or "removed" (operator);
@@ -45,6 +48,7 @@ import msgspec
 from .common import protocol as p
 from . import quota_cli
 from .common.layout import format_size
+from .common.space import shared_capacity
 
 LIVE = ("up", "suspect", "draining")
 
@@ -60,6 +64,7 @@ def health(rsp: p.StatusRsp) -> str:
 
 def to_json(rsp: p.StatusRsp, address: str) -> dict:
     up = [n for n in rsp.nodes if n.state in LIVE]
+    capacity, free = shared_capacity((n.filesystem, n.capacity_bytes, n.free_bytes) for n in up)
     return {
         "meta": address,
         "boot_id": rsp.boot_id,
@@ -73,9 +78,9 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
         "sessions": rsp.sessions,
         "nodes_up": len(up),
         "nodes_total": sum(n.state != "removed" for n in rsp.nodes),
-        "capacity_bytes": sum(n.capacity_bytes for n in up),
+        "capacity_bytes": capacity,
         "used_bytes": sum(n.used_bytes for n in up),
-        "free_bytes": sum(n.free_bytes for n in up),
+        "free_bytes": free,
         "degraded_chunks": rsp.degraded_chunks,
         "repair_backlog": rsp.under_replicated if rsp.repair is not None else rsp.degraded_chunks,
         "under_replicated": rsp.under_replicated,
@@ -95,24 +100,30 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
                 "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
                 "capacity_bytes": n.capacity_bytes, "free_bytes": n.free_bytes, "used_bytes": n.used_bytes,
                 "chunks": n.chunks, "last_heartbeat_age_s": round(n.last_heartbeat_age_s, 1),
-                "placed_chunks": n.placed_chunks,
+                "placed_chunks": n.placed_chunks, "filesystem": n.filesystem,
             }
             for n in rsp.nodes
         ],
     }
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 file', '2 files', '0 files'."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def render(rsp: p.StatusRsp, address: str) -> str:
     s = to_json(rsp, address)
     lines = [
         f"metadata daemon {address}: {s['health'].upper()}, {s['nodes_up']}/{s['nodes_total']} storage nodes up, "
-        f"{s['sessions']} mounts",
-        f"  data        {s['files']} files, {s['directories']} directories, {s['chunks']} chunks, "
+        f"{count(s['sessions'], 'mount')}",
+        f"  data        {count(s['files'], 'file')}, {count(s['directories'], 'directory', 'directories')}, "
+        f"{count(s['chunks'], 'chunk')}, "
         f"{format_size(s['logical_bytes'])} of file data",
-        f"  capacity    {format_size(s['used_bytes'])} used, {format_size(s['free_bytes'])} free of "
-        f"{format_size(s['capacity_bytes'])} on the nodes that are up",
-        f"  redundancy  {_redundancy(rsp)}, {s['degraded_chunks']} chunks degraded (a copy on a down node), "
-        f"{s['garbage_copies']} copies awaiting deletion",
+        f"  capacity    {format_size(s['used_bytes'])} used by stripefs, {format_size(s['free_bytes'])} free of "
+        f"{format_size(s['capacity_bytes'])} on the nodes that are up (a disk shared by nodes counted once)",
+        f"  redundancy  {_redundancy(rsp)}, {count(s['degraded_chunks'], 'chunk')} degraded (a copy on a down node), "
+        f"{count(s['garbage_copies'], 'copy', 'copies')} awaiting deletion",
     ]
     if rsp.daemon:
         leader = rsp.leader or "no daemon yet (the lease is being taken)"
@@ -129,7 +140,7 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         overhead = f"{u['overhead']:.2f}x" if u["overhead"] else "-"
         degraded = f", {u['degraded_stripes']} degraded stripe(s) being reconstructed" if u["degraded_stripes"] else ""
         lines.append(
-            f"  {u['redundancy']:<11} {u['files']} files, {format_size(u['logical_bytes'])} logical, "
+            f"  {u['redundancy']:<11} {count(u['files'], 'file')}, {format_size(u['logical_bytes'])} logical, "
             f"{format_size(u['raw_bytes'])} raw, overhead {overhead}{degraded}"
         )
     for q in rsp.quotas:
@@ -155,4 +166,19 @@ def _redundancy(rsp: p.StatusRsp) -> str:
     if not rsp.under_replicated:
         return "full"
     lost = f", {rsp.repair.lost} WITHOUT ANY LIVE COPY" if rsp.repair.lost else ""
-    return f"{rsp.under_replicated} chunks under-replicated{lost}"
+    return f"{count(rsp.under_replicated, 'chunk')} under-replicated{lost}"
+
+
+def render_local(status: dict) -> str:
+    """``stripefs local status``: one line per process of a local cluster (LocalCluster.status())."""
+    lines = []
+    for proc in status["processes"]:
+        where = proc["address"] or proc.get("mountpoint")
+        stored = "" if proc["bytes_stored"] is None else f"  {format_size(proc['bytes_stored'])} stored"
+        node = f" {proc['node_id']}" if proc["node_id"] else ""
+        metrics = f"  metrics {proc['metrics']}" if proc.get("metrics") else ""
+        pid = f"pid {proc['pid']}" if proc["pid"] else "not running"
+        lines.append(f"{proc['role']}{node:<4} {proc['state']:<7} {pid:<11}  {where}{stored}{metrics}")
+    if status.get("under_replicated") is not None:
+        lines.append(f"under-replicated chunks: {status['under_replicated']}")
+    return "\n".join(lines)

@@ -123,7 +123,8 @@ def render(cur: Samples, prev: Samples, dt: float, title: str) -> list[str]:
     ra_fetched = _delta(cur, prev, "stripefs_readahead_chunks_total", outcome="fetched")
     ra_used = _delta(cur, prev, "stripefs_readahead_chunks_total", outcome="used")
     ra_wasted = _delta(cur, prev, "stripefs_readahead_chunks_total", outcome="wasted")
-    errors = _delta(cur, prev, "stripefs_fuse_errors_total")
+    errors = _delta(cur, prev, "stripefs_fuse_errors_total")  # failures only (client/metrics.py ANSWER_ERRNOS)
+    answers = _delta(cur, prev, "stripefs_fuse_negative_answers_total")  # ENOENT to a lookup, ... : not errors
 
     lines = [
         f"stripefs top  {title}  (every {dt:.1f}s; Ctrl-C quits)",
@@ -134,7 +135,8 @@ def render(cur: Samples, prev: Samples, dt: float, title: str) -> list[str]:
         f"read time: network {('-' if network_share is None else f'{network_share:.0%}'):>4}  "
         f"cache/memory {('-' if network_share is None else f'{1 - network_share:.0%}'):>4}   "
         f"readers busy {(net + mem) / dt:.2f} (average reads in flight)",
-        f"read-ahead chunks: fetched {ra_fetched:.0f}, used {ra_used:.0f}, wasted {ra_wasted:.0f}",
+        f"read-ahead chunks: fetched {ra_fetched:.0f}, used {ra_used:.0f}, wasted {ra_wasted:.0f}   "
+        f"negative answers/s {answers / dt:.1f} (ENOENT, ENODATA, ...: not errors)",
         "",
         "=> " + verdict(network_share, reads, hit_rate, (net + mem) / dt),
         "",

@@ -1,10 +1,16 @@
 """The command line: help that explains, errors that say what to do."""
 
+import os
 import socket
+import subprocess
+import sys
+import traceback
+from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import REPO, run_cli
+from stripefs import cli
 from stripefs.local_cluster import _is_mounted
 
 
@@ -18,10 +24,12 @@ from stripefs.local_cluster import _is_mounted
         (["local", "up"], ["--nodes", "--mount"]),
         (["layout", "set"], ["--chunk-size", "--replicas"]),
         (["status"], ["--json"]),
+        (["meta"], ["meta backup FILE", "meta restore FILE"]),
+        (["scrub"], ["PATH", "verify its files now"]),
     ],
 )
 def test_help_explains(args, words):
-    out = run_cli(*args, "--help").stdout
+    out = " ".join(run_cli(*args, "--help").stdout.split())  # argparse wraps lines
     for w in words:
         assert w in out, (args, w)
 
@@ -34,6 +42,9 @@ def test_mount_without_a_daemon_says_so(tmp_path):
     assert res.returncode != 0
     assert "no metadata daemon answered" in res.stderr and "Traceback" not in res.stderr
     assert not _is_mounted(tmp_path)
+    # the error points to the log, and the log says why (it was empty)
+    assert f"log: {tmp_path.parent / 'm.log'}" in res.stderr
+    assert "no metadata daemon answered" in (tmp_path.parent / "m.log").read_text()
     res = run_cli("mount", "nonsense", str(tmp_path), check=False)
     assert res.returncode == 1 and "tcp://HOST:PORT" in res.stderr
 
@@ -41,3 +52,200 @@ def test_mount_without_a_daemon_says_so(tmp_path):
 def test_admin_command_without_a_cluster_says_how_to_find_one(tmp_path):
     res = run_cli("status", "--dir", str(tmp_path), check=False, env={"PATH": "/usr/bin:/bin"})
     assert res.returncode == 1 and "--meta" in res.stderr and "Traceback" not in res.stderr
+
+
+def _clean_env() -> dict:
+    """No $STRIPEFS_META or $STRIPEFS_KEY from the caller's shell: the command finds nothing by itself."""
+    return {k: v for k, v in os.environ.items() if k not in ("STRIPEFS_META", "STRIPEFS_KEY")}
+
+
+def test_every_subcommand_with_bad_arguments_says_one_line(tmp_path, monkeypatch, capsys):
+    """Usage and user errors of every subcommand: one line on stderr, exit status non-zero, no traceback."""
+    missing = str(tmp_path / "missing")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "old").write_text("x")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    dead = "tcp://127.0.0.1:1"
+    cases = [
+        ["--bogus"], ["no-such-command"],
+        ["meta"], ["meta", "--bogus"], ["meta", "--config", missing],
+        ["meta", "backup"], ["meta", "backup", str(tmp_path / "b.db")], ["meta", "restore", missing, "--dir", missing],
+        ["meta", "backup", "x", "--config", "a", "--dir", "b"],
+        ["storage"], ["storage", "--config", missing],
+        ["mount"], ["mount", dead], ["mount", "nonsense", str(empty)], ["mount", dead, str(a_file)],
+        ["mount", dead, missing], ["mount", dead, str(full)], ["mount", dead, str(empty), "-o", "cache_dir=/x"],
+        ["mount", dead, str(empty), "-o", "op_timeout=soon"],
+        ["local"], ["local", "bogus"], ["local", "up", "--nodes", "x"], ["local", "up", "--meta-store", "x"],
+        ["local", "status", "--dir", missing], ["local", "add-node", "--dir", missing], ["local", "down", "--bogus"],
+        ["status", "--bogus"], ["status", str(tmp_path)],
+        ["layout"], ["layout", "get"], ["layout", "get", str(tmp_path)],
+        ["layout", "set", str(tmp_path), "--chunk-size", "abc"], ["layout", "set", str(tmp_path), "--chunk-size=-1M"],
+        ["layout", "set", str(tmp_path), "--replicas", "x"], ["layout", "set", str(tmp_path), "--stripe-count", "1.5"],
+        ["layout", "convert", str(tmp_path)], ["layout", "convert", str(tmp_path), "--ec", "4+2"],
+        ["layout", "convert", str(tmp_path), "--ec", "x"],
+        ["top", "--interval", "x"], ["top", str(tmp_path), "--once"],
+        ["install-mount-helper", "--dir", str(a_file / "sub")],
+        ["warmup"], ["warmup", "--threads", "x"], ["warmup", missing],
+        ["node"], ["node", "drain", "x"], ["node", "undrain"], ["node", "remove", "3", "--dir", missing],
+        ["scrub", "--bogus"], ["scrub", str(tmp_path)],
+        ["fsck", "--bogus"], ["fsck", "--dir", missing],
+        ["quota"], ["quota", "set", str(tmp_path), "--bytes", "abc"], ["quota", "set", str(tmp_path)],
+        ["quota", "set", str(tmp_path), "--inodes", "-3"], ["quota", "get"], ["quota", "list", str(tmp_path)],
+        ["quota", "recount", "--bogus"],
+        ["keygen"], ["keygen", str(a_file / "k")],
+        ["cap-secret"], ["cap-secret", str(a_file / "s")], ["cap-secret", str(tmp_path / "s"), "--rotate", "--force"],
+        ["config"], ["config", "example"], ["config", "example", "bogus"],
+    ]
+
+    monkeypatch.chdir(tmp_path)  # no ./.stripefs here
+    for name in ("STRIPEFS_META", "STRIPEFS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    wrong = []
+    for args in cases:  # in this process: python -m stripefs is sys.exit(main()), and 80 interpreters take a minute
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:  # what would have been a traceback
+            code = "traceback: " + traceback.format_exc()[-600:]
+        out, err = capsys.readouterr()
+        if code in (0, None) or not isinstance(code, int) or len(err.splitlines()) != 1 or out:
+            wrong.append(f"stripefs {' '.join(args)}: exit {code}, stdout {out[:200]!r}, stderr {err[-600:]!r}")
+    assert not wrong, "\n".join(wrong)
+    assert not (tmp_path / "b.db").exists() and not _is_mounted(empty) and not _is_mounted(full)
+    # and as the interpreter runs them: a usage error, a role's own parser, a user error
+    for args in (["layout", "set", str(tmp_path), "--replicas", "x"], ["storage"], ["keygen", str(a_file / "k")]):
+        res = run_cli(*args, check=False, cwd=tmp_path, env=_clean_env())
+        assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr, (args, res.stderr)
+
+
+def test_bad_values_say_what_is_wrong(tmp_path):
+    """The messages of the cases above that the issue quoted, word for word what they must say."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "old").write_text("x")
+    env = _clean_env()
+
+    def err(*args):
+        return run_cli(*args, check=False, cwd=tmp_path, env=env).stderr
+
+    assert "'abc' is not a size" in err("layout", "set", str(tmp_path), "--chunk-size", "abc")
+    assert "'-1M' is not a size" in err("layout", "set", str(tmp_path), "--chunk-size=-1M")
+    out = err("mount", "tcp://127.0.0.1:1", str(a_file))
+    assert "is not a directory" in out and "mkdir" not in out
+    assert "mkdir -p" in err("mount", "tcp://127.0.0.1:1", str(tmp_path / "missing"))
+    out = err("mount", "tcp://127.0.0.1:1", str(full))
+    assert "not empty" in out and "-o nonempty" in out
+    assert "disk_cache_dir" in err("mount", "tcp://127.0.0.1:1", str(tmp_path), "-o", "cache_dir=/x")
+    for args in (["status", str(tmp_path)], ["layout", "get", str(tmp_path)], ["quota", "get", str(tmp_path)]):
+        assert f"{tmp_path} is not inside a stripefs mount" in err(*args), args
+    out = err("meta", "backup", str(tmp_path / "b.db"))
+    assert "--config" in out and "--dir" in out and "./.stripefs" in out
+
+
+def test_keygen_creates_the_directory_of_the_readme_example(tmp_path):
+    base = tmp_path / "etc" / "stripefs" / "keys" / "gpu-nodes"
+    out = run_cli("keygen", str(base)).stdout
+    assert base.with_name("gpu-nodes.key").exists() and f"{base}.key_secret" in out
+    assert (base.parent.stat().st_mode & 0o777) == 0o700 and (base.with_name("gpu-nodes.key_secret").stat().st_mode & 0o777) == 0o600
+    secret = tmp_path / "other" / "cap_secret"
+    run_cli("cap-secret", str(secret))
+    assert secret.exists()
+
+
+def test_a_closed_pipe_ends_quietly():
+    """'stripefs config example client | head -1': the reader goes away; no BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails with EPIPE
+    try:
+        res = subprocess.run([sys.executable, "-m", "stripefs", "config", "example", "client"], stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert res.stderr == "" and res.returncode != 0
+
+
+def test_one_name_for_the_disk_cache():
+    """client.toml's key, the mount option and the README use one name."""
+    example = run_cli("config", "example", "client").stdout
+    assert "\ndisk_cache_dir = " in example
+    assert "disk_cache_dir=DIR" in run_cli("mount", "--help").stdout
+    readme = (REPO / "README.md").read_text()
+    assert "disk_cache_dir" in readme and "cache_dir" not in readme.replace("disk_cache_dir", "")
+
+
+# -- on the session cluster --------------------------------------------------------------------
+
+
+def test_status_through_a_closed_pipe(cluster):
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run([sys.executable, "-m", "stripefs", "status", str(cluster.mnt)], stdout=write_end,
+                             stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in res.stderr and res.stderr == ""
+
+
+def test_a_path_outside_any_mount_is_not_the_local_cluster(cluster, tmp_path):
+    """From a directory whose ./.stripefs is a running local cluster (the repository after 'make run'),
+    a path outside every mount is an error, not that cluster; without a path it is that cluster."""
+    (tmp_path / ".stripefs").symlink_to(cluster.state)
+    env = _clean_env()
+    for args in (["status", "/tmp"], ["layout", "get", "/tmp"], ["quota", "list", "/tmp"]):
+        res = run_cli(*args, check=False, cwd=tmp_path, env=env)
+        assert res.returncode == 1 and res.stderr.strip() == (
+            f"stripefs: /tmp is not inside a stripefs mount; " + res.stderr.strip().split("mount; ", 1)[1]), args
+        assert res.stdout == ""
+    assert "storage nodes up" in run_cli("status", cwd=tmp_path, env=env).stdout
+    # a namespace path with --dir: looked up in the cluster, and a missing one is named as a path
+    res = run_cli("layout", "get", "/no-such-dir", "--dir", str(cluster.state), check=False, env=env)
+    assert res.returncode == 3 and "/no-such-dir: no such file or directory in the cluster's namespace" in res.stderr
+
+
+def test_quota_set_on_a_file_names_the_path(cluster, mnt):
+    f = mnt / "a-file"
+    f.write_bytes(b"x")
+    res = run_cli("quota", "set", str(f), "--bytes", "1M", check=False)
+    assert res.returncode == 1 and f"{f} is not a directory" in res.stderr and "inode" not in res.stderr
+
+
+def test_scrub_of_a_path_verifies_it_now(cluster, mnt):
+    (mnt / "one").write_bytes(os.urandom(10_000))
+    res = run_cli("scrub", str(mnt))
+    assert "scrub: 1 file," in res.stdout and "0 bad copies" in res.stdout
+
+
+def test_layout_convert_that_cannot_fit_is_one_line(cluster, mnt):
+    for i in range(3):
+        (mnt / f"f{i}").write_bytes(os.urandom(1000))
+    res = run_cli("layout", "convert", "-r", str(mnt), "--ec", "4+2", check=False)
+    assert res.returncode == 3 and len(res.stderr.splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "6" in res.stderr and "storage nodes" in res.stderr
+
+
+def test_mount_over_a_non_empty_directory_needs_nonempty(cluster):
+    over = cluster.root / "over"
+    over.mkdir()
+    (over / "old").write_text("kept")
+    res = run_cli("mount", cluster.meta_address, str(over), check=False)
+    assert res.returncode == 1 and "not empty" in res.stderr and not _is_mounted(over)
+    mnt = cluster.mount_again("over", "nonempty")
+    try:
+        assert _is_mounted(mnt) and not (mnt / "old").exists()
+    finally:
+        cluster.unmount(mnt)
+    assert (over / "old").read_text() == "kept"
+
+
+def test_meta_backup_finds_the_local_cluster_of_the_current_directory(cluster, tmp_path):
+    (tmp_path / ".stripefs").symlink_to(cluster.state)
+    out = run_cli("meta", "backup", "copy.db", cwd=tmp_path, env=_clean_env()).stdout
+    assert "backed up" in out and (tmp_path / "copy.db").stat().st_size > 0

@@ -37,7 +37,7 @@ async def test_wrapped_ops_count_time_bytes_errors_and_split_read_time():
         "wbytes": _value(m.WRITE_BYTES),
         "net": _value(m.READ_SECONDS, "network"),
         "mem": _value(m.READ_SECONDS, "cache"),
-        "enoent": _value(m.FUSE_ERRORS, "lookup", str(errno.ENOENT)),
+        "enoent": _value(m.FUSE_ANSWERS, "lookup", str(errno.ENOENT)),
     }
     assert await ops.read(1, 0, 1000) == b"x" * 1000
     assert await ops.write(1, 0, b"abc") == 3
@@ -46,13 +46,65 @@ async def test_wrapped_ops_count_time_bytes_errors_and_split_read_time():
     assert _value(m.FUSE_OPS, "read") == before["reads"] + 1
     assert _value(m.READ_BYTES) == before["bytes"] + 1000
     assert _value(m.WRITE_BYTES) == before["wbytes"] + 3
-    assert _value(m.FUSE_ERRORS, "lookup", str(errno.ENOENT)) == before["enoent"] + 1
+    assert _value(m.FUSE_ANSWERS, "lookup", str(errno.ENOENT)) == before["enoent"] + 1
     net = _value(m.READ_SECONDS, "network") - before["net"]
     mem = _value(m.READ_SECONDS, "cache") - before["mem"]
     assert net == pytest.approx(0.02)
     assert mem > 0  # the rest of the read's time
     m.network_wait(5.0)  # outside a read: charged to nobody
     assert _value(m.READ_SECONDS, "network") - before["net"] == pytest.approx(0.02)
+
+
+class AnsweringOps:
+    """What an ordinary copy sees: lookups of names not there yet, getxattr of absent attributes,
+    the open the mount declines; and what is a failure: EIO, ETIMEDOUT, ENOSPC, EDQUOT."""
+
+    def __init__(self):
+        self.next = errno.ENOENT
+
+    async def lookup(self, parent, name, ctx=None):
+        raise pyfuse3.FUSEError(self.next)
+
+    async def getxattr(self, ino, name, ctx=None):
+        raise pyfuse3.FUSEError(errno.ENODATA)
+
+    async def open(self, ino, flags, ctx=None):
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+
+async def test_fuse_errors_count_failures_and_answers_apart():
+    """issue 17, item 7: 'FUSE errors/s 1005.5' during a copy were ENOENT and ENODATA answers."""
+    ops = AnsweringOps()
+    m.instrument(ops)
+
+    def errors() -> float:
+        return sum(s.value for metric in m.FUSE_ERRORS.collect() for s in metric.samples if s.name.endswith("_total"))
+
+    def answers() -> float:
+        return sum(s.value for metric in m.FUSE_ANSWERS.collect() for s in metric.samples if s.name.endswith("_total"))
+
+    e0, a0 = errors(), answers()
+    for call in (lambda: ops.lookup(1, b"x"), lambda: ops.getxattr(1, b"user.x"), lambda: ops.open(1, 0)):
+        with pytest.raises(pyfuse3.FUSEError):
+            await call()
+    assert errors() == e0 and answers() == a0 + 3
+    for failure in (errno.EIO, errno.ETIMEDOUT, errno.ENOSPC, errno.EDQUOT, errno.ENOTCONN):
+        ops.next = failure
+        with pytest.raises(pyfuse3.FUSEError):
+            await ops.lookup(1, b"x")
+    assert errors() == e0 + 5 and answers() == a0 + 3
+    assert _value(m.FUSE_ERRORS, "lookup", str(errno.EDQUOT)) >= 1
+
+
+def test_top_shows_failures_as_errors_and_answers_apart():
+    from stripefs import top
+
+    def samples(errors, answers):
+        return {("stripefs_fuse_errors_total", (("errno", "5"), ("op", "read"))): errors,
+                ("stripefs_fuse_negative_answers_total", (("errno", "2"), ("op", "lookup"))): answers}
+
+    text = "\n".join(top.render(samples(3, 2000), samples(0, 0), 1.0, "/mnt"))
+    assert "FUSE errors/s      3.0" in text and "negative answers/s 2000.0" in text
 
 
 async def test_readahead_used_and_wasted():

@@ -384,5 +384,15 @@ def test_replace_replica_and_statfs(w):
     assert w.store.execute("SELECT node_id FROM garbage WHERE ino=?", (ino,)).fetchall()[0][0] == failed
     assert w.ns.replace_replica(ino, 0, failed)[0] == ref  # a retry is harmless
     assert code_of(w.ns.replace_replica, ino, 5, failed) == ErrorCode.NOT_FOUND
-    total, free, files = w.ns.statfs()
-    assert total == 3 << 40 and free == 3 << 39 and files == 2
+    total, free, used, files = w.ns.statfs()
+    assert total == 3 << 40 and free == 3 << 39 and used == 0 and files == 2
+
+
+def test_statfs_counts_a_shared_file_system_once_and_used_as_what_is_stored(w):
+    """Nodes 1 and 2 on one disk, node 3 on its own: df must not count the shared disk twice, and
+    "used" is the chunk bytes the nodes hold, not the disks' used space (issue 17, item 5)."""
+    for i, fs, used in ((1, "m:2049:77", 5 << 30), (2, "m:2049:77", 7 << 30), (3, "m:2050:78", 1 << 30)):
+        w.nodes.heartbeat(P.NodeHeartbeatReq(node_id=i, capacity_bytes=1 << 40, free_bytes=1 << 39, used_bytes=used,
+                                             chunks=1, filesystem=fs))
+    total, free, used, _ = w.ns.statfs()
+    assert total == 2 << 40 and free == 2 << 39 and used == 13 << 30
