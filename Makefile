@@ -57,7 +57,7 @@ run: install
 	@echo "Status: $(VENV)/bin/stripefs local status --dir $(STATE)    Stop: make stop"
 
 stop:
-	@test -x $(VENV)/bin/stripefs && $(VENV)/bin/stripefs local down --dir $(STATE) || true
+	@if [ -x $(VENV)/bin/stripefs ]; then $(VENV)/bin/stripefs local down --dir $(STATE); else echo "stripefs is not installed here ($(VENV)): nothing to stop"; fi
 
 status: install
 	$(VENV)/bin/stripefs local status --dir $(STATE)

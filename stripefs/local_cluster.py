@@ -3,7 +3,9 @@
 State directory layout (everything the cluster owns lives here)::
 
     STATE/cluster.json        ports, node ids, mountpoint, mount options (fixed at first `up`)
-    STATE/pids.json           pids of what `up` started; `down` stops exactly these
+    STATE/pids.json           pids of what `up` started; `down` stops these, and every process
+                              whose command line names STATE (stripefs/local_processes.py), so
+                              a cluster whose STATE was deleted while it ran is stopped too
     STATE/meta/metad.toml     metadata daemon config; STATE/meta/ holds its SQLite database
     STATE/meta-N/metad.toml   further metadata daemons (``--metas N``, PostgreSQL only)
     STATE/postgres/           the throwaway PostgreSQL server of ``--meta-store postgresql``
@@ -56,6 +58,7 @@ from .common.keyring import load_identity, load_public, write_keypair
 from .common.security import identity_of, use_identity, with_key
 from .common.transport import connect
 from .local_postgres import LocalPostgres, choose_dir
+from .local_processes import is_mounted, mount_state, processes_of, unmount
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +107,15 @@ def _alive(pid: int | None) -> bool:
         return False
 
 
-def _is_mounted(path: Path) -> bool:
-    target = str(path.absolute())
+_is_mounted = is_mounted  # tests import it from here
+
+
+def _cmdline(pid: int) -> str:
     try:
-        with open("/proc/mounts") as f:
-            return any(line.split()[1] == target for line in f)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
-        return False
+        return ""
 
 
 class LocalCluster:
@@ -305,8 +310,14 @@ class LocalCluster:
 
     def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
            secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1) -> int:
-        self.state.mkdir(parents=True, exist_ok=True)
         mount = Path(mount).absolute()
+        if not self.info_path.exists():
+            orphans = processes_of(self.state)
+            if orphans:  # its state directory was deleted while it ran: a new cluster beside it would be a mess
+                raise QuietError(
+                    f"{len(orphans)} process(es) of a local cluster in {self.state} still run though its state is gone "
+                    f"(pids {' '.join(str(o.pid) for o in orphans)}); stop them with 'stripefs local down --dir {self.state}'", 3)
+        self.state.mkdir(parents=True, exist_ok=True)
         if self.info_path.exists():
             info = json.loads(self.info_path.read_text())
             if settings:
@@ -322,15 +333,17 @@ class LocalCluster:
             print(f"note: {self.state} has {len(info['nodes'])} storage nodes; --nodes {nodes} is ignored", file=sys.stderr)
         pids = self.pids()
         metas = self._meta_names(info)
-        expected = len(metas) + 1 + len(info["nodes"])  # metas, storage nodes, mount
-        alive = [name for name, pid in self._flat_pids(pids) if _alive(pid)]
+        removed = self._removed_nodes(info, pids)
+        expected = len(metas) + 1 + len(info["nodes"]) - len(removed)  # metas, storage nodes (not removed), mount
+        alive = [name for name, pid in self._flat_pids(pids) if _alive(pid) and name not in removed]
         server = self._postgres(info)
-        if len(alive) == expected and _is_mounted(mount) and (server is None or server.running()):
+        mounted = self._check_mount(mount, pids)
+        if len(alive) == expected and mounted and (server is None or server.running()):
             print(f"stripefs local cluster in {self.state} is already running, mounted at {mount}")
             return 0
         if alive:
             print(f"restarting what is not running in {self.state} ({len(alive)} of {expected} processes are up)")
-        if not _is_mounted(mount):  # touching a live mount would wait for the daemons we are about to start
+        if not mounted:  # touching a live mount would wait for the daemons we are about to start
             mount.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
 
@@ -349,6 +362,10 @@ class LocalCluster:
             self._save_pids(pids)
             if i == 0 and len(metas) > 1:  # the first creates the schema; the others find it
                 self._wait_ready({**info, "nodes": []}, pids, deadline, metas_only=True)
+        if len(metas) == 1:  # the daemon answers before the nodes start: it knows which were removed
+            self._wait_ready({**info, "nodes": []}, pids, deadline, metas_only=True)
+        removed = self._removed_nodes(info, pids)
+        info = {**info, "nodes": [n for n in info["nodes"] if f"storage-{n['node_id']}" not in removed]}
         storage = pids.setdefault("storage", {})
         for node in info["nodes"]:
             key = str(node["node_id"])
@@ -361,7 +378,7 @@ class LocalCluster:
         if info.get("subdir"):
             self._make_dirs(info["subdir"])
 
-        if not _is_mounted(mount):
+        if not mounted:
             args = ["mount", ",".join(self.meta_addresses), str(mount), "--log", str(self.state / "logs" / "mount.log"),
                     "--pidfile", str(self.state / "mount.pid")]
             for opt in info.get("options", []) + [o for o in options if o not in info.get("options", [])]:
@@ -378,9 +395,56 @@ class LocalCluster:
             pids["mount"] = int((self.state / "mount.pid").read_text())
             self._save_pids(pids)
         store = f" on PostgreSQL at 127.0.0.1:{info['postgres']['port']}" if server is not None else ""
+        gone = f" ({len(removed)} removed: not started)" if removed else ""
         print(f"stripefs local cluster up: metadata {', '.join(self.meta_addresses)}{store}, "
-              f"{len(info['nodes'])} storage nodes, mounted at {mount}")
+              f"{len(info['nodes'])} storage nodes{gone}, mounted at {mount}")
         return 0
+
+    def _check_mount(self, mount: Path, pids: dict) -> bool:
+        """Whether the cluster's mount is live; a dead one (its client killed) is unmounted first,
+        something else mounted there is an error."""
+        state = mount_state(mount, pids.get("mount") if _alive(pids.get("mount")) else None)
+        if state == "dead":
+            why = unmount(mount)
+            if why:
+                raise QuietError(f"{mount} is a dead mount (its client exited) and cannot be unmounted: {why}; "
+                                 f"try 'fusermount3 -u -z {mount}'", 3)
+            print(f"{mount} was a dead mount (its client had exited): unmounted it; mounting again")
+        elif state == "foreign":
+            raise QuietError(f"something else is mounted at {mount}; unmount it first (fusermount3 -u {mount})", 3)
+        return state == "live"
+
+    def _removed_nodes(self, info: dict, pids: dict) -> set[str]:
+        """Names (storage-N) of the nodes an operator removed (stripefs node remove): not started again.
+        Asked of the metadata daemon when it runs, and kept in cluster.json for when it does not."""
+        known = set(info.get("removed", []))
+        if _alive(pids.get("meta")):
+            states = self._node_states()
+            if states is not None:
+                now = {n for n, st in states.items() if st == "removed"}
+                if now != known:
+                    saved = json.loads(self.info_path.read_text())
+                    saved["removed"] = sorted(now)
+                    self.info_path.write_text(json.dumps(saved, indent=1))
+                known = now
+        return {f"storage-{n}" for n in known}
+
+    def _node_states(self) -> dict[int, str] | None:
+        """node id -> state as the metadata daemon says (None: it does not answer)."""
+
+        async def ask():
+            ctx = zmq.Context()
+            try:
+                async with connect(ctx, self.meta_address, timeout=3) as meta:
+                    rsp, _ = await meta.call(p.StatusReq())
+                    return {n.node_id: n.state for n in rsp.nodes}
+            except StripefsError:
+                return None
+            finally:
+                ctx.destroy(linger=0)
+
+        self.use_admin_key()
+        return trio.run(ask)
 
     def _wait_ready(self, info: dict, pids: dict, deadline: float, *, metas_only: bool = False) -> None:
         """Wait for every process to answer a ping and every node to be up at every daemon."""
@@ -470,15 +534,33 @@ class LocalCluster:
         return out
 
     def down(self) -> int:
-        info = self.info()
-        mount = Path(info["mount"])
-        if _is_mounted(mount):
-            res = subprocess.run(["fusermount3", "-u", str(mount)], capture_output=True, text=True)
-            if res.returncode:
-                print(f"{mount} is busy ({res.stderr.strip()}); detaching it lazily", file=sys.stderr)
-                subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True)
+        """Unmount and stop what ``up`` started: the pids in pids.json and every process whose command
+        line names this state directory (stripefs/local_processes.py), so a cluster whose pids.json, or
+        whole state directory, was deleted while it ran is stopped too. 0 when nothing runs any more
+        (also when nothing ran), 3 when something could not be stopped or unmounted."""
+        info = json.loads(self.info_path.read_text()) if self.info_path.exists() else None
+        found = processes_of(self.state)
+        if info is None and not found:
+            print(f"no local cluster runs from {self.state}: nothing to stop")
+            return 0
+        if info is None:
+            print(f"{self.state} is gone, but {len(found)} of its processes still run: stopping them", file=sys.stderr)
+        mounts = {Path(info["mount"])} if info else set()
+        mounts |= {proc.mountpoint for proc in found if proc.mountpoint is not None}
+        failed = []
+        for mount in sorted(mounts):
+            if _is_mounted(mount):
+                res = subprocess.run(["fusermount3", "-u", str(mount)], capture_output=True, text=True)
+                if res.returncode and _is_mounted(mount):
+                    print(f"{mount} is busy ({res.stderr.strip()}); detaching it lazily", file=sys.stderr)
+                    why = unmount(mount)
+                    if why:
+                        failed.append(f"{mount} is still mounted ({why})")
         pids = self.pids()
-        flat = self._flat_pids(pids)
+        flat = [(proc.name, proc.pid) for proc in found if proc.name != "postgres"]
+        # pids.json's too (a state directory named by another path: a symlink), if still a stripefs process
+        flat += [(name, pid) for name, pid in self._flat_pids(pids)
+                 if _alive(pid) and pid not in {p for _, p in flat} and "stripefs" in _cmdline(pid)]
         for _, pid in flat:
             if _alive(pid):
                 os.kill(pid, signal.SIGTERM)
@@ -489,9 +571,16 @@ class LocalCluster:
             if _alive(pid):
                 print(f"{name} (pid {pid}) ignored SIGTERM; killing it", file=sys.stderr)
                 os.kill(pid, signal.SIGKILL)
-        server = self._postgres(info)
+        server = self._postgres(info) if info else None
         if server is not None:
             server.stop()
+        for proc in found:  # a PostgreSQL server of a deleted state directory: pg_ctl cannot find it, SIGINT is its fast stop
+            if proc.name == "postgres" and _alive(proc.pid):
+                os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.1)
+        failed += [f"{proc.name} (pid {proc.pid}) still runs" for proc in processes_of(self.state)]
+        if failed:
+            raise QuietError(f"the local cluster in {self.state} is not fully stopped: {'; '.join(failed)}", 3)
         self.pids_path.unlink(missing_ok=True)
         print(f"stripefs local cluster in {self.state} stopped")
         return 0
@@ -502,6 +591,7 @@ class LocalCluster:
         """Every process: role, node_id, pid, address, state, bytes_stored, metrics (http://.../metrics or None)."""
         info = self.info()
         pids = self.pids()
+        removed = self._removed_nodes(info, pids)
         endpoints = info.get("metrics", {})
 
         def metrics_url(name: str) -> str | None:
@@ -510,7 +600,7 @@ class LocalCluster:
         procs = []
         for i, (name, address) in enumerate(zip(self._meta_names(info), self.meta_addresses)):
             pid = pids.get("meta") if i == 0 else pids.get("metas", {}).get(str(i + 1))
-            procs.append({"role": "meta", "node_id": None, "pid": pid, "address": address,
+            procs.append({"role": "meta", "node_id": None, "pid": pid if _alive(pid) else None, "address": address,
                           "state": "up" if _alive(pid) else "down", "bytes_stored": None,
                           "metrics": metrics_url(name)})
         server = self._postgres(info)
@@ -524,16 +614,18 @@ class LocalCluster:
             procs.append({
                 "role": "storage",
                 "node_id": node["node_id"],
-                "pid": pid,
+                "pid": pid if _alive(pid) else None,
                 "address": self._keyed(f"tcp://127.0.0.1:{node['port']}", f"storage-{node['node_id']}"),
-                "state": "up" if _alive(pid) else "down",
+                "state": "up" if _alive(pid) else "removed" if f"storage-{node['node_id']}" in removed else "down",
                 "bytes_stored": _tree_bytes(self.state / f"storage-{node['node_id']}" / "data"),
                 "metrics": metrics_url(f"storage-{node['node_id']}"),
             })
         mpid = pids.get("mount")
+        mstate = mount_state(Path(info["mount"]), mpid if _alive(mpid) else None)
         procs.append({
-            "role": "mount", "node_id": None, "pid": mpid, "address": None,
-            "state": "up" if _alive(mpid) and _is_mounted(Path(info["mount"])) else "down",
+            "role": "mount", "node_id": None, "pid": mpid if _alive(mpid) else None, "address": None,
+            # "dead": still in /proc/mounts, its client gone (every access fails: 'stripefs local up' mounts again)
+            "state": {"live": "up", "dead": "dead"}.get(mstate, "down"),
             "bytes_stored": None, "mountpoint": info["mount"], "metrics": metrics_url("mount"),
         })
         return {"state_dir": str(self.state), "processes": procs, "under_replicated": self._under_replicated()}
