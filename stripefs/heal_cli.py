@@ -154,7 +154,10 @@ def cmd_scrub(args) -> int:
             after = rsp.next_ino
     if bar:
         bar.done()
-    print(f"scrub: {files} file(s), {copies} chunk copies, {format_size(nbytes)} verified; {bad} bad copies found"
+    from .status import count
+
+    print(f"scrub: {count(files, 'file')}, {count(copies, 'chunk copy', 'chunk copies')}, {format_size(nbytes)} verified; "
+          f"{count(bad, 'bad copy', 'bad copies')} found"
           + (scrub_outcome(bad, repairing) if bad else ""))
     return 3 if bad > repairing else 0
 
