@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -117,6 +118,9 @@ def test_down_stops_a_cluster_whose_state_directory_is_gone(small):
         res = subprocess.run(["make", "-s", "stop", f"STATE={small.state}"], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert res.returncode == 0 and "nothing to stop" in res.stdout
     finally:
+        if small.state.exists():  # what this test is against: a second cluster made beside the first
+            run_cli("local", "down", "--dir", str(small.state), check=False)
+            shutil.rmtree(small.state)
         moved.rename(small.state)
 
 
