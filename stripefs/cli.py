@@ -310,7 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     local = sub.add_parser("local", help="run a whole cluster on this machine", description="Start, stop and inspect a one-machine cluster.")
     lsub = local.add_subparsers(dest="action", metavar="ACTION", required=True)
-    up = lsub.add_parser("up", help="start (or restart) the cluster and mount it", description="Start a metadata daemon, N storage nodes and the mount. Running it again on a stopped STATE brings the same data back.")
+    up = lsub.add_parser("up", help="start (or restart) the cluster and mount it",
+                         description="Start a metadata daemon, N storage nodes and the mount. Running it again on a "
+                         "stopped STATE brings the same data back; it starts what is not running (not the nodes an "
+                         "operator removed) and mounts again over a dead mount (its client killed).")
     up.add_argument("--dir", default=DEFAULT_STATE, help="state directory: configs, data, logs, pids (default: %(default)s)")
     up.add_argument("--mount", default="./mnt", help="mountpoint (default: %(default)s)")
     up.add_argument("--nodes", type=int, default=4, help="storage nodes (default: %(default)s)")
@@ -332,9 +335,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "(N > 1 needs --meta-store postgresql) (default: %(default)s; used when STATE is created)")
     add = lsub.add_parser("add-node", help="start one more storage node", description="Create, start and register one more storage node in a running local cluster (then data rebalances onto it).")
     add.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
-    down = lsub.add_parser("down", help="unmount and stop everything 'up' started", description="Unmount and stop exactly the processes 'up' started (by pid). Data stays in the state directory.")
+    down = lsub.add_parser("down", help="unmount and stop everything 'up' started",
+                           description="Unmount and stop the processes 'up' started: those in STATE/pids.json and every "
+                           "process whose command line names STATE (so a cluster whose state directory was deleted "
+                           "while it ran is stopped too; never a name match). Data stays in the state directory. "
+                           "Exit 0 when nothing of it runs any more (also when nothing ran), 3 when something could "
+                           "not be stopped or unmounted.")
     down.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
-    st = lsub.add_parser("status", help="which local processes are running", description="List the cluster's processes: role, node id, pid, address, state and bytes stored.")
+    st = lsub.add_parser("status", help="which local processes are running",
+                         description="List the cluster's processes: role, node id, pid, address, state (up, down; "
+                         "a storage node 'removed' by an operator; the mount 'dead' when its client is gone but the "
+                         "mount point is still there: 'local up' mounts again) and bytes stored.")
     st.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     st.add_argument("--json", action="store_true", help='machine-readable: {"processes": [{role, node_id, pid, address, state, bytes_stored, metrics}, ...], "under_replicated": N}')
     local.set_defaults(func=cmd_local)
@@ -345,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Health, storage nodes with their state, capacity, use and chunks, redundancy (degraded chunks, "
         "repair backlog), file and chunk counts. --json keys are stable (see docs/operations.md).",
     )
-    status.add_argument("path", nargs="?", help="a path inside a stripefs mount (finds the cluster)")
+    status.add_argument("path", nargs="?", help="a path inside a stripefs mount (finds the cluster; a path outside every mount is an error)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     _add_cluster_args(status)
     status.set_defaults(func=cmd_status)
@@ -353,14 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
     layout = sub.add_parser("layout", help="show or set a directory's layout", description="New files inherit their directory's layout: chunk size, stripe count, redundancy.")
     lysub = layout.add_subparsers(dest="action", metavar="ACTION", required=True)
     get = lysub.add_parser("get", help="show the layout of a file or directory")
-    get.add_argument("path", help="a path inside a stripefs mount, or a namespace path with --meta")
+    get.add_argument("path", help="a path inside a stripefs mount, or a namespace path (/dataset) with --meta or --dir")
     get.add_argument("--json", action="store_true", help="print {chunk_size, stripe_count, redundancy}")
     _add_cluster_args(get)
     lset = lysub.add_parser("set", help="change a directory's layout for files created from now on", description="Each flag alone changes only that field. Existing files keep their layout.")
-    lset.add_argument("path", help="a directory inside a stripefs mount, or a namespace path with --meta")
+    lset.add_argument("path", help="a directory inside a stripefs mount, or a namespace path (/dataset) with --meta or --dir")
     lset.add_argument("--chunk-size", help="e.g. 4M (binary units; 64K..64M)")
     lset.add_argument("--stripe-count", type=int, help="how many nodes consecutive chunks rotate over")
-    lset.add_argument("--replicas", type=int, help="copies of each chunk")
+    lset.add_argument("--replicas", type=int, help="copies of each chunk, on distinct nodes (refused beyond the nodes up)")
     lset.add_argument("--ec", help="erasure code K+M, e.g. 4+2")
     lset.add_argument("--json", action="store_true", help="print the resulting layout as JSON")
     _add_cluster_args(lset)
