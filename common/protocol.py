@@ -374,6 +374,7 @@ class NodeStatsRsp(Msg, tag="node_stats_rsp"):
     free_bytes: int
     used_bytes: int
     chunks: int
+    filesystem: str = ""  # as in RegisterNodeReq
 
 
 # --------------------------------------------------------------------------
