@@ -10,7 +10,8 @@ Each configuration: a fresh `stripefs local` cluster (2 storage nodes; the
 PostgreSQL server is the throwaway one of `--meta-store postgresql`), then per
 client thread FILES/THREADS empty files created in its own directories, the
 dentry and inode caches dropped (stat must ask the metadata daemon), every file
-stat'ed, renamed into another directory, unlinked.
+stat'ed, stat'ed again (warm: what the kernel caches), renamed into another
+directory, unlinked; then as many directories made and removed.
 
     python bench/meta.py [--files 2000] [--configs sqlite,pg1,pg2] [--workdir /var/tmp]
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, BenchError, Cluster, check_workdir, git_commit, progress, write_results  # noqa: E402
 
-OPS = ("create", "stat", "rename", "unlink")
+OPS = ("create", "stat", "stat warm", "rename", "unlink", "mkdir", "rmdir")
 DIRS_PER_CLIENT = 4
 CONFIGS = {
     "sqlite": ("SQLite, 1 daemon, 1 client", [], 1),
@@ -58,8 +59,12 @@ def _phase(roots: list[Path], n: int, op: str) -> float:
                 name = f"f{i:06d}"
                 if op == "create":
                     os.close(os.open(d / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                elif op == "stat":
+                elif op in ("stat", "stat warm"):
                     os.stat(d / name)
+                elif op == "mkdir":
+                    os.mkdir(d / f"m{i:06d}")
+                elif op == "rmdir":
+                    os.rmdir(d / f"m{i:06d}")
                 elif op == "rename":
                     os.rename(d / name, root / f"d{(i + 1) % DIRS_PER_CLIENT}" / f"r{i:06d}")
                 else:
@@ -132,11 +137,11 @@ def _meta_addresses(state: Path) -> list[str]:
 
 def _report(results: dict) -> str:
     lines = ["", "metadata rates through the mount (ops/s; ratio = stripefs / local disk, same run, same threads)", ""]
-    lines.append(f"{'configuration':36}" + "".join(f"{op:>22}" for op in OPS))
+    lines.append(f"{'configuration':36}" + "".join(f"{op:>20}" for op in OPS))
     for r in results.values():
-        cells = "".join(f"{r['stripefs_ops_s'][op]:>9,.0f} ({r['ratio'][op]:.3f}x)".rjust(22) for op in OPS)
+        cells = "".join(f"{r['stripefs_ops_s'][op]:>8,.0f} ({r['ratio'][op]:.3f}x)".rjust(20) for op in OPS)
         lines.append(f"{r['label']:36}{cells}")
-        lines.append(f"{'  local disk, same threads':36}" + "".join(f"{r['local_ops_s'][op]:>22,.0f}" for op in OPS))
+        lines.append(f"{'  local disk, same threads':36}" + "".join(f"{r['local_ops_s'][op]:>20,.0f}" for op in OPS))
     return "\n".join(lines)
 
 
