@@ -45,6 +45,7 @@ import zmq
 from ..common import protocol as p
 from ..common.errors import StripefsError
 from ..common.transport import open_socket
+from .dir_attrs import DirAttrs
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class KernelCache:
         self._pending_names: set[tuple[int, bytes]] = set()
         self._pending = trio.Event()
         self._subscribed = 0  # subscriptions made so far
+        self.dir_attrs = DirAttrs()  # directory attributes from this mount's change replies (client/dir_attrs.py)
+        self.dir_attrs.clear()  # none kept until the feed is followed
 
     # ----------------------------------------------------- what the kernel knows
 
@@ -116,10 +119,16 @@ class KernelCache:
 
     # ------------------------------------------------------------ invalidation
 
-    def apply(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> None:
-        """One change made elsewhere (or here: the feed does not say who): note it, queue its invalidations."""
+    def apply(self, inodes: list[int], entries: list[tuple[int, bytes]], seq: int = 0) -> None:
+        """One change made elsewhere (or here: the feed does not say who): note it, queue its invalidations.
+
+        ``seq``: its number in the change log (0: unknown)."""
         touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
         self._note(touched | {parent for parent, _ in entries})
+        if seq:
+            self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
+        else:
+            self.dir_attrs.clear()
         self.on_change(touched)
         names = [e for e in entries if e in self._names]
         known = [ino for ino in inodes if ino in self._names_of or ino == pyfuse3.ROOT_INODE]
@@ -146,8 +155,11 @@ class KernelCache:
             await self._pending.wait()
             await self.flush_pending()
 
-    async def drop_all(self, why: str) -> None:
+    async def drop_all(self, why: str, floor: int | None = None) -> None:
+        """Drop everything told to the kernel; ``floor``: the change log position from which
+        the feed is followed again in order (None: not known yet)."""
         self.drops += 1
+        self.dir_attrs.clear(floor)
         self._clock += 1
         self._floor = self._clock
         self._recent.clear()
@@ -189,6 +201,7 @@ class KernelCache:
                 log.warning("change feed: the metadata daemon named %r, which is not an address; asking again", where[:100])
                 await trio.sleep(p.EVENTS_SILENCE_S)
                 continue
+            self.dir_attrs.resume(seq)  # changes up to seq were not seen one by one
             async with open_socket(ctx, zmq.SUB, connect=where, hwm=1_000_000) as sock:
                 log.debug("change feed: following %s (boot %s) from seq %d", where, boot, seq)
                 if not self._subscribed:
@@ -226,18 +239,18 @@ class KernelCache:
             except p.ProtocolError as exc:
                 log.warning("change feed: %s", exc)
                 self.healthy = False
-                await self.drop_all("undecodable event")
+                await self.drop_all("undecodable event", seq + 1)
                 continue
             if event.boot_id == boot and event.seq == seq and not (event.inodes or event.entries):
                 self.healthy = True  # a heartbeat: nothing missed
             elif event.boot_id == boot and event.seq == seq + 1:
                 seq = event.seq
-                self.apply(*self.map_event(event.inodes, event.entries))
+                self.apply(*self.map_event(event.inodes, event.entries), seq)
                 self.healthy = True
             else:
                 why = "another change log (a restored database?)" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"
                 boot, seq = event.boot_id, event.seq
-                await self.drop_all(why)  # covers this event's changes too
+                await self.drop_all(why, seq)  # covers this event's changes too
                 self.healthy = True
 
 

@@ -203,14 +203,28 @@ class Operations(pyfuse3.Operations):
         self._fresh_open_info(0)  # prune
         return list(self.files.keys() | self._open_info.keys())
 
-    async def _attr_reply(self, request: p.Msg) -> pyfuse3.EntryAttributes:
+    async def _attr_reply(self, request: p.Msg, changes: tuple[int, ...] = ()) -> pyfuse3.EntryAttributes:
         stamp = self.kcache.stamp()
-        rsp = await self.meta.call(request)
+        rsp = await self._change(request, changes)
         return self._entry(rsp.attr, cacheable=not self.kcache.changed_since(stamp, rsp.attr.ino))
+
+    async def _change(self, request: p.Msg, inodes) -> p.Msg:
+        """Send a request that changes ``inodes``; the directories' attributes its reply
+        carries answer the kernel's next GETATTR of them (client/dir_attrs.py)."""
+        if not inodes:
+            return await self.meta.call(request)
+        inodes = [ino for ino in inodes if ino]
+        rsp = None
+        self.kcache.dir_attrs.begin(inodes)
+        try:
+            rsp = await self.meta.call(request)
+            return rsp
+        finally:
+            self.kcache.dir_attrs.end(inodes, rsp)
 
     async def _new_name(self, parent: int, name: bytes, request: p.Msg) -> pyfuse3.EntryAttributes:
         self._writable()
-        entry = await self._attr_reply(request)
+        entry = await self._attr_reply(request, (parent,))
         self.kcache.remember(parent, name, entry.st_ino)
         return entry
 
@@ -301,6 +315,10 @@ class Operations(pyfuse3.Operations):
             known = self._dataset_info.get(inode)
             if known is not None:
                 return self._entry(known.attr)
+        if self.kcache.healthy:
+            known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
+            if known is not None:
+                return self._entry(known)
         return await self._attr_reply(p.GetattrReq(ino=inode))
 
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -324,7 +342,7 @@ class Operations(pyfuse3.Operations):
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
         )
         if result is None or any(v is not None for v in changes.values()):
-            result = (await self.meta.call(p.SetattrReq(ino=inode, **changes))).attr
+            result = (await self._change(p.SetattrReq(ino=inode, **changes), (inode,))).attr
         return self._entry(result)
 
     async def readlink(self, inode, ctx):
@@ -348,17 +366,19 @@ class Operations(pyfuse3.Operations):
 
     async def unlink(self, parent_inode, name, ctx):
         self._writable()
-        await self.meta.call(p.UnlinkReq(parent=parent_inode, name=name))
+        await self._change(p.UnlinkReq(parent=parent_inode, name=name), (parent_inode,))
 
     async def rmdir(self, parent_inode, name, ctx):
         self._writable()
-        await self.meta.call(p.RmdirReq(parent=parent_inode, name=name))
+        removed = self.kcache.lookup_known(parent_inode, name) or 0
+        await self._change(p.RmdirReq(parent=parent_inode, name=name), (parent_inode, removed))
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         self._writable()
-        await self.meta.call(
-            p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
-        )
+        # a directory moved changes its own ctime and "..", one replaced its nlink
+        moved = (self.kcache.lookup_known(parent_inode_old, name_old) or 0, self.kcache.lookup_known(parent_inode_new, name_new) or 0)
+        request = p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
+        await self._change(request, (parent_inode_old, parent_inode_new, *moved))
 
     async def opendir(self, inode, ctx):
         return inode
@@ -407,7 +427,7 @@ class Operations(pyfuse3.Operations):
             return
         self._writable()
         self._forget_killpriv(inode)
-        await self.meta.call(p.SetxattrReq(ino=inode, name=name, value=value))
+        await self._change(p.SetxattrReq(ino=inode, name=name, value=value), (inode,))  # its ctime
 
     async def getxattr(self, inode, name, ctx):
         if name == p.PREFETCH_XATTR and self.prefetcher is not None:
@@ -438,7 +458,7 @@ class Operations(pyfuse3.Operations):
     async def removexattr(self, inode, name, ctx):
         self._writable()
         self._forget_killpriv(inode)
-        await self.meta.call(p.RemovexattrReq(ino=inode, name=name))
+        await self._change(p.RemovexattrReq(ino=inode, name=name), (inode,))  # its ctime
 
     def _forget_killpriv(self, inode: int) -> None:
         of = self.files.get(inode)
@@ -523,8 +543,9 @@ class Operations(pyfuse3.Operations):
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         self._writable()
-        rsp = await self.meta.call(
-            p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id)
+        rsp = await self._change(
+            p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id),
+            (parent_inode,),
         )
         of, _ = await self._opened(rsp, fresh_attrs=True)
         fh = self._new_handle(of)

@@ -31,7 +31,10 @@ class Subtree:
 
     def reply(self, rsp: p.Msg) -> p.Msg:
         if isinstance(rsp, (p.AttrRsp, p.OpenRsp)) and rsp.attr.ino == self.root:
-            return msgspec.structs.replace(rsp, attr=self._attr(rsp.attr))
+            rsp = msgspec.structs.replace(rsp, attr=self._attr(rsp.attr))
+        dirs = getattr(rsp, "dir_attrs", None)
+        if dirs and any(a.ino == self.root for a in dirs):
+            rsp = msgspec.structs.replace(rsp, dir_attrs=[self._attr(a) for a in dirs])
         return rsp
 
     def event(self, inodes: list[int], entries: list[tuple[int, bytes]]) -> tuple[list[int], list[tuple[int, bytes]]]:

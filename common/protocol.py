@@ -237,6 +237,14 @@ class OkRsp(Msg, tag="ok"):
     pass
 
 
+class ChangedRsp(Msg, tag="changed_rsp"):
+    """Reply to a namespace change that returns no file (UnlinkReq, RmdirReq, RenameReq):
+    the directories it changed, as AttrRsp.dir_attrs."""
+
+    dir_attrs: list[Attr] = []
+    seq: int = 0
+
+
 class ErrorRsp(Msg, tag="error"):
     code: int  # common.errors.ErrorCode
     message: str = ""
@@ -493,6 +501,12 @@ class SetattrReq(Msg, tag="setattr"):
 
 class AttrRsp(Msg, tag="attr_rsp"):
     attr: Attr
+    # replies to a change (MkdirReq, SetattrReq...): the attributes of the directories it changed,
+    # read right after it, and the change log position they are as of (its own change's number;
+    # 0: unknown, e.g. a retry answered from applied_ops or a shared database). A mount answers
+    # GETATTR of those directories from them until the change feed says otherwise (client/dir_attrs.py)
+    dir_attrs: list[Attr] = []
+    seq: int = 0
 
 
 class CreateReq(Msg, tag="create"):
@@ -612,6 +626,8 @@ class OpenRsp(Msg, tag="open_rsp"):
     epoch: int = 0  # a fresh write epoch when opened for writing or created (saves an AllocEpochReq)
     quota_max_size: int = -1  # the size the file may grow to under its directory quotas now; -1: no quota applies
     cap: Cap | None = None  # subtree keys: what storage nodes ask of them for this file's chunks
+    dir_attrs: list[Attr] = []  # CreateReq: the parent's attributes after it, as AttrRsp.dir_attrs
+    seq: int = 0  # ... as of this change log position
 
 
 class CloseReq(Msg, tag="close"):

@@ -147,6 +147,7 @@ class MetaService:
         self.sessions = Sessions(config.session_lease_s, config.max_open_per_session, config.max_sessions_per_key)
         self._lock = trio.Lock()
         self._batch = _Batch()
+        self._logged_seq = 0  # SQLite: the change log number the last operation's change got (_operation)
         self._wake_committer = trio.Event()
         self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
         self._gc_wake = trio.Event()
@@ -325,20 +326,35 @@ class MetaService:
         result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
         if ran and change is not None:
             inodes, entries = change(result) if callable(change) else change
-            self.store.log_change(time.time_ns(), change_log.encode(inodes, entries))
+            self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries)) or 0
         return result
 
     async def _write(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run one mutating operation and return once it is durable."""
+        return (await self._write_reporting(fn, *args, report=(), **kwargs))[0]
+
+    async def _write_reporting(self, fn: Callable[..., T], *args, report, **kwargs) -> tuple[T, list[P.Attr], int]:
+        """``_write``, plus the attributes of the directories in ``report`` right after the
+        operation and the change log position they are as of (its own change's number), for
+        the mount to answer GETATTR with (client/dir_attrs.py). Only SQLite knows that number
+        at once; a shared database (numbered later, daemon/change_log.py) and a retry answered
+        from applied_ops report nothing."""
+        attrs: list[P.Attr] = []
+        seq = 0
         try:
             if not self.store.group_commit:
                 change = kwargs.pop("change", None)
                 result = await self._in_transaction(self._operation, (fn, change, *args), kwargs, readonly=False)
                 self.healer.stale = True
                 self._feed_wake.set()  # publish this change now, not at the next poll
-                return result
+                return result, attrs, seq
             async with self._lock:
+                self._logged_seq = 0
                 result, batch = self._write_locked(fn, *args, **kwargs)
+                seq = self._logged_seq if report else 0
+                if seq:
+                    attrs = self._dir_attrs(report)
+                    seq = seq if attrs else 0
         finally:
             key = applied_ops.once.get()
             if key is not None:
@@ -346,7 +362,14 @@ class MetaService:
         self.healer.stale = True  # redundancy figures in status are recomputed
         await batch.wait()
         self._feed_wake.set()  # a shared database: publish this change now, not at the next poll
-        return result
+        return result, attrs, seq
+
+    def _dir_attrs(self, inodes) -> list[P.Attr]:
+        """Attributes of these directories now (under ``_lock``, right after an operation); [] if one is gone."""
+        try:
+            return [self.ns.getattr(ino) for ino in dict.fromkeys(inodes)]
+        except StripefsError:
+            return []
 
     async def _committer(self) -> None:
         while True:
@@ -719,14 +742,14 @@ class MetaService:
             return None
 
     async def handle_setattr(self, req: P.SetattrReq) -> P.Msg:
-        attr = await self._write(
+        attr, dirs, seq = await self._write_reporting(
             self.ns.setattr, req.ino, mode=req.mode, uid=req.uid, gid=req.gid, size=req.size,
             atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, ctime_ns=req.ctime_ns, chunks=req.chunks,
-            change=([req.ino], []),
+            report=[req.ino], change=([req.ino], []),
         )
         if req.size is not None:
             self._gc_wake.set()
-        return P.AttrRsp(attr=attr)
+        return P.AttrRsp(attr=attr, dir_attrs=[a for a in dirs if stat.S_ISDIR(a.mode)], seq=seq)
 
     async def handle_create(self, req: P.CreateReq) -> P.Msg:
         owner = current_peer()
@@ -746,42 +769,60 @@ class MetaService:
                 self._epoch_batch = self._batch
             return (*info, epoch)
 
-        attr, layout, chunks, nodes, quota_max, epoch = await self._write(
-            create_and_open, change=([req.parent], [(req.parent, req.name)])
+        (attr, layout, chunks, nodes, quota_max, epoch), dirs, seq = await self._write_reporting(
+            create_and_open, report=[req.parent], change=([req.parent], [(req.parent, req.name)])
         )
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
+        return P.OpenRsp(
+            attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max, dir_attrs=dirs, seq=seq
+        )
 
     async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
-        attr = await self._write(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid, change=([req.parent], [(req.parent, req.name)]))
-        return P.AttrRsp(attr=attr)
+        attr, dirs, seq = await self._write_reporting(
+            self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid,
+            report=[req.parent], change=([req.parent], [(req.parent, req.name)]),
+        )
+        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
 
     async def handle_mkdir(self, req: P.MkdirReq) -> P.Msg:
-        attr = await self._write(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid, change=([req.parent], [(req.parent, req.name)]))
-        return P.AttrRsp(attr=attr)
+        attr, dirs, seq = await self._write_reporting(
+            self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid,
+            report=[req.parent], change=([req.parent], [(req.parent, req.name)]),
+        )
+        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
 
     async def handle_symlink(self, req: P.SymlinkReq) -> P.Msg:
-        attr = await self._write(self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid, change=([req.parent], [(req.parent, req.name)]))
-        return P.AttrRsp(attr=attr)
+        attr, dirs, seq = await self._write_reporting(
+            self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid,
+            report=[req.parent], change=([req.parent], [(req.parent, req.name)]),
+        )
+        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
 
     async def handle_link(self, req: P.LinkReq) -> P.Msg:
         change = ([req.ino, req.new_parent], [(req.new_parent, req.new_name)])
-        attr = await self._write(self.ns.link, req.ino, req.new_parent, req.new_name, change=change)
-        return P.AttrRsp(attr=attr)
+        attr, dirs, seq = await self._write_reporting(self.ns.link, req.ino, req.new_parent, req.new_name, report=[req.new_parent], change=change)
+        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
 
     async def handle_unlink(self, req: P.UnlinkReq) -> P.Msg:
-        await self._write(self.ns.unlink, req.parent, req.name, change=([req.parent], [(req.parent, req.name)]))
+        _, dirs, seq = await self._write_reporting(
+            self.ns.unlink, req.parent, req.name, report=[req.parent], change=([req.parent], [(req.parent, req.name)])
+        )
         self._gc_wake.set()
-        return P.OkRsp()
+        return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
     async def handle_rmdir(self, req: P.RmdirReq) -> P.Msg:
-        await self._write(self.ns.rmdir, req.parent, req.name, change=([req.parent], [(req.parent, req.name)]))
-        return P.OkRsp()
+        _, dirs, seq = await self._write_reporting(
+            self.ns.rmdir, req.parent, req.name, report=[req.parent], change=([req.parent], [(req.parent, req.name)])
+        )
+        return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
     async def handle_rename(self, req: P.RenameReq) -> P.Msg:
         change = ({req.parent_old, req.parent_new}, [(req.parent_old, req.name_old), (req.parent_new, req.name_new)])
-        await self._write(self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags, change=change)
+        _, dirs, seq = await self._write_reporting(
+            self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags,
+            report=[req.parent_old, req.parent_new], change=change,
+        )
         self._gc_wake.set()
-        return P.OkRsp()
+        return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
     async def handle_readlink(self, req: P.ReadlinkReq) -> P.Msg:
         return P.ReadlinkRsp(target=await self._read(self.ns.readlink, req.ino))

@@ -312,3 +312,56 @@ print("|".join(out))
     assert over in ("Permission denied", "File exists"), res  # the name is there, and not theirs to replace
     assert public == names["public"]  # a file they may read: they are told where its copy is
     assert sft.read_file(paths[0]) == b"root's secret"  # root still gets its copy
+
+
+@pytest.fixture(scope="module")
+def second(cluster):
+    """Another default (read-write, close-to-open) mount, with its metrics served."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mnt = cluster.mount_again("second", f"metrics=127.0.0.1:{port}")
+    yield mnt, port
+    cluster.unmount(mnt)
+    cluster.extra_mounts.remove(mnt)
+
+
+def _rpcs(port: int) -> float:
+    """Requests the mount sent to the metadata daemon so far (its Prometheus counters)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("stripefs_rpc_seconds_count{"))
+
+
+def test_directory_attributes_a_change_left_are_those_of_the_daemon_and_follow_other_mounts(cluster, mnt, second):
+    """A mount answers GETATTR of a directory it just changed from the change's reply
+    (client/dir_attrs.py): its own changes show at once, another mount's within the bound."""
+    second, port = second
+    mine = second / mnt.name
+    (mine / "d").mkdir()
+    before = _rpcs(port)
+    for i in range(20):
+        (mine / "d" / f"f{i}").write_bytes(b"")
+        os.mkdir(mine / "d" / f"sub{i}")
+        st = os.stat(mine / "d")  # the kernel dropped the directory's attributes: asked of the mount
+        assert st.st_nlink == 2 + i + 1  # its own change, at once
+    calls = _rpcs(port) - before
+    # per file: LookupReq + CreateReq, per directory: LookupReq + MkdirReq; no GetattrReq of "d"
+    assert calls < 20 * 4 + 10, calls
+
+    theirs = os.stat(mnt / "d")
+    assert (theirs.st_nlink, theirs.st_mtime_ns) == (st.st_nlink, st.st_mtime_ns)  # what the daemon has
+
+    os.chmod(mnt / "d", 0o700)  # elsewhere: the second mount's kept attributes are old now
+    _eventually(lambda: stat.S_IMODE(os.stat(mine / "d").st_mode) == 0o700)
+    os.mkdir(mnt / "d" / "theirs")
+    _eventually(lambda: os.stat(mine / "d").st_nlink == st.st_nlink + 1)
+    (mine / "d" / "f0").unlink()  # and the second mount's next change keeps its reply again
+    assert os.stat(mine / "d").st_nlink == st.st_nlink + 1
+    assert os.stat(mine / "d").st_mtime_ns == os.stat(mnt / "d").st_mtime_ns
+    os.rename(mine / "d" / "sub0", mine / "d" / "sub0-renamed")
+    os.rmdir(mine / "d" / "sub1")
+    assert os.stat(mine / "d").st_nlink == os.stat(mnt / "d").st_nlink == st.st_nlink

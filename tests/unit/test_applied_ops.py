@@ -138,24 +138,26 @@ async def test_a_resent_request_is_not_applied_twice_even_across_kill9(daemon, c
         first = await _call(c, create)
         again = await _call(c, create)  # a retry after a lost reply: the same answer, not EEXIST
         assert again.attr == first.attr and again.epoch == first.epoch
+        # the first answer says where the parent stands after it (client/dir_attrs.py); a replay cannot
+        assert first.seq > 0 and [d.ino for d in first.dir_attrs] == [ROOT] and again.seq == 0
         rename = once(2, P.RenameReq(parent_old=ROOT, name_old=b"f", parent_new=ROOT, name_new=b"g"))
-        assert isinstance(await _call(c, rename), P.OkRsp)
+        assert isinstance(await _call(c, rename), P.ChangedRsp)
         # another file takes the old name: a second application would now rename it over g
         other = await _call(c, once(3, P.CreateReq(parent=ROOT, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid)))
-        assert isinstance(await _call(c, rename), P.OkRsp)
+        assert isinstance(await _call(c, rename), P.ChangedRsp)
         assert (await _call(c, P.LookupReq(parent=ROOT, name=b"g"))).attr.ino == first.attr.ino
         assert (await _call(c, P.LookupReq(parent=ROOT, name=b"f"))).attr.ino == other.attr.ino
         with pytest.raises(StripefsError) as info:  # only mutating requests may be wrapped
             await c.call(once(4, P.GetattrReq(ino=ROOT)))
         assert info.value.code == ErrorCode.BAD_REQUEST
         unlink = once(5, P.UnlinkReq(parent=ROOT, name=b"g"))
-        assert isinstance(await _call(c, unlink), P.OkRsp)
+        assert isinstance(await _call(c, unlink), P.ChangedRsp)
 
     daemon.kill9()  # the records are durable like the changes they answer for
     daemon.start()
     await daemon.wait_ready(ctx)
     async with connect(ctx, daemon.address, timeout=10) as c:
-        assert isinstance(await _call(c, unlink), P.OkRsp)  # not ENOENT
+        assert isinstance(await _call(c, unlink), P.ChangedRsp)  # not ENOENT
         assert (await _call(c, create)).attr == first.attr  # not a new file named f
         assert (await _call(c, P.LookupReq(parent=ROOT, name=b"f"))).attr.ino == other.attr.ino
         with pytest.raises(StripefsError) as info:

@@ -1,0 +1,107 @@
+"""Directory attributes a change made here left: GETATTR answered without a round trip.
+
+After every create, mkdir, unlink or rename in a directory the kernel drops
+that directory's attributes (fuse_dir_changed), and with ``default_permissions``
+the next path walk through it asks GETATTR before anything else: one more
+round trip to the daemon per namespace change. The daemon's reply to a change
+carries the attributes of the directories it changed, read right after it, and
+the change log position they are as of (``dir_attrs``, ``seq``: its own
+change's number). The mount keeps them here and answers that GETATTR itself.
+
+Rules (the kernel's own attribute cache follows the same feed, kernel_cache.py):
+
+* Used only while the change feed is healthy, as long attribute timeouts are.
+* Position: an entry is as of change ``seq``. A change event numbered above it
+  that touches the directory drops it; events at or below it are already in it
+  (this mount's own change among them, whichever of event and reply comes
+  first). A reply older than an event already applied to the directory is not
+  kept (``_touched``), nor one older than the last full drop (``_floor``).
+* This mount's own changes in flight: a change sent for a directory drops its
+  entry, and no reply is kept while another change of it is still unanswered
+  (it may have been applied before or after the reply's position).
+* A reply without a position (a shared database numbers changes later, a
+  retry answered from applied_ops) keeps nothing.
+
+So a change made elsewhere is seen here when its event is, as the kernel's
+attribute cache does: within the feed's bound (kernel_cache.py).
+"""
+
+from __future__ import annotations
+
+import stat
+from collections import Counter, OrderedDict
+from typing import Iterable
+
+from ..common import protocol as p
+
+#: directories kept (about 200 bytes each)
+MAX_ENTRIES = 16384
+#: how many directories touched by events are remembered one by one (older ones: ``_floor``)
+_TOUCHED = 65536
+
+
+class DirAttrs:
+    def __init__(self) -> None:
+        self._attrs: OrderedDict[int, tuple[int, p.Attr]] = OrderedDict()  # ino -> (seq, attr)
+        self._touched: OrderedDict[int, int] = OrderedDict()  # ino -> seq of the last event touching it
+        self._floor = 0  # replies at or below this position are never kept
+        self._busy: Counter[int] = Counter()  # ino -> changes of it sent and not answered yet
+
+    def get(self, ino: int) -> p.Attr | None:
+        entry = self._attrs.get(ino)
+        return entry[1] if entry else None
+
+    # ------------------------------------------------------- this mount's changes
+
+    def begin(self, inodes: Iterable[int]) -> None:
+        """A change of these directories is about to be sent."""
+        for ino in inodes:
+            self._busy[ino] += 1
+            self._attrs.pop(ino, None)
+
+    def end(self, inodes: Iterable[int], rsp: p.Msg | None) -> None:
+        """Its reply came (None: it failed); keep what it says where nothing else is in flight."""
+        for ino in inodes:
+            self._busy[ino] -= 1
+            if self._busy[ino] <= 0:
+                del self._busy[ino]
+        seq = getattr(rsp, "seq", 0)
+        if not seq or seq <= self._floor:
+            return
+        for attr in rsp.dir_attrs:
+            ino = attr.ino
+            if not stat.S_ISDIR(attr.mode) or self._busy[ino] or self._touched.get(ino, 0) > seq:
+                continue
+            known = self._attrs.get(ino)
+            if known is not None and known[0] > seq:
+                continue
+            self._attrs[ino] = (seq, attr)
+            self._attrs.move_to_end(ino)
+            if len(self._attrs) > MAX_ENTRIES:
+                self._attrs.popitem(last=False)
+
+    # ------------------------------------------------------------- the feed
+
+    def changed(self, inodes: Iterable[int], seq: int) -> None:
+        """Change event ``seq`` touched these inodes."""
+        for ino in inodes:
+            known = self._attrs.get(ino)
+            if known is not None and known[0] < seq:
+                del self._attrs[ino]
+            self._touched.pop(ino, None)
+            self._touched[ino] = seq
+        while len(self._touched) > _TOUCHED:
+            _, old = self._touched.popitem(last=False)
+            self._floor = max(self._floor, old)
+
+    def clear(self, floor: int | None = None) -> None:
+        """Forget everything; keep no reply at or below ``floor`` (None: none at all until told)."""
+        self._attrs.clear()
+        self._touched.clear()
+        self._floor = (1 << 63) if floor is None else floor
+
+    def resume(self, floor: int) -> None:
+        """The feed is followed again from position ``floor`` (changes up to it were not seen one by one)."""
+        self._attrs.clear()
+        self._touched.clear()
+        self._floor = floor

@@ -1,0 +1,76 @@
+"""client/dir_attrs.py: which reply a mount may keep for a directory, in every order of replies and events."""
+
+import stat
+
+from stripefs.client.dir_attrs import DirAttrs
+from stripefs.common import protocol as p
+
+D = 7
+
+
+def _attr(mtime: int, ino: int = D, mode: int = stat.S_IFDIR | 0o755) -> p.Attr:
+    return p.Attr(ino=ino, mode=mode, nlink=2, uid=0, gid=0, rdev=0, size=0, atime_ns=0, mtime_ns=mtime, ctime_ns=mtime, generation=0)
+
+
+def _reply(seq: int, *attrs: p.Attr) -> p.ChangedRsp:
+    return p.ChangedRsp(dir_attrs=list(attrs), seq=seq)
+
+
+def _following(at: int = 10) -> DirAttrs:
+    cache = DirAttrs()
+    cache.resume(at)
+    return cache
+
+
+def test_a_reply_is_kept_until_a_later_event_and_its_own_event_does_not_drop_it():
+    cache = _following()
+    cache.begin([D])
+    cache.end([D], _reply(11, _attr(11)))
+    cache.changed([D], 11)  # the change's own event, after its reply
+    assert cache.get(D).mtime_ns == 11
+    cache.changed([D], 12)  # someone else's
+    assert cache.get(D) is None
+
+
+def test_a_reply_older_than_an_applied_event_is_not_kept():
+    cache = _following()
+    cache.begin([D])
+    cache.changed([D], 11)  # its own event first: fine
+    cache.end([D], _reply(11, _attr(11)))
+    assert cache.get(D).mtime_ns == 11
+    cache.begin([D])
+    cache.changed([D], 13)  # another mount's change, applied before this reply of position 12 came
+    cache.end([D], _reply(12, _attr(12)))
+    assert cache.get(D) is None
+
+
+def test_nothing_is_kept_while_another_change_of_the_directory_is_in_flight():
+    cache = _following()
+    cache.begin([D])
+    cache.begin([D])
+    cache.end([D], _reply(11, _attr(11)))  # the other one may land before or after position 11
+    assert cache.get(D) is None
+    cache.end([D], _reply(12, _attr(12)))
+    assert cache.get(D).mtime_ns == 12
+    cache.begin([D])  # a change sent drops the entry at once
+    assert cache.get(D) is None
+    cache.end([D], None)  # it failed: nothing to keep
+    assert cache.get(D) is None
+
+
+def test_no_position_no_file_no_feed_nothing_kept():
+    cache = DirAttrs()
+    cache.clear()  # not following the feed yet
+    cache.begin([D])
+    cache.end([D], _reply(11, _attr(11)))
+    assert cache.get(D) is None
+    cache.resume(20)  # followed again from 20: older replies may miss changes up to it
+    for reply in (_reply(15, _attr(15)), _reply(0, _attr(21)), _reply(21, _attr(21, mode=stat.S_IFREG | 0o644))):
+        cache.begin([D])
+        cache.end([D], reply)
+        assert cache.get(D) is None
+    cache.begin([D])
+    cache.end([D], _reply(21, _attr(21)))
+    assert cache.get(D).mtime_ns == 21
+    cache.clear(30)  # a gap: everything goes
+    assert cache.get(D) is None
