@@ -110,6 +110,9 @@ T = TypeVar("T")
 
 GC_BATCH = 1000
 GC_INTERVAL_S = 1.0
+#: after a wake (an unlink, a truncate...), wait this long for more garbage before a round: one
+#: DeleteChunksReq per node and one commit for a burst, not per unlink (1.6 of each per unlink before)
+GC_COALESCE_S = 0.05
 GC_RPC_TIMEOUT_S = 10.0
 TRIM_INTERVAL_S = 30.0
 #: how long a node that registers has to answer the daemon's ping
@@ -488,6 +491,7 @@ class MetaService:
         while True:
             with trio.move_on_after(GC_INTERVAL_S):
                 await self._gc_wake.wait()
+                await trio.sleep(GC_COALESCE_S)  # an rm -rf: one round per node for many unlinks
             self._gc_wake = trio.Event()
             async with self._lock:
                 targets = [n for n in self.store.garbage_nodes() if self.nodes.is_up(n)]
