@@ -9,6 +9,7 @@ failed send, which must never let a length be committed without its data.
 
 from __future__ import annotations
 
+import errno
 from contextlib import AsyncExitStack
 
 import pytest
@@ -44,6 +45,7 @@ class Rig:
             self.daemon.config.read_text().replace('chunk_size = "1M"', 'chunk_size = "64K"').replace("replicas=1", "replicas=2")
         )
         self.nodes: dict[int, tuple[StorageConfig, ChunkStore, trio.CancelScope | None]] = {}
+        self._stopped: dict[int, trio.Event] = {}  # node id -> set once its service has ended
         self.data: DataPath
         self.meta: MetaClient
 
@@ -59,16 +61,37 @@ class Rig:
         cfg, store, _ = self.nodes[node_id]
 
         async def serve(task_status=trio.TASK_STATUS_IGNORED):
-            with trio.CancelScope() as scope:
-                self.nodes[node_id] = (cfg, store, scope)
-                await StorageService(cfg, store, ctx=self.ctx).run(task_status=task_status)
+            stopped = self._stopped[node_id] = trio.Event()
+            try:
+                with trio.CancelScope() as scope:
+                    self.nodes[node_id] = (cfg, store, scope)
+                    await StorageService(cfg, store, ctx=self.ctx).run(task_status=task_status)
+            finally:
+                stopped.set()  # its fast lane thread has closed its sockets (common/fast_lane.py)
 
-        await self.nursery.start(serve)
+        for attempt in range(100):
+            try:
+                await self.nursery.start(serve)
+                return
+            except zmq.ZMQError as exc:
+                # the same port again: libzmq releases a closed socket's listener a moment later
+                if exc.errno != errno.EADDRINUSE or attempt == 99:
+                    raise
+                await trio.sleep(0.05)
 
     def stop_node(self, node_id: int) -> None:
         cfg, store, scope = self.nodes[node_id]
         scope.cancel()
         self.nodes[node_id] = (cfg, store, None)
+
+    async def stop_all(self) -> None:
+        """Stop every node and wait until each has closed its sockets: a context destroyed
+        under a lane thread still polling them is undefined behaviour in libzmq (a crash)."""
+        for node_id, (_, _, scope) in list(self.nodes.items()):
+            if scope is not None:
+                self.stop_node(node_id)
+        for stopped in self._stopped.values():
+            await stopped.wait()
 
     async def create(self, name: bytes, parent: int = ROOT) -> OpenFile:
         rsp = await self.meta.call(P.CreateReq(parent=parent, name=name, mode=0o100644, uid=0, gid=0, session_id=self.meta.session_id))
@@ -102,6 +125,8 @@ async def rig(tmp_path, nursery):
             pool = NodePool(ctx, nursery, timeout=2.0, read_timeout=2.0)
             r.data = DataPath(r.meta, pool, ChunkCache(16 << 20), nursery, readahead_chunks=0, write_parallelism=2)
             yield r
+            with trio.CancelScope(shield=True):
+                await r.stop_all()
             nursery.cancel_scope.cancel()
     finally:
         r.daemon.stop()
