@@ -1,6 +1,6 @@
 """``stripefs layout convert``: re-write existing files to another redundancy, online.
 
-The converter is a small client of its own: a metadata session, a NodePool
+The converter is a small client of its own (client/connect.py): a metadata session, a NodePool
 and a ``DataPath``, the same data path the mount uses, without FUSE. For
 each file it:
 
@@ -35,9 +35,10 @@ import trio
 import zmq
 
 from ..common import protocol as p
+from ..common.config import ClientConfig, Size
 from ..common.errors import ErrorCode, QuietError, StripefsError
-from .chunk_cache import ChunkCache
-from .data_rpc import NodePool
+from ..common.progress import Progress
+from .connect import open_client
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
 from .striping import DataPath
@@ -48,14 +49,12 @@ BUSY_RETRIES = 3
 
 
 class _Tally:
-    """What happened to each file, and the shared progress bar (stripefs/progress.py).
+    """What happened to each file, and the shared progress bar (common/progress.py).
 
     When stderr is not a terminal, a line per file is printed instead of a bar.
     """
 
     def __init__(self, files: int, total_bytes: int):
-        from stripefs.progress import Progress
-
         self.files = files
         self.bar = Progress(files, label="converting", total_bytes=total_bytes)
         self.done_files = 0
@@ -169,7 +168,11 @@ class Converter:
         return f"{src.layout.redundancy} -> {self.redundancy}"
 
 
-def run(addresses: list[str], paths: list[str], redundancy: str, *, recursive: bool, rpc_timeout: float = 10.0) -> int:
+#: the converter's client: a small cache and read-ahead (it reads each file once), half a minute of retries
+CONVERTER_CONFIG = ClientConfig(op_timeout_s=30.0, cache_size=Size(128 << 20), readahead_chunks=2, write_parallelism=4, shm_dir="", metrics="")
+
+
+def run(addresses: list[str], paths: list[str], redundancy: str, *, recursive: bool, config: ClientConfig = CONVERTER_CONFIG) -> int:
     """Convert ``paths``; the exit code (0: all converted or already so, 3: some failed)."""
     files, dirs = _targets(paths, recursive)
     progress = _Tally(len(files), sum(size for _, size in files))
@@ -180,12 +183,8 @@ def run(addresses: list[str], paths: list[str], redundancy: str, *, recursive: b
             async with AsyncExitStack() as stack:
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 stack.callback(nursery.cancel_scope.cancel)
-                meta = MetaClient(ctx, addresses, timeout=rpc_timeout, retry_window_s=30.0)
-                await meta.open(stack)
-                await meta.hello(f"layout convert pid {os.getpid()}", patience_s=rpc_timeout)
-                nodes = NodePool(ctx, nursery, timeout=rpc_timeout, read_timeout=min(3.0, rpc_timeout))
-                meta.caps, nodes.caps.meta = nodes.caps, meta  # a subtree key's capabilities (client/caps.py)
-                data = DataPath(meta, nodes, ChunkCache(128 << 20), nursery, readahead_chunks=2, write_parallelism=4)
+                client = await open_client(ctx, stack, nursery, config, addresses, name=f"layout convert pid {os.getpid()}")
+                meta, data = client.meta, client.data
                 converter = Converter(meta, data, redundancy, progress)
                 nursery.start_soon(meta.heartbeat_loop, "", name="session-heartbeat")
                 for d in dirs:

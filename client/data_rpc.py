@@ -119,12 +119,12 @@ class NodePool:
                 client,
                 p.ReadChunkReq(chunk=chunk, min_version=min_version, offset=offset, length=length),
                 timeout=self.timeout if last_try else self.read_timeout,
+                expect=p.ReadChunkRsp,
             )
         except StripefsError as exc:
             self._suspect(node_id, exc)
             raise
         self._suspect_until.pop(node_id, None)
-        assert isinstance(rsp, p.ReadChunkRsp)
         if len(payloads) != 1:
             raise StripefsError(ErrorCode.BAD_REQUEST, f"node {node_id} sent {len(payloads)} payload frames")
         data = payloads[0]
@@ -136,12 +136,11 @@ class NodePool:
         """Several reads from one node in one round trip; each is its data or why it failed."""
         client = await self._client(node_id)
         try:
-            rsp, payloads = await self._call_with_caps(client, p.ReadChunksReq(reads=reads), timeout=self.timeout)
+            rsp, payloads = await self._call_with_caps(client, p.ReadChunksReq(reads=reads), timeout=self.timeout, expect=p.ReadChunksRsp)
         except StripefsError as exc:
             self._suspect(node_id, exc)
             raise
         self._suspect_until.pop(node_id, None)
-        assert isinstance(rsp, p.ReadChunksRsp)
         if len(rsp.results) != len(reads) or len(payloads) != len(reads):
             raise StripefsError(ErrorCode.BAD_REQUEST, f"node {node_id} answered {len(rsp.results)} of {len(reads)} reads")
         out: list[memoryview | StripefsError] = []
@@ -161,11 +160,10 @@ class NodePool:
     async def write(self, node_id: int, request: p.WriteChunkReq, data) -> p.WriteChunkRsp:
         client = await self._client(node_id)
         try:
-            rsp, _ = await self._call_with_caps(client, request, [data])
+            rsp, _ = await self._call_with_caps(client, request, [data], expect=p.WriteChunkRsp)
         except StripefsError as exc:
             self._suspect(node_id, exc)
             raise
-        assert isinstance(rsp, p.WriteChunkRsp)
         return rsp
 
     async def sync(self, node_id: int, chunks: list[p.ChunkId]) -> None:
@@ -176,6 +174,21 @@ class NodePool:
         except StripefsError as exc:
             self._suspect(node_id, exc)
             raise
+
+    async def sync_each(self, by_node: dict[int, list[p.ChunkId]]) -> dict[int, StripefsError]:
+        """``sync`` on each node, at once; the nodes that failed, with their errors."""
+        failed: dict[int, StripefsError] = {}
+
+        async def one(node_id: int, chunks: list[p.ChunkId]) -> None:
+            try:
+                await self.sync(node_id, chunks)
+            except StripefsError as exc:
+                failed[node_id] = exc
+
+        async with trio.open_nursery() as nursery:
+            for node_id, chunks in by_node.items():
+                nursery.start_soon(one, node_id, chunks)
+        return failed
 
 
 def _inodes(request: p.Msg) -> list[int]:

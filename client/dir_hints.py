@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from ..common import protocol as p
 from ..common.errors import StripefsError
-from .ec_path import is_ec
+from ..common.layout import is_ec, one_chunk
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,10 @@ class Hint(NamedTuple):
 
 def hint_of(info: p.OpenRsp) -> Hint | None:
     """The hint an open information gives: a replicated file of one chunk, written; else None."""
-    size, chunk_size = info.attr.size, info.layout.chunk_size
-    if not 0 < size <= chunk_size or not info.chunks or is_ec(info.layout):
+    ref = one_chunk(info)
+    if ref is None or not ref.nodes or is_ec(info.layout):
         return None
-    ref = info.chunks[0]
-    if ref.index != 0 or not ref.version or not ref.nodes:
-        return None
-    return Hint(info.attr.ino, ref, chunk_size)
+    return Hint(info.attr.ino, ref, info.layout.chunk_size)
 
 
 class DirHints:

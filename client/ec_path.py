@@ -61,7 +61,6 @@ import functools
 import logging
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 import trio
 import xxhash
@@ -70,10 +69,11 @@ from ..common import protocol as p
 from ..common.erasure import StripeCodec, codec, fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import Extent, parse_redundancy
+from .chunk_cache import ChunkCache
+from .data_rpc import NodePool
+from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
-
-if TYPE_CHECKING:
-    from .striping import DataPath
+from .placements import placement, session_epoch
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,6 @@ _FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCod
 _MOVE_ATTEMPTS = 3
 #: a data fragment that has not come within this long makes the read decode from the others
 READ_DEADLINE_S = 0.5
-
-
-def is_ec(layout: p.Layout) -> bool:
-    return layout.redundancy.startswith("ec=")
 
 
 def layout_codec(layout: p.Layout) -> StripeCodec:
@@ -101,8 +97,11 @@ def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memory
 
 
 class EcPath:
-    def __init__(self, data: DataPath, *, min_extra: int = 1):
-        self.data = data
+    def __init__(self, meta: MetaClient, nodes: NodePool, cache: ChunkCache, nursery: trio.Nursery, *, min_extra: int = 1):
+        self.meta = meta
+        self.nodes = nodes
+        self.cache = cache
+        self.nursery = nursery
         self.min_extra = min_extra
         self.read_deadline_s = READ_DEADLINE_S
         #: one coding call at a time (the GIL; see common/erasure.py)
@@ -130,7 +129,7 @@ class EcPath:
                     nursery.start_soon(fetch, i, ext)
             out = b"".join(parts)
         if ahead:
-            ahead = min(ahead, max(1, self.data.cache.budget // 4 // of.chunk_size))
+            ahead = min(ahead, max(1, self.cache.budget // 4 // of.chunk_size))
             last = extents[-1]
             self._read_ahead(of, c, last.file_offset + last.length, ahead)
         return out
@@ -144,7 +143,7 @@ class EcPath:
         cs = of.chunk_size
         stop = min(of.size, (end // cs + 1 + ahead) * cs)
         pos = end
-        cache = self.data.cache
+        cache = self.cache
         while pos < stop:
             index, inner = divmod(pos, cs)
             ref = of.chunks.get(index)
@@ -153,16 +152,16 @@ class EcPath:
                 continue
             parts = range(inner // c.fps, -(-min(cs, stop - index * cs) // c.fps))
             if any(self._unreachable(ref, j) for j in parts):
-                self.data.nursery.start_soon(self._prefetch_stripe, of.ino, c, ref, name=f"ec-decode-{of.ino}-{index}")
+                self.nursery.start_soon(self._prefetch_stripe, of.ino, c, ref, name=f"ec-decode-{of.ino}-{index}")
             else:
                 for j in parts:
                     if (of.ino, index, ref.version, 1 + j) not in cache:
-                        self.data.nursery.start_soon(self._prefetch, of.ino, c, ref, j, name=f"ec-prefetch-{of.ino}-{index}-{j}")
+                        self.nursery.start_soon(self._prefetch, of.ino, c, ref, j, name=f"ec-prefetch-{of.ino}-{index}-{j}")
             pos = (index + 1) * cs
 
     def _unreachable(self, ref: p.ChunkRef, part: int) -> bool:
         node = ref.nodes[part] if part < len(ref.nodes) else MISSING
-        return node == MISSING or self.data.nodes.is_suspect(node)
+        return node == MISSING or self.nodes.is_suspect(node)
 
     async def _prefetch_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef) -> None:
         try:
@@ -181,16 +180,16 @@ class EcPath:
         """Fetch the fragments of a one-stripe file about to be opened (DataPath.prefetch_small_file)."""
         ref = info.chunks[0]
         c = layout_codec(info.layout)
-        self.data.nodes.learn(info.nodes)
+        self.nodes.learn(info.nodes)
         for r in c.data_ranges(0, info.attr.size):
-            if (info.attr.ino, 0, ref.version, 1 + r.part) not in self.data.cache:
-                self.data.nursery.start_soon(self._prefetch, info.attr.ino, c, ref, r.part, name=f"ec-prefetch-{info.attr.ino}")
+            if (info.attr.ino, 0, ref.version, 1 + r.part) not in self.cache:
+                self.nursery.start_soon(self._prefetch, info.attr.ino, c, ref, r.part, name=f"ec-prefetch-{info.attr.ino}")
 
     async def _extent(self, of: OpenFile, c: StripeCodec, ext: Extent) -> bytes | memoryview:
         ref = of.chunks.get(ext.index)
         if ref is None or ref.version == 0:
             return bytes(ext.length)
-        whole = self.data.cache.get((of.ino, ext.index, ref.version))
+        whole = self.cache.get((of.ino, ext.index, ref.version))
         if whole is not None:
             return _piece(whole, ext.offset, ext.length)
         ranges = c.data_ranges(ext.offset, ext.length)
@@ -228,7 +227,7 @@ class EcPath:
                     wake.set()
 
         for key, fn in calls.items():
-            self.data.nursery.start_soon(run, key, fn)
+            self.nursery.start_soon(run, key, fn)
         if calls:
             with trio.move_on_after(deadline):
                 await wake.wait()
@@ -236,7 +235,7 @@ class EcPath:
 
     async def _fragment(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> bytes | memoryview:
         """Data fragment ``part``'s stored payload (maybe shorter than fps: the rest is zeros), cached."""
-        nodes = self.data.nodes
+        nodes = self.nodes
 
         async def load():
             node = ref.nodes[part] if part < len(ref.nodes) else MISSING
@@ -248,11 +247,11 @@ class EcPath:
             _, data = await nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
             return data
 
-        return await self.data.cache.fetch((ino, ref.index, ref.version, 1 + part), load)
+        return await self.cache.fetch((ino, ref.index, ref.version, 1 + part), load)
 
     async def stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, *, quiet: bool = False) -> bytes | memoryview:
         """The whole stripe (chunk_size bytes), cached: from the data fragments, or decoded."""
-        return await self.data.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
+        return await self.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
 
     async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool) -> bytes:
         got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
@@ -293,7 +292,7 @@ class EcPath:
 
     def _part_reads(self, ino: int, c: StripeCodec, ref: p.ChunkRef, parts, *, suspects: bool = False) -> dict:
         """part -> async function reading (version, payload) of that fragment, for the nodes worth asking."""
-        nodes = self.data.nodes
+        nodes = self.nodes
         calls = {}
         for j in parts:
             node = ref.nodes[j] if j < len(ref.nodes) else MISSING
@@ -305,7 +304,7 @@ class EcPath:
     async def _read_part(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, node: int) -> tuple[int, memoryview]:
         chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
         try:
-            return await self.data.nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
+            return await self.nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
         except StripefsError as exc:
             log.log(
                 logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
@@ -330,7 +329,7 @@ class EcPath:
         key = (of.ino, epoch, committed & 1)
         other = self._other_parity.get(key)
         while other is None or other <= committed:
-            rsp = await self.data.meta.call(p.AllocEpochReq())
+            rsp = await self.meta.call(p.AllocEpochReq())
             if (rsp.epoch & 1) != (committed & 1):
                 if len(self._other_parity) > 1024:
                     self._other_parity.clear()
@@ -339,10 +338,9 @@ class EcPath:
 
     async def send_stripe(self, of: OpenFile, dc: DirtyChunk, *, sync: bool) -> None:
         """Write one dirty chunk as a new stripe version (read-modify-write when partial)."""
-        data = self.data
         c = layout_codec(of.layout)
-        epoch = await data._epoch(of)
-        ref = await data._placement(of, dc.index)
+        epoch = await session_epoch(self.meta, of)
+        ref = await placement(self.meta, self.nodes, of, dc.index)
         mine = of.uncommitted.get(dc.index)
         version = mine.version if mine is not None else await self._version_for(of, epoch, ref.version)
         cs = of.chunk_size
@@ -359,7 +357,7 @@ class EcPath:
     async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
         """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
         c = layout_codec(of.layout)
-        rsp = await self.data.meta.call(p.AllocEpochReq())
+        rsp = await self.meta.call(p.AllocEpochReq())
         version = await self._version_for(of, rsp.epoch, ref.version)
         old = await self.stripe(of.ino, c, ref)
         return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
@@ -371,14 +369,13 @@ class EcPath:
         new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes)
         # the cache may hold what this stripe version held before this write (a rewrite in one
         # session), and reads in flight may bring it back: both are dropped (chunk_cache.py)
-        self.data.cache.drop_chunk(of.ino, ref.index)
+        self.cache.drop_chunk(of.ino, ref.index)
         if record:
             of.record(new_ref)
         return new_ref
 
     async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, frags: list[bytes], sync: bool) -> list[int]:
         """Write every fragment, moving the ones whose node fails; the placement, MISSING where none took it."""
-        data = self.data
         nodes = list(ref.nodes) + [MISSING] * (c.n - len(ref.nodes))
         stored = [False] * c.n
         errors: dict[int, str] = {}
@@ -392,10 +389,10 @@ class EcPath:
             tried: set[int] = set()
             force = False  # the daemon kept a node we suspect: it heartbeats, try it after all
             for _ in range(_MOVE_ATTEMPTS):
-                if node != MISSING and node not in tried and (force or not data.nodes.is_suspect(node)):
+                if node != MISSING and node not in tried and (force or not self.nodes.is_suspect(node)):
                     tried.add(node)
                     try:
-                        await data.nodes.write(node, request, frags[j])
+                        await self.nodes.write(node, request, frags[j])
                         nodes[j], stored[j] = node, True
                         return
                     except StripefsError as exc:
@@ -403,13 +400,13 @@ class EcPath:
                         log.warning("fragment %s: write to node %d failed (%s); moving it", chunk, node, exc)
                 try:
                     # not retried on UNAVAILABLE (the daemon's "no node left"): that fragment stays missing
-                    rsp = await data.meta.call(p.ReplaceReplicaReq(ino=ino, index=ref.index, failed_node=node, part=j), retry=False)
+                    rsp = await self.meta.call(p.ReplaceReplicaReq(ino=ino, index=ref.index, failed_node=node, part=j), retry=False)
                 except StripefsError as exc:
                     if exc.code != ErrorCode.UNAVAILABLE:
                         raise
                     errors[j] = exc.message
                     break
-                data.nodes.learn(rsp.nodes)
+                self.nodes.learn(rsp.nodes)
                 new = rsp.chunks[0].nodes[j] if j < len(rsp.chunks[0].nodes) else MISSING
                 if new == node:
                     if node == MISSING or node in tried:
@@ -459,7 +456,7 @@ class EcPath:
         if not pending:
             return
         by_node = {node: sorted(chunks, key=lambda ch: (ch.index, ch.part)) for node, chunks in pending.items()}
-        failed = await self.data.sync_nodes(by_node)
+        failed = await self.nodes.sync_each(by_node)
         if not failed:
             return
         c = layout_codec(of.layout)

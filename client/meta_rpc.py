@@ -124,6 +124,7 @@ class MetaClient:
                     rsp = await self._clients[self._current].call(
                         p.HelloReq(host=socket.gethostname(), pid=os.getpid(), mountpoint=mountpoint, subdir=self.subdir),
                         timeout=min(self.timeout, 2.0),
+                        expect=p.HelloRsp,
                     )
                 except StripefsError as exc:
                     if exc.code not in _RETRYABLE:
@@ -132,7 +133,6 @@ class MetaClient:
                     await trio.sleep(0.2)
                     continue
                 reply = rsp[0]
-                assert isinstance(reply, p.HelloRsp)
                 self.session_id, self.lease_s, self.boot_id = reply.session_id, reply.lease_s, reply.boot_id
                 self.cluster_id = reply.cluster_id
                 self.subtree = Subtree(reply.root_ino) if reply.root_ino != 1 else None
@@ -155,12 +155,11 @@ class MetaClient:
         """
         client = self._clients[self._current]
         try:
-            rsp, _ = await client.call(p.PingReq())
+            rsp, _ = await client.call(p.PingReq(), expect=p.PingRsp)
         except StripefsError as exc:
             if exc.code in _RETRYABLE:
                 self._next_after(client)
             raise
-        assert isinstance(rsp, p.PingRsp)
         log_id = rsp.events_log or rsp.boot_id  # the change log's id names the feed's events
         if not rsp.events_port:
             return "", log_id, rsp.events_seq

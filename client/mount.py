@@ -30,22 +30,18 @@ import zmq
 
 from ..common.arguments import ArgumentParser
 from ..common import config as cfg
-from ..common.errors import QuietError, StripefsError
+from ..common.errors import QuietError, StripefsError, leaves
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.keyring import load_identity
 from ..common.security import identity_of, split_address, use_identity
 from ..common.systemd import notify
 from ..common.metrics import serve as serve_metrics
 from . import metrics as client_metrics
-from .chunk_cache import ChunkCache
-from .data_rpc import NodePool
-from .disk_cache import DiskCache
+from .connect import open_client
 from .kernel_cache import KernelCache
-from .meta_rpc import MetaClient
 from .operations import Operations
 from .prefetch import Prefetcher
 from .shm_cache import ShmCache
-from .striping import DataPath
 
 log = logging.getLogger(__name__)
 
@@ -250,14 +246,7 @@ def _serve(addresses: list[str], mountpoint: Path, fuse_opts: set[str], client_c
 
 
 def _first_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
-    if isinstance(exc, kinds):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first_of(inner, kinds)
-            if found is not None:
-                return found
-    return None
+    return next((e for e in leaves(exc) if isinstance(e, kinds)), None)
 
 
 async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig, ready_fd: int | None) -> None:
@@ -268,32 +257,8 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
         async with AsyncExitStack() as stack:
             nursery = await stack.enter_async_context(trio.open_nursery())
             stack.callback(nursery.cancel_scope.cancel)
-            meta = MetaClient(ctx, addresses, timeout=client_cfg.rpc_timeout_s, retry_window_s=client_cfg.op_timeout_s)
-            meta.subdir = client_cfg.subdir.encode()
-            meta.root_squash = client_cfg.root_squash
-            await meta.open(stack)
-            await meta.hello(mountpoint, patience_s=max(client_cfg.rpc_timeout_s, 10.0))
-            nodes = NodePool(ctx, nursery, timeout=client_cfg.rpc_timeout_s, read_timeout=min(3.0, client_cfg.rpc_timeout_s))
-            meta.caps, nodes.caps.meta = nodes.caps, meta  # a subtree key's capabilities (client/caps.py)
-            data = DataPath(
-                meta,
-                nodes,
-                ChunkCache(client_cfg.cache_size),
-                nursery,
-                readahead_chunks=client_cfg.readahead_chunks,
-                write_parallelism=client_cfg.write_parallelism,
-                write_inflight=client_cfg.write_inflight,
-            )
-            data.hedge_after_s = client_cfg.hedge_after_s
-            data.ec.min_extra = client_cfg.ec_min_fragments_over_k
-            if client_cfg.disk_cache_dir:
-                data.disk_cache = DiskCache(
-                    client_cfg.disk_cache_dir,
-                    meta.cluster_id,
-                    capacity=client_cfg.disk_cache_size,
-                    min_free=client_cfg.disk_cache_min_free,
-                )
-                await trio.to_thread.run_sync(data.disk_cache.scan)
+            client = await open_client(ctx, stack, nursery, client_cfg, addresses, name=mountpoint)
+            meta, data = client.meta, client.data
             kcache = KernelCache()
             if meta.subtree is not None:  # a subdir mount: the kernel's root is that directory
                 kcache.map_event = meta.subtree.event

@@ -35,6 +35,7 @@ import trio
 
 from ..common import protocol as p
 from ..common.errors import StripefsError
+from ..common.layout import one_chunk
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
@@ -131,10 +132,8 @@ class Prefetcher:
 
     def _batchable(self, info: p.OpenRsp) -> int | None:
         """The node to read a one-chunk replicated file from in a batch (None: read it alone)."""
-        if not info.layout.redundancy.startswith("replicas") or len(info.chunks) != 1:
-            return None
-        ref = info.chunks[0]
-        if ref.index != 0 or not ref.version or not ref.nodes or info.attr.size > info.layout.chunk_size:
+        ref = one_chunk(info)
+        if ref is None or not ref.nodes or len(info.chunks) != 1 or not info.layout.redundancy.startswith("replicas"):
             return None
         if (info.attr.ino, 0, ref.version) in self.data.cache:
             return None  # cached already: the single path answers it without the network

@@ -57,20 +57,19 @@ import xxhash
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
-from ..common.layout import chunk_extents
+from ..common.layout import chunk_extents, is_ec, one_chunk
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .dir_hints import Hint
 from .disk_cache import DiskCache
-from .ec_path import EcPath, is_ec
+from .ec_path import EcPath
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
+from .placements import ALLOC_AHEAD, alloc_indices, placement, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
 
-#: chunks placed ahead of a sequential writer in one AllocChunksReq (alloc_indices)
-ALLOC_AHEAD = 16
 
 #: partial chunks a file may hold unsent; a writer scattering more sends its oldest first
 MAX_DIRTY_CHUNKS = 8
@@ -99,7 +98,7 @@ class DataPath:
         self.disk_cache: DiskCache | None = None  # set by the mount when configured
         # chunks being written in the background, all files together (memory bound, with MAX_DIRTY_CHUNKS)
         self.write_slots = trio.Semaphore(max(write_parallelism, write_inflight))
-        self.ec = EcPath(self)  # erasure-coded files (client/ec_path.py)
+        self.ec = EcPath(meta, nodes, cache, nursery)  # erasure-coded files (client/ec_path.py)
         #: called with the inode of a discarded write session: the kernel's pages and size are wrong now
         self.on_discard: Callable[[int], None] = lambda ino: None
 
@@ -171,10 +170,8 @@ class DataPath:
 
     def prefetch_small_file(self, info: p.OpenRsp) -> None:
         """Start fetching a one-chunk file that is about to be opened (see Operations.lookup)."""
-        if not 0 < info.attr.size <= info.layout.chunk_size or not info.chunks:
-            return
-        ref = info.chunks[0]
-        if ref.index != 0 or not ref.version or (info.attr.ino, 0, ref.version) in self.cache:
+        ref = one_chunk(info)
+        if ref is None or (info.attr.ino, 0, ref.version) in self.cache:
             return
         if is_ec(info.layout):
             return self.ec.prefetch_small_file(info)
@@ -462,28 +459,10 @@ class DataPath:
         self.nursery.start_soon(send, name=f"write-{of.ino}-{dc.index}")
 
     async def _epoch(self, of: OpenFile) -> int:
-        if not of.epoch:
-            rsp = await self.meta.call(p.AllocEpochReq())
-            of.epoch = rsp.epoch
-        return of.epoch
+        return await session_epoch(self.meta, of)
 
     async def _placement(self, of: OpenFile, index: int) -> p.ChunkRef:
-        ref = of.uncommitted.get(index) or of.chunks.get(index)
-        if ref is None or not ref.nodes:
-            indices = alloc_indices(of, index)
-            rsp = await self.meta.call(p.AllocChunksReq(ino=of.ino, indices=indices))
-            self.nodes.learn(rsp.nodes)
-            for c in rsp.chunks:
-                # only where the file still has no placement: a chunk placed ahead here may have
-                # been placed, written and recorded by another send during the round trip, and
-                # its bare placement would hide that version from reads (a hole) until the commit
-                now = of.uncommitted.get(c.index) or of.chunks.get(c.index)
-                if now is None or not now.nodes:
-                    of.chunks[c.index] = c
-                    if c.index != index:
-                        of.placed_ahead.add(c.index)  # released by flush if not written (_release_unused)
-            ref = of.uncommitted.get(index) or of.chunks[index]
-        return ref
+        return await placement(self.meta, self.nodes, of, index)
 
     async def _send_chunk(self, of: OpenFile, dc: DirtyChunk, *, sync: bool = False) -> None:
         """Write one dirty range to every replica of its chunk, replacing failed replicas."""
@@ -597,7 +576,7 @@ class DataPath:
         for index, nodes in of.unsynced.items():
             for node_id in nodes:
                 by_node.setdefault(node_id, []).append(p.ChunkId(of.ino, index))
-        failed = await self.sync_nodes(by_node)
+        failed = await self.nodes.sync_each(by_node)
         synced = {index: [n for n in nodes if n not in failed] for index, nodes in of.unsynced.items()}
         lost = sorted(index for index, nodes in synced.items() if not nodes)
         if lost:
@@ -613,21 +592,6 @@ class DataPath:
                 )
                 of.record(p.ChunkRef(index=index, version=ref.version, nodes=[n for n in ref.nodes if n not in failed]))
         of.unsynced.clear()
-
-    async def sync_nodes(self, by_node: dict[int, list[p.ChunkId]]) -> dict[int, StripefsError]:
-        """SyncChunksReq to each node, at once; the nodes that failed, with their errors."""
-        failed: dict[int, StripefsError] = {}
-
-        async def one(node_id: int, chunks: list[p.ChunkId]) -> None:
-            try:
-                await self.nodes.sync(node_id, chunks)
-            except StripefsError as exc:
-                failed[node_id] = exc
-
-        async with trio.open_nursery() as nursery:
-            for node_id, chunks in by_node.items():
-                nursery.start_soon(one, node_id, chunks)
-        return failed
 
     async def _commit(self, of: OpenFile) -> tuple[int, int]:
         """Commit the session's chunk versions and size (other mounts see them from now on);
@@ -720,26 +684,6 @@ class DataPath:
             of.chunks[r.index] = r
         self.cache.drop_inode(of.ino)
         return rsp.attr
-
-
-def alloc_indices(of: OpenFile, index: int) -> list[int]:
-    """The chunks to place in one AllocChunksReq when ``index`` needs a placement.
-
-    A file growing chunk by chunk (the one before ``index`` is placed) is most
-    likely written on: place the next chunks too, as many as the file already
-    has before ``index`` (a small file never gets more than it holds, a growing
-    one at most double), up to ``ALLOC_AHEAD``. Those not written are given back
-    at the commit (``DataPath._release_unused``, ReleaseChunksReq).
-    """
-    want = [index]
-    before = of.uncommitted.get(index - 1) or of.chunks.get(index - 1)
-    if before is None or not before.nodes:  # not growing chunk by chunk (a new file, a sparse writer)
-        return want
-    for i in range(index + 1, index + 1 + min(index, ALLOC_AHEAD)):
-        ref = of.uncommitted.get(i) or of.chunks.get(i)
-        if ref is None or not ref.nodes:
-            want.append(i)
-    return want
 
 
 def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memoryview:

@@ -97,3 +97,20 @@ class QuietError(Exception):
     def __init__(self, message: str, exitcode: int = 1):
         super().__init__(message)
         self.exitcode = exitcode
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside ``exc``, exception groups (trio's nurseries wrap what fails in them) flattened;
+    ``[exc]`` itself when it is no group. The one place the project looks inside exception groups."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return [exc]
+    found: list[BaseException] = []
+    for inner in exc.exceptions:
+        found += leaves(inner)
+    return found
+
+
+def sole(exc: BaseException) -> BaseException:
+    """``exc`` without the exception groups wrapped around it when they hold only it; else ``exc`` as it is."""
+    inner = leaves(exc)
+    return inner[0] if len(inner) == 1 else exc

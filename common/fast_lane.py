@@ -42,7 +42,7 @@ import zmq
 from . import limits, protocol, security
 from .errors import ErrorCode
 from .limits import ReplyQueues
-from .transport import FastHandler, Handler, _observe_served, new_socket, open_socket, serve
+from .transport import FastHandler, Handler, observe_served, new_socket, open_socket, serve
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class _Lane:
             return False
         if result is None:
             return False
-        _observe_served(self.name, body, payloads, result, time.perf_counter() - started)
+        observe_served(self.name, body, payloads, result, time.perf_counter() - started)
         reply, out = result if isinstance(result, tuple) else (result, ())
         self._send(frames[0].bytes, [frames[0], protocol.encode(request_id, reply), *out])
         return True

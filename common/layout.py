@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from .errors import ErrorCode, StripefsError
-from .protocol import Layout
+from .protocol import ChunkRef, Layout, OpenRsp
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 _UNITS = {"": 1, "K": KiB, "M": MiB, "G": GiB, "T": TiB, "P": 1 << 50}
@@ -131,3 +131,19 @@ def chunk_extents(offset: int, length: int, chunk_size: int) -> Iterator[Extent]
 def chunk_count(size: int, chunk_size: int) -> int:
     """Chunks needed to hold ``size`` bytes."""
     return -(-size // chunk_size)
+
+
+def is_ec(layout: Layout) -> bool:
+    """Whether files of ``layout`` are erasure-coded (``ec=K+M``) rather than replicated."""
+    return layout.redundancy.startswith("ec=")
+
+
+def one_chunk(info: OpenRsp) -> ChunkRef | None:
+    """Chunk 0 of a written file that fits in one chunk (0 < size <= chunk size), else None: the files
+    fetched whole ahead of their reader (client/dir_hints.py, client/striping.py, client/prefetch.py)."""
+    if not 0 < info.attr.size <= info.layout.chunk_size or not info.chunks:
+        return None
+    ref = info.chunks[0]
+    if ref.index != 0 or not ref.version:
+        return None
+    return ref

@@ -51,7 +51,7 @@ import trio
 import zmq
 
 from . import limits, metrics, protocol, security
-from .errors import ErrorCode, QuietError, StripefsError
+from .errors import ErrorCode, QuietError, StripefsError, sole
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +267,12 @@ class RpcClient:
         payloads: Sequence[Payload] = (),
         *,
         timeout: float | None = None,
+        expect: type | tuple[type, ...] | None = None,
     ) -> tuple[protocol.Msg, list[memoryview]]:
-        """Send one request and wait for its reply. ErrorRsp is raised as StripefsError."""
+        """Send one request and wait for its reply. ErrorRsp is raised as StripefsError.
+
+        ``expect``: the reply type(s) the request must get; any other is a peer error
+        (UNAVAILABLE, which callers fail over on), never an assertion that ``python -O`` drops."""
         request_id = next(self._ids)
         slot = _Pending()
         self._pending[request_id] = slot
@@ -291,20 +295,33 @@ class RpcClient:
             )
         if isinstance(body, protocol.ErrorRsp):
             raise StripefsError(body.code, body.message)
+        if expect is not None and not isinstance(body, expect):
+            raise StripefsError(
+                ErrorCode.UNAVAILABLE, f"{self.address} answered {protocol.kind(request)} with a {protocol.kind(body)}"
+            )
         return body, slot.payloads
 
 
 @asynccontextmanager
 async def connect(ctx: zmq.Context, address: str, *, timeout: float = 10.0) -> AsyncIterator[RpcClient]:
-    """An RpcClient connected to ``address`` with its receive loop running."""
+    """An RpcClient connected to ``address`` with its receive loop running.
+
+    An exception leaving the ``async with`` body leaves as itself, not wrapped in the exception group
+    of the connection's nursery (the group is unwrapped here, where it arises, when it holds one)."""
     async with open_socket(ctx, zmq.DEALER, connect=address) as sock:
         client = RpcClient(sock, address, timeout)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(client._receive_loop)
-            try:
-                yield client
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(client._receive_loop)
+                try:
+                    yield client
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            inner = sole(group)
+            if inner is group:
+                raise
+            raise inner from None
 
 
 Handler = Callable[[protocol.Msg, list[memoryview]], Awaitable[protocol.Msg | tuple[protocol.Msg, Sequence[Payload]]]]
@@ -398,7 +415,7 @@ async def serve(
             message = f"{kind} took longer than the server's request_timeout_s ({limits.request_timeout_s:.0f}s)"
             await reply(identity, request_id, protocol.ErrorRsp(code=ErrorCode.TIMEOUT, message=message))
             return
-        _observe_served(name, body, payloads, result, time.perf_counter() - started)
+        observe_served(name, body, payloads, result, time.perf_counter() - started)
         if isinstance(result, tuple):
             await reply(identity, request_id, result[0], result[1])
         else:
@@ -444,7 +461,7 @@ async def serve(
                 started = time.perf_counter()
                 result = fast(body, payloads)
                 if result is not None:
-                    _observe_served(name, body, payloads, result, time.perf_counter() - started)
+                    observe_served(name, body, payloads, result, time.perf_counter() - started)
                     if isinstance(result, tuple):
                         await reply(identity, request_id, result[0], result[1])
                     else:
@@ -552,7 +569,7 @@ def _observe_rpc(peer: str, request: protocol.Msg, body: protocol.Msg | None, se
         metrics.RPC_ERRORS.labels(peer, kind, code).inc()
 
 
-def _observe_served(server: str, body: protocol.Msg, payloads: list, result, seconds: float) -> None:
+def observe_served(server: str, body: protocol.Msg, payloads: list, result, seconds: float) -> None:
     _child(metrics.REQUEST_SECONDS, server, protocol.kind(body)).observe(seconds)
     if payloads:
         _child(metrics.PAYLOAD_BYTES, server, "in").inc(sum(memoryview(f).nbytes for f in payloads))

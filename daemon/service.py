@@ -88,7 +88,8 @@ from ..common.errors import ErrorCode, QuietError, StripefsError
 from ..common.layout import MAX_CHUNK_SIZE
 from ..common.transport import CONNECTION, RpcClient, connect, open_socket, serve
 from ..common.keyring import server_keyring
-from ..common.security import current_peer, run_zap
+from ..common.security import current_peer
+from ..common.zap import run_zap
 from .access import MetaAccess
 from .db import DB_NAME, lock_database, open_database
 from . import applied_ops, change_log

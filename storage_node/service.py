@@ -44,7 +44,8 @@ from stripefs.common import capability
 from stripefs.common.config import StorageConfig
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.keyring import server_keyring
-from stripefs.common.security import identity_of, run_zap, with_key
+from stripefs.common.security import identity_of, with_key
+from stripefs.common.zap import run_zap
 from stripefs.common.fast_lane import serve_with_fast_lane
 from stripefs.common.transport import connect
 

@@ -18,50 +18,19 @@ found that cannot be repaired).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
+from .cluster import add_cluster_args, call_each, meta_addresses, mount_of, rpc, status
 from .common import protocol as p
 from .common.errors import QuietError
 from .common.layout import format_size
-
-
-class Progress:
-    """A one-line progress bar on stderr (plain lines when stderr is not a terminal)."""
-
-    def __init__(self, label: str, total: int):
-        self.label = label
-        self.total = max(total, 1)
-        self.tty = sys.stderr.isatty()
-        self._last = -1
-
-    def update(self, done: int, note: str = "") -> None:
-        pct = min(100, int(100 * done / self.total))
-        if self.tty:
-            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
-            print(f"\r{self.label} [{bar}] {pct:3d}% {note}   ", end="", file=sys.stderr, flush=True)
-        elif pct // 10 != self._last // 10 or pct == 100:
-            print(f"{self.label}: {pct}% {note}", file=sys.stderr, flush=True)
-        self._last = pct
-
-    def done(self) -> None:
-        if self.tty:
-            print(file=sys.stderr)
-
-
-def _status(addresses) -> p.StatusRsp:
-    from .cli import _rpc
-
-    (rsp,) = _rpc(addresses, p.StatusReq())
-    return rsp
+from .common.progress import Progress
 
 
 def cmd_node(args) -> int:
-    from .cli import _meta_addresses, _rpc
-
-    addresses = _meta_addresses(args)
-    _rpc(addresses, p.NodeAdminReq(node_id=args.node, action=args.action))
+    addresses = meta_addresses(args)
+    rpc(addresses, p.NodeAdminReq(node_id=args.node, action=args.action))
     if args.action == "remove":
         print(f"node {args.node} removed; chunks that had a copy there are being re-replicated")
         return 0
@@ -74,7 +43,7 @@ def cmd_node(args) -> int:
     first = None
     bar = None
     while True:
-        rsp = _status(addresses)
+        rsp = status(addresses)
         node = next((n for n in rsp.nodes if n.node_id == args.node), None)
         if node is None or node.state not in ("draining", "down"):
             raise QuietError(f"node {args.node} is {node.state if node else 'gone'}: the drain stopped", 3)
@@ -82,10 +51,10 @@ def cmd_node(args) -> int:
         if left >= 0:
             if first is None:
                 first = max(left, 1)
-                bar = Progress(f"draining node {args.node}", first)
-            bar.update(first - left, f"{left} chunk(s) left")
+                bar = Progress(first, label=f"draining node {args.node}", unit="chunks", lines=True)
+            bar.update(first - left, note=f"{left} chunk(s) left")
             if left == 0:
-                bar.done()
+                bar.close()
                 print(f"node {args.node} holds nothing any more; remove it with 'stripefs node remove {args.node}'")
                 return 0
         time.sleep(0.5)
@@ -107,24 +76,22 @@ def _files_under(path: Path) -> list[int]:
 
 
 def cmd_scrub(args) -> int:
-    from .cli import _meta_addresses, _mount_of, _rpc
-
     if not args.now and not args.path:
-        addresses = _meta_addresses(args)
-        rsp = _status(addresses)
-        started = _scrub_start([n.address for n in rsp.nodes if n.state in ("up", "suspect", "draining")])
+        addresses = meta_addresses(args)
+        rsp = status(addresses)
+        started = call_each([n.address for n in rsp.nodes if n.state in ("up", "suspect", "draining")], p.ScrubStartReq())
         print(f"background scrub pass started on {started} storage node(s); bad copies are repaired as they are found")
         return 0
     if args.path:
-        found = _mount_of(Path(args.path))
+        found = mount_of(Path(args.path))
         if not found:
             raise QuietError(f"{args.path} is not inside a stripefs mount")
-        addresses = _meta_addresses(args, args.path)
+        addresses = meta_addresses(args, args.path)
         inos = _files_under(Path(args.path))
         batches = [p.ScrubReq(inos=inos[i : i + 64]) for i in range(0, len(inos), 64)]
         total = len(inos)
     else:
-        addresses = _meta_addresses(args)
+        addresses = meta_addresses(args)
         batches = None
         total = None
     bar = None
@@ -139,21 +106,21 @@ def cmd_scrub(args) -> int:
             i += 1
         else:
             req = p.ScrubReq(after_ino=after, limit=64)
-        (rsp,) = _rpc(addresses, req)
+        (rsp,) = rpc(addresses, req)
         files += rsp.files
         copies += rsp.copies
         bad += rsp.bad
         repairing += rsp.repairing if rsp.repairing >= 0 else rsp.bad
         nbytes += rsp.bytes
         if bar is None:
-            bar = Progress("scrub", total if total is not None else rsp.total_files)
-        bar.update(files, f"{copies} copies, {format_size(nbytes)}, {bad} bad")
+            bar = Progress(total if total is not None else rsp.total_files, label="scrub", lines=True)
+        bar.update(files, note=f"{copies} copies, {format_size(nbytes)}, {bad} bad")
         if batches is None:
             if not rsp.next_ino:
                 break
             after = rsp.next_ino
     if bar:
-        bar.done()
+        bar.close()
     from .status import count
 
     print(f"scrub: {count(files, 'file')}, {count(copies, 'chunk copy', 'chunk copies')}, {format_size(nbytes)} verified; "
@@ -173,47 +140,24 @@ def scrub_outcome(bad: int, repairing: int) -> str:
     return ": " + "; ".join(parts)
 
 
-def _scrub_start(addresses: list[str]) -> int:
-    import trio
-    import zmq
-
-    from .common.transport import connect
-
-    async def run() -> int:
-        ctx = zmq.Context()
-        n = 0
-        try:
-            for address in addresses:
-                async with connect(ctx, address, timeout=5) as client:
-                    await client.call(p.ScrubStartReq())
-                    n += 1
-        finally:
-            ctx.destroy(linger=0)
-        return n
-
-    return trio.run(run)
-
-
 def cmd_fsck(args) -> int:
-    from .cli import _meta_addresses, _rpc
-
-    addresses = _meta_addresses(args)
-    rsp = _status(addresses)
+    addresses = meta_addresses(args)
+    rsp = status(addresses)
     nodes = [n for n in rsp.nodes if n.state in ("up", "suspect", "draining")]
     skipped = [n.node_id for n in rsp.nodes if n not in nodes and n.state != "removed"]
-    bar = Progress("fsck", len(nodes) + 1)
+    bar = Progress(len(nodes) + 1, label="fsck", unit="steps", lines=True)
     totals = dict(checked=0, orphans=0, missing=0, repaired=0)
     problems: list[str] = []
     for i, node in enumerate(nodes):
-        bar.update(i, f"node {node.node_id}")
-        (r,) = _rpc(addresses, p.FsckReq(node_id=node.node_id, repair=args.repair))
+        bar.update(i, note=f"node {node.node_id}")
+        (r,) = rpc(addresses, p.FsckReq(node_id=node.node_id, repair=args.repair))
         for k in totals:
             totals[k] += getattr(r, k)
         problems += r.problems
-    bar.update(len(nodes), "redundancy")
-    (red,) = _rpc(addresses, p.FsckReq(node_id=0, repair=args.repair))
+    bar.update(len(nodes), note="redundancy")
+    (red,) = rpc(addresses, p.FsckReq(node_id=0, repair=args.repair))
     bar.update(len(nodes) + 1)
-    bar.done()
+    bar.close()
     totals["repaired"] += red.repaired
     problems = red.problems + problems  # what cannot be repaired first
     print(f"fsck: {totals['checked']} chunk copies on {len(nodes)} node(s), {red.checked} chunks in the namespace")
@@ -241,7 +185,7 @@ def cmd_fsck(args) -> int:
     return 0
 
 
-def add_parsers(sub, add_cluster_args) -> None:
+def add_parsers(sub) -> None:
     node = sub.add_parser(
         "node", help="drain, undrain or remove a storage node",
         description="Administrative states of a storage node. A drained node keeps serving reads while every copy "

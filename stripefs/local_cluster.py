@@ -487,15 +487,7 @@ class LocalCluster:
             finally:
                 ctx.destroy(linger=0)
 
-        try:
-            trio.run(wait)
-        except BaseExceptionGroup as group:  # a QuietError raised inside a connection's nursery
-            leaf = group
-            while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
-                leaf = leaf.exceptions[0]
-            if isinstance(leaf, QuietError):
-                raise leaf from None
-            raise
+        trio.run(wait)  # (a QuietError raised inside a connection leaves it as itself: transport.connect)
 
     def _make_dirs(self, path: str) -> None:
         """mkdir -p ``path`` in the cluster (as the admin): a --subdir mount needs its directory."""

@@ -97,5 +97,30 @@ def install(directory: str | Path = "/sbin", *, force: bool = False) -> Path:
     return target
 
 
+def cmd_install_mount_helper(args) -> int:
+    """``stripefs install-mount-helper``."""
+    from .common.errors import QuietError
+
+    try:
+        target = install(args.dir, force=args.force)
+    except (OSError, FileExistsError) as exc:
+        raise QuietError(f"cannot install the mount helper: {exc} (run as root, or choose --dir)") from None
+    print(f"installed {target}: 'mount -t fuse.stripefs META_ADDR MOUNTPOINT' and fstab entries now work")
+    return 0
+
+
+def add_parser(sub) -> None:
+    helper = sub.add_parser(
+        "install-mount-helper",
+        help="let mount(8), fstab and .mount units mount stripefs (writes /sbin/mount.fuse.stripefs)",
+        description="Write /sbin/mount.fuse.stripefs, which mount(8) runs for 'mount -t fuse.stripefs META_ADDR MOUNTPOINT -o OPTS' "
+        "(and so for fstab lines and systemd .mount units). It runs 'stripefs mount' with this installation's Python. "
+        "See deploy/fstab.example and deploy/mnt-data.mount.",
+    )
+    helper.add_argument("--dir", default="/sbin", help="where mount(8) looks for helpers (default: %(default)s)")
+    helper.add_argument("--force", action="store_true", help="replace a mount.fuse.stripefs that stripefs did not write")
+    helper.set_defaults(func=cmd_install_mount_helper)
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,6 +16,7 @@ import json
 import os
 import stat
 
+from .cluster import add_cluster_args, meta_addresses, resolve, resolve_attr, rpc
 from .common import protocol as p
 from .common.errors import QuietError
 from .common.layout import format_size, parse_size
@@ -62,33 +63,31 @@ def _print(quotas: list[p.QuotaInfo], as_json: bool, empty: str) -> None:
 
 
 def cmd_quota(args) -> int:
-    from .cli import _meta_addresses, _resolve, _resolve_attr, _rpc
-
     if args.action == "set":
         max_bytes, max_inodes = _limit(args.bytes, "bytes"), _limit(args.inodes, "inodes")
         if max_bytes is None and max_inodes is None:
             raise QuietError("give --bytes SIZE and/or --inodes N (0 or 'none' removes a limit)")
-        addresses, ino, mode = _resolve_attr(args, args.path)
+        addresses, ino, mode = resolve_attr(args, args.path)
         if not stat.S_ISDIR(mode):
             raise QuietError(f"{args.path} is not a directory: a quota limits a directory tree; give the directory")
-        (rsp,) = _rpc(addresses, p.QuotaSetReq(ino=ino, max_bytes=max_bytes, max_inodes=max_inodes))
+        (rsp,) = rpc(addresses, p.QuotaSetReq(ino=ino, max_bytes=max_bytes, max_inodes=max_inodes))
         _print(rsp.quotas, args.json, f"{args.path}: no quota")
         return 0
     if args.action == "get":
-        addresses, ino = _resolve(args, args.path)
-        (rsp,) = _rpc(addresses, p.QuotaGetReq(ino=ino))
+        addresses, ino = resolve(args, args.path)
+        (rsp,) = rpc(addresses, p.QuotaGetReq(ino=ino))
         _print(rsp.quotas, args.json, f"{args.path}: no quota applies")
         return 0
     if args.action == "list":
-        (rsp,) = _rpc(_meta_addresses(args, args.path), p.QuotaGetReq(ino=0))
+        (rsp,) = rpc(meta_addresses(args, args.path), p.QuotaGetReq(ino=0))
         _print(rsp.quotas, args.json, "no quotas")
         return 0
     ino = 0
     if args.path:
-        addresses, ino = _resolve(args, args.path)
+        addresses, ino = resolve(args, args.path)
     else:
-        addresses = _meta_addresses(args)
-    (rsp,) = _rpc(addresses, p.QuotaRecountReq(ino=ino))
+        addresses = meta_addresses(args)
+    (rsp,) = rpc(addresses, p.QuotaRecountReq(ino=ino))
     if args.json:
         print(json.dumps({"quotas": [to_json(q) for q in rsp.quotas], "corrected": [to_json(q) for q in rsp.corrected]}, indent=1))
     else:
@@ -98,7 +97,7 @@ def cmd_quota(args) -> int:
     return 3 if rsp.corrected else 0
 
 
-def add_parser(sub, add_cluster_args) -> None:
+def add_parser(sub) -> None:
     quota = sub.add_parser(
         "quota", help="limit the bytes and inodes under a directory",
         description="Directory-tree quotas, as GPFS filesets and CephFS quotas: a quota on a directory limits the "

@@ -43,10 +43,13 @@ the removed ones.
 
 from __future__ import annotations
 
+import json
+
 import msgspec
 
 from .common import protocol as p
 from . import quota_cli
+from .cluster import add_cluster_args, meta_addresses, rpc
 from .common.layout import format_size
 from .common.space import shared_capacity
 
@@ -182,3 +185,26 @@ def render_local(status: dict) -> str:
     if status.get("under_replicated") is not None:
         lines.append(f"under-replicated chunks: {status['under_replicated']}")
     return "\n".join(lines)
+
+
+def cmd_status(args) -> int:
+    addresses = meta_addresses(args, args.path)
+    (rsp,) = rpc(addresses, p.StatusReq())
+    if args.json:
+        print(json.dumps(to_json(rsp, addresses[0]), indent=1))
+    else:
+        print(render(rsp, addresses[0]))
+    return 0
+
+
+def add_parser(sub) -> None:
+    status = sub.add_parser(
+        "status",
+        help="the cluster as the metadata daemon sees it",
+        description="Health, storage nodes with their state, capacity, use and chunks, redundancy (degraded chunks, "
+        "repair backlog), file and chunk counts. --json keys are stable (see docs/operations.md).",
+    )
+    status.add_argument("path", nargs="?", help="a path inside a stripefs mount (finds the cluster; a path outside every mount is an error)")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    add_cluster_args(status)
+    status.set_defaults(func=cmd_status)

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .common.errors import QuietError
 from .prefetch_control import MountRoots, announce, group_by_mount, report
-from .progress import Progress
+from .common.progress import Progress
 
 #: files above this are read by warmup itself (the mount's prefetcher leaves them to read-ahead)
 LARGE_FILE = 16 << 20

@@ -13,7 +13,7 @@ import trio
 import zmq
 
 from stripefs.common import protocol as P
-from stripefs.common import security
+from stripefs.common import security, zap
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.keyring import load_public
 from stripefs.common.transport import open_socket
@@ -127,7 +127,7 @@ async def test_a_hostile_peer_cannot_shift_subscriptions_onto_its_connection(tmp
         security.use_identity(ctx, load_identity(tmp_path / f"{name}.key_secret"))
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(security.run_zap, contexts["server"], ring.accepts)
+            await nursery.start(zap.run_zap, contexts["server"], ring.accepts)
             feed = ChangeFeed(contexts["server"], "tcp://127.0.0.1:0", "log", 0, ring)
             address = security.with_key(f"tcp://127.0.0.1:{feed.port}", keys["server"])
             hostile, victim = contexts["hostile"].socket(zmq.XSUB), contexts["victim"].socket(zmq.SUB)

@@ -19,7 +19,7 @@ import xxhash
 import zmq
 
 from stripefs.common import protocol as P
-from stripefs.common import security
+from stripefs.common import security, zap
 from stripefs.common.capability import write_secret
 from stripefs.common.config import MetaConfig, StorageConfig
 from stripefs.common.errors import ErrorCode, QuietError, StripefsError
@@ -377,8 +377,8 @@ async def test_refused_handshakes_are_logged_at_a_bounded_rate(caplog, monkeypat
     import logging
     import re
 
-    monkeypatch.setattr(security, "REFUSAL_LOG_EVERY_S", 1.0, raising=False)
-    monkeypatch.setattr(security, "REFUSAL_LOG_LINES", 3, raising=False)
+    monkeypatch.setattr(zap, "REFUSAL_LOG_EVERY_S", 1.0, raising=False)
+    monkeypatch.setattr(zap, "REFUSAL_LOG_LINES", 3, raising=False)
     caplog.set_level(logging.WARNING, logger="stripefs.common.security")
     server_ctx, client_ctx = zmq.Context(), zmq.Context()
     public, secret = zmq.curve_keypair()
@@ -397,7 +397,7 @@ async def test_refused_handshakes_are_logged_at_a_bounded_rate(caplog, monkeypat
     socks = []
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(security.run_zap, server_ctx, accept)
+            await nursery.start(zap.run_zap, server_ctx, accept)
             async with open_socket(server_ctx, zmq.ROUTER, bind=endpoint):
                 for i in range(40):
                     sock = client_ctx.socket(zmq.DEALER)
