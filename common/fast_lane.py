@@ -2,10 +2,10 @@
 
 Under trio, every request costs its server a wake-up of the event loop, the
 adapter's ZMQ_EVENTS bookkeeping and a few scheduler passes (common/transport.py)
-before any work is done: about 200 us of a storage node's CPU for a small read
-whose disk and checksum work is 40 us (measured on this project's 2-core VM). A
-plain blocking pyzmq loop costs ~65 us. So a storage node runs its ROUTER in a
-thread of its own::
+before any work is done: several times the disk and checksum work of a small
+read, and several times what a plain blocking pyzmq loop costs (the figures,
+with their date: bench/README.md, "Transport measurements"). So a storage node
+runs its ROUTER in a thread of its own::
 
     peers <-> ROUTER (lane thread) --fast(body)--> reply at once
                        |    ^

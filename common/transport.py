@@ -21,9 +21,8 @@ The adapter below:
 
 The receiver waits on the FD itself rather than behind a pump task that wakes
 it: an RpcClient call costs two passes of trio's scheduler instead of four,
-and one recv attempt per message instead of two (counted with cProfile over
-3,000 pings; a pump-design server cost ~150 us of CPU per request against
-~65 us for a blocking pyzmq loop).
+and one recv attempt per message instead of two (the measurements, with
+their date: bench/README.md, "Transport measurements").
 
 Invariant: between two awaits a task either sends a whole multipart message or
 none of it, so concurrent senders never interleave frames.
@@ -64,9 +63,9 @@ CONNECTION: contextvars.ContextVar[bytes] = contextvars.ContextVar("stripefs_con
 # Frames up to this size are copied into libzmq even when sent with copy=False.
 # Zero-copy hands libzmq the buffer and learns when it is done through pyzmq's
 # garbage-collector thread: a thread wake-up per frame, which costs more than
-# copying a small-file chunk (a 110 KiB reply: 63-67 us of sender CPU copied,
-# 74-107 us zero-copy; pyzmq's own default threshold is 64 KiB). Whole 4 MiB
-# chunks still go zero-copy.
+# copying a small-file chunk (measured for a 110 KiB reply: bench/README.md,
+# "Transport measurements"; pyzmq's own default threshold is 64 KiB). Whole
+# 4 MiB chunks still go zero-copy.
 COPY_THRESHOLD = 1 << 20
 
 # plain ints: pyzmq's IntFlag members cost microseconds per operation on this hot path

@@ -3,11 +3,23 @@
 Start reading at ``service.py`` (request dispatch, group commit, background
 tasks). The pieces, from the bottom up:
 
-* ``db.py``: the SQLite schema (its docstring is the spec) and migrations.
-* ``store.py``: every SQL statement, behind ``SqliteStore``.
-* ``namespace.py``: POSIX semantics over the store; plain synchronous Python.
-* ``placement.py``: which storage nodes hold each chunk (pure functions).
-* ``health.py``: storage nodes up/down, client sessions and their open files.
+* storage: ``db.py`` (the schema, its docstring is the spec, and migrations),
+  ``dialect.py`` (where SQLite and PostgreSQL differ), ``store.py`` (every SQL
+  statement, behind ``SqliteStore``), ``pg_store.py`` (the same on PostgreSQL,
+  one transaction per request), ``backup.py`` (``stripefs meta backup|restore``).
+* the namespace: ``namespace.py`` (POSIX semantics over the store; plain
+  synchronous Python), ``applied_ops.py`` (a retried request applied once),
+  ``change_log.py`` (every change, in commit order), ``quota.py`` (directory
+  quotas: what counts, how limits are enforced).
+* where data lives: ``placement.py`` (which nodes hold each chunk; pure
+  functions), ``redundancy.py`` (erasure coding: missing fragments, shadows),
+  ``repair.py`` (self-healing: what to copy where, drains, scrub and fsck).
+* who is alive: ``health.py`` (storage nodes up/down, client sessions and their
+  open files), ``open_holds.py`` (open files across several daemons),
+  ``duties.py`` (the lease that picks the daemon running cluster-wide duties).
+* serving: ``service.py`` (dispatch, group commit, background tasks),
+  ``access.py`` (who may send what), ``quota_service.py`` (the quota requests),
+  ``events.py`` (the change feed to mounts), ``metrics.py`` (cluster gauges).
 * ``cli.py``: ``main(argv)``, config, logging, signals, systemd readiness.
 
 Nothing here imports the storage node or the client: they are reached only

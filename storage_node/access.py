@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 
-from stripefs.common import protocol as p
-from stripefs.common.errors import ErrorCode, StripefsError
-from stripefs.common.keyring import TRUSTED, Grant, Keyring
-from stripefs.common.security import current_peer
+from ..common import protocol as p
+from ..common.errors import ErrorCode, StripefsError
+from ..common.keyring import TRUSTED, Grant, Keyring
+from ..common.security import current_peer
 
 log = logging.getLogger(__name__)
 

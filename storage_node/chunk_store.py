@@ -104,10 +104,10 @@ from typing import Iterator, NamedTuple, Sequence
 
 import xxhash
 
-from stripefs.common.errors import ErrorCode, QuietError, StripefsError
-from stripefs.common.layout import MAX_CHUNK_SIZE
-from stripefs.common.protocol import ChunkId
-from stripefs.common.space import filesystem_id
+from ..common.errors import ErrorCode, QuietError, StripefsError
+from ..common.layout import MAX_CHUNK_SIZE
+from ..common.protocol import ChunkId
+from ..common.space import filesystem_id
 
 from .direct_io import DirectWriter
 

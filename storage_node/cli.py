@@ -16,13 +16,13 @@ from pathlib import Path
 import trio
 import zmq
 
-from stripefs.common.arguments import ArgumentParser
-from stripefs.common.keyring import server_keyring
-from stripefs.common import metrics
-from stripefs.common.config import StorageConfig, load
-from stripefs.common.errors import QuietError
-from stripefs.common.logs import add_debug_argument, debug_setting, setup_logging
-from stripefs.common.systemd import notify
+from ..common.arguments import ArgumentParser
+from ..common.keyring import server_keyring
+from ..common import metrics
+from ..common.config import StorageConfig, load
+from ..common.errors import QuietError
+from ..common.logs import add_debug_argument, debug_setting, setup_logging
+from ..common.systemd import notify
 
 from .chunk_store import ChunkStore
 from .service import StorageService

@@ -43,11 +43,11 @@ import trio
 import xxhash
 import zmq
 
-from stripefs.common import protocol as p
-from stripefs.common.config import StorageConfig
-from stripefs.common.errors import ErrorCode, StripefsError
-from stripefs.common.security import split_address
-from stripefs.common.transport import RpcClient, connect
+from ..common import protocol as p
+from ..common.config import StorageConfig
+from ..common.errors import ErrorCode, StripefsError
+from ..common.security import split_address
+from ..common.transport import RpcClient, connect
 
 from .chunk_store import ChunkStore
 
@@ -146,8 +146,8 @@ class Healing:
     async def handle_reconstruct_fragment(self, req: p.ReconstructFragmentReq, payloads) -> p.CopyChunkRsp:
         if self._nursery is None:
             raise StripefsError(ErrorCode.UNAVAILABLE, "node is starting")
-        from stripefs.common.erasure import codec
-        from stripefs.common.layout import MAX_CHUNK_SIZE
+        from ..common.erasure import codec
+        from ..common.layout import MAX_CHUNK_SIZE
 
         if not (0 <= req.fragment < req.k + req.m and 0 < req.chunk_size <= MAX_CHUNK_SIZE and 0 <= req.used <= req.chunk_size):
             raise StripefsError(

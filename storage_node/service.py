@@ -13,8 +13,8 @@ lane thread (common/fast_lane.py) where ``handle_now`` answers a read of a
 chunk holding at most ``INLINE_READ_MAX`` bytes, from the page cache
 (``RWF_NOWAIT``) or, when no other request waits or runs, from the disk (a
 reader walking small files one at a time: nobody waits behind it); anything
-else goes on to ``serve()``. Node CPU per warm 110 KiB read: 480 us through a
-worker thread, ~270 us answered on the event loop, ~220 us on the lane.
+else goes on to ``serve()``. Node CPU per warm small read on each of those
+paths: bench/README.md, "Transport measurements".
 
 Beside the server runs one heartbeat task per metadata daemon address::
 
@@ -39,15 +39,15 @@ import trio
 import xxhash
 import zmq
 
-from stripefs.common import protocol as p
-from stripefs.common import capability
-from stripefs.common.config import StorageConfig
-from stripefs.common.errors import ErrorCode, StripefsError
-from stripefs.common.keyring import server_keyring
-from stripefs.common.security import identity_of, with_key
-from stripefs.common.zap import run_zap
-from stripefs.common.fast_lane import serve_with_fast_lane
-from stripefs.common.transport import connect
+from ..common import protocol as p
+from ..common import capability
+from ..common.config import StorageConfig
+from ..common.errors import ErrorCode, StripefsError
+from ..common.keyring import server_keyring
+from ..common.security import identity_of, with_key
+from ..common.zap import run_zap
+from ..common.fast_lane import serve_with_fast_lane
+from ..common.transport import connect
 
 from . import access, metrics
 from .chunk_store import ChunkStore

@@ -63,7 +63,7 @@ from .local_processes import is_mounted, mount_state, processes_of, unmount
 log = logging.getLogger(__name__)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A free TCP port on 127.0.0.1 *below* the kernel's ephemeral range.
 
     A client that keeps reconnecting to a stopped server's port in the ephemeral
@@ -205,21 +205,21 @@ class LocalCluster:
         listen = str(parsed.get("meta", {}).get("listen", ""))
         info = {
             # --set meta.listen=tcp://0.0.0.0:PORT (reachable from other hosts or namespaces) fixes the port
-            "meta_port": int(listen.rsplit(":", 1)[1]) if listen.rsplit(":", 1)[-1].isdigit() else _free_port(),
-            "nodes": [{"node_id": i, "port": _free_port()} for i in range(1, nodes + 1)],
+            "meta_port": int(listen.rsplit(":", 1)[1]) if listen.rsplit(":", 1)[-1].isdigit() else free_port(),
+            "nodes": [{"node_id": i, "port": free_port()} for i in range(1, nodes + 1)],
             "mount": str(mount),
             "options": options,
             "settings": parsed,
             "secure": secure,  # CURVE on every socket, keys in STATE/keys
             "subdir": subdir,  # the mount shows only this directory
             # Prometheus endpoints (HOST:PORT) of the daemon, each node and the mount
-            "metrics": {"meta": f"127.0.0.1:{_free_port()}", "mount": f"127.0.0.1:{_free_port()}",
-                        **{f"storage-{i}": f"127.0.0.1:{_free_port()}" for i in range(1, nodes + 1)}},
+            "metrics": {"meta": f"127.0.0.1:{free_port()}", "mount": f"127.0.0.1:{free_port()}",
+                        **{f"storage-{i}": f"127.0.0.1:{free_port()}" for i in range(1, nodes + 1)}},
             "meta_store": meta_store,
         }
         if metas > 1:
-            info["meta_ports"] = [info["meta_port"]] + [_free_port() for _ in range(metas - 1)]
-            info["metrics"].update({name: f"127.0.0.1:{_free_port()}" for name in self._meta_names(info)[1:]})
+            info["meta_ports"] = [info["meta_port"]] + [free_port() for _ in range(metas - 1)]
+            info["metrics"].update({name: f"127.0.0.1:{free_port()}" for name in self._meta_names(info)[1:]})
         (self.state / "logs").mkdir(parents=True, exist_ok=True)
         self.info_path.write_text(json.dumps(info, indent=1))  # _keyed and _curve_settings read it
         if secure:
@@ -233,7 +233,7 @@ class LocalCluster:
                 self._new_key(f"storage-{node['node_id']}", "storage")
         store = {}
         if meta_store == "postgresql":
-            server = LocalPostgres(choose_dir(self.state), _free_port())
+            server = LocalPostgres(choose_dir(self.state), free_port())
             info["postgres"] = {"dir": str(server.base), "port": server.port}
             server.init()
             store = {"store": "postgresql", "dsn": server.dsn}
@@ -277,8 +277,8 @@ class LocalCluster:
         pids = self.pids()
         if not _alive(pids.get("meta")):
             raise QuietError(f"the local cluster in {self.state} is not running; start it with 'stripefs local up'", 3)
-        node = {"node_id": max(n["node_id"] for n in info["nodes"]) + 1, "port": _free_port()}
-        info.setdefault("metrics", {})[f"storage-{node['node_id']}"] = f"127.0.0.1:{_free_port()}"
+        node = {"node_id": max(n["node_id"] for n in info["nodes"]) + 1, "port": free_port()}
+        info.setdefault("metrics", {})[f"storage-{node['node_id']}"] = f"127.0.0.1:{free_port()}"
         if info.get("secure"):  # the keyring is re-read by the running daemon and nodes
             self.use_admin_key()
             self._new_key(f"storage-{node['node_id']}", "storage")

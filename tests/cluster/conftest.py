@@ -37,6 +37,7 @@ import pytest
 
 from stripefs.common import config as cfg
 from stripefs.local_cluster import LocalCluster, _alive, _is_mounted
+from util import drop_caches  # noqa: F401  (the tests import it from here too)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,18 +47,6 @@ def run_cli(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess
     if check and res.returncode:
         raise AssertionError(f"stripefs {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}")
     return res
-
-
-def drop_caches() -> None:
-    """Write dirty pages back (``sync``), then drop the page cache, dentries and inodes:
-    the next read goes to the mount. Raises when the kernel does not take the write
-    (not root, a read-only /proc), so that a "cold" test never runs warm unnoticed."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError as exc:
-        raise AssertionError(f"cannot drop the kernel's caches, so this read would not be cold: {exc}") from exc
 
 
 def client_config(path: Path, **settings) -> Path:

@@ -28,7 +28,8 @@ import pytest
 
 from conftest import REPO, run_cli
 from stripefs.common import config as cfg
-from stripefs.local_cluster import _free_port, _is_mounted
+from stripefs.local_cluster import _is_mounted
+from util import free_port as _free_port
 
 DEPLOY = REPO / "deploy"
 UNIT_BINARY = Path("/usr/local/bin/stripefs")

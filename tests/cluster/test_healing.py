@@ -17,7 +17,6 @@ import random
 import shutil
 import sys
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -34,10 +33,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 KiB, MiB = 1 << 10, 1 << 20
 CHUNK = 256 * KiB
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from util import free_port as _free_port  # noqa: E402  (below the ephemeral range: tests/util.py)
 
 
 META_PORT = _free_port()

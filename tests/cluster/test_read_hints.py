@@ -2,9 +2,9 @@
 and a hint that went out of date never hands out old data (close-to-open holds)."""
 
 import os
-import time
 
 from test_ops import _processes, scrape, total
+from util import eventually
 
 
 def _read(path):
@@ -33,7 +33,9 @@ def test_hinted_reads_are_used_and_never_serve_an_old_version(cluster, mnt):
         names = sorted(files)
         for name in names[:8]:
             assert _read(ours / name) == files[name]
-        time.sleep(1.0)  # the listing runs in the background
+        # the listing runs in the background: wait until the mount has asked for it
+        eventually(lambda: total(scrape(url), "stripefs_rpc_seconds_count", type="ReaddirReq")
+                   > total(before, "stripefs_rpc_seconds_count", type="ReaddirReq"), within=30, what="the directory listed for hints")
 
         # meanwhile the files change elsewhere: rewritten in place (same inode, new version),
         # replaced by a rename (new inode), removed

@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -237,10 +236,7 @@ trio.run(main)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from util import free_port as _free_port  # noqa: E402  (below the ephemeral range: tests/util.py)
 
 
 @pytest.fixture

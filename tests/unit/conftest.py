@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from stripefs.local_cluster import _free_port
+from util import free_port
 from stripefs.local_postgres import LocalPostgres, choose_dir
 
 _schemas = itertools.count(1)
@@ -22,7 +22,7 @@ _schemas = itertools.count(1)
 @pytest.fixture(scope="session")
 def pg_server():
     root = Path(tempfile.mkdtemp(prefix="stripefs-unit-pg-"))
-    server = LocalPostgres(choose_dir(root), _free_port())
+    server = LocalPostgres(choose_dir(root), free_port())
     try:
         server.init()
         server.start()

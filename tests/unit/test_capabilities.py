@@ -21,6 +21,7 @@ from stripefs.common.capability import Capabilities, write_secret
 from stripefs.common.errors import ErrorCode, QuietError
 from stripefs.common.keyring import load_public
 from test_security import ROOT, _code, secure_cluster
+from util import eventually_async
 
 # -- pure parts ---------------------------------------------------------------------------
 
@@ -171,7 +172,8 @@ async def test_the_mount_data_path_renews_capabilities_past_their_expiry(tmp_pat
             chunk = P.ChunkId(created.attr.ino, 0, 0)
             assert nodes.caps.active and nodes.caps.get(chunk.ino) == created.cap
             await nodes.write(1, _write(chunk, b"hello", 2), b"hello")
-            await trio.sleep(2.0)  # the capability has expired: the pool renews it before sending
+            # once the capability has expired, the pool renews it before sending
+            await eventually_async(lambda: time.time() > created.cap.expires, within=10, what="the capability expiring")
             assert bytes(await nodes.read(1, chunk, 0, 0, 100, last_try=True)) == b"hello"
             assert nodes.caps.get(chunk.ino).expires > created.cap.expires
             # a capability the node refuses (as after a secret rotation): renewed once on ACCESS, then retried

@@ -12,11 +12,7 @@ from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.limits import QUEUED, REFUSED, START, PeerQueues, ServeLimits
 from stripefs.common.transport import RpcClient, connect, open_socket, serve
 
-from stripefs.local_cluster import _free_port
-
-
-def _free_address():
-    return f"tcp://127.0.0.1:{_free_port()}"
+from util import free_address as _free_address
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ up, SIGTERM exits 0. No storage node is needed: the test registers a fake one.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,10 +23,7 @@ from stripefs.common.transport import connect, open_socket
 ROOT = 1
 
 
-def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+from util import free_address as _free_address  # noqa: E402  (below the ephemeral range: tests/util.py)
 
 
 class Daemon:

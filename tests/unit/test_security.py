@@ -9,7 +9,6 @@ stranger's, or none), sending raw requests like a hostile client would.
 from __future__ import annotations
 
 import os
-import socket
 import stat
 from contextlib import asynccontextmanager
 
@@ -34,10 +33,7 @@ from stripefs.storage_node.service import StorageService
 ROOT = 1
 
 
-def _free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+from util import free_address as _free_address  # noqa: E402  (below the ephemeral range: tests/util.py)
 
 
 # -- pure parts ---------------------------------------------------------------------------

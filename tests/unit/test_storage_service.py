@@ -9,7 +9,6 @@ clients while the daemon is unreachable.
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,10 +30,7 @@ NODE_ID = 7
 _MAIN = "import sys; from stripefs.storage_node.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def _free_address():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+from util import free_address as _free_address  # noqa: E402  (below the ephemeral range: tests/util.py)
 
 
 def _config(data_dir, **overrides):

@@ -65,11 +65,7 @@ async def _until_bindable(address: str, timeout: float = 5.0) -> None:
             await trio.sleep(0.01)
 
 
-def _free_address():
-    # below the ephemeral range: a client reconnecting to a stopped server cannot connect to itself there
-    from stripefs.local_cluster import _free_port
-
-    return f"tcp://127.0.0.1:{_free_port()}"
+from util import free_address as _free_address  # noqa: E402
 
 
 async def test_many_tasks_share_one_socket(ctx):
