@@ -13,9 +13,11 @@ tasks). The pieces, from the bottom up:
   quotas: what counts, how limits are enforced).
 * where data lives: ``placement.py`` (which nodes hold each chunk; pure
   functions), ``redundancy.py`` (erasure coding: missing fragments, shadows),
-  ``repair.py`` (self-healing: what to copy where, drains, scrub and fsck).
-* who is alive: ``health.py`` (storage nodes up/down, client sessions and their
-  open files), ``open_holds.py`` (open files across several daemons),
+  ``repair_plan.py`` (which copies to make, fewest first; pure), ``repair.py``
+  (the healer executing those plans, bad copies), ``repair_admin.py`` (node
+  drain/remove, scrub and fsck requests).
+* who is alive: ``health.py`` (storage nodes up/down, client sessions, their
+  open files and the fences of expired ones), ``open_holds.py`` (open files across several daemons),
   ``duties.py`` (the lease that picks the daemon running cluster-wide duties).
 * serving: ``service.py`` (dispatch, group commit, background tasks),
   ``access.py`` (who may send what), ``quota_service.py`` (the quota requests),

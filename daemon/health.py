@@ -337,6 +337,7 @@ class Sessions:
         self._open_count: collections.Counter[int] = collections.Counter()
         self._per_key: collections.Counter[str | None] = collections.Counter()
         self._key_warned: dict[str | None, float] = {}  # when a refusal of the key's sessions was last logged
+        self._fences: dict[int, int] = {}  # ino -> epochs at or below are no longer committable (lease expired)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -450,6 +451,28 @@ class Sessions:
         """The inodes the session holds now (none when unknown)."""
         session = self._sessions.get(session_id)
         return frozenset(session.open) if session is not None else frozenset()
+
+    @_locked
+    def fence(self, ino: int, epoch: int) -> None:
+        """Chunks of ``ino`` written at or below ``epoch`` belong to a session whose lease expired and
+        whose uncommitted copies were reclaimed (daemon/repair.py ``reclaim_uncommitted``): a commit of
+        them (a mount that was only paused past its lease, not dead) is refused with STALE, as a lost
+        lease should be, instead of recording copies that are being deleted. Fences live in memory: a
+        daemon restart forgets them (and every session with them)."""
+        self._fences[ino] = epoch
+
+    @_locked
+    def check_fence(self, ino: int, chunks) -> None:
+        """Refuse a commit of chunk versions written under a lease that expired (``fence``)."""
+        fence = self._fences.get(ino)
+        if fence is None:
+            return
+        old = [c.index for c in chunks if 0 < c.version <= fence]
+        if old:
+            raise StripefsError(
+                ErrorCode.STALE,
+                f"inode {ino}: chunk(s) {old[:5]} were written under a session lease that expired; their copies are gone",
+            )
 
     @_locked
     def expire(self, now: float | None = None) -> list[int]:

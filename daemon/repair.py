@@ -3,26 +3,9 @@
 The daemon decides; storage nodes move the bytes. Nothing bulk ever flows
 through the daemon.
 
-Planning (``plan``, pure)
--------------------------
-A *scan* reads every chunk row (in pages, releasing the service lock between
-pages) together with its file's redundancy, and classifies each by the states
-of the nodes it names (daemon/health.py): a copy is *live* on an up, suspect or
-draining node; *gone* on a down or removed one.
-
-* fewer live copies than the target (R replicas, or K+M fragments):
-  *under-replicated*; a ``repair`` task (``reconstruct`` for an erasure-coded
-  fragment); none live at all: *lost* (nothing to copy from);
-* full, but a copy sits on a draining node: a ``drain`` task;
-* full, and the row still names gone nodes beyond the target: a ``fix``
-  (the gone nodes are dropped from the row; their copies become garbage);
-* version 0 (allocated, never committed: no data) naming a node that may not
-  take chunks: ``move_empty`` (the row points elsewhere; nothing is copied).
-
-Tasks run fewest-live-copies first (a chunk down to its last copy before one
-that lost one of three), repairs before drains. One task per chunk per scan:
-a chunk missing two copies gets the second on the next scan, which starts as
-soon as the previous pass ends.
+Planning (``plan``, pure): daemon/repair_plan.py
+------------------------------------------------
+Which copies to make, fewest live copies first; ``Healer`` executes its plans.
 
 Executing (``Healer``)
 ----------------------
@@ -97,7 +80,6 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 import trio
@@ -107,9 +89,9 @@ from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import parse_redundancy
 from ..common.transport import RpcClient, connect
-from .health import LIVE_STATES, PLACEABLE_STATES
+from .health import LIVE_STATES
 from .placement import NodeView, replace_node
-from .store import decode_nodes
+from .repair_plan import ChunkRow, Plan, Task, plan, plan_rebalance  # noqa: F401  (also here for tests)
 
 if TYPE_CHECKING:
     from .service import MetaService
@@ -117,173 +99,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCAN_PAGE = 5000
-MOVABLE_PER_NODE = 2000  # rebalance candidates remembered per node and scan
 RETRY_S = 10.0  # after a pass that made no progress
 COPY_TIMEOUT_S = 10.0  # plus one second per MiB of chunk: a copy is one chunk read and one durable write
-VERIFY_TIMEOUT_S = 300.0
-_KIND_ORDER = {"repair": 0, "reconstruct": 1, "move_empty": 2, "drain": 3, "rebalance": 4}
-
-
-@dataclass(frozen=True)
-class ChunkRow:
-    ino: int
-    idx: int
-    version: int
-    nodes: tuple[int, ...]
-    redundancy: str
-    chunk_size: int
-
-    @classmethod
-    def from_sql(cls, row) -> ChunkRow:
-        return cls(row[0], row[1], row[2], tuple(decode_nodes(row[3])), row[4], row[5])
-
-
-@dataclass(frozen=True)
-class Task:
-    """Make one more copy of a chunk (or point an empty row elsewhere)."""
-
-    kind: str  # repair | reconstruct | drain | move_empty | rebalance
-    ino: int
-    idx: int
-    version: int
-    nodes: tuple[int, ...]  # the row as planned
-    sources: tuple[int, ...]  # live nodes holding it, placeable ones first
-    slot: int  # position in ``nodes`` the new copy takes; -1: appended
-    live: int  # live copies now (ordering: fewest first)
-    length: int  # the file's chunk size
-    ec: bool = False
-    target: int = 0  # rebalance: the node chosen to receive it (0: placement chooses)
-
-    @property
-    def replace(self) -> int | None:
-        return self.nodes[self.slot] if self.slot >= 0 else None
-
-    @property
-    def part(self) -> int:
-        return fragment_part(self.slot, self.version) if self.ec and self.slot >= 0 else 0
-
-
-@dataclass
-class Plan:
-    tasks: list[Task] = field(default_factory=list)
-    fixes: list[tuple[ChunkRow, tuple[int, ...]]] = field(default_factory=list)  # (row, nodes to keep)
-    chunks: int = 0
-    under_replicated: int = 0
-    over_replicated: int = 0
-    lost: int = 0
-    placed: collections.Counter = field(default_factory=collections.Counter)  # node -> rows naming it
-    placed_bytes: collections.Counter = field(default_factory=collections.Counter)  # node -> chunk sizes of its copies
-    movable: dict[int, list[ChunkRow]] = field(default_factory=dict)  # node -> fully healthy rows it holds (rebalance)
-    backlog_bytes: int = 0
-
-
-def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = None) -> Plan:
-    """Classify chunk rows by the node ``states``; tasks come out fewest live copies first."""
-    out = into or Plan()
-    for row in rows:
-        out.chunks += 1
-        out.placed.update(set(row.nodes))
-        red = parse_redundancy(row.redundancy)
-        copies = red.copies
-        state = [states.get(n, "removed") for n in row.nodes]
-        if row.version == 0:
-            bad = [i for i, s in enumerate(state) if s not in PLACEABLE_STATES]
-            if bad:
-                out.tasks.append(Task("move_empty", row.ino, row.idx, 0, row.nodes, (), bad[0], copies, row.chunk_size, red.is_ec))
-            continue
-        for n in row.nodes:
-            out.placed_bytes[n] += row.chunk_size
-        live = [i for i, s in enumerate(state) if s in LIVE_STATES]
-        gone = [i for i, s in enumerate(state) if s not in LIVE_STATES]
-        draining = [i for i, s in enumerate(state) if s == "draining"]
-        sources = tuple(row.nodes[i] for i in sorted(live, key=lambda i: state[i] == "draining"))
-        if red.is_ec:
-            distinct_live = len({row.nodes[i] for i in live})
-            missing_slots = gone + [i for i in range(len(row.nodes), copies)]
-            if missing_slots:
-                out.under_replicated += 1
-                if distinct_live < red.ec_k:
-                    out.lost += 1
-                    continue
-                slot = missing_slots[0] if missing_slots[0] < len(row.nodes) else -1
-                out.tasks.append(Task("reconstruct", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size, True))
-                out.backlog_bytes += row.chunk_size
-            elif draining:
-                out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size, True))
-                out.backlog_bytes += row.chunk_size
-            continue
-        if len(set(row.nodes[i] for i in live)) > copies:
-            out.over_replicated += 1
-        if not live:
-            out.under_replicated += 1
-            out.lost += 1
-            continue
-        if len(live) < copies:
-            out.under_replicated += 1
-            slot = gone[0] if gone else -1
-            out.tasks.append(Task("repair", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size))
-            out.backlog_bytes += row.chunk_size * (copies - len(live))
-        elif draining:
-            out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size))
-            out.backlog_bytes += row.chunk_size * len(draining)
-        elif gone:
-            out.fixes.append((row, tuple(row.nodes[i] for i in live)))
-        elif all(s in PLACEABLE_STATES for s in state):
-            for n in row.nodes:
-                bucket = out.movable.setdefault(n, [])
-                if len(bucket) < MOVABLE_PER_NODE:
-                    bucket.append(row)
-    out.tasks.sort(key=lambda t: (t.live, _KIND_ORDER[t.kind]))
-    return out
-
-
-def plan_rebalance(work: Plan, capacity: dict[int, int], tolerance: float, max_moves: int = 500) -> list[Task]:
-    """Moves that bring every placeable node's utilisation within ``tolerance`` of the mean.
-
-    Utilisation is placed bytes (chunk sizes of the copies the namespace puts
-    there, so a move counts at once, without waiting for heartbeats) over
-    capacity. The fullest node gives a copy to the emptiest node that does not
-    hold that chunk, as long as the giver stays at least as full as the taker
-    after the move (no ping-pong), until the fullest is within tolerance.
-    Only ``capacity`` (placeable nodes with a known capacity) take part.
-    """
-    nodes = [n for n, c in capacity.items() if c > 0]
-    if len(nodes) < 2:
-        return []
-    used = {n: work.placed_bytes.get(n, 0) for n in nodes}
-    mean = sum(used.values()) / sum(capacity[n] for n in nodes)
-    if mean <= 0:
-        return []
-    util = lambda n: used[n] / capacity[n]  # noqa: E731
-    rows = {n: list(work.movable.get(n, ())) for n in nodes}
-    moved: set[tuple[int, int]] = set()
-    tasks: list[Task] = []
-    while len(tasks) < max_moves:
-        giver = max(nodes, key=util)
-        if util(giver) <= mean * (1 + tolerance) and min(util(n) for n in nodes) >= mean * (1 - tolerance):
-            break
-        done = False
-        for row in rows[giver]:
-            if (row.ino, row.idx) in moved:
-                continue
-            takers = sorted((n for n in nodes if n not in row.nodes), key=util)
-            if not takers:
-                continue
-            taker = takers[0]
-            size = row.chunk_size
-            if (used[giver] - size) / capacity[giver] < (used[taker] + size) / capacity[taker]:
-                continue  # would overshoot: the taker would end up fuller than the giver
-            slot = row.nodes.index(giver)
-            tasks.append(Task("rebalance", row.ino, row.idx, row.version, row.nodes, row.nodes, slot, len(row.nodes),
-                              size, parse_redundancy(row.redundancy).is_ec, target=taker))
-            moved.add((row.ino, row.idx))
-            used[giver] -= size
-            used[taker] += size
-            done = True
-            break
-        if not done:
-            break
-    return tasks
 
 
 class Throttle:
@@ -329,7 +146,7 @@ class NodeClients:
 
 
 class Healer:
-    """Repair loop, bad-copy handling, scrub and fsck requests of one metadata daemon."""
+    """Repair loop and bad-copy handling of one metadata daemon (operator requests: daemon/repair_admin.py)."""
 
     def __init__(self, service: MetaService):
         self.svc = service
@@ -340,7 +157,7 @@ class Healer:
         self._wake = trio.Event()
         self._scanned_at = -1.0
         self._last = Plan()
-        self._inflight: set[tuple[int, int, int]] = set()  # (ino, idx, target) copies not yet recorded
+        self.inflight: set[tuple[int, int, int]] = set()  # (ino, idx, target) copies not yet recorded
         self.copied = self.copied_bytes = self.failed = 0
         self.changes = 0  # placements recorded (copies and moves of empty rows): progress
         self.stuck = 0  # tasks of the last pass that no node could take (logged when the number changes)
@@ -348,7 +165,6 @@ class Healer:
         self._backlog_bytes = 0
         self._clients: NodeClients | None = None
         self._pass_scope: trio.CancelScope | None = None
-        self._fences: dict[int, int] = {}  # ino -> epochs at or below are no longer committable (lease expired)
         self._ready = trio.Event()
         self._started = 0.0
         self._nursery: trio.Nursery | None = None
@@ -473,7 +289,7 @@ class Healer:
         if work.fixes:
             async with self.svc._lock:
                 for row, keep in work.fixes:
-                    self.svc._write_locked(self._fix, row, keep)
+                    self.svc._write_locked(self.fix_row, row, keep)
         runnable = [t for t in work.tasks if self.has_target(t)]
         stuck = len(work.tasks) - len(runnable)
         if stuck != self.stuck:
@@ -567,7 +383,7 @@ class Healer:
         """Have ``target`` store a copy (CopyChunkReq) or a rebuilt fragment (ReconstructFragmentReq)
         and record it durably: (recorded, the node's reply)."""
         key = (task.ino, task.idx, target)
-        self._inflight.add(key)
+        self.inflight.add(key)
         sent = trio.current_time()
         stored = False
         try:
@@ -582,7 +398,7 @@ class Healer:
                 self._nursery.start_soon(self._forget_copy_at, task, target, sent + timeout)
             raise
         finally:
-            self._inflight.discard(key)
+            self.inflight.discard(key)
         if recorded:
             self.copied += 1
             self.copied_bytes += rsp.length
@@ -676,7 +492,7 @@ class Healer:
         if cur is None or target not in cur[1]:
             self.svc.store.add_garbage([(target, task.ino, task.idx, task.part, self.svc.ns.last_epoch())])
 
-    def _fix(self, row: ChunkRow, keep: tuple[int, ...]) -> None:
+    def fix_row(self, row: ChunkRow, keep: tuple[int, ...]) -> None:
         """Drop gone nodes from a row that has enough live copies without them."""
         cur = self.svc.store.get_chunks(row.ino, [row.idx]).get(row.idx)
         if cur is None or tuple(cur[1]) != row.nodes or cur[0] != row.version:
@@ -719,11 +535,8 @@ class Healer:
         """A session expired: chunks it allocated but never committed in files nobody has open go.
 
         The copies are deleted up to the newest epoch handed out so far, and that
-        epoch becomes the file's *fence*: a commit of chunks written at or below
-        it (a mount that was only paused past its lease, not dead) is refused
-        with STALE, as a lost lease should be, instead of recording copies that
-        are being deleted. Fences live in memory: a daemon restart forgets them
-        (and every session with them).
+        epoch becomes the file's *fence* (``Sessions.fence``, daemon/health.py):
+        a commit of chunks written at or below it is refused.
         """
         store = self.svc.store
         bound = self.svc.ns.last_epoch()
@@ -732,20 +545,8 @@ class Healer:
                 continue
             n = store.drop_uncommitted_chunks(ino, bound)
             if n:
-                self._fences[ino] = bound
+                self.svc.sessions.fence(ino, bound)
                 log.info("inode %d: %d chunk(s) allocated but never committed by an expired session reclaimed", ino, n)
-
-    def check_fence(self, ino: int, chunks: Iterable[P.ChunkRef]) -> None:
-        """Refuse a commit of chunk versions written under a lease that expired (see reclaim_uncommitted)."""
-        fence = self._fences.get(ino)
-        if fence is None:
-            return
-        old = [c.index for c in chunks if 0 < c.version <= fence]
-        if old:
-            raise StripefsError(
-                ErrorCode.STALE,
-                f"inode {ino}: chunk(s) {old[:5]} were written under a session lease that expired; their copies are gone",
-            )
 
     # -- requests (dispatched by MetaService.handle) -----------------------------
 
@@ -753,218 +554,3 @@ class Healer:
         async with self.svc._lock:
             self.svc._write_locked(self.mark_bad, req.node_id, req.chunks)
         return P.OkRsp()
-
-    async def handle_node_admin(self, req: P.NodeAdminReq) -> P.Msg:
-        if req.action == "drain":
-            await self.svc._write(self.svc.nodes.set_admin, req.node_id, "draining")
-        elif req.action == "undrain":
-            await self.svc._write(self.svc.nodes.set_admin, req.node_id, "")
-        elif req.action == "remove":
-            await self.svc._write(self.remove_node, req.node_id)
-        else:
-            raise StripefsError(ErrorCode.BAD_REQUEST, f"unknown node action {req.action!r}: drain, undrain or remove")
-        self.poke()
-        return P.OkRsp()
-
-    async def handle_scrub(self, req: P.ScrubReq) -> P.Msg:
-        return await self.scrub(req)
-
-    async def handle_fsck(self, req: P.FsckReq) -> P.Msg:
-        return await self.fsck(req)
-
-    # -- operator requests -----------------------------------------------------
-
-    async def _all_rows(self) -> list[ChunkRow]:
-        rows: list[ChunkRow] = []
-        after = (0, -1)
-        while True:
-            async with self.svc._lock:
-                page = self.svc.store.chunk_rows_page(after, SCAN_PAGE)
-            rows += [ChunkRow.from_sql(r) for r in page]
-            if len(page) < SCAN_PAGE:
-                return rows
-            after = (page[-1][0], page[-1][1])
-
-    def remove_node(self, node_id: int) -> int:
-        """Forget a node (under the lock, in a savepoint): NOT_EMPTY while it holds an only copy."""
-        store, nodes = self.svc.store, self.svc.nodes
-        if nodes.state(node_id) == "removed":
-            nodes.set_admin(node_id, "removed")  # NOT_FOUND for a node this cluster never knew
-            return 0
-        only = 0
-        edits = []
-        after = (0, -1)
-        while True:
-            page = store.chunk_rows_page(after, SCAN_PAGE)
-            for r in page:
-                row = ChunkRow.from_sql(r)
-                if node_id not in row.nodes:
-                    continue
-                if parse_redundancy(row.redundancy).is_ec and row.version:
-                    raise StripefsError(ErrorCode.NOT_EMPTY, f"node {node_id} holds erasure-coded fragments; drain it first")
-                others = [n for n in row.nodes if n != node_id and nodes.state(n) in LIVE_STATES]
-                if row.version and not others:
-                    only += 1
-                edits.append((row, [n for n in row.nodes if n != node_id]))
-            if len(page) < SCAN_PAGE:
-                break
-            after = (page[-1][0], page[-1][1])
-        if only:
-            raise StripefsError(
-                ErrorCode.NOT_EMPTY,
-                f"node {node_id} still holds the only live copy of {only} chunk(s); "
-                f"drain it first (stripefs node drain {node_id}) and wait until it holds nothing",
-            )
-        for row, keep in edits:
-            if keep:
-                store.put_chunk(row.ino, row.idx, row.version, keep)
-            else:  # an allocated, never written chunk on this node alone: unplace it
-                store.delete_chunk(row.ino, row.idx)
-        forgotten = store.forget_node_garbage(node_id)
-        nodes.set_admin(node_id, "removed")
-        log.warning("node %d removed: dropped from %d chunk row(s), %d pending deletion(s) forgotten", node_id, len(edits), forgotten)
-        self.poke()
-        return len(edits)
-
-    async def scrub(self, req: P.ScrubReq) -> P.ScrubRsp:
-        async with self.svc._lock:
-            inos = list(req.inos) or self.svc.store.regular_files_after(req.after_ino, max(1, min(req.limit, 1000)))
-            rows = [ChunkRow.from_sql(r) for r in self.svc.store.chunk_rows_of(inos)]
-            total = self.svc.store.counts()["files"]
-            by_node: dict[int, list[tuple[P.ChunkId, int]]] = collections.defaultdict(list)
-            for row in rows:
-                if not row.version:
-                    continue
-                ec = parse_redundancy(row.redundancy).is_ec
-                for pos, n in enumerate(row.nodes):
-                    if self.svc.nodes.is_up(n):
-                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else 0), row.version))
-            addresses = {n: self.svc.nodes.address(n) for n in by_node}
-        totals = collections.Counter()
-
-        async def verify(node_id: int, items: list[tuple[P.ChunkId, int]]) -> None:
-            client = await (await self.clients()).get(addresses[node_id])
-            for i in range(0, len(items), 1000):
-                part = items[i : i + 1000]
-                try:
-                    rsp, _ = await client.call(
-                        P.VerifyChunksReq(chunks=[c for c, _ in part], min_versions=[v for _, v in part]), timeout=VERIFY_TIMEOUT_S
-                    )
-                except StripefsError as exc:
-                    log.warning("scrub: node %d did not verify %d copies: %s", node_id, len(part), exc)
-                    continue
-                totals["copies"] += len(part)
-                totals["bytes"] += rsp.bytes
-                bad = list(rsp.bad) + list(rsp.missing)
-                totals["bad"] += len(bad)
-                if bad:
-                    async with self.svc._lock:
-                        dropped = self.svc._write_locked(self.mark_bad, node_id, bad, "is bad, stale or missing (scrub)")[0]
-                    totals["repairing"] += dropped  # the others have no good copy elsewhere (mark_bad logs each)
-
-        async with trio.open_nursery() as nursery:
-            for node_id, items in by_node.items():
-                nursery.start_soon(verify, node_id, items)
-        limit = max(1, min(req.limit, 1000))
-        next_ino = inos[-1] if (not req.inos and len(inos) == limit) else 0
-        return P.ScrubRsp(
-            files=len(inos), copies=totals["copies"], bad=totals["bad"], bytes=totals["bytes"], next_ino=next_ino, total_files=total,
-            repairing=totals["repairing"],
-        )
-
-    async def fsck(self, req: P.FsckReq) -> P.FsckRsp:
-        if req.node_id == 0:
-            return await self._fsck_redundancy(req.repair)
-        return await self._fsck_node(req.node_id, req.repair)
-
-    async def _fsck_redundancy(self, repair: bool) -> P.FsckRsp:
-        rows = await self._all_rows()
-        async with self.svc._lock:
-            states = self.svc.nodes.states()
-        result = plan(rows, states)
-        problems = []
-        trimmed = 0
-        async with self.svc._lock:
-            doable = [t for t in result.tasks if self.has_target(t)]
-        doable_ids = {id(t) for t in doable}
-        for t in [t for t in result.tasks if id(t) not in doable_ids][:10]:
-            problems.append(f"chunk {t.ino}:{t.idx}: wants another copy, but every storage node up holds one already "
-                            f"(copies on {list(t.nodes)}): add nodes or lower its layout (stripefs layout convert)")
-        for row in rows:
-            red = parse_redundancy(row.redundancy)
-            live = [n for n in row.nodes if states.get(n) in LIVE_STATES]
-            if row.version and not live and len(problems) < 20:
-                problems.append(f"chunk {row.ino}:{row.idx} v{row.version}: no live copy (nodes {list(row.nodes)})")
-            if row.version and not red.is_ec and len(set(live)) > red.copies:
-                if len(problems) < 20:
-                    problems.append(f"chunk {row.ino}:{row.idx}: {len(live)} live copies for {red.copies}")
-                if repair:
-                    async with self.svc._lock:
-                        self.svc._write_locked(self._fix, row, tuple(live[: red.copies]))
-                    trimmed += 1
-        if repair:
-            self.poke()
-        return P.FsckRsp(
-            checked=result.chunks, orphans=0, missing=0, under_replicated=result.under_replicated,
-            over_replicated=result.over_replicated, lost=result.lost,
-            repaired=trimmed + (len(doable) if repair else 0), problems=problems,
-            unrepairable=len(result.tasks) - len(doable),
-        )
-
-    async def _fsck_node(self, node_id: int, repair: bool) -> P.FsckRsp:
-        async with self.svc._lock:
-            if not self.svc.nodes.is_up(node_id):
-                raise StripefsError(ErrorCode.UNAVAILABLE, f"storage node {node_id} is {self.svc.nodes.state(node_id)}; fsck needs it up")
-            address = self.svc.nodes.address(node_id)
-        # the namespace first, then the node: a copy written in between is seen on the node,
-        # and every finding is checked again against the current row before it is repaired
-        expected: dict[tuple[int, int, int], int] = {}
-        for row in await self._all_rows():
-            if node_id in row.nodes:
-                ec = parse_redundancy(row.redundancy).is_ec
-                part = fragment_part(row.nodes.index(node_id), row.version) if ec else 0
-                expected[(row.ino, row.idx, part)] = row.version
-        client = await (await self.clients()).get(address)
-        inventory: dict[tuple[int, int, int], int] = {}
-        start = 0
-        while start >= 0:
-            rsp, _ = await client.call(P.ListChunksReq(start_dir=start), timeout=VERIFY_TIMEOUT_S)
-            for c, v in zip(rsp.chunks, rsp.versions):
-                inventory[(c.ino, c.index, c.part)] = v
-            start = rsp.next_dir
-        async with self.svc._lock:
-            pending = self.svc.store.pending_garbage(node_id)  # queued for deletion already: not orphans
-        orphans = [k for k in inventory if k not in expected and (k[0], k[1]) not in pending]
-        missing = [k for k, v in expected.items() if v and inventory.get(k, -1) < v]
-        problems = [f"orphan copy {i}:{x}:{p} v{inventory[(i, x, p)]} on node {node_id}" for i, x, p in orphans[:10]]
-        problems += [f"copy {i}:{x}:{p} v{expected[(i, x, p)]} missing or stale on node {node_id}" for i, x, p in missing[:10]]
-        repaired = 0
-        if repair and (orphans or missing):
-            async with self.svc._lock:
-                repaired = self.svc._write_locked(self._fsck_repair, node_id, orphans, missing, inventory, expected)[0]
-        for line in problems:
-            log.info("fsck: %s", line)
-        return P.FsckRsp(
-            checked=len(inventory), orphans=len(orphans), missing=len(missing), under_replicated=0, over_replicated=0,
-            lost=0, repaired=repaired, problems=problems,
-        )
-
-    def _fsck_repair(self, node_id, orphans, missing, inventory, expected) -> int:
-        store = self.svc.store
-        repaired = 0
-        pending = store.pending_garbage(node_id)
-        for ino, idx, part in orphans:
-            cur = store.get_chunks(ino, [idx]).get(idx)
-            if (cur is not None and node_id in cur[1]) or (ino, idx, node_id) in self._inflight or (ino, idx) in pending:
-                continue  # placed meanwhile, being copied, or already queued
-            store.add_garbage([(node_id, ino, idx, part, inventory[(ino, idx, part)])])
-            log.info("fsck: orphan copy %d:%d:%d v%d on node %d queued for deletion", ino, idx, part, inventory[(ino, idx, part)], node_id)
-            repaired += 1
-        still = []
-        for ino, idx, part in missing:
-            cur = store.get_chunks(ino, [idx]).get(idx)
-            if cur is not None and node_id in cur[1] and cur[0] == expected[(ino, idx, part)]:
-                still.append(P.ChunkId(ino, idx, part))
-        repaired += self.mark_bad(node_id, still, "is missing or stale (fsck)")
-        self.poke()
-        return repaired

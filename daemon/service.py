@@ -101,6 +101,7 @@ from .health import NodeRegistry, Sessions
 from .namespace import Namespace, to_attr
 from .quota_service import QuotaService
 from .repair import Healer
+from .repair_admin import OperatorRequests
 from .open_holds import OpenHolds
 from .pg_store import open_pg_store
 from .store import SqliteStore
@@ -156,7 +157,8 @@ class MetaService:
         self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
         self._gc_wake = trio.Event()
         self._feed_wake = trio.Event()
-        self.healer = Healer(self)  # re-replication, drain, scrub, fsck (daemon/repair.py)
+        self.healer = Healer(self)  # re-replication, drain, bad copies (daemon/repair.py)
+        self.operator = OperatorRequests(self.healer)  # node administration, scrub, fsck (daemon/repair_admin.py)
         self.quota_service = QuotaService(self)  # directory quotas (daemon/quota.py)
         self._handlers: dict[type, Callable] = {}
         self._path_batches: dict[bytes, list] = {}  # connection -> its LookupPathsReq line (handle_lookup_paths)
@@ -164,7 +166,7 @@ class MetaService:
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
         self.access = MetaAccess(self)  # keys, roles, read-only, subtrees (daemon/access.py)
         for cls in P.Request.__args__:
-            for owner in (self, self.healer, self.quota_service, self.access):
+            for owner in (self, self.healer, self.operator, self.quota_service, self.access):
                 handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
                 if handler is not None:
                     self._handlers[cls] = handler
@@ -906,7 +908,7 @@ class MetaService:
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
-        self.healer.check_fence(req.ino, req.chunks)
+        self.sessions.check_fence(req.ino, req.chunks)
         attr = await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks, change=([req.ino], []))
         return P.AttrRsp(attr=attr)
 

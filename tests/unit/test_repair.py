@@ -14,7 +14,8 @@ from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect
 from stripefs.daemon.db import open_database
 from stripefs.daemon.health import NodeRegistry
-from stripefs.daemon.repair import ChunkRow, Throttle, plan
+from stripefs.daemon.repair import Throttle
+from stripefs.daemon.repair_plan import ChunkRow, plan
 from stripefs.daemon.store import SqliteStore
 from stripefs.storage_node.chunk_store import ChunkStore
 from stripefs.storage_node.service import StorageService
@@ -234,7 +235,7 @@ async def test_a_node_copies_a_chunk_from_another(tmp_path):
 # -- the daemon's row edits (MetaService opened in-process, no sockets) -----------
 
 from stripefs.common.config import MetaConfig  # noqa: E402
-from stripefs.daemon.repair import Task  # noqa: E402
+from stripefs.daemon.repair_plan import Task  # noqa: E402
 from stripefs.daemon.service import MetaService  # noqa: E402
 
 
@@ -289,11 +290,11 @@ def test_bad_copies_are_dropped_but_never_the_last(svc, caplog):
 def test_remove_refuses_only_copies(svc):
     ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 5, [3]), (2, 0, [3])))
     with pytest.raises(StripefsError) as err, svc.store.savepoint():
-        svc.healer.remove_node(3)
+        svc.operator.remove_node(3)
     assert err.value.code == ErrorCode.NOT_EMPTY and "drain" in err.value.message
     assert svc.nodes.state(3) == "up"
     with svc.store.savepoint():
-        svc.healer.remove_node(2)
+        svc.operator.remove_node(2)
     assert svc.nodes.state(2) == "removed" and svc.store.get_chunks(ino)[0] == (5, [1])
 
 
@@ -305,10 +306,10 @@ def test_expired_sessions_uncommitted_chunks_go_and_late_commits_are_fenced(svc)
     assert set(svc.store.get_chunks(ino)) == {0}
     assert {(g[0], g[2]) for g in _garbage(svc)} == {(2, 1), (3, 1)}
     with pytest.raises(StripefsError) as err:
-        svc.healer.check_fence(ino, [p.ChunkRef(index=1, version=epoch, nodes=[2, 3])])
+        svc.sessions.check_fence(ino, [p.ChunkRef(index=1, version=epoch, nodes=[2, 3])])
     assert err.value.code == ErrorCode.STALE
     newer, _ = svc.ns.alloc_epoch()
-    svc.healer.check_fence(ino, [p.ChunkRef(index=1, version=newer, nodes=[2, 3])])  # a new session's write
+    svc.sessions.check_fence(ino, [p.ChunkRef(index=1, version=newer, nodes=[2, 3])])  # a new session's write
 
 
 def test_a_commit_that_drops_a_node_queues_its_copy(svc):

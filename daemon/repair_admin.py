@@ -1,0 +1,253 @@
+"""Operator requests to the metadata daemon: node administration, scrub and fsck.
+
+    NodeAdminReq   drain, undrain, remove a storage node (``stripefs node``)
+    ScrubReq       verify the copies of some files now (``stripefs scrub PATH`` / ``--now``)
+    FsckReq        a node's chunk inventory against the namespace, or the namespace's
+                   redundancy (``stripefs fsck [--repair]``)
+
+These only inspect and record; the copies they call for (a drained node's, a
+bad or missing copy's) are made by the healer (daemon/repair.py), woken with
+``poke``. The CLI's side is stripefs/heal_cli.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+import trio
+
+from ..common import protocol as P
+from ..common.errors import ErrorCode, StripefsError
+from ..common.erasure import fragment_part
+from ..common.layout import parse_redundancy
+from .health import LIVE_STATES
+from .repair import SCAN_PAGE, Healer
+from .repair_plan import ChunkRow, plan
+
+log = logging.getLogger(__name__)
+
+VERIFY_TIMEOUT_S = 300.0  # a node verifying (or listing) many chunks from its disk
+
+
+class OperatorRequests:
+    """NodeAdminReq, ScrubReq and FsckReq of one metadata daemon (dispatched by MetaService.handle)."""
+
+    def __init__(self, healer: Healer):
+        self.healer = healer
+        self.svc = healer.svc
+
+    async def handle_node_admin(self, req: P.NodeAdminReq) -> P.Msg:
+        if req.action == "drain":
+            await self.svc._write(self.svc.nodes.set_admin, req.node_id, "draining")
+        elif req.action == "undrain":
+            await self.svc._write(self.svc.nodes.set_admin, req.node_id, "")
+        elif req.action == "remove":
+            await self.svc._write(self.remove_node, req.node_id)
+        else:
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"unknown node action {req.action!r}: drain, undrain or remove")
+        self.healer.poke()
+        return P.OkRsp()
+
+    async def handle_scrub(self, req: P.ScrubReq) -> P.Msg:
+        return await self.scrub(req)
+
+    async def handle_fsck(self, req: P.FsckReq) -> P.Msg:
+        return await self.fsck(req)
+
+    # -- operator requests -----------------------------------------------------
+
+    async def _all_rows(self) -> list[ChunkRow]:
+        rows: list[ChunkRow] = []
+        after = (0, -1)
+        while True:
+            async with self.svc._lock:
+                page = self.svc.store.chunk_rows_page(after, SCAN_PAGE)
+            rows += [ChunkRow.from_sql(r) for r in page]
+            if len(page) < SCAN_PAGE:
+                return rows
+            after = (page[-1][0], page[-1][1])
+
+    def remove_node(self, node_id: int) -> int:
+        """Forget a node (under the lock, in a savepoint): NOT_EMPTY while it holds an only copy."""
+        store, nodes = self.svc.store, self.svc.nodes
+        if nodes.state(node_id) == "removed":
+            nodes.set_admin(node_id, "removed")  # NOT_FOUND for a node this cluster never knew
+            return 0
+        only = 0
+        edits = []
+        after = (0, -1)
+        while True:
+            page = store.chunk_rows_page(after, SCAN_PAGE)
+            for r in page:
+                row = ChunkRow.from_sql(r)
+                if node_id not in row.nodes:
+                    continue
+                if parse_redundancy(row.redundancy).is_ec and row.version:
+                    raise StripefsError(ErrorCode.NOT_EMPTY, f"node {node_id} holds erasure-coded fragments; drain it first")
+                others = [n for n in row.nodes if n != node_id and nodes.state(n) in LIVE_STATES]
+                if row.version and not others:
+                    only += 1
+                edits.append((row, [n for n in row.nodes if n != node_id]))
+            if len(page) < SCAN_PAGE:
+                break
+            after = (page[-1][0], page[-1][1])
+        if only:
+            raise StripefsError(
+                ErrorCode.NOT_EMPTY,
+                f"node {node_id} still holds the only live copy of {only} chunk(s); "
+                f"drain it first (stripefs node drain {node_id}) and wait until it holds nothing",
+            )
+        for row, keep in edits:
+            if keep:
+                store.put_chunk(row.ino, row.idx, row.version, keep)
+            else:  # an allocated, never written chunk on this node alone: unplace it
+                store.delete_chunk(row.ino, row.idx)
+        forgotten = store.forget_node_garbage(node_id)
+        nodes.set_admin(node_id, "removed")
+        log.warning("node %d removed: dropped from %d chunk row(s), %d pending deletion(s) forgotten", node_id, len(edits), forgotten)
+        self.healer.poke()
+        return len(edits)
+
+    async def scrub(self, req: P.ScrubReq) -> P.ScrubRsp:
+        async with self.svc._lock:
+            inos = list(req.inos) or self.svc.store.regular_files_after(req.after_ino, max(1, min(req.limit, 1000)))
+            rows = [ChunkRow.from_sql(r) for r in self.svc.store.chunk_rows_of(inos)]
+            total = self.svc.store.counts()["files"]
+            by_node: dict[int, list[tuple[P.ChunkId, int]]] = collections.defaultdict(list)
+            for row in rows:
+                if not row.version:
+                    continue
+                ec = parse_redundancy(row.redundancy).is_ec
+                for pos, n in enumerate(row.nodes):
+                    if self.svc.nodes.is_up(n):
+                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else 0), row.version))
+            addresses = {n: self.svc.nodes.address(n) for n in by_node}
+        totals = collections.Counter()
+
+        async def verify(node_id: int, items: list[tuple[P.ChunkId, int]]) -> None:
+            client = await (await self.healer.clients()).get(addresses[node_id])
+            for i in range(0, len(items), 1000):
+                part = items[i : i + 1000]
+                try:
+                    rsp, _ = await client.call(
+                        P.VerifyChunksReq(chunks=[c for c, _ in part], min_versions=[v for _, v in part]), timeout=VERIFY_TIMEOUT_S
+                    )
+                except StripefsError as exc:
+                    log.warning("scrub: node %d did not verify %d copies: %s", node_id, len(part), exc)
+                    continue
+                totals["copies"] += len(part)
+                totals["bytes"] += rsp.bytes
+                bad = list(rsp.bad) + list(rsp.missing)
+                totals["bad"] += len(bad)
+                if bad:
+                    async with self.svc._lock:
+                        dropped = self.svc._write_locked(self.healer.mark_bad, node_id, bad, "is bad, stale or missing (scrub)")[0]
+                    totals["repairing"] += dropped  # the others have no good copy elsewhere (mark_bad logs each)
+
+        async with trio.open_nursery() as nursery:
+            for node_id, items in by_node.items():
+                nursery.start_soon(verify, node_id, items)
+        limit = max(1, min(req.limit, 1000))
+        next_ino = inos[-1] if (not req.inos and len(inos) == limit) else 0
+        return P.ScrubRsp(
+            files=len(inos), copies=totals["copies"], bad=totals["bad"], bytes=totals["bytes"], next_ino=next_ino, total_files=total,
+            repairing=totals["repairing"],
+        )
+
+    async def fsck(self, req: P.FsckReq) -> P.FsckRsp:
+        if req.node_id == 0:
+            return await self._fsck_redundancy(req.repair)
+        return await self._fsck_node(req.node_id, req.repair)
+
+    async def _fsck_redundancy(self, repair: bool) -> P.FsckRsp:
+        rows = await self._all_rows()
+        async with self.svc._lock:
+            states = self.svc.nodes.states()
+        result = plan(rows, states)
+        problems = []
+        trimmed = 0
+        async with self.svc._lock:
+            doable = [t for t in result.tasks if self.healer.has_target(t)]
+        doable_ids = {id(t) for t in doable}
+        for t in [t for t in result.tasks if id(t) not in doable_ids][:10]:
+            problems.append(f"chunk {t.ino}:{t.idx}: wants another copy, but every storage node up holds one already "
+                            f"(copies on {list(t.nodes)}): add nodes or lower its layout (stripefs layout convert)")
+        for row in rows:
+            red = parse_redundancy(row.redundancy)
+            live = [n for n in row.nodes if states.get(n) in LIVE_STATES]
+            if row.version and not live and len(problems) < 20:
+                problems.append(f"chunk {row.ino}:{row.idx} v{row.version}: no live copy (nodes {list(row.nodes)})")
+            if row.version and not red.is_ec and len(set(live)) > red.copies:
+                if len(problems) < 20:
+                    problems.append(f"chunk {row.ino}:{row.idx}: {len(live)} live copies for {red.copies}")
+                if repair:
+                    async with self.svc._lock:
+                        self.svc._write_locked(self.healer.fix_row, row, tuple(live[: red.copies]))
+                    trimmed += 1
+        if repair:
+            self.healer.poke()
+        return P.FsckRsp(
+            checked=result.chunks, orphans=0, missing=0, under_replicated=result.under_replicated,
+            over_replicated=result.over_replicated, lost=result.lost,
+            repaired=trimmed + (len(doable) if repair else 0), problems=problems,
+            unrepairable=len(result.tasks) - len(doable),
+        )
+
+    async def _fsck_node(self, node_id: int, repair: bool) -> P.FsckRsp:
+        async with self.svc._lock:
+            if not self.svc.nodes.is_up(node_id):
+                raise StripefsError(ErrorCode.UNAVAILABLE, f"storage node {node_id} is {self.svc.nodes.state(node_id)}; fsck needs it up")
+            address = self.svc.nodes.address(node_id)
+        # the namespace first, then the node: a copy written in between is seen on the node,
+        # and every finding is checked again against the current row before it is repaired
+        expected: dict[tuple[int, int, int], int] = {}
+        for row in await self._all_rows():
+            if node_id in row.nodes:
+                ec = parse_redundancy(row.redundancy).is_ec
+                part = fragment_part(row.nodes.index(node_id), row.version) if ec else 0
+                expected[(row.ino, row.idx, part)] = row.version
+        client = await (await self.healer.clients()).get(address)
+        inventory: dict[tuple[int, int, int], int] = {}
+        start = 0
+        while start >= 0:
+            rsp, _ = await client.call(P.ListChunksReq(start_dir=start), timeout=VERIFY_TIMEOUT_S)
+            for c, v in zip(rsp.chunks, rsp.versions):
+                inventory[(c.ino, c.index, c.part)] = v
+            start = rsp.next_dir
+        async with self.svc._lock:
+            pending = self.svc.store.pending_garbage(node_id)  # queued for deletion already: not orphans
+        orphans = [k for k in inventory if k not in expected and (k[0], k[1]) not in pending]
+        missing = [k for k, v in expected.items() if v and inventory.get(k, -1) < v]
+        problems = [f"orphan copy {i}:{x}:{p} v{inventory[(i, x, p)]} on node {node_id}" for i, x, p in orphans[:10]]
+        problems += [f"copy {i}:{x}:{p} v{expected[(i, x, p)]} missing or stale on node {node_id}" for i, x, p in missing[:10]]
+        repaired = 0
+        if repair and (orphans or missing):
+            async with self.svc._lock:
+                repaired = self.svc._write_locked(self._fsck_repair, node_id, orphans, missing, inventory, expected)[0]
+        for line in problems:
+            log.info("fsck: %s", line)
+        return P.FsckRsp(
+            checked=len(inventory), orphans=len(orphans), missing=len(missing), under_replicated=0, over_replicated=0,
+            lost=0, repaired=repaired, problems=problems,
+        )
+
+    def _fsck_repair(self, node_id, orphans, missing, inventory, expected) -> int:
+        store = self.svc.store
+        repaired = 0
+        pending = store.pending_garbage(node_id)
+        for ino, idx, part in orphans:
+            cur = store.get_chunks(ino, [idx]).get(idx)
+            if (cur is not None and node_id in cur[1]) or (ino, idx, node_id) in self.healer.inflight or (ino, idx) in pending:
+                continue  # placed meanwhile, being copied, or already queued
+            store.add_garbage([(node_id, ino, idx, part, inventory[(ino, idx, part)])])
+            log.info("fsck: orphan copy %d:%d:%d v%d on node %d queued for deletion", ino, idx, part, inventory[(ino, idx, part)], node_id)
+            repaired += 1
+        still = []
+        for ino, idx, part in missing:
+            cur = store.get_chunks(ino, [idx]).get(idx)
+            if cur is not None and node_id in cur[1] and cur[0] == expected[(ino, idx, part)]:
+                still.append(P.ChunkId(ino, idx, part))
+        repaired += self.healer.mark_bad(node_id, still, "is missing or stale (fsck)")
+        self.healer.poke()
+        return repaired
