@@ -11,9 +11,16 @@ Dataset (bench/imagedata.py): 8,000 real JPEG files of ~110 KiB in 100 class
 folders, and the same samples in ~64 MiB tar shards; generated once into
 --cache-dir, then copied into the mount and onto the local disk.
 
+Mount modes (--modes): every workload runs through the default mount AND
+through a dataset-mode mount (-o dataset: read-only, long kernel caching),
+each beside the local disk in the same run (each mode gets its own cold
+cycle and its own local epochs right next to its stripefs ones).
+
 Workloads (--only takes a comma-separated list of the group names):
-  raw       DataLoader, 2 workers, batch 32, shuffled; bytes only (the stress
-            test); cold epoch, then a warm epoch (another shuffle)
+  raw       DataLoader, 2 persistent workers, batch 64, shuffled; each sample
+            is one open(...).read() in a worker and nothing else (the
+            minimal loader: the stress test, the filesystem is all there
+            is); cold epoch, then a warm epoch (another shuffle)
   prefetch  as raw, through stripefs.torch.PrefetchSampler (sampler-order
             prefetch, lookahead 1024) on the mount, the workers reading with
             stripefs.torch.read_file (shared memory; --no-read-file: through
@@ -37,13 +44,15 @@ plus every stripefs process (meta, storage nodes, mount), from /proc/PID/stat;
 local = this process and its children. Mount RSS = VmHWM of the mount process
 (/proc/PID/status; a fresh process per cold cycle), against its cache budget.
 
-Every sample is checked (length and xxh3 against the generator's manifest;
-decoded shapes); a mismatch aborts the run (exit 1). Targets from issue 4 are
-printed as PASS/BELOW; --strict exits 2 if one is below. --profile runs a
-cold and a warm raw epoch more (and two with prefetch) with `py-spy record`
-attached to the mount, the metadata daemon and storage node 1 (not timed) and
-prints their top functions (bench/profiling.py). --dataset measures through a
-`-o dataset` mount (the data is written through a plain one first). The
+Every sample is checked, outside the timed epochs: what a timed epoch saw
+(every sample once, every length, decoded shapes) after it, and each group's
+checksums (xxh3 against the generator's manifest) in one more untimed epoch
+through the mount per mode; a mismatch aborts the run (exit 1). Targets from
+issue 16 are printed as PASS/BELOW; --strict exits 2 if one is below. --profile runs a
+cold and a warm raw epoch more (and two with prefetch) per mode with
+`py-spy record` attached to the mount, the metadata daemon and storage node 1
+(not timed) and prints their top functions (bench/profiling.py). --dataset is
+--modes dataset (the data is written through a plain mount first). The
 cluster is always stopped and unmounted (Ctrl-C, SIGTERM, a phase past
 --phase-timeout). See bench/README.md.
 """
@@ -65,23 +74,25 @@ from types import SimpleNamespace
 
 import profiling
 from common import (GiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fs_of, git_commit, human_size,
-                    progress, self_cpu, supervise, write_results)
+                    proc_cpu, progress, self_cpu, supervise, write_results)
 
 GROUPS = ("raw", "prefetch", "decode", "tar", "seq")
 
 # (key, group, label, cold?)
 ROWS = [
-    ("raw_cold", "raw", "raw read, cold epoch", True),
-    ("raw_warm", "raw", "raw read, warm epoch", False),
-    ("prefetch_cold", "prefetch", "raw + prefetch, cold epoch", True),
-    ("prefetch_warm", "prefetch", "raw + prefetch, warm epoch", False),
+    ("raw_cold", "raw", "raw read (open+read), cold", True),
+    ("raw_warm", "raw", "raw read (open+read), warm", False),
+    ("prefetch_cold", "prefetch", "stripefs.torch, cold epoch", True),
+    ("prefetch_warm", "prefetch", "stripefs.torch, warm epoch", False),
     ("decode_cold", "decode", "JPEG decode, cold epoch", True),
     ("decode_warm", "decode", "JPEG decode, warm epoch", False),
     ("tar_cold", "tar", "tar shards, cold", True),
     ("seq_cold", "seq", "sequential read {seq}, cold", True),
 ]
 
-# issue 4 "Targets": minimum ratio stripefs/local of the throughput
+MODES = ("default", "dataset")  # the mount's modes: default (read-write, close-to-open) and -o dataset
+
+# issue 16 "Done when" (issue 4's targets): minimum ratio stripefs/local of the throughput
 TARGETS = [
     ("decode_cold", 0.95, "JPEG decode, cold epoch"),
     ("decode_warm", 0.95, "JPEG decode, warm epoch"),
@@ -211,6 +222,20 @@ def mount_cache_budget(pid: int) -> tuple[int | None, str]:
     return None, "no cache size field in ClientConfig"
 
 
+def bench_cpu() -> float:
+    """CPU seconds of this process and its children, the live ones included: persistent
+    DataLoader workers are not waited for, so os.times() alone would never count them."""
+    live = 0.0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids = f.read().split()
+        except OSError:
+            continue
+        live += sum(c for c in (proc_cpu(int(pid)) for pid in pids) if c is not None)
+    return self_cpu() + live
+
+
 # ---------------------------------------------------------------------- runner
 
 
@@ -232,6 +257,7 @@ class Bench:
         self.budget: tuple[int | None, str] = (None, "mount not started")
         self.recorder: profiling.Recorder | None = None
         self.read_file_used = False
+        self.mode = "default"  # the mount mode being measured (self.results keys are "row@mode")
 
     # -- plumbing
 
@@ -263,21 +289,28 @@ class Bench:
         for d in sorted(d for d in dirs if os.path.exists(d)):
             progress(f"WARNING: the stopped mount left its shared-memory directory {d} behind")
 
+    def set_mode(self, mode: str) -> None:
+        """Every later `local up` (each cold cycle) mounts in this mode."""
+        self.mode = mode
+        self.cluster.options = ["dataset"] if mode == "dataset" else []
+
     def measure(self, key: str, label: str, side: str, fn) -> dict:
-        self.set_phase(f"{side}: {label}")
+        """Time fn(); it returns (figures, check): check() runs after the timing."""
+        self.set_phase(f"{side} [{self.mode}]: {label}")
         url = self.cluster.metrics.get("mount") if side == "stripefs" else None
         before_ops = mount_counters(url)
         before_p = self.cluster.cpu()  # on the local side: what the idle cluster burns meanwhile (not counted)
-        before_s = self_cpu()
+        before_s = bench_cpu()
         t = time.perf_counter()
-        try:
-            out = fn()
-        except ValueError as exc:  # run_epoch's verdict on the data
-            raise BenchError(f"{side} {label}: {exc}") from None
+        out, check = fn()
         wall = time.perf_counter() - t
-        cpu_self = self_cpu() - before_s
+        cpu_self = bench_cpu() - before_s
         after_p = self.cluster.cpu()
         after_ops = mount_counters(url)
+        try:
+            check()  # what the epoch saw: outside the timing
+        except ValueError as exc:  # run_epoch's verdict on the data
+            raise BenchError(f"{side} [{self.mode}] {label}: {exc}") from None
         cpu_procs = {k: round(after_p[k] - before_p[k], 3) for k in after_p}
         idle_cluster = None
         if side == "local":
@@ -300,7 +333,7 @@ class Bench:
             r["mount_vmhwm"] = st.get("VmHWM")
             r["mount_vmrss"] = st.get("VmRSS")
         rate = f"{r['samples_per_s']:,.0f} samples/s, " if "samples" in out else ""
-        progress(f"  {side:8s} {label}: {rate}{r['mib_per_s']:.0f} MiB/s ({wall:.1f}s, cpu {cpu:.1f}s"
+        progress(f"  {side:8s} [{self.mode}] {label}: {rate}{r['mib_per_s']:.0f} MiB/s ({wall:.1f}s, cpu {cpu:.1f}s"
                  + (f", mount VmHWM {r['mount_vmhwm'] / MiB:.0f} MiB)" if r.get("mount_vmhwm") else ")"))
         return r
 
@@ -333,22 +366,25 @@ class Bench:
                                     threads=2)
             if "seq" in a.only:
                 self.write_seq_file(side)
-        if a.dataset:
-            # read-only from here on: every cold cycle's `local up` mounts with -o dataset
-            self.cluster.options = ["dataset"]
-
-        if "raw" in a.only:
-            self.tree_group("raw", "raw")
-        if "prefetch" in a.only:
-            self.tree_group("prefetch", "raw")
-        if "decode" in a.only:
-            self.tree_group("decode", "decode")
-        if "tar" in a.only:
-            self.tar_group()
-        if "seq" in a.only:
-            self.seq_group()
+        # each group in each mode (a dataset-mode mount is read-only: the data is written above);
+        # each mode's cold cycle remounts in that mode
+        for group in GROUPS:
+            if group not in a.only:
+                continue
+            for mode in a.modes:
+                self.set_mode(mode)
+                if group in ("raw", "prefetch"):
+                    self.tree_group(group, "raw")
+                elif group == "decode":
+                    self.tree_group("decode", "decode")
+                elif group == "tar":
+                    self.tar_group()
+                else:
+                    self.seq_group()
         if a.profile:
-            self.profile_runs()
+            for mode in a.modes:
+                self.set_mode(mode)
+                self.profile_runs()
         self.set_phase("finish")
         self.problems = self.cluster.log_problems()
 
@@ -395,17 +431,18 @@ class Bench:
             self.cold("both")
             for side, n in order:
                 key, label, _ = rows[n]
-                progress(f"{label} ({side})" + (f", repetition {rep + 1}/{self.args.repeat}" if self.args.repeat > 1
+                progress(f"{label} ({side}, {self.mode} mount)" + (f", repetition {rep + 1}/{self.args.repeat}" if self.args.repeat > 1
                                                 else ""))
                 pair[key][side] = self.measure(key, label, side, epoch_fn(side, n))
             for key in runs:
                 runs[key].append(pair[key])
         for key, label, _ in rows:
             reps = sorted(runs[key], key=lambda r: r["stripefs"]["mib_per_s"] / r["local"]["mib_per_s"])
-            self.results[key] = {"label": label, **reps[(len(reps) - 1) // 2]}
-            if len(reps) > 1:
-                self.results[key]["ratios"] = [round(r["stripefs"]["mib_per_s"] / r["local"]["mib_per_s"], 3)
-                                               for r in runs[key]]
+            res = self.results[f"{key}@{self.mode}"] = {"label": label, "mode": self.mode, "row": key,
+                                                        **reps[(len(reps) - 1) // 2]}
+            res["ratios"] = [round(r["stripefs"]["mib_per_s"] / r["local"]["mib_per_s"], 5) for r in runs[key]]
+            res["cpu_ratios"] = [round(r["stripefs"]["cpu_s_per_gib"] / r["local"]["cpu_s_per_gib"], 2)
+                                 for r in runs[key] if r["local"]["cpu_s_per_gib"]]
 
     def tree_group(self, group: str, mode: str) -> None:
         import loaders
@@ -417,9 +454,23 @@ class Bench:
             if sampler_cls is None:
                 progress(f"{group}: n/a: {why}")
                 for key, label, _ in self.rows_of(group):
-                    self.results[key] = {"label": label, "na": why}
+                    self.results[f"{key}@{self.mode}"] = {"label": label, "mode": self.mode, "row": key, "na": why}
                 return
-        datasets = {}
+        datasets: dict[str, object] = {}
+        loaders_: dict[str, object] = {}  # side -> its DataLoader, workers kept from the cold epoch to the warm one
+
+        def reader_for(side: str):
+            if sampler_cls is not None and side == "stripefs" and not a.no_read_file:
+                reader = read_file_function()  # None: plain reads through the mount
+                self.read_file_used = reader is not None
+                return reader
+            return None
+
+        def sampler_for(side: str, ds, seed: int):
+            sampler = loaders.random_sampler(ds, seed)  # the same shuffles on both sides; a new one each epoch
+            if sampler_cls is not None and side == "stripefs":
+                sampler = sampler_cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead)
+            return sampler
 
         def epoch_fn(side: str, n: int):
             if n == 0:  # the tree scan (ImageFolder's) is not timed: it is before the first epoch
@@ -430,29 +481,25 @@ class Bench:
                 if ds.rels != self.rels:
                     raise BenchError(f"{side}: the tree lists {len(ds.rels)} samples, the dataset has "
                                      f"{len(self.rels)} (or other names)")
-                self.scan.setdefault(group, {})[side] = {"files": len(ds), "s": round(scan_s, 3)}
-            ds = datasets[side]
-            if sampler_cls is not None and side == "stripefs" and not a.no_read_file:
-                ds.reader = read_file_function()  # None: plain reads through the mount
-                self.read_file_used = ds.reader is not None
-            seed = a.seed * 1000 + n  # the same shuffle on both sides; another one for the warm epoch
+                self.scan.setdefault(f"{group}@{self.mode}", {})[side] = {"files": len(ds), "s": round(scan_s, 3)}
+                ds.reader = reader_for(side)
+                # persistent workers: made at the cold epoch's first batch (inside its timing, as in a job)
+                loaders_[side] = loaders.make_loader(ds, seed=0, batch_size=a.batch_size, workers=a.workers,
+                                                     sampler=sampler_for(side, ds, a.seed * 1000))
+            loader = loaders_[side]
 
             def epoch():
-                sampler = None
+                out, check = loaders.run_epoch(loader, self.rels, self.manifest, mode)
                 if sampler_cls is not None and side == "stripefs":
-                    sampler = sampler_cls(loaders.random_sampler(ds, seed), paths=[str(p) for p in ds.paths],
-                                          lookahead=a.lookahead)
-                loader = loaders.make_loader(ds, seed=seed, batch_size=a.batch_size, workers=a.workers,
-                                             sampler=sampler)
-                out = loaders.run_epoch(loader, self.rels, self.manifest, mode)
-                if sampler is not None:
                     out["prefetcher"] = prefetcher_report(self.mnt)  # one getxattr: inside the timing, negligible
-                return out
+                return out, check
 
             return epoch
 
         try:
             self.run_pairs(group, epoch_fn)
+            if mode == "raw":
+                self.verify_epoch(f"{group}", lambda: self._verify_tree(sampler_for, reader_for))
         except BenchError:
             raise
         except Exception as exc:
@@ -463,7 +510,31 @@ class Bench:
             why = f"failed: {type(exc).__name__}: {exc}"
             progress(f"  {group}: {why}")
             for key, label, _ in self.rows_of(group):
-                self.results[key] = {"label": label, "na": why}
+                self.results[f"{key}@{self.mode}"] = {"label": label, "mode": self.mode, "row": key, "na": why}
+        finally:
+            loaders_.clear()  # ends the persistent workers
+
+    def _verify_tree(self, sampler_for, reader_for):
+        import loaders
+
+        a = self.args
+        ds = loaders.ImageTree(self.root("stripefs") / "tree", "raw", verify=True)
+        ds.reader = reader_for("stripefs")
+        loader = loaders.make_loader(ds, seed=0, batch_size=a.batch_size, workers=a.workers, persistent=False,
+                                     sampler=sampler_for("stripefs", ds, a.seed * 1000 + 99))
+        return loaders.run_epoch(loader, self.rels, self.manifest, "raw")
+
+    def verify_epoch(self, group: str, fn) -> None:
+        """One untimed epoch through the mount with every sample's length and xxh3 checked."""
+        self.set_phase(f"stripefs [{self.mode}]: {group}: verifying every sample")
+        t = time.perf_counter()
+        _out, check = fn()
+        try:
+            check()
+        except ValueError as exc:
+            raise BenchError(f"stripefs [{self.mode}] {group}, verification epoch: {exc}") from None
+        progress(f"  stripefs [{self.mode}] {group}: every sample's length and xxh3 verified "
+                 f"(untimed epoch, {time.perf_counter() - t:.1f}s)")
 
     def tar_group(self) -> None:
         import loaders
@@ -475,16 +546,28 @@ class Bench:
 
             def epoch():
                 loader = loaders.make_loader(ds, seed=a.seed, batch_size=a.batch_size, workers=a.workers)
-                return {**loaders.run_epoch(loader, self.rels, self.manifest, "raw"), "shards": len(ds.shards)}
+                out, check = loaders.run_epoch(loader, self.rels, self.manifest, "raw")
+                return {**out, "shards": len(ds.shards)}, check
 
             return epoch
 
         self.run_pairs("tar", epoch_fn)
 
+        def verify():
+            ds = loaders.TarShards(self.root("stripefs") / "shards", self.index, a.seed, verify=True)
+            loader = loaders.make_loader(ds, seed=a.seed, batch_size=a.batch_size, workers=a.workers,
+                                         persistent=False)
+            return loaders.run_epoch(loader, self.rels, self.manifest, "raw")
+
+        self.verify_epoch("tar", verify)
+
     def seq_group(self) -> None:
         import run as runbench
 
-        self.run_pairs("seq", lambda side, n: lambda: runbench.w_seq_read(self.root(side), self.seq_plan))
+        def timed(side):
+            return lambda: (runbench.w_seq_read(self.root(side), self.seq_plan), lambda: None)
+
+        self.run_pairs("seq", lambda side, n: timed(side))
 
     # -- profiling (not timed)
 
@@ -501,7 +584,7 @@ class Bench:
         variants = [("raw", None)] + ([("prefetch", sampler_cls)] if sampler_cls else [])
         for name, cls in variants:
             progress(f"profiling the mount, the metadata daemon and storage node 1 during a cold and a warm "
-                     f"{name} epoch (not timed)")
+                     f"{name} epoch, {self.mode} mount (not timed)")
             self.cold("both")
             ds = loaders.ImageTree(self.root("stripefs") / "tree", "raw")
             if cls is not None and not a.no_read_file:
@@ -516,18 +599,21 @@ class Bench:
         import loaders
 
         a = self.args
-        self.set_phase(f"stripefs: profiled {temp} {name} epoch")
+        self.set_phase(f"stripefs [{self.mode}]: profiled {temp} {name} epoch")
         procs = {proc: self.cluster.pids[proc] for proc in ("mount", "meta", "storage-1")}
+        name = f"{name}-{self.mode}"
         self.recorder = profiling.Recorder(exe, procs, RESULTS / f"dataloader-profile-{name}-{temp}",
                                            native=a.profile_native)
         with self.recorder:
             t = time.perf_counter()
-            try:
-                loaders.run_epoch(loaders.make_loader(ds, seed=0, batch_size=a.batch_size, workers=a.workers,
-                                                      sampler=sampler), self.rels, self.manifest, "raw")
-            except ValueError as exc:  # run_epoch's verdict on the data
-                raise BenchError(f"stripefs profiled {temp} {name} epoch: {exc}") from None
+            _out, check = loaders.run_epoch(loaders.make_loader(ds, seed=0, batch_size=a.batch_size,
+                                                                workers=a.workers, sampler=sampler, persistent=False),
+                                            self.rels, self.manifest, "raw")
             wall = time.perf_counter() - t
+        try:
+            check()
+        except ValueError as exc:  # run_epoch's verdict on the data
+            raise BenchError(f"stripefs profiled {temp} {name} epoch: {exc}") from None
         progress(f"  {temp} {name} epoch under py-spy: {len(ds) / wall:,.0f} samples/s")
         for proc, (out, err) in self.recorder.results.items():
             key = f"{name}-{temp}-{proc}"
@@ -558,7 +644,7 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
     lines.append(f"dataset: {a.files:,} JPEG files (~110 KiB) in {a.classes} classes, tar shards of ~{a.shard_mib} MiB; "
                  f"DataLoader: {a.workers} workers, batch {a.batch_size}, shuffled")
     lines.append(f"stripefs: local cluster, {a.nodes} storage nodes, "
-                 f"{'dataset-mode mount (-o dataset)' if a.dataset else 'default (read-write) mount'}, "
+                 f"mount modes: {', '.join(m + (' (-o dataset)' if m == 'dataset' else ' (read-write)') for m in a.modes)}, "
                  f"state on {state_fs['device']} ({state_fs['fstype']}); "
                  f"local: plain directory on {local_fs['device']} ({local_fs['fstype']})")
     lines.append("cold = stripefs local down, sync + drop_caches, local up (fresh client; the local disk's caches "
@@ -571,7 +657,7 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
     lines.append("ratio = stripefs / local (higher is better); cpu = host CPU s per GiB read: stripefs = benchmark + "
                  "DataLoader workers + meta + storage + mount; local = benchmark + workers. MiB = 2^20 bytes.")
     lines.append("")
-    hdr = (f"{'workload':30s} {'stripefs':>25s} {'local':>25s} {'ratio':>6s}  "
+    hdr = (f"{'workload':30s} {'mount':8s} {'stripefs':>25s} {'local':>25s} {'ratio':>6s} {'range':>10s}  "
            f"{'cpu s/GiB stripefs / local':>27s}  {'mount RSS':>9s}")
     lines.append(hdr)
     lines.append("-" * len(hdr))
@@ -581,9 +667,12 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
             return f"{r['samples_per_s']:,.0f} smp/s {r['mib_per_s']:,.0f} MiB/s"
         return f"{r['mib_per_s']:,.0f} MiB/s"
 
+    def rng(values: list[float] | None) -> str:
+        return f"{min(values):.2f}-{max(values):.2f}" if values else ""
+
     for key, res in bench.results.items():
         if "na" in res:
-            lines.append(f"{res['label']:30s} {'n/a':>25s} {'':>25s} {'':>6s}  {res['na']}")
+            lines.append(f"{res['label']:30s} {res['mode']:8s} {'n/a':>25s} {'':>25s} {'':>6s}  {res['na']}")
             continue
         s, l = res["stripefs"], res["local"]
         res["ratio"] = ratio(res, "mib_per_s")
@@ -592,11 +681,34 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         cr = f"({res['cpu_ratio']:.1f}x)" if res["cpu_ratio"] is not None else "(?)"
         cpu = f"{s['cpu_s_per_gib']:.2f} / {l['cpu_s_per_gib']:.2f} {cr}"
         rss = f"{s['mount_vmhwm'] / MiB:,.0f} MiB" if s.get("mount_vmhwm") else "?"
-        lines.append(f"{res['label']:30s} {fig(s):>25s} {fig(l):>25s} {rs}  {cpu:>27s}  {rss:>9s}")
-    spread = [(res["label"], res["ratios"]) for res in bench.results.values() if res.get("ratios")]
-    if spread:
-        lines.append(f"ratio = the median of {a.repeat} repetitions; all of them: "
-                     + "; ".join(f"{label} {min(r):.2f}-{max(r):.2f}" for label, r in spread))
+        lines.append(f"{res['label']:30s} {res['mode']:8s} {fig(s):>25s} {fig(l):>25s} {rs} {rng(res.get('ratios')):>10s}"
+                     f"  {cpu:>27s}  {rss:>9s}")
+    lines.append(f"ratio = the repetition with the median ratio of {a.repeat}; range = all {a.repeat} repetitions' "
+                 "ratios (each against the local epoch measured next to it)")
+    lines.append("")
+    # the issue's table: each row's ratio to the local disk, default mount beside dataset mode
+    lines.append(f"{'workload (ratio to the local disk, min-max over repeats)':58s} "
+                 + " ".join(f"{m + ' mount':>18s}" for m in a.modes) + f"  {'goal':>10s}")
+    goals = {k: f">= {v:.2f}x" for k, v, _ in TARGETS}
+
+    def cell(key: str, mode: str, field: str = "ratios") -> str:
+        res = bench.results.get(f"{key}@{mode}")
+        if res is None:
+            return "-"
+        if "na" in res:
+            return "n/a"
+        vals = res.get(field)
+        med = res["ratio"] if field == "ratios" else res["cpu_ratio"]
+        return f"{med:.2f}x ({rng(vals)})" if med is not None else "?"
+
+    for key, _group, label, _cold in ROWS:
+        if any(f"{key}@{m}" in bench.results for m in a.modes):
+            lines.append(f"{label.format(seq=human_size(a.seq_mib * MiB)):58s} "
+                         + " ".join(f"{cell(key, m):>18s}" for m in a.modes) + f"  {goals.get(key, ''):>10s}")
+        if key == "raw_cold" and any(f"{key}@{m}" in bench.results for m in a.modes):
+            lines.append(f"{'host CPU s/GiB, raw read cold (stripefs / local)':58s} "
+                         + " ".join(f"{cell(key, m, 'cpu_ratios'):>18s}" for m in a.modes)
+                         + f"  {f'<= {CPU_MAX:.1f}x':>10s}")
     lines.append("")
     lines.append(f"stripefs cpu seconds by process: {'bench+workers':>13s} {'mount':>7s} {'meta':>7s} {'storage':>8s}"
                  f"   (idle cluster during the local epoch, not counted)")
@@ -606,9 +718,9 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         s = res["stripefs"]
         by = s.get("cpu_by_process_s", {})
         stor = sum(v for k, v in by.items() if k.startswith("storage"))
-        lines.append(f"  {res['label']:30s} {s['cpu_bench_s']:13.2f} {by.get('mount', 0):7.2f} "
+        lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {s['cpu_bench_s']:13.2f} {by.get('mount', 0):7.2f} "
                      f"{by.get('meta', 0):7.2f} {stor:8.2f}   ({res['local'].get('cpu_idle_cluster_s', 0):.2f})")
-    if "prefetch_cold" in bench.results and "na" not in bench.results["prefetch_cold"]:
+    if any(k.startswith("prefetch_cold@") and "na" not in r for k, r in bench.results.items()):
         how = ("stripefs.torch.read_file (shared memory, falls back to the mount)" if bench.read_file_used
                else "plain reads through the mount (page cache)")
         lines.append(f"prefetch rows: PrefetchSampler(lookahead {a.lookahead}); the workers read with {how}")
@@ -617,8 +729,8 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         if pf is not None:
             text = (" ".join(f"{k}={v:,}" for k, v in pf.items() if k != "shm_dir") if isinstance(pf, dict)
                     else pf)
-            lines.append(f"prefetcher after the {res['label']} (counters since the mount started): {text}")
-    req_rows = [(res["label"], res["stripefs"]) for res in bench.results.values()
+            lines.append(f"prefetcher after the {res['label']} [{res['mode']}] (counters since the mount started): {text}")
+    req_rows = [(f"{res['label']} [{res['mode']}]", res["stripefs"]) for res in bench.results.values()
                 if "na" not in res and res["stripefs"].get("mount_requests") and res["stripefs"].get("samples")]
     if req_rows:
         lines.append("mount requests per sample (FUSE operations | RPCs to daemon and nodes), from its metrics:")
@@ -628,7 +740,7 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
                             if k.startswith("fuse:") and v / n >= 0.01)
             rpc = " ".join(f"{k[4:]} {v / n:.2f}" for k, v in sorted(s["mount_requests"].items(), key=lambda kv: -kv[1])
                            if k.startswith("rpc:") and v / n >= 0.01)
-            lines.append(f"  {label:30s} {fuse or '-'} | {rpc or '-'}")
+            lines.append(f"  {label:40s} {fuse or '-'} | {rpc or '-'}")
     for group, sides in bench.scan.items():
         if "stripefs" in sides and "local" in sides:
             lines.append(f"tree scan before the cold {group} epoch ({sides['stripefs']['files']:,} files, "
@@ -642,21 +754,23 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
     def verdict(ok: bool | None) -> str:
         return "n/a  " if ok is None else ("PASS " if ok else "BELOW")
 
-    for key, floor, label in TARGETS:
-        res = bench.results.get(key)
-        if res is None:
-            continue
-        r = res.get("ratio")
-        ok = None if r is None else r >= floor
-        targets.append({"target": key, "min_ratio": floor, "ratio": r, "pass": ok})
-        lines.append(f"{verdict(ok)} {label}: {'n/a' if r is None else f'{r:.2f}x'} local (target >= {floor:.2f}x)")
+    for mode in a.modes:
+        for key, floor, label in TARGETS:
+            res = bench.results.get(f"{key}@{mode}")
+            if res is None:
+                continue
+            r = res.get("ratio")
+            ok = None if r is None else r >= floor
+            targets.append({"target": f"{key}@{mode}", "min_ratio": floor, "ratio": r, "pass": ok})
+            lines.append(f"{verdict(ok)} [{mode}] {label}: {'n/a' if r is None else f'{r:.2f}x'} local "
+                         f"(target >= {floor:.2f}x)")
     for key, res in bench.results.items():
         c = res.get("cpu_ratio")
         if "na" in res or c is None:
             continue
         ok = c <= CPU_MAX
         targets.append({"target": f"cpu:{key}", "max_ratio": CPU_MAX, "ratio": c, "pass": ok})
-        lines.append(f"{verdict(ok)} CPU per GiB, {res['label']}: {c:.2f}x local (target <= {CPU_MAX:.1f}x)")
+        lines.append(f"{verdict(ok)} [{res['mode']}] CPU per GiB, {res['label']}: {c:.2f}x local (target <= {CPU_MAX:.1f}x)")
     peaks = [res["stripefs"].get("mount_vmhwm") or 0 for res in bench.results.values() if "stripefs" in res]
     peak = max(peaks, default=0)
     if peak:
@@ -709,11 +823,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=",".join(GROUPS),
                     help=f"comma-separated workload groups to run, of {','.join(GROUPS)} (default all)")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
-    ap.add_argument("--batch-size", type=int, default=32, help="DataLoader batch size (default 32)")
+    ap.add_argument("--batch-size", type=int, default=64, help="DataLoader batch size (default 64)")
     ap.add_argument("--lookahead", type=int, default=1024, help="PrefetchSampler lookahead in samples (default 1024)")
-    ap.add_argument("--dataset", action="store_true",
-                    help="measure through a dataset-mode mount (-o dataset: read-only, long kernel caching, opens "
-                         "without round trips); the data is written through a plain mount first")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="mount modes to measure, each beside the local disk: default (read-write, close-to-open) "
+                         "and dataset (-o dataset: read-only, long kernel caching, opens without round trips; the "
+                         "data is written through a plain mount first); default both")
+    ap.add_argument("--dataset", action="store_true", help="the same as --modes dataset")
     ap.add_argument("--repeat", type=int, default=1,
                     help="measure each cold/warm pair N times and report the repetition with the median ratio "
                          "(the lower middle one for an even N) and the range (the machines are shared and single "
@@ -751,6 +867,9 @@ def main(argv=None) -> int:
         ap.error(f"--only: unknown workload group(s) {', '.join(sorted(only - set(GROUPS))) or '(none given)'}; "
                  f"choose from {', '.join(GROUPS)}")
     a.only = only
+    a.modes = ["dataset"] if a.dataset else [m.strip() for m in a.modes.split(",") if m.strip()]
+    if not a.modes or set(a.modes) - set(MODES) or len(set(a.modes)) != len(a.modes):
+        ap.error(f"--modes: choose one or both of {', '.join(MODES)}")
     if a.repeat < 1:
         ap.error("--repeat must be at least 1")
     if a.files < a.classes or a.classes <= 0 or a.workers < 0 or a.batch_size <= 0 or a.shard_mib <= 0:

