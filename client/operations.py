@@ -157,6 +157,9 @@ class Operations(pyfuse3.Operations):
         self._kernel_view: dict[int, tuple[int, int]] = {}
         # ino -> (when, OpenRsp) from LOOKUPs, oldest first; see the module docstring
         self._open_info: OrderedDict[int, tuple[float, p.OpenRsp]] = OrderedDict()
+        # ino -> (when, Attr) of the newest LOOKUP answers, oldest first: what a shared-memory
+        # copy is checked against in the default mode (getxattr of SHM_COPY_XATTR)
+        self._looked_up: OrderedDict[int, tuple[float, p.Attr]] = OrderedDict()
         meta.open_inodes = self._held_inodes
         # pid -> (inode it looked up last, whether it then opened it): drives prefetch on lookup
         self._last_lookup: dict[int, tuple[int, bool]] = {}
@@ -244,11 +247,13 @@ class Operations(pyfuse3.Operations):
         """The change feed says these inodes changed (None: anything may have)."""
         if inodes is None:
             self._open_info.clear()
+            self._looked_up.clear()
             self._dataset_info.clear()
             self._kernel_view.clear()
             return
         for ino in inodes:
             self._open_info.pop(ino, None)
+            self._looked_up.pop(ino, None)
             self._dataset_info.pop(ino, None)
             self._kernel_view.pop(ino, None)
             if self.prefetcher is not None and self.prefetcher.shm is not None:
@@ -296,6 +301,12 @@ class Operations(pyfuse3.Operations):
         self._last_lookup[ctx.pid] = (ino, False)
         # only the newest lookup's answer may stand in for an OpenReq
         self._open_info.pop(ino, None)
+        if self.prefetcher is not None and self.prefetcher.shm is not None:
+            now = trio.current_time()
+            self._looked_up.pop(ino, None)
+            self._looked_up[ino] = (now, rsp.attr)
+            while next(iter(self._looked_up.values()))[0] < now - OPEN_INFO_FRESH_S:
+                self._looked_up.popitem(last=False)
         if isinstance(rsp, p.OpenRsp):
             self._open_info[ino] = (trio.current_time(), rsp)
             if self.dataset and cacheable:
@@ -436,7 +447,9 @@ class Operations(pyfuse3.Operations):
             return os.fsencode(self.prefetcher.shm.dir) if self.prefetcher.shm else b""
         if name == p.SHM_COPY_XATTR:
             # the kernel checked that the caller may read this file (client/shm_cache.py)
-            found = self.prefetcher.shm.lookup(inode) if self.prefetcher is not None and self.prefetcher.shm else None
+            attr = self._current_attr(inode)
+            found = (self.prefetcher.shm.lookup(inode, attr)
+                     if attr is not None and self.prefetcher is not None and self.prefetcher.shm else None)
             if found is None:
                 raise pyfuse3.FUSEError(errno.ENODATA)
             return found
@@ -450,6 +463,20 @@ class Operations(pyfuse3.Operations):
                 of.killpriv_absent = True
             raise
         return rsp.value
+
+    def _current_attr(self, inode: int) -> p.Attr | None:
+        """The file's attributes as of after the request began, or None. Default mode: the
+        LOOKUP of this request's own path walk (regular-file names are cached 0 s: it asked the
+        daemon; close-to-open), if younger than OPEN_INFO_FRESH_S. Dataset mode: what the
+        feed keeps true (its bound)."""
+        if self.dataset and self.kcache.healthy:
+            known = self._dataset_info.get(inode)
+            if known is not None:
+                return known.attr
+        entry = self._looked_up.get(inode)
+        if entry is not None and entry[0] >= trio.current_time() - OPEN_INFO_FRESH_S:
+            return entry[1]
+        return None
 
     async def listxattr(self, inode, ctx):
         rsp = await self.meta.call(p.ListxattrReq(ino=inode))

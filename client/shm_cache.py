@@ -23,10 +23,15 @@ place (/dev/shm), so nothing here trusts a name:
   through the mount; the kernel answers that only to a caller who can walk the
   path and read the file (user.* extended attributes need read permission),
   so a copy of a 0644 file in a 0700 directory stays private to those who can
-  enter the directory. The answer also carries the copy's size, the file
-  version (mtime, size) it was made from and its xxh3 checksum, which
-  ``read_file`` checks before it uses a byte; anything else falls back to a
-  read through the mount.
+  enter the directory. The mount names a copy only of the file's current
+  version (mtime, size) as the newest attributes it holds say (the LOOKUP of
+  the getxattr's own path walk in the default mode, which asks the daemon:
+  close-to-open; the feed-validated attributes in dataset mode). The answer
+  carries the copy's size, that version, its xxh3 checksum and the
+  original's owner, group and permission bits, which ``read_file`` checks
+  against the copy (fstat) and its bytes before it uses one, with no stat of
+  the original (one request through the mount per file, not two); anything
+  else falls back to a read through the mount.
 - Readers cannot delete copies (the directory is not theirs): a copy handed
   out is deleted by the mount ``HANDED_OUT_S`` later, copies never asked for
   oldest first once ``budget`` bytes are in use, and the whole directory when
@@ -69,9 +74,10 @@ class Copy:
     handed_out: float = 0.0  # monotonic time the name was given to a reader; 0: not yet
 
 
-def describe(copy: Copy) -> bytes:
-    """The ``user.stripefs.shm_copy`` value: NAME SIZE MTIME_NS XXH3 (stripefs.torch.read_file parses it)."""
-    return f"{copy.name} {copy.size} {copy.mtime_ns} {copy.digest:016x}".encode()
+def describe(copy: Copy, attr: p.Attr) -> bytes:
+    """The ``user.stripefs.shm_copy`` value: NAME SIZE MTIME_NS XXH3 UID GID MODE (octal permission
+    bits of the original as ``attr`` has them; stripefs.torch.read_file parses it)."""
+    return f"{copy.name} {copy.size} {copy.mtime_ns} {copy.digest:016x} {attr.uid} {attr.gid} {attr.mode & 0o777:o}".encode()
 
 
 class ShmCache:
@@ -82,6 +88,9 @@ class ShmCache:
         self.dir: Path | None = None
         self._dir_fd = -1
         self._copies: OrderedDict[int, Copy] = OrderedDict()  # ino -> its copy, oldest first
+        # ino -> its copy, in the order they were handed out (entries of copies dropped since
+        # stay until they age out; _reclaim checks identity): reclaiming is not a scan of all
+        self._handed: OrderedDict[int, Copy] = OrderedDict()
         self._lock = threading.Lock()  # put() runs in worker threads, lookup() on the trio loop
 
     def open(self) -> None:
@@ -178,17 +187,24 @@ class ShmCache:
             self.used += size
         return True
 
-    def lookup(self, ino: int) -> bytes | None:
-        """What a reader allowed to read inode ``ino`` is told of its copy (``describe``); None: no copy.
+    def lookup(self, ino: int, attr: p.Attr) -> bytes | None:
+        """What a reader allowed to read inode ``ino`` is told of its copy (``describe``); None: no
+        copy of the version ``attr`` (the file's current attributes) describes.
 
         The kernel has checked the caller's permission before asking (getxattr of user.*)."""
         with self._lock:
             copy = self._copies.get(ino)
             if copy is None:
                 return None
+            if (copy.mtime_ns, copy.size) != (attr.mtime_ns, attr.size):
+                self._copies.pop(ino)
+                self._drop(copy)  # of an older version: never of use again
+                return None
             if not copy.handed_out:
                 copy.handed_out = time.monotonic()
-            return describe(copy)
+                self._handed.pop(ino, None)
+                self._handed[ino] = copy
+            return describe(copy, attr)
 
     def forget(self, ino: int) -> None:
         """Inode ``ino`` changed: its copy is of an old version."""
@@ -200,8 +216,13 @@ class ShmCache:
     def _reclaim(self, wanted: int) -> None:
         """(Under the lock.) Delete copies handed out a while ago; then the oldest until ``wanted`` fits."""
         now = time.monotonic()
-        for ino in [i for i, c in self._copies.items() if c.handed_out and now - c.handed_out > HANDED_OUT_S]:
-            self._drop(self._copies.pop(ino))
+        while self._handed:
+            ino, copy = next(iter(self._handed.items()))
+            if now - copy.handed_out <= HANDED_OUT_S:
+                break
+            del self._handed[ino]
+            if self._copies.get(ino) is copy:
+                self._drop(self._copies.pop(ino))
         while self._copies and self.used + wanted > self.budget:
             _, copy = self._copies.popitem(last=False)
             self._drop(copy)

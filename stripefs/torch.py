@@ -18,8 +18,8 @@ the kernel's page cache, so the workers' open+read is answered by the kernel.
 ``read_file`` takes a prefetched file from the mount's shared-memory directory
 when it is there (client/shm_cache.py: one getxattr through the mount, which
 the kernel answers only to those who may read the file, instead of an open, a
-read and a release) and reads through the mount otherwise; it is correct
-either way.
+read and a release; no stat) and reads through the mount otherwise; it is
+correct either way.
 
 ``paths[i]`` is the file sample ``i`` reads. Nothing here imports torch: any
 object with ``__iter__`` and ``__len__`` is a sampler to a DataLoader. Paths
@@ -97,47 +97,45 @@ def read_file(path: str | os.PathLike) -> bytes:
     """The bytes of ``path``: from the mount's shared memory when prefetched there, else through the mount.
 
     The mount names the copy only to a caller the kernel lets read ``path``
-    (``getxattr`` of ``user.stripefs.shm_copy``, client/shm_cache.py), with the
-    version it was made from and its checksum: a copy of another version, of
-    another owner or mode, or whose bytes do not match is never returned; the
-    file is then read through the mount.
+    (``getxattr`` of ``user.stripefs.shm_copy``, client/shm_cache.py), and only
+    a copy of the file's current version (close-to-open on the default mount:
+    the getxattr's own lookup asked the daemon), with its checksum and the
+    original's owner, group and mode: a copy of another owner or mode, or
+    whose bytes do not match, is never returned; the file is then read
+    through the mount.
     """
-    st = os.stat(path)
     root = _roots.of(os.path.dirname(os.fsencode(os.path.abspath(path))))
     if root is not None:
         directory = _shm_dirs.get(root, b"?")
         if directory == b"?":
             directory = _shm_dirs[root] = shm_dir(root)
         if directory:
-            data = _from_shm(path, directory, st)
+            data = _from_shm(path, directory)
             if data is not None:
                 return data
     with open(path, "rb") as f:
         return f.read()
 
 
-def _from_shm(path, directory: bytes, st: os.stat_result) -> bytes | None:
+def _from_shm(path, directory: bytes) -> bytes | None:
     try:
-        name, size, mtime_ns, digest = os.getxattr(path, SHM_COPY_XATTR).split()
+        name, size, _mtime_ns, digest, uid, gid, mode = os.getxattr(path, SHM_COPY_XATTR).split()
+        size, owner, digest = int(size), (int(uid), int(gid), int(mode, 8)), int(digest, 16)
     except (OSError, ValueError):
         return None  # no copy (ENODATA), or not ours to read: the mount decides, as for the file
-    if (int(size), int(mtime_ns)) != (st.st_size, st.st_mtime_ns) or not name.isalnum():
-        return None  # a copy of another version of the file
+    if not name.isalnum():
+        return None
     try:
         fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None  # deleted meanwhile
     try:
         cs = os.fstat(fd)
-        if (
-            not stat.S_ISREG(cs.st_mode)
-            or cs.st_size != st.st_size
-            or (cs.st_uid, cs.st_gid, stat.S_IMODE(cs.st_mode)) != (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o777)
-        ):
+        if not stat.S_ISREG(cs.st_mode) or cs.st_size != size or (cs.st_uid, cs.st_gid, stat.S_IMODE(cs.st_mode)) != owner:
             return None
-        data = os.read(fd, st.st_size + 1)
-        while len(data) < st.st_size:
-            more = os.read(fd, st.st_size + 1 - len(data))
+        data = os.read(fd, size + 1)
+        while len(data) < size:
+            more = os.read(fd, size + 1 - len(data))
             if not more:
                 break
             data += more
@@ -145,6 +143,6 @@ def _from_shm(path, directory: bytes, st: os.stat_result) -> bytes | None:
         return None
     finally:
         os.close(fd)
-    if len(data) != st.st_size or xxhash.xxh3_64_intdigest(data) != int(digest, 16):
+    if len(data) != size or xxhash.xxh3_64_intdigest(data) != digest:
         return None
     return data

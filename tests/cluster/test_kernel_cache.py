@@ -365,3 +365,44 @@ def test_directory_attributes_a_change_left_are_those_of_the_daemon_and_follow_o
     os.rename(mine / "d" / "sub0", mine / "d" / "sub0-renamed")
     os.rmdir(mine / "d" / "sub1")
     assert os.stat(mine / "d").st_nlink == os.stat(mnt / "d").st_nlink == st.st_nlink
+
+
+def test_shared_memory_copies_keep_close_to_open_on_a_default_mount(cluster, mnt, second):
+    """read_file asks the mount once per file (getxattr, no stat): the mount names a copy only
+    of the version the getxattr's own lookup found at the daemon, so a change closed on
+    another mount is seen by the next read_file at once, not within the feed's bound."""
+    from stripefs import torch as sft
+
+    theirs_root, _port = second
+    names = [f"c2o{i}" for i in range(8)]
+    for n in names:
+        (mnt / n).write_bytes(os.urandom(20_000))
+    theirs = [theirs_root / mnt.name / n for n in names]
+    expected = {p: (mnt / p.name).read_bytes() for p in theirs}
+    shm = os.getxattr(theirs_root, "user.stripefs.shm_dir").decode()
+    next(iter(sft.PrefetchSampler(range(len(theirs)), paths=theirs, lookahead=len(theirs))))
+    _eventually(lambda: all(_has_copy(p) for p in theirs), within=30)
+    for p in theirs[1:]:
+        name = os.getxattr(p, "user.stripefs.shm_copy").split()[0].decode()
+        assert os.path.exists(os.path.join(shm, name))
+        assert sft.read_file(p) == expected[p]  # from shared memory
+    current = expected[theirs[0]]
+    for rnd in range(4):  # the same size, another version: only the version tells them apart
+        if rnd:  # a copy of the current version again
+            next(iter(sft.PrefetchSampler([0], paths=theirs, lookahead=1)))
+            _eventually(lambda: _has_copy(theirs[0]), within=30)
+        assert _has_copy(theirs[0])
+        new = os.urandom(20_000)
+        with open(mnt / names[0], "r+b") as f:
+            f.write(new)
+        # closed on this mount: the other mount's very next read_file sees it, whatever its feed says
+        assert sft.read_file(theirs[0]) == new, f"round {rnd}: an old copy was handed out after close"
+        assert current != new
+        current = new
+
+
+def _has_copy(path) -> bool:
+    try:
+        return bool(os.getxattr(path, "user.stripefs.shm_copy"))
+    except OSError:
+        return False

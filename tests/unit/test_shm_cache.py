@@ -75,21 +75,26 @@ def test_only_own_directories_of_dead_mounts_are_swept(base):
 def test_copies_are_exclusive_files_with_the_originals_owner_and_mode(base, monkeypatch):
     cache = ShmCache(base, budget=25_000)
     cache.open()
-    assert cache.put(_info(1, 10_000, mode=0o104755), b"a" * 10_000)
-    name, size, mtime_ns, digest = cache.lookup(1).split()
+    info = _info(1, 10_000, mode=0o104755)
+    assert cache.put(info, b"a" * 10_000)
+    name, size, mtime_ns, digest, uid, gid, mode = cache.lookup(1, info.attr).split()
     assert name.isalnum() and len(name) == 32 and (int(size), int(mtime_ns)) == (10_000, 10)
     assert int(digest, 16) == xxhash.xxh3_64_intdigest(b"a" * 10_000)
+    assert (int(uid), int(gid), int(mode, 8)) == (1234, 5678, 0o755)  # the original's, as the mount knows them now
     st = os.lstat(cache.dir / name.decode())
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 5678, 0o755)  # no set-id bits
-    assert cache.lookup(2) is None
+    assert cache.lookup(2, _info(2, 10_000).attr) is None
     assert cache.put(_info(2, 10_000), b"b" * 10_000)
     # 1 was handed out: gone once readers had time to open it; 2 never asked for: the oldest to go
     monkeypatch.setattr(shm_cache, "HANDED_OUT_S", 0.0)
     assert cache.put(_info(3, 10_000), b"c" * 10_000)
-    assert len(os.listdir(cache.dir)) == 2 and cache.lookup(1) is None
+    assert len(os.listdir(cache.dir)) == 2 and cache.lookup(1, info.attr) is None
     assert cache.put(_info(4, 10_000), b"d" * 10_000)  # full: 2 goes
-    assert cache.lookup(2) is None and cache.lookup(3) and cache.lookup(4)
+    assert cache.lookup(2, _info(2, 10_000).attr) is None
+    assert cache.lookup(3, _info(3, 10_000).attr) and cache.lookup(4, _info(4, 10_000).attr)
     cache.forget(4)  # the file changed elsewhere
-    assert cache.lookup(4) is None and len(os.listdir(cache.dir)) == 1
+    assert cache.lookup(4, _info(4, 10_000).attr) is None and len(os.listdir(cache.dir)) == 1
+    # a copy of another version than the mount's newest attributes say is never named, and goes
+    assert cache.lookup(3, _info(3, 10_001).attr) is None and len(os.listdir(cache.dir)) == 0
     assert not cache.put(_info(5, 30_000), b"e" * 30_000)  # larger than the budget: not copied
     cache.close()
