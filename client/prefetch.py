@@ -73,11 +73,13 @@ class Prefetcher:
         self.fetched = 0  # files fetched
         self.stored = 0  # of those, pushed into the page cache
         self.failed = 0
+        self.kept = 0  # files asked for shared memory whose copy of that version was still there
         self._busy = 0  # paths taken from the queue and not yet done with (resolving, fetching, storing)
 
     def report(self) -> str:
         """What ``getfattr -n user.stripefs.prefetch MOUNT`` shows."""
-        return f"pending={len(self._queue) + self._busy} fetched={self.fetched} stored={self.stored} failed={self.failed}"
+        return (f"pending={len(self._queue) + self._busy} fetched={self.fetched} stored={self.stored} "
+                f"failed={self.failed} kept={self.kept}")
 
     def submit(self, root: int, blob: bytes, *, shm: bool = False) -> None:
         """Queue newline-separated paths relative to directory inode ``root`` (from setxattr).
@@ -115,6 +117,11 @@ class Prefetcher:
                 for info in rsp.files:
                     if info is None or not 0 < info.attr.size <= self.max_file_bytes:
                         self._busy -= 1
+                        continue
+                    if shm and self.shm.has(info.attr.ino, info.attr.mtime_ns, info.attr.size):
+                        self.kept += 1  # a later epoch: read_file takes the copy still in shared memory
+                        self._busy -= 1
+                        self.on_fetched(info, False)
                         continue
                     node = self._batchable(info)
                     if node is not None:  # a small replicated file: with others from the same node

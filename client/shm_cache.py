@@ -32,9 +32,12 @@ place (/dev/shm), so nothing here trusts a name:
   against the copy (fstat) and its bytes before it uses one, with no stat of
   the original (one request through the mount per file, not two); anything
   else falls back to a read through the mount.
-- Readers cannot delete copies (the directory is not theirs): a copy handed
-  out is deleted by the mount ``HANDED_OUT_S`` later, copies never asked for
-  oldest first once ``budget`` bytes are in use, and the whole directory when
+- Readers cannot delete copies (the directory is not theirs). Copies stay
+  while they fit in ``budget``: a later epoch that asks for a file whose copy
+  of the same version is still here costs no fetch at all (the prefetcher
+  asks ``has``). When room is needed, copies handed out more than
+  ``HANDED_OUT_S`` ago go first (in the order they were handed out), then
+  the oldest; the whole directory goes when
   the mount ends (or, after a ``kill -9``, when the next mount on this machine
   starts and finds a ``stripefs-PID-*`` directory of its own user whose PID is
   gone).
@@ -158,7 +161,7 @@ class ShmCache:
             return False
         with self._lock:
             old = self._copies.get(attr.ino)
-            if old is not None and (old.mtime_ns, old.size) == (attr.mtime_ns, size) and not old.handed_out:
+            if old is not None and (old.mtime_ns, old.size) == (attr.mtime_ns, size):
                 return True
             self._reclaim(size)
             if self.used + size > self.budget:
@@ -200,11 +203,16 @@ class ShmCache:
                 self._copies.pop(ino)
                 self._drop(copy)  # of an older version: never of use again
                 return None
-            if not copy.handed_out:
-                copy.handed_out = time.monotonic()
-                self._handed.pop(ino, None)
-                self._handed[ino] = copy
+            copy.handed_out = time.monotonic()  # (again in a later epoch: it goes to the end)
+            self._handed.pop(ino, None)
+            self._handed[ino] = copy
             return describe(copy, attr)
+
+    def has(self, ino: int, mtime_ns: int, size: int) -> bool:
+        """A copy of this version of inode ``ino`` is here (the prefetcher need not fetch it)."""
+        with self._lock:
+            copy = self._copies.get(ino)
+            return copy is not None and (copy.mtime_ns, copy.size) == (mtime_ns, size)
 
     def forget(self, ino: int) -> None:
         """Inode ``ino`` changed: its copy is of an old version."""
@@ -214,7 +222,10 @@ class ShmCache:
                 self._drop(copy)
 
     def _reclaim(self, wanted: int) -> None:
-        """(Under the lock.) Delete copies handed out a while ago; then the oldest until ``wanted`` fits."""
+        """(Under the lock.) Make room for ``wanted`` bytes: copies handed out a while ago first
+        (oldest hand-out first), then the oldest copies."""
+        if self.used + wanted <= self.budget:
+            return
         now = time.monotonic()
         while self._handed:
             ino, copy = next(iter(self._handed.items()))
@@ -223,6 +234,8 @@ class ShmCache:
             del self._handed[ino]
             if self._copies.get(ino) is copy:
                 self._drop(self._copies.pop(ino))
+            if self.used + wanted <= self.budget:
+                return
         while self._copies and self.used + wanted > self.budget:
             _, copy = self._copies.popitem(last=False)
             self._drop(copy)

@@ -3,7 +3,8 @@
 ``setxattr(MOUNT_ROOT, "user.stripefs.prefetch", b"\\n".join(paths))`` with
 paths relative to the mount's root queues them in the mount's prefetcher
 (client/prefetch.py); ``getxattr`` of the same name reports
-``pending=N fetched=N stored=N failed=N``. Used by ``stripefs.torch`` and
+``pending=N fetched=N stored=N failed=N kept=N`` (kept: asked for shared memory and
+already there, in that version). Used by ``stripefs.torch`` and
 ``stripefs warmup``. Setting it needs write permission on the mount's root.
 """
 

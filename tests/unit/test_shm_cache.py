@@ -85,8 +85,11 @@ def test_copies_are_exclusive_files_with_the_originals_owner_and_mode(base, monk
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1234, 5678, 0o755)  # no set-id bits
     assert cache.lookup(2, _info(2, 10_000).attr) is None
     assert cache.put(_info(2, 10_000), b"b" * 10_000)
-    # 1 was handed out: gone once readers had time to open it; 2 never asked for: the oldest to go
     monkeypatch.setattr(shm_cache, "HANDED_OUT_S", 0.0)
+    # copies stay while they fit, handed out or not: a later epoch need not fetch them again
+    assert cache.has(1, 10, 10_000) and cache.has(2, 20, 10_000) and not cache.has(1, 11, 10_000)
+    assert cache.lookup(1, info.attr) and len(os.listdir(cache.dir)) == 2
+    # when room is needed, 1 (handed out) goes first; 2, never asked for, is the oldest after it
     assert cache.put(_info(3, 10_000), b"c" * 10_000)
     assert len(os.listdir(cache.dir)) == 2 and cache.lookup(1, info.attr) is None
     assert cache.put(_info(4, 10_000), b"d" * 10_000)  # full: 2 goes
