@@ -1,6 +1,6 @@
 """The metadata daemon (``stripefs meta``): one process that owns the namespace.
 
-Start reading at ``service.py`` (request dispatch, group commit, background
+Start reading at ``service.py`` (request dispatch, background
 tasks). The pieces, from the bottom up:
 
 * storage: ``db.py`` (the schema, its docstring is the spec, and migrations),
@@ -19,7 +19,10 @@ tasks). The pieces, from the bottom up:
 * who is alive: ``health.py`` (storage nodes up/down, client sessions, their
   open files and the fences of expired ones), ``open_holds.py`` (open files across several daemons),
   ``duties.py`` (the lease that picks the daemon running cluster-wide duties).
-* serving: ``service.py`` (dispatch, group commit, background tasks),
+* transactions: ``txn.py`` (the lock, savepoints, group commit on SQLite, a
+  transaction per request on PostgreSQL; what every piece below gets instead
+  of the service).
+* serving: ``service.py`` (dispatch, background tasks),
   ``access.py`` (who may send what), ``quota_service.py`` (the quota requests),
   ``events.py`` (the change feed to mounts), ``metrics.py`` (cluster gauges).
 * ``cli.py``: ``main(argv)``, config, logging, signals, systemd readiness.

@@ -71,8 +71,12 @@ INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root
 
 
 class MetaAccess:
-    def __init__(self, service) -> None:
-        self.service = service
+    def __init__(self, txn, store, nodes, ns, sessions) -> None:
+        self.txn = txn  # daemon/txn.py
+        self.store = store
+        self.nodes = nodes  # daemon/health.py NodeRegistry
+        self.ns = ns  # daemon/namespace.py
+        self.sessions = sessions  # daemon/health.py Sessions
         self.keyring: Keyring | None = None  # None: CURVE off, every peer trusted
         self._kept: dict[str, set[int]] = {}  # per subtree key: inodes it unlinked inside its subtree
         self.caps = None  # common.capability.Capabilities: signs capabilities for subtree keys (cap_secret)
@@ -111,17 +115,17 @@ class MetaAccess:
             self._check_node_key(grant, body)
         if not grant.subdir and not (isinstance(body, P.HelloReq) and body.subdir):
             return await handler(body)
-        top = await self.service._read(self._subtree_root, grant.subdir.encode())  # ino 1 when unrestricted
+        top = await self.txn.read(self._subtree_root, grant.subdir.encode())  # ino 1 when unrestricted
         if isinstance(body, P.HelloReq):
             root = top
             if body.subdir:
-                root = await self.service._read(self._subtree_root, body.subdir, top)
+                root = await self.txn.read(self._subtree_root, body.subdir, top)
             rsp = await handler(body)
             log.info("session %d (key %s) sees only %s", rsp.session_id, grant.name, (body.subdir or grant.subdir.encode()).decode(errors="replace"))
             return msgspec.structs.replace(rsp, root_ino=root)
-        await self.service._read(self._check_inodes, grant, top, body)
+        await self.txn.read(self._check_inodes, grant, top, body)
         if isinstance(body, P.SessionHeartbeatReq) and body.open_inodes:
-            body = await self.service._read(self._open_inside, grant, top, body)
+            body = await self.txn.read(self._open_inside, grant, top, body)
         return self._with_caps(grant, body, await handler(body))
 
     # -- roles ---------------------------------------------------------------------
@@ -157,7 +161,7 @@ class MetaAccess:
                 raise StripefsError(ErrorCode.ACCESS, "a node must register its address with its own key (ADDRESS?key=PUBLIC)")
             self.check_registration(grant, req)
             return
-        owner = split_address(self.service.nodes.address(req.node_id))[1] if self.service.nodes else None
+        owner = split_address(self.nodes.address(req.node_id))[1] if self.nodes else None
         if owner and owner != grant.public:
             log.warning("key %r sent %s for node %d, which key %s registered: refused", grant.name, type(req).__name__,
                         req.node_id, owner)
@@ -168,7 +172,7 @@ class MetaAccess:
         for a storage key at most ``node_ids`` ids (keyring, default 1): those it registered first,
         until an operator removes one. The handler asks again under the registry's lock, with the
         registration, since registrations of one key run concurrently (daemon/service.py)."""
-        nodes = self.service.nodes
+        nodes = self.nodes
         if grant is TRUSTED or not nodes:
             return
         owner = split_address(nodes.address(req.node_id))[1]
@@ -234,7 +238,7 @@ class MetaAccess:
         base = grant.subdir.encode().rstrip(b"/")
         shown = []
         for q in quotas:
-            if q.ino != top and not (q.ino != 1 and self.service.ns._is_ancestor(top, q.ino)):
+            if q.ino != top and not (q.ino != 1 and self.ns._is_ancestor(top, q.ino)):
                 continue
             path = q.path[len(base):] if q.path.startswith(base + b"/") else b""
             shown.append(msgspec.structs.replace(q, path=path or b"/"))
@@ -248,7 +252,7 @@ class MetaAccess:
         or in the read transaction). A subtree that does not exist hears of nothing."""
         from . import change_log
 
-        store = self.service.store
+        store = self.store
         chains: dict[int, frozenset[int]] = {}  # directory -> itself and its ancestors (empty: detached)
 
         def chain(ino: int) -> frozenset[int]:
@@ -304,11 +308,11 @@ class MetaAccess:
                 views[subdir][seq] = (seen, named)
         return views
 
-    # -- subtrees (called under the service's lock) ----------------------------------------
+    # -- subtrees (called under the transaction lock) ----------------------------------------
 
     def _subtree_root(self, path: bytes, start: int = 1) -> int:
         """The directory inode of absolute ``path`` (below ``start`` when given one)."""
-        ns = self.service.ns
+        ns = self.ns
         ino = 1
         for name in filter(None, path.split(b"/")):
             if name in (b".", b".."):
@@ -337,16 +341,16 @@ class MetaAccess:
             victims = [(body.parent, body.name)] if isinstance(body, P.UnlinkReq) else [(body.parent_new, body.name_new)]
             kept = self._kept.setdefault(grant.public, set())
             for parent, name in victims:
-                row = self.service.store.get_dentry(parent, name)
-                if row is not None and len(self.service.store.dentries_of(row["ino"])) == 1:  # its last name goes
+                row = self.store.get_dentry(parent, name)
+                if row is not None and len(self.store.dentries_of(row["ino"])) == 1:  # its last name goes
                     kept.add(row["ino"])
             if len(kept) > 100_000:  # forget inodes that are gone
-                self._kept[grant.public] = {i for i in kept if self.service.store.get_inode(i) is not None}
+                self._kept[grant.public] = {i for i in kept if self.store.get_inode(i) is not None}
 
     def _open_inside(self, grant: Grant, top: int, req: P.SessionHeartbeatReq) -> P.SessionHeartbeatReq:
         """A heartbeat holding only inodes of the subtree: those the session did not hold yet are
         checked (the others were, when it opened them), those outside (or gone) are left out."""
-        held = self.service.sessions.holding(req.session_id)
+        held = self.sessions.holding(req.session_id)
         keep = []
         for ino in req.open_inodes:
             try:
@@ -364,7 +368,7 @@ class MetaAccess:
     def _inside(self, grant: Grant, top: int, ino: int) -> bool:
         if ino == top:
             return True
-        store, ns = self.service.store, self.service.ns
+        store, ns = self.store, self.ns
         row = store.get_inode(ino)
         if row is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {ino}")

@@ -40,42 +40,49 @@ GRACE_S = 5.0
 
 
 class OpenHolds:
-    def __init__(self, service):
-        self.svc = service
+    def __init__(self, txn, store, sessions, boot_id: str, *, lease_s: float, duties, wake_gc) -> None:
+        self.txn = txn  # daemon/txn.py
+        self.store = store
+        self.sessions = sessions  # daemon/health.py Sessions
+        self.boot_id = boot_id
+        self.lease_s = lease_s
+        self.duties = duties  # daemon/duties.py
+        self.wake_gc = wake_gc  # orphans reclaimed: the collector runs soon
         self._written: set[int] = set()
 
     def is_open(self, ino: int) -> bool:
         """Called inside a namespace transaction (a worker thread)."""
-        if self.svc.sessions.is_open(ino):
+        if self.sessions.is_open(ino):
             return True
         now = time.time_ns()
-        return self.svc.store.held_elsewhere(ino, self.svc.boot_id, now, now - int(GRACE_S * 1e9))
+        return self.store.held_elsewhere(ino, self.boot_id, now, now - int(GRACE_S * 1e9))
 
     def _sync(self, held: set[int], until_ns: int, now_ns: int) -> None:
-        store = self.svc.store
-        store.renew_daemon(self.svc.boot_id, until_ns)
-        store.add_holds(self.svc.boot_id, sorted(held - self._written))
-        store.drop_holds(self.svc.boot_id, sorted(self._written - held))
+        store = self.store
+        store.renew_daemon(self.boot_id, until_ns)
+        store.add_holds(self.boot_id, sorted(held - self._written))
+        store.drop_holds(self.boot_id, sorted(self._written - held))
         store.forget_dead_daemons(now_ns)
 
-    async def run(self) -> None:
-        lease_ns = int(max(3 * self.svc.config.session_lease_s, 10.0) * 1e9)
+    async def run(self, reclaim_orphans) -> None:
+        """Write this daemon's holds; while leading, sweep orphans with ``reclaim_orphans`` (Namespace)."""
+        lease_ns = int(max(3 * self.lease_s, 10.0) * 1e9)
         last_sweep = 0.0
         while True:
-            held = self.svc.sessions.open_inodes()
+            held = self.sessions.open_inodes()
             now = time.time_ns()
             try:
-                await self.svc._write(self._sync, held, now + lease_ns, now)
+                await self.txn.write(self._sync, held, now + lease_ns, now)
                 self._written = held
             except Exception as exc:  # a database error (logged by the store): retried next round
                 log.warning("open files of this daemon's sessions not written to the database: %s", exc)
-            if self.svc.duties.leading and time.monotonic() - last_sweep >= SWEEP_INTERVAL_S:  # a cluster duty
+            if self.duties.leading and time.monotonic() - last_sweep >= SWEEP_INTERVAL_S:  # a cluster duty
                 last_sweep = time.monotonic()
                 try:
-                    reclaimed = await self.svc._write(self.svc.ns.reclaim_orphans)
+                    reclaimed = await self.txn.write(reclaim_orphans)
                 except Exception as exc:
                     log.warning("orphan sweep failed, will retry: %s", exc)
                 else:
                     if reclaimed:
-                        self.svc._gc_wake.set()
+                        self.wake_gc()
             await trio.sleep(SYNC_INTERVAL_S)

@@ -19,17 +19,19 @@ log = logging.getLogger(__name__)
 
 
 class QuotaService:
-    def __init__(self, service):
-        self.service = service  # daemon.service.MetaService
+    def __init__(self, txn, store, ns) -> None:
+        self.txn = txn  # daemon/txn.py
+        self.store = store
+        self.ns = ns  # daemon/namespace.py
 
     @property
     def quotas(self):
-        return self.service.ns.quotas
+        return self.ns.quotas
 
     def _path(self, ino: int) -> bytes:
         parts = []
         while ino != ROOT_INO:
-            names = self.service.store.dentries_of(ino)
+            names = self.store.dentries_of(ino)
             if not names:
                 return b"<unlinked %d>" % ino
             _, ino, name = names[0]
@@ -45,25 +47,25 @@ class QuotaService:
         )
 
     def all_info(self) -> list[P.QuotaInfo]:
-        """Every quota (for StatusRsp); call under the service's lock."""
+        """Every quota (for StatusRsp); call under the transaction lock."""
         return [self.info(q) for q in self.quotas.all()]
 
     async def handle_quota_set(self, req: P.QuotaSetReq) -> P.Msg:
         def set_quota():
-            row = self.service.ns._dir(req.ino)
+            row = self.ns._dir(req.ino)
             q = self.quotas.set(row["ino"], req.max_bytes, req.max_inodes)
             return [] if q is None else [self.info(q)]
 
-        return P.QuotaRsp(quotas=await self.service._write(set_quota))
+        return P.QuotaRsp(quotas=await self.txn.write(set_quota))
 
     async def handle_quota_get(self, req: P.QuotaGetReq) -> P.Msg:
         def get():
             if not req.ino:
                 return self.all_info()
-            row = self.service.ns._inode(req.ino)
+            row = self.ns._inode(req.ino)
             return [self.info(q) for q in self.quotas.applying(req.ino, stat.S_ISDIR(row["mode"]))]
 
-        return P.QuotaRsp(quotas=await self.service._read(get))
+        return P.QuotaRsp(quotas=await self.txn.read(get))
 
     async def handle_quota_recount(self, req: P.QuotaRecountReq) -> P.Msg:
         def recount():
@@ -72,12 +74,12 @@ class QuotaService:
             fixed = self.quotas.recount(req.ino or None)
             return [self.info(before) for before, _ in fixed], self.all_info()
 
-        corrected, quotas = await self.service._write(recount)
+        corrected, quotas = await self.txn.write(recount)
         return P.QuotaRsp(quotas=quotas, corrected=corrected)
 
     async def handle_quota_room(self, req: P.QuotaRoomReq) -> P.Msg:
         def room():
-            row = self.service.ns._file(req.ino)
+            row = self.ns._file(req.ino)
             return self.quotas.max_size(req.ino, row["size"])
 
-        return P.QuotaRoomRsp(max_size=await self.service._read(room))
+        return P.QuotaRoomRsp(max_size=await self.txn.read(room))

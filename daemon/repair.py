@@ -80,7 +80,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import trio
 
@@ -94,7 +94,10 @@ from .placement import NodeView, replace_node
 from .repair_plan import ChunkRow, Plan, Task, plan, plan_rebalance  # noqa: F401  (also here for tests)
 
 if TYPE_CHECKING:
-    from .service import MetaService
+    from .health import NodeRegistry, Sessions
+    from .duties import Duties
+    from .namespace import Namespace
+    from .txn import Txn
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +151,19 @@ class NodeClients:
 class Healer:
     """Repair loop and bad-copy handling of one metadata daemon (operator requests: daemon/repair_admin.py)."""
 
-    def __init__(self, service: MetaService):
-        self.svc = service
-        self.config = service.config
+    def __init__(
+        self, config, txn: Txn, store, nodes: NodeRegistry, *, ns: Namespace, sessions: Sessions, duties: Duties,
+        wake_gc: Callable[[], None], ctx=None,
+    ):
+        self.config = config
+        self.txn = txn  # the lock and the writes (daemon/txn.py)
+        self.store = store
+        self.nodes = nodes
+        self.ns = ns
+        self.sessions = sessions
+        self.duties = duties
+        self.wake_gc = wake_gc  # garbage was added: the collector runs soon
+        self.ctx = ctx
         self.throttle = Throttle(int(self.config.repair_bandwidth))
         self.dirty = True  # the repair loop should rescan
         self.stale = True  # status figures may be out of date (any namespace change)
@@ -200,7 +213,7 @@ class Healer:
         )
 
     def placed(self) -> dict[int, int]:
-        return {n: self._last.placed.get(n, 0) for n in self.svc.nodes.states()} if self._scanned_at >= 0 else {}
+        return {n: self._last.placed.get(n, 0) for n in self.nodes.states()} if self._scanned_at >= 0 else {}
 
     async def fresh(self) -> Plan:
         """The last scan's plan, rescanned first if anything changed since."""
@@ -213,9 +226,9 @@ class Healer:
         out = Plan()
         after = (0, -1)
         while True:
-            async with self.svc._lock:
-                rows = self.svc.store.chunk_rows_page(after, SCAN_PAGE)
-                states = self.svc.nodes.states()
+            async with self.txn.lock:
+                rows = self.store.chunk_rows_page(after, SCAN_PAGE)
+                states = self.nodes.states()
             plan((ChunkRow.from_sql(r) for r in rows), states, out)
             if len(rows) < SCAN_PAGE:
                 break
@@ -230,7 +243,7 @@ class Healer:
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            self._clients = NodeClients(self.svc.ctx, nursery, COPY_TIMEOUT_S)
+            self._clients = NodeClients(self.ctx, nursery, COPY_TIMEOUT_S)
             self._started = trio.current_time()
             self._ready.set()
             task_status.started()
@@ -239,8 +252,8 @@ class Healer:
                     with trio.move_on_after(self.config.repair_scan_interval_s):
                         await self._wake.wait()
                 self._wake = trio.Event()
-                if not self.svc.duties.leading:  # another daemon runs repair (daemon/duties.py)
-                    await self.svc.duties.wait_leading()
+                if not self.duties.leading:  # another daemon runs repair (daemon/duties.py)
+                    await self.duties.wait_leading()
                     self.dirty = True
                     continue
                 self.dirty = False
@@ -263,8 +276,8 @@ class Healer:
                 self.dirty = True
             return
         if not work.tasks and not work.fixes and self.config.rebalance_tolerance > 0:
-            async with self.svc._lock:
-                capacity = {n: c for n, (_, c) in self.svc.nodes.usage().items()}
+            async with self.txn.lock:
+                capacity = {n: c for n, (_, c) in self.nodes.usage().items()}
             work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance)
         if not (work.tasks or work.fixes):
             return
@@ -287,9 +300,9 @@ class Healer:
 
     async def _execute(self, work: Plan) -> None:
         if work.fixes:
-            async with self.svc._lock:
+            async with self.txn.lock:
                 for row, keep in work.fixes:
-                    self.svc._write_locked(self.fix_row, row, keep)
+                    self.txn.write_locked(self.fix_row, row, keep)
         runnable = [t for t in work.tasks if self.has_target(t)]
         stuck = len(work.tasks) - len(runnable)
         if stuck != self.stuck:
@@ -336,10 +349,10 @@ class Healer:
         """Whether some node could take ``task``'s copy now: up and not holding the chunk already."""
         if task.target:  # rebalance: its own target, checked when it runs
             return True
-        return any(v.up and v.node_id not in task.nodes and self.svc.nodes.state(v.node_id) == "up" for v in self.svc.nodes.views())
+        return any(v.up and v.node_id not in task.nodes and self.nodes.state(v.node_id) == "up" for v in self.nodes.views())
 
     def _choose_target(self, task: Task) -> int:
-        store, nodes = self.svc.store, self.svc.nodes
+        store, nodes = self.store, self.nodes
         avoid = store.garbage_nodes_of_chunk(task.ino, task.idx) | set(task.nodes)
         if task.target:  # rebalance: that node or none (it may still hold a copy being deleted)
             ok = task.target not in avoid and nodes.state(task.target) == "up"
@@ -353,10 +366,10 @@ class Healer:
         return replace_node(views, [n for n in current if n != replaced], replaced, key=task.ino * 7919 + task.idx)
 
     async def _do(self, task: Task) -> None:
-        async with self.svc._lock:
+        async with self.txn.lock:
             target = self._choose_target(task)
-            target_address = self.svc.nodes.address(target)
-            sources = [self.svc.nodes.address(n) for n in task.sources if self.svc.nodes.is_up(n)]
+            target_address = self.nodes.address(target)
+            sources = [self.nodes.address(n) for n in task.sources if self.nodes.is_up(n)]
         if not target:
             log.debug("chunk %d:%d: %s skipped, its target cannot take it now", task.ino, task.idx, task.kind)
             return
@@ -409,16 +422,16 @@ class Healer:
 
         The target reads the other fragments itself (ReconstructFragmentReq); the
         daemon only names them and records the result as for a copy."""
-        async with self.svc._lock:
-            inode = self.svc.store.get_inode(task.ino)
+        async with self.txn.lock:
+            inode = self.store.get_inode(task.ino)
             if inode is None:
                 return
             red = parse_redundancy(inode["redundancy"])
             used = max(0, min(task.length, inode["size"] - task.idx * task.length))
             sources = [
-                P.FragmentSource(i, fragment_part(i, task.version), self.svc.nodes.address(n))
+                P.FragmentSource(i, fragment_part(i, task.version), self.nodes.address(n))
                 for i, n in enumerate(task.nodes)
-                if i != task.slot and self.svc.nodes.is_up(n)
+                if i != task.slot and self.nodes.is_up(n)
             ]
         chunk = P.ChunkId(task.ino, task.idx, task.part)
         timeout = COPY_TIMEOUT_S + 2 * task.length / (1 << 20)
@@ -433,21 +446,21 @@ class Healer:
         await self.throttle.consume(rsp.length * max(1, red.ec_k))  # K fragments were read for it
 
     async def _record_durably(self, task: Task, target: int, version: int) -> bool:
-        async with self.svc._lock:
-            done, batch = self.svc._write_locked(self._record, task, target, version)
+        async with self.txn.lock:
+            done, batch = self.txn.write_locked(self._record, task, target, version)
         await batch.wait()
         self.changes += done
         return done
 
-    # -- row edits (synchronous: run under the service lock, in a savepoint) ---
+    # -- row edits (synchronous: run under the transaction lock, in a savepoint) ---
 
     def _copies(self, ino: int) -> int:
-        row = self.svc.store.get_inode(ino)
+        row = self.store.get_inode(ino)
         return parse_redundancy(row["redundancy"]).copies if row is not None else 0
 
     def _record(self, task: Task, target: int, version: int) -> bool:
         """Compare-and-swap the new copy into the chunk's row; else queue it as garbage."""
-        store = self.svc.store
+        store = self.store
         cur = store.get_chunks(task.ino, [task.idx]).get(task.idx)
         garbage = [(target, task.ino, task.idx, task.part, version)]
         if cur is None:
@@ -472,7 +485,7 @@ class Healer:
             if task.kind != "move_empty" and task.replace:  # node 0: a fragment that had no node
                 store.add_garbage([(task.replace, task.ino, task.idx, task.part, cur_version)])
         else:
-            live = sum(self.svc.nodes.state(n) in LIVE_STATES for n in nodes)
+            live = sum(self.nodes.state(n) in LIVE_STATES for n in nodes)
             if live >= self._copies(task.ino):
                 store.add_garbage(garbage)
                 return False
@@ -482,36 +495,36 @@ class Healer:
 
     async def _forget_copy_at(self, task: Task, target: int, when: float) -> None:
         await trio.sleep_until(when)
-        async with self.svc._lock:
-            self.svc._write_locked(self._forget_copy, task, target)
-        self.svc._gc_wake.set()
+        async with self.txn.lock:
+            self.txn.write_locked(self._forget_copy, task, target)
+        self.wake_gc()
 
     def _forget_copy(self, task: Task, target: int) -> None:
         """A copy whose outcome is unknown: delete it on ``target`` unless the row places it there."""
-        cur = self.svc.store.get_chunks(task.ino, [task.idx]).get(task.idx)
+        cur = self.store.get_chunks(task.ino, [task.idx]).get(task.idx)
         if cur is None or target not in cur[1]:
-            self.svc.store.add_garbage([(target, task.ino, task.idx, task.part, self.svc.ns.last_epoch())])
+            self.store.add_garbage([(target, task.ino, task.idx, task.part, self.ns.last_epoch())])
 
     def fix_row(self, row: ChunkRow, keep: tuple[int, ...]) -> None:
         """Drop gone nodes from a row that has enough live copies without them."""
-        cur = self.svc.store.get_chunks(row.ino, [row.idx]).get(row.idx)
+        cur = self.store.get_chunks(row.ino, [row.idx]).get(row.idx)
         if cur is None or tuple(cur[1]) != row.nodes or cur[0] != row.version:
             return
         dropped = [n for n in row.nodes if n not in keep]
-        self.svc.store.add_garbage((n, row.ino, row.idx, 0, row.version) for n in dropped)
-        self.svc.store.put_chunk(row.ino, row.idx, row.version, list(keep))
+        self.store.add_garbage((n, row.ino, row.idx, 0, row.version) for n in dropped)
+        self.store.put_chunk(row.ino, row.idx, row.version, list(keep))
         log.info("chunk %d:%d: dropped copies on gone node(s) %s (enough live copies remain)", row.ino, row.idx, dropped)
 
     def mark_bad(self, node_id: int, chunks: Iterable[P.ChunkId], why: str = "failed its checksum") -> int:
         """Copies on ``node_id`` that are bad (or missing) count as missing; the number dealt with:
         dropped (re-replicated from a good copy), or no longer placed there (deleted). The others
         (an only live copy, an erasure-coded fragment) are kept as they are and logged."""
-        store, nodes = self.svc.store, self.svc.nodes
+        store, nodes = self.store, self.nodes
         dropped = 0
         for c in chunks:
             cur = store.get_chunks(c.ino, [c.index]).get(c.index)
             if cur is None or node_id not in cur[1]:
-                bound = cur[0] if cur is not None else self.svc.ns.last_epoch()
+                bound = cur[0] if cur is not None else self.ns.last_epoch()
                 store.add_garbage([(node_id, c.ino, c.index, c.part, bound)])
                 dropped += 1
                 continue
@@ -538,19 +551,19 @@ class Healer:
         epoch becomes the file's *fence* (``Sessions.fence``, daemon/health.py):
         a commit of chunks written at or below it is refused.
         """
-        store = self.svc.store
-        bound = self.svc.ns.last_epoch()
+        store = self.store
+        bound = self.ns.last_epoch()
         for ino in inos:
-            if self.svc.sessions.is_open(ino) or store.get_inode(ino) is None:
+            if self.sessions.is_open(ino) or store.get_inode(ino) is None:
                 continue
             n = store.drop_uncommitted_chunks(ino, bound)
             if n:
-                self.svc.sessions.fence(ino, bound)
+                self.sessions.fence(ino, bound)
                 log.info("inode %d: %d chunk(s) allocated but never committed by an expired session reclaimed", ino, n)
 
     # -- requests (dispatched by MetaService.handle) -----------------------------
 
     async def handle_report_bad_chunks(self, req: P.ReportBadChunksReq) -> P.Msg:
-        async with self.svc._lock:
-            self.svc._write_locked(self.mark_bad, req.node_id, req.chunks)
+        async with self.txn.lock:
+            self.txn.write_locked(self.mark_bad, req.node_id, req.chunks)
         return P.OkRsp()

@@ -21,9 +21,10 @@ from ..common import protocol as P
 from ..common.errors import ErrorCode, StripefsError
 from ..common.erasure import fragment_part
 from ..common.layout import parse_redundancy
-from .health import LIVE_STATES
+from .health import LIVE_STATES, NodeRegistry
 from .repair import SCAN_PAGE, Healer
 from .repair_plan import ChunkRow, plan
+from .txn import Txn
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +34,19 @@ VERIFY_TIMEOUT_S = 300.0  # a node verifying (or listing) many chunks from its d
 class OperatorRequests:
     """NodeAdminReq, ScrubReq and FsckReq of one metadata daemon (dispatched by MetaService.handle)."""
 
-    def __init__(self, healer: Healer):
+    def __init__(self, healer: Healer, txn: Txn, store, nodes: NodeRegistry):
         self.healer = healer
-        self.svc = healer.svc
+        self.txn = txn  # the lock and the writes (daemon/txn.py)
+        self.store = store
+        self.nodes = nodes
 
     async def handle_node_admin(self, req: P.NodeAdminReq) -> P.Msg:
         if req.action == "drain":
-            await self.svc._write(self.svc.nodes.set_admin, req.node_id, "draining")
+            await self.txn.write(self.nodes.set_admin, req.node_id, "draining")
         elif req.action == "undrain":
-            await self.svc._write(self.svc.nodes.set_admin, req.node_id, "")
+            await self.txn.write(self.nodes.set_admin, req.node_id, "")
         elif req.action == "remove":
-            await self.svc._write(self.remove_node, req.node_id)
+            await self.txn.write(self.remove_node, req.node_id)
         else:
             raise StripefsError(ErrorCode.BAD_REQUEST, f"unknown node action {req.action!r}: drain, undrain or remove")
         self.healer.poke()
@@ -61,8 +64,8 @@ class OperatorRequests:
         rows: list[ChunkRow] = []
         after = (0, -1)
         while True:
-            async with self.svc._lock:
-                page = self.svc.store.chunk_rows_page(after, SCAN_PAGE)
+            async with self.txn.lock:
+                page = self.store.chunk_rows_page(after, SCAN_PAGE)
             rows += [ChunkRow.from_sql(r) for r in page]
             if len(page) < SCAN_PAGE:
                 return rows
@@ -70,7 +73,7 @@ class OperatorRequests:
 
     def remove_node(self, node_id: int) -> int:
         """Forget a node (under the lock, in a savepoint): NOT_EMPTY while it holds an only copy."""
-        store, nodes = self.svc.store, self.svc.nodes
+        store, nodes = self.store, self.nodes
         if nodes.state(node_id) == "removed":
             nodes.set_admin(node_id, "removed")  # NOT_FOUND for a node this cluster never knew
             return 0
@@ -110,19 +113,19 @@ class OperatorRequests:
         return len(edits)
 
     async def scrub(self, req: P.ScrubReq) -> P.ScrubRsp:
-        async with self.svc._lock:
-            inos = list(req.inos) or self.svc.store.regular_files_after(req.after_ino, max(1, min(req.limit, 1000)))
-            rows = [ChunkRow.from_sql(r) for r in self.svc.store.chunk_rows_of(inos)]
-            total = self.svc.store.counts()["files"]
+        async with self.txn.lock:
+            inos = list(req.inos) or self.store.regular_files_after(req.after_ino, max(1, min(req.limit, 1000)))
+            rows = [ChunkRow.from_sql(r) for r in self.store.chunk_rows_of(inos)]
+            total = self.store.counts()["files"]
             by_node: dict[int, list[tuple[P.ChunkId, int]]] = collections.defaultdict(list)
             for row in rows:
                 if not row.version:
                     continue
                 ec = parse_redundancy(row.redundancy).is_ec
                 for pos, n in enumerate(row.nodes):
-                    if self.svc.nodes.is_up(n):
+                    if self.nodes.is_up(n):
                         by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else 0), row.version))
-            addresses = {n: self.svc.nodes.address(n) for n in by_node}
+            addresses = {n: self.nodes.address(n) for n in by_node}
         totals = collections.Counter()
 
         async def verify(node_id: int, items: list[tuple[P.ChunkId, int]]) -> None:
@@ -141,8 +144,8 @@ class OperatorRequests:
                 bad = list(rsp.bad) + list(rsp.missing)
                 totals["bad"] += len(bad)
                 if bad:
-                    async with self.svc._lock:
-                        dropped = self.svc._write_locked(self.healer.mark_bad, node_id, bad, "is bad, stale or missing (scrub)")[0]
+                    async with self.txn.lock:
+                        dropped = self.txn.write_locked(self.healer.mark_bad, node_id, bad, "is bad, stale or missing (scrub)")[0]
                     totals["repairing"] += dropped  # the others have no good copy elsewhere (mark_bad logs each)
 
         async with trio.open_nursery() as nursery:
@@ -162,12 +165,12 @@ class OperatorRequests:
 
     async def _fsck_redundancy(self, repair: bool) -> P.FsckRsp:
         rows = await self._all_rows()
-        async with self.svc._lock:
-            states = self.svc.nodes.states()
+        async with self.txn.lock:
+            states = self.nodes.states()
         result = plan(rows, states)
         problems = []
         trimmed = 0
-        async with self.svc._lock:
+        async with self.txn.lock:
             doable = [t for t in result.tasks if self.healer.has_target(t)]
         doable_ids = {id(t) for t in doable}
         for t in [t for t in result.tasks if id(t) not in doable_ids][:10]:
@@ -182,8 +185,8 @@ class OperatorRequests:
                 if len(problems) < 20:
                     problems.append(f"chunk {row.ino}:{row.idx}: {len(live)} live copies for {red.copies}")
                 if repair:
-                    async with self.svc._lock:
-                        self.svc._write_locked(self.healer.fix_row, row, tuple(live[: red.copies]))
+                    async with self.txn.lock:
+                        self.txn.write_locked(self.healer.fix_row, row, tuple(live[: red.copies]))
                     trimmed += 1
         if repair:
             self.healer.poke()
@@ -195,10 +198,10 @@ class OperatorRequests:
         )
 
     async def _fsck_node(self, node_id: int, repair: bool) -> P.FsckRsp:
-        async with self.svc._lock:
-            if not self.svc.nodes.is_up(node_id):
-                raise StripefsError(ErrorCode.UNAVAILABLE, f"storage node {node_id} is {self.svc.nodes.state(node_id)}; fsck needs it up")
-            address = self.svc.nodes.address(node_id)
+        async with self.txn.lock:
+            if not self.nodes.is_up(node_id):
+                raise StripefsError(ErrorCode.UNAVAILABLE, f"storage node {node_id} is {self.nodes.state(node_id)}; fsck needs it up")
+            address = self.nodes.address(node_id)
         # the namespace first, then the node: a copy written in between is seen on the node,
         # and every finding is checked again against the current row before it is repaired
         expected: dict[tuple[int, int, int], int] = {}
@@ -215,16 +218,16 @@ class OperatorRequests:
             for c, v in zip(rsp.chunks, rsp.versions):
                 inventory[(c.ino, c.index, c.part)] = v
             start = rsp.next_dir
-        async with self.svc._lock:
-            pending = self.svc.store.pending_garbage(node_id)  # queued for deletion already: not orphans
+        async with self.txn.lock:
+            pending = self.store.pending_garbage(node_id)  # queued for deletion already: not orphans
         orphans = [k for k in inventory if k not in expected and (k[0], k[1]) not in pending]
         missing = [k for k, v in expected.items() if v and inventory.get(k, -1) < v]
         problems = [f"orphan copy {i}:{x}:{p} v{inventory[(i, x, p)]} on node {node_id}" for i, x, p in orphans[:10]]
         problems += [f"copy {i}:{x}:{p} v{expected[(i, x, p)]} missing or stale on node {node_id}" for i, x, p in missing[:10]]
         repaired = 0
         if repair and (orphans or missing):
-            async with self.svc._lock:
-                repaired = self.svc._write_locked(self._fsck_repair, node_id, orphans, missing, inventory, expected)[0]
+            async with self.txn.lock:
+                repaired = self.txn.write_locked(self._fsck_repair, node_id, orphans, missing, inventory, expected)[0]
         for line in problems:
             log.info("fsck: %s", line)
         return P.FsckRsp(
@@ -233,7 +236,7 @@ class OperatorRequests:
         )
 
     def _fsck_repair(self, node_id, orphans, missing, inventory, expected) -> int:
-        store = self.svc.store
+        store = self.store
         repaired = 0
         pending = store.pending_garbage(node_id)
         for ino, idx, part in orphans:

@@ -1,46 +1,20 @@
-"""The metadata daemon's server: decode, dispatch, group-commit, background work.
+"""The metadata daemon's server: decode, dispatch, background work.
 
 ``MetaService.handle`` dispatches each request body to ``handle_<tag>``
 (``CreateReq`` has tag ``create``: ``handle_create``). Messages the daemon
 does not serve (a storage node's ``ReadChunkReq``, say) get UNKNOWN_MESSAGE.
 
-Durability: group commit
-------------------------
-SQLite runs on the trio thread (it is fast and in-process) inside one long
-transaction. A mutating request takes ``_lock``, runs its SQL inside a
-SAVEPOINT (a failure rolls back only its own statements), releases the lock
-and waits for the next commit. The committer task wakes when a batch is
-dirty, waits ``group_commit_ms`` (default 0), takes the lock, runs COMMIT (an
-fsync, synchronous=FULL) in a worker thread, opens the next transaction, and
-wakes every waiter of that batch. Only then are their replies sent. Changes
-that arrive while a COMMIT runs wait for the lock and share the next one, so N
-concurrent creates cost a few fsyncs without any added delay, a lone writer
-pays one fsync and no timer, and no reply ever announces a change that a
-``kill -9`` could lose.
-If COMMIT fails the batch is rolled back and its waiters get IO errors.
-
-PostgreSQL (``store = "postgresql"``): no group commit and no ``_lock`` on
-the request path. ``_read`` and ``_write`` run each operation as its own
-transaction in a worker thread on a pooled connection (``PgStore.run``:
-SERIALIZABLE for writes, a REPEATABLE READ snapshot for reads, retried on
-serialization failures), committed before the reply, so several daemons can
-serve one database at once (daemon/pg_store.py). ``_write_locked`` (background
-work holding ``_lock``) runs its operation as one transaction on the spot.
-Open files are shared between daemons through the database
-(daemon/open_holds.py), so an unlinked file stays while a mount of any daemon
-holds it.
-
-Read-only requests answer as soon as they hold the lock. They may see a
-change another request made but whose commit is still pending (a few ms);
-a crash in that window loses the change that was never acknowledged. Epochs
-are the exception that matters: an epoch is only handed out once the
-high-water mark covering it is durable (see ``handle_alloc_epoch``).
-
-Atomicity rule: **no ``await`` between the SQL statements of one operation.**
-Each operation is one synchronous Namespace call made while holding
-``_lock``; the lock is what keeps the committer from committing (or the
-collector from reading) half an operation. Adding an ``await`` inside
-``_write``'s critical section would break that.
+Transactions: daemon/txn.py
+----------------------------
+Every operation runs through ``self.txn`` (``txn.read``, ``txn.write``, and
+``txn.write_locked`` under ``txn.lock``): group commit on SQLite, one
+transaction per request on PostgreSQL, where several daemons serve one
+database at once. Open files are then shared between daemons through the
+database (daemon/open_holds.py), so an unlinked file stays while a mount of
+any daemon holds it. Each operation is one synchronous Namespace call: **no
+``await`` between the SQL statements of one operation** (daemon/txn.py says
+why). The healer, the operator requests, quotas, access checks and open holds
+get the same engine, the store and the node table, never this class.
 
 Background tasks (all in ``run``'s nursery): the committer; the health sweep
 (every second: silent nodes go down, silent sessions expire and their
@@ -57,11 +31,10 @@ the repair passes, recording node states and trimming the change log and the
 applied-ops table run only while this daemon holds the ``duties`` lease
 (always, on SQLite); they are cancelled when it loses it.
 
-Every mutating operation goes through ``_write`` (or ``_write_locked``) as
-one ``_operation``: under a OnceReq it runs at most once (daemon/applied_ops.py),
-and its ``change=`` (what mounts must drop) is appended to the change log in
-the same transaction; the feed publishes the log after the commit
-(daemon/change_log.py).
+Every mutating operation goes through ``txn.write`` (or ``txn.write_locked``):
+under a OnceReq it runs at most once (daemon/applied_ops.py), and its
+``change=`` (what mounts must drop) is appended to the change log in the same
+transaction; the feed publishes the log after the commit (daemon/change_log.py).
 """
 
 from __future__ import annotations
@@ -105,6 +78,7 @@ from .repair_admin import OperatorRequests
 from .open_holds import OpenHolds
 from .pg_store import open_pg_store
 from .store import SqliteStore
+from .txn import Txn, open_txn
 
 log = logging.getLogger(__name__)
 
@@ -124,18 +98,15 @@ NODE_PING_TIMEOUT_S = 2.0
 LOOKUP_SLICE = 512
 
 
-class _Batch:
-    """The changes that the next COMMIT makes durable."""
-
-    def __init__(self) -> None:
-        self.dirty = False
-        self.done = trio.Event()
-        self.error: BaseException | None = None
-
-    async def wait(self) -> None:
-        await self.done.wait()
-        if self.error is not None:
-            raise StripefsError(ErrorCode.IO, f"metadata commit failed: {self.error}")
+def _handlers(owners) -> dict[type, Callable]:
+    """Request class -> the ``handle_<tag>`` method of the owner defining it."""
+    handlers: dict[type, Callable] = {}
+    for cls in P.Request.__args__:
+        for owner in owners:
+            handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
+            if handler is not None:
+                handlers[cls] = handler
+    return handlers
 
 
 class MetaService:
@@ -150,26 +121,20 @@ class MetaService:
         self.ns: Namespace | None = None
         self.nodes: NodeRegistry | None = None
         self.sessions = Sessions(config.session_lease_s, config.max_open_per_session, config.max_sessions_per_key)
-        self._lock = trio.Lock()
-        self._batch = _Batch()
-        self._logged_seq = 0  # SQLite: the change log number the last operation's change got (_operation)
-        self._wake_committer = trio.Event()
-        self._epoch_batch: _Batch | None = None  # the batch raising the epoch high-water mark
+        self.txn: Txn | None = None  # the lock, savepoints, group commit (daemon/txn.py); set by open()
         self._gc_wake = trio.Event()
         self._feed_wake = trio.Event()
-        self.healer = Healer(self)  # re-replication, drain, bad copies (daemon/repair.py)
-        self.operator = OperatorRequests(self.healer)  # node administration, scrub, fsck (daemon/repair_admin.py)
-        self.quota_service = QuotaService(self)  # directory quotas (daemon/quota.py)
-        self._handlers: dict[type, Callable] = {}
+        # built by open(), with the database: they get the transaction engine, the store and the node table
+        self.healer: Healer | None = None  # re-replication, drain, bad copies (daemon/repair.py)
+        self.operator: OperatorRequests | None = None  # node administration, scrub, fsck (daemon/repair_admin.py)
+        self.quota_service: QuotaService | None = None  # directory quotas (daemon/quota.py)
+        self.access: MetaAccess | None = None  # keys, roles, read-only, subtrees (daemon/access.py)
+        self.holds: OpenHolds | None = None  # PostgreSQL: open files across daemons (daemon/open_holds.py)
+        # which requests are served (the classes' handle_* methods); bound to the objects by open()
+        self._handlers: dict[type, Callable] = _handlers((self, Healer, OperatorRequests, QuotaService, MetaAccess))
         self._path_batches: dict[bytes, list] = {}  # connection -> its LookupPathsReq line (handle_lookup_paths)
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
-        self.access = MetaAccess(self)  # keys, roles, read-only, subtrees (daemon/access.py)
-        for cls in P.Request.__args__:
-            for owner in (self, self.healer, self.operator, self.quota_service, self.access):
-                handler = getattr(owner, f"handle_{cls.__struct_config__.tag}", None)
-                if handler is not None:
-                    self._handlers[cls] = handler
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -185,28 +150,47 @@ class MetaService:
         self._db_lock = None
         if self.config.store == "postgresql":
             self.store = open_pg_store(self.config.dsn, layout, pool_size=self.config.pool_size)
-            self._limiter = trio.CapacityLimiter(max(1, self.config.pool_size))
         else:
             self._db_lock = lock_database(self.db_path)  # released when this process exits
             self.store = SqliteStore(open_database(self.db_path, layout))
-        self.nodes = NodeRegistry(self.store, self.config.node_timeout_s, self.config.node_suspect_s)
-        self.nodes.on_change = self._on_trio_thread(self.healer.node_changed)
-        # several daemons (PostgreSQL): a file is open if a session of any of them holds it
-        self.holds = None if self.store.group_commit else OpenHolds(self)
-        self.ns = Namespace(self.store, self.nodes, is_open=self.holds.is_open if self.holds else self.sessions.is_open)
         self.cluster_id = self.store.get_meta("cluster_id")
         if self.cluster_id is None:  # a database from before cluster ids, or a new one
             self.cluster_id = uuid.uuid4().hex
             # autocommit, outside the service's transaction; with several daemons starting at once the first one's wins
             self.cluster_id = self.store.init_meta("cluster_id", self.cluster_id)
-        self.duties = Duties(f"{self.config.listen}#{self.boot_id[:8]}", shared=not self.store.group_commit)
+        self.txn = open_txn(
+            self.store, self.config, name=str(self.db_path),
+            on_write=self._written, on_commit=self._committed, on_rollback=lambda: self.ns.quotas.reload(),
+        )
+        store, txn = self.store, self.txn
+        nodes = self.nodes = NodeRegistry(store, self.config.node_timeout_s, self.config.node_suspect_s)
+        self.duties = Duties(f"{self.config.listen}#{self.boot_id[:8]}", shared=not store.group_commit)
+        # several daemons (PostgreSQL): a file is open if a session of any of them holds it
+        if not store.group_commit:
+            self.holds = OpenHolds(
+                txn, store, self.sessions, self.boot_id, lease_s=self.config.session_lease_s, duties=self.duties,
+                wake_gc=self._wake_gc,
+            )
+        self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self.sessions.is_open)
+        self.healer = Healer(
+            self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties,
+            wake_gc=self._wake_gc, ctx=self.ctx,
+        )
+        self.operator = OperatorRequests(self.healer, txn, store, nodes)
+        self.quota_service = QuotaService(txn, store, self.ns)
+        self.access = MetaAccess(txn, store, nodes, self.ns, self.sessions)
+        self._handlers = _handlers((self, self.healer, self.operator, self.quota_service, self.access))
+        nodes.on_change = self._on_trio_thread(self.healer.node_changed)
         self.duties.on_lost.append(self.healer.stop_pass)
-        if self.store.group_commit:
-            self.store.begin()
+        txn.begin()
         log.info(
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
             self._db_name(), self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
         )
+
+    def _wake_gc(self) -> None:
+        """Garbage was added: the collector runs a round soon."""
+        self._gc_wake.set()
 
     def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:
         """``fn`` run on the trio thread even when called from a PostgreSQL worker thread (it wakes trio tasks)."""
@@ -236,10 +220,10 @@ class MetaService:
                 self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring)
                 stack.callback(self.feed.close)
                 nursery = await stack.enter_async_context(trio.open_nursery())
-                nursery.start_soon(self._committer, name="meta-committer")
+                nursery.start_soon(self.txn.run_committer, name="meta-committer")
                 nursery.start_soon(self._health_loop, name="meta-health")
                 if self.holds is not None:
-                    nursery.start_soon(self.holds.run, name="meta-open-holds")
+                    nursery.start_soon(self.holds.run, self.ns.reclaim_orphans, name="meta-open-holds")
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
                 if self.access.keyring is not None:  # who hears what (daemon/events.py)
                     nursery.start_soon(self.feed.subscription_loop, name="meta-feed-subscriptions")
@@ -260,7 +244,7 @@ class MetaService:
                 await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits(), fast=self.handle_now)
         finally:
             with trio.CancelScope(shield=True):
-                await self._commit_now()
+                await self.txn.commit_now()
             self.store.close()
             if self._db_lock is not None:
                 self._db_lock.close()
@@ -293,82 +277,23 @@ class MetaService:
             log.warning("refusing %s: a number is out of range: %s", type(body).__name__, exc)
             raise StripefsError(ErrorCode.BAD_REQUEST, f"a number in {type(body).__name__} is out of range (signed 64-bit)") from None
 
-    # -- group commit ----------------------------------------------------------
-
-    async def _read(self, fn: Callable[..., T], *args, **kwargs) -> T:
-        if not self.store.group_commit:
-            return await self._in_transaction(fn, args, kwargs, readonly=True)
-        async with self._lock:
-            return fn(*args, **kwargs)
-
-    async def _in_transaction(self, fn: Callable[..., T], args, kwargs, *, readonly: bool, hooks: bool = True) -> T:
-        """PostgreSQL: one operation, one transaction, in a worker thread (daemon/pg_store.py)."""
-        call = functools.partial(self.store.run, fn, *args, readonly=readonly, hooks=hooks, **kwargs)
-        return await trio.to_thread.run_sync(call, limiter=self._limiter)
-
-    def _write_locked(self, fn: Callable[..., T], *args, change=None, **kwargs) -> tuple[T, _Batch]:
-        """Run one operation in its savepoint; the caller holds ``_lock``.
-
-        Under a OnceReq the operation runs at most once (daemon/applied_ops.py).
-        ``change``: what it changed for the mounts' caches, ``(inodes, entries)`` or
-        a function of the result giving them; logged in the same savepoint
-        (daemon/change_log.py) and published once committed.
-        """
-        if not self.store.group_commit:  # its own transaction, committed now (blocks this thread meanwhile)
-            done = _Batch()
-            done.done.set()
-            return self.store.run(self._operation, fn, change, *args, **kwargs), done
-        with self.store.savepoint():
-            result = self._operation(fn, change, *args, **kwargs)
-        batch = self._batch
-        batch.dirty = True  # a replayed result too: its first attempt may not be committed yet
-        self._wake_committer.set()
-        return result, batch
-
-    def _operation(self, fn: Callable[..., T], change, *args, **kwargs) -> T:
-        """``fn`` as one operation runs it inside its transaction (a store retrying the
-        transaction after a conflict calls this again): at most once under a OnceReq,
-        its change logged with it, last (SQLite numbers it from a counter row: held briefly)."""
-        result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
-        if ran and change is not None:
-            inodes, entries = change(result) if callable(change) else change
-            self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries)) or 0
-        return result
-
-    async def _write(self, fn: Callable[..., T], *args, **kwargs) -> T:
-        """Run one mutating operation and return once it is durable."""
-        return (await self._write_reporting(fn, *args, report=(), **kwargs))[0]
+    # -- transactions (daemon/txn.py) ----------------------------------------------
 
     async def _write_reporting(self, fn: Callable[..., T], *args, report, **kwargs) -> tuple[T, list[P.Attr], int]:
-        """``_write``, plus the attributes of the directories in ``report`` right after the
-        operation and the change log position they are as of (its own change's number), for
-        the mount to answer GETATTR with (client/dir_attrs.py). Only SQLite knows that number
-        at once; a shared database (numbered later, daemon/change_log.py) and a retry answered
-        from applied_ops report nothing."""
-        attrs: list[P.Attr] = []
-        seq = 0
-        try:
-            if not self.store.group_commit:
-                change = kwargs.pop("change", None)
-                result = await self._in_transaction(self._operation, (fn, change, *args), kwargs, readonly=False)
-                self.healer.stale = True
-                self._feed_wake.set()  # publish this change now, not at the next poll
-                return result, attrs, seq
-            async with self._lock:
-                self._logged_seq = 0
-                result, batch = self._write_locked(fn, *args, **kwargs)
-                seq = self._logged_seq if report else 0
-                if seq:
-                    attrs = self._dir_attrs(report)
-                    seq = seq if attrs else 0
-        finally:
-            key = applied_ops.once.get()
-            if key is not None:
-                key.used = True  # one operation per OnceReq
-        self.healer.stale = True  # redundancy figures in status are recomputed
-        await batch.wait()
-        self._feed_wake.set()  # a shared database: publish this change now, not at the next poll
-        return result, attrs, seq
+        """``txn.write``, plus the attributes of the directories in ``report`` right after the
+        operation and the change log position they are as of (client/dir_attrs.py)."""
+        return await self.txn.write_reporting(fn, *args, report=functools.partial(self._dir_attrs, report), **kwargs)
+
+    def _written(self) -> None:
+        """After every write: redundancy figures in status are recomputed, and a shared
+        database publishes the change now, not at the next poll."""
+        self.healer.stale = True
+        self._feed_wake.set()
+
+    def _committed(self) -> None:
+        """SQLite: a batch is durable; tell the mounts before the replies go."""
+        if self.feed is not None:
+            self.feed.publish_new(self.store, self.access.feed_views)
 
     def _dir_attrs(self, inodes) -> list[P.Attr]:
         """Attributes of these directories now (under ``_lock``, right after an operation); [] if one is gone."""
@@ -377,38 +302,14 @@ class MetaService:
         except StripefsError:
             return []
 
-    async def _committer(self) -> None:
-        while True:
-            await self._wake_committer.wait()
-            self._wake_committer = trio.Event()
-            await trio.sleep(self.config.group_commit_ms / 1000)
-            await self._commit_now()
-
-    async def _commit_now(self) -> None:
-        async with self._lock:
-            batch, self._batch = self._batch, _Batch()
-            if batch.dirty:
-                try:
-                    await trio.to_thread.run_sync(self.store.commit)
-                except sqlite3.Error as exc:
-                    log.error("COMMIT of %s failed, rolling the batch back: %s", self.db_path, exc)
-                    batch.error = exc
-                    self.store.rollback()
-                    self.store.begin()
-                    self.ns.quotas.reload()
-                else:
-                    if self.feed is not None:  # durable now: tell the mounts before the replies go
-                        self.feed.publish_new(self.store, self.access.feed_views)
-            batch.done.set()
-
     # -- background tasks ------------------------------------------------------
 
     async def _release(self, inos: list[int]) -> None:
         """Inodes no session holds any more: reclaim the orphans among them."""
         if inos:
-            async with self._lock:
+            async with self.txn.lock:
                 for ino in inos:
-                    self._write_locked(self.ns.reclaim_if_orphan, ino)
+                    self.txn.write_locked(self.ns.reclaim_if_orphan, ino)
 
     async def _health_loop(self) -> None:
         while True:
@@ -420,23 +321,23 @@ class MetaService:
 
     async def _health_round(self) -> None:
         now = time.monotonic()
-        async with self._lock:
+        async with self.txn.lock:
             for node_id in self.nodes.sweep(now):
                 if self.duties.leading:  # every daemon hears every node; one records the decision
-                    self._write_locked(self.store.set_node_state, node_id, "down")
+                    self.txn.write_locked(self.store.set_node_state, node_id, "down")
         if not self.store.group_commit:  # an operator may have drained or removed a node through another daemon
-            self.nodes.apply_admin_states(await self._read(self.nodes.admin_states))
+            self.nodes.apply_admin_states(await self.txn.read(self.nodes.admin_states))
         expired = self.sessions.expire(now)
         await self._release(expired)
         if expired:
-            async with self._lock:
-                self._write_locked(self.healer.reclaim_uncommitted, expired)
+            async with self.txn.lock:
+                self.txn.write_locked(self.healer.reclaim_uncommitted, expired)
             self._gc_wake.set()
 
     async def _startup_orphan_sweep(self) -> None:
         await trio.sleep(self.config.session_lease_s)
-        async with self._lock:
-            self._write_locked(self.ns.reclaim_orphans)
+        async with self.txn.lock:
+            self.txn.write_locked(self.ns.reclaim_orphans)
         await trio.sleep_forever()  # a duty task: ends with the term
 
     async def _feed_poll_loop(self) -> None:
@@ -450,13 +351,13 @@ class MetaService:
             try:
                 # idle: one light read-only probe first (two write/read transactions every POLL_S
                 # kept an idle daemon at ~30% of a core)
-                if idle.cancelled_caught and not await self._in_transaction(
-                    self.store.feed_behind, (self.feed.seq,), {}, readonly=True, hooks=False
+                if idle.cancelled_caught and not await self.txn.run(
+                    self.store.feed_behind, self.feed.seq, readonly=True, hooks=False
                 ):
                     continue
-                await self._in_transaction(self.store.number_changes, (change_log.PAGE,), {}, readonly=False)
+                await self.txn.run(self.store.number_changes, change_log.PAGE, readonly=False)
                 while True:
-                    rows, views = await self._read(self._feed_page, self.feed.seq, self.feed.subtrees())
+                    rows, views = await self.txn.read(self._feed_page, self.feed.seq, self.feed.subtrees())
                     self.feed.publish(rows, views)
                     if len(rows) < change_log.PAGE:
                         break
@@ -473,16 +374,16 @@ class MetaService:
         """Keep the change log and the applied-ops table bounded (a duty)."""
         while True:
             await trio.sleep(TRIM_INTERVAL_S)
-            trimmed = await self._write(self.store.trim_change_log, change_log.KEEP)
-            expired = await self._write(applied_ops.expire, self.store)
+            trimmed = await self.txn.write(self.store.trim_change_log, change_log.KEEP)
+            expired = await self.txn.write(applied_ops.expire, self.store)
             if trimmed or expired:
                 log.debug("trimmed %d change log rows and %d applied ops", trimmed, expired)
 
     async def _take_lease(self, name: str, holder: str, now_ns: int, ttl_ns: int) -> tuple[str, int, int]:
-        return await self._write(self.store.take_lease, name, holder, now_ns, ttl_ns)
+        return await self.txn.write(self.store.take_lease, name, holder, now_ns, ttl_ns)
 
     async def _release_lease(self, name: str, holder: str) -> None:
-        await self._write(self.store.release_lease, name, holder)
+        await self.txn.write(self.store.release_lease, name, holder)
 
     async def _gc_loop(self) -> None:
         # the RpcClients' nurseries must be entered and left by this task: its own exit stack
@@ -496,7 +397,7 @@ class MetaService:
                 await self._gc_wake.wait()
                 await trio.sleep(GC_COALESCE_S)  # an rm -rf: one round per node for many unlinks
             self._gc_wake = trio.Event()
-            async with self._lock:
+            async with self.txn.lock:
                 targets = [n for n in self.store.garbage_nodes() if self.nodes.is_up(n)]
             for node_id in targets:
                 key = (node_id, self.nodes.address(node_id))
@@ -505,7 +406,7 @@ class MetaService:
                 await self._collect(node_id, clients[key])
 
     async def _collect(self, node_id: int, client: RpcClient) -> None:
-        async with self._lock:
+        async with self.txn.lock:
             rows = self.store.garbage_for_node(node_id, GC_BATCH)
         if not rows:
             return
@@ -517,8 +418,8 @@ class MetaService:
         except StripefsError as exc:
             log.warning("node %d: deleting %d chunk copies failed, will retry: %s", node_id, len(chunks), exc)
             return
-        async with self._lock:
-            self._write_locked(self.store.delete_garbage, [r["id"] for r in rows])
+        async with self.txn.lock:
+            self.txn.write_locked(self.store.delete_garbage, [r["id"] for r in rows])
         log.debug("node %d: %d chunk copies deleted (%s reported)", node_id, len(chunks), getattr(rsp, "deleted", "?"))
         if len(rows) == GC_BATCH:
             self._gc_wake.set()
@@ -547,8 +448,8 @@ class MetaService:
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         grant = self.access.grant()  # a subtree key sees only its own quotas, a storage key none
-        counts = await self._read(self.store.counts)
-        health = await self._read(cluster_health, self.store, self.nodes.info())
+        counts = await self.txn.read(self.store.counts)
+        health = await self.txn.read(cluster_health, self.store, self.nodes.info())
         repair = await self.healer.fresh()
         return P.StatusRsp(
             nodes=self.nodes.info(placed=self.healer.placed()),
@@ -560,12 +461,12 @@ class MetaService:
             boot_id=self.boot_id,
             degraded_chunks=health["degraded_chunks"],
             garbage_copies=health["garbage_copies"],
-            layouts=await self._read(self._layout_usage),
+            layouts=await self.txn.read(self._layout_usage),
             under_replicated=repair.under_replicated,
             repair=self.healer.info(),
             leader=self.duties.leader,
             daemon=self.duties.holder,
-            quotas=await self._read(lambda: self.access.visible_quotas(grant, self.quota_service.all_info())),
+            quotas=await self.txn.read(lambda: self.access.visible_quotas(grant, self.quota_service.all_info())),
         )
 
     def _layout_usage(self) -> list[P.LayoutUsage]:
@@ -583,7 +484,7 @@ class MetaService:
                 self.access.check_registration(grant, req)
                 self.nodes.register(req, proven=proven)
 
-        await self._write(register)
+        await self.txn.write(register)
         self._gc_wake.set()
         return P.OkRsp()
 
@@ -636,8 +537,8 @@ class MetaService:
                 self.sessions.open(req.session_id, req.ino, owner=owner)
             return *info, self.ns.quotas.max_size(req.ino, info[0].size)
 
-        attr, layout, chunks, nodes, quota_max = await self._read(open_and_hold)
-        epoch = await self._alloc_epoch() if req.write else 0
+        attr, layout, chunks, nodes, quota_max = await self.txn.read(open_and_hold)
+        epoch = await self.txn.alloc_epoch(self.ns.alloc_epoch) if req.write else 0
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
 
     async def handle_close(self, req: P.CloseReq) -> P.Msg:
@@ -647,7 +548,7 @@ class MetaService:
     # -- namespace -------------------------------------------------------------
 
     async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
-        return await self._read(self._lookup, req)
+        return await self.txn.read(self._lookup, req)
 
     def _lookup(self, req: P.LookupReq) -> P.Msg:
         if not req.open_info:
@@ -684,7 +585,7 @@ class MetaService:
         files: list[P.OpenRsp | None] = []
         async with self._one_per_connection(self._path_batches):
             while len(files) < len(paths):
-                files += await self._read(self._resolve_paths, req.root, paths, len(files))
+                files += await self.txn.read(self._resolve_paths, req.root, paths, len(files))
         return P.LookupPathsRsp(files=files)
 
     def _resolve_paths(self, root: int, paths: list[list[bytes] | None], start: int) -> list[P.OpenRsp | None]:
@@ -727,14 +628,14 @@ class MetaService:
                 del lines[connection]  # a connection with nothing waiting costs nothing
 
     async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
-        return P.AttrRsp(attr=await self._read(self.ns.getattr, req.ino))
+        return P.AttrRsp(attr=await self.txn.read(self.ns.getattr, req.ino))
 
     def handle_now(self, body: P.Msg, payloads: list) -> P.Msg | None:
         """serve()'s fast path: a lookup or getattr answered on the receiving task, as ``_read``
         would (the same function, under the same free lock), without a task of its own. Only
         with SQLite's group commit and the lock free; only successes (an error takes the usual
         path, which logs and counts it); else None."""
-        if payloads or not self.store.group_commit or self._lock.locked():
+        if payloads or not self.store.group_commit or self.txn.lock.locked():
             return None
         kind = type(body)
         if kind is not P.LookupReq and kind is not P.GetattrReq:
@@ -773,7 +674,7 @@ class MetaService:
             # committed with the create, never rolled back under a handed-out epoch
             epoch, raised = self.ns.alloc_epoch()
             if raised:  # later epochs of this block are durable only with this batch
-                self._epoch_batch = self._batch
+                self.txn.epoch_raised()
             return (*info, epoch)
 
         (attr, layout, chunks, nodes, quota_max, epoch), dirs, seq = await self._write_reporting(
@@ -832,7 +733,7 @@ class MetaService:
         return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
     async def handle_readlink(self, req: P.ReadlinkReq) -> P.Msg:
-        return P.ReadlinkRsp(target=await self._read(self.ns.readlink, req.ino))
+        return P.ReadlinkRsp(target=await self.txn.read(self.ns.readlink, req.ino))
 
     async def handle_readdir(self, req: P.ReaddirReq) -> P.Msg:
         def list_dir():
@@ -846,70 +747,56 @@ class MetaService:
                             files.append(P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes))
             return entries, more, files
 
-        entries, more, files = await self._read(list_dir)
+        entries, more, files = await self.txn.read(list_dir)
         return P.ReaddirRsp(entries=entries, more=more, files=files)
 
     async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:
-        total, free, used, files = await self._read(self.ns.statfs)
+        total, free, used, files = await self.txn.read(self.ns.statfs)
         return P.StatfsRsp(total_bytes=total, free_bytes=free, files=files, used_bytes=used)
 
     # -- xattrs and layouts ------------------------------------------------------
 
     async def handle_setxattr(self, req: P.SetxattrReq) -> P.Msg:
-        await self._write(self.ns.setxattr, req.ino, req.name, req.value, req.flags)
+        await self.txn.write(self.ns.setxattr, req.ino, req.name, req.value, req.flags)
         return P.OkRsp()
 
     async def handle_getxattr(self, req: P.GetxattrReq) -> P.Msg:
-        return P.XattrRsp(value=await self._read(self.ns.getxattr, req.ino, req.name))
+        return P.XattrRsp(value=await self.txn.read(self.ns.getxattr, req.ino, req.name))
 
     async def handle_listxattr(self, req: P.ListxattrReq) -> P.Msg:
-        return P.ListxattrRsp(names=await self._read(self.ns.listxattr, req.ino))
+        return P.ListxattrRsp(names=await self.txn.read(self.ns.listxattr, req.ino))
 
     async def handle_removexattr(self, req: P.RemovexattrReq) -> P.Msg:
-        await self._write(self.ns.removexattr, req.ino, req.name)
+        await self.txn.write(self.ns.removexattr, req.ino, req.name)
         return P.OkRsp()
 
     async def handle_get_layout(self, req: P.GetLayoutReq) -> P.Msg:
-        return P.LayoutRsp(layout=await self._read(self.ns.get_layout, req.ino))
+        return P.LayoutRsp(layout=await self.txn.read(self.ns.get_layout, req.ino))
 
     async def handle_set_layout(self, req: P.SetLayoutReq) -> P.Msg:
-        layout = await self._write(self.ns.set_layout, req.ino, req.chunk_size, req.stripe_count, req.redundancy)
+        layout = await self.txn.write(self.ns.set_layout, req.ino, req.chunk_size, req.stripe_count, req.redundancy)
         return P.LayoutRsp(layout=layout)
 
     # -- data path bookkeeping ---------------------------------------------------
 
     async def handle_alloc_epoch(self, req: P.AllocEpochReq) -> P.Msg:
-        return P.EpochRsp(epoch=await self._alloc_epoch())
-
-    async def _alloc_epoch(self) -> int:
-        if not self.store.group_commit:  # the database's sequence: durable as soon as handed out
-            return (await self._in_transaction(self.ns.alloc_epoch, (), {}, readonly=False))[0]
-        async with self._lock:
-            (epoch, raised), batch = self.ns.alloc_epoch(), None
-            if raised:
-                self._batch.dirty = True
-                self._wake_committer.set()
-                self._epoch_batch = self._batch
-            batch = self._epoch_batch
-        if batch is not None:
-            await batch.wait()  # immediate once the high-water mark covering `epoch` is durable
-        return epoch
+        return P.EpochRsp(epoch=await self.txn.alloc_epoch(self.ns.alloc_epoch))
 
     async def handle_alloc_chunks(self, req: P.AllocChunksReq) -> P.Msg:
-        chunks, nodes = await self._write(self.ns.alloc_chunks, req.ino, req.indices)
+        chunks, nodes = await self.txn.write(self.ns.alloc_chunks, req.ino, req.indices)
         return P.ChunksRsp(chunks=chunks, nodes=nodes)
 
     async def handle_release_chunks(self, req: P.ReleaseChunksReq) -> P.Msg:
-        await self._write(self.ns.release_chunks, req.ino, req.indices)
+        await self.txn.write(self.ns.release_chunks, req.ino, req.indices)
         return P.OkRsp()
 
     async def handle_replace_replica(self, req: P.ReplaceReplicaReq) -> P.Msg:
-        chunk, nodes = await self._write(self.ns.replace_replica, req.ino, req.index, req.failed_node, req.part)
+        chunk, nodes = await self.txn.write(self.ns.replace_replica, req.ino, req.index, req.failed_node, req.part)
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
         self.sessions.check_fence(req.ino, req.chunks)
-        attr = await self._write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks, change=([req.ino], []))
+        attr = await self.txn.write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks, change=([req.ino], []))
         return P.AttrRsp(attr=attr)
 
     # -- online conversion (daemon/redundancy.py) ----------------------------------
@@ -923,8 +810,8 @@ class MetaService:
             self.sessions.open(req.session_id, shadow, owner=owner)  # under the lock: nothing reclaims it in between
             return self.ns.open_info(shadow)
 
-        attr, layout, chunks, nodes = await self._write(create_and_hold)
-        epoch = await self._alloc_epoch()
+        attr, layout, chunks, nodes = await self.txn.write(create_and_hold)
+        epoch = await self.txn.alloc_epoch(self.ns.alloc_epoch)
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch)
 
     async def handle_swap_shadow(self, req: P.SwapShadowReq) -> P.Msg:
@@ -932,7 +819,7 @@ class MetaService:
             _, entries = result
             return [req.ino, *{parent for parent, _ in entries}], entries
 
-        attr, entries = await self._write(
+        attr, entries = await self.txn.write(
             self.ns.swap_shadow, req.ino, req.shadow, req.size, req.mtime_ns, req.chunks, change=change
         )
         self._gc_wake.set()
