@@ -1,7 +1,7 @@
 """The metadata daemon (``stripefs meta``): one process that owns the namespace.
 
-Start reading at ``service.py`` (request dispatch, background
-tasks). The pieces, from the bottom up:
+Start reading at ``service.py`` (request dispatch; its background tasks are
+in ``housekeeping.py``). The pieces, from the bottom up:
 
 * storage: ``db.py`` (the schema, its docstring is the spec, and migrations),
   ``dialect.py`` (where SQLite and PostgreSQL differ), ``store.py`` (every SQL
@@ -22,7 +22,8 @@ tasks). The pieces, from the bottom up:
 * transactions: ``txn.py`` (the lock, savepoints, group commit on SQLite, a
   transaction per request on PostgreSQL; what every piece below gets instead
   of the service).
-* serving: ``service.py`` (dispatch, background tasks),
+* serving: ``service.py`` (dispatch, start and stop), ``housekeeping.py``
+  (health sweep, garbage collector, change feed poll, trims),
   ``access.py`` (who may send what), ``quota_service.py`` (the quota requests),
   ``events.py`` (the change feed to mounts), ``metrics.py`` (cluster gauges).
 * ``cli.py``: ``main(argv)``, config, logging, signals, systemd readiness.

@@ -16,20 +16,11 @@ any daemon holds it. Each operation is one synchronous Namespace call: **no
 why). The healer, the operator requests, quotas, access checks and open holds
 get the same engine, the store and the node table, never this class.
 
-Background tasks (all in ``run``'s nursery): the committer; the health sweep
-(every second: silent nodes go down, silent sessions expire and their
-released orphans are reclaimed); the one-time orphan sweep one session lease
-after start (mounts that still hold an unlinked file have re-announced it by
-then); and the garbage collector (DeleteChunksReq in batches to nodes that are
-up, one RpcClient per node, rows deleted on success); the healer
-(daemon/repair.py: re-replication, drain, bad copies, scrub and fsck requests,
-whose ``handle_*`` methods are dispatched like this class's own). A session
-that expires also gives back the chunks it allocated but never committed.
-
-Cluster duties (daemon/duties.py): the orphan sweep, the garbage collector,
-the repair passes, recording node states and trimming the change log and the
-applied-ops table run only while this daemon holds the ``duties`` lease
-(always, on SQLite); they are cancelled when it loses it.
+Background tasks (all in ``run``'s nursery): the committer (daemon/txn.py),
+the health sweep, orphan sweeps, the garbage collector, the change feed's poll
+and the trims (daemon/housekeeping.py), open holds (daemon/open_holds.py) and
+the healer (daemon/repair.py: re-replication, drain, bad copies; its and the
+operator requests' ``handle_*`` methods are dispatched like this class's own).
 
 Every mutating operation goes through ``txn.write`` (or ``txn.write_locked``):
 under a OnceReq it runs at most once (daemon/applied_ops.py), and its
@@ -43,10 +34,8 @@ import contextlib
 import functools
 import itertools
 import logging
-import sqlite3
 import stat
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -59,18 +48,19 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, QuietError, StripefsError
 from ..common.layout import MAX_CHUNK_SIZE
-from ..common.transport import CONNECTION, RpcClient, connect, open_socket, serve
+from ..common.transport import CONNECTION, connect, open_socket, serve
 from ..common.keyring import server_keyring
 from ..common.security import current_peer
 from ..common.zap import run_zap
 from .access import MetaAccess
 from .db import DB_NAME, lock_database, open_database
-from . import applied_ops, change_log
+from . import applied_ops
 from .duties import Duties
 from .events import ChangeFeed
 from .metrics import cluster_health
 from . import redundancy
 from .health import NodeRegistry, Sessions
+from .housekeeping import Housekeeping
 from .namespace import Namespace, to_attr
 from .quota_service import QuotaService
 from .repair import Healer
@@ -84,13 +74,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-GC_BATCH = 1000
-GC_INTERVAL_S = 1.0
-#: after a wake (an unlink, a truncate...), wait this long for more garbage before a round: one
-#: DeleteChunksReq per node and one commit for a burst, not per unlink (1.6 of each per unlink before)
-GC_COALESCE_S = 0.05
-GC_RPC_TIMEOUT_S = 10.0
-TRIM_INTERVAL_S = 30.0
 #: how long a node that registers has to answer the daemon's ping
 NODE_PING_TIMEOUT_S = 2.0
 #: lookups a LookupPathsReq makes per hold of the lock (handle_lookup_paths): about 10 ms of work,
@@ -122,8 +105,7 @@ class MetaService:
         self.nodes: NodeRegistry | None = None
         self.sessions = Sessions(config.session_lease_s, config.max_open_per_session, config.max_sessions_per_key)
         self.txn: Txn | None = None  # the lock, savepoints, group commit (daemon/txn.py); set by open()
-        self._gc_wake = trio.Event()
-        self._feed_wake = trio.Event()
+        self.housekeeping: Housekeeping | None = None  # health sweep, collector, feed poll, trims; set by open()
         # built by open(), with the database: they get the transaction engine, the store and the node table
         self.healer: Healer | None = None  # re-replication, drain, bad copies (daemon/repair.py)
         self.operator: OperatorRequests | None = None  # node administration, scrub, fsck (daemon/repair_admin.py)
@@ -179,6 +161,10 @@ class MetaService:
         self.operator = OperatorRequests(self.healer, txn, store, nodes)
         self.quota_service = QuotaService(txn, store, self.ns)
         self.access = MetaAccess(txn, store, nodes, self.ns, self.sessions)
+        self.housekeeping = Housekeeping(
+            self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
+            feed_views=self.access.feed_views, ctx=self.ctx,
+        )
         self._handlers = _handlers((self, self.healer, self.operator, self.quota_service, self.access))
         nodes.on_change = self._on_trio_thread(self.healer.node_changed)
         self.duties.on_lost.append(self.healer.stop_pass)
@@ -190,7 +176,7 @@ class MetaService:
 
     def _wake_gc(self) -> None:
         """Garbage was added: the collector runs a round soon."""
-        self._gc_wake.set()
+        self.housekeeping.wake_gc()
 
     def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:
         """``fn`` run on the trio thread even when called from a PostgreSQL worker thread (it wakes trio tasks)."""
@@ -219,23 +205,25 @@ class MetaService:
                 log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
                 self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring)
                 stack.callback(self.feed.close)
+                housekeeping = self.housekeeping
+                housekeeping.feed = self.feed
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 nursery.start_soon(self.txn.run_committer, name="meta-committer")
-                nursery.start_soon(self._health_loop, name="meta-health")
+                nursery.start_soon(housekeeping.health_loop, name="meta-health")
                 if self.holds is not None:
                     nursery.start_soon(self.holds.run, self.ns.reclaim_orphans, name="meta-open-holds")
                 nursery.start_soon(self.feed.heartbeat_loop, name="meta-feed")
                 if self.access.keyring is not None:  # who hears what (daemon/events.py)
                     nursery.start_soon(self.feed.subscription_loop, name="meta-feed-subscriptions")
                 if not self.store.group_commit:
-                    nursery.start_soon(self._feed_poll_loop, name="meta-feed-poll")
-                nursery.start_soon(self.duties.run, self._take_lease, self._release_lease, name="meta-lease")
+                    nursery.start_soon(housekeeping.feed_poll_loop, name="meta-feed-poll")
+                nursery.start_soon(self.duties.run, housekeeping.take_lease, housekeeping.release_lease, name="meta-lease")
                 nursery.start_soon(
                     self.duties.run_while_leading,
                     [
-                        (self._startup_orphan_sweep, "meta-orphans"),
-                        (self._gc_loop, "meta-gc"),
-                        (self._trim_loop, "meta-trim"),
+                        (housekeeping.startup_orphan_sweep, "meta-orphans"),
+                        (housekeeping.gc_loop, "meta-gc"),
+                        (housekeeping.trim_loop, "meta-trim"),
                     ],
                     name="meta-duties",
                 )
@@ -288,7 +276,7 @@ class MetaService:
         """After every write: redundancy figures in status are recomputed, and a shared
         database publishes the change now, not at the next poll."""
         self.healer.stale = True
-        self._feed_wake.set()
+        self.housekeeping.wake_feed()
 
     def _committed(self) -> None:
         """SQLite: a batch is durable; tell the mounts before the replies go."""
@@ -301,128 +289,6 @@ class MetaService:
             return [self.ns.getattr(ino) for ino in dict.fromkeys(inodes)]
         except StripefsError:
             return []
-
-    # -- background tasks ------------------------------------------------------
-
-    async def _release(self, inos: list[int]) -> None:
-        """Inodes no session holds any more: reclaim the orphans among them."""
-        if inos:
-            async with self.txn.lock:
-                for ino in inos:
-                    self.txn.write_locked(self.ns.reclaim_if_orphan, ino)
-
-    async def _health_loop(self) -> None:
-        while True:
-            await trio.sleep(1.0)
-            try:
-                await self._health_round()
-            except (StripefsError, OverflowError, sqlite3.Error):  # never the end of the daemon: logged, tried again
-                log.exception("health sweep failed; trying again in a second")
-
-    async def _health_round(self) -> None:
-        now = time.monotonic()
-        async with self.txn.lock:
-            for node_id in self.nodes.sweep(now):
-                if self.duties.leading:  # every daemon hears every node; one records the decision
-                    self.txn.write_locked(self.store.set_node_state, node_id, "down")
-        if not self.store.group_commit:  # an operator may have drained or removed a node through another daemon
-            self.nodes.apply_admin_states(await self.txn.read(self.nodes.admin_states))
-        expired = self.sessions.expire(now)
-        await self._release(expired)
-        if expired:
-            async with self.txn.lock:
-                self.txn.write_locked(self.healer.reclaim_uncommitted, expired)
-            self._gc_wake.set()
-
-    async def _startup_orphan_sweep(self) -> None:
-        await trio.sleep(self.config.session_lease_s)
-        async with self.txn.lock:
-            self.txn.write_locked(self.ns.reclaim_orphans)
-        await trio.sleep_forever()  # a duty task: ends with the term
-
-    async def _feed_poll_loop(self) -> None:
-        """A shared database: number the log and publish it as it grows, whichever daemon wrote it
-        (daemon/change_log.py). Woken at once by this daemon's own writes, else every POLL_S.
-        The rows are numbered and read in transactions of their own, then sent from this thread."""
-        while True:
-            with trio.move_on_after(change_log.POLL_S) as idle:
-                await self._feed_wake.wait()
-            self._feed_wake = trio.Event()
-            try:
-                # idle: one light read-only probe first (two write/read transactions every POLL_S
-                # kept an idle daemon at ~30% of a core)
-                if idle.cancelled_caught and not await self.txn.run(
-                    self.store.feed_behind, self.feed.seq, readonly=True, hooks=False
-                ):
-                    continue
-                await self.txn.run(self.store.number_changes, change_log.PAGE, readonly=False)
-                while True:
-                    rows, views = await self.txn.read(self._feed_page, self.feed.seq, self.feed.subtrees())
-                    self.feed.publish(rows, views)
-                    if len(rows) < change_log.PAGE:
-                        break
-            except StripefsError as exc:  # the database is unreachable (logged by the store): next round
-                log.warning("change feed: cannot read the change log: %s", exc)
-                await trio.sleep(1.0)
-
-    def _feed_page(self, after: int, subdirs: set[str]):
-        """The next page of the change log and each subtree's view of it, in one snapshot."""
-        rows = self.store.changes_after(after, change_log.PAGE)
-        return rows, self.access.feed_views(rows, subdirs) if rows and subdirs else None
-
-    async def _trim_loop(self) -> None:
-        """Keep the change log and the applied-ops table bounded (a duty)."""
-        while True:
-            await trio.sleep(TRIM_INTERVAL_S)
-            trimmed = await self.txn.write(self.store.trim_change_log, change_log.KEEP)
-            expired = await self.txn.write(applied_ops.expire, self.store)
-            if trimmed or expired:
-                log.debug("trimmed %d change log rows and %d applied ops", trimmed, expired)
-
-    async def _take_lease(self, name: str, holder: str, now_ns: int, ttl_ns: int) -> tuple[str, int, int]:
-        return await self.txn.write(self.store.take_lease, name, holder, now_ns, ttl_ns)
-
-    async def _release_lease(self, name: str, holder: str) -> None:
-        await self.txn.write(self.store.release_lease, name, holder)
-
-    async def _gc_loop(self) -> None:
-        # the RpcClients' nurseries must be entered and left by this task: its own exit stack
-        async with contextlib.AsyncExitStack() as stack:
-            await self._gc_rounds(stack)
-
-    async def _gc_rounds(self, stack: contextlib.AsyncExitStack) -> None:
-        clients: dict[tuple[int, str], RpcClient] = {}
-        while True:
-            with trio.move_on_after(GC_INTERVAL_S):
-                await self._gc_wake.wait()
-                await trio.sleep(GC_COALESCE_S)  # an rm -rf: one round per node for many unlinks
-            self._gc_wake = trio.Event()
-            async with self.txn.lock:
-                targets = [n for n in self.store.garbage_nodes() if self.nodes.is_up(n)]
-            for node_id in targets:
-                key = (node_id, self.nodes.address(node_id))
-                if key not in clients:
-                    clients[key] = await stack.enter_async_context(connect(self.ctx, key[1], timeout=GC_RPC_TIMEOUT_S))
-                await self._collect(node_id, clients[key])
-
-    async def _collect(self, node_id: int, client: RpcClient) -> None:
-        async with self.txn.lock:
-            rows = self.store.garbage_for_node(node_id, GC_BATCH)
-        if not rows:
-            return
-        chunks = [P.ChunkId(r["ino"], r["idx"], r["part"]) for r in rows]
-        try:
-            rsp, _ = await client.call(
-                P.DeleteChunksReq(chunks=chunks, all_parts=True, max_versions=[r["max_version"] for r in rows])
-            )
-        except StripefsError as exc:
-            log.warning("node %d: deleting %d chunk copies failed, will retry: %s", node_id, len(chunks), exc)
-            return
-        async with self.txn.lock:
-            self.txn.write_locked(self.store.delete_garbage, [r["id"] for r in rows])
-        log.debug("node %d: %d chunk copies deleted (%s reported)", node_id, len(chunks), getattr(rsp, "deleted", "?"))
-        if len(rows) == GC_BATCH:
-            self._gc_wake.set()
 
     # -- generic and nodes -------------------------------------------------------
 
@@ -485,7 +351,7 @@ class MetaService:
                 self.nodes.register(req, proven=proven)
 
         await self.txn.write(register)
-        self._gc_wake.set()
+        self._wake_gc()
         return P.OkRsp()
 
     async def _node_answers(self, node_id: int, address: str) -> bool:
@@ -523,7 +389,7 @@ class MetaService:
         )
 
     async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:
-        await self._release(self.sessions.heartbeat(req.session_id, req.open_inodes, owner=current_peer()))
+        await self.housekeeping.release(self.sessions.heartbeat(req.session_id, req.open_inodes, owner=current_peer()))
         return P.OkRsp()
 
     async def handle_open(self, req: P.OpenReq) -> P.Msg:
@@ -542,7 +408,7 @@ class MetaService:
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
 
     async def handle_close(self, req: P.CloseReq) -> P.Msg:
-        await self._release(self.sessions.close(req.session_id, req.ino, owner=current_peer()))
+        await self.housekeeping.release(self.sessions.close(req.session_id, req.ino, owner=current_peer()))
         return P.OkRsp()
 
     # -- namespace -------------------------------------------------------------
@@ -656,7 +522,7 @@ class MetaService:
             report=[req.ino], change=([req.ino], []),
         )
         if req.size is not None:
-            self._gc_wake.set()
+            self._wake_gc()
         return P.AttrRsp(attr=attr, dir_attrs=[a for a in dirs if stat.S_ISDIR(a.mode)], seq=seq)
 
     async def handle_create(self, req: P.CreateReq) -> P.Msg:
@@ -714,7 +580,7 @@ class MetaService:
         _, dirs, seq = await self._write_reporting(
             self.ns.unlink, req.parent, req.name, report=[req.parent], change=([req.parent], [(req.parent, req.name)])
         )
-        self._gc_wake.set()
+        self._wake_gc()
         return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
     async def handle_rmdir(self, req: P.RmdirReq) -> P.Msg:
@@ -729,7 +595,7 @@ class MetaService:
             self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags,
             report=[req.parent_old, req.parent_new], change=change,
         )
-        self._gc_wake.set()
+        self._wake_gc()
         return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
     async def handle_readlink(self, req: P.ReadlinkReq) -> P.Msg:
@@ -822,5 +688,5 @@ class MetaService:
         attr, entries = await self.txn.write(
             self.ns.swap_shadow, req.ino, req.shadow, req.size, req.mtime_ns, req.chunks, change=change
         )
-        self._gc_wake.set()
+        self._wake_gc()
         return P.AttrRsp(attr=attr)
