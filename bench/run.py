@@ -8,7 +8,7 @@ the local disk, in one run, printed side by side as a ratio (stripefs / local).
 
 Why ratios: the machines are shared and noisy, so an absolute MB/s means little;
 the same workload on the local disk, measured minutes apart in the same run,
-is the yardstick (docs: /work/shared/DESIGN.md "Measuring"). See bench/README.md.
+is the yardstick (the project design notes, "Measuring"). See bench/README.md.
 
 Workloads (defaults; --quick divides sizes by ~10):
   1. sequential write of a 1 GiB file, 1 MiB writes, fsync + close inside the timing
