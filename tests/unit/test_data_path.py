@@ -24,7 +24,7 @@ from stripefs.client.open_files import DirtyChunk, OpenFile
 from stripefs.client.striping import DataPath
 from stripefs.common import protocol as P
 from stripefs.common.config import StorageConfig
-from stripefs.common.errors import StripefsError
+from stripefs.common.errors import StripefsError, leaves
 from stripefs.storage_node.chunk_store import ChunkStore
 from stripefs.storage_node.service import StorageService
 from test_meta_service import ROOT, Daemon
@@ -73,9 +73,11 @@ class Rig:
             try:
                 await self.nursery.start(serve)
                 return
-            except zmq.ZMQError as exc:
+            except BaseException as exc:
                 # the same port again: libzmq releases a closed socket's listener a moment later
-                if exc.errno != errno.EADDRINUSE or attempt == 99:
+                # (the service's nursery wraps the bind's error in an exception group)
+                in_use = any(isinstance(e, zmq.ZMQError) and e.errno == errno.EADDRINUSE for e in leaves(exc))
+                if not in_use or attempt == 99:
                     raise
                 await trio.sleep(0.05)
 
