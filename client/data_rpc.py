@@ -3,7 +3,8 @@
 One DEALER per storage node, opened on first use and kept. Every payload is
 checked against the xxh3 its header carries. A node that timed out is
 *suspect* for a while: replica choice tries it last, so one dead node costs one
-timeout, not one per chunk.
+timeout, not one per chunk. A node answering BUSY (it ran nothing: its queues are
+full) is asked again after a short, growing pause, within the call's timeout.
 
 A mount whose key is restricted to a subtree shows a capability with every
 chunk request (``caps``, client/caps.py); a node refusing one with ACCESS gets
@@ -27,6 +28,9 @@ from .caps import CapStore
 log = logging.getLogger(__name__)
 
 SUSPECT_FOR_S = 15.0
+#: a node answering BUSY is asked again after this, then twice as long each time, up to the most
+BUSY_FIRST_PAUSE_S = 0.005
+BUSY_MAX_PAUSE_S = 0.2
 
 
 class NodePool:
@@ -42,6 +46,22 @@ class NodePool:
         self.caps = CapStore()  # capabilities, for a key restricted to a subtree (client/caps.py)
 
     async def _call_with_caps(self, client: RpcClient, request: p.Msg, payloads=(), **kwargs):
+        """``_call_once``, again after a pause (5 ms, doubling to 200 ms) while the node answers BUSY:
+        it ran nothing and asks to be retried (common/limits.py). Within the call's own timeout:
+        past it the BUSY is the answer."""
+        deadline = trio.current_time() + (kwargs.get("timeout") or self.timeout)
+        pause = BUSY_FIRST_PAUSE_S
+        while True:
+            try:
+                return await self._call_once(client, request, payloads, **kwargs)
+            except StripefsError as exc:
+                if exc.code != ErrorCode.BUSY or trio.current_time() + pause >= deadline:
+                    raise
+            await trio.sleep(pause)
+            pause = min(pause * 2, BUSY_MAX_PAUSE_S)
+            kwargs["timeout"] = deadline - trio.current_time()
+
+    async def _call_once(self, client: RpcClient, request: p.Msg, payloads=(), **kwargs):
         """``client.call``, with capabilities when this mount has any; once more with renewed ones on ACCESS."""
         try:
             return await client.call(await self._with_caps(request) if self.caps.active else request, payloads, **kwargs)
