@@ -335,17 +335,6 @@ class Operations(pyfuse3.Operations):
 
     def _fast_getattr(self, inode, ctx=None):
         if self.dataset and self.kcache.healthy:
-            known = self._dataset_info.get(inode)
-            if known is not None:
-                return self._entry(known.attr)
-        if self.kcache.healthy:
-            known = self.kcache.dir_attrs.get(inode)
-            if known is not None:
-                return self._entry(known)
-        return _SLOW
-
-    async def getattr(self, inode, ctx=None):
-        if self.dataset and self.kcache.healthy:
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
             known = self._dataset_info.get(inode)
@@ -355,6 +344,10 @@ class Operations(pyfuse3.Operations):
             known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
             if known is not None:
                 return self._entry(known)
+        return _SLOW
+
+    async def getattr(self, inode, ctx=None):
+        # what the mount knows was answered by _fast_getattr already
         return await self._attr_reply(p.GetattrReq(ino=inode))
 
     async def setattr(self, inode, attr, fields, fh, ctx):
@@ -487,8 +480,7 @@ class Operations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.ENODATA)
 
     async def getxattr(self, inode, name, ctx):
-        if self._is_mount_xattr(name):
-            return self._mount_xattr(inode, name)  # (answered by _fast_getxattr already)
+        # the mount's own attributes were answered by _fast_getxattr already
         of = self.files.get(inode) if name == KILLPRIV_XATTR else None
         if of is not None and of.open_count and of.killpriv_absent:
             raise pyfuse3.FUSEError(errno.ENODATA)  # asked before every write: answered here (OpenFile.killpriv_absent)
@@ -653,14 +645,13 @@ class Operations(pyfuse3.Operations):
 
     def _fast_flush(self, fh):
         if self.dataset:
+            # nothing to commit on a read-only mount; ENOSYS stops FLUSH for good (connection-wide)
             raise pyfuse3.FUSEError(errno.ENOSYS)
         of = self.handles[fh]
         return _SLOW if of.has_unflushed or of.size != of.attr.size else None
 
     async def flush(self, fh):
-        if self.dataset:
-            # nothing to commit on a read-only mount; ENOSYS stops FLUSH for good (connection-wide)
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+        # a dataset mount's FLUSH and a clean file's were answered by _fast_flush already
         of = self.handles[fh]
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             self._open_info.pop(of.ino, None)
