@@ -16,10 +16,14 @@ same bound to commit what they buffer (client/mount.py).
 
 Close-to-open without an open round trip
 -----------------------------------------
-An open must see every change closed elsewhere before the open() began. The
-kernel caches directory entries of *regular files* for 0 s (directories and
-symlinks for ``entry_timeout_s``), so every path-based open() walks through a
-LOOKUP of the file inside the same syscall. That LOOKUP asks the daemon for the
+An open must see every change closed elsewhere before the open() began. Under
+a callback (daemon/callbacks.py) the kernel caches a regular file's name and
+attributes for ``cache_timeout_s`` and ``open`` uses the open information kept
+with it (``_held_info``): the daemon answers a change of that file made
+elsewhere only after this mount dropped it (client/kernel_cache.py
+acknowledges). Without one, the kernel caches directory entries of *regular
+files* for 0 s (directories and symlinks for ``entry_timeout_s``), so every
+path-based open() walks through a LOOKUP of the file inside the same syscall. That LOOKUP asks the daemon for the
 open information too (layout, chunk map), and ``open`` uses the newest lookup
 answer if it is younger than ``OPEN_INFO_FRESH_S``: it was answered after the
 open() began, so it is as fresh as an OpenReq would be. Opens that walk no path
@@ -34,7 +38,8 @@ Long kernel caching (client/kernel_cache.py)
 --------------------------------------------
 While the daemon's change feed is healthy, directory and symlink names and all
 attributes are cached for ``cache_timeout_s`` and dropped explicitly when they
-change elsewhere. Regular-file names stay at 0 s in the default mode (above).
+change elsewhere. Regular-file names stay at 0 s in the default mode unless
+held under a callback (above).
 
 Dataset mode (``-o dataset``): a read-only mount for training data
 -------------------------------------------------------------------
@@ -86,7 +91,8 @@ KILLPRIV_XATTR = b"security.capability"
 #: an open may use a LOOKUP's answer this young instead of asking the daemon again
 OPEN_INFO_FRESH_S = 1.0
 
-#: dataset mode: open information kept per inode (until the feed says it changed)
+#: dataset mode: open information kept per inode (until the feed says it changed); default
+#: mode: the same for files held under a callback (daemon/callbacks.py)
 DATASET_OPEN_INFO_ENTRIES = 262_144
 
 
@@ -163,7 +169,13 @@ class Operations(pyfuse3.Operations):
         self.prefetcher = prefetcher
         # dataset mode: ino -> OpenRsp, kept until the feed says the file changed
         self._dataset_info: OrderedDict[int, p.OpenRsp] = OrderedDict()
+        # default mode: ino -> OpenRsp of a file held under a callback (daemon/callbacks.py), kept
+        # until the feed says it changed: the daemon answers such a change only after that
+        self._held_info: OrderedDict[int, p.OpenRsp] = OrderedDict()
         self.files: dict[int, OpenFile] = {}  # ino -> open file state
+        if not dataset:  # a dataset mount caches everything within the feed's bound instead
+            self.kcache.send_ack = self._send_ack
+            self.kcache.is_open = self.files.__contains__
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
         self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
@@ -181,15 +193,16 @@ class Operations(pyfuse3.Operations):
 
     # ---------------------------------------------------------------- helpers
 
-    def _entry(self, attr: p.Attr, *, cacheable: bool = True) -> pyfuse3.EntryAttributes:
-        """The kernel's entry for ``attr``; ``cacheable`` False: the answer may already be old."""
+    def _entry(self, attr: p.Attr, *, cacheable: bool = True, held: bool = False) -> pyfuse3.EntryAttributes:
+        """The kernel's entry for ``attr``; ``cacheable`` False: the answer may already be old;
+        ``held``: a regular file's name under a callback (cached long like a directory's)."""
         of = self.files.get(attr.ino)
         size = max(attr.size, of.size) if of is not None else attr.size
         e = pyfuse3.EntryAttributes()
         e.st_ino = attr.ino
         e.generation = attr.generation
         long = self.cache_timeout if cacheable and self.kcache.healthy else 0.0
-        if stat.S_ISREG(attr.mode) and not self.dataset:
+        if stat.S_ISREG(attr.mode) and not self.dataset and not held:
             e.entry_timeout = 0  # every open() looks the file up (close-to-open, above)
         else:
             e.entry_timeout = long or (self.entry_timeout if cacheable else 0)
@@ -214,6 +227,17 @@ class Operations(pyfuse3.Operations):
             self._open_info.popitem(last=False)
         entry = self._open_info.get(ino)
         return entry[1] if entry else None
+
+    async def _send_ack(self, seq: int, everything: bool, opened: list[int]) -> None:
+        """Tell the daemon the kernel dropped what the feed changed up to ``seq`` (client/kernel_cache.py)."""
+        await self.meta.call(p.AckReq(session_id=self.meta.session_id, seq=seq, everything=everything,
+                                      open_inodes=opened, client_id=self.meta.client_id))
+
+    def _keep_held_info(self, rsp: p.OpenRsp) -> None:
+        self._held_info[rsp.attr.ino] = rsp
+        self._held_info.move_to_end(rsp.attr.ino)
+        if len(self._held_info) > DATASET_OPEN_INFO_ENTRIES:
+            self._held_info.popitem(last=False)
 
     def _held_inodes(self) -> list[int]:
         """Inodes the daemon must keep: open here, or looked up for an open about to happen."""
@@ -263,12 +287,14 @@ class Operations(pyfuse3.Operations):
             self._open_info.clear()
             self._looked_up.clear()
             self._dataset_info.clear()
+            self._held_info.clear()
             self._kernel_view.clear()
             return
         for ino in inodes:
             self._open_info.pop(ino, None)
             self._looked_up.pop(ino, None)
             self._dataset_info.pop(ino, None)
+            self._held_info.pop(ino, None)
             self._kernel_view.pop(ino, None)
             if self.prefetcher is not None and self.prefetcher.shm is not None:
                 self.prefetcher.shm.forget(ino)
@@ -300,9 +326,11 @@ class Operations(pyfuse3.Operations):
                 self.data.read_hinted(hint)  # beside the lookup, which decides whether it is used (dir_hints.py)
                 await trio.lowlevel.checkpoint()  # let it send first: its round trip is the longer one (a disk read)
         stamp = self.kcache.stamp()
+        callback = not self.dataset and self.kcache.callbacks_possible
         try:
             rsp = await self.meta.call(
-                p.LookupReq(parent=parent_inode, name=name, open_info=want_open_info, session_id=self.meta.session_id)
+                p.LookupReq(parent=parent_inode, name=name, open_info=want_open_info, session_id=self.meta.session_id,
+                            callback=callback)
             )
         except StripefsError as exc:
             if exc.code == ErrorCode.NOT_FOUND:
@@ -310,6 +338,10 @@ class Operations(pyfuse3.Operations):
             raise
         ino = rsp.attr.ino
         cacheable = not self.kcache.changed_since(stamp, parent_inode, ino)
+        held = False
+        if rsp.callback >= 0:
+            self.kcache.granted(ino, parent_inode, name, rsp.callback)
+            held = cacheable and self.kcache.healthy
         if len(self._last_lookup) > 4096:
             self._last_lookup.clear()
         self._last_lookup[ctx.pid] = (ino, False)
@@ -321,25 +353,29 @@ class Operations(pyfuse3.Operations):
             self._looked_up[ino] = (now, rsp.attr)
             while next(iter(self._looked_up.values()))[0] < now - OPEN_INFO_FRESH_S:
                 self._looked_up.popitem(last=False)
+        self._held_info.pop(ino, None)
         if isinstance(rsp, p.OpenRsp):
             self._open_info[ino] = (trio.current_time(), rsp)
             if self.dataset and cacheable:
                 self._keep_dataset_info(rsp)
+            if held:
+                self._keep_held_info(rsp)
             self.hints.learn(parent_inode, name, rsp)
             if walking:
                 self.data.prefetch_small_file(rsp)  # fetch while the kernel sends OPEN and READ
                 if self.hints.should_list(parent_inode):
                     self.data.nursery.start_soon(self.hints.list_dir, self.meta, self.data.nodes, parent_inode, name=f"hints-{parent_inode}")
         self.kcache.remember(parent_inode, name, ino)
-        return self._entry(rsp.attr, cacheable=cacheable)
+        return self._entry(rsp.attr, cacheable=cacheable, held=held)
 
     def _fast_getattr(self, inode, ctx=None):
-        if self.dataset and self.kcache.healthy:
+        if self.kcache.healthy:
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
-            known = self._dataset_info.get(inode)
-            if known is not None:
-                return self._entry(known.attr)
+            # (dataset mode), or than the daemon waits for this mount before changing it (callbacks)
+            known = self._dataset_info.get(inode) if self.dataset else self._held_info.get(inode)
+            if known is not None and (self.dataset or inode not in self.files):
+                return self._entry(known.attr, held=True)
         if self.kcache.healthy:
             known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
             if known is not None:
@@ -353,6 +389,7 @@ class Operations(pyfuse3.Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         self._writable()
         self._open_info.pop(inode, None)  # whatever a lookup said before this change is old now
+        self._held_info.pop(inode, None)
         result = None
         if fields.update_size:
             of = self.files.get(inode)
@@ -501,6 +538,9 @@ class Operations(pyfuse3.Operations):
             known = self._dataset_info.get(inode)
             if known is not None:
                 return known.attr
+        held = self._held(inode)
+        if held is not None:  # the daemon waits for this mount before changing it (callbacks)
+            return held.attr
         entry = self._looked_up.get(inode)
         if entry is not None and entry[0] >= trio.current_time() - OPEN_INFO_FRESH_S:
             return entry[1]
@@ -569,12 +609,16 @@ class Operations(pyfuse3.Operations):
                 return _SLOW
             self._opening(inode, ctx)
             return self._dataset_handle(inode, rsp)
-        rsp = self._fresh_open_info(inode)
+        rsp = self._fresh_open_info(inode) or self._held(inode)
         if rsp is None:
             return _SLOW
         self._opening(inode, ctx)
-        of, keep, _ = self._record_open(rsp, fresh_attrs=True)  # the LOOKUP just gave the kernel these attributes
+        of, keep, _ = self._record_open(rsp, fresh_attrs=True)  # the LOOKUP gave the kernel these attributes
         return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
+
+    def _held(self, inode: int) -> p.OpenRsp | None:
+        """The open information of a file held under a callback, while the feed is in order."""
+        return self._held_info.get(inode) if self.kcache.healthy else None
 
     def _opening(self, inode: int, ctx) -> None:
         if self._last_lookup.get(ctx.pid, (0,))[0] == inode:
@@ -584,7 +628,7 @@ class Operations(pyfuse3.Operations):
         self._opening(inode, ctx)
         if self.dataset:
             return await self._open_dataset(inode, flags)
-        rsp = self._fresh_open_info(inode)
+        rsp = self._fresh_open_info(inode) or self._held(inode)
         if rsp is None:
             write = bool(flags & (os.O_WRONLY | os.O_RDWR))
             rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
@@ -594,6 +638,7 @@ class Operations(pyfuse3.Operations):
         if flags & os.O_TRUNC and of.size:
             # libfuse negotiates atomic O_TRUNC: the kernel sends no SETATTR, the open truncates
             self._open_info.pop(inode, None)
+            self._held_info.pop(inode, None)
             await self.data.truncate(of, 0)
             keep = False
         if flags & os.O_TRUNC and ctx.uid != 0 and _privileges_to_kill(of.attr.mode):
@@ -655,6 +700,7 @@ class Operations(pyfuse3.Operations):
         of = self.handles[fh]
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             self._open_info.pop(of.ino, None)
+            self._held_info.pop(of.ino, None)
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
 

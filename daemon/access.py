@@ -64,7 +64,7 @@ CHANGING_REQUESTS = frozenset({
 READING_REQUESTS = frozenset({
     P.PingReq, P.StatusReq, P.HelloReq, P.SessionHeartbeatReq, P.LookupReq, P.LookupPathsReq, P.GetattrReq,
     P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
-    P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq,
+    P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.AckReq,
 })
 #: request fields holding inode numbers (checked against a key's subtree)
 INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root", "shadow")
@@ -126,6 +126,8 @@ class MetaAccess:
         await self.txn.read(self._check_inodes, grant, top, body)
         if isinstance(body, P.SessionHeartbeatReq) and body.open_inodes:
             body = await self.txn.read(self._open_inside, grant, top, body)
+        if isinstance(body, P.AckReq) and body.open_inodes:  # a subtree mount holds no callbacks (client/kernel_cache.py)
+            body = msgspec.structs.replace(body, open_inodes=[])
         return self._with_caps(grant, body, await handler(body))
 
     # -- roles ---------------------------------------------------------------------

@@ -406,3 +406,65 @@ def _has_copy(path) -> bool:
         return bool(os.getxattr(path, "user.stripefs.shm_copy"))
     except OSError:
         return False
+
+
+def _lookups(port: int) -> float:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("stripefs_rpc_seconds_count{") and 'type="LookupReq"' in line)
+
+
+def test_a_default_mount_caches_files_under_callbacks_and_keeps_close_to_open(cluster, mnt, second):
+    """A looked-up file's name and attributes are cached by the kernel (daemon/callbacks.py):
+    repeated stat() and open() of it ask nothing; a change closed on another mount is seen by
+    the very next stat(), open() and read, since that close waited for this mount to drop it."""
+    second, port = second
+    mine = second / mnt.name
+    (mnt / "held").write_bytes(b"v" * 100)
+    assert os.stat(mine / "held").st_size == 100
+    before = _lookups(port)
+    for _ in range(50):
+        assert os.stat(mine / "held").st_size == 100
+        assert _read(mine / "held") == b"v" * 100
+    assert _lookups(port) - before <= 2, "the kernel should answer a held file's stat and open"
+    for i in range(30):
+        with open(mnt / "held", "ab") as f:
+            f.write(b"w")
+        size = 101 + i
+        assert os.stat(mine / "held").st_size == size, f"round {i}: an old size after close elsewhere"
+        assert _read(mine / "held") == b"v" * 100 + b"w" * (i + 1)
+    os.rename(mnt / "held", mnt / "held-renamed")
+    assert not os.path.exists(mine / "held")  # the name held too
+    os.unlink(mnt / "held-renamed")
+    assert not os.path.exists(mine / "held-renamed")
+
+
+def test_a_mount_that_does_not_acknowledge_delays_a_change_only_by_the_bound(cluster, mnt, second):
+    """A stopped mount cannot acknowledge: the change waits WAIT_S, then is answered; that
+    mount gets no callbacks for a while (a later change does not wait), and sees the change
+    when it runs again."""
+    import signal
+
+    from stripefs.daemon.callbacks import WAIT_S
+
+    second, _port = second
+    mine = second / mnt.name
+    (mnt / "stopped").write_bytes(b"1")
+    assert _read(mine / "stopped") == b"1"  # held by the second mount now
+    pid = int((cluster.state / "second.pid").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        (mnt / "stopped").write_bytes(b"22")
+        waited = time.monotonic() - start
+        start = time.monotonic()
+        (mnt / "stopped").write_bytes(b"333")
+        again = time.monotonic() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert WAIT_S - 0.5 < waited < WAIT_S + 5, waited
+    assert again < 2.0, again
+    _eventually(lambda: _read(mine / "stopped") == b"333")
+    assert "did not acknowledge change" in cluster.logs()["meta.log"]
