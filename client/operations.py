@@ -453,15 +453,23 @@ class Operations(pyfuse3.Operations):
         after = start_id
         while True:
             stamp = self.kcache.stamp()
-            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset))
+            callback = not self.dataset and self.kcache.callbacks_possible
+            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset,
+                                                    session_id=self.meta.session_id, callback=callback))
             stale_dir = self.kcache.changed_since(stamp, fh)
             for info in rsp.files:  # dataset mode: opens of listed files need no round trip
                 if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
                     self._keep_dataset_info(info)
+            if rsp.callback >= 0:  # granted on every file listed, also those the kernel has no room for now
+                for entry in rsp.entries:
+                    if stat.S_ISREG(entry.attr.mode):
+                        self.kcache.granted(entry.attr.ino, fh, entry.name, rsp.callback)
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
-                if not pyfuse3.readdir_reply(token, entry.name, self._entry(entry.attr, cacheable=cacheable), entry.cookie):
+                held = rsp.callback >= 0 and stat.S_ISREG(entry.attr.mode) and cacheable and self.kcache.healthy
+                entry_attrs = self._entry(entry.attr, cacheable=cacheable, held=held)
+                if not pyfuse3.readdir_reply(token, entry.name, entry_attrs, entry.cookie):
                     return
                 self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
                 after = entry.cookie

@@ -619,12 +619,16 @@ class ReaddirReq(Msg, tag="readdir"):
     limit: int = 1000
     open_info: bool = False
     small_only: bool = False
+    # callbacks on the regular files listed (daemon/callbacks.py), for this session
+    session_id: int = 0
+    callback: bool = False
 
 
 class ReaddirRsp(Msg, tag="readdir_rsp"):
     entries: list[DirEntry]
     more: bool
     files: list[OpenRsp] = []  # with open_info: one per regular file in ``entries``
+    callback: int = -1  # ReaddirReq with ``callback``: every regular file listed is held, as AttrRsp.callback
 
 
 class OpenReq(Msg, tag="open"):

@@ -93,6 +93,10 @@ class Callbacks:
 
     def grant(self, session: int, ino: int, parent: int, name: bytes) -> int:
         """Record a callback for ``session`` on ``ino`` and its name; the grant's seq, or -1: none."""
+        return self.grant_many(session, [(ino, parent, name)])
+
+    def grant_many(self, session: int, files: list[tuple[int, int, bytes]]) -> int:
+        """``grant`` for every (ino, parent, name) of ``files``, or for none of them: the seq or -1."""
         if not (self.enabled and session):
             return -1
         until = self._penalty.get(session)
@@ -101,12 +105,13 @@ class Callbacks:
                 return -1
             del self._penalty[session]
         held = self._held.setdefault(session, set())
-        if len(held) >= MAX_PER_SESSION:
+        if len(held) + 2 * len(files) > MAX_PER_SESSION:
             return -1
         seq = self.last_seq()
-        for key in (ino, (parent, name)):
-            self._holders.setdefault(key, {})[session] = seq
-            held.add(key)
+        for ino, parent, name in files:
+            for key in (ino, (parent, name)):
+                self._holders.setdefault(key, {})[session] = seq
+                held.add(key)
         return seq
 
     def held(self, ino: int) -> bool:

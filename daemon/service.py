@@ -652,10 +652,16 @@ class MetaService:
                         attr, layout, chunks, nodes = self.ns.open_info(entry.attr.ino)
                         if not (req.small_only and attr.size > layout.chunk_size):
                             files.append(P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes))
-            return entries, more, files
+            callback = -1
+            if req.callback and req.session_id and self.callbacks.enabled:
+                self.sessions.touch(req.session_id, owner=owner)  # the session is the asking key's
+                listed = [(e.attr.ino, req.ino, e.name) for e in entries if stat.S_ISREG(e.attr.mode)]
+                callback = self.callbacks.grant_many(req.session_id, listed)
+            return entries, more, files, callback
 
-        entries, more, files = await self.txn.read(list_dir)
-        return P.ReaddirRsp(entries=entries, more=more, files=files)
+        owner = current_peer()
+        entries, more, files, callback = await self.txn.read(list_dir)
+        return P.ReaddirRsp(entries=entries, more=more, files=files, callback=callback)
 
     async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:
         total, free, used, files = await self.txn.read(self.ns.statfs)
