@@ -169,9 +169,10 @@ class Operations(pyfuse3.Operations):
         self.prefetcher = prefetcher
         # dataset mode: ino -> OpenRsp, kept until the feed says the file changed
         self._dataset_info: OrderedDict[int, p.OpenRsp] = OrderedDict()
-        # default mode: ino -> OpenRsp of a file held under a callback (daemon/callbacks.py), kept
-        # until the feed says it changed: the daemon answers such a change only after that
-        self._held_info: OrderedDict[int, p.OpenRsp] = OrderedDict()
+        # default mode: ino -> what this mount knows of a file held under a callback
+        # (daemon/callbacks.py): its OpenRsp when the lookup carried one, else its Attr; kept until
+        # the feed says it changed (the daemon answers such a change only after that)
+        self._held_info: OrderedDict[int, p.OpenRsp | p.Attr] = OrderedDict()
         self.files: dict[int, OpenFile] = {}  # ino -> open file state
         if not dataset:  # a dataset mount caches everything within the feed's bound instead
             self.kcache.send_ack = self._send_ack
@@ -233,9 +234,13 @@ class Operations(pyfuse3.Operations):
         await self.meta.call(p.AckReq(session_id=self.meta.session_id, seq=seq, everything=everything,
                                       open_inodes=opened, client_id=self.meta.client_id))
 
-    def _keep_held_info(self, rsp: p.OpenRsp) -> None:
-        self._held_info[rsp.attr.ino] = rsp
-        self._held_info.move_to_end(rsp.attr.ino)
+    def _keep_held(self, ino: int, known: p.OpenRsp | p.Attr) -> None:
+        if isinstance(known, p.Attr):
+            kept = self._held_info.get(ino)
+            if isinstance(kept, p.OpenRsp) and kept.attr == known:
+                known = kept  # a listing of what a lookup told: the open information stays
+        self._held_info[ino] = known
+        self._held_info.move_to_end(ino)
         if len(self._held_info) > DATASET_OPEN_INFO_ENTRIES:
             self._held_info.popitem(last=False)
 
@@ -354,12 +359,12 @@ class Operations(pyfuse3.Operations):
             while next(iter(self._looked_up.values()))[0] < now - OPEN_INFO_FRESH_S:
                 self._looked_up.popitem(last=False)
         self._held_info.pop(ino, None)
+        if held:
+            self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
         if isinstance(rsp, p.OpenRsp):
             self._open_info[ino] = (trio.current_time(), rsp)
             if self.dataset and cacheable:
                 self._keep_dataset_info(rsp)
-            if held:
-                self._keep_held_info(rsp)
             self.hints.learn(parent_inode, name, rsp)
             if walking:
                 self.data.prefetch_small_file(rsp)  # fetch while the kernel sends OPEN and READ
@@ -373,9 +378,16 @@ class Operations(pyfuse3.Operations):
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
             # (dataset mode), or than the daemon waits for this mount before changing it (callbacks)
-            known = self._dataset_info.get(inode) if self.dataset else self._held_info.get(inode)
-            if known is not None and (self.dataset or inode not in self.files):
-                return self._entry(known.attr, held=True)
+            if self.dataset:
+                known = self._dataset_info.get(inode)
+                attr = known.attr if known is not None else None
+            else:
+                attr = self._held_attr(inode)
+                of = self.files.get(inode)
+                if of is not None and (of.has_unflushed or of.size != of.attr.size):
+                    attr = None  # written here: the handler asks
+            if attr is not None:
+                return self._entry(attr, held=True)
         if self.kcache.healthy:
             known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
             if known is not None:
@@ -468,6 +480,8 @@ class Operations(pyfuse3.Operations):
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
                 held = rsp.callback >= 0 and stat.S_ISREG(entry.attr.mode) and cacheable and self.kcache.healthy
+                if held:
+                    self._keep_held(ino, entry.attr)
                 entry_attrs = self._entry(entry.attr, cacheable=cacheable, held=held)
                 if not pyfuse3.readdir_reply(token, entry.name, entry_attrs, entry.cookie):
                     return
@@ -546,9 +560,9 @@ class Operations(pyfuse3.Operations):
             known = self._dataset_info.get(inode)
             if known is not None:
                 return known.attr
-        held = self._held(inode)
+        held = self._held_attr(inode)
         if held is not None:  # the daemon waits for this mount before changing it (callbacks)
-            return held.attr
+            return held
         entry = self._looked_up.get(inode)
         if entry is not None and entry[0] >= trio.current_time() - OPEN_INFO_FRESH_S:
             return entry[1]
@@ -626,7 +640,13 @@ class Operations(pyfuse3.Operations):
 
     def _held(self, inode: int) -> p.OpenRsp | None:
         """The open information of a file held under a callback, while the feed is in order."""
-        return self._held_info.get(inode) if self.kcache.healthy else None
+        known = self._held_info.get(inode) if self.kcache.healthy else None
+        return known if isinstance(known, p.OpenRsp) else None
+
+    def _held_attr(self, inode: int) -> p.Attr | None:
+        """The attributes of a file held under a callback, while the feed is in order."""
+        known = self._held_info.get(inode) if self.kcache.healthy else None
+        return known.attr if isinstance(known, p.OpenRsp) else known
 
     def _opening(self, inode: int, ctx) -> None:
         if self._last_lookup.get(ctx.pid, (0,))[0] == inode:
@@ -639,8 +659,12 @@ class Operations(pyfuse3.Operations):
         rsp = self._fresh_open_info(inode) or self._held(inode)
         if rsp is None:
             write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+            stamp = self.kcache.stamp()
+            listed = self._held_info.get(inode)  # held since a listing: attributes, no open information yet
             rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
-            of, keep = await self._opened(rsp)
+            if isinstance(listed, p.Attr) and not write and not self.kcache.changed_since(stamp, inode):
+                self._keep_held(inode, rsp)  # the next opens need no round trip
+            of, keep = await self._opened(rsp, fresh_attrs=rsp.attr == listed)
         else:
             of, keep = await self._opened(rsp, fresh_attrs=True)  # the LOOKUP just gave the kernel these attributes
         if flags & os.O_TRUNC and of.size:
