@@ -33,8 +33,12 @@ Callbacks (daemon/callbacks.py): a default mount may cache a regular file's
 name and attributes for long when the daemon granted a callback on them
 (``granted``): the daemon then answers a change of them made elsewhere only
 after this mount acknowledged it. An event numbered above a grant's seq ends
-the grant; once the kernel dropped what the event changed, the flusher sends
-one AckReq for everything applied so far (``send_ack``). A full drop ends every
+the grant, unless this mount made the change (``ChangeEvent.writer`` is
+``own_writer``: the daemon keeps those grants too); once the kernel dropped
+what the event changed, the flusher sends one AckReq for everything applied so
+far (``send_ack``). A grant on ``("dir", ino)`` says this mount knows every
+name of that directory (``granted_dir``); an event creating, removing or
+renaming a name in it ends it. A full drop ends every
 grant and says so (``everything``); so does a new daemon naming itself in the
 feed (it knows no callbacks: what was cached under them is dropped).
 """
@@ -86,7 +90,8 @@ class KernelCache:
         self.dir_attrs.clear()  # none kept until the feed is followed
         # callbacks (module docstring): False on a subdir mount (its feed is a view, its inodes mapped)
         self.callbacks_wanted = True
-        self.grants: dict = {}  # ino or (parent, name) -> the seq of the answer it was granted with
+        self.grants: dict = {}  # ino, (parent, name) or ("dir", ino) -> the seq of the answer it was granted with
+        self.own_writer = 0  # protocol.writer_tag of this mount: the feed's name for its own changes
         self.send_ack: Callable[[int, bool, list[int]], Awaitable[object]] | None = None  # (seq, everything, open inodes)
         self.is_open: Callable[[int], bool] = lambda ino: False  # open here (Operations)
         self._ack_seq = 0  # the newest event that ended a grant
@@ -112,6 +117,12 @@ class KernelCache:
             if self._names.get(key) == ino:
                 del self._names[key]
 
+    def drop_name(self, parent: int, name: bytes) -> None:
+        """Make the kernel forget ``name`` soon (from the flusher, never inside a request): a name
+        this mount's own rename made, cached as long as the one it replaced, but held by nobody."""
+        self._pending_names.add((parent, name))
+        self._pending.set()
+
     def knows(self, ino: int) -> bool:
         return ino in self._names_of
 
@@ -129,6 +140,14 @@ class KernelCache:
         event above ``seq`` touching it must be acknowledged; one at or below does not end it."""
         self.grants[ino] = seq
         self.grants[(parent, name)] = seq
+        self._granted_as_of(seq)
+
+    def granted_dir(self, ino: int, seq: int) -> None:
+        """The daemon granted a callback on every name of directory ``ino``, as of change ``seq``."""
+        self.grants[("dir", ino)] = seq
+        self._granted_as_of(seq)
+
+    def _granted_as_of(self, seq: int) -> None:
         if seq < self._seq:
             # events above the grant were applied before its answer came: one may have touched
             # these keys (the daemon then waits for this mount), so acknowledge what was applied
@@ -138,7 +157,7 @@ class KernelCache:
     def _end_grants(self, inodes, entries, seq: int) -> list[int]:
         """Event ``seq`` ends the grants it touches that are older than it; the files among them."""
         ended = []
-        for key in (*inodes, *entries):
+        for key in (*inodes, *entries, *{("dir", parent) for parent, _ in entries}):
             granted = self.grants.get(key)
             if granted is not None and granted < seq:
                 del self.grants[key]
@@ -170,15 +189,16 @@ class KernelCache:
 
     # ------------------------------------------------------------ invalidation
 
-    def apply(self, inodes: list[int], entries: list[tuple[int, bytes]], seq: int = 0) -> None:
-        """One change made elsewhere (or here: the feed does not say who): note it, queue its invalidations.
+    def apply(self, inodes: list[int], entries: list[tuple[int, bytes]], seq: int = 0, writer: int = 0) -> None:
+        """One change made elsewhere or here: note it, queue its invalidations.
 
-        ``seq``: its number in the change log (0: unknown)."""
+        ``seq``: its number in the change log (0: unknown); ``writer``: who made it (0: unknown)."""
         touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
         self._note(touched | {parent for parent, _ in entries})
         if seq:
             self._seq = seq
-        ended = self._end_grants(inodes, [tuple(e) for e in entries], seq) if self.grants and seq else ()
+        mine = writer != 0 and writer == self.own_writer
+        ended = self._end_grants(inodes, [tuple(e) for e in entries], seq) if self.grants and seq and not mine else ()
         if seq:
             self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
         else:
@@ -324,7 +344,7 @@ class KernelCache:
                 self.healthy = True  # a heartbeat: nothing missed
             elif event.boot_id == boot and event.seq == seq + 1:
                 seq = event.seq
-                self.apply(*self.map_event(event.inodes, event.entries), seq)
+                self.apply(*self.map_event(event.inodes, event.entries), seq, event.writer)
                 self.healthy = True
             else:
                 why = "another change log (a restored database?)" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"

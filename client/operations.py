@@ -91,6 +91,12 @@ KILLPRIV_XATTR = b"security.capability"
 #: an open may use a LOOKUP's answer this young instead of asking the daemon again
 OPEN_INFO_FRESH_S = 1.0
 
+RENAME_EXCHANGE_FLAG = 2  # renameat2(2)
+
+#: directories whose every name a mount keeps (callbacks on their names), and names in one
+COMPLETE_DIRS = 4096
+COMPLETE_DIR_NAMES = 100_000
+
 #: dataset mode: open information kept per inode (until the feed says it changed); default
 #: mode: the same for files held under a callback (daemon/callbacks.py)
 DATASET_OPEN_INFO_ENTRIES = 262_144
@@ -174,9 +180,13 @@ class Operations(pyfuse3.Operations):
         # the feed says it changed (the daemon answers such a change only after that)
         self._held_info: OrderedDict[int, p.OpenRsp | p.Attr] = OrderedDict()
         self.files: dict[int, OpenFile] = {}  # ino -> open file state
+        # directory -> every name in it, while this mount holds a callback on its names
+        # (daemon/callbacks.py): a lookup of another name is answered ENOENT without asking
+        self._names_complete: OrderedDict[int, set[bytes]] = OrderedDict()
         if not dataset:  # a dataset mount caches everything within the feed's bound instead
             self.kcache.send_ack = self._send_ack
             self.kcache.is_open = self.files.__contains__
+            self.kcache.own_writer = p.writer_tag(meta.client_id)
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
         self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
@@ -244,6 +254,42 @@ class Operations(pyfuse3.Operations):
         if len(self._held_info) > DATASET_OPEN_INFO_ENTRIES:
             self._held_info.popitem(last=False)
 
+    def _names_of_dir(self, parent: int) -> set[bytes] | None:
+        """Every name in ``parent``, if this mount holds them all (a callback on its names)."""
+        names = self._names_complete.get(parent)
+        if names is None:
+            return None
+        if ("dir", parent) not in self.kcache.grants or not self.kcache.healthy:
+            del self._names_complete[parent]  # another mount changed its names, or the feed broke
+            return None
+        return names
+
+    def _all_names(self, parent: int, names, seq: int) -> None:
+        """The daemon granted a callback on every name of ``parent``: ``names`` (as of change ``seq``)."""
+        self.kcache.granted_dir(parent, seq)
+        self._names_complete[parent] = set(names)
+        self._names_complete.move_to_end(parent)
+        while len(self._names_complete) > COMPLETE_DIRS:
+            self._names_complete.popitem(last=False)
+
+    def _name_made(self, parent: int, name: bytes) -> None:
+        names = self._names_complete.get(parent)
+        if names is not None:
+            names.add(name)
+            if len(names) > COMPLETE_DIR_NAMES:
+                del self._names_complete[parent]
+
+    def _name_gone(self, parent: int, name: bytes) -> None:
+        names = self._names_complete.get(parent)
+        if names is not None:
+            names.discard(name)
+
+    def _fast_lookup(self, parent_inode, name, ctx=None):
+        names = self._names_of_dir(parent_inode)
+        if names is not None and name not in names:
+            raise pyfuse3.FUSEError(errno.ENOENT)  # the daemon would wait for this mount before adding it
+        return _SLOW
+
     def _held_inodes(self) -> list[int]:
         """Inodes the daemon must keep: open here, or looked up for an open about to happen."""
         self._fresh_open_info(0)  # prune
@@ -270,7 +316,17 @@ class Operations(pyfuse3.Operations):
 
     async def _new_name(self, parent: int, name: bytes, request: p.Msg) -> pyfuse3.EntryAttributes:
         self._writable()
-        entry = await self._attr_reply(request, (parent,))
+        stamp = self.kcache.stamp()
+        try:
+            rsp = await self._change(request, (parent,))
+        except StripefsError as exc:
+            if exc.code == ErrorCode.EXISTS:
+                self._names_complete.pop(parent, None)  # it was there after all: ask from now on
+            raise
+        entry = self._entry(rsp.attr, cacheable=not self.kcache.changed_since(stamp, rsp.attr.ino))
+        self._name_made(parent, name)
+        if isinstance(request, p.MkdirReq) and rsp.callback >= 0:
+            self._all_names(rsp.attr.ino, (), rsp.callback)  # a new directory: this mount knows all its names
         self.kcache.remember(parent, name, entry.st_ino)
         return entry
 
@@ -432,7 +488,8 @@ class Operations(pyfuse3.Operations):
         return await self._new_name(parent_inode, name, request)
 
     async def mkdir(self, parent_inode, name, mode, ctx):
-        request = p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid)
+        request = p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid,
+                             session_id=self.meta.session_id, callback=self.kcache.callbacks_possible and not self.dataset)
         return await self._new_name(parent_inode, name, request)
 
     async def symlink(self, parent_inode, name, target, ctx):
@@ -445,11 +502,14 @@ class Operations(pyfuse3.Operations):
     async def unlink(self, parent_inode, name, ctx):
         self._writable()
         await self._change(p.UnlinkReq(parent=parent_inode, name=name), (parent_inode,))
+        self._name_gone(parent_inode, name)
 
     async def rmdir(self, parent_inode, name, ctx):
         self._writable()
         removed = self.kcache.lookup_known(parent_inode, name) or 0
         await self._change(p.RmdirReq(parent=parent_inode, name=name), (parent_inode, removed))
+        self._name_gone(parent_inode, name)
+        self._names_complete.pop(removed, None)
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         self._writable()
@@ -457,6 +517,12 @@ class Operations(pyfuse3.Operations):
         moved = (self.kcache.lookup_known(parent_inode_old, name_old) or 0, self.kcache.lookup_known(parent_inode_new, name_new) or 0)
         request = p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
         await self._change(request, (parent_inode_old, parent_inode_new, *moved))
+        if not flags & RENAME_EXCHANGE_FLAG:  # an exchange keeps both names
+            self._name_gone(parent_inode_old, name_old)
+            self._name_made(parent_inode_new, name_new)
+        # the kernel keeps the moved name as long as the old one was cached, maybe under a callback
+        # that covered the old name only: it asks again
+        self.kcache.drop_name(parent_inode_new, name_new)
 
     async def opendir(self, inode, ctx):
         return inode
@@ -476,6 +542,8 @@ class Operations(pyfuse3.Operations):
                 for entry in rsp.entries:
                     if stat.S_ISREG(entry.attr.mode):
                         self.kcache.granted(entry.attr.ino, fh, entry.name, rsp.callback)
+            if rsp.dir_callback >= 0:  # the whole directory: lookups of other names need not ask
+                self._all_names(fh, (e.name for e in rsp.entries), rsp.dir_callback)
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
@@ -704,10 +772,16 @@ class Operations(pyfuse3.Operations):
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         self._writable()
-        rsp = await self._change(
-            p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id),
-            (parent_inode,),
-        )
+        try:
+            rsp = await self._change(
+                p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id),
+                (parent_inode,),
+            )
+        except StripefsError as exc:
+            if exc.code == ErrorCode.EXISTS:
+                self._names_complete.pop(parent_inode, None)  # it was there after all: ask from now on
+            raise
+        self._name_made(parent_inode, name)
         of, _ = await self._opened(rsp, fresh_attrs=True)
         fh = self._new_handle(of)
         self.kcache.remember(parent_inode, name, rsp.attr.ino)

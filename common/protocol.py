@@ -559,6 +559,10 @@ class MkdirReq(Msg, tag="mkdir"):
     mode: int
     uid: int
     gid: int
+    # a callback on the new directory's names for this session (it knows them all: none);
+    # AttrRsp.callback is its seq (daemon/callbacks.py)
+    session_id: int = 0
+    callback: bool = False
 
 
 class SymlinkReq(Msg, tag="symlink"):
@@ -629,6 +633,8 @@ class ReaddirRsp(Msg, tag="readdir_rsp"):
     more: bool
     files: list[OpenRsp] = []  # with open_info: one per regular file in ``entries``
     callback: int = -1  # ReaddirReq with ``callback``: every regular file listed is held, as AttrRsp.callback
+    # ... and, when the whole directory fits in this reply (``after`` 0, not ``more``), its names too
+    dir_callback: int = -1
 
 
 class OpenReq(Msg, tag="open"):
@@ -1126,6 +1132,15 @@ class ChangeEvent(msgspec.Struct, frozen=True, array_like=True):
     # the publishing daemon's own boot id: a new one means its callbacks are forgotten, so a
     # mount drops what it cached under them (daemon/callbacks.py)
     daemon: str = ""
+    writer: int = 0  # writer_tag of the mount that made the change (0: unknown): its callbacks stay
+
+
+def writer_tag(client_id: int) -> int:
+    """What the feed names a change's writer by: a hash of its OnceReq client id (the id
+    itself names its requests to the daemons and is not told to other mounts)."""
+    import xxhash
+
+    return xxhash.xxh64_intdigest(client_id.to_bytes(8, "little")) & INT64_MAX if client_id else 0
 
 
 EVENTS_HEARTBEAT_S = 1.0

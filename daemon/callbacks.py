@@ -25,7 +25,14 @@ The rules
   when it settled such a change. A holding granted at ``g >= n`` already saw
   the change and stays.
 * The session that made the change (its OnceReq ``client_id``, told at
-  HelloReq) never waits for itself: its own reply tells it.
+  HelloReq) never waits for itself and keeps its holdings: its own reply tells
+  it, and the feed names the writer (``ChangeEvent.writer``), so its mount
+  keeps them too. A session whose client id the daemon does not know (adopted
+  after a restart, until its first AckReq) gets no callbacks.
+* A directory's names: a mount that knows every name of a directory (it made
+  it, or listed it in one page) holds ``("dir", ino)`` and answers lookups of
+  other names ENOENT itself; any other mount's create, unlink or rename in it
+  waits for that mount like a change of a held file.
 * ``WAIT_S`` is safe for a mount that is alive but never answers: a mount
   that missed an event sees the gap at the next feed heartbeat and drops
   everything; one that hears nothing drops everything after
@@ -104,6 +111,8 @@ class Callbacks:
             if trio.current_time() < until:
                 return -1
             del self._penalty[session]
+        if session not in self._client:
+            return -1  # its own changes could not be told from others' (the rules above)
         held = self._held.setdefault(session, set())
         if len(held) + 2 * len(files) > MAX_PER_SESSION:
             return -1
@@ -112,6 +121,22 @@ class Callbacks:
             for key in (ino, (parent, name)):
                 self._holders.setdefault(key, {})[session] = seq
                 held.add(key)
+        return seq
+
+    def grant_dir(self, session: int, ino: int) -> int:
+        """A callback on every name of directory ``ino``: the seq, or -1."""
+        if not (self.enabled and session) or session not in self._client:
+            return -1
+        until = self._penalty.get(session)
+        if until is not None and trio.current_time() < until:
+            return -1
+        held = self._held.setdefault(session, set())
+        if len(held) >= MAX_PER_SESSION:
+            return -1
+        seq = self.last_seq()
+        key = ("dir", ino)
+        self._holders.setdefault(key, {})[session] = seq
+        held.add(key)
         return seq
 
     def held(self, ino: int) -> bool:
@@ -129,12 +154,16 @@ class Callbacks:
             return []
         if self._grace_until and trio.current_time() < self._grace_until:
             await trio.sleep_until(self._grace_until)  # a restart: callbacks granted before it are unknown
-        keys = [*inodes, *(tuple(e) for e in entries)]
+        entries = [tuple(e) for e in entries]
+        keys = [*inodes, *entries, *{("dir", parent) for parent, _ in entries}]
         waiting: set[int] = set()
         freed: list[int] = []
+        mine: set[int] = set()  # the writer's sessions: they keep their holdings
         for key in keys:
             for sid, granted in self._holders.get(key, {}).items():
-                if granted < seq and self._client.get(sid) != writer and self.alive(sid):
+                if writer and self._client.get(sid) == writer:
+                    mine.add(sid)
+                elif granted < seq and self.alive(sid):
                     waiting.add(sid)
         if waiting:
             self.waits += 1
@@ -154,16 +183,17 @@ class Callbacks:
                                 "it gets no callbacks for %.0fs", sid, seq, WAIT_S, PENALTY_S)
                     freed += self._drop(sid, self._held.get(sid, set()))
                 break
-        return freed + self._revoke(keys, seq)
+        return freed + self._revoke(keys, seq, mine)
 
-    def _revoke(self, keys, seq: int) -> list[int]:
-        """Holdings of ``keys`` granted before ``seq`` end; the inodes nobody holds after that."""
+    def _revoke(self, keys, seq: int, spare: set[int]) -> list[int]:
+        """Holdings of ``keys`` granted before ``seq`` end, but those of ``spare``; the inodes
+        nobody holds after that."""
         freed = []
         for key in keys:
             holders = self._holders.get(key)
             if not holders:
                 continue
-            for sid in [sid for sid, granted in holders.items() if granted < seq]:
+            for sid in [sid for sid, granted in holders.items() if granted < seq and sid not in spare]:
                 del holders[sid]
                 held = self._held.get(sid)
                 if held is not None:

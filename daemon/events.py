@@ -117,10 +117,10 @@ class ChangeFeed:
         for seq, blob in rows:
             if seq <= self.seq:  # read twice (two readers raced): already out
                 continue
-            inodes, entries = change_log.decode(blob)
+            inodes, entries, writer = change_log.decode_writer(blob)
             self.seq = seq
             if self.keyring is None:
-                self._send_frames([P.encode_event(P.ChangeEvent(self.boot_id, seq, inodes, entries, self.daemon))])
+                self._send_frames([P.encode_event(P.ChangeEvent(self.boot_id, seq, inodes, entries, self.daemon, writer))])
                 continue
             frames: dict[str, bytes] = {}
             for topic, subdir in targets:
@@ -128,7 +128,7 @@ class ChangeFeed:
                     view = (inodes, entries) if not subdir else (views or {}).get(subdir, {}).get(seq)
                     if view is None:  # subscribed after the views were made: this key sees a gap
                         continue
-                    frames[subdir] = P.encode_event(P.ChangeEvent(self.boot_id, seq, *view, self.daemon))
+                    frames[subdir] = P.encode_event(P.ChangeEvent(self.boot_id, seq, *view, self.daemon, writer))
                 self._send_frames([topic, frames[subdir]])
 
     def _send(self, event: P.ChangeEvent) -> None:

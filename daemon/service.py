@@ -603,7 +603,11 @@ class MetaService:
             self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid,
             report=[req.parent], change=([req.parent], [(req.parent, req.name)]),
         )
-        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
+        callback = -1
+        if req.callback and req.session_id and self.callbacks.enabled:
+            self.sessions.touch(req.session_id, owner=current_peer())  # the session is the asking key's
+            callback = self.callbacks.grant_dir(req.session_id, attr.ino)  # it knows every name in it: none
+        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq, callback=callback)
 
     async def handle_symlink(self, req: P.SymlinkReq) -> P.Msg:
         attr, dirs, seq = await self._write_reporting(
@@ -652,16 +656,18 @@ class MetaService:
                         attr, layout, chunks, nodes = self.ns.open_info(entry.attr.ino)
                         if not (req.small_only and attr.size > layout.chunk_size):
                             files.append(P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes))
-            callback = -1
+            callback = whole = -1
             if req.callback and req.session_id and self.callbacks.enabled:
                 self.sessions.touch(req.session_id, owner=owner)  # the session is the asking key's
                 listed = [(e.attr.ino, req.ino, e.name) for e in entries if stat.S_ISREG(e.attr.mode)]
                 callback = self.callbacks.grant_many(req.session_id, listed)
-            return entries, more, files, callback
+                if req.after == 0 and not more:  # every name of the directory in one reply
+                    whole = self.callbacks.grant_dir(req.session_id, req.ino)
+            return entries, more, files, callback, whole
 
         owner = current_peer()
-        entries, more, files, callback = await self.txn.read(list_dir)
-        return P.ReaddirRsp(entries=entries, more=more, files=files, callback=callback)
+        entries, more, files, callback, whole = await self.txn.read(list_dir)
+        return P.ReaddirRsp(entries=entries, more=more, files=files, callback=callback, dir_callback=whole)
 
     async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:
         total, free, used, files = await self.txn.read(self.ns.statfs)

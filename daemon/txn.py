@@ -115,7 +115,9 @@ class Txn:
         result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
         if ran and change is not None:
             inodes, entries = change(result) if callable(change) else change
-            self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries)) or 0
+            once = applied_ops.once.get()
+            writer = P.writer_tag(once.client_id) if once is not None else 0
+            self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries, writer)) or 0
             if self._logged_seq:
                 self.last_seq = max(self.last_seq, self._logged_seq)
                 self._logged_change = (self._logged_seq, inodes, entries)

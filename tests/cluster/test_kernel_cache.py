@@ -494,3 +494,31 @@ def test_a_listing_holds_the_files_it_lists(cluster, mnt, second):
     assert _read(mine / "f7") == b"changed elsewhere"
     os.unlink(mnt / "listed" / "f8")
     assert not os.path.exists(mine / "f8")
+
+
+def test_a_mount_that_knows_every_name_of_a_directory_creates_without_a_lookup(cluster, mnt, second):
+    """A directory this mount made (or listed whole) is held by name: a lookup of a new name is
+    answered ENOENT by the mount, so a create costs one round trip; another mount's create,
+    unlink or rename in it waits for this mount, which sees it at once."""
+    second, port = second
+    mine = second / mnt.name / "made-here"
+    os.mkdir(mine)
+    before = _lookups(port)
+    for i in range(30):
+        (mine / f"f{i}").write_bytes(b"")
+        os.mkdir(mine / f"d{i}")
+    assert _lookups(port) - before <= 2, "lookups of new names in a directory made here should not ask"
+    theirs = mnt / "made-here"
+    (theirs / "from-the-other-mount").write_bytes(b"x")
+    assert os.path.exists(mine / "from-the-other-mount")  # at once: that create waited for this mount
+    assert (mine / "from-the-other-mount").read_bytes() == b"x"
+    os.unlink(theirs / "f3")
+    assert not os.path.exists(mine / "f3")
+    os.rename(theirs / "f4", theirs / "f4-moved")
+    assert sorted(os.listdir(mine)) == sorted(os.listdir(theirs))  # a listing holds all the names again
+    before = _lookups(port)
+    (mine / "after-listing").write_bytes(b"")
+    assert _lookups(port) - before <= 1
+    with pytest.raises(FileExistsError):  # a name made elsewhere is never answered "absent"
+        (theirs / "clash").write_bytes(b"")
+        os.open(mine / "clash", os.O_CREAT | os.O_EXCL | os.O_WRONLY)

@@ -64,12 +64,36 @@ async def test_the_writer_never_waits_for_itself_and_later_grants_are_not_waited
     calls.grant(A, 7, 1, b"f")
     with trio.fail_after(0.1):
         await calls.settle(4, [7], [], writer=CLIENT_A)
-    assert not calls.held(7)  # its own change ended its grant too (its mount drops it on the event)
-    seq[0] = 4
-    calls.grant(B, 7, 1, b"f")  # granted after change 4: the answer already had it
+    assert calls.held(7)  # the writer keeps its own (the feed names it: its mount keeps it too)
+    with trio.move_on_after(0.2) as scope:
+        await calls.settle(5, [7], [], writer=CLIENT_B)  # someone else's change waits for it
+    assert scope.cancelled_caught
+    seq[0] = 5
+    calls.grant(B, 8, 1, b"g")  # granted after change 5: the answer already had it
     with trio.fail_after(0.1):
-        await calls.settle(4, [7], [], writer=CLIENT_A)
-    assert calls.held(7)
+        await calls.settle(5, [8], [], writer=CLIENT_A)
+    assert calls.held(8)
+
+
+async def test_a_session_whose_client_id_is_unknown_gets_no_callbacks():
+    calls = make([1])
+    assert calls.grant(C, 7, 1, b"f") == -1 and calls.grant_dir(C, 1) == -1
+    calls.ack(C, 0, client_id=303)  # an adopted session names its client id in its first AckReq
+    assert calls.grant(C, 7, 1, b"f") == 1
+
+
+async def test_a_directory_held_whole_makes_other_mounts_changes_of_its_names_wait():
+    seq = [2]
+    calls = make(seq)
+    assert calls.grant_dir(B, 5) == 2
+    with trio.fail_after(0.1):
+        await calls.settle(3, [9], [], writer=CLIENT_A)  # a file's data: not a name of 5
+        await calls.settle(3, [5], [(6, b"x")], writer=CLIENT_A)  # a name in another directory
+    with trio.move_on_after(0.2) as scope:
+        await calls.settle(4, [5], [(5, b"new")], writer=CLIENT_A)  # a create in 5
+    assert scope.cancelled_caught
+    with trio.fail_after(0.1):
+        await calls.settle(4, [5], [(5, b"new")], writer=CLIENT_B)  # its own create: no wait
 
 
 async def test_an_unanswered_wait_runs_out_and_the_session_gets_no_callbacks_for_a_while(autojump_clock):
@@ -94,7 +118,8 @@ async def test_dead_sessions_are_not_waited_for_and_do_not_hold_files():
     assert not calls.held(7)
     with trio.fail_after(0.1):
         await calls.settle(2, [7], [], writer=CLIENT_A)
-    calls.grant(C, 8, 1, b"g")  # C is not alive either (never said hello here)
+    calls.hello(C, 303)
+    calls.grant(C, 8, 1, b"g")  # C is not alive either
     assert calls.forget_dead() == [8]
 
 
