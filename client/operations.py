@@ -724,9 +724,10 @@ class Operations(pyfuse3.Operations):
         self._opening(inode, ctx)
         if self.dataset:
             return await self._open_dataset(inode, flags)
-        rsp = self._fresh_open_info(inode) or self._held(inode)
+        write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        # a write open asks unless a lookup just answered: the epoch and the quota room are the daemon's now
+        rsp = self._fresh_open_info(inode) or (None if write else self._held(inode))
         if rsp is None:
-            write = bool(flags & (os.O_WRONLY | os.O_RDWR))
             stamp = self.kcache.stamp()
             listed = self._held_info.get(inode)  # held since a listing: attributes, no open information yet
             rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
