@@ -5,14 +5,43 @@ one (client/ec_path.py). A write session takes one epoch (AllocEpochReq) for
 all its chunk versions; a chunk without nodes gets a placement
 (AllocChunksReq), and a file growing chunk by chunk gets the next ones in the
 same round trip (``alloc_indices``).
+
+Chunks move while files are open
+--------------------------------
+The chunk map of an open file is the daemon's as of the open (or of this
+mount's own writes). The daemon moves copies meanwhile: repair (a node down,
+a bad copy), drain, and rebalance of files nobody holds open (daemon/repair.py:
+copy, switch, then delete the old copy). So the map can name nodes that no
+longer hold a chunk. The rule, for every path that writes to a chunk's
+replicas (client/striping.py: writes and the cut of a truncate; reads follow
+the same rule in ``DataPath._read_chunk_from_nodes``): when no node of the
+map took a request, ask the daemon where the chunk is now (``refresh``, one
+OpenReq) and send it to the nodes of the current placement not tried yet,
+once. Only for a chunk this write session has not written yet: its map is the
+committed one, and any current copy is at least that version. A chunk the
+session did write lives only on the nodes that took those writes (a copy made
+meanwhile holds part of the session at best, under the same version), so if
+none of them takes the next range, the session fails as before.
+
+A replicated chunk whose known nodes are fewer than its copies (a truncate or
+fsync that one replica missed, a placement made with too few nodes up) is
+looked up again at its first write of a session (``placement``, once per
+session): else the session writes only the copies it knows, its commit names
+only those, and the copy repair added meanwhile is dropped as stale, leaving
+the chunk short again after every session.
 """
 
 from __future__ import annotations
 
+import logging
+
 from ..common import protocol as p
+from ..common.layout import is_ec, parse_redundancy
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
+
+log = logging.getLogger(__name__)
 
 #: chunks placed ahead of a sequential writer in one AllocChunksReq (alloc_indices)
 ALLOC_AHEAD = 16
@@ -29,6 +58,9 @@ async def session_epoch(meta: MetaClient, of: OpenFile) -> int:
 async def placement(meta: MetaClient, nodes: NodePool, of: OpenFile, index: int) -> p.ChunkRef:
     """Chunk ``index`` of ``of`` with its nodes: the file's own, or a new placement (and some ahead)."""
     ref = of.uncommitted.get(index) or of.chunks.get(index)
+    if ref is not None and index not in of.uncommitted and of.placements_checked != of.epoch and _short(of, ref):
+        await refresh(meta, nodes, of)  # repair may have restored its copies meanwhile
+        ref = of.uncommitted.get(index) or of.chunks.get(index)
     if ref is None or not ref.nodes:
         indices = alloc_indices(of, index)
         rsp = await meta.call(p.AllocChunksReq(ino=of.ino, indices=indices))
@@ -64,3 +96,35 @@ def alloc_indices(of: OpenFile, index: int) -> list[int]:
         if ref is None or not ref.nodes:
             want.append(i)
     return want
+
+
+def _short(of: OpenFile, ref: p.ChunkRef) -> bool:
+    """A written replicated chunk known on fewer nodes than its copies."""
+    return bool(ref.version) and not is_ec(of.layout) and len(set(ref.nodes)) < parse_redundancy(of.layout.redundancy).copies
+
+
+async def refresh(meta: MetaClient, nodes: NodePool, of: OpenFile) -> None:
+    """Take the daemon's current nodes for the chunks of ``of`` this write session has not written.
+
+    Versions stay those of the map (what the session's writes are based on): a current copy
+    is at least that version. Chunks the session wrote keep the nodes that took its writes."""
+    rsp = await meta.call(p.OpenReq(ino=of.ino, session_id=meta.session_id))
+    nodes.learn(rsp.nodes)
+    of.placements_checked = of.epoch
+    for now in rsp.chunks:
+        mine = of.chunks.get(now.index)
+        if mine is None or now.index in of.uncommitted or not now.nodes or now.version < mine.version:
+            continue
+        if list(now.nodes) != list(mine.nodes):
+            of.chunks[now.index] = p.ChunkRef(index=now.index, version=mine.version, nodes=list(now.nodes))
+
+
+async def moved(meta: MetaClient, nodes: NodePool, of: OpenFile, ref: p.ChunkRef) -> p.ChunkRef | None:
+    """Chunk ``ref`` (committed, as this session's writes are based on it) where the daemon has it now,
+    when that names nodes ``ref`` does not; else None."""
+    await refresh(meta, nodes, of)
+    now = of.chunks.get(ref.index)
+    if now is None or set(now.nodes) <= set(ref.nodes):
+        return None
+    log.info("chunk %d:%d: moved from nodes %s to %s since the file was opened", of.ino, ref.index, ref.nodes, now.nodes)
+    return now

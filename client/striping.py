@@ -19,6 +19,12 @@ Writes
     whose node fails is moved to another node by the metadata daemon
     (ReplaceReplicaReq) and receives the whole chunk, read back from a replica
     that took the write. So one node dying mid-write costs the writer nothing.
+    The chunk map may be older than the chunk's placement (the daemon moves
+    copies of open files: repair, drain): when no replica it names takes a
+    range of a chunk the session has not written yet, the daemon is asked
+    where the chunk is now and the range goes there, once; the cut of a
+    truncate does the same (client/placements.py has the rule and why it stops
+    at chunks the session wrote).
     ``flush`` waits for everything in flight and commits versions and size.
     Sends of one chunk are applied in order (``OpenFile.take``); a send that
     fails fails the whole write session, which is then discarded, never
@@ -65,7 +71,7 @@ from .disk_cache import DiskCache
 from .ec_path import EcPath
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
-from .placements import ALLOC_AHEAD, alloc_indices, placement, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
+from .placements import ALLOC_AHEAD, alloc_indices, moved, placement, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
@@ -484,17 +490,15 @@ class DataPath:
         )
         failed: dict[int, StripefsError] = {}
         done: list[int] = []
-
-        async def one(node_id: int):
-            try:
-                await self.nodes.write(node_id, request, payload)
-                done.append(node_id)
-            except StripefsError as exc:
-                failed[node_id] = exc
-
-        async with trio.open_nursery() as nursery:
-            for node_id in ref.nodes:
-                nursery.start_soon(one, node_id)
+        written = dc.index in of.uncommitted  # by this session: only the nodes that took it hold all of it
+        await self._on_each(ref.nodes, lambda node_id: self.nodes.write(node_id, request, payload), done, failed)
+        if not done and not written:
+            # no node we know of holds the chunk: it may have moved since the open (placements.py)
+            now = await moved(self.meta, self.nodes, of, ref)
+            if now is not None:
+                await self._on_each([n for n in now.nodes if n not in failed], lambda n: self.nodes.write(n, request, payload), done, failed)
+                failed = {n: exc for n, exc in failed.items() if n in now.nodes}  # the others are not placed there now
+                ref = now
 
         nodes = list(ref.nodes)
         for node_id, exc in failed.items():
@@ -523,6 +527,22 @@ class DataPath:
         self.cache.drop_chunk(of.ino, dc.index)  # reads of the chunk's old bytes in flight are stale now
         if not sync:
             of.unsynced[dc.index] = nodes
+
+    @staticmethod
+    async def _on_each(node_ids, send, done: list[int], failed: dict[int, StripefsError]) -> None:
+        """``await send(node_id)`` for every node at once: those that took it appended to ``done``,
+        the others' errors in ``failed``."""
+
+        async def one(node_id: int) -> None:
+            try:
+                await send(node_id)
+                done.append(node_id)
+            except StripefsError as exc:
+                failed[node_id] = exc
+
+        async with trio.open_nursery() as nursery:
+            for node_id in node_ids:
+                nursery.start_soon(one, node_id)
 
     async def _copy_whole(self, of: OpenFile, chunk: p.ChunkId, epoch: int, source: int, target: int, sync: bool) -> None:
         data = await self.nodes.read(source, chunk, epoch, 0, of.chunk_size, last_try=True)
@@ -657,19 +677,26 @@ class DataPath:
                 xxh3=xxhash.xxh3_64_intdigest(b""), truncate=inner,
             )
             ok: list[int] = []
-
-            async def one(node_id):
-                try:
-                    await self.nodes.write(node_id, request, b"")
-                    ok.append(node_id)
-                except StripefsError as exc:
-                    log.warning("truncate of chunk %d:%d on node %d failed: %s", of.ino, index, node_id, exc)
-
-            async with trio.open_nursery() as nursery:
-                for node_id in ref.nodes:
-                    nursery.start_soon(one, node_id)
+            failed: dict[int, StripefsError] = {}
+            cut = lambda node_id: self.nodes.write(node_id, request, b"")  # noqa: E731
+            await self._on_each(ref.nodes, cut, ok, failed)
+            if not ok:
+                # no node we know of holds the chunk: it may have moved since the open (placements.py)
+                now = await moved(self.meta, self.nodes, of, ref)
+                if now is not None:
+                    await self._on_each([n for n in now.nodes if n not in failed], cut, ok, failed)
+                    failed = {n: exc for n, exc in failed.items() if n in now.nodes}
+            for node_id, exc in failed.items():
+                log.warning("truncate of chunk %d:%d on node %d failed: %s", of.ino, index, node_id, exc)
             if not ok:
                 raise StripefsError(ErrorCode.IO, f"no replica of chunk {of.ino}:{index} could be truncated")
+            for node_id, exc in failed.items():
+                if exc.code == ErrorCode.STALE:  # it missed earlier writes: give it the whole cut chunk, as a write does
+                    try:
+                        await self._copy_whole(of, p.ChunkId(of.ino, index), epoch, ok[0], node_id, False)
+                        ok.append(node_id)
+                    except StripefsError as err:
+                        log.warning("chunk %d:%d: copying the cut chunk to node %d failed (%s); repair restores it", of.ino, index, node_id, err)
             refs.append(p.ChunkRef(index=index, version=epoch, nodes=ok))
         rsp = await self.meta.call(p.SetattrReq(ino=of.ino, size=new_size, chunks=refs))
         if new_size < of.size:
