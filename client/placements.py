@@ -15,13 +15,19 @@ copy, switch, then delete the old copy). So the map can name nodes that no
 longer hold a chunk. The rule, for every path that writes to a chunk's
 replicas (client/striping.py: writes and the cut of a truncate; reads follow
 the same rule in ``DataPath._read_chunk_from_nodes``): when no node of the
-map took a request, ask the daemon where the chunk is now (``refresh``, one
-OpenReq) and send it to the nodes of the current placement not tried yet,
-once. Only for a chunk this write session has not written yet: its map is the
-committed one, and any current copy is at least that version. A chunk the
-session did write lives only on the nodes that took those writes (a copy made
-meanwhile holds part of the session at best, under the same version), so if
-none of them takes the next range, the session fails as before.
+map took a request, or one answered STALE (its copy may have been moved away
+and deleted), ask the daemon where the chunk is now (``refresh``, one
+OpenReq) and send the request to the nodes of the current placement not tried
+yet, once, within the operation's deadline. From then on the current
+placement counts: nodes it no longer names drop out (the daemon deletes their
+copies), so a writer never puts a copy back on a drained node; only if none
+of its nodes took the request do the old ones that did stay (they hold the
+data; the commit names them). Only for a chunk this write session has not
+written yet: its map is the committed one, and any current copy is at least
+that version. A chunk the session did write lives only on the nodes that took
+those writes (a copy made meanwhile holds part of the session at best, under
+the same version), so if none of them takes the next range, the session
+fails as before.
 
 A replicated chunk whose known nodes are fewer than its copies (a truncate or
 fsync that one replica missed, a placement made with too few nodes up) is

@@ -21,10 +21,10 @@ Writes
     that took the write. So one node dying mid-write costs the writer nothing.
     The chunk map may be older than the chunk's placement (the daemon moves
     copies of open files: repair, drain): when no replica it names takes a
-    range of a chunk the session has not written yet, the daemon is asked
-    where the chunk is now and the range goes there, once; the cut of a
-    truncate does the same (client/placements.py has the rule and why it stops
-    at chunks the session wrote).
+    range of a chunk the session has not written yet, or one answers STALE,
+    the daemon is asked where the chunk is now and the range goes there, once;
+    the cut of a truncate does the same (client/placements.py has the rule and
+    why it stops at chunks the session wrote).
     ``flush`` waits for everything in flight and commits versions and size.
     Sends of one chunk are applied in order (``OpenFile.take``); a send that
     fails fails the whole write session, which is then discarded, never
@@ -490,15 +490,10 @@ class DataPath:
         )
         failed: dict[int, StripefsError] = {}
         done: list[int] = []
-        written = dc.index in of.uncommitted  # by this session: only the nodes that took it hold all of it
-        await self._on_each(ref.nodes, lambda node_id: self.nodes.write(node_id, request, payload), done, failed)
-        if not done and not written:
-            # no node we know of holds the chunk: it may have moved since the open (placements.py)
-            now = await moved(self.meta, self.nodes, of, ref)
-            if now is not None:
-                await self._on_each([n for n in now.nodes if n not in failed], lambda n: self.nodes.write(n, request, payload), done, failed)
-                failed = {n: exc for n, exc in failed.items() if n in now.nodes}  # the others are not placed there now
-                ref = now
+        # a chunk this session wrote already lives only on the nodes that took it: never followed
+        follow = dc.index not in of.uncommitted
+        send = lambda node_id: self.nodes.write(node_id, request, payload)  # noqa: E731
+        ref = await self._send_to_replicas(of, ref, send, done, failed, follow=follow)
 
         nodes = list(ref.nodes)
         for node_id, exc in failed.items():
@@ -527,6 +522,29 @@ class DataPath:
         self.cache.drop_chunk(of.ino, dc.index)  # reads of the chunk's old bytes in flight are stale now
         if not sync:
             of.unsynced[dc.index] = nodes
+
+    async def _send_to_replicas(
+        self, of: OpenFile, ref: p.ChunkRef, send, done: list[int], failed: dict[int, StripefsError], *, follow: bool
+    ) -> p.ChunkRef:
+        """``await send(node_id)`` on every node of ``ref``; the placement the rest of the send goes by.
+
+        ``follow`` (a chunk whose map is the committed one): when no node took it, or one answered
+        STALE (its copy may have been moved away and deleted), ask the daemon where the chunk is now
+        and send to the nodes of that placement not tried yet (client/placements.py). Then the
+        current placement is the one to go by, and nodes it no longer names drop out of ``failed``
+        (their copies are the daemon's garbage); unless only such nodes took the send: they hold
+        the data, so they stay, and the commit names them."""
+        await self._on_each(ref.nodes, send, done, failed)
+        if not follow or not failed or (done and all(exc.code != ErrorCode.STALE for exc in failed.values())):
+            return ref
+        now = await moved(self.meta, self.nodes, of, ref)
+        if now is None:
+            return ref
+        await self._on_each([n for n in now.nodes if n not in failed and n not in done], send, done, failed)
+        placed = now if not done or any(n in done for n in now.nodes) else ref
+        for node_id in [n for n in failed if n not in placed.nodes]:
+            del failed[node_id]
+        return placed
 
     @staticmethod
     async def _on_each(node_ids, send, done: list[int], failed: dict[int, StripefsError]) -> None:
@@ -679,25 +697,20 @@ class DataPath:
             ok: list[int] = []
             failed: dict[int, StripefsError] = {}
             cut = lambda node_id: self.nodes.write(node_id, request, b"")  # noqa: E731
-            await self._on_each(ref.nodes, cut, ok, failed)
-            if not ok:
-                # no node we know of holds the chunk: it may have moved since the open (placements.py)
-                now = await moved(self.meta, self.nodes, of, ref)
-                if now is not None:
-                    await self._on_each([n for n in now.nodes if n not in failed], cut, ok, failed)
-                    failed = {n: exc for n, exc in failed.items() if n in now.nodes}
+            placed = await self._send_to_replicas(of, ref, cut, ok, failed, follow=True)  # flushed: the map is the committed one
             for node_id, exc in failed.items():
                 log.warning("truncate of chunk %d:%d on node %d failed: %s", of.ino, index, node_id, exc)
             if not ok:
                 raise StripefsError(ErrorCode.IO, f"no replica of chunk {of.ino}:{index} could be truncated")
+            nodes = [n for n in placed.nodes if n in ok]
             for node_id, exc in failed.items():
                 if exc.code == ErrorCode.STALE:  # it missed earlier writes: give it the whole cut chunk, as a write does
                     try:
                         await self._copy_whole(of, p.ChunkId(of.ino, index), epoch, ok[0], node_id, False)
-                        ok.append(node_id)
+                        nodes.append(node_id)
                     except StripefsError as err:
                         log.warning("chunk %d:%d: copying the cut chunk to node %d failed (%s); repair restores it", of.ino, index, node_id, err)
-            refs.append(p.ChunkRef(index=index, version=epoch, nodes=ok))
+            refs.append(p.ChunkRef(index=index, version=epoch, nodes=nodes))
         rsp = await self.meta.call(p.SetattrReq(ino=of.ino, size=new_size, chunks=refs))
         if new_size < of.size:
             # the chunks dropped are deleted on their nodes up to the newest epoch handed out, and

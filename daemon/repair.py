@@ -91,12 +91,11 @@ node whose copy is gone. The rules:
   drain must finish while files stay open for days (a training job holds its
   data set open; the daemon cannot tell readers from writers). Their moves
   are safe for writers because the mount follows them (client/placements.py):
-  when no node of its map takes a write or a truncate of a chunk, it asks
-  where the chunk is now and sends it there, once, as reads always did. When
-  one known copy is gone and another took the write, the mount gives the
-  whole chunk to the node that lost it and commits both, so the commit
-  records exactly the nodes holding the session's data, and the mover's copy
-  becomes garbage bounded by the session's version.
+  when no node of its map takes a write or a truncate of a chunk, or one
+  answers STALE (no copy: moved and deleted), it asks where the chunk is now
+  and sends it there, once, as reads always did. Its commit then names the
+  nodes of the current placement that hold the session's data, so a drain is
+  not undone by the writer.
 * A copy made (repair, drain) while a session writes the chunk holds the
   committed version or part of the session; either way the session's commit
   does not name it, so it is deleted, and the chunk is repaired again if it

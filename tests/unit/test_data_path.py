@@ -308,42 +308,35 @@ async def test_fsync_after_a_node_died_keeps_the_write_on_the_other_copies(rig, 
 
 
 @pytest.fixture
-async def moving(tmp_path, nursery):
+async def moving(tmp_path):
     """The rig with the metadata daemon in this process (its healer driven by the test) and four
-    storage nodes, so that both copies of a chunk can be moved away from the nodes a mount knows."""
+    storage nodes, so that both copies of a chunk can be moved away from the nodes a mount knows.
+    Everything runs in a nursery of its own, left before the ZeroMQ context is destroyed."""
     ctx = zmq.Context()
-    r = Rig(tmp_path, nursery, ctx)
-    config = load(r.daemon.config, MetaConfig)
-    (tmp_path / "meta").mkdir()
-    service = r.service = MetaService(config, zmq_context=ctx)
-    meta_done = trio.Event()
-    meta_scope = trio.CancelScope()
-
-    async def serve_meta(task_status=trio.TASK_STATUS_IGNORED):
-        try:
-            with meta_scope:
-                await service.run(task_status=task_status)
-        finally:
-            meta_done.set()
-
+    stores: list[ChunkStore] = []
     try:
-        await nursery.start(serve_meta)
-        for node_id in (1, 2, 3, 4):
-            await r.start_node(node_id)
-        async with AsyncExitStack() as stack:
-            r.meta = MetaClient(ctx, [r.daemon.address], timeout=5.0, retry_window_s=20.0)
-            await r.meta.open(stack)
-            await r.meta.hello("test_data_path", patience_s=10)
-            pool = NodePool(ctx, nursery, timeout=2.0, read_timeout=2.0)
-            r.data = DataPath(r.meta, pool, ChunkCache(16 << 20), nursery, readahead_chunks=0, write_parallelism=2)
-            yield r
+        async with trio.open_nursery() as nursery:
+            r = Rig(tmp_path, nursery, ctx)
+            config = load(r.daemon.config, MetaConfig)
+            (tmp_path / "meta").mkdir()
+            r.service = MetaService(config, zmq_context=ctx)
+            await nursery.start(r.service.run)
+            for node_id in (1, 2, 3, 4):
+                await r.start_node(node_id)
+            stores = [store for _, store, _ in r.nodes.values()]
+            async with AsyncExitStack() as stack:
+                r.meta = MetaClient(ctx, [r.daemon.address], timeout=5.0, retry_window_s=20.0)
+                await r.meta.open(stack)
+                await r.meta.hello("test_data_path", patience_s=10)
+                pool = NodePool(ctx, nursery, timeout=2.0, read_timeout=2.0)
+                r.data = DataPath(r.meta, pool, ChunkCache(16 << 20), nursery, readahead_chunks=0, write_parallelism=2)
+                yield r
+            stores = [store for _, store, _ in r.nodes.values()]
+            with trio.CancelScope(shield=True):
+                await r.stop_all()
+            nursery.cancel_scope.cancel()
     finally:
-        with trio.CancelScope(shield=True):
-            await r.stop_all()
-            meta_scope.cancel()
-            await meta_done.wait()
-        nursery.cancel_scope.cancel()
-        for _, store, _ in r.nodes.values():
+        for store in stores:
             store.close()
         ctx.destroy(linger=0)
 
@@ -446,3 +439,29 @@ async def test_a_stripe_whose_fragments_moved_since_the_open_is_read_and_rewritt
     want = bytearray(data)
     want[100:103] = b"new"
     assert await moving.committed(of) == (CS, bytes(want))
+
+
+@pytest.mark.parametrize("how", ["write", "truncate"])
+async def test_a_writer_does_not_undo_a_drain(moving, how):
+    """One copy drained away (and deleted) while the file is open: the old node answers STALE. The
+    write goes to the node that has the copy now, and the commit keeps it there; giving the old
+    node the whole chunk again put the copy back on the draining node after every session."""
+    of = await moving.create(b"drained")
+    await moving.data.write(of, 0, b"a" * CS)
+    await moving.data.flush(of)
+    service = moving.service
+    gone, kept = of.chunks[0].nodes
+    await service.handle(P.NodeAdminReq(node_id=gone, action="drain"), [])
+    await _heal(service, of.ino, 0)
+    now = service.store.get_chunks(of.ino)[0][1]
+    assert gone not in now and kept in now
+    want = bytearray(b"a" * CS)
+    if how == "write":
+        await moving.data.write(of, 10, b"b" * 10)
+        await moving.data.flush(of)
+        want[10:20] = b"b" * 10
+    else:
+        await moving.data.truncate(of, 100)
+        del want[100:]
+    assert sorted(service.store.get_chunks(of.ino)[0][1]) == sorted(now)
+    assert await moving.committed(of) == (len(want), bytes(want))
