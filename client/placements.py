@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 
 from ..common import protocol as p
+from ..common.errors import StripefsError
 from ..common.layout import is_ec, parse_redundancy
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
@@ -65,7 +66,10 @@ async def placement(meta: MetaClient, nodes: NodePool, of: OpenFile, index: int)
     """Chunk ``index`` of ``of`` with its nodes: the file's own, or a new placement (and some ahead)."""
     ref = of.uncommitted.get(index) or of.chunks.get(index)
     if ref is not None and index not in of.uncommitted and of.placements_checked != of.epoch and _short(of, ref):
-        await refresh(meta, nodes, of)  # repair may have restored its copies meanwhile
+        try:
+            await refresh(meta, nodes, of)  # repair may have restored its copies meanwhile
+        except StripefsError as exc:  # the copies we know still take the write
+            log.info("inode %d: asking for its current chunk placements failed: %s", of.ino, exc)
         ref = of.uncommitted.get(index) or of.chunks.get(index)
     if ref is None or not ref.nodes:
         indices = alloc_indices(of, index)
@@ -127,8 +131,12 @@ async def refresh(meta: MetaClient, nodes: NodePool, of: OpenFile) -> None:
 
 async def moved(meta: MetaClient, nodes: NodePool, of: OpenFile, ref: p.ChunkRef) -> p.ChunkRef | None:
     """Chunk ``ref`` (committed, as this session's writes are based on it) where the daemon has it now,
-    when that names nodes ``ref`` does not; else None."""
-    await refresh(meta, nodes, of)
+    when that names nodes ``ref`` does not; else None (also when the daemon could not be asked)."""
+    try:
+        await refresh(meta, nodes, of)
+    except StripefsError as exc:
+        log.info("chunk %d:%d: asking where it is now failed: %s", of.ino, ref.index, exc)
+        return None
     now = of.chunks.get(ref.index)
     if now is None or set(now.nodes) <= set(ref.nodes):
         return None
