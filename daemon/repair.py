@@ -84,9 +84,10 @@ node whose copy is gone. The rules:
   and again when one is recorded (``_record``): a file opened while its chunk
   was being copied keeps its placement, and the copy becomes garbage.
   Rebalance is optional, so it waits for the close. Moving a chunk under a
-  writer gained nothing anyway: the writer's commit names the nodes that took
-  its writes, which put the chunk back, and the next pass moved it again (the
-  fuzzer saw one chunk copied around a dozen times while its file was open).
+  writer gains little anyway: a writer whose old copies are not deleted yet
+  writes them, and its commit, naming the nodes that took its writes, puts the
+  chunk back; the next pass then moves it again (the fuzzer saw one chunk
+  copied around a dozen times in four minutes while its file was open).
 * Repair and drain do not wait for a close: redundancy comes first, and a
   drain must finish while files stay open for days (a training job holds its
   data set open; the daemon cannot tell readers from writers). Their moves
