@@ -286,7 +286,7 @@ class Operations(pyfuse3.Operations):
 
     def _fast_lookup(self, parent_inode, name, ctx=None):
         names = self._names_of_dir(parent_inode)
-        if names is not None and name not in names:
+        if names is not None and name not in names and len(name) <= p.NAME_MAX:  # a longer one: the daemon's ENAMETOOLONG
             raise pyfuse3.FUSEError(errno.ENOENT)  # the daemon would wait for this mount before adding it
         return _SLOW
 
