@@ -83,6 +83,7 @@ from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
+from . import placements
 from .placements import placement, session_epoch
 
 log = logging.getLogger(__name__)
@@ -297,13 +298,7 @@ class EcPath:
     async def _where_now(self, ino: int, ref: p.ChunkRef) -> p.ChunkRef | None:
         """Stripe ``ref``'s fragments where the daemon has them now, when that differs from ``ref``
         (same version: a newer one's fragments are in the other slot); else None."""
-        try:
-            rsp = await self.meta.call(p.OpenReq(ino=ino, session_id=self.meta.session_id))
-        except StripefsError as exc:
-            log.debug("stripe %d:%d: asking where it is now failed: %s", ino, ref.index, exc)
-            return None
-        self.nodes.learn(rsp.nodes)
-        now = next((c for c in rsp.chunks if c.index == ref.index), None)
+        now = await placements.current(self.meta, self.nodes, ino, ref.index)
         if now is None or now.version != ref.version or list(now.nodes) == list(ref.nodes):
             return None
         return now

@@ -129,6 +129,18 @@ async def refresh(meta: MetaClient, nodes: NodePool, of: OpenFile) -> None:
             of.chunks[now.index] = p.ChunkRef(index=now.index, version=mine.version, nodes=list(now.nodes))
 
 
+async def current(meta: MetaClient, nodes: NodePool, ino: int, index: int) -> p.ChunkRef | None:
+    """Chunk ``index`` of ``ino`` as the daemon has it now (a reader's question: nothing of an open
+    file changes); None when it has none or could not be asked."""
+    try:
+        rsp = await meta.call(p.OpenReq(ino=ino, session_id=meta.session_id))
+    except StripefsError as exc:
+        log.debug("chunk %d:%d: asking where it is now failed: %s", ino, index, exc)
+        return None
+    nodes.learn(rsp.nodes)
+    return next((c for c in rsp.chunks if c.index == index), None)
+
+
 async def moved(meta: MetaClient, nodes: NodePool, of: OpenFile, ref: p.ChunkRef) -> p.ChunkRef | None:
     """Chunk ``ref`` (committed, as this session's writes are based on it) where the daemon has it now,
     when that names nodes ``ref`` does not; else None (also when the daemon could not be asked)."""

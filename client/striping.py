@@ -71,6 +71,7 @@ from .disk_cache import DiskCache
 from .ec_path import EcPath
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
+from . import placements
 from .placements import ALLOC_AHEAD, alloc_indices, moved, placement, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
@@ -335,13 +336,7 @@ class DataPath:
 
     async def _where_now(self, ino: int, ref: p.ChunkRef) -> p.ChunkRef | None:
         """The chunk's current placement when it differs from ``ref`` (read at ``ref``'s version)."""
-        try:
-            rsp = await self.meta.call(p.OpenReq(ino=ino, session_id=self.meta.session_id))
-        except StripefsError as exc:
-            log.debug("chunk %d:%d: asking where it is now failed: %s", ino, ref.index, exc)
-            return None
-        self.nodes.learn(rsp.nodes)
-        now = next((c for c in rsp.chunks if c.index == ref.index), None)
+        now = await placements.current(self.meta, self.nodes, ino, ref.index)
         if now is None or set(now.nodes) <= set(ref.nodes):
             return None
         return p.ChunkRef(index=ref.index, version=ref.version, nodes=now.nodes)
