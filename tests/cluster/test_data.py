@@ -1,4 +1,7 @@
-"""Data through the mount: big and small files, two mounts, layouts, status."""
+"""Data through the mount: big and small files, two mounts, layouts, status.
+
+A writer scattering small writes over many chunks is tested on the mount's handlers
+without a kernel (tests/inprocess/test_data_ops.py)."""
 
 import hashlib
 import json
@@ -143,28 +146,3 @@ def test_unlinked_on_another_mount_while_open_here(cluster, mnt):
     finally:
         cluster.unmount(other)
         cluster.extra_mounts.remove(other)
-
-
-def test_scattered_writer_over_many_chunks(mnt):
-    """More partial chunks than a file may hold unsent: the oldest go out early, nothing is lost."""
-    rng = random.Random(7)
-    chunk = 4 * MiB
-    pieces = {}
-    with open(mnt / "sparse", "wb") as f:
-        for _ in range(3):
-            for i in rng.sample(range(40), 40):
-                off = i * chunk + rng.randrange(0, chunk - 5000)
-                data = rng.randbytes(rng.randrange(1, 5000))
-                f.seek(off)
-                f.write(data)
-                f.flush()
-                pieces[off] = data
-    with open(mnt / "sparse", "rb") as f:
-        for off, data in pieces.items():
-            f.seek(off)
-            got = f.read(len(data))
-            # a later piece may overlap an earlier one: compare only bytes no later write touched
-            later = [(o, d) for o, d in pieces.items() if o != off and o < off + len(data) and o + len(d) > off]
-            if not later:
-                assert got == data
-    assert os.stat(mnt / "sparse").st_size == max(o + len(d) for o, d in pieces.items())
