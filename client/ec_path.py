@@ -188,7 +188,7 @@ class EcPath:
             log.debug("prefetch of fragment %d of stripe %d:%d failed: %s", part, ino, ref.index, exc)
 
     def prefetch_small_file(self, info: p.OpenRsp) -> None:
-        """Fetch the fragments of a one-stripe file about to be opened (DataPath.prefetch_small_file)."""
+        """Fetch the fragments of a one-stripe file about to be opened (DataPath.fetch_soon of a Fetch.small_file)."""
         ref = info.chunks[0]
         c = layout_codec(info.layout)
         self.nodes.learn(info.nodes)

@@ -75,6 +75,7 @@ import trio
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from .dir_hints import DirHints
+from .fetch import Fetch
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
@@ -384,7 +385,7 @@ class Operations(pyfuse3.Operations):
         if walking:
             hint = self.hints.get(parent_inode, name)
             if hint is not None:
-                self.data.read_hinted(hint)  # beside the lookup, which decides whether it is used (dir_hints.py)
+                self.data.fetch_soon(Fetch.hinted(hint))  # beside the lookup, which decides whether it is used (dir_hints.py)
                 await trio.lowlevel.checkpoint()  # let it send first: its round trip is the longer one (a disk read)
         stamp = self.kcache.stamp()
         callback = not self.dataset and self.kcache.callbacks_possible
@@ -423,7 +424,9 @@ class Operations(pyfuse3.Operations):
                 self._keep_dataset_info(rsp)
             self.hints.learn(parent_inode, name, rsp)
             if walking:
-                self.data.prefetch_small_file(rsp)  # fetch while the kernel sends OPEN and READ
+                small = Fetch.small_file(rsp)
+                if small is not None:
+                    self.data.fetch_soon(small)  # fetch while the kernel sends OPEN and READ
                 if self.hints.should_list(parent_inode):
                     self.data.nursery.start_soon(self.hints.list_dir, self.meta, self.data.nodes, parent_inode, name=f"hints-{parent_inode}")
         self.kcache.remember(parent_inode, name, ino)

@@ -42,6 +42,10 @@ Erasure-coded files (layout ``ec=K+M``) share the dirty buffering, epochs and
 commits, and take client/ec_path.py at five points: reads, the sending of a
 dirty chunk, the cut of a truncate, fsync and the prefetch of small files.
 
+Fetches ahead of reads (read-ahead, a walked directory's small files and read
+hints, the sampler-order prefetcher) all start through ``fetch``
+(client/fetch.py says what each one is).
+
 Memory: the chunk cache has its byte budget; unsent data is at most
 ``MAX_DIRTY_CHUNKS`` partial chunks per file being written, and chunks being
 sent at most ``write_parallelism`` per file and ``write_inflight`` for the
@@ -54,6 +58,7 @@ is removed from ``dirty`` before its send starts, so no byte is sent twice or lo
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Callable
@@ -63,12 +68,12 @@ import xxhash
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
-from ..common.layout import chunk_extents, is_ec, one_chunk
+from ..common.layout import chunk_extents, is_ec
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
-from .dir_hints import Hint
 from .disk_cache import DiskCache
 from .ec_path import EcPath
+from .fetch import Fetch
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from . import placements
@@ -152,22 +157,8 @@ class DataPath:
             for index in range(last + 1, last + 1 + ahead):
                 if index * of.chunk_size >= of.size:
                     break
-                ref = of.chunks.get(index)
-                if ref and ref.version and (of.ino, index, ref.version) not in self.cache:
-                    self.nursery.start_soon(self._prefetch, of, index, name=f"prefetch-{of.ino}-{index}")
+                self.fetch_soon(Fetch.ahead_of(of, index))
         return out
-
-    async def _prefetch(self, of: OpenFile, index: int) -> None:
-        ref = of.chunks.get(index)
-        if ref is None or ref.version == 0:
-            return
-        try:
-            await self.cache.fetch(
-                (of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True), prefetch=True
-            )
-        except StripefsError as exc:
-            # the file may have been truncated or deleted meanwhile; a real read will say so
-            log.debug("prefetch of chunk %d:%d failed: %s", of.ino, index, exc)
 
     async def _chunk_bytes(self, of: OpenFile, index: int) -> bytes | memoryview:
         ref = of.chunks.get(index)
@@ -175,50 +166,70 @@ class DataPath:
             return b""
         return await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size))
 
-    def prefetch_small_file(self, info: p.OpenRsp) -> None:
-        """Start fetching a one-chunk file that is about to be opened (see Operations.lookup)."""
-        ref = one_chunk(info)
-        if ref is None or (info.attr.ino, 0, ref.version) in self.cache:
+    # ---------------------------------------------------------------- fetches
+
+    def fetch_soon(self, want: Fetch) -> None:
+        """``fetch([want])`` in the background, unless its chunk is cached or being loaded already."""
+        key = want.key
+        if key is None or key in self.cache:
             return
-        if is_ec(info.layout):
-            return self.ec.prefetch_small_file(info)
-        self.nodes.learn(info.nodes)
+        if want.info is not None:
+            if is_ec(want.info.layout):
+                return self.ec.prefetch_small_file(want.info)
+            self.nodes.learn(want.info.nodes)
+        self.nursery.start_soon(self.fetch, [want], name=f"fetch-{want.ino}-{want.index}")
 
-        async def fetch():
+    async def fetch(self, wants: list[Fetch], *, node: int | None = None) -> list[bytes | memoryview | StripefsError]:
+        """Bring chunks into the chunk cache ahead of their reads: every fetch starts here (client/fetch.py).
+
+        Each is its bytes or why it failed (logged at debug: the read that follows retries and reports).
+        ``node``: whole one-chunk replicated files, all from that node in one request (the prefetcher's
+        batches), stored in the cache as they come; else one load of the cache each, shared with any
+        read of the same chunk (ChunkCache.fetch)."""
+        if node is not None:
+            return await self._fetch_from(node, wants)
+        out: list[bytes | memoryview | StripefsError] = []
+        for want in wants:
+            ref = want.current_ref()
+            if ref is None:
+                out.append(b"")
+                continue
+            if want.exact:
+                load = functools.partial(self._read_exact, want.ino, ref, want.length)
+            else:
+                load = functools.partial(self._read_chunk, want.ino, ref, want.length, quiet=True)
             try:
-                key = (info.attr.ino, 0, ref.version)
-                await self.cache.fetch(key, lambda: self._read_chunk(info.attr.ino, ref, info.layout.chunk_size, quiet=True))
+                out.append(await self.cache.fetch((want.ino, want.index, ref.version), load, prefetch=want.ahead))
             except StripefsError as exc:
-                log.debug("prefetch of inode %d failed: %s", info.attr.ino, exc)
+                # the file may have been changed, truncated or deleted meanwhile; a real read will say so
+                log.debug("fetch of chunk %d:%d failed: %s", want.ino, want.index, exc)
+                out.append(exc)
+        return out
 
-        self.nursery.start_soon(fetch, name=f"prefetch-{info.attr.ino}")
+    async def _fetch_from(self, node: int, wants: list[Fetch]) -> list[bytes | memoryview | StripefsError]:
+        reads = [p.ReadChunkReq(chunk=p.ChunkId(w.ino, 0), min_version=w.ref.version, offset=0, length=w.length) for w in wants]
+        try:
+            results = await self.nodes.read_many(node, reads)
+        except StripefsError as exc:
+            log.debug("fetch of %d chunks from node %d failed: %s", len(wants), node, exc)
+            return [exc] * len(wants)
+        for want, result in zip(wants, results):
+            if not isinstance(result, StripefsError):
+                self.cache.put((want.ino, 0, want.ref.version), result)
+        return results
 
-    def read_hinted(self, hint: Hint) -> None:
-        """Start reading the chunk a read hint names, beside the lookup that will confirm it (client/dir_hints.py)."""
-        key = (hint.ino, 0, hint.ref.version)
-        if key in self.cache:
-            return
-
-        async def fetch():
-            try:
-                await self.cache.fetch(key, lambda: self._read_exact(hint), prefetch=True)
-            except StripefsError as exc:
-                log.debug("hinted read of inode %d failed: %s", hint.ino, exc)
-
-        self.nursery.start_soon(fetch, name=f"hinted-{hint.ino}")
-
-    async def _read_exact(self, hint: Hint) -> memoryview:
+    async def _read_exact(self, ino: int, ref: p.ChunkRef, length: int) -> memoryview:
         """Chunk 0 of a hinted file from the replica a read would ask first, only at exactly the hinted
         version (a newer copy is not what the key says); one try, no fail-over: it is a guess."""
-        key = (hint.ino, 0, hint.ref.version)
+        key = (ino, 0, ref.version)
         if self.disk_cache is not None:
             data = await self.disk_cache.get(key)
             if data is not None:
                 return data
-        node_id = self.nodes.order(hint.ref.nodes, start=hint.ino)[0]
-        version, data = await self.nodes.read_versioned(node_id, p.ChunkId(hint.ino, 0), hint.ref.version, 0, hint.length, last_try=False)
-        if version != hint.ref.version:
-            raise StripefsError(ErrorCode.STALE, f"inode {hint.ino} is at version {version}, the hint said {hint.ref.version}")
+        node_id = self.nodes.order(ref.nodes, start=ino)[0]
+        version, data = await self.nodes.read_versioned(node_id, p.ChunkId(ino, 0), ref.version, 0, length, last_try=False)
+        if version != ref.version:
+            raise StripefsError(ErrorCode.STALE, f"inode {ino} is at version {version}, the hint said {ref.version}")
         if self.disk_cache is not None:
             self.disk_cache.put_soon(self.nursery, key, data)
         return data
