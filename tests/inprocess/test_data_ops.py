@@ -1,12 +1,16 @@
-"""Data through the mount's handlers: a writer scattering small writes over many chunks.
+"""Data through the mount's handlers: a writer scattering small writes over many chunks, thousands of small files.
 
 Moved from tests/cluster/test_data.py, which keeps what needs the kernel
-(large sequential I/O through its read-ahead, many files written by threads,
-several mounts, the CLI).
+(large sequential I/O through its read-ahead, several mounts, the CLI).
 """
 
+import hashlib
 import os
 import random
+
+import trio
+
+from fsapi import Kernel, open_fs
 
 MiB = 1 << 20
 
@@ -37,3 +41,29 @@ async def test_scattered_writer_over_many_chunks(fs):
     finally:
         await fs.close(fh)
     assert (await fs.getattr(ino)).st_size == max(o + len(d) for o, d in pieces.items())
+
+
+async def test_thousands_of_small_files(fs, monkeypatch):
+    rng = random.Random(3)
+    sums, contents = {}, {}
+    dirs = [await fs.mkdir(fs.dir, b"d%d" % i) for i in range(10)]
+    for i in range(3000):
+        data = rng.randbytes(rng.randrange(0, 40_000))
+        name = (i % 10, b"f%d" % i)
+        contents[name] = data
+        sums[name] = hashlib.sha256(data).hexdigest()
+    # written by 4 writers at once, as a copy tool's threads do: the kernel hands the mount their
+    # requests side by side, and the mount, the daemon and the nodes work side by side
+    todo = iter(contents.items())
+
+    async def writer():
+        for (d, name), data in todo:
+            await fs.write_file(dirs[d], name, data)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(writer)
+    # read back through another client: nothing of them in its memory (the kernel's caches dropped)
+    async with open_fs(fs.rig, Kernel(monkeypatch), "cold-reader") as reader:
+        for (d, name), digest in sums.items():
+            assert hashlib.sha256(await reader.read_file(dirs[d], name)).hexdigest() == digest, name
