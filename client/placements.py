@@ -95,7 +95,7 @@ def alloc_indices(of: OpenFile, index: int) -> list[int]:
     likely written on: place the next chunks too, as many as the file already
     has before ``index`` (a small file never gets more than it holds, a growing
     one at most double), up to ``ALLOC_AHEAD``. Those not written are given back
-    at the commit (``DataPath._release_unused``, ReleaseChunksReq).
+    at the commit (``DataPath.flush`` releases them: ReleaseChunksReq).
     """
     want = [index]
     before = of.uncommitted.get(index - 1) or of.chunks.get(index - 1)

@@ -240,7 +240,7 @@ class MetaAccess:
         base = grant.subdir.encode().rstrip(b"/")
         shown = []
         for q in quotas:
-            if q.ino != top and not (q.ino != 1 and self.ns._is_ancestor(top, q.ino)):
+            if q.ino != top and not (q.ino != 1 and self.ns.is_ancestor(top, q.ino)):
                 continue
             path = q.path[len(base):] if q.path.startswith(base + b"/") else b""
             shown.append(msgspec.structs.replace(q, path=path or b"/"))
@@ -325,7 +325,7 @@ class MetaAccess:
                 raise StripefsError(exc.code, f"subdir {path.decode(errors='replace')}: {exc.message}") from None
         if not stat.S_ISDIR(ns.getattr(ino).mode):
             raise StripefsError(ErrorCode.NOT_DIR, f"subdir {path.decode(errors='replace')} is not a directory")
-        if start != 1 and not ns._is_ancestor(start, ino):
+        if start != 1 and not ns.is_ancestor(start, ino):
             raise StripefsError(ErrorCode.ACCESS, f"subdir {path.decode(errors='replace')} is outside this key's subtree")
         return ino
 
@@ -375,8 +375,8 @@ class MetaAccess:
         if row is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {ino}")
         if stat.S_ISDIR(row["mode"]):
-            return ino != 1 and ns._is_ancestor(top, ino)
+            return ino != 1 and ns.is_ancestor(top, ino)
         names = store.dentries_of(ino)
         if names:  # where the file is now, whatever this key did to it before
-            return any(ns._is_ancestor(top, parent) for _, parent, _ in names)
+            return any(ns.is_ancestor(top, parent) for _, parent, _ in names)
         return ino in self._kept.get(grant.public, ())  # an orphan this key unlinked, maybe still open

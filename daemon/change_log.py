@@ -5,7 +5,7 @@ Mounts cache names and attributes in the kernel and drop them when told
 mount follows one daemon's feed but must hear of changes made through every
 daemon, in order. So the change is not announced from memory: the operation
 that makes it also appends a row to ``change_log`` in the same transaction
-(``MetaService._write`` with ``change=``), and every daemon's feed
+(``Txn.write`` with ``change=``, daemon/txn.py), and every daemon's feed
 (daemon/events.py) publishes the log by its number ``seq``, reading
 ``seq > last published``. Numbers follow commit order with no holes:
 

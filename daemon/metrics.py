@@ -97,7 +97,7 @@ async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL
             try:
                 health = await trio.to_thread.run_sync(read_health, nodes, limiter=limiter)
             except (*service.store.errors, StripefsError) as exc:
-                log.warning("metrics: cannot read counts from %s: %s", service._db_name(), exc)
+                log.warning("metrics: cannot read counts from %s: %s", service.db_name(), exc)
             else:
                 FILES.set(health["files"])
                 CHUNKS.set(health["chunks"])

@@ -128,22 +128,25 @@ class Namespace:
         # epochs in [_epoch_next, _epoch_limit) may be handed out without a write
         self._epoch_next = self._epoch_limit = int(store.get_meta("epoch_hwm", 1))
 
-    # -- helpers -------------------------------------------------------------
+    # -- rows by inode (also for daemon/quota_service.py) ---------------------
 
-    def _inode(self, ino: int):
+    def inode(self, ino: int):
+        """The inode's row; NOT_FOUND when there is none."""
         row = self.store.get_inode(ino)
         if row is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} does not exist")
         return row
 
-    def _dir(self, ino: int):
-        row = self._inode(ino)
+    def directory(self, ino: int):
+        """The row of a directory; NOT_FOUND, or NOT_DIR for anything else."""
+        row = self.inode(ino)
         if not stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.NOT_DIR, f"inode {ino} is not a directory")
         return row
 
-    def _file(self, ino: int):
-        row = self._inode(ino)
+    def regular_file(self, ino: int):
+        """The row of a regular file; NOT_FOUND, IS_DIR, or INVALID for anything else."""
+        row = self.inode(ino)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"inode {ino} is a directory")
         if not stat.S_ISREG(row["mode"]):
@@ -152,7 +155,7 @@ class Namespace:
 
     def _entry(self, parent: int, name: bytes):
         check_name(name)
-        self._dir(parent)
+        self.directory(parent)
         entry = self.store.get_dentry(parent, name)
         if entry is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name!r} in directory {parent}")
@@ -181,7 +184,7 @@ class Namespace:
 
     def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0) -> int:
         check_name(name)
-        parent_row = self._dir(parent)
+        parent_row = self.directory(parent)
         if self.store.get_dentry(parent, name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
         self.quotas.created(parent)
@@ -198,7 +201,7 @@ class Namespace:
     def _drop_link(self, ino: int, now: int) -> None:
         """One name of a non-directory is gone: reclaim it, or keep it as an orphan while open."""
         self.store.add_nlink(ino, -1, now)
-        if self._inode(ino)["nlink"] <= 0:
+        if self.inode(ino)["nlink"] <= 0:
             if self.is_open(ino):
                 log.debug("inode %d unlinked while open: kept as an orphan", ino)
             else:
@@ -229,10 +232,10 @@ class Namespace:
         return row
 
     def getattr(self, ino: int) -> Attr:
-        return to_attr(self._inode(ino))
+        return to_attr(self.inode(ino))
 
     def readlink(self, ino: int) -> bytes:
-        row = self._inode(ino)
+        row = self.inode(ino)
         target = self.store.get_symlink(ino)
         if not stat.S_ISLNK(row["mode"]) or target is None:
             raise StripefsError(ErrorCode.INVALID, f"inode {ino} is not a symlink")
@@ -240,7 +243,7 @@ class Namespace:
 
     def readdir(self, ino: int, after: int = 0, limit: int = 1000) -> tuple[list[DirEntry], bool]:
         """Up to ``limit`` entries with cookie > ``after``, and whether more follow."""
-        self._dir(ino)
+        self.directory(ino)
         limit = max(1, min(limit, READDIR_MAX))
         rows = self.store.list_dentries(ino, after, limit + 1)
         entries = [DirEntry(name=bytes(r["name"]), attr=to_attr(r), cookie=r["cookie"]) for r in rows[:limit]]
@@ -272,12 +275,12 @@ class Namespace:
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int, exclusive: bool = True) -> tuple[int, bool]:
         """Create a regular file (or open the existing one when not exclusive); (ino, created)."""
         check_name(name)
-        self._dir(parent)
+        self.directory(parent)
         entry = self.store.get_dentry(parent, name)
         if entry is not None:
             if exclusive:
                 raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
-            row = self._inode(entry["ino"])
+            row = self.inode(entry["ino"])
             if stat.S_ISDIR(row["mode"]):
                 raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
             return row["ino"], False
@@ -291,13 +294,13 @@ class Namespace:
         return ino, True
 
     def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
-        row = self._inode(ino)
+        row = self.inode(ino)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.PERMISSION, f"inode {ino} is a directory: no hard links")
         if row["nlink"] <= 0:
             raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} has been unlinked")
         check_name(new_name)
-        self._dir(new_parent)
+        self.directory(new_parent)
         if self.store.get_dentry(new_parent, new_name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{new_name!r} exists in directory {new_parent}")
         self.quotas.linking(ino, new_parent)
@@ -311,7 +314,7 @@ class Namespace:
 
     def unlink(self, parent: int, name: bytes) -> None:
         entry = self._entry(parent, name)
-        row = self._inode(entry["ino"])
+        row = self.inode(entry["ino"])
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
         if row["nlink"] <= 1:
@@ -324,7 +327,7 @@ class Namespace:
     def rmdir(self, parent: int, name: bytes) -> None:
         entry = self._entry(parent, name)
         ino = entry["ino"]
-        row = self._inode(ino)
+        row = self.inode(ino)
         if not stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.NOT_DIR, f"{name!r} in directory {parent} is not a directory")
         if self.store.has_children(ino):
@@ -336,8 +339,8 @@ class Namespace:
         self._touch_dir(parent, now)
         self.store.add_nlink(parent, -1, now)
 
-    def _is_ancestor(self, ancestor: int, ino: int) -> bool:
-        """Whether directory ``ancestor`` is ``ino`` or one of its ancestors."""
+    def is_ancestor(self, ancestor: int, ino: int) -> bool:
+        """Whether directory ``ancestor`` is ``ino`` or one of its ancestors (also daemon/access.py's subtree checks)."""
         seen = 0
         while ino is not None and ino != ROOT_INO:
             if ino == ancestor:
@@ -353,9 +356,9 @@ class Namespace:
             raise StripefsError(ErrorCode.INVALID, f"rename flags {flags} are not supported")
         src = self._entry(parent_old, name_old)
         check_name(name_new)
-        self._dir(parent_new)
+        self.directory(parent_new)
         dst = self.store.get_dentry(parent_new, name_new)
-        src_row = self._inode(src["ino"])
+        src_row = self.inode(src["ino"])
         src_dir = stat.S_ISDIR(src_row["mode"])
         if flags == RENAME_EXCHANGE and dst is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name_new!r} in directory {parent_new} to exchange with")
@@ -363,13 +366,13 @@ class Namespace:
             raise StripefsError(ErrorCode.EXISTS, f"{name_new!r} exists in directory {parent_new}")
         if dst is not None and dst["ino"] == src["ino"]:
             return  # the same inode under both names: rename(2) does nothing
-        if src_dir and self._is_ancestor(src["ino"], parent_new):
+        if src_dir and self.is_ancestor(src["ino"], parent_new):
             raise StripefsError(ErrorCode.INVALID, f"cannot move directory {src['ino']} into its own subtree")
         now = self.clock()
         if flags == RENAME_EXCHANGE:
-            dst_row = self._inode(dst["ino"])
+            dst_row = self.inode(dst["ino"])
             dst_dir = stat.S_ISDIR(dst_row["mode"])
-            if dst_dir and self._is_ancestor(dst["ino"], parent_old):
+            if dst_dir and self.is_ancestor(dst["ino"], parent_old):
                 raise StripefsError(ErrorCode.INVALID, f"cannot move directory {dst['ino']} into its own subtree")
             self.quotas.moving(src_row, parent_old, parent_new, exchange=True)
             self.store.set_dentry_ino(src["cookie"], dst["ino"])
@@ -382,7 +385,7 @@ class Namespace:
             self.store.update_inode(dst["ino"], ctime_ns=now)
         else:
             if dst is not None:
-                dst_row = self._inode(dst["ino"])
+                dst_row = self.inode(dst["ino"])
                 dst_dir = stat.S_ISDIR(dst_row["mode"])
                 if src_dir and not dst_dir:
                     raise StripefsError(ErrorCode.NOT_DIR, f"{name_new!r} in directory {parent_new} is not a directory")
@@ -445,7 +448,7 @@ class Namespace:
         ctime_ns: int | None = None,
         chunks: Sequence[ChunkRef] = (),
     ) -> Attr:
-        row = self._inode(ino)
+        row = self.inode(ino)
         now = self.clock()
         changes: dict[str, int] = {}
         if mode is not None:
@@ -459,7 +462,7 @@ class Namespace:
         if mtime_ns is not None:
             changes["mtime_ns"] = mtime_ns
         if size is not None:
-            self._file(ino)
+            self.regular_file(ino)
             if size < 0:
                 raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
             self.quotas.resized(ino, row["size"], size)
@@ -472,7 +475,7 @@ class Namespace:
             if mtime_ns is None:
                 changes["mtime_ns"] = now
         elif chunks:
-            self._file(ino)
+            self.regular_file(ino)
             self._record_chunks(ino, chunks)
         changes["ctime_ns"] = ctime_ns if ctime_ns is not None else now
         self.store.update_inode(ino, **changes)
@@ -488,7 +491,7 @@ class Namespace:
             raise StripefsError(ErrorCode.RANGE, f"xattr name of {len(name)} bytes is longer than {XATTR_NAME_MAX}")
 
     def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
-        self._inode(ino)
+        self.inode(ino)
         self._check_xattr_name(name)
         if len(value) > XATTR_VALUE_MAX:
             raise StripefsError(ErrorCode.INVALID, f"xattr value of {len(value)} bytes is larger than {XATTR_VALUE_MAX}")
@@ -503,7 +506,7 @@ class Namespace:
         self.store.update_inode(ino, ctime_ns=self.clock())
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
-        self._inode(ino)
+        self.inode(ino)
         self._check_xattr_name(name)
         value = self.store.get_xattr(ino, name)
         if value is None:
@@ -511,11 +514,11 @@ class Namespace:
         return value
 
     def listxattr(self, ino: int) -> list[bytes]:
-        self._inode(ino)
+        self.inode(ino)
         return self.store.list_xattrs(ino)
 
     def removexattr(self, ino: int, name: bytes) -> None:
-        self._inode(ino)
+        self.inode(ino)
         self._check_xattr_name(name)
         if not self.store.delete_xattr(ino, name):
             raise StripefsError(ErrorCode.NO_ATTR, f"inode {ino} has no xattr {name!r}")
@@ -524,12 +527,12 @@ class Namespace:
     # -- layouts and statfs ----------------------------------------------------
 
     def get_layout(self, ino: int) -> Layout:
-        return to_layout(self._inode(ino))
+        return to_layout(self.inode(ino))
 
     def set_layout(
         self, ino: int, chunk_size: int | None = None, stripe_count: int | None = None, redundancy: str | None = None
     ) -> Layout:
-        old = to_layout(self._dir(ino))
+        old = to_layout(self.directory(ino))
         new = Layout(
             chunk_size=old.chunk_size if chunk_size is None else chunk_size,
             stripe_count=old.stripe_count if stripe_count is None else stripe_count,
@@ -553,7 +556,7 @@ class Namespace:
     # -- data: open, epochs, placement, commit ---------------------------------
 
     def open_info(self, ino: int) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
-        return self.open_info_of(self._inode(ino))
+        return self.open_info_of(self.inode(ino))
 
     def open_info_of(self, row) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
         """``open_info`` of an inode row already read (a lookup's)."""
@@ -581,7 +584,7 @@ class Namespace:
 
     def alloc_chunks(self, ino: int, indices: Sequence[int]) -> tuple[list[ChunkRef], list[NodeAddr]]:
         """Placement for ``indices`` of file ``ino``; chunks already placed are returned as they are."""
-        row = self._file(ino)
+        row = self.regular_file(ino)
         if any(i < 0 for i in indices):
             raise StripefsError(ErrorCode.INVALID, "negative chunk index")
         existing = self.store.get_chunks(ino, indices)
@@ -601,7 +604,7 @@ class Namespace:
     def release_chunks(self, ino: int, indices: Sequence[int]) -> int:
         """Drop placements ``indices`` of ``ino`` past its end that were never committed
         (ReleaseChunksReq: a writer placed them ahead and did not use them); how many."""
-        row = self._file(ino)
+        row = self.regular_file(ino)
         first = chunk_count(row["size"], row["chunk_size"])
         dropped = self.store.drop_unwritten_chunks(ino, [i for i in indices if i >= first])
         if dropped:
@@ -610,7 +613,7 @@ class Namespace:
 
     def replace_replica(self, ino: int, index: int, failed_node: int, part: int = -1) -> tuple[ChunkRef, list[NodeAddr]]:
         """Move ``failed_node``'s copy (fragment ``part`` of an EC stripe, when given) to another node."""
-        row = self._file(ino)
+        row = self.regular_file(ino)
         current = self.store.get_chunks(ino, [index]).get(index)
         if current is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"chunk {ino}:{index} has no placement")
@@ -648,7 +651,7 @@ class Namespace:
         if not chunks:
             return
         existing = self.store.get_chunks(ino, [c.index for c in chunks])
-        is_ec = parse_redundancy(self._inode(ino)["redundancy"]).is_ec
+        is_ec = parse_redundancy(self.inode(ino)["redundancy"]).is_ec
         for ref in chunks:
             if ref.index < 0 or ref.version < 0:
                 raise StripefsError(ErrorCode.INVALID, f"bad chunk ref {ref} for inode {ino}")
@@ -675,7 +678,7 @@ class Namespace:
                 )
 
     def commit(self, ino: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]) -> Attr:
-        row = self._file(ino)
+        row = self.regular_file(ino)
         if size < 0:
             raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
         if size > row["size"]:
@@ -710,7 +713,7 @@ class Namespace:
 
     def create_shadow(self, ino: int, new_redundancy: str) -> int:
         """A nameless copy target for file ``ino`` with ``new_redundancy``; its inode number."""
-        row = self._file(ino)
+        row = self.regular_file(ino)
         red = parse_redundancy(new_redundancy)
         _redundancy.check_fits(self.nodes.views(), red)
         shadow = self.store.insert_inode(**_redundancy.shadow_fields(row, str(red), self.clock()))
@@ -726,8 +729,8 @@ class Namespace:
         ``size``, ``mtime_ns`` and ``chunks`` (index, version) are what the copy read.
         Raises BUSY when the file changed: the caller copies again or gives up.
         """
-        row = self._file(ino)
-        srow = self._file(shadow)
+        row = self.regular_file(ino)
+        srow = self.regular_file(shadow)
         if srow["nlink"] != 0:
             raise StripefsError(ErrorCode.INVALID, f"inode {shadow} is not a conversion shadow")
         versions = {i: v for i, (v, _) in self.store.get_chunks(ino).items() if v}

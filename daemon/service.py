@@ -176,7 +176,7 @@ class MetaService:
         txn.begin()
         log.info(
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
-            self._db_name(), self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
+            self.db_name(), self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
         )
 
     def _wake_gc(self) -> None:
@@ -205,7 +205,8 @@ class MetaService:
 
         return call
 
-    def _db_name(self) -> str:
+    def db_name(self) -> str:
+        """Where the metadata lives, for log lines: the SQLite file, or "PostgreSQL"."""
         return str(self.db_path) if self.store is None or self.store.group_commit else "PostgreSQL"
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -255,7 +256,7 @@ class MetaService:
                 self._db_lock.close()
             if own_ctx:
                 self.ctx.term()
-            log.info("metadata daemon stopped; database %s closed", self._db_name())
+            log.info("metadata daemon stopped; database %s closed", self.db_name())
 
     async def _start_curve(self, stack: contextlib.AsyncExitStack) -> None:
         """With curve_key/keyring: this daemon's key on every socket, and ZAP admitting the keyring's keys."""
