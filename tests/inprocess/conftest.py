@@ -249,7 +249,8 @@ async def fs(rig, request, monkeypatch):
     rig.new_bad_lines([])  # what was logged before this test is not its doing
     try:
         async with open_fs(rig, kernel, f"inprocess:{request.node.name}") as fs:
-            fs.dir = await fs.mkdir(pyfuse3.ROOT_INODE, re.sub(r"[^A-Za-z0-9_]", "_", request.node.name).encode())
+            fs.dir_name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name).encode()
+            fs.dir = await fs.mkdir(pyfuse3.ROOT_INODE, fs.dir_name)
             yield fs
     finally:
         logging.getLogger("stripefs").removeHandler(errors)

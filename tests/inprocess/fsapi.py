@@ -101,6 +101,7 @@ class FS:
         self.kernel = kernel
         self.rig = rig
         self.dir = pyfuse3.ROOT_INODE  # the test's own directory (set by the fixture)
+        self.dir_name = b""  # its name in the root
         self.open_handles: set[int] = set()
 
     # ----------------------------------------------------------- namespace
