@@ -6,8 +6,8 @@ session on free ports; on PostgreSQL, a throwaway server and two metadata
 daemons (the client talks to the first), as the cluster tier's ``pg_cluster``.
 Each test builds a client as the mount does (client/connect.py: the metadata
 session and its heartbeat, the node pool, the data path) and an ``Operations``
-on it, and calls its handlers with the arguments pyfuse3 passes (client/fs_api
-helpers in ``fsapi.py``). What pyfuse3 would hand the kernel (readdir replies,
+on it, and calls its handlers with the arguments pyfuse3 passes (the syscall-like
+helpers of ``fsapi.py``). What pyfuse3 would hand the kernel (readdir replies,
 invalidations, page-cache stores) is recorded instead (``Kernel``).
 
 What this tier cannot show (the kernel's caches, mmap, atomic O_APPEND, the
@@ -16,7 +16,9 @@ processes doing syscalls) stays in tests/cluster.
 
 Logs are assertions, as in the cluster tier: an ERROR line or a traceback that a
 daemon or storage node logs during a test, or an ERROR record the client logs in
-this process, fails that test unless the test excused it (``rig.expect_log``).
+this process, fails that test unless the test excused it (``rig.expect_log``) or
+the rig's fixture did (``expected_log_patterns``). What the processes log outside
+any test fails the rig's teardown.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Rig:
         self.expected_log_patterns: list[str] = []
         self.test_log_patterns: list[str] = []
         self._log_checked: dict[str, int] = {}
+        self.untested_bad: list[str] = []  # unexpected lines logged between tests: fail the teardown
 
     @property
     def meta_address(self) -> str:
@@ -208,7 +211,7 @@ def run_rig(request, store: str = "sqlite", metas: int = 1, *, expected_log_patt
         rig.down()
         if failed:
             rig.print_logs()
-    bad = rig.new_bad_lines([])
+    bad = rig.untested_bad + rig.new_bad_lines([])
     shutil.rmtree(root, ignore_errors=True)
     assert not bad, "unexpected ERROR lines in process logs outside any test:\n" + "\n".join(bad[:30])
 
@@ -266,7 +269,7 @@ async def fs(rig, request, monkeypatch):
     errors = _ClientErrors()
     logging.getLogger("stripefs").addHandler(errors)
     rig.test_log_patterns.clear()
-    rig.new_bad_lines([])  # what was logged before this test is not its doing
+    rig.untested_bad += rig.new_bad_lines([])  # logged before this test: not its doing, but checked at teardown
     try:
         async with open_fs(rig, kernel, f"inprocess:{request.node.name}") as fs:
             fs.dir_name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name).encode()
