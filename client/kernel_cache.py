@@ -197,8 +197,8 @@ class KernelCache:
         self._note(touched | {parent for parent, _ in entries})
         if seq:
             self._seq = seq
-        mine = writer != 0 and writer == self.own_writer
-        ended = self._end_grants(inodes, [tuple(e) for e in entries], seq) if self.grants and seq and not mine else ()
+        mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
+        ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq) if self.grants and seq else ()
         if seq:
             self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
         else:

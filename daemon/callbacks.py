@@ -25,9 +25,11 @@ The rules
   when it settled such a change. A holding granted at ``g >= n`` already saw
   the change and stays.
 * The session that made the change (its OnceReq ``client_id``, told at
-  HelloReq) never waits for itself and keeps its holdings: its own reply tells
-  it, and the feed names the writer (``ChangeEvent.writer``), so its mount
-  keeps them too. A session whose client id the daemon does not know (adopted
+  HelloReq) never waits for itself and keeps its holdings of names and
+  directories: its own reply tells it, and the feed names the writer
+  (``ChangeEvent.writer``), so its mount keeps them too. A file it changed is
+  held no more, on both sides (an unlinked one would otherwise stay an orphan
+  for as long as its writer's session lives). A session whose client id the daemon does not know (adopted
   after a restart, until its first AckReq) gets no callbacks.
 * A directory's names: a mount that knows every name of a directory (it made
   it, or listed it in one page) holds ``("dir", ino)`` and answers lookups of
@@ -186,14 +188,16 @@ class Callbacks:
         return freed + self._revoke(keys, seq, mine)
 
     def _revoke(self, keys, seq: int, spare: set[int]) -> list[int]:
-        """Holdings of ``keys`` granted before ``seq`` end, but those of ``spare``; the inodes
+        """Holdings of ``keys`` granted before ``seq`` end, but the names and directories of
+        ``spare`` (the writer's: a file it changed is not spared, nor by its mount); the inodes
         nobody holds after that."""
         freed = []
         for key in keys:
             holders = self._holders.get(key)
             if not holders:
                 continue
-            for sid in [sid for sid, granted in holders.items() if granted < seq and sid not in spare]:
+            keep = spare if not isinstance(key, int) else ()
+            for sid in [sid for sid, granted in holders.items() if granted < seq and sid not in keep]:
                 del holders[sid]
                 held = self._held.get(sid)
                 if held is not None:

@@ -100,6 +100,7 @@ class Namespace(FileData):
         self.store = store
         self.nodes = nodes
         self.is_open = is_open
+        self.unlinked: list[int] = []  # inodes that lost a name in the current operation (unlink, rename over)
         self.clock = clock
         self.quotas = Quotas(store)  # directory quotas: hooks below, design in daemon/quota.py
         super().__init__(store)  # epochs (daemon/file_data.py)
@@ -176,6 +177,7 @@ class Namespace(FileData):
 
     def _drop_link(self, ino: int, now: int) -> None:
         """One name of a non-directory is gone: reclaim it, or keep it as an orphan while open."""
+        self.unlinked.append(ino)  # its attributes changed (nlink): the change names it (daemon/callbacks.py)
         self.store.add_nlink(ino, -1, now)
         if self.inode(ino)["nlink"] <= 0:
             if self.is_open(ino):
@@ -284,7 +286,13 @@ class Namespace(FileData):
 
     # -- removing ------------------------------------------------------------
 
+    def take_unlinked(self) -> list[int]:
+        """The inodes the operation just run took a name from (for its change log row)."""
+        unlinked, self.unlinked = self.unlinked, []
+        return unlinked
+
     def unlink(self, parent: int, name: bytes) -> None:
+        self.unlinked = []
         entry = self._entry(parent, name)
         row = self.inode(entry["ino"])
         if stat.S_ISDIR(row["mode"]):
@@ -324,6 +332,7 @@ class Namespace(FileData):
         return ancestor == ROOT_INO
 
     def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int = 0) -> None:
+        self.unlinked = []
         if flags not in (0, RENAME_NOREPLACE, RENAME_EXCHANGE):
             raise StripefsError(ErrorCode.INVALID, f"rename flags {flags} are not supported")
         src = self._entry(parent_old, name_old)

@@ -623,8 +623,10 @@ class MetaService:
         return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
 
     async def handle_unlink(self, req: P.UnlinkReq) -> P.Msg:
+        # the file itself changed too (nlink): holders of it are waited for, and an orphan's go
+        change = lambda _: ([req.parent, *self.ns.take_unlinked()], [(req.parent, req.name)])  # noqa: E731
         _, dirs, seq = await self._write_reporting(
-            self.ns.unlink, req.parent, req.name, report=[req.parent], change=([req.parent], [(req.parent, req.name)])
+            self.ns.unlink, req.parent, req.name, report=[req.parent], change=change
         )
         self._wake_gc()
         return P.ChangedRsp(dir_attrs=dirs, seq=seq)
@@ -636,7 +638,9 @@ class MetaService:
         return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
     async def handle_rename(self, req: P.RenameReq) -> P.Msg:
-        change = ({req.parent_old, req.parent_new}, [(req.parent_old, req.name_old), (req.parent_new, req.name_new)])
+        # a file the rename replaced changed too (nlink), as for an unlink
+        entries = [(req.parent_old, req.name_old), (req.parent_new, req.name_new)]
+        change = lambda _: ([req.parent_old, req.parent_new, *self.ns.take_unlinked()], entries)  # noqa: E731
         _, dirs, seq = await self._write_reporting(
             self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags,
             report=[req.parent_old, req.parent_new], change=change,

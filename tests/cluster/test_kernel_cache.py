@@ -522,3 +522,22 @@ def test_a_mount_that_knows_every_name_of_a_directory_creates_without_a_lookup(c
     with pytest.raises(FileExistsError):  # a name made elsewhere is never answered "absent"
         (theirs / "clash").write_bytes(b"")
         os.open(mine / "clash", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+
+
+def test_unlinking_a_held_file_frees_it(cluster, mnt, second):
+    """A held file counts as open (a mount may open it without asking), but an unlink takes it
+    from every holder, its own mount's included: nothing is left as an orphan."""
+    import json
+
+    second, _port = second
+    files = lambda: json.loads(run_cli("status", str(cluster.mnt), "--json").stdout)["files"]  # noqa: E731
+    (mnt / "gone").mkdir()
+    before = files()
+    for i in range(6):
+        (mnt / "gone" / f"f{i}").write_bytes(b"x" * 1000)
+        os.stat(mnt / "gone" / f"f{i}")
+        assert _read(second / mnt.name / "gone" / f"f{i}") == b"x" * 1000  # held by both mounts
+    os.unlink(mnt / "gone" / "f0")  # by a mount holding it
+    os.unlink(second / mnt.name / "gone" / "f1")  # by the other one
+    os.rename(mnt / "gone" / "f2", mnt / "gone" / "f3")  # over a held file
+    _eventually(lambda: files() == before + 3, within=10)

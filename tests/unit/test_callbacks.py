@@ -62,11 +62,12 @@ async def test_the_writer_never_waits_for_itself_and_later_grants_are_not_waited
     seq = [3]
     calls = make(seq)
     calls.grant(A, 7, 1, b"f")
+    calls.grant_dir(A, 1)
     with trio.fail_after(0.1):
-        await calls.settle(4, [7], [], writer=CLIENT_A)
-    assert calls.held(7)  # the writer keeps its own (the feed names it: its mount keeps it too)
+        assert await calls.settle(4, [1, 7], [(1, b"g")], writer=CLIENT_A) == [7]  # its own create of 1/g, and 7 changed
+    assert not calls.held(7)  # a file it changed is not kept (an unlinked one would stay an orphan)
     with trio.move_on_after(0.2) as scope:
-        await calls.settle(5, [7], [], writer=CLIENT_B)  # someone else's change waits for it
+        await calls.settle(5, [1], [(1, b"h")], writer=CLIENT_B)  # the directory's names it kept: others wait
     assert scope.cancelled_caught
     seq[0] = 5
     calls.grant(B, 8, 1, b"g")  # granted after change 5: the answer already had it
