@@ -65,7 +65,7 @@ from .disk_cache import DiskCache
 from .ec_path import EcPath
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
-from .placements import ALLOC_AHEAD, alloc_indices, placement, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
+from .placements import ALLOC_AHEAD, alloc_indices, is_cold, placement, recall, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,10 @@ class DataPath:
                 return b""
             extents = list(chunk_extents(offset, end - offset, of.chunk_size))
         ahead = stream.advance(offset, end, of.chunk_size, self.readahead_chunks) if stream is not None else 0
+        cold = [ext.index for ext in extents if is_cold(of.chunks.get(ext.index))]
+        if cold:  # in a tier (docs/tiering.md): the daemon brings them back first, with the read-ahead window's
+            window = range(extents[-1].index + 1, min(extents[-1].index + 1 + ahead, -(-of.size // of.chunk_size)))
+            await recall(self.meta, self.nodes, of, cold + [i for i in window if is_cold(of.chunks.get(i))])
         if is_ec(of.layout):
             return await self.ec.read(of, extents, ahead)
         if len(extents) == 1:
@@ -152,7 +156,7 @@ class DataPath:
 
     async def _prefetch(self, of: OpenFile, index: int) -> None:
         ref = of.chunks.get(index)
-        if ref is None or ref.version == 0:
+        if ref is None or ref.version == 0 or is_cold(ref):
             return
         try:
             await self.cache.fetch(
@@ -336,7 +340,13 @@ class DataPath:
             return None
         self.nodes.learn(rsp.nodes)
         now = next((c for c in rsp.chunks if c.index == ref.index), None)
-        if now is None or set(now.nodes) <= set(ref.nodes):
+        recalled = False
+        if is_cold(now) and now.version == ref.version:  # moved to a tier since: the daemon brings it back
+            rsp = await self.meta.call(p.TierRecallReq(ino=ino, indices=[ref.index]))
+            self.nodes.learn(rsp.nodes)
+            now = next((c for c in rsp.chunks if c.index == ref.index), None)
+            recalled = now is not None and bool(now.nodes)
+        if now is None or (set(now.nodes) <= set(ref.nodes) and not recalled):
             return None
         return p.ChunkRef(index=ref.index, version=ref.version, nodes=now.nodes)
 
@@ -647,6 +657,9 @@ class DataPath:
         index, inner = divmod(new_size, cs)
         refs: list[p.ChunkRef] = []
         ref = of.chunks.get(index)
+        if inner and is_cold(ref) and new_size < of.size:  # the cut goes into its content: back on nodes first
+            await recall(self.meta, self.nodes, of, [index])
+            ref = of.chunks.get(index)
         if inner and ref is not None and ref.version and new_size < of.size and is_ec(of.layout):
             refs.append(await self.ec.cut_stripe(of, ref, inner))
         elif inner and ref is not None and ref.version and new_size < of.size:
