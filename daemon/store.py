@@ -583,10 +583,12 @@ class SqlStore:
         )
 
     def tier_objects_of(self, ino: int) -> dict[tuple[int, int], tuple]:
-        """(idx, version) -> (tier_id, length, xxh3, state) of every object row of file ``ino``."""
+        """(idx, version) -> (tier_id, length, xxh3, state, created_ns) of every object row of file ``ino``."""
         return {
-            (r[0], r[1]): (r[2], r[3], r[4], r[5])
-            for r in self._x("SELECT idx, version, tier_id, length, xxh3, state FROM tier_objects WHERE ino=?", (ino,))
+            (r[0], r[1]): (r[2], r[3], r[4], r[5], r[6])
+            for r in self._x(
+                "SELECT idx, version, tier_id, length, xxh3, state, created_ns FROM tier_objects WHERE ino=?", (ino,)
+            )
         }
 
     def uploading_objects(self, limit: int, after: tuple[int, int, int] = (0, -1, -1)) -> list:
@@ -627,7 +629,7 @@ class SqlStore:
         """(ino, idx, version, tier_id) of stored objects no chunk row needs any more: the file is
         gone, the chunk was cut or rewritten (another version), or it is back on nodes."""
         return self._x(
-            "SELECT o.ino, o.idx, o.version, o.tier_id FROM tier_objects o"
+            "SELECT o.ino, o.idx, o.version, o.tier_id, o.created_ns FROM tier_objects o"
             " LEFT JOIN chunks c ON c.ino = o.ino AND c.idx = o.idx"
             " WHERE o.state='stored' AND (c.ino IS NULL OR c.version != o.version OR c.nodes != '') LIMIT ?",
             (limit,),
@@ -647,16 +649,16 @@ class SqlStore:
         return self._x("SELECT count(*) FROM tier_garbage").fetchone()[0]
 
     def tier_object_keys(self, tier_id: int) -> list:
-        """(ino, idx, version) of every object row of a tier, uploading ones too (fsck)."""
-        return self._x("SELECT ino, idx, version FROM tier_objects WHERE tier_id=?", (tier_id,)).fetchall()
+        """(ino, idx, version, created_ns) of every object row of a tier, uploading ones too (fsck)."""
+        return self._x("SELECT ino, idx, version, created_ns FROM tier_objects WHERE tier_id=?", (tier_id,)).fetchall()
 
     def tier_garbage_names(self, tier_id: int) -> list[str]:
         return [r[0] for r in self._x("SELECT name FROM tier_garbage WHERE tier_id=?", (tier_id,))]
 
     def cold_chunks_of(self, tier_id: int, after: tuple[int, int], limit: int) -> list:
-        """(ino, idx, version, length) of stored objects of ``tier_id`` whose chunk is cold, in order (fsck)."""
+        """(ino, idx, version, created_ns, length) of stored objects of ``tier_id`` whose chunk is cold, in order (fsck)."""
         return self._x(
-            "SELECT o.ino, o.idx, o.version, o.length FROM tier_objects o JOIN chunks c ON c.ino = o.ino AND c.idx = o.idx"
+            "SELECT o.ino, o.idx, o.version, o.created_ns, o.length FROM tier_objects o JOIN chunks c ON c.ino = o.ino AND c.idx = o.idx"
             " AND c.version = o.version WHERE o.tier_id=? AND o.state='stored' AND c.nodes = '' AND (o.ino, o.idx) > (?,?)"
             " ORDER BY o.ino, o.idx LIMIT ?",
             (tier_id, *after, limit),

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 DELETE_BATCH = 1000
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-_NAME = re.compile(r"^(?P<cluster>[0-9a-f]{32})/(?P<ino>[0-9]+)/(?P<idx>[0-9]+)\.(?P<version>[0-9]+)$")
+_NAME = re.compile(r"^(?P<cluster>[0-9a-f]{32})/(?P<ino>[0-9]+)/(?P<idx>[0-9]+)\.(?P<version>[0-9]+)\.(?P<stamp>[0-9]+)$")
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -50,19 +50,21 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix + "/" if prefix else ""
 
 
-def object_name(prefix: str, cluster_id: str, ino: int, idx: int, version: int) -> str:
-    """The object holding version ``version`` of chunk ``idx`` of file ``ino`` (docs/tiering.md)."""
-    return f"{prefix}{cluster_id}/{ino}/{idx}.{version}"
+def object_name(prefix: str, cluster_id: str, ino: int, idx: int, version: int, stamp: int) -> str:
+    """The object holding version ``version`` of chunk ``idx`` of file ``ino``, uploaded by the migration
+    whose intent was recorded at ``stamp`` (ns): a chunk version migrated, recalled and migrated again gets
+    a new name, so a deletion of the old object still queued can never hit the new one (docs/tiering.md)."""
+    return f"{prefix}{cluster_id}/{ino}/{idx}.{version}.{stamp}"
 
 
-def parse_object_name(prefix: str, name: str) -> tuple[str, int, int, int] | None:
-    """(cluster_id, ino, idx, version) of an object name, None when it is not one of ours."""
+def parse_object_name(prefix: str, name: str) -> tuple[str, int, int, int, int] | None:
+    """(cluster_id, ino, idx, version, stamp) of an object name, None when it is not one of ours."""
     if not name.startswith(prefix):
         return None
     m = _NAME.match(name[len(prefix):])
     if m is None:
         return None
-    return m["cluster"], int(m["ino"]), int(m["idx"]), int(m["version"])
+    return m["cluster"], int(m["ino"]), int(m["idx"]), int(m["version"]), int(m["stamp"])
 
 
 def to_signed(x: int) -> int:

@@ -132,8 +132,8 @@ class Tiering:
                 return tier_id
         raise StripefsError(ErrorCode.NOT_FOUND, f"no tier named {name!r}: add it with 'stripefs tier add {name} s3://BUCKET/PREFIX'")
 
-    def _name(self, b: Bucket, ino: int, idx: int, version: int) -> str:
-        return object_name(b.prefix, self.cluster_id, ino, idx, version)
+    def _name(self, b: Bucket, ino: int, idx: int, version: int, stamp: int) -> str:
+        return object_name(b.prefix, self.cluster_id, ino, idx, version, stamp)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -234,6 +234,13 @@ class Tiering:
 
             for item in todo:
                 nursery.start_soon(one, item)
+        failed = sum(1 for r in results if r < 0)
+        if failed:  # logged with the reason; the intents stay: the duties leader retries them (docs/tiering.md)
+            raise StripefsError(
+                ErrorCode.UNAVAILABLE,
+                f"inode {req.ino}: {failed} of {len(todo)} chunk(s) could not be moved (the daemon's log says why; "
+                "they stay on the storage nodes, and the daemon retries them by itself)",
+            )
         moved, nbytes = sum(1 for r in results if r > 0), sum(r for r in results if r > 0)
         cold, hot = await self.txn.read(self._file_counts, req.ino)
         return P.TierFileRsp(chunks=moved, bytes=nbytes, cold=cold, hot=hot)
@@ -297,8 +304,12 @@ class Tiering:
         async with self.txn.lock:
             cur = self.store.get_chunks(ino, [idx]).get(idx)
             inode = self.store.get_inode(ino)
+            obj = self.store.tier_objects_of(ino).get((idx, version))
+            if obj is None or obj[3] != "uploading":
+                return 0  # done (another request) or dropped meanwhile
+            tier_id = obj[0]
             b = self.bucket(tier_id)
-            name = self._name(b, ino, idx, version)
+            name = self._name(b, ino, idx, version, obj[4])
             if cur is None or inode is None or cur[0] != version or not cur[1]:
                 # written, cut, deleted meanwhile (or already cold): the intent goes, its object if any too
                 self.txn.write_locked(self._drop_intent, ino, idx, version, tier_id, name)
@@ -431,7 +442,7 @@ class Tiering:
                 raise StripefsError(ErrorCode.IO, f"chunk {ino}:{idx} v{version} is cold but no object is recorded for it")
             tier_id, length, xxh3 = obj[0], obj[1], to_unsigned(obj[2])
             b = self.bucket(tier_id)
-            name = self._name(b, ino, idx, version)
+            name = self._name(b, ino, idx, version, obj[4])
             red = parse_redundancy(inode["redundancy"])
             placed = placement.place_chunks(
                 self.nodes.views(), [idx], copies=red.copies, stripe_count=inode["stripe_count"], stripe_seed=inode["stripe_seed"]
@@ -509,6 +520,11 @@ class Tiering:
         """On the duties leader: resume, policies, garbage (a duty task: cancelled when leading ends)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._gc_loop, name="meta-tier-gc")
+            # a daemon that just started knows every node as down until it heartbeats: wait for them
+            with trio.move_on_after(self.config.node_timeout_s):
+                while not any(v.up for v in self.nodes.views()):
+                    await trio.sleep(0.2)
+                await trio.sleep(min(2.0, self.config.node_timeout_s))  # ... and for the others to register
             while True:
                 try:
                     await self._resume()
@@ -587,9 +603,9 @@ class Tiering:
     async def _collect(self) -> None:
         def sweep():
             rows = self.store.orphan_tier_objects(GC_BATCH)
-            for ino, idx, version, tier_id in rows:
+            for ino, idx, version, tier_id, stamp in rows:
                 self.store.delete_tier_object(ino, idx, version)
-                self.store.add_tier_garbage([(tier_id, self._name(self.bucket(tier_id), ino, idx, version))])
+                self.store.add_tier_garbage([(tier_id, self._name(self.bucket(tier_id), ino, idx, version, stamp))])
             return len(rows)
 
         swept = await self.txn.write(sweep)
@@ -637,8 +653,8 @@ class Tiering:
             expected: set[str] = set()
             while True:
                 rows = await self.txn.read(self.store.cold_chunks_of, tier_id, after, 5000)
-                for ino, idx, version, length in rows:
-                    name = self._name(b, ino, idx, version)
+                for ino, idx, version, stamp, length in rows:
+                    name = self._name(b, ino, idx, version, stamp)
                     expected.add(name)
                     checked += 1
                     if listed.get(name) != length:
