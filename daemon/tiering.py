@@ -40,6 +40,7 @@ from ..common.erasure import codec, fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import parse_redundancy
 from . import placement, redundancy
+from .metrics import TIER_BYTES, TIER_OBJECTS, TIER_RECALL_SECONDS
 from .db import ROOT_INO
 from .repair import Throttle
 from .tier_store import Bucket, checksum, object_name, parse_object_name, parse_url, to_signed, to_unsigned
@@ -107,8 +108,6 @@ class Tiering:
         self._wake = trio.Event()
         self.migrated = self.migrated_bytes = self.recalled = self.recalled_bytes = 0
         self.failed = self.objects_deleted = 0
-        self.recall_seconds: list[float] = []  # since the last metrics scrape (daemon/metrics.py)
-        self.recall_total_s = 0.0
 
     # -- tiers ---------------------------------------------------------------------------
 
@@ -339,6 +338,8 @@ class Tiering:
         self.wake_gc()
         self.migrated += 1
         self.migrated_bytes += len(data)
+        TIER_OBJECTS.labels("migrated").inc()
+        TIER_BYTES.labels("migrated").inc(len(data))
         log.debug("chunk %d:%d v%d: %d bytes stored in %s as %s; node copies released", ino, idx, version, len(data), b, name)
         return max(1, len(data))
 
@@ -425,9 +426,7 @@ class Tiering:
         finally:
             done.set()
             del self._recalls[key]
-            took = trio.current_time() - started
-            self.recall_seconds.append(took)
-            del self.recall_seconds[:-1000]
+            TIER_RECALL_SECONDS.observe(trio.current_time() - started)
 
     async def _recall(self, ino: int, idx: int) -> None:
         async with self.txn.lock:
@@ -495,6 +494,8 @@ class Tiering:
         if ok:
             self.recalled += 1
             self.recalled_bytes += len(data)
+            TIER_OBJECTS.labels("recalled").inc()
+            TIER_BYTES.labels("recalled").inc(len(data))
             log.debug("chunk %d:%d v%d recalled from %s onto nodes %s", ino, idx, version, b, nodes)
 
     def _switch_hot(self, ino, idx, version, nodes, tier_id, name) -> bool:
@@ -625,6 +626,7 @@ class Tiering:
             done = [i for i, n in items if n not in failed]
             await self.txn.write(self.store.delete_tier_garbage, done)
             self.objects_deleted += len(done)
+            TIER_OBJECTS.labels("deleted").inc(len(done))
             if done:
                 log.debug("%s: %d object(s) deleted", b, len(done))
 
