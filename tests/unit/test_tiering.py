@@ -1,0 +1,181 @@
+"""The cold tier's pure parts and its row edits (docs/tiering.md): object names, policy rules,
+durations, and the compare-and-swaps of migrate and recall on an in-process daemon (no bucket)."""
+
+import time
+
+import msgspec
+import pytest
+
+from stripefs.common import protocol as p
+from stripefs.common.config import MetaConfig
+from stripefs.daemon.health import NodeRegistry  # noqa: F401
+from stripefs.daemon.service import MetaService
+from stripefs.daemon.tier_store import object_name, parse_object_name, parse_url, to_signed, to_unsigned
+from stripefs.daemon.tiering import is_cold, nearest_policy, policy_due
+from stripefs.tier_cli import format_duration, parse_duration
+
+CLUSTER = "0123456789abcdef0123456789abcdef"
+DAY_NS = 86400 * 10**9
+
+
+def test_urls():
+    assert parse_url("s3://bucket") == ("bucket", "")
+    assert parse_url("s3://my.bucket/a/b/") == ("my.bucket", "a/b/")
+    for bad in ("http://bucket", "s3://", "s3://B", "s3://x"):
+        with pytest.raises(ValueError):
+            parse_url(bad)
+
+
+def test_object_names_round_trip_and_differ_per_migration():
+    name = object_name("pre/", CLUSTER, 42, 7, 1001, 123456789)
+    assert name == f"pre/{CLUSTER}/42/7.1001.123456789"
+    assert parse_object_name("pre/", name) == (CLUSTER, 42, 7, 1001, 123456789)
+    assert object_name("pre/", CLUSTER, 42, 7, 1001, 1) != name  # migrated again: another object
+    assert parse_object_name("pre/", f"pre/{CLUSTER}/42/7.1001") is None
+    assert parse_object_name("other/", name) is None
+    assert parse_object_name("pre/", "pre/notes.txt") is None
+
+
+def test_checksums_fit_the_store():
+    for x in (0, 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1):
+        s = to_signed(x)
+        assert -(1 << 63) <= s < (1 << 63) and to_unsigned(s) == x
+
+
+def test_policy_rules():
+    now = 100 * DAY_NS
+    old = now - 31 * DAY_NS
+    assert policy_due(old, old, 10, now, 30 * 86400, 0)
+    assert not policy_due(now - DAY_NS, old, 10, now, 30 * 86400, 0)  # read yesterday
+    assert not policy_due(old, now - DAY_NS, 10, now, 30 * 86400, 0)  # written yesterday
+    assert not policy_due(old, old, 10, now, 30 * 86400, 11)  # too small
+    assert not policy_due(old, old, 0, now, 30 * 86400, 0)  # empty: nothing to move
+    parents = {5: 3, 3: 2, 2: 1}
+    assert nearest_policy(5, parents.get, {2: "a", 1: "root"}) == "a"
+    assert nearest_policy(5, parents.get, {5: "own", 2: "a"}) == "own"
+    assert nearest_policy(5, parents.get, {}) is None
+    assert nearest_policy(9, {}.get, {1: "root"}) is None  # no parent known: unlinked
+
+
+def test_durations():
+    assert parse_duration("30d") == 30 * 86400
+    assert parse_duration("12h") == 43200 and parse_duration("90m") == 5400 and parse_duration("45") == 45
+    assert parse_duration("2w") == 14 * 86400
+    for bad in ("", "d", "1y", "-1d", "1.5d"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    assert format_duration(30 * 86400) == "30d" and format_duration(90) == "90s" and format_duration(7200) == "2h"
+
+
+def test_cold_means_written_and_on_no_node():
+    assert is_cold(5, []) and not is_cold(0, []) and not is_cold(5, [1])
+
+
+def test_malformed_tier_requests_are_refused_by_the_schema():
+    for body in (
+        {"t": "tier_add", "name": "bad name!", "url": "s3://b"},
+        {"t": "tier_add", "name": "ok", "url": 5},
+        {"t": "tier_recall", "ino": "x"},
+        {"t": "tier_policy_set", "ino": 1, "tier": "cold", "after_s": -1},
+    ):
+        frame = msgspec.msgpack.encode([p.PROTOCOL_VERSION, 7, body])
+        with pytest.raises(p.ProtocolError):
+            p.decode_request(frame)
+
+
+# -- the daemon's row edits (MetaService opened in-process, no sockets) -------------------
+
+
+@pytest.fixture
+def svc(tmp_path):
+    service = MetaService(MetaConfig(data_dir=str(tmp_path), chunk_size=1 << 20, stripe_count=2, redundancy="replicas=2"))
+    service.open()
+    service.store.add_tier("cold", "bucket", "pre/", "http://127.0.0.1:1", "", time.time_ns())
+    yield service
+    service.store.close()
+
+
+def _file(svc, name=b"f", chunks=((0, 5, [1, 2]),), parent=1):
+    ino, _ = svc.ns.create(parent, name, 0o644, 0, 0)
+    for idx, version, nodes in chunks:
+        svc.store.put_chunk(ino, idx, version, nodes)
+    return ino
+
+
+def _garbage(svc):
+    return sorted((r[0], r[1], r[2], r[3]) for r in svc.store.conn.execute("SELECT node_id, ino, idx, max_version FROM garbage"))
+
+
+def _objects(svc):
+    return {(r[0], r[1], r[2]): r[3] for r in svc.store.conn.execute("SELECT ino, idx, version, state FROM tier_objects")}
+
+
+def _tier_garbage(svc):
+    return [r[0] for r in svc.store.conn.execute("SELECT name FROM tier_garbage")]
+
+
+def test_migration_switches_only_the_row_it_read(svc):
+    t = svc.tiering
+    ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 5, [3, 4])))
+    svc.store.add_tier_objects([(ino, 0, 5, 1, 11), (ino, 1, 5, 1, 12)])
+    with svc.store.savepoint():
+        assert t._switch_cold(ino, 0, 5, [1, 2], 1, "n0", 100, 1 << 63)
+    assert svc.store.get_chunks(ino)[0] == (5, [])  # cold: no nodes
+    assert _garbage(svc) == [(1, ino, 0, 5), (2, ino, 0, 5)]  # the copies go, bounded by the version
+    assert _objects(svc)[(ino, 0, 5)] == "stored"
+    svc.store.put_chunk(ino, 1, 9, [3, 4])  # a writer committed version 9 during the upload
+    with svc.store.savepoint():
+        assert not t._switch_cold(ino, 1, 5, [3, 4], 1, "n1", 100, 7)
+    assert svc.store.get_chunks(ino)[1] == (9, [3, 4])
+    assert (ino, 1, 5) not in _objects(svc) and _tier_garbage(svc) == ["n1"]  # the upload is garbage
+
+
+def test_recall_switches_back_and_queues_the_object(svc):
+    t = svc.tiering
+    ino = _file(svc)
+    svc.store.add_tier_objects([(ino, 0, 5, 1, 11)])
+    with svc.store.savepoint():
+        t._switch_cold(ino, 0, 5, [1, 2], 1, "n0", 100, 7)
+    with svc.store.savepoint():
+        assert t._switch_hot(ino, 0, 5, [3, 4], 1, "n0")
+    assert svc.store.get_chunks(ino)[0] == (5, [3, 4])
+    assert _objects(svc) == {} and _tier_garbage(svc) == ["n0"]
+    svc.store.conn.execute("DELETE FROM garbage")
+    with svc.store.savepoint():  # a second recall (another daemon) lost the race: its copies go, never the row's
+        assert not t._switch_hot(ino, 0, 5, [4, 1], 1, "n0")
+    assert _garbage(svc) == [(1, ino, 0, 5)]  # node 4 holds the row's copy: not deleted
+    assert svc.store.get_chunks(ino)[0] == (5, [3, 4])
+
+
+def test_objects_of_deleted_truncated_or_rewritten_chunks_are_orphans(svc):
+    t = svc.tiering
+    a = _file(svc, b"a", chunks=((0, 5, [1, 2]), (1, 5, [1, 2])))
+    b = _file(svc, b"b")
+    svc.store.add_tier_objects([(a, 0, 5, 1, 1), (a, 1, 5, 1, 2), (b, 0, 5, 1, 3)])
+    with svc.store.savepoint():
+        for ino, idx in ((a, 0), (a, 1), (b, 0)):
+            assert t._switch_cold(ino, idx, 5, [1, 2], 1, "x", 10, 1)
+    assert svc.store.orphan_tier_objects(10) == []
+    svc.ns.setattr(a, size=1 << 20)  # truncated to one chunk: chunk 1's object is an orphan
+    svc.ns.unlink(1, b"b")  # deleted
+    orphans = sorted(tuple(r) for r in svc.store.orphan_tier_objects(10))
+    assert orphans == [(a, 1, 5, 1, 2), (b, 0, 5, 1, 3)]
+
+
+def test_the_policy_pass_picks_idle_files_below_the_directory(svc):
+    d = svc.ns.mkdir(1, b"d", 0o755, 0, 0).ino
+    own = svc.ns.mkdir(d, b"own", 0o755, 0, 0).ino
+    idle = _file(svc, b"idle", parent=d)
+    _file(svc, b"empty", chunks=(), parent=d)
+    below_own = _file(svc, b"x", parent=own)
+    for ino in (idle, below_own):
+        svc.store.update_inode(ino, size=1000, atime_ns=1, mtime_ns=1)
+    svc.store.set_tier_policy(d, 1, 60, 0)
+    svc.store.set_tier_policy(own, 1, 60, 0)
+    now = time.time_ns()
+    assert svc.store.policy_candidates(d, now, 0, 100) == [idle]  # not below 'own': its own policy walks it
+    assert svc.store.policy_candidates(own, now, 0, 100) == [below_own]
+    assert svc.store.policy_candidates(d, now, 2000, 100) == []  # --min-size
+    assert svc.store.policy_candidates(d, 0, 0, 100) == []  # not idle long enough
+    svc.store.put_chunk(idle, 0, 5, [])  # already cold
+    assert svc.store.policy_candidates(d, now, 0, 100) == []
