@@ -19,6 +19,7 @@ import json
 import os
 import re
 import stat
+from pathlib import Path
 
 import trio
 import zmq
@@ -145,6 +146,54 @@ def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[i
         return trio.run(_with_daemon, targets[0][0], run)
     except StripefsError as exc:
         raise QuietError(exc.message or exc.code.name, 3) from None
+
+
+def recall_for_warmup(root: bytes, paths: list[str]) -> tuple[int, list[str]]:
+    """``stripefs warmup``: bring the named files of the mount at ``root`` back from their tiers first
+    (one TierRecallReq per file, only when a tier holds anything); (files asked, failures)."""
+    from .cluster import mount_of, source_addresses
+
+    found = mount_of(Path(os.fsdecode(root)))
+    if not found or not paths:
+        return 0, []
+    addresses = source_addresses(found[0])
+
+    async def run(client) -> tuple[int, list[str]]:
+        rsp, _ = await client.call(p.TierListReq())
+        if not any(t.objects for t in rsp.tiers):
+            return 0, []
+        inos = []
+        for path in paths:
+            try:
+                inos.append(os.stat(path).st_ino)
+            except OSError:
+                continue
+        progress = Progress(len(inos), label="recall")
+        failures: list[str] = []
+        done = 0
+        limiter = trio.CapacityLimiter(8)
+
+        async def one(ino: int) -> None:
+            nonlocal done
+            async with limiter:
+                try:
+                    await client.call(p.TierRecallReq(ino=ino), timeout=FILE_TIMEOUT_S)
+                except StripefsError as exc:
+                    if exc.code != ErrorCode.NOT_FOUND:
+                        failures.append(f"inode {ino}: {exc.message}")
+                done += 1
+                progress.update(done)
+
+        async with trio.open_nursery() as nursery:
+            for ino in inos:
+                nursery.start_soon(one, ino)
+        progress.close()
+        return len(inos), failures
+
+    try:
+        return trio.run(_with_daemon, addresses, run)
+    except (StripefsError, QuietError) as exc:  # an older daemon without tiers, say: warmup goes on
+        return 0, [f"recall from tiers skipped: {getattr(exc, 'message', exc)}"]
 
 
 # -- commands -------------------------------------------------------------------------------
