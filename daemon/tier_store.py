@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from ..common.config import MetaConfig
 
 log = logging.getLogger(__name__)
+# boto3's own loggers stay quiet even under --debug: their debug lines carry signed request headers
+for _name in ("boto3", "botocore", "s3transfer", "urllib3"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 #: objects one DeleteObjects request names (S3's limit)
 DELETE_BATCH = 1000

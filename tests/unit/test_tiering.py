@@ -179,3 +179,10 @@ def test_the_policy_pass_picks_idle_files_below_the_directory(svc):
     assert svc.store.policy_candidates(d, 0, 0, 100) == []  # not idle long enough
     svc.store.put_chunk(idle, 0, 5, [])  # already cold
     assert svc.store.policy_candidates(d, now, 0, 100) == []
+
+
+def test_repair_leaves_cold_chunks_alone():
+    from stripefs.daemon.repair_plan import ChunkRow, plan
+
+    out = plan([ChunkRow(5, 0, 7, (), "replicas=2", 1 << 20), ChunkRow(5, 1, 7, (), "ec=2+1", 1 << 20)], {1: "up"})
+    assert out.tasks == [] and out.lost == 0 and out.under_replicated == 0 and out.chunks == 2
