@@ -100,7 +100,10 @@ class Tiering:
         self.healer = healer
         self.cluster_id = cluster_id
         self.wake_gc = wake_gc
-        self.limiter = trio.CapacityLimiter(max(1, config.tier_parallelism))
+        self.limiter = trio.CapacityLimiter(max(1, config.tier_parallelism))  # boto3 and checksum threads
+        # chunks being moved at once, all requests together: each holds a chunk in memory, so a
+        # migrate or recall of a 10 GiB file queues here instead of reading 2,560 chunks at once
+        self.transfers = trio.CapacityLimiter(2 * max(1, config.tier_parallelism))
         self.throttle = Throttle(int(config.tier_bandwidth))
         self._buckets: dict[int, Bucket] = {}
         self._recalls: dict[tuple[int, int], trio.Event] = {}
@@ -291,7 +294,8 @@ class Tiering:
             return 0
         self._migrating.add(key)
         try:
-            return await self._migrate(ino, idx, version, tier_id, throttled)
+            async with self.transfers:
+                return await self._migrate(ino, idx, version, tier_id, throttled)
         except StripefsError as exc:
             self.failed += 1
             log.warning("chunk %d:%d v%d: migration to tier %d failed, will retry: %s", ino, idx, version, tier_id, exc)
@@ -422,7 +426,8 @@ class Tiering:
         done = self._recalls[key] = trio.Event()
         started = trio.current_time()
         try:
-            await self._recall(ino, idx)
+            async with self.transfers:
+                await self._recall(ino, idx)
         finally:
             done.set()
             del self._recalls[key]

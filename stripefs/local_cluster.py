@@ -634,6 +634,11 @@ class LocalCluster:
             procs.append({"role": "postgres", "node_id": None, "pid": server.pid() if up else None,
                           "address": f"postgresql://127.0.0.1:{server.port}/",
                           "state": "up" if up else "down", "bytes_stored": None, "metrics": None})
+        if info.get("s3"):  # role "s3": the local S3 server of --tier s3 (objects in its memory)
+            spid = pids.get("s3")
+            procs.append({"role": "s3", "node_id": None, "pid": spid if _alive(spid) else None,
+                          "address": f"http://127.0.0.1:{info['s3']['port']}/{info['s3']['bucket']}",
+                          "state": "up" if _alive(spid) else "down", "bytes_stored": None, "metrics": None})
         for node in info["nodes"]:
             pid = pids.get("storage", {}).get(str(node["node_id"]))
             procs.append({
