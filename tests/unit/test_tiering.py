@@ -186,3 +186,39 @@ def test_repair_leaves_cold_chunks_alone():
 
     out = plan([ChunkRow(5, 0, 7, (), "replicas=2", 1 << 20), ChunkRow(5, 1, 7, (), "ec=2+1", 1 << 20)], {1: "up"})
     assert out.tasks == [] and out.lost == 0 and out.under_replicated == 0 and out.chunks == 2
+
+
+def test_the_tier_sql_runs_on_postgresql(pg_dsn):
+    """The shared SQL of the tier tables (row-value comparisons, the recursive walk, upserts) on PostgreSQL."""
+    from stripefs.daemon.health import NodeRegistry
+    from stripefs.daemon.namespace import Namespace
+    from stripefs.daemon.pg_store import open_pg_store
+
+    store = open_pg_store(pg_dsn, p.Layout(chunk_size=1 << 20, stripe_count=2, redundancy="replicas=2"), pool_size=2)
+    try:
+        ns = Namespace(store, NodeRegistry(store, 10.0, 5.0), is_open=lambda ino: False)
+
+        def work():
+            tier = store.add_tier("cold", "bucket", "", "", "", 1)
+            d = ns.mkdir(1, b"d", 0o755, 0, 0).ino
+            f, _ = ns.create(d, b"f", 0o644, 0, 0)
+            store.put_chunk(f, 0, 5, [1, 2])
+            store.update_inode(f, size=100, atime_ns=1, mtime_ns=1)
+            store.set_tier_policy(d, tier, 60, 0)
+            store.set_tier_policy(d, tier, 30, 10)  # the upsert
+            assert store.policy_candidates(d, time.time_ns(), 10, 10) == [f]
+            store.add_tier_objects([(f, 0, 5, tier, 7), (f, 0, 5, tier, 8)])  # the second is ignored
+            assert [tuple(r) for r in store.uploading_objects(10)] == [(f, 0, 5, tier)]
+            store.set_object_stored(f, 0, 5, 100, to_signed(1 << 63))
+            store.put_chunk(f, 0, 5, [])
+            assert store.tier_objects_of(f)[(0, 5)] == (tier, 100, to_signed(1 << 63), "stored", 7)
+            assert store.tier_usage() == {tier: (1, 100)} and store.orphan_tier_objects(10) == []
+            assert [tuple(r) for r in store.cold_chunks_of(tier, (0, -1), 10)] == [(f, 0, 5, 7, 100)]
+            store.drop_chunks(f, 0)
+            assert [tuple(r) for r in store.orphan_tier_objects(10)] == [(f, 0, 5, tier, 7)]
+            store.add_tier_garbage([(tier, "x")])
+            assert store.count_tier_garbage() == 1 and store.tier_garbage_names(tier) == ["x"]
+
+        store.run(work, readonly=False)
+    finally:
+        store.close()
