@@ -57,6 +57,9 @@ GC_BATCH = 1000
 GC_INTERVAL_S = 5.0
 NODE_TIMEOUT_S = 10.0  # plus one second per MiB: one chunk read or one durable write on a node
 RETRY_S = 5.0
+#: a recall waits up to this many tenths of a second for pending deletions of the chunk's released
+#: copies when too few other nodes could take its copies
+RECALL_PLACE_TRIES = 50
 
 
 # -- pure rules (tests/unit/test_tiering.py) ---------------------------------------------
@@ -434,26 +437,37 @@ class Tiering:
             TIER_RECALL_SECONDS.observe(trio.current_time() - started)
 
     async def _recall(self, ino: int, idx: int) -> None:
-        async with self.txn.lock:
-            cur = self.store.get_chunks(ino, [idx]).get(idx)
-            inode = self.store.get_inode(ino)
-            if cur is None or inode is None or not is_cold(*cur):
-                return
-            version = cur[0]
-            obj = self.store.tier_objects_of(ino).get((idx, version))
-            if obj is None or obj[3] != "stored":
-                log.error("chunk %d:%d v%d is in no tier's records: its data is lost (stripefs fsck)", ino, idx, version)
-                raise StripefsError(ErrorCode.IO, f"chunk {ino}:{idx} v{version} is cold but no object is recorded for it")
-            tier_id, length, xxh3 = obj[0], obj[1], to_unsigned(obj[2])
-            b = self.bucket(tier_id)
-            name = self._name(b, ino, idx, version, obj[4])
-            red = parse_redundancy(inode["redundancy"])
-            placed = placement.place_chunks(
-                self.nodes.views(), [idx], copies=red.copies, stripe_count=inode["stripe_count"], stripe_seed=inode["stripe_seed"]
-            )[idx]
-            targets = redundancy.pad_fragments(placed, red)
-            addresses = {n: self.nodes.address(n) for n in targets if n != redundancy.MISSING}
-            chunk_size = inode["chunk_size"]
+        for attempt in range(RECALL_PLACE_TRIES):
+            async with self.txn.lock:
+                cur = self.store.get_chunks(ino, [idx]).get(idx)
+                inode = self.store.get_inode(ino)
+                if cur is None or inode is None or not is_cold(*cur):
+                    return
+                version = cur[0]
+                obj = self.store.tier_objects_of(ino).get((idx, version))
+                if obj is None or obj[3] != "stored":
+                    log.error("chunk %d:%d v%d is in no tier's records: its data is lost (stripefs fsck)", ino, idx, version)
+                    raise StripefsError(ErrorCode.IO, f"chunk {ino}:{idx} v{version} is cold but no object is recorded for it")
+                tier_id, length, xxh3 = obj[0], obj[1], to_unsigned(obj[2])
+                b = self.bucket(tier_id)
+                name = self._name(b, ino, idx, version, obj[4])
+                red = parse_redundancy(inode["redundancy"])
+                # never a node whose deletion of this chunk's released copies (up to this very version)
+                # is still pending: the collector's delete could land after our write and destroy it
+                pending = self.store.garbage_nodes_of_chunk(ino, idx)
+                views = [placement.NodeView(v.node_id, v.host, v.free_bytes, v.up and v.node_id not in pending)
+                         for v in self.nodes.views()]
+                enough = sum(v.up for v in views) >= red.copies
+                if enough or attempt == RECALL_PLACE_TRIES - 1:
+                    placed = placement.place_chunks(
+                        views, [idx], copies=red.copies, stripe_count=inode["stripe_count"], stripe_seed=inode["stripe_seed"]
+                    )[idx]
+                    targets = redundancy.pad_fragments(placed, red)
+                    addresses = {n: self.nodes.address(n) for n in targets if n != redundancy.MISSING}
+                    chunk_size = inode["chunk_size"]
+                    break
+            self.wake_gc()  # the released copies are being deleted: wait for that rather than place fewer copies
+            await trio.sleep(0.1)
         try:
             data = await b.get(name, length, xxh3)
         except StripefsError as exc:
