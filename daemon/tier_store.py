@@ -148,13 +148,14 @@ class Bucket:
 
     async def put(self, name: str, data: bytes | memoryview, xxh3: int) -> None:
         """Store ``data`` as ``name`` with its checksum; the bucket checks Content-MD5 on arrival."""
-        body = bytes(data)
-        md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
-        meta = {"xxh3": f"{xxh3:016x}", "length": str(len(body))}
-        await self._run(
-            f"upload of {name}",
-            lambda c: c.put_object(Bucket=self.bucket, Key=name, Body=body, ContentMD5=md5, Metadata=meta),
-        )
+        meta = {"xxh3": f"{xxh3:016x}", "length": str(len(data))}
+
+        def upload(c):
+            body = bytes(data)
+            md5 = base64.b64encode(hashlib.md5(body).digest()).decode()  # in the worker thread, as the upload
+            c.put_object(Bucket=self.bucket, Key=name, Body=body, ContentMD5=md5, Metadata=meta)
+
+        await self._run(f"upload of {name}", upload)
 
     async def verify(self, name: str, length: int, xxh3: int) -> None:
         """The object exists with that length and checksum (HeadObject); IO otherwise."""

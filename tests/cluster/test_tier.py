@@ -94,11 +94,15 @@ def test_migrate_release_read_back_restart(tcluster, tdir):
     c = tcluster
     files = make_files(tdir, True, c)
     before_objects, before_bytes = objects(c), stored_bytes(c)
+    stats = {f: os.stat(f) for f in files}
     out = cli(c, "tier", "migrate", "-r", str(tdir), "--to", "cold").stdout
     assert "4 file(s) moved" in out, out
     assert objects(c) == before_objects + 2 * (1 + 3)  # one object per chunk: small 1, large 3, in each layout
     # node copies released (the collector deletes them after the switch)
     eventually(lambda: stored_bytes(c) < before_bytes - 2 * LARGE, within=20, what="node copies released")
+    for f, st in stats.items():  # a migrated file keeps its inode, size, times, mode
+        now = os.stat(f)
+        assert (now.st_ino, now.st_size, now.st_mtime_ns, now.st_mode) == (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
     check_all(files)  # transparent recall
     assert objects(c) == before_objects, "a recall queues the object for deletion"
     # again cold, then a restart of the daemon and every storage node: still cold, still readable
