@@ -465,6 +465,12 @@ class Tiering:
                     targets = redundancy.pad_fragments(placed, red)
                     addresses = {n: self.nodes.address(n) for n in targets if n != redundancy.MISSING}
                     chunk_size = inode["chunk_size"]
+                    if red.is_ec and redundancy.MISSING in targets:  # a stripe comes back whole or not at all
+                        raise StripefsError(
+                            ErrorCode.UNAVAILABLE,
+                            f"chunk {ino}:{idx}: {len(addresses)} storage node(s) can take fragments of its {red} stripe now; "
+                            "it stays in the tier until enough are up",
+                        )
                     break
             self.wake_gc()  # the released copies are being deleted: wait for that rather than place fewer copies
             await trio.sleep(0.1)
@@ -497,12 +503,10 @@ class Tiering:
         async with trio.open_nursery() as nursery:
             for node_id, part, payload in writes:
                 nursery.start_soon(write, node_id, part, payload)
-        enough = len(stored) == len(writes) if red.is_ec else bool(stored)
+        enough = len(stored) == len(writes)  # every copy or fragment placed, as a writer's commit needs
         async with self.txn.lock:
             if enough:
-                nodes = targets if not red.is_ec else [n if n in stored else redundancy.MISSING for n in targets]
-                if not red.is_ec:
-                    nodes = [n for n in targets if n in stored]
+                nodes = list(targets)
                 ok, batch = self.txn.write_locked(self._switch_hot, ino, idx, version, nodes, tier_id, name)
             else:
                 ok, batch = self.txn.write_locked(self._forget_copies, ino, idx, version, stored)
