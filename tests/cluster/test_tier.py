@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from stripefs.cluster import rpc
-from stripefs.common import protocol as p
+from stripefs.common import protocol as P
 
 from conftest import Cluster, cluster_root, drop_caches, run_cli, run_cluster
 from util import eventually
@@ -53,7 +53,7 @@ def cli(c: Cluster, *args: str, check: bool = True):
 
 def objects(c: Cluster) -> int:
     """Objects tier 'cold' holds (asked in-process: polling with a subprocess each time is slow)."""
-    (rsp,) = rpc([c.meta_address], p.TierListReq())
+    (rsp,) = rpc([c.meta_address], P.TierListReq())
     return {t.name: t for t in rsp.tiers}["cold"].objects
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from stripefs.common import protocol as p
 from stripefs.common.config import MetaConfig
-from stripefs.daemon.health import NodeRegistry  # noqa: F401
 from stripefs.daemon.service import MetaService
 from stripefs.daemon.tier_store import object_name, parse_object_name, parse_url, to_signed, to_unsigned
 from stripefs.daemon.tiering import is_cold, nearest_policy, policy_due
