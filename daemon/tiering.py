@@ -358,7 +358,7 @@ class Tiering:
             self.store.add_tier_garbage([(tier_id, name)])  # it may have been uploaded before a crash
 
     def _switch_cold(self, ino, idx, version, nodes, tier_id, name, length, xxh3) -> bool:
-        """The compare-and-swap of a migration: the row as read, the file not being written."""
+        """The compare-and-swap of a migration: the row still has the version and nodes the upload read."""
         cur = self.store.get_chunks(ino, [idx]).get(idx)
         if cur is None or cur[0] != version or list(cur[1]) != nodes:
             self._drop_intent(ino, idx, version, tier_id, name)
