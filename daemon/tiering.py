@@ -394,14 +394,13 @@ class Tiering:
         raise StripefsError(ErrorCode.UNAVAILABLE, f"chunk {ino}:{idx} v{version}: no copy readable ({'; '.join(errors)})")
 
     async def _read_stripe(self, ino, idx, version, nodes, addresses, red, chunk_size) -> bytes:
+        """The stripe's content: its K data fragments read at once (a healthy stripe decodes nothing
+        costly), then the parity ones if some failed; decoded, without its trailing zeros."""
         c = codec(red.ec_k, red.ec_m, chunk_size)
         got: dict[int, bytes] = {}
-        errors = []
-        for j, n in enumerate(nodes):  # data fragments first: a healthy stripe decodes nothing
-            if len(got) >= c.k:
-                break
-            if n not in addresses:
-                continue
+        errors: list[str] = []
+
+        async def read(j: int, n: int) -> None:
             try:
                 client = await self._node(addresses[n])
                 req = P.ReadChunkReq(chunk=P.ChunkId(ino, idx, fragment_part(j, version)), min_version=version, offset=0, length=c.fps)
@@ -412,6 +411,14 @@ class Tiering:
                 got[j] = data
             except StripefsError as exc:
                 errors.append(f"fragment {j} on node {n}: {exc}")
+
+        for wanted in (range(c.k), range(c.k, len(nodes))):  # data fragments, then parity if needed
+            need = c.k - len(got)
+            if need <= 0:
+                break
+            async with trio.open_nursery() as nursery:
+                for j in [j for j in wanted if j < len(nodes) and nodes[j] in addresses][: max(need, len(wanted))]:
+                    nursery.start_soon(read, j, nodes[j])
         if len(got) < c.k:
             raise StripefsError(ErrorCode.UNAVAILABLE, f"stripe {ino}:{idx} v{version}: {len(got)} of {c.k} fragments readable ({'; '.join(errors)})")
         stripe = await trio.to_thread.run_sync(c.decode, got, limiter=self.limiter)
