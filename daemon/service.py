@@ -169,8 +169,9 @@ class MetaService:
         )
         self.tiering = Tiering(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
-            cluster_id=self.cluster_id, wake_gc=self._wake_gc,
+            cluster_id=self.cluster_id, wake_gc=self.housekeeping.wake_node_gc,  # node copies it released or wrote
         )
+        self.housekeeping.gc_listeners.append(self.tiering.wake_collector)  # objects of deleted files
         self._handlers = _handlers((self, self.healer, self.operator, self.quota_service, self.access, self.tiering))
         nodes.on_change = self._on_trio_thread(self.healer.node_changed)
         self.duties.on_lost.append(self.healer.stop_pass)
@@ -181,7 +182,7 @@ class MetaService:
         )
 
     def _wake_gc(self) -> None:
-        """Garbage was added: the collector runs a round soon."""
+        """Garbage was added: the collector runs a round soon (and the tier's, for objects of files deleted or cut)."""
         self.housekeeping.wake_gc()
 
     def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:

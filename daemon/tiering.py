@@ -54,7 +54,12 @@ log = logging.getLogger(__name__)
 TIER_QUEUE = 4096
 #: orphan objects moved to tier_garbage, and garbage objects deleted, per round
 GC_BATCH = 1000
+#: the sweep for objects no file needs (a scan of tier_objects) runs when woken by a deletion or
+#: truncation in the namespace, after GC_COALESCE_S, and at least every SWEEP_INTERVAL_S (orphans
+#: reclaimed later, say); objects waiting for deletion are retried every GC_INTERVAL_S
 GC_INTERVAL_S = 5.0
+GC_COALESCE_S = 0.2
+SWEEP_INTERVAL_S = 30.0
 NODE_TIMEOUT_S = 10.0  # plus one second per MiB: one chunk read or one durable write on a node
 RETRY_S = 5.0
 #: a recall waits up to this many tenths of a second for pending deletions of the chunk's released
@@ -112,6 +117,9 @@ class Tiering:
         self._recalls: dict[tuple[int, int], trio.Event] = {}
         self._migrating: set[tuple[int, int, int]] = set()
         self._wake = trio.Event()
+        self._sweep_wake = trio.Event()
+        self._sweep_needed = True
+        self._garbage_left = False
         self.migrated = self.migrated_bytes = self.recalled = self.recalled_bytes = 0
         self.failed = self.objects_deleted = 0
 
@@ -341,6 +349,7 @@ class Tiering:
         await batch.wait()
         if not switched:
             log.info("chunk %d:%d v%d changed during its upload to %s: kept on its nodes", ino, idx, version, b)
+            self.wake_collector(sweep=False)  # the upload is garbage
             return 0
         self.wake_gc()
         self.migrated += 1
@@ -442,6 +451,7 @@ class Tiering:
             done.set()
             del self._recalls[key]
             TIER_RECALL_SECONDS.observe(trio.current_time() - started)
+            self.wake_collector(sweep=False)  # its object is queued for deletion
 
     async def _recall(self, ino: int, idx: int) -> None:
         for attempt in range(RECALL_PLACE_TRIES):
@@ -621,17 +631,32 @@ class Tiering:
             if queued:
                 log.info("tier policy of directory %d: %d chunk(s) queued for migration", top, queued)
 
+    def wake_collector(self, *, sweep: bool = True) -> None:
+        """Files were deleted or cut: their objects may be orphans now (MetaService._wake_gc); or
+        (``sweep`` False) objects were queued for deletion by a recall or a dropped migration."""
+        self._sweep_needed = self._sweep_needed or sweep
+        self._sweep_wake.set()
+
     async def _gc_loop(self) -> None:
+        last_sweep = -SWEEP_INTERVAL_S
         while True:
             try:
-                await self._collect()
+                sweep = self._sweep_needed or trio.current_time() - last_sweep >= SWEEP_INTERVAL_S
+                self._sweep_needed = False
+                if sweep:
+                    last_sweep = trio.current_time()
+                await self._collect(sweep)
             except StripefsError as exc:
+                self._garbage_left = True
                 log.warning("tier garbage collection: %s; retrying", exc)
             except Exception:
                 log.exception("tier garbage collection failed")
-            await trio.sleep(GC_INTERVAL_S)
+            with trio.move_on_after(GC_INTERVAL_S if self._garbage_left else SWEEP_INTERVAL_S):
+                await self._sweep_wake.wait()
+                await trio.sleep(GC_COALESCE_S)  # an rm -rf: one sweep for many unlinks
+            self._sweep_wake = trio.Event()
 
-    async def _collect(self) -> None:
+    async def _collect(self, sweep_first: bool = True) -> None:
         def sweep():
             rows = self.store.orphan_tier_objects(GC_BATCH)
             for ino, idx, version, tier_id, stamp in rows:
@@ -639,10 +664,11 @@ class Tiering:
                 self.store.add_tier_garbage([(tier_id, self._name(self.bucket(tier_id), ino, idx, version, stamp))])
             return len(rows)
 
-        swept = await self.txn.write(sweep)
+        swept = await self.txn.write(sweep) if sweep_first else 0
         if swept:
             log.debug("%d object(s) no file needs any more queued for deletion", swept)
         rows = await self.txn.read(self.store.tier_garbage, GC_BATCH)
+        self._garbage_left = len(rows) == GC_BATCH  # more to do: the next round comes soon
         by_tier: dict[int, list] = {}
         for r in rows:
             by_tier.setdefault(r[1], []).append((r[0], r[2]))
@@ -653,6 +679,7 @@ class Tiering:
                 await self.txn.write(self.store.delete_tier_garbage, [i for i, _ in items])
                 continue
             failed = set(await b.delete([n for _, n in items]))
+            self._garbage_left = self._garbage_left or bool(failed)
             done = [i for i, n in items if n not in failed]
             await self.txn.write(self.store.delete_tier_garbage, done)
             self.objects_deleted += len(done)
