@@ -7,7 +7,7 @@ STATE ?= ./.stripefs
 MNT ?= ./mnt
 NODES ?= 4
 
-.PHONY: install run stop status test unit cluster bench fuzz clean
+.PHONY: install run stop status test unit inprocess cluster bench fuzz clean
 
 $(VENV)/.installed: pyproject.toml
 	@if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null; then \
@@ -62,12 +62,18 @@ stop:
 status: install
 	$(VENV)/bin/stripefs local status --dir $(STATE)
 
+# three tiers, each its own pytest run (each has its own conftest): unit, then the mount's handlers
+# without a kernel (tests/inprocess: real daemon and node processes), then real mounts (tests/cluster)
 test: install
 	$(PY) -m pytest -q -x tests/unit
+	$(PY) -m pytest -q -x tests/inprocess
 	$(PY) -m pytest -q tests/cluster
 
 unit: install
 	$(PY) -m pytest -q tests/unit
+
+inprocess: install
+	$(PY) -m pytest -q tests/inprocess
 
 # long fuzzing runs: random seeds, FUZZ_EXAMPLES examples per endpoint (make test runs a fixed, short set);
 # then the data path against a model (tests/datapath_model.py): FUZZ_DATAPATH_OPS operations per layout

@@ -13,12 +13,12 @@ directory (Lustre's statahead starts on the same pattern), the mount lists that
 directory once in the background (``ReaddirReq`` with ``open_info`` and
 ``small_only``: the first chunk of every file of at most one chunk) and keeps
 ``name -> Hint``. On the LOOKUP of a hinted name it starts the chunk read at
-once, beside the LookupReq (``DataPath.read_hinted``); by the time the kernel
+once, beside the LookupReq (``DataPath.fetch_soon(Fetch.hinted(...))``); by the time the kernel
 sends READ the data is usually there.
 
 The lookup stays the authority. Chunk data is cached under (ino, index,
 version), and a hinted read keeps only a copy of exactly the hinted version
-(``DataPath._read_exact``), so the data is used only if the lookup names the
+(``Fetch.exact``), so the data is used only if the lookup names the
 same inode and version. A hint that went out of date costs one wasted read,
 never a stale byte; every lookup answer refreshes the hint of its name, so a
 rewritten file is re-hinted at its next lookup. Nothing here needs the change

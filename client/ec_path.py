@@ -17,7 +17,10 @@ Reads
     suspect, that is stale or fails its checksum, or that has not come within
     READ_DEADLINE_S (0.5 s) makes the read *degraded*: the other fragments are
     fetched until one version has K of them, which are decoded (worker
-    threads), and the whole stripe is cached. The late read is not cancelled:
+    threads), and the whole stripe is cached. Fewer than K readable: the
+    fragments may have moved since the file was opened (drain, rebalance,
+    reconstruction: copy, switch, delete), so the daemon is asked where the
+    stripe is now and it is read once more there (client/placements.py). The late read is not cancelled:
     if its node is dead it times out and the node becomes suspect (skipped for
     15 s), and read-ahead then decodes the stripes that need it in the
     background. Up to M fragments can be lost that way with no error to the
@@ -42,7 +45,14 @@ Writes
     and counted by the daemon as waiting for reconstruction, provided at
     least K + ``min_extra`` fragments are stored (client config
     ``ec_min_fragments_over_k``, default 1). Below that the write fails with
-    UNAVAILABLE (EIO) and nothing is committed.
+    UNAVAILABLE (EIO) and nothing is committed. A fragment whose copy the
+    daemon moved since the open (drain, rebalance) is written where the map
+    says all the same: every fragment write replaces its copy whole, so no
+    node needs an older copy to take it, and the commit records the fragment
+    there; the moved copy of the old version becomes garbage (the daemon
+    drops the committed version's slot at every commit). Only the read of a
+    read-modify-write, and the cut of a truncate, need the old stripe, and
+    read it by the rule above.
 
 fsync
     Fragments are written without fsync and remembered; ``sync`` sends
@@ -73,6 +83,7 @@ from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
+from . import placements
 from .placements import placement, session_epoch
 
 log = logging.getLogger(__name__)
@@ -177,7 +188,7 @@ class EcPath:
             log.debug("prefetch of fragment %d of stripe %d:%d failed: %s", part, ino, ref.index, exc)
 
     def prefetch_small_file(self, info: p.OpenRsp) -> None:
-        """Fetch the fragments of a one-stripe file about to be opened (DataPath.prefetch_small_file)."""
+        """Fetch the fragments of a one-stripe file about to be opened (DataPath.fetch_soon of a Fetch.small_file)."""
         ref = info.chunks[0]
         c = layout_codec(info.layout)
         self.nodes.learn(info.nodes)
@@ -253,7 +264,7 @@ class EcPath:
         """The whole stripe (chunk_size bytes), cached: from the data fragments, or decoded."""
         return await self.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
 
-    async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool) -> bytes:
+    async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool, *, refreshed: bool = False) -> bytes:
         got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
         if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
             return c.decode({j: d for j, (_, d) in got.items()})
@@ -269,6 +280,11 @@ class EcPath:
         if frags is not None:
             log.info("stripe %d:%d v%d: decoding from fragments %s", ino, ref.index, ref.version, sorted(frags))
             return await self._run(c.decode_job(frags))
+        if not refreshed:
+            now = await self._where_now(ino, ref)
+            if now is not None:  # fragments moved since the open (drain, rebalance, reconstruction)
+                log.info("stripe %d:%d v%d: fragments moved from nodes %s to %s since the file was opened", ino, ref.index, ref.version, ref.nodes, now.nodes)
+                return await self._load_stripe(ino, c, now, quiet, refreshed=True)
         by_version: dict[int, list[int]] = defaultdict(list)
         for j, (version, _) in got.items():
             by_version[version].append(j)
@@ -278,6 +294,14 @@ class EcPath:
             "stripe %d:%d v%d: fewer than %d fragments of one version readable (%s)", ino, ref.index, ref.version, c.k, counts,
         )
         raise StripefsError(ErrorCode.IO, f"stripe {ino}:{ref.index}: fewer than {c.k} fragments readable")
+
+    async def _where_now(self, ino: int, ref: p.ChunkRef) -> p.ChunkRef | None:
+        """Stripe ``ref``'s fragments where the daemon has them now, when that differs from ``ref``
+        (same version: a newer one's fragments are in the other slot); else None."""
+        now = await placements.current(self.meta, self.nodes, ino, ref.index)
+        if now is None or now.version != ref.version or list(now.nodes) == list(ref.nodes):
+            return None
+        return now
 
     @staticmethod
     def _decodable(c: StripeCodec, got: dict[int, tuple[int, memoryview]]) -> dict[int, memoryview] | None:

@@ -28,6 +28,19 @@ The visibility bound this gives a dataset mount: a change made elsewhere is
 seen once its event arrives (milliseconds); if the event is lost, at the next
 heartbeat (``EVENTS_HEARTBEAT_S``) the gap is seen; if the feed goes silent,
 after ``EVENTS_SILENCE_S``. So within ``EVENTS_SILENCE_S`` (3 s) plus delivery.
+
+Callbacks (daemon/callbacks.py): a default mount may cache a regular file's
+name and attributes for long when the daemon granted a callback on them
+(``granted``): the daemon then answers a change of them made elsewhere only
+after this mount acknowledged it. An event numbered above a grant's seq ends
+the grant, unless this mount made the change (``ChangeEvent.writer`` is
+``own_writer``: the daemon keeps those grants too); once the kernel dropped
+what the event changed, the flusher sends one AckReq for everything applied so
+far (``send_ack``). A grant on ``("dir", ino)`` says this mount knows every
+name of that directory (``granted_dir``); an event creating, removing or
+renaming a name in it ends it. A full drop ends every
+grant and says so (``everything``); so does a new daemon naming itself in the
+feed (it knows no callbacks: what was cached under them is dropped).
 """
 
 from __future__ import annotations
@@ -75,6 +88,18 @@ class KernelCache:
         self._subscribed = 0  # subscriptions made so far
         self.dir_attrs = DirAttrs()  # directory attributes from this mount's change replies (client/dir_attrs.py)
         self.dir_attrs.clear()  # none kept until the feed is followed
+        # callbacks (module docstring): False on a subdir mount (its feed is a view, its inodes mapped)
+        self.callbacks_wanted = True
+        self.grants: dict = {}  # ino, (parent, name) or ("dir", ino) -> the seq of the answer it was granted with
+        self.own_writer = 0  # protocol.writer_tag of this mount: the feed's name for its own changes
+        self.send_ack: Callable[[int, bool, list[int]], Awaitable[object]] | None = None  # (seq, everything, open inodes)
+        self.is_open: Callable[[int], bool] = lambda ino: False  # open here (Operations)
+        self._ack_seq = 0  # the newest event that ended a grant
+        self._acked = 0  # the newest seq acknowledged
+        self._ack_all = False  # a full drop ended every grant: say so
+        self._ack_open: set[int] = set()  # files whose grant ended that are open here
+        self._daemon = ""  # the daemon publishing the feed (its boot id)
+        self._seq = 0  # the newest change applied in order
 
     # ----------------------------------------------------- what the kernel knows
 
@@ -92,11 +117,56 @@ class KernelCache:
             if self._names.get(key) == ino:
                 del self._names[key]
 
+    def drop_name(self, parent: int, name: bytes) -> None:
+        """Make the kernel forget ``name`` soon (from the flusher, never inside a request): a name
+        this mount's own rename made, cached as long as the one it replaced, but held by nobody."""
+        self._pending_names.add((parent, name))
+        self._pending.set()
+
     def knows(self, ino: int) -> bool:
         return ino in self._names_of
 
     def lookup_known(self, parent: int, name: bytes) -> int | None:
         return self._names.get((parent, name))
+
+    @property
+    def callbacks_possible(self) -> bool:
+        """Ask for callbacks now: the feed is in order and this is not a subdir mount."""
+        return self.healthy and self.callbacks_wanted and self.send_ack is not None
+
+    def granted(self, ino: int, parent: int, name: bytes, seq: int) -> None:
+        """The daemon granted a callback on ``ino`` and its name, as of change ``seq``. Kept even
+        when the answer raced a change (then not cached long): the daemon holds the grant, so an
+        event above ``seq`` touching it must be acknowledged; one at or below does not end it."""
+        self.grants[ino] = seq
+        self.grants[(parent, name)] = seq
+        self._granted_as_of(seq)
+
+    def granted_dir(self, ino: int, seq: int) -> None:
+        """The daemon granted a callback on every name of directory ``ino``, as of change ``seq``."""
+        self.grants[("dir", ino)] = seq
+        self._granted_as_of(seq)
+
+    def _granted_as_of(self, seq: int) -> None:
+        if seq < self._seq:
+            # events above the grant were applied before its answer came: one may have touched
+            # these keys (the daemon then waits for this mount), so acknowledge what was applied
+            self._ack_seq = max(self._ack_seq, self._seq)
+            self._pending.set()
+
+    def _end_grants(self, inodes, entries, seq: int) -> list[int]:
+        """Event ``seq`` ends the grants it touches that are older than it; the files among them."""
+        ended = []
+        for key in (*inodes, *entries, *{("dir", parent) for parent, _ in entries}):
+            granted = self.grants.get(key)
+            if granted is not None and granted < seq:
+                del self.grants[key]
+                self._ack_seq = seq
+                if isinstance(key, int):
+                    ended.append(key)
+                    if self.is_open(key):
+                        self._ack_open.add(key)
+        return ended
 
     # ------------------------------------------------------------ reply races
 
@@ -119,18 +189,25 @@ class KernelCache:
 
     # ------------------------------------------------------------ invalidation
 
-    def apply(self, inodes: list[int], entries: list[tuple[int, bytes]], seq: int = 0) -> None:
-        """One change made elsewhere (or here: the feed does not say who): note it, queue its invalidations.
+    def apply(self, inodes: list[int], entries: list[tuple[int, bytes]], seq: int = 0, writer: int = 0) -> None:
+        """One change made elsewhere or here: note it, queue its invalidations.
 
-        ``seq``: its number in the change log (0: unknown)."""
+        ``seq``: its number in the change log (0: unknown); ``writer``: who made it (0: unknown)."""
         touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
         self._note(touched | {parent for parent, _ in entries})
+        if seq:
+            self._seq = seq
+        mine = writer != 0 and writer == self.own_writer
+        ended = self._end_grants(inodes, [tuple(e) for e in entries], seq) if self.grants and seq and not mine else ()
         if seq:
             self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
         else:
             self.dir_attrs.clear()
         self.on_change(touched)
         names = [e for e in entries if e in self._names]
+        # a file whose grant ended: its names too, cached long under it; the next path walk
+        # looks it up again (a fresh answer, a new grant) instead of trusting kept attributes
+        names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]
         known = [ino for ino in inodes if ino in self._names_of or ino == pyfuse3.ROOT_INODE]
         for key in names:
             ino = self._names.pop(key)
@@ -140,15 +217,27 @@ class KernelCache:
             self._pending_names.update(names)
             self._pending_inodes.update(known)
             self._pending.set()
+        elif self._ack_seq > self._acked:
+            self._pending.set()
 
     async def flush_pending(self) -> None:
-        """Send the queued invalidations to the kernel, all in one worker-thread hop."""
+        """Send the queued invalidations to the kernel, all in one worker-thread hop; then
+        acknowledge the events that ended grants (the daemon holds their changes' replies)."""
         self._pending = trio.Event()
         inodes, names = list(self._pending_inodes), list(self._pending_names)
         self._pending_inodes.clear()
         self._pending_names.clear()
+        ack, everything, opened = self._ack_seq, self._ack_all, sorted(self._ack_open)
+        self._ack_all = False
+        self._ack_open.clear()
         if inodes or names:
             await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
+        if (ack > self._acked or everything) and self.send_ack is not None:
+            self._acked = max(self._acked, ack)
+            try:
+                await self.send_ack(ack, everything, opened[: p.MAX_LIST])
+            except StripefsError as exc:  # the daemon's wait runs out instead (daemon/callbacks.py)
+                log.debug("change feed: acknowledging change %d: %s", ack, exc)
 
     async def _flusher(self) -> None:
         while True:
@@ -170,8 +259,14 @@ class KernelCache:
         inodes = list(self._names_of) + [pyfuse3.ROOT_INODE]
         self._names.clear()
         self._names_of.clear()
+        had_grants = bool(self.grants)
+        self.grants.clear()
         log.info("change feed: %s; dropping the kernel's cache of %d name(s) and %d inode(s)", why, len(names), len(inodes))
         await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
+        if had_grants:  # dropped: every grant ended (acknowledged by the flusher)
+            self._ack_seq = max(self._ack_seq, floor or 0, self._seq)
+            self._ack_all = True
+            self._pending.set()
 
     # ------------------------------------------------------------- the feed
 
@@ -241,11 +336,15 @@ class KernelCache:
                 self.healthy = False
                 await self.drop_all("undecodable event", seq + 1)
                 continue
+            if event.daemon != self._daemon:
+                if self._daemon and self.grants:  # it knows none of the callbacks granted before
+                    await self.drop_all(f"another metadata daemon ({event.daemon[:8]}) publishes the feed", seq)
+                self._daemon = event.daemon
             if event.boot_id == boot and event.seq == seq and not (event.inodes or event.entries):
                 self.healthy = True  # a heartbeat: nothing missed
             elif event.boot_id == boot and event.seq == seq + 1:
                 seq = event.seq
-                self.apply(*self.map_event(event.inodes, event.entries), seq)
+                self.apply(*self.map_event(event.inodes, event.entries), seq, event.writer)
                 self.healthy = True
             else:
                 why = "another change log (a restored database?)" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"

@@ -122,7 +122,8 @@ class MetaClient:
             while True:
                 try:
                     rsp = await self._clients[self._current].call(
-                        p.HelloReq(host=socket.gethostname(), pid=os.getpid(), mountpoint=mountpoint, subdir=self.subdir),
+                        p.HelloReq(host=socket.gethostname(), pid=os.getpid(), mountpoint=mountpoint, subdir=self.subdir,
+                                   client_id=self.client_id),
                         timeout=min(self.timeout, 2.0),
                         expect=p.HelloRsp,
                     )

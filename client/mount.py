@@ -262,6 +262,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             kcache = KernelCache()
             if meta.subtree is not None:  # a subdir mount: the kernel's root is that directory
                 kcache.map_event = meta.subtree.event
+                kcache.callbacks_wanted = False  # its feed is a view (client/kernel_cache.py)
             prefetcher = Prefetcher(meta, data, kcache, parallel=client_cfg.prefetch_parallel)
             ops = Operations(
                 meta,

@@ -82,6 +82,8 @@ class OpenFile:
     #: chunks written without fsync since the last fsync: index -> nodes
     unsynced: dict[int, list[int]] = field(default_factory=dict)
     epoch: int = 0  # version for this write session; 0 until the first write
+    #: the epoch of the session that last took the daemon's current placements (placements.refresh)
+    placements_checked: int = -1
     #: the end of the furthest write of this session: what the commit makes the size at least
     written_end: int = 0
     #: committed refs that this session's sends replaced in ``chunks`` (None: there was none)

@@ -16,10 +16,14 @@ same bound to commit what they buffer (client/mount.py).
 
 Close-to-open without an open round trip
 -----------------------------------------
-An open must see every change closed elsewhere before the open() began. The
-kernel caches directory entries of *regular files* for 0 s (directories and
-symlinks for ``entry_timeout_s``), so every path-based open() walks through a
-LOOKUP of the file inside the same syscall. That LOOKUP asks the daemon for the
+An open must see every change closed elsewhere before the open() began. Under
+a callback (daemon/callbacks.py) the kernel caches a regular file's name and
+attributes for ``cache_timeout_s`` and ``open`` uses the open information kept
+with it (``_held_info``): the daemon answers a change of that file made
+elsewhere only after this mount dropped it (client/kernel_cache.py
+acknowledges). Without one, the kernel caches directory entries of *regular
+files* for 0 s (directories and symlinks for ``entry_timeout_s``), so every
+path-based open() walks through a LOOKUP of the file inside the same syscall. That LOOKUP asks the daemon for the
 open information too (layout, chunk map), and ``open`` uses the newest lookup
 answer if it is younger than ``OPEN_INFO_FRESH_S``: it was answered after the
 open() began, so it is as fresh as an OpenReq would be. Opens that walk no path
@@ -34,7 +38,8 @@ Long kernel caching (client/kernel_cache.py)
 --------------------------------------------
 While the daemon's change feed is healthy, directory and symlink names and all
 attributes are cached for ``cache_timeout_s`` and dropped explicitly when they
-change elsewhere. Regular-file names stay at 0 s in the default mode (above).
+change elsewhere. Regular-file names stay at 0 s in the default mode unless
+held under a callback (above).
 
 Dataset mode (``-o dataset``): a read-only mount for training data
 -------------------------------------------------------------------
@@ -70,6 +75,7 @@ import trio
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from .dir_hints import DirHints
+from .fetch import Fetch
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
@@ -86,7 +92,14 @@ KILLPRIV_XATTR = b"security.capability"
 #: an open may use a LOOKUP's answer this young instead of asking the daemon again
 OPEN_INFO_FRESH_S = 1.0
 
-#: dataset mode: open information kept per inode (until the feed says it changed)
+RENAME_EXCHANGE_FLAG = 2  # renameat2(2)
+
+#: directories whose every name a mount keeps (callbacks on their names), and names in one
+COMPLETE_DIRS = 4096
+COMPLETE_DIR_NAMES = 100_000
+
+#: dataset mode: open information kept per inode (until the feed says it changed); default
+#: mode: the same for files held under a callback (daemon/callbacks.py)
 DATASET_OPEN_INFO_ENTRIES = 262_144
 
 
@@ -163,7 +176,18 @@ class Operations(pyfuse3.Operations):
         self.prefetcher = prefetcher
         # dataset mode: ino -> OpenRsp, kept until the feed says the file changed
         self._dataset_info: OrderedDict[int, p.OpenRsp] = OrderedDict()
+        # default mode: ino -> what this mount knows of a file held under a callback
+        # (daemon/callbacks.py): its OpenRsp when the lookup carried one, else its Attr; kept until
+        # the feed says it changed (the daemon answers such a change only after that)
+        self._held_info: OrderedDict[int, p.OpenRsp | p.Attr] = OrderedDict()
         self.files: dict[int, OpenFile] = {}  # ino -> open file state
+        # directory -> every name in it, while this mount holds a callback on its names
+        # (daemon/callbacks.py): a lookup of another name is answered ENOENT without asking
+        self._names_complete: OrderedDict[int, set[bytes]] = OrderedDict()
+        if not dataset:  # a dataset mount caches everything within the feed's bound instead
+            self.kcache.send_ack = self._send_ack
+            self.kcache.is_open = self.files.__contains__
+            self.kcache.own_writer = p.writer_tag(meta.client_id)
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
         self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
@@ -181,15 +205,16 @@ class Operations(pyfuse3.Operations):
 
     # ---------------------------------------------------------------- helpers
 
-    def _entry(self, attr: p.Attr, *, cacheable: bool = True) -> pyfuse3.EntryAttributes:
-        """The kernel's entry for ``attr``; ``cacheable`` False: the answer may already be old."""
+    def _entry(self, attr: p.Attr, *, cacheable: bool = True, held: bool = False) -> pyfuse3.EntryAttributes:
+        """The kernel's entry for ``attr``; ``cacheable`` False: the answer may already be old;
+        ``held``: a regular file's name under a callback (cached long like a directory's)."""
         of = self.files.get(attr.ino)
         size = max(attr.size, of.size) if of is not None else attr.size
         e = pyfuse3.EntryAttributes()
         e.st_ino = attr.ino
         e.generation = attr.generation
         long = self.cache_timeout if cacheable and self.kcache.healthy else 0.0
-        if stat.S_ISREG(attr.mode) and not self.dataset:
+        if stat.S_ISREG(attr.mode) and not self.dataset and not held:
             e.entry_timeout = 0  # every open() looks the file up (close-to-open, above)
         else:
             e.entry_timeout = long or (self.entry_timeout if cacheable else 0)
@@ -214,6 +239,57 @@ class Operations(pyfuse3.Operations):
             self._open_info.popitem(last=False)
         entry = self._open_info.get(ino)
         return entry[1] if entry else None
+
+    async def _send_ack(self, seq: int, everything: bool, opened: list[int]) -> None:
+        """Tell the daemon the kernel dropped what the feed changed up to ``seq`` (client/kernel_cache.py)."""
+        await self.meta.call(p.AckReq(session_id=self.meta.session_id, seq=seq, everything=everything,
+                                      open_inodes=opened, client_id=self.meta.client_id))
+
+    def _keep_held(self, ino: int, known: p.OpenRsp | p.Attr) -> None:
+        if isinstance(known, p.Attr):
+            kept = self._held_info.get(ino)
+            if isinstance(kept, p.OpenRsp) and kept.attr == known:
+                known = kept  # a listing of what a lookup told: the open information stays
+        self._held_info[ino] = known
+        self._held_info.move_to_end(ino)
+        if len(self._held_info) > DATASET_OPEN_INFO_ENTRIES:
+            self._held_info.popitem(last=False)
+
+    def _names_of_dir(self, parent: int) -> set[bytes] | None:
+        """Every name in ``parent``, if this mount holds them all (a callback on its names)."""
+        names = self._names_complete.get(parent)
+        if names is None:
+            return None
+        if ("dir", parent) not in self.kcache.grants or not self.kcache.healthy:
+            del self._names_complete[parent]  # another mount changed its names, or the feed broke
+            return None
+        return names
+
+    def _all_names(self, parent: int, names, seq: int) -> None:
+        """The daemon granted a callback on every name of ``parent``: ``names`` (as of change ``seq``)."""
+        self.kcache.granted_dir(parent, seq)
+        self._names_complete[parent] = set(names)
+        self._names_complete.move_to_end(parent)
+        while len(self._names_complete) > COMPLETE_DIRS:
+            self._names_complete.popitem(last=False)
+
+    def _name_made(self, parent: int, name: bytes) -> None:
+        names = self._names_complete.get(parent)
+        if names is not None:
+            names.add(name)
+            if len(names) > COMPLETE_DIR_NAMES:
+                del self._names_complete[parent]
+
+    def _name_gone(self, parent: int, name: bytes) -> None:
+        names = self._names_complete.get(parent)
+        if names is not None:
+            names.discard(name)
+
+    def _fast_lookup(self, parent_inode, name, ctx=None):
+        names = self._names_of_dir(parent_inode)
+        if names is not None and name not in names and len(name) <= p.NAME_MAX:  # a longer one: the daemon's ENAMETOOLONG
+            raise pyfuse3.FUSEError(errno.ENOENT)  # the daemon would wait for this mount before adding it
+        return _SLOW
 
     def _held_inodes(self) -> list[int]:
         """Inodes the daemon must keep: open here, or looked up for an open about to happen."""
@@ -241,7 +317,17 @@ class Operations(pyfuse3.Operations):
 
     async def _new_name(self, parent: int, name: bytes, request: p.Msg) -> pyfuse3.EntryAttributes:
         self._writable()
-        entry = await self._attr_reply(request, (parent,))
+        stamp = self.kcache.stamp()
+        try:
+            rsp = await self._change(request, (parent,))
+        except StripefsError as exc:
+            if exc.code == ErrorCode.EXISTS:
+                self._names_complete.pop(parent, None)  # it was there after all: ask from now on
+            raise
+        entry = self._entry(rsp.attr, cacheable=not self.kcache.changed_since(stamp, rsp.attr.ino))
+        self._name_made(parent, name)
+        if isinstance(request, p.MkdirReq) and rsp.callback >= 0:
+            self._all_names(rsp.attr.ino, (), rsp.callback)  # a new directory: this mount knows all its names
         self.kcache.remember(parent, name, entry.st_ino)
         return entry
 
@@ -263,12 +349,14 @@ class Operations(pyfuse3.Operations):
             self._open_info.clear()
             self._looked_up.clear()
             self._dataset_info.clear()
+            self._held_info.clear()
             self._kernel_view.clear()
             return
         for ino in inodes:
             self._open_info.pop(ino, None)
             self._looked_up.pop(ino, None)
             self._dataset_info.pop(ino, None)
+            self._held_info.pop(ino, None)
             self._kernel_view.pop(ino, None)
             if self.prefetcher is not None and self.prefetcher.shm is not None:
                 self.prefetcher.shm.forget(ino)
@@ -297,12 +385,14 @@ class Operations(pyfuse3.Operations):
         if walking:
             hint = self.hints.get(parent_inode, name)
             if hint is not None:
-                self.data.read_hinted(hint)  # beside the lookup, which decides whether it is used (dir_hints.py)
+                self.data.fetch_soon(Fetch.hinted(hint))  # beside the lookup, which decides whether it is used (dir_hints.py)
                 await trio.lowlevel.checkpoint()  # let it send first: its round trip is the longer one (a disk read)
         stamp = self.kcache.stamp()
+        callback = not self.dataset and self.kcache.callbacks_possible
         try:
             rsp = await self.meta.call(
-                p.LookupReq(parent=parent_inode, name=name, open_info=want_open_info, session_id=self.meta.session_id)
+                p.LookupReq(parent=parent_inode, name=name, open_info=want_open_info, session_id=self.meta.session_id,
+                            callback=callback)
             )
         except StripefsError as exc:
             if exc.code == ErrorCode.NOT_FOUND:
@@ -310,6 +400,10 @@ class Operations(pyfuse3.Operations):
             raise
         ino = rsp.attr.ino
         cacheable = not self.kcache.changed_since(stamp, parent_inode, ino)
+        held = False
+        if rsp.callback >= 0:
+            self.kcache.granted(ino, parent_inode, name, rsp.callback)
+            held = cacheable and self.kcache.healthy
         if len(self._last_lookup) > 4096:
             self._last_lookup.clear()
         self._last_lookup[ctx.pid] = (ino, False)
@@ -321,25 +415,38 @@ class Operations(pyfuse3.Operations):
             self._looked_up[ino] = (now, rsp.attr)
             while next(iter(self._looked_up.values()))[0] < now - OPEN_INFO_FRESH_S:
                 self._looked_up.popitem(last=False)
+        self._held_info.pop(ino, None)
+        if held:
+            self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
         if isinstance(rsp, p.OpenRsp):
             self._open_info[ino] = (trio.current_time(), rsp)
             if self.dataset and cacheable:
                 self._keep_dataset_info(rsp)
             self.hints.learn(parent_inode, name, rsp)
             if walking:
-                self.data.prefetch_small_file(rsp)  # fetch while the kernel sends OPEN and READ
+                small = Fetch.small_file(rsp)
+                if small is not None:
+                    self.data.fetch_soon(small)  # fetch while the kernel sends OPEN and READ
                 if self.hints.should_list(parent_inode):
                     self.data.nursery.start_soon(self.hints.list_dir, self.meta, self.data.nodes, parent_inode, name=f"hints-{parent_inode}")
         self.kcache.remember(parent_inode, name, ino)
-        return self._entry(rsp.attr, cacheable=cacheable)
+        return self._entry(rsp.attr, cacheable=cacheable, held=held)
 
     def _fast_getattr(self, inode, ctx=None):
-        if self.dataset and self.kcache.healthy:
+        if self.kcache.healthy:
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
-            known = self._dataset_info.get(inode)
-            if known is not None:
-                return self._entry(known.attr)
+            # (dataset mode), or than the daemon waits for this mount before changing it (callbacks)
+            if self.dataset:
+                known = self._dataset_info.get(inode)
+                attr = known.attr if known is not None else None
+            else:
+                attr = self._held_attr(inode)
+                of = self.files.get(inode)
+                if of is not None and (of.has_unflushed or of.size != of.attr.size):
+                    attr = None  # written here: the handler asks
+            if attr is not None:
+                return self._entry(attr, held=True)
         if self.kcache.healthy:
             known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
             if known is not None:
@@ -353,6 +460,7 @@ class Operations(pyfuse3.Operations):
     async def setattr(self, inode, attr, fields, fh, ctx):
         self._writable()
         self._open_info.pop(inode, None)  # whatever a lookup said before this change is old now
+        self._held_info.pop(inode, None)
         result = None
         if fields.update_size:
             of = self.files.get(inode)
@@ -383,7 +491,8 @@ class Operations(pyfuse3.Operations):
         return await self._new_name(parent_inode, name, request)
 
     async def mkdir(self, parent_inode, name, mode, ctx):
-        request = p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid)
+        request = p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid,
+                             session_id=self.meta.session_id, callback=self.kcache.callbacks_possible and not self.dataset)
         return await self._new_name(parent_inode, name, request)
 
     async def symlink(self, parent_inode, name, target, ctx):
@@ -396,11 +505,14 @@ class Operations(pyfuse3.Operations):
     async def unlink(self, parent_inode, name, ctx):
         self._writable()
         await self._change(p.UnlinkReq(parent=parent_inode, name=name), (parent_inode,))
+        self._name_gone(parent_inode, name)
 
     async def rmdir(self, parent_inode, name, ctx):
         self._writable()
         removed = self.kcache.lookup_known(parent_inode, name) or 0
         await self._change(p.RmdirReq(parent=parent_inode, name=name), (parent_inode, removed))
+        self._name_gone(parent_inode, name)
+        self._names_complete.pop(removed, None)
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         self._writable()
@@ -408,6 +520,12 @@ class Operations(pyfuse3.Operations):
         moved = (self.kcache.lookup_known(parent_inode_old, name_old) or 0, self.kcache.lookup_known(parent_inode_new, name_new) or 0)
         request = p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
         await self._change(request, (parent_inode_old, parent_inode_new, *moved))
+        if not flags & RENAME_EXCHANGE_FLAG:  # an exchange keeps both names
+            self._name_gone(parent_inode_old, name_old)
+            self._name_made(parent_inode_new, name_new)
+        # the kernel keeps the moved name as long as the old one was cached, maybe under a callback
+        # that covered the old name only: it asks again
+        self.kcache.drop_name(parent_inode_new, name_new)
 
     async def opendir(self, inode, ctx):
         return inode
@@ -416,15 +534,27 @@ class Operations(pyfuse3.Operations):
         after = start_id
         while True:
             stamp = self.kcache.stamp()
-            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset))
+            callback = not self.dataset and self.kcache.callbacks_possible
+            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset,
+                                                    session_id=self.meta.session_id, callback=callback))
             stale_dir = self.kcache.changed_since(stamp, fh)
             for info in rsp.files:  # dataset mode: opens of listed files need no round trip
                 if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
                     self._keep_dataset_info(info)
+            if rsp.callback >= 0:  # granted on every file listed, also those the kernel has no room for now
+                for entry in rsp.entries:
+                    if stat.S_ISREG(entry.attr.mode):
+                        self.kcache.granted(entry.attr.ino, fh, entry.name, rsp.callback)
+            if rsp.dir_callback >= 0:  # the whole directory: lookups of other names need not ask
+                self._all_names(fh, (e.name for e in rsp.entries), rsp.dir_callback)
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
-                if not pyfuse3.readdir_reply(token, entry.name, self._entry(entry.attr, cacheable=cacheable), entry.cookie):
+                held = rsp.callback >= 0 and stat.S_ISREG(entry.attr.mode) and cacheable and self.kcache.healthy
+                if held:
+                    self._keep_held(ino, entry.attr)
+                entry_attrs = self._entry(entry.attr, cacheable=cacheable, held=held)
+                if not pyfuse3.readdir_reply(token, entry.name, entry_attrs, entry.cookie):
                     return
                 self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
                 after = entry.cookie
@@ -501,6 +631,9 @@ class Operations(pyfuse3.Operations):
             known = self._dataset_info.get(inode)
             if known is not None:
                 return known.attr
+        held = self._held_attr(inode)
+        if held is not None:  # the daemon waits for this mount before changing it (callbacks)
+            return held
         entry = self._looked_up.get(inode)
         if entry is not None and entry[0] >= trio.current_time() - OPEN_INFO_FRESH_S:
             return entry[1]
@@ -569,12 +702,22 @@ class Operations(pyfuse3.Operations):
                 return _SLOW
             self._opening(inode, ctx)
             return self._dataset_handle(inode, rsp)
-        rsp = self._fresh_open_info(inode)
+        rsp = self._fresh_open_info(inode) or self._held(inode)
         if rsp is None:
             return _SLOW
         self._opening(inode, ctx)
-        of, keep, _ = self._record_open(rsp, fresh_attrs=True)  # the LOOKUP just gave the kernel these attributes
+        of, keep, _ = self._record_open(rsp, fresh_attrs=True)  # the LOOKUP gave the kernel these attributes
         return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
+
+    def _held(self, inode: int) -> p.OpenRsp | None:
+        """The open information of a file held under a callback, while the feed is in order."""
+        known = self._held_info.get(inode) if self.kcache.healthy else None
+        return known if isinstance(known, p.OpenRsp) else None
+
+    def _held_attr(self, inode: int) -> p.Attr | None:
+        """The attributes of a file held under a callback, while the feed is in order."""
+        known = self._held_info.get(inode) if self.kcache.healthy else None
+        return known.attr if isinstance(known, p.OpenRsp) else known
 
     def _opening(self, inode: int, ctx) -> None:
         if self._last_lookup.get(ctx.pid, (0,))[0] == inode:
@@ -584,16 +727,22 @@ class Operations(pyfuse3.Operations):
         self._opening(inode, ctx)
         if self.dataset:
             return await self._open_dataset(inode, flags)
-        rsp = self._fresh_open_info(inode)
+        write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        # a write open asks unless a lookup just answered: the epoch and the quota room are the daemon's now
+        rsp = self._fresh_open_info(inode) or (None if write else self._held(inode))
         if rsp is None:
-            write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+            stamp = self.kcache.stamp()
+            listed = self._held_info.get(inode)  # held since a listing: attributes, no open information yet
             rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
-            of, keep = await self._opened(rsp)
+            if isinstance(listed, p.Attr) and not write and not self.kcache.changed_since(stamp, inode):
+                self._keep_held(inode, rsp)  # the next opens need no round trip
+            of, keep = await self._opened(rsp, fresh_attrs=rsp.attr == listed)
         else:
             of, keep = await self._opened(rsp, fresh_attrs=True)  # the LOOKUP just gave the kernel these attributes
         if flags & os.O_TRUNC and of.size:
             # libfuse negotiates atomic O_TRUNC: the kernel sends no SETATTR, the open truncates
             self._open_info.pop(inode, None)
+            self._held_info.pop(inode, None)
             await self.data.truncate(of, 0)
             keep = False
         if flags & os.O_TRUNC and ctx.uid != 0 and _privileges_to_kill(of.attr.mode):
@@ -627,10 +776,16 @@ class Operations(pyfuse3.Operations):
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         self._writable()
-        rsp = await self._change(
-            p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id),
-            (parent_inode,),
-        )
+        try:
+            rsp = await self._change(
+                p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id),
+                (parent_inode,),
+            )
+        except StripefsError as exc:
+            if exc.code == ErrorCode.EXISTS:
+                self._names_complete.pop(parent_inode, None)  # it was there after all: ask from now on
+            raise
+        self._name_made(parent_inode, name)
         of, _ = await self._opened(rsp, fresh_attrs=True)
         fh = self._new_handle(of)
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
@@ -655,6 +810,7 @@ class Operations(pyfuse3.Operations):
         of = self.handles[fh]
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             self._open_info.pop(of.ino, None)
+            self._held_info.pop(of.ino, None)
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
 

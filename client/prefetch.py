@@ -7,9 +7,9 @@ of the readers, a few at a time, for all DataLoader workers at once:
 
 1. resolve a batch of paths with one ``LookupPathsReq`` (no per-file lookups);
 2. read each file whole: small replicated files 16 at a time from one node in
-   one ``ReadChunksReq`` (into the chunk cache), anything else, and any read of
-   a batch that fails, through ``DataPath.read`` (replica failover, every
-   layout); ``parallel`` requests in flight;
+   one ``ReadChunksReq`` (``DataPath.fetch`` with a node: into the chunk cache),
+   anything else, and any read of a batch that fails, through ``DataPath.read``
+   (replica failover, every layout); ``parallel`` requests in flight;
 3. push the bytes into the kernel's page cache (``pyfuse3.notify_store``) when
    the kernel knows the inode (a dataset that was listed, as ImageFolder does),
    so the worker's open+read is answered by the kernel alone (the open keeps
@@ -36,6 +36,7 @@ import trio
 from ..common import protocol as p
 from ..common.errors import StripefsError
 from ..common.layout import one_chunk
+from .fetch import Fetch
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
@@ -154,21 +155,12 @@ class Prefetcher:
         """Whole small files from one node in one request; any that fails goes the single way (failover)."""
         retry = infos
         try:
-            reads = [
-                p.ReadChunkReq(chunk=p.ChunkId(i.attr.ino, 0), min_version=i.chunks[0].version, offset=0, length=i.layout.chunk_size)
-                for i in infos
-            ]
-            try:
-                results = await self.data.nodes.read_many(node, reads)
-            except StripefsError as exc:
-                log.debug("prefetch: batch of %d from node %d failed: %s", len(infos), node, exc)
-                results = [exc] * len(infos)
+            results = await self.data.fetch([Fetch.small_file(i) for i in infos], node=node)
             retry = []
             for info, result in zip(infos, results):
                 if isinstance(result, StripefsError):
                     retry.append(info)
                     continue
-                self.data.cache.put((info.attr.ino, 0, info.chunks[0].version), result)
                 self.fetched += 1
                 await fetched.send((info, shm, stamp, result[: info.attr.size]))
         finally:

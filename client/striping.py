@@ -19,6 +19,12 @@ Writes
     whose node fails is moved to another node by the metadata daemon
     (ReplaceReplicaReq) and receives the whole chunk, read back from a replica
     that took the write. So one node dying mid-write costs the writer nothing.
+    The chunk map may be older than the chunk's placement (the daemon moves
+    copies of open files: repair, drain): when no replica it names takes a
+    range of a chunk the session has not written yet, or one answers STALE,
+    the daemon is asked where the chunk is now and the range goes there, once;
+    the cut of a truncate does the same (client/placements.py has the rule and
+    why it stops at chunks the session wrote).
     ``flush`` waits for everything in flight and commits versions and size.
     Sends of one chunk are applied in order (``OpenFile.take``); a send that
     fails fails the whole write session, which is then discarded, never
@@ -36,6 +42,10 @@ Erasure-coded files (layout ``ec=K+M``) share the dirty buffering, epochs and
 commits, and take client/ec_path.py at five points: reads, the sending of a
 dirty chunk, the cut of a truncate, fsync and the prefetch of small files.
 
+Fetches ahead of reads (read-ahead, a walked directory's small files and read
+hints, the sampler-order prefetcher) all start through ``fetch``
+(client/fetch.py says what each one is).
+
 Memory: the chunk cache has its byte budget; unsent data is at most
 ``MAX_DIRTY_CHUNKS`` partial chunks per file being written, and chunks being
 sent at most ``write_parallelism`` per file and ``write_inflight`` for the
@@ -48,6 +58,7 @@ is removed from ``dirty`` before its send starts, so no byte is sent twice or lo
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Callable
@@ -57,15 +68,16 @@ import xxhash
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
-from ..common.layout import chunk_extents, is_ec, one_chunk
+from ..common.layout import chunk_extents, is_ec
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
-from .dir_hints import Hint
 from .disk_cache import DiskCache
 from .ec_path import EcPath
+from .fetch import Fetch
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
-from .placements import ALLOC_AHEAD, alloc_indices, is_cold, placement, recall, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
+from . import placements
+from .placements import ALLOC_AHEAD, alloc_indices, is_cold, moved, placement, recall, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
@@ -149,22 +161,8 @@ class DataPath:
             for index in range(last + 1, last + 1 + ahead):
                 if index * of.chunk_size >= of.size:
                     break
-                ref = of.chunks.get(index)
-                if ref and ref.version and (of.ino, index, ref.version) not in self.cache:
-                    self.nursery.start_soon(self._prefetch, of, index, name=f"prefetch-{of.ino}-{index}")
+                self.fetch_soon(Fetch.ahead_of(of, index))
         return out
-
-    async def _prefetch(self, of: OpenFile, index: int) -> None:
-        ref = of.chunks.get(index)
-        if ref is None or ref.version == 0 or is_cold(ref):
-            return
-        try:
-            await self.cache.fetch(
-                (of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size, quiet=True), prefetch=True
-            )
-        except StripefsError as exc:
-            # the file may have been truncated or deleted meanwhile; a real read will say so
-            log.debug("prefetch of chunk %d:%d failed: %s", of.ino, index, exc)
 
     async def _chunk_bytes(self, of: OpenFile, index: int) -> bytes | memoryview:
         ref = of.chunks.get(index)
@@ -172,50 +170,70 @@ class DataPath:
             return b""
         return await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size))
 
-    def prefetch_small_file(self, info: p.OpenRsp) -> None:
-        """Start fetching a one-chunk file that is about to be opened (see Operations.lookup)."""
-        ref = one_chunk(info)
-        if ref is None or (info.attr.ino, 0, ref.version) in self.cache:
+    # ---------------------------------------------------------------- fetches
+
+    def fetch_soon(self, want: Fetch) -> None:
+        """``fetch([want])`` in the background, unless its chunk is cached or being loaded already."""
+        key = want.key
+        if key is None or key in self.cache:
             return
-        if is_ec(info.layout):
-            return self.ec.prefetch_small_file(info)
-        self.nodes.learn(info.nodes)
+        if want.info is not None:
+            if is_ec(want.info.layout):
+                return self.ec.prefetch_small_file(want.info)
+            self.nodes.learn(want.info.nodes)
+        self.nursery.start_soon(self.fetch, [want], name=f"fetch-{want.ino}-{want.index}")
 
-        async def fetch():
+    async def fetch(self, wants: list[Fetch], *, node: int | None = None) -> list[bytes | memoryview | StripefsError]:
+        """Bring chunks into the chunk cache ahead of their reads: every fetch starts here (client/fetch.py).
+
+        Each is its bytes or why it failed (logged at debug: the read that follows retries and reports).
+        ``node``: whole one-chunk replicated files, all from that node in one request (the prefetcher's
+        batches), stored in the cache as they come; else one load of the cache each, shared with any
+        read of the same chunk (ChunkCache.fetch)."""
+        if node is not None:
+            return await self._fetch_from(node, wants)
+        out: list[bytes | memoryview | StripefsError] = []
+        for want in wants:
+            ref = want.current_ref()
+            if ref is None:
+                out.append(b"")
+                continue
+            if want.exact:
+                load = functools.partial(self._read_exact, want.ino, ref, want.length)
+            else:
+                load = functools.partial(self._read_chunk, want.ino, ref, want.length, quiet=True)
             try:
-                key = (info.attr.ino, 0, ref.version)
-                await self.cache.fetch(key, lambda: self._read_chunk(info.attr.ino, ref, info.layout.chunk_size, quiet=True))
+                out.append(await self.cache.fetch((want.ino, want.index, ref.version), load, prefetch=want.ahead))
             except StripefsError as exc:
-                log.debug("prefetch of inode %d failed: %s", info.attr.ino, exc)
+                # the file may have been changed, truncated or deleted meanwhile; a real read will say so
+                log.debug("fetch of chunk %d:%d failed: %s", want.ino, want.index, exc)
+                out.append(exc)
+        return out
 
-        self.nursery.start_soon(fetch, name=f"prefetch-{info.attr.ino}")
+    async def _fetch_from(self, node: int, wants: list[Fetch]) -> list[bytes | memoryview | StripefsError]:
+        reads = [p.ReadChunkReq(chunk=p.ChunkId(w.ino, 0), min_version=w.ref.version, offset=0, length=w.length) for w in wants]
+        try:
+            results = await self.nodes.read_many(node, reads)
+        except StripefsError as exc:
+            log.debug("fetch of %d chunks from node %d failed: %s", len(wants), node, exc)
+            return [exc] * len(wants)
+        for want, result in zip(wants, results):
+            if not isinstance(result, StripefsError):
+                self.cache.put((want.ino, 0, want.ref.version), result)
+        return results
 
-    def read_hinted(self, hint: Hint) -> None:
-        """Start reading the chunk a read hint names, beside the lookup that will confirm it (client/dir_hints.py)."""
-        key = (hint.ino, 0, hint.ref.version)
-        if key in self.cache:
-            return
-
-        async def fetch():
-            try:
-                await self.cache.fetch(key, lambda: self._read_exact(hint), prefetch=True)
-            except StripefsError as exc:
-                log.debug("hinted read of inode %d failed: %s", hint.ino, exc)
-
-        self.nursery.start_soon(fetch, name=f"hinted-{hint.ino}")
-
-    async def _read_exact(self, hint: Hint) -> memoryview:
+    async def _read_exact(self, ino: int, ref: p.ChunkRef, length: int) -> memoryview:
         """Chunk 0 of a hinted file from the replica a read would ask first, only at exactly the hinted
         version (a newer copy is not what the key says); one try, no fail-over: it is a guess."""
-        key = (hint.ino, 0, hint.ref.version)
+        key = (ino, 0, ref.version)
         if self.disk_cache is not None:
             data = await self.disk_cache.get(key)
             if data is not None:
                 return data
-        node_id = self.nodes.order(hint.ref.nodes, start=hint.ino)[0]
-        version, data = await self.nodes.read_versioned(node_id, p.ChunkId(hint.ino, 0), hint.ref.version, 0, hint.length, last_try=False)
-        if version != hint.ref.version:
-            raise StripefsError(ErrorCode.STALE, f"inode {hint.ino} is at version {version}, the hint said {hint.ref.version}")
+        node_id = self.nodes.order(ref.nodes, start=ino)[0]
+        version, data = await self.nodes.read_versioned(node_id, p.ChunkId(ino, 0), ref.version, 0, length, last_try=False)
+        if version != ref.version:
+            raise StripefsError(ErrorCode.STALE, f"inode {ino} is at version {version}, the hint said {ref.version}")
         if self.disk_cache is not None:
             self.disk_cache.put_soon(self.nursery, key, data)
         return data
@@ -333,13 +351,7 @@ class DataPath:
 
     async def _where_now(self, ino: int, ref: p.ChunkRef) -> p.ChunkRef | None:
         """The chunk's current placement when it differs from ``ref`` (read at ``ref``'s version)."""
-        try:
-            rsp = await self.meta.call(p.OpenReq(ino=ino, session_id=self.meta.session_id))
-        except StripefsError as exc:
-            log.debug("chunk %d:%d: asking where it is now failed: %s", ino, ref.index, exc)
-            return None
-        self.nodes.learn(rsp.nodes)
-        now = next((c for c in rsp.chunks if c.index == ref.index), None)
+        now = await placements.current(self.meta, self.nodes, ino, ref.index)
         recalled = False
         if is_cold(now) and now.version == ref.version:  # moved to a tier since: the daemon brings it back
             rsp = await self.meta.call(p.TierRecallReq(ino=ino, indices=[ref.index]))
@@ -494,17 +506,10 @@ class DataPath:
         )
         failed: dict[int, StripefsError] = {}
         done: list[int] = []
-
-        async def one(node_id: int):
-            try:
-                await self.nodes.write(node_id, request, payload)
-                done.append(node_id)
-            except StripefsError as exc:
-                failed[node_id] = exc
-
-        async with trio.open_nursery() as nursery:
-            for node_id in ref.nodes:
-                nursery.start_soon(one, node_id)
+        # a chunk this session wrote already lives only on the nodes that took it: never followed
+        follow = dc.index not in of.uncommitted
+        send = lambda node_id: self.nodes.write(node_id, request, payload)  # noqa: E731
+        ref = await self._send_to_replicas(of, ref, send, done, failed, follow=follow)
 
         nodes = list(ref.nodes)
         for node_id, exc in failed.items():
@@ -533,6 +538,45 @@ class DataPath:
         self.cache.drop_chunk(of.ino, dc.index)  # reads of the chunk's old bytes in flight are stale now
         if not sync:
             of.unsynced[dc.index] = nodes
+
+    async def _send_to_replicas(
+        self, of: OpenFile, ref: p.ChunkRef, send, done: list[int], failed: dict[int, StripefsError], *, follow: bool
+    ) -> p.ChunkRef:
+        """``await send(node_id)`` on every node of ``ref``; the placement the rest of the send goes by.
+
+        ``follow`` (a chunk whose map is the committed one): when no node took it, or one answered
+        STALE (its copy may have been moved away and deleted), ask the daemon where the chunk is now
+        and send to the nodes of that placement not tried yet (client/placements.py). Then the
+        current placement is the one to go by, and nodes it no longer names drop out of ``failed``
+        (their copies are the daemon's garbage); unless only such nodes took the send: they hold
+        the data, so they stay, and the commit names them."""
+        await self._on_each(ref.nodes, send, done, failed)
+        if not follow or not failed or (done and all(exc.code != ErrorCode.STALE for exc in failed.values())):
+            return ref
+        now = await moved(self.meta, self.nodes, of, ref)
+        if now is None:
+            return ref
+        await self._on_each([n for n in now.nodes if n not in failed and n not in done], send, done, failed)
+        placed = now if not done or any(n in done for n in now.nodes) else ref
+        for node_id in [n for n in failed if n not in placed.nodes]:
+            del failed[node_id]
+        return placed
+
+    @staticmethod
+    async def _on_each(node_ids, send, done: list[int], failed: dict[int, StripefsError]) -> None:
+        """``await send(node_id)`` for every node at once: those that took it appended to ``done``,
+        the others' errors in ``failed``."""
+
+        async def one(node_id: int) -> None:
+            try:
+                await send(node_id)
+                done.append(node_id)
+            except StripefsError as exc:
+                failed[node_id] = exc
+
+        async with trio.open_nursery() as nursery:
+            for node_id in node_ids:
+                nursery.start_soon(one, node_id)
 
     async def _copy_whole(self, of: OpenFile, chunk: p.ChunkId, epoch: int, source: int, target: int, sync: bool) -> None:
         data = await self.nodes.read(source, chunk, epoch, 0, of.chunk_size, last_try=True)
@@ -670,20 +714,22 @@ class DataPath:
                 xxh3=xxhash.xxh3_64_intdigest(b""), truncate=inner,
             )
             ok: list[int] = []
-
-            async def one(node_id):
-                try:
-                    await self.nodes.write(node_id, request, b"")
-                    ok.append(node_id)
-                except StripefsError as exc:
-                    log.warning("truncate of chunk %d:%d on node %d failed: %s", of.ino, index, node_id, exc)
-
-            async with trio.open_nursery() as nursery:
-                for node_id in ref.nodes:
-                    nursery.start_soon(one, node_id)
+            failed: dict[int, StripefsError] = {}
+            cut = lambda node_id: self.nodes.write(node_id, request, b"")  # noqa: E731
+            placed = await self._send_to_replicas(of, ref, cut, ok, failed, follow=True)  # flushed: the map is the committed one
+            for node_id, exc in failed.items():
+                log.warning("truncate of chunk %d:%d on node %d failed: %s", of.ino, index, node_id, exc)
             if not ok:
                 raise StripefsError(ErrorCode.IO, f"no replica of chunk {of.ino}:{index} could be truncated")
-            refs.append(p.ChunkRef(index=index, version=epoch, nodes=ok))
+            nodes = [n for n in placed.nodes if n in ok]
+            for node_id, exc in failed.items():
+                if exc.code == ErrorCode.STALE:  # it missed earlier writes: give it the whole cut chunk, as a write does
+                    try:
+                        await self._copy_whole(of, p.ChunkId(of.ino, index), epoch, ok[0], node_id, False)
+                        nodes.append(node_id)
+                    except StripefsError as err:
+                        log.warning("chunk %d:%d: copying the cut chunk to node %d failed (%s); repair restores it", of.ino, index, node_id, err)
+            refs.append(p.ChunkRef(index=index, version=epoch, nodes=nodes))
         rsp = await self.meta.call(p.SetattrReq(ino=of.ino, size=new_size, chunks=refs))
         if new_size < of.size:
             # the chunks dropped are deleted on their nodes up to the newest epoch handed out, and

@@ -427,6 +427,7 @@ class HelloReq(Msg, tag="hello"):
     pid: int
     mountpoint: str = ""
     subdir: bytes = b""  # expose only this directory (absolute path); HelloRsp.root_ino is its inode
+    client_id: int = 0  # the OnceReq client id of this mount: its own changes never wait for its callbacks
 
 
 class HelloRsp(Msg, tag="hello_rsp"):
@@ -458,6 +459,22 @@ class LookupReq(Msg, tag="lookup"):
     name: bytes
     open_info: bool = False
     session_id: int = 0
+    # ask for a callback on a regular file (daemon/callbacks.py): the reply's ``callback``
+    # says whether the daemon will wait for this session before changing the file or its name
+    callback: bool = False
+
+
+class AckReq(Msg, tag="ack"):
+    """The session applied the change feed up to ``seq`` and dropped from the kernel what it
+    changed (daemon/callbacks.py). ``everything``: it dropped all it cached (a gap, a restart)
+    and holds no callback any more. ``open_inodes``: files among those just dropped that it
+    has open (they join its open set, as after an OpenReq). Reply: OkRsp."""
+
+    session_id: int
+    seq: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+    everything: bool = False
+    open_inodes: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]], msgspec.Meta(max_length=MAX_LIST)] = []
+    client_id: int = 0
 
 
 class LookupPathsReq(Msg, tag="lookup_paths"):
@@ -507,6 +524,10 @@ class AttrRsp(Msg, tag="attr_rsp"):
     # GETATTR of those directories from them until the change feed says otherwise (client/dir_attrs.py)
     dir_attrs: list[Attr] = []
     seq: int = 0
+    # LookupReq with ``callback``: the change log position this answer is as of, granted a
+    # callback (the daemon waits for this session's AckReq before a later change of the file
+    # or its name is answered); -1: no callback, cache as before (daemon/callbacks.py)
+    callback: int = -1
 
 
 class CreateReq(Msg, tag="create"):
@@ -538,6 +559,10 @@ class MkdirReq(Msg, tag="mkdir"):
     mode: int
     uid: int
     gid: int
+    # a callback on the new directory's names for this session (it knows them all: none);
+    # AttrRsp.callback is its seq (daemon/callbacks.py)
+    session_id: int = 0
+    callback: bool = False
 
 
 class SymlinkReq(Msg, tag="symlink"):
@@ -598,12 +623,18 @@ class ReaddirReq(Msg, tag="readdir"):
     limit: int = 1000
     open_info: bool = False
     small_only: bool = False
+    # callbacks on the regular files listed (daemon/callbacks.py), for this session
+    session_id: int = 0
+    callback: bool = False
 
 
 class ReaddirRsp(Msg, tag="readdir_rsp"):
     entries: list[DirEntry]
     more: bool
     files: list[OpenRsp] = []  # with open_info: one per regular file in ``entries``
+    callback: int = -1  # ReaddirReq with ``callback``: every regular file listed is held, as AttrRsp.callback
+    # ... and, when the whole directory fits in this reply (``after`` 0, not ``more``), its names too
+    dir_callback: int = -1
 
 
 class OpenReq(Msg, tag="open"):
@@ -628,6 +659,7 @@ class OpenRsp(Msg, tag="open_rsp"):
     cap: Cap | None = None  # subtree keys: what storage nodes ask of them for this file's chunks
     dir_attrs: list[Attr] = []  # CreateReq: the parent's attributes after it, as AttrRsp.dir_attrs
     seq: int = 0  # ... as of this change log position
+    callback: int = -1  # LookupReq with ``callback``: as AttrRsp.callback
 
 
 class CloseReq(Msg, tag="close"):
@@ -1098,6 +1130,18 @@ class ChangeEvent(msgspec.Struct, frozen=True, array_like=True):
     seq: int
     inodes: list[int]  # attributes or data changed
     entries: list[tuple[int, bytes]]  # (parent, name) names created, removed or renamed
+    # the publishing daemon's own boot id: a new one means its callbacks are forgotten, so a
+    # mount drops what it cached under them (daemon/callbacks.py)
+    daemon: str = ""
+    writer: int = 0  # writer_tag of the mount that made the change (0: unknown): its callbacks stay
+
+
+def writer_tag(client_id: int) -> int:
+    """What the feed names a change's writer by: a hash of its OnceReq client id (the id
+    itself names its requests to the daemons and is not told to other mounts)."""
+    import xxhash
+
+    return xxhash.xxh64_intdigest(client_id.to_bytes(8, "little")) & INT64_MAX if client_id else 0
 
 
 EVENTS_HEARTBEAT_S = 1.0

@@ -8,7 +8,8 @@ in ``housekeeping.py``). The pieces, from the bottom up:
   statement, behind ``SqliteStore``), ``pg_store.py`` (the same on PostgreSQL,
   one transaction per request), ``backup.py`` (``stripefs meta backup|restore``).
 * the namespace: ``namespace.py`` (POSIX semantics over the store; plain
-  synchronous Python), ``applied_ops.py`` (a retried request applied once),
+  synchronous Python), ``file_data.py`` (its other half: a file's chunk map,
+  epochs, placement, commits, conversions), ``applied_ops.py`` (a retried request applied once),
   ``change_log.py`` (every change, in commit order), ``quota.py`` (directory
   quotas: what counts, how limits are enforced).
 * where data lives: ``placement.py`` (which nodes hold each chunk; pure

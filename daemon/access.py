@@ -67,7 +67,7 @@ CHANGING_REQUESTS = frozenset({
 READING_REQUESTS = frozenset({
     P.PingReq, P.StatusReq, P.HelloReq, P.SessionHeartbeatReq, P.LookupReq, P.LookupPathsReq, P.GetattrReq,
     P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
-    P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.TierListReq,
+    P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.AckReq, P.TierListReq,
     P.TierRecallReq,  # a reader of a cold file brings its data back (docs/tiering.md)
 })
 #: request fields holding inode numbers (checked against a key's subtree)
@@ -130,6 +130,8 @@ class MetaAccess:
         await self.txn.read(self._check_inodes, grant, top, body)
         if isinstance(body, P.SessionHeartbeatReq) and body.open_inodes:
             body = await self.txn.read(self._open_inside, grant, top, body)
+        if isinstance(body, P.AckReq) and body.open_inodes:  # a subtree mount holds no callbacks (client/kernel_cache.py)
+            body = msgspec.structs.replace(body, open_inodes=[])
         return self._with_caps(grant, body, await handler(body))
 
     # -- roles ---------------------------------------------------------------------
@@ -242,7 +244,7 @@ class MetaAccess:
         base = grant.subdir.encode().rstrip(b"/")
         shown = []
         for q in quotas:
-            if q.ino != top and not (q.ino != 1 and self.ns._is_ancestor(top, q.ino)):
+            if q.ino != top and not (q.ino != 1 and self.ns.is_ancestor(top, q.ino)):
                 continue
             path = q.path[len(base):] if q.path.startswith(base + b"/") else b""
             shown.append(msgspec.structs.replace(q, path=path or b"/"))
@@ -327,7 +329,7 @@ class MetaAccess:
                 raise StripefsError(exc.code, f"subdir {path.decode(errors='replace')}: {exc.message}") from None
         if not stat.S_ISDIR(ns.getattr(ino).mode):
             raise StripefsError(ErrorCode.NOT_DIR, f"subdir {path.decode(errors='replace')} is not a directory")
-        if start != 1 and not ns._is_ancestor(start, ino):
+        if start != 1 and not ns.is_ancestor(start, ino):
             raise StripefsError(ErrorCode.ACCESS, f"subdir {path.decode(errors='replace')} is outside this key's subtree")
         return ino
 
@@ -377,8 +379,8 @@ class MetaAccess:
         if row is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {ino}")
         if stat.S_ISDIR(row["mode"]):
-            return ino != 1 and ns._is_ancestor(top, ino)
+            return ino != 1 and ns.is_ancestor(top, ino)
         names = store.dentries_of(ino)
         if names:  # where the file is now, whatever this key did to it before
-            return any(ns._is_ancestor(top, parent) for _, parent, _ in names)
+            return any(ns.is_ancestor(top, parent) for _, parent, _ in names)
         return ino in self._kept.get(grant.public, ())  # an orphan this key unlinked, maybe still open

@@ -9,7 +9,7 @@ op_id, done_below, body)`` and resend the very same OnceReq on a retry.
 
 The daemon runs ``body``'s handler with the key ``(client_id, op_id)`` in
 effect (``once``, a context variable). The one namespace operation the handler
-makes (``MetaService._write``) is then, in the same transaction as the change:
+makes (``Txn.write``, daemon/txn.py) is then, in the same transaction as the change:
 
 * ``applied_ops`` has a row for the key: the operation is *not* run; the
   result it returned the first time is returned instead (the handler builds the

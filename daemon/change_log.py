@@ -5,7 +5,7 @@ Mounts cache names and attributes in the kernel and drop them when told
 mount follows one daemon's feed but must hear of changes made through every
 daemon, in order. So the change is not announced from memory: the operation
 that makes it also appends a row to ``change_log`` in the same transaction
-(``MetaService._write`` with ``change=``), and every daemon's feed
+(``Txn.write`` with ``change=``, daemon/txn.py), and every daemon's feed
 (daemon/events.py) publishes the log by its number ``seq``, reading
 ``seq > last published``. Numbers follow commit order with no holes:
 
@@ -26,8 +26,11 @@ that makes it also appends a row to ``change_log`` in the same transaction
   counter row and one is retried. (LISTEN/NOTIFY could shorten the poll;
   correctness never rests on it.)
 
-A row holds ``msgpack([inodes, entries])``: the inodes whose attributes or data
-changed and the (parent, name) entries created, removed or renamed.
+A row holds ``msgpack([inodes, entries, writer])``: the inodes whose attributes
+or data changed, the (parent, name) entries created, removed or renamed, and
+the writer's tag (``protocol.writer_tag`` of the OnceReq client id that made
+the change, 0: none; rows without it decode as 0): a mount ends its callbacks
+only on others' changes (daemon/callbacks.py).
 
 Bound: the duties leader keeps the newest ``KEEP`` rows (daemon/duties.py). A
 mount that falls further behind sees a gap and drops its whole cache, as for
@@ -47,12 +50,26 @@ KEEP = 100_000
 #: rows read per query
 PAGE = 1000
 
-_decoder = msgspec.msgpack.Decoder(tuple[list[int], list[tuple[int, bytes]]])
+class _Row(msgspec.Struct, array_like=True):
+    inodes: list[int]
+    entries: list[tuple[int, bytes]]
+    writer: int = 0
 
 
-def encode(inodes: Iterable[int], entries: Iterable[tuple[int, bytes]]) -> bytes:
-    return msgspec.msgpack.encode((sorted(set(inodes)), list(entries)))
+_decoder = msgspec.msgpack.Decoder(_Row)
+
+
+def encode(inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0) -> bytes:
+    row = (sorted(set(inodes)), list(entries))
+    return msgspec.msgpack.encode((*row, writer) if writer else row)
 
 
 def decode(blob: bytes) -> tuple[list[int], list[tuple[int, bytes]]]:
-    return _decoder.decode(blob)
+    row = _decoder.decode(blob)
+    return row.inodes, row.entries
+
+
+def decode_writer(blob: bytes) -> tuple[list[int], list[tuple[int, bytes]], int]:
+    """``decode``, and the writer's tag."""
+    row = _decoder.decode(blob)
+    return row.inodes, row.entries, row.writer

@@ -67,7 +67,7 @@ async def _serve(config: MetaConfig) -> None:
                 await nursery.start(service.run)
                 nursery.start_soon(publish_cluster_metrics, service, name="meta-metrics")
                 notify("READY=1")
-                log.info("metadata daemon serving on %s, database %s, boot %s", config.listen, service._db_name(), service.boot_id)
+                log.info("metadata daemon serving on %s, database %s, boot %s", config.listen, service.db_name(), service.boot_id)
                 async for signum in signals:
                     log.info("%s received: stopping", signal.Signals(signum).name)
                     notify("STOPPING=1")

@@ -71,8 +71,9 @@ View = dict[int, tuple[list[int], list[tuple[int, bytes]]]]
 
 
 class ChangeFeed:
-    def __init__(self, ctx: zmq.Context, bind: str, log_id: str, seq: int, keyring: Keyring | None = None):
+    def __init__(self, ctx: zmq.Context, bind: str, log_id: str, seq: int, keyring: Keyring | None = None, daemon: str = ""):
         self.boot_id = log_id
+        self.daemon = daemon  # this daemon's boot id: a new one tells mounts its callbacks are gone (daemon/callbacks.py)
         self.seq = seq  # the last change published
         self.keyring = keyring  # None: a plain feed, every subscriber hears everything
         self._subscribers: dict[str, Grant] = {}  # secure feed: key -> its grant, keys subscribed to their topic
@@ -116,10 +117,10 @@ class ChangeFeed:
         for seq, blob in rows:
             if seq <= self.seq:  # read twice (two readers raced): already out
                 continue
-            inodes, entries = change_log.decode(blob)
+            inodes, entries, writer = change_log.decode_writer(blob)
             self.seq = seq
             if self.keyring is None:
-                self._send_frames([P.encode_event(P.ChangeEvent(self.boot_id, seq, inodes, entries))])
+                self._send_frames([P.encode_event(P.ChangeEvent(self.boot_id, seq, inodes, entries, self.daemon, writer))])
                 continue
             frames: dict[str, bytes] = {}
             for topic, subdir in targets:
@@ -127,7 +128,7 @@ class ChangeFeed:
                     view = (inodes, entries) if not subdir else (views or {}).get(subdir, {}).get(seq)
                     if view is None:  # subscribed after the views were made: this key sees a gap
                         continue
-                    frames[subdir] = P.encode_event(P.ChangeEvent(self.boot_id, seq, *view))
+                    frames[subdir] = P.encode_event(P.ChangeEvent(self.boot_id, seq, *view, self.daemon, writer))
                 self._send_frames([topic, frames[subdir]])
 
     def _send(self, event: P.ChangeEvent) -> None:
@@ -147,7 +148,7 @@ class ChangeFeed:
     async def heartbeat_loop(self) -> None:
         while True:
             await trio.sleep(P.EVENTS_HEARTBEAT_S)
-            self._send(P.ChangeEvent(self.boot_id, self.seq, [], []))
+            self._send(P.ChangeEvent(self.boot_id, self.seq, [], [], self.daemon))
 
     # -- who hears what (secure feed) ----------------------------------------------------
 

@@ -495,6 +495,10 @@ class Sessions:
     def is_open(self, ino: int) -> bool:
         return self._open_count.get(ino, 0) > 0
 
+    def alive(self, session_id: int) -> bool:
+        """The session is open here (not closed, not expired)."""
+        return session_id in self._sessions
+
     @_locked
     def open_inodes(self) -> set[int]:
         """Every inode some session holds open."""

@@ -48,7 +48,7 @@ class Housekeeping:
     """The background tasks of one metadata daemon (started in ``MetaService.run``'s nursery)."""
 
     def __init__(
-        self, config, txn, store, nodes, *, ns, sessions, duties, healer, feed_views: Callable, ctx=None,
+        self, config, txn, store, nodes, *, ns, sessions, duties, healer, feed_views: Callable, ctx=None, callbacks=None,
     ) -> None:
         self.config = config
         self.ctx = ctx
@@ -61,6 +61,7 @@ class Housekeeping:
         self.healer = healer  # daemon/repair.py: gives back an expired session's uncommitted chunks
         self.feed_views = feed_views  # daemon/access.py: each subtree's view of the change log
         self.feed = None  # daemon/events.py ChangeFeed, set once it is open (MetaService.run)
+        self.callbacks = callbacks  # daemon/callbacks.py: an expired session's callbacks go with it
         self._gc_wake = trio.Event()
         self._feed_wake = trio.Event()
         self.gc_listeners: list = []
@@ -107,7 +108,7 @@ class Housekeeping:
         if not self.store.group_commit:  # an operator may have drained or removed a node through another daemon
             self.nodes.apply_admin_states(await self.txn.read(self.nodes.admin_states))
         expired = self.sessions.expire(now)
-        await self.release(expired)
+        await self.release(expired + (self.callbacks.forget_dead() if self.callbacks is not None else []))
         if expired:
             async with self.txn.lock:
                 self.txn.write_locked(self.healer.reclaim_uncommitted, expired)

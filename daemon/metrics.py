@@ -44,6 +44,9 @@ UNDER_REPLICATED = Gauge(
 )
 LOST_CHUNKS = Gauge("stripefs_lost_chunks", "Chunks without any live copy, as of the last repair scan")
 REPAIR_BACKLOG = Gauge("stripefs_repair_backlog_copies", "Copies the running repair, drain or rebalance pass still has to make")
+CALLBACK_FILES = Gauge("stripefs_callback_keys", "Files and names mounts cache under callbacks (daemon/callbacks.py)")
+CALLBACK_WAITS = Gauge("stripefs_callback_waits", "Changes that waited for another mount's acknowledgement since the daemon started")
+CALLBACK_TIMEOUTS = Gauge("stripefs_callback_timeouts", "Waits for a mount's acknowledgement that ran out (WAIT_S) since the daemon started")
 REPAIR_COPIED = Gauge("stripefs_repair_copied_bytes", "Bytes copied by repair, drain and rebalance since the daemon started")
 
 # the cold tier (daemon/tiering.py): counted where it happens; the backlog by the publishing task
@@ -94,6 +97,10 @@ async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL
                 NODE_FREE.labels(node).set(n.free_bytes)
                 NODE_CHUNKS.labels(node).set(n.chunks)
             SESSIONS.set(len(service.sessions))
+            callbacks = service.callbacks.counts()
+            CALLBACK_FILES.set(callbacks["keys"])
+            CALLBACK_WAITS.set(callbacks["waits"])
+            CALLBACK_TIMEOUTS.set(callbacks["timeouts"])
             repair = service.healer.info()
             UNDER_REPLICATED.set(repair.under_replicated)
             LOST_CHUNKS.set(repair.lost)
@@ -102,7 +109,7 @@ async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL
             try:
                 health = await trio.to_thread.run_sync(read_health, nodes, limiter=limiter)
             except (*service.store.errors, StripefsError) as exc:
-                log.warning("metrics: cannot read counts from %s: %s", service._db_name(), exc)
+                log.warning("metrics: cannot read counts from %s: %s", service.db_name(), exc)
             else:
                 FILES.set(health["files"])
                 CHUNKS.set(health["chunks"])

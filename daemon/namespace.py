@@ -30,13 +30,8 @@ Semantics worth knowing
 * Quotas: operations that add, remove, move or resize inodes call the hooks
   of ``self.quotas`` (daemon/quota.py) inside their savepoint; EDQUOT
   (QUOTA_EXCEEDED) and EXDEV across quota trees are decided there.
-* Epochs: strictly increasing and never repeated across restarts. The store
-  keeps a high-water mark raised in blocks of ``EPOCH_BLOCK``; epochs below
-  the stored mark may be handed out without writing. After a restart the
-  numbers of a partly used block are skipped. ``alloc_epoch`` says when it
-  raised the mark: that change must be durable before the epoch is used.
-  On PostgreSQL (several daemons) epochs come from a database sequence
-  instead: unique and increasing across daemons, durable when handed out.
+* A file's data (chunk maps, epochs, placement, commits, conversions) is
+  daemon/file_data.py, the half of ``Namespace`` it inherits.
 """
 
 from __future__ import annotations
@@ -45,15 +40,14 @@ import logging
 import random
 import stat
 import time
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
-from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_count, parse_redundancy, validate_layout
 from ..common.protocol import NAME_MAX, PATH_MAX, Attr, ChunkRef, DirEntry, Layout, NodeAddr
-from . import placement, redundancy
 from . import redundancy as _redundancy
 from .db import ROOT_INO
+from .file_data import FileData, NodeSource
 from .quota import Quotas
 from .store import SqliteStore
 
@@ -63,24 +57,7 @@ XATTR_NAME_MAX = 255
 XATTR_VALUE_MAX = 64 * 1024
 XATTR_CREATE, XATTR_REPLACE = 1, 2
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
-EPOCH_BLOCK = 1000
 READDIR_MAX = 10_000
-
-
-def _is_replicated(store: SqliteStore, ino: int) -> bool:
-    """True for a replicated file (positional EC fragments are left to their own rules)."""
-    row = store.get_inode(ino)
-    return row is not None and not parse_redundancy(row["redundancy"]).is_ec
-
-
-class NodeSource(Protocol):
-    """What the namespace asks about storage nodes (daemon.health.NodeRegistry)."""
-
-    def views(self) -> list[placement.NodeView]: ...
-
-    def address(self, node_id: int) -> str: ...
-
-    def capacity(self) -> tuple[int, int]: ...
 
 
 def check_name(name: bytes) -> None:
@@ -110,8 +87,8 @@ def to_layout(row) -> Layout:
     return Layout(chunk_size=row["chunk_size"], stripe_count=row["stripe_count"], redundancy=row["redundancy"])
 
 
-class Namespace:
-    """Metadata operations of one filesystem, over one store."""
+class Namespace(FileData):
+    """Metadata operations of one filesystem, over one store (a file's data: daemon/file_data.py)."""
 
     def __init__(
         self,
@@ -125,25 +102,27 @@ class Namespace:
         self.is_open = is_open
         self.clock = clock
         self.quotas = Quotas(store)  # directory quotas: hooks below, design in daemon/quota.py
-        # epochs in [_epoch_next, _epoch_limit) may be handed out without a write
-        self._epoch_next = self._epoch_limit = int(store.get_meta("epoch_hwm", 1))
+        super().__init__(store)  # epochs (daemon/file_data.py)
 
-    # -- helpers -------------------------------------------------------------
+    # -- rows by inode (also for daemon/quota_service.py) ---------------------
 
-    def _inode(self, ino: int):
+    def inode(self, ino: int):
+        """The inode's row; NOT_FOUND when there is none."""
         row = self.store.get_inode(ino)
         if row is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} does not exist")
         return row
 
-    def _dir(self, ino: int):
-        row = self._inode(ino)
+    def directory(self, ino: int):
+        """The row of a directory; NOT_FOUND, or NOT_DIR for anything else."""
+        row = self.inode(ino)
         if not stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.NOT_DIR, f"inode {ino} is not a directory")
         return row
 
-    def _file(self, ino: int):
-        row = self._inode(ino)
+    def regular_file(self, ino: int):
+        """The row of a regular file; NOT_FOUND, IS_DIR, or INVALID for anything else."""
+        row = self.inode(ino)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"inode {ino} is a directory")
         if not stat.S_ISREG(row["mode"]):
@@ -152,7 +131,7 @@ class Namespace:
 
     def _entry(self, parent: int, name: bytes):
         check_name(name)
-        self._dir(parent)
+        self.directory(parent)
         entry = self.store.get_dentry(parent, name)
         if entry is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name!r} in directory {parent}")
@@ -181,7 +160,7 @@ class Namespace:
 
     def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0) -> int:
         check_name(name)
-        parent_row = self._dir(parent)
+        parent_row = self.directory(parent)
         if self.store.get_dentry(parent, name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
         self.quotas.created(parent)
@@ -198,21 +177,17 @@ class Namespace:
     def _drop_link(self, ino: int, now: int) -> None:
         """One name of a non-directory is gone: reclaim it, or keep it as an orphan while open."""
         self.store.add_nlink(ino, -1, now)
-        if self._inode(ino)["nlink"] <= 0:
+        if self.inode(ino)["nlink"] <= 0:
             if self.is_open(ino):
                 log.debug("inode %d unlinked while open: kept as an orphan", ino)
             else:
-                self._reclaim(ino)
+                self.reclaim(ino)
 
-    def _reclaim(self, ino: int) -> None:
+    def reclaim(self, ino: int) -> None:
+        """Free an inode no name leads to and no session holds: its chunks are queued as garbage."""
         dropped = self.store.drop_chunks(ino, 0)
         self.store.delete_inode(ino)
         log.debug("inode %d reclaimed, %d chunk(s) queued for deletion", ino, dropped)
-
-    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
-        refs = [ChunkRef(index=i, version=v, nodes=n) for i, (v, n) in sorted(chunks.items())]
-        ids = sorted({n for ref in refs for n in ref.nodes} - {redundancy.MISSING})
-        return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
 
     # -- lookups -------------------------------------------------------------
 
@@ -229,10 +204,10 @@ class Namespace:
         return row
 
     def getattr(self, ino: int) -> Attr:
-        return to_attr(self._inode(ino))
+        return to_attr(self.inode(ino))
 
     def readlink(self, ino: int) -> bytes:
-        row = self._inode(ino)
+        row = self.inode(ino)
         target = self.store.get_symlink(ino)
         if not stat.S_ISLNK(row["mode"]) or target is None:
             raise StripefsError(ErrorCode.INVALID, f"inode {ino} is not a symlink")
@@ -240,7 +215,7 @@ class Namespace:
 
     def readdir(self, ino: int, after: int = 0, limit: int = 1000) -> tuple[list[DirEntry], bool]:
         """Up to ``limit`` entries with cookie > ``after``, and whether more follow."""
-        self._dir(ino)
+        self.directory(ino)
         limit = max(1, min(limit, READDIR_MAX))
         rows = self.store.list_dentries(ino, after, limit + 1)
         entries = [DirEntry(name=bytes(r["name"]), attr=to_attr(r), cookie=r["cookie"]) for r in rows[:limit]]
@@ -272,12 +247,12 @@ class Namespace:
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int, exclusive: bool = True) -> tuple[int, bool]:
         """Create a regular file (or open the existing one when not exclusive); (ino, created)."""
         check_name(name)
-        self._dir(parent)
+        self.directory(parent)
         entry = self.store.get_dentry(parent, name)
         if entry is not None:
             if exclusive:
                 raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
-            row = self._inode(entry["ino"])
+            row = self.inode(entry["ino"])
             if stat.S_ISDIR(row["mode"]):
                 raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
             return row["ino"], False
@@ -291,13 +266,13 @@ class Namespace:
         return ino, True
 
     def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
-        row = self._inode(ino)
+        row = self.inode(ino)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.PERMISSION, f"inode {ino} is a directory: no hard links")
         if row["nlink"] <= 0:
             raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} has been unlinked")
         check_name(new_name)
-        self._dir(new_parent)
+        self.directory(new_parent)
         if self.store.get_dentry(new_parent, new_name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{new_name!r} exists in directory {new_parent}")
         self.quotas.linking(ino, new_parent)
@@ -311,7 +286,7 @@ class Namespace:
 
     def unlink(self, parent: int, name: bytes) -> None:
         entry = self._entry(parent, name)
-        row = self._inode(entry["ino"])
+        row = self.inode(entry["ino"])
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
         if row["nlink"] <= 1:
@@ -324,7 +299,7 @@ class Namespace:
     def rmdir(self, parent: int, name: bytes) -> None:
         entry = self._entry(parent, name)
         ino = entry["ino"]
-        row = self._inode(ino)
+        row = self.inode(ino)
         if not stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.NOT_DIR, f"{name!r} in directory {parent} is not a directory")
         if self.store.has_children(ino):
@@ -336,8 +311,8 @@ class Namespace:
         self._touch_dir(parent, now)
         self.store.add_nlink(parent, -1, now)
 
-    def _is_ancestor(self, ancestor: int, ino: int) -> bool:
-        """Whether directory ``ancestor`` is ``ino`` or one of its ancestors."""
+    def is_ancestor(self, ancestor: int, ino: int) -> bool:
+        """Whether directory ``ancestor`` is ``ino`` or one of its ancestors (also daemon/access.py's subtree checks)."""
         seen = 0
         while ino is not None and ino != ROOT_INO:
             if ino == ancestor:
@@ -353,9 +328,9 @@ class Namespace:
             raise StripefsError(ErrorCode.INVALID, f"rename flags {flags} are not supported")
         src = self._entry(parent_old, name_old)
         check_name(name_new)
-        self._dir(parent_new)
+        self.directory(parent_new)
         dst = self.store.get_dentry(parent_new, name_new)
-        src_row = self._inode(src["ino"])
+        src_row = self.inode(src["ino"])
         src_dir = stat.S_ISDIR(src_row["mode"])
         if flags == RENAME_EXCHANGE and dst is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name_new!r} in directory {parent_new} to exchange with")
@@ -363,13 +338,13 @@ class Namespace:
             raise StripefsError(ErrorCode.EXISTS, f"{name_new!r} exists in directory {parent_new}")
         if dst is not None and dst["ino"] == src["ino"]:
             return  # the same inode under both names: rename(2) does nothing
-        if src_dir and self._is_ancestor(src["ino"], parent_new):
+        if src_dir and self.is_ancestor(src["ino"], parent_new):
             raise StripefsError(ErrorCode.INVALID, f"cannot move directory {src['ino']} into its own subtree")
         now = self.clock()
         if flags == RENAME_EXCHANGE:
-            dst_row = self._inode(dst["ino"])
+            dst_row = self.inode(dst["ino"])
             dst_dir = stat.S_ISDIR(dst_row["mode"])
-            if dst_dir and self._is_ancestor(dst["ino"], parent_old):
+            if dst_dir and self.is_ancestor(dst["ino"], parent_old):
                 raise StripefsError(ErrorCode.INVALID, f"cannot move directory {dst['ino']} into its own subtree")
             self.quotas.moving(src_row, parent_old, parent_new, exchange=True)
             self.store.set_dentry_ino(src["cookie"], dst["ino"])
@@ -382,7 +357,7 @@ class Namespace:
             self.store.update_inode(dst["ino"], ctime_ns=now)
         else:
             if dst is not None:
-                dst_row = self._inode(dst["ino"])
+                dst_row = self.inode(dst["ino"])
                 dst_dir = stat.S_ISDIR(dst_row["mode"])
                 if src_dir and not dst_dir:
                     raise StripefsError(ErrorCode.NOT_DIR, f"{name_new!r} in directory {parent_new} is not a directory")
@@ -415,7 +390,7 @@ class Namespace:
         row = self.store.get_inode(ino)
         if row is None or row["nlink"] > 0 or self.is_open(ino):
             return False
-        self._reclaim(ino)
+        self.reclaim(ino)
         log.info("orphan inode %d reclaimed: its last opener let go", ino)
         return True
 
@@ -424,7 +399,7 @@ class Namespace:
         freed = 0
         for ino in self.store.orphans():
             if not self.is_open(ino):
-                self._reclaim(ino)
+                self.reclaim(ino)
                 freed += 1
         if freed:
             log.info("%d orphan inode(s) reclaimed", freed)
@@ -445,7 +420,7 @@ class Namespace:
         ctime_ns: int | None = None,
         chunks: Sequence[ChunkRef] = (),
     ) -> Attr:
-        row = self._inode(ino)
+        row = self.inode(ino)
         now = self.clock()
         changes: dict[str, int] = {}
         if mode is not None:
@@ -459,7 +434,7 @@ class Namespace:
         if mtime_ns is not None:
             changes["mtime_ns"] = mtime_ns
         if size is not None:
-            self._file(ino)
+            self.regular_file(ino)
             if size < 0:
                 raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
             self.quotas.resized(ino, row["size"], size)
@@ -472,7 +447,7 @@ class Namespace:
             if mtime_ns is None:
                 changes["mtime_ns"] = now
         elif chunks:
-            self._file(ino)
+            self.regular_file(ino)
             self._record_chunks(ino, chunks)
         changes["ctime_ns"] = ctime_ns if ctime_ns is not None else now
         self.store.update_inode(ino, **changes)
@@ -488,7 +463,7 @@ class Namespace:
             raise StripefsError(ErrorCode.RANGE, f"xattr name of {len(name)} bytes is longer than {XATTR_NAME_MAX}")
 
     def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
-        self._inode(ino)
+        self.inode(ino)
         self._check_xattr_name(name)
         if len(value) > XATTR_VALUE_MAX:
             raise StripefsError(ErrorCode.INVALID, f"xattr value of {len(value)} bytes is larger than {XATTR_VALUE_MAX}")
@@ -503,7 +478,7 @@ class Namespace:
         self.store.update_inode(ino, ctime_ns=self.clock())
 
     def getxattr(self, ino: int, name: bytes) -> bytes:
-        self._inode(ino)
+        self.inode(ino)
         self._check_xattr_name(name)
         value = self.store.get_xattr(ino, name)
         if value is None:
@@ -511,11 +486,11 @@ class Namespace:
         return value
 
     def listxattr(self, ino: int) -> list[bytes]:
-        self._inode(ino)
+        self.inode(ino)
         return self.store.list_xattrs(ino)
 
     def removexattr(self, ino: int, name: bytes) -> None:
-        self._inode(ino)
+        self.inode(ino)
         self._check_xattr_name(name)
         if not self.store.delete_xattr(ino, name):
             raise StripefsError(ErrorCode.NO_ATTR, f"inode {ino} has no xattr {name!r}")
@@ -524,12 +499,12 @@ class Namespace:
     # -- layouts and statfs ----------------------------------------------------
 
     def get_layout(self, ino: int) -> Layout:
-        return to_layout(self._inode(ino))
+        return to_layout(self.inode(ino))
 
     def set_layout(
         self, ino: int, chunk_size: int | None = None, stripe_count: int | None = None, redundancy: str | None = None
     ) -> Layout:
-        old = to_layout(self._dir(ino))
+        old = to_layout(self.directory(ino))
         new = Layout(
             chunk_size=old.chunk_size if chunk_size is None else chunk_size,
             stripe_count=old.stripe_count if stripe_count is None else stripe_count,
@@ -550,205 +525,12 @@ class Namespace:
         total, free, used = self.nodes.capacity()
         return total, free, used, self.store.counts()["inodes"]
 
-    # -- data: open, epochs, placement, commit ---------------------------------
+    # -- open: a file's attributes, layout and chunk map ----------------------
 
     def open_info(self, ino: int) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
-        return self.open_info_of(self._inode(ino))
+        return self.open_info_of(self.inode(ino))
 
     def open_info_of(self, row) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
         """``open_info`` of an inode row already read (a lookup's)."""
         refs, addrs = self._chunk_map(row["ino"], self.store.get_chunks(row["ino"]))
         return to_attr(row), to_layout(row), refs, addrs
-
-    def last_epoch(self) -> int:
-        """The newest epoch handed out so far: every write started before now carries at most this."""
-        if self.store.dialect.sequences:  # several daemons: the database's sequence (daemon/pg_store.py)
-            return self.store.last_epoch()
-        return self._epoch_next - 1
-
-    def alloc_epoch(self) -> tuple[int, bool]:
-        """A fresh epoch, and whether the stored high-water mark was raised for it."""
-        if self.store.dialect.sequences:
-            return self.store.next_epoch(), False
-        epoch = self._epoch_next
-        raised = False
-        if epoch >= self._epoch_limit:
-            self._epoch_limit = epoch + EPOCH_BLOCK
-            self.store.set_meta("epoch_hwm", self._epoch_limit)
-            raised = True
-        self._epoch_next = epoch + 1
-        return epoch, raised
-
-    def alloc_chunks(self, ino: int, indices: Sequence[int]) -> tuple[list[ChunkRef], list[NodeAddr]]:
-        """Placement for ``indices`` of file ``ino``; chunks already placed are returned as they are."""
-        row = self._file(ino)
-        if any(i < 0 for i in indices):
-            raise StripefsError(ErrorCode.INVALID, "negative chunk index")
-        existing = self.store.get_chunks(ino, indices)
-        missing = sorted(set(indices) - set(existing))
-        if missing:
-            red = parse_redundancy(row["redundancy"])
-            placed = placement.place_chunks(
-                self.nodes.views(), missing, copies=red.copies, stripe_count=row["stripe_count"], stripe_seed=row["stripe_seed"]
-            )
-            for index, nodes in placed.items():
-                nodes = placed[index] = redundancy.pad_fragments(nodes, red)
-                self.store.put_chunk(ino, index, 0, nodes)
-                existing[index] = (0, nodes)
-            log.debug("inode %d: placed chunk(s) %s", ino, placed)
-        return self._chunk_map(ino, existing)
-
-    def release_chunks(self, ino: int, indices: Sequence[int]) -> int:
-        """Drop placements ``indices`` of ``ino`` past its end that were never committed
-        (ReleaseChunksReq: a writer placed them ahead and did not use them); how many."""
-        row = self._file(ino)
-        first = chunk_count(row["size"], row["chunk_size"])
-        dropped = self.store.drop_unwritten_chunks(ino, [i for i in indices if i >= first])
-        if dropped:
-            log.debug("inode %d: %d placement(s) made ahead and not used released", ino, dropped)
-        return dropped
-
-    def replace_replica(self, ino: int, index: int, failed_node: int, part: int = -1) -> tuple[ChunkRef, list[NodeAddr]]:
-        """Move ``failed_node``'s copy (fragment ``part`` of an EC stripe, when given) to another node."""
-        row = self._file(ino)
-        current = self.store.get_chunks(ino, [index]).get(index)
-        if current is None:
-            raise StripefsError(ErrorCode.NOT_FOUND, f"chunk {ino}:{index} has no placement")
-        version, nodes = current
-        position = redundancy.fragment_position(nodes, failed_node, part)
-        if position is None:
-            # already replaced (a retry, or another writer did it): answer the current placement
-            refs, addrs = self._chunk_map(ino, {index: current})
-            return refs[0], addrs
-        present = [n for n in nodes if n != redundancy.MISSING]
-        try:
-            new = placement.replace_node(
-                self.nodes.views(), present + ([failed_node] if failed_node == redundancy.MISSING else []), failed_node,
-                key=row["stripe_seed"] ^ index,
-            )
-        except StripefsError as exc:
-            views = {v.node_id: v for v in self.nodes.views()}
-            if exc.code == ErrorCode.UNAVAILABLE and part >= 0 and failed_node in views and views[failed_node].up:
-                # an EC writer that skipped a node it suspects, with nowhere else to go: the node
-                # heartbeats, so the placement stays and the writer tries it after all
-                refs, addrs = self._chunk_map(ino, {index: current})
-                return refs[0], addrs
-            raise
-        nodes = list(nodes)
-        nodes[position] = new
-        self.store.put_chunk(ino, index, version, nodes)
-        is_ec = parse_redundancy(row["redundancy"]).is_ec
-        if failed_node != redundancy.MISSING:
-            self.store.add_garbage([(failed_node, ino, index, position if is_ec else 0, self.last_epoch())])
-        log.info("chunk %d:%d: copy on node %d moved to node %d", ino, index, failed_node, new)
-        refs, addrs = self._chunk_map(ino, {index: (version, nodes)})
-        return refs[0], addrs
-
-    def _record_chunks(self, ino: int, chunks: Sequence[ChunkRef]) -> None:
-        if not chunks:
-            return
-        existing = self.store.get_chunks(ino, [c.index for c in chunks])
-        is_ec = parse_redundancy(self._inode(ino)["redundancy"]).is_ec
-        for ref in chunks:
-            if ref.index < 0 or ref.version < 0:
-                raise StripefsError(ErrorCode.INVALID, f"bad chunk ref {ref} for inode {ino}")
-            old_version, old_nodes = existing.get(ref.index, (0, []))
-            nodes = list(ref.nodes) or old_nodes
-            if not nodes:
-                raise StripefsError(ErrorCode.INVALID, f"chunk {ino}:{ref.index} has no placement and no nodes given")
-            dropped = [n for n in old_nodes if n not in nodes]
-            if dropped and not _is_replicated(self.store, ino):
-                dropped = []
-            # a copy the writer did not write (a repair or drain moved the row meanwhile) is now stale: garbage
-            self.store.add_garbage((n, ino, ref.index, 0, max(old_version, ref.version)) for n in dropped)
-            self.store.put_chunk(ino, ref.index, max(old_version, ref.version), nodes)
-            if old_version and ref.version > old_version and is_ec and (old_version & 1) != (ref.version & 1):
-                # the new version went to the other slot: the committed one's fragments are garbage now
-                self.store.add_garbage(
-                    (node, ino, ref.index, fragment_part(j, old_version), old_version)
-                    for j, node in enumerate(old_nodes) if node != redundancy.MISSING
-                )
-            if redundancy.MISSING in nodes:
-                log.warning(
-                    "stripe %d:%d v%d committed with %d of %d fragments: queued for reconstruction",
-                    ino, ref.index, ref.version, len(nodes) - nodes.count(redundancy.MISSING), len(nodes),
-                )
-
-    def commit(self, ino: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]) -> Attr:
-        row = self._file(ino)
-        if size < 0:
-            raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
-        if size > row["size"]:
-            # a length is committed only with its data: the writer of the new last byte stored
-            # the chunk holding it, and commits that chunk's version here (client/open_files.py)
-            last = (size - 1) // row["chunk_size"]
-            if not any(c.index == last and c.version for c in chunks):
-                raise StripefsError(
-                    ErrorCode.INVALID,
-                    f"inode {ino}: a commit growing the file to {size} bytes carries no version of chunk {last}, "
-                    "which holds its last byte: its data was not stored",
-                )
-        new_size = max(row["size"], size)
-        fits = self.quotas.fit_growth(ino, new_size - row["size"])
-        if fits < new_size - row["size"]:
-            # the quota backstop (daemon/quota.py): keep what fits, drop the chunks past it;
-            # the smaller size in the reply tells the writer to cut the boundary chunk
-            new_size = row["size"] + fits
-            keep = chunk_count(new_size, row["chunk_size"])
-            chunks = [c for c in chunks if c.index < keep]
-            dropped = self.store.drop_chunks(ino, keep, max_version=self.last_epoch())
-            log.info(
-                "inode %d: commit of %d bytes cut to %d by a directory quota (%d chunk(s) dropped)", ino, size, new_size, dropped
-            )
-        self._record_chunks(ino, chunks)
-        self.quotas.resized(ino, row["size"], new_size)
-        now = self.clock()
-        self.store.update_inode(ino, size=new_size, mtime_ns=mtime_ns or now, ctime_ns=now)
-        return self.getattr(ino)
-
-    # -- online conversion (daemon/redundancy.py) --------------------------------
-
-    def create_shadow(self, ino: int, new_redundancy: str) -> int:
-        """A nameless copy target for file ``ino`` with ``new_redundancy``; its inode number."""
-        row = self._file(ino)
-        red = parse_redundancy(new_redundancy)
-        _redundancy.check_fits(self.nodes.views(), red)
-        shadow = self.store.insert_inode(**_redundancy.shadow_fields(row, str(red), self.clock()))
-        log.info("inode %d: conversion to %s started into shadow inode %d", ino, red, shadow)
-        return shadow
-
-    def swap_shadow(
-        self, ino: int, shadow: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]
-    ) -> tuple[Attr, list[tuple[int, bytes]]]:
-        """Give every name of ``ino`` to ``shadow`` if ``ino`` is unchanged since the copy began;
-        the shadow's attributes and the (parent, name) entries that changed.
-
-        ``size``, ``mtime_ns`` and ``chunks`` (index, version) are what the copy read.
-        Raises BUSY when the file changed: the caller copies again or gives up.
-        """
-        row = self._file(ino)
-        srow = self._file(shadow)
-        if srow["nlink"] != 0:
-            raise StripefsError(ErrorCode.INVALID, f"inode {shadow} is not a conversion shadow")
-        versions = {i: v for i, (v, _) in self.store.get_chunks(ino).items() if v}
-        copied = {c.index: c.version for c in chunks if c.version}
-        if row["size"] != size or row["mtime_ns"] != mtime_ns or versions != copied:
-            raise StripefsError(ErrorCode.BUSY, f"inode {ino} changed while it was being converted")
-        if row["nlink"] <= 0:
-            raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} was unlinked while it was being converted")
-        now = self.clock()
-        self.store.update_inode(
-            shadow, nlink=row["nlink"], size=size, mtime_ns=row["mtime_ns"], atime_ns=row["atime_ns"], ctime_ns=now,
-            mode=row["mode"], uid=row["uid"], gid=row["gid"],
-        )
-        for name in self.store.list_xattrs(ino):
-            self.store.set_xattr(shadow, name, self.store.get_xattr(ino, name))
-        entries = []
-        for cookie, parent, name in self.store.dentries_of(ino):
-            self.store.set_dentry_ino(cookie, shadow)
-            entries.append((parent, name))
-        self.store.update_inode(ino, nlink=0, ctime_ns=now)
-        if not self.is_open(ino):
-            self._reclaim(ino)
-        log.info("inode %d converted: its names now lead to inode %d (%s)", ino, shadow, srow["redundancy"])
-        return self.getattr(shadow), entries

@@ -52,7 +52,7 @@ class QuotaService:
 
     async def handle_quota_set(self, req: P.QuotaSetReq) -> P.Msg:
         def set_quota():
-            row = self.ns._dir(req.ino)
+            row = self.ns.directory(req.ino)
             q = self.quotas.set(row["ino"], req.max_bytes, req.max_inodes)
             return [] if q is None else [self.info(q)]
 
@@ -62,7 +62,7 @@ class QuotaService:
         def get():
             if not req.ino:
                 return self.all_info()
-            row = self.ns._inode(req.ino)
+            row = self.ns.inode(req.ino)
             return [self.info(q) for q in self.quotas.applying(req.ino, stat.S_ISDIR(row["mode"]))]
 
         return P.QuotaRsp(quotas=await self.txn.read(get))
@@ -79,7 +79,7 @@ class QuotaService:
 
     async def handle_quota_room(self, req: P.QuotaRoomReq) -> P.Msg:
         def room():
-            row = self.ns._file(req.ino)
+            row = self.ns.regular_file(req.ino)
             return self.quotas.max_size(req.ino, row["size"])
 
         return P.QuotaRoomRsp(max_size=await self.txn.read(room))

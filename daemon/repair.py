@@ -69,7 +69,43 @@ nodes, one chunk at a time, never so far that the taker ends fuller than the
 giver (no ping-pong). A move is a ``rebalance`` task: the same copy, switch,
 then delete, so no chunk is ever less redundant; it uses the same throttle.
 New nodes therefore fill up after they join, and a node that was down for a
-while is evened out again.
+while is evened out again. Chunks of open files are not moved (below).
+
+Open files
+----------
+A mount sends a file's writes, and the cut of a truncate, to the nodes its
+chunk map names: the placement as of the open, or the nodes that took the
+mount's own writes. A move (copy, switch, delete) leaves that map naming a
+node whose copy is gone. The rules:
+
+* Rebalance leaves chunks of files that any session holds open
+  (``open_inodes``: this daemon's sessions, and with several daemons theirs
+  too, daemon/open_holds.py) where they are. Checked when moves are planned,
+  and again when one is recorded (``_record``): a file opened while its chunk
+  was being copied keeps its placement, and the copy becomes garbage.
+  Rebalance is optional, so it waits for the close. Moving a chunk under a
+  writer gains little anyway: a writer whose old copies are not deleted yet
+  writes them, and its commit, naming the nodes that took its writes, puts the
+  chunk back; the next pass then moves it again (the fuzzer saw one chunk
+  copied around a dozen times in four minutes while its file was open).
+* Repair and drain do not wait for a close: redundancy comes first, and a
+  drain must finish while files stay open for days (a training job holds its
+  data set open; the daemon cannot tell readers from writers). Their moves
+  are safe for writers because the mount follows them (client/placements.py):
+  when no node of its map takes a write or a truncate of a chunk, or one
+  answers STALE (no copy: moved and deleted), it asks where the chunk is now
+  and sends it there, once, as reads always did. Its commit then names the
+  nodes of the current placement that hold the session's data, so a drain is
+  not undone by the writer.
+* A copy made (repair, drain) while a session writes the chunk holds the
+  committed version or part of the session; either way the session's commit
+  does not name it, so it is deleted, and the chunk is repaired again if it
+  is short. Garbage bounds keep the writer's copies meanwhile: a replaced copy
+  is deleted only up to the committed version, so a copy the session already
+  wrote (newer, uncommitted) survives until the commit naming it cancels the
+  deletion. A mount whose map of a chunk is short of copies looks it up again
+  at the chunk's first write of a session, so its commits do not keep the
+  chunk short (client/placements.py).
 
 Scale: the scan is a full walk of the chunk table in pages (fine for millions
 of chunks; a per-node index would be needed beyond).
@@ -153,7 +189,7 @@ class Healer:
 
     def __init__(
         self, config, txn: Txn, store, nodes: NodeRegistry, *, ns: Namespace, sessions: Sessions, duties: Duties,
-        wake_gc: Callable[[], None], ctx=None,
+        wake_gc: Callable[[], None], ctx=None, open_inodes: Callable[[], set[int]] | None = None,
     ):
         self.config = config
         self.txn = txn  # the lock and the writes (daemon/txn.py)
@@ -163,6 +199,8 @@ class Healer:
         self.sessions = sessions
         self.duties = duties
         self.wake_gc = wake_gc  # garbage was added: the collector runs soon
+        #: every inode some session holds open (several daemons: of any of them; daemon/open_holds.py)
+        self.open_inodes = open_inodes or sessions.open_inodes
         self.ctx = ctx
         self.throttle = Throttle(int(self.config.repair_bandwidth))
         self.dirty = True  # the repair loop should rescan
@@ -278,7 +316,8 @@ class Healer:
         if not work.tasks and not work.fixes and self.config.rebalance_tolerance > 0:
             async with self.txn.lock:
                 capacity = {n: c for n, (_, c) in self.nodes.usage().items()}
-            work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance)
+                held = self.open_inodes()
+            work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance, held=held)
         if not (work.tasks or work.fixes):
             return
         before = self.changes
@@ -463,6 +502,11 @@ class Healer:
         store = self.store
         cur = store.get_chunks(task.ino, [task.idx]).get(task.idx)
         garbage = [(target, task.ino, task.idx, task.part, version)]
+        if task.kind == "rebalance" and self.ns.is_open(task.ino):
+            # opened while the copy was made: a writer has the old placement (module docstring, "Open files")
+            store.add_garbage(garbage)
+            log.info("chunk %d:%d: rebalance to node %d dropped, the file was opened meanwhile", task.ino, task.idx, target)
+            return False
         if cur is None:
             if task.kind != "move_empty":
                 store.add_garbage(garbage)

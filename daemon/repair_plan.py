@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Container, Iterable
 
 from ..common.erasure import fragment_part
 from ..common.layout import parse_redundancy
@@ -153,7 +153,9 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
     return out
 
 
-def plan_rebalance(work: Plan, capacity: dict[int, int], tolerance: float, max_moves: int = 500) -> list[Task]:
+def plan_rebalance(
+    work: Plan, capacity: dict[int, int], tolerance: float, max_moves: int = 500, held: Container[int] = frozenset()
+) -> list[Task]:
     """Moves that bring every placeable node's utilisation within ``tolerance`` of the mean.
 
     Utilisation is placed bytes (chunk sizes of the copies the namespace puts
@@ -161,7 +163,10 @@ def plan_rebalance(work: Plan, capacity: dict[int, int], tolerance: float, max_m
     capacity. The fullest node gives a copy to the emptiest node that does not
     hold that chunk, as long as the giver stays at least as full as the taker
     after the move (no ping-pong), until the fullest is within tolerance.
-    Only ``capacity`` (placeable nodes with a known capacity) take part.
+    Only ``capacity`` (placeable nodes with a known capacity) take part. Chunks
+    of the files in ``held`` (open in some session) stay where they are: moving
+    them is optional, and a writer of the file still names the old nodes
+    (daemon/repair.py, "Open files").
     """
     nodes = [n for n, c in capacity.items() if c > 0]
     if len(nodes) < 2:
@@ -180,7 +185,7 @@ def plan_rebalance(work: Plan, capacity: dict[int, int], tolerance: float, max_m
             break
         done = False
         for row in rows[giver]:
-            if (row.ino, row.idx) in moved:
+            if (row.ino, row.idx) in moved or row.ino in held:
                 continue
             takers = sorted((n for n in nodes if n not in row.nodes), key=util)
             if not takers:

@@ -70,6 +70,7 @@ from .pg_store import open_pg_store
 from .store import SqliteStore
 from .tiering import Tiering
 from .txn import Txn, open_txn
+from .callbacks import Callbacks
 
 log = logging.getLogger(__name__)
 
@@ -155,17 +156,21 @@ class MetaService:
                 txn, store, self.sessions, self.boot_id, lease_s=self.config.session_lease_s, duties=self.duties,
                 wake_gc=self._wake_gc,
             )
-        self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self.sessions.is_open)
+        # one daemon (SQLite): mounts may cache regular files under callbacks, which count as open
+        self.callbacks = Callbacks(enabled=store.group_commit, alive=self.sessions.alive, last_seq=lambda: txn.last_seq)
+        if store.group_commit:
+            txn.after_change = self._settle
+        self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self._open_or_held)
         self.healer = Healer(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties,
-            wake_gc=self._wake_gc, ctx=self.ctx,
+            wake_gc=self._wake_gc, ctx=self.ctx, open_inodes=self.holds.open_inodes if self.holds else None,
         )
         self.operator = OperatorRequests(self.healer, txn, store, nodes)
         self.quota_service = QuotaService(txn, store, self.ns)
         self.access = MetaAccess(txn, store, nodes, self.ns, self.sessions)
         self.housekeeping = Housekeeping(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
-            feed_views=self.access.feed_views, ctx=self.ctx,
+            feed_views=self.access.feed_views, ctx=self.ctx, callbacks=self.callbacks,
         )
         self.tiering = Tiering(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
@@ -178,12 +183,22 @@ class MetaService:
         txn.begin()
         log.info(
             "database %s opened: %d inode(s), %d chunk copies waiting for deletion, boot %s",
-            self._db_name(), self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
+            self.db_name(), self.store.counts()["inodes"], self.store.count_garbage(), self.boot_id,
         )
 
     def _wake_gc(self) -> None:
         """Garbage was added: the collector runs a round soon (and the tier's, for objects of files deleted or cut)."""
         self.housekeeping.wake_gc()
+
+    def _open_or_held(self, ino: int) -> bool:
+        """A session has it open, or may open it without asking (a callback, daemon/callbacks.py)."""
+        return self.sessions.is_open(ino) or self.callbacks.held(ino)
+
+    async def _settle(self, seq: int, inodes: list[int], entries: list) -> None:
+        """A change is durable: wait for the mounts caching what it touched (daemon/callbacks.py)."""
+        once = applied_ops.once.get()
+        freed = await self.callbacks.settle(seq, inodes, entries, writer=once.client_id if once is not None else 0)
+        await self.housekeeping.release(freed)
 
     def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:
         """``fn`` run on the trio thread even when called from a PostgreSQL worker thread (it wakes trio tasks)."""
@@ -197,7 +212,8 @@ class MetaService:
 
         return call
 
-    def _db_name(self) -> str:
+    def db_name(self) -> str:
+        """Where the metadata lives, for log lines: the SQLite file, or "PostgreSQL"."""
         return str(self.db_path) if self.store is None or self.store.group_commit else "PostgreSQL"
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -210,7 +226,9 @@ class MetaService:
                 await self._start_curve(stack)
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
                 log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
-                self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring)
+                self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring, daemon=self.boot_id)
+                if last_seq:  # a restart: mounts may still cache under callbacks this daemon never heard of
+                    self.callbacks.start_grace()
                 stack.callback(self.feed.close)
                 housekeeping = self.housekeeping
                 housekeeping.feed = self.feed
@@ -246,7 +264,7 @@ class MetaService:
                 self._db_lock.close()
             if own_ctx:
                 self.ctx.term()
-            log.info("metadata daemon stopped; database %s closed", self._db_name())
+            log.info("metadata daemon stopped; database %s closed", self.db_name())
 
     async def _start_curve(self, stack: contextlib.AsyncExitStack) -> None:
         """With curve_key/keyring: this daemon's key on every socket, and ZAP admitting the keyring's keys."""
@@ -390,6 +408,7 @@ class MetaService:
 
     async def handle_hello(self, req: P.HelloReq) -> P.Msg:
         sid = self.sessions.hello(req.host, req.pid, req.mountpoint, owner=current_peer())  # the key's own session
+        self.callbacks.hello(sid, req.client_id)
         return P.HelloRsp(
             session_id=sid,
             lease_s=self.config.session_lease_s,
@@ -399,6 +418,20 @@ class MetaService:
 
     async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:
         await self.housekeeping.release(self.sessions.heartbeat(req.session_id, req.open_inodes, owner=current_peer()))
+        return P.OkRsp()
+
+    async def handle_ack(self, req: P.AckReq) -> P.Msg:
+        """A mount dropped what the feed changed up to ``req.seq`` (daemon/callbacks.py)."""
+        owner = current_peer()
+        self.sessions.touch(req.session_id, owner=owner)
+        for ino in req.open_inodes:  # open there without an OpenReq: held open from now on
+            try:
+                self.sessions.open(req.session_id, ino, owner=owner)
+            except StripefsError as exc:
+                if exc.code != ErrorCode.LIMIT:
+                    raise
+        freed = self.callbacks.ack(req.session_id, req.seq, everything=req.everything, client_id=req.client_id)
+        await self.housekeeping.release(freed)
         return P.OkRsp()
 
     async def handle_open(self, req: P.OpenReq) -> P.Msg:
@@ -427,7 +460,8 @@ class MetaService:
 
     def _lookup(self, req: P.LookupReq) -> P.Msg:
         if not req.open_info:
-            return P.AttrRsp(attr=self.ns.lookup(req.parent, req.name))
+            attr = self.ns.lookup(req.parent, req.name)
+            return P.AttrRsp(attr=attr, callback=self._grant(req, attr))
         owner = current_peer()
         if req.session_id:
             self.sessions.touch(req.session_id, owner=owner)
@@ -443,7 +477,15 @@ class MetaService:
                     raise
                 return P.AttrRsp(attr=attr)  # the session holds all it may: no open information (the open is told why)
         quota_max = self.ns.quotas.max_size(attr.ino, attr.size, req.parent)
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, quota_max_size=quota_max)
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, quota_max_size=quota_max,
+                         callback=self._grant(req, attr))
+
+    def _grant(self, req: P.LookupReq, attr: P.Attr) -> int:
+        """A callback on a regular file for the asking session, if it asked (daemon/callbacks.py); its seq or -1."""
+        if not (req.callback and req.session_id and self.callbacks.enabled and stat.S_ISREG(attr.mode)):
+            return -1
+        self.sessions.touch(req.session_id, owner=current_peer())  # the session is the asking key's
+        return self.callbacks.grant(req.session_id, attr.ino, req.parent, req.name)
 
     async def handle_lookup_paths(self, req: P.LookupPathsReq) -> P.Msg:
         """Resolve the paths in slices of about ``LOOKUP_SLICE`` lookups, each under the lock on its own,
@@ -571,7 +613,11 @@ class MetaService:
             self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid,
             report=[req.parent], change=([req.parent], [(req.parent, req.name)]),
         )
-        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
+        callback = -1
+        if req.callback and req.session_id and self.callbacks.enabled:
+            self.sessions.touch(req.session_id, owner=current_peer())  # the session is the asking key's
+            callback = self.callbacks.grant_dir(req.session_id, attr.ino)  # it knows every name in it: none
+        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq, callback=callback)
 
     async def handle_symlink(self, req: P.SymlinkReq) -> P.Msg:
         attr, dirs, seq = await self._write_reporting(
@@ -620,10 +666,18 @@ class MetaService:
                         attr, layout, chunks, nodes = self.ns.open_info(entry.attr.ino)
                         if not (req.small_only and attr.size > layout.chunk_size):
                             files.append(P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes))
-            return entries, more, files
+            callback = whole = -1
+            if req.callback and req.session_id and self.callbacks.enabled:
+                self.sessions.touch(req.session_id, owner=owner)  # the session is the asking key's
+                listed = [(e.attr.ino, req.ino, e.name) for e in entries if stat.S_ISREG(e.attr.mode)]
+                callback = self.callbacks.grant_many(req.session_id, listed)
+                if req.after == 0 and not more:  # every name of the directory in one reply
+                    whole = self.callbacks.grant_dir(req.session_id, req.ino)
+            return entries, more, files, callback, whole
 
-        entries, more, files = await self.txn.read(list_dir)
-        return P.ReaddirRsp(entries=entries, more=more, files=files)
+        owner = current_peer()
+        entries, more, files, callback, whole = await self.txn.read(list_dir)
+        return P.ReaddirRsp(entries=entries, more=more, files=files, callback=callback, dir_callback=whole)
 
     async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:
         total, free, used, files = await self.txn.read(self.ns.statfs)

@@ -361,6 +361,15 @@ class SqlStore:
         self._x("DELETE FROM open_holds WHERE boot_id IN (SELECT boot_id FROM daemons WHERE until_ns < ?)", (now_ns,))
         self._x("DELETE FROM daemons WHERE until_ns < ?", (now_ns,))
 
+    def held_inodes(self, now_ns: int) -> set[int]:
+        """Every inode a live daemon's sessions hold."""
+        return {
+            r[0]
+            for r in self._x(
+                "SELECT DISTINCT h.ino FROM open_holds h JOIN daemons d ON d.boot_id = h.boot_id WHERE d.until_ns > ?", (now_ns,)
+            )
+        }
+
     def held_elsewhere(self, ino: int, boot_id: str, now_ns: int, changed_after_ns: int) -> bool:
         """Another live daemon's session holds ``ino``, or it changed after ``changed_after_ns``."""
         return (

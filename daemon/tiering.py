@@ -621,8 +621,9 @@ class Tiering:
                 files = self.store.policy_candidates(top, now - after_s * 1_000_000_000, min_size, free)
                 rows = []
                 for ino in files:
-                    if self.ns.is_open(ino):  # in use: not idle, whatever its times say
-                        continue
+                    # (files mounts hold open or cached are not skipped: under callbacks a data set a
+                    # mount caches is "open" for as long as it is cached; the compare-and-swap at the
+                    # switch and the version-bounded release keep concurrent writers' data: tiering.md)
                     rows += [(ino, i, v, tier_id, now) for i, (v, n) in sorted(self.store.get_chunks(ino).items()) if v > 0 and n]
                 self.store.add_tier_objects(rows[:free])
                 return len(rows[:free])

@@ -62,7 +62,7 @@ import functools
 import logging
 import sqlite3
 import time
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 import trio
 
@@ -102,6 +102,11 @@ class Txn:
         #: called after every write made through ``write``: figures and feeds that depend on the namespace
         self.on_write = on_write
         self._logged_seq = 0  # the change log number the last operation's change got (SQLite)
+        self._logged_change: tuple | None = None  # (seq, inodes, entries) of the last operation's change (SQLite)
+        self.last_seq = 0  # the newest change log number logged by this daemon (SQLite)
+        #: ``await after_change(seq, inodes, entries)`` once a change is durable, before its reply
+        #: (SQLite: the callbacks of daemon/callbacks.py)
+        self.after_change: Callable[[int, list, list], Awaitable[None]] | None = None
 
     def _operation(self, fn: Callable[..., T], change, *args, **kwargs) -> T:
         """``fn`` as one operation runs it inside its transaction (a store retrying the
@@ -110,7 +115,12 @@ class Txn:
         result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
         if ran and change is not None:
             inodes, entries = change(result) if callable(change) else change
-            self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries)) or 0
+            once = applied_ops.once.get()
+            writer = P.writer_tag(once.client_id) if once is not None else 0
+            self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries, writer)) or 0
+            if self._logged_seq:
+                self.last_seq = max(self.last_seq, self._logged_seq)
+                self._logged_change = (self._logged_seq, inodes, entries)
         return result
 
     async def write(self, fn: Callable[..., T], *args, **kwargs) -> T:
@@ -191,7 +201,9 @@ class SqliteTxn(Txn):
         try:
             async with self.lock:
                 self._logged_seq = 0
+                self._logged_change = None
                 result, batch = self.write_locked(fn, *args, **kwargs)
+                logged = self._logged_change
                 seq = self._logged_seq if report is not None else 0
                 if seq:
                     attrs = report()
@@ -200,6 +212,8 @@ class SqliteTxn(Txn):
             self._used_once()
         self.on_write()
         await batch.wait()
+        if logged is not None and self.after_change is not None:
+            await self.after_change(*logged)
         return result, attrs, seq
 
     async def alloc_epoch(self, alloc):

@@ -5,57 +5,9 @@ A storage node keeps one file per chunk copy (``ChunkId(ino, index, part)``).
 wire messages and calls it from worker threads. Everything here is plain
 synchronous Python so that it can be tested (and kill -9'ed) directly.
 
-On-disk layout
---------------
-::
-
-    DATA_DIR/
-        .lock                     flock(2)ed while a node uses the directory
-        node_id                   the node id that owns it (refuses another)
-        chunks/AA/BB/INO-INDEX-PART.chunk
-
-``AA/BB`` name one of 65,536 fan-out directories, number ``d`` =
-``0xAA | 0xBB << 8``; every part of one ``(ino, index)`` sits in the same
-directory (``delete`` with ``all_parts`` lists one directory). Names are
-decimal so that an operator can go from a log line ("chunk 1234:5:0") to the
-file. Which directory (``DATA_DIR/fanout`` says; a data directory keeps the
-scheme it started with):
-
-``by-inode`` (new data directories): ``d = ((ino >> 6) + (index >> 12)) mod
-65536``: 64 consecutive inodes share a directory, and a file's chunks move on
-every 4,096. Files written together (a dataset) sit together, as they would
-on a local disk: ext4 allocates a directory's inodes in its block group, so
-one inode-table read-ahead serves the whole directory, and a cold read of a
-small chunk costs about one disk read (with ``hashed`` it cost 3.5: the two
-directory levels and an inode-table block per chunk, each directory in its
-own block group; measured on this project's ext4 VM: 3.53 reads and 169 KiB
-per cold 110 KiB chunk, against 1.06 reads for the same files on the local disk).
-
-``hashed`` (data directories made before): the two low bytes of xxh3_64 of
-``(ino, index)``.
-
-Chunk file format (FORMAT_VERSION 1; all integers little-endian)
-----------------------------------------------------------------
-::
-
-    offset  size  field
-    0       8     magic b"STRIPECK"
-    8       2     format version (1)
-    10      2     flags (0)
-    12      4     block size B (bytes covered by one checksum)
-    16      8     chunk version (the writer's epoch; see common/protocol.py)
-    24      8     logical length L of the data
-    32      8     ino     \\
-    40      8     index    > the chunk id, so a misplaced file is detected
-    48      4     part    /
-    52      4     reserved (0)
-    56      8     xxh3_64 of bytes 0..55 followed by the checksum table
-    64      8*N   checksum table: xxh3_64 of each data block, N = ceil(L / B)
-    64+8N   L     data (the last block may be short; it is hashed as stored)
-
-The file size is therefore exactly ``64 + 8*N + L``. Anything else - a bad
-magic, an unknown format version, a header checksum mismatch, a wrong size,
-another chunk's id - is CORRUPT.
+The on-disk format (where a chunk file lives, what its header holds) is
+defined in storage_node/chunk_file.py; this module is what the node does with
+those files.
 
 Reads verify the header (and the whole table, at most 8 KiB for a 64 MiB chunk)
 and then every data block they touch, on every read: a mismatch raises
@@ -109,16 +61,12 @@ from ..common.layout import MAX_CHUNK_SIZE
 from ..common.protocol import ChunkId
 from ..common.space import filesystem_id
 
+from .chunk_file import FANOUT, FORMAT_VERSION, HEADER, HEADER_CRC, HEADER_SIZE, MAGIC, SUM, Header, encode_header, fanout_dir, file_name
+from .chunk_file import chunk_path  # noqa: F401  (tools and tests find it here too)
 from .direct_io import DirectWriter
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"STRIPECK"
-FORMAT_VERSION = 1
-_HEADER = struct.Struct("<8sHHIQQQQII")  # everything up to the header checksum
-_HEADER_CRC = struct.Struct("<Q")
-HEADER_SIZE = _HEADER.size + _HEADER_CRC.size  # 64
-_SUM = 8  # bytes per block checksum
 _FIRST_READ = 4096  # header + 504 checksums: the whole table of a 31.5 MiB chunk at 64 KiB blocks
 _WHOLE_READ_MAX = 1 << 20  # a read from the start of a file this small takes all of it in one pread
 _U64 = (1 << 64) - 1
@@ -156,14 +104,6 @@ class Usage(NamedTuple):
     filesystem: str = ""  # which file system capacity and free are of (common/space.py)
 
 
-class _Header(NamedTuple):
-    version: int
-    length: int
-    block_size: int
-    sums: tuple[int, ...]
-    data_start: int
-
-
 def _bad_request(message: str) -> StripefsError:
     return StripefsError(ErrorCode.BAD_REQUEST, message)
 
@@ -171,19 +111,6 @@ def _bad_request(message: str) -> StripefsError:
 def _check_chunk_id(chunk: ChunkId) -> None:
     if not (0 <= chunk.ino <= _U64 and 0 <= chunk.index <= _U64 and 0 <= chunk.part <= _U32):
         raise _bad_request(f"chunk id {chunk} out of range")
-
-
-def _block_sums(data: memoryview, block_size: int) -> list[int]:
-    return [_xxh3(data[i : i + block_size]) for i in range(0, len(data), block_size)]
-
-
-def _encode_header(chunk: ChunkId, version: int, data: memoryview, block_size: int) -> bytes:
-    sums = _block_sums(data, block_size)
-    fixed = _HEADER.pack(MAGIC, FORMAT_VERSION, 0, block_size, version, len(data), chunk.ino, chunk.index, chunk.part, 0)
-    table = struct.pack(f"<{len(sums)}Q", *sums)
-    digest = xxhash.xxh3_64(fixed)
-    digest.update(table)
-    return fixed + _HEADER_CRC.pack(digest.intdigest()) + table
 
 
 class ChunkStore:
@@ -221,7 +148,7 @@ class ChunkStore:
                 self._claim(node_id)
             self._chunks_dir.mkdir(mode=0o700, exist_ok=True)
             self._used, self._count = self._scan()
-            self._dir_number = _FANOUT[self._fanout_scheme()]
+            self._dir_number = FANOUT[self._fanout_scheme()]
         except BaseException:
             self.close()
             raise
@@ -258,8 +185,8 @@ class ChunkStore:
             scheme = "hashed" if self._count else "by-inode"  # chunks from before the marker: hashed
             _write_durably(marker, f"{scheme}\n")
             return scheme
-        if scheme not in _FANOUT:
-            raise QuietError(f"{marker} says {scheme!r}; known fan-out schemes: {', '.join(_FANOUT)}")
+        if scheme not in FANOUT:
+            raise QuietError(f"{marker} says {scheme!r}; known fan-out schemes: {', '.join(FANOUT)}")
         return scheme
 
     def _scan(self) -> tuple[int, int]:
@@ -297,11 +224,11 @@ class ChunkStore:
     # -- paths and locks ----------------------------------------------------
 
     def _dir(self, ino: int, index: int) -> Path:
-        return _fanout_dir(self._chunks_dir, self._dir_number(ino, index))
+        return fanout_dir(self._chunks_dir, self._dir_number(ino, index))
 
     def path(self, chunk: ChunkId) -> Path:
         """The file holding ``chunk`` (tests corrupt it on purpose)."""
-        return self._dir(chunk.ino, chunk.index) / _file_name(chunk)
+        return self._dir(chunk.ino, chunk.index) / file_name(chunk)
 
     @contextmanager
     def _chunk_lock(self, chunk: ChunkId) -> Iterator[None]:
@@ -323,14 +250,14 @@ class ChunkStore:
         log.warning("chunk %s is corrupt: %s (%s)", chunk, what, self.path(chunk))
         return StripefsError(ErrorCode.CORRUPT, f"chunk {chunk}: {what}")
 
-    def _read_header(self, fd: int, chunk: ChunkId, nowait: bool = False, *, whole: bool = False) -> tuple[_Header, bytes]:
+    def _read_header(self, fd: int, chunk: ChunkId, nowait: bool = False, *, whole: bool = False) -> tuple[Header, bytes]:
         """The verified header of an open chunk file, and the bytes read so far (``whole``: all of
         a small file, so that reading a small chunk from its start costs one pread, not two)."""
         size = os.fstat(fd).st_size
         head = _pread(fd, size if whole and size <= _WHOLE_READ_MAX else _FIRST_READ, 0, size, nowait)
         if len(head) < HEADER_SIZE:
             raise self._corrupt(chunk, f"file of {size} bytes is shorter than a header")
-        magic, fmt, _flags, block_size, version, length, ino, index, part, _ = _HEADER.unpack_from(head)
+        magic, fmt, _flags, block_size, version, length, ino, index, part, _ = HEADER.unpack_from(head)
         if magic != MAGIC:
             raise self._corrupt(chunk, f"bad magic {magic!r}")
         if fmt != FORMAT_VERSION:
@@ -338,23 +265,23 @@ class ChunkStore:
         if not (0 < block_size and length <= MAX_CHUNK_SIZE):
             raise self._corrupt(chunk, f"impossible block size {block_size} or length {length}")
         nblocks = -(-length // block_size)
-        data_start = HEADER_SIZE + _SUM * nblocks
+        data_start = HEADER_SIZE + SUM * nblocks
         if size != data_start + length:
             raise self._corrupt(chunk, f"file is {size} bytes, header says {data_start + length}")
         if len(head) < data_start:
             head += _pread(fd, data_start - len(head), len(head), size, nowait)
         table = memoryview(head)[HEADER_SIZE:data_start]
-        digest = xxhash.xxh3_64(memoryview(head)[: _HEADER.size])
+        digest = xxhash.xxh3_64(memoryview(head)[: HEADER.size])
         digest.update(table)
-        if digest.intdigest() != _HEADER_CRC.unpack_from(head, _HEADER.size)[0]:
+        if digest.intdigest() != HEADER_CRC.unpack_from(head, HEADER.size)[0]:
             raise self._corrupt(chunk, "header checksum mismatch")
         if ChunkId(ino, index, part) != chunk:
             raise self._corrupt(chunk, f"file holds chunk {ino}:{index}:{part}")
         sums = struct.unpack(f"<{nblocks}Q", table)
-        return _Header(version, length, block_size, sums, data_start), head
+        return Header(version, length, block_size, sums, data_start), head
 
     def _read_blocks(
-        self, fd: int, chunk: ChunkId, hdr: _Header, head: bytes, start: int, end: int, nowait: bool = False
+        self, fd: int, chunk: ChunkId, hdr: Header, head: bytes, start: int, end: int, nowait: bool = False
     ) -> tuple[bytes, int]:
         """Verified data of the blocks covering [start, end); returns (bytes, offset of its first byte)."""
         bs = hdr.block_size
@@ -492,7 +419,7 @@ class ChunkStore:
                     content = bytearray(content)
                     content.extend(bytes(truncate - len(content)))
             new_version = max(old_version, version)
-            header = _encode_header(chunk, new_version, memoryview(content), self.block_size)
+            header = encode_header(chunk, new_version, memoryview(content), self.block_size)
             new_size = len(header) + len(content)
             self._check_space(chunk, max(old_size, 0), new_size)
             self._replace_file(chunk, path, (header, content), sync)
@@ -727,7 +654,7 @@ class ChunkStore:
 
     def chunks_in_dir(self, d: int) -> list[ChunkId]:
         """Copies in fan-out directory number ``d`` (``chunks/{d & 0xFF:02x}/{d >> 8:02x}``)."""
-        directory = _fanout_dir(self._chunks_dir, d)
+        directory = fanout_dir(self._chunks_dir, d)
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
@@ -777,33 +704,6 @@ def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None
             views.pop(0)
         if views and n:
             views[0] = views[0][n:]
-
-
-def chunk_path(data_dir: Path, chunk: ChunkId) -> Path:
-    """Where the node using ``data_dir`` keeps ``chunk``, without opening the store (tools, tests)."""
-    d = _FANOUT[(Path(data_dir) / "fanout").read_text().strip()](chunk.ino, chunk.index)
-    return _fanout_dir(Path(data_dir) / "chunks", d) / _file_name(chunk)
-
-
-def _fanout_dir(chunks_dir: Path, d: int) -> Path:
-    """Fan-out directory number ``d``: ``chunks/AA/BB`` with AA its low byte."""
-    return chunks_dir / f"{d & 0xFF:02x}" / f"{(d >> 8) & 0xFF:02x}"
-
-
-def _file_name(chunk: ChunkId) -> str:
-    return f"{chunk.ino}-{chunk.index}-{chunk.part}.chunk"
-
-
-def _dir_by_inode(ino: int, index: int) -> int:
-    return ((ino >> 6) + (index >> 12)) & 0xFFFF
-
-
-def _dir_hashed(ino: int, index: int) -> int:
-    return _xxh3(struct.pack("<QQ", ino, index)) & 0xFFFF
-
-
-#: fan-out schemes (module docstring): chunk id -> directory number
-_FANOUT = {"by-inode": _dir_by_inode, "hashed": _dir_hashed}
 
 
 def _write_durably(path: Path, text: str) -> None:

@@ -11,7 +11,7 @@ this copy was most of a sequential writer's cluster CPU (bench/run.py seq
 write, ~60% of a node's samples in ``copy_folio_from_iter_atomic``).
 
 How: the file is built in one page-aligned buffer (header, checksum table,
-data; the on-disk format is unchanged, chunk_store.py), padded to a multiple of
+data; the on-disk format is unchanged, chunk_file.py), padded to a multiple of
 ``ALIGN`` and written with one O_DIRECT write from offset 0, then cut to its
 exact size with ftruncate. Buffers are mmap'd once and kept in a small pool, so
 their pages are touched once per process, not once per write. The copy into

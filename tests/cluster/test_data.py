@@ -1,11 +1,14 @@
-"""Data through the mount: big and small files, two mounts, layouts, status."""
+"""Data through the mount: big and small files, two mounts, layouts, status.
+
+Thousands of small files written side by side, and a writer scattering small
+writes over many chunks, are tested on the mount's handlers without a kernel
+(tests/inprocess/test_data_ops.py)."""
 
 import hashlib
 import json
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from conftest import drop_caches, run_cli
 
@@ -48,25 +51,6 @@ def test_256mib_file_round_trip(mnt):
             off = rng.randrange(0, 256 * MiB - 100_000)
             f.seek(off)
             assert f.read(100_000) == whole[off : off + 100_000]
-
-
-def test_thousands_of_small_files(mnt):
-    rng = random.Random(3)
-    sums, contents = {}, {}
-    for i in range(10):
-        (mnt / f"d{i}").mkdir()
-    for i in range(3000):
-        data = rng.randbytes(rng.randrange(0, 40_000))
-        name = f"d{i % 10}/f{i}"
-        contents[name] = data
-        sums[name] = hashlib.sha256(data).hexdigest()
-    # written by 4 threads, as a copy tool does: the mount, the daemon and the nodes work side by side
-    # (one writer at a time leaves them waiting on each other: about 35% longer)
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda name: (mnt / name).write_bytes(contents[name]), contents))
-    drop_caches()
-    for name, digest in sums.items():
-        assert hashlib.sha256((mnt / name).read_bytes()).hexdigest() == digest, name
 
 
 def test_two_mounts_see_each_others_closed_files(cluster, mnt):
@@ -143,28 +127,3 @@ def test_unlinked_on_another_mount_while_open_here(cluster, mnt):
     finally:
         cluster.unmount(other)
         cluster.extra_mounts.remove(other)
-
-
-def test_scattered_writer_over_many_chunks(mnt):
-    """More partial chunks than a file may hold unsent: the oldest go out early, nothing is lost."""
-    rng = random.Random(7)
-    chunk = 4 * MiB
-    pieces = {}
-    with open(mnt / "sparse", "wb") as f:
-        for _ in range(3):
-            for i in rng.sample(range(40), 40):
-                off = i * chunk + rng.randrange(0, chunk - 5000)
-                data = rng.randbytes(rng.randrange(1, 5000))
-                f.seek(off)
-                f.write(data)
-                f.flush()
-                pieces[off] = data
-    with open(mnt / "sparse", "rb") as f:
-        for off, data in pieces.items():
-            f.seek(off)
-            got = f.read(len(data))
-            # a later piece may overlap an earlier one: compare only bytes no later write touched
-            later = [(o, d) for o, d in pieces.items() if o != off and o < off + len(data) and o + len(d) > off]
-            if not later:
-                assert got == data
-    assert os.stat(mnt / "sparse").st_size == max(o + len(d) for o, d in pieces.items())

@@ -1,4 +1,9 @@
-"""Erasure-coded files (ec=4+2) on a 6-node cluster of real processes with a real mount.
+"""Erasure-coded files (ec=4+2) on a 6-node cluster of real processes with a real mount: the CLI's part.
+
+Layout refusals, the overhead status reports, conversions both ways and a
+conversion killed half-way. The data path of EC files (fragments, overwrites,
+truncates, nodes killed, corrupt fragments, degraded writes, fsync) is tested on
+the mount's handlers without a kernel (tests/inprocess/test_erasure_ops.py).
 
 The module starts its own cluster (6 storage nodes, short node, session and
 mount RPC timeouts) next to the session's 4-node one. Reads that must not come
@@ -36,7 +41,7 @@ def ec(request):
     c = Cluster(cluster_root("stripefs-ec-"), nodes=6)
     c.state.mkdir(parents=True)
     # the mount's: a fragment sent to a killed node is given up after 4 s (default 10 s), then the
-    # stripe counts the fragments that were stored (test_degraded_writes waits this out twice)
+    # stripe counts the fragments that were stored (as in tests/inprocess/test_erasure_ops.py)
     client_toml = client_config(c.state / "client.toml", rpc_timeout_s=4.0)
     c.local._create(c.mnt.absolute(), 6, ["allow_other", f"config={client_toml}"])
     meta_toml = c.state / "meta" / "metad.toml"
@@ -75,10 +80,6 @@ def _populate(d: Path, n: int, seed: int) -> dict[str, str]:
     return sums
 
 
-def _fragment_files(ec, ino: int, index: int) -> list[Path]:
-    return sorted(ec.state.glob(f"storage-*/data/chunks/*/*/{ino}-{index}-*.chunk"))
-
-
 def test_layout_set_get_and_refusals(ec, d):
     out = run_cli("layout", "get", str(d)).stdout
     assert "ec=4+2" in out and "chunk_size=1.0M" in out
@@ -89,112 +90,6 @@ def test_layout_set_get_and_refusals(ec, d):
     res = run_cli("layout", "set", str(d), "--ec", "17+1", check=False)
     assert res.returncode == 1 and "K in 1..16" in res.stderr
     assert "ec=4+2" in run_cli("layout", "get", str(d)).stdout
-
-
-def test_fragments_on_distinct_nodes_and_trimmed(ec, d):
-    (d / "big").write_bytes(os.urandom(CHUNK))
-    (d / "tiny").write_bytes(b"0123456789")
-    big = _fragment_files(ec, (d / "big").stat().st_ino, 0)
-    assert len(big) == 6 and len({p.parts[-6] for p in big}) == 6  # one fragment per storage node
-    tiny = _fragment_files(ec, (d / "tiny").stat().st_ino, 0)
-    sizes = sorted(p.stat().st_size for p in tiny)
-    # chunk files of 64-byte header + 8-byte block checksums + data: 10 bytes in fragment 0
-    # and in each parity fragment, nothing in data fragments 1-3
-    assert sizes == [64, 64, 64, 64 + 8 + 10, 64 + 8 + 10, 64 + 8 + 10]
-
-
-def test_sizes_overwrites_sparse_truncate(ec, d):
-    rng = random.Random(7)
-    sums = _populate(d, 8, seed=1)
-    content = bytearray(rng.randbytes(3 * CHUNK + 4321))
-    (d / "rw").write_bytes(content)
-    with open(d / "rw", "r+b") as f:
-        for _ in range(25):
-            off = rng.randrange(len(content) + CHUNK)
-            piece = rng.randbytes(rng.randrange(1, CHUNK // 2))
-            f.seek(off)
-            f.write(piece)
-            if off > len(content):
-                content.extend(bytes(off - len(content)))
-            content[off : off + len(piece)] = piece
-    with open(d / "sparse", "wb") as f:
-        f.seek(5 * CHUNK + 17)
-        f.write(b"tail")
-    os.truncate(d / "rw", 2 * CHUNK + 999)  # cut inside a stripe
-    del content[2 * CHUNK + 999 :]
-    os.truncate(d / "rw", 4 * CHUNK)  # extend: zeros
-    content.extend(bytes(4 * CHUNK - len(content)))
-    drop_caches()
-    for view in (d, _fresh_view(ec, d)):
-        for name, digest in sums.items():
-            assert _sha(view / name) == digest, name
-        assert (view / "rw").read_bytes() == bytes(content)
-        sparse = (view / "sparse").read_bytes()
-        assert len(sparse) == 5 * CHUNK + 21 and sparse.endswith(b"tail") and not any(sparse[:-4])
-
-
-def test_two_nodes_killed_every_file_reads(ec, d):
-    sums = _populate(d, 12, seed=2)
-    fresh = _fresh_view(ec, d)  # mounted before the kill, its cache empty
-    ec.kill_node(2)
-    ec.kill_node(5)
-    try:
-        drop_caches()
-        for name, digest in sums.items():
-            assert _sha(fresh / name) == digest, name
-    finally:
-        ec.restart()
-
-
-def test_corrupt_fragment_reads_stay_correct(ec, d):
-    data = os.urandom(2 * CHUNK)
-    (d / "c").write_bytes(data)
-    ino = (d / "c").stat().st_ino
-    victim = _fragment_files(ec, ino, 0)[0]  # fragment 0 of stripe 0: data, read on every healthy read
-    raw = bytearray(victim.read_bytes())
-    raw[-100] ^= 0xFF
-    victim.write_bytes(raw)
-    drop_caches()
-    assert _sha(_fresh_view(ec, d) / "c") == hashlib.sha256(data).hexdigest()
-
-
-def test_degraded_writes(ec, d):
-    sums = {}
-    ec.kill_node(3)
-    try:
-        data = os.urandom(3 * CHUNK + 5)
-        (d / "one_down").write_bytes(data)  # 5 of 6 fragments per stripe: K+1 is enough
-        sums["one_down"] = hashlib.sha256(data).hexdigest()
-        status = json.loads(run_cli("status", str(ec.mnt), "--json").stdout)
-        (usage,) = [u for u in status["layouts"] if u["redundancy"] == "ec=4+2"]
-        assert usage["degraded_stripes"] >= 4
-        ec.kill_node(4)
-        ec.expect_log(r"could not be stored")
-        # 4 nodes for 6 fragments: below K+1, the write fails and nothing is committed
-        with pytest.raises(OSError):
-            with open(d / "two_down", "wb") as f:
-                f.write(os.urandom(CHUNK))
-                os.fsync(f.fileno())
-        # nothing torn, no length without its data: the file keeps what it had (nothing)
-        assert (d / "two_down").stat().st_size == 0
-        drop_caches()
-        assert _sha(_fresh_view(ec, d) / "one_down") == sums["one_down"]
-    finally:
-        ec.restart()
-    drop_caches()
-    assert _sha(d / "one_down") == sums["one_down"]
-
-
-def test_fsync_and_rewrite_same_session(ec, d):
-    with open(d / "s", "w+b") as f:
-        f.write(b"a" * (CHUNK + 10))
-        os.fsync(f.fileno())
-        f.seek(5)
-        f.write(b"b" * 10)  # a stripe rewritten in the same write session
-        os.fsync(f.fileno())
-    want = b"a" * 5 + b"b" * 10 + b"a" * (CHUNK - 5)
-    drop_caches()
-    assert (_fresh_view(ec, d) / "s").read_bytes() == want
 
 
 def test_status_reports_overhead(ec, d):

@@ -349,14 +349,14 @@ def test_drain_then_remove(heal):
 
 def test_fsck_finds_and_repairs_an_orphan(heal):
     from stripefs.common.protocol import ChunkId
-    from stripefs.storage_node.chunk_store import _encode_header, chunk_path
+    from stripefs.storage_node.chunk_file import chunk_path, encode_header
 
     assert run_cli("fsck", "--dir", str(heal.state)).returncode == 0
     orphan = ChunkId(10**9, 0, 0)
     path = chunk_path(heal.data_dir(1).parent, orphan)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = os.urandom(5000)
-    path.write_bytes(_encode_header(orphan, 5, memoryview(data), 64 * KiB) + data)
+    path.write_bytes(encode_header(orphan, 5, memoryview(data), 64 * KiB) + data)
     found = run_cli("fsck", "--dir", str(heal.state), check=False)
     assert found.returncode == 3 and "orphan copies (no file refers to them): 1" in found.stdout, found.stdout
     run_cli("fsck", "--repair", "--dir", str(heal.state))

@@ -158,3 +158,13 @@ def test_a_shared_log_is_numbered_in_commit_order_after_the_commits(pg_dsn):
         release.set()
         a.close()
         b.close()
+
+
+def test_a_row_names_its_writer_and_rows_without_one_still_decode():
+    from stripefs.common.protocol import writer_tag
+
+    tag = writer_tag(12345)
+    assert tag and tag != 12345 and writer_tag(0) == 0  # the feed never tells the client id itself
+    assert change_log.decode_writer(change_log.encode([3, 1], [(1, b"x")], tag)) == ([1, 3], [(1, b"x")], tag)
+    assert change_log.decode(change_log.encode([3], [], tag)) == ([3], [])
+    assert change_log.decode_writer(change_log.encode([3], [])) == ([3], [], 0)  # as written before writers

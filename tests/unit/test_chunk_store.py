@@ -16,6 +16,7 @@ import pytest
 
 from stripefs.common.errors import ErrorCode, QuietError, StripefsError
 from stripefs.common.protocol import ChunkId
+from stripefs.storage_node import chunk_file
 from stripefs.storage_node import chunk_store as cs
 from stripefs.storage_node.chunk_store import HEADER_SIZE, ChunkStore
 
@@ -431,8 +432,8 @@ def test_a_data_directory_from_before_the_marker_keeps_hashed_fanout(tmp_path):
     with ChunkStore(tmp_path) as store:
         store.write(C, 3, 0, 0, b"old data", replace=True)
     (tmp_path / "fanout").unlink()
-    h = cs._dir_hashed(C.ino, C.index)
-    assert h != cs._dir_by_inode(C.ino, C.index)
+    h = chunk_file.dir_hashed(C.ino, C.index)
+    assert h != chunk_file.dir_by_inode(C.ino, C.index)
     target = tmp_path / "chunks" / f"{h & 0xFF:02x}" / f"{h >> 8:02x}"
     source = next((tmp_path / "chunks").glob("*/*/*.chunk"))
     target.mkdir(parents=True, exist_ok=True)

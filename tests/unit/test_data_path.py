@@ -23,8 +23,9 @@ from stripefs.client.meta_rpc import MetaClient
 from stripefs.client.open_files import DirtyChunk, OpenFile
 from stripefs.client.striping import DataPath
 from stripefs.common import protocol as P
-from stripefs.common.config import StorageConfig
+from stripefs.common.config import MetaConfig, StorageConfig, load
 from stripefs.common.errors import StripefsError, leaves
+from stripefs.daemon.service import MetaService
 from stripefs.storage_node.chunk_store import ChunkStore
 from stripefs.storage_node.service import StorageService
 from test_meta_service import ROOT, Daemon
@@ -301,3 +302,166 @@ async def test_fsync_after_a_node_died_keeps_the_write_on_the_other_copies(rig, 
         if rig.nodes[node_id][2] is None:
             await rig.start_node(node_id)
     assert await rig.committed(of) == (len(want), bytes(want))
+
+
+# -- chunks the daemon moves while the file is open (daemon/repair.py "Open files") ---------
+
+
+@pytest.fixture
+async def moving(tmp_path):
+    """The rig with the metadata daemon in this process (its healer driven by the test) and four
+    storage nodes, so that both copies of a chunk can be moved away from the nodes a mount knows.
+    Everything runs in a nursery of its own, left before the ZeroMQ context is destroyed."""
+    ctx = zmq.Context()
+    stores: list[ChunkStore] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            r = Rig(tmp_path, nursery, ctx)
+            config = load(r.daemon.config, MetaConfig)
+            (tmp_path / "meta").mkdir()
+            r.service = MetaService(config, zmq_context=ctx)
+            await nursery.start(r.service.run)
+            for node_id in (1, 2, 3, 4):
+                await r.start_node(node_id)
+            stores = [store for _, store, _ in r.nodes.values()]
+            async with AsyncExitStack() as stack:
+                r.meta = MetaClient(ctx, [r.daemon.address], timeout=5.0, retry_window_s=20.0)
+                await r.meta.open(stack)
+                await r.meta.hello("test_data_path", patience_s=10)
+                pool = NodePool(ctx, nursery, timeout=2.0, read_timeout=2.0)
+                r.data = DataPath(r.meta, pool, ChunkCache(16 << 20), nursery, readahead_chunks=0, write_parallelism=2)
+                yield r
+            stores = [store for _, store, _ in r.nodes.values()]
+            with trio.CancelScope(shield=True):
+                await r.stop_all()
+            nursery.cancel_scope.cancel()
+    finally:
+        for store in stores:
+            store.close()
+        ctx.destroy(linger=0)
+
+
+async def _heal(service: MetaService, ino: int, index: int) -> None:
+    """Run the healer's tasks for chunk ``ino:index`` (copy, switch) until it plans none, then let the
+    garbage collector delete the copies it replaced."""
+    while True:
+        tasks = [t for t in (await service.healer.scan()).tasks if (t.ino, t.idx) == (ino, index)]
+        if not tasks:
+            break
+        for task in tasks:
+            await service.healer._do(task)
+    with trio.fail_after(20):
+        while service.store.count_garbage():
+            service._wake_gc()
+            await trio.sleep(0.05)
+
+
+async def _move_away(service: MetaService, ino: int, index: int) -> list[int]:
+    """Drain the nodes holding chunk ``ino:index`` until both its copies live elsewhere and the old
+    ones are deleted (a drain does not wait for the file to be closed); the new nodes."""
+    old = service.store.get_chunks(ino, [index])[index][1]
+    for node_id in old:
+        await service.handle(P.NodeAdminReq(node_id=node_id, action="drain"), [])
+    await _heal(service, ino, index)
+    for node_id in old:
+        await service.handle(P.NodeAdminReq(node_id=node_id, action="undrain"), [])
+    new = service.store.get_chunks(ino, [index])[index][1]
+    assert not set(new) & set(old)
+    return new
+
+
+@pytest.mark.parametrize("how", ["write", "truncate"])
+async def test_a_chunk_moved_since_the_open_takes_writes_and_truncates_where_it_is_now(moving, how):
+    """Both copies of a chunk moved (copy, switch, delete) while the file stays open: the mount's map
+    names nodes without a copy (they answer STALE), so it asks where the chunk is now and writes there.
+    Before, the truncate failed with EIO and the write lost its session (the fuzzer's failures)."""
+    of = await moving.create(b"moved")
+    data = bytes(range(256)) * (CS // 256)
+    await moving.data.write(of, 0, data)
+    await moving.data.flush(of)
+    known = list(of.chunks[0].nodes)
+    new = await _move_away(moving.service, of.ino, 0)
+    assert of.chunks[0].nodes == known  # the mount still names the old nodes
+    want = bytearray(data)
+    if how == "write":
+        await moving.data.write(of, 1000, b"new bytes")
+        want[1000:1009] = b"new bytes"
+        await moving.data.flush(of)
+    else:
+        await moving.data.truncate(of, 5000)
+        del want[5000:]
+    assert await moving.committed(of) == (len(want), bytes(want))
+    assert sorted(moving.service.store.get_chunks(of.ino)[0][1]) == sorted(new)  # the move stands
+
+
+async def test_a_writer_that_knows_too_few_copies_asks_again_and_keeps_repairs(moving):
+    """A truncate that one replica missed leaves the mount knowing one copy; repair makes the second.
+    The next write session must write (and commit) both: committing only the copy it knew made the
+    daemon drop the repaired copy as stale, and every session undid the repair again."""
+    of = await moving.create(b"short")
+    await moving.data.write(of, 0, b"a" * CS)
+    await moving.data.flush(of)
+    missed = of.chunks[0].nodes[1]
+    moving.stop_node(missed)
+    await moving.data.truncate(of, CS - 10)  # committed with the one copy that took the cut
+    assert len(of.chunks[0].nodes) == 1
+    await moving.start_node(missed)
+    await _heal(moving.service, of.ino, 0)  # repair: a second copy, from the one left
+    assert len(moving.service.store.get_chunks(of.ino)[0][1]) == 2
+    await moving.data.write(of, 0, b"b" * 10)
+    await moving.data.flush(of)
+    assert len(moving.service.store.get_chunks(of.ino)[0][1]) == 2
+    assert await moving.committed(of) == (CS - 10, b"b" * 10 + b"a" * (CS - 20))
+
+
+async def test_a_stripe_whose_fragments_moved_since_the_open_is_read_and_rewritten(moving):
+    """ec=2+1 with two of its three fragments moved away from the nodes the mount knows: fewer than K
+    readable there, so the read asks where the stripe is now; a partial write (read-modify-write)
+    reads it the same way, and its fragments, written whole to the nodes the map names, commit there."""
+    await moving.start_node(5)  # two fragments need two nodes that hold none
+    d = (await moving.meta.call(P.MkdirReq(parent=ROOT, name=b"ec", mode=0o40755, uid=0, gid=0))).attr.ino
+    await moving.meta.call(P.SetLayoutReq(ino=d, redundancy="ec=2+1"))
+    of = await moving.create(b"s", parent=d)
+    data = bytes(range(256)) * (CS // 256)
+    await moving.data.write(of, 0, data)
+    await moving.data.flush(of)
+    known = list(of.chunks[0].nodes)
+    service = moving.service
+    for node_id in known[:2]:
+        await service.handle(P.NodeAdminReq(node_id=node_id, action="drain"), [])
+    await _heal(service, of.ino, 0)
+    assert not set(service.store.get_chunks(of.ino)[0][1]) & set(known[:2])
+    moving.data.cache.drop_inode(of.ino)
+    assert bytes(await moving.data.read(of, 0, CS)) == data  # from the old map: 1 fragment of 3
+    moving.data.cache.drop_inode(of.ino)
+    await moving.data.write(of, 100, b"new")
+    await moving.data.flush(of)
+    want = bytearray(data)
+    want[100:103] = b"new"
+    assert await moving.committed(of) == (CS, bytes(want))
+
+
+@pytest.mark.parametrize("how", ["write", "truncate"])
+async def test_a_writer_does_not_undo_a_drain(moving, how):
+    """One copy drained away (and deleted) while the file is open: the old node answers STALE. The
+    write goes to the node that has the copy now, and the commit keeps it there; giving the old
+    node the whole chunk again put the copy back on the draining node after every session."""
+    of = await moving.create(b"drained")
+    await moving.data.write(of, 0, b"a" * CS)
+    await moving.data.flush(of)
+    service = moving.service
+    gone, kept = of.chunks[0].nodes
+    await service.handle(P.NodeAdminReq(node_id=gone, action="drain"), [])
+    await _heal(service, of.ino, 0)
+    now = service.store.get_chunks(of.ino)[0][1]
+    assert gone not in now and kept in now
+    want = bytearray(b"a" * CS)
+    if how == "write":
+        await moving.data.write(of, 10, b"b" * 10)
+        await moving.data.flush(of)
+        want[10:20] = b"b" * 10
+    else:
+        await moving.data.truncate(of, 100)
+        del want[100:]
+    assert sorted(service.store.get_chunks(of.ino)[0][1]) == sorted(now)
+    assert await moving.committed(of) == (len(want), bytes(want))

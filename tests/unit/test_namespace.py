@@ -14,7 +14,8 @@ from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.daemon.db import DB_NAME, SCHEMA_VERSION, open_database, schema_version
 from stripefs.daemon.health import NodeRegistry, Sessions
-from stripefs.daemon.namespace import EPOCH_BLOCK, Namespace
+from stripefs.daemon.file_data import EPOCH_BLOCK
+from stripefs.daemon.namespace import Namespace
 from stripefs.daemon.pg_store import open_pg_store
 from stripefs.daemon.store import SqliteStore
 

@@ -184,3 +184,15 @@ def code_of_lookup(d, ino):
     with pytest.raises(StripefsError) as info:
         d.op("getattr", ino)
     return info.value.code
+
+
+def test_held_inodes_are_those_of_live_daemons(two):
+    """What the leader's rebalance leaves alone (daemon/repair.py "Open files"): every inode a
+    session of a live daemon holds, whichever daemon wrote the hold."""
+    a, b = two
+    a.store.run(a.store.renew_daemon, "a", 2_000)
+    a.store.run(a.store.add_holds, "a", [5, 6])
+    b.store.run(b.store.renew_daemon, "b", 1_000)
+    b.store.run(b.store.add_holds, "b", [6, 7])
+    assert a.store.held_inodes(500) == {5, 6, 7}
+    assert a.store.held_inodes(1_500) == {5, 6}  # b stopped renewing: its holds no longer count

@@ -15,7 +15,7 @@ from stripefs.common.transport import connect
 from stripefs.daemon.db import open_database
 from stripefs.daemon.health import NodeRegistry
 from stripefs.daemon.repair import Throttle
-from stripefs.daemon.repair_plan import ChunkRow, plan
+from stripefs.daemon.repair_plan import ChunkRow, plan, plan_rebalance
 from stripefs.daemon.store import SqliteStore
 from stripefs.storage_node.chunk_store import ChunkStore
 from stripefs.storage_node.service import StorageService
@@ -317,6 +317,29 @@ def test_a_commit_that_drops_a_node_queues_its_copy(svc):
     with svc.store.savepoint():
         svc.ns.commit(ino, 100, 0, [p.ChunkRef(index=0, version=7, nodes=[1, 2])])
     assert svc.store.get_chunks(ino)[0] == (7, [1, 2]) and (3, ino, 0, 7) in _garbage(svc)
+
+
+def test_rebalance_leaves_chunks_of_open_files_alone(svc):
+    """Rebalance waits for the close: a writer of the file names the nodes its map had. Checked when
+    planning and when recording (the file may be opened while the copy is made); drains do not wait."""
+    held, idle = _file(svc, b"held"), _file(svc, b"idle")
+    work = plan([row(held, 0, [1, 2]), row(idle, 0, [1, 2])], UP4)  # nodes 3 and 4 hold nothing
+    capacity = {n: 4 << 20 for n in UP4}
+    assert {t.ino for t in plan_rebalance(work, capacity, 0.1)} == {held, idle}
+    assert {t.ino for t in plan_rebalance(work, capacity, 0.1, held={held})} == {idle}
+    sid = svc.sessions.hello("h", 1, "/mnt")
+    svc.sessions.open(sid, held)
+    move = Task("rebalance", held, 0, 5, (1, 2), (1, 2), 0, 2, 1 << 20, target=3)
+    with svc.store.savepoint():
+        assert not svc.healer._record(move, 3, 5)  # opened while it was copied: the copy is garbage
+    assert svc.store.get_chunks(held)[0] == (5, [1, 2]) and (3, held, 0, 5) in _garbage(svc)
+    with svc.store.savepoint():
+        assert svc.healer._record(Task("drain", held, 0, 5, (1, 2), (1, 2), 0, 2, 1 << 20), 4, 5)
+    assert svc.store.get_chunks(held)[0] == (5, [4, 2])
+    svc.sessions.close(sid, held)
+    with svc.store.savepoint():
+        assert svc.healer._record(Task("rebalance", held, 0, 5, (4, 2), (4, 2), 1, 2, 1 << 20, target=3), 3, 5)
+    assert svc.store.get_chunks(held)[0] == (5, [4, 3])
 
 
 async def test_a_node_reconstructs_a_lost_fragment_from_the_others(tmp_path):

@@ -1,0 +1,256 @@
+"""Callbacks: regular files a mount may cache in the kernel, and the changes that wait for it.
+
+Close-to-open says: once close() returned on one mount, an open() or stat()
+that begins later on any other mount sees the closed data and size. The
+change feed (daemon/events.py) cannot promise that alone, since an event may
+still be on its way when the later open begins, so the default mount used to
+cache regular-file names for 0 s and ask the daemon on every open. A callback
+turns it around, as NFSv4 delegations and CephFS capabilities do: the daemon
+remembers which sessions cache a file, and a change of that file waits until
+each of them said it dropped it.
+
+The rules
+---------
+* A mount following a healthy feed asks for a callback with its LookupReq
+  (``callback``). If granted, the reply names the change log position the
+  answer is as of (``AttrRsp.callback``, the grant's seq ``g``); the daemon
+  records the session under two keys, the inode and the name
+  ``(parent, name)``, and the mount caches both for ``cache_timeout_s``.
+* A change numbered ``n`` (the change log's seq, daemon/change_log.py) that
+  touches a key (its ``inodes`` or ``entries``) is answered only after every
+  session holding that key with ``g < n`` acknowledged ``n`` (AckReq,
+  sent once the mount's kernel dropped what the change touched), or
+  ``WAIT_S`` passed. Then those holdings are gone, on both sides: the mount
+  forgets a key when it applies an event ``n > g`` touching it, the daemon
+  when it settled such a change. A holding granted at ``g >= n`` already saw
+  the change and stays.
+* The session that made the change (its OnceReq ``client_id``, told at
+  HelloReq) never waits for itself and keeps its holdings: its own reply tells
+  it, and the feed names the writer (``ChangeEvent.writer``), so its mount
+  keeps them too. A session whose client id the daemon does not know (adopted
+  after a restart, until its first AckReq) gets no callbacks.
+* A directory's names: a mount that knows every name of a directory (it made
+  it, or listed it in one page) holds ``("dir", ino)`` and answers lookups of
+  other names ENOENT itself; any other mount's create, unlink or rename in it
+  waits for that mount like a change of a held file.
+* ``WAIT_S`` is safe for a mount that is alive but never answers: a mount
+  that missed an event sees the gap at the next feed heartbeat and drops
+  everything; one that hears nothing drops everything after
+  ``EVENTS_SILENCE_S``. A session that let a wait run out gets no new
+  callback for ``PENALTY_S`` (a mount that cannot keep up, or one that tries
+  to slow others down, caches as before instead).
+* Held files count as open (``held``): an unlink keeps the inode as an
+  orphan until its holders let go, since a mount may open a held file
+  without asking. An AckReq names the dropped files the mount has open;
+  they join its open set before the holding goes.
+* Only one daemon serves the namespace (SQLite): callbacks live in its
+  memory. A restarted daemon knows none, so for ``GRACE_S`` after a restart
+  on an existing database every change waits the grace out, and mounts drop
+  what they cached when the feed names a new daemon (``ChangeEvent.daemon``).
+  Several daemons (PostgreSQL) grant none: mounts cache as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+import trio
+
+from ..common import protocol as P
+
+log = logging.getLogger(__name__)
+
+#: the longest a change waits for a session's acknowledgement (see the rules above)
+WAIT_S = P.EVENTS_SILENCE_S + 1.0
+#: after a restart on an existing database: how long every change waits for mounts to drop what they cached
+GRACE_S = P.EVENTS_SILENCE_S + 0.5
+#: a session that let a wait run out gets no callback for this long
+PENALTY_S = 60.0
+#: keys one session may hold (two per file); past it, no more callbacks for it
+MAX_PER_SESSION = 524_288
+
+
+class Callbacks:
+    def __init__(self, *, enabled: bool, alive: Callable[[int], bool] = lambda sid: True,
+                 last_seq: Callable[[], int] = lambda: 0) -> None:
+        self.enabled = enabled
+        self.alive = alive  # is this session still open (daemon/health.py Sessions)
+        self.last_seq = last_seq  # the newest change number logged: a granted answer is as of it (daemon/txn.py)
+        self._holders: dict = {}  # key -> {session: grant seq}
+        self._held: dict[int, set] = {}  # session -> its keys
+        self._acked: dict[int, int] = {}  # session -> newest seq it acknowledged
+        self._client: dict[int, int] = {}  # session -> its OnceReq client id
+        self._penalty: dict[int, float] = {}  # session -> until when it gets no callback
+        self._heard = trio.Event()  # set (and replaced) on every acknowledgement
+        self._grace_until = 0.0
+        self.waits = 0  # changes that waited for another session
+        self.timeouts = 0  # sessions that let a wait run out
+
+    def start_grace(self) -> None:
+        """A restart on an existing database: changes wait ``GRACE_S`` (on the trio thread)."""
+        if self.enabled:
+            self._grace_until = trio.current_time() + GRACE_S
+
+    # ------------------------------------------------------------------ grants
+
+    def hello(self, session: int, client_id: int) -> None:
+        if client_id:
+            self._client[session] = client_id
+
+    def grant(self, session: int, ino: int, parent: int, name: bytes) -> int:
+        """Record a callback for ``session`` on ``ino`` and its name; the grant's seq, or -1: none."""
+        return self.grant_many(session, [(ino, parent, name)])
+
+    def grant_many(self, session: int, files: list[tuple[int, int, bytes]]) -> int:
+        """``grant`` for every (ino, parent, name) of ``files``, or for none of them: the seq or -1."""
+        if not (self.enabled and session):
+            return -1
+        until = self._penalty.get(session)
+        if until is not None:
+            if trio.current_time() < until:
+                return -1
+            del self._penalty[session]
+        if session not in self._client:
+            return -1  # its own changes could not be told from others' (the rules above)
+        held = self._held.setdefault(session, set())
+        if len(held) + 2 * len(files) > MAX_PER_SESSION:
+            return -1
+        seq = self.last_seq()
+        for ino, parent, name in files:
+            for key in (ino, (parent, name)):
+                self._holders.setdefault(key, {})[session] = seq
+                held.add(key)
+        return seq
+
+    def grant_dir(self, session: int, ino: int) -> int:
+        """A callback on every name of directory ``ino``: the seq, or -1."""
+        if not (self.enabled and session) or session not in self._client:
+            return -1
+        until = self._penalty.get(session)
+        if until is not None and trio.current_time() < until:
+            return -1
+        held = self._held.setdefault(session, set())
+        if len(held) >= MAX_PER_SESSION:
+            return -1
+        seq = self.last_seq()
+        key = ("dir", ino)
+        self._holders.setdefault(key, {})[session] = seq
+        held.add(key)
+        return seq
+
+    def held(self, ino: int) -> bool:
+        """Some live session may open ``ino`` without asking (it counts as open)."""
+        return any(self.alive(sid) for sid in self._holders.get(ino, ()))
+
+    # ------------------------------------------------------------------ changes
+
+    async def settle(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0) -> list[int]:
+        """Wait until the holders of what change ``seq`` touched dropped it (or ``WAIT_S``).
+
+        ``writer``: the client id that made the change (it does not wait for itself).
+        Returns the inodes no session holds any more (orphans among them may go)."""
+        if not self.enabled:
+            return []
+        if self._grace_until and trio.current_time() < self._grace_until:
+            await trio.sleep_until(self._grace_until)  # a restart: callbacks granted before it are unknown
+        entries = [tuple(e) for e in entries]
+        keys = [*inodes, *entries, *{("dir", parent) for parent, _ in entries}]
+        waiting: set[int] = set()
+        freed: list[int] = []
+        mine: set[int] = set()  # the writer's sessions: they keep their holdings
+        for key in keys:
+            for sid, granted in self._holders.get(key, {}).items():
+                if writer and self._client.get(sid) == writer:
+                    mine.add(sid)
+                elif granted < seq and self.alive(sid):
+                    waiting.add(sid)
+        if waiting:
+            self.waits += 1
+            deadline = trio.current_time() + WAIT_S
+            while True:
+                waiting = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and sid in self._held}
+                if not waiting:
+                    break
+                heard = self._heard
+                with trio.move_on_at(deadline):
+                    await heard.wait()
+                    continue
+                for sid in waiting:
+                    self.timeouts += 1
+                    self._penalty[sid] = trio.current_time() + PENALTY_S
+                    log.warning("session %d did not acknowledge change %d within %.0fs: answered without it; "
+                                "it gets no callbacks for %.0fs", sid, seq, WAIT_S, PENALTY_S)
+                    freed += self._drop(sid, self._held.get(sid, set()))
+                break
+        return freed + self._revoke(keys, seq, mine)
+
+    def _revoke(self, keys, seq: int, spare: set[int]) -> list[int]:
+        """Holdings of ``keys`` granted before ``seq`` end, but those of ``spare``; the inodes
+        nobody holds after that."""
+        freed = []
+        for key in keys:
+            holders = self._holders.get(key)
+            if not holders:
+                continue
+            for sid in [sid for sid, granted in holders.items() if granted < seq and sid not in spare]:
+                del holders[sid]
+                held = self._held.get(sid)
+                if held is not None:
+                    held.discard(key)
+            if not holders:
+                del self._holders[key]
+                if isinstance(key, int):
+                    freed.append(key)
+        return freed
+
+    # ----------------------------------------------------------- acknowledgements
+
+    def ack(self, session: int, seq: int, *, everything: bool = False, client_id: int = 0) -> list[int]:
+        """``session`` applied the feed up to ``seq``; the inodes nobody holds any more."""
+        if client_id:
+            self._client[session] = client_id
+        if everything:  # it dropped all it cached: nothing of it is worth waiting for
+            seq = max(seq, self.last_seq())
+        if seq > self._acked.get(session, 0):
+            self._acked[session] = seq
+        freed = self._drop(session, self._held.get(session, set())) if everything else []
+        self._heard.set()
+        self._heard = trio.Event()
+        return freed
+
+    def forget_dead(self) -> list[int]:
+        """Holdings of sessions that closed or expired go; the inodes nobody holds any more."""
+        freed = []
+        for sid in [sid for sid in self._held if not self.alive(sid)]:
+            freed += self.forget_session(sid)
+        return freed
+
+    def forget_session(self, session: int) -> list[int]:
+        """The session closed or expired: everything it held goes."""
+        freed = self._drop(session, self._held.get(session, set()))
+        self._held.pop(session, None)
+        self._acked.pop(session, None)
+        self._client.pop(session, None)
+        self._penalty.pop(session, None)
+        self._heard.set()
+        self._heard = trio.Event()
+        return freed
+
+    def _drop(self, session: int, keys) -> list[int]:
+        freed = []
+        for key in list(keys):
+            holders = self._holders.get(key)
+            if holders is not None:
+                holders.pop(session, None)
+                if not holders:
+                    del self._holders[key]
+                    if isinstance(key, int):
+                        freed.append(key)
+        if session in self._held:
+            self._held[session] = set()
+        return freed
+
+    def counts(self) -> dict[str, int]:
+        return {"sessions": sum(1 for keys in self._held.values() if keys), "keys": len(self._holders),
+                "waits": self.waits, "timeouts": self.timeouts}

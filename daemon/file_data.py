@@ -1,0 +1,272 @@
+"""A file's data in the metadata: its chunk map, write epochs, chunk placement, commits, conversions.
+
+``FileData`` is half of ``Namespace`` (daemon/namespace.py, which inherits it): the
+same store, node source, quotas and clock, and the same rule that every public
+method is one metadata operation run in one transaction. Names, inodes,
+attributes and xattrs are namespace.py's; what is stored where, and which
+version of it is current, is here.
+
+* Epochs: strictly increasing and never repeated across restarts. The store
+  keeps a high-water mark raised in blocks of ``EPOCH_BLOCK``; epochs below
+  the stored mark may be handed out without writing. After a restart the
+  numbers of a partly used block are skipped. ``alloc_epoch`` says when it
+  raised the mark: that change must be durable before the epoch is used.
+  On PostgreSQL (several daemons) epochs come from a database sequence
+  instead: unique and increasing across daemons, durable when handed out.
+* Placement: ``alloc_chunks`` places chunks (daemon/placement.py), padded to
+  K+M positions for an erasure-coded file (daemon/redundancy.py);
+  ``replace_replica`` moves a failed node's copy; ``release_chunks`` drops
+  placements made ahead and never written.
+* Commits: a length is committed only with the version of the chunk holding
+  its last byte; a directory quota may cut a commit (daemon/quota.py); copies
+  a commit leaves behind are queued as garbage.
+* Conversions (daemon/redundancy.py): a nameless shadow inode is filled, then
+  takes every name of the file if the file did not change meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Protocol, Sequence
+
+from ..common.erasure import fragment_part
+from ..common.errors import ErrorCode, StripefsError
+from ..common.layout import chunk_count, parse_redundancy
+from ..common.protocol import Attr, ChunkRef, NodeAddr
+from . import placement, redundancy
+from . import redundancy as _redundancy
+from .quota import Quotas
+from .store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+EPOCH_BLOCK = 1000
+
+
+def _is_replicated(store: SqliteStore, ino: int) -> bool:
+    """True for a replicated file (positional EC fragments are left to their own rules)."""
+    row = store.get_inode(ino)
+    return row is not None and not parse_redundancy(row["redundancy"]).is_ec
+
+
+class NodeSource(Protocol):
+    """What the namespace asks about storage nodes (daemon.health.NodeRegistry)."""
+
+    def views(self) -> list[placement.NodeView]: ...
+
+    def address(self, node_id: int) -> str: ...
+
+    def capacity(self) -> tuple[int, int]: ...
+
+
+class FileData:
+    """The data half of ``Namespace``: what it uses of the other half is below."""
+
+    store: SqliteStore
+    nodes: NodeSource
+    quotas: Quotas
+    clock: Callable[[], int]
+    is_open: Callable[[int], bool]
+    # from daemon/namespace.py: inode(ino), regular_file(ino), getattr(ino), reclaim(ino)
+
+    def __init__(self, store: SqliteStore) -> None:
+        # epochs in [_epoch_next, _epoch_limit) may be handed out without a write
+        self._epoch_next = self._epoch_limit = int(store.get_meta("epoch_hwm", 1))
+
+    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        refs = [ChunkRef(index=i, version=v, nodes=n) for i, (v, n) in sorted(chunks.items())]
+        ids = sorted({n for ref in refs for n in ref.nodes} - {redundancy.MISSING})
+        return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
+
+    def last_epoch(self) -> int:
+        """The newest epoch handed out so far: every write started before now carries at most this."""
+        if self.store.dialect.sequences:  # several daemons: the database's sequence (daemon/pg_store.py)
+            return self.store.last_epoch()
+        return self._epoch_next - 1
+
+    def alloc_epoch(self) -> tuple[int, bool]:
+        """A fresh epoch, and whether the stored high-water mark was raised for it."""
+        if self.store.dialect.sequences:
+            return self.store.next_epoch(), False
+        epoch = self._epoch_next
+        raised = False
+        if epoch >= self._epoch_limit:
+            self._epoch_limit = epoch + EPOCH_BLOCK
+            self.store.set_meta("epoch_hwm", self._epoch_limit)
+            raised = True
+        self._epoch_next = epoch + 1
+        return epoch, raised
+
+    def alloc_chunks(self, ino: int, indices: Sequence[int]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        """Placement for ``indices`` of file ``ino``; chunks already placed are returned as they are."""
+        row = self.regular_file(ino)
+        if any(i < 0 for i in indices):
+            raise StripefsError(ErrorCode.INVALID, "negative chunk index")
+        existing = self.store.get_chunks(ino, indices)
+        missing = sorted(set(indices) - set(existing))
+        if missing:
+            red = parse_redundancy(row["redundancy"])
+            placed = placement.place_chunks(
+                self.nodes.views(), missing, copies=red.copies, stripe_count=row["stripe_count"], stripe_seed=row["stripe_seed"]
+            )
+            for index, nodes in placed.items():
+                nodes = placed[index] = redundancy.pad_fragments(nodes, red)
+                self.store.put_chunk(ino, index, 0, nodes)
+                existing[index] = (0, nodes)
+            log.debug("inode %d: placed chunk(s) %s", ino, placed)
+        return self._chunk_map(ino, existing)
+
+    def release_chunks(self, ino: int, indices: Sequence[int]) -> int:
+        """Drop placements ``indices`` of ``ino`` past its end that were never committed
+        (ReleaseChunksReq: a writer placed them ahead and did not use them); how many."""
+        row = self.regular_file(ino)
+        first = chunk_count(row["size"], row["chunk_size"])
+        dropped = self.store.drop_unwritten_chunks(ino, [i for i in indices if i >= first])
+        if dropped:
+            log.debug("inode %d: %d placement(s) made ahead and not used released", ino, dropped)
+        return dropped
+
+    def replace_replica(self, ino: int, index: int, failed_node: int, part: int = -1) -> tuple[ChunkRef, list[NodeAddr]]:
+        """Move ``failed_node``'s copy (fragment ``part`` of an EC stripe, when given) to another node."""
+        row = self.regular_file(ino)
+        current = self.store.get_chunks(ino, [index]).get(index)
+        if current is None:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"chunk {ino}:{index} has no placement")
+        version, nodes = current
+        position = redundancy.fragment_position(nodes, failed_node, part)
+        if position is None:
+            # already replaced (a retry, or another writer did it): answer the current placement
+            refs, addrs = self._chunk_map(ino, {index: current})
+            return refs[0], addrs
+        present = [n for n in nodes if n != redundancy.MISSING]
+        try:
+            new = placement.replace_node(
+                self.nodes.views(), present + ([failed_node] if failed_node == redundancy.MISSING else []), failed_node,
+                key=row["stripe_seed"] ^ index,
+            )
+        except StripefsError as exc:
+            views = {v.node_id: v for v in self.nodes.views()}
+            if exc.code == ErrorCode.UNAVAILABLE and part >= 0 and failed_node in views and views[failed_node].up:
+                # an EC writer that skipped a node it suspects, with nowhere else to go: the node
+                # heartbeats, so the placement stays and the writer tries it after all
+                refs, addrs = self._chunk_map(ino, {index: current})
+                return refs[0], addrs
+            raise
+        nodes = list(nodes)
+        nodes[position] = new
+        self.store.put_chunk(ino, index, version, nodes)
+        is_ec = parse_redundancy(row["redundancy"]).is_ec
+        if failed_node != redundancy.MISSING:
+            self.store.add_garbage([(failed_node, ino, index, position if is_ec else 0, self.last_epoch())])
+        log.info("chunk %d:%d: copy on node %d moved to node %d", ino, index, failed_node, new)
+        refs, addrs = self._chunk_map(ino, {index: (version, nodes)})
+        return refs[0], addrs
+
+    def _record_chunks(self, ino: int, chunks: Sequence[ChunkRef]) -> None:
+        if not chunks:
+            return
+        existing = self.store.get_chunks(ino, [c.index for c in chunks])
+        is_ec = parse_redundancy(self.inode(ino)["redundancy"]).is_ec
+        for ref in chunks:
+            if ref.index < 0 or ref.version < 0:
+                raise StripefsError(ErrorCode.INVALID, f"bad chunk ref {ref} for inode {ino}")
+            old_version, old_nodes = existing.get(ref.index, (0, []))
+            nodes = list(ref.nodes) or old_nodes
+            if not nodes:
+                raise StripefsError(ErrorCode.INVALID, f"chunk {ino}:{ref.index} has no placement and no nodes given")
+            dropped = [n for n in old_nodes if n not in nodes]
+            if dropped and not _is_replicated(self.store, ino):
+                dropped = []
+            # a copy the writer did not write (a repair or drain moved the row meanwhile) is now stale: garbage
+            self.store.add_garbage((n, ino, ref.index, 0, max(old_version, ref.version)) for n in dropped)
+            self.store.put_chunk(ino, ref.index, max(old_version, ref.version), nodes)
+            if old_version and ref.version > old_version and is_ec and (old_version & 1) != (ref.version & 1):
+                # the new version went to the other slot: the committed one's fragments are garbage now
+                self.store.add_garbage(
+                    (node, ino, ref.index, fragment_part(j, old_version), old_version)
+                    for j, node in enumerate(old_nodes) if node != redundancy.MISSING
+                )
+            if redundancy.MISSING in nodes:
+                log.warning(
+                    "stripe %d:%d v%d committed with %d of %d fragments: queued for reconstruction",
+                    ino, ref.index, ref.version, len(nodes) - nodes.count(redundancy.MISSING), len(nodes),
+                )
+
+    def commit(self, ino: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]) -> Attr:
+        row = self.regular_file(ino)
+        if size < 0:
+            raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
+        if size > row["size"]:
+            # a length is committed only with its data: the writer of the new last byte stored
+            # the chunk holding it, and commits that chunk's version here (client/open_files.py)
+            last = (size - 1) // row["chunk_size"]
+            if not any(c.index == last and c.version for c in chunks):
+                raise StripefsError(
+                    ErrorCode.INVALID,
+                    f"inode {ino}: a commit growing the file to {size} bytes carries no version of chunk {last}, "
+                    "which holds its last byte: its data was not stored",
+                )
+        new_size = max(row["size"], size)
+        fits = self.quotas.fit_growth(ino, new_size - row["size"])
+        if fits < new_size - row["size"]:
+            # the quota backstop (daemon/quota.py): keep what fits, drop the chunks past it;
+            # the smaller size in the reply tells the writer to cut the boundary chunk
+            new_size = row["size"] + fits
+            keep = chunk_count(new_size, row["chunk_size"])
+            chunks = [c for c in chunks if c.index < keep]
+            dropped = self.store.drop_chunks(ino, keep, max_version=self.last_epoch())
+            log.info(
+                "inode %d: commit of %d bytes cut to %d by a directory quota (%d chunk(s) dropped)", ino, size, new_size, dropped
+            )
+        self._record_chunks(ino, chunks)
+        self.quotas.resized(ino, row["size"], new_size)
+        now = self.clock()
+        self.store.update_inode(ino, size=new_size, mtime_ns=mtime_ns or now, ctime_ns=now)
+        return self.getattr(ino)
+
+    # -- online conversion (daemon/redundancy.py) --------------------------------
+
+    def create_shadow(self, ino: int, new_redundancy: str) -> int:
+        """A nameless copy target for file ``ino`` with ``new_redundancy``; its inode number."""
+        row = self.regular_file(ino)
+        red = parse_redundancy(new_redundancy)
+        _redundancy.check_fits(self.nodes.views(), red)
+        shadow = self.store.insert_inode(**_redundancy.shadow_fields(row, str(red), self.clock()))
+        log.info("inode %d: conversion to %s started into shadow inode %d", ino, red, shadow)
+        return shadow
+
+    def swap_shadow(
+        self, ino: int, shadow: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]
+    ) -> tuple[Attr, list[tuple[int, bytes]]]:
+        """Give every name of ``ino`` to ``shadow`` if ``ino`` is unchanged since the copy began;
+        the shadow's attributes and the (parent, name) entries that changed.
+
+        ``size``, ``mtime_ns`` and ``chunks`` (index, version) are what the copy read.
+        Raises BUSY when the file changed: the caller copies again or gives up.
+        """
+        row = self.regular_file(ino)
+        srow = self.regular_file(shadow)
+        if srow["nlink"] != 0:
+            raise StripefsError(ErrorCode.INVALID, f"inode {shadow} is not a conversion shadow")
+        versions = {i: v for i, (v, _) in self.store.get_chunks(ino).items() if v}
+        copied = {c.index: c.version for c in chunks if c.version}
+        if row["size"] != size or row["mtime_ns"] != mtime_ns or versions != copied:
+            raise StripefsError(ErrorCode.BUSY, f"inode {ino} changed while it was being converted")
+        if row["nlink"] <= 0:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} was unlinked while it was being converted")
+        now = self.clock()
+        self.store.update_inode(
+            shadow, nlink=row["nlink"], size=size, mtime_ns=row["mtime_ns"], atime_ns=row["atime_ns"], ctime_ns=now,
+            mode=row["mode"], uid=row["uid"], gid=row["gid"],
+        )
+        for name in self.store.list_xattrs(ino):
+            self.store.set_xattr(shadow, name, self.store.get_xattr(ino, name))
+        entries = []
+        for cookie, parent, name in self.store.dentries_of(ino):
+            self.store.set_dentry_ino(cookie, shadow)
+            entries.append((parent, name))
+        self.store.update_inode(ino, nlink=0, ctime_ns=now)
+        if not self.is_open(ino):
+            self.reclaim(ino)
+        log.info("inode %d converted: its names now lead to inode %d (%s)", ino, shadow, srow["redundancy"])
+        return self.getattr(shadow), entries

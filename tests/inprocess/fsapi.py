@@ -1,0 +1,327 @@
+"""Calling the mount's ``Operations`` as pyfuse3 does, for the in-process tier (tests/inprocess/conftest.py).
+
+``FS`` wraps one ``Operations`` with the request sequences the kernel sends for
+common system calls (``open(path, "wb")`` is LOOKUP, then CREATE or OPEN with
+O_TRUNC, WRITEs, FLUSH, RELEASE), so a test reads like the syscalls it stands
+for. Arguments are what pyfuse3 passes: names as bytes, a request context with
+uid, gid, pid and umask, ``EntryAttributes`` and ``SetattrFields`` for SETATTR,
+a mkdir mode with S_IFDIR set (pyfuse3 sets it), xattr flags handled the way
+pyfuse3's own SETXATTR handler does (XATTR_CREATE asks GETXATTR first).
+
+``Kernel`` stands in for what pyfuse3 would hand the kernel: readdir replies go
+into a buffer of ``READDIR_BUFFER`` entries (the kernel then asks again from the
+last cookie), invalidations and page-cache stores are recorded.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field, fields
+
+import msgspec
+import pyfuse3
+import pytest
+import trio
+import zmq
+
+from stripefs.client.connect import open_client
+from stripefs.client.kernel_cache import KernelCache
+from stripefs.client.operations import Operations
+from stripefs.client.prefetch import Prefetcher
+from stripefs.common import config as cfg
+
+#: bytes per WRITE and READ the kernel sends here (FUSE's max_write and max_read of 128 KiB)
+IO_SIZE = 128 << 10
+#: entries one READDIRPLUS reply holds (a 4 KiB buffer of short names)
+READDIR_BUFFER = 64
+
+
+@dataclass
+class Ctx:
+    """pyfuse3.RequestContext as a handler receives it (its fields cannot be set from Python)."""
+
+    uid: int = 0
+    gid: int = 0
+    pid: int = field(default_factory=os.getpid)
+    umask: int = 0o022
+
+
+@dataclass
+class SetattrFields:
+    """pyfuse3.SetattrFields as SETATTR receives it (read-only from Python)."""
+
+    update_atime: bool = False
+    update_mtime: bool = False
+    update_ctime: bool = False
+    update_mode: bool = False
+    update_uid: bool = False
+    update_gid: bool = False
+    update_size: bool = False
+
+
+class Kernel:
+    """What ``Operations`` hands pyfuse3 for the kernel, recorded (pyfuse3's functions patched)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.invalidated_inodes: list[tuple[int, bool]] = []
+        self.invalidated_entries: list[tuple[int, bytes]] = []
+        self.stored: list[tuple[int, int, bytes]] = []
+        monkeypatch.setattr(pyfuse3, "readdir_reply", self._readdir_reply)
+        monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda ino, attr_only=False: self.invalidated_inodes.append((ino, attr_only)))
+        monkeypatch.setattr(pyfuse3, "invalidate_entry", lambda parent, name, deleted=0: self.invalidated_entries.append((parent, name)))
+        monkeypatch.setattr(pyfuse3, "notify_store", lambda ino, offset, data: self.stored.append((ino, offset, bytes(data))))
+
+    @staticmethod
+    def _readdir_reply(token: list, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        if len(token) >= READDIR_BUFFER:
+            return False
+        token.append((name, attr, next_id))
+        return True
+
+
+def fuse_errno(exc: BaseException) -> int:
+    assert isinstance(exc, pyfuse3.FUSEError), f"expected a FUSEError, got {exc!r}"
+    return exc.errno
+
+
+@asynccontextmanager
+async def raises_errno(code: int):
+    """``with raises_errno(errno.ENOENT): await fs...``: the handler answers that errno."""
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        yield info
+    assert info.value.errno == code, f"errno {errno.errorcode.get(info.value.errno)}, expected {errno.errorcode[code]}"
+
+
+class FS:
+    def __init__(self, ops, kernel: Kernel, rig):
+        self.ops = ops
+        self.kernel = kernel
+        self.rig = rig
+        self.dir = pyfuse3.ROOT_INODE  # the test's own directory (set by the fixture)
+        self.dir_name = b""  # its name in the root
+        self.open_handles: set[int] = set()
+
+    # ----------------------------------------------------------- namespace
+
+    async def lookup(self, parent: int, name: bytes, ctx: Ctx | None = None) -> pyfuse3.EntryAttributes:
+        return await self.ops.lookup(parent, name, ctx or Ctx())
+
+    async def exists(self, parent: int, name: bytes) -> bool:
+        try:
+            await self.lookup(parent, name)
+        except pyfuse3.FUSEError as exc:
+            if exc.errno == errno.ENOENT:
+                return False
+            raise
+        return True
+
+    async def getattr(self, ino: int) -> pyfuse3.EntryAttributes:
+        return await self.ops.getattr(ino, Ctx())
+
+    async def mkdir(self, parent: int, name: bytes, mode: int = 0o777, ctx: Ctx | None = None) -> int:
+        ctx = ctx or Ctx()
+        entry = await self.ops.mkdir(parent, name, (mode & ~ctx.umask & 0o7777) | stat.S_IFDIR, ctx)
+        return entry.st_ino
+
+    async def mknod(self, parent: int, name: bytes, mode: int, rdev: int = 0, ctx: Ctx | None = None) -> int:
+        ctx = ctx or Ctx()
+        entry = await self.ops.mknod(parent, name, (mode & ~ctx.umask & 0o7777) | stat.S_IFMT(mode), rdev, ctx)
+        return entry.st_ino
+
+    async def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx | None = None) -> int:
+        return (await self.ops.symlink(parent, name, target, ctx or Ctx())).st_ino
+
+    async def link(self, ino: int, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
+        return await self.ops.link(ino, parent, name, Ctx())
+
+    async def readlink(self, ino: int) -> bytes:
+        return await self.ops.readlink(ino, Ctx())
+
+    async def unlink(self, parent: int, name: bytes) -> None:
+        await self.ops.unlink(parent, name, Ctx())
+
+    async def rmdir(self, parent: int, name: bytes) -> None:
+        await self.ops.rmdir(parent, name, Ctx())
+
+    async def rename(self, parent_old: int, old: bytes, parent_new: int, new: bytes, flags: int = 0) -> None:
+        await self.ops.rename(parent_old, old, parent_new, new, flags, Ctx())
+
+    async def listdir(self, ino: int) -> list[bytes]:
+        """OPENDIR, READDIRPLUS until an empty reply (each from the last cookie), RELEASEDIR."""
+        fh = await self.ops.opendir(ino, Ctx())
+        names: list[bytes] = []
+        start = 0
+        try:
+            while True:
+                token: list = []
+                await self.ops.readdir(fh, start, token)
+                if not token:
+                    return names
+                names += [name for name, _, _ in token]
+                start = token[-1][2]
+        finally:
+            await self.ops.releasedir(fh)
+
+    async def setattr(self, ino: int, *, fh: int | None = None, ctx: Ctx | None = None, **values) -> pyfuse3.EntryAttributes:
+        """SETATTR of the given fields: st_size, st_mode, st_uid, st_gid, st_atime_ns, st_mtime_ns."""
+        attr = pyfuse3.EntryAttributes()
+        update = SetattrFields()
+        names = {"st_size": "update_size", "st_mode": "update_mode", "st_uid": "update_uid", "st_gid": "update_gid",
+                 "st_atime_ns": "update_atime", "st_mtime_ns": "update_mtime"}
+        for key, value in values.items():
+            setattr(attr, key, value)
+            setattr(update, names[key], True)
+        assert {f.name for f in fields(update) if getattr(update, f.name)} == {names[k] for k in values}
+        return await self.ops.setattr(ino, attr, update, fh, ctx or Ctx())
+
+    async def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
+        """As pyfuse3's SETXATTR handler: XATTR_CREATE and XATTR_REPLACE are checked with a GETXATTR first."""
+        if flags & (os.XATTR_CREATE | os.XATTR_REPLACE):
+            try:
+                await self.ops.getxattr(ino, name, Ctx())
+            except pyfuse3.FUSEError as exc:
+                if exc.errno != errno.ENODATA:
+                    raise
+                if flags & os.XATTR_REPLACE:
+                    raise
+            else:
+                if flags & os.XATTR_CREATE:
+                    raise pyfuse3.FUSEError(errno.EEXIST)
+        await self.ops.setxattr(ino, name, value, Ctx())
+
+    async def getxattr(self, ino: int, name: bytes) -> bytes:
+        return await self.ops.getxattr(ino, name, Ctx())
+
+    async def listxattr(self, ino: int) -> list[bytes]:
+        return await self.ops.listxattr(ino, Ctx())
+
+    async def removexattr(self, ino: int, name: bytes) -> None:
+        await self.ops.removexattr(ino, name, Ctx())
+
+    async def statfs(self) -> pyfuse3.StatvfsData:
+        return await self.ops.statfs(Ctx())
+
+    # ---------------------------------------------------------------- files
+
+    async def open(self, ino: int, flags: int = os.O_RDONLY, ctx: Ctx | None = None) -> int:
+        info = await self.ops.open(ino, flags, ctx or Ctx())
+        self.open_handles.add(info.fh)
+        return info.fh
+
+    async def create(self, parent: int, name: bytes, mode: int = 0o666, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                     ctx: Ctx | None = None) -> tuple[int, int]:
+        """CREATE: (fh, inode)."""
+        ctx = ctx or Ctx()
+        info, entry = await self.ops.create(parent, name, (mode & ~ctx.umask & 0o7777) | stat.S_IFREG, flags, ctx)
+        self.open_handles.add(info.fh)
+        return info.fh, entry.st_ino
+
+    async def open_path(self, parent: int, name: bytes, flags: int, ctx: Ctx | None = None) -> tuple[int, int]:
+        """open(2) of a name: LOOKUP, then OPEN, or CREATE when O_CREAT and the name is missing. (fh, inode)."""
+        ctx = ctx or Ctx()
+        try:
+            ino = (await self.lookup(parent, name, ctx)).st_ino
+        except pyfuse3.FUSEError as exc:
+            if exc.errno != errno.ENOENT or not flags & os.O_CREAT:
+                raise
+            return await self.create(parent, name, flags=flags, ctx=ctx)
+        return await self.open(ino, flags & ~os.O_CREAT, ctx), ino
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        return bytes(await self.ops.read(fh, offset, size))
+
+    async def read_all(self, fh: int, offset: int = 0) -> bytes:
+        """READs of IO_SIZE from ``offset`` until a short one."""
+        out = bytearray()
+        while True:
+            piece = await self.read(fh, offset + len(out), IO_SIZE)
+            out += piece
+            if len(piece) < IO_SIZE:
+                return bytes(out)
+
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        """WRITEs of at most IO_SIZE; the bytes written (short at a quota's limit)."""
+        done = 0
+        view = memoryview(data)
+        while done < len(data):
+            piece = bytes(view[done : done + IO_SIZE])
+            n = await self.ops.write(fh, offset + done, piece)
+            done += n
+            if n < len(piece):
+                break
+        return done
+
+    async def flush(self, fh: int) -> None:
+        await self.ops.flush(fh)
+
+    async def fsync(self, fh: int) -> None:
+        await self.ops.fsync(fh, False)
+
+    async def release(self, fh: int) -> None:
+        self.open_handles.discard(fh)
+        await self.ops.release(fh)
+
+    async def close(self, fh: int) -> None:
+        """close(2): FLUSH, then RELEASE (the last reference)."""
+        try:
+            await self.flush(fh)
+        finally:
+            await self.release(fh)
+
+    async def write_file(self, parent: int, name: bytes, data: bytes) -> int:
+        """``open(path, "wb").write(data)`` and close: the inode."""
+        fh, ino = await self.open_path(parent, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            assert await self.write(fh, 0, data) == len(data)
+        finally:
+            await self.close(fh)
+        return ino
+
+    async def read_file(self, parent: int, name: bytes) -> bytes:
+        """``open(path, "rb").read()`` and close."""
+        fh, _ = await self.open_path(parent, name, os.O_RDONLY)
+        try:
+            return await self.read_all(fh)
+        finally:
+            await self.close(fh)
+
+    async def release_all(self) -> None:
+        """What the kernel does for handles a test left open when its process exits."""
+        for fh in list(self.open_handles):
+            try:
+                await self.release(fh)
+            except pyfuse3.FUSEError:
+                pass
+
+
+@asynccontextmanager
+async def open_fs(rig, kernel: Kernel, name: str, **settings):
+    """A client of ``rig`` built as the mount builds it (client/mount.py: client/connect.py, the kernel
+    cache, the prefetcher, the session heartbeat), its ``Operations`` wrapped in an ``FS``. ``settings``:
+    ClientConfig values. Its open handles are released, and its tasks cancelled, on the way out."""
+    client_cfg = msgspec.structs.replace(cfg.ClientConfig(metrics="", shm_dir=""), **{**rig.client_settings, **settings})
+    ctx = zmq.Context()
+    try:
+        async with trio.open_nursery() as own, AsyncExitStack() as stack:
+            client = await open_client(ctx, stack, own, client_cfg, [rig.meta_address], name=name)
+            kcache = KernelCache()
+            prefetcher = Prefetcher(client.meta, client.data, kcache, parallel=client_cfg.prefetch_parallel)
+            ops = Operations(
+                client.meta, client.data, attr_timeout=client_cfg.attr_timeout_s, entry_timeout=client_cfg.entry_timeout_s,
+                cache_timeout=client_cfg.cache_timeout_s, dataset=client_cfg.dataset, kcache=kcache, prefetcher=prefetcher,
+                op_timeout=client_cfg.op_timeout_s,
+            )
+            prefetcher.on_fetched = ops.prefetched
+            own.start_soon(client.meta.heartbeat_loop, name, name="session-heartbeat")
+            fs = FS(ops, kernel, rig)
+            try:
+                yield fs
+            finally:
+                with trio.CancelScope(shield=True):
+                    await fs.release_all()
+                own.cancel_scope.cancel()
+    finally:
+        ctx.destroy(linger=0)

@@ -1,0 +1,69 @@
+"""Data through the mount's handlers: a writer scattering small writes over many chunks, thousands of small files.
+
+Moved from tests/cluster/test_data.py, which keeps what needs the kernel
+(large sequential I/O through its read-ahead, several mounts, the CLI).
+"""
+
+import hashlib
+import os
+import random
+
+import trio
+
+from fsapi import Kernel, open_fs
+
+MiB = 1 << 20
+
+
+async def test_scattered_writer_over_many_chunks(fs):
+    """More partial chunks than a file may hold unsent: the oldest go out early, nothing is lost."""
+    rng = random.Random(7)
+    chunk = 4 * MiB
+    pieces = {}
+    fh, ino = await fs.open_path(fs.dir, b"sparse", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for _ in range(3):
+            for i in rng.sample(range(40), 40):
+                off = i * chunk + rng.randrange(0, chunk - 5000)
+                data = rng.randbytes(rng.randrange(1, 5000))
+                assert await fs.write(fh, off, data) == len(data)  # each a write(2) of its own
+                pieces[off] = data
+    finally:
+        await fs.close(fh)
+    fh, _ = await fs.open_path(fs.dir, b"sparse", os.O_RDONLY)
+    try:
+        for off, data in pieces.items():
+            got = await fs.read(fh, off, len(data))
+            # a later piece may overlap an earlier one: compare only bytes no later write touched
+            later = [(o, d) for o, d in pieces.items() if o != off and o < off + len(data) and o + len(d) > off]
+            if not later:
+                assert got == data
+    finally:
+        await fs.close(fh)
+    assert (await fs.getattr(ino)).st_size == max(o + len(d) for o, d in pieces.items())
+
+
+async def test_thousands_of_small_files(fs, monkeypatch):
+    rng = random.Random(3)
+    sums, contents = {}, {}
+    dirs = [await fs.mkdir(fs.dir, b"d%d" % i) for i in range(10)]
+    for i in range(3000):
+        data = rng.randbytes(rng.randrange(0, 40_000))
+        name = (i % 10, b"f%d" % i)
+        contents[name] = data
+        sums[name] = hashlib.sha256(data).hexdigest()
+    # written by 4 writers at once, as a copy tool's threads do: the kernel hands the mount their
+    # requests side by side, and the mount, the daemon and the nodes work side by side
+    todo = iter(contents.items())
+
+    async def writer():
+        for (d, name), data in todo:
+            await fs.write_file(dirs[d], name, data)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(writer)
+    # read back through another client: nothing of them in its memory (the kernel's caches dropped)
+    async with open_fs(fs.rig, Kernel(monkeypatch), "cold-reader") as reader:
+        for (d, name), digest in sums.items():
+            assert hashlib.sha256(await reader.read_file(dirs[d], name)).hexdigest() == digest, name

@@ -1,0 +1,182 @@
+"""Erasure-coded files (ec=4+2) through the mount's handlers, on a rig of 6 storage nodes.
+
+Moved from tests/cluster/test_erasure.py, which keeps what goes through the CLI
+(layout refusals, status overhead, conversions). The module starts its own rig
+with the cluster test's settings: the root directory ec=4+2 with 1 MiB chunks,
+short node and session timeouts, and clients whose fragment sends to a killed
+node are given up after 4 s. Reads that must not come from the writer's memory
+cache go through a fresh client (``fresh``), as they went through a fresh mount.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+
+import pyfuse3
+import pytest
+
+from stripefs.common import protocol as P
+
+from conftest import run_rig
+from fsapi import Kernel, open_fs
+
+MiB = 1 << 20
+CHUNK = 1 * MiB  # small stripes keep the data small: 4 data fragments of 256 KiB
+
+
+@pytest.fixture(scope="module")
+def ec_rig(request):
+    yield from run_rig(
+        request, nodes=6,
+        meta_settings={"redundancy": "ec=4+2", "chunk_size": CHUNK, "node_timeout_s": 3.0, "session_lease_s": 4.0},
+        client_settings={"rpc_timeout_s": 4.0},
+        expected_log_patterns=(r"not answering", r"failed", r"unreadable", r"no reply", r"fragments could be written",
+                               r"fewer than", r"fragments of one version", r"session"),
+    )
+
+
+@pytest.fixture
+def rig(ec_rig):
+    return ec_rig
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def _populate(fs, d: int, n: int, seed: int) -> dict[bytes, str]:
+    rng = random.Random(seed)
+    sums = {}
+    for i in range(n):
+        data = rng.randbytes(rng.choice([0, 1, 10, 5000, CHUNK - 1, CHUNK, CHUNK + 7, 3 * CHUNK + 123456]))
+        await fs.write_file(d, b"f%d" % i, data)
+        sums[b"f%d" % i] = _sha(data)
+    return sums
+
+
+def _fragment_files(rig, ino: int, index: int):
+    return sorted(rig.root.glob(f"storage-*/data/chunks/*/*/{ino}-{index}-*.chunk"))
+
+
+def fresh(fs, monkeypatch, name: str = "fresh"):
+    """Another client of the rig: nothing in its memory cache."""
+    return open_fs(fs.rig, Kernel(monkeypatch), name)
+
+
+async def test_fragments_on_distinct_nodes_and_trimmed(fs):
+    d = fs.dir
+    big = await fs.write_file(d, b"big", os.urandom(CHUNK))
+    tiny = await fs.write_file(d, b"tiny", b"0123456789")
+    files = _fragment_files(fs.rig, big, 0)
+    assert len(files) == 6 and len({p.parts[-6] for p in files}) == 6  # one fragment per storage node
+    sizes = sorted(p.stat().st_size for p in _fragment_files(fs.rig, tiny, 0))
+    # chunk files of 64-byte header + 8-byte block checksums + data: 10 bytes in fragment 0
+    # and in each parity fragment, nothing in data fragments 1-3
+    assert sizes == [64, 64, 64, 64 + 8 + 10, 64 + 8 + 10, 64 + 8 + 10]
+
+
+async def test_sizes_overwrites_sparse_truncate(fs, monkeypatch):
+    d = fs.dir
+    rng = random.Random(7)
+    sums = await _populate(fs, d, 8, seed=1)
+    content = bytearray(rng.randbytes(3 * CHUNK + 4321))
+    await fs.write_file(d, b"rw", bytes(content))
+    fh, rw = await fs.open_path(d, b"rw", os.O_RDWR)
+    for _ in range(25):
+        off = rng.randrange(len(content) + CHUNK)
+        piece = rng.randbytes(rng.randrange(1, CHUNK // 2))
+        assert await fs.write(fh, off, piece) == len(piece)
+        if off > len(content):
+            content.extend(bytes(off - len(content)))
+        content[off : off + len(piece)] = piece
+    await fs.close(fh)
+    fh, _ = await fs.open_path(d, b"sparse", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    await fs.write(fh, 5 * CHUNK + 17, b"tail")
+    await fs.close(fh)
+    await fs.setattr(rw, st_size=2 * CHUNK + 999)  # cut inside a stripe
+    del content[2 * CHUNK + 999 :]
+    await fs.setattr(rw, st_size=4 * CHUNK)  # extend: zeros
+    content.extend(bytes(4 * CHUNK - len(content)))
+    async with fresh(fs, monkeypatch) as other:
+        for view in (fs, other):
+            for name, digest in sums.items():
+                assert _sha(await view.read_file(d, name)) == digest, name
+            assert await view.read_file(d, b"rw") == bytes(content)
+            sparse = await view.read_file(d, b"sparse")
+            assert len(sparse) == 5 * CHUNK + 21 and sparse.endswith(b"tail") and not any(sparse[:-4])
+
+
+async def test_two_nodes_killed_every_file_reads(fs, monkeypatch):
+    sums = await _populate(fs, fs.dir, 12, seed=2)
+    async with fresh(fs, monkeypatch) as other:  # started before the kill, its cache empty
+        fs.rig.kill_node(2)
+        fs.rig.kill_node(5)
+        try:
+            for name, digest in sums.items():
+                assert _sha(await other.read_file(fs.dir, name)) == digest, name
+        finally:
+            await fs.rig.restart()
+
+
+async def test_corrupt_fragment_reads_stay_correct(fs, monkeypatch):
+    data = os.urandom(2 * CHUNK)
+    ino = await fs.write_file(fs.dir, b"c", data)
+    victim = _fragment_files(fs.rig, ino, 0)[0]  # fragment 0 of stripe 0: data, read on every healthy read
+    raw = bytearray(victim.read_bytes())
+    raw[-100] ^= 0xFF
+    victim.write_bytes(raw)
+    async with fresh(fs, monkeypatch) as other:
+        assert _sha(await other.read_file(fs.dir, b"c")) == _sha(data)
+
+
+async def _degraded_stripes(fs) -> int:
+    status = await fs.ops.meta.call(P.StatusReq())
+    (usage,) = [u for u in status.layouts if u.redundancy == "ec=4+2"]
+    return usage.degraded_stripes
+
+
+async def test_degraded_writes(fs, monkeypatch):
+    d = fs.dir
+    sums = {}
+    fs.rig.kill_node(3)
+    try:
+        data = os.urandom(3 * CHUNK + 5)
+        await fs.write_file(d, b"one_down", data)  # 5 of 6 fragments per stripe: K+1 is enough
+        sums[b"one_down"] = _sha(data)
+        assert await _degraded_stripes(fs) >= 4
+        fs.rig.kill_node(4)
+        fs.rig.expect_log(r"could not be stored")
+        # 4 nodes for 6 fragments: below K+1, the write fails and nothing is committed
+
+        async def write_two_down():
+            fh, _ = await fs.open_path(d, b"two_down", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                await fs.write(fh, 0, os.urandom(CHUNK))
+                await fs.fsync(fh)
+            finally:
+                await fs.close(fh)
+
+        with pytest.raises(pyfuse3.FUSEError):  # at the WRITE, FSYNC or FLUSH that finds it out
+            await write_two_down()
+        # nothing torn, no length without its data: the file keeps what it had (nothing)
+        assert (await fs.lookup(d, b"two_down")).st_size == 0
+        async with fresh(fs, monkeypatch) as other:
+            assert _sha(await other.read_file(d, b"one_down")) == sums[b"one_down"]
+    finally:
+        await fs.rig.restart()
+    async with fresh(fs, monkeypatch, "after") as other:
+        assert _sha(await other.read_file(d, b"one_down")) == sums[b"one_down"]
+
+
+async def test_fsync_and_rewrite_same_session(fs, monkeypatch):
+    fh, _ = await fs.open_path(fs.dir, b"s", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+    await fs.write(fh, 0, b"a" * (CHUNK + 10))
+    await fs.fsync(fh)
+    await fs.write(fh, 5, b"b" * 10)  # a stripe rewritten in the same write session
+    await fs.fsync(fh)
+    await fs.close(fh)
+    want = b"a" * 5 + b"b" * 10 + b"a" * (CHUNK - 5)
+    async with fresh(fs, monkeypatch) as other:
+        assert await other.read_file(fs.dir, b"s") == want
