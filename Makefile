@@ -93,6 +93,7 @@ fuzz: install
 bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py
 	$(PY) bench/ec.py
+	$(PY) bench/tier.py
 	$(PY) bench/dataloader.py
 	$(PY) bench/meta.py
 

@@ -158,7 +158,7 @@ class EcPath:
         while pos < stop:
             index, inner = divmod(pos, cs)
             ref = of.chunks.get(index)
-            if ref is None or not ref.version or (of.ino, index, ref.version) in cache:
+            if ref is None or not ref.version or not ref.nodes or (of.ino, index, ref.version) in cache:  # no nodes: in a tier
                 pos = (index + 1) * cs
                 continue
             parts = range(inner // c.fps, -(-min(cs, stop - index * cs) // c.fps))

@@ -51,9 +51,10 @@ class Fetch(NamedTuple):
         return (self.ino, self.index, ref.version) if ref is not None else None
 
     def current_ref(self) -> p.ChunkRef | None:
-        """The chunk to read: ``ref``, or for read-ahead the open file's entry now; None when unwritten."""
+        """The chunk to read: ``ref``, or for read-ahead the open file's entry now; None when unwritten,
+        or in a cold tier (no nodes: the read itself recalls it, with its read-ahead window; docs/tiering.md)."""
         ref = self.ref if self.of is None else self.of.chunks.get(self.index)
-        return ref if ref is not None and ref.version else None
+        return ref if ref is not None and ref.version and ref.nodes else None
 
     @classmethod
     def ahead_of(cls, of: OpenFile, index: int) -> "Fetch":

@@ -62,9 +62,29 @@ async def session_epoch(meta: MetaClient, of: OpenFile) -> int:
     return of.epoch
 
 
+def is_cold(ref: p.ChunkRef | None) -> bool:
+    """A chunk whose data is in a tier (docs/tiering.md): written, on no storage node."""
+    return ref is not None and ref.version > 0 and not ref.nodes
+
+
+async def recall(meta: MetaClient, nodes: NodePool, of: OpenFile, indices: list[int]) -> None:
+    """Bring cold chunks of ``of`` back onto storage nodes (TierRecallReq: the daemon moves them)
+    and take their new placements. An unreachable bucket raises IO (EIO)."""
+    rsp = await meta.call(p.TierRecallReq(ino=of.ino, indices=sorted(set(indices))))
+    nodes.learn(rsp.nodes)
+    for c in rsp.chunks:
+        now = of.chunks.get(c.index)
+        if now is None or is_cold(now) or now.version == c.version:
+            of.chunks[c.index] = c
+
+
 async def placement(meta: MetaClient, nodes: NodePool, of: OpenFile, index: int) -> p.ChunkRef:
-    """Chunk ``index`` of ``of`` with its nodes: the file's own, or a new placement (and some ahead)."""
+    """Chunk ``index`` of ``of`` with its nodes: the file's own, or a new placement (and some ahead).
+    A cold chunk is recalled first: a write merges into its content."""
     ref = of.uncommitted.get(index) or of.chunks.get(index)
+    if is_cold(ref) and index not in of.uncommitted:
+        await recall(meta, nodes, of, [index])
+        ref = of.chunks.get(index)
     if ref is not None and index not in of.uncommitted and of.placements_checked != of.epoch and _short(of, ref):
         try:
             await refresh(meta, nodes, of)  # repair may have restored its copies meanwhile

@@ -77,7 +77,7 @@ from .fetch import Fetch
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from . import placements
-from .placements import ALLOC_AHEAD, alloc_indices, moved, placement, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
+from .placements import ALLOC_AHEAD, alloc_indices, is_cold, moved, placement, recall, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,10 @@ class DataPath:
                 return b""
             extents = list(chunk_extents(offset, end - offset, of.chunk_size))
         ahead = stream.advance(offset, end, of.chunk_size, self.readahead_chunks) if stream is not None else 0
+        cold = [ext.index for ext in extents if is_cold(of.chunks.get(ext.index))]
+        if cold:  # in a tier (docs/tiering.md): the daemon brings them back first, with the read-ahead window's
+            window = range(extents[-1].index + 1, min(extents[-1].index + 1 + ahead, -(-of.size // of.chunk_size)))
+            await recall(self.meta, self.nodes, of, cold + [i for i in window if is_cold(of.chunks.get(i))])
         if is_ec(of.layout):
             return await self.ec.read(of, extents, ahead)
         if len(extents) == 1:
@@ -348,7 +352,13 @@ class DataPath:
     async def _where_now(self, ino: int, ref: p.ChunkRef) -> p.ChunkRef | None:
         """The chunk's current placement when it differs from ``ref`` (read at ``ref``'s version)."""
         now = await placements.current(self.meta, self.nodes, ino, ref.index)
-        if now is None or set(now.nodes) <= set(ref.nodes):
+        recalled = False
+        if is_cold(now) and now.version == ref.version:  # moved to a tier since: the daemon brings it back
+            rsp = await self.meta.call(p.TierRecallReq(ino=ino, indices=[ref.index]))
+            self.nodes.learn(rsp.nodes)
+            now = next((c for c in rsp.chunks if c.index == ref.index), None)
+            recalled = now is not None and bool(now.nodes)
+        if now is None or (set(now.nodes) <= set(ref.nodes) and not recalled):
             return None
         return p.ChunkRef(index=ref.index, version=ref.version, nodes=now.nodes)
 
@@ -691,6 +701,9 @@ class DataPath:
         index, inner = divmod(new_size, cs)
         refs: list[p.ChunkRef] = []
         ref = of.chunks.get(index)
+        if inner and is_cold(ref) and new_size < of.size:  # the cut goes into its content: back on nodes first
+            await recall(self.meta, self.nodes, of, [index])
+            ref = of.chunks.get(index)
         if inner and ref is not None and ref.version and new_size < of.size and is_ec(of.layout):
             refs.append(await self.ec.cut_stripe(of, ref, inner))
         elif inner and ref is not None and ref.version and new_size < of.size:

@@ -86,6 +86,13 @@ class MetaConfig(_ServerLimits, kw_only=True):
     repair_parallelism: int = 4  # chunk copies in flight at once
     repair_scan_interval_s: float = 60.0  # full redundancy scan at least this often (and at once on any node change)
     rebalance_tolerance: float = 0.10  # rebalance until every node's use is within this fraction of the mean
+    # the cold tier on object storage (daemon/tiering.py, docs/tiering.md)
+    tier_bandwidth: Size = Size(64 << 20)  # bytes/s the background pass migrates to tiers; 0 = unlimited (recalls: never throttled)
+    tier_parallelism: int = 4  # chunks moved to or from a bucket at once (worker threads running boto3)
+    tier_scan_interval_s: float = 60.0  # the policy pass runs this often on the duties leader
+    tier_timeout_s: float = 5.0  # one bucket request gives up after this (connect and read); readers then get EIO
+    tier_credentials: str = ""  # an AWS shared-credentials file; "": the standard AWS environment variables and files
+    tier_profile: str = ""  # its profile ("": default)
     # CURVE (docs/security.md): this daemon's NAME.key_secret and the keys it accepts; required off loopback
     curve_key: str = ""
     keyring: str = ""
@@ -214,6 +221,13 @@ repair_bandwidth = "64M"             # bytes/s of re-replication, drain and reba
 repair_parallelism = 4               # chunk copies in flight at once
 repair_scan_interval_s = 60.0        # full redundancy scan at least this often (at once after any node change)
 rebalance_tolerance = 0.10           # move data until every node is within 10% of the mean utilisation
+# the cold tier on object storage (docs/tiering.md); credentials never go here, only the file naming them
+tier_bandwidth = "64M"               # bytes/s the policy pass migrates; 0 = unlimited (recalls are never throttled)
+tier_parallelism = 4                 # chunks moved to or from a bucket at once
+tier_scan_interval_s = 60.0          # how often the policy pass runs (on the daemon running the duties)
+tier_timeout_s = 5.0                 # a bucket request gives up after this; readers of cold data then get EIO
+tier_credentials = ""                # an AWS shared-credentials file (0600); "": AWS_ACCESS_KEY_ID etc. of the daemon
+tier_profile = ""                    # the profile in it ("": default)
 # limits on what one peer may ask at once (docs/security.md)
 per_peer_inflight = 64               # requests of one connection handled at once
 per_peer_queue = 1024                # more of its requests waiting; past that they are answered BUSY

@@ -144,6 +144,6 @@ def one_chunk(info: OpenRsp) -> ChunkRef | None:
     if not 0 < info.attr.size <= info.layout.chunk_size or not info.chunks:
         return None
     ref = info.chunks[0]
-    if ref.index != 0 or not ref.version:
+    if ref.index != 0 or not ref.version or not ref.nodes:  # no nodes: in a tier (docs/tiering.md), read through a recall
         return None
     return ref

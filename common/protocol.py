@@ -793,6 +793,7 @@ class StatusRsp(Msg, tag="status_rsp"):
     leader: str = ""  # the metadata daemon running the cluster-wide duties (daemon/duties.py); "" none yet
     daemon: str = ""  # the metadata daemon that answered, named as in ``leader``
     quotas: list[QuotaInfo] = []  # every directory quota (daemon/quota.py)
+    tiering: "TierStatus | None" = None  # the cold tier (daemon/tiering.py)
 
 
 # --------------------------------------------------------------------------
@@ -1197,6 +1198,121 @@ class ReleaseChunksReq(Msg, tag="release_chunks"):
 
     ino: int
     indices: Max[int]
+
+
+# --------------------------------------------------------------------------
+# The cold tier on object storage (daemon/tiering.py, docs/tiering.md)
+# --------------------------------------------------------------------------
+
+#: a tier's name: a word an operator types
+TIER_NAME = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+_SHORT = Annotated[str, msgspec.Meta(max_length=1024)]
+
+
+class TierInfo(msgspec.Struct, frozen=True):
+    """One tier and what it holds (TierListRsp). No credentials: the daemon never sends them."""
+
+    name: str
+    url: str  # s3://BUCKET/PREFIX
+    endpoint: str  # "" : the AWS default endpoint of the region
+    region: str = ""
+    objects: int = 0  # chunk versions stored there now
+    bytes: int = 0
+
+
+class TierAddReq(Msg, tag="tier_add"):
+    """Add a tier: a bucket (and key prefix) on an S3 endpoint. The daemon checks that it can
+    reach the bucket with its own credentials (docs/tiering.md) before recording it. Reply: TierListRsp."""
+
+    name: TIER_NAME
+    url: _SHORT  # s3://BUCKET[/PREFIX]
+    endpoint: _SHORT = ""
+    region: Annotated[str, msgspec.Meta(max_length=64)] = ""
+
+
+class TierListReq(Msg, tag="tier_list"):
+    """Every tier, with its objects and bytes. Reply: TierListRsp."""
+
+
+class TierListRsp(Msg, tag="tier_list_rsp"):
+    tiers: list[TierInfo]
+    policies: list["TierPolicy"] = []
+
+
+class TierPolicy(msgspec.Struct, frozen=True):
+    """Files below directory ``ino`` not read or written for ``after_s`` seconds, of at least
+    ``min_size`` bytes, move to tier ``tier``. ``path`` is for display only."""
+
+    ino: int
+    tier: str
+    after_s: int
+    min_size: int = 0
+    path: bytes = b""
+
+
+class TierPolicySetReq(Msg, tag="tier_policy_set"):
+    """Set (or, with ``tier`` "", remove) the policy of directory ``ino``. Reply: TierListRsp."""
+
+    ino: int
+    tier: Annotated[str, msgspec.Meta(max_length=63)]
+    after_s: Annotated[int, msgspec.Meta(ge=0)] = 0
+    min_size: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class TierMigrateReq(Msg, tag="tier_migrate"):
+    """Move file ``ino``'s chunks to tier ``tier`` now ("" : the tier of the policy over it),
+    waiting until they are stored and verified there and the node copies are released.
+    A file open for writing is refused BUSY. Reply: TierFileRsp."""
+
+    ino: int
+    tier: Annotated[str, msgspec.Meta(max_length=63)] = ""
+
+
+class TierRecallReq(Msg, tag="tier_recall"):
+    """Bring chunks of file ``ino`` back from its tier onto storage nodes (``indices`` empty: all
+    of them), waiting until they are there. Reply: ChunksRsp with the placement of the chunks
+    asked for. An unreachable bucket: IO (EIO to the reader), and the daemon logs the tier."""
+
+    ino: int
+    indices: Max[int] = []
+
+
+class TierFileRsp(Msg, tag="tier_file_rsp"):
+    chunks: int  # chunks moved by this request
+    bytes: int
+    cold: int  # chunks of the file in a tier now
+    hot: int  # chunks of the file on storage nodes now
+
+
+class TierFsckReq(Msg, tag="tier_fsck"):
+    """Check every tier's bucket against the namespace: each cold chunk has its object, of its
+    length; objects no file needs are counted (``repair``: queued for deletion). Reply: TierFsckRsp."""
+
+    repair: bool = False
+
+
+class TierFsckRsp(Msg, tag="tier_fsck_rsp"):
+    checked: int  # cold chunks looked for
+    missing: int  # cold chunks whose object is missing or of the wrong length: lost data
+    orphans: int  # objects of this cluster that no file needs
+    problems: list[str]  # the first few, for the operator
+
+
+class TierStatus(msgspec.Struct, frozen=True):
+    """The tiering figures in StatusRsp."""
+
+    tiers: list[TierInfo] = []
+    migrate_backlog: int = 0  # chunks queued for migration (uploading rows)
+    migrate_backlog_bytes: int = 0
+    recalls_in_flight: int = 0
+    migrated: int = 0  # chunks moved to a tier since this daemon started
+    migrated_bytes: int = 0
+    recalled: int = 0
+    recalled_bytes: int = 0
+    failed: int = 0
+    objects_deleted: int = 0
+    garbage_objects: int = 0  # objects waiting for deletion
+    bandwidth: int = 0  # tier_bandwidth, bytes/s; 0: none
 
 
 def _messages(suffix: str) -> tuple[type[Msg], ...]:

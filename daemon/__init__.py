@@ -16,7 +16,8 @@ in ``housekeeping.py``). The pieces, from the bottom up:
   functions), ``redundancy.py`` (erasure coding: missing fragments, shadows),
   ``repair_plan.py`` (which copies to make, fewest first; pure), ``repair.py``
   (the healer executing those plans, bad copies), ``repair_admin.py`` (node
-  drain/remove, scrub and fsck requests).
+  drain/remove, scrub and fsck requests), ``tiering.py`` + ``tier_store.py`` (the cold tier
+  on S3: migrate, recall, policies, object collection; docs/tiering.md).
 * who is alive: ``health.py`` (storage nodes up/down, client sessions, their
   open files and the fences of expired ones), ``open_holds.py`` (open files across several daemons),
   ``duties.py`` (the lease that picks the daemon running cluster-wide duties).

@@ -52,7 +52,10 @@ log = logging.getLogger(__name__)
 #: only storage nodes send these
 NODE_REQUESTS = frozenset({P.RegisterNodeReq, P.NodeHeartbeatReq, P.ReportBadChunksReq})
 #: only admin (and meta) keys send these
-ADMIN_REQUESTS = frozenset({P.NodeAdminReq, P.ScrubReq, P.FsckReq, P.QuotaSetReq, P.QuotaRecountReq})
+ADMIN_REQUESTS = frozenset({
+    P.NodeAdminReq, P.ScrubReq, P.FsckReq, P.QuotaSetReq, P.QuotaRecountReq,
+    P.TierAddReq, P.TierPolicySetReq, P.TierMigrateReq, P.TierFsckReq,
+})
 #: change the namespace or data: refused to read-only keys
 CHANGING_REQUESTS = frozenset({
     P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq, P.RmdirReq, P.RenameReq,
@@ -64,7 +67,8 @@ CHANGING_REQUESTS = frozenset({
 READING_REQUESTS = frozenset({
     P.PingReq, P.StatusReq, P.HelloReq, P.SessionHeartbeatReq, P.LookupReq, P.LookupPathsReq, P.GetattrReq,
     P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
-    P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.AckReq,
+    P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.AckReq, P.TierListReq,
+    P.TierRecallReq,  # a reader of a cold file brings its data back (docs/tiering.md)
 })
 #: request fields holding inode numbers (checked against a key's subtree)
 INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root", "shadow")

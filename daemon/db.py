@@ -77,6 +77,13 @@ Tables
 ``leases(name PRIMARY KEY, holder, expires_ns, term)``
     ``duties``: which daemon runs the cluster-wide duties (daemon/duties.py).
 
+``tiers``, ``tier_policies``, ``tier_objects``, ``tier_garbage``
+    (schema version 5) The cold tier on object storage: the buckets, the
+    policy of each directory that has one, every object the cluster may hold
+    in a bucket (one per chunk version; ``state`` 'uploading' or 'stored')
+    and objects to delete. A chunk in a tier has its ``chunks`` row with no
+    nodes. Specified in docs/tiering.md, used by daemon/tiering.py.
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -278,8 +285,28 @@ def _migrate_4_several_daemons(db, root_layout: Layout) -> None:
     db.execute("INSERT INTO meta (key, value) VALUES ('change_log_id', ?)", (uuid.uuid4().hex,))
 
 
+def _migrate_5_tiers(db, root_layout: Layout) -> None:
+    """The cold tier on object storage (daemon/tiering.py, docs/tiering.md)."""
+    for statement in (
+        "CREATE TABLE tiers (tier_id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE,"
+        " bucket TEXT NOT NULL, prefix TEXT NOT NULL, endpoint TEXT NOT NULL, region TEXT NOT NULL,"
+        " created_ns BIGINT NOT NULL)",
+        "CREATE TABLE tier_policies (ino BIGINT PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,"
+        " tier_id BIGINT NOT NULL, after_s BIGINT NOT NULL, min_size BIGINT NOT NULL DEFAULT 0)",
+        # no foreign key: a row outlives its file, so that its object gets deleted
+        "CREATE TABLE tier_objects (ino BIGINT NOT NULL, idx BIGINT NOT NULL, version BIGINT NOT NULL,"
+        " tier_id BIGINT NOT NULL, length BIGINT NOT NULL DEFAULT 0, xxh3 BIGINT NOT NULL DEFAULT 0,"
+        " state TEXT NOT NULL, created_ns BIGINT NOT NULL, PRIMARY KEY (ino, idx, version))",
+        "CREATE INDEX tier_objects_state ON tier_objects(state, tier_id)",
+        "CREATE TABLE tier_garbage (id INTEGER PRIMARY KEY AUTOINCREMENT, tier_id BIGINT NOT NULL, name TEXT NOT NULL)",
+    ):
+        db.execute(statement)
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
-MIGRATIONS: list[Callable[..., None]] = [_migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons]
+MIGRATIONS: list[Callable[..., None]] = [
+    _migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons, _migrate_5_tiers,
+]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

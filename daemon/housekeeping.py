@@ -64,9 +64,17 @@ class Housekeeping:
         self.callbacks = callbacks  # daemon/callbacks.py: an expired session's callbacks go with it
         self._gc_wake = trio.Event()
         self._feed_wake = trio.Event()
+        self.gc_listeners: list = []
 
     def wake_gc(self) -> None:
-        """Garbage was added: the collector runs a round soon."""
+        """Garbage was added (chunks of deleted or cut files): the collector runs a round soon, and
+        ``gc_listeners`` hear it (the cold tier's collector: daemon/tiering.py)."""
+        self._gc_wake.set()
+        for listener in self.gc_listeners:
+            listener()
+
+    def wake_node_gc(self) -> None:
+        """Node copies were queued for deletion, no file was deleted: the chunk collector only."""
         self._gc_wake.set()
 
     def wake_feed(self) -> None:
@@ -76,9 +84,12 @@ class Housekeeping:
     async def release(self, inos: list[int]) -> None:
         """Inodes no session holds any more: reclaim the orphans among them."""
         if inos:
+            reclaimed = False
             async with self.txn.lock:
                 for ino in inos:
-                    self.txn.write_locked(self.ns.reclaim_if_orphan, ino)
+                    reclaimed = self.txn.write_locked(self.ns.reclaim_if_orphan, ino)[0] or reclaimed
+            if reclaimed:
+                self.wake_gc()  # what the orphans held goes now
 
     async def health_loop(self) -> None:
         while True:

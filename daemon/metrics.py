@@ -20,7 +20,7 @@ import logging
 import sqlite3
 
 import trio
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 from ..common.errors import StripefsError
 from .store import SqliteStore
@@ -49,6 +49,17 @@ CALLBACK_WAITS = Gauge("stripefs_callback_waits", "Changes that waited for anoth
 CALLBACK_TIMEOUTS = Gauge("stripefs_callback_timeouts", "Waits for a mount's acknowledgement that ran out (WAIT_S) since the daemon started")
 REPAIR_COPIED = Gauge("stripefs_repair_copied_bytes", "Bytes copied by repair, drain and rebalance since the daemon started")
 
+# the cold tier (daemon/tiering.py): counted where it happens; the backlog by the publishing task
+TIER_OBJECTS = Counter(
+    "stripefs_tier_objects", "Chunk objects moved to a tier (migrated), back from one (recalled), or deleted there", ["direction"]
+)
+TIER_BYTES = Counter("stripefs_tier_bytes", "Bytes moved to a tier (migrated) and back from one (recalled)", ["direction"])
+TIER_RECALL_SECONDS = Histogram(
+    "stripefs_tier_recall_seconds", "How long bringing one chunk back from its tier took (a reader waits that long)",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+TIER_BACKLOG = Gauge("stripefs_tier_migrate_backlog_chunks", "Chunks queued for migration to a tier (policy pass, resumed ones)")
+
 PUBLISH_INTERVAL_S = 2.0
 
 
@@ -61,6 +72,7 @@ def cluster_health(store: SqliteStore, nodes: list) -> dict[str, int]:
         "chunks": counts["chunks"],
         "degraded_chunks": store.count_chunks_on(down),
         "garbage_copies": store.count_garbage(),
+        "tier_backlog": store.tier_backlog()[0],
     }
 
 
@@ -103,6 +115,7 @@ async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL
                 CHUNKS.set(health["chunks"])
                 DEGRADED_CHUNKS.set(health["degraded_chunks"])
                 GARBAGE_COPIES.set(health["garbage_copies"])
+                TIER_BACKLOG.set(health["tier_backlog"])
             await trio.sleep(interval)
     finally:
         if conn is not None:

@@ -179,7 +179,7 @@ class OperatorRequests:
         for row in rows:
             red = parse_redundancy(row.redundancy)
             live = [n for n in row.nodes if states.get(n) in LIVE_STATES]
-            if row.version and not live and len(problems) < 20:
+            if row.version and row.nodes and not live and len(problems) < 20:  # no nodes: in a cold tier
                 problems.append(f"chunk {row.ino}:{row.idx} v{row.version}: no live copy (nodes {list(row.nodes)})")
             if row.version and not red.is_ec and len(set(live)) > red.copies:
                 if len(problems) < 20:

@@ -96,6 +96,8 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
     out = into or Plan()
     for row in rows:
         out.chunks += 1
+        if row.version and not row.nodes:  # in a cold tier (docs/tiering.md): its object is its redundancy
+            continue
         out.placed.update(set(row.nodes))
         red = parse_redundancy(row.redundancy)
         copies = red.copies

@@ -68,6 +68,7 @@ from .repair_admin import OperatorRequests
 from .open_holds import OpenHolds
 from .pg_store import open_pg_store
 from .store import SqliteStore
+from .tiering import Tiering
 from .txn import Txn, open_txn
 from .callbacks import Callbacks
 
@@ -113,8 +114,9 @@ class MetaService:
         self.quota_service: QuotaService | None = None  # directory quotas (daemon/quota.py)
         self.access: MetaAccess | None = None  # keys, roles, read-only, subtrees (daemon/access.py)
         self.holds: OpenHolds | None = None  # PostgreSQL: open files across daemons (daemon/open_holds.py)
+        self.tiering: Tiering | None = None  # the cold tier on object storage (daemon/tiering.py)
         # which requests are served (the classes' handle_* methods); bound to the objects by open()
-        self._handlers: dict[type, Callable] = _handlers((self, Healer, OperatorRequests, QuotaService, MetaAccess))
+        self._handlers: dict[type, Callable] = _handlers((self, Healer, OperatorRequests, QuotaService, MetaAccess, Tiering))
         self._path_batches: dict[bytes, list] = {}  # connection -> its LookupPathsReq line (handle_lookup_paths)
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
@@ -170,7 +172,12 @@ class MetaService:
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
             feed_views=self.access.feed_views, ctx=self.ctx, callbacks=self.callbacks,
         )
-        self._handlers = _handlers((self, self.healer, self.operator, self.quota_service, self.access))
+        self.tiering = Tiering(
+            self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
+            cluster_id=self.cluster_id, wake_gc=self.housekeeping.wake_node_gc,  # node copies it released or wrote
+        )
+        self.housekeeping.gc_listeners.append(self.tiering.wake_collector)  # objects of deleted files
+        self._handlers = _handlers((self, self.healer, self.operator, self.quota_service, self.access, self.tiering))
         nodes.on_change = self._on_trio_thread(self.healer.node_changed)
         self.duties.on_lost.append(self.healer.stop_pass)
         txn.begin()
@@ -180,7 +187,7 @@ class MetaService:
         )
 
     def _wake_gc(self) -> None:
-        """Garbage was added: the collector runs a round soon."""
+        """Garbage was added: the collector runs a round soon (and the tier's, for objects of files deleted or cut)."""
         self.housekeeping.wake_gc()
 
     def _open_or_held(self, ino: int) -> bool:
@@ -242,6 +249,7 @@ class MetaService:
                         (housekeeping.startup_orphan_sweep, "meta-orphans"),
                         (housekeeping.gc_loop, "meta-gc"),
                         (housekeeping.trim_loop, "meta-trim"),
+                        (self.tiering.run, "meta-tiering"),
                     ],
                     name="meta-duties",
                 )
@@ -351,6 +359,7 @@ class MetaService:
             leader=self.duties.leader,
             daemon=self.duties.holder,
             quotas=await self.txn.read(lambda: self.access.visible_quotas(grant, self.quota_service.all_info())),
+            tiering=await self.tiering.status() if grant.role in ("meta", "admin") or not self.access.keyring else None,
         )
 
     def _layout_usage(self) -> list[P.LayoutUsage]:

@@ -540,6 +540,139 @@ class SqlStore:
         ).fetchone()
         return int(row[1]), int(row[0])
 
+    # -- the cold tier (daemon/tiering.py, docs/tiering.md) ------------------------
+
+    def add_tier(self, name: str, bucket: str, prefix: str, endpoint: str, region: str, now_ns: int) -> int:
+        return self._x(
+            "INSERT INTO tiers (name, bucket, prefix, endpoint, region, created_ns) VALUES (?,?,?,?,?,?) RETURNING tier_id",
+            (name, bucket, prefix, endpoint, region, now_ns),
+        ).fetchone()[0]
+
+    def tiers(self) -> list:
+        return self._x("SELECT tier_id, name, bucket, prefix, endpoint, region FROM tiers ORDER BY tier_id").fetchall()
+
+    def set_tier_policy(self, ino: int, tier_id: int, after_s: int, min_size: int) -> None:
+        self._x(
+            "INSERT INTO tier_policies (ino, tier_id, after_s, min_size) VALUES (?,?,?,?) ON CONFLICT (ino)"
+            " DO UPDATE SET tier_id=excluded.tier_id, after_s=excluded.after_s, min_size=excluded.min_size",
+            (ino, tier_id, after_s, min_size),
+        )
+
+    def delete_tier_policy(self, ino: int) -> None:
+        self._x("DELETE FROM tier_policies WHERE ino=?", (ino,))
+
+    def tier_policies(self) -> list:
+        return self._x("SELECT ino, tier_id, after_s, min_size FROM tier_policies ORDER BY ino").fetchall()
+
+    def policy_candidates(self, top: int, older_ns: int, min_size: int, limit: int) -> list[int]:
+        """Regular files below directory ``top`` (not below a directory with a policy of its own)
+        neither read nor written since ``older_ns``, of at least ``min_size`` bytes, with chunks
+        on storage nodes: the files policy ``top`` moves (at most ``limit``)."""
+        return [
+            r[0]
+            for r in self._x(
+                "WITH RECURSIVE tree(ino) AS ("
+                " SELECT ino FROM dentries WHERE parent=?"
+                " UNION SELECT d.ino FROM dentries d JOIN tree t ON d.parent = t.ino"
+                " WHERE t.ino NOT IN (SELECT ino FROM tier_policies))"
+                " SELECT i.ino FROM inodes i WHERE i.ino IN (SELECT ino FROM tree) AND (i.mode & 61440) = 32768"
+                " AND i.nlink > 0 AND i.size >= ? AND i.size > 0 AND i.atime_ns < ? AND i.mtime_ns < ?"
+                " AND EXISTS (SELECT 1 FROM chunks c WHERE c.ino = i.ino AND c.version > 0 AND c.nodes != '')"
+                " ORDER BY i.ino LIMIT ?",
+                (top, min_size, older_ns, older_ns, limit),
+            )
+        ]
+
+    def add_tier_objects(self, rows: Iterable[tuple[int, int, int, int, int]]) -> None:
+        """Rows (ino, idx, version, tier_id, created_ns) in state 'uploading'; existing ones stay as they are."""
+        self._xm(
+            "INSERT INTO tier_objects (ino, idx, version, tier_id, state, created_ns) VALUES (?,?,?,?,'uploading',?)"
+            " ON CONFLICT (ino, idx, version) DO NOTHING",
+            rows,
+        )
+
+    def tier_objects_of(self, ino: int) -> dict[tuple[int, int], tuple]:
+        """(idx, version) -> (tier_id, length, xxh3, state, created_ns) of every object row of file ``ino``."""
+        return {
+            (r[0], r[1]): (r[2], r[3], r[4], r[5], r[6])
+            for r in self._x(
+                "SELECT idx, version, tier_id, length, xxh3, state, created_ns FROM tier_objects WHERE ino=?", (ino,)
+            )
+        }
+
+    def uploading_objects(self, limit: int, after: tuple[int, int, int] = (0, -1, -1)) -> list:
+        """(ino, idx, version, tier_id) of rows still 'uploading' (a migration to do or resume), in order."""
+        return self._x(
+            "SELECT ino, idx, version, tier_id FROM tier_objects WHERE state='uploading' AND (ino, idx, version) > (?,?,?)"
+            " ORDER BY ino, idx, version LIMIT ?",
+            (*after, limit),
+        ).fetchall()
+
+    def set_object_stored(self, ino: int, idx: int, version: int, length: int, xxh3: int) -> None:
+        self._x(
+            "UPDATE tier_objects SET state='stored', length=?, xxh3=? WHERE ino=? AND idx=? AND version=?",
+            (length, xxh3, ino, idx, version),
+        )
+
+    def delete_tier_object(self, ino: int, idx: int, version: int) -> None:
+        self._x("DELETE FROM tier_objects WHERE ino=? AND idx=? AND version=?", (ino, idx, version))
+
+    def tier_usage(self) -> dict[int, tuple[int, int]]:
+        """tier_id -> (objects, bytes) stored."""
+        return {
+            r[0]: (r[1], int(r[2]))
+            for r in self._x(
+                "SELECT tier_id, count(*), coalesce(sum(length), 0) FROM tier_objects WHERE state='stored' GROUP BY tier_id"
+            )
+        }
+
+    def tier_backlog(self) -> tuple[int, int]:
+        """(chunks, bytes) queued for migration: 'uploading' rows, bytes estimated by chunk size."""
+        row = self._x(
+            "SELECT count(*), coalesce(sum(i.chunk_size), 0) FROM tier_objects o LEFT JOIN inodes i ON i.ino = o.ino"
+            " WHERE o.state='uploading'"
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def orphan_tier_objects(self, limit: int) -> list:
+        """(ino, idx, version, tier_id) of stored objects no chunk row needs any more: the file is
+        gone, the chunk was cut or rewritten (another version), or it is back on nodes."""
+        return self._x(
+            "SELECT o.ino, o.idx, o.version, o.tier_id, o.created_ns FROM tier_objects o"
+            " LEFT JOIN chunks c ON c.ino = o.ino AND c.idx = o.idx"
+            " WHERE o.state='stored' AND (c.ino IS NULL OR c.version != o.version OR c.nodes != '') LIMIT ?",
+            (limit,),
+        ).fetchall()
+
+    def add_tier_garbage(self, rows: Iterable[tuple[int, str]]) -> None:
+        """Objects to delete: rows of (tier_id, object name)."""
+        self._xm("INSERT INTO tier_garbage (tier_id, name) VALUES (?,?)", rows)
+
+    def tier_garbage(self, limit: int) -> list:
+        return self._x("SELECT id, tier_id, name FROM tier_garbage ORDER BY id LIMIT ?", (limit,)).fetchall()
+
+    def delete_tier_garbage(self, ids: Sequence[int]) -> None:
+        self._xm("DELETE FROM tier_garbage WHERE id=?", ((i,) for i in ids))
+
+    def count_tier_garbage(self) -> int:
+        return self._x("SELECT count(*) FROM tier_garbage").fetchone()[0]
+
+    def tier_object_keys(self, tier_id: int) -> list:
+        """(ino, idx, version, created_ns) of every object row of a tier, uploading ones too (fsck)."""
+        return self._x("SELECT ino, idx, version, created_ns FROM tier_objects WHERE tier_id=?", (tier_id,)).fetchall()
+
+    def tier_garbage_names(self, tier_id: int) -> list[str]:
+        return [r[0] for r in self._x("SELECT name FROM tier_garbage WHERE tier_id=?", (tier_id,))]
+
+    def cold_chunks_of(self, tier_id: int, after: tuple[int, int], limit: int) -> list:
+        """(ino, idx, version, created_ns, length) of stored objects of ``tier_id`` whose chunk is cold, in order (fsck)."""
+        return self._x(
+            "SELECT o.ino, o.idx, o.version, o.created_ns, o.length FROM tier_objects o JOIN chunks c ON c.ino = o.ino AND c.idx = o.idx"
+            " AND c.version = o.version WHERE o.tier_id=? AND o.state='stored' AND c.nodes = '' AND (o.ino, o.idx) > (?,?)"
+            " ORDER BY o.ino, o.idx LIMIT ?",
+            (tier_id, *after, limit),
+        ).fetchall()
+
 
 class SqliteStore(SqlStore):
     """SQL over one connection from daemon.db.open_database."""

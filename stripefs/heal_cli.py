@@ -157,6 +157,10 @@ def cmd_fsck(args) -> int:
     bar.update(len(nodes), note="redundancy")
     (red,) = rpc(addresses, p.FsckReq(node_id=0, repair=args.repair))
     bar.update(len(nodes) + 1)
+    tier = None
+    if rsp.tiering is not None and rsp.tiering.tiers:  # the buckets against the namespace (docs/tiering.md)
+        bar.update(len(nodes) + 1, note="tiers")
+        (tier,) = rpc(addresses, p.TierFsckReq(repair=args.repair))
     bar.close()
     totals["repaired"] += red.repaired
     problems = red.problems + problems  # what cannot be repaired first
@@ -167,11 +171,19 @@ def cmd_fsck(args) -> int:
     print(f"  over-replicated chunks:                 {red.over_replicated}")
     if red.unrepairable:
         print(f"  cannot be repaired now:                 {red.unrepairable} (no storage node up can take the copy they need)")
+    if tier is not None:
+        print(f"  cold chunks without their object:       {tier.missing} of {tier.checked} (lost data)")
+        print(f"  objects no file needs:                  {tier.orphans}" + (" (queued for deletion)" if args.repair else ""))
+        problems = tier.problems + problems
     if skipped:
         print(f"  not checked (down): node(s) {', '.join(map(str, skipped))}")
     for line in problems[:20]:
         print(f"  - {line}")
     found = totals["orphans"] + totals["missing"] + red.under_replicated + red.over_replicated
+    if tier is not None:
+        found += tier.missing + tier.orphans
+        if tier.missing:
+            return 3
     if args.repair:
         print(f"  repaired: {totals['repaired']} (copies are deleted and re-replicated in the background; see 'stripefs status')")
         if red.unrepairable:

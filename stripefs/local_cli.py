@@ -19,7 +19,13 @@ def cmd_local(args) -> int:
     cluster = LocalCluster(args.dir)
     if args.action == "up":
         return cluster.up(args.mount, args.nodes, args.options, settings=args.settings, secure=args.secure, subdir=args.subdir,
-                          meta_store=args.meta_store, metas=args.metas)
+                          meta_store=args.meta_store, metas=args.metas, tier=args.tier)
+    if args.action == "s3-server":
+        from pathlib import Path
+
+        from .local_s3 import serve
+
+        return serve(Path(args.dir).absolute(), args.port)
     if args.action == "down":
         return cluster.down()
     if args.action == "add-node":
@@ -60,6 +66,13 @@ def add_parser(sub) -> None:
     up.add_argument("--metas", type=int, default=1, metavar="N",
                     help="metadata daemons, each on its own port, all given to the storage nodes and the mount "
                     "(N > 1 needs --meta-store postgresql) (default: %(default)s; used when STATE is created)")
+    up.add_argument("--tier", choices=("s3",), default="",
+                    help="also a cold tier (docs/tiering.md): a local S3 server (moto, pip install 'stripefs[s3]') on "
+                    "loopback, holding its objects in memory (lost when it stops: for trying, never for data), "
+                    "added as tier 'cold' (used when STATE is created)")
+    s3 = lsub.add_parser("s3-server", help="(internal) the local S3 server 'up --tier s3' starts")
+    s3.add_argument("--dir", default=DEFAULT_STATE, help="state directory")
+    s3.add_argument("--port", type=int, required=True, help="loopback port")
     add = lsub.add_parser("add-node", help="start one more storage node", description="Create, start and register one more storage node in a running local cluster (then data rebalances onto it).")
     add.add_argument("--dir", default=DEFAULT_STATE, help="state directory (default: %(default)s)")
     down = lsub.add_parser("down", help="unmount and stop everything 'up' started",

@@ -196,7 +196,7 @@ class LocalCluster:
         return LocalPostgres(pg["dir"], pg["port"]) if pg else None
 
     def _create(self, mount: Path, nodes: int, options: list[str], settings: list[str] = (), *,
-                secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1) -> dict:
+                secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1, tier: str = "") -> dict:
         if meta_store not in ("sqlite", "postgresql"):
             raise QuietError(f"--meta-store {meta_store}: use sqlite or postgresql")
         if metas < 1 or (metas > 1 and meta_store != "postgresql"):
@@ -232,11 +232,17 @@ class LocalCluster:
             for node in info["nodes"]:
                 self._new_key(f"storage-{node['node_id']}", "storage")
         store = {}
+        if tier == "s3":  # a local S3 server and its dummy credentials (stripefs/local_s3.py)
+            from . import local_s3
+
+            local_s3.check_available()
+            info["s3"] = {"port": free_port(), "bucket": local_s3.BUCKET}
+            store["tier_credentials"] = str(local_s3.write_credentials(self.state))
         if meta_store == "postgresql":
             server = LocalPostgres(choose_dir(self.state), free_port())
             info["postgres"] = {"dir": str(server.base), "port": server.port}
             server.init()
-            store = {"store": "postgresql", "dsn": server.dsn}
+            store.update({"store": "postgresql", "dsn": server.dsn})
         ports = info.get("meta_ports", [info["meta_port"]])
         for name, port in zip(self._meta_names(info), ports):
             meta_dir = self.state / name
@@ -309,7 +315,7 @@ class LocalCluster:
         return proc.pid
 
     def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
-           secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1) -> int:
+           secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1, tier: str = "") -> int:
         mount = Path(mount).absolute()
         if not self.info_path.exists():
             orphans = processes_of(self.state)
@@ -323,7 +329,8 @@ class LocalCluster:
             if settings:
                 print(f"note: {self.state} exists; --set applies only when a cluster is created", file=sys.stderr)
         else:
-            info = self._create(mount, nodes, options, settings, secure=secure, subdir=subdir, meta_store=meta_store, metas=metas)
+            info = self._create(mount, nodes, options, settings, secure=secure, subdir=subdir, meta_store=meta_store, metas=metas,
+                                tier=tier)
         if (secure and not info.get("secure")) or (subdir and subdir != info.get("subdir", "")):
             print(f"note: {self.state} exists; --secure and --subdir apply only when a cluster is created", file=sys.stderr)
         self.use_admin_key()
@@ -335,6 +342,7 @@ class LocalCluster:
         metas = self._meta_names(info)
         removed = self._removed_nodes(info, pids)
         expected = len(metas) + 1 + len(info["nodes"]) - len(removed)  # metas, storage nodes (not removed), mount
+        expected += 1 if info.get("s3") else 0  # the local S3 server
         alive = [name for name, pid in self._flat_pids(pids) if _alive(pid) and name not in removed]
         server = self._postgres(info)
         mounted = self._check_mount(mount, pids)
@@ -350,6 +358,15 @@ class LocalCluster:
         if server is not None:
             server.start(timeout=max(1.0, deadline - time.monotonic()))
             pids["postgres"] = server.pid()
+        if info.get("s3") and not _alive(pids.get("s3")):
+            from . import local_s3
+
+            if pids.get("s3"):
+                print("note: the local S3 server had stopped; its objects are gone (it keeps them in memory)", file=sys.stderr)
+            pids["s3"] = self._spawn("s3", ["local", "s3-server", "--dir", str(self.state.absolute()),
+                                            "--port", str(info["s3"]["port"])])
+            self._save_pids(pids)
+            local_s3.wait_ready(info["s3"]["port"], max(1.0, deadline - time.monotonic()))
         for i, name in enumerate(metas):
             current = pids.get("meta") if i == 0 else pids.get("metas", {}).get(str(i + 1))
             if _alive(current):
@@ -377,6 +394,8 @@ class LocalCluster:
         self._wait_ready(info, pids, deadline)
         if info.get("subdir"):
             self._make_dirs(info["subdir"])
+        if info.get("s3"):
+            self._add_local_tier(info)
 
         if not mounted:
             args = ["mount", ",".join(self.meta_addresses), str(mount), "--log", str(self.state / "logs" / "mount.log"),
@@ -523,7 +542,21 @@ class LocalCluster:
             out.append(("meta", pids["meta"]))
         for k, v in sorted(pids.get("metas", {}).items()):
             out.append((f"meta-{k}", v))
+        if pids.get("s3"):
+            out.append(("s3", pids["s3"]))
         return out
+
+    def _add_local_tier(self, info: dict) -> None:
+        """Tier 'cold' on the local S3 server, unless the cluster has it already."""
+        from . import local_s3
+        from .cluster import rpc
+
+        (listing,) = rpc(self.meta_addresses, p.TierListReq())
+        if any(t.name == local_s3.TIER for t in listing.tiers):
+            return
+        rpc(self.meta_addresses, p.TierAddReq(name=local_s3.TIER, url=f"s3://{info['s3']['bucket']}",
+                                              endpoint=local_s3.endpoint(info["s3"]["port"])))
+        print(f"tier {local_s3.TIER}: s3://{info['s3']['bucket']} on the local S3 server at {local_s3.endpoint(info['s3']['port'])}")
 
     def down(self) -> int:
         """Unmount and stop what ``up`` started: the pids in pids.json and every process whose command
@@ -601,6 +634,11 @@ class LocalCluster:
             procs.append({"role": "postgres", "node_id": None, "pid": server.pid() if up else None,
                           "address": f"postgresql://127.0.0.1:{server.port}/",
                           "state": "up" if up else "down", "bytes_stored": None, "metrics": None})
+        if info.get("s3"):  # role "s3": the local S3 server of --tier s3 (objects in its memory)
+            spid = pids.get("s3")
+            procs.append({"role": "s3", "node_id": None, "pid": spid if _alive(spid) else None,
+                          "address": f"http://127.0.0.1:{info['s3']['port']}/{info['s3']['bucket']}",
+                          "state": "up" if _alive(spid) else "down", "bytes_stored": None, "metrics": None})
         for node in info["nodes"]:
             pid = pids.get("storage", {}).get(str(node["node_id"]))
             procs.append({

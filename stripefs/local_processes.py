@@ -65,6 +65,8 @@ def _name_of(argv: tuple[str, ...], state: Path) -> str | None:
                 return config.parent.name  # meta, meta-2, storage-3
         if role == "mount" and value("--pidfile") == str(state / "mount.pid"):
             return "mount"
+        if role == "local" and args[1:2] == ("s3-server",) and value("--dir") == str(state):
+            return "s3"  # the local S3 server of --tier s3 (stripefs/local_s3.py)
         return None
     if argv and os.path.basename(argv[0]) == "postgres" and "-D" in argv[:-1] and argv[argv.index("-D") + 1].startswith(under):
         return "postgres"

@@ -98,6 +98,7 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
             for u in rsp.layouts
         ],
         "quotas": [quota_cli.to_json(q) for q in rsp.quotas],
+        "tiering": msgspec.to_builtins(rsp.tiering) if rsp.tiering is not None else None,  # docs/tiering.md
         "nodes": [
             {
                 "node_id": n.node_id, "address": n.address, "host": n.host, "state": n.state,
@@ -148,6 +149,17 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         )
     for q in rsp.quotas:
         lines.append(f"  quota       {quota_cli.render(q)}")
+    t = rsp.tiering
+    if t is not None and t.tiers:
+        for tier in t.tiers:
+            lines.append(f"  tier        {tier.name}: {tier.objects} object(s), {format_size(tier.bytes)} in {tier.url}")
+        limit = f"{format_size(t.bandwidth)}/s" if t.bandwidth else "unlimited"
+        lines.append(
+            f"  tiering     backlog {t.migrate_backlog} chunk(s) to migrate ({format_size(t.migrate_backlog_bytes)}), "
+            f"{t.recalls_in_flight} recall(s) in flight; since start {t.migrated} migrated ({format_size(t.migrated_bytes)}), "
+            f"{t.recalled} recalled ({format_size(t.recalled_bytes)}), {t.failed} failed, "
+            f"{t.garbage_objects} object(s) awaiting deletion; policy limit {limit}"
+        )
     lines += [
         "",
         f"  {'node':>5} {'state':<8} {'host':<14} {'used':>9} {'free':>9} {'capacity':>9} {'chunks':>8} {'heartbeat':>9}  address",

@@ -94,6 +94,15 @@ def cmd_warmup(args) -> int:
         before = {root: report(root) for root in by_root}
     except OSError as exc:
         raise QuietError(f"a mount here does not take prefetch requests ({exc.strerror}): is it an older stripefs?") from None
+    # data in a cold tier (docs/tiering.md) comes back onto the storage nodes first, in parallel
+    from .tier_cli import recall_for_warmup
+
+    recall_failures: list[str] = []
+    for root in by_root:
+        mine = [p for p, _ in small + large if os.fsencode(os.path.abspath(p)).startswith(root)]
+        recall_failures += recall_for_warmup(root, mine)[1]
+    for line in recall_failures[:10]:
+        print(line, file=sys.stderr)
     small_set = {os.fsencode(os.path.abspath(p)) for p, _ in small}
     for root, relative in by_root.items():
         wanted = [r for r in relative if os.path.join(root, r) in small_set]
