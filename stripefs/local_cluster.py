@@ -549,13 +549,26 @@ class LocalCluster:
     def _add_local_tier(self, info: dict) -> None:
         """Tier 'cold' on the local S3 server, unless the cluster has it already."""
         from . import local_s3
-        from .cluster import rpc
 
-        (listing,) = rpc(self.meta_addresses, p.TierListReq())
-        if any(t.name == local_s3.TIER for t in listing.tiers):
-            return
-        rpc(self.meta_addresses, p.TierAddReq(name=local_s3.TIER, url=f"s3://{info['s3']['bucket']}",
-                                              endpoint=local_s3.endpoint(info["s3"]["port"])))
+        async def add() -> bool:
+            ctx = zmq.Context()
+            try:
+                async with connect(ctx, self.meta_address, timeout=10) as meta:
+                    listing, _ = await meta.call(p.TierListReq())
+                    if any(t.name == local_s3.TIER for t in listing.tiers):
+                        return False
+                    await meta.call(p.TierAddReq(name=local_s3.TIER, url=f"s3://{info['s3']['bucket']}",
+                                                 endpoint=local_s3.endpoint(info["s3"]["port"])))
+                    return True
+            finally:
+                ctx.destroy(linger=0)
+
+        self.use_admin_key()
+        try:
+            if not trio.run(add):
+                return
+        except StripefsError as exc:
+            raise QuietError(f"cannot add tier {local_s3.TIER} on the local S3 server: {exc.message or exc.code.name}", 3) from None
         print(f"tier {local_s3.TIER}: s3://{info['s3']['bucket']} on the local S3 server at {local_s3.endpoint(info['s3']['port'])}")
 
     def down(self) -> int:
