@@ -408,7 +408,9 @@ async def test_a_client_that_never_reads_replies_cannot_grow_the_node(tmp_path, 
             grown = _rss(node.proc.pid) - before
             with trio.fail_after(5):
                 assert bytes((await good.call(read))[1][0]) == data  # the others are served
-        assert grown < 48 << 20, f"the node grew by {grown >> 20} MiB"
+        # 160 MiB of replies are asked for; without the limit the node grew by ~152 MiB. With it,
+        # 8 MiB queued plus 4 reads in flight plus allocator slack: 16-48 MiB seen (48.3 once, in CI)
+        assert grown < 80 << 20, f"the node grew by {grown >> 20} MiB"
         assert node.proc.poll() is None
     finally:
         slow.close(linger=0)
