@@ -208,7 +208,8 @@ class PgStore(SqlStore):
 
     def migrate(self, root_layout: Layout) -> int:
         """Bring the schema to SCHEMA_VERSION (daemons starting together: each migration applied once)."""
-        for attempt in itertools.count(1):
+        failures: dict[int, int] = {}  # target version -> attempts that failed (a concurrent daemon's step)
+        for _ in itertools.count(1):
             version = schema_version(self)
             if version > SCHEMA_VERSION:
                 raise RuntimeError(
@@ -228,6 +229,7 @@ class PgStore(SqlStore):
             try:
                 self.run(step)
             except StripefsError:
+                attempt = failures[target] = failures.get(target, 0) + 1
                 if attempt >= 5:
                     raise
                 time.sleep(0.2 * attempt)  # another daemon's migration: wait for it and look again
