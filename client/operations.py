@@ -788,6 +788,7 @@ class Operations(pyfuse3.Operations):
         self._name_made(parent_inode, name)
         of, _ = await self._opened(rsp, fresh_attrs=True)
         fh = self._new_handle(of)
+        of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr)
 

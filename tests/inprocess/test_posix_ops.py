@@ -11,6 +11,7 @@ import os
 import stat
 
 import pytest
+from prometheus_client import REGISTRY
 
 from fsapi import Ctx, raises_errno
 
@@ -157,6 +158,29 @@ async def test_xattrs(fs):
     async with raises_errno(errno.ENODATA):
         await fs.getxattr(ino, b"user.color")
 
+
+
+def _sent(kind: str) -> float:
+    """Requests of this type the clients of this process sent, to any peer (common/metrics.py)."""
+    return sum(s.value for m in REGISTRY.collect() if m.name == "stripefs_rpc_seconds"
+               for s in m.samples if s.name == "stripefs_rpc_seconds_count" and s.labels.get("type") == kind)
+
+
+async def test_a_new_files_capabilities_are_known_and_a_set_one_still_drops(fs):
+    """The kernel asks for security.capability before every WRITE (FUSE has no SB_NOSEC).
+    A file this mount just created has none: the question costs no round trip. Once the
+    xattr is set, the mount asks again (a write must then remove it)."""
+    caps = b"\x01\x00\x00\x02" + bytes(16)
+    fh, ino = await fs.create(fs.dir, b"new")
+    before = _sent("GetxattrReq")
+    async with raises_errno(errno.ENODATA):
+        await fs.getxattr(ino, b"security.capability")
+    assert _sent("GetxattrReq") == before
+    assert await fs.write(fh, 0, b"data") == 4
+    await fs.setxattr(ino, b"security.capability", caps)
+    assert await fs.getxattr(ino, b"security.capability") == caps
+    assert _sent("GetxattrReq") == before + 1
+    await fs.close(fh)
 
 async def test_chmod_chown_utimes(fs):
     ino = await fs.write_file(fs.dir, b"f", b"f")
