@@ -46,7 +46,9 @@ Bad copies (``mark_bad``): a copy that failed its checksum (found by a client
 read, the node's background scrub or ``stripefs scrub --now``) or that fsck
 found missing or stale is dropped from its row and queued for deletion: it is
 a missing copy and gets re-replicated from a good one. The last live copy of a
-chunk is never dropped this way (an ERROR: the data may be lost).
+chunk is never dropped this way (an ERROR: the data may be lost). A bad EC
+fragment becomes node 0 in its slot (below) and is reconstructed from the
+others, unless fewer than K others are live.
 
 Erasure coding
 --------------
@@ -121,12 +123,13 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import trio
 
 from ..common import protocol as P
-from ..common.erasure import fragment_part
+from ..common.erasure import SLOT_STRIDE, fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import parse_redundancy
 from ..common.transport import RpcClient, connect
 from .health import LIVE_STATES
 from .placement import NodeView, replace_node
+from .redundancy import MISSING
 from .repair_plan import ChunkRow, Plan, Task, plan, plan_rebalance  # noqa: F401  (also here for tests)
 
 if TYPE_CHECKING:
@@ -561,8 +564,9 @@ class Healer:
 
     def mark_bad(self, node_id: int, chunks: Iterable[P.ChunkId], why: str = "failed its checksum") -> int:
         """Copies on ``node_id`` that are bad (or missing) count as missing; the number dealt with:
-        dropped (re-replicated from a good copy), or no longer placed there (deleted). The others
-        (an only live copy, an erasure-coded fragment) are kept as they are and logged."""
+        dropped (re-replicated from a good copy, or an EC fragment reconstructed from the others),
+        or no longer placed there (deleted). The others (an only live copy, a fragment of a stripe
+        with fewer than K other live fragments) are kept as they are and logged."""
         store, nodes = self.store, self.nodes
         dropped = 0
         for c in chunks:
@@ -573,8 +577,9 @@ class Healer:
                 dropped += 1
                 continue
             version, holders = cur
-            if parse_redundancy(store.get_inode(c.ino)["redundancy"]).is_ec:
-                log.warning("chunk %s: fragment on node %d %s; it needs reconstruction (EC codec not built yet)", c, node_id, why)
+            red = parse_redundancy(store.get_inode(c.ino)["redundancy"])
+            if red.is_ec:
+                dropped += self._drop_bad_fragment(c, node_id, version, holders, red.ec_k, why)
                 continue
             others = [n for n in holders if n != node_id and nodes.state(n) in LIVE_STATES]
             if not others:
@@ -587,6 +592,26 @@ class Healer:
         if dropped:
             self.poke()
         return dropped
+
+    def _drop_bad_fragment(self, c: P.ChunkId, node_id: int, version: int, holders: list[int], k: int, why: str) -> int:
+        """An EC fragment that is bad or missing on ``node_id`` becomes MISSING in its stripe's row
+        (daemon/redundancy.py), so the next scan reconstructs it elsewhere from K others, and its
+        copy is deleted; 1 if so. Kept as it is (0) while fewer than K other fragments are live
+        (the stripe could not be rebuilt without it either) or when the report is of another
+        version's slot (a writer committed since the copy was verified)."""
+        pos = c.part % SLOT_STRIDE
+        if pos >= len(holders) or holders[pos] != node_id or fragment_part(pos, version) != c.part:
+            log.info("chunk %s: report of a bad fragment on node %d is not of the committed v%d: ignored", c, node_id, version)
+            return 0
+        others = {n for j, n in enumerate(holders) if j != pos and n != MISSING and self.nodes.state(n) in LIVE_STATES}
+        if len(others) < k:
+            log.error("chunk %s v%d: fragment %d on node %d %s, and only %d other fragments are live (K=%d): keeping it",
+                      c, version, pos, node_id, why, len(others), k)
+            return 0
+        self.store.put_chunk(c.ino, c.index, version, holders[:pos] + [MISSING] + holders[pos + 1 :])
+        self.store.add_garbage([(node_id, c.ino, c.index, c.part, version)])
+        log.warning("chunk %s v%d: fragment %d on node %d %s; reconstructing it from the others", c, version, pos, node_id, why)
+        return 1
 
     def reclaim_uncommitted(self, inos: Iterable[int]) -> None:
         """A session expired: chunks it allocated but never committed in files nobody has open go.

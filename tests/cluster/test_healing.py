@@ -417,6 +417,16 @@ def test_lost_fragments_are_reconstructed(heal):
     assert (d / "e").read_bytes() == data
     heal.restart()
     wait_for(f"node {victim} up", lambda: heal.node(victim)["state"] == "up")
+    # a fragment that rots on disk: the scrub finds it, and it is rebuilt from the others
+    rotten = next(f for f in heal.chunk_files(ino=ino) if int(f.parents[4].name.split("-")[1]) != victim)
+    _flip_bytes(rotten)
+    out = run_cli("scrub", "--now", str(d)).stdout
+    assert "1 bad" in out, out
+    wait_for("the rotten fragment rebuilt", lambda: "reconstructing it from the others" in heal.logs()["meta.log"]
+             and _full_redundancy(heal))
+    assert "0 bad" in run_cli("scrub", "--now", str(d)).stdout
+    drop_caches()
+    assert (d / "e").read_bytes() == data
 
 
 NS = f"sfs-heal-{os.getpid() % 100000}"

@@ -386,3 +386,26 @@ async def test_a_node_reconstructs_a_lost_fragment_from_the_others(tmp_path):
         for s in stores:
             s.close()
         ctx.destroy(linger=0)
+
+
+def test_a_bad_fragment_is_reconstructed_unless_too_few_others_are_live(svc, caplog):
+    """A fragment that failed its checksum (a client read, a scrub) leaves its slot (node 0,
+    MISSING) and becomes a reconstruct task; a stripe that could not be rebuilt without it keeps it."""
+    from stripefs.common.erasure import fragment_part
+
+    ino = _file(svc, chunks=((0, 5, [1, 2, 3]),))
+    svc.store.conn.execute("UPDATE inodes SET redundancy='ec=2+1' WHERE ino=?", (ino,))
+    with svc.store.savepoint():  # a report of the other version's slot (a writer moved on): ignored
+        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, fragment_part(1, 6))]) == 0
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 2, 3])
+    with svc.store.savepoint():
+        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, fragment_part(1, 5))]) == 1
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3])
+    assert (2, ino, 0, 5) in _garbage(svc)
+    tasks = plan([ChunkRow(ino, 0, 5, (1, 0, 3), "ec=2+1", 1 << 20)], {n: "up" for n in (1, 2, 3, 4)}).tasks
+    assert [(t.kind, t.slot, t.replace, t.part) for t in tasks] == [("reconstruct", 1, 0, fragment_part(1, 5))]
+    # fragment 0 bad too: only one other (node 3) is live, K=2: kept, and said
+    with svc.store.savepoint():
+        assert svc.healer.mark_bad(1, [p.ChunkId(ino, 0, fragment_part(0, 5))]) == 0
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3])
+    assert any("other fragments are live" in r.message for r in caplog.records)
