@@ -223,6 +223,48 @@ class Cluster:
 
 
 
+class Children:
+    """The child processes a benchmark runs (cp, rm, worker processes), so that an
+    abort from the supervisor thread can kill them by pid: after a teardown,
+    a child stuck in a FUSE syscall gets an error and ends, but one that was
+    not in the mount yet would go on."""
+
+    def __init__(self) -> None:
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    def start(self, cmd: list[str], **popen) -> subprocess.Popen:
+        proc = subprocess.Popen(cmd, **popen)
+        with self._lock:
+            self._procs.add(proc)
+        return proc
+
+    def done(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def run(self, cmd: list[str], timeout: float) -> None:
+        """Run cmd to its end; BenchError on a non-zero exit (its stderr in the message)."""
+        proc = self.start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise BenchError(f"{' '.join(cmd[:2])} ... took longer than {timeout:.0f}s") from None
+        finally:
+            self.done(proc)
+        if proc.returncode:
+            raise BenchError(f"{' '.join(cmd)} failed (rc {proc.returncode}): {err.strip()[:500]}")
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs, self._procs = list(self._procs), set()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
 def human_size(n: int) -> str:
     if n % GiB == 0:
         return f"{n // GiB} GiB"

@@ -1,179 +1,340 @@
-"""Metadata rates through the mount: create, stat, rename and unlink, with the
-metadata in SQLite, in PostgreSQL behind one daemon, and in PostgreSQL behind
-two daemons with two clients (two mounts, one per daemon, working at once),
-each beside the local disk doing the same operations with as many threads in
-the same run. Figures are ratios to the local disk (higher is better; the local
-disk is far ahead: every stripefs operation is a network round trip and a
-durable database commit).
+"""Metadata through the mount against the goals of issue 15 ("Metadata at the
+kernel's speed"), every figure beside the local disk doing the same in the
+same run (the machine is shared and noisy: only same-run ratios compare),
+with its goal and PASS/BELOW, in one table.
 
-Each configuration: a fresh `stripefs local` cluster (2 storage nodes; the
-PostgreSQL server is the throwaway one of `--meta-store postgresql`), then per
-client thread FILES/THREADS empty files created in its own directories, the
-dentry and inode caches dropped (stat must ask the metadata daemon), every file
-stat'ed, stat'ed again (warm: what the kernel caches), renamed into another
-directory, unlinked; then as many directories made and removed.
+Configurations (--configs), each a fresh `stripefs local` cluster with 2
+storage nodes: sqlite (one daemon, one client), pg1 (PostgreSQL behind one
+daemon; the server is the throwaway one of `--meta-store postgresql`), pg2
+(PostgreSQL behind two daemons, two mounts, one per daemon, working at once;
+the local side then runs two threads).
 
-    python bench/meta.py [--files 2000] [--configs sqlite,pg1,pg2] [--workdir /var/tmp]
+Groups (--only), each timing what a user's program does:
+  ops        bench/meta_ops.py: create, stat cold and warm, readdir warm,
+             rename, unlink, mkdir, rmdir, mkdir -p chains, one thread per
+             client; the metadata daemon's and the mount's CPU per create
+             (/proc/PID/stat across the create phase). Every configuration.
+  transport  bench/transport.py: a metadata round trip at the client (PingReq
+             and GetattrReq of the root) on the idle cluster, beside a bare
+             pyzmq DEALER/ROUTER round trip between two processes (the floor:
+             the local-disk ratio does not fit a round trip).
+  procs      bench/procs.py: two processes creating files on one mount, each
+             in its own directory; aggregate creates/s.
+  records    bench/procs.py: two processes writing interleaved 47,008-byte
+             records into one shared file (pwrite, fsync); aggregate MiB/s;
+             the content checked after.
+  ingest     bench/tree.py: `cp -r` of a tree of small files plus `sync -f`;
+             ImageFolder's index walk of the copy, cold (drop_caches 3) and
+             warm, on the default mount and on a dataset-mode mount
+             (`-o dataset`, remounted as bench/dataloader.py does); `rm -rf`.
+The groups other than ops run on the first configuration of --configs (by
+default SQLite, the store the issue's goals are set for); of the PostgreSQL
+rows only pg2's aggregate create has a goal.
+
+Any content mismatch aborts the run (exit 1); --strict exits 2 when a goal
+is BELOW. Every cluster is stopped and every mount unmounted, also on Ctrl-C,
+SIGTERM or a phase past --phase-timeout (bench/common.py supervise).
+Results: the table on stdout, progress on stderr, JSON in
+bench/results/meta.json.
+
+    python bench/meta.py [--files 2000] [--configs sqlite,pg1,pg2] [--only ops,ingest] [--workdir /var/tmp]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import json
 import os
-import shutil
+import resource
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, BenchError, Cluster, check_workdir, git_commit, progress, write_results  # noqa: E402
+import meta_ops  # noqa: E402
+import procs  # noqa: E402
+import transport  # noqa: E402
+import tree  # noqa: E402
+from common import (RESULTS, BenchError, Children, Cluster, check_workdir, cold_cycle, drop_caches, git_commit,  # noqa: E402
+                    proc_cpu, progress, supervise, write_results)
+from meta_report import report  # noqa: E402
 
-OPS = ("create", "stat", "stat warm", "rename", "unlink", "mkdir", "rmdir")
-DIRS_PER_CLIENT = 4
+OPS = meta_ops.OPS
+GROUPS = ("ops", "transport", "procs", "records", "ingest")
 CONFIGS = {
     "sqlite": ("SQLite, 1 daemon, 1 client", [], 1),
     "pg1": ("PostgreSQL, 1 daemon, 1 client", ["--meta-store", "postgresql"], 1),
     "pg2": ("PostgreSQL, 2 daemons, 2 clients", ["--meta-store", "postgresql", "--metas", "2"], 2),
 }
+WALK_MIN_S = 0.3  # warm index walks repeat for at least this long (a warm local walk of 2,000 files takes ~5 ms)
+# each pair: cold walks right after the drop, warm ones right after them (load drifts over minutes)
+WALK_ORDER = [("local", "cold"), ("stripefs", "cold"), ("stripefs", "warm"), ("local", "warm")]
 
 
-def _drop_dentries() -> None:
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2\n")  # dentries and inodes: FUSE forgets them, the next stat is a LOOKUP
-    except OSError as exc:
-        progress(f"WARNING: cannot drop dentries ({exc}): stat rates are kernel cache hits")
+class MetaBench:
+    """The run: one configuration after another, each on its own cluster (``self.cluster``: the current one)."""
 
+    def __init__(self, args, work: Path):
+        self.args, self.work = args, work
+        self.children = Children()
+        self.results: dict[str, dict] = {}
+        self.extra_mounts: list[tuple[Path, Path]] = []  # (mountpoint, pidfile) of pg2's second mount
+        self.cold_ok = True
+        self.manifest: dict | None = None  # the ingest source tree's, made once
+        self.set_cluster(args.configs[0])
+        self.set_phase("start")
 
-def _phase(roots: list[Path], n: int, op: str) -> float:
-    """Run ``op`` on n files under each root, one thread per root, at once; operations per second (all threads)."""
-    errors: list[BaseException] = []
+    # -- plumbing (supervise() reads phase, cluster, work, state, mnt; calls abort)
 
-    def work(root: Path) -> None:
+    def set_phase(self, name: str) -> None:
+        self.phase = (name, time.monotonic(), self.args.phase_timeout)
+        progress(name)
+
+    def set_cluster(self, key: str) -> None:
+        self.state, self.mnt = self.work / f"state-{key}", self.work / f"mnt-{key}"
+        self.cluster = Cluster(self.state, self.mnt, nodes=2)
+        self.cluster.up_args = CONFIGS[key][1]
+
+    def abort(self) -> None:
+        """From the supervisor thread: children killed, pg2's second mount unmounted."""
+        self.children.kill_all()
+        self.unmount_extras()
+
+    def unmount_extras(self) -> None:
+        for mnt, pidfile in self.extra_mounts:
+            if os.path.ismount(mnt):
+                subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=30)
+            pid = _read_pid(pidfile)
+            for _ in range(50):  # an unmounted client ends by itself; one that does not is killed
+                if not pid or proc_cpu(pid) is None:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        self.extra_mounts = []
+
+    def cpu(self) -> dict[str, float]:
+        """Cumulative CPU seconds of every stripefs process and of this one."""
+        out = {**self.cluster.cpu(), "bench": _own_cpu()}
+        if "postgres" in out:  # its backends do the database work: children of the server, alive
+            out["postgres"] += sum(filter(None, map(proc_cpu, _children_of(self.cluster.pids["postgres"]))))
+        for k, (_mnt, pidfile) in enumerate(self.extra_mounts):
+            pid = _read_pid(pidfile)
+            c = proc_cpu(pid) if pid else None
+            if c is None:
+                raise BenchError(f"the second mount (pid {pid}) is gone")
+            out[f"mount-{k + 2}"] = c
+        return out
+
+    # -- the run
+
+    def run(self) -> None:
+        for i, key in enumerate(self.args.configs):
+            groups = [g for g in GROUPS if g in self.args.only and (g == "ops" or i == 0)]
+            if groups:
+                self.run_config(key, groups)
+        self.set_phase("finish")
+
+    def run_config(self, key: str, groups: list[str]) -> None:
+        a = self.args
+        label, _, clients = CONFIGS[key]
+        res = self.results[key] = {"label": label, "clients": clients, "files": a.files // clients * clients,
+                                   "loadavg": {}}
+        if "ops" in groups:  # the local side first, with no cluster running
+            self.set_phase(f"{label}: local disk, {clients} thread(s), {a.files // clients} files each")
+            roots = [self.work / f"local-{key}-{c}" for c in range(clients)]
+            res["local_ops_s"], cpu = meta_ops.run_ops(roots, a.files // clients, a.chains, a.depth,
+                                                       lambda: {"bench": _own_cpu()})
+            res["local_cpu_create_s"] = cpu
+        self.set_cluster(key)
         try:
-            for i in range(n):
-                d = root / f"d{i % DIRS_PER_CLIENT}"
-                name = f"f{i:06d}"
-                if op == "create":
-                    os.close(os.open(d / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                elif op in ("stat", "stat warm"):
-                    os.stat(d / name)
-                elif op == "mkdir":
-                    os.mkdir(d / f"m{i:06d}")
-                elif op == "rmdir":
-                    os.rmdir(d / f"m{i:06d}")
-                elif op == "rename":
-                    os.rename(d / name, root / f"d{(i + 1) % DIRS_PER_CLIENT}" / f"r{i:06d}")
-                else:
-                    os.unlink(root / f"d{(i + 1) % DIRS_PER_CLIENT}" / f"r{i:06d}")
-        except BaseException as exc:  # reported by the caller
-            errors.append(exc)
+            self.set_phase(f"{label}: starting the cluster")
+            self.cluster.up()
+            mounts = [self.mnt]
+            if clients == 2:
+                mounts.append(self.mount_second())
+            for group in groups:
+                res["loadavg"][group] = round(os.getloadavg()[0], 2)
+                getattr(self, f"group_{group}")(key, res, mounts)
+        finally:
+            self.unmount_extras()
+            self.cluster.teardown()
+        res["log_problems"] = self.cluster.log_problems()
 
-    if op == "stat":
-        _drop_dentries()
-    threads = [threading.Thread(target=work, args=(r,)) for r in roots]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    elapsed = time.perf_counter() - t
-    if errors:
-        raise BenchError(f"{op} failed: {errors[0]!r}")
-    return n * len(roots) / elapsed
+    def mount_second(self) -> Path:
+        """pg2: a second mount on the second daemon (its pid in a pidfile: CPU, and a kill if it stays)."""
+        mnt, pidfile = self.work / f"{self.mnt.name}-2", self.state / "mount-2.pid"
+        mnt.mkdir()
+        self.extra_mounts.append((mnt, pidfile))
+        address = _meta_addresses(self.state)[1]
+        self.children.run(self.cluster.cli + ["mount", address, str(mnt), "--log", str(self.state / "logs" / "mount-2.log"),
+                                              "--pidfile", str(pidfile)], timeout=120)
+        return mnt
+
+    def group_ops(self, key: str, res: dict, mounts: list[Path]) -> None:
+        a = self.args
+        label, _, clients = CONFIGS[key]
+        per = a.files // clients
+        roots = [m / f"c{c}" for c, m in enumerate(mounts)]
+        res["stripefs_ops_s"], cpu = meta_ops.run_ops(roots, per, a.chains, a.depth, self.cpu,
+                                                      lambda op: self.set_phase(f"{label}: stripefs {op}"))
+        res["ratio"] = {op: res["stripefs_ops_s"][op] / res["local_ops_s"][op] for op in OPS}
+        res["cpu_create_s"] = cpu
+        creates = per * clients
+        res["cpu_per_create_ms"] = {
+            "daemon": 1e3 * sum(v for k, v in cpu.items() if k.startswith("meta")) / creates,
+            "mount": 1e3 * sum(v for k, v in cpu.items() if k.startswith("mount")) / creates,
+            "bench": 1e3 * cpu["bench"] / creates,
+            "local": 1e3 * res["local_cpu_create_s"]["bench"] / creates,
+        }
+
+    def group_transport(self, key: str, res: dict, mounts: list[Path]) -> None:
+        self.set_phase(f"transport: {self.args.rtt_n:,} round trips each, idle cluster")
+        res["transport"] = transport.measure(_meta_addresses(self.state)[0], self.args.rtt_n, self.children)
+
+    def group_procs(self, key: str, res: dict, mounts: list[Path]) -> None:
+        n = self.args.files // 2
+        out = res["procs"] = {"per_process": n}
+        for side, root in (("local", self.work / f"local-procs-{key}"), ("stripefs", mounts[0] / "procs")):
+            self.set_phase(f"{side}: 2 processes creating {n:,} files each")
+            out[side] = procs.creates(self.children, [root / "p0", root / "p1"], n, self.args.phase_timeout)
+
+    def group_records(self, key: str, res: dict, mounts: list[Path]) -> None:
+        count = self.args.records_mib * (1 << 20) // procs.RECORD
+        out = res["records"] = {"records": count, "record_bytes": procs.RECORD}
+        for side, path in (("local", self.work / f"local-records-{key}"), ("stripefs", mounts[0] / "records")):
+            self.set_phase(f"{side}: 2 processes writing {count:,} interleaved records into one file")
+            out[side] = procs.records(self.children, path, count, self.args.phase_timeout)
+
+    def group_ingest(self, key: str, res: dict, mounts: list[Path]) -> None:
+        a = self.args
+        src = self.work / "source"
+        if self.manifest is None:
+            self.set_phase(f"making the source tree: {a.ingest_files:,} files in {a.ingest_classes} folders")
+            self.manifest = tree.make_source(src, a.ingest_files, a.ingest_classes)
+        files = len(self.manifest)
+        out = res["ingest"] = {"files": files, "classes": a.ingest_classes,
+                               "bytes": sum(size for size, _ in self.manifest.values()), "walk": {}}
+        dst = {"local": self.work / f"local-ingest-{key}", "stripefs": mounts[0] / "ingest"}
+        for side in ("local", "stripefs"):
+            self.set_phase(f"{side}: cp -r + sync -f of {files:,} files")
+            s = tree.ingest(self.children, src, dst[side], a.phase_timeout)
+            out.setdefault("cp", {})[side] = {"s": round(s, 4), "rate": files / s}
+        self.set_phase("stripefs: checking the copy, file by file")
+        tree.verify(dst["stripefs"], self.manifest)
+        self.walks("default", dst, out["walk"])
+        self.cluster.options = ["dataset"]  # as bench/dataloader.py: each later `local up` mounts in dataset mode
+        try:
+            self.walks("dataset", dst, out["walk"])
+        finally:
+            self.cluster.options = []
+        self.set_phase("back to the default mount (read-write) for rm -rf")
+        self.cluster.down()
+        self.cluster.up()
+        tree.index_walk(dst["stripefs"])  # not timed: the fresh mount's kernel knows the tree, as the local disk's does
+        for side in ("local", "stripefs"):
+            self.set_phase(f"{side}: rm -rf of {files:,} files")
+            s = tree.remove(self.children, dst[side], a.phase_timeout)
+            out.setdefault("rm", {})[side] = {"s": round(s, 4), "rate": files / s}
+
+    def walks(self, mode: str, dst: dict[str, Path], out: dict) -> None:
+        """Cold and warm index walks of both sides after one cold cycle: drop_caches 3 on the default mount;
+        `local down`, drop_caches, `local up` (now in dataset mode) for the dataset mount."""
+        self.set_phase(f"index walk, {mode} mount: cold cycle")
+        self.cold_ok &= cold_cycle(self.cluster, "stripefs") if mode == "dataset" else drop_caches()
+        expected = sorted(self.manifest)
+        for side, temp in WALK_ORDER:
+            self.set_phase(f"{side}: index walk, {temp}, {mode} mount")
+            files = seconds = 0
+            while not files or (temp == "warm" and seconds < WALK_MIN_S):
+                samples, s = tree.index_walk(dst[side])
+                if samples != expected:
+                    raise BenchError(f"{side} index walk ({temp}, {mode} mount): {len(samples)} samples, "
+                                     f"{len(expected)} copied (or other names)")
+                files, seconds = files + len(samples), seconds + s
+            out.setdefault(f"{temp}@{mode}", {})[side] = {"s": round(seconds, 5), "files": files,
+                                                          "rate": files / seconds}
 
 
-def _run_ops(roots: list[Path], n: int) -> dict[str, float]:
-    for r in roots:
-        for k in range(DIRS_PER_CLIENT):
-            (r / f"d{k}").mkdir(parents=True)
-    return {op: _phase(roots, n, op) for op in OPS}
+def _own_cpu() -> float:
+    """This process's CPU seconds, to the microsecond (os.times() counts 10 ms ticks: a few hundred local creates)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
-def _measure(key: str, work: Path, files: int) -> dict:
-    label, up_args, clients = CONFIGS[key]
-    per_client = files // clients
-    local_roots = [work / f"local-{key}-{c}" for c in range(clients)]
-    progress(f"{label}: local disk, {clients} thread(s), {per_client} files each")
-    local = _run_ops(local_roots, per_client)
-    for r in local_roots:
-        shutil.rmtree(r)
-    state, mnt = work / f"state-{key}", work / f"mnt-{key}"
-    cluster = Cluster(state, mnt, nodes=2)
-    cluster.up_args = up_args
-    extra: list[Path] = []
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _read_pid(pidfile: Path) -> int | None:
     try:
-        progress(f"{label}: starting the cluster")
-        cluster.up()
-        roots = [mnt / "c0"]
-        if clients == 2:
-            second = work / f"mnt-{key}-2"
-            second.mkdir()
-            addresses = _meta_addresses(state)
-            subprocess.run(cluster.cli + ["mount", addresses[1], str(second), "--log", str(state / "logs" / "mount-2.log")],
-                           check=True, capture_output=True, timeout=120)
-            extra.append(second)
-            roots.append(second / "c1")
-        progress(f"{label}: stripefs, {clients} client(s), {per_client} files each")
-        fs = _run_ops(roots, per_client)
-    finally:
-        for m in extra:
-            subprocess.run(["fusermount3", "-u", "-z", str(m)], capture_output=True)
-        cluster.teardown()
-    problems = cluster.log_problems()
-    return {"label": label, "files": per_client * clients, "clients": clients, "local_ops_s": local,
-            "stripefs_ops_s": fs, "ratio": {op: fs[op] / local[op] for op in OPS}, "log_problems": problems}
+        return int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _meta_addresses(state: Path) -> list[str]:
-    import json
-
     info = json.loads((state / "cluster.json").read_text())
     return [f"tcp://127.0.0.1:{p}" for p in info.get("meta_ports", [info["meta_port"]])]
 
 
-def _report(results: dict) -> str:
-    lines = ["", "metadata rates through the mount (ops/s; ratio = stripefs / local disk, same run, same threads)", ""]
-    lines.append(f"{'configuration':36}" + "".join(f"{op:>20}" for op in OPS))
-    for r in results.values():
-        cells = "".join(f"{r['stripefs_ops_s'][op]:>8,.0f} ({r['ratio'][op]:.3f}x)".rjust(20) for op in OPS)
-        lines.append(f"{r['label']:36}{cells}")
-        lines.append(f"{'  local disk, same threads':36}" + "".join(f"{r['local_ops_s'][op]:>20,.0f}" for op in OPS))
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--files", type=int, default=2000, help="files per configuration, all clients together (default 2000)")
+    ap.add_argument("--files", type=int, default=2000,
+                    help="files per configuration for ops, all clients together; procs: half per process (default 2000)")
+    ap.add_argument("--chains", type=int, default=200, help="mkdir -p: chains per configuration (default 200)")
+    ap.add_argument("--depth", type=int, default=10, help="mkdir -p: directories per chain (default 10)")
+    ap.add_argument("--ingest-files", type=int, default=2000, help="ingest: files of ~110 KiB (default 2000)")
+    ap.add_argument("--ingest-classes", type=int, default=20, help="ingest: class folders (default 20)")
+    ap.add_argument("--records-mib", type=int, default=64, help="records: the shared file's size (default 64 MiB)")
+    ap.add_argument("--rtt-n", type=int, default=5000, help="transport: round trips per figure (default 5000)")
     ap.add_argument("--configs", default="sqlite,pg1,pg2", help="which of sqlite, pg1, pg2 (default all)")
+    ap.add_argument("--only", default=",".join(GROUPS), help=f"groups to run (default all: {','.join(GROUPS)})")
     ap.add_argument("--workdir", default="/var/tmp", help="a real disk for the clusters and the local side (default /var/tmp)")
+    ap.add_argument("--phase-timeout", type=float, default=900, help="abort when one phase takes longer (default 900 s)")
+    ap.add_argument("--strict", action="store_true", help="exit 2 when a goal is BELOW")
+    ap.add_argument("--keep", action="store_true", help="keep the tmp dir")
     ap.add_argument("--json", default=str(RESULTS / "meta.json"), help="results file (default bench/results/meta.json)")
     a = ap.parse_args(argv)
-    keys = [k.strip() for k in a.configs.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in CONFIGS]
-    if unknown or a.files < 2:
-        ap.error(f"unknown config {unknown} (choose from {', '.join(CONFIGS)}) or --files < 2")
+    a.configs = [k.strip() for k in a.configs.split(",") if k.strip()]
+    a.only = [g.strip() for g in a.only.split(",") if g.strip()]
+    unknown = [k for k in a.configs if k not in CONFIGS] + [g for g in a.only if g not in GROUPS]
+    if unknown or not a.configs or a.files < 4 or a.chains < 2 or a.depth < 1 or a.ingest_files < a.ingest_classes:
+        ap.error(f"unknown {unknown} (configs: {', '.join(CONFIGS)}; groups: {', '.join(GROUPS)}), --files < 4, "
+                 "--chains < 2, --depth < 1 or fewer --ingest-files than --ingest-classes")
     try:
         check_workdir(a.workdir)
     except BenchError as exc:
         ap.error(str(exc))
     work = Path(tempfile.mkdtemp(prefix="stripefs-bench-meta-", dir=a.workdir))
     work.chmod(0o755)  # the throwaway PostgreSQL server's user must reach its directory
-    results = {}
-    try:
-        for key in keys:
-            results[key] = _measure(key, work, a.files)
-    except BenchError as exc:
-        print(f"\nBENCHMARK FAILED: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    print(_report(results))
-    write_results({"benchmark": "meta", "commit": git_commit(), "results": results}, a.json)
-    return 0
+    bench = MetaBench(a, work)
+    started = _dt.datetime.now().isoformat(timespec="seconds")
+
+    def finish(total_s: float) -> int:
+        text, rows = report(bench.results, a, total_s)
+        print(text)
+        write_results({"benchmark": "meta", "when": started, "commit": git_commit(), "host": socket.gethostname(),
+                       "cpus": os.cpu_count(), "args": vars(a), "caches_dropped": bench.cold_ok,
+                       "total_s": round(total_s, 1), "rows": rows, "results": bench.results}, a.json)
+        below = [r for r in rows if r["pass"] is False]
+        return 2 if a.strict and below else 0
+
+    return supervise(bench, finish, keep=a.keep)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,185 @@
+"""bench/meta.py's table: one row per figure, the issue's goal rows first,
+each stripefs figure beside the local disk's from the same run (for the
+round trip: beside the bare pyzmq floor), the ratio, the goal and PASS/BELOW.
+
+Ratios are stripefs / local. For rates (ops/s, files/s, MiB/s) higher is
+better; for ms rows (CPU per create, round trips) lower is better.
+"""
+
+from __future__ import annotations
+
+# issue 15 "Done when": (row, configuration) -> (kind, value).
+#   min: stripefs >= value; max: stripefs <= value; ratio: stripefs / local >= value;
+#   time: stripefs takes at most value x the local disk's time (rate ratio >= 1 / value)
+GOALS = {
+    ("create", "sqlite"): ("min", 3000),
+    ("unlink", "sqlite"): ("min", 3000),
+    ("mkdir", "sqlite"): ("min", 3000),
+    ("rename", "sqlite"): ("min", 2000),
+    ("stat warm", "sqlite"): ("ratio", 0.3),
+    ("stat", "sqlite"): ("min", 5000),
+    ("readdir warm", "sqlite"): ("ratio", 0.3),
+    ("mkdir -p", "sqlite"): ("min", 3000),  # the issue's mkdir goal, for each directory of a chain
+    ("cp -r", "sqlite"): ("ratio", 0.3),
+    ("rm -rf", "sqlite"): ("min", 2000),
+    ("walk cold@default", "sqlite"): ("time", 1.5),
+    ("walk warm@default", "sqlite"): ("time", 1.5),
+    ("walk cold@dataset", "sqlite"): ("time", 1.5),
+    ("walk warm@dataset", "sqlite"): ("time", 1.5),
+    ("procs create", "sqlite"): ("min", 4000),
+    ("records", "sqlite"): ("min", 50),
+    ("cpu daemon", "sqlite"): ("max", 0.3),
+    ("rtt ping", "sqlite"): ("max", 0.35),
+    ("rtt getattr", "sqlite"): ("max", 0.35),
+    ("create", "pg2"): ("min", 1000),
+}
+
+OP_LABELS = {
+    "create": "create (open O_CREAT|O_EXCL + close)",
+    "unlink": "unlink",
+    "mkdir": "mkdir",
+    "rename": "rename (into another directory)",
+    "stat warm": "stat, warm",
+    "stat": "stat, cold (dentries dropped: a LOOKUP each)",
+    "readdir warm": "readdir (scandir), warm",
+    "mkdir -p": "mkdir -p chains (os.makedirs)",
+    "rmdir": "rmdir",
+}
+OP_UNITS = {"readdir warm": "entries/s", "mkdir -p": "dirs/s"}
+ISSUE_ORDER = ("create", "unlink", "mkdir", "rename", "stat warm", "stat", "readdir warm", "mkdir -p")
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "ms":
+        return f"{v:.3f} ms"
+    if unit == "MiB/s":
+        return f"{v:,.1f} MiB/s"
+    return f"{v:,.0f}{unit}" if unit == "/s" else f"{v:,.0f} {unit}"
+
+
+def _goal(goal: tuple | None, unit: str) -> str:
+    if goal is None:
+        return "-"
+    kind, value = goal
+    if kind == "ratio":
+        return f">= {value:.2f}x local"
+    if kind == "time":
+        return f"time <= {value:.1f}x local"
+    rel = ">=" if kind == "min" else "<="
+    return f"{rel} {value:.2f} ms" if unit == "ms" else f"{rel} {_fmt(value, unit)}"
+
+
+def _verdict(goal: tuple | None, stripefs: float | None, ratio: float | None) -> bool | None:
+    if goal is None or stripefs is None:
+        return None
+    kind, value = goal
+    if kind == "min":
+        return stripefs >= value
+    if kind == "max":
+        return stripefs <= value
+    if ratio is None:
+        return None
+    return ratio >= (value if kind == "ratio" else 1 / value)
+
+
+def rows_of(key: str, res: dict, args) -> list[dict]:
+    """Every figure of one configuration's results, as table rows (issue order)."""
+    rows = []
+
+    def add(row: str, label: str, stripefs: float | None, local: float | None, unit: str) -> None:
+        ratio = stripefs / local if stripefs is not None and local else None
+        goal = GOALS.get((row, key))
+        rows.append({"config": key, "row": row, "label": label, "unit": unit, "stripefs": stripefs, "local": local,
+                     "ratio": ratio, "goal": _goal(goal, unit), "pass": _verdict(goal, stripefs, ratio)})
+
+    if "stripefs_ops_s" in res:
+        for op in ISSUE_ORDER + ("rmdir",):
+            label = OP_LABELS[op] + (f", {args.chains} x depth {args.depth}" if op == "mkdir -p" else "")
+            add(op, label, res["stripefs_ops_s"][op], res["local_ops_s"][op], OP_UNITS.get(op, "/s"))
+    ing = res.get("ingest")
+    if ing:
+        size = f"{ing['files']:,} files ~110 KiB in {ing['classes']} dirs"
+        add("cp -r", f"ingest: cp -r + sync -f, {size}", ing["cp"]["stripefs"]["rate"], ing["cp"]["local"]["rate"],
+            "files/s")
+        add("rm -rf", "rm -rf of that tree", ing["rm"]["stripefs"]["rate"], ing["rm"]["local"]["rate"], "files/s")
+        for mode in ("default", "dataset"):
+            for temp in ("cold", "warm"):
+                w = ing["walk"].get(f"{temp}@{mode}")
+                if w:
+                    add(f"walk {temp}@{mode}", f"ImageFolder index walk, {temp}, {mode} mount",
+                        w["stripefs"]["rate"], w["local"]["rate"], "files/s")
+    if "procs" in res:
+        p = res["procs"]
+        add("procs create", f"create, 2 processes on one mount, {p['per_process']:,} each",
+            p["stripefs"]["rate"], p["local"]["rate"], "/s")
+    if "records" in res:
+        r = res["records"]
+        add("records", f"2 writers, 1 file, interleaved {r['record_bytes']:,} B records, "
+            f"{r['records'] * r['record_bytes'] / (1 << 20):.0f} MiB + fsync",
+            r["stripefs"]["mib_per_s"], r["local"]["mib_per_s"], "MiB/s")
+    cpu = res.get("cpu_per_create_ms")
+    if cpu:
+        add("cpu daemon", "CPU per create: metadata daemon(s) (utime+stime)", cpu["daemon"], cpu["local"], "ms")
+        add("cpu mount", "CPU per create: the mount(s)", cpu["mount"], cpu["local"], "ms")
+    t = res.get("transport")
+    if t:
+        floor = t["floor"]["mean_ms"]
+        add("rtt ping", "round trip at the client: PingReq to the daemon", t["ping"]["mean_ms"], floor, "ms")
+        add("rtt getattr", "round trip at the client: GetattrReq of /", t["getattr"]["mean_ms"], floor, "ms")
+        add("rtt client share", "round trip: RpcClient to a minimal server", t["client_share"]["mean_ms"], floor, "ms")
+    return rows
+
+
+def report(results: dict, args, total_s: float) -> tuple[str, list[dict]]:
+    """The table and the notes under it; the rows (for the JSON)."""
+    rows: list[dict] = []
+    lines = ["", "issue 15, metadata at the kernel's speed: stripefs beside the local disk, same run "
+                 "(ratio = stripefs / local: for rates higher is better, for ms lower is better)", ""]
+    header = f"  {'workload':64s} {'stripefs':>17s} {'local disk':>17s} {'ratio':>8s}  {'goal':<20s} verdict"
+    for key, res in results.items():
+        mine = rows_of(key, res, args)
+        if not mine:
+            continue
+        rows += mine
+        who = "one thread" if res["clients"] == 1 else f"{res['clients']} mounts, one thread each, at once"
+        lines += [f"{res['label']} (namespace operations: {who}, {res['files']:,} files):", header]
+        for r in mine:
+            local = _fmt(r["local"], r["unit"])
+            ratio = f"{r['ratio']:.3f}x" if r["ratio"] is not None else "-"
+            verdict = {True: "PASS", False: "BELOW", None: "-"}[r["pass"]]
+            lines.append(f"  {r['label']:64s} {_fmt(r['stripefs'], r['unit']):>17s} {local:>17s} {ratio:>8s}  "
+                         f"{r['goal']:<20s} {verdict}")
+        lines.append("")
+    lines += _notes(results, args)
+    passed = sum(1 for r in rows if r["pass"] is True)
+    below = [r for r in rows if r["pass"] is False]
+    lines.append(f"goals: {passed} PASS, {len(below)} BELOW; total time {total_s:.0f}s")
+    return "\n".join(lines), rows
+
+
+def _notes(results: dict, args) -> list[str]:
+    out = ["notes:",
+           "  stat cold: drop_caches 2 first; index walk cold: drop_caches 3 (default mount: the same client;",
+           "  dataset mount: `local down`, drop_caches, `local up -o dataset`, a fresh client), warm walks repeated"
+           " for >= 0.3 s;",
+           "  CPU per create, local disk column: this process's CPU per create on the local disk (the kernel's work);",
+           "  round trips: mean of sequential calls; the local column is a bare pyzmq DEALER/ROUTER round trip "
+           "(the floor)"]
+    for key, res in results.items():
+        t = res.get("transport")
+        if t:
+            out.append("  round trips, median / p99 ms: " + ", ".join(
+                f"{name} {t[name]['median_ms']:.3f} / {t[name]['p99_ms']:.3f}"
+                for name in ("floor", "client_share", "ping", "getattr")))
+        cpu = res.get("cpu_create_s")
+        if cpu:
+            out.append(f"  [{key}] CPU s in the create phase: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items()))
+                       + (" (postgres: the server and its backends; not in the daemon's figure)" if "postgres" in cpu else ""))
+        if res.get("loadavg"):
+            out.append(f"  [{key}] load average (1 min) at the start of each group: "
+                       + ", ".join(f"{g} {v:.1f}" for g, v in res["loadavg"].items()))
+        for p in res.get("log_problems", []):
+            out.append(f"  [{key}] stripefs log: {p}")
+    return out

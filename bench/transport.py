@@ -1,0 +1,177 @@
+"""A metadata round trip at the client, beside the floor under it: what one
+request to the metadata daemon costs a Python client on this machine before
+any namespace work (issue 15: <= 0.35 ms at the client).
+
+N sequential requests, one in flight, timed one by one (perf_counter):
+
+- floor: a bare pyzmq DEALER (blocking) sending one small frame to a bare
+  ROUTER echo loop in another process, over TCP on loopback as the cluster
+  talks. What ZeroMQ and two Python processes cost; nothing else can beat it.
+- client share: the project's client (common/transport.py ``RpcClient``
+  under trio) against a blocking pyzmq ROUTER in another process that
+  decodes each request and answers a PingRsp (common/protocol.py): the
+  client's part of a round trip, with a server as cheap as Python allows.
+- daemon: the same client against the cluster's metadata daemon, idle:
+  ``PingReq`` (dispatch only) and ``GetattrReq`` of the root (the daemon's
+  fast path for reads, daemon/service.py ``handle_now``).
+
+The local-disk ratio of the other benchmarks does not fit a round trip: the
+floor is printed beside it instead.
+
+    python bench/transport.py [--n 5000] [--meta tcp://127.0.0.1:PORT]   # without --meta: a throwaway cluster
+    python bench/transport.py serve echo|protocol                        # a server child (started by the above)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+
+WARMUP = 200
+
+
+def _summary(times: list[float]) -> dict:
+    return {"n": len(times), "mean_ms": statistics.fmean(times) * 1e3, "median_ms": statistics.median(times) * 1e3,
+            "p99_ms": sorted(times)[int(len(times) * 0.99)] * 1e3}
+
+
+def _server(kind: str, children=None) -> tuple[subprocess.Popen, str]:
+    """A server child of this file on a free loopback port: (process, its address)."""
+    cmd = [sys.executable, __file__, "serve", kind]
+    proc = (children.start if children else subprocess.Popen)(cmd, stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def _stop(proc: subprocess.Popen, children=None) -> None:
+    proc.kill()
+    proc.wait()
+    if children:
+        children.done(proc)
+
+
+def floor(n: int, children=None) -> dict:
+    """Bare pyzmq DEALER -> ROUTER echo in another process."""
+    proc, address = _server("echo", children)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        frame = b"\x93\x01\x01\x81\xa1t\xa4ping"  # the size of a msgpack PingReq header
+        times = []
+        for i in range(WARMUP + n):
+            t = time.perf_counter()
+            sock.send(frame)
+            sock.recv()
+            times.append(time.perf_counter() - t)
+        return _summary(times[WARMUP:])
+    finally:
+        sock.close()
+        ctx.term()
+        _stop(proc, children)
+
+
+def rpc(address: str, n: int, request) -> dict:
+    """The project's RpcClient: n sequential calls of ``request`` to ``address``."""
+    import trio
+    from stripefs.common.transport import connect
+
+    async def go() -> list[float]:
+        ctx = zmq.Context()
+        try:
+            async with connect(ctx, address, timeout=10.0) as client:
+                times = []
+                for _ in range(WARMUP + n):
+                    t = time.perf_counter()
+                    await client.call(request)
+                    times.append(time.perf_counter() - t)
+                return times[WARMUP:]
+        finally:
+            ctx.destroy(linger=0)
+
+    return _summary(trio.run(go))
+
+
+def client_share(n: int, children=None) -> dict:
+    """RpcClient -> a blocking ROUTER in another process answering PingRsp."""
+    from stripefs.common import protocol as p
+
+    proc, address = _server("protocol", children)
+    try:
+        return rpc(address, n, p.PingReq())
+    finally:
+        _stop(proc, children)
+
+
+def measure(meta_address: str, n: int, children=None) -> dict:
+    """Every figure of this module; meta_address: an idle metadata daemon."""
+    from stripefs.common import protocol as p
+
+    return {"floor": floor(n, children), "client_share": client_share(n, children),
+            "ping": rpc(meta_address, n, p.PingReq()), "getattr": rpc(meta_address, n, p.GetattrReq(ino=1))}
+
+
+def _serve(kind: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    print(f"tcp://127.0.0.1:{port}", flush=True)
+    if kind == "echo":
+        while True:
+            sock.send_multipart(sock.recv_multipart())
+    from stripefs.common import protocol as p
+
+    reply = p.PingRsp(role="meta")
+    while True:
+        identity, header, *_ = sock.recv_multipart()
+        request_id, _body = p.decode_request(header)
+        sock.send_multipart([identity, p.encode(request_id, reply)])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=5000, help="round trips per figure (default 5000)")
+    ap.add_argument("--meta", help="an idle metadata daemon (default: a throwaway local cluster)")
+    ap.add_argument("--workdir", default="/var/tmp", help="for the throwaway cluster (default /var/tmp)")
+    a = ap.parse_args(argv)
+    cluster = work = None
+    try:
+        address = a.meta
+        if not address:
+            from common import Cluster
+
+            work = Path(tempfile.mkdtemp(prefix="stripefs-bench-transport-", dir=a.workdir))
+            cluster = Cluster(work / "state", work / "mnt", nodes=1)
+            cluster.up()
+            address = f"tcp://127.0.0.1:{json.loads((work / 'state' / 'cluster.json').read_text())['meta_port']}"
+        res = measure(address, a.n)
+    finally:
+        if cluster is not None:
+            cluster.teardown()
+            shutil.rmtree(work, ignore_errors=True)
+    for key, label in (("floor", "bare pyzmq DEALER/ROUTER (the floor)"), ("client_share", "RpcClient -> minimal server"),
+                       ("ping", "RpcClient -> metadata daemon, PingReq"),
+                       ("getattr", "RpcClient -> metadata daemon, GetattrReq /")):
+        r = res[key]
+        print(f"{label:44s} {r['mean_ms']:.3f} ms mean  {r['median_ms']:.3f} median  {r['p99_ms']:.3f} p99")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        _serve(sys.argv[2])
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below tears the cluster down
+        sys.exit(main())
