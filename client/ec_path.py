@@ -27,8 +27,8 @@ Reads
     application.
 
 Writes
-    A dirty chunk becomes one stripe version. A dirty range that is not the
-    whole chunk is merged into the current stripe, read first
+    A dirty chunk becomes one stripe version. Dirty ranges that are not the
+    whole chunk are merged into the current stripe, read first
     (read-modify-write); a stripe never written before is zeros. The stripe is
     coded in worker threads, 1 MiB of stripe per pyeclib call, one call at a
     time (pyeclib holds the GIL: parallel calls would only queue; between
@@ -368,14 +368,15 @@ class EcPath:
         mine = of.uncommitted.get(dc.index)
         version = mine.version if mine is not None else await self._version_for(of, epoch, ref.version)
         cs = of.chunk_size
-        if dc.lo == 0 and dc.hi >= cs:
+        if dc.contiguous and dc.lo == 0 and dc.hi >= cs:
             stripe: bytes | bytearray | memoryview = memoryview(dc.buf)[:cs]
         else:
             stripe = bytearray(cs)
             if ref.version:
                 old = await self.stripe(of.ino, c, ref)
                 stripe[: len(old)] = old
-            stripe[dc.lo : dc.hi] = memoryview(dc.buf)[dc.lo : dc.hi]
+            for lo, hi in dc.ranges:
+                stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
         await self._write_stripe(of, c, ref, version, stripe, sync=sync)
 
     async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:

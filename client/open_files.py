@@ -3,10 +3,12 @@
 One ``OpenFile`` per inode, shared by every handle of that inode on this mount,
 so two file descriptors of one process see each other's writes.
 
-Dirty data is kept per chunk as one contiguous byte range (``DirtyChunk``).
-A write that is not contiguous with a chunk's dirty range first sends that
-range to storage. A chunk whose range becomes the whole chunk is sent in the
-background at once (sequential writers stream). ``flush`` sends the rest,
+Dirty data is kept per chunk as a few byte ranges in one buffer
+(``DirtyChunk``; one range for a contiguous writer). A write that would add a
+range past ``MAX_DIRTY_RANGES`` first sends the chunk's ranges to storage. A
+chunk whose ranges become the whole chunk is sent in the background at once
+(sequential writers stream; interleaved writers whose records fill each
+other's gaps too). ``flush`` sends the rest,
 waits for everything in flight and commits the new chunk versions and size to
 the metadata daemon: only then can another mount see the data (close-to-open).
 
@@ -37,32 +39,73 @@ from ..common import protocol as p
 log = logging.getLogger(__name__)
 
 
+#: byte ranges one chunk's dirty data may have before a write that would add another sends them:
+#: writers that leave gaps and fill them later (interleaved records, mmap writeback out of
+#: order) are coalesced into one send instead of one read-merge-rename per write
+MAX_DIRTY_RANGES = 64
+
+
 @dataclass
 class DirtyChunk:
     index: int
-    buf: bytearray  # bytes [lo, hi) are meaningful; the rest is padding
-    lo: int
-    hi: int
+    buf: bytearray  # the bytes of ``ranges`` at their offsets; zeros elsewhere
+    lo: int  # the first dirty byte
+    hi: int  # one past the last
+    #: the dirty byte ranges [start, end), sorted, disjoint and not touching; [(lo, hi)] for a
+    #: contiguous writer. Bytes between them are not ours: they are whatever storage holds.
+    ranges: list[tuple[int, int]] = field(default_factory=list)
     #: set when the range is taken for sending (OpenFile.take): the send waits for ``after``
     #: (the chunk's previous send) and sets ``done`` when it has finished, stored or not
     after: trio.Event | None = None
     done: trio.Event | None = None
 
-    def contiguous_with(self, offset: int, length: int) -> bool:
-        return offset <= self.hi and offset + length >= self.lo
+    def __post_init__(self) -> None:
+        if not self.ranges and self.hi > self.lo:
+            self.ranges = [(self.lo, self.hi)]  # made with one range (a test, a truncate's cut)
+
+    def takes(self, offset: int, length: int) -> bool:
+        """Whether a write of [offset, offset+length) can join the buffered ranges."""
+        if len(self.ranges) < MAX_DIRTY_RANGES:
+            return True
+        end = offset + length
+        return any(offset <= hi and end >= lo for lo, hi in self.ranges)  # touches one: no range added
 
     def merge(self, offset: int, data: bytes | memoryview) -> None:
-        """Copy ``data`` in at ``offset`` (``contiguous_with`` holds): the new bytes are copied once."""
+        """Copy ``data`` in at ``offset`` (``takes`` holds): the new bytes are copied once."""
         end = offset + len(data)
         n = len(self.buf)
         if offset == n:  # appending, as sequential writers do: amortised growth, no zero fill
             self.buf += data
         else:
-            if n < offset:  # the first bytes of a range starting mid-chunk: padding in front
+            if n < offset:  # the first bytes of a range starting past the buffer: padding in front
                 self.buf += bytes(offset - n)
             self.buf[offset:end] = data  # grows the buffer when ``end`` is past it
-        self.lo = min(self.lo, offset)
-        self.hi = max(self.hi, end)
+        if self.ranges and self.ranges[-1][1] == offset:  # the common case: extending the last range
+            self.ranges[-1] = (self.ranges[-1][0], end)
+        else:
+            self.ranges = _add_range(self.ranges, offset, end)
+        self.lo, self.hi = self.ranges[0][0], self.ranges[-1][1]
+
+    @property
+    def contiguous(self) -> bool:
+        return len(self.ranges) == 1
+
+    def pieces(self) -> list[DirtyChunk]:
+        """One DirtyChunk per range (sharing the buffer), for sends that cannot fill the gaps."""
+        return [DirtyChunk(self.index, self.buf, lo, hi, [(lo, hi)]) for lo, hi in self.ranges]
+
+
+def _add_range(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    """``ranges`` with [start, end) added, overlapping and touching ones merged into it."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if hi < start or lo > end:
+            out.append((lo, hi))
+        else:
+            start, end = min(start, lo), max(end, hi)
+    out.append((start, end))
+    out.sort()
+    return out
 
 
 @dataclass

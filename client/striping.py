@@ -380,16 +380,16 @@ class DataPath:
             piece = memoryview(data)[pos : pos + ext.length]
             pos += ext.length
             dc = of.dirty.get(ext.index)
-            while dc is not None and not dc.contiguous_with(ext.offset, ext.length):
+            while dc is not None and not dc.takes(ext.offset, ext.length):
                 await self._send(of, of.take(ext.index))
                 # the kernel's writeback of mmap'd pages sends WRITEs of one file at the same
                 # time: another may have buffered a new range of this chunk meanwhile
                 dc = of.dirty.get(ext.index)
             if dc is None:
-                dc = DirtyChunk(ext.index, bytearray(), ext.offset, ext.offset)
+                dc = DirtyChunk(ext.index, bytearray(), ext.offset, ext.offset)  # merge() makes its range
                 of.dirty[ext.index] = dc
             dc.merge(ext.offset, piece)
-            if dc.lo == 0 and dc.hi == cs:
+            if dc.contiguous and dc.lo == 0 and dc.hi == cs:
                 await self._send_in_background(of, of.take(ext.index))
             elif len(of.dirty) > MAX_DIRTY_CHUNKS:  # a scattered writer: memory stays bounded
                 await self._send_in_background(of, of.take(next(iter(of.dirty))))
@@ -498,8 +498,14 @@ class DataPath:
         # of that chunk id from before a truncate (garbage not deleted yet): the first range of the
         # session replaces it, zeros in front, so none of its old bytes come back.
         fresh = ref.version == 0 and dc.index not in of.uncommitted
+        if not fresh and not dc.contiguous:  # the gaps hold stored bytes this mount does not have
+            if len(dc.ranges) <= 2:  # a send per range: each node merges it into its copy
+                for piece in dc.pieces():
+                    await self._send_chunk(of, piece, sync=sync)
+                return
+            dc = await self._filled(of, dc)  # read once, fill the gaps here, one send
         lo = 0 if fresh else dc.lo
-        payload = memoryview(dc.buf)[lo : dc.hi]  # buf holds zeros before dc.lo
+        payload = memoryview(dc.buf)[lo : dc.hi]  # buf holds zeros before dc.lo and in the gaps (holes, when fresh)
         request = p.WriteChunkReq(
             chunk=chunk, version=epoch, base_version=ref.version, offset=lo, xxh3=xxhash.xxh3_64_intdigest(payload),
             sync=sync, replace=fresh,
@@ -538,6 +544,17 @@ class DataPath:
         self.cache.drop_chunk(of.ino, dc.index)  # reads of the chunk's old bytes in flight are stale now
         if not sync:
             of.unsynced[dc.index] = nodes
+
+    async def _filled(self, of: OpenFile, dc: DirtyChunk) -> DirtyChunk:
+        """``dc``'s ranges over the chunk's current bytes (this session's version if it wrote
+        one), as one range from 0: instead of a read-merge-rename of the chunk on every node
+        for every range (writers of records that leave gaps)."""
+        stored = await self._chunk_bytes(of, dc.index)
+        buf = bytearray(memoryview(stored)[: dc.hi])
+        buf += bytes(dc.hi - len(buf))  # past the stored bytes: a hole
+        for lo, hi in dc.ranges:
+            buf[lo:hi] = memoryview(dc.buf)[lo:hi]
+        return DirtyChunk(dc.index, buf, 0, dc.hi)
 
     async def _send_to_replicas(
         self, of: OpenFile, ref: p.ChunkRef, send, done: list[int], failed: dict[int, StripefsError], *, follow: bool

@@ -27,7 +27,7 @@ def _apply(writes):
     off0 = writes[0][0]
     dc = DirtyChunk(0, bytearray(), off0, off0)
     for off, data in writes:
-        assert dc.contiguous_with(off, len(data))
+        assert dc.takes(off, len(data))
         dc.merge(off, data)
     return dc
 
@@ -65,6 +65,61 @@ def test_merge_random_contiguous_writes():
         want, wlo, whi = _reference(writes)
         assert (dc.lo, dc.hi) == (wlo, whi)
         assert bytes(dc.buf[dc.lo : dc.hi]) == want
+
+
+def test_writes_with_gaps_keep_their_ranges_and_bytes():
+    """Writes that leave gaps (records written out of order, by two processes, or by mmap
+    writeback) are kept as separate ranges and coalesce once the gaps are filled."""
+    rng = random.Random(11)
+    for _ in range(300):
+        dc = DirtyChunk(0, bytearray(), 0, 0)
+        model = bytearray(CS)
+        written = bytearray(CS)  # 1 where some write put a byte
+        for _ in range(rng.randrange(1, 40)):
+            off = rng.randrange(0, CS - 1)
+            data = rng.randbytes(rng.randrange(1, min(20_000, CS - off) + 1))
+            if not dc.takes(off, len(data)):
+                break
+            dc.merge(off, data)
+            model[off : off + len(data)] = data
+            written[off : off + len(data)] = b"\1" * len(data)
+        want, pos = [], 0
+        while (start := written.find(1, pos)) >= 0:
+            end = written.find(0, start)
+            end = CS if end < 0 else end
+            want.append((start, end))
+            pos = end
+        assert dc.ranges == want
+        assert (dc.lo, dc.hi) == (want[0][0], want[-1][1])
+        for lo, hi in dc.ranges:
+            assert dc.buf[lo:hi] == model[lo:hi]
+        assert not any(dc.buf[want[-1][1] :]) and all(not any(dc.buf[a:b]) for (_, a), (b, _) in zip(want, want[1:]))
+        assert dc.contiguous == (len(want) == 1)
+        assert [(d.lo, d.hi, bytes(d.buf[d.lo : d.hi])) for d in dc.pieces()] == [(a, b, bytes(model[a:b])) for a, b in want]
+
+
+def test_interleaved_records_coalesce_into_the_whole_chunk():
+    """Two writers' records, each leaving the other's gap: one range once both are done."""
+    rec = 47_008
+    dc = DirtyChunk(0, bytearray(), 0, 0)
+    n = CS // rec
+    for k in list(range(0, n, 2)) + list(range(1, n, 2)):  # the even records, then the odd ones
+        assert dc.takes(k * rec, rec)
+        dc.merge(k * rec, bytes([k % 251]) * rec)
+    assert dc.ranges == [(0, n * rec)]
+    assert bytes(dc.buf[rec : 2 * rec]) == bytes([1]) * rec
+
+
+def test_a_range_past_the_limit_is_refused_but_a_touching_one_is_not():
+    from stripefs.client.open_files import MAX_DIRTY_RANGES
+
+    dc = DirtyChunk(0, bytearray(), 0, 0)
+    for k in range(MAX_DIRTY_RANGES):
+        dc.merge(k * 100, b"x" * 10)
+    assert len(dc.ranges) == MAX_DIRTY_RANGES
+    assert not dc.takes(MAX_DIRTY_RANGES * 100, 10)  # a new range: the chunk is sent first
+    assert dc.takes(5, 20)  # extends a range (and so adds none)
+    assert dc.takes(10, 90)  # joins two
 
 
 def _file(placed: dict[int, int]) -> OpenFile:
