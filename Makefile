@@ -1,4 +1,4 @@
-# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/run.py + bench/dataloader.py), make stop.
+# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/*.py: run, ec, tier, dataloader, meta, fuse_floor), make stop.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -96,6 +96,7 @@ bench: install $(VENV)/.bench-installed
 	$(PY) bench/tier.py
 	$(PY) bench/dataloader.py
 	$(PY) bench/meta.py
+	$(PY) bench/fuse_floor.py
 
 clean: stop
 	rm -rf $(VENV) *.egg-info

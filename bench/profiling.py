@@ -2,7 +2,8 @@
 them, and summarise where the time goes.
 
 ``Recorder`` attaches ``py-spy record`` (100 Hz, raw collapsed stacks; blocking
-mode: --nonblocking gave torn stacks here) to a few processes for the length
+mode: --nonblocking gave torn stacks here; ``gil``: only samples of the thread
+holding the GIL, i.e. Python at work, as bench/fuse_floor.py wants) to a few processes for the length
 of a ``with`` block and stops them with SIGINT, on which py-spy writes its
 output. ``summarise`` reads one raw profile: samples whose innermost Python
 frame is a wait (epoll, a lock, trio's idle worker threads, pyzmq's reaper
@@ -25,8 +26,9 @@ class Recorder:
     to PREFIX-NAME.txt; afterwards ``results[name] = (path, None)`` or
     ``(None, py-spy's complaint)``."""
 
-    def __init__(self, exe: str, pids: dict[str, int], prefix: Path, *, native: bool = False, rate: int = 100):
-        self.exe, self.pids, self.prefix, self.native, self.rate = exe, pids, prefix, native, rate
+    def __init__(self, exe: str, pids: dict[str, int], prefix: Path, *, native: bool = False, rate: int = 100,
+                 gil: bool = False):
+        self.exe, self.pids, self.prefix, self.native, self.rate, self.gil = exe, pids, prefix, native, rate, gil
         self.spies: dict[str, tuple[Path, subprocess.Popen]] = {}
         self.results: dict[str, tuple[Path | None, str | None]] = {}
 
@@ -36,7 +38,7 @@ class Recorder:
             out = Path(f"{self.prefix}-{name}.txt")
             out.unlink(missing_ok=True)
             cmd = [self.exe, "record", "--pid", str(pid), "--rate", str(self.rate), "--format", "raw",
-                   *(["--native"] if self.native else []), "--output", str(out)]
+                   *(["--native"] if self.native else []), *(["--gil"] if self.gil else []), "--output", str(out)]
             # its own session: a Ctrl-C at the terminal is the benchmark's to handle
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     start_new_session=True)
