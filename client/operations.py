@@ -47,10 +47,11 @@ Every name and attribute is cached for ``cache_timeout_s`` while the feed is
 healthy; ``open`` is answered from the lookup's open information without a
 round trip and always keeps the page cache (the feed drops pages of files
 that change); ``flush`` answers ENOSYS, after which the kernel stops sending it
-for the connection. So a warm epoch costs Python one OPEN, one GETATTR (the
-reader's fstat after a read marked atime stale: docs/design.md) and one
-RELEASE per file, each answered by a ``_fast_*`` path without the op_timeout
-cancel scope, and no network at all. A change made elsewhere becomes visible within the
+for the connection. So a warm epoch costs Python one OPEN and one RELEASE per
+file (plus a GETATTR in the first warm epoch: the reader's fstat after a read
+marked atime stale, docs/design.md), each answered by a ``_fast_*`` path
+without the op_timeout cancel scope, and no network at all; a buffered
+``open()``'s isatty IOCTL is answered ENOSYS by libfuse before Python sees it. A change made elsewhere becomes visible within the
 feed's bound (kernel_cache.py: 3 s plus delivery), not at the next open.
 Writes of any kind answer EROFS.
 

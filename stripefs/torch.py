@@ -113,8 +113,10 @@ def read_file(path: str | os.PathLike) -> bytes:
             data = _from_shm(path, directory)
             if data is not None:
                 return data
-    with open(path, "rb") as f:
-        return f.read()
+    # unbuffered: a buffered open() asks isatty(), an ioctl every FUSE open sends to the mount
+    # for nothing (bench/README.md, "The FUSE wall")
+    with open(path, "rb", buffering=0) as f:
+        return f.readall()
 
 
 def _from_shm(path, directory: bytes) -> bytes | None:
