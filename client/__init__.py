@@ -13,7 +13,8 @@ delegate). The pieces:
   sessions, commits), ``ec_path.py`` (erasure-coded stripes <-> fragments),
   ``placements.py`` (epochs and chunk placements of a write session),
   ``open_files.py`` (what the mount knows of an open file).
-* caches and fetching ahead: ``chunk_cache.py`` (memory), ``disk_cache.py``
+* caches and fetching ahead: ``fetch.py`` (one chunk wanted ahead of a read:
+  every fetch goes through ``DataPath.fetch``), ``chunk_cache.py`` (memory), ``disk_cache.py``
   (local disk), ``readahead.py`` (per handle), ``dir_hints.py`` (small files of
   a directory being walked), ``prefetch.py`` (sampler order),
   ``shm_cache.py`` (prefetched files in shared memory).

@@ -20,7 +20,9 @@ in ``housekeeping.py``). The pieces, from the bottom up:
   on S3: migrate, recall, policies, object collection; docs/tiering.md).
 * who is alive: ``health.py`` (storage nodes up/down, client sessions, their
   open files and the fences of expired ones), ``open_holds.py`` (open files across several daemons),
-  ``duties.py`` (the lease that picks the daemon running cluster-wide duties).
+  ``duties.py`` (the lease that picks the daemon running cluster-wide duties),
+  ``callbacks.py`` (what mounts may cache in the kernel, and the changes that
+  wait until they dropped it).
 * transactions: ``txn.py`` (the lock, savepoints, group commit on SQLite, a
   transaction per request on PostgreSQL; what every piece below gets instead
   of the service).
