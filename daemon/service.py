@@ -229,7 +229,7 @@ class MetaService:
                 self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring, daemon=self.boot_id)
                 if last_seq:  # a restart: mounts may still cache under callbacks this daemon never heard of
                     self.callbacks.start_grace()
-                stack.callback(self.feed.close)
+                stack.push_async_callback(self._close_feed)  # after the nursery below: no task writes any more
                 housekeeping = self.housekeeping
                 housekeeping.feed = self.feed
                 nursery = await stack.enter_async_context(trio.open_nursery())
@@ -265,6 +265,15 @@ class MetaService:
             if own_ctx:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_name())
+
+    async def _close_feed(self) -> None:
+        """On the way out: the batch still waiting for its group commit is committed, and so
+        published, while the feed can still tell the mounts; then the feed closes (a commit after
+        this publishes nothing: ``_committed``)."""
+        with trio.CancelScope(shield=True):
+            await self.txn.commit_now()
+        feed, self.feed = self.feed, None
+        feed.close()
 
     async def _start_curve(self, stack: contextlib.AsyncExitStack) -> None:
         """With curve_key/keyring: this daemon's key on every socket, and ZAP admitting the keyring's keys."""

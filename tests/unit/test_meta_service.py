@@ -5,6 +5,7 @@ on the same database), bad frames get error replies and the process stays
 up, SIGTERM exits 0. No storage node is needed: the test registers a fake one.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -294,6 +295,45 @@ async def test_in_process_group_commit_gc_and_health(tmp_path, ctx):
         assert info.value.code == ErrorCode.UNAVAILABLE
         other.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_change_still_uncommitted_at_shutdown_is_committed_and_published_before_the_feed_closes(tmp_path, ctx):
+    """A daemon stopped while a batch waits for its group commit: the final commit publishes the
+    change to the mounts while the feed is still open (it once published on the closed feed socket,
+    and the stop ended in ZMQError 'Socket operation on non-socket' instead of closing the database)."""
+    config = MetaConfig(listen=_free_address(), data_dir=str(tmp_path), group_commit_ms=60_000.0,
+                        chunk_size=1 << 20, stripe_count=1, redundancy="replicas=1")
+    service = MetaService(config, zmq_context=ctx)
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            sub.connect(f"tcp://127.0.0.1:{service.feed.port}")
+            nursery.start_soon(service.handle, P.MkdirReq(parent=ROOT, name=b"late", mode=0o40755, uid=0, gid=0), [])
+            with trio.fail_after(10):
+                while not service.txn._batch.dirty:  # written, waiting for its commit a minute from now
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        with trio.fail_after(10):  # the change went out (after the heartbeats the subscription may have caught)
+            while True:
+                await trio.sleep(0.01)
+                try:
+                    event = P.decode_event(sub.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    continue
+                if event.inodes or event.entries:
+                    break
+    finally:
+        sub.close(linger=0)
+    assert (await trio.to_thread.run_sync(_names_in, tmp_path / "meta.sqlite3")) == [b"late"]
+
+
+def _names_in(db) -> list[bytes]:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return [bytes(row[0]) for row in conn.execute("SELECT name FROM dentries WHERE parent=?", (ROOT,))]
 
 
 async def test_hostile_values_found_by_fuzzing_get_error_codes_not_internal(daemon, ctx):
