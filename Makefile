@@ -63,17 +63,28 @@ status: install
 	$(VENV)/bin/stripefs local status --dir $(STATE)
 
 # three tiers, each its own pytest run (each has its own conftest): unit, then the mount's handlers
-# without a kernel (tests/inprocess: real daemon and node processes), then real mounts (tests/cluster)
+# without a kernel (tests/inprocess: real daemon and node processes), then real mounts (tests/cluster).
+# Each in pytest-xdist workers (tests/util.py keeps their ports and the page cache apart): units of work
+# go whole to a worker in the order each tier's conftest sets (--no-loadscope-reorder), a unit being a
+# test, or a group (xdist_group: a file with clusters of its own, the tests on a PostgreSQL cluster).
+# Workers per tier (2 cores): the unit tests mostly wait; the in-process tier is mostly CPU; the
+# cluster tier waits about half the time (each worker starts its own cluster). Serially: XDIST_UNIT= etc.
+XDIST_UNIT ?= -n 4 --dist loadgroup --no-loadscope-reorder
+XDIST_INPROCESS ?= -n 2 --dist loadgroup --no-loadscope-reorder
+XDIST_CLUSTER ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test: install
-	$(PY) -m pytest -q -x tests/unit
-	$(PY) -m pytest -q -x tests/inprocess
-	$(PY) -m pytest -q tests/cluster
+	$(PY) -m pytest -q -x $(XDIST_UNIT) tests/unit
+	$(PY) -m pytest -q -x $(XDIST_INPROCESS) tests/inprocess
+	$(PY) -m pytest -q $(XDIST_CLUSTER) tests/cluster
 
 unit: install
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q $(XDIST_UNIT) tests/unit
 
 inprocess: install
-	$(PY) -m pytest -q tests/inprocess
+	$(PY) -m pytest -q $(XDIST_INPROCESS) tests/inprocess
+
+cluster: install
+	$(PY) -m pytest -q $(XDIST_CLUSTER) tests/cluster
 
 # long fuzzing runs: random seeds, FUZZ_EXAMPLES examples per endpoint (make test runs a fixed, short set);
 # then the data path against a model (tests/datapath_model.py): FUZZ_DATAPATH_OPS operations per layout

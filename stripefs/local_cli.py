@@ -46,7 +46,9 @@ def add_parser(sub) -> None:
     up = lsub.add_parser("up", help="start (or restart) the cluster and mount it",
                          description="Start a metadata daemon, N storage nodes and the mount. Running it again on a "
                          "stopped STATE brings the same data back; it starts what is not running (not the nodes an "
-                         "operator removed) and mounts again over a dead mount (its client killed).")
+                         "operator removed) and mounts again over a dead mount (its client killed). A new cluster's ports are free ones "
+                         "between 10000 and the ephemeral range, or in $STRIPEFS_LOCAL_PORTS (LOW-HIGH: several clusters "
+                         "created at once on one machine, each given its own range, never pick the same port).")
     up.add_argument("--dir", default=DEFAULT_STATE, help="state directory: configs, data, logs, pids (default: %(default)s)")
     up.add_argument("--mount", default="./mnt", help="mountpoint (default: %(default)s)")
     up.add_argument("--nodes", type=int, default=4, help="storage nodes (default: %(default)s)")

@@ -63,28 +63,62 @@ from .local_processes import is_mounted, mount_state, processes_of, unmount
 log = logging.getLogger(__name__)
 
 
+#: ``LOW-HIGH``: the ports local clusters (and stripefs's tests) pick from, instead of 10000 up to the
+#: ephemeral range. Several clusters started at once on one machine (test runs side by side, pytest-xdist
+#: workers) each given a range of their own cannot pick the same port.
+PORTS_ENV = "STRIPEFS_LOCAL_PORTS"
+
+_handed_out: set[int] = set()  # ports free_port returned in this process: not returned again
+
+
+def port_range() -> tuple[int, int]:
+    """[low, high) that ``free_port`` picks from: ``$STRIPEFS_LOCAL_PORTS`` (``LOW-HIGH``, inclusive),
+    else 10000 up to the kernel's ephemeral range."""
+    spec = os.environ.get(PORTS_ENV, "")
+    if spec:
+        try:
+            low, high = (int(v) for v in spec.split("-"))
+        except ValueError:
+            raise QuietError(f"${PORTS_ENV}={spec!r}: use LOW-HIGH, e.g. 20000-24999") from None
+        if not 1024 <= low <= high <= 65535:
+            raise QuietError(f"${PORTS_ENV}={spec!r}: ports between 1024 and 65535, LOW first")
+        return low, high + 1
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    return 10000, max(10001, ephemeral)
+
+
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 *below* the kernel's ephemeral range.
+    """A free TCP port on 127.0.0.1 *below* the kernel's ephemeral range (or in ``$STRIPEFS_LOCAL_PORTS``).
 
     A client that keeps reconnecting to a stopped server's port in the ephemeral
     range can be given that very port as its own source port and connect to
     itself (TCP simultaneous open); the server then cannot bind it again
     ("Address already in use") when it restarts. Below the range that cannot happen.
+
+    The port is free now, but nothing holds it until its server binds it: a port this process
+    handed out before is never handed out again (a cluster's ports are all picked before any
+    of its processes start), and processes picking at the same time should each have a range of
+    their own (``$STRIPEFS_LOCAL_PORTS``).
     """
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+    low, high = port_range()
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(10000, max(10001, low))
+        port = rng.randrange(low, high)
+        if port in _handed_out:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
+    if os.environ.get(PORTS_ENV):
+        raise QuietError(f"no free port in ${PORTS_ENV}={os.environ[PORTS_ENV]}")
     with socket.socket() as s:  # a crowded range: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -1,21 +1,38 @@
-"""What tests of both tiers share: free ports by the project's rule, cold caches, waiting for a condition.
+"""What tests of every tier share: free ports by the project's rule, cold caches, waiting for a condition,
+and what keeps pytest-xdist workers apart.
 
 ``tests/`` is on the import path of every test (``pythonpath`` in pyproject.toml):
 ``from util import free_port, free_address, drop_caches, eventually``.
+
+Tiers run with pytest-xdist (the Makefile): several worker processes, each with its
+own session fixtures (its own PostgreSQL server, rig or cluster). Two things they
+share are kept apart here:
+
+* ports: ``worker_ports()`` (each tier's ``pytest_configure`` calls ``configure``) gives every worker a
+  range of its own in ``$STRIPEFS_LOCAL_PORTS``, which ``free_port`` and every
+  ``stripefs local up`` the worker starts pick from, so two clusters starting at once
+  cannot pick the same port;
+* the kernel's page cache, dentries and inodes, which are the machine's: ``drop_caches()``
+  waits for tests that need theirs kept (``caches_kept()``, the ``warm_caches`` mark) and
+  they wait for it, across workers and test runs (a lock file in the temp dir).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import sys
+import tempfile
 import time
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 import trio
 
-from stripefs.local_cluster import free_port
+from stripefs.local_cluster import PORTS_ENV, free_port, port_range
 
-__all__ = ["free_port", "free_address", "drop_caches", "eventually", "eventually_async"]
+__all__ = ["free_port", "free_address", "drop_caches", "caches_kept", "eventually", "eventually_async", "configure"]
 
 T = TypeVar("T")
 
@@ -26,16 +43,114 @@ def free_address() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
 
 
+def worker_ports() -> None:
+    """Under pytest-xdist: this worker's slice of the port range, in ``$STRIPEFS_LOCAL_PORTS`` (inherited by
+    the clusters it starts). Worker gwN of M takes the N-th of M equal slices of the range this run
+    was given (by default 10000 up to the ephemeral range); nothing without xdist."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and count.isdigit()):
+        return
+    index, count = int(worker[2:]), int(count)
+    low, high = port_range()
+    size = (high - low) // count
+    os.environ[PORTS_ENV] = f"{low + index * size}-{low + (index + 1) * size - 1}"
+
+
+# -- the page cache ------------------------------------------------------------------------------
+
+#: one lock for every test process on the machine: the caches it guards are the machine's
+_CACHE_LOCK = os.path.join(tempfile.gettempdir(), "stripefs-tests-page-cache.lock")
+_cache_fd: int | None = None
+_kept = 0  # caches_kept() sections open in this process
+
+
+def _lock_fd() -> int:
+    global _cache_fd
+    if _cache_fd is None:
+        _cache_fd = os.open(_CACHE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    return _cache_fd
+
+
+@contextmanager
+def caches_kept() -> Iterator[None]:
+    """While inside, no test process on this machine drops the kernel's caches (``drop_caches`` waits):
+    for a test that asserts what is in the page cache, or counts the requests a warm kernel spares."""
+    global _kept
+    if _kept == 0:
+        fcntl.flock(_lock_fd(), fcntl.LOCK_SH)
+    _kept += 1
+    try:
+        yield
+    finally:
+        _kept -= 1
+        if _kept == 0:
+            fcntl.flock(_lock_fd(), fcntl.LOCK_UN)
+
+
 def drop_caches() -> None:
     """Write dirty pages back (``sync``), then drop the page cache, dentries and inodes:
     the next read goes to the mount. Raises when the kernel does not take the write
-    (not root, a read-only /proc), so that a "cold" test never runs warm unnoticed."""
-    os.sync()
+    (not root, a read-only /proc), so that a "cold" test never runs warm unnoticed.
+
+    Waits until no other test process keeps its caches (``caches_kept``); inside this process's
+    own ``caches_kept`` it drops anyway (the test asked for it) and keeps them again after."""
+    fd = _lock_fd()
+    fcntl.flock(fd, fcntl.LOCK_EX)  # converts this process's shared lock, if it holds one
     try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    except OSError as exc:
-        raise AssertionError(f"cannot drop the kernel's caches, so this read would not be cold: {exc}") from exc
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        except OSError as exc:
+            raise AssertionError(f"cannot drop the kernel's caches, so this read would not be cold: {exc}") from exc
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_SH if _kept else fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _warm_caches(request):
+    """Tests marked ``warm_caches`` run inside ``caches_kept()``."""
+    if request.node.get_closest_marker("warm_caches") is None:
+        yield
+        return
+    with caches_kept():
+        yield
+
+
+_groups_lost = ""  # why the tests of this worker fail (pytest_collection_modifyitems below)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which appends each test's group to its node id
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under ``--dist loadgroup`` a test marked ``xdist_group`` whose node id does not name its group is
+    scheduled on its own, and tests that must share a worker (a module's cluster, the PostgreSQL
+    cluster's tests) would not: then every test fails, saying why (``_xdist_groups``). (Raising here,
+    in a worker, reaches the terminal as an unrelated INTERNALERROR of pytest-xdist.)"""
+    global _groups_lost
+    if not config.getoption("loadgroup", False):  # set in pytest-xdist workers only
+        return
+    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        _groups_lost = (f"--dist loadgroup does not group tests with this pytest-xdist and pytest (pytest-xdist "
+                        f"issue 1386: pyproject.toml keeps pytest below 9.2 for it): {lost[0]} has no group")
+
+
+@pytest.fixture(autouse=True)
+def _xdist_groups() -> None:
+    if _groups_lost:
+        pytest.fail(_groups_lost, pytrace=False)
+
+
+def configure(config) -> None:
+    """Each tier's ``pytest_configure``: this worker's ports, the ``warm_caches`` mark, and this module as a
+    plugin (its ``_warm_caches`` fixture and its check of pytest-xdist's groups)."""
+    worker_ports()
+    config.addinivalue_line("markers", "warm_caches: the test needs the kernel's caches kept: other test processes' "
+                            "drop_caches() waits until it ends (tests/util.py)")
+    config.pluginmanager.register(sys.modules[__name__], "stripefs-tests-util")
+
+
+# -- waiting -------------------------------------------------------------------------------------
 
 
 def eventually(check: Callable[[], T], within: float = 10.0, what: str = "condition", *, every: float = 0.05) -> T:

@@ -37,7 +37,7 @@ import pytest
 
 from stripefs.common import config as cfg
 from stripefs.local_cluster import LocalCluster, _alive, _is_mounted
-from util import drop_caches  # noqa: F401  (the tests import it from here too)
+from util import configure, drop_caches  # noqa: F401  (the tests import drop_caches from here too)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -254,24 +254,65 @@ def run_cluster(request, c: "Cluster", *, after_up=None, label: str = ""):
 
 
 def pytest_configure(config):
+    configure(config)  # tests/util.py: under pytest-xdist, ports of this worker's own; the warm_caches mark
     config.addinivalue_line("markers", "pg_cluster: the test uses pg_cluster (run last: see pytest_collection_modifyitems)")
 
 
+#: the order in which files are handed to pytest-xdist workers: the longest first (seconds, run one at a
+#: time on a 2-core machine), so that no worker starts a long one while the others run out of work.
+#: PG_GROUP: every test on pg_cluster (below). Files not named here go last.
+PG_GROUP = "pg_cluster"
+LONGEST_FIRST = [
+    "test_healing.py",  # 90
+    "test_datapath_model.py",  # 88
+    "test_tier.py",  # 45
+    "test_cli.py",  # 41
+    "test_failures.py",  # 37
+    "test_fuzz.py",  # 36
+    "test_erasure.py",  # 33
+    "test_kernel_cache.py",  # 28
+    "test_data.py",  # 24
+    "test_operator.py",  # 23
+    "test_ops.py",  # 22
+    "test_secure_cluster.py",  # 22
+    "test_write_errors.py",  # 19
+    PG_GROUP,  # 70: test_multi_meta.py, test_pg_multi.py, test_posix.py[postgresql]; short files follow it
+    "test_backup.py",  # 12
+    "test_quota.py",  # 8
+    "test_deploy.py",  # 4
+    "test_posix.py",  # 2
+    "test_write_path.py",  # 2
+    "test_names.py",  # 2
+]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(session, config, items):
-    """The tests on ``pg_cluster`` run last (in their own order), so that it is up only while they run.
+    """The order of the files (``LONGEST_FIRST``), and what pytest-xdist keeps together on one worker.
+
+    The Makefile runs this tier with ``-n 2 --dist loadgroup --no-loadscope-reorder``: every worker has
+    its own session clusters, a unit of work goes whole to one worker, and units are handed out in
+    this order. A unit is a file (its module-scoped clusters and mounts start once), except the
+    tests on ``pg_cluster``: one unit of their own (``xdist_group`` marks), so that one worker
+    starts that cluster, as late as it can.
 
     A session fixture is torn down at the end of the session, not after its last user: started by
     the first of them, the PostgreSQL cluster would otherwise run through every file after it. Idle,
     its two metadata daemons poll the shared database (change feed, duties lease) and with
     PostgreSQL take about 0.6 of a core: a third of a 2-core CI machine, taken from every other
-    test. A test gets there by asking for ``pg_cluster`` or by the ``pg_cluster`` mark (a fixture
-    that picks the cluster at run time, like test_posix.py's ``mnt``, marks its parameter)."""
+    test. So its unit comes after the long files, and only short ones follow it (to keep the other
+    worker busy meanwhile). A test gets there by asking for ``pg_cluster`` or by the ``pg_cluster``
+    mark (a fixture that picks the cluster at run time, like test_posix.py's ``mnt``, marks its parameter)."""
     def on_pg(item) -> bool:
         return "pg_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("pg_cluster") is not None
 
-    pg = [item for item in items if on_pg(item)]
-    if pg:
-        items[:] = [item for item in items if not on_pg(item)] + pg
+    def unit(item) -> str:
+        return PG_GROUP if on_pg(item) else item.path.name
+
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(unit(item), len(rank)))  # stable: a file's own order stays
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(unit(item)))
 
 
 @pytest.fixture(autouse=True)

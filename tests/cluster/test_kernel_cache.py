@@ -19,6 +19,10 @@ from conftest import drop_caches, run_cli
 from stripefs.common.protocol import EVENTS_SILENCE_S
 from stripefs.torch import PrefetchSampler
 
+# what these tests assert lives in the kernel's caches (pages prefetched into them, names and attributes that
+# spare requests): other test processes' drop_caches() waits while one runs (tests/util.py)
+pytestmark = pytest.mark.warm_caches
+
 #: a change elsewhere is visible to a dataset mount within this (documented bound + slack for a busy machine)
 BOUND_S = EVENTS_SILENCE_S + 2.0
 

@@ -7,6 +7,8 @@ import os
 import sqlite3
 import struct
 
+import pytest
+
 from stripefs.daemon.db import DB_NAME
 
 from conftest import drop_caches
@@ -23,6 +25,7 @@ def _mount_metrics(cluster) -> dict:
     return scrape(url)
 
 
+@pytest.mark.warm_caches  # counts requests that the kernel's cached inode spares (security.capability)
 def test_sequential_write_asks_the_daemon_little_and_reads_back(cluster, mnt):
     chunks = 24  # default layout: 4 MiB chunks
     blocks = [os.urandom(MiB) for _ in range(8)]

@@ -43,7 +43,7 @@ from stripefs.common import protocol as P
 from stripefs.common.errors import StripefsError
 from stripefs.common.transport import connect
 from stripefs.local_postgres import LocalPostgres, choose_dir
-from util import free_port
+from util import configure, free_port
 
 from fsapi import Kernel, open_fs
 
@@ -240,15 +240,42 @@ def both_stores(request) -> Rig:
 
 
 def pytest_configure(config):
+    configure(config)  # tests/util.py: under pytest-xdist, ports of this worker's own; the warm_caches mark
     config.addinivalue_line("markers", "pg_rig: the test runs on the PostgreSQL rig (run last: pytest_collection_modifyitems)")
 
 
+#: handed to pytest-xdist workers first (loadgroup scheduling hands out units in collection order): the
+#: longest test (~60 s of the tier's ~80 s run one at a time), so that it never starts last
+FIRST = ["test_data_ops.py::test_thousands_of_small_files"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(session, config, items):
     """Tests on the PostgreSQL rig run last, so that its server and daemons are up only while they run
-    (a session fixture is torn down at the end of the session, not after its last user)."""
-    pg = [item for item in items if item.get_closest_marker("pg_rig") is not None or "pg_rig" in getattr(item, "fixturenames", ())]
-    if pg:
-        items[:] = [item for item in items if item not in pg] + pg
+    (a session fixture is torn down at the end of the session, not after its last user).
+
+    Under pytest-xdist (the Makefile: ``-n 2 --dist loadgroup --no-loadscope-reorder``) every worker
+    has its own session rigs, units of work go whole to one worker in this order, and a unit is a
+    test, except: the tests on the PostgreSQL rig are one unit (one worker starts that rig, last),
+    and so are a module's tests on a rig of the module's own (test_erasure_ops.py's 6 nodes)."""
+    def on_pg(item) -> bool:
+        return item.get_closest_marker("pg_rig") is not None or "pg_rig" in getattr(item, "fixturenames", ())
+
+    def rank(item) -> int:
+        if on_pg(item):
+            return 2
+        return 0 if item.nodeid.split("/")[-1].split("[")[0] in FIRST else 1
+
+    items.sort(key=rank)  # stable: the rest keep their order
+    for item in items:
+        if on_pg(item):
+            item.add_marker(pytest.mark.xdist_group("pg_rig"))
+        elif any(fixture in getattr(item, "fixturenames", ()) for fixture in MODULE_RIGS):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+
+
+#: rig fixtures of a module's own (module scope): that module's tests are one unit of pytest-xdist's work
+MODULE_RIGS = ("ec_rig",)
 
 
 class _ClientErrors(logging.Handler):

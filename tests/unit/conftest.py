@@ -1,7 +1,7 @@
 """A throwaway PostgreSQL server for the unit tests of the PostgreSQL store (stripefs/local_postgres.py).
 
-One server per test session, started on first use; each test gets its own
-empty schema (``pg_dsn``), so tests never see each other's tables.
+One server per test session (per pytest-xdist worker), started on first use; each
+test gets its own empty schema (``pg_dsn``), so tests never see each other's tables.
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from util import free_port
+from util import configure, free_port
 from stripefs.local_postgres import LocalPostgres, choose_dir
 
 _schemas = itertools.count(1)
+
+
+def pytest_configure(config):
+    configure(config)  # tests/util.py: under pytest-xdist, ports of this worker's own; the warm_caches mark
 
 
 @pytest.fixture(scope="session")

@@ -400,6 +400,7 @@ def test_delete_respects_version_bound(tmp_path):
     assert store.delete([c], max_versions=[9]) == 0
 
 
+@pytest.mark.warm_caches  # reads with RWF_NOWAIT what it just read: no drop_caches() elsewhere meanwhile
 def test_nowait_reads_come_from_the_page_cache_or_say_so(store):
     data = _pattern(30 * BS + 7)
     store.write(C, 3, 0, 0, data)
