@@ -547,7 +547,7 @@ def main(argv=None) -> int:
     ap.add_argument("--files", type=int, default=3, help="files per run (default 3)")
     ap.add_argument("--kill-every", type=int, default=0, metavar="N", help="every N operations kill -9 a storage node (a quarter in) "
                     "and restart it (three quarters in)")
-    ap.add_argument("--parallel", action="store_true", help="with --layout both: the two layouts at once (one cluster each)")
+    ap.add_argument("--parallel", action="store_true", help="every run (layout x mmap mode) at once, each on a cluster of its own")
     ap.add_argument("--mount", type=Path, help="a directory in an existing stripefs mount: run in a new directory there, with the "
                     "layout it has (no cluster started, no kills; close-to-open through the same mount)")
     ap.add_argument("--local-dir", type=Path, help="run on a local directory instead (checks the model itself)")
@@ -566,6 +566,7 @@ def main(argv=None) -> int:
     results: list[tuple[str, dict]] = []
     failures: list[str] = []
     stop = threading.Event()
+    starting = threading.Lock()
     print("seeds: " + ", ".join(f"{lo} mmap {'on' if m else 'off'}: {s}" for lo, m, s in runs), flush=True)
 
     def run_one(target: Target, layout: str, use_mmap: bool, seed: int, kills=()) -> None:
@@ -585,21 +586,21 @@ def main(argv=None) -> int:
                                    for k in sorted(res["counts"], key=lambda k: -res["times"][k])), flush=True)
         print(f"== {name}: seed {seed}: {args.ops} ops OK in {res['seconds']:.0f} s ({res['ops_per_s']:.0f} ops/s)", flush=True)
 
-    def on_cluster(layout: str) -> None:
-        """The runs of one layout on a cluster of their own, always torn down."""
+    def on_cluster(layout: str, mine: list[tuple[str, bool, int]]) -> None:
+        """The runs ``mine`` (all of ``layout``) one after the other on a cluster of their own, always torn down."""
         c = _cluster_helpers()
         cluster = new_cluster(c)
         cluster.expected_log_patterns += args.allow_log
         ok = False
         try:
             t = time.monotonic()
-            cluster.up()
-            other = set_up(cluster, c.run_cli)
+            with starting:  # one at a time: each `local up` picks free ports, and two at once can pick the same
+                cluster.up()
+                other = set_up(cluster, c.run_cli)
             print(f"{layout}: cluster of {NODES} nodes up in {time.monotonic() - t:.1f} s at {cluster.root}", flush=True)
-            for lo, use_mmap, seed in runs:
-                if lo == layout:
-                    run_one(cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ", args.kill_every), layout, use_mmap,
-                            seed, kill_schedule(args.ops, args.kill_every))
+            for _, use_mmap, seed in mine:
+                run_one(cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ", args.kill_every), layout, use_mmap,
+                        seed, kill_schedule(args.ops, args.kill_every))
             ok = True
         finally:
             cluster.teardown()
@@ -614,9 +615,9 @@ def main(argv=None) -> int:
             else:
                 print(f"{layout}: cluster state and logs kept in {cluster.state}", flush=True)
 
-    def guarded(layout: str) -> None:
+    def guarded(layout: str, mine: list[tuple[str, bool, int]]) -> None:
         try:
-            on_cluster(layout)
+            on_cluster(layout, mine)
         except Mismatch:
             pass
         except Stopped as e:
@@ -643,8 +644,8 @@ def main(argv=None) -> int:
                 pass
             finally:
                 shutil.rmtree(d, ignore_errors=True)
-        elif args.parallel and len(layouts) > 1:
-            threads = [threading.Thread(target=guarded, args=(lo,), name=lo) for lo in layouts]
+        elif args.parallel and len(runs) > 1:
+            threads = [threading.Thread(target=guarded, args=(lo, [(lo, m, s)]), name=f"{lo}-{s}") for lo, m, s in runs]
             for t in threads:
                 t.start()
             try:
@@ -659,7 +660,7 @@ def main(argv=None) -> int:
                 return 130
         else:
             for layout in layouts:
-                guarded(layout)
+                guarded(layout, [r for r in runs if r[0] == layout])
                 if stop.is_set():
                     break
         return 1 if failures else 0
