@@ -7,7 +7,7 @@ STATE ?= ./.stripefs
 MNT ?= ./mnt
 NODES ?= 4
 
-.PHONY: install run stop status test unit inprocess cluster bench fuzz clean
+.PHONY: install run stop status test unit inprocess cluster bench fuzz fuzz-resume clean
 
 $(VENV)/.installed: pyproject.toml
 	@if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null; then \
@@ -88,18 +88,23 @@ cluster: install
 
 # long fuzzing runs: random seeds, FUZZ_EXAMPLES examples per endpoint (make test runs a fixed, short set);
 # then the data path against a model (tests/datapath_model.py): FUZZ_DATAPATH_OPS operations per layout
-# (replicas=2 and ec=4+2, at once, a cluster each) and mmap mode (with, then without: 2x that per layout),
-# random seeds (printed, with the line that replays a failure), a storage node kill -9ed and restarted
-# every FUZZ_DATAPATH_KILL_EVERY operations
+# (replicas=2 and ec=4+2) and mmap mode (with and without: 2x that per layout), the four runs at once on a
+# cluster each, random seeds (printed, with the line that replays a failure), a storage node kill -9ed and
+# restarted every FUZZ_DATAPATH_KILL_EVERY operations. About 3.5 h on 2 cores: each run saves a checkpoint
+# in FUZZ_CHECKPOINTS every 10,000 operations, and `make fuzz-resume` finishes a run that was stopped.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_DATAPATH_OPS ?= 500000
 FUZZ_DATAPATH_KILL_EVERY ?= 50000
+FUZZ_CHECKPOINTS ?= .fuzz-checkpoints
 fuzz: install
 	@# two runs: each tier's tests import their own conftest by that name
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/cluster/test_fuzz.py
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/unit/test_feed_fuzz.py
 	$(PY) tests/datapath_model.py --layout both --parallel --mmap both --ops $(FUZZ_DATAPATH_OPS) \
-		--kill-every $(FUZZ_DATAPATH_KILL_EVERY) --progress 60
+		--kill-every $(FUZZ_DATAPATH_KILL_EVERY) --checkpoint $(FUZZ_CHECKPOINTS) --progress 60
+
+fuzz-resume: install
+	$(PY) tests/datapath_model.py --resume $(FUZZ_CHECKPOINTS) --parallel --progress 60
 
 bench: install $(VENV)/.bench-installed
 	$(PY) bench/run.py

@@ -42,6 +42,13 @@ CLI (``make fuzz`` runs a million operations per layout)::
 
     .venv/bin/python tests/datapath_model.py --layout ec --mmap off --seed 1 --ops 20000   # a cluster of its own
     .venv/bin/python tests/datapath_model.py --layout both --parallel --mmap both --kill-every 5000 --ops 100000
+    .venv/bin/python tests/datapath_model.py ... --checkpoint DIR   # saves each run's state every 10,000 ops
+    .venv/bin/python tests/datapath_model.py --resume DIR --parallel  # a run stopped (Ctrl-C, a reboot) goes on
+
+A checkpoint holds the run's random generators, its models and the file the next
+operation is on: a resumed run performs exactly the operations the unbroken run
+would have (tests/unit/test_datapath_checkpoint.py), on a new cluster, after
+writing each file from its model.
     .venv/bin/python tests/datapath_model.py --mount ./mnt/somedir --ops 20000   # a running cluster, that dir's layout
     .venv/bin/python tests/datapath_model.py --local-dir /tmp/x --ops 20000      # the model itself, on a local fs
 """
@@ -50,8 +57,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import mmap
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -128,11 +137,13 @@ class Engine:
     """One seeded run over ``nfiles`` files in ``target.dir``.
 
     ``mmap``: use mmap reads and writes. ``kills``: (kill at op, restart at op) pairs.
-    ``progress``: seconds between progress lines (0: none)."""
+    ``progress``: seconds between progress lines (0: none). ``checkpoint``: a file where the run's state
+    is saved every ``checkpoint_every`` operations (or as soon after as no node is killed), and at its end (``save``);
+    ``restore`` continues a run from one."""
 
     def __init__(self, target: Target, seed: int, *, use_mmap: bool = True, nfiles: int = 3,
                  kills: list[tuple[int, int]] = (), progress: float = 0.0, history: int = 30, out=sys.stdout,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, checkpoint: Path | None = None, checkpoint_every: int = 10000):
         self.t = target
         self.seed = seed
         self.use_mmap = use_mmap
@@ -154,6 +165,11 @@ class Engine:
         self.times: collections.Counter[str] = collections.Counter()  # seconds spent per kind
         self.op = -1
         self.desc = ""
+        self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
+        self.start = 0  # the first operation this process runs (0, or where a checkpoint left off)
+        self.file_index = 0  # the file the next operation is on (unless it moves): part of a checkpoint
+        self.seconds_before = 0.0  # time the run took in earlier processes (resumed from a checkpoint)
+        self.segments = 1  # how many processes the run took
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -424,13 +440,20 @@ class Engine:
     def run(self, ops: int) -> dict:
         for f in self.files:
             f.fd = os.open(f.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            if f.model:  # resumed: the file starts as the checkpoint's model of it
+                _write_whole(f.fd, f.model)
         t0 = last = time.monotonic()
-        last_op = i = 0
+        last_op, i = self.start, self.file_index
+        next_checkpoint = (self.start // self.checkpoint_every + 1) * self.checkpoint_every
         killed = None
         try:
-            for self.op in range(ops):
+            for self.op in range(self.start, ops):
                 if self.stop is not None and self.stop.is_set():
                     raise Stopped(f"{self.t.label}stopped at operation {self.op}")
+                if self.checkpoint and self.op >= next_checkpoint and not killed:
+                    self.file_index = i
+                    self.save(ops, time.monotonic() - t0)
+                    next_checkpoint = (self.op // self.checkpoint_every + 1) * self.checkpoint_every
                 if self.op in self.kills and self.t.kill:
                     self.desc = "kill a storage node"
                     killed = self.t.kill(self.kill_rng)
@@ -477,9 +500,79 @@ class Engine:
                     self._restart(killed)
                 except Exception as e:  # noqa: BLE001  (the failure that got us here is the one to report)
                     self._print(f"{self.t.label}could not restart after {killed}: {e!r}")
-        elapsed = time.monotonic() - t0
+        elapsed = self.seconds_before + time.monotonic() - t0
+        if self.checkpoint:
+            self.save(ops, time.monotonic() - t0, done=True)
         return {"seed": self.seed, "ops": ops, "seconds": elapsed, "ops_per_s": ops / elapsed if elapsed else 0.0,
-                "counts": dict(self.counts), "times": dict(self.times)}
+                "counts": dict(self.counts), "times": dict(self.times), "segments": self.segments}
+
+    # -- checkpoints: a long run goes on in a later process ---------------------------
+
+    def save(self, ops: int, seconds: float, done: bool = False) -> None:
+        """Write the run's state to ``self.checkpoint`` (atomically): what ``restore`` needs to run
+        operation ``self.op`` onward exactly as this process would have (the random generators' states,
+        the models, the file the next operation is on), plus counts and times for the report."""
+        state = {
+            "format": CHECKPOINT_FORMAT, "seed": self.seed, "use_mmap": self.use_mmap, "ops": ops, "op": self.op,
+            "done": done, "file_index": self.file_index, "rng": self.rng.getstate(), "kill_rng": self.kill_rng.getstate(),
+            "models": [bytes(f.model) for f in self.files], "counts": dict(self.counts), "times": dict(self.times),
+            "seconds": self.seconds_before + seconds, "segments": self.segments, "recent": list(self.recent),
+            "label": self.t.label, "replay": self.t.replay,
+        }
+        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
+        with open(tmp, "wb") as out:
+            pickle.dump(state, out, protocol=pickle.HIGHEST_PROTOCOL)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.checkpoint)
+
+    def restore(self, state: dict) -> None:
+        """Continue the run a checkpoint saved (``save``): the next ``run`` starts at its operation,
+        its files rewritten from its models first (on whatever cluster this engine's target is)."""
+        if state["seed"] != self.seed or len(state["models"]) != len(self.files):
+            raise ValueError(f"checkpoint of seed {state['seed']} ({len(state['models'])} files) does not fit this run")
+        self.rng.setstate(state["rng"])
+        self.kill_rng.setstate(state["kill_rng"])
+        for f, model in zip(self.files, state["models"]):
+            f.model[:] = model
+        self.start, self.file_index = state["op"], state["file_index"]
+        self.counts.update(state["counts"])
+        self.times.update(state["times"])
+        self.seconds_before, self.segments = state["seconds"], state["segments"] + 1
+        self.recent.extend(state["recent"])
+        self.recent.append(f"{self.start}: -- resumed from a checkpoint: files rewritten from the model")
+
+
+CHECKPOINT_FORMAT = 1
+
+
+PLAN = "run.json"  # in a checkpoint directory: the CLI's settings and runs (layout, mmap, seed)
+
+
+def _checkpoint_path(d: Path, layout: str, use_mmap: bool, seed: int) -> Path:
+    return d / f"{layout}-mmap-{'on' if use_mmap else 'off'}-{seed}.ckpt"
+
+
+def _checkpoint_done(d: Path, layout: str, use_mmap: bool, seed: int) -> bool:
+    try:
+        return load_checkpoint(_checkpoint_path(d, layout, use_mmap, seed))["done"]
+    except (OSError, ValueError, pickle.UnpicklingError, EOFError):
+        return False
+
+
+def load_checkpoint(path: Path) -> dict:
+    with open(path, "rb") as f:
+        state = pickle.load(f)  # our own file, written by Engine.save
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: not a checkpoint of this version of the tester")
+    return state
+
+
+def _write_whole(fd: int, data: bytes | bytearray) -> None:
+    view, done = memoryview(data), 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], done)
+    os.fsync(fd)
 
 
 def kill_schedule(ops: int, every: int) -> list[tuple[int, int]]:
@@ -556,23 +649,66 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the cluster's state directory (logs) even when everything passed")
     ap.add_argument("--verbose", "-v", action="store_true", help="at the end of each run: operations per kind and their mean time")
     ap.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines (default 5; 0: none)")
+    ap.add_argument("--checkpoint", type=Path, metavar="DIR", help="save each run's state in DIR every 10,000 operations "
+                    "(while no node is killed), so that --resume DIR can finish a long run in a later process")
+    ap.add_argument("--resume", type=Path, metavar="DIR", help="finish the run whose checkpoints are in DIR (its settings "
+                    "come from there): each unfinished run goes on where its last checkpoint left it, on a new cluster, its "
+                    "files rewritten from the model first")
+    ap.add_argument("--checkpoint-every", type=int, default=10000, metavar="N", help="operations between checkpoints (default 10000)")
     args = ap.parse_args(argv)
-    seed0 = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
-    modes = {"on": [True], "off": [False], "both": [True, False]}[args.mmap]
-    layouts = ["rep", "ec"] if args.layout == "both" else [args.layout]
-    if args.local_dir or args.mount:
-        layouts = ["local" if args.local_dir else "mount"]
-    runs = [(layout, use_mmap, seed0 + k) for k, (layout, use_mmap) in enumerate((lo, m) for lo in layouts for m in modes)]
+    if args.resume:
+        try:
+            plan = json.loads((args.resume / PLAN).read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--resume {args.resume}: no run's checkpoints there ({e})")
+        args.checkpoint = args.resume
+        args.ops, args.kill_every, args.files = plan["ops"], plan["kill_every"], plan["files"]
+        runs = [tuple(r) for r in plan["runs"]]
+        layouts = sorted({lo for lo, _, _ in runs}, key=["rep", "ec"].index)
+    else:
+        seed0 = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+        modes = {"on": [True], "off": [False], "both": [True, False]}[args.mmap]
+        layouts = ["rep", "ec"] if args.layout == "both" else [args.layout]
+        if args.local_dir or args.mount:
+            layouts = ["local" if args.local_dir else "mount"]
+        runs = [(layout, use_mmap, seed0 + k) for k, (layout, use_mmap) in enumerate((lo, m) for lo in layouts for m in modes)]
+    if args.checkpoint and (args.local_dir or args.mount):
+        ap.error("--checkpoint and --resume are for the CLI's own clusters (not --mount or --local-dir)")
+    if args.checkpoint and not args.resume:
+        try:
+            old = json.loads((args.checkpoint / PLAN).read_text())
+        except (OSError, ValueError):
+            old = None
+        if old and not all(_checkpoint_done(args.checkpoint, *r) for r in old["runs"]):
+            ap.error(f"{args.checkpoint} holds a run that has not finished: --resume {args.checkpoint} finishes it "
+                     "(or delete the directory to start afresh)")
+        shutil.rmtree(args.checkpoint, ignore_errors=True)
+        args.checkpoint.mkdir(parents=True)
+        (args.checkpoint / PLAN).write_text(json.dumps(
+            {"ops": args.ops, "kill_every": args.kill_every, "files": args.files, "runs": runs,
+             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
     results: list[tuple[str, dict]] = []
     failures: list[str] = []
     stop = threading.Event()
     starting = threading.Lock()
     print("seeds: " + ", ".join(f"{lo} mmap {'on' if m else 'off'}: {s}" for lo, m, s in runs), flush=True)
+    if args.resume:  # the runs that had finished are reported, not run again
+        for lo, m, seed in [r for r in runs if _checkpoint_done(args.checkpoint, *r)]:
+            st = load_checkpoint(_checkpoint_path(args.checkpoint, lo, m, seed))
+            results.append((f"{lo} mmap {'on' if m else 'off'}", {"seed": seed, "ops": st["ops"], "seconds": st["seconds"],
+                            "ops_per_s": st["ops"] / st["seconds"], "segments": st["segments"]}))
+            print(f"== {results[-1][0]}: seed {seed}: had finished, {st['ops']} ops OK in {st['seconds']:.0f} s", flush=True)
+            runs.remove((lo, m, seed))
 
     def run_one(target: Target, layout: str, use_mmap: bool, seed: int, kills=()) -> None:
         name = f"{target.label}mmap {'on' if use_mmap else 'off'}"
         print(f"== {name}: seed {seed}, {args.ops} ops, {args.files} files in {target.dir}", flush=True)
-        engine = Engine(target, seed, use_mmap=use_mmap, nfiles=args.files, kills=kills, progress=args.progress, stop=stop)
+        ckpt = _checkpoint_path(args.checkpoint, layout, use_mmap, seed) if args.checkpoint else None
+        engine = Engine(target, seed, use_mmap=use_mmap, nfiles=args.files, kills=kills, progress=args.progress, stop=stop,
+                        checkpoint=ckpt, checkpoint_every=args.checkpoint_every)
+        if args.resume and ckpt.exists():
+            engine.restore(load_checkpoint(ckpt))
+            print(f"== {name}: seed {seed}: resumed at operation {engine.start} ({engine.seconds_before:.0f} s before)", flush=True)
         try:
             res = engine.run(args.ops)
         except Mismatch as e:
@@ -584,7 +720,8 @@ def main(argv=None) -> int:
         if args.verbose:
             print("   " + ", ".join(f"{k} {res['counts'][k]} ({1e3 * res['times'][k] / res['counts'][k]:.1f} ms)"
                                    for k in sorted(res["counts"], key=lambda k: -res["times"][k])), flush=True)
-        print(f"== {name}: seed {seed}: {args.ops} ops OK in {res['seconds']:.0f} s ({res['ops_per_s']:.0f} ops/s)", flush=True)
+        took = f" in {res['segments']} processes" if res["segments"] > 1 else ""
+        print(f"== {name}: seed {seed}: {args.ops} ops OK in {res['seconds']:.0f} s{took} ({res['ops_per_s']:.0f} ops/s)", flush=True)
 
     def on_cluster(layout: str, mine: list[tuple[str, bool, int]]) -> None:
         """The runs ``mine`` (all of ``layout``) one after the other on a cluster of their own, always torn down."""
@@ -621,7 +758,7 @@ def main(argv=None) -> int:
         except Mismatch:
             pass
         except Stopped as e:
-            print(f"{e} (another run failed)", flush=True)
+            print(f"{e} (another run failed, or the CLI was interrupted)", flush=True)
         except BaseException as e:  # noqa: BLE001  (a thread's error ends every run, reported)
             failures.append(f"{layout}: {e!r}")
             stop.set()
@@ -660,7 +797,8 @@ def main(argv=None) -> int:
                 return 130
         else:
             for layout in layouts:
-                guarded(layout, [r for r in runs if r[0] == layout])
+                if mine := [r for r in runs if r[0] == layout]:
+                    guarded(layout, mine)
                 if stop.is_set():
                     break
         return 1 if failures else 0
@@ -671,7 +809,8 @@ def main(argv=None) -> int:
     finally:
         print("\nseeds used:", flush=True)
         for name, res in results:
-            print(f"  {name}: seed {res['seed']}, {res['ops']} ops OK ({res['ops_per_s']:.0f} ops/s)")
+            took = f", {res['segments']} processes" if res.get("segments", 1) > 1 else ""
+            print(f"  {name}: seed {res['seed']}, {res['ops']} ops OK in {res['seconds']:.0f} s{took} ({res['ops_per_s']:.0f} ops/s)")
         for f in failures:
             print(f"  {f.splitlines()[0]}" + "".join(f"\n  {line.strip()}" for line in f.splitlines() if "replay:" in line))
         print("FAILED" if failures else "OK" if results else "", flush=True)
