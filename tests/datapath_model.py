@@ -211,7 +211,36 @@ class Engine:
         want = bytes(f.model[off:off + n])
         if got == want:
             return
-        self._fail(self._diff(f, off, got, want, how))
+        self._fail(self._diff(f, off, got, want, how) + "\n" + self._second_look(f, off, n, got, want))
+
+    def _second_look(self, f: FileState, off: int, n: int, got: bytes, want: bytes) -> str:
+        """Where the wrong bytes live (a race that does not replay needs this from the failing run):
+        the same read again through the kernel's page cache, then with O_DIRECT (the mount answers:
+        its own state), each compared with the model and with the first read."""
+
+        def verdict(again: bytes) -> str:
+            return "matches the model" if again == want else "the same wrong bytes" if again == got else "other wrong bytes"
+
+        out = []
+        if f.fd >= 0:  # the same descriptor: an open could drop the kernel's cached pages
+            try:
+                out.append(f"  read again (the kernel's page cache): {verdict(os.pread(f.fd, n, off))}")
+            except OSError as e:
+                out.append(f"  read again (the kernel's page cache): {e!r}")
+        try:
+            fd = os.open(f.path, os.O_RDONLY | os.O_DIRECT)
+            start, end = off & ~(PAGE - 1), -(-(off + n) // PAGE) * PAGE  # aligned, into an aligned buffer
+            buf = mmap.mmap(-1, max(end - start, PAGE))
+            try:
+                count = os.preadv(fd, [buf], start)
+                out.append(f"  read with O_DIRECT (what the mount answers now): "
+                           f"{verdict(buf[off - start:min(off - start + n, count)])}")
+            finally:
+                os.close(fd)
+                buf.close()
+        except OSError as e:
+            out.append(f"  read with O_DIRECT (what the mount answers now): {e!r}")
+        return "\n".join(out)
 
     def _whose(self, f: FileState, pos: int, wrong: bytes) -> str:
         """What the wrong bytes read at ``pos`` are: zeros, or bytes of a recent write (which one, where)."""
@@ -646,6 +675,8 @@ def main(argv=None) -> int:
     ap.add_argument("--local-dir", type=Path, help="run on a local directory instead (checks the model itself)")
     ap.add_argument("--allow-log", action="append", default=[], metavar="REGEX", help="an ERROR line in the cluster's logs that "
                     "does not fail the run (any other does; repeatable)")
+    ap.add_argument("--keep-going", action="store_true", help="with --parallel: a run that fails does not stop the others "
+                    "(each has a cluster of its own)")
     ap.add_argument("--keep", action="store_true", help="keep the cluster's state directory (logs) even when everything passed")
     ap.add_argument("--verbose", "-v", action="store_true", help="at the end of each run: operations per kind and their mean time")
     ap.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines (default 5; 0: none)")
@@ -714,7 +745,8 @@ def main(argv=None) -> int:
         except Mismatch as e:
             failures.append(f"{name} FAILED: {e}")
             print(f"\n{failures[-1]}\n", flush=True)
-            stop.set()
+            if not args.keep_going:
+                stop.set()
             raise
         results.append((name, res))
         if args.verbose:
