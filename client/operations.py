@@ -665,16 +665,19 @@ class Operations(pyfuse3.Operations):
         self.streams[fh] = ReadStream()
         return fh
 
-    async def _opened(self, rsp: p.OpenRsp, *, fresh_attrs: bool = False) -> tuple[OpenFile, bool]:
-        """Record an OpenRsp; returns the state and whether the kernel may keep its page cache."""
-        of, keep, stale_attrs = self._record_open(rsp, fresh_attrs)
-        if stale_attrs:
-            # the kernel may hold old attributes (size!): make it ask again
-            await trio.to_thread.run_sync(_invalidate_attr, rsp.attr.ino)
-        return of, keep
+    def _drop_handle(self, fh: int) -> OpenFile:
+        """Forget handle ``fh``; its file's state too when no other handle holds it (its own
+        unsent data, if any, is the caller's to send first: ``release``)."""
+        of = self.handles.pop(fh)
+        del self.streams[fh]
+        of.open_count -= 1
+        if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
+            del self.files[of.ino]  # (no CloseReq: see release)
+        return of
 
     def _record_open(self, rsp: p.OpenRsp, fresh_attrs: bool) -> tuple[OpenFile, bool, bool]:
-        """_opened without the wait: (state, keep the page cache, the kernel's attributes are old)."""
+        """Record an OpenRsp: (the file's state, whether the kernel may keep its page cache, whether
+        the kernel's attributes are old). Take the handle (``_new_handle``) before anything waits."""
         self.data.nodes.learn(rsp.nodes)
         ino = rsp.attr.ino
         of = self.files.get(ino)
@@ -737,22 +740,34 @@ class Operations(pyfuse3.Operations):
             rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
             if isinstance(listed, p.Attr) and not write and not self.kcache.changed_since(stamp, inode):
                 self._keep_held(inode, rsp)  # the next opens need no round trip
-            of, keep = await self._opened(rsp, fresh_attrs=rsp.attr == listed)
+            fresh_attrs = rsp.attr == listed
         else:
-            of, keep = await self._opened(rsp, fresh_attrs=True)  # the LOOKUP just gave the kernel these attributes
-        if flags & os.O_TRUNC and of.size:
-            # libfuse negotiates atomic O_TRUNC: the kernel sends no SETATTR, the open truncates
-            self._open_info.pop(inode, None)
-            self._held_info.pop(inode, None)
-            await self.data.truncate(of, 0)
-            keep = False
-        if flags & os.O_TRUNC and ctx.uid != 0 and _privileges_to_kill(of.attr.mode):
-            # ... and so also kills set-id bits itself, as a truncate by anyone without
-            # CAP_FSETID does on ext4 and tmpfs (should_remove_suid)
-            mode = stat.S_IMODE(of.attr.mode) & ~_privileges_to_kill(of.attr.mode)
-            of.attr = (await self.meta.call(p.SetattrReq(ino=inode, mode=mode))).attr
-            await trio.to_thread.run_sync(_invalidate_attr, inode)
-        return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
+            fresh_attrs = True  # the LOOKUP just gave the kernel these attributes
+        of, keep, stale_attrs = self._record_open(rsp, fresh_attrs)
+        # The handle holds the file's state from here on, before anything below waits: a RELEASE of
+        # the file's last other handle meanwhile would otherwise drop that state from ``files``, and
+        # the next open would make a second one, older than this handle's writes.
+        fh = self._new_handle(of)
+        try:
+            if stale_attrs:
+                # the kernel may hold old attributes (size!): make it ask again
+                await trio.to_thread.run_sync(_invalidate_attr, inode)
+            if flags & os.O_TRUNC and of.size:
+                # libfuse negotiates atomic O_TRUNC: the kernel sends no SETATTR, the open truncates
+                self._open_info.pop(inode, None)
+                self._held_info.pop(inode, None)
+                await self.data.truncate(of, 0)
+                keep = False
+            if flags & os.O_TRUNC and ctx.uid != 0 and _privileges_to_kill(of.attr.mode):
+                # ... and so also kills set-id bits itself, as a truncate by anyone without
+                # CAP_FSETID does on ext4 and tmpfs (should_remove_suid)
+                mode = stat.S_IMODE(of.attr.mode) & ~_privileges_to_kill(of.attr.mode)
+                of.attr = (await self.meta.call(p.SetattrReq(ino=inode, mode=mode))).attr
+                await trio.to_thread.run_sync(_invalidate_attr, inode)
+        except BaseException:
+            self._drop_handle(fh)  # the open failed: the kernel never learns this handle
+            raise
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     async def _open_dataset(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         """Dataset mode: no round trip when the open information is known; the page cache always stays."""
@@ -787,7 +802,7 @@ class Operations(pyfuse3.Operations):
                 self._names_complete.pop(parent_inode, None)  # it was there after all: ask from now on
             raise
         self._name_made(parent_inode, name)
-        of, _ = await self._opened(rsp, fresh_attrs=True)
+        of, _, _ = self._record_open(rsp, fresh_attrs=True)
         fh = self._new_handle(of)
         of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
@@ -832,10 +847,7 @@ class Operations(pyfuse3.Operations):
         of = self.handles.get(fh)
         if of is None or (of.open_count == 1 and (of.has_unflushed or of.size != of.attr.size)):
             return _SLOW  # the last close of a file with unsent data: the handler sends it
-        del self.handles[fh], self.streams[fh]
-        of.open_count -= 1
-        if of.open_count == 0 and self.files.get(of.ino) is of:
-            del self.files[of.ino]  # (no CloseReq: see release)
+        self._drop_handle(fh)
         return None
 
     async def release(self, fh):

@@ -8,6 +8,7 @@ import hashlib
 import os
 import random
 
+import pyfuse3
 import trio
 
 from fsapi import Kernel, open_fs
@@ -67,3 +68,33 @@ async def test_thousands_of_small_files(fs, monkeypatch):
     async with open_fs(fs.rig, Kernel(monkeypatch), "cold-reader") as reader:
         for (d, name), digest in sums.items():
             assert hashlib.sha256(await reader.read_file(dirs[d], name)).hexdigest() == digest, name
+
+
+async def test_a_release_while_another_open_waits_keeps_one_state_per_file(fs, monkeypatch):
+    """RELEASE of a file's last handle can arrive while an OPEN of the same file waits (here: for the
+    kernel's attributes to be dropped, because the file changed since its pages were cached). The
+    new handle must still be the file's one state (``Operations.files``): with a second one, a later
+    open read a chunk map older than this handle's writes and wrote over them (found by the data-path
+    tester, tests/datapath_model.py: a read of bytes just written returned zeros)."""
+    ops = fs.ops
+    ino = await fs.write_file(fs.dir, b"f", b"a" * 5000)
+    first = await fs.open(ino, os.O_RDWR)
+    ops._kernel_view[ino] = (0, 0)  # the kernel's pages are older than the file: the open drops its attributes
+    released = []
+
+    def invalidate(inode, attr_only=False):  # on a worker thread: the RELEASE is handled meanwhile
+        if inode == ino and not released:
+            released.append(first)
+            trio.from_thread.run(fs.release, first)
+
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate)
+    second = await fs.open(ino, os.O_RDWR)
+    assert released == [first]  # the race happened
+    assert ops.files.get(ino) is ops.handles[second]  # ... and the file still has one state, this handle's
+    await fs.write(second, 0, b"b" * 10)
+    third = await fs.open(ino, os.O_RDONLY)
+    assert ops.handles[third] is ops.handles[second]
+    assert await fs.read(third, 0, 20) == b"b" * 10 + b"a" * 10
+    await fs.close(third)
+    await fs.close(second)
+    assert await fs.read_file(fs.dir, b"f") == b"b" * 10 + b"a" * 4990
