@@ -158,6 +158,7 @@ class Engine:
         # (op, file index, offset, data) of recent writes, and of data cut off by truncates (its old place):
         # a mismatch report says whose bytes were read
         self.writes: collections.deque[tuple[int, int, int, bytes]] = collections.deque(maxlen=300)
+        self.copy_sources: dict[int, tuple[int, int]] = {}  # op of a copy in ``writes`` -> (source file, offset)
         self.files = [FileState(target.dir / f"model-{seed}-{i}", FILE_MAX[i % len(FILE_MAX)]) for i in range(nfiles)]
         kinds = [k for k in OPS if use_mmap or not k.startswith("mmap")]
         self.kinds, self.weights = kinds, [OPS[k] for k in kinds]
@@ -216,30 +217,25 @@ class Engine:
     def _second_look(self, f: FileState, off: int, n: int, got: bytes, want: bytes) -> str:
         """Where the wrong bytes live (a race that does not replay needs this from the failing run):
         the same read again through the kernel's page cache, then with O_DIRECT (the mount answers:
-        its own state), each compared with the model and with the first read."""
-
-        def verdict(again: bytes) -> str:
-            return "matches the model" if again == want else "the same wrong bytes" if again == got else "other wrong bytes"
-
-        out = []
-        if f.fd >= 0:  # the same descriptor: an open could drop the kernel's cached pages
-            try:
-                out.append(f"  read again (the kernel's page cache): {verdict(os.pread(f.fd, n, off))}")
-            except OSError as e:
-                out.append(f"  read again (the kernel's page cache): {e!r}")
-        try:
-            fd = os.open(f.path, os.O_RDONLY | os.O_DIRECT)
-            start, end = off & ~(PAGE - 1), -(-(off + n) // PAGE) * PAGE  # aligned, into an aligned buffer
-            buf = mmap.mmap(-1, max(end - start, PAGE))
-            try:
-                count = os.preadv(fd, [buf], start)
-                out.append(f"  read with O_DIRECT (what the mount answers now): "
-                           f"{verdict(buf[off - start:min(off - start + n, count)])}")
-            finally:
-                os.close(fd)
-                buf.close()
-        except OSError as e:
-            out.append(f"  read with O_DIRECT (what the mount answers now): {e!r}")
+        its own state), each compared with the model and with the first read. When the first wrong
+        byte was last written by a copy_file_range, the same two reads of the copy's source."""
+        out = [f"  read again (the kernel's page cache): {_verdict(_read_cached(f, off, n), want, got)}",
+               f"  read with O_DIRECT (what the mount answers now): {_verdict(_read_direct(f.path, off, n), want, got)}"]
+        bad = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]), None)
+        if bad is None:
+            return "\n".join(out)
+        pos, i = off + bad, self.files.index(f)
+        for op, j, woff, data in reversed(self.writes):
+            if j == i and woff <= pos < woff + len(data):
+                if op in self.copy_sources:
+                    k, src = self.copy_sources[op]
+                    g, spos = self.files[k], src + pos - woff
+                    length = min(len(data) - (pos - woff), n - bad)
+                    swant = bytes(g.model[spos:spos + length])  # the source now (ops since may have changed it)
+                    out.append(f"  the first wrong byte was written by op {op}, a copy from f{k} {src:#x}; f{k} at {spos:#x}+{length:#x} now:")
+                    out.append(f"    through the page cache: {_verdict(_read_cached(g, spos, length), swant, got[bad:bad + length])}")
+                    out.append(f"    with O_DIRECT: {_verdict(_read_direct(g.path, spos, length), swant, got[bad:bad + length])}")
+                break
         return "\n".join(out)
 
     def _whose(self, f: FileState, pos: int, wrong: bytes) -> str:
@@ -375,6 +371,9 @@ class Engine:
         data = bytes(src_f.model[src:src + n])
         self._put(dst_f.model, dst, data)
         self.writes.append((self.op, i, dst, data))
+        self.copy_sources[self.op] = (j, src)
+        if len(self.copy_sources) > 300:
+            del self.copy_sources[next(iter(self.copy_sources))]
         return self.desc
 
     def _map(self, f: FileState, off: int, n: int) -> tuple[mmap.mmap, int]:
@@ -573,6 +572,39 @@ class Engine:
 
 
 CHECKPOINT_FORMAT = 1
+
+
+def _verdict(again: bytes | str, want: bytes, got: bytes) -> str:
+    if isinstance(again, str):
+        return again  # the read failed: why
+    return "matches the model" if again == want else "the same wrong bytes" if again == got else "other wrong bytes"
+
+
+def _read_cached(f: FileState, off: int, n: int) -> bytes | str:
+    """``n`` bytes at ``off`` through ``f``'s own descriptor (an open could drop the kernel's pages)."""
+    if f.fd < 0:
+        return "not open"
+    try:
+        return os.pread(f.fd, n, off)
+    except OSError as e:
+        return repr(e)
+
+
+def _read_direct(path: Path, off: int, n: int) -> bytes | str:
+    """``n`` bytes at ``off`` read with O_DIRECT (aligned, into an aligned buffer): what the mount answers."""
+    start, end = off & ~(PAGE - 1), -(-(off + n) // PAGE) * PAGE
+    buf = mmap.mmap(-1, max(end - start, PAGE))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            count = os.preadv(fd, [buf], start)
+        finally:
+            os.close(fd)
+        return buf[off - start:min(off - start + n, count)]
+    except OSError as e:
+        return repr(e)
+    finally:
+        buf.close()
 
 
 PLAN = "run.json"  # in a checkpoint directory: the CLI's settings and runs (layout, mmap, seed)
