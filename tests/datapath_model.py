@@ -212,7 +212,10 @@ class Engine:
         want = bytes(f.model[off:off + n])
         if got == want:
             return
-        self._fail(self._diff(f, off, got, want, how) + "\n" + self._second_look(f, off, n, got, want))
+        look = self._second_look(f, off, n, got, want)
+        if len(got) < len(want):  # stopped early: the size the kernel has, what the mount has past it
+            look += "\n" + self._size_look(f, off + len(got), len(want) - len(got))
+        self._fail(self._diff(f, off, got, want, how) + "\n" + look)
 
     def _second_look(self, f: FileState, off: int, n: int, got: bytes, want: bytes) -> str:
         """Where the wrong bytes live (a race that does not replay needs this from the failing run):
@@ -237,6 +240,18 @@ class Engine:
                     out.append(f"    with O_DIRECT: {_verdict(_read_direct(g.path, spos, length), swant, got[bad:bad + length])}")
                 break
         return "\n".join(out)
+
+    def _size_look(self, f: FileState, off: int, n: int) -> str:
+        """For a read or copy that stopped early at ``off``: the size the kernel has for the file
+        (fstat: its cached i_size), and what the mount answers past it (O_DIRECT)."""
+        want = bytes(f.model[off:off + n])
+        try:
+            kernel = f"{os.fstat(f.fd).st_size:#x}" if f.fd >= 0 else "not open"
+        except OSError as e:
+            kernel = repr(e)
+        got = _read_direct(f.path, off, n)
+        direct = got if isinstance(got, str) else f"{len(got):#x} bytes, {'the model' if got == want else 'not the model'}'s bytes"
+        return f"  the file's size for the kernel (fstat): {kernel}; read with O_DIRECT at {off:#x}+{n:#x}: {direct}"
 
     def _whose(self, f: FileState, pos: int, wrong: bytes) -> str:
         """What the wrong bytes read at ``pos`` are: zeros, or bytes of a recent write (which one, where)."""
@@ -367,7 +382,8 @@ class Engine:
                 break
             done += c
         if done != n:
-            self._fail(f"copy_file_range copied {done:#x} of {n:#x} bytes (source size {size:#x})")
+            self._fail(f"copy_file_range copied {done:#x} of {n:#x} bytes (source size {size:#x})\n"
+                       + self._size_look(src_f, src + done, n - done))
         data = bytes(src_f.model[src:src + n])
         self._put(dst_f.model, dst, data)
         self.writes.append((self.op, i, dst, data))
