@@ -136,6 +136,9 @@ class OpenFile:
     inflight: int = 0
     idle: trio.Event = field(default_factory=trio.Event)
     write_error: BaseException | None = None
+    #: held by a flush (send, commit) and a truncate (flush, cut): a commit's reply sets the size and
+    #: attributes the daemon had when it answered, so no truncate may run between its request and its reply
+    commit_lock: trio.Lock = field(default_factory=trio.Lock)
     write_slots: trio.Semaphore | None = None
     #: the size writes may make the file reach under its directory quotas (OpenRsp.quota_max_size); -1: none applies
     quota_max: int = -1

@@ -609,7 +609,12 @@ class DataPath:
         """Send every dirty range, wait for writes in flight, commit versions and size.
 
         Any part of that failing fails the write session: it is discarded and the error
-        raised here, once (open_files.py); nothing of it is committed."""
+        raised here, once (open_files.py); nothing of it is committed. One flush or
+        truncate of a file at a time (``OpenFile.commit_lock``)."""
+        async with of.commit_lock:
+            await self._flush(of, sync=sync)
+
+    async def _flush(self, of: OpenFile, *, sync: bool = False) -> None:
         try:
             while of.dirty and of.write_error is None:
                 await self._send(of, of.take(min(of.dirty)), sync=sync)
@@ -709,8 +714,9 @@ class DataPath:
 
     async def truncate(self, of: OpenFile, new_size: int) -> p.Attr:
         """Cut or extend a file: the boundary chunk is cut on its replicas, then the daemon drops the rest."""
-        await self.flush(of)
-        return await self._cut(of, new_size)
+        async with of.commit_lock:
+            await self._flush(of)
+            return await self._cut(of, new_size)
 
     async def _cut(self, of: OpenFile, new_size: int) -> p.Attr:
         """Truncate with nothing left to flush: cut the boundary chunk, then tell the daemon."""

@@ -11,7 +11,9 @@ import random
 import pyfuse3
 import trio
 
-from fsapi import Kernel, open_fs
+from stripefs.common import protocol as P
+
+from fsapi import Ctx, Kernel, SetattrFields, open_fs
 
 MiB = 1 << 20
 
@@ -98,3 +100,38 @@ async def test_a_release_while_another_open_waits_keeps_one_state_per_file(fs, m
     await fs.close(third)
     await fs.close(second)
     assert await fs.read_file(fs.dir, b"f") == b"b" * 10 + b"a" * 4990
+
+
+async def test_a_truncate_during_another_handles_commit_keeps_its_size(fs, monkeypatch):
+    """One thread fsyncs a file while another extends it with ftruncate (a database's log does
+    both). The fsync's commit reply, computed before the truncate, must not put the file's size
+    back: the extended bytes would then read as past the end, and the kernel would cut its size."""
+    ops = fs.ops
+    ino = await fs.write_file(fs.dir, b"t", b"a" * 1000)
+    fh = await fs.open(ino, os.O_RDWR)
+    await fs.write(fh, 0, b"b" * 10)  # something for the fsync to commit
+    meta = ops.data.meta
+    real_call = meta.call
+    commit_sent, release_commit = trio.Event(), trio.Event()
+
+    async def call(request, **kw):
+        rsp = await real_call(request, **kw)
+        if isinstance(request, P.CommitReq) and not commit_sent.is_set():
+            commit_sent.set()  # answered by the daemon, the reply not yet taken in
+            await release_commit.wait()
+        return rsp
+
+    monkeypatch.setattr(meta, "call", call)
+    extended = SetattrFields(update_size=True)
+    attr = pyfuse3.EntryAttributes()
+    attr.st_size = 5000
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fs.fsync, fh)
+        await commit_sent.wait()
+        nursery.start_soon(fs.ops.setattr, ino, attr, extended, fh, Ctx())
+        await trio.sleep(0.5)  # the truncate runs as far as it may while the commit waits
+        release_commit.set()
+    assert ops.files[ino].size == 5000
+    assert (await fs.getattr(ino)).st_size == 5000
+    assert await fs.read(fh, 0, 6000) == b"b" * 10 + b"a" * 990 + bytes(4000)
+    await fs.close(fh)
