@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import fcntl
 import json
 import mmap
 import os
@@ -223,7 +224,8 @@ class Engine:
         its own state), each compared with the model and with the first read. When the first wrong
         byte was last written by a copy_file_range, the same two reads of the copy's source."""
         out = [f"  read again (the kernel's page cache): {_verdict(_read_cached(f, off, n), want, got)}",
-               f"  read with O_DIRECT (what the mount answers now): {_verdict(_read_direct(f.path, off, n), want, got)}"]
+               f"  read with O_DIRECT on the same descriptor (the mount, this handle): {_verdict(_read_direct_fd(f, off, n), want, got)}",
+               f"  read with O_DIRECT after a new open (the mount, what it opens now): {_verdict(_read_direct(f.path, off, n), want, got)}"]
         bad = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]), None)
         if bad is None:
             return "\n".join(out)
@@ -604,6 +606,25 @@ def _read_cached(f: FileState, off: int, n: int) -> bytes | str:
         return os.pread(f.fd, n, off)
     except OSError as e:
         return repr(e)
+
+
+def _read_direct_fd(f: FileState, off: int, n: int) -> bytes | str:
+    """``_read_direct`` through ``f``'s own descriptor (O_DIRECT set with fcntl): the mount answers
+    with the state of this handle's open, with no new open to refresh it."""
+    if f.fd < 0:
+        return "not open"
+    flags = fcntl.fcntl(f.fd, fcntl.F_GETFL)
+    start, end = off & ~(PAGE - 1), -(-(off + n) // PAGE) * PAGE
+    buf = mmap.mmap(-1, max(end - start, PAGE))
+    try:
+        fcntl.fcntl(f.fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+        count = os.preadv(f.fd, [buf], start)
+        return buf[off - start:min(off - start + n, count)]
+    except OSError as e:
+        return repr(e)
+    finally:
+        fcntl.fcntl(f.fd, fcntl.F_SETFL, flags)
+        buf.close()
 
 
 def _read_direct(path: Path, off: int, n: int) -> bytes | str:
