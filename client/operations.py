@@ -168,6 +168,7 @@ class Operations(pyfuse3.Operations):
         self.data = data
         self.op_timeout = op_timeout  # the longest any handler waits for the cluster (module docstring)
         data.on_discard = self._session_discarded
+        data.on_commit = self._committed
         self.attr_timeout = attr_timeout
         self.entry_timeout = entry_timeout
         self.cache_timeout = max(cache_timeout, attr_timeout, entry_timeout)
@@ -331,6 +332,14 @@ class Operations(pyfuse3.Operations):
             self._all_names(rsp.attr.ino, (), rsp.callback)  # a new directory: this mount knows all its names
         self.kcache.remember(parent, name, entry.st_ino)
         return entry
+
+    def _committed(self, ino: int) -> None:
+        """This mount changed the file (a commit or a truncate, whichever request made it): what a
+        LOOKUP or a listing said of it before is old. Without this, an open within OPEN_INFO_FRESH_S
+        of an fsync took the size and chunk map from before it."""
+        self._open_info.pop(ino, None)
+        self._held_info.pop(ino, None)
+        self._looked_up.pop(ino, None)
 
     def _session_discarded(self, ino: int) -> None:
         """A write session of ``ino`` failed and was thrown away: the kernel's pages and size

@@ -113,6 +113,8 @@ class DataPath:
         self.ec = EcPath(meta, nodes, cache, nursery)  # erasure-coded files (client/ec_path.py)
         #: called with the inode of a discarded write session: the kernel's pages and size are wrong now
         self.on_discard: Callable[[int], None] = lambda ino: None
+        #: called with the inode of a commit (a flush's, an fsync's, a truncate's): what was known of it is old
+        self.on_commit: Callable[[int], None] = lambda ino: None
 
     # ------------------------------------------------------------------ reads
 
@@ -678,6 +680,7 @@ class DataPath:
         of.uncommitted, of.before_session, of.written_end, of.epoch = {}, {}, 0, 0
         try:
             rsp = await self.meta.call(p.CommitReq(ino=of.ino, size=wanted, mtime_ns=time.time_ns(), chunks=refs))
+            self.on_commit(of.ino)
         except BaseException:
             # not known to be committed: these stay part of the session, which fails
             of.uncommitted = {**{r.index: r for r in refs}, **of.uncommitted}
@@ -754,6 +757,7 @@ class DataPath:
                         log.warning("chunk %d:%d: copying the cut chunk to node %d failed (%s); repair restores it", of.ino, index, node_id, err)
             refs.append(p.ChunkRef(index=index, version=epoch, nodes=nodes))
         rsp = await self.meta.call(p.SetattrReq(ino=of.ino, size=new_size, chunks=refs))
+        self.on_commit(of.ino)
         if new_size < of.size:
             # the chunks dropped are deleted on their nodes up to the newest epoch handed out, and
             # the cut one carries a fresh version: what is written next needs a newer epoch than ours

@@ -135,3 +135,19 @@ async def test_a_truncate_during_another_handles_commit_keeps_its_size(fs, monke
     assert (await fs.getattr(ino)).st_size == 5000
     assert await fs.read(fh, 0, 6000) == b"b" * 10 + b"a" * 990 + bytes(4000)
     await fs.close(fh)
+
+
+async def test_an_open_after_an_fsync_does_not_take_an_older_lookups_answer(fs):
+    """An open uses the open information of a LOOKUP younger than OPEN_INFO_FRESH_S. A commit of
+    the file makes that answer old, whichever request committed: here an fsync, after which the
+    FLUSH of close has nothing left to send. The next open (the kernel still has the name: no
+    LOOKUP) must not take the file's size and chunk map from before the fsync."""
+    ino = await fs.write_file(fs.dir, b"s", b"a" * 100)
+    await fs.lookup(fs.dir, b"s")  # open information: 100 bytes
+    fh = await fs.open(ino, os.O_RDWR)
+    await fs.write(fh, 100, b"b" * 10)
+    await fs.fsync(fh)  # committed: 110 bytes
+    await fs.close(fh)
+    fh = await fs.open(ino, os.O_RDONLY)
+    assert await fs.read(fh, 0, 200) == b"a" * 100 + b"b" * 10
+    await fs.close(fh)
