@@ -201,8 +201,10 @@ class OpenFile:
         self.epoch = 0
 
     def refresh(self, rsp: p.OpenRsp) -> None:
-        """Take fresh metadata from an OpenRsp, unless local writes are pending (ours are newer)."""
-        if self.has_unflushed:
+        """Take fresh metadata from an OpenRsp, unless local writes are pending or being committed
+        (ours are newer: during a commit the session is handed over, but the daemon may have
+        answered the OpenRsp before it had it)."""
+        if self.has_unflushed or self.commit_lock.locked():
             return
         self.attr = rsp.attr
         self.layout = rsp.layout

@@ -151,3 +151,34 @@ async def test_an_open_after_an_fsync_does_not_take_an_older_lookups_answer(fs):
     fh = await fs.open(ino, os.O_RDONLY)
     assert await fs.read(fh, 0, 200) == b"a" * 100 + b"b" * 10
     await fs.close(fh)
+
+
+async def test_an_open_during_a_commit_keeps_the_chunk_map_being_committed(fs, monkeypatch):
+    """While a flush's CommitReq is on its way, the write session is already handed over (nothing
+    is left unflushed), but the daemon does not have it yet: an open answered meanwhile carries the
+    chunk map from before the commit, and must not replace the one being committed."""
+    ops = fs.ops
+    ino = await fs.write_file(fs.dir, b"m", b"a" * 1000)
+    fh = await fs.open(ino, os.O_RDWR)
+    await fs.write(fh, 0, b"b" * 10)
+    meta = ops.data.meta
+    real_call = meta.call
+    committing, go = trio.Event(), trio.Event()
+
+    async def call(request, **kw):
+        if isinstance(request, P.CommitReq) and not committing.is_set():
+            committing.set()  # the session is handed over; the daemon has not seen it yet
+            await go.wait()
+        return await real_call(request, **kw)
+
+    monkeypatch.setattr(meta, "call", call)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fs.fsync, fh)
+        await committing.wait()
+        second = await fs.open(ino, os.O_RDWR)  # an OpenReq answered from the committed state
+        go.set()
+    of = ops.files[ino]
+    assert of.chunks[0].version == (await real_call(P.OpenReq(ino=ino, session_id=meta.session_id))).chunks[0].version
+    assert await fs.read(second, 0, 20) == b"b" * 10 + b"a" * 10
+    await fs.close(second)
+    await fs.close(fh)
