@@ -680,13 +680,13 @@ class DataPath:
         of.uncommitted, of.before_session, of.written_end, of.epoch = {}, {}, 0, 0
         try:
             rsp = await self.meta.call(p.CommitReq(ino=of.ino, size=wanted, mtime_ns=time.time_ns(), chunks=refs))
-            self.on_commit(of.ino)
         except BaseException:
             # not known to be committed: these stay part of the session, which fails
             of.uncommitted = {**{r.index: r for r in refs}, **of.uncommitted}
             of.before_session.update(before)
             of.written_end = max(of.written_end, wanted)
             raise
+        self.on_commit(of.ino)
         of.attr = rsp.attr
         of.size = max(rsp.attr.size, of.written_end, wanted)  # wanted > the size: the quota cut below
         await self._release_unused(of)

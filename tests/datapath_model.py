@@ -608,40 +608,39 @@ def _read_cached(f: FileState, off: int, n: int) -> bytes | str:
         return repr(e)
 
 
+def _aligned_pread(fd: int, off: int, n: int) -> bytes:
+    """``n`` bytes at ``off`` as O_DIRECT needs them read: whole pages, into a page-aligned buffer."""
+    start, end = off & ~(PAGE - 1), -(-(off + n) // PAGE) * PAGE
+    with mmap.mmap(-1, max(end - start, PAGE)) as buf:
+        count = os.preadv(fd, [buf], start)
+        return buf[off - start:min(off - start + n, count)]
+
+
 def _read_direct_fd(f: FileState, off: int, n: int) -> bytes | str:
     """``_read_direct`` through ``f``'s own descriptor (O_DIRECT set with fcntl): the mount answers
     with the state of this handle's open, with no new open to refresh it."""
     if f.fd < 0:
         return "not open"
     flags = fcntl.fcntl(f.fd, fcntl.F_GETFL)
-    start, end = off & ~(PAGE - 1), -(-(off + n) // PAGE) * PAGE
-    buf = mmap.mmap(-1, max(end - start, PAGE))
     try:
         fcntl.fcntl(f.fd, fcntl.F_SETFL, flags | os.O_DIRECT)
-        count = os.preadv(f.fd, [buf], start)
-        return buf[off - start:min(off - start + n, count)]
+        return _aligned_pread(f.fd, off, n)
     except OSError as e:
         return repr(e)
     finally:
         fcntl.fcntl(f.fd, fcntl.F_SETFL, flags)
-        buf.close()
 
 
 def _read_direct(path: Path, off: int, n: int) -> bytes | str:
-    """``n`` bytes at ``off`` read with O_DIRECT (aligned, into an aligned buffer): what the mount answers."""
-    start, end = off & ~(PAGE - 1), -(-(off + n) // PAGE) * PAGE
-    buf = mmap.mmap(-1, max(end - start, PAGE))
+    """``n`` bytes at ``off`` read with O_DIRECT after a new open: what the mount answers."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
         try:
-            count = os.preadv(fd, [buf], start)
+            return _aligned_pread(fd, off, n)
         finally:
             os.close(fd)
-        return buf[off - start:min(off - start + n, count)]
     except OSError as e:
         return repr(e)
-    finally:
-        buf.close()
 
 
 PLAN = "run.json"  # in a checkpoint directory: the CLI's settings and runs (layout, mmap, seed)
