@@ -167,6 +167,7 @@ class Engine:
         self.times: collections.Counter[str] = collections.Counter()  # seconds spent per kind
         self.op = -1
         self.desc = ""
+        self.op_began = ""  # wall-clock time the current operation began (as the cluster's logs write it)
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.start = 0  # the first operation this process runs (0, or where a checkpoint left off)
         self.file_index = 0  # the file the next operation is on (unless it moves): part of a checkpoint
@@ -316,9 +317,10 @@ class Engine:
 
     def _fail(self, what: str) -> None:
         hist = "\n".join(f"    {line}" for line in self.recent)
+        hist += f"\n    {self.op} [{self.op_began}]: {self.desc}, failed at {_clock()}"
         raise Mismatch(
             f"{self.t.label}seed {self.seed}, operation {self.op} ({'mmap on' if self.use_mmap else 'mmap off'}): {self.desc}\n"
-            f"{what}\n  last {len(self.recent)} operations (the failing one last):\n{hist}\n"
+            f"{what}\n  last {len(self.recent) + 1} operations (each with the time it began, as the cluster's logs write it; the failing one last):\n{hist}\n"
             f"  replay: .venv/bin/python tests/datapath_model.py{self.t.replay} --mmap {'on' if self.use_mmap else 'off'}"
             f"{f' --files {len(self.files)}' if len(self.files) != 3 else ''} --seed {self.seed} --ops {self.op + 1}"
         )
@@ -479,7 +481,7 @@ class Engine:
     def _restart(self, killed: str) -> None:
         t = time.monotonic()
         self.t.restart()
-        self.recent.append(f"{self.op}: -- restarted ({killed})")
+        self.recent.append(f"{self.op} [{_clock()}]: -- restarted ({killed})")
         self._print(f"{self.t.label}op {self.op}: restarted what was killed ({time.monotonic() - t:.1f} s)")
         return None
 
@@ -503,7 +505,7 @@ class Engine:
                 if self.op in self.kills and self.t.kill:
                     self.desc = "kill a storage node"
                     killed = self.t.kill(self.kill_rng)
-                    self.recent.append(f"{self.op}: -- {killed}")
+                    self.recent.append(f"{self.op} [{_clock()}]: -- {killed}")
                     self._print(f"{self.t.label}op {self.op}: {killed}")
                 if self.op in self.restarts and killed:
                     self.desc = "restart the killed node"
@@ -515,14 +517,14 @@ class Engine:
                 if not f.model and kind in ("mmap_write", "mmap_read"):
                     kind = "pread"  # nothing to map
                 self.desc = kind
-                t_op = time.monotonic()
+                t_op, self.op_began = time.monotonic(), _clock()
                 try:
                     desc = getattr(self, f"_do_{kind}")(f, i)
                 except Mismatch:
                     raise
                 except OSError as e:
                     self._fail(f"{kind} failed: {e!r}")
-                self.recent.append(f"{self.op}: {desc}")
+                self.recent.append(f"{self.op} [{self.op_began}]: {desc}")
                 self.counts[kind] += 1
                 self.times[kind] += time.monotonic() - t_op
                 if self.progress and (now := time.monotonic()) - last >= self.progress:
@@ -533,7 +535,7 @@ class Engine:
             if killed:
                 killed = self._restart(killed)
             # the end: every file read whole, through this mount and the other one
-            self.op, self.desc = ops, "final check: every file read whole"
+            self.op, self.desc, self.op_began = ops, "final check: every file read whole", _clock()
             for i, f in enumerate(self.files):
                 self._do_close_to_open(f, i)
         finally:
@@ -590,6 +592,12 @@ class Engine:
 
 
 CHECKPOINT_FORMAT = 1
+
+
+def _clock() -> str:
+    """The wall-clock time as the cluster's log lines show it (HH:MM:SS.mmm): which log lines an operation saw."""
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
 
 
 def _verdict(again: bytes | str, want: bytes, got: bytes) -> str:
