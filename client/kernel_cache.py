@@ -17,7 +17,10 @@ Rules
 * A reply that raced a change: a lookup answered before a change but handed to
   the kernel after the change's invalidation would re-install the old answer
   for long. ``stamp()`` before the request and ``changed_since()`` after it
-  catch that; such a reply is cached for 0 s.
+  catch that; such a reply is cached for 0 s. This mount's own commits and
+  truncates count as changes from the moment their reply comes
+  (``changed_here``): an open's answer asked before one is older than the
+  mount's own state of the file (client/operations.py).
 * Invalidations run in a worker thread, never inside a request handler: the
   kernel may hold locks that the pending request needs (pyfuse3 docs). A
   change is noted at once (``changed_since`` sees it) and its invalidations
@@ -177,6 +180,12 @@ class KernelCache:
         if stamp < self._floor:
             return True
         return any(self._recent.get(ino, 0) > stamp for ino in inodes)
+
+    def changed_here(self, ino: int) -> None:
+        """This mount changed ``ino`` (a commit, a truncate): an answer asked before now may
+        predate the change, which ``changed_since`` says as for a change the feed reports (the
+        feed's own event for it comes later)."""
+        self._note((ino,))
 
     def _note(self, inodes: Iterable[int]) -> None:
         self._clock += 1

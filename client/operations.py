@@ -92,6 +92,8 @@ KILLPRIV_XATTR = b"security.capability"
 
 #: an open may use a LOOKUP's answer this young instead of asking the daemon again
 OPEN_INFO_FRESH_S = 1.0
+#: OpenReqs an open sends while each answer raced a change of the file (``Operations._ask_open``)
+OPEN_ASKS = 3
 
 RENAME_EXCHANGE_FLAG = 2  # renameat2(2)
 
@@ -340,6 +342,7 @@ class Operations(pyfuse3.Operations):
         self._open_info.pop(ino, None)
         self._held_info.pop(ino, None)
         self._looked_up.pop(ino, None)
+        self.kcache.changed_here(ino)  # answers in flight now are older than this commit: _ask_open
 
     def _session_discarded(self, ino: int) -> None:
         """A write session of ``ino`` failed and was thrown away: the kernel's pages and size
@@ -429,7 +432,8 @@ class Operations(pyfuse3.Operations):
         if held:
             self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
         if isinstance(rsp, p.OpenRsp):
-            self._open_info[ino] = (trio.current_time(), rsp)
+            if not self.kcache.changed_since(stamp, ino):  # else it may predate a commit here (_ask_open)
+                self._open_info[ino] = (trio.current_time(), rsp)
             if self.dataset and cacheable:
                 self._keep_dataset_info(rsp)
             self.hints.learn(parent_inode, name, rsp)
@@ -684,17 +688,19 @@ class Operations(pyfuse3.Operations):
             del self.files[of.ino]  # (no CloseReq: see release)
         return of
 
-    def _record_open(self, rsp: p.OpenRsp, fresh_attrs: bool) -> tuple[OpenFile, bool, bool]:
+    def _record_open(self, rsp: p.OpenRsp, fresh_attrs: bool, raced: bool = False) -> tuple[OpenFile, bool, bool]:
         """Record an OpenRsp: (the file's state, whether the kernel may keep its page cache, whether
-        the kernel's attributes are old). Take the handle (``_new_handle``) before anything waits."""
+        the kernel's attributes are old). Take the handle (``_new_handle``) before anything waits.
+        ``raced``: the answer may predate a change made meanwhile (``_ask_open``): a state the mount
+        holds stays as it is, and the answer's epoch is not this write session's."""
         self.data.nodes.learn(rsp.nodes)
         ino = rsp.attr.ino
         of = self.files.get(ino)
         if of is None:
             of = self.files[ino] = OpenFile(ino, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
-        else:
+        elif not raced:
             of.refresh(rsp)
-        if rsp.epoch and not of.epoch:
+        if rsp.epoch and not of.epoch and not raced:
             of.epoch = rsp.epoch  # this write session's version, without an AllocEpochReq
         of.quota_max = rsp.quota_max_size
         view = (rsp.attr.mtime_ns, rsp.attr.size)
@@ -743,16 +749,16 @@ class Operations(pyfuse3.Operations):
         write = bool(flags & (os.O_WRONLY | os.O_RDWR))
         # a write open asks unless a lookup just answered: the epoch and the quota room are the daemon's now
         rsp = self._fresh_open_info(inode) or (None if write else self._held(inode))
+        raced = False
         if rsp is None:
-            stamp = self.kcache.stamp()
             listed = self._held_info.get(inode)  # held since a listing: attributes, no open information yet
-            rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
-            if isinstance(listed, p.Attr) and not write and not self.kcache.changed_since(stamp, inode):
+            rsp, raced = await self._ask_open(inode, write)
+            if isinstance(listed, p.Attr) and not write and not raced:
                 self._keep_held(inode, rsp)  # the next opens need no round trip
             fresh_attrs = rsp.attr == listed
         else:
             fresh_attrs = True  # the LOOKUP just gave the kernel these attributes
-        of, keep, stale_attrs = self._record_open(rsp, fresh_attrs)
+        of, keep, stale_attrs = self._record_open(rsp, fresh_attrs, raced=raced)
         # The handle holds the file's state from here on, before anything below waits: a RELEASE of
         # the file's last other handle meanwhile would otherwise drop that state from ``files``, and
         # the next open would make a second one, older than this handle's writes.
@@ -777,6 +783,23 @@ class Operations(pyfuse3.Operations):
             self._drop_handle(fh)  # the open failed: the kernel never learns this handle
             raise
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    async def _ask_open(self, inode: int, write: bool) -> tuple[p.OpenRsp, bool]:
+        """An OpenReq's answer, and whether it raced a change of the file.
+
+        The file may be open here already, with another handle committing: a commit (or a
+        truncate) whose reply comes while this answer is on its way makes the answer older than
+        this mount's state of the file, and taking its size and chunk map would undo the commit
+        here (the bytes it added read as missing; an erasure-coded stripe's older version is
+        deleted by then: EIO). Such an answer is asked again, up to ``OPEN_ASKS`` times; the
+        last one, still raced, is taken only for what the mount does not hold (``_record_open``).
+        """
+        for _ in range(OPEN_ASKS):
+            stamp = self.kcache.stamp()
+            rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
+            if not self.kcache.changed_since(stamp, inode):
+                return rsp, False
+        return rsp, True
 
     async def _open_dataset(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         """Dataset mode: no round trip when the open information is known; the page cache always stays."""

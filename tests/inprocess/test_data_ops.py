@@ -182,3 +182,64 @@ async def test_an_open_during_a_commit_keeps_the_chunk_map_being_committed(fs, m
     assert await fs.read(second, 0, 20) == b"b" * 10 + b"a" * 10
     await fs.close(second)
     await fs.close(fh)
+
+
+async def _answer_then_hold(fs, monkeypatch, kind):
+    """Make the next ``kind`` request to the daemon be answered at once but handed to the mount only
+    when the test says so: (answered, go) events."""
+    meta = fs.ops.data.meta
+    real_call = meta.call
+    answered, go = trio.Event(), trio.Event()
+
+    async def call(request, **kw):
+        rsp = await real_call(request, **kw)
+        if isinstance(request, kind) and not answered.is_set():
+            answered.set()  # the daemon answered from the state before the commit below
+            await go.wait()
+        return rsp
+
+    monkeypatch.setattr(meta, "call", call)
+    return answered, go
+
+
+async def test_an_open_answered_before_a_commit_and_taken_after_it_keeps_the_commit(fs, monkeypatch):
+    """A second thread opens the file while the first one's fsync commits: the OpenReq is answered
+    before the commit, its answer taken after it. That answer is older than the mount's state of the
+    file (size, chunk map); taken, the bytes the fsync committed read as missing (an EC file's older
+    stripe is deleted by then: EIO)."""
+    ino = await fs.write_file(fs.dir, b"m", b"a" * 1000)
+    fh = await fs.open(ino, os.O_RDWR)
+    await fs.write(fh, 1000, b"b" * 10)
+    answered, go = await _answer_then_hold(fs, monkeypatch, P.OpenReq)
+    async with trio.open_nursery() as nursery:
+        opened = []
+
+        async def second_open():
+            opened.append(await fs.open(ino, os.O_RDONLY))
+
+        nursery.start_soon(second_open)
+        await answered.wait()
+        await fs.fsync(fh)  # committed while the open's answer is on its way
+        go.set()
+    assert fs.ops.files[ino].size == 1010
+    assert await fs.read(opened[0], 0, 2000) == b"a" * 1000 + b"b" * 10
+    await fs.close(opened[0])
+    await fs.close(fh)
+
+
+async def test_a_lookup_answered_before_a_commit_is_not_an_open_answer_after_it(fs, monkeypatch):
+    """The same race through a LOOKUP: its open information, answered before a commit and taken
+    after it, must not stand in for an OpenReq of the next open (OPEN_INFO_FRESH_S)."""
+    ino = await fs.write_file(fs.dir, b"m", b"a" * 1000)
+    fh = await fs.open(ino, os.O_RDWR)
+    await fs.write(fh, 1000, b"b" * 10)
+    answered, go = await _answer_then_hold(fs, monkeypatch, P.LookupReq)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fs.lookup, fs.dir, b"m")
+        await answered.wait()
+        await fs.fsync(fh)
+        go.set()
+    second = await fs.open(ino, os.O_RDONLY)
+    assert await fs.read(second, 0, 2000) == b"a" * 1000 + b"b" * 10
+    await fs.close(second)
+    await fs.close(fh)
