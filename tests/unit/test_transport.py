@@ -161,17 +161,38 @@ async def _port_released(address):
         await trio.sleep(0.01)
 
 
+async def _until_disconnected(monitor: zmq.Socket, timeout: float = 5.0) -> None:
+    """Wait for the DISCONNECTED event on a client's monitor socket: until the client's I/O
+    thread has seen its peer go, a request it is given still goes into the dead connection,
+    and is lost there (as any request in flight when a server dies is: callers retry)."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    with trio.fail_after(timeout):
+        while True:
+            try:
+                if recv_monitor_message(monitor, zmq.NOBLOCK)["event"] == zmq.EVENT_DISCONNECTED:
+                    return
+            except zmq.Again:
+                await trio.sleep(0.01)
+
+
 async def test_reconnects_after_server_restart(ctx):
     address = _free_address()
     async with connect(ctx, address, timeout=5) as client:
-        for _ in range(2):
-            await _port_released(address)
-            async with trio.open_nursery() as nursery:
-                await nursery.start(_echo_server, ctx, address)
-                rsp, _ = await client.call(protocol.PingReq())
-                assert rsp.role == "test"
-                nursery.cancel_scope.cancel()
-            await _until_bindable(address)  # libzmq closes the listener in its own thread, a moment later
+        monitor = client.sock.raw.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            for _ in range(2):
+                await _port_released(address)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(_echo_server, ctx, address)
+                    rsp, _ = await client.call(protocol.PingReq())
+                    assert rsp.role == "test"
+                    nursery.cancel_scope.cancel()
+                await _until_bindable(address)  # libzmq closes the listener in its own thread, a moment later
+                await _until_disconnected(monitor)
+        finally:
+            client.sock.raw.disable_monitor()
+            monitor.close(linger=0)
 
 
 async def test_the_fast_path_answers_what_it_can_and_never_passes_a_peer_queue(ctx):
