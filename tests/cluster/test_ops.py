@@ -109,9 +109,10 @@ def _wait_status(cluster, predicate, what: str, timeout: float = 90, every: floa
 
 
 def test_status_json_matches_the_cluster_after_a_node_is_killed(cluster, mnt):
-    # 32 chunks over 4 nodes, 2 copies each: node 4's ~64 MiB take repair (64 MiB/s) about a second,
-    # so the status that first shows the node down still counts degraded chunks
-    (mnt / "striped").write_bytes(os.urandom(128 * MiB))
+    # 80 chunks over 4 nodes, 2 copies each: node 4's ~160 MiB take repair (64 MiB/s, one second of
+    # burst) 1.5 s past its burst at least, so the status that first shows the node down (a CLI run
+    # every 0.1 s, up to a second each on a loaded machine) still counts degraded chunks
+    (mnt / "striped").write_bytes(os.urandom(320 * MiB))
     # a node's chunk count comes with its heartbeat (every second): wait for the one after the write
     before = _wait_status(cluster, lambda s: all(n["chunks"] > 0 for n in s["nodes"]), "nodes never reported their chunks", timeout=10)
     assert before["health"] == "ok" and before["nodes_up"] == before["nodes_total"] == 4
@@ -154,6 +155,7 @@ def test_status_json_matches_the_cluster_after_a_node_is_killed(cluster, mnt):
     finally:
         cluster.restart()
     _wait_status(cluster, lambda s: s["health"] == "ok", "node 4 never came back")
+    (mnt / "striped").unlink()  # the cluster is shared by the session's tests: give its space back
 
 
 def test_top_renders_in_a_terminal(cluster, mnt):
