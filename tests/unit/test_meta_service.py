@@ -311,12 +311,7 @@ async def test_a_change_still_uncommitted_at_shutdown_is_committed_and_published
             await nursery.start(service.run)
             sub.connect(f"tcp://127.0.0.1:{service.feed.port}")
             with trio.fail_after(10):  # subscribed: a heartbeat came through (PUB drops what it sends before)
-                while True:
-                    try:
-                        P.decode_event(sub.recv(zmq.NOBLOCK))
-                        break
-                    except zmq.Again:
-                        await trio.sleep(0.01)
+                await _next_event(sub)
             nursery.start_soon(service.handle, P.MkdirReq(parent=ROOT, name=b"late", mode=0o40755, uid=0, gid=0), [])
             with trio.fail_after(10):
                 # written, waiting for its commit a minute from now (the batch alone may be dirty with
@@ -326,17 +321,21 @@ async def test_a_change_still_uncommitted_at_shutdown_is_committed_and_published
                 assert service.txn._batch.dirty
             nursery.cancel_scope.cancel()
         with trio.fail_after(10):  # the change went out (after any further heartbeats)
-            while True:
-                await trio.sleep(0.01)
-                try:
-                    event = P.decode_event(sub.recv(zmq.NOBLOCK))
-                except zmq.Again:
-                    continue
-                if event.inodes or event.entries:
-                    break
+            event = await _next_event(sub)
+            while not (event.inodes or event.entries):
+                event = await _next_event(sub)
     finally:
         sub.close(linger=0)
     assert (await trio.to_thread.run_sync(_names_in, tmp_path / "meta.sqlite3")) == [b"late"]
+
+
+async def _next_event(sub: zmq.Socket) -> P.ChangeEvent:
+    """The next event on a plain pyzmq SUB socket, polled from trio."""
+    while True:
+        try:
+            return P.decode_event(sub.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            await trio.sleep(0.01)
 
 
 def _names_in(db) -> list[bytes]:
