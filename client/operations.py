@@ -191,7 +191,7 @@ class Operations(pyfuse3.Operations):
         if not dataset:  # a dataset mount caches everything within the feed's bound instead
             self.kcache.send_ack = self._send_ack
             self.kcache.is_open = self.files.__contains__
-            self.kcache.own_writer = p.writer_tag(meta.client_id)
+            self.kcache.own_writer = meta.writer
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
         self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1

@@ -436,6 +436,7 @@ class HelloRsp(Msg, tag="hello_rsp"):
     boot_id: str  # changes when the daemon restarts
     root_ino: int = 1
     cluster_id: str = ""  # fixed when the metadata database is created (names the mount's disk cache)
+    writer: int = 0  # the change feed's name for this mount's own changes (ChangeEvent.writer, writer_tag)
 
 
 class SessionHeartbeatReq(Msg, tag="session_heartbeat"):
@@ -1137,11 +1138,17 @@ class ChangeEvent(msgspec.Struct, frozen=True, array_like=True):
 
 
 def writer_tag(client_id: int) -> int:
-    """What the feed names a change's writer by: a hash of its OnceReq client id (the id
-    itself names its requests to the daemons and is not told to other mounts)."""
-    import xxhash
+    """What the feed names a change's writer by: a one-way hash of the client id the daemon
+    knows the writer by (daemon/applied_ops.py ``bind``). The id itself names the client's
+    retries and must stay its own: other mounts (other keys) hear the tag, and a tag cannot
+    be turned back into the id (BLAKE2b; xxh64 of 8 bytes could be inverted exactly). The
+    daemon tells a mount its own tag in HelloRsp.writer."""
+    import hashlib
 
-    return xxhash.xxh64_intdigest(client_id.to_bytes(8, "little")) & INT64_MAX if client_id else 0
+    if not client_id:
+        return 0
+    digest = hashlib.blake2b(client_id.to_bytes(8, "little"), digest_size=8, person=b"stripefs-writer").digest()
+    return int.from_bytes(digest, "little") & INT64_MAX or 1
 
 
 EVENTS_HEARTBEAT_S = 1.0

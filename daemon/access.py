@@ -132,7 +132,11 @@ class MetaAccess:
             body = await self.txn.read(self._open_inside, grant, top, body)
         if isinstance(body, P.AckReq) and body.open_inodes:  # a subtree mount holds no callbacks (client/kernel_cache.py)
             body = msgspec.structs.replace(body, open_inodes=[])
-        return self._with_caps(grant, body, await handler(body))
+        rsp = await handler(body)
+        named = self._capped_inodes(body, rsp) if self.caps is not None else []
+        if named:  # what a capability is signed for must lie inside the subtree, whatever the reply says
+            await self.txn.read(self._check_named, grant, top, body, named)
+        return self._with_caps(grant, body, rsp)
 
     # -- roles ---------------------------------------------------------------------
 
@@ -202,6 +206,31 @@ class MetaAccess:
         if not grant.subdir or self.caps is None:
             return P.CapsRsp(caps=[])
         return P.CapsRsp(caps=[self.caps.issue(ino, not grant.read_only, grant.public) for ino in req.inos])
+
+    @staticmethod
+    def _capped_inodes(body: P.Msg, rsp: P.Msg) -> list[int]:
+        """The files ``_with_caps`` would sign a capability for in ``rsp``."""
+        if isinstance(rsp, P.OpenRsp):
+            return [rsp.attr.ino] if stat.S_ISREG(rsp.attr.mode) else []
+        if isinstance(rsp, P.ChunksRsp):
+            return [body.ino]
+        if isinstance(rsp, (P.ReaddirRsp, P.LookupPathsRsp)) and rsp.files:
+            return [f.attr.ino for f in rsp.files if f is not None and stat.S_ISREG(f.attr.mode)]
+        return []
+
+    def _check_named(self, grant: Grant, top: int, body: P.Msg, inodes: list[int]) -> None:
+        """Every inode a reply hands a subtree key chunk locations of is inside its subtree (a
+        reply built from anything but the request's own inodes, a stored retry result say,
+        must not become a capability for another team's file)."""
+        for ino in dict.fromkeys(inodes):
+            try:
+                inside = self._inside(grant, top, ino)
+            except StripefsError:  # gone meanwhile: nothing to sign for
+                continue
+            if not inside:
+                log.warning("refused %s from key %r: its reply names inode %d, outside %s", type(body).__name__,
+                            grant.name, ino, grant.subdir)
+                raise StripefsError(ErrorCode.ACCESS, f"inode {ino} is outside this key's subtree")
 
     def _with_caps(self, grant: Grant, body: P.Msg, rsp: P.Msg) -> P.Msg:
         """``rsp`` with a capability for each file whose chunk locations it hands out."""

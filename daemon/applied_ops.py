@@ -31,6 +31,16 @@ row; the second to commit fails on the primary key (or a serialization
 failure) and, retried as a whole, finds the row. That rests on the store
 retrying transactions on conflicts, which the PostgreSQL store does.
 
+Whose retry it is: a stored result answers only the key that made it. The
+daemon never uses a client id as sent: ``bind`` hashes it with the sending
+key's public key (BLAKE2b), and that *bound* id names the rows here, the
+callbacks' writer (daemon/callbacks.py) and, hashed once more, the change
+feed's writer tag (``protocol.writer_tag``). Another key sending the same
+client id gets another bound id, so it can neither read a victim's stored
+replies (and the capabilities signed with them) nor plant a reply the
+victim's next request would be answered with (docs/security.md). Without
+CURVE every peer is trusted and the id is used as sent.
+
 Bounds: a client's op ids below its ``done_below`` are never retried, so the
 daemon deletes them (every ``TRIM_EVERY`` ops of that client, in the op's
 transaction: one indexed range delete); rows older than ``RETENTION_S`` (a
@@ -42,6 +52,7 @@ client that died, say) are deleted by the duties leader (daemon/duties.py).
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import logging
 import pickle
 import time
@@ -65,6 +76,16 @@ class OnceKey:
 once: contextvars.ContextVar[OnceKey | None] = contextvars.ContextVar("once", default=None)
 
 _MISSING = object()
+
+
+def bind(client_id: int, key: str | None) -> int:
+    """The id the daemon knows the client sending ``client_id`` with public key ``key`` by
+    (None: no CURVE, the id as sent). One-way and different for every key, so no other key
+    can name this client's stored results or its callbacks (module docstring)."""
+    if key is None or not client_id:
+        return client_id
+    digest = hashlib.blake2b(key.encode() + client_id.to_bytes(8, "little"), digest_size=8, person=b"stripefs-client").digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF or 1
 
 
 def applied_result(store, key: OnceKey):

@@ -38,9 +38,20 @@ The rules
 * ``WAIT_S`` is safe for a mount that is alive but never answers: a mount
   that missed an event sees the gap at the next feed heartbeat and drops
   everything; one that hears nothing drops everything after
-  ``EVENTS_SILENCE_S``. A session that let a wait run out gets no new
-  callback for ``PENALTY_S`` (a mount that cannot keep up, or one that tries
-  to slow others down, caches as before instead).
+  ``EVENTS_SILENCE_S``.
+* Holding a callback costs others (their changes wait), so it is a privilege
+  of a key, bounded per key: a session that lets a wait run out, or
+  acknowledges later than ``LATE_S`` after the change began waiting for it,
+  is an offence of its *key* (its CURVE key; on a plain socket, where every
+  peer is trusted, of the session). The key's sessions lose every holding
+  (no change waits for them any more) and get no callback for
+  ``PENALTY_S``, twice as long at each offence within ``MAX_PENALTY_S``. A
+  fresh HelloReq does not escape it, and acknowledging just inside
+  ``WAIT_S`` costs a writer one wait, not one per change. An honest mount
+  acknowledges in milliseconds; one that cannot keep up caches as before,
+  without callbacks, instead. Callbacks are granted only on what the key may
+  read: the daemon checks its requests against its subtree
+  (daemon/access.py), and a subtree key holds none.
 * Held files count as open (``held``): an unlink keeps the inode as an
   orphan until its holders let go, since a mount may open a held file
   without asking. An AckReq names the dropped files the mount has open;
@@ -67,27 +78,34 @@ log = logging.getLogger(__name__)
 WAIT_S = P.EVENTS_SILENCE_S + 1.0
 #: after a restart on an existing database: how long every change waits for mounts to drop what they cached
 GRACE_S = P.EVENTS_SILENCE_S + 0.5
-#: a session that let a wait run out gets no callback for this long
+#: an acknowledgement that comes later than this after a change began waiting for it is an offence
+LATE_S = 1.0
+#: a key whose session let a wait run out (or acknowledged late) gets no callback for this long;
+#: each later offence doubles it, up to MAX_PENALTY_S
 PENALTY_S = 60.0
+MAX_PENALTY_S = 3600.0
 #: keys one session may hold (two per file); past it, no more callbacks for it
 MAX_PER_SESSION = 524_288
 
 
 class Callbacks:
     def __init__(self, *, enabled: bool, alive: Callable[[int], bool] = lambda sid: True,
-                 last_seq: Callable[[], int] = lambda: 0) -> None:
+                 last_seq: Callable[[], int] = lambda: 0, owner: Callable[[int], str | None] = lambda sid: None) -> None:
         self.enabled = enabled
         self.alive = alive  # is this session still open (daemon/health.py Sessions)
+        self.owner = owner  # the key a session belongs to (None: a plain socket): penalties are the key's
         self.last_seq = last_seq  # the newest change number logged: a granted answer is as of it (daemon/txn.py)
         self._holders: dict = {}  # key -> {session: grant seq}
         self._held: dict[int, set] = {}  # session -> its keys
         self._acked: dict[int, int] = {}  # session -> newest seq it acknowledged
         self._client: dict[int, int] = {}  # session -> its OnceReq client id
-        self._penalty: dict[int, float] = {}  # session -> until when it gets no callback
+        self._penalty: dict[tuple, float] = {}  # offender (_offender) -> until when it gets no callback
+        self._last_penalty: dict[tuple, float] = {}  # offender -> its last penalty's length (doubled next time)
         self._heard = trio.Event()  # set (and replaced) on every acknowledgement
         self._grace_until = 0.0
         self.waits = 0  # changes that waited for another session
         self.timeouts = 0  # sessions that let a wait run out
+        self.late = 0  # acknowledgements later than LATE_S
 
     def start_grace(self) -> None:
         """A restart on an existing database: changes wait ``GRACE_S`` (on the trio thread)."""
@@ -106,13 +124,8 @@ class Callbacks:
 
     def grant_many(self, session: int, files: list[tuple[int, int, bytes]]) -> int:
         """``grant`` for every (ino, parent, name) of ``files``, or for none of them: the seq or -1."""
-        if not (self.enabled and session):
+        if not (self.enabled and session) or self._barred(session):
             return -1
-        until = self._penalty.get(session)
-        if until is not None:
-            if trio.current_time() < until:
-                return -1
-            del self._penalty[session]
         if session not in self._client:
             return -1  # its own changes could not be told from others' (the rules above)
         held = self._held.setdefault(session, set())
@@ -127,10 +140,7 @@ class Callbacks:
 
     def grant_dir(self, session: int, ino: int) -> int:
         """A callback on every name of directory ``ino``: the seq, or -1."""
-        if not (self.enabled and session) or session not in self._client:
-            return -1
-        until = self._penalty.get(session)
-        if until is not None and trio.current_time() < until:
+        if not (self.enabled and session) or session not in self._client or self._barred(session):
             return -1
         held = self._held.setdefault(session, set())
         if len(held) >= MAX_PER_SESSION:
@@ -169,23 +179,61 @@ class Callbacks:
                     waiting.add(sid)
         if waiting:
             self.waits += 1
-            deadline = trio.current_time() + WAIT_S
+            start = trio.current_time()
+            late: set[int] = set()
             while True:
-                waiting = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and sid in self._held}
+                still = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and sid in self._held}
+                if trio.current_time() - start > LATE_S:
+                    late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq}
+                waiting = still
                 if not waiting:
                     break
                 heard = self._heard
-                with trio.move_on_at(deadline):
+                with trio.move_on_at(start + WAIT_S):
                     await heard.wait()
                     continue
                 for sid in waiting:
                     self.timeouts += 1
-                    self._penalty[sid] = trio.current_time() + PENALTY_S
-                    log.warning("session %d did not acknowledge change %d within %.0fs: answered without it; "
-                                "it gets no callbacks for %.0fs", sid, seq, WAIT_S, PENALTY_S)
-                    freed += self._drop(sid, self._held.get(sid, set()))
+                    freed += self._penalize(sid, f"did not acknowledge change {seq} within {WAIT_S:.0f}s (answered without it)")
                 break
+            for sid in late:
+                self.late += 1
+                freed += self._penalize(sid, f"acknowledged change {seq} after more than {LATE_S:.0f}s")
         return freed + self._revoke(keys, seq, mine)
+
+    # ------------------------------------------------------------------ penalties
+
+    def _offender(self, session: int) -> tuple:
+        """Who pays for a session's offence: its key, or the session itself on a plain socket."""
+        owner = self.owner(session)
+        return ("key", owner) if owner is not None else ("session", session)
+
+    def _barred(self, session: int) -> bool:
+        """The session's key (or the session) is serving a penalty: no callback for it."""
+        offender = self._offender(session)
+        until = self._penalty.get(offender)
+        if until is None:
+            return False
+        if trio.current_time() < until:
+            return True
+        del self._penalty[offender]
+        return False
+
+    def _penalize(self, session: int, why: str) -> list[int]:
+        """An offence of ``session``: its key's sessions drop every holding and get no callback
+        for a while (the rules above); the inodes nobody holds any more."""
+        offender = self._offender(session)
+        now = trio.current_time()
+        if self._penalty.get(offender, 0.0) <= now:  # one offence, however many changes waited for it
+            length = min(MAX_PENALTY_S, 2 * self._last_penalty[offender]) if offender in self._last_penalty else PENALTY_S
+            self._last_penalty[offender] = length
+            self._penalty[offender] = now + length
+            who = f"key {offender[1]}" if offender[0] == "key" else f"session {session}"
+            log.warning("session %d %s: %s gets no callbacks for %.0fs, and no change waits for it", session, why, who, length)
+        freed: list[int] = []
+        for sid in [sid for sid in self._held if self._offender(sid) == offender]:
+            freed += self._drop(sid, self._held.get(sid, set()))
+        return freed
 
     def _revoke(self, keys, seq: int, spare: set[int]) -> list[int]:
         """Holdings of ``keys`` granted before ``seq`` end, but the names and directories of
@@ -236,7 +284,8 @@ class Callbacks:
         self._held.pop(session, None)
         self._acked.pop(session, None)
         self._client.pop(session, None)
-        self._penalty.pop(session, None)
+        self._penalty.pop(("session", session), None)  # a key's penalty outlives its sessions
+        self._last_penalty.pop(("session", session), None)
         self._heard.set()
         self._heard = trio.Event()
         return freed
@@ -257,4 +306,4 @@ class Callbacks:
 
     def counts(self) -> dict[str, int]:
         return {"sessions": sum(1 for keys in self._held.values() if keys), "keys": len(self._holders),
-                "waits": self.waits, "timeouts": self.timeouts}
+                "waits": self.waits, "timeouts": self.timeouts, "late": self.late}

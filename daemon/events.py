@@ -32,7 +32,9 @@ whole to an unrestricted key, and to a subtree key with only the inodes and
 the (parent, name) entries inside its subtree, as the namespace stands when
 the event is published (``MetaAccess.feed_views``; a name in a directory
 removed meanwhile is not sent). The numbers stay consecutive for every key,
-so filtering never looks like a gap. Before each publication the keyring is
+so filtering never looks like a gap; an event emptied by the filter names no writer
+either (``ChangeEvent.writer`` is 0), and a writer tag is a one-way hash that no key can
+turn back into the client id that names a mount's retries (daemon/applied_ops.py). Before each publication the keyring is
 asked again: a key removed from it gets nothing more, not even heartbeats, on
 the connection it still holds (libzmq cannot close one peer of a socket), so
 its mount drops its cache within ``EVENTS_SILENCE_S`` and its next request is
@@ -128,7 +130,9 @@ class ChangeFeed:
                     view = (inodes, entries) if not subdir else (views or {}).get(subdir, {}).get(seq)
                     if view is None:  # subscribed after the views were made: this key sees a gap
                         continue
-                    frames[subdir] = P.encode_event(P.ChangeEvent(self.boot_id, seq, *view, self.daemon, writer))
+                    # a subtree key hears nothing of a change outside its subtree, not even who made it
+                    named = writer if not subdir or view[0] or view[1] else 0
+                    frames[subdir] = P.encode_event(P.ChangeEvent(self.boot_id, seq, *view, self.daemon, named))
                 self._send_frames([topic, frames[subdir]])
 
     def _send(self, event: P.ChangeEvent) -> None:

@@ -499,6 +499,11 @@ class Sessions:
         """The session is open here (not closed, not expired)."""
         return session_id in self._sessions
 
+    def owner_of(self, session_id: int) -> str | None:
+        """The key that opened (or adopted) the session; None on a plain socket or when unknown."""
+        session = self._sessions.get(session_id)
+        return session.owner if session is not None else None
+
     @_locked
     def open_inodes(self) -> set[int]:
         """Every inode some session holds open."""

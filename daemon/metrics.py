@@ -47,6 +47,7 @@ REPAIR_BACKLOG = Gauge("stripefs_repair_backlog_copies", "Copies the running rep
 CALLBACK_FILES = Gauge("stripefs_callback_keys", "Files and names mounts cache under callbacks (daemon/callbacks.py)")
 CALLBACK_WAITS = Gauge("stripefs_callback_waits", "Changes that waited for another mount's acknowledgement since the daemon started")
 CALLBACK_TIMEOUTS = Gauge("stripefs_callback_timeouts", "Waits for a mount's acknowledgement that ran out (WAIT_S) since the daemon started")
+CALLBACK_LATE = Gauge("stripefs_callback_late_acks", "Acknowledgements later than LATE_S (an offence: the key loses its callbacks) since the daemon started")
 REPAIR_COPIED = Gauge("stripefs_repair_copied_bytes", "Bytes copied by repair, drain and rebalance since the daemon started")
 
 # the cold tier (daemon/tiering.py): counted where it happens; the backlog by the publishing task
@@ -101,6 +102,7 @@ async def publish_cluster_metrics(service, *, interval: float = PUBLISH_INTERVAL
             CALLBACK_FILES.set(callbacks["keys"])
             CALLBACK_WAITS.set(callbacks["waits"])
             CALLBACK_TIMEOUTS.set(callbacks["timeouts"])
+            CALLBACK_LATE.set(callbacks["late"])
             repair = service.healer.info()
             UNDER_REPLICATED.set(repair.under_replicated)
             LOST_CHUNKS.set(repair.lost)

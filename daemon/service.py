@@ -157,7 +157,8 @@ class MetaService:
                 wake_gc=self._wake_gc,
             )
         # one daemon (SQLite): mounts may cache regular files under callbacks, which count as open
-        self.callbacks = Callbacks(enabled=store.group_commit, alive=self.sessions.alive, last_seq=lambda: txn.last_seq)
+        self.callbacks = Callbacks(enabled=store.group_commit, alive=self.sessions.alive, last_seq=lambda: txn.last_seq,
+                                   owner=self.sessions.owner_of)
         if store.group_commit:
             txn.after_change = self._settle
         self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self._open_or_held)
@@ -341,7 +342,8 @@ class MetaService:
         name = type(req.body).__name__
         if name not in P.ONCE_MESSAGES:
             raise StripefsError(ErrorCode.BAD_REQUEST, f"{name} cannot be wrapped in OnceReq")
-        token = applied_ops.once.set(applied_ops.OnceKey(req.client_id, req.op_id, req.done_below))
+        client_id = applied_ops.bind(req.client_id, current_peer())  # a retry answers only the key that made it
+        token = applied_ops.once.set(applied_ops.OnceKey(client_id, req.op_id, req.done_below))
         try:
             return await self.handle(req.body, [])
         finally:
@@ -417,12 +419,14 @@ class MetaService:
 
     async def handle_hello(self, req: P.HelloReq) -> P.Msg:
         sid = self.sessions.hello(req.host, req.pid, req.mountpoint, owner=current_peer())  # the key's own session
-        self.callbacks.hello(sid, req.client_id)
+        client_id = applied_ops.bind(req.client_id, current_peer())  # as its OnceReqs will name it (handle_once)
+        self.callbacks.hello(sid, client_id)
         return P.HelloRsp(
             session_id=sid,
             lease_s=self.config.session_lease_s,
             boot_id=self.boot_id,
             cluster_id=self.cluster_id,
+            writer=P.writer_tag(client_id),
         )
 
     async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:
@@ -439,7 +443,8 @@ class MetaService:
             except StripefsError as exc:
                 if exc.code != ErrorCode.LIMIT:
                     raise
-        freed = self.callbacks.ack(req.session_id, req.seq, everything=req.everything, client_id=req.client_id)
+        freed = self.callbacks.ack(req.session_id, req.seq, everything=req.everything,
+                                   client_id=applied_ops.bind(req.client_id, owner))
         await self.housekeeping.release(freed)
         return P.OkRsp()
 

@@ -152,3 +152,72 @@ async def test_disabled_callbacks_grant_nothing_and_never_wait():
     calls.start_grace()
     with trio.fail_after(0.1):
         assert await calls.settle(2, [7], []) == []
+
+
+# -- a hostile holder (security review round 3): penalties are the key's, late acknowledgements count --------
+
+
+def make_keyed(seq: list[int], owners: dict[int, str]) -> Callbacks:
+    calls = Callbacks(enabled=True, last_seq=lambda: seq[0], owner=owners.get)
+    for sid in owners:
+        calls.hello(sid, 1000 + sid)
+    calls.hello(A, CLIENT_A)
+    return calls
+
+
+async def test_a_penalty_is_the_keys_and_a_fresh_session_does_not_escape_it(autojump_clock):
+    seq = [1]
+    owners = {B: "hostile", C: "honest"}
+    calls = make_keyed(seq, owners)
+    calls.grant(B, 7, 1, b"f")
+    calls.grant(C, 8, 1, b"g")
+    waited, _ = await settle_time(calls, 2, [7], [], writer=CLIENT_A)
+    assert waited == cb.WAIT_S  # the first offence costs one wait
+    owners[44] = "hostile"  # a new session of the same key (a fresh HelloReq)
+    calls.hello(44, 1044)
+    assert calls.grant(44, 7, 1, b"f") == -1 and calls.grant_dir(44, 1) == -1
+    assert calls.grant(C, 9, 1, b"h") == 1  # another key is not punished for it
+    await trio.sleep(cb.PENALTY_S)
+    assert calls.grant(44, 7, 1, b"f") == 1  # served
+    waited, _ = await settle_time(calls, 3, [7], [], writer=CLIENT_A)
+    assert waited == cb.WAIT_S  # a second offence...
+    await trio.sleep(cb.PENALTY_S)
+    assert calls.grant(44, 7, 1, b"f") == -1  # ...costs twice as long
+    await trio.sleep(cb.PENALTY_S)
+    assert calls.grant(44, 7, 1, b"f") == seq[0]
+
+
+async def test_acknowledging_just_inside_the_wait_costs_the_writer_one_wait_not_one_per_change(autojump_clock):
+    seq = [1]
+    owners = {B: "hostile", C: "hostile"}  # two sessions of one key, each holding the file
+    calls = make_keyed(seq, owners)
+    calls.grant(B, 7, 1, b"f")
+    calls.grant(C, 7, 1, b"f")
+
+    async def ack_late(sid, n):
+        await trio.sleep(cb.WAIT_S - 0.4)
+        calls.ack(sid, n)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ack_late, B, 2)
+        nursery.start_soon(ack_late, C, 2)
+        waited, freed = await settle_time(calls, 2, [7], [], writer=CLIENT_A)
+    assert cb.LATE_S < waited < cb.WAIT_S and calls.timeouts == 0 and calls.late == 2
+    assert calls.grant(B, 7, 1, b"f") == -1 and calls.grant(C, 7, 1, b"f") == -1  # the key lost its callbacks
+    with trio.fail_after(0.01):  # so the next change waits for nobody
+        await calls.settle(3, [7], [], writer=CLIENT_A)
+
+
+async def test_a_prompt_acknowledgement_is_no_offence(autojump_clock):
+    seq = [1]
+    calls = make_keyed(seq, {B: "honest"})
+    calls.grant(B, 7, 1, b"f")
+
+    async def ack_soon():
+        await trio.sleep(cb.LATE_S / 2)
+        calls.ack(B, 2)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ack_soon)
+        await calls.settle(2, [7], [], writer=CLIENT_A)
+    assert calls.late == 0 and calls.grant(B, 7, 1, b"f") == seq[0]  # not barred
