@@ -172,6 +172,16 @@ def write_keypair(base: str | Path, *, force: bool = False) -> tuple[Path, Path]
     return public_path, secret_path
 
 
+def check_private(path: str | Path, what: str) -> None:
+    """QuietError unless ``path`` (a secret: a key, credentials) is readable by its owner only."""
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError as exc:
+        raise QuietError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise QuietError(f"{what} {path} is readable by others (mode {mode & 0o777:o}); chmod 600 {path}")
+
+
 def load_identity(path: str | Path) -> Identity:
     """The keypair in a NAME.key_secret file; QuietError saying what to do when it is unusable."""
     path = Path(path)

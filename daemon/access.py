@@ -56,6 +56,8 @@ ADMIN_REQUESTS = frozenset({
     P.NodeAdminReq, P.ScrubReq, P.FsckReq, P.QuotaSetReq, P.QuotaRecountReq,
     P.TierAddReq, P.TierPolicySetReq, P.TierMigrateReq, P.TierFsckReq,
 })
+#: the cluster's tiers themselves (buckets, endpoints, every bucket's objects): admin keys of no subtree
+CLUSTER_ADMIN_REQUESTS = frozenset({P.TierAddReq, P.TierFsckReq})
 #: change the namespace or data: refused to read-only keys
 CHANGING_REQUESTS = frozenset({
     P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq, P.RmdirReq, P.RenameReq,
@@ -136,6 +138,8 @@ class MetaAccess:
         named = self._capped_inodes(body, rsp) if self.caps is not None else []
         if named:  # what a capability is signed for must lie inside the subtree, whatever the reply says
             await self.txn.read(self._check_named, grant, top, body, named)
+        if isinstance(rsp, P.TierListRsp):
+            rsp = await self.txn.read(self._visible_tiers, grant, top, rsp)
         return self._with_caps(grant, body, rsp)
 
     # -- roles ---------------------------------------------------------------------
@@ -154,6 +158,8 @@ class MetaAccess:
             return
         if kind in ADMIN_REQUESTS and grant.role != "admin":
             raise self._refuse(grant, body, ErrorCode.ACCESS, "this needs an admin key")
+        if kind in CLUSTER_ADMIN_REQUESTS and grant.subdir:
+            raise self._refuse(grant, body, ErrorCode.ACCESS, "this needs an admin key restricted to no subtree")
         if grant.read_only and (kind in CHANGING_REQUESTS or (kind is P.OpenReq and body.write)):
             raise self._refuse(grant, body, ErrorCode.READ_ONLY, "this key is read-only")
 
@@ -278,6 +284,20 @@ class MetaAccess:
             path = q.path[len(base):] if q.path.startswith(base + b"/") else b""
             shown.append(msgspec.structs.replace(q, path=path or b"/"))
         return shown
+
+    def _visible_tiers(self, grant: Grant, top: int, rsp: P.TierListRsp) -> P.TierListRsp:
+        """What a subtree key sees of the tiers (under the lock): their names and usage, not where
+        they are (bucket, endpoint, region: the cluster's, not the team's), and only the policies
+        on its subtree and below, with paths as its mounts see them ("/" is the subtree)."""
+        base = grant.subdir.encode().rstrip(b"/")
+        policies = []
+        for p in rsp.policies:
+            if p.ino != top and not (p.ino != 1 and self.ns.is_ancestor(top, p.ino)):
+                continue
+            path = p.path[len(base):] if p.path.startswith(base + b"/") else b""
+            policies.append(msgspec.structs.replace(p, path=path or b"/"))
+        tiers = [msgspec.structs.replace(t, url="", endpoint="", region="") for t in rsp.tiers]
+        return P.TierListRsp(tiers=tiers, policies=policies)
 
     # -- the change feed (daemon/events.py) ---------------------------------------------------
 

@@ -49,7 +49,7 @@ from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, QuietError, StripefsError
 from ..common.layout import MAX_CHUNK_SIZE
 from ..common.transport import CONNECTION, connect, open_socket, serve
-from ..common.keyring import server_keyring
+from ..common.keyring import check_private, server_keyring
 from ..common.security import current_peer
 from ..common.zap import run_zap
 from .access import MetaAccess
@@ -126,6 +126,9 @@ class MetaService:
     def open(self) -> None:
         """Open the database and build the in-memory state (done by ``run``; tests may call it)."""
         from ..common.protocol import Layout
+
+        if self.config.tier_credentials:  # the cold tier's secret, as CURVE secret files are
+            check_private(self.config.tier_credentials, "tier_credentials")
 
         layout = Layout(
             chunk_size=int(self.config.chunk_size),

@@ -143,6 +143,7 @@ KEYS = {  # name -> (role, rights)
     "team": ("client", {"subdir": "/team-a"}),
     "team-b": ("client", {"subdir": "/team-b"}),
     "team-ro": ("client", {"subdir": "/team-a", "read_only": True}),
+    "team-admin": ("admin", {"subdir": "/team-a"}),
     "squash": ("client", {"root_squash": True}),
 }
 
@@ -202,7 +203,8 @@ async def secure_cluster(tmp_path, **meta_settings):
     store = ChunkStore(node_cfg.data_dir, block_size=4096, reserved_space=0, node_id=1)
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(MetaService(meta_cfg, zmq_context=c.context(None)).run)
+            c.service = MetaService(meta_cfg, zmq_context=c.context(None))  # for what no request can set up
+            await nursery.start(c.service.run)
             await nursery.start(StorageService(node_cfg, store, ctx=c.context(None)).run)
             async with c.client("admin") as admin:
                 with trio.fail_after(20):

@@ -154,3 +154,45 @@ async def test_a_key_holding_callbacks_cannot_make_another_tenants_changes_wait(
             after = statistics.median(await _touch_times(victim, team_a, b"after", 5))
             assert after < max(2 * baseline, 0.25), (baseline, first, after)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_subtree_key_sees_only_its_own_tier_policies_and_cannot_administer_tiers(tmp_path):
+    async with secure_cluster(tmp_path) as c:
+        team_a, private, team_b = await _tenants(c)
+        c.service.store.add_tier("cold", "cluster-bucket", "pre/", "http://10.1.2.3:9000", "eu-1", 1)  # no S3 to probe here
+        async with c.client("admin") as admin:
+            for ino in (private.ino, team_b.ino, ROOT):
+                await admin.call(P.TierPolicySetReq(ino=ino, tier="cold", after_s=3600))
+            whole = (await admin.call(P.TierListReq()))[0]
+        assert {p.path for p in whole.policies} == {b"/team-a/private", b"/team-b", b"/"}
+        assert whole.tiers[0].endpoint == "http://10.1.2.3:9000"
+        for who in ("team", "team-admin"):
+            async with c.client(who) as meta:
+                seen = (await meta.call(P.TierListReq()))[0]
+                assert [(p.ino, p.path) for p in seen.policies] == [(private.ino, b"/private")], who
+                assert [(t.name, t.url, t.endpoint, t.region) for t in seen.tiers] == [("cold", "", "", "")], who
+        async with c.client("team-admin") as team_admin:
+            # where the cluster's data goes, and what is deleted from its buckets, is no team's to say
+            assert await _code(team_admin.call(P.TierAddReq(name="mine", url="s3://any-bucket/x",
+                                                            endpoint="http://attacker:9000"))) == ErrorCode.ACCESS
+            assert await _code(team_admin.call(P.TierFsckReq(repair=True))) == ErrorCode.ACCESS
+            # its own subtree's policy is still its to set, and what it gets back is filtered too
+            rsp = (await team_admin.call(P.TierPolicySetReq(ino=team_a.ino, tier="cold", after_s=60)))[0]
+            assert sorted(p.path for p in rsp.policies) == [b"/", b"/private"]
+            assert await _code(team_admin.call(P.TierPolicySetReq(ino=team_b.ino, tier="", after_s=0))) == ErrorCode.ACCESS
+
+
+def test_a_tier_credentials_file_readable_by_others_is_refused(tmp_path):
+    from stripefs.common.config import MetaConfig
+    from stripefs.common.errors import QuietError
+    from stripefs.daemon.service import MetaService
+
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\naws_access_key_id = a\naws_secret_access_key = b\n")
+    creds.chmod(0o644)
+    service = MetaService(MetaConfig(data_dir=str(tmp_path), tier_credentials=str(creds)))
+    with pytest.raises(QuietError, match="chmod 600"):
+        service.open()
+    creds.chmod(0o600)
+    service.open()
+    service.store.close()
