@@ -596,7 +596,7 @@ class Operations(pyfuse3.Operations):
         if name in (p.PREFETCH_XATTR, p.PREFETCH_SHM_XATTR):
             if self.prefetcher is None:
                 raise pyfuse3.FUSEError(errno.ENOTSUP)
-            self.prefetcher.submit(inode, value, shm=name == p.PREFETCH_SHM_XATTR)
+            self.prefetcher.submit(inode, value, shm=name == p.PREFETCH_SHM_XATTR, user=ctx.uid)
             return
         self._writable()
         self._forget_killpriv(inode)

@@ -67,7 +67,8 @@ class Prefetcher:
         self.kcache = kcache
         self.parallel = parallel
         self.max_file_bytes = max_file_bytes
-        self._queue: deque[tuple[int, bool, bytes]] = deque(maxlen=max_queued)  # (root, to shm, path)
+        # (root, shm, path); shm: the announcer's uid when the file also goes to shared memory, else None
+        self._queue: deque[tuple[int, int | None, bytes]] = deque(maxlen=max_queued)
         self._wake = trio.Event()
         self.on_fetched: Callable[[p.OpenRsp, bool], None] = lambda rsp, stored: None
         self.shm: ShmCache | None = None  # set by the mount when it has a shared-memory directory
@@ -82,12 +83,13 @@ class Prefetcher:
         return (f"pending={len(self._queue) + self._busy} fetched={self.fetched} stored={self.stored} "
                 f"failed={self.failed} kept={self.kept}")
 
-    def submit(self, root: int, blob: bytes, *, shm: bool = False) -> None:
+    def submit(self, root: int, blob: bytes, *, shm: bool = False, user: int = 0) -> None:
         """Queue newline-separated paths relative to directory inode ``root`` (from setxattr).
 
-        ``shm``: also put them in the shared-memory directory (client/shm_cache.py).
+        ``shm``: also put them in the shared-memory directory (client/shm_cache.py), charged to
+        ``user`` (the announcer's uid: each user has a fair share of its budget).
         """
-        shm = shm and self.shm is not None
+        shm = user if shm and self.shm is not None else None
         for path in blob.split(b"\n"):
             if path.strip(b"/"):
                 self._queue.append((root, shm, path))
@@ -95,7 +97,7 @@ class Prefetcher:
 
     async def run(self) -> None:
         slots = trio.Semaphore(self.parallel)
-        fetched_send, fetched_recv = trio.open_memory_channel[tuple[p.OpenRsp, bool, int, bytes | memoryview]](self.parallel * 4)
+        fetched_send, fetched_recv = trio.open_memory_channel[tuple[p.OpenRsp, int | None, int, bytes | memoryview]](self.parallel * 4)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._store_loop, fetched_recv, name="prefetch-store")
             while True:
@@ -119,7 +121,7 @@ class Prefetcher:
                     if info is None or not 0 < info.attr.size <= self.max_file_bytes:
                         self._busy -= 1
                         continue
-                    if shm and self.shm.has(info.attr.ino, info.attr.mtime_ns, info.attr.size):
+                    if shm is not None and self.shm.has(info.attr.ino, info.attr.mtime_ns, info.attr.size):
                         self.kept += 1  # a later epoch: read_file takes the copy still in shared memory
                         self._busy -= 1
                         self.on_fetched(info, False)
@@ -150,7 +152,7 @@ class Prefetcher:
         return None if self.data.nodes.is_suspect(order[0]) else order[0]
 
     async def _fetch_batch(
-        self, node: int, infos: list[p.OpenRsp], shm: bool, stamp: int, slots: trio.Semaphore, fetched: trio.MemorySendChannel
+        self, node: int, infos: list[p.OpenRsp], shm: int | None, stamp: int, slots: trio.Semaphore, fetched: trio.MemorySendChannel
     ) -> None:
         """Whole small files from one node in one request; any that fails goes the single way (failover)."""
         retry = infos
@@ -169,7 +171,7 @@ class Prefetcher:
             await slots.acquire()
             await self._fetch(info, shm, stamp, slots, fetched)
 
-    async def _fetch(self, info: p.OpenRsp, shm: bool, stamp: int, slots: trio.Semaphore, fetched: trio.MemorySendChannel) -> None:
+    async def _fetch(self, info: p.OpenRsp, shm: int | None, stamp: int, slots: trio.Semaphore, fetched: trio.MemorySendChannel) -> None:
         try:
             self.data.nodes.learn(info.nodes)
             of = OpenFile(info.attr.ino, info.attr, info.layout, {c.index: c for c in info.chunks})
@@ -196,7 +198,7 @@ class Prefetcher:
                 except trio.WouldBlock:
                     break
             known = [(info, stamp, data) for info, _, stamp, data in batch if self.kcache.knows(info.attr.ino)]
-            shared = [(info, data) for info, shm, _, data in batch if shm]
+            shared = [(info, data, shm) for info, shm, _, data in batch if shm is not None]
             stored = set(await trio.to_thread.run_sync(_store, known, shared, self.shm, self.kcache)) if known or shared else set()
             self.stored += len(stored)
             for info, _, _, _ in batch:
@@ -211,8 +213,8 @@ def _store(files: list, shared: list, shm: ShmCache | None, kcache: KernelCache)
     a push either sees the change noted, or happens before the change's invalidation.
     Shared-memory copies need no such care: their names carry the version.
     """
-    for info, data in shared:
-        shm.put(info, data)
+    for info, data, user in shared:
+        shm.put(info, data, user)
     stored = []
     with kcache.kernel_lock:
         for info, stamp, data in files:

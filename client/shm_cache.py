@@ -35,9 +35,17 @@ place (/dev/shm), so nothing here trusts a name:
 - Readers cannot delete copies (the directory is not theirs). Copies stay
   while they fit in ``budget``: a later epoch that asks for a file whose copy
   of the same version is still here costs no fetch at all (the prefetcher
-  asks ``has``). When room is needed, copies handed out more than
-  ``HANDED_OUT_S`` ago go first (in the order they were handed out), then
-  the oldest; the whole directory goes when
+  asks ``has``).
+- The budget is shared fairly between the users who announce prefetches (the
+  uid of the ``setxattr``): a copy is charged to its announcer, and bytes are
+  reserved before a copy is written, so copies written at once never
+  overshoot it. When room is needed, the copies that go are those of the user
+  holding the most, counting the new copy as the announcer's: a user can
+  evict another user's copies only while holding less than that user, so
+  nobody is pushed below an equal share by someone else's announcements.
+  Within a user's copies, those handed out more than ``HANDED_OUT_S`` ago go
+  first (in the order they were handed out), then the oldest. The whole
+  directory goes when
   the mount ends (or, after a ``kill -9``, when the next mount on this machine
   starts and finds a ``stripefs-PID-*`` directory of its own user whose PID is
   gone).
@@ -74,6 +82,7 @@ class Copy:
     size: int
     mtime_ns: int  # the original's version the copy was made from
     digest: int  # xxh3_64 of the bytes
+    user: int = 0  # who announced it (uid): its bytes count against that user's share
     handed_out: float = 0.0  # monotonic time the name was given to a reader; 0: not yet
 
 
@@ -90,10 +99,12 @@ class ShmCache:
         self.used = 0
         self.dir: Path | None = None
         self._dir_fd = -1
-        self._copies: OrderedDict[int, Copy] = OrderedDict()  # ino -> its copy, oldest first
-        # ino -> its copy, in the order they were handed out (entries of copies dropped since
+        self._copies: dict[int, Copy] = {}  # ino -> its copy
+        self._held: dict[int, int] = {}  # user -> bytes of its copies and reservations
+        self._oldest: dict[int, OrderedDict[int, Copy]] = {}  # user -> its copies, oldest first
+        # user -> its copies in the order they were handed out (entries of copies dropped since
         # stay until they age out; _reclaim checks identity): reclaiming is not a scan of all
-        self._handed: OrderedDict[int, Copy] = OrderedDict()
+        self._handed: dict[int, OrderedDict[int, Copy]] = {}
         self._lock = threading.Lock()  # put() runs in worker threads, lookup() on the trio loop
 
     def open(self) -> None:
@@ -153,8 +164,9 @@ class ShmCache:
             except PermissionError:
                 pass  # alive, another user's
 
-    def put(self, info: p.OpenRsp, data: bytes | memoryview) -> bool:
-        """Write one prefetched file (in a worker thread); False when there is no room."""
+    def put(self, info: p.OpenRsp, data: bytes | memoryview, user: int = 0) -> bool:
+        """Write one prefetched file announced by ``user`` (in a worker thread); False when there
+        is no room for it within that user's fair share of the budget (module docstring)."""
         size = len(data)
         attr = info.attr
         if size > self.budget or self._dir_fd < 0:
@@ -163,9 +175,10 @@ class ShmCache:
             old = self._copies.get(attr.ino)
             if old is not None and (old.mtime_ns, old.size) == (attr.mtime_ns, size):
                 return True
-            self._reclaim(size)
+            self._reclaim(size, user)
             if self.used + size > self.budget:
                 return False
+            self._charge(user, size)  # reserved before writing: copies written at once cannot overshoot
         name = secrets.token_hex(16)
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._dir_fd)
@@ -180,15 +193,31 @@ class ShmCache:
         except OSError as exc:
             log.warning("shared-memory prefetch: cannot write a copy of inode %d: %s", attr.ino, exc)
             self._unlink(name)
+            with self._lock:
+                self._charge(user, -size)
             return False
-        copy = Copy(name, size, attr.mtime_ns, xxhash.xxh3_64_intdigest(data))
+        copy = Copy(name, size, attr.mtime_ns, xxhash.xxh3_64_intdigest(data), user)
         with self._lock:
             replaced = self._copies.pop(attr.ino, None)
             if replaced is not None:
-                self._drop(replaced)
+                self._drop(attr.ino, replaced)
             self._copies[attr.ino] = copy
-            self.used += size
+            self._oldest.setdefault(user, OrderedDict())[attr.ino] = copy
         return True
+
+    def held(self, user: int) -> int:
+        """Bytes of ``user``'s copies (and copies being written)."""
+        with self._lock:
+            return self._held.get(user, 0)
+
+    def _charge(self, user: int, size: int) -> None:
+        """(Under the lock.)"""
+        self.used += size
+        held = self._held.get(user, 0) + size
+        if held > 0:
+            self._held[user] = held
+        else:
+            self._held.pop(user, None)
 
     def lookup(self, ino: int, attr: p.Attr) -> bytes | None:
         """What a reader allowed to read inode ``ino`` is told of its copy (``describe``); None: no
@@ -201,11 +230,12 @@ class ShmCache:
                 return None
             if (copy.mtime_ns, copy.size) != (attr.mtime_ns, attr.size):
                 self._copies.pop(ino)
-                self._drop(copy)  # of an older version: never of use again
+                self._drop(ino, copy)  # of an older version: never of use again
                 return None
             copy.handed_out = time.monotonic()  # (again in a later epoch: it goes to the end)
-            self._handed.pop(ino, None)
-            self._handed[ino] = copy
+            handed = self._handed.setdefault(copy.user, OrderedDict())
+            handed.pop(ino, None)
+            handed[ino] = copy
             return describe(copy, attr)
 
     def has(self, ino: int, mtime_ns: int, size: int) -> bool:
@@ -219,30 +249,50 @@ class ShmCache:
         with self._lock:
             copy = self._copies.pop(ino, None)
             if copy is not None:
-                self._drop(copy)
+                self._drop(ino, copy)
 
-    def _reclaim(self, wanted: int) -> None:
-        """(Under the lock.) Make room for ``wanted`` bytes: copies handed out a while ago first
-        (oldest hand-out first), then the oldest copies."""
-        if self.used + wanted <= self.budget:
-            return
+    def _reclaim(self, wanted: int, user: int) -> None:
+        """(Under the lock.) Make room for ``wanted`` bytes of ``user``: copies of whoever holds
+        the most, the new copy counted as ``user``'s (module docstring)."""
+        while self.used + wanted > self.budget:
+            mine = self._held.get(user, 0) + wanted
+            victim = max(self._held, key=self._held.__getitem__, default=user)
+            if self._held.get(victim, 0) <= mine:
+                victim = user  # nobody holds more than the announcer would: its own copies go
+            if not self._reclaim_one(victim):
+                return
+
+    def _reclaim_one(self, user: int) -> bool:
+        """(Under the lock.) Drop one copy of ``user``: one handed out a while ago, else its
+        oldest; False when it has none."""
+        handed = self._handed.get(user)
         now = time.monotonic()
-        while self._handed:
-            ino, copy = next(iter(self._handed.items()))
+        while handed:
+            ino, copy = next(iter(handed.items()))
             if now - copy.handed_out <= HANDED_OUT_S:
                 break
-            del self._handed[ino]
+            del handed[ino]
             if self._copies.get(ino) is copy:
-                self._drop(self._copies.pop(ino))
-            if self.used + wanted <= self.budget:
-                return
-        while self._copies and self.used + wanted > self.budget:
-            _, copy = self._copies.popitem(last=False)
-            self._drop(copy)
+                self._drop(ino, self._copies.pop(ino))
+                return True
+        oldest = self._oldest.get(user)
+        if not oldest:
+            return False
+        ino, copy = next(iter(oldest.items()))
+        if self._copies.get(ino) is copy:
+            self._copies.pop(ino)
+        self._drop(ino, copy)
+        return True
 
-    def _drop(self, copy: Copy) -> None:
-        """(Under the lock.)"""
-        self.used -= copy.size
+    def _drop(self, ino: int, copy: Copy) -> None:
+        """(Under the lock.) ``copy`` (of ``ino``, out of ``_copies`` already) goes."""
+        self._charge(copy.user, -copy.size)
+        oldest = self._oldest.get(copy.user)
+        if oldest is not None and oldest.get(ino) is copy:
+            del oldest[ino]
+            if not oldest:
+                del self._oldest[copy.user]
+                self._handed.pop(copy.user, None)
         self._unlink(copy.name)
 
     def _unlink(self, name: str) -> None:

@@ -101,3 +101,50 @@ def test_copies_are_exclusive_files_with_the_originals_owner_and_mode(base, monk
     assert cache.lookup(3, _info(3, 10_001).attr) is None and len(os.listdir(cache.dir)) == 0
     assert not cache.put(_info(5, 30_000), b"e" * 30_000)  # larger than the budget: not copied
     cache.close()
+
+
+def test_one_user_cannot_evict_another_below_an_equal_share(base):
+    """Security review, round 3: the budget was the mount's, so anyone who may announce prefetches
+    could evict every other user's copies. Now a user evicts only users holding more than it."""
+    cache = ShmCache(base, budget=100_000)
+    cache.open()
+    victim, attacker = 1000, 2000
+    for ino in range(1, 7):  # the victim's epoch: 60 KB of copies
+        assert cache.put(_info(ino, 10_000), b"v" * 10_000, victim)
+    for ino in range(100, 200):  # the attacker announces 1 MB
+        cache.put(_info(ino, 10_000), b"a" * 10_000, attacker)
+    assert cache.held(victim) == 50_000 and cache.held(attacker) == 50_000  # halves: the victim kept its share
+    assert cache.used == 100_000 == sum(os.stat(cache.dir / n).st_size for n in os.listdir(cache.dir))
+    assert all(cache.has(ino, ino * 10, 10_000) for ino in range(2, 7))  # its newest five copies
+    # and the attacker's own copies make room for its next ones, never the victim's
+    assert cache.put(_info(300, 10_000), b"a" * 10_000, attacker) and cache.held(victim) == 50_000
+    cache.close()
+
+
+def test_bytes_are_reserved_before_a_copy_is_written(base, monkeypatch):
+    """Two copies written at once used to be counted only once written: both fit the same room."""
+    import threading
+
+    cache = ShmCache(base, budget=15_000)
+    cache.open()
+    both_writing = threading.Barrier(2, timeout=2.0)
+    fchown = os.fchown
+
+    def slow_fchown(fd, uid, gid):
+        try:
+            both_writing.wait()  # with reservations the second put never gets here: the first goes on alone
+        except threading.BrokenBarrierError:
+            pass
+        fchown(fd, uid, gid)
+
+    monkeypatch.setattr(shm_cache.os, "fchown", slow_fchown)
+    results = []
+    threads = [threading.Thread(target=lambda i=i: results.append(cache.put(_info(i, 10_000), b"x" * 10_000, 1000)))
+               for i in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, True]
+    assert cache.used == 10_000 == sum(os.stat(cache.dir / n).st_size for n in os.listdir(cache.dir))
+    cache.close()
