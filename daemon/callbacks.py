@@ -43,7 +43,7 @@ The rules
   of a key, bounded per key: a session that lets a wait run out, or
   acknowledges later than ``LATE_S`` after the change began waiting for it,
   is an offence of its *key* (its CURVE key; on a plain socket, where every
-  peer is trusted, of the session). The key's sessions lose every holding
+  peer is trusted, only a wait that ran out counts, against the session). The key's sessions lose every holding
   (no change waits for them any more) and get no callback for
   ``PENALTY_S``, twice as long at each offence within ``MAX_PENALTY_S``. A
   fresh HelloReq does not escape it, and acknowledging just inside
@@ -183,8 +183,8 @@ class Callbacks:
             late: set[int] = set()
             while True:
                 still = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and sid in self._held}
-                if trio.current_time() - start > LATE_S:
-                    late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq}
+                if trio.current_time() - start > LATE_S:  # (a plain socket's peers are trusted: slow, not hostile)
+                    late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq and self.owner(sid) is not None}
                 waiting = still
                 if not waiting:
                     break
