@@ -58,7 +58,7 @@ from .common.keyring import load_identity, load_public, write_keypair
 from .common.security import identity_of, use_identity, with_key
 from .common.transport import connect
 from .local_postgres import LocalPostgres, choose_dir
-from .local_processes import is_mounted, mount_state, processes_of, unmount
+from .local_processes import is_mounted, mount_state, mounted_at, owned_by, owner_of, processes_of, unmount
 
 log = logging.getLogger(__name__)
 
@@ -446,6 +446,8 @@ class LocalCluster:
             if res.returncode:
                 raise QuietError(f"mount failed: {res.stderr.strip() or res.stdout.strip()}", 3)
             pids["mount"] = int((self.state / "mount.pid").read_text())
+            entry = mounted_at(mount)  # its FUSE connection: how a dead mount is known later (local_processes)
+            pids["mount_device"] = entry.device if entry is not None else None
             self._save_pids(pids)
         store = f" on PostgreSQL at 127.0.0.1:{info['postgres']['port']}" if server is not None else ""
         gone = f" ({len(removed)} removed: not started)" if removed else ""
@@ -456,7 +458,7 @@ class LocalCluster:
     def _check_mount(self, mount: Path, pids: dict) -> bool:
         """Whether the cluster's mount is live; a dead one (its client killed) is unmounted first,
         something else mounted there is an error."""
-        state = mount_state(mount, pids.get("mount") if _alive(pids.get("mount")) else None)
+        state = mount_state(mount, pids.get("mount") if _alive(pids.get("mount")) else None, pids.get("mount_device"))
         if state == "dead":
             why = unmount(mount)
             if why:
@@ -617,22 +619,31 @@ class LocalCluster:
             return 0
         if info is None:
             print(f"{self.state} is gone, but {len(found)} of its processes still run: stopping them", file=sys.stderr)
+        # Only stripefs mounts at the cluster's own mountpoint (cluster.json), or at one its own mount
+        # process serves (processes_of: the owner's processes only) are unmounted: never what a command
+        # line of another user names, never a mount of another kind (local_processes.unmount).
         mounts = {Path(info["mount"])} if info else set()
         mounts |= {proc.mountpoint for proc in found if proc.mountpoint is not None}
         failed = []
         for mount in sorted(mounts):
-            if _is_mounted(mount):
-                res = subprocess.run(["fusermount3", "-u", str(mount)], capture_output=True, text=True)
-                if res.returncode and _is_mounted(mount):
-                    print(f"{mount} is busy ({res.stderr.strip()}); detaching it lazily", file=sys.stderr)
-                    why = unmount(mount)
-                    if why:
-                        failed.append(f"{mount} is still mounted ({why})")
+            entry = mounted_at(mount)
+            if entry is None:
+                continue
+            if entry.fstype != "fuse.stripefs":
+                print(f"{mount}: a {entry.fstype} mount is there, not this cluster's: left alone", file=sys.stderr)
+                continue
+            res = subprocess.run(["fusermount3", "-u", str(mount)], capture_output=True, text=True)
+            if res.returncode and _is_mounted(mount):
+                print(f"{mount} is busy ({res.stderr.strip()}); detaching it lazily", file=sys.stderr)
+                why = unmount(mount)
+                if why:
+                    failed.append(f"{mount} is still mounted ({why})")
         pids = self.pids()
+        owner = owner_of(self.state)
         flat = [(proc.name, proc.pid) for proc in found if proc.name != "postgres"]
-        # pids.json's too (a state directory named by another path: a symlink), if still a stripefs process
+        # pids.json's too (a state directory named by another path: a symlink), if still a stripefs process of the owner
         flat += [(name, pid) for name, pid in self._flat_pids(pids)
-                 if _alive(pid) and pid not in {p for _, p in flat} and "stripefs" in _cmdline(pid)]
+                 if _alive(pid) and pid not in {p for _, p in flat} and "stripefs" in _cmdline(pid) and owned_by(pid, owner)]
         for _, pid in flat:
             if _alive(pid):
                 os.kill(pid, signal.SIGTERM)
@@ -698,7 +709,7 @@ class LocalCluster:
                 "metrics": metrics_url(f"storage-{node['node_id']}"),
             })
         mpid = pids.get("mount")
-        mstate = mount_state(Path(info["mount"]), mpid if _alive(mpid) else None)
+        mstate = mount_state(Path(info["mount"]), mpid if _alive(mpid) else None, pids.get("mount_device"))
         procs.append({
             "role": "mount", "node_id": None, "pid": mpid if _alive(mpid) else None, "address": None,
             # "dead": still in /proc/mounts, its client gone (every access fails: 'stripefs local up' mounts again)

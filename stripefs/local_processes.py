@@ -8,10 +8,19 @@ when STATE/pids.json, or the whole of STATE, is gone: never by a name match
 (other clusters on the machine run the same programs). Only what ``up`` starts
 matches: a mount of the cluster made by hand (another ``--pidfile``) does not.
 
+Only processes of the cluster's owner count (the owner of STATE, else the
+user asking): a command line is text any local user can write, so a process of
+another user naming STATE is never signalled, and its "mountpoint" never
+unmounted (docs/security.md).
+
 A mount is ``live`` (in /proc/mounts and served by the cluster's client),
 ``dead`` (in /proc/mounts, its client gone: every access fails with "Transport
 endpoint is not connected"), ``foreign`` (something else is mounted there) or
-``none``.
+``none``. A dead mount is known by its device: ``up`` records the FUSE
+connection it mounted (``major:minor`` in /proc/self/mountinfo, the
+connection's number in /sys/fs/fuse/connections) beside the client's pid, so
+it is recognised even while the kernel still answers a stat of it from its
+attribute cache.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,16 +83,46 @@ def _name_of(argv: tuple[str, ...], state: Path) -> str | None:
     return None
 
 
+def owner_of(state: str | Path) -> int:
+    """The uid whose processes may belong to the cluster in ``state``: the owner of STATE, else (STATE
+    is gone) the user asking."""
+    try:
+        return os.stat(state).st_uid
+    except OSError:
+        return os.geteuid()
+
+
+def uids_of(pid: int) -> tuple[int, ...]:
+    """Real, effective, saved and file-system uid of ``pid`` (() when it is gone). Read from
+    /proc/PID/status: the owner of /proc/PID is root for any process that made itself non-dumpable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return tuple(int(v) for v in line.split()[1:])
+    except (OSError, ValueError):
+        pass
+    return ()
+
+
+def owned_by(pid: int, uid: int) -> bool:
+    """Whether every uid of ``pid`` is ``uid``: a process another user could have started is not ours."""
+    uids = uids_of(pid)
+    return bool(uids) and all(u == uid for u in uids)
+
+
 def processes_of(state: str | Path) -> list[Proc]:
-    """Every running process ``stripefs local up`` started for the cluster in ``state`` (absolute)."""
+    """Every running process ``stripefs local up`` started for the cluster in ``state`` (absolute):
+    its command line names STATE and it runs as the cluster's owner (``owner_of``)."""
     state = Path(state).absolute()
+    uid = owner_of(state)
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         argv = _argv(int(entry))
         name = _name_of(argv, state) if argv else None
-        if name is not None and _running(int(entry)):
+        if name is not None and _running(int(entry)) and owned_by(int(entry), uid):
             found.append(Proc(int(entry), name, argv))
     return found
 
@@ -95,23 +135,58 @@ def _running(pid: int) -> bool:
         return False
 
 
-def is_mounted(path: Path) -> bool:
+@dataclass(frozen=True)
+class MountEntry:
+    device: str  # major:minor; for FUSE, minor is the connection's number in /sys/fs/fuse/connections
+    fstype: str  # fuse.stripefs for ours
+
+
+def _unescape(field: str) -> str:
+    """/proc/self/mountinfo writes space, tab, newline and backslash as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mounted_at(path: Path) -> MountEntry | None:
+    """What is mounted at ``path`` (the topmost mount when several are stacked there), or None."""
     target = str(path.absolute())
+    top = None
     try:
-        with open("/proc/mounts") as f:
-            return any(line.split()[1] == target for line in f)
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, rest = line.partition(" - ")
+                fields = fields.split()
+                if len(fields) >= 5 and _unescape(fields[4]) == target and rest:
+                    top = MountEntry(device=fields[2], fstype=rest.split()[0])
     except OSError:
-        return False
+        return None
+    return top
 
 
-def mount_state(path: Path, client_pid: int | None) -> str:
+def is_mounted(path: Path) -> bool:
+    return mounted_at(path) is not None
+
+
+def is_ours(entry: MountEntry | None) -> bool:
+    """Whether a mount could be a stripefs client's: only those are ever unmounted by ``local``."""
+    return entry is not None and entry.fstype == "fuse.stripefs"
+
+
+def mount_state(path: Path, client_pid: int | None, device: str | None = None) -> str:
     """``none``, ``live``, ``dead`` or ``foreign`` (see the module docstring). ``client_pid``: the
-    cluster's mount process, if one runs. Only a mount without its client is touched (a stat: a
-    dead FUSE endpoint answers ENOTCONN at once); a live one is never waited on."""
-    if not is_mounted(path):
+    cluster's mount process, if one runs; ``device``: the connection ``up`` recorded when it mounted.
+    A mount whose client is gone is dead when it is that connection, however the kernel answers a
+    stat (from its attribute cache, a dead connection's stat succeeds). Without a record only a
+    mount without its client is touched (a stat: a dead FUSE endpoint answers ENOTCONN at once); a
+    live one is never waited on."""
+    entry = mounted_at(path)
+    if entry is None:
         return "none"
+    if not is_ours(entry):
+        return "foreign"
     if client_pid is not None and _running(client_pid):
         return "live"
+    if device is not None and entry.device == device:
+        return "dead"
     try:
         os.stat(path)
     except OSError as exc:
@@ -121,7 +196,13 @@ def mount_state(path: Path, client_pid: int | None) -> str:
 
 
 def unmount(path: Path) -> str:
-    """Unmount ``path`` (lazily when busy); "" when done, else why not."""
+    """Unmount ``path`` (lazily when busy); "" when done, else why not. Only a stripefs mount:
+    ``fusermount3 -u`` run as root unmounts anything, a tmpfs another user pointed us at too."""
+    entry = mounted_at(path)
+    if entry is None:
+        return ""
+    if not is_ours(entry):
+        return f"a {entry.fstype} mount, not a stripefs one: left alone"
     res = subprocess.run(["fusermount3", "-u", str(path)], capture_output=True, text=True)
     if res.returncode and is_mounted(path):
         res = subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True, text=True)

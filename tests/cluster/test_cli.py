@@ -180,6 +180,34 @@ def test_one_name_for_the_disk_cache():
     assert "disk_cache_dir" in readme and "cache_dir" not in readme.replace("disk_cache_dir", "")
 
 
+def test_local_down_trusts_no_other_users_command_line(tmp_path):
+    """Security issue 28: a local user (uid 65534) starts a process whose command line claims to be the
+    mount of the cluster in STATE, serving a tmpfs root mounted; 'local down' run as root must neither
+    unmount that tmpfs (fusermount3 -u as root unmounts anything) nor signal the process."""
+    if os.geteuid() != 0:
+        pytest.skip("the attack is on root running 'local down'")
+    state = tmp_path / "state"
+    state.mkdir()
+    claimed = tmp_path / "claimed"
+    claimed.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(claimed)], check=True)
+    decoy = None
+    try:
+        decoy = subprocess.Popen(
+            ["/usr/bin/python3", "-c", "import time; time.sleep(120)", "-m", "stripefs", "mount", "tcp://127.0.0.1:1",
+             str(claimed), "--pidfile", str(state / "mount.pid")],
+            user=65534, group=65534, cwd="/", stdin=subprocess.DEVNULL)
+        res = run_cli("local", "down", "--dir", str(state), check=False)
+        assert res.returncode == 0, res.stderr
+        assert _is_mounted(claimed), f"local down unmounted another user's tmpfs: {res.stdout} {res.stderr}"
+        assert decoy.poll() is None, "local down signalled another user's process"
+    finally:
+        if decoy is not None:
+            decoy.kill()
+            decoy.wait()
+        subprocess.run(["umount", "-l", str(claimed)], capture_output=True)
+
+
 # -- on the session cluster --------------------------------------------------------------------
 
 
