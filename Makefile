@@ -1,4 +1,4 @@
-# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/*.py: run, ec, tier, dataloader, meta, fuse_floor), make stop.
+# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/*.py: run, ec, tier, dataloader, meta, fuse_floor, data_wait), make stop.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -113,6 +113,7 @@ bench: install $(VENV)/.bench-installed
 	$(PY) bench/dataloader.py
 	$(PY) bench/meta.py
 	$(PY) bench/fuse_floor.py
+	$(PY) bench/data_wait.py
 
 clean: stop
 	rm -rf $(VENV) *.egg-info

@@ -115,13 +115,13 @@ def network_wait(seconds: float) -> None:
         timing.network += seconds
 
 
-def _timed(op: str, fn):
+def _timed(op: str, fn, jobs=None):
     ops, latency = FUSE_OPS.labels(op), FUSE_SECONDS.labels(op)  # label children resolved once
     read_network, read_cache = READ_SECONDS.labels("network"), READ_SECONDS.labels("cache")
 
     @functools.wraps(fn)
     async def wrapper(*args, **kwargs):
-        timing = token = None
+        timing = token = result = None
         if op == "read":
             timing = _ReadTiming()
             token = _current_read.set(timing)
@@ -135,12 +135,15 @@ def _timed(op: str, fn):
             elapsed = time.perf_counter() - started
             ops.inc()
             latency.observe(elapsed)
+            network = 0.0
             if timing is not None:
                 timing.open = False
                 _current_read.reset(token)
                 network = min(timing.network, elapsed)  # parallel chunk fetches overlap
                 read_network.inc(network)
                 read_cache.inc(elapsed - network)
+            if jobs is not None and jobs.active:  # training jobs that report (client/jobs.py)
+                jobs.account(op, args, result, elapsed, network)
         if op == "read":
             READ_BYTES.inc(len(result))
         elif op == "write":
@@ -150,12 +153,13 @@ def _timed(op: str, fn):
     return wrapper
 
 
-def instrument(ops) -> None:
-    """Count and time every FUSE handler of ``ops`` (an Operations instance)."""
+def instrument(ops, jobs=None) -> None:
+    """Count and time every FUSE handler of ``ops`` (an Operations instance); with ``jobs``
+    (client/jobs.py), also per training job."""
     for op in OPS:
         fn = getattr(ops, op, None)
         if fn is not None:
-            setattr(ops, op, _timed(op, fn))
+            setattr(ops, op, _timed(op, fn, jobs))
     for outcome in ("fetched", "used", "wasted"):
         READAHEAD.labels(outcome)  # exported as 0 from the start
     for source in ("network", "cache"):

@@ -38,6 +38,7 @@ from ..common.systemd import notify
 from ..common.metrics import serve as serve_metrics
 from . import metrics as client_metrics
 from .connect import open_client
+from .jobs import Jobs
 from .kernel_cache import KernelCache
 from .operations import Operations
 from .prefetch import Prefetcher
@@ -276,7 +277,8 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 op_timeout=client_cfg.op_timeout_s,
             )
             prefetcher.on_fetched = ops.prefetched
-            client_metrics.instrument(ops)
+            ops.jobs = Jobs()  # training jobs that report their data wait: stripefs top's per-job view
+            client_metrics.instrument(ops, ops.jobs)
             try:
                 metrics_address = serve_metrics(client_cfg.metrics)
             except (OSError, ValueError) as exc:
@@ -291,6 +293,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                     prefetcher.shm = shm
                     stack.callback(shm.close)
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
+            nursery.start_soon(ops.jobs.sweep_loop, name="jobs-sweep")  # ended jobs leave the metrics
             try:
                 pyfuse3.init(ops, mountpoint, options)
             except RuntimeError as exc:

@@ -77,6 +77,7 @@ from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from .dir_hints import DirHints
 from .fetch import Fetch
+from .jobs import Jobs
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
@@ -178,6 +179,7 @@ class Operations(pyfuse3.Operations):
         self.kcache = kcache or KernelCache()
         self.kcache.on_change = self._changed_elsewhere
         self.prefetcher = prefetcher
+        self.jobs: Jobs | None = None  # training jobs reporting their data wait (client/jobs.py), set by the mount
         # dataset mode: ino -> OpenRsp, kept until the feed says the file changed
         self._dataset_info: OrderedDict[int, p.OpenRsp] = OrderedDict()
         # default mode: ino -> what this mount knows of a file held under a callback
@@ -603,6 +605,10 @@ class Operations(pyfuse3.Operations):
         await self._change(p.SetxattrReq(ino=inode, name=name, value=value), (inode,))  # its ctime
 
     def _fast_getxattr(self, inode, name, ctx):
+        if name.startswith(p.JOB_XATTR) and self.jobs is not None:  # a training job's report (client/jobs.py)
+            if not self.jobs.report(ctx.pid, name):
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            return b"ok"
         return self._mount_xattr(inode, name) if self._is_mount_xattr(name) else _SLOW
 
     def _is_mount_xattr(self, name: bytes) -> bool:

@@ -1189,6 +1189,39 @@ SHM_DIR_XATTR = b"user.stripefs.shm_dir"
 #: ``getxattr`` of a file: its copy there, ``NAME SIZE MTIME_NS XXH3HEX`` (ENODATA: none). The
 #: kernel asks the mount only for callers that may read the file: the copy's access check
 SHM_COPY_XATTR = b"user.stripefs.shm_copy"
+#: ``getxattr(PATH, JOB_XATTR + figures)``: a training job's data wait so far (stripefs/data_wait.py,
+#: client/jobs.py); the figures ride in the attribute's name, so any reader of the data may report
+JOB_XATTR = b"user.stripefs.job."
+_JOB_NAME_MAX = 64
+
+
+def encode_job_report(name: str, steps: int, wait_s: float, compute_s: float, gpu: bool, done: bool = False) -> bytes:
+    """The attribute name carrying a job's figures: ``JOB_XATTR`` + ``STEPS.WAIT_US.COMPUTE_US.FLAGS.NAME``
+    (flags: 1 GPU-measured, 2 the loop ended); under the kernel's 255-byte limit on names."""
+    label = name.encode("utf-8", "replace")[:_JOB_NAME_MAX]
+    flags = (1 if gpu else 0) | (2 if done else 0)
+    return JOB_XATTR + b"%d.%d.%d.%d." % (steps, int(wait_s * 1e6), int(compute_s * 1e6), flags) + label
+
+
+class JobReport(msgspec.Struct, frozen=True):
+    steps: int
+    wait_s: float
+    compute_s: float
+    gpu: bool
+    done: bool
+    name: str
+
+
+def decode_job_report(attr_name: bytes) -> JobReport | None:
+    """``encode_job_report``'s figures, or None when ``attr_name`` is not one (or is malformed)."""
+    if not attr_name.startswith(JOB_XATTR):
+        return None
+    parts = attr_name[len(JOB_XATTR):].split(b".", 4)
+    if len(parts) != 5 or not all(p.isdigit() and len(p) <= 18 for p in parts[:4]):
+        return None
+    steps, wait_us, compute_us, flags = (int(p) for p in parts[:4])
+    return JobReport(steps, wait_us / 1e6, compute_us / 1e6, bool(flags & 1), bool(flags & 2),
+                     parts[4][:_JOB_NAME_MAX].decode("utf-8", "replace"))
 
 
 # --------------------------------------------------------------------------

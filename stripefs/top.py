@@ -6,7 +6,9 @@ rates: reads/s, MiB/s read and written, cache hit rate, read-ahead used vs
 wasted, FUSE latency percentiles per op, RPC latency per storage node, and
 how the time readers spent inside stripefs divides into waiting on the
 network (storage nodes) versus being served from memory. A verdict line sums
-it up.
+it up. Training jobs wrapped in ``stripefs.torch.watch`` get a line each: their
+own data-wait share, where their time in the mount went, and a verdict of
+their own (stripefs/job_view.py). ``--json`` prints the same for scripts.
 
 The endpoint is found from the mount's state file (client.metrics.find_state,
 written by the mount process) or given with ``--metrics HOST:PORT``. The
@@ -20,16 +22,18 @@ last interval.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections import defaultdict
+from collections import defaultdict, deque
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from . import job_view
 from .common.errors import QuietError
 
 MiB = 1 << 20
@@ -107,8 +111,9 @@ def verdict(network_share: float | None, reads: float, hit_rate: float | None, b
     return f"readers wait on the network {network_share:.0%} of their time: stripefs keeps up"
 
 
-def render(cur: Samples, prev: Samples, dt: float, title: str) -> list[str]:
-    """The lines of one frame for the interval between ``prev`` and ``cur`` (``dt`` seconds)."""
+def render(cur: Samples, prev: Samples, dt: float, title: str, window: tuple[Samples, float] | None = None) -> list[str]:
+    """The lines of one frame for the interval between ``prev`` and ``cur`` (``dt`` seconds);
+    ``window``: (older samples, seconds) the training jobs' figures are taken over (``JOB_WINDOW_S``)."""
     dt = max(dt, 1e-6)
     reads = _delta(cur, prev, "stripefs_fuse_ops_total", op="read")
     writes = _delta(cur, prev, "stripefs_fuse_ops_total", op="write")
@@ -165,12 +170,49 @@ def render(cur: Samples, prev: Samples, dt: float, title: str) -> list[str]:
         if count:
             b = _buckets(cur, prev, "stripefs_rpc_seconds", peer=peer, type="ReadChunkReq")
             rows.append((quantile(0.99, b) or 0.0, peer, count, quantile(0.5, b)))
+    lines += ["", "training jobs (stripefs.torch.watch):"] + job_view.render(jobs(cur, *(window or (prev, dt))))
     lines += ["", f"{'chunk reads from':<32}{'reads/s':>10}{'p50 ms':>10}{'p99 ms':>10}"]
     if not rows:
         lines.append("(no chunk reads from storage nodes in this interval)")
     for p99, peer, count, p50 in sorted(rows, reverse=True)[:6]:
         lines.append(f"{peer:<32}{count / dt:>10.1f}{_ms(p50):>10}{_ms(p99):>10}")
     return lines
+
+
+def jobs(cur: Samples, prev: Samples, dt: float) -> list[dict]:
+    """The per-job rows of the interval (stripefs/job_view.py): jobs present in both scrapes."""
+    labels = {dict(lab)["job"] for (n, lab) in cur if n == "stripefs_job_steps"}
+    labels &= {dict(lab)["job"] for (n, lab) in prev if n == "stripefs_job_steps"} or labels
+    return job_view.job_rows(
+        lambda name, **lab: _delta(cur, prev, name, **lab), lambda name, **lab: _sum(cur, name, **lab), labels, max(dt, 1e-6)
+    )
+
+
+def as_json(cur: Samples, prev: Samples, dt: float, window: tuple[Samples, float] | None = None) -> dict:
+    """``--json``: one frame's figures for scripts (``window``: as for ``render``)."""
+    dt = max(dt, 1e-6)
+    net = _delta(cur, prev, "stripefs_read_seconds_total", source="network")
+    mem = _delta(cur, prev, "stripefs_read_seconds_total", source="cache")
+    return {
+        "interval_s": dt,
+        "reads_per_s": _delta(cur, prev, "stripefs_fuse_ops_total", op="read") / dt,
+        "read_bytes_per_s": _delta(cur, prev, "stripefs_read_bytes_total") / dt,
+        "network_share": net / (net + mem) if net + mem > 0 else None,
+        "jobs": jobs(cur, *(window or (prev, dt))),
+    }
+
+
+#: jobs report every second (stripefs/data_wait.py): their rows cover at least this long, so that
+#: every row holds whole reports, whatever the refresh interval
+JOB_WINDOW_S = 2.0
+
+
+def _window(history: deque, now: float) -> tuple[Samples, float]:
+    """(samples, seconds before ``now``) of the newest scrape at least JOB_WINDOW_S old (else the oldest)."""
+    while len(history) > 1 and now - history[1][0] >= JOB_WINDOW_S:
+        history.popleft()
+    then, samples = history[0]
+    return samples, max(now - then, 1e-6)
 
 
 def _endpoint(args) -> tuple[str, str]:
@@ -198,6 +240,7 @@ def main(args) -> int:
     except (OSError, urllib.error.URLError) as exc:
         raise QuietError(f"cannot read {url}: {exc}", 2) from None
     last = time.monotonic()
+    history = deque([(last, prev)])  # for the jobs' window
     frames = 0
     try:
         while True:
@@ -207,7 +250,16 @@ def main(args) -> int:
             except (OSError, urllib.error.URLError) as exc:
                 raise QuietError(f"{url} stopped answering ({exc}); was the mount unmounted?", 2) from None
             now = time.monotonic()
-            lines = render(cur, prev, now - last, title)
+            window = _window(history, now)
+            history.append((now, cur))
+            if args.json:
+                print(json.dumps(as_json(cur, prev, now - last, window)), flush=True)
+                prev, last = cur, now
+                frames += 1
+                if args.once or (args.iterations and frames >= args.iterations):
+                    return 0
+                continue
+            lines = render(cur, prev, now - last, title, window)
             if args.once:
                 print("\n".join(lines))
                 return 0
@@ -234,4 +286,6 @@ def add_parser(sub) -> None:
     top.add_argument("-n", "--interval", type=float, default=1.0, help="seconds between refreshes (default: %(default)s)")
     top.add_argument("--once", action="store_true", help="print one frame (after one interval) without screen control, then exit")
     top.add_argument("--iterations", type=int, default=0, help="stop after this many frames (default: run until Ctrl-C)")
+    top.add_argument("--json", action="store_true", help="print each frame as one line of JSON (rates, and per training "
+                     "job its data-wait share, the split of its time in the mount and the verdict) instead of the screen")
     top.set_defaults(func=main)

@@ -21,6 +21,14 @@ the kernel answers only to those who may read the file, instead of an open, a
 read and a release; no stat) and reads through the mount otherwise; it is
 correct either way.
 
+Is the GPU waiting for data? ``watch`` wraps the loader and measures, per step,
+the loop's wait for its next batch (on the GPU, with CUDA events, when CUDA
+is in use) and reports it to the mount, where ``stripefs top`` shows it per
+job beside what the mount did for that job (stripefs/data_wait.py):
+
+    for images, labels in stripefs.torch.watch(loader):
+        ...
+
 ``paths[i]`` is the file sample ``i`` reads. Nothing here imports torch: any
 object with ``__iter__`` and ``__len__`` is a sampler to a DataLoader. Paths
 outside a stripefs mount are simply not announced. The mount is told through
@@ -37,7 +45,10 @@ from typing import Iterable, Iterator, Sequence
 
 import xxhash
 
+from .data_wait import DataWait, watch
 from .prefetch_control import SHM_COPY_XATTR, MountRoots, announce, group_by_mount, shm_dir
+
+__all__ = ["PrefetchSampler", "read_file", "watch", "DataWait"]
 
 log = logging.getLogger(__name__)
 
