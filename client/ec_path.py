@@ -84,7 +84,7 @@ from .data_rpc import NodePool
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from . import placements
-from .placements import placement, session_epoch
+from .placements import placement, session_epoch, slot_version
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +119,6 @@ class EcPath:
         self.coding = trio.CapacityLimiter(1)
         #: ino -> fragments written without fsync: node -> chunk ids
         self._unsynced: dict[int, dict[int, set[p.ChunkId]]] = {}
-        #: (ino, session epoch, committed parity) -> the version stripes of that parity get (_version_for)
-        self._other_parity: dict[tuple[int, int, int], int] = {}
 
     # ------------------------------------------------------------------ reads
 
@@ -344,29 +342,13 @@ class EcPath:
 
     # ----------------------------------------------------------------- writes
 
-    async def _version_for(self, of: OpenFile, epoch: int, committed: int) -> int:
-        """A version for a new stripe version: newer than the committed one (else the daemon keeps
-        that one and the write is lost) and of the other parity (its slot). This session's epoch
-        when it is; else a fresh epoch (the newest handed out), remembered for the session."""
-        if not committed or ((epoch & 1) != (committed & 1) and epoch > committed):
-            return epoch
-        key = (of.ino, epoch, committed & 1)
-        other = self._other_parity.get(key)
-        while other is None or other <= committed:
-            rsp = await self.meta.call(p.AllocEpochReq())
-            if (rsp.epoch & 1) != (committed & 1):
-                if len(self._other_parity) > 1024:
-                    self._other_parity.clear()
-                other = self._other_parity[key] = rsp.epoch
-        return other
-
     async def send_stripe(self, of: OpenFile, dc: DirtyChunk, *, sync: bool) -> None:
         """Write one dirty chunk as a new stripe version (read-modify-write when partial)."""
         c = layout_codec(of.layout)
         epoch = await session_epoch(self.meta, of)
         ref = await placement(self.meta, self.nodes, of, dc.index)
         mine = of.uncommitted.get(dc.index)
-        version = mine.version if mine is not None else await self._version_for(of, epoch, ref.version)
+        version = mine.version if mine is not None else await slot_version(self.meta, of, epoch, ref.version)
         cs = of.chunk_size
         if dc.contiguous and dc.lo == 0 and dc.hi >= cs:
             stripe: bytes | bytearray | memoryview = memoryview(dc.buf)[:cs]
@@ -383,7 +365,7 @@ class EcPath:
         """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
         c = layout_codec(of.layout)
         rsp = await self.meta.call(p.AllocEpochReq())
-        version = await self._version_for(of, rsp.epoch, ref.version)
+        version = await slot_version(self.meta, of, rsp.epoch, ref.version)
         old = await self.stripe(of.ino, c, ref)
         return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
 

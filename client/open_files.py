@@ -125,6 +125,8 @@ class OpenFile:
     #: chunks written without fsync since the last fsync: index -> nodes
     unsynced: dict[int, list[int]] = field(default_factory=dict)
     epoch: int = 0  # version for this write session; 0 until the first write
+    #: (session epoch, committed parity) -> the version chunks of that parity get (placements.slot_version)
+    slot_epochs: dict[tuple[int, int], int] = field(default_factory=dict)
     #: the epoch of the session that last took the daemon's current placements (placements.refresh)
     placements_checked: int = -1
     #: the end of the furthest write of this session: what the commit makes the size at least

@@ -52,7 +52,8 @@ gets the GIL back between steps: each stall is bounded by one 1 MiB call.
 Slots
 -----
 See ``fragment_part``: fragment j of version v lives in chunk part
-``j + 32 * (v & 1)``, so a new stripe version never overwrites the committed one.
+``j + 32 * (v & 1)``, so a new stripe version never overwrites the committed one
+(common/layout.py "Slots": replicated chunks are stored the same way).
 
 Backend check
 -------------
@@ -71,12 +72,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from .errors import ErrorCode, StripefsError
+from .layout import SLOT_STRIDE, slot_part  # noqa: F401  (SLOT_STRIDE: also here for its users)
 
 log = logging.getLogger(__name__)
 
 EC_TYPE = "isa_l_rs_vand"
-#: fragment j of a stripe version v is stored as chunk part ``j + SLOT_STRIDE * (v & 1)``: see fragment_part
-SLOT_STRIDE = 32
 HEADER = 80  #: bytes of pyeclib's fragment header with this backend (checked at start)
 
 
@@ -279,9 +279,10 @@ def fragment_part(j: int, version: int) -> int:
     the new version is committed. A write that dies half-way, or fails with
     too few fragments, leaves the committed stripe whole and readable: never a
     torn stripe. The daemon deletes the old slot once the new version is
-    committed (garbage bounded by the old version).
+    committed (garbage bounded by the old version). Replicated chunks use the same
+    slots (common/layout.py "Slots").
     """
-    return j + SLOT_STRIDE * (version & 1)
+    return slot_part(j, version)
 
 
 @functools.lru_cache(maxsize=64)

@@ -125,7 +125,7 @@ import trio
 from ..common import protocol as P
 from ..common.erasure import SLOT_STRIDE, fragment_part
 from ..common.errors import ErrorCode, StripefsError
-from ..common.layout import parse_redundancy
+from ..common.layout import parse_redundancy, replica_part
 from ..common.transport import RpcClient, connect
 from .health import LIVE_STATES
 from .placement import NodeView, replace_node
@@ -580,6 +580,11 @@ class Healer:
             red = parse_redundancy(store.get_inode(c.ino)["redundancy"])
             if red.is_ec:
                 dropped += self._drop_bad_fragment(c, node_id, version, holders, red.ec_k, why)
+                continue
+            if c.part != replica_part(version):
+                # another version's slot (a writer's uncommitted copy, or an old one not collected
+                # yet): the committed copy on that node is not the one reported
+                log.info("chunk %s: report of a bad copy on node %d is not of the committed v%d: ignored", c, node_id, version)
                 continue
             others = [n for n in holders if n != node_id and nodes.state(n) in LIVE_STATES]
             if not others:

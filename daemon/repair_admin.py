@@ -20,7 +20,7 @@ import trio
 from ..common import protocol as P
 from ..common.errors import ErrorCode, StripefsError
 from ..common.erasure import fragment_part
-from ..common.layout import parse_redundancy
+from ..common.layout import parse_redundancy, replica_part
 from .health import LIVE_STATES, NodeRegistry
 from .repair import SCAN_PAGE, Healer
 from .repair_plan import ChunkRow, plan
@@ -124,7 +124,7 @@ class OperatorRequests:
                 ec = parse_redundancy(row.redundancy).is_ec
                 for pos, n in enumerate(row.nodes):
                     if self.nodes.is_up(n):
-                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else 0), row.version))
+                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else replica_part(row.version)), row.version))
             addresses = {n: self.nodes.address(n) for n in by_node}
         totals = collections.Counter()
 
@@ -208,7 +208,7 @@ class OperatorRequests:
         for row in await self._all_rows():
             if node_id in row.nodes:
                 ec = parse_redundancy(row.redundancy).is_ec
-                part = fragment_part(row.nodes.index(node_id), row.version) if ec else 0
+                part = fragment_part(row.nodes.index(node_id), row.version) if ec else replica_part(row.version)
                 expected[(row.ino, row.idx, part)] = row.version
         client = await (await self.healer.clients()).get(address)
         inventory: dict[tuple[int, int, int], int] = {}

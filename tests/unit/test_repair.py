@@ -12,6 +12,7 @@ from stripefs.common import protocol as p
 from stripefs.common.config import StorageConfig
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect
+from stripefs.common.layout import replica_part
 from stripefs.daemon.db import open_database
 from stripefs.daemon.health import NodeRegistry
 from stripefs.daemon.repair import Throttle
@@ -278,11 +279,14 @@ def test_record_is_a_compare_and_swap(svc):
 
 def test_bad_copies_are_dropped_but_never_the_last(svc, caplog):
     ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 5, [3])))
-    with svc.store.savepoint():
-        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, 0)]) == 1
+    with svc.store.savepoint():  # a report of another slot (a writer's copy, garbage) is not of the committed copy
+        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, 0)]) == 0
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 2])
+    with svc.store.savepoint():  # v5 lives in slot part 32 (common/layout.py "Slots")
+        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, replica_part(5))]) == 1
     assert svc.store.get_chunks(ino)[0] == (5, [1]) and (2, ino, 0, 5) in _garbage(svc)
     with svc.store.savepoint():
-        assert svc.healer.mark_bad(3, [p.ChunkId(ino, 1, 0)]) == 0
+        assert svc.healer.mark_bad(3, [p.ChunkId(ino, 1, replica_part(5))]) == 0
     assert svc.store.get_chunks(ino)[1] == (5, [3])
     assert any("only live copy" in r.message for r in caplog.records)
 
