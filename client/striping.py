@@ -14,7 +14,11 @@ Reads
 
 Writes
     Buffered per chunk (open_files.DirtyChunk) and sent to every replica in
-    parallel, carrying this write session's epoch as the chunk version. A
+    parallel, carrying this write session's epoch as the chunk version, or
+    another epoch of the other parity when the session's has the committed
+    version's: a new version goes to the other slot (common/layout.py
+    "Slots"), copy-on-write, so a session that fails or whose writer dies
+    leaves the committed copy on every replica as it was. A
     replica that answers STALE gets the whole chunk (``replace``); a replica
     whose node fails is moved to another node by the metadata daemon
     (ReplaceReplicaReq) and receives the whole chunk, read back from a replica

@@ -62,7 +62,11 @@ Versions
 Chunk ids
 ---------
 ``ChunkId(ino, index, part)``: the ``index``-th chunk of file ``ino``; ``part``
-is 0 for replicated chunks and the fragment number for erasure-coded ones.
+is the copy's *slot* plus, for erasure-coded chunks, the fragment number:
+copy or fragment ``j`` of version ``v`` is part ``j + 32 * (v & 1)``
+(common/layout.py "Slots"; a replica is ``j = 0``, so part 0 or 32). A writer
+puts a new version in the slot the committed version does not use, so the
+committed copies are never overwritten before the commit (copy-on-write).
 Inode numbers are never reused, so a chunk id names one piece of one file
 forever.
 """
@@ -305,10 +309,16 @@ class WriteChunkReq(Msg, tag="write_chunk"):
 
     * ``replace``: the payload is the whole chunk content (offset must be 0);
       the node's previous copy, whatever its version, is discarded.
-    * otherwise the node merges the payload into its copy, which must be at
-      least ``base_version`` (the committed version the writer read from the
-      metadata daemon; 0 = the chunk may not exist yet). An older copy -> STALE,
-      and the writer then sends the whole chunk with ``replace``.
+    * otherwise the node merges the payload into the chunk's current bytes:
+      those of its copy of ``chunk`` when that copy is already at least
+      ``version`` (an earlier range of the same session) or exactly
+      ``base_version``; else those of the copy in the other slot of the same
+      chunk (``part ^ 32``: the committed version, copy-on-write), which must
+      be at least ``base_version`` (the committed version the writer read from
+      the metadata daemon; 0 = the chunk may not exist yet, and a copy of
+      another version in this slot - an abandoned session's - is not merged).
+      No such copy -> STALE, and the writer then sends the whole chunk with
+      ``replace``.
     * ``truncate`` >= 0: cut (or zero-extend) the chunk to that length after
       applying the payload.
     * ``sync``: fsync the chunk file and its directory before replying.
