@@ -915,6 +915,12 @@ class VerifyChunksRsp(Msg, tag="verify_chunks_rsp"):
     bad: list[ChunkId]  # corrupt, or older than asked
     missing: list[ChunkId]
     bytes: int  # data bytes verified
+    # one per chunk asked, 0 for a bad or missing one: what the daemon's scrub compares across
+    # the replicas of one version (daemon/repair_admin.py): the stored version, an xxh3_64 of the
+    # data, the copy file's mtime (empty from a node that predates them)
+    versions: list[int] = []
+    digests: list[int] = []
+    written_ns: list[int] = []
 
 
 class ListChunksReq(Msg, tag="list_chunks"):
@@ -982,6 +988,7 @@ class ScrubRsp(Msg, tag="scrub_rsp"):
     next_ino: int  # 0: no more files
     total_files: int  # files in the namespace (for a progress bar)
     repairing: int = -1  # of ``bad``: copies being re-replicated from a good copy (the rest have none now); -1 unknown
+    diverged: int = 0  # of ``bad``: replicas whose bytes differ from the other replicas of the same version
 
 
 class FsckReq(Msg, tag="fsck"):

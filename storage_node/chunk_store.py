@@ -104,6 +104,15 @@ class ChunkMeta(NamedTuple):
     length: int
 
 
+class CopyCheck(NamedTuple):
+    """A verified copy, as ``ChunkStore.check`` saw it."""
+
+    version: int
+    length: int
+    digest: int  # xxh3_64 of the data
+    written_ns: int  # the chunk file's mtime: when this copy was last written
+
+
 class Usage(NamedTuple):
     capacity_bytes: int
     free_bytes: int
@@ -734,15 +743,24 @@ class ChunkStore:
 
     def verify(self, chunk: ChunkId, min_version: int = 0) -> int:
         """Read and check every block of a copy; its data length. NOT_FOUND, STALE, CORRUPT."""
+        return self.check(chunk, min_version).length
+
+    def check(self, chunk: ChunkId, min_version: int = 0) -> CopyCheck:
+        """``verify``, and what the daemon's scrub compares across replicas: the copy's version,
+        an xxh3 of its data (independent of the block size, which may differ between nodes)
+        and when it was written."""
         _check_chunk_id(chunk)
+        digest = xxhash.xxh3_64()
         with self._open(chunk) as fd:
             hdr, head = self._read_header(fd, chunk)
             if hdr.version < min_version:
                 raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < {min_version}")
             step = max(hdr.block_size, (4 << 20) // hdr.block_size * hdr.block_size)  # a few MiB per read
             for start in range(0, hdr.length, step):
-                self._read_blocks(fd, chunk, hdr, head, start, min(start + step, hdr.length))
-        return hdr.length
+                span, _ = self._read_blocks(fd, chunk, hdr, head, start, min(start + step, hdr.length))
+                digest.update(span)
+            written_ns = os.fstat(fd).st_mtime_ns
+        return CopyCheck(hdr.version, hdr.length, digest.intdigest(), written_ns)
 
     def usage(self) -> Usage:
         """What the node offers: capacity, free (what it will still accept), used (chunk files), chunks."""

@@ -13,6 +13,7 @@ import signal
 
 import pytest
 import trio
+import xxhash
 import zmq
 
 from stripefs.common import protocol as P
@@ -139,3 +140,45 @@ async def test_a_writer_killed_mid_session_leaves_every_replica_committed_bytes_
 
 async def _nothing() -> None:
     pass
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+async def test_scrub_finds_and_repairs_a_replica_with_other_bytes_under_the_same_version(fs, replicas):
+    """Each node's own checksums pass such a copy (they were computed from its bytes): only a
+    comparison across the replicas finds it. The planted copy is the one written last, so it
+    loses with 2 replicas (no majority: the copy written first wins) and with 3 (the majority)."""
+    rig = fs.rig
+    d = await fs.mkdir(fs.dir, b"s%d" % replicas)
+    await fs.ops.meta.call(P.SetLayoutReq(ino=d, redundancy=f"replicas={replicas}"))
+    old = os.urandom(200 * KiB)
+    ino = await fs.write_file(d, b"f", old)
+    ref = await _chunk0(fs, ino)
+    planted = ref.nodes[0]
+    ctx = zmq.Context()
+    try:
+        address = rig.node_addresses[planted]
+        (part,) = [part for part, v in (await _copies(ctx, address, ino)).items() if v == ref.version]
+        other = bytearray(old)
+        other[50_000:50_010] = b"0123456789"
+        async with connect(ctx, address, timeout=10) as node:
+            await node.call(
+                P.WriteChunkReq(chunk=P.ChunkId(ino, 0, part), version=ref.version, base_version=0, offset=0,
+                                xxh3=xxhash.xxh3_64_intdigest(other), replace=True),
+                [bytes(other)],
+            )
+        before = await _committed_bytes(ctx, rig, ino, ref)
+        assert before[planted] == other and all(before[n] == old for n in ref.nodes[1:])
+
+        rsp = await fs.ops.meta.call(P.ScrubReq(inos=[ino]))
+        assert (rsp.diverged, rsp.bad, rsp.repairing) == (1, 1, 1)
+
+        async def repaired() -> bool:
+            now = await _chunk0(fs, ino)
+            if len(now.nodes) != replicas:
+                return False
+            return set((await _committed_bytes(ctx, rig, ino, now)).values()) == {old}
+
+        await _wait(repaired, "the diverged replica to be replaced by a copy of the others")
+        assert (await fs.ops.meta.call(P.ScrubReq(inos=[ino]))).bad == 0
+    finally:
+        ctx.destroy(linger=0)
