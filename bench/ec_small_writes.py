@@ -62,6 +62,24 @@ def ec_paths(metrics_url: str | None) -> dict[str, float]:
     return out
 
 
+def node_requests(cluster) -> dict[str, tuple[float, float]]:
+    """Storage nodes' handler time and count by request type, summed over the nodes (their metrics)."""
+    out: dict[str, list[float]] = {}
+    for name, url in cluster.metrics.items():
+        if not name.startswith("storage"):
+            continue
+        try:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            for suffix, i in (("_sum{", 0), ("_count{", 1)):
+                if line.startswith("stripefs_requests_seconds" + suffix):
+                    kind = line.split('type="', 1)[1].split('"', 1)[0]
+                    out.setdefault(kind, [0.0, 0.0])[i] += float(line.rsplit(" ", 1)[1])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def run(a) -> dict:
     work = Path(tempfile.mkdtemp(prefix="stripefs-ecsmall-", dir=a.workdir))
     cluster = base.Cluster(work / "state", work / "mnt", 6)
@@ -79,6 +97,7 @@ def run(a) -> dict:
                 path.write_bytes(model)
                 mount_metrics = cluster.metrics.get("mount")
                 paths_before = ec_paths(mount_metrics)
+                requests_before = node_requests(cluster)
                 cpu_before = cluster.cpu()
                 t = time.perf_counter()
                 for _ in range(a.ops):
@@ -93,6 +112,8 @@ def run(a) -> dict:
                 wall = time.perf_counter() - t
                 cpu = {k: v - cpu_before[k] for k, v in cluster.cpu().items()}
                 paths = {k: v - paths_before.get(k, 0) for k, v in ec_paths(mount_metrics).items()}
+                requests = {k: (v[0] - requests_before.get(k, (0, 0))[0], v[1] - requests_before.get(k, (0, 0))[1])
+                            for k, v in node_requests(cluster).items()}
                 if path.read_bytes() != model:
                     raise base.BenchError(f"{path}: DATA MISMATCH")
                 roles: dict[str, float] = {}
@@ -104,6 +125,9 @@ def run(a) -> dict:
                     "cpu_ms_per_op_by_role": {k: round(1e3 * v / a.ops, 2) for k, v in sorted(roles.items())},
                     "wall_ms_per_op": round(1e3 * wall / a.ops, 2),
                     "ec_stripe_writes": paths if name == "ec" else {},
+                    # storage nodes' handler time (ms) and requests per operation, by request type
+                    "node_requests_per_op": {k: (round(1e3 * t / a.ops, 2), round(n / a.ops, 2))
+                                             for k, (t, n) in sorted(requests.items()) if n},
                 }
                 results["runs"][f"{name} chunk {chunk // KiB} KiB"] = r
                 base.progress(f"{name}, {chunk // KiB} KiB chunks, {a.ops} writes of {a.size} bytes: {r}")

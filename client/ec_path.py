@@ -27,7 +27,14 @@ Reads
     application.
 
 Writes
-    A dirty chunk becomes one stripe version. Dirty ranges that are not the
+    A dirty chunk becomes one stripe version. A partial write of a committed
+    stripe (the session's first of it, every fragment reachable, at most half
+    of the stripe's data touched) is a parity delta (``_send_delta``): only
+    the touched columns of the touched data fragments and of the parity are
+    read, new parity = old parity + coefficient x (new data - old data), and
+    the new version is written to the other slot as partial writes of those
+    columns, the untouched data fragments as empty writes that their nodes
+    fill from the committed fragment. Otherwise dirty ranges that are not the
     whole chunk are merged into the current stripe, read first
     (read-modify-write); a stripe never written before is zeros. The stripe is
     coded in worker threads, 1 MiB of stripe per pyeclib call, one call at a
