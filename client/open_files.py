@@ -208,6 +208,13 @@ class OpenFile:
         answered the OpenRsp before it had it)."""
         if self.has_unflushed or self.commit_lock.locked():
             return
+        if any(0 < c.version < self.chunks[c.index].version for c in rsp.chunks if c.index in self.chunks):
+            # older than what this mount holds (its own commit came after the answer): never go
+            # back. The daemon never lowers a committed version (a truncated and rewritten chunk
+            # gets a newer epoch), and an older stripe's slot may still be on the nodes until the
+            # garbage collector's next round: taking it would read, and read-modify-write from,
+            # the bytes the newer version replaced, with no error (issue 35)
+            return
         self.attr = rsp.attr
         self.layout = rsp.layout
         self.chunks = {c.index: c for c in rsp.chunks}
