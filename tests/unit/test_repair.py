@@ -413,3 +413,40 @@ def test_a_bad_fragment_is_reconstructed_unless_too_few_others_are_live(svc, cap
         assert svc.healer.mark_bad(1, [p.ChunkId(ino, 0, fragment_part(0, 5))]) == 0
     assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3])
     assert any("other fragments are live" in r.message for r in caplog.records)
+
+
+async def test_an_expired_session_s_abandoned_slots_are_collected_that_part_only(svc):
+    """A writer that died mid-session left its new versions in the slot the committed version does
+    not use (common/layout.py "Slots"); when its session expires and nobody holds the file, that
+    slot goes on every node, and only that part (the committed copy beside it is never touched)."""
+    from stripefs.common.erasure import fragment_part
+    from stripefs.daemon.store import EXACT_PART
+
+    rep = _file(svc, b"rep", chunks=((0, 5, [1, 2]), (1, 0, [3, 4])))
+    ec = _file(svc, b"ec", chunks=((0, 8, [1, 2, 0, 3]),))
+    svc.store.update_inode(ec, redundancy="ec=2+2")
+    bound = svc.ns.last_epoch()
+    with svc.store.savepoint():
+        svc.healer.reclaim_uncommitted([rep, ec])
+    rows = sorted(tuple(r) for r in svc.store.conn.execute("SELECT node_id, ino, idx, part, max_version FROM garbage"))
+    assert rows == sorted([
+        (1, rep, 0, replica_part(6) | EXACT_PART, bound), (2, rep, 0, replica_part(6) | EXACT_PART, bound),
+        (3, rep, 1, 0, bound), (4, rep, 1, 0, bound),  # allocated, never committed: every part
+        (1, ec, 0, fragment_part(0, 9) | EXACT_PART, bound), (2, ec, 0, fragment_part(1, 9) | EXACT_PART, bound),
+        (3, ec, 0, fragment_part(3, 9) | EXACT_PART, bound),
+    ])
+    assert svc.store.get_chunks(rep) == {0: (5, [1, 2])}
+
+    sent = []
+
+    class Node:
+        async def call(self, req):
+            sent.append(req)
+            return p.OkRsp(), []
+
+    for node_id in (1, 3):
+        await svc.housekeeping._collect(node_id, Node())
+    assert [(r.all_parts, [c.part for c in r.chunks]) for r in sent] == [
+        (False, [replica_part(6), fragment_part(0, 9)]),  # node 1: the abandoned slots, those parts only
+        (True, [0]), (False, [fragment_part(3, 9)]),  # node 3: an uncommitted chunk (every part), a slot
+    ]
