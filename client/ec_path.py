@@ -27,7 +27,14 @@ Reads
     application.
 
 Writes
-    A dirty chunk becomes one stripe version. Dirty ranges that are not the
+    A dirty chunk becomes one stripe version. A partial write of a committed
+    stripe (the session's first of it, every fragment reachable, at most half
+    of the stripe's data touched) is a parity delta (``_send_delta``): only
+    the touched columns of the touched data fragments and of the parity are
+    read, new parity = old parity + coefficient x (new data - old data), and
+    the new version is written to the other slot as partial writes of those
+    columns, the untouched data fragments as empty writes that their nodes
+    fill from the committed fragment. Otherwise dirty ranges that are not the
     whole chunk are merged into the current stripe, read first
     (read-modify-write); a stripe never written before is zeros. The stripe is
     coded in worker threads, 1 MiB of stripe per pyeclib call, one call at a
@@ -76,15 +83,15 @@ import trio
 import xxhash
 
 from ..common import protocol as p
-from ..common.erasure import StripeCodec, codec, fragment_part
+from ..common.erasure import StripeCodec, codec, fragment_part, xor
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import Extent, parse_redundancy
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
-from . import placements
-from .placements import placement, session_epoch
+from . import metrics, placements
+from .placements import placement, session_epoch, slot_version
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +126,6 @@ class EcPath:
         self.coding = trio.CapacityLimiter(1)
         #: ino -> fragments written without fsync: node -> chunk ids
         self._unsynced: dict[int, dict[int, set[p.ChunkId]]] = {}
-        #: (ino, session epoch, committed parity) -> the version stripes of that parity get (_version_for)
-        self._other_parity: dict[tuple[int, int, int], int] = {}
 
     # ------------------------------------------------------------------ reads
 
@@ -344,46 +349,120 @@ class EcPath:
 
     # ----------------------------------------------------------------- writes
 
-    async def _version_for(self, of: OpenFile, epoch: int, committed: int) -> int:
-        """A version for a new stripe version: newer than the committed one (else the daemon keeps
-        that one and the write is lost) and of the other parity (its slot). This session's epoch
-        when it is; else a fresh epoch (the newest handed out), remembered for the session."""
-        if not committed or ((epoch & 1) != (committed & 1) and epoch > committed):
-            return epoch
-        key = (of.ino, epoch, committed & 1)
-        other = self._other_parity.get(key)
-        while other is None or other <= committed:
-            rsp = await self.meta.call(p.AllocEpochReq())
-            if (rsp.epoch & 1) != (committed & 1):
-                if len(self._other_parity) > 1024:
-                    self._other_parity.clear()
-                other = self._other_parity[key] = rsp.epoch
-        return other
-
     async def send_stripe(self, of: OpenFile, dc: DirtyChunk, *, sync: bool) -> None:
         """Write one dirty chunk as a new stripe version (read-modify-write when partial)."""
         c = layout_codec(of.layout)
         epoch = await session_epoch(self.meta, of)
         ref = await placement(self.meta, self.nodes, of, dc.index)
         mine = of.uncommitted.get(dc.index)
-        version = mine.version if mine is not None else await self._version_for(of, epoch, ref.version)
+        version = mine.version if mine is not None else await slot_version(self.meta, of, epoch, ref.version)
         cs = of.chunk_size
         if dc.contiguous and dc.lo == 0 and dc.hi >= cs:
             stripe: bytes | bytearray | memoryview = memoryview(dc.buf)[:cs]
         else:
+            if mine is None and ref.version and await self._send_delta(of, c, ref, version, dc, sync=sync):
+                return
             stripe = bytearray(cs)
             if ref.version:
                 old = await self.stripe(of.ino, c, ref)
                 stripe[: len(old)] = old
             for lo, hi in dc.ranges:
                 stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
+        metrics.EC_STRIPE_WRITES.labels("full").inc()
         await self._write_stripe(of, c, ref, version, stripe, sync=sync)
+
+    async def _send_delta(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, *, sync: bool) -> bool:
+        """A partial write of a committed stripe as a parity delta; False when it is not worth it
+        (most of the stripe changes), not possible (a fragment missing or on a suspect node), or
+        failed (then nothing of the committed slot changed and the caller writes the stripe whole).
+
+        Only the columns ``[a, b)`` that the dirty ranges touch, in any data fragment, are read:
+        the touched data fragments' and every parity fragment's, at the committed version. New
+        parity = old parity + coefficient x (new data - old data) (StripeCodec.parity_delta_job).
+        The new version goes to the other slot, as a whole stripe would: the touched data
+        fragments and the parity fragments as partial writes of those columns, the untouched data
+        fragments as empty ones; each node builds its fragment of the new version from its
+        committed one (storage_node/chunk_store.py ``_merge``), so the unchanged bytes never
+        cross the network and the committed slot stays whole until the commit."""
+        cs, fps = of.chunk_size, c.fps
+        touched: dict[int, list] = defaultdict(list)
+        a, b = fps, 0
+        for lo, hi in dc.ranges:
+            hi = min(hi, cs)
+            for r in c.data_ranges(lo, hi - lo) if hi > lo else ():
+                touched[r.part].append(r)
+                a, b = min(a, r.offset), max(b, r.offset + r.length)
+        if not touched or len(touched) * (b - a) * 2 > c.k * fps:
+            return False  # the stripe is mostly rewritten: coding it whole costs no more
+        if len(ref.nodes) < c.n or any(self._unreachable(ref, j) for j in range(c.n)):
+            return False
+        w = b - a
+        whole = self.cache.get((of.ino, ref.index, ref.version))
+
+        async def old_columns(j: int) -> bytes | memoryview:
+            if j < c.k:
+                held = whole if whole is not None else self.cache.get((of.ino, ref.index, ref.version, 1 + j))
+                if held is not None:
+                    return _piece(held, (j * fps if whole is not None else 0) + a, w)
+            chunk = p.ChunkId(of.ino, ref.index, fragment_part(j, ref.version))
+            got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, ref.version, a, w, last_try=False)
+            if got_version != ref.version:
+                raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{ref.version}")
+            return _piece(data, 0, w)
+
+        calls = {j: functools.partial(old_columns, j) for j in [*touched, *range(c.k, c.n)]}
+        old, failed = await self._gather(calls, deadline=self.read_deadline_s)
+        if len(old) != len(calls):
+            log.info("stripe %d:%d: a delta write could not read the old columns (%s); coding the stripe whole",
+                     of.ino, ref.index, next(iter(failed.values()), "too slow"))
+            metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
+            return False
+        buf = memoryview(dc.buf)
+        changes = {}
+        for j, pieces in touched.items():
+            new = bytearray(old[j])
+            for r in pieces:
+                new[r.offset - a : r.offset - a + r.length] = buf[r.stripe_offset : r.stripe_offset + r.length]
+            changes[j] = (old[j], bytes(new))
+        deltas = await self._run(c.parity_delta_job(changes, a, b))
+        payloads: dict[int, tuple[int, bytes]] = {j: (0, b"") for j in range(c.k)}  # untouched: copied by its node
+        payloads.update({j: (a, new) for j, (_, new) in changes.items()})
+        payloads.update({c.k + i: (a, xor(old[c.k + i], deltas[i])) for i in range(c.m)})
+        errors: dict[int, StripefsError] = {}
+
+        async def one(j: int) -> None:
+            offset, data = payloads[j]
+            request = p.WriteChunkReq(
+                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=ref.version,
+                offset=offset, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
+            )
+            try:
+                await self.nodes.write(ref.nodes[j], request, data)
+            except StripefsError as exc:
+                errors[j] = exc
+
+        async with trio.open_nursery() as nursery:
+            for j in range(c.n):
+                nursery.start_soon(one, j)
+        if errors:
+            log.info("stripe %d:%d: a delta write failed on fragment(s) %s (%s); writing the stripe whole",
+                     of.ino, ref.index, sorted(errors), next(iter(errors.values())))
+            metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
+            return False
+        if not sync:
+            pending = self._unsynced.setdefault(of.ino, {})
+            for j, node in enumerate(ref.nodes):
+                pending.setdefault(node, set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
+        self.cache.drop_chunk(of.ino, ref.index)  # as _write_stripe: what the cache holds of the stripe is old now
+        of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
+        metrics.EC_STRIPE_WRITES.labels("delta").inc()
+        return True
 
     async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
         """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
         c = layout_codec(of.layout)
         rsp = await self.meta.call(p.AllocEpochReq())
-        version = await self._version_for(of, rsp.epoch, ref.version)
+        version = await slot_version(self.meta, of, rsp.epoch, ref.version)
         old = await self.stripe(of.ino, c, ref)
         return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
 

@@ -67,6 +67,14 @@ READ_SECONDS = Counter(
 )
 CACHE_HITS = Counter("stripefs_cache_hits_total", "Chunk lookups answered from the client's chunk cache")
 CACHE_MISSES = Counter("stripefs_cache_misses_total", "Chunk lookups that had to fetch from a storage node")
+EC_STRIPE_WRITES = Counter(
+    "stripefs_ec_stripe_writes_total",
+    "Erasure-coded stripe versions written, by how: delta (a partial write: only the changed columns of the "
+    "touched data fragments and of the parity, new parity = old parity + coefficient x (new - old data)), "
+    "full (the whole stripe coded and written), delta_fallback (a delta write that could not read or write a "
+    "fragment and was written full instead)",
+    ["path"],
+)
 READAHEAD = Counter(
     "stripefs_readahead_chunks_total",
     "Chunks prefetched (fetched), later read (used), or evicted or dropped unread (wasted)",

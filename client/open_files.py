@@ -125,6 +125,8 @@ class OpenFile:
     #: chunks written without fsync since the last fsync: index -> nodes
     unsynced: dict[int, list[int]] = field(default_factory=dict)
     epoch: int = 0  # version for this write session; 0 until the first write
+    #: (session epoch, committed parity) -> the version chunks of that parity get (placements.slot_version)
+    slot_epochs: dict[tuple[int, int], int] = field(default_factory=dict)
     #: the epoch of the session that last took the daemon's current placements (placements.refresh)
     placements_checked: int = -1
     #: the end of the furthest write of this session: what the commit makes the size at least
@@ -205,6 +207,13 @@ class OpenFile:
         (ours are newer: during a commit the session is handed over, but the daemon may have
         answered the OpenRsp before it had it)."""
         if self.has_unflushed or self.commit_lock.locked():
+            return
+        if any(0 < c.version < self.chunks[c.index].version for c in rsp.chunks if c.index in self.chunks):
+            # older than what this mount holds (its own commit came after the answer): never go
+            # back. The daemon never lowers a committed version (a truncated and rewritten chunk
+            # gets a newer epoch), and an older stripe's slot may still be on the nodes until the
+            # garbage collector's next round: taking it would read, and read-modify-write from,
+            # the bytes the newer version replaced, with no error (issue 35)
             return
         self.attr = rsp.attr
         self.layout = rsp.layout

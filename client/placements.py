@@ -62,6 +62,26 @@ async def session_epoch(meta: MetaClient, of: OpenFile) -> int:
     return of.epoch
 
 
+async def slot_version(meta: MetaClient, of: OpenFile, epoch: int, committed: int) -> int:
+    """The version a new version of a chunk whose committed version is ``committed`` gets.
+
+    Newer than the committed one (else the daemon keeps that one and the write is lost) and of
+    the other parity, so that it goes to the other slot and the committed copies stay as they
+    are until the commit (common/layout.py "Slots"): ``epoch`` (this session's) when it is
+    such; else a fresh epoch of the other parity, asked once per session and parity."""
+    if not committed or ((epoch & 1) != (committed & 1) and epoch > committed):
+        return epoch
+    key = (epoch, committed & 1)
+    other = of.slot_epochs.get(key)
+    while other is None or other <= committed:
+        rsp = await meta.call(p.AllocEpochReq())
+        if (rsp.epoch & 1) != (committed & 1):
+            if len(of.slot_epochs) > 8:  # older sessions' entries
+                of.slot_epochs.clear()
+            other = of.slot_epochs[key] = rsp.epoch
+    return other
+
+
 def is_cold(ref: p.ChunkRef | None) -> bool:
     """A chunk whose data is in a tier (docs/tiering.md): written, on no storage node."""
     return ref is not None and ref.version > 0 and not ref.nodes

@@ -14,7 +14,11 @@ Reads
 
 Writes
     Buffered per chunk (open_files.DirtyChunk) and sent to every replica in
-    parallel, carrying this write session's epoch as the chunk version. A
+    parallel, carrying this write session's epoch as the chunk version, or
+    another epoch of the other parity when the session's has the committed
+    version's: a new version goes to the other slot (common/layout.py
+    "Slots"), copy-on-write, so a session that fails or whose writer dies
+    leaves the committed copy on every replica as it was. A
     replica that answers STALE gets the whole chunk (``replace``); a replica
     whose node fails is moved to another node by the metadata daemon
     (ReplaceReplicaReq) and receives the whole chunk, read back from a replica
@@ -68,7 +72,7 @@ import xxhash
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
-from ..common.layout import chunk_extents, is_ec
+from ..common.layout import chunk_extents, is_ec, replica_part
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .disk_cache import DiskCache
@@ -77,7 +81,7 @@ from .fetch import Fetch
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from . import placements
-from .placements import ALLOC_AHEAD, alloc_indices, is_cold, moved, placement, recall, session_epoch  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
+from .placements import ALLOC_AHEAD, alloc_indices, is_cold, moved, placement, recall, session_epoch, slot_version  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
@@ -213,7 +217,7 @@ class DataPath:
         return out
 
     async def _fetch_from(self, node: int, wants: list[Fetch]) -> list[bytes | memoryview | StripefsError]:
-        reads = [p.ReadChunkReq(chunk=p.ChunkId(w.ino, 0), min_version=w.ref.version, offset=0, length=w.length) for w in wants]
+        reads = [p.ReadChunkReq(chunk=p.ChunkId(w.ino, 0, replica_part(w.ref.version)), min_version=w.ref.version, offset=0, length=w.length) for w in wants]
         try:
             results = await self.nodes.read_many(node, reads)
         except StripefsError as exc:
@@ -233,7 +237,8 @@ class DataPath:
             if data is not None:
                 return data
         node_id = self.nodes.order(ref.nodes, start=ino)[0]
-        version, data = await self.nodes.read_versioned(node_id, p.ChunkId(ino, 0), ref.version, 0, length, last_try=False)
+        chunk = p.ChunkId(ino, 0, replica_part(ref.version))
+        version, data = await self.nodes.read_versioned(node_id, chunk, ref.version, 0, length, last_try=False)
         if version != ref.version:
             raise StripefsError(ErrorCode.STALE, f"inode {ino} is at version {version}, the hint said {ref.version}")
         if self.disk_cache is not None:
@@ -320,7 +325,7 @@ class DataPath:
         When no copy named by ``ref`` can be read, the chunk may have moved since the file was
         opened (repair, drain, rebalance: copy, switch, delete): ask the daemon where it is now
         and try once more there."""
-        chunk = p.ChunkId(ino, ref.index)
+        chunk = p.ChunkId(ino, ref.index, replica_part(ref.version))
         order = self.nodes.order(ref.nodes, start=ino + ref.index)
         errors = []
         if self.hedge_after_s > 0 and len(order) > 1:
@@ -495,7 +500,10 @@ class DataPath:
             return await self.ec.send_stripe(of, dc, sync=sync)
         epoch = await self._epoch(of)
         ref = await self._placement(of, dc.index)
-        chunk = p.ChunkId(of.ino, dc.index)
+        mine = of.uncommitted.get(dc.index)
+        # copy-on-write: a new version goes to the slot the committed one does not use (placements.slot_version)
+        epoch = mine.version if mine is not None else await slot_version(self.meta, of, epoch, ref.version)
+        chunk = p.ChunkId(of.ino, dc.index, replica_part(epoch))
         # A chunk with no committed data is a hole before this write. A node may still hold a copy
         # of that chunk id from before a truncate (garbage not deleted yet): the first range of the
         # session replaces it, zeros in front, so none of its old bytes come back.
@@ -651,9 +659,11 @@ class DataPath:
         if not of.unsynced:
             return
         by_node: dict[int, list[p.ChunkId]] = {}
+        # the slot of the chunk's newest version here: it holds every byte written to the chunk so far
+        parts = {i: replica_part((of.uncommitted.get(i) or of.chunks.get(i) or p.ChunkRef(index=i, version=0, nodes=[])).version) for i in of.unsynced}
         for index, nodes in of.unsynced.items():
             for node_id in nodes:
-                by_node.setdefault(node_id, []).append(p.ChunkId(of.ino, index))
+                by_node.setdefault(node_id, []).append(p.ChunkId(of.ino, index, parts[index]))
         failed = await self.nodes.sync_each(by_node)
         synced = {index: [n for n in nodes if n not in failed] for index, nodes in of.unsynced.items()}
         lost = sorted(index for index, nodes in synced.items() if not nodes)
@@ -734,9 +744,10 @@ class DataPath:
             refs.append(await self.ec.cut_stripe(of, ref, inner))
         elif inner and ref is not None and ref.version and new_size < of.size:
             rsp = await self.meta.call(p.AllocEpochReq())
-            epoch = rsp.epoch
+            epoch = await slot_version(self.meta, of, rsp.epoch, ref.version)  # the cut goes to the other slot
+            chunk = p.ChunkId(of.ino, index, replica_part(epoch))
             request = p.WriteChunkReq(
-                chunk=p.ChunkId(of.ino, index), version=epoch, base_version=ref.version, offset=inner,
+                chunk=chunk, version=epoch, base_version=ref.version, offset=inner,
                 xxh3=xxhash.xxh3_64_intdigest(b""), truncate=inner,
             )
             ok: list[int] = []
@@ -751,7 +762,7 @@ class DataPath:
             for node_id, exc in failed.items():
                 if exc.code == ErrorCode.STALE:  # it missed earlier writes: give it the whole cut chunk, as a write does
                     try:
-                        await self._copy_whole(of, p.ChunkId(of.ino, index), epoch, ok[0], node_id, False)
+                        await self._copy_whole(of, chunk, epoch, ok[0], node_id, False)
                         nodes.append(node_id)
                     except StripefsError as err:
                         log.warning("chunk %d:%d: copying the cut chunk to node %d failed (%s); repair restores it", of.ino, index, node_id, err)

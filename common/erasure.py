@@ -52,7 +52,8 @@ gets the GIL back between steps: each stall is bounded by one 1 MiB call.
 Slots
 -----
 See ``fragment_part``: fragment j of version v lives in chunk part
-``j + 32 * (v & 1)``, so a new stripe version never overwrites the committed one.
+``j + 32 * (v & 1)``, so a new stripe version never overwrites the committed one
+(common/layout.py "Slots": replicated chunks are stored the same way).
 
 Backend check
 -------------
@@ -71,12 +72,11 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from .errors import ErrorCode, StripefsError
+from .layout import SLOT_STRIDE, slot_part  # noqa: F401  (SLOT_STRIDE: also here for its users)
 
 log = logging.getLogger(__name__)
 
 EC_TYPE = "isa_l_rs_vand"
-#: fragment j of a stripe version v is stored as chunk part ``j + SLOT_STRIDE * (v & 1)``: see fragment_part
-SLOT_STRIDE = 32
 HEADER = 80  #: bytes of pyeclib's fragment header with this backend (checked at start)
 
 
@@ -211,6 +211,40 @@ class StripeCodec:
         steps = [functools.partial(step, a, min(a + self.slice, n)) for a in range(0, n, self.slice)]
         return Job(steps, result)
 
+    def parity_delta_job(self, changes: Mapping[int, tuple[bytes | memoryview, bytes | memoryview]], a: int, b: int) -> Job:
+        """The change of every parity fragment's columns ``[a, b)`` when data fragments change there.
+
+        ``changes``: data fragment j -> (its old bytes, its new bytes) in those columns (``b - a``
+        bytes each; fragments not named do not change). Reed-Solomon is linear over GF(2^8):
+        parity i = sum over j of coef(i, j) * data j, column by column, so
+        new parity = old parity + coef * (new data - old data), and "+" and "-" are XOR. The
+        coefficient products are what coding the *difference* gives: a stripe holding
+        new XOR old in the changed fragments and zeros elsewhere, coded by the same backend (so
+        no generator matrix is assumed here). ``result()``: M deltas of ``b - a`` bytes, to XOR
+        into the old parity (``xor``). Steps of ``slice`` columns, as ``encode_job``.
+        """
+        k, m = self.k, self.m
+        if not 0 <= a <= b <= self.fps:
+            raise StripefsError(ErrorCode.INVALID, f"columns {a}..{b} outside a fragment of {self.fps} bytes")
+        for j, (old, new) in changes.items():
+            if not 0 <= j < k or len(old) != b - a or len(new) != b - a:
+                raise StripefsError(ErrorCode.INVALID, f"data fragment {j}: {len(old)}/{len(new)} bytes for columns {a}..{b}")
+        diff = {j: xor(old, new) for j, (old, new) in changes.items()}
+        parity: list[list[bytes]] = [[] for _ in range(m)]
+
+        def step(x: int, y: int) -> None:
+            w = y - x
+            sub = b"".join(diff[j][x - a : y - a] if j in diff else bytes(w) for j in range(k))
+            coded = self._driver.encode(sub)
+            for i in range(m):
+                parity[i].append(bytes(memoryview(coded[k + i])[HEADER : HEADER + w]))
+
+        def result() -> list[bytes]:
+            return [b"".join(parity[i]) for i in range(m)]
+
+        steps = [functools.partial(step, x, min(x + self.slice, b)) for x in range(a, b, self.slice)]
+        return Job(steps, result)
+
     def decode_job(self, payloads: Mapping[int, bytes | memoryview]) -> Job:
         """Rebuild a stripe (``chunk_size`` bytes) in steps from the payloads of at least K fragments.
 
@@ -270,6 +304,12 @@ class StripeCodec:
         return bytes(payload) + bytes(self.fps - len(payload))
 
 
+def xor(x: bytes | memoryview, y: bytes | memoryview) -> bytes:
+    """``x`` XOR ``y``, byte by byte (equal lengths): addition and subtraction in GF(2^8)."""
+    n = len(x)
+    return (int.from_bytes(x, "little") ^ int.from_bytes(y, "little")).to_bytes(n, "little")
+
+
 def fragment_part(j: int, version: int) -> int:
     """The chunk ``part`` that holds fragment ``j`` of stripe version ``version``.
 
@@ -279,9 +319,10 @@ def fragment_part(j: int, version: int) -> int:
     the new version is committed. A write that dies half-way, or fails with
     too few fragments, leaves the committed stripe whole and readable: never a
     torn stripe. The daemon deletes the old slot once the new version is
-    committed (garbage bounded by the old version).
+    committed (garbage bounded by the old version). Replicated chunks use the same
+    slots (common/layout.py "Slots").
     """
-    return j + SLOT_STRIDE * (version & 1)
+    return slot_part(j, version)
 
 
 @functools.lru_cache(maxsize=64)

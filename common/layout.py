@@ -8,6 +8,17 @@ hold it) comes from the metadata daemon's chunk map.
 Striping: the daemon places chunk ``i`` with its primary on the
 ``i % stripe_count``-th node of the file's stripe set, so a sequential reader
 pulls consecutive chunks from ``stripe_count`` different nodes at once.
+
+Slots: where a chunk version is stored. Every chunk, replicated or
+erasure-coded, has two *slots* per copy, chosen by its version's parity: copy
+(or fragment) ``j`` of version ``v`` is chunk part ``j + SLOT_STRIDE * (v & 1)``
+(``slot_part``; a replica is "fragment 0": part 0 or 32). A writer always
+writes a new version into the slot the committed version does not use (it
+takes an epoch of the other parity, client/placements.slot_version), so the
+committed bytes are never overwritten before the new version is committed: a
+writer that dies, or a write session that fails half-way, leaves every copy of
+the committed version as it was (copy-on-write). The daemon queues the old
+slot as garbage, bounded by the old version, when the new version is committed.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ MIN_CHUNK_SIZE = 64 * KiB
 MAX_CHUNK_SIZE = 64 * MiB
 MAX_STRIPE_COUNT = 256
 MAX_REPLICAS = 8
+#: copy or fragment j of a chunk version v is stored as chunk part ``j + SLOT_STRIDE * (v & 1)``: see slot_part
+SLOT_STRIDE = 32
 
 DEFAULT_LAYOUT = Layout(chunk_size=4 * MiB, stripe_count=4, redundancy="replicas=2")
 
@@ -131,6 +144,21 @@ def chunk_extents(offset: int, length: int, chunk_size: int) -> Iterator[Extent]
 def chunk_count(size: int, chunk_size: int) -> int:
     """Chunks needed to hold ``size`` bytes."""
     return -(-size // chunk_size)
+
+
+def slot_part(j: int, version: int) -> int:
+    """The chunk ``part`` holding copy or fragment ``j`` of chunk version ``version`` (Slots, above)."""
+    return j + SLOT_STRIDE * (version & 1)
+
+
+def replica_part(version: int) -> int:
+    """The chunk ``part`` holding a replica of version ``version`` of a replicated chunk: 0 or 32."""
+    return SLOT_STRIDE * (version & 1)
+
+
+def sibling_part(part: int) -> int:
+    """The other slot of ``part`` (the committed version's, while a new one is written), or -1."""
+    return part ^ SLOT_STRIDE if part < 2 * SLOT_STRIDE else -1
 
 
 def is_ec(layout: Layout) -> bool:

@@ -62,7 +62,11 @@ Versions
 Chunk ids
 ---------
 ``ChunkId(ino, index, part)``: the ``index``-th chunk of file ``ino``; ``part``
-is 0 for replicated chunks and the fragment number for erasure-coded ones.
+is the copy's *slot* plus, for erasure-coded chunks, the fragment number:
+copy or fragment ``j`` of version ``v`` is part ``j + 32 * (v & 1)``
+(common/layout.py "Slots"; a replica is ``j = 0``, so part 0 or 32). A writer
+puts a new version in the slot the committed version does not use, so the
+committed copies are never overwritten before the commit (copy-on-write).
 Inode numbers are never reused, so a chunk id names one piece of one file
 forever.
 """
@@ -305,10 +309,16 @@ class WriteChunkReq(Msg, tag="write_chunk"):
 
     * ``replace``: the payload is the whole chunk content (offset must be 0);
       the node's previous copy, whatever its version, is discarded.
-    * otherwise the node merges the payload into its copy, which must be at
-      least ``base_version`` (the committed version the writer read from the
-      metadata daemon; 0 = the chunk may not exist yet). An older copy -> STALE,
-      and the writer then sends the whole chunk with ``replace``.
+    * otherwise the node merges the payload into the chunk's current bytes:
+      those of its copy of ``chunk`` when that copy is already at least
+      ``version`` (an earlier range of the same session) or exactly
+      ``base_version``; else those of the copy in the other slot of the same
+      chunk (``part ^ 32``: the committed version, copy-on-write), which must
+      be at least ``base_version`` (the committed version the writer read from
+      the metadata daemon; 0 = the chunk may not exist yet, and a copy of
+      another version in this slot - an abandoned session's - is not merged).
+      No such copy -> STALE, and the writer then sends the whole chunk with
+      ``replace``.
     * ``truncate`` >= 0: cut (or zero-extend) the chunk to that length after
       applying the payload.
     * ``sync``: fsync the chunk file and its directory before replying.
@@ -906,6 +916,12 @@ class VerifyChunksRsp(Msg, tag="verify_chunks_rsp"):
     bad: list[ChunkId]  # corrupt, or older than asked
     missing: list[ChunkId]
     bytes: int  # data bytes verified
+    # one per chunk asked, 0 for a bad or missing one: what the daemon's scrub compares across
+    # the replicas of one version (daemon/repair_admin.py): the stored version, an xxh3_64 of the
+    # data, the copy file's mtime (empty from a node that predates them)
+    versions: list[int] = []
+    digests: list[int] = []
+    written_ns: list[int] = []
 
 
 class ListChunksReq(Msg, tag="list_chunks"):
@@ -973,6 +989,7 @@ class ScrubRsp(Msg, tag="scrub_rsp"):
     next_ino: int  # 0: no more files
     total_files: int  # files in the namespace (for a progress bar)
     repairing: int = -1  # of ``bad``: copies being re-replicated from a good copy (the rest have none now); -1 unknown
+    diverged: int = 0  # of ``bad``: replicas whose bytes differ from the other replicas of the same version
 
 
 class FsckReq(Msg, tag="fsck"):

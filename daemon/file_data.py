@@ -31,7 +31,7 @@ from typing import Callable, Protocol, Sequence
 
 from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
-from ..common.layout import chunk_count, parse_redundancy
+from ..common.layout import chunk_count, parse_redundancy, replica_part
 from ..common.protocol import Attr, ChunkRef, NodeAddr
 from . import placement, redundancy
 from . import redundancy as _redundancy
@@ -157,7 +157,8 @@ class FileData:
         self.store.put_chunk(ino, index, version, nodes)
         is_ec = parse_redundancy(row["redundancy"]).is_ec
         if failed_node != redundancy.MISSING:
-            self.store.add_garbage([(failed_node, ino, index, position if is_ec else 0, self.last_epoch())])
+            part = fragment_part(position, version) if is_ec else replica_part(version)  # every part goes (all_parts)
+            self.store.add_garbage([(failed_node, ino, index, part, self.last_epoch())])
         log.info("chunk %d:%d: copy on node %d moved to node %d", ino, index, failed_node, new)
         refs, addrs = self._chunk_map(ino, {index: (version, nodes)})
         return refs[0], addrs
@@ -180,10 +181,11 @@ class FileData:
             # a copy the writer did not write (a repair or drain moved the row meanwhile) is now stale: garbage
             self.store.add_garbage((n, ino, ref.index, 0, max(old_version, ref.version)) for n in dropped)
             self.store.put_chunk(ino, ref.index, max(old_version, ref.version), nodes)
-            if old_version and ref.version > old_version and is_ec and (old_version & 1) != (ref.version & 1):
-                # the new version went to the other slot: the committed one's fragments are garbage now
+            if old_version and ref.version > old_version and (old_version & 1) != (ref.version & 1):
+                # the new version went to the other slot (copy-on-write, common/layout.py "Slots"):
+                # the committed one's copies or fragments are garbage now
                 self.store.add_garbage(
-                    (node, ino, ref.index, fragment_part(j, old_version), old_version)
+                    (node, ino, ref.index, fragment_part(j, old_version) if is_ec else replica_part(old_version), old_version)
                     for j, node in enumerate(old_nodes) if node != redundancy.MISSING
                 )
             if redundancy.MISSING in nodes:

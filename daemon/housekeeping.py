@@ -32,6 +32,7 @@ from ..common import protocol as P
 from ..common.errors import StripefsError
 from ..common.transport import RpcClient, connect
 from . import applied_ops, change_log
+from .store import EXACT_PART
 
 log = logging.getLogger(__name__)
 
@@ -190,11 +191,15 @@ class Housekeeping:
             rows = self.store.garbage_for_node(node_id, GC_BATCH)
         if not rows:
             return
-        chunks = [P.ChunkId(r["ino"], r["idx"], r["part"]) for r in rows]
+        # a row names a chunk, every part of it, unless its part carries EXACT_PART (that part only)
+        chunks = [P.ChunkId(r["ino"], r["idx"], r["part"] & ~EXACT_PART) for r in rows]
         try:
-            rsp, _ = await client.call(
-                P.DeleteChunksReq(chunks=chunks, all_parts=True, max_versions=[r["max_version"] for r in rows])
-            )
+            for exact in (False, True):
+                mine = [i for i, r in enumerate(rows) if bool(r["part"] & EXACT_PART) == exact]
+                if mine:
+                    rsp, _ = await client.call(P.DeleteChunksReq(
+                        chunks=[chunks[i] for i in mine], all_parts=not exact, max_versions=[rows[i]["max_version"] for i in mine]
+                    ))
         except StripefsError as exc:
             log.warning("node %d: deleting %d chunk copies failed, will retry: %s", node_id, len(chunks), exc)
             return

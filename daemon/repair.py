@@ -125,7 +125,7 @@ import trio
 from ..common import protocol as P
 from ..common.erasure import SLOT_STRIDE, fragment_part
 from ..common.errors import ErrorCode, StripefsError
-from ..common.layout import parse_redundancy
+from ..common.layout import parse_redundancy, replica_part
 from ..common.transport import RpcClient, connect
 from .health import LIVE_STATES
 from .placement import NodeView, replace_node
@@ -581,6 +581,11 @@ class Healer:
             if red.is_ec:
                 dropped += self._drop_bad_fragment(c, node_id, version, holders, red.ec_k, why)
                 continue
+            if c.part != replica_part(version):
+                # another version's slot (a writer's uncommitted copy, or an old one not collected
+                # yet): the committed copy on that node is not the one reported
+                log.info("chunk %s: report of a bad copy on node %d is not of the committed v%d: ignored", c, node_id, version)
+                continue
             others = [n for n in holders if n != node_id and nodes.state(n) in LIVE_STATES]
             if not others:
                 log.error("chunk %s v%d: the only live copy, on node %d, %s: keeping it, the data may be lost", c, version, node_id, why)
@@ -614,20 +619,32 @@ class Healer:
         return 1
 
     def reclaim_uncommitted(self, inos: Iterable[int]) -> None:
-        """A session expired: chunks it allocated but never committed in files nobody has open go.
+        """A session expired: what it wrote and never committed, in files nobody has open, goes.
 
-        The copies are deleted up to the newest epoch handed out so far, and that
-        epoch becomes the file's *fence* (``Sessions.fence``, daemon/health.py):
+        Chunks it allocated and never committed are dropped; of the committed chunks, the slot
+        the committed version does not use (common/layout.py "Slots": where a write session
+        puts its new versions, copy-on-write) is deleted on each node, that part only: a writer
+        that died mid-session left its copies there. Both up to the newest epoch handed out so
+        far, and that epoch becomes the file's *fence* (``Sessions.fence``, daemon/health.py):
         a commit of chunks written at or below it is refused.
         """
         store = self.store
         bound = self.ns.last_epoch()
         for ino in inos:
-            if self.sessions.is_open(ino) or store.get_inode(ino) is None:
+            row = store.get_inode(ino)
+            if self.sessions.is_open(ino) or row is None:
                 continue
             n = store.drop_uncommitted_chunks(ino, bound)
-            if n:
+            if parse_redundancy(row["redundancy"]).is_ec:
+                def other_slots(version: int, nodes: list[int]) -> list[tuple[int, int]]:
+                    return [(node, fragment_part(j, version + 1)) for j, node in enumerate(nodes) if node != MISSING]
+            else:
+                def other_slots(version: int, nodes: list[int]) -> list[tuple[int, int]]:
+                    return [(node, replica_part(version + 1)) for node in nodes]
+            slots = store.abandoned_slots(ino, bound, other_slots)
+            if n or slots:
                 self.sessions.fence(ino, bound)
+            if n:
                 log.info("inode %d: %d chunk(s) allocated but never committed by an expired session reclaimed", ino, n)
 
     # -- requests (dispatched by MetaService.handle) -----------------------------

@@ -1,7 +1,9 @@
 """Operator requests to the metadata daemon: node administration, scrub and fsck.
 
     NodeAdminReq   drain, undrain, remove a storage node (``stripefs node``)
-    ScrubReq       verify the copies of some files now (``stripefs scrub PATH`` / ``--now``)
+    ScrubReq       verify the copies of some files now (``stripefs scrub PATH`` / ``--now``),
+                   each against its node's checksums and the replicas of one version
+                   against each other (``_diverged``)
     FsckReq        a node's chunk inventory against the namespace, or the namespace's
                    redundancy (``stripefs fsck [--repair]``)
 
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import collections
 import logging
+from typing import NamedTuple
 
 import trio
 
 from ..common import protocol as P
 from ..common.errors import ErrorCode, StripefsError
 from ..common.erasure import fragment_part
-from ..common.layout import parse_redundancy
+from ..common.layout import parse_redundancy, replica_part
 from .health import LIVE_STATES, NodeRegistry
 from .repair import SCAN_PAGE, Healer
 from .repair_plan import ChunkRow, plan
@@ -29,6 +32,49 @@ from .txn import Txn
 log = logging.getLogger(__name__)
 
 VERIFY_TIMEOUT_S = 300.0  # a node verifying (or listing) many chunks from its disk
+
+
+class _Seen(NamedTuple):
+    """One replica as its node's VerifyChunksReq saw it."""
+
+    chunk: P.ChunkId
+    version: int
+    digest: int
+    written_ns: int
+
+
+def _diverged(rows: dict[tuple[int, int], ChunkRow], seen: dict[tuple[int, int], dict[int, _Seen]]) -> list[tuple[int, P.ChunkId, int]]:
+    """(node, chunk, version) of every replica that differs from the other replicas of its committed version.
+
+    Each node checks a copy only against its own checksums, which a replica holding other bytes
+    under the same version passes. So the daemon compares the replicas' data digests: the bytes
+    most replicas hold win. On a tie (two replicas, or no majority), the bytes of the copy
+    written first: with copy-on-write the committed version's slot is written by its session,
+    every range to every replica (a replica that missed one got the whole chunk, or the session
+    failed) and all before the commit; after it only repair copies it (identical to their source,
+    so never alone in a tie) and nothing else. A copy that differs and was written later than
+    the others is therefore not the committed write. The losers are repaired as bad copies.
+    """
+    losers = []
+    for key, copies in seen.items():
+        row = rows.get(key)
+        if row is None:
+            continue
+        same = {n: c for n, c in copies.items() if c.version == row.version}
+        groups: dict[int, list[int]] = collections.defaultdict(list)
+        for n, c in same.items():
+            groups[c.digest].append(n)
+        if len(groups) < 2:
+            continue
+        winner = max(groups, key=lambda d: (len(groups[d]), -min(same[n].written_ns for n in groups[d])))
+        lost = sorted(n for d, nodes in groups.items() if d != winner for n in nodes)
+        log.warning(
+            "scrub: chunk %d:%d v%d: replicas on nodes %s hold other bytes than on %s (%s); repairing them from those",
+            key[0], key[1], row.version, lost, sorted(groups[winner]),
+            "a majority" if len(groups[winner]) * 2 > len(same) else "no majority: the copy written first",
+        )
+        losers += [(n, same[n].chunk, row.version) for n in lost]
+    return losers
 
 
 class OperatorRequests:
@@ -113,20 +159,26 @@ class OperatorRequests:
         return len(edits)
 
     async def scrub(self, req: P.ScrubReq) -> P.ScrubRsp:
+        """Every copy of the files' chunks verified by its node against its own checksums, then the
+        replicas of each replicated chunk compared with each other (``_diverged``)."""
         async with self.txn.lock:
             inos = list(req.inos) or self.store.regular_files_after(req.after_ino, max(1, min(req.limit, 1000)))
             rows = [ChunkRow.from_sql(r) for r in self.store.chunk_rows_of(inos)]
             total = self.store.counts()["files"]
             by_node: dict[int, list[tuple[P.ChunkId, int]]] = collections.defaultdict(list)
+            replicated: dict[tuple[int, int], ChunkRow] = {}
             for row in rows:
                 if not row.version:
                     continue
                 ec = parse_redundancy(row.redundancy).is_ec
+                if not ec:
+                    replicated[(row.ino, row.idx)] = row
                 for pos, n in enumerate(row.nodes):
                     if self.nodes.is_up(n):
-                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else 0), row.version))
+                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else replica_part(row.version)), row.version))
             addresses = {n: self.nodes.address(n) for n in by_node}
         totals = collections.Counter()
+        seen: dict[tuple[int, int], dict[int, _Seen]] = collections.defaultdict(dict)  # (ino, idx) -> node -> its copy
 
         async def verify(node_id: int, items: list[tuple[P.ChunkId, int]]) -> None:
             client = await (await self.healer.clients()).get(addresses[node_id])
@@ -141,6 +193,10 @@ class OperatorRequests:
                     continue
                 totals["copies"] += len(part)
                 totals["bytes"] += rsp.bytes
+                if len(rsp.digests) == len(part):
+                    for (c, _), version, digest, written in zip(part, rsp.versions, rsp.digests, rsp.written_ns):
+                        if version and (c.ino, c.index) in replicated:
+                            seen[(c.ino, c.index)][node_id] = _Seen(c, version, digest, written)
                 bad = list(rsp.bad) + list(rsp.missing)
                 totals["bad"] += len(bad)
                 if bad:
@@ -151,12 +207,29 @@ class OperatorRequests:
         async with trio.open_nursery() as nursery:
             for node_id, items in by_node.items():
                 nursery.start_soon(verify, node_id, items)
+        losers = _diverged(replicated, seen)
+        if losers:
+            totals["bad"] += len(losers)
+            totals["diverged"] += len(losers)
+            async with self.txn.lock:
+                totals["repairing"] += self.txn.write_locked(self._drop_diverged, losers)[0]
         limit = max(1, min(req.limit, 1000))
         next_ino = inos[-1] if (not req.inos and len(inos) == limit) else 0
         return P.ScrubRsp(
             files=len(inos), copies=totals["copies"], bad=totals["bad"], bytes=totals["bytes"], next_ino=next_ino, total_files=total,
-            repairing=totals["repairing"],
+            repairing=totals["repairing"], diverged=totals["diverged"],
         )
+
+    def _drop_diverged(self, losers: list[tuple[int, P.ChunkId, int]]) -> int:
+        """Replicas whose bytes lost the comparison count as bad copies (re-replicated from a
+        winner), if their row is still the one compared: a commit meanwhile made them garbage."""
+        dropped = 0
+        for node_id, chunk, version in losers:
+            cur = self.store.get_chunks(chunk.ino, [chunk.index]).get(chunk.index)
+            if cur is None or cur[0] != version or node_id not in cur[1]:
+                continue
+            dropped += self.healer.mark_bad(node_id, [chunk], f"differs from the other replicas of v{version} (scrub)")
+        return dropped
 
     async def fsck(self, req: P.FsckReq) -> P.FsckRsp:
         if req.node_id == 0:
@@ -208,7 +281,7 @@ class OperatorRequests:
         for row in await self._all_rows():
             if node_id in row.nodes:
                 ec = parse_redundancy(row.redundancy).is_ec
-                part = fragment_part(row.nodes.index(node_id), row.version) if ec else 0
+                part = fragment_part(row.nodes.index(node_id), row.version) if ec else replica_part(row.version)
                 expected[(row.ino, row.idx, part)] = row.version
         client = await (await self.healer.clients()).get(address)
         inventory: dict[tuple[int, int, int], int] = {}

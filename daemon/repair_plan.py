@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Container, Iterable
 
 from ..common.erasure import fragment_part
-from ..common.layout import parse_redundancy
+from ..common.layout import parse_redundancy, replica_part
 from .health import LIVE_STATES, PLACEABLE_STATES
 from .store import decode_nodes
 
@@ -74,7 +74,7 @@ class Task:
 
     @property
     def part(self) -> int:
-        return fragment_part(self.slot, self.version) if self.ec and self.slot >= 0 else 0
+        return fragment_part(self.slot, self.version) if self.ec and self.slot >= 0 else replica_part(self.version)
 
 
 @dataclass

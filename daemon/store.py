@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import logging
 import sqlite3
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .dialect import SQLITE, Dialect
 
@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 #: garbage bound for copies of a deleted inode: every version goes
 ANY_VERSION = (1 << 63) - 1
+#: a garbage row whose ``part`` has this bit deletes that part only (DeleteChunksReq ``all_parts=False``):
+#: a slot that must go while the other slot of the same chunk holds the committed copy (``abandoned_slots``)
+EXACT_PART = 1 << 20
 
 _INODE_FIELDS = (
     "mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation chunk_size stripe_count redundancy stripe_seed"
@@ -332,6 +335,17 @@ class SqlStore:
             ).rowcount
             for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
         )
+
+    def abandoned_slots(self, ino: int, max_version: int, slot_parts: Callable[[int, list[int]], list[tuple[int, int]]]) -> int:
+        """Queue the slot each committed chunk of ``ino`` does not use, on each of its nodes, for
+        deletion up to ``max_version`` (that part only, ``EXACT_PART``): a write session that never
+        committed left its copies there (common/layout.py "Slots"). ``slot_parts(version, nodes)``
+        names the (node, part) pairs. The number of rows queued."""
+        rows = []
+        for idx, version, nodes in self._x("SELECT idx, version, nodes FROM chunks WHERE ino=? AND version>0", (ino,)).fetchall():
+            rows += [(node, ino, idx, part | EXACT_PART, max_version) for node, part in slot_parts(version, decode_nodes(nodes))]
+        self.add_garbage(rows)
+        return len(rows)
 
     def drop_uncommitted_chunks(self, ino: int, max_version: int) -> int:
         """Chunk rows never committed (version 0) of ``ino`` go; copies their writer may

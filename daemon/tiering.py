@@ -38,7 +38,7 @@ import trio
 from ..common import protocol as P
 from ..common.erasure import codec, fragment_part
 from ..common.errors import ErrorCode, StripefsError
-from ..common.layout import parse_redundancy
+from ..common.layout import parse_redundancy, replica_part
 from . import placement, redundancy
 from .metrics import TIER_BYTES, TIER_OBJECTS, TIER_RECALL_SECONDS
 from .db import ROOT_INO
@@ -388,7 +388,7 @@ class Tiering:
                 continue
             try:
                 client = await self._node(addresses[n])
-                req = P.ReadChunkReq(chunk=P.ChunkId(ino, idx, 0), min_version=version, offset=0, length=chunk_size)
+                req = P.ReadChunkReq(chunk=P.ChunkId(ino, idx, replica_part(version)), min_version=version, offset=0, length=chunk_size)
                 rsp, payloads = await client.call(req, timeout=NODE_TIMEOUT_S + chunk_size / (1 << 20), expect=P.ReadChunkRsp)
                 data = bytes(payloads[0]) if payloads else b""
                 if rsp.version != version:
@@ -501,7 +501,7 @@ class Tiering:
             frags = await trio.to_thread.run_sync(c.encode, data, len(data), limiter=self.limiter)
             writes = [(n, fragment_part(j, version), frags[j]) for j, n in enumerate(targets) if n != redundancy.MISSING]
         else:
-            writes = [(n, 0, data) for n in targets]
+            writes = [(n, replica_part(version), data) for n in targets]
         stored: list[int] = []
         errors: list[str] = []
 

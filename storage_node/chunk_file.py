@@ -11,7 +11,15 @@ On-disk layout
     DATA_DIR/
         .lock                     flock(2)ed while a node uses the directory
         node_id                   the node id that owns it (refuses another)
+        fanout                    the fan-out scheme (below)
+        slots                     present once replicated copies sit in their slot
         chunks/AA/BB/INO-INDEX-PART.chunk
+
+``PART`` is the copy's slot (common/layout.py "Slots"): a replica of version v
+is part ``32 * (v & 1)``, fragment j of an EC stripe version v part
+``j + 32 * (v & 1)``. Data directories written before slots kept every replica
+at part 0; the store moves the odd-versioned ones once at startup and then
+writes ``slots`` (chunk_store.ChunkStore._move_to_slots).
 
 ``AA/BB`` name one of 65,536 fan-out directories, number ``d`` =
 ``0xAA | 0xBB << 8``; every part of one ``(ino, index)`` sits in the same

@@ -15,6 +15,14 @@ and then every data block they touch, on every read: a mismatch raises
 and the bytes are never returned. The copy is bad; the client reads another
 copy and the metadata daemon repairs this one.
 
+Copy-on-write across slots (common/layout.py "Slots"): a writer stores a new
+version of a chunk in the other slot (part) than the committed one, so a write
+session that fails leaves the committed copy untouched. A partial write to a
+slot that holds no copy of the session yet takes the bytes it does not cover
+from the other slot's copy (``_merge``), which must be at least the writer's
+``base_version`` (else STALE: the writer sends the whole chunk). Data
+directories from before slots are moved once at startup (``_move_to_slots``).
+
 Writes never modify a chunk file in place. Every write builds the complete new
 file under ``NAME.tmp`` in the same directory (fsynced when the request asks
 for ``sync``), renames it over ``NAME`` (then fsyncs the directory when
@@ -57,7 +65,7 @@ from typing import Iterator, NamedTuple, Sequence
 import xxhash
 
 from ..common.errors import ErrorCode, QuietError, StripefsError
-from ..common.layout import MAX_CHUNK_SIZE
+from ..common.layout import MAX_CHUNK_SIZE, replica_part, sibling_part
 from ..common.protocol import ChunkId
 from ..common.space import filesystem_id
 
@@ -94,6 +102,15 @@ def _pread(fd: int, n: int, offset: int, file_size: int, nowait: bool) -> bytes 
 class ChunkMeta(NamedTuple):
     version: int
     length: int
+
+
+class CopyCheck(NamedTuple):
+    """A verified copy, as ``ChunkStore.check`` saw it."""
+
+    version: int
+    length: int
+    digest: int  # xxh3_64 of the data
+    written_ns: int  # the chunk file's mtime: when this copy was last written
 
 
 class Usage(NamedTuple):
@@ -149,6 +166,7 @@ class ChunkStore:
             self._chunks_dir.mkdir(mode=0o700, exist_ok=True)
             self._used, self._count = self._scan()
             self._dir_number = FANOUT[self._fanout_scheme()]
+            self._move_to_slots()
         except BaseException:
             self.close()
             raise
@@ -209,6 +227,36 @@ class ChunkStore:
             log.info("removed %d temp files left by an interrupted write in %s", removed, self.data_dir)
         log.info("%s holds %d chunks, %d bytes", self.data_dir, count, used)
         return used, count
+
+    def _move_to_slots(self) -> None:
+        """Once per data directory: move replicated copies written before slots to their slot.
+
+        Replicated chunks used to live at part 0 whatever their version; now a version is
+        stored in the slot of its parity (common/layout.py "Slots"). A part-0 copy at an odd
+        version can only be such an old replica (an EC fragment at part 0 has an even
+        version), so it is rewritten as part 32. ``DATA_DIR/slots`` records that it is done."""
+        marker = self.data_dir / "slots"
+        if marker.exists():
+            return
+        moved = 0
+        if self._count:
+            for d in self.existing_dirs():
+                for chunk in self.chunks_in_dir(d):
+                    if chunk.part != 0:
+                        continue
+                    try:
+                        if not self.stat(chunk).version & 1:
+                            continue
+                        version, data = self.read(chunk, 0, 0, MAX_CHUNK_SIZE)
+                        target = ChunkId(chunk.ino, chunk.index, replica_part(version))
+                        self.write(target, version, 0, 0, data, replace=True, if_newer=True, sync=True)
+                        self._delete_one(chunk)
+                        moved += 1
+                    except StripefsError as exc:  # a corrupt copy stays where it is: scrub reports it
+                        log.warning("chunk %s: not moved to its slot: %s", chunk, exc)
+        _write_durably(marker, "1\n")
+        if moved:
+            log.info("%s: %d replicated copies moved to the slot of their version", self.data_dir, moved)
 
     def close(self) -> None:
         if self._lock_fd >= 0:
@@ -411,7 +459,7 @@ class ChunkStore:
                     return self.stat(chunk)
                 content: memoryview | bytearray = data
             else:
-                old_version, content = self._merge(chunk, base_version, offset, data, truncate, old_size >= 0)
+                old_version, content = self._merge(chunk, version, base_version, offset, data, truncate, old_size >= 0)
             if truncate >= 0 and len(content) != truncate:
                 if len(content) > truncate:
                     content = content[:truncate]
@@ -441,33 +489,56 @@ class ChunkStore:
             raise
 
     def _merge(
-        self, chunk: ChunkId, base_version: int, offset: int, data: memoryview, truncate: int, exists: bool
+        self, chunk: ChunkId, version: int, base_version: int, offset: int, data: memoryview, truncate: int, exists: bool
     ) -> tuple[int, memoryview | bytearray]:
-        """The old version and the merged content of a partial write."""
-        if not exists:
-            if base_version > 0:
-                raise StripefsError(ErrorCode.STALE, f"no copy of chunk {chunk}, writer expects version {base_version}")
+        """The version the write builds on and the merged content of a partial write.
+
+        Copy-on-write (common/layout.py "Slots"): the bytes under the range come from this
+        slot's copy only when it already holds this write's version or newer (an earlier range
+        of the same session) or exactly ``base_version`` (a writer that does not use slots);
+        otherwise from the other slot, which holds the committed version the writer named.
+        A copy in this slot of any other version is a failed or abandoned session's (or an old
+        version's, garbage not collected yet): its bytes are never merged, it is replaced whole.
+        """
+        source = chunk if exists else None
+        if exists:
+            stored = self._version_or_zero(chunk)
+            if not (stored >= version or (base_version and stored == base_version)):
+                source = None
+        if source is None and base_version > 0:
+            sibling = sibling_part(chunk.part)
+            if sibling >= 0:
+                source = ChunkId(chunk.ino, chunk.index, sibling)
+            else:
+                raise StripefsError(ErrorCode.STALE, f"no copy of chunk {chunk} at version {base_version} to write over")
+        if source is None:  # no committed data under this write: a hole before it
             if offset == 0:
                 return 0, data
             content = bytearray(offset)
             content += data
             return 0, content
-        with self._open(chunk) as fd:
-            hdr, head = self._read_header(fd, chunk)
-            if hdr.version < base_version:
-                raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < base {base_version}")
-            end = offset + len(data)
-            keep = hdr.length if truncate < 0 else min(hdr.length, truncate)
-            if offset == 0 and end >= keep:  # the old bytes that survive are all overwritten
-                return hdr.version, data
-            old = b""
-            if hdr.length:
-                old, _ = self._read_blocks(fd, chunk, hdr, head, 0, hdr.length)
+        try:
+            with self._open(source) as fd:
+                hdr, head = self._read_header(fd, source)
+                if hdr.version < base_version:
+                    raise StripefsError(ErrorCode.STALE, f"chunk {source} is version {hdr.version} < base {base_version}")
+                base = hdr.version if source == chunk else 0  # a copy from the other slot keeps its own version
+                end = offset + len(data)
+                keep = hdr.length if truncate < 0 else min(hdr.length, truncate)
+                if offset == 0 and end >= keep:  # the old bytes that survive are all overwritten
+                    return base, data
+                old = b""
+                if hdr.length:
+                    old, _ = self._read_blocks(fd, source, hdr, head, 0, hdr.length)
+        except StripefsError as exc:
+            if exc.code != ErrorCode.NOT_FOUND:
+                raise
+            raise StripefsError(ErrorCode.STALE, f"no copy of chunk {chunk} at version {base_version} to write over") from None
         content = bytearray(old)
         if len(content) < offset:
             content.extend(bytes(offset - len(content)))
         content[offset:end] = data
-        return hdr.version, content
+        return base, content
 
     def _check_space(self, chunk: ChunkId, old_size: int, new_size: int) -> None:
         if self.capacity and self._used - old_size + new_size > self.capacity:
@@ -672,15 +743,24 @@ class ChunkStore:
 
     def verify(self, chunk: ChunkId, min_version: int = 0) -> int:
         """Read and check every block of a copy; its data length. NOT_FOUND, STALE, CORRUPT."""
+        return self.check(chunk, min_version).length
+
+    def check(self, chunk: ChunkId, min_version: int = 0) -> CopyCheck:
+        """``verify``, and what the daemon's scrub compares across replicas: the copy's version,
+        an xxh3 of its data (independent of the block size, which may differ between nodes)
+        and when it was written."""
         _check_chunk_id(chunk)
+        digest = xxhash.xxh3_64()
         with self._open(chunk) as fd:
             hdr, head = self._read_header(fd, chunk)
             if hdr.version < min_version:
                 raise StripefsError(ErrorCode.STALE, f"chunk {chunk} is version {hdr.version} < {min_version}")
             step = max(hdr.block_size, (4 << 20) // hdr.block_size * hdr.block_size)  # a few MiB per read
             for start in range(0, hdr.length, step):
-                self._read_blocks(fd, chunk, hdr, head, start, min(start + step, hdr.length))
-        return hdr.length
+                span, _ = self._read_blocks(fd, chunk, hdr, head, start, min(start + step, hdr.length))
+                digest.update(span)
+            written_ns = os.fstat(fd).st_mtime_ns
+        return CopyCheck(hdr.version, hdr.length, digest.intdigest(), written_ns)
 
     def usage(self) -> Usage:
         """What the node offers: capacity, free (what it will still accept), used (chunk files), chunks."""

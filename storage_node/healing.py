@@ -198,9 +198,10 @@ class Healing:
         if req.min_versions and len(req.min_versions) != len(req.chunks):
             raise StripefsError(ErrorCode.BAD_REQUEST, f"{len(req.min_versions)} min_versions for {len(req.chunks)} chunks")
         bad, missing, total = [], [], 0
+        versions, digests, written = [], [], []
         for i, chunk in enumerate(req.chunks):
             try:
-                total += await self._io(self.store.verify, chunk, req.min_versions[i] if req.min_versions else 0)
+                seen = await self._io(self.store.check, chunk, req.min_versions[i] if req.min_versions else 0)
             except StripefsError as exc:
                 if exc.code == ErrorCode.NOT_FOUND:
                     missing.append(chunk)
@@ -208,7 +209,15 @@ class Healing:
                     bad.append(chunk)
                 else:
                     raise
-        return p.VerifyChunksRsp(bad=bad, missing=missing, bytes=total)
+                versions.append(0)
+                digests.append(0)
+                written.append(0)
+                continue
+            total += seen.length
+            versions.append(seen.version)
+            digests.append(seen.digest)
+            written.append(seen.written_ns)
+        return p.VerifyChunksRsp(bad=bad, missing=missing, bytes=total, versions=versions, digests=digests, written_ns=written)
 
     async def handle_list_chunks(self, req: p.ListChunksReq, payloads) -> p.ListChunksRsp:
         if not 0 <= req.start_dir < ChunkStore.FANOUT_DIRS or req.max_dirs <= 0:

@@ -95,7 +95,7 @@ def cmd_scrub(args) -> int:
         batches = None
         total = None
     bar = None
-    files = copies = bad = nbytes = repairing = 0
+    files = copies = bad = nbytes = repairing = diverged = 0
     after = 0
     i = 0
     while True:
@@ -110,6 +110,7 @@ def cmd_scrub(args) -> int:
         files += rsp.files
         copies += rsp.copies
         bad += rsp.bad
+        diverged += rsp.diverged
         repairing += rsp.repairing if rsp.repairing >= 0 else rsp.bad
         nbytes += rsp.bytes
         if bar is None:
@@ -125,6 +126,7 @@ def cmd_scrub(args) -> int:
 
     print(f"scrub: {count(files, 'file')}, {count(copies, 'chunk copy', 'chunk copies')}, {format_size(nbytes)} verified; "
           f"{count(bad, 'bad copy', 'bad copies')} found"
+          + (f" ({diverged} of them replicas holding other bytes than the others of their version)" if diverged else "")
           + (scrub_outcome(bad, repairing) if bad else ""))
     return 3 if bad > repairing else 0
 

@@ -698,6 +698,22 @@ CLUSTER_SETTINGS = ("--set", "meta.node_timeout_s=3", "--set", "meta.session_lea
 CLIENT_TOML = "rpc_timeout_s = 3.0\n"
 
 
+def cluster_cpu(state: Path) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the cluster's processes, by role (meta, storage, mount)."""
+    from stripefs.local_processes import processes_of
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = collections.defaultdict(float)
+    for proc in processes_of(state):
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        out[proc.name.split("-")[0]] += (int(fields[11]) + int(fields[12])) / tick
+    return dict(out)
+
+
 def new_cluster(conftest, prefix: str = "stripefs-datapath-"):
     """A conftest ``Cluster`` (not started) of NODES nodes with the settings above."""
     root = conftest.cluster_root(prefix)
@@ -807,8 +823,9 @@ def main(argv=None) -> int:
             print(f"== {results[-1][0]}: seed {seed}: had finished, {st['ops']} ops OK in {st['seconds']:.0f} s", flush=True)
             runs.remove((lo, m, seed))
 
-    def run_one(target: Target, layout: str, use_mmap: bool, seed: int, kills=()) -> None:
+    def run_one(target: Target, layout: str, use_mmap: bool, seed: int, kills=(), state: Path | None = None) -> None:
         name = f"{target.label}mmap {'on' if use_mmap else 'off'}"
+        cpu_before = cluster_cpu(state) if state is not None else None
         print(f"== {name}: seed {seed}, {args.ops} ops, {args.files} files in {target.dir}", flush=True)
         ckpt = _checkpoint_path(args.checkpoint, layout, use_mmap, seed) if args.checkpoint else None
         engine = Engine(target, seed, use_mmap=use_mmap, nfiles=args.files, kills=kills, progress=args.progress, stop=stop,
@@ -828,6 +845,10 @@ def main(argv=None) -> int:
         if args.verbose:
             print("   " + ", ".join(f"{k} {res['counts'][k]} ({1e3 * res['times'][k] / res['counts'][k]:.1f} ms)"
                                    for k in sorted(res["counts"], key=lambda k: -res["times"][k])), flush=True)
+        if cpu_before is not None:
+            used = {role: t - cpu_before.get(role, 0.0) for role, t in cluster_cpu(state).items()}
+            print(f"   cluster CPU per operation: {1e3 * sum(used.values()) / args.ops:.2f} ms ("
+                  + ", ".join(f"{role} {1e3 * t / args.ops:.2f}" for role, t in sorted(used.items())) + ")", flush=True)
         took = f" in {res['segments']} processes" if res["segments"] > 1 else ""
         print(f"== {name}: seed {seed}: {args.ops} ops OK in {res['seconds']:.0f} s{took} ({res['ops_per_s']:.0f} ops/s)", flush=True)
 
@@ -845,7 +866,7 @@ def main(argv=None) -> int:
             print(f"{layout}: cluster of {NODES} nodes up in {time.monotonic() - t:.1f} s at {cluster.root}", flush=True)
             for _, use_mmap, seed in mine:
                 run_one(cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ", args.kill_every), layout, use_mmap,
-                        seed, kill_schedule(args.ops, args.kill_every))
+                        seed, kill_schedule(args.ops, args.kill_every), state=cluster.state)
             ok = True
         finally:
             cluster.teardown()

@@ -28,6 +28,7 @@ import zmq
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.keyring import load_identity, load_public, write_keypair
+from stripefs.common.layout import SLOT_STRIDE
 from stripefs.common.security import split_address, use_identity, with_key
 from stripefs.common.transport import connect
 
@@ -350,10 +351,12 @@ def test_a_subtree_key_reaches_only_its_own_chunks_at_the_nodes(subtree):
                          P.StatChunkReq(chunk=chunk, cap=cap), timeout=10)
         assert got == [ErrorCode.ACCESS] * 6, got
     assert _chunk_files(subtree.state) == before  # no chunk file changed
-    # the admin key (unrestricted) needs no capability: the chunk is there to be read
-    admin = [_raw_calls(a, str(subtree.keys / "admin.key_secret"),
-                        P.ReadChunkReq(chunk=P.ChunkId(outside, 0, 0), min_version=0, offset=0, length=100), timeout=10)[0]
-             for a in nodes]
+    # the admin key (unrestricted) needs no capability: the chunk is there to be read (in the slot of
+    # its version's parity, part 0 or 32: common/layout.py "Slots")
+    admin = [r for a in nodes for r in _raw_calls(
+        a, str(subtree.keys / "admin.key_secret"),
+        *(P.ReadChunkReq(chunk=P.ChunkId(outside, 0, part), min_version=0, offset=0, length=100) for part in (0, SLOT_STRIDE)),
+        timeout=10)]
     assert any(isinstance(r, P.ReadChunkRsp) for r in admin), admin
     assert "capability" in "".join(text for name, text in subtree.logs().items() if name.startswith("storage"))
     # its own files work through the mount, also past the capabilities' expiry (3 s here): renewed

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from stripefs.common.errors import ErrorCode, QuietError, StripefsError
+from stripefs.common.layout import replica_part
 from stripefs.common.protocol import ChunkId
 from stripefs.storage_node import chunk_file
 from stripefs.storage_node import chunk_store as cs
@@ -445,3 +446,42 @@ def test_a_data_directory_from_before_the_marker_keeps_hashed_fanout(tmp_path):
     (tmp_path / "fanout").write_text("spiral\n")
     with pytest.raises(QuietError, match="fan-out"):
         ChunkStore(tmp_path)
+
+
+def test_a_new_version_is_merged_from_the_committed_slot_never_from_an_abandoned_one(store):
+    """Copy-on-write (common/layout.py "Slots"): v4 committed in slot 0, a session's v7 in slot 32."""
+    even, odd = ChunkId(5, 0, replica_part(4)), ChunkId(5, 0, replica_part(7))
+    committed = _pattern(3 * BS, 1)
+    store.write(even, 4, 0, 0, committed)
+    # a partial write of v7 based on v4: the rest of the chunk comes from the committed slot
+    assert store.write(odd, 7, 4, 100, b"seven") == (7, 3 * BS)
+    assert store.read(odd, 7, 0, 3 * BS)[1] == committed[:100] + b"seven" + committed[105:]
+    assert store.read(even, 4, 0, 3 * BS) == (4, committed)  # untouched
+    # a later range of the same session merges into its own copy
+    assert store.write(odd, 7, 7, 0, b"S") == (7, 3 * BS)
+    assert store.read(odd, 7, 0, 3 * BS)[1] == b"S" + committed[1:100] + b"seven" + committed[105:]
+    # v7 was abandoned (never committed); a new session's v9 based on v4 again never sees its bytes
+    assert store.write(odd, 9, 4, 200, b"nine") == (9, 3 * BS)
+    assert store.read(odd, 9, 0, 3 * BS)[1] == committed[:200] + b"nine" + committed[204:]
+    # no copy of the base anywhere: STALE (the writer then sends the whole chunk)
+    store.delete([even], all_parts=False)
+    with pytest.raises(StripefsError) as e:
+        store.write(ChunkId(5, 0, replica_part(11)), 11, 10, 0, b"x")
+    assert _code(e) == ErrorCode.STALE
+
+
+def test_replicas_from_before_slots_are_moved_once(tmp_path):
+    """A data directory of the in-place days: replicas at part 0 whatever their version."""
+    odd, even = ChunkId(8, 0, 0), ChunkId(8, 1, 0)
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        s.write(odd, 5, 0, 0, b"odd version")
+        s.write(even, 6, 0, 0, b"even version")
+    (tmp_path / "slots").unlink()  # as an old node left it
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        assert s.read(ChunkId(8, 0, replica_part(5)), 5, 0, 100) == (5, b"odd version")
+        assert s.read(even, 6, 0, 100) == (6, b"even version")
+        with pytest.raises(StripefsError) as e:
+            s.read(odd, 0, 0, 100)
+        assert _code(e) == ErrorCode.NOT_FOUND
+        assert s.usage().chunks == 2
+    assert (tmp_path / "slots").exists()

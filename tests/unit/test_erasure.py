@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from stripefs.common.erasure import HEADER, StripeCodec, check_backend, codec
+from stripefs.common.erasure import HEADER, StripeCodec, check_backend, codec, xor
 from stripefs.common.errors import StripefsError
 
 KiB = 1024
@@ -117,3 +117,37 @@ def test_sliced_coding_gives_the_same_bytes(k, m):
         for lost in itertools.combinations(range(k + m), m):
             have = {j: frags[j] for j in range(k + m) if j not in lost}
             assert c.decode(have) == stripe + bytes(64 * KiB - used), (used, lost)
+
+
+@pytest.mark.parametrize("k,m", [(4, 2), (2, 1), (6, 3), (10, 4)])
+def test_parity_delta_updates_equal_a_full_re_encode(k, m):
+    """new parity = old parity + coefficient x (new data - old data): every stripe after a run of
+    random partial updates (one or several data fragments, any columns, past the trimmed end, across
+    a slice boundary) has exactly the parity a full re-encode of the new stripe gives."""
+    c = StripeCodec(k, m, k * (32 << 10))  # fragments of 32 KiB
+    c.slice = 4096  # several coding steps per delta
+    rng = random.Random(k * 10 + m)
+    used = 1000  # a short stripe: its stored parity is trimmed to 1000 bytes
+    stripe = bytearray(rng.randbytes(used)) + bytearray(c.chunk_size - used)
+    parity = [bytes(p).ljust(c.fps, b"\0") for p in c.encode(stripe, used)[k:]]
+    for _ in range(40):
+        a = rng.randrange(c.fps)
+        b = min(c.fps, a + rng.choice([1, 17, 4096, 9000]))
+        changes = {}
+        for j in rng.sample(range(k), rng.randint(1, k)):
+            new = rng.randbytes(b - a)
+            changes[j] = (bytes(stripe[j * c.fps + a : j * c.fps + b]), new)
+            stripe[j * c.fps + a : j * c.fps + b] = new
+        deltas = c.parity_delta_job(changes, a, b).run()
+        parity = [p[:a] + xor(p[a:b], d) + p[b:] for p, d in zip(parity, deltas)]
+        assert parity == [bytes(p).ljust(c.fps, b"\0") for p in c.encode(stripe)[k:]]
+
+
+def test_parity_delta_refuses_bad_columns():
+    c = codec(4, 2, 64 << 10)
+    with pytest.raises(StripefsError):
+        c.parity_delta_job({0: (b"ab", b"cd")}, 0, 3)
+    with pytest.raises(StripefsError):
+        c.parity_delta_job({4: (b"a", b"b")}, 0, 1)  # a parity fragment is not data
+    with pytest.raises(StripefsError):
+        c.parity_delta_job({}, 10, c.fps + 1)

@@ -16,6 +16,7 @@ from stripefs.client.data_rpc import NodePool
 from stripefs.client.striping import DataPath
 from stripefs.common import protocol as p
 from stripefs.common.config import StorageConfig
+from stripefs.common.layout import replica_part
 from stripefs.common.transport import open_socket
 from stripefs.storage_node.chunk_store import ChunkStore
 from stripefs.storage_node.service import StorageService
@@ -32,7 +33,7 @@ async def test_a_silent_replica_is_hedged(tmp_path, hedge):
     ctx = zmq.Context()
     cfg = StorageConfig(node_id=2, listen=_addr(), data_dir=str(tmp_path), meta=[_addr()], reserved_space=0, scrub_bandwidth=0)
     store = ChunkStore(tmp_path, reserved_space=0, node_id=2)
-    chunk = p.ChunkId(4, 0, 0)  # ino + index even: node 1 is asked first
+    chunk = p.ChunkId(4, 0, replica_part(3))  # ino + index even: node 1 is asked first; v3 is in slot part 32
     store.write(chunk, 3, 0, 0, b"abc" * 1000)
     silent = _addr()
     try:

@@ -12,6 +12,7 @@ from stripefs.common import protocol as p
 from stripefs.common.config import StorageConfig
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect
+from stripefs.common.layout import replica_part
 from stripefs.daemon.db import open_database
 from stripefs.daemon.health import NodeRegistry
 from stripefs.daemon.repair import Throttle
@@ -278,11 +279,14 @@ def test_record_is_a_compare_and_swap(svc):
 
 def test_bad_copies_are_dropped_but_never_the_last(svc, caplog):
     ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 5, [3])))
-    with svc.store.savepoint():
-        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, 0)]) == 1
+    with svc.store.savepoint():  # a report of another slot (a writer's copy, garbage) is not of the committed copy
+        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, 0)]) == 0
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 2])
+    with svc.store.savepoint():  # v5 lives in slot part 32 (common/layout.py "Slots")
+        assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, replica_part(5))]) == 1
     assert svc.store.get_chunks(ino)[0] == (5, [1]) and (2, ino, 0, 5) in _garbage(svc)
     with svc.store.savepoint():
-        assert svc.healer.mark_bad(3, [p.ChunkId(ino, 1, 0)]) == 0
+        assert svc.healer.mark_bad(3, [p.ChunkId(ino, 1, replica_part(5))]) == 0
     assert svc.store.get_chunks(ino)[1] == (5, [3])
     assert any("only live copy" in r.message for r in caplog.records)
 
@@ -304,7 +308,8 @@ def test_expired_sessions_uncommitted_chunks_go_and_late_commits_are_fenced(svc)
     with svc.store.savepoint():
         svc.healer.reclaim_uncommitted([ino])
     assert set(svc.store.get_chunks(ino)) == {0}
-    assert {(g[0], g[2]) for g in _garbage(svc)} == {(2, 1), (3, 1)}
+    # chunk 1's copies (never committed), and chunk 0's unused slot (a dead writer's new version)
+    assert {(g[0], g[2]) for g in _garbage(svc)} == {(2, 1), (3, 1), (1, 0), (2, 0)}
     with pytest.raises(StripefsError) as err:
         svc.sessions.check_fence(ino, [p.ChunkRef(index=1, version=epoch, nodes=[2, 3])])
     assert err.value.code == ErrorCode.STALE
@@ -409,3 +414,40 @@ def test_a_bad_fragment_is_reconstructed_unless_too_few_others_are_live(svc, cap
         assert svc.healer.mark_bad(1, [p.ChunkId(ino, 0, fragment_part(0, 5))]) == 0
     assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3])
     assert any("other fragments are live" in r.message for r in caplog.records)
+
+
+async def test_an_expired_session_s_abandoned_slots_are_collected_that_part_only(svc):
+    """A writer that died mid-session left its new versions in the slot the committed version does
+    not use (common/layout.py "Slots"); when its session expires and nobody holds the file, that
+    slot goes on every node, and only that part (the committed copy beside it is never touched)."""
+    from stripefs.common.erasure import fragment_part
+    from stripefs.daemon.store import EXACT_PART
+
+    rep = _file(svc, b"rep", chunks=((0, 5, [1, 2]), (1, 0, [3, 4])))
+    ec = _file(svc, b"ec", chunks=((0, 8, [1, 2, 0, 3]),))
+    svc.store.update_inode(ec, redundancy="ec=2+2")
+    bound = svc.ns.last_epoch()
+    with svc.store.savepoint():
+        svc.healer.reclaim_uncommitted([rep, ec])
+    rows = sorted(tuple(r) for r in svc.store.conn.execute("SELECT node_id, ino, idx, part, max_version FROM garbage"))
+    assert rows == sorted([
+        (1, rep, 0, replica_part(6) | EXACT_PART, bound), (2, rep, 0, replica_part(6) | EXACT_PART, bound),
+        (3, rep, 1, 0, bound), (4, rep, 1, 0, bound),  # allocated, never committed: every part
+        (1, ec, 0, fragment_part(0, 9) | EXACT_PART, bound), (2, ec, 0, fragment_part(1, 9) | EXACT_PART, bound),
+        (3, ec, 0, fragment_part(3, 9) | EXACT_PART, bound),
+    ])
+    assert svc.store.get_chunks(rep) == {0: (5, [1, 2])}
+
+    sent = []
+
+    class Node:
+        async def call(self, req):
+            sent.append(req)
+            return p.OkRsp(), []
+
+    for node_id in (1, 3):
+        await svc.housekeeping._collect(node_id, Node())
+    assert [(r.all_parts, [c.part for c in r.chunks]) for r in sent] == [
+        (False, [replica_part(6), fragment_part(0, 9)]),  # node 1: the abandoned slots, those parts only
+        (True, [0]), (False, [fragment_part(3, 9)]),  # node 3: an uncommitted chunk (every part), a slot
+    ]

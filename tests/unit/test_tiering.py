@@ -8,6 +8,7 @@ import pytest
 
 from stripefs.common import protocol as p
 from stripefs.common.config import MetaConfig
+from stripefs.common.layout import replica_part
 from stripefs.daemon.service import MetaService
 from stripefs.daemon.tier_store import object_name, parse_object_name, parse_url, to_signed, to_unsigned
 from stripefs.daemon.tiering import is_cold, nearest_policy, policy_due
@@ -306,7 +307,7 @@ async def test_migrate_and_recall_replicated_and_ec_through_real_nodes(tmp_path)
         rep_data = os.urandom(700_000)
         rep, _ = svc.ns.create(1, b"rep", 0o644, 0, 0)
         for n in (1, 2):
-            stores[n - 1].write(p.ChunkId(rep, 0, 0), 5, 0, 0, rep_data)
+            stores[n - 1].write(p.ChunkId(rep, 0, replica_part(5)), 5, 0, 0, rep_data)
         svc.store.put_chunk(rep, 0, 5, [1, 2])
         svc.store.update_inode(rep, size=len(rep_data))
         ec_data = os.urandom(900_000)
@@ -350,7 +351,7 @@ async def test_migrate_and_recall_replicated_and_ec_through_real_nodes(tmp_path)
             (ref,) = rsp.chunks
             assert ref.version == 5 and len(ref.nodes) == 2
             for n in ref.nodes:
-                assert stores[n - 1].read(p.ChunkId(rep, 0, 0), 5, 0, 1 << 20) == (5, rep_data)
+                assert stores[n - 1].read(p.ChunkId(rep, 0, replica_part(5)), 5, 0, 1 << 20) == (5, rep_data)
             rsp = await t.handle_tier_recall(p.TierRecallReq(ino=ec))
             (ref,) = rsp.chunks
             got = {j: stores[n - 1].read(p.ChunkId(ec, 0, fragment_part(j, 7)), 7, 0, 1 << 20)[1] for j, n in enumerate(ref.nodes)}

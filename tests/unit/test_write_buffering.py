@@ -168,3 +168,26 @@ def test_release_drops_only_unwritten_placements_past_the_end(w):
     w.ns.commit(ino, 4 * CS, 3, [p.ChunkRef(index=3, version=11, nodes=[2, 3])])
     chunks = {c.index: c for c in w.ns.open_info(ino)[2]}
     assert chunks[3].version == 11 and chunks[3].nodes == [2, 3]
+
+
+def _open_rsp(size: int, versions: dict[int, int]) -> p.OpenRsp:
+    attr = p.Attr(ino=5, mode=0o100644, nlink=1, uid=0, gid=0, rdev=0, size=size, atime_ns=0, mtime_ns=0, ctime_ns=0)
+    chunks = [p.ChunkRef(index=i, version=v, nodes=[1, 2]) for i, v in versions.items()]
+    return p.OpenRsp(attr=attr, layout=p.Layout(chunk_size=CS, stripe_count=1, redundancy="replicas=2"), chunks=chunks, nodes=[])
+
+
+def test_an_open_answer_older_than_the_mount_s_state_is_not_taken():
+    """The daemon never lowers a chunk's committed version, so an answer naming an older one than the
+    mount holds predates the mount's own commit: taking it would read (and read-modify-write from)
+    the replaced version while its slot is still on the nodes."""
+    of = OpenFile(5, _open_rsp(100, {0: 7}).attr, _open_rsp(100, {0: 7}).layout, {0: p.ChunkRef(index=0, version=9, nodes=[1, 2])})
+    of.size = 200
+    of.refresh(_open_rsp(100, {0: 7}))
+    assert of.chunks[0].version == 9 and of.size == 200
+    of.refresh(_open_rsp(300, {0: 11, 1: 12}))  # newer: taken
+    assert (of.chunks[0].version, of.chunks[1].version, of.size) == (11, 12, 300)
+    of.refresh(_open_rsp(0, {}))  # truncated elsewhere: taken
+    assert (of.chunks, of.size) == ({}, 0)
+    of.chunks = {0: p.ChunkRef(index=0, version=11, nodes=[1, 2])}
+    of.refresh(_open_rsp(0, {0: 0}))  # truncated and placed again elsewhere (not written yet): taken
+    assert of.chunks[0].version == 0
