@@ -4,7 +4,7 @@ One flat directory of read-only files, everything answered on the reader thread 
 only). With ``noopen`` (the default) OPEN, OPENDIR and FLUSH answer ENOSYS, so the kernel stops
 sending them: a warm file is then read with no request at all.
 
-    python tests/fuse_memfs.py MOUNTPOINT [NAME=TEXT ...]
+    python tests/fuse_memfs.py [--via=fusermount3] MOUNTPOINT [NAME=TEXT ...]
 
 mounts, prints "ready" once INIT is answered, serves until SIGTERM/SIGINT (then unmounts) or
 until unmounted.
@@ -88,6 +88,10 @@ class MemFS:
             if not buf.add(name, off, ino, self.attrs[ino].mode, entry):
                 break
 
+    def fast_ioctl(self, req):
+        # io.open's isatty() (TCGETS) on every open(): answered here, on the reader thread
+        raise OSError(errno.ENOTTY, "not a terminal")
+
     def fast_statfs(self, req):
         return Statfs(blocks=1000, bfree=0, bavail=0, files=len(self.attrs), ffree=0, bsize=4096)
 
@@ -95,9 +99,9 @@ class MemFS:
         self.forgotten.extend(forgets)
 
 
-def serve(mountpoint: str, fs: MemFS, options=()) -> tuple[Session, object]:
+def serve(mountpoint: str, fs: MemFS, options=(), via: str | None = None) -> tuple[Session, object]:
     """Mount ``fs`` at ``mountpoint`` and start serving it; the session (whose close() unmounts)."""
-    m = mount(mountpoint, options, fsname="memfs", subtype="memfs")
+    m = mount(mountpoint, options, fsname="memfs", subtype="memfs", via=via)
     session = Session(Device(m.fd), Dispatcher(fs), on_close=lambda: unmount(m))
     try:
         session.start()
@@ -108,8 +112,11 @@ def serve(mountpoint: str, fs: MemFS, options=()) -> tuple[Session, object]:
 
 
 def main(argv: list[str]) -> int:
+    via = None
+    if argv[0].startswith("--via="):
+        via, argv = argv[0].split("=", 1)[1], argv[1:]
     mountpoint, files = argv[0], dict(a.encode().split(b"=", 1) for a in argv[1:])
-    session, _ = serve(mountpoint, MemFS(files))
+    session, _ = serve(mountpoint, MemFS(files), via=via)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -68,9 +68,10 @@ class Mount:
 
 
 def mount(mountpoint: str, options: Iterable[str] = (), *, fsname: str = "stripefs", subtype: str = "stripefs",
-          reaper: bool = True) -> Mount:
+          reaper: bool = True, via: str | None = None) -> Mount:
     """Mount a FUSE file system at ``mountpoint``; the returned :class:`Mount` holds the descriptor
-    to serve it on (the kernel sends INIT first and every other request waits for its answer)."""
+    to serve it on (the kernel sends INIT first and every other request waits for its answer).
+    ``via="fusermount3"`` skips mount(2) even as root (what an unprivileged client does)."""
     mountpoint = os.path.abspath(mountpoint)
     try:
         st = os.stat(mountpoint)
@@ -80,7 +81,7 @@ def mount(mountpoint: str, options: Iterable[str] = (), *, fsname: str = "stripe
         raise MountError(f"cannot mount at {mountpoint}: not a directory")
     opts = list(options)
     fd = None
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and via != "fusermount3":
         try:
             fd, via = _mount_syscall(mountpoint, st.st_mode, opts, fsname, subtype), "mount(2)"
         except PermissionError:
@@ -99,7 +100,7 @@ def unmount(m: Mount) -> bool:
     Then lets the reaper go (it finds nothing to do)."""
     done = False
     if m.dev is not None and is_mounted(m.mountpoint, m.dev):
-        done = _unmount_path(m.mountpoint)
+        done = unmount_path(m.mountpoint)
     if m.reaper_pipe is not None:
         os.close(m.reaper_pipe)
         m.reaper_pipe = None
@@ -114,10 +115,11 @@ def unmount(m: Mount) -> bool:
 
 def is_mounted(mountpoint: str, dev: str) -> bool:
     """Whether /proc/self/mountinfo shows a mount of device ``dev`` ("major:minor") at ``mountpoint``."""
-    return any(d == dev and p == mountpoint for d, p, _ in _mountinfo())
+    return any(d == dev and p == mountpoint for d, p, _ in mounts())
 
 
-def _unmount_path(mountpoint: str) -> bool:
+def unmount_path(mountpoint: str) -> bool:
+    """Lazily unmount whatever is at ``mountpoint``: callers check first that it is theirs."""
     if os.geteuid() == 0:
         if _libc.umount2(mountpoint.encode(), _MNT_DETACH) == 0:
             return True
@@ -191,7 +193,7 @@ def _unescape(path: str) -> str:
     return "".join(out)
 
 
-def _mountinfo() -> list[tuple[str, str, str]]:
+def mounts() -> list[tuple[str, str, str]]:
     """(major:minor, mount point, fstype) of every mount this process sees."""
     rows = []
     with open("/proc/self/mountinfo") as f:
@@ -210,7 +212,7 @@ def _mounted_dev(mountpoint: str, fstype: str) -> str | None:
     in the order they were made). Read from mountinfo, not stat(): a stat of the mount point would be
     a GETATTR, which waits until INIT is answered."""
     found = None
-    for dev, path, kind in _mountinfo():
+    for dev, path, kind in mounts():
         if path == mountpoint and kind == fstype:
             found = dev
     return found

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from .mount import _unmount_path, is_mounted
+from .mount import unmount_path, is_mounted
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
         pass
     if is_mounted(mountpoint, dev):
         print(f"stripefs: the client of {mountpoint} ended without unmounting it: unmounting", file=sys.stderr)
-        return 0 if _unmount_path(mountpoint) else 1
+        return 0 if unmount_path(mountpoint) else 1
     return 0
 
 
