@@ -105,3 +105,99 @@ def test_sigkill_leaves_nothing_mounted(tmp_path):
     finally:
         if mounted_at(mnt):
             subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_failed_init_leaves_nothing_mounted(tmp_path, monkeypatch):
+    from stripefs.client.fuse import session as session_mod
+
+    def refuse(*args):
+        raise session_mod.SessionError("refused by the test")
+
+    monkeypatch.setattr(session_mod, "negotiate", refuse)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with pytest.raises(session_mod.SessionError, match="refused by the test"):
+        serve(str(mnt), MemFS({b"a": b"x"}))
+    assert not mounted_at(mnt)
+    assert os.listdir(mnt) == []
+
+
+def test_notifications_reach_the_kernel(tmp_path):
+    """store fills the page cache (the next read sends no READ), inval_inode drops it (the next read
+    asks again), inval_entry forgets a name the file system no longer has."""
+    from stripefs.client.fuse import notify
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    fs = MemFS({b"a.txt": b"hello world\n", b"b.txt": b"other"})
+    session, m = serve(str(mnt), fs, options=["ro"])
+    try:
+        with caches_kept():
+            assert (mnt / "b.txt").read_bytes() == b"other"  # OPEN and FLUSH declined once for the connection
+            ino = os.stat(mnt / "a.txt").st_ino
+            assert session.notify(notify.store(ino, 0, b"hello world\n"))
+            assert delta(session, lambda: open(mnt / "a.txt", "rb", buffering=0).read()) == {}
+            fs.data[ino] = b"HELLO WORLD\n"  # same size: only the bytes changed
+            assert open(mnt / "a.txt", "rb", buffering=0).read() == b"hello world\n"  # still the kept page
+            assert session.notify(notify.inval_inode(ino, 0, 0))
+            got = []
+            assert delta(session, lambda: got.append(open(mnt / "a.txt", "rb", buffering=0).read())).get("READ") == 1
+            assert got == [b"HELLO WORLD\n"]
+            fs.names[b"c.txt"] = fs.names.pop(b"a.txt")  # renamed behind the kernel's back
+            assert os.path.exists(mnt / "a.txt")  # the kernel keeps the name an hour...
+            assert session.notify(notify.inval_entry(1, b"a.txt"))
+            assert not os.path.exists(mnt / "a.txt")  # ...until told
+            assert (mnt / "c.txt").read_bytes() == b"HELLO WORLD\n"
+    finally:
+        session.close()
+    assert not mounted_at(mnt)
+
+
+async def test_interrupt_of_a_blocked_caller(tmp_path):
+    """A caller killed while its request waits in trio: the kernel sends INTERRUPT, the request's
+    task is cancelled and answered EINTR, and the caller is gone."""
+    import errno as _errno
+
+    import trio
+
+    from stripefs.client.fuse.dispatch import MISS, Dispatcher
+    from stripefs.client.fuse.device import Device
+    from stripefs.client.fuse.mount import mount, unmount
+    from stripefs.client.fuse.session import Session
+
+    started, cancelled = trio.Event(), []
+
+    class SlowFS(MemFS):
+        def fast_getxattr(self, req):
+            if req.name == b"user.slow":
+                return MISS
+            raise OSError(_errno.ENODATA, "no such attribute")
+
+        async def getxattr(self, req):
+            started.set()
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                cancelled.append(req.header.unique)
+                raise
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    m = await trio.to_thread.run_sync(lambda: mount(str(mnt), (), fsname="memfs", subtype="memfs"))
+    async with trio.open_nursery() as nursery:
+        session = Session(Device(m.fd), Dispatcher(SlowFS({b"a": b"x"}), trio.lowlevel.current_trio_token(), nursery),
+                          on_close=lambda: unmount(m))
+        try:
+            await trio.to_thread.run_sync(session.start)
+            caller = subprocess.Popen([sys.executable, "-c", f"import os; os.getxattr({str(mnt / 'a')!r}, 'user.slow')"])
+            with trio.fail_after(20):
+                await started.wait()
+            caller.kill()
+            assert await trio.to_thread.run_sync(caller.wait, 20) == -signal.SIGKILL
+            with trio.fail_after(20):
+                while not cancelled:
+                    await trio.sleep(0.01)
+            assert session.counts[Opcode.INTERRUPT] >= 1
+        finally:
+            await trio.to_thread.run_sync(session.close)
+    assert not mounted_at(mnt)
