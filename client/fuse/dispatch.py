@@ -37,6 +37,8 @@ fsync, fsyncdir, setxattr, removexattr, access,
 setlk (SETLK, SETLKW), fallocate, syncfs
 =====================================================  ===========================================
 
+Any result may instead be a ``replies.Encoded``: the reply body already in its wire form, sent as is.
+
 ``forget(pairs)`` (``(nodeid, nlookup)`` pairs) and ``destroy()`` are called on the reader thread.
 Each READDIRPLUS entry with a nonzero nodeid counts as one lookup of it, as LOOKUP does.
 """
@@ -52,7 +54,7 @@ import trio
 
 from . import requests as rq
 from .abi import Opcode
-from .replies import DirentBuffer, Reply
+from .replies import DirentBuffer, Encoded, Reply
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +226,10 @@ class Dispatcher:
                 reply.error(e.errno or errno.EIO)
                 return
             if result is not MISS:
-                op.answer(reply, req, result)
+                if result.__class__ is Encoded:
+                    reply.ok(result)
+                else:
+                    op.answer(reply, req, result)
                 return
         if op.slow is None:
             log.error("%s answered MISS and has no slow path: request %d answered EIO", type(req).__name__,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno as _errno
 import stat
+import struct
 from typing import Callable, NamedTuple, Sequence
 
 from . import abi
@@ -32,10 +33,15 @@ _ATTR = abi.FUSE_ATTR
 _ENTRY_HEAD = abi.FUSE_ENTRY_OUT_HEAD
 _ATTR_HEAD = abi.FUSE_ATTR_OUT_HEAD
 _DIRENT = abi.FUSE_DIRENT
+#: fuse_attr_out and fuse_entry_out packed whole (one pack per reply on the hot path, no concatenation)
+_ATTR_OUT = struct.Struct(abi.FUSE_ATTR_OUT_HEAD.format + abi.FUSE_ATTR.format[1:])
+_ENTRY_OUT = struct.Struct(abi.FUSE_ENTRY_OUT_HEAD.format + abi.FUSE_ATTR.format[1:])
+assert _ATTR_OUT.size == abi.ATTR_OUT_SIZE and _ENTRY_OUT.size == abi.ENTRY_OUT_SIZE
 _NS = 1_000_000_000
 _U64 = (1 << 64) - 1
 
-Send = Callable[[Sequence[bytes]], None]
+#: how a reply is sent: ``send(unique, iovec)`` (the session writes it and notes the request done)
+Send = Callable[[int, Sequence[bytes]], None]
 
 
 class AlreadyAnswered(RuntimeError):
@@ -71,6 +77,14 @@ class Entry(NamedTuple):
     generation: int = 0
 
 
+class Encoded(bytes):
+    """A result already in its wire form (e.g. ``Encoded(encode_attr_out(attr, valid))``), answered as
+    it is: a file system that keeps a hot inode's attributes can keep their bytes too, and its fast
+    path then encodes nothing."""
+
+    __slots__ = ()
+
+
 class Statfs(NamedTuple):
     blocks: int
     bfree: int
@@ -83,17 +97,23 @@ class Statfs(NamedTuple):
 
 
 def _split(seconds: float) -> tuple[int, int]:
+    if not seconds:
+        return 0, 0
     whole = int(seconds)
     return whole, int((seconds - whole) * _NS)
 
 
 def encode_attr(a: Attr) -> bytes:
     """``fuse_attr`` (88 bytes)."""
+    return _ATTR.pack(*_attr_fields(a))
+
+
+def _attr_fields(a: Attr) -> tuple:
     asec, ansec = divmod(a.atime_ns, _NS)
     msec, mnsec = divmod(a.mtime_ns, _NS)
     csec, cnsec = divmod(a.ctime_ns, _NS)
-    return _ATTR.pack(a.ino, a.size, a.blocks, asec & _U64, msec & _U64, csec & _U64, ansec, mnsec, cnsec,
-                      a.mode, a.nlink, a.uid, a.gid, a.rdev, a.blksize, a.flags)
+    return (a.ino, a.size, a.blocks, asec & _U64, msec & _U64, csec & _U64, ansec, mnsec, cnsec,
+            a.mode, a.nlink, a.uid, a.gid, a.rdev, a.blksize, a.flags)
 
 
 def encode_entry(e: Entry) -> bytes:
@@ -101,13 +121,13 @@ def encode_entry(e: Entry) -> bytes:
     kernel keep the name's absence that long."""
     es, ens = _split(e.entry_valid)
     ats, atns = _split(e.attr_valid)
-    return _ENTRY_HEAD.pack(e.nodeid, e.generation, es, ats, ens, atns) + encode_attr(e.attr)
+    return _ENTRY_OUT.pack(e.nodeid, e.generation, es, ats, ens, atns, *_attr_fields(e.attr))
 
 
 def encode_attr_out(a: Attr, valid: float) -> bytes:
     """``fuse_attr_out`` (104 bytes): GETATTR's and SETATTR's answer."""
     s, ns = _split(valid)
-    return _ATTR_HEAD.pack(s, ns, 0) + encode_attr(a)
+    return _ATTR_OUT.pack(s, ns, 0, *_attr_fields(a))
 
 
 def encode_open(fh: int, open_flags: int = 0, backing_id: int = 0) -> bytes:
@@ -177,31 +197,31 @@ def encode_init_version_only() -> bytes:
 
 
 class Reply:
-    """The one answer to request ``unique``, sent with ``send`` (the device's writev).
+    """The one answer to request ``unique``, sent with ``send(unique, iovec)`` (the session's: the
+    device's writev, and the request is no longer in flight).
 
     ``on_interrupt`` is set by whoever runs the request where an INTERRUPT can stop it (a trio
     task's cancel scope); the session calls it when the kernel interrupts this request.
-    ``on_done`` is the session's, called once the answer is sent (requests in flight).
     """
 
-    __slots__ = ("unique", "sent", "on_interrupt", "_send", "_on_done")
+    __slots__ = ("unique", "sent", "on_interrupt", "_send")
 
-    def __init__(self, unique: int, send: Send, on_done: Callable[[int], None] | None = None):
+    def __init__(self, unique: int, send: Send):
         self.unique = unique
         self.sent = False
         self.on_interrupt: Callable[[], None] | None = None
         self._send = send
-        self._on_done = on_done
 
     def _answer(self, error: int, parts: Sequence[bytes]) -> None:
         if self.sent:
             raise AlreadyAnswered(f"request {self.unique} was answered already")
         self.sent = True
-        try:
-            self._send([_OUT.pack(_OUT_SIZE + sum(map(len, parts)), error, self.unique), *parts])
-        finally:
-            if self._on_done is not None:
-                self._on_done(self.unique)
+        if not parts:
+            self._send(self.unique, (_OUT.pack(_OUT_SIZE, error, self.unique),))
+        elif len(parts) == 1:
+            self._send(self.unique, (_OUT.pack(_OUT_SIZE + len(parts[0]), error, self.unique), parts[0]))
+        else:
+            self._send(self.unique, [_OUT.pack(_OUT_SIZE + sum(map(len, parts)), error, self.unique), *parts])
 
     # -- the answers -------------------------------------------------------------------------
 

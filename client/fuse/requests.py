@@ -25,6 +25,7 @@ Failure policy, decided here once:
 from __future__ import annotations
 
 import errno
+import struct
 from typing import Callable, NamedTuple
 
 from . import abi
@@ -32,6 +33,12 @@ from .abi import Opcode
 
 _H = abi.FUSE_IN_HEADER
 _H_SIZE = _H.size
+#: the header without its padding: unpacks straight into InHeader's 8 fields
+_H8 = struct.Struct(_H.format[:-1] + "2x")
+assert _H8.size == _H_SIZE
+#: NamedTuples are built with tuple.__new__ on the hot path: their generated __new__ is a Python call
+_new = tuple.__new__
+_GETATTR_IN, _READ_IN = abi.FUSE_GETATTR_IN, abi.FUSE_READ_IN
 _MAX_OFFSET = abi.MAX_OFFSET
 
 
@@ -390,7 +397,10 @@ def _offset(*offsets: int) -> None:
 
 
 def _p_lookup(h, buf, off, end, ctx):
-    return Lookup(h, _name(buf, off, end)[0])
+    nul = buf.find(b"\0", off, end)
+    if nul < 0:
+        raise _Short("a name without its NUL")
+    return _new(Lookup, (h, bytes(buf[off:nul])))
 
 
 def _p_forget(h, buf, off, end, ctx):
@@ -408,8 +418,10 @@ def _p_batch_forget(h, buf, off, end, ctx):
 
 
 def _p_getattr(h, buf, off, end, ctx):
-    flags, _, fh = _fixed(abi.FUSE_GETATTR_IN, buf, off, end)
-    return Getattr(h, flags, fh)
+    if off + 16 > end:
+        raise _Short(f"16-byte arguments in {end - off} bytes")
+    flags, _, fh = _GETATTR_IN.unpack_from(buf, off)
+    return _new(Getattr, (h, flags, fh))
 
 
 def _p_setattr(h, buf, off, end, ctx):
@@ -468,9 +480,12 @@ def _p_open(h, buf, off, end, ctx):
 
 
 def _p_read(h, buf, off, end, ctx):
-    fh, offset, size, read_flags, lock_owner, flags, _ = _fixed(abi.FUSE_READ_IN, buf, off, end)
-    _offset(offset)
-    return Read(h, fh, offset, size, read_flags, lock_owner, flags)
+    if off + 40 > end:
+        raise _Short(f"40-byte arguments in {end - off} bytes")
+    fh, offset, size, read_flags, lock_owner, flags, _ = _READ_IN.unpack_from(buf, off)
+    if offset > _MAX_OFFSET:
+        raise _BadOffset(f"offset {offset} past 2**63-1")
+    return _new(Read, (h, fh, offset, size, read_flags, lock_owner, flags))
 
 
 def _p_write(h, buf, off, end, ctx):
@@ -674,13 +689,17 @@ def parse_header(buf, n: int) -> InHeader:
 def parse(buf, n: int, ctx: ParseContext = ParseContext()):
     """The request in the first ``n`` bytes of ``buf`` (bytes or bytearray): one of the types above,
     :class:`Unsupported` or :class:`Malformed`. Raises :class:`BadHeader` only."""
-    h = parse_header(buf, n)
-    opcode = h.opcode
+    if n < _H_SIZE:
+        raise BadHeader(f"read {n} bytes, a request header is {_H_SIZE}")
+    h = _new(InHeader, _H8.unpack_from(buf, 0))
+    if h[0] != n or _H_SIZE + h[7] * 8 > n:
+        parse_header(buf, n)  # says what is wrong
+    opcode = h[1]
     parser = PARSERS[opcode] if opcode < _N_PARSERS else None
     if parser is None:
-        return Unsupported(h)
+        return _new(Unsupported, (h,))
     try:
-        return parser(h, buf, _H_SIZE, n - h.total_extlen * 8, ctx)
+        return parser(h, buf, _H_SIZE, n - h[7] * 8, ctx)
     except _Short as e:
         return Malformed(h, errno.EIO, str(e))
     except _BadOffset as e:

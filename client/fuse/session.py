@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -63,6 +64,21 @@ DEFAULT_WANT = (
     | InitFlag.HAS_IOCTL_DIR
     | InitFlag.INIT_EXT  # needed for flags2 (bits 32..) to be read at all
 )
+
+
+#: request kinds the handler answers (everything but the session's own: forgets, interrupts, INIT, ...)
+#: (tests/unit/test_fuse_session.py checks that every parsed kind is routed one way or the other)
+_HANDLER_KINDS = frozenset({
+    rq.Lookup, rq.Getattr, rq.Setattr, rq.Readlink, rq.Symlink, rq.Mknod, rq.Mkdir, rq.Unlink, rq.Rename,
+    rq.Link, rq.Open, rq.Read, rq.Write, rq.Statfs, rq.Release, rq.Fsync, rq.Setxattr, rq.Getxattr,
+    rq.Listxattr, rq.Removexattr, rq.Flush, rq.Lk, rq.Access, rq.Create, rq.Bmap, rq.Ioctl, rq.Poll,
+    rq.Fallocate, rq.Lseek, rq.CopyFileRange, rq.Syncfs,
+})
+
+
+#: request kinds the session answers (or not) itself
+SESSION_KINDS = frozenset({rq.Forget, rq.BatchForget, rq.Interrupt, rq.NotifyReply, rq.Init, rq.Destroy,
+                           rq.Unsupported, rq.Malformed})
 
 
 class SessionError(Exception):
@@ -153,8 +169,8 @@ class Session:
         self._on_close = on_close  # unmounts, where the session owns the mount
         self._ctx = rq.ParseContext()
         self._in_flight: dict[int, Reply] = {}
-        self._room = threading.Event()
-        self._room.set()
+        self._room = threading.Event()  # set when the reader, waiting for room (_full), may read again
+        self._full = False
         self._retrieves: dict[int, list] = {}
         self._next_retrieve = 1
         self._lock = threading.Lock()
@@ -177,7 +193,7 @@ class Session:
             except rq.BadHeader as e:
                 raise SessionError(f"the first request is no FUSE request: {e}") from None
             self._count(req.header.opcode)
-            reply = Reply(req.header.unique, self._send)
+            reply = Reply(req.header.unique, self._finish)
             if not isinstance(req, rq.Init):
                 reply.error(errno.EIO)
                 raise SessionError(f"the kernel's first request was opcode {req.header.opcode}, not INIT")
@@ -208,17 +224,27 @@ class Session:
         self.counts[opcode if opcode < len(self.counts) else 0] += 1
 
     def _serve(self, buf: bytearray) -> None:
-        read, parse, ctx = self.device.read_into, rq.parse, self._ctx
+        fd, bufs, readv = self.device.fd, (buf,), os.readv
+        read, parse, ctx, handle, counts = self.device.read_into, rq.parse, self._ctx, self._handle, self.counts
+        n_counts, in_flight, cap = len(counts), self._in_flight, self.options.max_in_flight
         try:
             while not self._stopping:
                 try:
-                    n = read(buf)
+                    n = readv(fd, bufs)  # the hot path: one call, no wrapper
+                    if n == 0:
+                        raise Closed("end of file")
+                except OSError:
+                    try:
+                        n = read(buf)  # retries, or says the connection is gone
+                    except Closed:
+                        break
                 except Closed:
                     break
                 req = parse(buf, n, ctx)
-                self._count(req.header.opcode)
-                self._handle(req)
-                if len(self._in_flight) >= self.options.max_in_flight:
+                opcode = req.header.opcode
+                counts[opcode if opcode < n_counts else 0] += 1
+                handle(req)
+                if len(in_flight) >= cap:
                     self._wait_for_room()
         except rq.BadHeader as e:
             log.error("FUSE session ends: %s", e)
@@ -232,6 +258,16 @@ class Session:
     def _handle(self, req) -> None:
         kind = type(req)
         h = req.header
+        if kind in _HANDLER_KINDS:  # the common case first: one set lookup
+            reply = Reply(h.unique, self._finish)
+            self._in_flight[h.unique] = reply
+            try:
+                self.handler.handle(req, reply)
+            except Exception:
+                log.exception("request %d (%s) failed", h.unique, kind.__name__)
+                if not reply.sent:
+                    reply.error(errno.EIO)
+            return
         if kind is rq.Forget:
             self._forget(((h.nodeid, req.nlookup),))
             return
@@ -244,7 +280,7 @@ class Session:
         if kind is rq.Interrupt:
             target = self._in_flight.get(req.target)
             if target is None:
-                Reply(h.unique, self._send).error(errno.EAGAIN)
+                Reply(h.unique, self._finish).error(errno.EAGAIN)
             elif target.on_interrupt is not None:
                 try:
                     target.on_interrupt()
@@ -254,7 +290,7 @@ class Session:
         if kind is rq.NotifyReply:
             self._retrieved(req)
             return
-        reply = Reply(h.unique, self._send, self._done)
+        reply = Reply(h.unique, self._finish)
         self._in_flight[h.unique] = reply
         if kind is rq.Unsupported:
             reply.error(errno.ENOSYS)
@@ -272,13 +308,9 @@ class Session:
                 log.exception("destroy failed")
             reply.ok()
             self._stopping = True
-        else:
-            try:
-                self.handler.handle(req, reply)
-            except Exception:
-                log.exception("request %d (%s) failed", h.unique, type(req).__name__)
-                if not reply.sent:
-                    reply.error(errno.EIO)
+        else:  # a request type this session does not route: a bug here, not in the kernel
+            log.error("request %d (%s) has no route in the session: answered EIO", h.unique, kind.__name__)
+            reply.error(errno.EIO)
 
     def _forget(self, forgets) -> None:
         try:
@@ -286,23 +318,25 @@ class Session:
         except Exception:
             log.exception("forget failed")
 
-    def _done(self, unique: int) -> None:
-        self._in_flight.pop(unique, None)
-        if not self._room.is_set() and len(self._in_flight) < self.options.max_in_flight:
-            self._room.set()
-
-    def _wait_for_room(self) -> None:
-        self._room.clear()
-        while len(self._in_flight) >= self.options.max_in_flight and not self._stopping:
-            self._room.wait(0.5)
-
-    # -- writing -------------------------------------------------------------------------------
-
-    def _send(self, parts: Sequence[bytes]) -> None:
+    def _finish(self, unique: int, parts: Sequence[bytes]) -> None:
+        """Send an answer (any thread); the request is then no longer in flight."""
         try:
             self.device.writev(parts)
         except Closed:
             pass  # the connection is gone: nobody waits for this answer
+        finally:
+            self._in_flight.pop(unique, None)
+            if self._full and len(self._in_flight) < self.options.max_in_flight:
+                self._room.set()
+
+    def _wait_for_room(self) -> None:
+        self._room.clear()
+        self._full = True
+        while len(self._in_flight) >= self.options.max_in_flight and not self._stopping:
+            self._room.wait(0.5)
+        self._full = False
+
+    # -- writing -------------------------------------------------------------------------------
 
     def notify(self, parts: Sequence[bytes]) -> bool:
         """Send a notification (see notify.py); False if the kernel had nothing to do (ENOENT) or the

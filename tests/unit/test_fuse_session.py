@@ -18,7 +18,7 @@ import threading
 import pytest
 import trio
 
-from stripefs.client.fuse import abi, device as device_mod, notify
+from stripefs.client.fuse import abi, device as device_mod, notify, requests as rq
 from stripefs.client.fuse.abi import InitFlag, Opcode
 from stripefs.client.fuse.device import Closed, Device
 from stripefs.client.fuse.dispatch import MISS, Dispatcher
@@ -146,6 +146,15 @@ def stop(kernel: Kernel, session: Session) -> None:
     kernel.sock.shutdown(socket.SHUT_RDWR)  # the connection goes: the reader ends
     assert session.wait(10)
     session.close()
+
+
+def test_every_request_kind_has_a_route():
+    from stripefs.client.fuse import session as session_mod
+    from test_fuse_wire import GOLDEN
+
+    kinds = {type(expected(None)) for _, _, expected in GOLDEN} | {rq.Unsupported, rq.Malformed}
+    routed = session_mod._HANDLER_KINDS | session_mod.SESSION_KINDS
+    assert kinds <= routed and not session_mod._HANDLER_KINDS & session_mod.SESSION_KINDS
 
 
 def test_init_and_a_hot_request(pair):
@@ -383,3 +392,18 @@ def test_device_writes_map_enoent_and_enodev(monkeypatch):
     assert dev.writev([b"x"]) is False
     with pytest.raises(Closed):
         dev.writev([b"x"])
+
+
+def test_an_encoded_result_is_sent_as_it_is(pair):
+    from stripefs.client.fuse.replies import Encoded, encode_attr_out
+
+    body = encode_attr_out(ATTR, 2.0)
+
+    class Packed:
+        def fast_getattr(self, req):
+            return Encoded(body)
+
+    kernel, session = started(pair, Dispatcher(Packed()))
+    kernel.send(Opcode.GETATTR, getattr_args(), unique=10)
+    assert kernel.answer() == (10, 0, body)
+    stop(kernel, session)

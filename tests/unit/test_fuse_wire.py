@@ -221,7 +221,7 @@ class Recorder:
     def __init__(self):
         self.sent: list[bytes] = []
 
-    def __call__(self, parts):
+    def __call__(self, unique, parts):
         self.sent.append(b"".join(parts))
 
 
