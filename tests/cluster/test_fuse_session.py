@@ -201,3 +201,22 @@ async def test_interrupt_of_a_blocked_caller(tmp_path):
         finally:
             await trio.to_thread.run_sync(session.close)
     assert not mounted_at(mnt)
+
+
+def test_a_cloned_device_and_liveness(tmp_path):
+    """FUSE_DEV_IOC_CLONE attaches a second descriptor to the connection; once unmounted, the kernel
+    says so on it (POLLERR), which is what keeps an unmount by path from hitting someone else's mount."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    session, m = serve(str(mnt), MemFS({b"a": b"x"}))
+    clone = session.device.clone()
+    try:
+        assert clone.alive() and session.device.alive()
+        assert (mnt / "a").read_bytes() == b"x"
+    finally:
+        session.close()
+    try:
+        assert not clone.alive()
+    finally:
+        clone.close()
+    assert not mounted_at(mnt)
