@@ -109,6 +109,8 @@ DATASET_OPEN_INFO_ENTRIES = 262_144
 
 #: a fast path's answer "not from here": the handler itself runs
 _SLOW = object()
+#: the same, for who calls the ``_fast_*`` paths from outside (client/operations_bridge.py)
+FAST_PATH_MISS = _SLOW
 
 
 def _fuse_errors(fn, fast=None):

@@ -6,10 +6,11 @@ client.fuse's ``Dispatcher`` the shape it serves (an async method per operation 
 request, client.fuse results, ``OSError``), calling ``Operations`` as pyfuse3 would: the same
 arguments, the same request context (uid, gid, pid, umask), the same flags.
 
-Every request runs in trio here (the dispatcher's slow path): ``Operations`` keeps its state on
-the trio thread, and its ``_fast_*`` paths run inside the handlers as they do under pyfuse3.
-Moving hot requests onto the session's reader thread needs those paths made safe against the
-trio thread first; that is the next step, not done here.
+Every request runs on the trio thread: ``Operations`` keeps its state there. Its ``_fast_*``
+paths (what it answers from memory) run in a plain callback there (``fast_on_trio_thread``: one
+cross-thread call, no task, no cancel scope), counted in the mount's metrics as its handlers are;
+the rest in a task. Moving hot requests onto the session's reader thread itself needs those paths
+made safe against the trio thread first; that is the next step, not done here.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from typing import Sequence
 import pyfuse3
 import trio
 
+from ..common.errors import StripefsError
+from . import metrics as client_metrics
 from .fuse import abi, requests as rq
-from .fuse.dispatch import Opened
+from .fuse.dispatch import MISS, Opened
 from .fuse.replies import Attr, DirentBuffer, Entry, Statfs
 from .fuse_backend import ReaddirToken, attr_of, entry_of
+from .operations import FAST_PATH_MISS
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +93,53 @@ async def _call(coro):
 class OperationsBridge:
     """The file system the own session's Dispatcher serves: ``ops`` (an Operations), in trio."""
 
+    #: the fast paths below read and change Operations' state: the dispatcher runs them on the trio
+    #: thread (a callback, no task), not on the session's reader thread
+    fast_on_trio_thread = True
+
     def __init__(self, ops, trio_token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
         self.ops = ops
         self._token, self._nursery = trio_token, nursery
+
+    # -- fast paths: Operations' _fast_* (what it answers from memory), counted as its handlers are
+
+    def _fast(self, op: str, fn, *args):
+        started = time.perf_counter()
+        try:
+            result = fn(*args)
+        except pyfuse3.FUSEError as e:
+            client_metrics.observe(op, time.perf_counter() - started, e.errno)
+            raise OSError(e.errno, "") from None
+        except StripefsError as e:
+            client_metrics.observe(op, time.perf_counter() - started, e.errno)
+            raise OSError(e.errno, str(e)) from None
+        if result is FAST_PATH_MISS:
+            return MISS
+        client_metrics.observe(op, time.perf_counter() - started)
+        return result
+
+    def fast_lookup(self, req: rq.Lookup):
+        r = self._fast("lookup", self.ops._fast_lookup, req.header.nodeid, req.name, _Ctx(req.header))
+        return r if r is MISS else entry_of(r)
+
+    def fast_getattr(self, req: rq.Getattr):
+        r = self._fast("getattr", self.ops._fast_getattr, req.header.nodeid, _Ctx(req.header))
+        return r if r is MISS else (attr_of(r), r.attr_timeout)
+
+    def fast_getxattr(self, req: rq.Getxattr):
+        return self._fast("getxattr", self.ops._fast_getxattr, req.header.nodeid, req.name, _Ctx(req.header))
+
+    def fast_open(self, req: rq.Open):
+        r = self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
+        return r if r is MISS else _opened(r)
+
+    def fast_flush(self, req: rq.Flush):
+        return self._fast("flush", self.ops._fast_flush, req.fh)
+
+    def fast_release(self, req: rq.Release):
+        return self._fast("release", self.ops._fast_release, req.fh)
+
+    # -- the handlers, in tasks
 
     async def lookup(self, req: rq.Lookup) -> Entry:
         return entry_of(await _call(self.ops.lookup(req.header.nodeid, req.name, _Ctx(req.header))))

@@ -3,7 +3,9 @@
 A file system given to :class:`Dispatcher` answers each operation in up to two ways, found by
 name once, at construction:
 
-* ``fast_<op>(req)``: synchronous, called on the session's reader thread. It answers from
+* ``fast_<op>(req)``: synchronous, called on the session's reader thread (or, for a file system
+  with ``fast_on_trio_thread = True``, on the trio thread in a plain callback: no task, no scope;
+  not for READDIR). It answers from
   memory what it can (a held name, attributes, cached bytes, a held directory) and returns the
   result, or :data:`MISS` when answering needs the cluster. It must not block, wait on a lock
   that a trio task may hold for long, or await: every request behind it waits.
@@ -207,6 +209,9 @@ class Dispatcher:
             fast, slow = getattr(fs, f"fast_{name}", None), getattr(fs, name, None)
             if fast is not None or slow is not None:
                 self._ops[opcode] = _Op(fast, slow, answer, opcode in _DIR_OPS)
+        # a file system whose state lives on the trio thread runs its fast paths there, in a callback
+        # (no task, no cancel scope), not on the reader thread (operations_bridge.py)
+        self._fast_in_trio = bool(getattr(fs, "fast_on_trio_thread", False)) and trio_token is not None
         self._forget = getattr(fs, "forget", None)
         self._destroy = getattr(fs, "destroy", None)
 
@@ -214,6 +219,9 @@ class Dispatcher:
         op = self._ops[req.header.opcode]
         if op is None:
             reply.error(errno.ENOSYS)
+            return
+        if op.fast is not None and self._fast_in_trio:
+            self._schedule(self._fast_then_slow, op, req, reply)
             return
         if op.fast is not None:
             try:
@@ -239,12 +247,38 @@ class Dispatcher:
         if self._token is None:
             reply.error(errno.ENOSYS if op.fast is None else errno.EIO)
             return
+        self._schedule(self._spawn, op, req, reply)
+
+    def _schedule(self, fn, op: _Op, req, reply: Reply) -> None:
+        """Run ``fn(op, req, reply, scope)`` on the trio thread; an INTERRUPT cancels ``scope``."""
         scope = trio.CancelScope()
         reply.on_interrupt = partial(self._cancel, scope)
         try:
-            self._token.run_sync_soon(self._spawn, op, req, reply, scope)
+            self._token.run_sync_soon(fn, op, req, reply, scope)
         except trio.RunFinishedError:
             reply.error(errno.EIO)
+
+    def _fast_then_slow(self, op: _Op, req, reply: Reply, scope: trio.CancelScope) -> None:
+        """On the trio thread, for a file system whose fast paths must run there: answer from memory
+        without a task, or start the slow path's task."""
+        try:
+            result = op.fast(req)
+        except OSError as e:
+            reply.error(e.errno or errno.EIO)
+            return
+        except Exception:
+            log.exception("request %d (%s) failed", req.header.unique, type(req).__name__)
+            reply.error(errno.EIO)
+            return
+        if result is MISS:
+            if op.slow is None:
+                reply.error(errno.EIO)
+            else:
+                self._spawn(op, req, reply, scope)
+        elif result.__class__ is Encoded:
+            reply.ok(result)
+        else:
+            op.answer(reply, req, result)
 
     def _cancel(self, scope: trio.CancelScope) -> None:
         try:

@@ -407,3 +407,34 @@ def test_an_encoded_result_is_sent_as_it_is(pair):
     kernel.send(Opcode.GETATTR, getattr_args(), unique=10)
     assert kernel.answer() == (10, 0, body)
     stop(kernel, session)
+
+
+async def test_fast_paths_on_the_trio_thread(pair):
+    """A file system with fast_on_trio_thread: its fast paths run on the trio thread, in a callback
+    (no task), and a MISS starts the slow path's task."""
+    threads = []
+
+    class TrioFS:
+        fast_on_trio_thread = True
+
+        def fast_getattr(self, req):
+            threads.append(threading.current_thread())
+            if req.header.nodeid == 3:
+                return MISS
+            return ATTR, 1.0
+
+        async def getattr(self, req):
+            threads.append(("task", trio.lowlevel.current_task().name))
+            return ATTR, 2.0
+
+    async with trio.open_nursery() as nursery:
+        dispatcher = Dispatcher(TrioFS(), trio.lowlevel.current_trio_token(), nursery)
+        kernel, session = await trio.to_thread.run_sync(started, pair, dispatcher)
+        kernel.send(Opcode.GETATTR, getattr_args(), unique=10, nodeid=2)
+        assert (await kernel.answer_async())[:2] == (10, 0)
+        kernel.send(Opcode.GETATTR, getattr_args(), unique=11, nodeid=3)
+        unique, error, body = await kernel.answer_async()
+        assert (unique, error, body[:8]) == (11, 0, u64(2))  # the slow path's answer: valid 2 s
+        await trio.to_thread.run_sync(stop, kernel, session)
+    assert threads[0] is threading.main_thread() and threads[1] is threading.main_thread()
+    assert threads[2] == ("task", "fuse-getattr")

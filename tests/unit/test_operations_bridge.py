@@ -143,3 +143,33 @@ def test_fuse_backend_routes_to_the_own_session():
         assert err.value.errno == errno.ENOENT
     finally:
         fuse_backend.use_session(None)
+
+
+def test_fast_paths_translate_and_count():
+    from stripefs.client import metrics
+    from stripefs.client.fuse.dispatch import MISS
+    from stripefs.client.operations import FAST_PATH_MISS
+
+    class Ops:
+        def _fast_getattr(self, inode, ctx):
+            if inode == 1:
+                return FAST_PATH_MISS
+            if inode == 2:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return attrs(inode)
+
+        def _fast_flush(self, fh):
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    bridge = OperationsBridge(Ops(), None, None)
+    before = metrics.FUSE_OPS.labels("getattr")._value.get()
+    assert bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=1)) is MISS
+    attr, valid = bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=9))
+    assert attr.ino == 9 and valid == 3.0
+    with pytest.raises(OSError) as err:
+        bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=2))
+    assert err.value.errno == errno.ENOENT
+    assert metrics.FUSE_OPS.labels("getattr")._value.get() == before + 2  # a MISS is counted by the handler
+    with pytest.raises(OSError) as err:
+        bridge.fast_flush(parse(Opcode.FLUSH, bytes(24)))
+    assert err.value.errno == errno.ENOSYS
