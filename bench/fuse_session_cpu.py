@@ -59,7 +59,8 @@ def _serve_own(mnt: str, prepacked: bool = False) -> None:
             return f_packed if prepacked else (f, 0.0)
 
     m = mount(mnt, ["default_permissions"], fsname="bench", subtype="bench")
-    session = Session(Device(m.fd), Dispatcher(FS()), on_close=lambda: unmount(m))
+    dev = Device(m.fd)
+    session = Session(dev, Dispatcher(FS()), on_close=lambda: unmount(m, dev))
     session.start()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

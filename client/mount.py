@@ -457,7 +457,8 @@ async def _start_own_session(ops: Operations, mountpoint: str, options: set[str]
     # of 24 chunks asked the daemon for placements 14 times instead of at most 8
     # (tests/cluster/test_write_path.py; why is not understood yet: client/placements.py alloc_indices)
     options_ = SessionOptions(max_background=client_cfg.max_background, max_write=1 << 17)
-    session = Session(Device(m.fd), Dispatcher(bridge, token, nursery), options_, on_close=lambda: fuse_mount.unmount(m))
+    dev = Device(m.fd)
+    session = Session(dev, Dispatcher(bridge, token, nursery), options_, on_close=lambda: fuse_mount.unmount(m, dev))
     try:
         await trio.to_thread.run_sync(session.start)
     except BaseException:

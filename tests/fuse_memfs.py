@@ -102,7 +102,8 @@ class MemFS:
 def serve(mountpoint: str, fs: MemFS, options=(), via: str | None = None) -> tuple[Session, object]:
     """Mount ``fs`` at ``mountpoint`` and start serving it; the session (whose close() unmounts)."""
     m = mount(mountpoint, options, fsname="memfs", subtype="memfs", via=via)
-    session = Session(Device(m.fd), Dispatcher(fs), on_close=lambda: unmount(m))
+    dev = Device(m.fd)
+    session = Session(dev, Dispatcher(fs), on_close=lambda: unmount(m, dev))
     try:
         session.start()
     except BaseException:

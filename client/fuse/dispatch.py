@@ -220,7 +220,7 @@ class Dispatcher:
         if op is None:
             reply.error(errno.ENOSYS)
             return
-        if op.fast is not None and self._fast_in_trio:
+        if op.fast is not None and self._fast_in_trio and not op.is_dir:
             self._schedule(self._fast_then_slow, op, req, reply)
             return
         if op.fast is not None:

@@ -9,9 +9,13 @@ Two ways in, as libfuse, go-fuse and fuser do:
 
 Unmounting is lazy (``MNT_DETACH``, ``fusermount3 -u -z``): a busy mount point must not keep a
 stopping client alive, and the kernel finishes the unmount when the last user lets go. It is
-done by path, so it is done only while /proc/self/mountinfo still shows *this* mount at that path
-(the device number the mount got): after a crash and a remount by someone else, or an unmount
-and another file system mounted there, the path names an unrelated file system and is left alone.
+done by path, so only while that path still holds *this* mount: the client's own unmount asks
+the device first (a connection the kernel has ended, POLLERR, means the mount is gone and the
+path may hold anything now), and every unmount checks that /proc/self/mountinfo shows, at that
+path, the mount id, device number and type this mount got. The device number alone is not
+enough: anonymous device numbers are reused at once (a tmpfs mounted right after an unmount got
+the same 0:N in a test), and so are mount ids; all three and the path together make a stranger
+unlikely, not impossible, for the reaper, which has no device left to ask.
 
 A client killed with SIGKILL cannot unmount. The kernel then aborts the connection but leaves
 the mount point in place, answering ENOTCONN ("Transport endpoint is not connected"), until
@@ -32,7 +36,7 @@ import stat
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -55,13 +59,22 @@ class MountError(Exception):
     """Mounting failed; the message says why and what to check."""
 
 
+class MountEntry(NamedTuple):
+    """One line of /proc/self/mountinfo, the fields this module reads."""
+
+    mount_id: str
+    dev: str  # "major:minor"
+    path: str
+    fstype: str
+
+
 @dataclass
 class Mount:
-    """A FUSE mount this process made: where, its device descriptor, and its device number."""
+    """A FUSE mount this process made: where, its device descriptor, and how mountinfo shows it."""
 
     mountpoint: str
     fd: int
-    dev: str | None  # "major:minor" as /proc/self/mountinfo shows it (None: not found)
+    entry: MountEntry | None  # None: mountinfo did not show it (then it is never unmounted by path)
     via: str  # "mount(2)" or "fusermount3"
     reaper: subprocess.Popen | None = field(default=None, repr=False)
     reaper_pipe: int | None = field(default=None, repr=False)
@@ -88,18 +101,21 @@ def mount(mountpoint: str, options: Iterable[str] = (), *, fsname: str = "stripe
             log.info("mount(2) at %s was refused (no CAP_SYS_ADMIN here): trying fusermount3", mountpoint)
     if fd is None:
         fd, via = _mount_fusermount(mountpoint, opts, fsname, subtype), "fusermount3"
-    m = Mount(mountpoint, fd, _mounted_dev(mountpoint, f"fuse.{subtype}"), via)
-    if reaper and m.dev is not None:
+    m = Mount(mountpoint, fd, _newest(mountpoint, f"fuse.{subtype}"), via)
+    if reaper and m.entry is not None:
         _start_reaper(m)
-    log.debug("mounted %s through %s (device %s, fd %d)", mountpoint, via, m.dev, fd)
+    log.debug("mounted %s through %s (%s, fd %d)", mountpoint, via, m.entry, fd)
     return m
 
 
-def unmount(m: Mount) -> bool:
+def unmount(m: Mount, device=None) -> bool:
     """Lazily unmount ``m`` if it is still mounted (and still this mount); True if it unmounted it.
-    Then lets the reaper go (it finds nothing to do)."""
+    ``device`` (device.Device of the mount, still open): if the kernel says the connection is gone,
+    the path is left alone. Then lets the reaper go (it finds nothing to do)."""
     done = False
-    if m.dev is not None and is_mounted(m.mountpoint, m.dev):
+    if device is not None and not device.alive():
+        log.debug("the connection of %s is gone: not unmounting by path", m.mountpoint)
+    elif m.entry is not None and is_mounted(m.entry):
         done = unmount_path(m.mountpoint)
     if m.reaper_pipe is not None:
         os.close(m.reaper_pipe)
@@ -113,9 +129,9 @@ def unmount(m: Mount) -> bool:
     return done
 
 
-def is_mounted(mountpoint: str, dev: str) -> bool:
-    """Whether /proc/self/mountinfo shows a mount of device ``dev`` ("major:minor") at ``mountpoint``."""
-    return any(d == dev and p == mountpoint for d, p, _ in mounts())
+def is_mounted(entry: MountEntry) -> bool:
+    """Whether /proc/self/mountinfo still shows this mount (id, device, path and type)."""
+    return entry in mounts()
 
 
 def unmount_path(mountpoint: str) -> bool:
@@ -193,8 +209,8 @@ def _unescape(path: str) -> str:
     return "".join(out)
 
 
-def mounts() -> list[tuple[str, str, str]]:
-    """(major:minor, mount point, fstype) of every mount this process sees."""
+def mounts() -> list[MountEntry]:
+    """Every mount this process sees."""
     rows = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -203,18 +219,18 @@ def mounts() -> list[tuple[str, str, str]]:
                 sep = fields.index("-", 6)
             except ValueError:
                 continue
-            rows.append((fields[2], _unescape(fields[4]), fields[sep + 1]))
+            rows.append(MountEntry(fields[0], fields[2], _unescape(fields[4]), fields[sep + 1]))
     return rows
 
 
-def _mounted_dev(mountpoint: str, fstype: str) -> str | None:
-    """The device number of the newest mount of ``fstype`` at ``mountpoint`` (mountinfo lists mounts
-    in the order they were made). Read from mountinfo, not stat(): a stat of the mount point would be
-    a GETATTR, which waits until INIT is answered."""
+def _newest(mountpoint: str, fstype: str) -> MountEntry | None:
+    """The newest mount of ``fstype`` at ``mountpoint`` (mountinfo lists mounts in the order they were
+    made). Read from mountinfo, not stat(): a stat of the mount point would be a GETATTR, which
+    waits until INIT is answered."""
     found = None
-    for dev, path, kind in mounts():
-        if path == mountpoint and kind == fstype:
-            found = dev
+    for e in mounts():
+        if e.path == mountpoint and e.fstype == fstype:
+            found = e
     return found
 
 
@@ -222,7 +238,7 @@ def _start_reaper(m: Mount) -> None:
     read_end, write_end = os.pipe()  # both close-on-exec (PEP 446); the child gets read_end as stdin
     try:
         m.reaper = subprocess.Popen(
-            [sys.executable, "-m", "stripefs.client.fuse.reaper", m.mountpoint, m.dev],
+            [sys.executable, "-m", "stripefs.client.fuse.reaper", *m.entry],
             stdin=read_end, start_new_session=True)
     except OSError as e:
         os.close(write_end)

@@ -26,7 +26,7 @@ MEMFS = Path(__file__).resolve().parents[1] / "fuse_memfs.py"
 
 
 def mounted_at(path: Path) -> bool:
-    return any(p == str(path) for _, p, _ in mounts())
+    return any(e.path == str(path) for e in mounts())
 
 
 def delta(session, fn) -> dict[str, int]:
@@ -185,8 +185,9 @@ async def test_interrupt_of_a_blocked_caller(tmp_path):
     mnt.mkdir()
     m = await trio.to_thread.run_sync(lambda: mount(str(mnt), (), fsname="memfs", subtype="memfs"))
     async with trio.open_nursery() as nursery:
-        session = Session(Device(m.fd), Dispatcher(SlowFS({b"a": b"x"}), trio.lowlevel.current_trio_token(), nursery),
-                          on_close=lambda: unmount(m))
+        dev = Device(m.fd)
+        session = Session(dev, Dispatcher(SlowFS({b"a": b"x"}), trio.lowlevel.current_trio_token(), nursery),
+                          on_close=lambda: unmount(m, dev))
         try:
             await trio.to_thread.run_sync(session.start)
             caller = subprocess.Popen([sys.executable, "-c", f"import os; os.getxattr({str(mnt / 'a')!r}, 'user.slow')"])
@@ -220,3 +221,21 @@ def test_a_cloned_device_and_liveness(tmp_path):
     finally:
         clone.close()
     assert not mounted_at(mnt)
+
+
+def test_an_unrelated_mount_at_the_path_is_left_alone(tmp_path):
+    """Unmounting is by path, so it checks first that the path still holds this mount (its device in
+    mountinfo): after this mount went and another file system came to the same path, it does nothing."""
+    from stripefs.client.fuse.mount import unmount
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    session, m = serve(str(mnt), MemFS({b"a": b"x"}))
+    session.close()
+    assert not mounted_at(mnt)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "other", str(mnt)], check=True)
+    try:
+        assert unmount(m) is False  # the Mount of the session that is gone
+        assert mounted_at(mnt)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
