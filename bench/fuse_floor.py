@@ -182,6 +182,8 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="stripefs-fusefloor-", dir=a.workdir))
         self.state, self.mnt = self.work / "state", self.work / "mnt"
         self.cluster = Cluster(self.state, self.mnt, a.nodes)
+        if a.fuse_session != "pyfuse3":  # the stripefs mounts on the mount's own FUSE session (client/fuse/)
+            self.cluster.options.append(f"fuse_session={a.fuse_session}")
         self.phase = ("setup", time.monotonic(), a.phase_timeout)
         self.mounts = {**{side: self.work / side for side in BARE_FLAGS}, "default": self.mnt,
                        "dataset": self.work / "mnt-dataset"}
@@ -297,6 +299,7 @@ class Bench:
         mp, pidfile, port = self.mounts["dataset"], self.work / "mount-dataset.pid", free_port()
         mp.mkdir()
         cmd = ["mount", f"tcp://127.0.0.1:{info['meta_port']}", str(mp), "-o", "dataset", "-o", f"metrics=127.0.0.1:{port}",
+               *(("-o", f"fuse_session={self.a.fuse_session}") if self.a.fuse_session != "pyfuse3" else ()),
                "--pidfile", str(pidfile), "--log", str(self.state / "logs" / "mount-dataset.log")]
         res = subprocess.run(self.cluster.cli + cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if res.returncode:
@@ -578,6 +581,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second (default 250)")
     ap.add_argument("--py-spy", default=None, help="py-spy executable (default: PATH, then beside this Python)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir afterwards")
+    ap.add_argument("--fuse-session", choices=("pyfuse3", "own"), default="pyfuse3",
+                    help="the FUSE session of the stripefs mounts (-o fuse_session=; default pyfuse3)")
     ap.add_argument("--phase-timeout", type=float, default=300, help="abort if one phase takes longer (default 300 s)")
     ap.add_argument("--json", default=str(RESULTS / "fuse_floor.json"), help="results file")
     a = ap.parse_args(argv)

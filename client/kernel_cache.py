@@ -61,6 +61,7 @@ import zmq
 from ..common import protocol as p
 from ..common.errors import StripefsError
 from ..common.transport import open_socket
+from . import fuse_backend
 from .dir_attrs import DirAttrs
 
 log = logging.getLogger(__name__)
@@ -371,13 +372,13 @@ def _invalidate(inodes: list[int], names: list[tuple[int, bytes]], lock: threadi
 def _invalidate_locked(inodes: list[int], names: list[tuple[int, bytes]]) -> None:
     for parent, name in names:
         try:
-            pyfuse3.invalidate_entry(parent, name)
+            fuse_backend.invalidate_entry(parent, name)
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 log.warning("invalidating name %r in inode %d: %s", name, parent, exc)
     for ino in inodes:
         try:
-            pyfuse3.invalidate_inode(ino)
+            fuse_backend.invalidate_inode(ino)
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 log.warning("invalidating inode %d: %s", ino, exc)

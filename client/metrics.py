@@ -161,6 +161,15 @@ def _timed(op: str, fn, jobs=None):
     return wrapper
 
 
+def observe(op: str, seconds: float, err: int | None = None) -> None:
+    """Count and time one FUSE request answered outside the handlers this module wraps (the own
+    FUSE session's fast paths, client/operations_bridge.py); ``err``: the errno it was answered."""
+    FUSE_OPS.labels(op).inc()
+    FUSE_SECONDS.labels(op).observe(seconds)
+    if err is not None:
+        (FUSE_ERRORS if is_failure(err) else FUSE_ANSWERS).labels(op, str(err)).inc()
+
+
 def instrument(ops, jobs=None) -> None:
     """Count and time every FUSE handler of ``ops`` (an Operations instance); with ``jobs``
     (client/jobs.py), also per training job."""

@@ -75,6 +75,7 @@ import trio
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
+from . import fuse_backend
 from .dir_hints import DirHints
 from .fetch import Fetch
 from .jobs import Jobs
@@ -109,6 +110,8 @@ DATASET_OPEN_INFO_ENTRIES = 262_144
 
 #: a fast path's answer "not from here": the handler itself runs
 _SLOW = object()
+#: the same, for who calls the ``_fast_*`` paths from outside (client/operations_bridge.py)
+FAST_PATH_MISS = _SLOW
 
 
 def _fuse_errors(fn, fast=None):
@@ -570,7 +573,7 @@ class Operations(pyfuse3.Operations):
                 if held:
                     self._keep_held(ino, entry.attr)
                 entry_attrs = self._entry(entry.attr, cacheable=cacheable, held=held)
-                if not pyfuse3.readdir_reply(token, entry.name, entry_attrs, entry.cookie):
+                if not fuse_backend.readdir_reply(token, entry.name, entry_attrs, entry.cookie):
                     return
                 self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
                 after = entry.cookie
@@ -922,7 +925,7 @@ def _privileges_to_kill(mode: int) -> int:
 
 def _invalidate_attr(ino: int, attr_only: bool = True) -> None:
     try:
-        pyfuse3.invalidate_inode(ino, attr_only=attr_only)
+        fuse_backend.invalidate_inode(ino, attr_only=attr_only)
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             log.warning("invalidating attributes of inode %d: %s", ino, exc)

@@ -10,7 +10,7 @@ of the readers, a few at a time, for all DataLoader workers at once:
    one ``ReadChunksReq`` (``DataPath.fetch`` with a node: into the chunk cache),
    anything else, and any read of a batch that fails, through ``DataPath.read``
    (replica failover, every layout); ``parallel`` requests in flight;
-3. push the bytes into the kernel's page cache (``pyfuse3.notify_store``) when
+3. push the bytes into the kernel's page cache (``notify_store``, client/fuse_backend.py) when
    the kernel knows the inode (a dataset that was listed, as ImageFolder does),
    so the worker's open+read is answered by the kernel alone (the open keeps
    the page cache: ``Operations.prefetched``). Otherwise the bytes wait in the
@@ -30,12 +30,12 @@ import logging
 from collections import deque
 from typing import Callable
 
-import pyfuse3
 import trio
 
 from ..common import protocol as p
 from ..common.errors import StripefsError
 from ..common.layout import one_chunk
+from . import fuse_backend
 from .fetch import Fetch
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
@@ -221,7 +221,7 @@ def _store(files: list, shared: list, shm: ShmCache | None, kcache: KernelCache)
             if kcache.changed_since(stamp, info.attr.ino):
                 continue
             try:
-                pyfuse3.notify_store(info.attr.ino, 0, data)
+                fuse_backend.notify_store(info.attr.ino, 0, data)
                 stored.append(info.attr.ino)
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # ENOENT: the kernel forgot the inode meanwhile

@@ -55,6 +55,11 @@ def client_config(path: Path, **settings) -> Path:
     return path
 
 
+#: STRIPEFS_TEST_FUSE_SESSION=own: the mounts of Cluster (up, mount_again) run on the mount's own FUSE session
+#: (-o fuse_session=own; docs/design.md, "The mount's own FUSE session") instead of pyfuse3
+FUSE_SESSION_OPTION = f"fuse_session={os.environ['STRIPEFS_TEST_FUSE_SESSION']}" \
+    if os.environ.get("STRIPEFS_TEST_FUSE_SESSION") else ""
+
 BAD_LOG_LINE = re.compile(r" (ERROR|CRITICAL) |Traceback")
 
 # clusters that are up (run_cluster): the per-test log check marks their logs before every test
@@ -79,7 +84,7 @@ class Cluster:
 
     def up(self) -> None:
         run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other",
-                *self.up_args)
+                *(("-o", FUSE_SESSION_OPTION) if FUSE_SESSION_OPTION else ()), *self.up_args)
 
     @property
     def meta_address(self) -> str:
@@ -107,7 +112,8 @@ class Cluster:
         mnt = self.root / name
         mnt.mkdir(exist_ok=True)
         run_cli("mount", meta or self.meta_address, str(mnt), "--log", str(self.state / "logs" / f"{name}.log"),
-                "--pidfile", str(self.state / f"{name}.pid"), "-o", ",".join(filter(None, ["allow_other", options])))
+                "--pidfile", str(self.state / f"{name}.pid"),
+                "-o", ",".join(filter(None, ["allow_other", FUSE_SESSION_OPTION if "fuse_session=" not in options else "", options])))
         self.extra_mounts.append(mnt)
         return mnt
 

@@ -1,0 +1,242 @@
+"""The mount's pyfuse3-shaped ``Operations`` served on its own FUSE session (``-o fuse_session=own``).
+
+Transitional: ``Operations`` (operations.py) is written for pyfuse3 (inode and file-handle
+arguments, ``EntryAttributes``/``FileInfo`` results, ``FUSEError``). This adapter gives
+client.fuse's ``Dispatcher`` the shape it serves (an async method per operation taking the
+request, client.fuse results, ``OSError``), calling ``Operations`` as pyfuse3 would: the same
+arguments, the same request context (uid, gid, pid, umask), the same flags.
+
+Every request runs on the trio thread: ``Operations`` keeps its state there. Its ``_fast_*``
+paths (what it answers from memory) run in a plain callback there (``fast_on_trio_thread``: one
+cross-thread call, no task, no cancel scope), counted in the mount's metrics as its handlers are;
+the rest in a task. Moving hot requests onto the session's reader thread itself needs those paths
+made safe against the trio thread first; that is the next step, not done here.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from typing import Sequence
+
+import pyfuse3
+import trio
+
+from ..common.errors import StripefsError
+from . import metrics as client_metrics
+from .fuse import abi, requests as rq
+from .fuse.dispatch import MISS, Opened
+from .fuse.replies import Attr, DirentBuffer, Entry, Statfs
+from .fuse_backend import ReaddirToken, attr_of, entry_of
+from .operations import FAST_PATH_MISS
+
+log = logging.getLogger(__name__)
+
+_V = abi.SetattrValid
+
+
+class _Ctx:
+    """pyfuse3's RequestContext: who asks."""
+
+    __slots__ = ("uid", "gid", "pid", "umask")
+
+    def __init__(self, h: rq.InHeader, umask: int = 0):
+        self.uid, self.gid, self.pid, self.umask = h.uid, h.gid, h.pid, umask
+
+
+class _SetattrFields:
+    __slots__ = ("update_atime", "update_mtime", "update_ctime", "update_mode", "update_uid", "update_gid",
+                 "update_size")
+
+    def __init__(self, valid: int):
+        self.update_atime = bool(valid & (_V.ATIME | _V.ATIME_NOW))
+        self.update_mtime = bool(valid & (_V.MTIME | _V.MTIME_NOW))
+        self.update_ctime = bool(valid & _V.CTIME)
+        self.update_mode = bool(valid & _V.MODE)
+        self.update_uid = bool(valid & _V.UID)
+        self.update_gid = bool(valid & _V.GID)
+        self.update_size = bool(valid & _V.SIZE)
+
+
+class _NewAttrs:
+    """The st_* fields a SETATTR sets (pyfuse3 fills an EntryAttributes the same way)."""
+
+    __slots__ = ("st_mode", "st_uid", "st_gid", "st_size", "st_atime_ns", "st_mtime_ns", "st_ctime_ns")
+
+    def __init__(self, req: rq.Setattr):
+        now = time.time_ns()
+        self.st_mode, self.st_uid, self.st_gid, self.st_size = req.mode, req.uid, req.gid, req.size
+        self.st_atime_ns = now if req.valid & _V.ATIME_NOW else req.atime * 1_000_000_000 + req.atimensec
+        self.st_mtime_ns = now if req.valid & _V.MTIME_NOW else req.mtime * 1_000_000_000 + req.mtimensec
+        self.st_ctime_ns = req.ctime * 1_000_000_000 + req.ctimensec
+
+
+def _opened(fi: pyfuse3.FileInfo) -> Opened:
+    flags = 0
+    if fi.direct_io:
+        flags |= abi.OpenFlag.DIRECT_IO
+    if fi.keep_cache:
+        flags |= abi.OpenFlag.KEEP_CACHE
+    if fi.nonseekable:
+        flags |= abi.OpenFlag.NONSEEKABLE
+    return Opened(fi.fh, flags)
+
+
+async def _call(coro):
+    try:
+        return await coro
+    except pyfuse3.FUSEError as e:
+        raise OSError(e.errno, "") from None
+
+
+class OperationsBridge:
+    """The file system the own session's Dispatcher serves: ``ops`` (an Operations), in trio."""
+
+    #: the fast paths below read and change Operations' state: the dispatcher runs them on the trio
+    #: thread (a callback, no task), not on the session's reader thread
+    fast_on_trio_thread = True
+
+    def __init__(self, ops, trio_token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
+        self.ops = ops
+        self._token, self._nursery = trio_token, nursery
+
+    # -- fast paths: Operations' _fast_* (what it answers from memory), counted as its handlers are
+
+    def _fast(self, op: str, fn, *args):
+        started = time.perf_counter()
+        try:
+            result = fn(*args)
+        except pyfuse3.FUSEError as e:
+            client_metrics.observe(op, time.perf_counter() - started, e.errno)
+            raise OSError(e.errno, "") from None
+        except StripefsError as e:
+            client_metrics.observe(op, time.perf_counter() - started, e.errno)
+            raise OSError(e.errno, str(e)) from None
+        if result is FAST_PATH_MISS:
+            return MISS
+        client_metrics.observe(op, time.perf_counter() - started)
+        return result
+
+    def fast_lookup(self, req: rq.Lookup):
+        r = self._fast("lookup", self.ops._fast_lookup, req.header.nodeid, req.name, _Ctx(req.header))
+        return r if r is MISS else entry_of(r)
+
+    def fast_getattr(self, req: rq.Getattr):
+        r = self._fast("getattr", self.ops._fast_getattr, req.header.nodeid, _Ctx(req.header))
+        return r if r is MISS else (attr_of(r), r.attr_timeout)
+
+    def fast_getxattr(self, req: rq.Getxattr):
+        return self._fast("getxattr", self.ops._fast_getxattr, req.header.nodeid, req.name, _Ctx(req.header))
+
+    def fast_open(self, req: rq.Open):
+        r = self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
+        return r if r is MISS else _opened(r)
+
+    def fast_flush(self, req: rq.Flush):
+        return self._fast("flush", self.ops._fast_flush, req.fh)
+
+    def fast_release(self, req: rq.Release):
+        return self._fast("release", self.ops._fast_release, req.fh)
+
+    # -- the handlers, in tasks
+
+    async def lookup(self, req: rq.Lookup) -> Entry:
+        return entry_of(await _call(self.ops.lookup(req.header.nodeid, req.name, _Ctx(req.header))))
+
+    async def getattr(self, req: rq.Getattr) -> tuple[Attr, float]:
+        a = await _call(self.ops.getattr(req.header.nodeid, _Ctx(req.header)))
+        return attr_of(a), a.attr_timeout
+
+    async def setattr(self, req: rq.Setattr) -> tuple[Attr, float]:
+        fh = req.fh if req.valid & _V.FH else None
+        a = await _call(self.ops.setattr(req.header.nodeid, _NewAttrs(req), _SetattrFields(req.valid), fh,
+                                         _Ctx(req.header)))
+        return attr_of(a), a.attr_timeout
+
+    async def readlink(self, req: rq.Readlink) -> bytes:
+        return await _call(self.ops.readlink(req.header.nodeid, _Ctx(req.header)))
+
+    async def mknod(self, req: rq.Mknod) -> Entry:
+        return entry_of(await _call(self.ops.mknod(req.header.nodeid, req.name, req.mode, req.rdev,
+                                                   _Ctx(req.header, req.umask))))
+
+    async def mkdir(self, req: rq.Mkdir) -> Entry:
+        return entry_of(await _call(self.ops.mkdir(req.header.nodeid, req.name, req.mode, _Ctx(req.header, req.umask))))
+
+    async def symlink(self, req: rq.Symlink) -> Entry:
+        return entry_of(await _call(self.ops.symlink(req.header.nodeid, req.name, req.target, _Ctx(req.header))))
+
+    async def link(self, req: rq.Link) -> Entry:
+        return entry_of(await _call(self.ops.link(req.oldnodeid, req.header.nodeid, req.newname, _Ctx(req.header))))
+
+    async def unlink(self, req: rq.Unlink) -> None:
+        await _call(self.ops.unlink(req.header.nodeid, req.name, _Ctx(req.header)))
+
+    async def rmdir(self, req: rq.Unlink) -> None:
+        await _call(self.ops.rmdir(req.header.nodeid, req.name, _Ctx(req.header)))
+
+    async def rename(self, req: rq.Rename) -> None:
+        await _call(self.ops.rename(req.header.nodeid, req.name, req.newdir, req.newname, req.flags, _Ctx(req.header)))
+
+    async def open(self, req: rq.Open) -> Opened:
+        return _opened(await _call(self.ops.open(req.header.nodeid, req.flags, _Ctx(req.header))))
+
+    async def create(self, req: rq.Create) -> tuple[Entry, Opened]:
+        fi, attrs = await _call(self.ops.create(req.header.nodeid, req.name, req.mode, req.flags,
+                                                _Ctx(req.header, req.umask)))
+        return entry_of(attrs), _opened(fi)
+
+    async def read(self, req: rq.Read) -> bytes:
+        return await _call(self.ops.read(req.fh, req.offset, req.size))
+
+    async def write(self, req: rq.Write) -> int:
+        return await _call(self.ops.write(req.fh, req.offset, req.data))
+
+    async def flush(self, req: rq.Flush) -> None:
+        await _call(self.ops.flush(req.fh))
+
+    async def release(self, req: rq.Release) -> None:
+        await _call(self.ops.release(req.fh))
+
+    async def fsync(self, req: rq.Fsync) -> None:
+        await _call(self.ops.fsync(req.fh, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC)))
+
+    async def opendir(self, req: rq.Open) -> Opened:
+        return Opened(await _call(self.ops.opendir(req.header.nodeid, _Ctx(req.header))))
+
+    async def readdir(self, req: rq.Read, buf: DirentBuffer) -> None:
+        await _call(self.ops.readdir(req.fh, req.offset, ReaddirToken(buf)))
+
+    async def releasedir(self, req: rq.Release) -> None:
+        await _call(self.ops.releasedir(req.fh))
+
+    async def statfs(self, req: rq.Statfs) -> Statfs:
+        s = await _call(self.ops.statfs(_Ctx(req.header)))
+        return Statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize, s.f_namemax, s.f_frsize)
+
+    async def setxattr(self, req: rq.Setxattr) -> None:
+        await _call(self.ops.setxattr(req.header.nodeid, req.name, req.value, _Ctx(req.header)))
+
+    async def getxattr(self, req: rq.Getxattr) -> bytes:
+        return await _call(self.ops.getxattr(req.header.nodeid, req.name, _Ctx(req.header)))
+
+    async def listxattr(self, req: rq.Listxattr) -> bytes:
+        names = await _call(self.ops.listxattr(req.header.nodeid, _Ctx(req.header)))
+        return b"".join(bytes(n) + b"\0" for n in names)
+
+    async def removexattr(self, req: rq.Removexattr) -> None:
+        await _call(self.ops.removexattr(req.header.nodeid, req.name, _Ctx(req.header)))
+
+    def forget(self, forgets: Sequence[tuple[int, int]]) -> None:
+        """On the reader thread: Operations.forget is async and keeps its state on the trio thread."""
+        try:
+            self._token.run_sync_soon(self._nursery.start_soon, self._forget, list(forgets))
+        except (trio.RunFinishedError, RuntimeError):
+            pass  # the mount is stopping: nothing is kept any more
+
+    async def _forget(self, forgets: list[tuple[int, int]]) -> None:
+        try:
+            await self.ops.forget(forgets)
+        except Exception:
+            log.exception("forget of %d inodes failed", len(forgets))

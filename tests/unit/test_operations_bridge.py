@@ -1,0 +1,175 @@
+"""client/operations_bridge.py: the pyfuse3-shaped Operations served on the own FUSE session.
+
+A stand-in for Operations records the calls pyfuse3 would make and answers with pyfuse3's own
+result objects; the requests come from the session's parser, so what is checked is the
+translation both ways: arguments as pyfuse3 passes them, results as the kernel reads them.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+
+import pyfuse3
+import pytest
+import trio
+
+from stripefs.client import fuse_backend
+from stripefs.client.fuse import abi, requests as rq
+from stripefs.client.fuse.abi import Opcode
+from stripefs.client.fuse.replies import DirentBuffer
+from stripefs.client.operations_bridge import OperationsBridge
+
+from test_fuse_wire import request, u32, u64
+
+
+def parse(opcode, args, nodeid=5):
+    data = request(opcode, args, nodeid=nodeid)
+    return rq.parse(data, len(data))
+
+
+def attrs(ino: int, mode: int = stat.S_IFREG | 0o644) -> pyfuse3.EntryAttributes:
+    a = pyfuse3.EntryAttributes()
+    a.st_ino, a.st_mode, a.st_nlink, a.st_size, a.st_uid, a.st_gid = ino, mode, 1, 10, 7, 8
+    a.st_mtime_ns = 1_500_000_000_000_000_001
+    a.entry_timeout, a.attr_timeout, a.generation = 2.0, 3.0, 4
+    return a
+
+
+class FakeOps:
+    def __init__(self):
+        self.calls = []
+
+    async def lookup(self, parent, name, ctx):
+        self.calls.append(("lookup", parent, name, (ctx.uid, ctx.gid, ctx.pid)))
+        if name == b"missing":
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return attrs(9)
+
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        self.calls.append(("setattr", inode, fh, fields.update_size, fields.update_mode, fields.update_mtime,
+                           attr.st_size, attr.st_mtime_ns))
+        return attrs(inode)
+
+    async def open(self, inode, flags, ctx):
+        fi = pyfuse3.FileInfo()
+        fi.fh, fi.keep_cache, fi.direct_io = 77, True, False
+        return fi
+
+    async def listxattr(self, inode, ctx):
+        return [b"user.a", b"user.bb"]
+
+    async def readdir(self, fh, start_id, token):
+        self.calls.append(("readdir", fh, start_id))
+        for i in range(start_id, 1000):
+            if not fuse_backend.readdir_reply(token, f"n{i}".encode(), attrs(100 + i), i + 1):
+                return
+
+    async def statfs(self, ctx):
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_namemax = 100, 50, 40, 10, 5, 255
+        return s
+
+    async def forget(self, forgets):
+        self.calls.append(("forget", forgets))
+
+
+async def test_lookup_and_errors():
+    ops = FakeOps()
+    async with trio.open_nursery() as nursery:
+        bridge = OperationsBridge(ops, trio.lowlevel.current_trio_token(), nursery)
+        entry = await bridge.lookup(parse(Opcode.LOOKUP, b"name\0"))
+        assert ops.calls[-1] == ("lookup", 5, b"name", (1000, 1001, 4242))
+        assert (entry.nodeid, entry.generation, entry.entry_valid, entry.attr_valid) == (9, 4, 2.0, 3.0)
+        assert (entry.attr.size, entry.attr.uid, entry.attr.gid, entry.attr.mtime_ns) == (10, 7, 8, 1_500_000_000_000_000_001)
+        with pytest.raises(OSError) as err:
+            await bridge.lookup(parse(Opcode.LOOKUP, b"missing\0"))
+        assert err.value.errno == errno.ENOENT
+
+
+async def test_setattr_fields_and_times():
+    ops = FakeOps()
+    valid = abi.SetattrValid.SIZE | abi.SetattrValid.MTIME | abi.SetattrValid.FH
+    args = (u32(valid) + u32(0) + u64(66) + u64(4096) + u64(0) + u64(0) + u64(12) + u64(0)
+            + u32(0) + u32(5) + u32(0) + u32(0) + u32(0) + u32(0) + u32(0) + u32(0))
+    async with trio.open_nursery() as nursery:
+        bridge = OperationsBridge(ops, trio.lowlevel.current_trio_token(), nursery)
+        attr, valid_s = await bridge.setattr(parse(Opcode.SETATTR, args))
+    assert ops.calls[-1] == ("setattr", 5, 66, True, False, True, 4096, 12_000_000_005)
+    assert attr.ino == 5 and valid_s == 3.0
+
+
+async def test_open_listxattr_statfs_readdir_forget():
+    ops = FakeOps()
+    async with trio.open_nursery() as nursery:
+        token = trio.lowlevel.current_trio_token()
+        bridge = OperationsBridge(ops, token, nursery)
+        opened = await bridge.open(parse(Opcode.OPEN, u32(0) + u32(0)))
+        assert opened.fh == 77 and opened.open_flags == abi.OpenFlag.KEEP_CACHE
+        assert await bridge.listxattr(parse(Opcode.LISTXATTR, u32(0) + u32(0))) == b"user.a\0user.bb\0"
+        s = await bridge.statfs(parse(Opcode.STATFS, b""))
+        assert (s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen) == (100, 50, 40, 10, 5, 4096, 255)
+        req = parse(Opcode.READDIRPLUS, u64(3) + u64(2) + u32(400) + u32(0) + u64(0) + u32(0) + u32(0))
+        buf = DirentBuffer(req.size, plus=True)
+        await bridge.readdir(req, buf)
+        assert ops.calls[-1] == ("readdir", 3, 2)
+        assert len(buf) == 2 * 160  # direntplus of a 2-byte name: 152 + 2, padded to 160; a third does not fit
+        bridge.forget([(9, 1)])  # from the reader thread in the mount: runs as a task
+        await trio.sleep(0.05)
+        assert ops.calls[-1] == ("forget", [(9, 1)])
+
+
+def test_fuse_backend_routes_to_the_own_session():
+    class FakeSession:
+        def __init__(self):
+            self.sent, self.ok = [], True
+
+        def notify(self, parts):
+            self.sent.append(b"".join(parts))
+            return self.ok
+
+    s = FakeSession()
+    fuse_backend.use_session(s)
+    try:
+        fuse_backend.invalidate_inode(42, attr_only=True)
+        fuse_backend.invalidate_entry(1, b"name")
+        fuse_backend.notify_store(42, 0, b"data")
+        assert [int.from_bytes(m[4:8], "little") for m in s.sent] == [2, 3, 4]  # INVAL_INODE, INVAL_ENTRY, STORE
+        assert s.sent[0][24:32] == u64(-1)  # attributes only: offset -1
+        s.ok = False  # the kernel holds no such inode: ENOENT, as pyfuse3 raises it
+        with pytest.raises(OSError) as err:
+            fuse_backend.invalidate_inode(43)
+        assert err.value.errno == errno.ENOENT
+    finally:
+        fuse_backend.use_session(None)
+
+
+def test_fast_paths_translate_and_count():
+    from stripefs.client import metrics
+    from stripefs.client.fuse.dispatch import MISS
+    from stripefs.client.operations import FAST_PATH_MISS
+
+    class Ops:
+        def _fast_getattr(self, inode, ctx):
+            if inode == 1:
+                return FAST_PATH_MISS
+            if inode == 2:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return attrs(inode)
+
+        def _fast_flush(self, fh):
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    bridge = OperationsBridge(Ops(), None, None)
+    before = metrics.FUSE_OPS.labels("getattr")._value.get()
+    assert bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=1)) is MISS
+    attr, valid = bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=9))
+    assert attr.ino == 9 and valid == 3.0
+    with pytest.raises(OSError) as err:
+        bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=2))
+    assert err.value.errno == errno.ENOENT
+    assert metrics.FUSE_OPS.labels("getattr")._value.get() == before + 2  # a MISS is counted by the handler
+    with pytest.raises(OSError) as err:
+        bridge.fast_flush(parse(Opcode.FLUSH, bytes(24)))
+    assert err.value.errno == errno.ENOSYS
