@@ -467,7 +467,11 @@ async def serve(
     async def run_burst(taken: list[tuple]) -> None:
         # taken: (identity, request_id, body, payloads, peer, nbytes), received together
         started = time.perf_counter()
-        results = await burst([(body, peer) for _, _, body, _, peer, _ in taken])
+        try:
+            results = await burst([(body, peer) for _, _, body, _, peer, _ in taken])
+        except Exception as exc:  # a bug: what ran of them is unknown, so none is run again; answered, logged loudly
+            log.exception("%s: a burst of %d request(s) failed", name, len(taken))
+            results = [protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")] * len(taken)
         seconds = (time.perf_counter() - started) / len(taken)
         for (identity, request_id, body, payloads, peer, nbytes), result in zip(taken, results):
             security.PEER.set(peer)

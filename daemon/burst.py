@@ -41,6 +41,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, NamedTuple
 
+import trio
+
 from ..common import protocol as P
 from ..common import security
 from ..common.errors import ErrorCode, StripefsError
@@ -180,6 +182,8 @@ class Burst:
         wrote = False
         for start in range(0, len(units), SLICE):
             lock = txn.lock
+            if start:
+                await trio.lowlevel.checkpoint()  # between slices the others get their turn
             if lock.locked():
                 await lock.acquire()
             else:

@@ -215,3 +215,19 @@ async def test_each_item_of_a_batch_passes_the_access_checks_it_would_pass_alone
         async with c.client("rw") as admin:
             names = {e.name for e in (await admin.call(P.ReaddirReq(ino=outside.ino)))[0].entries}
             assert names == {b"s"}
+
+
+async def test_a_burst_that_fails_is_answered_internal_and_the_daemon_serves_on(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        real = service.burst._settle
+
+        async def broken(units):
+            service.burst._settle = real  # once
+            raise RuntimeError("a bug")
+
+        service.burst._settle = broken
+        async with connect(ctx, service.config.listen, timeout=10) as c:
+            assert await _code(c.call(_create(b"a"))) == ErrorCode.INTERNAL
+            assert isinstance((await c.call(_create(b"b")))[0], P.OpenRsp)
+        nursery.cancel_scope.cancel()
