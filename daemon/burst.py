@@ -20,8 +20,11 @@ which on the serving task itself:
    each operation as ``txn.write_reporting`` would: in its own savepoint (one
    failing leaves the others), at most once under a OnceReq (applied_ops), its
    change logged with it, in request order, so change numbers follow it.
-3. waits once for the group commit that makes them all durable (one fsync;
-   ``txn.py``'s committer publishes the change events before it wakes us).
+3. commits once for them all (one fsync), on the spot and blocking
+   (``txn.commit_blocking``: a worker thread's hand-off and wake-up cost more
+   CPU than waiting; nothing else could use the database meanwhile), or, with
+   ``group_commit_ms`` set or the lock taken, waits for the committer's commit;
+   either publishes the change events before the replies go.
 4. settles each change with the callbacks (daemon/callbacks.py
    ``settle_now``); a change some mount must first acknowledge leaves for trio
    as a continuation (``serve()`` runs it in a task, which waits and replies).
@@ -180,22 +183,28 @@ class Burst:
     async def _execute(self, units: list[_Unit]) -> None:
         txn = self.txn
         wrote = False
-        for start in range(0, len(units), SLICE):
-            lock = txn.lock
-            if start:
-                await trio.lowlevel.checkpoint()  # between slices the others get their turn
-            if lock.locked():
-                await lock.acquire()
-            else:
-                lock.acquire_nowait()  # free: no scheduler pass
-            try:
-                for unit in units[start:start + SLICE]:
-                    wrote = self._one(unit) or wrote
-            finally:
-                lock.release()
+        try:
+            for start in range(0, len(units), SLICE):
+                lock = txn.lock
+                if start:
+                    await trio.lowlevel.checkpoint()  # between slices the others get their turn
+                if lock.locked():
+                    await lock.acquire()
+                else:
+                    lock.acquire_nowait()  # free: no scheduler pass
+                try:
+                    for unit in units[start:start + SLICE]:
+                        wrote = self._one(unit) or wrote
+                finally:
+                    lock.release()
+        except BaseException:
+            txn.wake()  # cancelled (or a bug) between slices: what ran is committed all the same
+            raise
         if wrote:
             txn.on_write()
             last = next(u.batch for u in reversed(units) if u.batch is not None)
+            if not last.done.is_set() and not txn.commit_blocking():  # on the spot, or by the committer:
+                txn.wake()
             try:
                 await last.wait()  # batches commit in order: every earlier one is done too
             except StripefsError:
@@ -212,7 +221,7 @@ class Burst:
         try:
             if op.write:
                 unit.result, unit.batch, unit.logged, unit.attrs, unit.seq = self.txn.write_reporting_locked(
-                    op.fn, report=op.report, change=op.change)
+                    op.fn, report=op.report, change=op.change, wake=False)  # committed by _execute
                 return True
             unit.result = op.fn()
         except StripefsError as exc:
