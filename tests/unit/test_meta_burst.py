@@ -10,7 +10,6 @@ checked (access, quotas) as it would be alone.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 
 import pytest
