@@ -139,6 +139,7 @@ class MetaService:
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
         self.burst: Burst | None = None  # the request path without a task per request (SQLite), set by run()
+        self._op_methods = {cls: getattr(self, f"_op_{cls.__struct_config__.tag}") for cls in BURST_KINDS}  # operation()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -340,7 +341,7 @@ class MetaService:
         """The operation of a request of ``BURST_KINDS`` (its ``_op_<tag>``): what the burst path
         (daemon/burst.py) and the handler both run. Checks made before the operation
         (a session's owner, a write fence) are made here, and raise."""
-        return getattr(self, f"_op_{body.__struct_config__.tag}")(body)
+        return self._op_methods[type(body)](body)
 
     def _burst(self) -> Callable | None:
         """serve()'s burst path (daemon/burst.py): SQLite's group commit only; PostgreSQL runs
