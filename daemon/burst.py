@@ -217,7 +217,7 @@ class Burst:
         """Run one operation (the lock held); whether it wrote."""
         op = unit.op
         security.PEER.set(unit.peer)
-        token = applied_ops.once.set(unit.once)
+        token = applied_ops.once.set(unit.once) if unit.once is not None else None
         try:
             if op.write:
                 unit.result, unit.batch, unit.logged, unit.attrs, unit.seq = self.txn.write_reporting_locked(
@@ -232,9 +232,9 @@ class Burst:
             log.exception("the burst's operation %s failed", getattr(op.fn, "__qualname__", op.fn))
             unit.error = P.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
         finally:
-            if unit.once is not None:
+            if token is not None:
                 unit.once.used = True  # one operation per OnceReq
-            applied_ops.once.reset(token)
+                applied_ops.once.reset(token)
         return False
 
     # -- 4. callbacks ---------------------------------------------------------------------
