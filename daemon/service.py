@@ -16,6 +16,13 @@ any daemon holds it. Each operation is one synchronous Namespace call: **no
 why). The healer, the operator requests, quotas, access checks and open holds
 get the same engine, the store and the node table, never this class.
 
+The request path (daemon/burst.py): with SQLite, ``serve()`` hands every
+request waiting on the socket to ``Burst.run`` at once; the requests of
+``BURST_KINDS`` run there without a task each, through ``operation`` (their
+``_op_<tag>``: the operation and the reply built from its result, which their
+``handle_<tag>`` runs too), in one hold of the lock and one commit. The rest,
+and everything on PostgreSQL, goes through ``handle`` in a task of its own.
+
 Background tasks (all in ``run``'s nursery): the committer (daemon/txn.py),
 the health sweep, orphan sweeps, the garbage collector, the change feed's poll
 and the trims (daemon/housekeeping.py), open holds (daemon/open_holds.py) and
