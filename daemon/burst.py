@@ -30,6 +30,9 @@ which on the serving task itself:
    as a continuation (``serve()`` runs it in a task, which waits and replies).
 5. returns the replies, in request order; errors as ErrorRsp.
 
+A lone lookup or getattr with the lock free (the idle daemon's common case)
+skips the bookkeeping: admitted, run and answered on the spot.
+
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all.
 
