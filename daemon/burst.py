@@ -34,7 +34,9 @@ A lone lookup or getattr with the lock free (the idle daemon's common case)
 skips the bookkeeping: admitted, run and answered on the spot.
 
 A BatchReq (many changes of one client) is a burst of its own within the
-burst: each item admitted and run on its own, one BatchRsp for all.
+burst: each item admitted and run on its own, one BatchRsp for all. One that
+would take the serving loop's burst past ``MOST`` operations goes to a task
+(``handle_batch``), which runs it through ``Burst.run`` as a burst of its own.
 
 The rules of docs/design.md hold: no reply before the commit that makes its
 change durable (a kill -9 loses nothing answered), change numbers in commit
@@ -58,6 +60,9 @@ log = logging.getLogger(__name__)
 
 #: operations per hold of the lock: about 25 ms of work, the most others wait behind a burst
 SLICE = 256
+#: operations one burst of the serving loop takes at most (about 0.3 s of work): a BatchReq past it
+#: is served in a task of its own, while the loop receives and answers the others
+MOST = 1024
 #: requests that only read: a lone one is answered on the spot (``Burst._read_now``)
 READS = frozenset({P.LookupReq, P.GetattrReq})
 
@@ -119,6 +124,9 @@ class Burst:
         units: list[_Unit] = []
         for body, peer in items:
             security.PEER.set(peer)
+            if type(body) is P.BatchReq and len(units) + len(body.items) > MOST and len(items) > 1:
+                plans.append(None)  # in a task of its own (handle_batch: a burst of its own), the loop receiving meanwhile
+                continue
             plan = self._plan(body, peer)
             plans.append(plan)
             if isinstance(plan, _Unit):

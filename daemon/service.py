@@ -403,8 +403,17 @@ class MetaService:
             applied_ops.once.reset(token)
 
     async def handle_batch(self, req: P.BatchReq) -> P.Msg:
-        """A BatchReq the burst path did not take (a subtree key's, or PostgreSQL's): each item
-        through ``handle`` on its own (its access checks, capabilities), in order; one reply."""
+        """A BatchReq the serving loop's burst did not take: on SQLite a burst of its own in this
+        task (one commit, daemon/burst.py); a subtree key's, or on PostgreSQL, each item through
+        ``handle`` on its own (its access checks, capabilities), in order; one reply."""
+        if self.burst is not None:
+            rsp = (await self.burst.run([(req, current_peer())]))[0]
+            if callable(rsp):  # some change waits for a mount's acknowledgement
+                rsp = await rsp()
+            if isinstance(rsp, P.ErrorRsp):
+                raise StripefsError(rsp.code, rsp.message)
+            if rsp is not None:
+                return rsp
         results: list[P.Msg] = []
         for item in req.items:
             inner = item.body if isinstance(item, P.OnceReq) else item

@@ -230,3 +230,21 @@ async def test_a_burst_that_fails_is_answered_internal_and_the_daemon_serves_on(
             assert await _code(c.call(_create(b"a"))) == ErrorCode.INTERNAL
             assert isinstance((await c.call(_create(b"b")))[0], P.OpenRsp)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_batch_past_the_bursts_bound_is_served_as_a_burst_of_its_own_in_a_task(tmp_path, ctx):
+    from stripefs.daemon import burst
+
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        half = burst.MOST // 2 + 1
+        first = P.BatchReq(items=[_create(b"a%d" % i) for i in range(half)])
+        second = P.BatchReq(items=[_create(b"b%d" % i) for i in range(half)])
+        taken = await service.burst.run([(first, None), (second, None)])
+        assert isinstance(taken[0], P.BatchRsp) and taken[1] is None  # the loop's burst stays bounded
+        commits = _Commits(service)
+        rsp = await service.handle(second, [])  # what serve() then does with it, in a task
+        errors = [r for r in rsp.results if not isinstance(r, P.OpenRsp)]
+        # one commit for all; or one per slice of the lock at most, when other work committed in between
+        assert not errors and len(rsp.results) == half and commits.n <= -(-half // burst.SLICE), (errors[:2], commits.n)
+        nursery.cancel_scope.cancel()
