@@ -195,7 +195,8 @@ class MetaBench:
 
     def group_transport(self, key: str, res: dict, mounts: list[Path]) -> None:
         self.set_phase(f"transport: {self.args.rtt_n:,} round trips each, idle cluster")
-        res["transport"] = transport.measure(_meta_addresses(self.state)[0], self.args.rtt_n, self.children)
+        daemon_cpu = lambda: sum(v for k, v in self.cluster.cpu().items() if k.startswith("meta"))  # noqa: E731
+        res["transport"] = transport.measure(_meta_addresses(self.state)[0], self.args.rtt_n, self.children, daemon_cpu)
 
     def group_procs(self, key: str, res: dict, mounts: list[Path]) -> None:
         n = self.args.files // 2

@@ -32,6 +32,16 @@ GOALS = {
     ("rtt ping", "sqlite"): ("max", 0.35),
     ("rtt getattr", "sqlite"): ("max", 0.35),
     ("create", "pg2"): ("min", 1000),
+    # issue 30, the daemon at wire speed
+    ("i30 cpu create", "sqlite"): ("max", 0.25),
+    ("i30 cpu create", "pg1"): ("max", 1.0),
+    ("i30 cpu create", "pg2"): ("max", 1.0),
+    ("i30 cpu batch64", "sqlite"): ("max", 0.08),
+    ("i30 rtt getattr median", "sqlite"): ("max", 0.15),
+    ("i30 rtt getattr p99", "sqlite"): ("max", 1.0),
+    ("i30 create", "sqlite"): ("min", 7500),
+    ("i30 procs create", "sqlite"): ("min", 10000),
+    ("i30 create", "pg2"): ("min", 1500),
 }
 
 OP_LABELS = {
@@ -129,7 +139,35 @@ def rows_of(key: str, res: dict, args) -> list[dict]:
         add("rtt ping", "round trip at the client: PingReq to the daemon", t["ping"]["mean_ms"], floor, "ms")
         add("rtt getattr", "round trip at the client: GetattrReq of /", t["getattr"]["mean_ms"], floor, "ms")
         add("rtt client share", "round trip: RpcClient to a minimal server", t["client_share"]["mean_ms"], floor, "ms")
+    _issue30_rows(key, res, add)
     return rows
+
+
+def _issue30_rows(key: str, res: dict, add) -> None:
+    """Issue 30's goals (the daemon at wire speed), beside the same local figures."""
+    cpu, t = res.get("cpu_per_create_ms"), res.get("transport") or {}
+    if cpu:
+        add("i30 cpu create", "issue 30: daemon CPU per create (through the mount)", cpu["daemon"], cpu["local"], "ms")
+    for key, label in (("creates_single", "daemon CPU per create, CreateReq straight to it, 64 in flight"),
+                       ("creates_batch64", "issue 30: daemon CPU per create in a BatchReq of 64")):
+        c = t.get(key)
+        if c and c.get("daemon_cpu_ms") is not None:
+            add("i30 cpu batch64" if key == "creates_batch64" else "i30 cpu wire", label, c["daemon_cpu_ms"],
+                cpu["local"] if cpu else None, "ms")
+            add(f"i30 rate {key}", "  the same: creates/s", c["per_s"], res.get("local_ops_s", {}).get("create"), "/s")
+    if "getattr" in t:
+        floor = t["floor"]
+        add("i30 rtt getattr median", "issue 30: GetattrReq round trip at the client, median", t["getattr"]["median_ms"],
+            floor["median_ms"], "ms")
+        add("i30 rtt getattr p99", "issue 30: GetattrReq round trip at the client, p99", t["getattr"]["p99_ms"],
+            floor["p99_ms"], "ms")
+    if "stripefs_ops_s" in res:
+        who = "one process, default mount" if res["clients"] == 1 else f"{res['clients']} mounts at once, aggregate"
+        add("i30 create", f"issue 30: creates/s, {who}", res["stripefs_ops_s"]["create"],
+            res["local_ops_s"]["create"], "/s")
+    if "procs" in res:
+        add("i30 procs create", "issue 30: creates/s, 2 processes, one mount", res["procs"]["stripefs"]["rate"],
+            res["procs"]["local"]["rate"], "/s")
 
 
 def report(results: dict, args, total_s: float) -> tuple[str, list[dict]]:

@@ -13,7 +13,9 @@ N sequential requests, one in flight, timed one by one (perf_counter):
   client's part of a round trip, with a server as cheap as Python allows.
 - daemon: the same client against the cluster's metadata daemon, idle:
   ``PingReq`` (dispatch only) and ``GetattrReq`` of the root (the daemon's
-  fast path for reads, daemon/service.py ``handle_now``).
+  burst path, daemon/burst.py).
+- creates straight to the daemon (no mount), 64 CreateReq in flight, and
+  BatchReq of 64 creates: creates/s and the daemon's CPU per create (issue 30).
 
 The local-disk ratio of the other benchmarks does not fit a round trip: the
 floor is printed beside it instead.
@@ -113,12 +115,63 @@ def client_share(n: int, children=None) -> dict:
         _stop(proc, children)
 
 
-def measure(meta_address: str, n: int, children=None) -> dict:
-    """Every figure of this module; meta_address: an idle metadata daemon."""
+def creates(address: str, n: int, batch: int, in_flight: int, daemon_cpu=None) -> dict:
+    """Creates sent straight to the daemon (no mount; a blocking pyzmq client, as cheap as
+    Python allows): ``n`` files in a new directory, ``batch`` per BatchReq (1: a CreateReq
+    each), ``in_flight`` messages outstanding. Creates/s, and the daemon's CPU per create
+    when ``daemon_cpu()`` gives its CPU seconds (issue 30: <= 0.08 ms in batches of 64)."""
     from stripefs.common import protocol as p
 
-    return {"floor": floor(n, children), "client_share": client_share(n, children),
-            "ping": rpc(meta_address, n, p.PingReq()), "getattr": rpc(meta_address, n, p.GetattrReq(ino=1))}
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+
+    def call(request_id: int, request) -> None:
+        sock.send(p.encode(request_id, request))
+
+    def answer():
+        _, body = p.decode_reply(sock.recv_multipart()[0])
+        errors = [body] if isinstance(body, p.ErrorRsp) else [r for r in getattr(body, "results", ()) if isinstance(r, p.ErrorRsp)]
+        if errors:
+            raise RuntimeError(f"the daemon refused a create: {errors[0].message}")
+        return body
+
+    try:
+        call(0, p.MkdirReq(parent=1, name=b"bench-creates-%d-%d" % (batch, time.time_ns()), mode=0o40755, uid=0, gid=0))
+        parent = answer().attr.ino
+        reqs = [p.CreateReq(parent=parent, name=b"f%d" % i, mode=0o100644, uid=0, gid=0, session_id=0) for i in range(n)]
+        messages = reqs if batch == 1 else [p.BatchReq(items=reqs[i:i + batch]) for i in range(0, n, batch)]
+        cpu0 = daemon_cpu() if daemon_cpu else None
+        started = time.perf_counter()
+        sent = received = 0
+        while received < len(messages):
+            while sent < len(messages) and sent - received < in_flight:
+                call(sent + 1, messages[sent])
+                sent += 1
+            answer()
+            received += 1
+        elapsed = time.perf_counter() - started
+        cpu = daemon_cpu() - cpu0 if daemon_cpu else None
+    finally:
+        sock.close()
+        ctx.term()
+    return {"creates": n, "batch": batch, "in_flight": in_flight, "per_s": n / elapsed,
+            "daemon_cpu_ms": None if cpu is None else 1e3 * cpu / n}
+
+
+def measure(meta_address: str, n: int, children=None, daemon_cpu=None) -> dict:
+    """Every figure of this module; meta_address: an idle metadata daemon; ``daemon_cpu()``:
+    its CPU seconds (for the creates' CPU figures)."""
+    from stripefs.common import protocol as p
+
+    out = {"floor": floor(n, children), "client_share": client_share(n, children),
+           "ping": rpc(meta_address, n, p.PingReq()), "getattr": rpc(meta_address, n, p.GetattrReq(ino=1))}
+    files = max(2000, n)
+    out["creates_single"] = creates(meta_address, files, 1, 64, daemon_cpu)
+    if hasattr(p, "BatchReq"):
+        out["creates_batch64"] = creates(meta_address, files * 4, 64, 4, daemon_cpu)
+    return out
 
 
 def _serve(kind: str) -> None:
@@ -165,6 +218,10 @@ def main(argv=None) -> int:
                        ("getattr", "RpcClient -> metadata daemon, GetattrReq /")):
         r = res[key]
         print(f"{label:44s} {r['mean_ms']:.3f} ms mean  {r['median_ms']:.3f} median  {r['p99_ms']:.3f} p99")
+    for key in ("creates_single", "creates_batch64"):
+        if key in res:
+            r = res[key]
+            print(f"creates to the daemon, {r['batch']} per message, {r['in_flight']} in flight: {r['per_s']:,.0f}/s")
     return 0
 
 

@@ -1115,6 +1115,30 @@ class OnceReq(Msg, tag="once"):
     body: "Request"
 
 
+#: the most requests one BatchReq carries
+MAX_BATCH = 1024
+
+
+class BatchReq(Msg, tag="batch"):
+    """Many changes of one client in one message: ``items`` (each one of ``BATCH_MESSAGES``,
+    or a OnceReq carrying one) are applied in order, each on its own (one failing leaves
+    the others), in one transaction: one commit for them all (daemon/burst.py). Each item
+    passes the access checks and quotas it would pass alone. Reply: BatchRsp, one result
+    per item, in order: its reply, or the ErrorRsp it failed with."""
+
+    items: Annotated[list["Request"], msgspec.Meta(max_length=MAX_BATCH)]
+
+
+class BatchRsp(Msg, tag="batch_rsp"):
+    results: list["Reply"]
+
+
+#: what a BatchReq may carry (bare or in a OnceReq): the changes a tree walk makes many of at once
+BATCH_MESSAGES: frozenset[str] = frozenset(
+    "CreateReq MknodReq MkdirReq SymlinkReq LinkReq UnlinkReq RmdirReq RenameReq SetattrReq CommitReq".split()
+)
+
+
 def kind(msg: Msg) -> str:
     """The message's type name for metrics and logs: a OnceReq counts as what it carries."""
     return type(msg.body).__name__ if isinstance(msg, OnceReq) else type(msg).__name__

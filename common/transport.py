@@ -149,6 +149,17 @@ class ZmqSocket:
         self._refresh()
         return frames
 
+    async def recv_waiting(self, most: int) -> list[list[zmq.Frame]]:
+        """One message, waiting for it, and then every message already queued behind it (up
+        to ``most`` in all), without waiting again: a burst (serve()'s ``burst``)."""
+        await self._wait(_POLLIN)
+        sock = self._sock
+        messages = [sock.recv_multipart(_NOBLOCK, copy=False)]
+        while len(messages) < most and sock.get(_EVENTS) & _POLLIN:
+            messages.append(sock.recv_multipart(_NOBLOCK, copy=False))
+        self._refresh()
+        return messages
+
     def close(self) -> None:
         if self.closed:
             return
@@ -326,6 +337,12 @@ async def connect(ctx: zmq.Context, address: str, *, timeout: float = 10.0) -> A
 Handler = Callable[[protocol.Msg, list[memoryview]], Awaitable[protocol.Msg | tuple[protocol.Msg, Sequence[Payload]]]]
 #: serve()'s fast path: the reply to a request it can answer at once, without waiting, else None
 FastHandler = Callable[[protocol.Msg, list[memoryview]], protocol.Msg | tuple[protocol.Msg, Sequence[Payload]] | None]
+#: serve()'s burst path: given the requests received together, as (body, sender's key), a result
+#: for each, in order: its reply (an ErrorRsp too), sent at once; an ``async () -> reply`` that
+#: must wait for something, run in a task of its own; or None: not taken, served the usual way
+BurstHandler = Callable[[list[tuple[protocol.Msg, str | None]]], Awaitable[list]]
+#: the most requests serve() takes in one burst
+BURST_MAX = 64
 
 
 async def serve(
@@ -336,6 +353,7 @@ async def serve(
     name: str = "server",
     limits: limits.ServeLimits = limits.ServeLimits(),
     fast: FastHandler | None = None,
+    burst: BurstHandler | None = None,
     keyed: bool = False,
     replies: _limits.ReplyQueues | None = None,
 ) -> None:
@@ -360,6 +378,12 @@ async def serve(
     of its own. It must not block for long, and answers only successes (on any
     doubt: None). For a storage node's small reads this halves the CPU a request
     costs: no task, semaphore, cancel scope or extra scheduler passes.
+
+    ``burst(items)``, when given, takes every request waiting on the socket at
+    once (up to ``BURST_MAX``; those without payload frames whose peer has none
+    queued), as ``(body, peer key)``, and gives a result for each (``BurstHandler``):
+    the metadata daemon runs them in one hold of its lock and one commit
+    (daemon/burst.py), with no task per request. Replies go out in request order.
 
     ``keyed``: ``sock`` is the inner end of a fast lane (common/fast_lane.py),
     whose messages carry the sender's key as a frame after the identity; the
@@ -390,14 +414,14 @@ async def serve(
         if counting:
             replies.sent(identity, nbytes, frames[-1].tracker if tracked else None)
 
-    async def handle_one(identity: bytes, request_id: int, body: protocol.Msg, payloads: list[memoryview]) -> None:
+    async def handle_one(identity: bytes, request_id: int, body: protocol.Msg, payloads: list[memoryview], later=None) -> None:
         kind = protocol.kind(body)  # a OnceReq counts as what it carries
         started = time.perf_counter()
         error = None
         async with running:
             with trio.move_on_after(limits.request_timeout_s) as timer:  # around the handler only: one reply, always
                 try:
-                    result = await handler(body, payloads)
+                    result = await (handler(body, payloads) if later is None else later())
                 except StripefsError as exc:
                     log.debug("%s: %s (request %d) -> %s", name, kind, request_id, exc)
                     metrics.REQUEST_ERRORS.labels(name, kind, getattr(exc.code, "name", str(exc.code))).inc()
@@ -427,10 +451,58 @@ async def serve(
             await handle_one(identity, *request)
             request = admission.finish(identity)
 
+    def admit(identity: bytes, request: tuple, nbytes: int) -> Awaitable[None] | None:
+        # the usual path: a task of the peer's slots, or a place in its queue; a refusal to send (returned)
+        verdict = admission.offer(identity, request, nbytes)
+        if verdict == _limits.START:
+            # the slot's task inherits the sender's key and connection (one connection, one key: its queued requests too)
+            nursery.start_soon(peer_slot, identity, request)
+        elif verdict == _limits.REFUSED:
+            refusals.note(identity, admission.inflight(identity))
+            metrics.REQUEST_ERRORS.labels(name, type(request[1]).__name__, "BUSY").inc()
+            message = f"too many requests in flight from this connection ({admission.inflight(identity)} running, queue full): retry later"
+            return reply(identity, request[0], protocol.ErrorRsp(code=ErrorCode.BUSY, message=message))
+        return None
+
+    async def run_burst(taken: list[tuple]) -> None:
+        # taken: (identity, request_id, body, payloads, peer, nbytes), received together
+        started = time.perf_counter()
+        try:
+            results = await burst([(body, peer) for _, _, body, _, peer, _ in taken])
+        except Exception as exc:  # a bug: what ran of them is unknown, so none is run again; answered, logged loudly
+            log.exception("%s: a burst of %d request(s) failed", name, len(taken))
+            results = [protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")] * len(taken)
+        seconds = (time.perf_counter() - started) / len(taken)
+        for (identity, request_id, body, payloads, peer, nbytes), result in zip(taken, results):
+            security.PEER.set(peer)
+            CONNECTION.set(identity)
+            if result is None:
+                refused = admit(identity, (request_id, body, payloads), nbytes)
+                if refused is not None:
+                    await refused
+            elif callable(result):
+                nursery.start_soon(handle_one, identity, request_id, body, payloads, result)
+            else:
+                if isinstance(result, protocol.ErrorRsp):
+                    metrics.REQUEST_ERRORS.labels(name, protocol.kind(body), _code_name(result.code)).inc()
+                else:
+                    observe_served(name, body, payloads, result, seconds)
+                await reply(identity, request_id, result)
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(held.watch, name=f"{name}-held-peers")
+        waiting: list[list[zmq.Frame]] = []  # a burst's messages not looked at yet
+        taken: list[tuple] = []  # a burst's requests for ``burst``
         while True:
-            frames = await sock.recv_multipart()
+            if burst is not None and not waiting:
+                if taken:
+                    await run_burst(taken)
+                    taken = []
+                waiting = await sock.recv_waiting(BURST_MAX)
+            if waiting:
+                frames = waiting.pop(0)
+            else:
+                frames = await sock.recv_multipart()
             identity = frames[0].bytes
             if keyed:  # [identity, key, header, payloads...] from a fast lane: its thread read the key
                 peer = frames[1].bytes.decode() or None
@@ -455,6 +527,15 @@ async def serve(
             payloads = [f.buffer for f in frames[2:]]
             security.PEER.set(peer)
             CONNECTION.set(identity)
+            if burst is not None:
+                # never passes the peer's queued requests, nor answers a peer that does not take its replies
+                if not payloads and not admission.waiting(identity) and not held.over(identity):
+                    taken.append((identity, request_id, body, payloads, peer, sum(len(f) for f in frames)))
+                else:
+                    refused = admit(identity, (request_id, body, payloads), sum(len(f) for f in frames))
+                    if refused is not None:
+                        await refused
+                continue
             # never passes the peer's queued requests, nor answers a peer that does not take its replies
             if fast is not None and not admission.waiting(identity) and not held.over(identity):
                 started = time.perf_counter()
@@ -466,16 +547,16 @@ async def serve(
                     else:
                         await reply(identity, request_id, result)
                     continue
-            request = (request_id, body, payloads)
-            verdict = admission.offer(identity, request, sum(len(f) for f in frames))
-            if verdict == _limits.START:
-                # the slot's task inherits the sender's key and connection (one connection, one key: its queued requests too)
-                nursery.start_soon(peer_slot, identity, request)
-            elif verdict == _limits.REFUSED:
-                refusals.note(identity, admission.inflight(identity))
-                metrics.REQUEST_ERRORS.labels(name, type(body).__name__, "BUSY").inc()
-                message = f"too many requests in flight from this connection ({admission.inflight(identity)} running, queue full): retry later"
-                await reply(identity, request_id, protocol.ErrorRsp(code=ErrorCode.BUSY, message=message))
+            refused = admit(identity, (request_id, body, payloads), sum(len(f) for f in frames))
+            if refused is not None:
+                await refused
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
 
 
 _limits = limits  # serve()'s parameter of the same name shadows the module

@@ -64,6 +64,7 @@ CHANGING_REQUESTS = frozenset({
     P.SetattrReq, P.SetxattrReq, P.RemovexattrReq, P.SetLayoutReq, P.AllocEpochReq, P.AllocChunksReq,
     P.ReplaceReplicaReq, P.CommitReq, P.CreateShadowReq, P.SwapShadowReq, P.ReleaseChunksReq,
     P.OnceReq,  # carries only changing requests; what it carries is checked again on its own (handle_once)
+    P.BatchReq,  # the same, item by item (handle_batch)
 })
 #: read or keep a session; OpenReq with ``write`` counts as changing
 READING_REQUESTS = frozenset({
@@ -98,27 +99,33 @@ class MetaAccess:
             raise StripefsError(ErrorCode.ACCESS, "this key is not in the cluster's keyring")
         return grant
 
-    def passes_unchanged(self, body: P.Msg) -> bool:
-        """Whether ``handle`` would hand a reading request to its handler as it is (no refusal,
-        squash, subtree check or capability): the daemon's fast path (service.handle_now) then
-        may answer it. False when in doubt; ``handle`` then decides, logging as usual."""
-        if type(body) not in READING_REQUESTS or isinstance(body, P.HelloReq):
-            return False
-        peer = current_peer()
-        if peer is None:
-            return True
-        grant = self.keyring.grant(peer) if self.keyring is not None else None
-        return grant is not None and grant.role in ("meta", "admin", "client") and not grant.subdir and not grant.root_squash
-
-    async def handle(self, body: P.Msg, handler: Callable[[P.Msg], Awaitable[P.Msg]]) -> P.Msg:
+    def admit_now(self, body: P.Msg) -> P.Msg | None:
+        """The request path without a task (daemon/burst.py): ``body`` as ``handle`` would hand
+        it to its handler, when that needs only the key's grant (role, read-only, squash: the
+        same checks, raising the same errors). None when ``handle`` must take it: a subtree key
+        (its inodes are checked under the lock and its replies signed) or a HelloReq naming a
+        subdir. A OnceReq or BatchReq comes back as it is; what it carries is admitted on its own."""
         grant = self.grant()
+        if grant.subdir or (isinstance(body, P.HelloReq) and body.subdir):
+            return None
+        return self._admit(grant, body)
+
+    def _admit(self, grant: Grant, body: P.Msg) -> P.Msg:
+        """Role and read-only checks, root squash, node keys: what every request passes first."""
         self._check_role(grant, body)
-        if isinstance(body, P.OnceReq):  # what it carries comes through here on its own (handle_once): checked, squashed, signed
-            return await handler(body)
+        if isinstance(body, (P.OnceReq, P.BatchReq)):  # what it carries is checked on its own (handle_once, handle_batch)
+            return body
         if grant.root_squash:
             body = squash(body)
         if type(body) in NODE_REQUESTS and grant is not TRUSTED:
             self._check_node_key(grant, body)
+        return body
+
+    async def handle(self, body: P.Msg, handler: Callable[[P.Msg], Awaitable[P.Msg]]) -> P.Msg:
+        grant = self.grant()
+        body = self._admit(grant, body)
+        if isinstance(body, (P.OnceReq, P.BatchReq)):  # signed (if at all) item by item
+            return await handler(body)
         if not grant.subdir and not (isinstance(body, P.HelloReq) and body.subdir):
             return await handler(body)
         top = await self.txn.read(self._subtree_root, grant.subdir.encode())  # ino 1 when unrestricted

@@ -166,17 +166,8 @@ class Callbacks:
             return []
         if self._grace_until and trio.current_time() < self._grace_until:
             await trio.sleep_until(self._grace_until)  # a restart: callbacks granted before it are unknown
-        entries = [tuple(e) for e in entries]
-        keys = [*inodes, *entries, *{("dir", parent) for parent, _ in entries}]
-        waiting: set[int] = set()
+        keys, waiting, mine = self._holders_of(seq, inodes, entries, writer)
         freed: list[int] = []
-        mine: set[int] = set()  # the writer's sessions: they keep their holdings
-        for key in keys:
-            for sid, granted in self._holders.get(key, {}).items():
-                if writer and self._client.get(sid) == writer:
-                    mine.add(sid)
-                elif granted < seq and self.alive(sid):
-                    waiting.add(sid)
         if waiting:
             self.waits += 1
             start = trio.current_time()
@@ -200,6 +191,34 @@ class Callbacks:
                 self.late += 1
                 freed += self._penalize(sid, f"acknowledged change {seq} after more than {LATE_S:.0f}s")
         return freed + self._revoke(keys, seq, mine)
+
+    def settle_now(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0) -> list[int] | None:
+        """``settle`` when it has nobody to wait for (the request path without a task,
+        daemon/burst.py): the inodes no session holds any more; None when it would wait (a
+        holder that has not acknowledged ``seq``, or the grace after a restart): then ``settle``."""
+        if not self.enabled:
+            return []
+        if self._grace_until and trio.current_time() < self._grace_until:
+            return None
+        keys, waiting, mine = self._holders_of(seq, inodes, entries, writer)
+        if waiting:
+            return None
+        return self._revoke(keys, seq, mine)
+
+    def _holders_of(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int) -> tuple[list, set[int], set[int]]:
+        """The keys change ``seq`` touches, the sessions it waits for, and the writer's own
+        sessions (they keep their holdings of names and directories)."""
+        entries = [tuple(e) for e in entries]
+        keys = [*inodes, *entries, *{("dir", parent) for parent, _ in entries}]
+        waiting: set[int] = set()
+        mine: set[int] = set()
+        for key in keys:
+            for sid, granted in self._holders.get(key, {}).items():
+                if writer and self._client.get(sid) == writer:
+                    mine.add(sid)
+                elif granted < seq and self.alive(sid):
+                    waiting.add(sid)
+        return keys, waiting, mine
 
     # ------------------------------------------------------------------ penalties
 

@@ -16,6 +16,13 @@ any daemon holds it. Each operation is one synchronous Namespace call: **no
 why). The healer, the operator requests, quotas, access checks and open holds
 get the same engine, the store and the node table, never this class.
 
+The request path (daemon/burst.py): with SQLite, ``serve()`` hands every
+request waiting on the socket to ``Burst.run`` at once; the requests of
+``BURST_KINDS`` run there without a task each, through ``operation`` (their
+``_op_<tag>``: the operation and the reply built from its result, which their
+``handle_<tag>`` runs too), in one hold of the lock and one commit. The rest,
+and everything on PostgreSQL, goes through ``handle`` in a task of its own.
+
 Background tasks (all in ``run``'s nursery): the committer (daemon/txn.py),
 the health sweep, orphan sweeps, the garbage collector, the change feed's poll
 and the trims (daemon/housekeeping.py), open holds (daemon/open_holds.py) and
@@ -70,6 +77,7 @@ from .pg_store import open_pg_store
 from .store import SqliteStore
 from .tiering import Tiering
 from .txn import Txn, open_txn
+from .burst import Burst, Op
 from .callbacks import Callbacks
 
 log = logging.getLogger(__name__)
@@ -78,9 +86,26 @@ T = TypeVar("T")
 
 #: how long a node that registers has to answer the daemon's ping
 NODE_PING_TIMEOUT_S = 2.0
+#: the requests served without a task of their own (daemon/burst.py): their ``_op_<tag>`` is the operation
+BURST_KINDS = frozenset({
+    P.LookupReq, P.GetattrReq, P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq,
+    P.RmdirReq, P.RenameReq, P.SetattrReq, P.CommitReq,
+})
 #: lookups a LookupPathsReq makes per hold of the lock (handle_lookup_paths): about 10 ms of work,
 #: the most another request waits behind one connection's batches
 LOOKUP_SLICE = 512
+
+
+def _result(result, _dirs, _seq) -> P.Msg:
+    return result
+
+
+def _attr_reply(attr, dirs, seq) -> P.Msg:
+    return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
+
+
+def _changed_reply(_, dirs, seq) -> P.Msg:
+    return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
 
 def _handlers(owners) -> dict[type, Callable]:
@@ -120,6 +145,8 @@ class MetaService:
         self._path_batches: dict[bytes, list] = {}  # connection -> its LookupPathsReq line (handle_lookup_paths)
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
+        self.burst: Burst | None = None  # the request path without a task per request (SQLite), set by run()
+        self._op_methods = {cls: getattr(self, f"_op_{cls.__struct_config__.tag}") for cls in BURST_KINDS}  # operation()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -198,10 +225,9 @@ class MetaService:
         """A session has it open, or may open it without asking (a callback, daemon/callbacks.py)."""
         return self.sessions.is_open(ino) or self.callbacks.held(ino)
 
-    async def _settle(self, seq: int, inodes: list[int], entries: list) -> None:
+    async def _settle(self, seq: int, inodes: list[int], entries: list, writer: int) -> None:
         """A change is durable: wait for the mounts caching what it touched (daemon/callbacks.py)."""
-        once = applied_ops.once.get()
-        freed = await self.callbacks.settle(seq, inodes, entries, writer=once.client_id if once is not None else 0)
+        freed = await self.callbacks.settle(seq, inodes, entries, writer=writer)
         await self.housekeeping.release(freed)
 
     def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:
@@ -259,7 +285,7 @@ class MetaService:
                 )
                 await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
-                await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits(), fast=self.handle_now)
+                await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits(), burst=self._burst())
         finally:
             with trio.CancelScope(shield=True):
                 await self.txn.commit_now()
@@ -306,10 +332,34 @@ class MetaService:
 
     # -- transactions (daemon/txn.py) ----------------------------------------------
 
-    async def _write_reporting(self, fn: Callable[..., T], *args, report, **kwargs) -> tuple[T, list[P.Attr], int]:
-        """``txn.write``, plus the attributes of the directories in ``report`` right after the
-        operation and the change log position they are as of (client/dir_attrs.py)."""
-        return await self.txn.write_reporting(fn, *args, report=functools.partial(self._dir_attrs, report), **kwargs)
+    def _reporting(self, inodes: list[int]) -> Callable[[], list[P.Attr]]:
+        """The attributes of directories ``inodes`` right after an operation (client/dir_attrs.py)."""
+        return functools.partial(self._dir_attrs, inodes)
+
+    async def _perform(self, op: Op) -> P.Msg:
+        """A request's operation (``operation``) on the usual path, a task of its own: a read,
+        or a write returning once durable (txn.write_reporting)."""
+        if not op.write:
+            return op.reply(await self.txn.read(op.fn), [], 0)
+        result, dirs, seq = await self.txn.write_reporting(op.fn, report=op.report, change=op.change)
+        return op.reply(result, dirs, seq)
+
+    def operation(self, body: P.Msg) -> Op:
+        """The operation of a request of ``BURST_KINDS`` (its ``_op_<tag>``): what the burst path
+        (daemon/burst.py) and the handler both run. Checks made before the operation
+        (a session's owner, a write fence) are made here, and raise."""
+        return self._op_methods[type(body)](body)
+
+    def _burst(self) -> Callable | None:
+        """serve()'s burst path (daemon/burst.py): SQLite's group commit only; PostgreSQL runs
+        each request as its own transaction in a worker thread (daemon/txn.py)."""
+        if not self.store.group_commit:
+            return None
+        self.burst = Burst(
+            txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
+            settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
+        )
+        return self.burst.run
 
     def _written(self) -> None:
         """After every write: redundancy figures in status are recomputed, and a shared
@@ -351,6 +401,29 @@ class MetaService:
             return await self.handle(req.body, [])
         finally:
             applied_ops.once.reset(token)
+
+    async def handle_batch(self, req: P.BatchReq) -> P.Msg:
+        """A BatchReq the serving loop's burst did not take: on SQLite a burst of its own in this
+        task (one commit, daemon/burst.py); a subtree key's, or on PostgreSQL, each item through
+        ``handle`` on its own (its access checks, capabilities), in order; one reply."""
+        if self.burst is not None:
+            rsp = (await self.burst.run([(req, current_peer())]))[0]
+            if callable(rsp):  # some change waits for a mount's acknowledgement
+                rsp = await rsp()
+            if isinstance(rsp, P.ErrorRsp):
+                raise StripefsError(rsp.code, rsp.message)
+            if rsp is not None:
+                return rsp
+        results: list[P.Msg] = []
+        for item in req.items:
+            inner = item.body if isinstance(item, P.OnceReq) else item
+            try:
+                if type(inner).__name__ not in P.BATCH_MESSAGES:
+                    raise StripefsError(ErrorCode.BAD_REQUEST, f"{type(inner).__name__} cannot be in a BatchReq")
+                results.append(await self.handle(item, []))
+            except StripefsError as exc:
+                results.append(P.ErrorRsp(code=int(exc.code), message=exc.message))
+        return P.BatchRsp(results=results)
 
     async def handle_status(self, req: P.StatusReq) -> P.Msg:
         grant = self.access.grant()  # a subtree key sees only its own quotas, a storage key none
@@ -473,7 +546,10 @@ class MetaService:
     # -- namespace -------------------------------------------------------------
 
     async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
-        return await self.txn.read(self._lookup, req)
+        return await self._perform(self._op_lookup(req))
+
+    def _op_lookup(self, req: P.LookupReq) -> Op:
+        return Op(functools.partial(self._lookup, req), False, None, None, _result)
 
     def _lookup(self, req: P.LookupReq) -> P.Msg:
         if not req.open_info:
@@ -562,38 +638,28 @@ class MetaService:
                 del lines[connection]  # a connection with nothing waiting costs nothing
 
     async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
-        return P.AttrRsp(attr=await self.txn.read(self.ns.getattr, req.ino))
+        return await self._perform(self._op_getattr(req))
 
-    def handle_now(self, body: P.Msg, payloads: list) -> P.Msg | None:
-        """serve()'s fast path: a lookup or getattr answered on the receiving task, as ``_read``
-        would (the same function, under the same free lock), without a task of its own. Only
-        with SQLite's group commit and the lock free; only successes (an error takes the usual
-        path, which logs and counts it); else None."""
-        if payloads or not self.store.group_commit or self.txn.lock.locked():
-            return None
-        kind = type(body)
-        if kind is not P.LookupReq and kind is not P.GetattrReq:
-            return None
-        try:
-            if not self.access.passes_unchanged(body):
-                return None
-            if kind is P.LookupReq:
-                return self._lookup(body)
-            return P.AttrRsp(attr=self.ns.getattr(body.ino))
-        except Exception:  # noqa: BLE001 - NOT_FOUND, a bad number...: handle() answers and logs it
-            return None
+    def _op_getattr(self, req: P.GetattrReq) -> Op:
+        return Op(functools.partial(self.ns.getattr, req.ino), False, None, None, lambda attr, _, __: P.AttrRsp(attr=attr))
 
     async def handle_setattr(self, req: P.SetattrReq) -> P.Msg:
-        attr, dirs, seq = await self._write_reporting(
+        return await self._perform(self._op_setattr(req))
+
+    def _op_setattr(self, req: P.SetattrReq) -> Op:
+        fn = functools.partial(
             self.ns.setattr, req.ino, mode=req.mode, uid=req.uid, gid=req.gid, size=req.size,
             atime_ns=req.atime_ns, mtime_ns=req.mtime_ns, ctime_ns=req.ctime_ns, chunks=req.chunks,
-            report=[req.ino], change=([req.ino], []),
         )
-        if req.size is not None:
-            self._wake_gc()
-        return P.AttrRsp(attr=attr, dir_attrs=[a for a in dirs if stat.S_ISDIR(a.mode)], seq=seq)
 
-    async def handle_create(self, req: P.CreateReq) -> P.Msg:
+        def reply(attr, dirs, seq):
+            if req.size is not None:
+                self._wake_gc()
+            return P.AttrRsp(attr=attr, dir_attrs=[a for a in dirs if stat.S_ISDIR(a.mode)], seq=seq)
+
+        return Op(fn, True, self._reporting([req.ino]), ([req.ino], []), reply)
+
+    def _op_create(self, req: P.CreateReq) -> Op:
         owner = current_peer()
         if req.session_id:
             self.sessions.touch(req.session_id, owner=owner)
@@ -611,66 +677,81 @@ class MetaService:
                 self.txn.epoch_raised()
             return (*info, epoch)
 
-        (attr, layout, chunks, nodes, quota_max, epoch), dirs, seq = await self._write_reporting(
-            create_and_open, report=[req.parent], change=([req.parent], [(req.parent, req.name)])
-        )
-        return P.OpenRsp(
-            attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max, dir_attrs=dirs, seq=seq
-        )
+        def reply(result, dirs, seq):
+            attr, layout, chunks, nodes, quota_max, epoch = result
+            return P.OpenRsp(
+                attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max, dir_attrs=dirs, seq=seq
+            )
+
+        return Op(create_and_open, True, self._reporting([req.parent]), ([req.parent], [(req.parent, req.name)]), reply)
+
+    async def handle_create(self, req: P.CreateReq) -> P.Msg:
+        return await self._perform(self._op_create(req))
+
+    def _op_mknod(self, req: P.MknodReq) -> Op:
+        fn = functools.partial(self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid)
+        return Op(fn, True, self._reporting([req.parent]), ([req.parent], [(req.parent, req.name)]), _attr_reply)
 
     async def handle_mknod(self, req: P.MknodReq) -> P.Msg:
-        attr, dirs, seq = await self._write_reporting(
-            self.ns.mknod, req.parent, req.name, req.mode, req.rdev, req.uid, req.gid,
-            report=[req.parent], change=([req.parent], [(req.parent, req.name)]),
-        )
-        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
+        return await self._perform(self._op_mknod(req))
+
+    def _op_mkdir(self, req: P.MkdirReq) -> Op:
+        fn = functools.partial(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid)
+
+        def reply(attr, dirs, seq):
+            callback = -1
+            if req.callback and req.session_id and self.callbacks.enabled:
+                self.sessions.touch(req.session_id, owner=current_peer())  # the session is the asking key's
+                callback = self.callbacks.grant_dir(req.session_id, attr.ino)  # it knows every name in it: none
+            return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq, callback=callback)
+
+        return Op(fn, True, self._reporting([req.parent]), ([req.parent], [(req.parent, req.name)]), reply)
 
     async def handle_mkdir(self, req: P.MkdirReq) -> P.Msg:
-        attr, dirs, seq = await self._write_reporting(
-            self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid,
-            report=[req.parent], change=([req.parent], [(req.parent, req.name)]),
-        )
-        callback = -1
-        if req.callback and req.session_id and self.callbacks.enabled:
-            self.sessions.touch(req.session_id, owner=current_peer())  # the session is the asking key's
-            callback = self.callbacks.grant_dir(req.session_id, attr.ino)  # it knows every name in it: none
-        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq, callback=callback)
+        return await self._perform(self._op_mkdir(req))
+
+    def _op_symlink(self, req: P.SymlinkReq) -> Op:
+        fn = functools.partial(self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid)
+        return Op(fn, True, self._reporting([req.parent]), ([req.parent], [(req.parent, req.name)]), _attr_reply)
 
     async def handle_symlink(self, req: P.SymlinkReq) -> P.Msg:
-        attr, dirs, seq = await self._write_reporting(
-            self.ns.symlink, req.parent, req.name, req.target, req.uid, req.gid,
-            report=[req.parent], change=([req.parent], [(req.parent, req.name)]),
-        )
-        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
+        return await self._perform(self._op_symlink(req))
+
+    def _op_link(self, req: P.LinkReq) -> Op:
+        change = ([req.ino, req.new_parent], [(req.new_parent, req.new_name)])
+        fn = functools.partial(self.ns.link, req.ino, req.new_parent, req.new_name)
+        return Op(fn, True, self._reporting([req.new_parent]), change, _attr_reply)
 
     async def handle_link(self, req: P.LinkReq) -> P.Msg:
-        change = ([req.ino, req.new_parent], [(req.new_parent, req.new_name)])
-        attr, dirs, seq = await self._write_reporting(self.ns.link, req.ino, req.new_parent, req.new_name, report=[req.new_parent], change=change)
-        return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq)
+        return await self._perform(self._op_link(req))
 
-    async def handle_unlink(self, req: P.UnlinkReq) -> P.Msg:
+    def _op_unlink(self, req: P.UnlinkReq) -> Op:
         # the file itself changed too (nlink): holders of it are waited for, and an orphan's go
         change = lambda _: ([req.parent, *self.ns.take_unlinked()], [(req.parent, req.name)])  # noqa: E731
-        _, dirs, seq = await self._write_reporting(
-            self.ns.unlink, req.parent, req.name, report=[req.parent], change=change
-        )
-        self._wake_gc()
-        return P.ChangedRsp(dir_attrs=dirs, seq=seq)
+        fn = functools.partial(self.ns.unlink, req.parent, req.name)
+        return Op(fn, True, self._reporting([req.parent]), change, self._changed_gc)
+
+    async def handle_unlink(self, req: P.UnlinkReq) -> P.Msg:
+        return await self._perform(self._op_unlink(req))
+
+    def _op_rmdir(self, req: P.RmdirReq) -> Op:
+        fn = functools.partial(self.ns.rmdir, req.parent, req.name)
+        return Op(fn, True, self._reporting([req.parent]), ([req.parent], [(req.parent, req.name)]), _changed_reply)
 
     async def handle_rmdir(self, req: P.RmdirReq) -> P.Msg:
-        _, dirs, seq = await self._write_reporting(
-            self.ns.rmdir, req.parent, req.name, report=[req.parent], change=([req.parent], [(req.parent, req.name)])
-        )
-        return P.ChangedRsp(dir_attrs=dirs, seq=seq)
+        return await self._perform(self._op_rmdir(req))
 
-    async def handle_rename(self, req: P.RenameReq) -> P.Msg:
+    def _op_rename(self, req: P.RenameReq) -> Op:
         # a file the rename replaced changed too (nlink), as for an unlink
         entries = [(req.parent_old, req.name_old), (req.parent_new, req.name_new)]
         change = lambda _: ([req.parent_old, req.parent_new, *self.ns.take_unlinked()], entries)  # noqa: E731
-        _, dirs, seq = await self._write_reporting(
-            self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags,
-            report=[req.parent_old, req.parent_new], change=change,
-        )
+        fn = functools.partial(self.ns.rename, req.parent_old, req.name_old, req.parent_new, req.name_new, req.flags)
+        return Op(fn, True, self._reporting([req.parent_old, req.parent_new]), change, self._changed_gc)
+
+    async def handle_rename(self, req: P.RenameReq) -> P.Msg:
+        return await self._perform(self._op_rename(req))
+
+    def _changed_gc(self, _, dirs, seq) -> P.Msg:
         self._wake_gc()
         return P.ChangedRsp(dir_attrs=dirs, seq=seq)
 
@@ -745,9 +826,12 @@ class MetaService:
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
+        return await self._perform(self._op_commit(req))
+
+    def _op_commit(self, req: P.CommitReq) -> Op:
         self.sessions.check_fence(req.ino, req.chunks)
-        attr = await self.txn.write(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks, change=([req.ino], []))
-        return P.AttrRsp(attr=attr)
+        fn = functools.partial(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks)
+        return Op(fn, True, None, ([req.ino], []), lambda attr, _, __: P.AttrRsp(attr=attr))
 
     # -- online conversion (daemon/redundancy.py) ----------------------------------
 

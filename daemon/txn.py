@@ -102,11 +102,11 @@ class Txn:
         #: called after every write made through ``write``: figures and feeds that depend on the namespace
         self.on_write = on_write
         self._logged_seq = 0  # the change log number the last operation's change got (SQLite)
-        self._logged_change: tuple | None = None  # (seq, inodes, entries) of the last operation's change (SQLite)
+        self._logged_change: tuple | None = None  # (seq, inodes, entries, writer) of the last operation's change (SQLite)
         self.last_seq = 0  # the newest change log number logged by this daemon (SQLite)
-        #: ``await after_change(seq, inodes, entries)`` once a change is durable, before its reply
-        #: (SQLite: the callbacks of daemon/callbacks.py)
-        self.after_change: Callable[[int, list, list], Awaitable[None]] | None = None
+        #: ``await after_change(seq, inodes, entries, writer)`` once a change is durable, before its reply
+        #: (SQLite: the callbacks of daemon/callbacks.py; ``writer``: the OnceReq's bound client id, or 0)
+        self.after_change: Callable[[int, list, list, int], Awaitable[None]] | None = None
 
     def _operation(self, fn: Callable[..., T], change, *args, **kwargs) -> T:
         """``fn`` as one operation runs it inside its transaction (a store retrying the
@@ -116,11 +116,12 @@ class Txn:
         if ran and change is not None:
             inodes, entries = change(result) if callable(change) else change
             once = applied_ops.once.get()
-            writer = P.writer_tag(once.client_id) if once is not None else 0
+            client_id = once.client_id if once is not None else 0
+            writer = P.writer_tag(client_id) if client_id else 0
             self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries, writer)) or 0
             if self._logged_seq:
                 self.last_seq = max(self.last_seq, self._logged_seq)
-                self._logged_change = (self._logged_seq, inodes, entries)
+                self._logged_change = (self._logged_seq, inodes, entries, client_id)
         return result
 
     async def write(self, fn: Callable[..., T], *args, **kwargs) -> T:
@@ -186,28 +187,25 @@ class SqliteTxn(Txn):
         async with self.lock:
             return fn(*args, **kwargs)
 
-    def write_locked(self, fn: Callable[..., T], *args, change=None, **kwargs) -> tuple[T, Batch]:
-        """Run one operation in its savepoint; the caller holds ``lock``."""
+    def write_locked(self, fn: Callable[..., T], *args, change=None, wake: bool = True, **kwargs) -> tuple[T, Batch]:
+        """Run one operation in its savepoint; the caller holds ``lock``. ``wake`` False: the
+        caller commits the batch itself (``commit_blocking``) or calls ``wake``."""
         with self.store.savepoint():
             result = self._operation(fn, change, *args, **kwargs)
         batch = self._batch
         batch.dirty = True  # a replayed result too: its first attempt may not be committed yet
-        self._wake_committer.set()
+        if wake:
+            self._wake_committer.set()
         return result, batch
 
+    def wake(self) -> None:
+        """The committer commits the batch soon."""
+        self._wake_committer.set()
+
     async def write_reporting(self, fn, *args, report, **kwargs):
-        attrs: list[P.Attr] = []
-        seq = 0
         try:
             async with self.lock:
-                self._logged_seq = 0
-                self._logged_change = None
-                result, batch = self.write_locked(fn, *args, **kwargs)
-                logged = self._logged_change
-                seq = self._logged_seq if report is not None else 0
-                if seq:
-                    attrs = report()
-                    seq = seq if attrs else 0
+                result, batch, logged, attrs, seq = self.write_reporting_locked(fn, *args, report=report, **kwargs)
         finally:
             self._used_once()
         self.on_write()
@@ -215,6 +213,22 @@ class SqliteTxn(Txn):
         if logged is not None and self.after_change is not None:
             await self.after_change(*logged)
         return result, attrs, seq
+
+    def write_reporting_locked(self, fn, *args, report, wake: bool = True, **kwargs) -> tuple[T, Batch, tuple | None, list[P.Attr], int]:
+        """``write_reporting``'s part under ``lock`` (the caller holds it; daemon/burst.py runs
+        many in one hold): the result, the batch to wait for, the change logged (the arguments
+        of ``after_change``, or None), the reported attributes and the seq they are as of. The
+        caller marks the OnceReq used and calls ``on_write`` after."""
+        self._logged_seq = 0
+        self._logged_change = None
+        result, batch = self.write_locked(fn, *args, wake=wake, **kwargs)
+        logged = self._logged_change
+        attrs: list[P.Attr] = []
+        seq = self._logged_seq if report is not None else 0
+        if seq:
+            attrs = report()
+            seq = seq if attrs else 0
+        return result, batch, logged, attrs, seq
 
     async def alloc_epoch(self, alloc):
         async with self.lock:
@@ -248,14 +262,40 @@ class SqliteTxn(Txn):
                 try:
                     await trio.to_thread.run_sync(self.store.commit)
                 except sqlite3.Error as exc:
-                    log.error("COMMIT of %s failed, rolling the batch back: %s", self.name, exc)
-                    batch.error = exc
-                    self.store.rollback()
-                    self.store.begin()
-                    self.on_rollback()
+                    self._rolled_back(batch, exc)
                 else:
                     self.on_commit()  # durable now: tell the mounts before the replies go
             batch.done.set()
+
+    def commit_blocking(self) -> bool:
+        """Commit the batch now, on this thread, blocking it for the fsync: the burst path
+        (daemon/burst.py), whose replies all wait for this commit anyway; a worker thread's
+        hand-off and wake-up cost more CPU than the fsync's wait. Only with ``group_commit_ms``
+        0 (a configured delay gathers more for the committer) and the lock free (no operation
+        half done); False: not done, wait for the committer."""
+        if self.group_commit_ms or self.lock.locked():
+            return False
+        self.lock.acquire_nowait()
+        try:
+            batch, self._batch = self._batch, Batch()
+            if batch.dirty:
+                try:
+                    self.store.commit()
+                except sqlite3.Error as exc:
+                    self._rolled_back(batch, exc)
+                else:
+                    self.on_commit()
+            batch.done.set()
+        finally:
+            self.lock.release()
+        return True
+
+    def _rolled_back(self, batch: Batch, exc: sqlite3.Error) -> None:
+        log.error("COMMIT of %s failed, rolling the batch back: %s", self.name, exc)
+        batch.error = exc
+        self.store.rollback()
+        self.store.begin()
+        self.on_rollback()
 
 
 class PgTxn(Txn):

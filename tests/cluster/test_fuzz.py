@@ -143,9 +143,14 @@ def hostile_body(draw, tags: list[str], real_inos: list[int]) -> dict:
     a field of a wrong type, missing or unknown."""
     tag = draw(st.sampled_from(tags))
     if tag == "once":  # a retry wrapper: hostile ids around a hostile inner body (the same rules apply to it)
-        inner = draw(hostile_body([t for t in tags if t != "once"], real_inos))
+        inner = draw(hostile_body([t for t in tags if t not in ("once", "batch")], real_inos))
         return {"t": "once", "client_id": draw(HOSTILE_INT), "op_id": draw(HOSTILE_INT),
                 "done_below": draw(HOSTILE_INT), "body": inner}
+    if tag == "batch":  # many hostile bodies in one message (each checked as if alone; a nested batch refused)
+        items = draw(st.lists(hostile_body([t for t in tags if t != "batch"], real_inos), max_size=4))
+        if draw(st.integers(0, 9)) == 0:
+            items.append({"t": "batch", "items": []})
+        return {"t": "batch", "items": items}
     cls = REQUESTS[tag]
     safe = tag in READ_ONLY
     body = {"t": tag}

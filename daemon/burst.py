@@ -1,0 +1,332 @@
+"""The metadata daemon's request path without a task per request: a burst, one commit.
+
+Under trio a request used to cost the daemon a task, a semaphore, a cancel
+scope, a lock acquisition and a wake-up at its group commit: over half of the
+~2 ms of CPU a create cost (docs/design.md, "The request path"). So
+``serve()`` (common/transport.py) takes every request waiting on the socket at
+once (a burst, up to ``transport.BURST_MAX``) and hands them to ``Burst.run``,
+which on the serving task itself:
+
+1. admits each request as ``MetaAccess.handle`` would (daemon/access.py
+   ``admit_now``: role, read-only, root squash; the same functions and errors)
+   and builds its operation (``MetaService.operation``: a ``handle_*`` split
+   into the synchronous operation and the reply built from its result). What it
+   cannot run here goes back to ``serve()`` (None), which runs it in a task as
+   before: a subtree key's request (its inodes are checked and its replies
+   signed by ``MetaAccess.handle``), a HelloReq, a readdir, a quota recount, a
+   tier recall, anything that may wait on the network.
+2. takes the namespace lock once (a slice of ``SLICE`` operations at most per
+   hold, so a burst of big batches never stops the daemon for long) and runs
+   each operation as ``txn.write_reporting`` would: in its own savepoint (one
+   failing leaves the others), at most once under a OnceReq (applied_ops), its
+   change logged with it, in request order, so change numbers follow it.
+3. commits once for them all (one fsync), on the spot and blocking
+   (``txn.commit_blocking``: a worker thread's hand-off and wake-up cost more
+   CPU than waiting; nothing else could use the database meanwhile), or, with
+   ``group_commit_ms`` set or the lock taken, waits for the committer's commit;
+   either publishes the change events before the replies go.
+4. settles each change with the callbacks (daemon/callbacks.py
+   ``settle_now``); a change some mount must first acknowledge leaves for trio
+   as a continuation (``serve()`` runs it in a task, which waits and replies).
+5. returns the replies, in request order; errors as ErrorRsp.
+
+A lone lookup or getattr with the lock free (the idle daemon's common case)
+skips the bookkeeping: admitted, run and answered on the spot.
+
+A BatchReq (many changes of one client) is a burst of its own within the
+burst: each item admitted and run on its own, one BatchRsp for all. One that
+would take the serving loop's burst past ``MOST`` operations goes to a task
+(``handle_batch``), which runs it through ``Burst.run`` as a burst of its own.
+
+The rules of docs/design.md hold: no reply before the commit that makes its
+change durable (a kill -9 loses nothing answered), change numbers in commit
+order (one lock, one order), a retry applied once (the OnceKey in effect per
+operation, bound to the sending key as ``handle_once`` binds it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, NamedTuple
+
+import trio
+
+from ..common import protocol as P
+from ..common import security
+from ..common.errors import ErrorCode, StripefsError
+from . import applied_ops
+
+log = logging.getLogger(__name__)
+
+#: operations per hold of the lock: about 25 ms of work, the most others wait behind a burst
+SLICE = 256
+#: operations one burst of the serving loop takes at most (about 0.3 s of work): a BatchReq past it
+#: is served in a task of its own, while the loop receives and answers the others
+MOST = 1024
+#: requests that only read: a lone one is answered on the spot (``Burst._read_now``)
+READS = frozenset({P.LookupReq, P.GetattrReq})
+
+
+class Op(NamedTuple):
+    """One request's namespace operation, split from its reply (``MetaService.operation``)."""
+
+    fn: Callable[[], object]  # synchronous, under the lock (an operation as txn.write runs it)
+    write: bool  # False: a read (no savepoint, nothing to commit)
+    report: Callable[[], list] | None  # the reported directories' attributes, right after (write only)
+    change: object  # what mounts must drop (txn.write's ``change=``)
+    reply: Callable[[object, list, int], P.Msg]  # (result, directory attributes, seq) -> the reply, once durable
+
+
+class _Unit:
+    """One operation of the burst: a request, or an item of a BatchReq."""
+
+    __slots__ = ("op", "once", "peer", "result", "error", "batch", "logged", "attrs", "seq")
+
+    def __init__(self, op: Op | None, once: applied_ops.OnceKey | None, peer: str | None, error: P.ErrorRsp | None = None):
+        self.op = op
+        self.once = once
+        self.peer = peer
+        self.error = error
+        self.result = None
+        self.batch = None  # the group commit it waits for (a write)
+        self.logged = None  # after_change's arguments
+        self.attrs: list = []
+        self.seq = 0
+
+
+def _error(exc: StripefsError) -> P.ErrorRsp:
+    return P.ErrorRsp(code=int(exc.code), message=exc.message)
+
+
+class Burst:
+    """``run`` is serve()'s ``burst`` for the metadata daemon (module docstring)."""
+
+    def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release) -> None:
+        self.txn = txn  # daemon/txn.py SqliteTxn
+        self.access = access  # daemon/access.py MetaAccess
+        self.kinds = kinds  # the requests served here (bare or in a OnceReq)
+        self.operation = operation  # an admitted body of ``kinds`` -> its Op
+        self.settle_now = settle_now  # callbacks.settle_now
+        self.settle = settle  # await settle(seq, inodes, entries, writer): the service's, for what must wait
+        self.release = release  # await release(inodes): orphans nobody holds any more (housekeeping)
+        self.bursts = 0  # figures for tests and the bench
+        self.requests = 0
+
+    async def run(self, items: list[tuple[P.Msg, str | None]]) -> list:
+        if len(items) == 1 and not self.txn.lock.locked():
+            body, peer = items[0]
+            if type(body) in READS:  # a lone read: nothing to order, hold or commit
+                security.PEER.set(peer)
+                self.bursts += 1
+                self.requests += 1
+                return [self._read_now(body)]
+        plans: list = []  # per item: None (not taken), an ErrorRsp, a _Unit, or a list of _Units (a BatchReq)
+        units: list[_Unit] = []
+        for body, peer in items:
+            security.PEER.set(peer)
+            if type(body) is P.BatchReq and len(units) + len(body.items) > MOST and len(items) > 1:
+                plans.append(None)  # in a task of its own (handle_batch: a burst of its own), the loop receiving meanwhile
+                continue
+            plan = self._plan(body, peer)
+            plans.append(plan)
+            if isinstance(plan, _Unit):
+                units.append(plan)
+            elif isinstance(plan, list):
+                units += plan
+        runnable = [u for u in units if u.op is not None]
+        if runnable:
+            await self._execute(runnable)
+        waits = await self._settle(runnable)
+        self.bursts += 1
+        self.requests += len(items)
+        return [self._answer(plan, waits) for plan in plans]
+
+    def _read_now(self, body: P.Msg):
+        """A lone lookup or getattr, the lock free: run on the spot (sync code: nothing can take
+        the lock meanwhile), as ``_one`` would; None when ``handle`` must take it."""
+        try:
+            admitted = self.access.admit_now(body)
+            if admitted is None:
+                return None
+            op = self.operation(admitted)
+            return op.reply(op.fn(), [], 0)
+        except StripefsError as exc:
+            return _error(exc)
+        except OverflowError as exc:
+            return _error(_overflow(body, exc))
+
+    # -- 1. admission and operations --------------------------------------------------
+
+    def _plan(self, body: P.Msg, peer: str | None):
+        kind = type(body)
+        if kind is P.BatchReq:
+            return self._plan_batch(body, peer)
+        inner = body.body if kind is P.OnceReq else body
+        if type(inner) not in self.kinds:  # not served here: no checks twice
+            return None
+        try:
+            admitted = self.access.admit_now(body)
+            if admitted is None:
+                return None
+            return self._unit(admitted, peer)
+        except StripefsError as exc:
+            return _error(exc)
+
+    def _plan_batch(self, batch: P.BatchReq, peer: str | None):
+        try:
+            if self.access.admit_now(batch) is None:
+                return None  # a subtree key: handle_batch, item by item through MetaAccess.handle
+        except StripefsError as exc:
+            return _error(exc)
+        units = []
+        for item in batch.items:
+            inner = item.body if isinstance(item, P.OnceReq) else item
+            if type(inner).__name__ not in P.BATCH_MESSAGES:
+                units.append(_Unit(None, None, peer, P.ErrorRsp(
+                    code=ErrorCode.BAD_REQUEST, message=f"{type(inner).__name__} cannot be in a BatchReq")))
+                continue
+            try:
+                admitted = self.access.admit_now(item)
+                if admitted is None:  # (not for a key admit_now took the batch of)
+                    raise StripefsError(ErrorCode.ACCESS, "this key's batch items go through its subtree checks")
+                units.append(self._unit(admitted, peer))
+            except StripefsError as exc:
+                units.append(_Unit(None, None, peer, _error(exc)))
+        return units
+
+    def _unit(self, body: P.Msg, peer: str | None) -> _Unit:
+        """The admitted ``body`` as a unit (a OnceReq: its body, under its bound key, as handle_once)."""
+        once = None
+        if isinstance(body, P.OnceReq):
+            name = type(body.body).__name__
+            if name not in P.ONCE_MESSAGES:
+                raise StripefsError(ErrorCode.BAD_REQUEST, f"{name} cannot be wrapped in OnceReq")
+            client_id = applied_ops.bind(body.client_id, peer)  # a retry answers only the key that made it
+            once = applied_ops.OnceKey(client_id, body.op_id, body.done_below)
+            body = self.access.admit_now(body.body)
+            if body is None:
+                raise StripefsError(ErrorCode.ACCESS, "this key's requests go through its subtree checks")
+        try:
+            op = self.operation(body)
+        except OverflowError as exc:
+            raise _overflow(body, exc) from None
+        return _Unit(op, once, peer)
+
+    # -- 2. under the lock, 3. one commit ---------------------------------------------
+
+    async def _execute(self, units: list[_Unit]) -> None:
+        txn = self.txn
+        wrote = False
+        try:
+            for start in range(0, len(units), SLICE):
+                lock = txn.lock
+                if start:
+                    await trio.lowlevel.checkpoint()  # between slices the others get their turn
+                if lock.locked():
+                    await lock.acquire()
+                else:
+                    lock.acquire_nowait()  # free: no scheduler pass
+                try:
+                    for unit in units[start:start + SLICE]:
+                        wrote = self._one(unit) or wrote
+                finally:
+                    lock.release()
+        except BaseException:
+            txn.wake()  # cancelled (or a bug) between slices: what ran is committed all the same
+            raise
+        if wrote:
+            txn.on_write()
+            last = next(u.batch for u in reversed(units) if u.batch is not None)
+            if not last.done.is_set() and not txn.commit_blocking():  # on the spot, or by the committer:
+                txn.wake()
+            try:
+                await last.wait()  # batches commit in order: every earlier one is done too
+            except StripefsError:
+                pass
+            for unit in units:
+                if unit.batch is not None and unit.batch.error is not None:
+                    unit.error = P.ErrorRsp(code=ErrorCode.IO, message=f"metadata commit failed: {unit.batch.error}")
+
+    def _one(self, unit: _Unit) -> bool:
+        """Run one operation (the lock held); whether it wrote."""
+        op = unit.op
+        security.PEER.set(unit.peer)
+        token = applied_ops.once.set(unit.once) if unit.once is not None else None
+        try:
+            if op.write:
+                unit.result, unit.batch, unit.logged, unit.attrs, unit.seq = self.txn.write_reporting_locked(
+                    op.fn, report=op.report, change=op.change, wake=False)  # committed by _execute
+                return True
+            unit.result = op.fn()
+        except StripefsError as exc:
+            unit.error = _error(exc)
+        except OverflowError as exc:  # SQLite stores signed 64-bit integers
+            unit.error = _error(_overflow(None, exc))
+        except Exception as exc:  # noqa: BLE001 - a bug: answered and logged loudly, the others go on
+            log.exception("the burst's operation %s failed", getattr(op.fn, "__qualname__", op.fn))
+            unit.error = P.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")
+        finally:
+            if token is not None:
+                unit.once.used = True  # one operation per OnceReq
+                applied_ops.once.reset(token)
+        return False
+
+    # -- 4. callbacks ---------------------------------------------------------------------
+
+    async def _settle(self, units: list[_Unit]) -> set[int]:
+        """Settle each durable change that waits for nobody; the ids of the units that must wait."""
+        waits: set[int] = set()
+        freed: list[int] = []
+        for unit in units:
+            if unit.logged is None or unit.error is not None:
+                continue
+            done = self.settle_now(*unit.logged)
+            if done is None:
+                waits.add(id(unit))
+            else:
+                freed += done
+        if freed:
+            await self.release(freed)
+        return waits
+
+    # -- 5. replies ----------------------------------------------------------------------
+
+    def _answer(self, plan, waits: set[int]):
+        if plan is None or isinstance(plan, P.ErrorRsp):
+            return plan
+        units = plan if isinstance(plan, list) else [plan]
+        if any(id(u) in waits for u in units):
+            return self._later(plan, units, waits)
+        replies = [self._reply(u) for u in units]
+        return P.BatchRsp(results=replies) if isinstance(plan, list) else replies[0]
+
+    def _later(self, plan, units: list[_Unit], waits: set[int]):
+        """A continuation: waits for the mounts a change must hear first, then the reply (in a task)."""
+
+        async def later() -> P.Msg:
+            for unit in units:
+                if id(unit) in waits:
+                    await self.settle(*unit.logged)
+            replies = [self._reply(u) for u in units]
+            if isinstance(plan, list):
+                return P.BatchRsp(results=replies)
+            if isinstance(replies[0], P.ErrorRsp):
+                raise StripefsError(replies[0].code, replies[0].message)
+            return replies[0]
+
+        return later
+
+    def _reply(self, unit: _Unit) -> P.Msg:
+        if unit.error is not None:
+            return unit.error
+        security.PEER.set(unit.peer)  # a reply may grant a callback to the asking key's session
+        try:
+            return unit.op.reply(unit.result, unit.attrs, unit.seq)
+        except StripefsError as exc:
+            return _error(exc)
+
+
+def _overflow(body: P.Msg | None, exc: OverflowError) -> StripefsError:
+    name = type(body).__name__ if body is not None else "the request"
+    log.warning("refusing %s: a number is out of range: %s", name, exc)
+    return StripefsError(ErrorCode.BAD_REQUEST, f"a number in {name} is out of range (signed 64-bit)")

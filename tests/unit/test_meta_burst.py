@@ -1,0 +1,250 @@
+"""The metadata daemon's request path without a task per request (daemon/burst.py) and BatchReq.
+
+A burst of requests received together runs in one hold of the lock and one
+group commit, answered in request order; what must wait (a callback's
+acknowledgement) is answered later from a task; what the path does not serve
+takes the usual one. A kill -9 while bursts are in flight loses no answered
+change. A BatchReq is one message, one commit, one result per item, each item
+checked (access, quotas) as it would be alone.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import trio
+import zmq
+
+from stripefs.common import protocol as P
+from stripefs.common.config import MetaConfig
+from stripefs.common.errors import ErrorCode
+from stripefs.common.transport import connect, open_socket
+from stripefs.daemon.service import MetaService
+from test_meta_service import Daemon
+from test_security import ROOT, _code, secure_cluster
+from util import free_address
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.term()
+
+
+def _register(node_id: int = 1) -> P.RegisterNodeReq:
+    return P.RegisterNodeReq(node_id=node_id, address="tcp://127.0.0.1:1", host="h", capacity_bytes=1 << 40,
+                             free_bytes=1 << 39, used_bytes=0, chunks=0)
+
+
+def _create(name: bytes, parent: int = ROOT, session_id: int = 0) -> P.CreateReq:
+    return P.CreateReq(parent=parent, name=name, mode=0o100644, uid=0, gid=0, session_id=session_id)
+
+
+class _Commits:
+    """Counts the COMMITs of ``service``'s store (each an fsync)."""
+
+    def __init__(self, service: MetaService):
+        self.n = 0
+        real = service.store.commit
+
+        def counting():
+            self.n += 1
+            real()
+
+        service.store.commit = counting
+
+
+async def _service(nursery, ctx, tmp_path) -> MetaService:
+    config = MetaConfig(listen=free_address(), data_dir=str(tmp_path), chunk_size=1 << 20, stripe_count=1,
+                        redundancy="replicas=1")
+    service = MetaService(config, zmq_context=ctx)
+    await nursery.start(service.run)
+    await service.handle(_register(), [])
+    return service
+
+
+async def test_a_burst_of_successes_failures_and_a_wait_is_committed_once_and_answered_in_order(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+        other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
+        await service.handle(_create(b"held"), [])
+        held = await service.handle(P.LookupReq(parent=ROOT, name=b"held", callback=True, session_id=other), [])
+        assert held.callback >= 0  # the other mount caches it: a change of it waits for that mount
+        commits = _Commits(service)
+        disk = sqlite3.connect(tmp_path / "meta.sqlite3")  # sees only what is committed
+
+        once = P.OnceReq(client_id=111, op_id=1, done_below=0, body=_create(b"b", session_id=sid))
+        items = [
+            _create(b"a", session_id=sid),  # 0: succeeds
+            P.MkdirReq(parent=ROOT, name=b"held", mode=0o40755, uid=0, gid=0),  # 1: EXISTS
+            P.GetattrReq(ino=987654),  # 2: NOT_FOUND
+            once,  # 3: succeeds, once
+            P.UnlinkReq(parent=ROOT, name=b"held"),  # 4: waits for the other mount's acknowledgement
+            P.ReaddirReq(ino=ROOT),  # 5: not this path's: served the usual way
+            P.SetattrReq(ino=ROOT, mode=0o40755),  # 6: succeeds
+            once,  # 7: the retry of 3, in the same burst: applied once, the same answer
+            _create(b"x" * 300),  # 8: name too long
+        ]
+        results = await service.burst.run([(body, None) for body in items])
+
+        assert commits.n == 1  # one fsync for the whole burst
+        names = {row[0] for row in disk.execute("SELECT name FROM dentries WHERE parent=1")}
+        assert {b"a", b"b"} <= names  # durable before any reply exists
+        a, exists, missing, b, wait, usual, setattr, retry, long = results
+        assert isinstance(a, P.OpenRsp) and isinstance(b, P.OpenRsp) and isinstance(setattr, P.AttrRsp)
+        assert (exists.code, missing.code) == (ErrorCode.EXISTS, ErrorCode.NOT_FOUND)
+        assert isinstance(long, P.ErrorRsp) and long.code != ErrorCode.INTERNAL
+        assert usual is None
+        assert isinstance(retry, P.OpenRsp) and retry.attr.ino == b.attr.ino  # not a second file
+        assert a.seq < b.seq < setattr.seq  # change numbers in request (= commit) order
+        assert callable(wait)
+
+        async with trio.open_nursery() as waiting:
+            answer = []
+
+            async def finish():
+                answer.append(await wait())
+
+            waiting.start_soon(finish)
+            await trio.sleep(0.2)
+            assert not answer  # the other mount has not dropped it yet
+            await service.handle(P.AckReq(session_id=other, seq=0, everything=True), [])
+        assert isinstance(answer[0], P.ChangedRsp)
+        assert service.callbacks.timeouts == 0
+        disk.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_requests_sent_together_are_answered_in_order_with_one_commit_per_burst(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        commits = _Commits(service)
+        async with open_socket(ctx, zmq.DEALER, connect=service.config.listen) as sock:
+            n = 200
+            for i in range(n):  # no await between them: they wait on the daemon's socket together
+                sock.raw.send_multipart([P.encode(i + 1, _create(b"f%d" % i))])
+            got = []
+            with trio.fail_after(20):
+                while len(got) < n:
+                    request_id, body = P.decode_reply((await sock.recv_multipart())[0].bytes)
+                    got.append(request_id)
+                    assert isinstance(body, P.OpenRsp), body
+        assert got == list(range(1, n + 1))  # in order
+        assert service.burst.requests >= n and commits.n < n // 4  # bursts, not a commit per create
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_kill9_in_the_middle_of_bursts_loses_no_answered_create(tmp_path, ctx):
+    daemon = Daemon(tmp_path)
+    daemon.start()
+    try:
+        await daemon.wait_ready(ctx)
+        async with connect(ctx, daemon.address, timeout=10) as c:
+            await c.call(_register())
+            parent = (await c.call(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0)))[0].attr.ino
+        answered: list[bytes] = []
+        async with open_socket(ctx, zmq.DEALER, connect=daemon.address) as sock:
+            n = 3000
+            for i in range(n):
+                sock.raw.send_multipart([P.encode(i + 1, _create(b"f%d" % i, parent=parent))])
+            with trio.fail_after(30):
+                while len(answered) < 300:
+                    request_id, body = P.decode_reply((await sock.recv_multipart())[0].bytes)
+                    assert isinstance(body, P.OpenRsp), body
+                    answered.append(b"f%d" % (request_id - 1))
+            daemon.kill9()  # creates still queued, running and waiting for their commit
+        assert len(answered) < n
+        daemon.start()
+        await daemon.wait_ready(ctx)
+        async with connect(ctx, daemon.address, timeout=10) as c:
+            names, after = set(), 0
+            while True:
+                page = (await c.call(P.ReaddirReq(ino=parent, after=after, limit=1000)))[0]
+                names |= {e.name for e in page.entries}
+                if not page.more:
+                    break
+                after = page.entries[-1].cookie
+        assert set(answered) <= names
+    finally:
+        daemon.stop()
+
+
+async def test_a_batch_is_one_message_one_commit_and_one_result_per_item(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        d = await service.handle(P.MkdirReq(parent=ROOT, name=b"q", mode=0o40755, uid=0, gid=0), [])
+        await service.handle(P.QuotaSetReq(ino=d.attr.ino, max_inodes=3), [])
+        commits = _Commits(service)
+        items = [_create(b"f%d" % i, parent=d.attr.ino) for i in range(4)]  # the 4th passes the quota
+        items += [P.UnlinkReq(parent=d.attr.ino, name=b"f0"), P.UnlinkReq(parent=d.attr.ino, name=b"nothing"),
+                  P.OnceReq(client_id=5, op_id=1, done_below=0, body=P.SetattrReq(ino=d.attr.ino, mode=0o40700)),
+                  P.GetattrReq(ino=ROOT)]  # not a change: refused in a batch
+        async with connect(ctx, service.config.listen, timeout=10) as c:
+            rsp = (await c.call(P.BatchReq(items=items)))[0]
+            assert isinstance(rsp, P.BatchRsp) and len(rsp.results) == len(items)
+            r = rsp.results
+            assert all(isinstance(x, P.OpenRsp) for x in r[:3]) and r[3].code == ErrorCode.QUOTA_EXCEEDED
+            assert isinstance(r[4], P.ChangedRsp) and r[5].code == ErrorCode.NOT_FOUND
+            assert isinstance(r[6], P.AttrRsp) and r[6].attr.mode & 0o777 == 0o700
+            assert r[7].code == ErrorCode.BAD_REQUEST
+            assert commits.n == 1
+            listing = (await c.call(P.ReaddirReq(ino=d.attr.ino)))[0]
+            assert sorted(e.name for e in listing.entries) == [b"f1", b"f2"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_each_item_of_a_batch_passes_the_access_checks_it_would_pass_alone(tmp_path):
+    async with secure_cluster(tmp_path) as c:
+        async with c.client("rw") as admin:
+            team_a = (await admin.call(P.MkdirReq(parent=ROOT, name=b"team-a", mode=0o40755, uid=0, gid=0)))[0].attr
+            outside = (await admin.call(P.MkdirReq(parent=ROOT, name=b"elsewhere", mode=0o40755, uid=0, gid=0)))[0].attr
+        batch = P.BatchReq(items=[_create(b"in", parent=team_a.ino), _create(b"out", parent=outside.ino)])
+        async with c.client("team") as team:  # a subtree key: its items go through its subtree checks one by one
+            inside, out = (await team.call(batch))[0].results
+            assert isinstance(inside, P.OpenRsp) and inside.cap is not None  # signed, as a create alone is
+            assert out.code == ErrorCode.ACCESS
+        async with c.client("ro") as ro:
+            assert await _code(ro.call(batch)) == ErrorCode.READ_ONLY
+        async with c.client("squash") as squashed:
+            made = (await squashed.call(P.BatchReq(items=[_create(b"s", parent=outside.ino)])))[0].results[0]
+            assert (made.attr.uid, made.attr.gid) == (65534, 65534)
+        async with c.client("rw") as admin:
+            names = {e.name for e in (await admin.call(P.ReaddirReq(ino=outside.ino)))[0].entries}
+            assert names == {b"s"}
+
+
+async def test_a_burst_that_fails_is_answered_internal_and_the_daemon_serves_on(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        real = service.burst._settle
+
+        async def broken(units):
+            service.burst._settle = real  # once
+            raise RuntimeError("a bug")
+
+        service.burst._settle = broken
+        async with connect(ctx, service.config.listen, timeout=10) as c:
+            assert await _code(c.call(_create(b"a"))) == ErrorCode.INTERNAL
+            assert isinstance((await c.call(_create(b"b")))[0], P.OpenRsp)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_batch_past_the_bursts_bound_is_served_as_a_burst_of_its_own_in_a_task(tmp_path, ctx):
+    from stripefs.daemon import burst
+
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        half = burst.MOST // 2 + 1
+        first = P.BatchReq(items=[_create(b"a%d" % i) for i in range(half)])
+        second = P.BatchReq(items=[_create(b"b%d" % i) for i in range(half)])
+        taken = await service.burst.run([(first, None), (second, None)])
+        assert isinstance(taken[0], P.BatchRsp) and taken[1] is None  # the loop's burst stays bounded
+        commits = _Commits(service)
+        rsp = await service.handle(second, [])  # what serve() then does with it, in a task
+        errors = [r for r in rsp.results if not isinstance(r, P.OpenRsp)]
+        # one commit for all; or one per slice of the lock at most, when other work committed in between
+        assert not errors and len(rsp.results) == half and commits.n <= -(-half // burst.SLICE), (errors[:2], commits.n)
+        nursery.cancel_scope.cancel()
