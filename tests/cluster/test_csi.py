@@ -1,0 +1,315 @@
+"""The CSI plugin (``stripefs csi``), driven over its Unix socket as kubelet and the sidecars drive it.
+
+A real plugin process against the session's real cluster; every publish is a real
+subtree mount. Covers a PVC's life (create, publish at two targets, write through one
+and read through the other, stats, expand, unpublish, delete), an inline ephemeral
+volume of a data set, a read-only publish, a plugin restarted (and a mount client
+killed) between publish and unpublish, and the spec's status codes for bad requests.
+Nothing stays mounted: the fixture unmounts whatever a failed test left below its
+target root, and stops the plugin. The manifests are checked in
+tests/unit/test_csi_manifests.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from stripefs.csi import csi_pb2 as pb
+from stripefs.csi import csi_pb2_grpc as pb_grpc
+from stripefs.local_cluster import _is_mounted
+
+from conftest import BAD_LOG_LINE, _wait_dead, run_cli
+
+MiB = 1 << 20
+MODE = pb.VolumeCapability.AccessMode
+MOUNT_CAP = pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(), access_mode=MODE(mode=MODE.MULTI_NODE_MULTI_WRITER))
+
+
+class Plugin:
+    """One ``stripefs csi`` process and the stubs kubelet and the sidecars would hold."""
+
+    def __init__(self, cluster, root: Path):
+        self.cluster = cluster
+        self.root = root
+        self.sock = root / "csi.sock"
+        self.pods = root / "pods"  # the target root: kubelet's /var/lib/kubelet/pods
+        self.state = root / "state"
+        self.volumes = f"/csi-{os.getpid()}"
+        self.log = root / "plugin.log"
+        self.proc: subprocess.Popen | None = None
+        self.pods.mkdir()
+
+    def start(self) -> None:
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "stripefs", "csi", "--endpoint", f"unix://{self.sock}", "--meta", self.cluster.meta_address,
+                 "--root", self.volumes, "--target-root", str(self.pods), "--state-dir", str(self.state), "--node-id", "node-a"],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.channel = grpc.insecure_channel(f"unix://{self.sock}")
+        self.identity = pb_grpc.IdentityStub(self.channel)
+        self.controller = pb_grpc.ControllerStub(self.channel)
+        self.node = pb_grpc.NodeStub(self.channel)
+        deadline = time.monotonic() + 30
+        while True:  # ready once it answers a Probe, as the liveness probe asks
+            assert self.proc.poll() is None, f"the plugin exited {self.proc.returncode}:\n{self.log.read_text()}"
+            try:
+                if self.identity.Probe(pb.ProbeRequest(), timeout=2).ready.value:
+                    return
+            except grpc.RpcError:
+                pass
+            assert time.monotonic() < deadline, f"the plugin does not answer on {self.sock}:\n{self.log.read_text()}"
+            time.sleep(0.1)
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.channel.close()
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def target(self, name: str) -> str:
+        """A target path as kubelet makes it: its parent exists, the target itself not yet."""
+        parent = self.pods / name / "volumes" / "kubernetes.io~csi"
+        parent.mkdir(parents=True, exist_ok=True)
+        return str(parent / "mount")
+
+    def create(self, name: str, capacity: int = 64 * MiB, **parameters: str) -> pb.Volume:
+        rsp = self.controller.CreateVolume(pb.CreateVolumeRequest(
+            name=name, capacity_range=pb.CapacityRange(required_bytes=capacity), volume_capabilities=[MOUNT_CAP],
+            parameters=parameters))
+        return rsp.volume
+
+    def publish(self, volume_id: str, target: str, *, readonly: bool = False, context: dict | None = None,
+                cap: pb.VolumeCapability = MOUNT_CAP, secrets: dict | None = None) -> None:
+        self.node.NodePublishVolume(pb.NodePublishVolumeRequest(
+            volume_id=volume_id, target_path=target, volume_capability=cap, readonly=readonly,
+            volume_context=context or {}, secrets=secrets or {}))
+
+    def unpublish(self, volume_id: str, target: str) -> None:
+        self.node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=target))
+
+    def stats(self, volume_id: str, target: str) -> dict[int, pb.VolumeUsage]:
+        rsp = self.node.NodeGetVolumeStats(pb.NodeGetVolumeStatsRequest(volume_id=volume_id, volume_path=target))
+        return {u.unit: u for u in rsp.usage}
+
+    def mounts(self) -> list[str]:
+        """Every mount below the target root (there should be none between tests)."""
+        with open("/proc/mounts") as f:
+            return [line.split()[1] for line in f if line.split()[1].startswith(str(self.pods))]
+
+    def in_cluster(self, volume_id: str) -> Path:
+        """Where the volume's directory shows in the cluster's own mount."""
+        return self.cluster.mnt / volume_id.lstrip("/")
+
+
+@pytest.fixture(scope="module")
+def plugin(cluster):
+    root = Path(tempfile.mkdtemp(prefix="stripefs-csi-"))
+    root.chmod(0o755)
+    plugin = Plugin(cluster, root)
+    plugin.start()
+    try:
+        yield plugin
+    finally:
+        plugin.stop()
+        left = plugin.mounts()
+        for mnt in left:  # a failed test's publishes: lazily, and their clients are stopped
+            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+        for pidfile in plugin.state.glob("*.pid"):
+            _wait_dead(int(pidfile.read_text()), timeout=10, kill=True)
+        log = plugin.log.read_text(errors="replace")
+        if not any(_is_mounted(Path(m)) for m in left):
+            shutil.rmtree(root, ignore_errors=True)
+        bad = [line for line in log.splitlines() if BAD_LOG_LINE.search(line)]
+        assert not bad, "unexpected ERROR lines in the plugin's log:\n" + "\n".join(bad[:30])
+        assert not left, f"a test left these mounted: {left}"
+
+
+def _code(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code()
+
+
+def test_identity_and_capabilities(plugin):
+    info = plugin.identity.GetPluginInfo(pb.GetPluginInfoRequest())
+    assert info.name == "csi.stripefs.io" and info.vendor_version
+    caps = plugin.identity.GetPluginCapabilities(pb.GetPluginCapabilitiesRequest()).capabilities
+    assert any(c.service.type == pb.PluginCapability.Service.CONTROLLER_SERVICE for c in caps)
+    assert any(c.volume_expansion.type == pb.PluginCapability.VolumeExpansion.ONLINE for c in caps)
+    ctl = {c.rpc.type for c in plugin.controller.ControllerGetCapabilities(pb.ControllerGetCapabilitiesRequest()).capabilities}
+    rpc = pb.ControllerServiceCapability.RPC
+    assert ctl == {rpc.CREATE_DELETE_VOLUME, rpc.EXPAND_VOLUME}  # no more than it serves
+    node = {c.rpc.type for c in plugin.node.NodeGetCapabilities(pb.NodeGetCapabilitiesRequest()).capabilities}
+    assert node == {pb.NodeServiceCapability.RPC.GET_VOLUME_STATS}
+    assert plugin.node.NodeGetInfo(pb.NodeGetInfoRequest()).node_id == "node-a"
+
+
+def test_pvc_life(plugin):
+    """CreateVolume, publish at two targets, write through one and read through the other, stats, expand,
+    unpublish, delete: the calls of a PVC's life, in the order the provisioner, kubelet and the resizer make them."""
+    vol = plugin.create("pvc-life", 64 * MiB, replicas="2", chunkSize="1M", inodes="1000")
+    assert vol.volume_id == f"{plugin.volumes}/pvc-life" and vol.capacity_bytes == 64 * MiB
+    # the same request again (the provisioner retries) is the same volume; another capacity is refused
+    assert plugin.create("pvc-life", 64 * MiB, replicas="2", chunkSize="1M", inodes="1000").volume_id == vol.volume_id
+    assert _code(lambda: plugin.create("pvc-life", 32 * MiB)) == grpc.StatusCode.ALREADY_EXISTS
+    quota = run_cli("quota", "get", str(plugin.in_cluster(vol.volume_id))).stdout
+    assert "of 64.0M" in quota and "of 1000" in quota, quota
+    layout = run_cli("layout", "get", str(plugin.in_cluster(vol.volume_id))).stdout
+    assert "chunk_size=1.0M" in layout and "replicas=2" in layout, layout
+
+    a, b = plugin.target("pod-a"), plugin.target("pod-b")
+    plugin.publish(vol.volume_id, a)
+    plugin.publish(vol.volume_id, b)
+    plugin.publish(vol.volume_id, a)  # kubelet retries: the same publish again is fine
+    data = os.urandom(3 * MiB + 5)
+    Path(a, "weights.bin").write_bytes(data)
+    assert Path(b, "weights.bin").read_bytes() == data  # close-to-open between the two mounts
+    assert os.listdir(plugin.in_cluster(vol.volume_id)) == ["weights.bin"]  # a subtree mount: the volume's directory
+
+    usage = plugin.stats(vol.volume_id, a)
+    assert usage[pb.VolumeUsage.BYTES].total == 64 * MiB
+    assert usage[pb.VolumeUsage.BYTES].used == len(data)
+    assert usage[pb.VolumeUsage.BYTES].available == 64 * MiB - len(data)
+    assert usage[pb.VolumeUsage.INODES].total == 1000 and usage[pb.VolumeUsage.INODES].used >= 1
+
+    rsp = plugin.controller.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=vol.volume_id, capacity_range=pb.CapacityRange(required_bytes=128 * MiB), volume_capability=MOUNT_CAP))
+    assert rsp.capacity_bytes == 128 * MiB and not rsp.node_expansion_required
+    assert plugin.stats(vol.volume_id, b)[pb.VolumeUsage.BYTES].total == 128 * MiB  # online: no remount
+
+    plugin.unpublish(vol.volume_id, a)
+    plugin.unpublish(vol.volume_id, b)
+    plugin.unpublish(vol.volume_id, b)  # again: nothing to do, still OK
+    assert not plugin.mounts() and not os.path.exists(a) and not os.path.exists(b)
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+    assert not plugin.in_cluster(vol.volume_id).exists()
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))  # gone already: OK, as the spec says
+
+
+def test_retain_moves_the_tree_aside(plugin):
+    vol = plugin.create("pvc-keep", 16 * MiB, onDelete="retain")
+    d = plugin.in_cluster(vol.volume_id)
+    (d / "sub").mkdir()
+    (d / "sub" / "f").write_bytes(b"kept")
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+    assert not d.exists()
+    (kept,) = (plugin.in_cluster(plugin.volumes) / ".retained").glob("pvc-keep-*")
+    assert (kept / "sub" / "f").read_bytes() == b"kept"
+
+
+def test_read_only_publish_refuses_writes(plugin):
+    vol = plugin.create("pvc-ro", 16 * MiB)
+    plugin.in_cluster(vol.volume_id).joinpath("model.txt").write_text("v1")
+    ro, rw = plugin.target("pod-ro"), plugin.target("pod-rw")
+    plugin.publish(vol.volume_id, ro, readonly=True)
+    plugin.publish(vol.volume_id, rw)
+    try:
+        assert Path(ro, "model.txt").read_text() == "v1"
+        with pytest.raises(OSError) as info:
+            Path(ro, "new.txt").write_text("x")
+        assert info.value.errno == errno.EROFS
+        Path(rw, "new.txt").write_text("x")  # the same volume published read-write writes
+        # the same target asked for read-write now: incompatible with what is there
+        assert _code(lambda: plugin.publish(vol.volume_id, ro)) == grpc.StatusCode.ALREADY_EXISTS
+    finally:
+        plugin.unpublish(vol.volume_id, ro)
+        plugin.unpublish(vol.volume_id, rw)
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+
+
+def test_ephemeral_data_set(plugin):
+    """An inline volume (a training pod's data set): an existing directory, dataset mode, read-only."""
+    data = plugin.cluster.mnt / f"dataset-{os.getpid()}"
+    (data / "train").mkdir(parents=True)
+    (data / "train" / "0001.jpg").write_bytes(b"\xff\xd8jpeg")
+    target = plugin.target("pod-train")
+    context = {"csi.storage.k8s.io/ephemeral": "true", "csi.storage.k8s.io/pod.name": "train", "path": f"/{data.name}"}
+    plugin.publish("csi-0123abcd", target, context=context)
+    try:
+        assert Path(target, "train", "0001.jpg").read_bytes() == b"\xff\xd8jpeg"
+        with pytest.raises(OSError) as info:
+            Path(target, "train", "0002.jpg").write_bytes(b"x")
+        assert info.value.errno == errno.EROFS  # dataset mode: the mount itself refuses changes
+    finally:
+        plugin.unpublish("csi-0123abcd", target)
+    assert not plugin.mounts() and (data / "train" / "0001.jpg").exists()
+    missing = {**context, "path": "/no-such-data-set"}
+    assert _code(lambda: plugin.publish("csi-0123abcd", plugin.target("pod-x"), context=missing)) == grpc.StatusCode.NOT_FOUND
+
+
+def test_restart_between_publish_and_unpublish(plugin):
+    """The plugin killed and started again while pods use their volumes: the mounts keep serving, stats
+    still answer, and unpublish still cleans up, even a target whose mount client died meanwhile."""
+    vol = plugin.create("pvc-restart", 16 * MiB)
+    live, dead = plugin.target("pod-live"), plugin.target("pod-dead")
+    plugin.publish(vol.volume_id, live)
+    plugin.publish(vol.volume_id, dead)
+    Path(live, "before").write_text("1")
+    plugin.stop(signal.SIGKILL)
+    dead_pid = next(r["pid"] for r in map(json.loads, (f.read_text() for f in plugin.state.glob("*.json"))) if r["target"] == dead)
+    os.kill(dead_pid, signal.SIGKILL)
+    _wait_dead(dead_pid)
+    plugin.start()
+    assert Path(live, "before").read_text() == "1"  # a plugin restart did not touch the pod's mount
+    Path(live, "after").write_text("2")
+    assert plugin.stats(vol.volume_id, live)[pb.VolumeUsage.BYTES].used == 2
+    plugin.unpublish(vol.volume_id, live)
+    plugin.unpublish(vol.volume_id, dead)  # its client is gone ("Transport endpoint is not connected")
+    assert not plugin.mounts() and not os.path.exists(live) and not os.path.exists(dead)
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+
+
+def test_bad_requests_get_the_spec_codes(plugin):
+    ctl, node = plugin.controller, plugin.node
+    INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+    # missing capability
+    assert _code(lambda: ctl.CreateVolume(pb.CreateVolumeRequest(name="pvc-nocap"))) == INVALID
+    assert _code(lambda: node.NodePublishVolume(pb.NodePublishVolumeRequest(
+        volume_id=f"{plugin.volumes}/x", target_path=plugin.target("pod-nocap")))) == INVALID
+    block = pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume(), access_mode=MODE(mode=MODE.SINGLE_NODE_WRITER))
+    assert _code(lambda: ctl.CreateVolume(pb.CreateVolumeRequest(name="pvc-block", volume_capabilities=[block]))) == INVALID
+    # a typo in the StorageClass is refused, not ignored
+    assert _code(lambda: plugin.create("pvc-typo", replica="3")) == INVALID
+    # capacity beyond the cluster
+    assert _code(lambda: plugin.create("pvc-huge", 1 << 60)) == grpc.StatusCode.OUT_OF_RANGE
+    assert not plugin.in_cluster(f"{plugin.volumes}/pvc-huge").exists()
+    # unknown volume ids
+    unknown = f"{plugin.volumes}/pvc-never-made"
+    assert _code(lambda: ctl.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=unknown, capacity_range=pb.CapacityRange(required_bytes=MiB)))) == NOT_FOUND
+    assert _code(lambda: plugin.publish(unknown, plugin.target("pod-unknown"))) == NOT_FOUND
+    assert _code(lambda: plugin.publish("/etc", plugin.target("pod-unknown"))) == NOT_FOUND  # not one of its volumes
+    assert _code(lambda: plugin.stats(unknown, plugin.target("pod-unknown"))) == NOT_FOUND
+    assert _code(lambda: ctl.ValidateVolumeCapabilities(pb.ValidateVolumeCapabilitiesRequest(
+        volume_id=unknown, volume_capabilities=[MOUNT_CAP]))) == NOT_FOUND
+    ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=unknown))  # deleting what is not there: OK
+    # target paths outside the allowed root, plainly or through '..' or a symlink
+    vol = plugin.create("pvc-bad-target", 16 * MiB)
+    outside = tempfile.mkdtemp(prefix="stripefs-csi-outside-")
+    link = Path(plugin.target("pod-link")).parent / "escape"
+    link.symlink_to(outside)
+    try:
+        for target in (f"{outside}/mount", f"{plugin.pods}/../outside/mount", f"{link}/mount", "relative/mount"):
+            assert _code(lambda: plugin.publish(vol.volume_id, target)) == INVALID, target
+            assert _code(lambda: plugin.unpublish(vol.volume_id, target)) == INVALID, target
+        assert os.listdir(outside) == []
+    finally:
+        os.rmdir(outside)
+    assert not plugin.mounts()
+    ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
