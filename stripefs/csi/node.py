@@ -112,6 +112,12 @@ class Node(pb_grpc.NodeServicer):
             if not path:
                 raise CsiError(grpc.StatusCode.INVALID_ARGUMENT, "an inline volume needs volumeAttributes.path: the directory (a data set) to mount")
             split_path(path)
+            if self.key_file and not request.secrets.get(SECRET_KEY):
+                # the pod's author names the directory: in a secure cluster only the key of the pod's team,
+                # whose keyring entry bounds what it reaches (subdir), may mount it, never the node's own
+                raise CsiError(grpc.StatusCode.PERMISSION_DENIED,
+                               "an inline stripefs volume needs nodePublishSecretRef: a Secret in the pod's namespace whose "
+                               f"'{SECRET_KEY}' holds the team's NAME.key_secret (docs/kubernetes.md)")
             if ctx.get("dataset", "true") == "true" and "dataset" not in options:
                 options.append("dataset")  # training data: warm opens answered by the kernel, read-only
         else:

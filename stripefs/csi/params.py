@@ -28,8 +28,9 @@ from .namespace import CsiError
 
 PARAMETERS = {"replicas", "ec", "chunkSize", "stripeCount", "inodes", "tierTo", "tierAfter", "onDelete", "mode"}
 
-#: -o options of 'stripefs mount' a volume may ask for (others, like key= or subdir=, the plugin sets itself)
-MOUNT_FLAGS = {"dataset", "ro", "disk_cache_dir", "op_timeout", "root_squash", "noatime", "nodev", "nosuid", "noexec"}
+#: -o options of 'stripefs mount' a volume may ask for. Others, like key= or subdir=, the plugin sets itself;
+#: none names a path of the node (disk_cache_dir would let a pod's author have root write where it says)
+MOUNT_FLAGS = {"dataset", "ro", "op_timeout", "root_squash", "noatime", "nodev", "nosuid", "noexec"}
 
 
 def _bad(message: str) -> CsiError:

@@ -41,7 +41,8 @@ def add_parser(sub) -> None:
                      help="where to serve: unix:///PATH (default: $CSI_ENDPOINT, else unix:///csi/csi.sock)")
     csi.add_argument("--meta", default=os.environ.get("STRIPEFS_META"),
                      help="the cluster's metadata daemon address(es), tcp://HOST:PORT[?key=Z85][,...] (default: $STRIPEFS_META)")
-    csi.add_argument("--root", default="/k8s", help="the directory of the cluster that holds the volumes (default /k8s; created when missing)")
+    csi.add_argument("--root", default=os.environ.get("STRIPEFS_CSI_ROOT", "/k8s"),
+                     help="the directory of the cluster that holds the volumes (default: $STRIPEFS_CSI_ROOT, else /k8s; created when missing)")
     csi.add_argument("--services", default="controller,node", help="controller, node or both, comma-separated (default both)")
     csi.add_argument("--node-id", default=os.environ.get("NODE_NAME") or socket.gethostname(),
                      help="this node's name for Kubernetes (default: $NODE_NAME, else the host name)")
@@ -52,6 +53,8 @@ def add_parser(sub) -> None:
     csi.add_argument("--key", default=os.environ.get("STRIPEFS_KEY"),
                      help="the plugin's CURVE key file (NAME.key_secret, mounted from a Secret; default $STRIPEFS_KEY)")
     csi.add_argument("--workers", type=int, default=8, help="calls served at once (default 8)")
+    csi.add_argument("--probe", action="store_true",
+                     help="ask the plugin serving on --endpoint whether it is ready (CSI Probe), exit 0 if so: a liveness probe")
     add_debug_argument(csi, "stripefs.csi.node")
     csi.set_defaults(func=cmd_csi)
 
@@ -65,6 +68,8 @@ def cmd_csi(args) -> int:
     from .node import Node
     from .service import Identity
 
+    if args.probe:
+        return _probe(args.endpoint)
     setup_logging("csi", debug=debug_setting(args.debug))
     services = {s.strip() for s in args.services.split(",") if s.strip()}
     if not services or services - {"controller", "node"}:
@@ -102,4 +107,21 @@ def cmd_csi(args) -> int:
     stopped.wait()
     log.info("stopping: calls in progress get 5 s to finish; published volumes stay mounted")
     server.stop(grace=5).wait()
+    return 0
+
+
+def _probe(endpoint: str) -> int:
+    import grpc
+
+    from . import csi_pb2 as pb
+    from . import csi_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            ready = pb_grpc.IdentityStub(channel).Probe(pb.ProbeRequest(), timeout=5).ready.value
+        except grpc.RpcError as exc:
+            raise QuietError(f"the CSI plugin on {endpoint} does not answer: {exc.code().name} {exc.details()}", 2) from None
+    if not ready:
+        raise QuietError(f"the CSI plugin on {endpoint} is not ready", 3)
+    print(f"the CSI plugin on {endpoint} is ready")
     return 0
