@@ -55,13 +55,15 @@ _READ_ONLY_MODES = {pb.VolumeCapability.AccessMode.SINGLE_NODE_READER_ONLY, pb.V
 
 
 class Node(pb_grpc.NodeServicer):
-    def __init__(self, ns: Namespace, *, node_id: str, volume_root: str, target_root: str, state_dir: str, key_file: str | None):
+    def __init__(self, ns: Namespace, *, node_id: str, volume_root: str, target_root: str, state_dir: str, key_file: str | None,
+                 client_config: str | None = None):
         self.ns = ns
         self.node_id = node_id
         self.volume_root = "/" + "/".join(n.decode() for n in split_path(volume_root))
         self.target_root = Path(os.path.realpath(target_root))
         self.state_dir = Path(state_dir)
         self.key_file = key_file
+        self.client_config = client_config
         for sub in ("", "logs", "keys"):
             (self.state_dir / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         self._locks: dict[str, threading.Lock] = {}
@@ -156,6 +158,8 @@ class Node(pb_grpc.NodeServicer):
     def _mount(self, target: Path, path: str, options: list[str], volume_id: str, key_text: str | None) -> None:
         key_path = None
         all_options = [f"subdir={path}", "allow_other", *options]
+        if self.client_config:
+            all_options.append(f"config={self.client_config}")
         if key_text:
             key_path = self.state_dir / "keys" / self._record_path(target, ".key_secret").name
             fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

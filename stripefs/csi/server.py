@@ -52,6 +52,8 @@ def add_parser(sub) -> None:
                      help="a host directory that outlives the plugin's container: what is mounted where, the mounts' logs")
     csi.add_argument("--key", default=os.environ.get("STRIPEFS_KEY"),
                      help="the plugin's CURVE key file (NAME.key_secret, mounted from a Secret; default $STRIPEFS_KEY)")
+    csi.add_argument("--client-config", help="a client.toml for every mount the node plugin makes (cache_size, shm_size... "
+                     "'stripefs config example client'); each published volume has a client of its own, with this memory")
     csi.add_argument("--workers", type=int, default=8, help="calls served at once (default 8)")
     csi.add_argument("--probe", action="store_true",
                      help="ask the plugin serving on --endpoint whether it is ready (CSI Probe), exit 0 if so: a liveness probe")
@@ -88,7 +90,7 @@ def cmd_csi(args) -> int:
     if "node" in services:
         try:
             node = Node(ns, node_id=args.node_id, volume_root=args.root, target_root=args.target_root,
-                        state_dir=args.state_dir, key_file=args.key)
+                        state_dir=args.state_dir, key_file=args.key, client_config=args.client_config)
         except OSError as exc:
             raise QuietError(f"--state-dir {args.state_dir}: {exc.strerror}") from None
         pb_grpc.add_NodeServicer_to_server(node, server)

@@ -44,10 +44,13 @@ class Plugin:
         self.pods.mkdir()
 
     def start(self) -> None:
+        client_toml = self.root / "client.toml"  # every mount's config: one client per publish, so a small cache
+        client_toml.write_text('cache_size = "64M"\n')
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "stripefs", "csi", "--endpoint", f"unix://{self.sock}", "--meta", self.cluster.meta_address,
-                 "--root", self.volumes, "--target-root", str(self.pods), "--state-dir", str(self.state), "--node-id", "node-a"],
+                 "--root", self.volumes, "--target-root", str(self.pods), "--state-dir", str(self.state), "--node-id", "node-a",
+                 "--client-config", str(client_toml)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={k: v for k, v in os.environ.items() if k != "STRIPEFS_KEY"} | ({"STRIPEFS_KEY": self.key} if self.key else {}))
         self.channel = grpc.insecure_channel(f"unix://{self.sock}")
