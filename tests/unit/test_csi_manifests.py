@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from stripefs.cli import build_parser
+from stripefs.common import config as cfg
 from stripefs.csi import csi_pb2 as pb
 from stripefs.csi import params
 from stripefs.csi.service import DRIVER_NAME
@@ -99,6 +100,15 @@ def test_manifests_agree_with_the_plugin():
     # the provisioner strips csi.storage.k8s.io/ keys; the rest reach CreateVolume and must pass
     params.check({k: v for k, v in sc["parameters"].items() if not k.startswith("csi.storage.k8s.io/")})
     params.mount_options(sc.get("mountOptions", []))
+
+
+def test_client_config_in_the_config_map_loads(tmp_path):
+    """The client.toml every node mount reads (--client-config) is one the mount accepts (unknown keys fail)."""
+    (cm,) = [d for _, d in _docs() if d["kind"] == "ConfigMap"]
+    path = tmp_path / "client.toml"
+    path.write_text(cm["data"]["client.toml"])
+    client = cfg.load(str(path), cfg.ClientConfig)
+    assert client.cache_size < cfg.ClientConfig().cache_size  # one client per published volume: less than the default
 
 
 def test_generated_code_matches_the_proto(tmp_path):
