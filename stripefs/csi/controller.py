@@ -1,8 +1,8 @@
 """The CSI Controller service: a volume is a directory under the plugin's root, with a quota and a layout.
 
-    CreateVolume            mkdir ROOT/NAME; quota = the requested bytes (and inodes, a parameter);
+    CreateVolume            mkdir ROOT[/SUBDIR]/NAME; quota = the requested bytes (and inodes, a parameter);
                             the StorageClass's layout and cold-tier policy on it
-    DeleteVolume            remove the tree, or (onDelete: retain) move it to ROOT/.retained/NAME-TIME
+    DeleteVolume            remove the tree, or (onDelete: retain) move it to ROOT[/SUBDIR]/.retained/NAME-TIME
     ControllerExpandVolume  raise the quota (never lowers it); nothing to do on the node
     ValidateVolumeCapabilities, ControllerGetCapabilities
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
 import time
 
 import grpc
@@ -32,9 +31,6 @@ from .service import check_capabilities, handler
 
 log = logging.getLogger(__name__)
 
-#: Kubernetes names volumes pvc-UUID; anything that is one path component of sane characters will do
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
-RETAINED = ".retained"
 #: set on the directory of a volume whose StorageClass says onDelete: retain. In the trusted namespace:
 #: the kernel lets only CAP_SYS_ADMIN see or change it through a mount, so a pod cannot flip it
 RETAIN_XATTR = b"trusted.stripefs.csi.on_delete"
@@ -46,13 +42,7 @@ class Controller(pb_grpc.ControllerServicer):
         self.root = "/" + "/".join(n.decode() for n in split_path(root))
 
     def volume_path(self, volume_id: str) -> str:
-        """The directory of ``volume_id``; an id that is not a volume of this root is unknown (NOT_FOUND)."""
-        if not volume_id:
-            raise CsiError(grpc.StatusCode.INVALID_ARGUMENT, "volume_id is missing")
-        parent, name = posixpath.split(volume_id)
-        if parent != self.root or not _NAME.fullmatch(name):
-            raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {volume_id!r} is not a volume of this plugin (its root is {self.root})")
-        return volume_id
+        return sc.volume_path(self.root, volume_id)
 
     def _attr(self, volume_id: str) -> p.Attr:
         attr = self.ns.lookup(self.volume_path(volume_id))
@@ -76,14 +66,14 @@ class Controller(pb_grpc.ControllerServicer):
     def CreateVolume(self, request, context):
         if not request.name:
             raise CsiError(grpc.StatusCode.INVALID_ARGUMENT, "name is missing")
-        if not _NAME.fullmatch(request.name):
+        if not sc.NAME.fullmatch(request.name):
             raise CsiError(grpc.StatusCode.INVALID_ARGUMENT, f"name {request.name!r}: letters, digits, '.', '_' and '-' only")
         check_capabilities(request.volume_capabilities)
         if request.HasField("volume_content_source"):
             raise CsiError(grpc.StatusCode.INVALID_ARGUMENT, "stripefs volumes cannot be created from a snapshot or another volume")
         settings = sc.check(dict(request.parameters))
         capacity = self._capacity(request.capacity_range)
-        path = f"{self.root}/{request.name}"
+        path = f"{self.root}/{settings['subdir']}/{request.name}" if settings["subdir"] else f"{self.root}/{request.name}"
         attr, made = self.ns.make_dirs(path, settings["mode"])
         try:
             if not made:
@@ -125,7 +115,8 @@ class Controller(pb_grpc.ControllerServicer):
                 return pb.DeleteVolumeResponse()  # the spec: a volume that is not there is deleted
             raise
         if self._retains(path):
-            new = f"{self.root}/{RETAINED}/{posixpath.basename(path)}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+            parent, name = posixpath.split(path)
+            new = f"{parent}/{sc.RETAINED}/{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
             self.ns.rename(path, new)
             log.info("volume %s retained as %s", path, new)
         elif self.ns.remove_tree(path):

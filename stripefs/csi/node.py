@@ -123,10 +123,7 @@ class Node(pb_grpc.NodeServicer):
             if ctx.get("dataset", "true") == "true" and "dataset" not in options:
                 options.append("dataset")  # training data: warm opens answered by the kernel, read-only
         else:
-            parent, name = os.path.split(request.volume_id)
-            if parent != self.volume_root or not name:
-                raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {request.volume_id!r} is not a volume of this plugin (its root is {self.volume_root})")
-            path = request.volume_id
+            path = sc.volume_path(self.volume_root, request.volume_id)
         attr = self.ns.lookup(path)
         if attr is None:
             raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {request.volume_id}: {path} does not exist in the cluster")

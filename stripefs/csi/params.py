@@ -11,6 +11,12 @@ StorageClass ``parameters`` (all optional; strings, as Kubernetes hands them):
     tierAfter: "30d"         ... after this long unread     (stripefs tier policy set)
     onDelete: "delete"       DeleteVolume removes the tree; "retain" moves it to ROOT/.retained/
     mode: "0777"             the volume directory's permission bits
+    subdir: "team-a"         volumes go to ROOT/team-a/NAME: a team's tree, which a key's keyring
+                             subdir can bound (docs/kubernetes.md, "Keys")
+
+A volume id is the volume's directory, ``ROOT/NAME`` or ``ROOT/SUBDIR/NAME``
+(``volume_path``): the plugin keeps no state, and an id that is not of that
+shape is no volume of this plugin (NOT_FOUND), whatever directory it names.
 
 Mount flags (StorageClass ``mountOptions``, a PersistentVolume's, or an inline
 volume's ``mountOptions`` attribute) are checked against ``MOUNT_FLAGS``: only
@@ -19,6 +25,8 @@ the mount's own options that are safe to hand to a pod's owner pass.
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 from ..common.errors import StripefsError
@@ -26,7 +34,11 @@ from ..common.layout import parse_redundancy, parse_size
 from ..tier_cli import parse_duration
 from .namespace import CsiError
 
-PARAMETERS = {"replicas", "ec", "chunkSize", "stripeCount", "inodes", "tierTo", "tierAfter", "onDelete", "mode"}
+PARAMETERS = {"replicas", "ec", "chunkSize", "stripeCount", "inodes", "tierTo", "tierAfter", "onDelete", "mode", "subdir"}
+#: a volume's name (Kubernetes: pvc-UUID) or a StorageClass's subdir: one path component of plain characters
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+#: where retained volumes go, beside the volumes of their subdir (never a volume's name: NAME starts alphanumeric)
+RETAINED = ".retained"
 
 #: -o options of 'stripefs mount' a volume may ask for. Others, like key= or subdir=, the plugin sets itself;
 #: none names a path of the node (disk_cache_dir would let a pod's author have root write where it says)
@@ -74,6 +86,9 @@ def check(params: dict[str, str]) -> dict:
         raise _bad(f"tierAfter: {exc}") from None
     if "tierAfter" in params and not out["tier"]:
         raise _bad("tierAfter needs tierTo (the tier idle files move to)")
+    out["subdir"] = params.get("subdir") or None
+    if out["subdir"] is not None and not NAME.fullmatch(out["subdir"]):
+        raise _bad(f"subdir {out['subdir']!r}: one directory name of letters, digits, '.', '_' and '-' (it goes below the plugin's root)")
     on_delete = params.get("onDelete", "delete")
     if on_delete not in ("delete", "retain"):
         raise _bad(f"onDelete {on_delete!r}: give delete or retain")
@@ -96,3 +111,13 @@ def mount_options(flags: list[str]) -> list[str]:
                 raise _bad(f"mount option {opt!r} is not allowed for a volume; allowed: {', '.join(sorted(MOUNT_FLAGS))}")
             out.append(opt)
     return out
+
+
+def volume_path(root: str, volume_id: str) -> str:
+    """The directory of ``volume_id`` (ROOT/NAME or ROOT/SUBDIR/NAME); NOT_FOUND for an id of another shape."""
+    if not volume_id:
+        raise _bad("volume_id is missing")
+    rest = volume_id[len(root) + 1:].split("/") if volume_id.startswith(root + "/") else []
+    if not 1 <= len(rest) <= 2 or not all(NAME.fullmatch(x) for x in rest):
+        raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {volume_id!r} is not a volume of this plugin (its volumes are {root}/[SUBDIR/]NAME)")
+    return volume_id

@@ -90,14 +90,21 @@ def test_pvc_life(plugin):
 
 
 def test_retain_moves_the_tree_aside(plugin):
-    vol = plugin.create("pvc-keep", 16 * MiB, onDelete="retain")
+    """A StorageClass's subdir (a team's tree) holds its volumes, and onDelete: retain keeps a deleted one there."""
+    vol = plugin.create("pvc-keep", 16 * MiB, onDelete="retain", subdir="team-a")
+    assert vol.volume_id == f"{plugin.volumes}/team-a/pvc-keep"
     d = plugin.in_cluster(vol.volume_id)
     (d / "sub").mkdir()
     (d / "sub" / "f").write_bytes(b"kept")
     plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
     assert not d.exists()
-    (kept,) = (plugin.in_cluster(plugin.volumes) / ".retained").glob("pvc-keep-*")
+    (kept,) = (plugin.in_cluster(plugin.volumes) / "team-a" / ".retained").glob("pvc-keep-*")
     assert (kept / "sub" / "f").read_bytes() == b"kept"
+    # what is retained is no volume of the plugin any more
+    retained_id = f"{plugin.volumes}/team-a/.retained/{kept.name}"
+    assert _code(lambda: plugin.publish(retained_id, plugin.target("pod-retained"))) == grpc.StatusCode.NOT_FOUND
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=retained_id))  # not a volume: OK, and nothing removed
+    assert (kept / "sub" / "f").exists()
 
 
 def test_read_only_publish_refuses_writes(plugin):
