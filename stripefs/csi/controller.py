@@ -131,8 +131,10 @@ class Controller(pb_grpc.ControllerServicer):
             return False
         try:
             (rsp,) = self.ns.call(p.GetxattrReq(ino=attr.ino, name=RETAIN_XATTR))
-        except CsiError:
-            return False
+        except CsiError as exc:
+            if exc.code == grpc.StatusCode.NOT_FOUND:  # no marker: delete. Anything else: fail, remove nothing
+                return False
+            raise
         return rsp.value == b"retain"
 
     @handler

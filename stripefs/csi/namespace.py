@@ -45,6 +45,7 @@ class CsiError(Exception):
 
 _STATUS_BY_CODE = {
     ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.NO_ATTR: grpc.StatusCode.NOT_FOUND,
     ErrorCode.EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.NOT_DIR: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorCode.NOT_EMPTY: grpc.StatusCode.FAILED_PRECONDITION,

@@ -140,6 +140,9 @@ def test_ephemeral_data_set(plugin):
         with pytest.raises(OSError) as info:
             Path(target, "train", "0002.jpg").write_bytes(b"x")
         assert info.value.errno == errno.EROFS  # dataset mode: the mount itself refuses changes
+        # no quota on a data set: the cluster's space, and what is stored
+        usage = plugin.stats("csi-0123abcd", target)[pb.VolumeUsage.BYTES]
+        assert usage.total > 0 and 0 < usage.available <= usage.total
     finally:
         plugin.unpublish("csi-0123abcd", target)
     assert not plugin.mounts() and (data / "train" / "0001.jpg").exists()
