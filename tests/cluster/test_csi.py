@@ -196,6 +196,14 @@ def test_bad_requests_get_the_spec_codes(plugin):
     assert _code(lambda: ctl.ValidateVolumeCapabilities(pb.ValidateVolumeCapabilitiesRequest(
         volume_id=unknown, volume_capabilities=[MOUNT_CAP]))) == NOT_FOUND
     ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=unknown))  # deleting what is not there: OK
+    # an expansion beyond the cluster, and a limit below the requirement
+    small = plugin.create("pvc-small", MiB)
+    assert _code(lambda: ctl.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
+        volume_id=small.volume_id, capacity_range=pb.CapacityRange(required_bytes=1 << 60)))) == grpc.StatusCode.OUT_OF_RANGE
+    assert _code(lambda: ctl.CreateVolume(pb.CreateVolumeRequest(
+        name="pvc-upside-down", volume_capabilities=[MOUNT_CAP],
+        capacity_range=pb.CapacityRange(required_bytes=2 * MiB, limit_bytes=MiB)))) == grpc.StatusCode.OUT_OF_RANGE
+    ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=small.volume_id))
     # target paths outside the allowed root, plainly or through '..' or a symlink
     vol = plugin.create("pvc-bad-target", 16 * MiB)
     outside = tempfile.mkdtemp(prefix="stripefs-csi-outside-")
@@ -210,3 +218,17 @@ def test_bad_requests_get_the_spec_codes(plugin):
         os.rmdir(outside)
     assert not plugin.mounts()
     ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+
+
+def test_command_line(plugin, tmp_path):
+    """stripefs csi --help explains; a missing cluster address and a probe of no plugin are one line each."""
+    out = " ".join(run_cli("csi", "--help").stdout.split())
+    for words in ("--endpoint", "--meta", "--services", "--target-root", "--state-dir", "--probe", "docs/kubernetes.md"):
+        assert words in out, words
+    assert "csi" in run_cli("--help").stdout
+    env = {k: v for k, v in os.environ.items() if k not in ("STRIPEFS_META", "STRIPEFS_KEY")}
+    res = run_cli("csi", "--endpoint", f"unix://{tmp_path}/x.sock", check=False, env=env)
+    assert res.returncode == 1 and "--meta" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("csi", "--probe", "--endpoint", f"unix://{tmp_path}/nobody.sock", check=False)
+    assert res.returncode == 2 and "does not answer" in res.stderr and "Traceback" not in res.stderr
+    assert run_cli("csi", "--probe", "--endpoint", f"unix://{plugin.sock}").returncode == 0  # the liveness probe of node.yaml
