@@ -114,6 +114,8 @@ class Node(pb_grpc.NodeServicer):
             if not path:
                 raise CsiError(grpc.StatusCode.INVALID_ARGUMENT, "an inline volume needs volumeAttributes.path: the directory (a data set) to mount")
             split_path(path)
+            if "," in path:  # it becomes -o subdir=PATH: a comma would smuggle in options of the pod author's choosing
+                raise CsiError(grpc.StatusCode.INVALID_ARGUMENT, f"volumeAttributes.path {path!r}: a comma is not allowed in it")
             if self.key_file and not request.secrets.get(SECRET_KEY):
                 # the pod's author names the directory: in a secure cluster only the key of the pod's team,
                 # whose keyring entry bounds what it reaches (subdir), may mount it, never the node's own

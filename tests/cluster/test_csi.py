@@ -148,6 +148,12 @@ def test_ephemeral_data_set(plugin):
     assert not plugin.mounts() and (data / "train" / "0001.jpg").exists()
     missing = {**context, "path": "/no-such-data-set"}
     assert _code(lambda: plugin.publish("csi-0123abcd", plugin.target("pod-x"), context=missing)) == grpc.StatusCode.NOT_FOUND
+    # the path becomes -o subdir=PATH: no options smuggled in after a comma, no '..'
+    (data / "x,root_squash").mkdir()  # a directory whose name would add an option
+    for path in (f"/{data.name}/x,root_squash", f"/{data.name}/../other", "relative"):
+        sneaky = {**context, "path": path}
+        assert _code(lambda: plugin.publish("csi-0123abcd", plugin.target("pod-x"), context=sneaky)) == grpc.StatusCode.INVALID_ARGUMENT, path
+    assert not plugin.mounts()
 
 
 def test_restart_between_publish_and_unpublish(plugin):
