@@ -72,7 +72,6 @@ def cmd_csi(args) -> int:
 
     if args.probe:
         return _probe(args.endpoint)
-    setup_logging("csi", debug=debug_setting(args.debug))
     services = {s.strip() for s in args.services.split(",") if s.strip()}
     if not services or services - {"controller", "node"}:
         raise QuietError(f"--services {args.services!r}: give controller, node or controller,node")
@@ -81,6 +80,7 @@ def cmd_csi(args) -> int:
     if not args.endpoint.startswith("unix://"):
         raise QuietError(f"--endpoint {args.endpoint}: give unix:///PATH (kubelet and the sidecars talk over a Unix socket)")
     identity = load_identity(args.key) if args.key else None
+    setup_logging("csi", debug=debug_setting(args.debug))
     ns = Namespace([a.strip() for a in args.meta.split(",") if a.strip()], identity)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="csi"))

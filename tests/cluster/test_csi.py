@@ -226,15 +226,20 @@ def test_bad_requests_get_the_spec_codes(plugin):
     ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
 
 
-def test_command_line(plugin, tmp_path):
-    """stripefs csi --help explains; a missing cluster address and a probe of no plugin are one line each."""
-    out = " ".join(run_cli("csi", "--help").stdout.split())
+def test_command_line(plugin, tmp_path, monkeypatch, capsys):
+    """stripefs csi --help explains; a missing cluster address and a probe of no plugin are one line each
+    (in this process: the command's own main(), as the installed entry point runs it)."""
+    from stripefs.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["csi", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
     for words in ("--endpoint", "--meta", "--services", "--target-root", "--state-dir", "--probe", "docs/kubernetes.md"):
         assert words in out, words
-    assert "csi" in run_cli("--help").stdout
-    env = {k: v for k, v in os.environ.items() if k not in ("STRIPEFS_META", "STRIPEFS_KEY")}
-    res = run_cli("csi", "--endpoint", f"unix://{tmp_path}/x.sock", check=False, env=env)
-    assert res.returncode == 1 and "--meta" in res.stderr and "Traceback" not in res.stderr
-    res = run_cli("csi", "--probe", "--endpoint", f"unix://{tmp_path}/nobody.sock", check=False)
-    assert res.returncode == 2 and "does not answer" in res.stderr and "Traceback" not in res.stderr
-    assert run_cli("csi", "--probe", "--endpoint", f"unix://{plugin.sock}").returncode == 0  # the liveness probe of node.yaml
+    monkeypatch.delenv("STRIPEFS_META", raising=False)
+    monkeypatch.delenv("STRIPEFS_KEY", raising=False)
+    assert main(["csi", "--endpoint", f"unix://{tmp_path}/x.sock"]) == 1
+    assert "--meta" in capsys.readouterr().err
+    assert main(["csi", "--probe", "--endpoint", f"unix://{tmp_path}/nobody.sock"]) == 2
+    assert "does not answer" in capsys.readouterr().err
+    assert main(["csi", "--probe", "--endpoint", f"unix://{plugin.sock}"]) == 0  # the liveness probe of node.yaml
