@@ -68,12 +68,15 @@ def test_pvc_life(plugin):
     Path(a, "weights.bin").write_bytes(data)
     assert Path(b, "weights.bin").read_bytes() == data  # close-to-open between the two mounts
     assert os.listdir(plugin.in_cluster(vol.volume_id)) == ["weights.bin"]  # a subtree mount: the volume's directory
+    for step in range(3):  # a tree for DeleteVolume to remove
+        Path(a, "ckpt", f"step{step}").mkdir(parents=True)
+        Path(a, "ckpt", f"step{step}", "model.pt").write_bytes(b"m" * step)
 
     usage = plugin.stats(vol.volume_id, a)
     assert usage[pb.VolumeUsage.BYTES].total == 64 * MiB
-    assert usage[pb.VolumeUsage.BYTES].used == len(data)
-    assert usage[pb.VolumeUsage.BYTES].available == 64 * MiB - len(data)
-    assert usage[pb.VolumeUsage.INODES].total == 1000 and usage[pb.VolumeUsage.INODES].used >= 1
+    assert usage[pb.VolumeUsage.BYTES].used == len(data) + 0 + 1 + 2
+    assert usage[pb.VolumeUsage.BYTES].available == 64 * MiB - usage[pb.VolumeUsage.BYTES].used
+    assert usage[pb.VolumeUsage.INODES].total == 1000 and usage[pb.VolumeUsage.INODES].used >= 8
 
     rsp = plugin.controller.ControllerExpandVolume(pb.ControllerExpandVolumeRequest(
         volume_id=vol.volume_id, capacity_range=pb.CapacityRange(required_bytes=128 * MiB), volume_capability=MOUNT_CAP))
@@ -112,13 +115,18 @@ def test_read_only_publish_refuses_writes(plugin):
     plugin.in_cluster(vol.volume_id).joinpath("model.txt").write_text("v1")
     ro, rw = plugin.target("pod-ro"), plugin.target("pod-rw")
     plugin.publish(vol.volume_id, ro, readonly=True)
-    plugin.publish(vol.volume_id, rw)
+    flagged = pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(mount_flags=["noatime", "op_timeout=30"]),
+                                  access_mode=MODE(mode=MODE.MULTI_NODE_MULTI_WRITER))  # a StorageClass's mountOptions
+    plugin.publish(vol.volume_id, rw, cap=flagged)
     try:
         assert Path(ro, "model.txt").read_text() == "v1"
         with pytest.raises(OSError) as info:
             Path(ro, "new.txt").write_text("x")
         assert info.value.errno == errno.EROFS
         Path(rw, "new.txt").write_text("x")  # the same volume published read-write writes
+        with open("/proc/mounts") as f:
+            options = {line.split()[1]: line.split()[3].split(",") for line in f}
+        assert "noatime" in options[rw] and "ro" in options[ro] and "ro" not in options[rw]
         # the same target asked for read-write now: incompatible with what is there
         assert _code(lambda: plugin.publish(vol.volume_id, ro)) == grpc.StatusCode.ALREADY_EXISTS
     finally:
@@ -187,6 +195,10 @@ def test_bad_requests_get_the_spec_codes(plugin):
         volume_id=f"{plugin.volumes}/x", target_path=plugin.target("pod-nocap")))) == INVALID
     block = pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume(), access_mode=MODE(mode=MODE.SINGLE_NODE_WRITER))
     assert _code(lambda: ctl.CreateVolume(pb.CreateVolumeRequest(name="pvc-block", volume_capabilities=[block]))) == INVALID
+    # a mount option that is the plugin's to set (the key, the directory) is refused
+    keyed = pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(mount_flags=["key=/etc/stripefs/admin.key_secret"]),
+                                access_mode=MODE(mode=MODE.MULTI_NODE_MULTI_WRITER))
+    assert _code(lambda: plugin.publish(f"{plugin.volumes}/x", plugin.target("pod-keyed"), cap=keyed)) == INVALID
     # a typo in the StorageClass is refused, not ignored
     assert _code(lambda: plugin.create("pvc-typo", replica="3")) == INVALID
     # capacity beyond the cluster
