@@ -129,6 +129,8 @@ def run_plugin(cluster, key: str | None = None):
             subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
         for pidfile in plugin.state.glob("*.pid"):
             _wait_dead(int(pidfile.read_text()), timeout=10, kill=True)
+        # the volumes this plugin left (retained ones, a failed test's) go: the cluster is shared with other files
+        shutil.rmtree(plugin.in_cluster(plugin.volumes), ignore_errors=True)
         log = plugin.log.read_text(errors="replace")
         if not any(_is_mounted(Path(m)) for m in left):
             shutil.rmtree(root, ignore_errors=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -162,6 +163,7 @@ def test_ephemeral_data_set(plugin):
         sneaky = {**context, "path": path}
         assert _code(lambda: plugin.publish("csi-0123abcd", plugin.target("pod-x"), context=sneaky)) == grpc.StatusCode.INVALID_ARGUMENT, path
     assert not plugin.mounts()
+    shutil.rmtree(data)
 
 
 def test_restart_between_publish_and_unpublish(plugin):
