@@ -77,11 +77,12 @@ class Controller(pb_grpc.ControllerServicer):
         attr, made = self.ns.make_dirs(path, settings["mode"])
         try:
             if not made:
+                # there already: the same volume asked for again (a retry), or one half made by a plugin that
+                # stopped between mkdir and quota (no quota yet: finished now); another size is another volume
                 quota = self.ns.quota(attr.ino)
-                have = quota.max_bytes if quota else 0
-                if have != capacity:
+                if quota is not None and quota.max_bytes != capacity:
                     raise CsiError(grpc.StatusCode.ALREADY_EXISTS,
-                                   f"volume {request.name} exists with a capacity of {have} bytes, not {capacity}")
+                                   f"volume {request.name} exists with a capacity of {quota.max_bytes} bytes, not {capacity}")
             self._apply(attr.ino, capacity, settings)
         except Exception:
             if made:  # nothing half-made stays behind: the provisioner retries from the start

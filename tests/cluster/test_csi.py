@@ -93,6 +93,16 @@ def test_pvc_life(plugin):
     plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))  # gone already: OK, as the spec says
 
 
+def test_half_made_volume_is_finished(plugin):
+    """A plugin that stopped between its mkdir and its quota left a directory without one: the provisioner's
+    retry finishes that volume instead of refusing it forever."""
+    half = plugin.in_cluster(f"{plugin.volumes}/pvc-half")
+    half.mkdir(parents=True)
+    vol = plugin.create("pvc-half", 8 * MiB)
+    assert "of 8.0M" in run_cli("quota", "get", str(half)).stdout
+    plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+
+
 def test_retain_moves_the_tree_aside(plugin):
     """A StorageClass's subdir (a team's tree) holds its volumes, and onDelete: retain keeps a deleted one there."""
     vol = plugin.create("pvc-keep", 16 * MiB, onDelete="retain", subdir="team-a")
