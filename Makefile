@@ -7,7 +7,7 @@ STATE ?= ./.stripefs
 MNT ?= ./mnt
 NODES ?= 4
 
-.PHONY: install run stop status test unit inprocess cluster bench fuzz fuzz-resume clean
+.PHONY: install run stop status test unit inprocess cluster bench fuzz fuzz-resume clean csi-proto
 
 $(VENV)/.installed: pyproject.toml
 	@if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null; then \
@@ -114,6 +114,11 @@ bench: install $(VENV)/.bench-installed
 	$(PY) bench/meta.py
 	$(PY) bench/fuse_floor.py
 	$(PY) bench/data_wait.py
+
+# the CSI plugin's gRPC code (stripefs/csi/csi_pb2.py, csi_pb2_grpc.py) from stripefs/csi/csi.proto; checked in,
+# so neither an install nor the plugin needs grpcio-tools (the test extra has it: a unit test checks they match)
+csi-proto: install
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. stripefs/csi/csi.proto
 
 clean: stop
 	rm -rf $(VENV) *.egg-info

@@ -18,6 +18,7 @@
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
     stripefs keygen   NAME                       a CURVE keypair (stripefs.keys_cli; docs/security.md)
     stripefs cap-secret PATH [--rotate]          the capability secret of daemons and nodes (stripefs.keys_cli)
+    stripefs csi      --endpoint unix://SOCK     the Kubernetes CSI plugin (stripefs.csi; docs/kubernetes.md)
 
 This module only dispatches. Admin commands find the cluster from a PATH
 inside a mount when given one (the mount's source in /proc/mounts is its
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     quota_cli.add_parser(sub)
     tier_cli.add_parser(sub)
     keys_cli.add_parsers(sub)
+    from .csi import server as csi_server  # imports nothing of grpc until it runs
+
+    csi_server.add_parser(sub)
 
     config = sub.add_parser("config", help="print a commented config template", description="Print a commented config file for a role.")
     csub = config.add_subparsers(dest="action", metavar="ACTION", required=True)

@@ -280,7 +280,8 @@ LONGEST_FIRST = [
     "test_data.py",  # 24
     "test_operator.py",  # 23
     "test_ops.py",  # 22
-    "test_secure_cluster.py",  # 22
+    "test_secure_cluster.py",  # 35
+    "test_csi.py",  # 25
     "test_write_errors.py",  # 19
     PG_GROUP,  # 70: test_multi_meta.py, test_pg_multi.py, test_posix.py[postgresql]; short files follow it
     "test_backup.py",  # 12

@@ -373,3 +373,55 @@ def test_a_subtree_key_reaches_only_its_own_chunks_at_the_nodes(subtree):
     assert (subtree.mnt / "long").read_bytes() == first + second
     assert (subtree.mnt / "mine").read_bytes() == mine
     assert "renewing capabilities" not in subtree.logs().get("mount.log", "")
+
+
+def test_csi_plugin_keys_come_from_secrets(secure):
+    """The CSI plugin on a secure cluster: its own key from a file ($STRIPEFS_KEY, as the manifests mount a
+    Secret), a pod's key from NodePublishVolume's secrets (kubelet reads the StorageClass's or the inline
+    volume's nodePublishSecretRef). The pod's key is a subtree key: it mounts its volumes and nothing else,
+    and its text is never on a command line, in a log, or left in a file."""
+    from pathlib import Path
+
+    import grpc
+
+    from stripefs.csi import csi_pb2 as pb
+
+    from csi_plugin import code, run_plugin
+
+    gen = run_plugin(secure, key=str(secure.keys / "admin.key_secret"))
+    plugin = next(gen)
+    try:
+        (secure.mnt / plugin.volumes.lstrip("/")).mkdir()
+        (secure.mnt / "other-team").mkdir()
+        team_key = Path(secure.add_key("csi-team", subdir=plugin.volumes)).read_text()
+        secret_line = next(line for line in team_key.splitlines() if "secret-key" in line)
+        vol = plugin.create("pvc-secure", 16 * MiB)
+        target = plugin.target("pod-secure")
+        plugin.publish(vol.volume_id, target, secrets={"key": team_key})
+        try:
+            Path(target, "out").write_bytes(b"team data")
+            assert (secure.mnt / vol.volume_id.lstrip("/") / "out").read_bytes() == b"team data"
+            secret = secret_line.split('"')[1].encode()
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    assert secret not in cmdline.read_bytes(), f"the key is on the command line of {cmdline.parent.name}"
+                except OSError:
+                    pass
+            assert not list((plugin.state / "keys").iterdir()), "the key's file stays after the mount started"
+            # the team's key reaches no other directory, whatever a pod's author names in an inline volume
+            ephemeral = {"csi.storage.k8s.io/ephemeral": "true", "path": "/other-team"}
+            outside = plugin.target("pod-outside")
+            assert code(lambda: plugin.publish("csi-e1", outside, context=ephemeral, secrets={"key": team_key})) != grpc.StatusCode.OK
+            assert not os.path.ismount(outside)
+            # and an inline volume without a key of its own is refused: the node's key reaches everything
+            assert code(lambda: plugin.publish("csi-e2", plugin.target("pod-nokey"), context=ephemeral)) == grpc.StatusCode.PERMISSION_DENIED
+            usage = plugin.stats(vol.volume_id, target)[pb.VolumeUsage.BYTES]
+            assert usage.used == len(b"team data") and usage.total == 16 * MiB
+        finally:
+            plugin.unpublish(vol.volume_id, target)
+        plugin.controller.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
+        assert secret not in plugin.log.read_bytes()
+        for log in (plugin.state / "logs").glob("*.log"):
+            assert secret not in log.read_bytes(), log
+    finally:
+        gen.close()
