@@ -451,7 +451,7 @@ class MetaService:
         def open_and_hold():
             info = self.ns.open_info(req.ino)
             if req.session_id:  # under the lock: no unlink can reclaim it in between
-                self.sessions.open(req.session_id, req.ino, owner=owner)
+                self.sessions.open(req.session_id, req.ino, owner=owner, write=req.write)
             return *info, self.ns.quotas.max_size(req.ino, info[0].size)
 
         attr, layout, chunks, nodes, quota_max = await self.txn.read(open_and_hold)
@@ -595,7 +595,7 @@ class MetaService:
             info = self.ns.open_info(ino)
             info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
-                self.sessions.open(req.session_id, ino, owner=owner)
+                self.sessions.open(req.session_id, ino, owner=owner, write=True)
             # last: nothing after it can fail, so the high-water mark it may raise is
             # committed with the create, never rolled back under a handed-out epoch
             epoch, raised = self.ns.alloc_epoch()
