@@ -163,7 +163,7 @@ class MetaService:
         self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self._open_or_held)
         self.healer = Healer(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties,
-            wake_gc=self._wake_gc, ctx=self.ctx, open_inodes=self.holds.open_inodes if self.holds else None,
+            wake_gc=self._wake_gc, ctx=self.ctx,
         )
         self.operator = OperatorRequests(self.healer, txn, store, nodes)
         self.quota_service = QuotaService(txn, store, self.ns)
