@@ -621,6 +621,15 @@ class Healer:
         log.warning("chunk %s v%d: fragment %d on node %d %s; reconstructing it from the others", c, version, pos, node_id, why)
         return 1
 
+    def abandoned(self, ino: int) -> bool:
+        """Whether chunks of ``ino`` allocated but never committed (version 0) belong to nobody: no
+        session holds the file open (with several daemons, no session of any of them), so no writer
+        can commit them any more (a write cut by a daemon kill, whose mount got EIO at close).
+        A callback alone does not count: a mount must open a file to write it."""
+        if self.sessions.is_open(ino):
+            return False
+        return self.store.group_commit or not self.ns.is_open(ino)  # PostgreSQL: daemon/open_holds.py
+
     def reclaim_uncommitted(self, inos: Iterable[int]) -> None:
         """A session expired: chunks it allocated but never committed in files nobody has open go.
 

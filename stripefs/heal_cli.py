@@ -146,7 +146,7 @@ def cmd_fsck(args) -> int:
     nodes = [n for n in rsp.nodes if n.state in ("up", "suspect", "draining")]
     skipped = [n.node_id for n in rsp.nodes if n not in nodes and n.state != "removed"]
     bar = Progress(len(nodes) + 1, label="fsck", unit="steps", lines=True)
-    totals = dict(checked=0, orphans=0, missing=0, repaired=0)
+    totals = dict(checked=0, orphans=0, missing=0, repaired=0, unrepairable=0)
     problems: list[str] = []
     for i, node in enumerate(nodes):
         bar.update(i, note=f"node {node.node_id}")
@@ -189,7 +189,9 @@ def cmd_fsck(args) -> int:
         if red.unrepairable:
             print(f"  not repaired: {red.unrepairable} chunk(s) want more copies than the storage nodes up can hold: "
                   "add nodes, or lower their layout (stripefs layout convert)")
-        return 3 if red.lost or red.unrepairable else 0
+        if totals["unrepairable"]:
+            print(f"  not repaired: {totals['unrepairable']} orphan, missing or stale copies (why: above)")
+        return 3 if red.lost or red.unrepairable or totals["unrepairable"] else 0
     if found:
         print("  run 'stripefs fsck --repair' to fix what can be fixed")
         return 3
