@@ -279,3 +279,16 @@ def test_meta_backup_finds_the_local_cluster_of_the_current_directory(cluster, t
     (tmp_path / ".stripefs").symlink_to(cluster.state)
     out = run_cli("meta", "backup", "copy.db", cwd=tmp_path, env=_clean_env()).stdout
     assert "backed up" in out and (tmp_path / "copy.db").stat().st_size > 0
+
+
+def test_tier_migrate_to_a_tier_that_does_not_exist_fails(cluster, mnt):
+    """Issue 36 item 4: the daemon's "no tier named ..." was taken for "file deleted meanwhile", and the
+    command said every file had moved (exit 0)."""
+    d = mnt / "to-nowhere"
+    d.mkdir()
+    for i in range(3):
+        (d / f"f{i}").write_bytes(b"x" * 1000)
+    res = run_cli("tier", "migrate", "-r", str(d), "--to", "nosuchtier", check=False)
+    assert res.returncode == 3, res.stdout
+    assert "no tier named 'nosuchtier'" in res.stdout and "3 failed" in res.stdout, res.stdout
+    assert "0 file(s) moved" in res.stdout, res.stdout
