@@ -348,7 +348,7 @@ class LocalCluster:
         log_file.close()
         return proc.pid
 
-    def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
+    def up(self, mount: str | Path, nodes: int | None, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
            secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1, tier: str = "") -> int:
         mount = Path(mount).absolute()
         if not self.info_path.exists():
@@ -362,15 +362,19 @@ class LocalCluster:
             info = json.loads(self.info_path.read_text())
             if settings:
                 print(f"note: {self.state} exists; --set applies only when a cluster is created", file=sys.stderr)
+            if tier and not info.get("s3"):  # a local S3 server needs credentials in metad.toml, written at creation
+                raise QuietError(f"{self.state} exists without a tier: --tier {tier} applies only when a cluster is created; "
+                                 f"add a tier to this one with 'stripefs tier add NAME s3://BUCKET --endpoint URL' "
+                                 f"(docs/tiering.md), or create a new cluster with --tier {tier} in another --dir")
         else:
-            info = self._create(mount, nodes, options, settings, secure=secure, subdir=subdir, meta_store=meta_store, metas=metas,
+            info = self._create(mount, 4 if nodes is None else nodes, options, settings, secure=secure, subdir=subdir, meta_store=meta_store, metas=metas,
                                 tier=tier)
         if (secure and not info.get("secure")) or (subdir and subdir != info.get("subdir", "")):
             print(f"note: {self.state} exists; --secure and --subdir apply only when a cluster is created", file=sys.stderr)
         self.use_admin_key()
         if Path(info["mount"]) != mount:
             raise QuietError(f"{self.state} was created for mountpoint {info['mount']}, not {mount}")
-        if len(info["nodes"]) != nodes:
+        if nodes is not None and len(info["nodes"]) != nodes:
             print(f"note: {self.state} has {len(info['nodes'])} storage nodes; --nodes {nodes} is ignored", file=sys.stderr)
         pids = self.pids()
         metas = self._meta_names(info)

@@ -66,6 +66,15 @@ def test_up_mounts_again_over_a_dead_mount(small):
     assert _local_status(small)[("mount", None)]["state"] == "up"
 
 
+def test_up_again_refuses_a_tier_and_needs_no_nodes(small):
+    """Issue 36 item 5: 'local up --tier s3' on an existing cluster said "already running" (exit 0) and
+    added no tier; 'local up' without --nodes said "--nodes 4 is ignored" of a 3-node cluster."""
+    res = run_cli("local", "up", "--dir", str(small.state), "--mount", str(small.mnt), "--tier", "s3", check=False)
+    assert res.returncode == 1 and "tier add" in res.stderr and "already running" not in res.stdout, (res.stdout, res.stderr)
+    res = run_cli("local", "up", "--dir", str(small.state), "--mount", str(small.mnt))
+    assert "already running" in res.stdout and "--nodes" not in res.stderr, res.stderr
+
+
 def test_a_removed_node_is_not_started_again(small):
     """item 3: drain and remove node 3, stop it; down and up leave it stopped (and up then finds all running)."""
     for i in range(4):
