@@ -362,7 +362,7 @@ class Healer:
                     "they wait until nodes are added or their layout is lowered", stuck,
                 )
         self._backlog = len(runnable)
-        self._backlog_bytes = sum(t.length for t in runnable)
+        self._backlog_bytes = sum(t.copy_bytes for t in runnable)
         kinds = collections.Counter(t.kind for t in runnable)
         log.info(
             "repair: %s (%d under-replicated chunk(s), %d lost), copying up to %s bytes/s",
@@ -391,7 +391,7 @@ class Healer:
                     log.exception("repair of chunk %d:%d (%s) failed", task.ino, task.idx, task.kind)
                 finally:
                     self._backlog = max(0, self._backlog - 1)
-                    self._backlog_bytes = max(0, self._backlog_bytes - task.length)
+                    self._backlog_bytes = max(0, self._backlog_bytes - task.copy_bytes)
 
     def has_target(self, task: Task) -> bool:
         """Whether some node could take ``task``'s copy now: up and not holding the chunk already."""
