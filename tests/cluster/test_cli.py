@@ -87,9 +87,9 @@ def test_every_subcommand_with_bad_arguments_says_one_line(tmp_path, monkeypatch
         ["layout", "set", str(tmp_path), "--replicas", "x"], ["layout", "set", str(tmp_path), "--stripe-count", "1.5"],
         ["layout", "convert", str(tmp_path)], ["layout", "convert", str(tmp_path), "--ec", "4+2"],
         ["layout", "convert", str(tmp_path), "--ec", "x"],
-        ["top", "--interval", "x"], ["top", str(tmp_path), "--once"],
+        ["top", "--interval", "x"], ["top", str(tmp_path), "--once"], ["top", "-n", "0"], ["top", "-n", "-1"],
         ["install-mount-helper", "--dir", str(a_file / "sub")],
-        ["warmup"], ["warmup", "--threads", "x"], ["warmup", missing],
+        ["warmup"], ["warmup", "--threads", "x"], ["warmup", missing], ["warmup", str(tmp_path), "--threads", "0"],
         ["node"], ["node", "drain", "x"], ["node", "undrain"], ["node", "remove", "3", "--dir", missing],
         ["scrub", "--bogus"], ["scrub", str(tmp_path)],
         ["fsck", "--bogus"], ["fsck", "--dir", missing],
@@ -292,3 +292,24 @@ def test_tier_migrate_to_a_tier_that_does_not_exist_fails(cluster, mnt):
     assert res.returncode == 3, res.stdout
     assert "no tier named 'nosuchtier'" in res.stdout and "3 failed" in res.stdout, res.stdout
     assert "0 file(s) moved" in res.stdout, res.stdout
+
+
+def test_layout_set_mistakes_exit_1_and_ec_says_where_it_pays(cluster, mnt):
+    """Issue 36 items 8 and 14: '--chunk-size 0' exited 3 and '--replicas 0' 1; 'layout set' on a file named
+    an inode; '--ec' promised 1.5x without a word on small files (a file under chunk_size/K costs (1+M)x)."""
+    d = mnt / "layouts"
+    d.mkdir()
+    (d / "file").write_bytes(b"x")
+    for args in (["--chunk-size", "0"], ["--chunk-size", "66K"], ["--replicas", "0"], ["--stripe-count", "0"], ["--ec", "0+1"]):
+        res = run_cli("layout", "set", str(d), *args, check=False)
+        assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, (args, res.returncode, res.stderr)
+    res = run_cli("layout", "set", str(d / "file"), "--replicas", "2", check=False)
+    assert res.returncode == 1 and f"{d / 'file'} is not a directory" in res.stderr and "inode" not in res.stderr, res.stderr
+    out = run_cli("layout", "set", str(d), "--ec", "2+1", "--chunk-size", "4M").stdout
+    assert "1.50x from 4.0M up" in out and "2.00x (as much as replicas=2) for files of 2.0M or less" in out, out
+    assert "note:" not in run_cli("layout", "set", str(d), "--replicas", "2").stdout
+    # and counts that cannot work: refused as usage errors, not accepted (item 14)
+    for args in (["warmup", str(d), "--threads", "0"], ["top", str(mnt), "-n", "0", "--once"]):
+        res = run_cli(*args, check=False)
+        assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, (args, res.returncode, res.stderr)
+        assert "above 0" in res.stderr or "between 1" in res.stderr, (args, res.stderr)
