@@ -313,3 +313,31 @@ def test_layout_set_mistakes_exit_1_and_ec_says_where_it_pays(cluster, mnt):
         res = run_cli(*args, check=False)
         assert res.returncode == 1 and len(res.stderr.splitlines()) == 1, (args, res.returncode, res.stderr)
         assert "above 0" in res.stderr or "between 1" in res.stderr, (args, res.stderr)
+
+
+def test_ctrl_c_stops_a_conversion_with_one_line(cluster, mnt):
+    """Issue 36 item 9: Ctrl-C in 'layout convert -r' printed an exception group traceback, or was taken
+    for one file's failure ("FAILED: the write failed: KeyboardInterrupt()") and the conversion went on."""
+    import signal as _signal
+
+    d = mnt / "to-convert"
+    d.mkdir()
+    for i in range(150):
+        (d / f"f{i}").write_bytes(bytes([i % 256]) * 5000)
+    proc = subprocess.Popen([sys.executable, "-m", "stripefs", "layout", "convert", "-r", str(d), "--ec", "2+1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # not a terminal: a line per file
+        seen.append(line)
+        if len(seen) >= 5:
+            break
+    proc.send_signal(_signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    err = "".join(seen) + err
+    assert proc.returncode == 130, (out, err[-2000:])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err + out, err[-2000:]
+    assert "interrupted after" in out and "of 150 file(s)" in out and "run the command again" in out, out
+    converted = int(out.split(": ", 1)[1].split(" converted")[0])
+    assert converted < 150
+    for i in range(150):  # every file whole, in its old layout or the new one
+        assert (d / f"f{i}").read_bytes() == bytes([i % 256]) * 5000
