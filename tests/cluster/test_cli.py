@@ -341,3 +341,15 @@ def test_ctrl_c_stops_a_conversion_with_one_line(cluster, mnt):
     assert converted < 150
     for i in range(150):  # every file whole, in its old layout or the new one
         assert (d / f"f{i}").read_bytes() == bytes([i % 256]) * 5000
+
+
+def test_a_quota_beyond_what_the_daemon_holds_is_one_line(cluster, mnt):
+    """Issue 36 item 10: 'quota set --bytes 99999999999P' ended in a traceback (OverflowError: can't
+    serialize ints > 2**64 - 1)."""
+    d = mnt / "huge-quota"
+    d.mkdir()
+    for args in (["--bytes", "99999999999P"], ["--bytes", "8192P"], ["--inodes", str(1 << 64)]):
+        res = run_cli("quota", "set", str(d), *args, check=False)
+        assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and "at most" in res.stderr, (args, res.stderr)
+        assert "Traceback" not in res.stderr
+    assert "bytes" in run_cli("quota", "set", str(d), "--bytes", "1024P").stdout
