@@ -353,3 +353,16 @@ def test_a_quota_beyond_what_the_daemon_holds_is_one_line(cluster, mnt):
         assert res.returncode == 1 and len(res.stderr.splitlines()) == 1 and "at most" in res.stderr, (args, res.stderr)
         assert "Traceback" not in res.stderr
     assert "bytes" in run_cli("quota", "set", str(d), "--bytes", "1024P").stdout
+
+
+def test_fsck_and_node_find_the_cluster_from_inside_a_mount(cluster, mnt):
+    """Issue 36 item 11: 'cd mnt/train; stripefs fsck' found no cluster, and 'stripefs fsck mnt' was
+    'unrecognized arguments'."""
+    d = mnt / "train"
+    d.mkdir()
+    env = _clean_env()
+    for args, cwd in ((["fsck"], d), (["fsck", str(mnt)], "/"), (["node", "undrain", "1"], d),
+                      (["node", "undrain", "1", str(d)], "/")):
+        res = run_cli(*args, check=False, cwd=cwd, env=env)
+        assert res.returncode in (0, 3) and "cannot find the cluster" not in res.stderr, (args, res.stderr)
+        assert "fsck:" in res.stdout or "takes new chunks again" in res.stdout, (args, res.stdout, res.stderr)
