@@ -366,3 +366,13 @@ def test_fsck_and_node_find_the_cluster_from_inside_a_mount(cluster, mnt):
         res = run_cli(*args, check=False, cwd=cwd, env=env)
         assert res.returncode in (0, 3) and "cannot find the cluster" not in res.stderr, (args, res.stderr)
         assert "fsck:" in res.stdout or "takes new chunks again" in res.stdout, (args, res.stdout, res.stderr)
+
+
+def test_the_readmes_prefetch_counters_command_works(cluster, mnt):
+    """Issue 36 item 13: the README's only way to read the counters was getfattr, which a fresh Debian
+    lacks. Its Python one-liner runs as written (the mountpoint put in) and prints them."""
+    readme = (REPO / "README.md").read_text()
+    line = next(x for x in readme.splitlines() if x.startswith("python3 -c") and "user.stripefs.prefetch" in x)
+    assert "apt-get install attr" in readme
+    res = subprocess.run(["bash", "-c", line.replace("/mnt/data", str(mnt))], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr
