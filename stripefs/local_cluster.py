@@ -15,6 +15,7 @@ State directory layout (everything the cluster owns lives here)::
                               each storage node, keyring.toml listing them, and cap_secret (the
                               capability secret of daemons and nodes; docs/security.md)
     STATE/logs/*.log          one log per process
+    STATE/lock                up, down and add-node hold an flock on it: one at a time (``exclusive``)
 
 Running ``up`` again on a stopped STATE starts the same processes on the same
 ports and data, so everything comes back. ``up --set ROLE.KEY=VALUE`` puts
@@ -36,6 +37,8 @@ with SQLite) and the others under ``metas`` ({"2": pid, ...}).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -313,6 +316,10 @@ class LocalCluster:
 
     def add_node(self, *, timeout: float = 60.0) -> int:
         """One more storage node: configured like the others, started, registered."""
+        with self.exclusive():
+            return self._add_node(timeout=timeout)
+
+    def _add_node(self, *, timeout: float) -> int:
         info = self.info()
         pids = self.pids()
         if not _alive(pids.get("meta")):
@@ -358,6 +365,31 @@ class LocalCluster:
                     f"{len(orphans)} process(es) of a local cluster in {self.state} still run though its state is gone "
                     f"(pids {' '.join(str(o.pid) for o in orphans)}); stop them with 'stripefs local down --dir {self.state}'", 3)
         self.state.mkdir(parents=True, exist_ok=True)
+        with self.exclusive():
+            return self._up(mount, nodes, options, timeout=timeout, settings=settings, secure=secure, subdir=subdir,
+                            meta_store=meta_store, metas=metas, tier=tier)
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """One ``local up``, ``down`` or ``add-node`` at a time on a STATE (an flock on STATE/lock): a second
+        ``up`` started beside a first on a new directory waits for it and then finds the cluster running,
+        instead of starting a second set of processes on the same ports ("storage-2 exited at start")."""
+        if not self.state.is_dir():  # down of a deleted state directory: nothing to share
+            yield
+            return
+        fd = os.open(self.state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"waiting for another 'stripefs local' command on {self.state} to finish", file=sys.stderr)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _up(self, mount: Path, nodes: int | None, options: list[str], *, timeout: float, settings, secure: bool, subdir: str,
+            meta_store: str, metas: int, tier: str) -> int:
         if self.info_path.exists():
             info = json.loads(self.info_path.read_text())
             if settings:
@@ -612,6 +644,10 @@ class LocalCluster:
         print(f"tier {local_s3.TIER}: s3://{info['s3']['bucket']} on the local S3 server at {local_s3.endpoint(info['s3']['port'])}")
 
     def down(self) -> int:
+        with self.exclusive():
+            return self._down()
+
+    def _down(self) -> int:
         """Unmount and stop what ``up`` started: the pids in pids.json and every process whose command
         line names this state directory (stripefs/local_processes.py), so a cluster whose pids.json, or
         whole state directory, was deleted while it ran is stopped too. 0 when nothing runs any more

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -164,3 +165,21 @@ def test_df_counts_the_shared_disk_once_and_used_is_what_stripefs_stores(cluster
     used = (df.f_blocks - df.f_bfree) * df.f_frsize
     assert 2 << 20 <= used <= status["used_bytes"] + (64 << 20), (used, status["used_bytes"])  # other tests write meanwhile
     assert df.f_bavail * df.f_frsize <= disk.f_bavail * disk.f_frsize  # free: the disk's, once
+
+
+def test_two_ups_at_once_on_a_new_directory(tmp_path):
+    """Issue 36 item 14: two 'local up' started together on one new directory: the second said
+    "storage-2 exited at start" (its processes found the ports taken). Now it waits for the first
+    and finds the cluster running."""
+    state, mnt = tmp_path / "state", tmp_path / "mnt"
+    args = [sys.executable, "-m", "stripefs", "local", "up", "--dir", str(state), "--mount", str(mnt), "--nodes", "2"]
+    try:
+        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        results = [p.communicate(timeout=120) for p in procs]
+        for p, (out, err) in zip(procs, results):
+            assert p.returncode == 0 and "exited at start" not in err, (out, err)
+        outs = sorted(out for out, _ in results)
+        assert "already running" in outs[0] and "local cluster up" in outs[1], outs
+        assert len(processes_of(state)) == 4  # meta, 2 storage nodes, mount: one set
+    finally:
+        run_cli("local", "down", "--dir", str(state), check=False)
