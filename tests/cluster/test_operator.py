@@ -183,3 +183,28 @@ def test_two_ups_at_once_on_a_new_directory(tmp_path):
         assert len(processes_of(state)) == 4  # meta, 2 storage nodes, mount: one set
     finally:
         run_cli("local", "down", "--dir", str(state), check=False)
+
+
+def test_up_mounts_a_dataset_mount_beside_and_down_unmounts_it(tmp_path):
+    """Issue 36 item 12: a dataset mount needed the daemon's address copied by hand from 'local status',
+    and 'make stop' left it behind (every access then blocked 60 s, then EIO)."""
+    state, mnt, data = tmp_path / "state", tmp_path / "mnt", tmp_path / "data"
+    try:
+        out = run_cli("local", "up", "--dir", str(state), "--mount", str(mnt), "--nodes", "2", "--dataset-mount", str(data)).stdout
+        assert "read-only (dataset mode)" in out, out
+        (mnt / "f").write_bytes(b"written through the default mount")
+        _wait("the dataset mount to see the new file", lambda: (data / "f").exists())
+        assert (data / "f").read_bytes() == b"written through the default mount"
+        with pytest.raises(OSError) as err:
+            (data / "g").write_bytes(b"x")
+        assert err.value.errno == 30  # EROFS
+        procs = {p["role"]: p for p in json.loads(run_cli("local", "status", "--dir", str(state), "--json").stdout)["processes"]}
+        assert procs["dataset-mount"]["state"] == "up" and procs["dataset-mount"]["mountpoint"] == str(data)
+        res = subprocess.run(["make", "-s", "stop", f"STATE={state}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert not _is_mounted(data) and not _is_mounted(mnt) and processes_of(state) == []
+        # remembered: the next up mounts it again
+        assert "read-only (dataset mode)" in run_cli("local", "up", "--dir", str(state), "--mount", str(mnt)).stdout
+        assert _is_mounted(data)
+    finally:
+        run_cli("local", "down", "--dir", str(state), check=False)
