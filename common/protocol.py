@@ -1030,8 +1030,8 @@ class QuotaSetReq(Msg, tag="quota_set"):
     Reply: QuotaRsp with the quota (none when removed)."""
 
     ino: int
-    max_bytes: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
-    max_inodes: Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)] | None = None
+    max_bytes: int | None = None
+    max_inodes: int | None = None
 
 
 class QuotaGetReq(Msg, tag="quota_get"):
