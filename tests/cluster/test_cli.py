@@ -376,3 +376,20 @@ def test_the_readmes_prefetch_counters_command_works(cluster, mnt):
     assert "apt-get install attr" in readme
     res = subprocess.run(["bash", "-c", line.replace("/mnt/data", str(mnt))], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip(), res.stderr
+
+
+def test_ctrl_c_inside_a_nursery_is_one_line_saying_how_far(monkeypatch, capsys):
+    """Issue 36 item 9, for every command: a KeyboardInterrupt that trio wrapped in an exception group
+    printed ~60 lines of 'Exception Group Traceback'; now one line with the progress bar's count."""
+    from stripefs.common.progress import Progress
+
+    def interrupted(argv):
+        bar = Progress(2000, label="migrate", stream=open(os.devnull, "w"))
+        bar.update(93)
+        raise BaseExceptionGroup("nursery", [KeyboardInterrupt()])
+
+    monkeypatch.setattr(cli, "_dispatch", interrupted)
+    assert cli.main(["tier", "migrate"]) == 130
+    out, err = capsys.readouterr()
+    assert err.splitlines() == ["stripefs: interrupted after 93 of 2,000 files (migrate); what was done stays done: "
+                                "run the command again to finish"] and out == ""
