@@ -350,6 +350,24 @@ def test_rebalance_postpones_chunks_of_files_open_for_writing(svc):
     assert svc.store.get_chunks(held)[0] == (5, [4, 3])
 
 
+def test_the_backlog_counts_the_bytes_small_files_hold(svc):
+    """Issue 36 item 7: status showed a repair backlog of 467 copies (1.8G) for 100 KiB files (the chunk
+    size, 4 MiB, per copy); the repair then made 994 copies (97.1M). A copy holds the file's bytes in
+    its chunk: the size comes with the rows the healer plans from."""
+    small = _file(svc, b"small", chunks=())
+    big = _file(svc, b"big", chunks=())
+    chunk = svc.store.get_inode(big)["chunk_size"]
+    with svc.store.savepoint():
+        svc.ns.commit(small, 100 * 1024, 0, [p.ChunkRef(index=0, version=7, nodes=[1, 2])])
+        svc.ns.commit(big, chunk + chunk // 2, 0, [p.ChunkRef(index=0, version=8, nodes=[1, 2]),
+                                                   p.ChunkRef(index=1, version=8, nodes=[2, 3])])
+    rows = [ChunkRow.from_sql(r) for r in svc.store.chunk_rows_page((0, -1), 100)]
+    work = plan(rows, {1: "up", 2: "down", 3: "up", 4: "up"})
+    assert sorted((t.ino, t.idx, t.copy_bytes) for t in work.tasks) == [
+        (small, 0, 100 * 1024), (big, 0, chunk), (big, 1, chunk // 2)]
+    assert work.backlog_bytes == 100 * 1024 + chunk + chunk // 2
+
+
 async def test_a_node_reconstructs_a_lost_fragment_from_the_others(tmp_path):
     from stripefs.common.erasure import codec, fragment_part
 
@@ -418,20 +436,3 @@ def test_a_bad_fragment_is_reconstructed_unless_too_few_others_are_live(svc, cap
     assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3])
     assert any("other fragments are live" in r.message for r in caplog.records)
 
-
-def test_the_backlog_counts_the_bytes_small_files_hold(svc):
-    """Issue 36 item 7: status showed a repair backlog of 467 copies (1.8G) for 100 KiB files (the chunk
-    size, 4 MiB, per copy); the repair then made 994 copies (97.1M). A copy holds the file's bytes in
-    its chunk: the size comes with the rows the healer plans from."""
-    small = _file(svc, b"small", chunks=())
-    big = _file(svc, b"big", chunks=())
-    chunk = svc.store.get_inode(big)["chunk_size"]
-    with svc.store.savepoint():
-        svc.ns.commit(small, 100 * 1024, 0, [p.ChunkRef(index=0, version=7, nodes=[1, 2])])
-        svc.ns.commit(big, chunk + chunk // 2, 0, [p.ChunkRef(index=0, version=8, nodes=[1, 2]),
-                                                   p.ChunkRef(index=1, version=8, nodes=[2, 3])])
-    rows = [ChunkRow.from_sql(r) for r in svc.store.chunk_rows_page((0, -1), 100)]
-    work = plan(rows, {1: "up", 2: "down", 3: "up", 4: "up"})
-    assert sorted((t.ino, t.idx, t.copy_bytes) for t in work.tasks) == [
-        (small, 0, 100 * 1024), (big, 0, chunk), (big, 1, chunk // 2)]
-    assert work.backlog_bytes == 100 * 1024 + chunk + chunk // 2
