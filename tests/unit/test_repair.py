@@ -435,4 +435,3 @@ def test_a_bad_fragment_is_reconstructed_unless_too_few_others_are_live(svc, cap
         assert svc.healer.mark_bad(1, [p.ChunkId(ino, 0, fragment_part(0, 5))]) == 0
     assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3])
     assert any("other fragments are live" in r.message for r in caplog.records)
-
