@@ -101,6 +101,9 @@ def verdict(network_share: float | None, reads: float, hit_rate: float | None, b
                     "files are read from the kernel's page cache; stripefs answers only those")
         return "idle: no requests in this interval"
     if busy < 0.05:
+        if ops > 10 * reads:  # a warm epoch: a stray read beside thousands of opens is still the page cache's job
+            return (f"files are read mostly from the kernel's page cache ({reads:,.0f} reads reach stripefs beside "
+                    f"{ops - reads:,.0f} other requests): stripefs answers only those; the bottleneck is elsewhere")
         return f"readers are rarely inside stripefs ({busy:.2f} reads in flight on average): the bottleneck is elsewhere"
     if network_share >= 0.5:
         return (

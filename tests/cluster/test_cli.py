@@ -393,3 +393,29 @@ def test_ctrl_c_inside_a_nursery_is_one_line_saying_how_far(monkeypatch, capsys)
     out, err = capsys.readouterr()
     assert err.splitlines() == ["stripefs: interrupted after 93 of 2,000 files (migrate); what was done stays done: "
                                 "run the command again to finish"] and out == ""
+
+
+def test_top_of_a_job_reading_from_the_page_cache_is_not_idle(cluster, mnt):
+    """Issue 36 item 6, through the command: a warm loop (the kernel serves the bytes from its page cache,
+    the mount sees opens, flushes and releases) is not 'idle: no reads'."""
+    import threading
+
+    f = mnt / "warm-for-top"
+    f.write_bytes(b"w" * 100_000)
+    f.read_bytes()
+    stop = threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            with open(f, "rb") as fh:
+                fh.read()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        out = run_cli("top", str(cluster.mnt), "--once", "-n", "1").stdout
+    finally:
+        stop.set()
+        t.join()
+    verdict = next(line for line in out.splitlines() if line.startswith("=> "))
+    assert "idle" not in verdict and "page cache" in verdict, out

@@ -69,3 +69,5 @@ def test_a_job_reading_from_the_page_cache_is_not_idle():
     screen = "\n".join(render(cur, prev, 1.0, "/mnt/data"))
     assert "idle" not in screen and "page cache" in screen
     assert verdict(None, 0, None).startswith("idle")
+    assert "page cache" in verdict(0.0, 2, 1.0, busy=0.001, ops=3000)  # a stray read beside thousands of opens
+    assert "rarely inside stripefs" in verdict(0.0, 200, 1.0, busy=0.01, ops=600)
