@@ -45,7 +45,7 @@ def _check_set_args(args) -> int | None:
         except ValueError as exc:
             raise QuietError(f"--chunk-size: {exc}") from None
         if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE or chunk_size % (4 * KiB):
-            raise QuietError(f"--chunk-size {args.chunk_size}: a multiple of 4K between {format_size(MIN_CHUNK_SIZE)} "
+            raise QuietError(f"--chunk-size {args.chunk_size}: chunk_size must be a multiple of 4K between {format_size(MIN_CHUNK_SIZE)} "
                              f"and {format_size(MAX_CHUNK_SIZE)}, e.g. 4M")
     if args.stripe_count is not None and not 1 <= args.stripe_count <= MAX_STRIPE_COUNT:
         raise QuietError(f"--stripe-count {args.stripe_count}: between 1 and {MAX_STRIPE_COUNT}")
