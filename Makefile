@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 STATE ?= ./.stripefs
 MNT ?= ./mnt
 NODES ?= 4
+DATASET_MNT ?=
 
 .PHONY: install run stop status test unit inprocess cluster bench fuzz fuzz-resume clean csi-proto
 
@@ -51,7 +52,7 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 	@touch $@
 
 run: install
-	$(VENV)/bin/stripefs local up --dir $(STATE) --mount $(MNT) --nodes $(NODES)
+	$(VENV)/bin/stripefs local up --dir $(STATE) --mount $(MNT) --nodes $(NODES) $(if $(DATASET_MNT),--dataset-mount $(DATASET_MNT))
 	@echo
 	@echo "stripefs is mounted at $(MNT). Try: cp -r /usr/share/doc $(MNT)/ && ls $(MNT)"
 	@echo "Status: $(VENV)/bin/stripefs local status --dir $(STATE)    Stop: make stop"

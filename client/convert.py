@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import stat
 import sys
 from contextlib import AsyncExitStack
@@ -177,12 +178,26 @@ def run(addresses: list[str], paths: list[str], redundancy: str, *, recursive: b
     files, dirs = _targets(paths, recursive)
     progress = _Tally(len(files), sum(size for _, size in files))
 
+    interrupted = False
+
+    async def stop_on_ctrl_c(scope: trio.CancelScope) -> None:
+        """Ctrl-C (SIGINT) cancels the run: the file being converted keeps its old layout (its shadow is
+        reclaimed with the session), and the summary says how far it got. Received here, it is never a
+        KeyboardInterrupt raised in whatever task runs (a write would report it as the file's failure)."""
+        nonlocal interrupted
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            async for _ in signals:
+                interrupted = True
+                scope.cancel()
+                return
+
     async def main() -> None:
         ctx = zmq.Context()
         try:
             async with AsyncExitStack() as stack:
                 nursery = await stack.enter_async_context(trio.open_nursery())
                 stack.callback(nursery.cancel_scope.cancel)
+                nursery.start_soon(stop_on_ctrl_c, nursery.cancel_scope, name="ctrl-c")
                 client = await open_client(ctx, stack, nursery, config, addresses, name=f"layout convert pid {os.getpid()}")
                 meta, data = client.meta, client.data
                 converter = Converter(meta, data, redundancy, progress)
@@ -208,6 +223,11 @@ def run(addresses: list[str], paths: list[str], redundancy: str, *, recursive: b
 
     trio.run(main)
     progress.finish()
+    if interrupted:
+        print(f"interrupted after {progress.done_files:,} of {progress.files:,} file(s): {progress.converted} converted to "
+              f"{redundancy}, {progress.skipped} already were" + (f", {len(progress.failed)} failed" if progress.failed else "")
+              + "; the others keep their layout: run the command again to finish")
+        return 130
     print(
         f"{progress.converted} file(s) converted to {redundancy}, {progress.skipped} already were"
         + (f", {len(progress.failed)} failed (run the command again to retry them)" if progress.failed else ""),

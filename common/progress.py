@@ -16,6 +16,9 @@ import time
 
 
 class Progress:
+    #: the bar of the long operation under way in this process (the command line's Ctrl-C line says how far it got)
+    current: "Progress | None" = None
+
     def __init__(self, total: int, *, label: str, unit: str = "files", total_bytes: int = 0, stream=None,
                  lines: bool = False):
         self.total = total
@@ -31,6 +34,11 @@ class Progress:
         self.note = ""
         self.done = 0
         self.bytes = 0
+        Progress.current = self
+
+    def how_far(self) -> str:
+        """``93 of 2,000 files (migrate)``."""
+        return f"{self.done:,} of {self.total:,} {self.unit} ({self.label})"
 
     def update(self, done: int, done_bytes: int = 0, note: str = "") -> None:
         self.done, self.bytes, self.note = done, done_bytes, note
@@ -59,6 +67,8 @@ class Progress:
     def close(self) -> float:
         """Finish the line; the seconds it all took."""
         elapsed = time.monotonic() - self.start
+        if Progress.current is self:
+            Progress.current = None
         if self.tty:
             self.stream.write("\r" + self._line(time.monotonic()) + "\x1b[K\n")
             self.stream.flush()

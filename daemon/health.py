@@ -310,6 +310,7 @@ class _Session:
     mountpoint: str
     last_seen: float
     open: set[int] = field(default_factory=set)
+    writing: set[int] = field(default_factory=set)  # of ``open``: opened (or created) for writing
     owner: str | None = None  # the key that opened (or adopted) it; None: a plain socket
     warned: float = float("-inf")  # when a refusal past max_open was last logged
 
@@ -401,6 +402,7 @@ class Sessions:
                 del self._open_count[ino]
                 released.append(ino)
         session.open = inos
+        session.writing &= inos
         return released
 
     def _full(self, session: _Session, count: int, now: float | None) -> StripefsError:
@@ -426,19 +428,24 @@ class Sessions:
         self._get(session_id, now, adopt=True, owner=owner)
 
     @_locked
-    def open(self, session_id: int, ino: int, now: float | None = None, owner: str | None = None) -> None:
+    def open(self, session_id: int, ino: int, now: float | None = None, owner: str | None = None, *, write: bool = False) -> None:
+        """``write``: opened for writing (OpenReq.write, a create): ``writing_inodes`` until the session
+        lets it go (a heartbeat without it, or a close)."""
         session = self._get(session_id, now, adopt=True, owner=owner)
         if ino not in session.open:
             if len(session.open) >= self.max_open:
                 raise self._full(session, len(session.open) + 1, now)
             session.open.add(ino)
             self._open_count[ino] += 1
+        if write:
+            session.writing.add(ino)
 
     @_locked
     def close(self, session_id: int, ino: int, now: float | None = None, owner: str | None = None) -> list[int]:
         session = self._get(session_id, now, owner=owner)
         if ino not in session.open:
             return []
+        session.writing.discard(ino)
         session.open.discard(ino)  # in place: a copy of a large open set per close would cost milliseconds
         self._open_count[ino] -= 1
         if self._open_count[ino] > 0:
@@ -508,6 +515,17 @@ class Sessions:
     def open_inodes(self) -> set[int]:
         """Every inode some session holds open."""
         return set(self._open_count)
+
+    @_locked
+    def writing_inodes(self) -> set[int]:
+        """Every inode some session opened for writing and still holds (rebalance waits for them,
+        daemon/repair.py "Open files"). Mounts send no close, so this is until the session heartbeat
+        after the file's last release (every third of the session lease)."""
+        return set().union(*(s.writing for s in self._sessions.values()))
+
+    @_locked
+    def is_writing(self, ino: int) -> bool:
+        return any(ino in s.writing for s in self._sessions.values())
 
 
 def _check_node_id(node_id: int) -> None:

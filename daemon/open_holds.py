@@ -57,11 +57,6 @@ class OpenHolds:
         now = time.time_ns()
         return self.store.held_elsewhere(ino, self.boot_id, now, now - int(GRACE_S * 1e9))
 
-    def open_inodes(self) -> set[int]:
-        """Every inode a session of a live daemon holds (the healer's rebalance leaves them alone;
-        daemon/repair.py). Called on the trio thread, the store's autocommit connection."""
-        return self.sessions.open_inodes() | self.store.held_inodes(time.time_ns())
-
     def _sync(self, held: set[int], until_ns: int, now_ns: int) -> None:
         store = self.store
         store.renew_daemon(self.boot_id, until_ns)

@@ -90,6 +90,7 @@ import threading
 from typing import NamedTuple
 
 from ..common.errors import ErrorCode, StripefsError
+from ..common.protocol import INT64_MAX
 from .db import ROOT_INO
 from .store import SqliteStore
 
@@ -299,6 +300,8 @@ class Quotas:
         for value in (max_bytes, max_inodes):
             if value is not None and value < 0:
                 raise StripefsError(ErrorCode.INVALID, f"a quota limit cannot be negative ({value})")
+            if value is not None and value > INT64_MAX:  # what the database's integers hold
+                raise StripefsError(ErrorCode.INVALID, f"a quota limit cannot exceed {INT64_MAX} ({value})")
         current = self.get(ino)
         new_bytes = max_bytes if max_bytes is not None else (current.max_bytes if current else 0)
         new_inodes = max_inodes if max_inodes is not None else (current.max_inodes if current else 0)

@@ -71,7 +71,7 @@ nodes, one chunk at a time, never so far that the taker ends fuller than the
 giver (no ping-pong). A move is a ``rebalance`` task: the same copy, switch,
 then delete, so no chunk is ever less redundant; it uses the same throttle.
 New nodes therefore fill up after they join, and a node that was down for a
-while is evened out again. Chunks of open files are not moved (below).
+while is evened out again. Chunks of files open for writing are moved later (below).
 
 Open files
 ----------
@@ -80,16 +80,24 @@ chunk map names: the placement as of the open, or the nodes that took the
 mount's own writes. A move (copy, switch, delete) leaves that map naming a
 node whose copy is gone. The rules:
 
-* Rebalance leaves chunks of files that any session holds open
-  (``open_inodes``: this daemon's sessions, and with several daemons theirs
-  too, daemon/open_holds.py) where they are. Checked when moves are planned,
-  and again when one is recorded (``_record``): a file opened while its chunk
-  was being copied keeps its placement, and the copy becomes garbage.
-  Rebalance is optional, so it waits for the close. Moving a chunk under a
-  writer gains little anyway: a writer whose old copies are not deleted yet
+* Rebalance leaves chunks of files that a session of this daemon has open
+  *for writing* (``Sessions.writing_inodes``: opened with ``OpenReq.write``
+  or created, until the session lets the file go) where they are for now.
+  Checked when moves are planned, and again when one is recorded
+  (``_record``): a file opened for writing while its chunk was being copied
+  keeps its placement, the copy becomes garbage, and a later pass moves the
+  chunk once the writer is gone (postponed, never dropped). Moving a chunk
+  under a writer gains little: a writer whose old copies are not deleted yet
   writes them, and its commit, naming the nodes that took its writes, puts the
   chunk back; the next pass then moves it again (the fuzzer saw one chunk
   copied around a dozen times in four minutes while its file was open).
+  Files merely held (open for reading, a lookup's open information, a
+  callback: every file a mount has read stays held while the kernel caches
+  it) are moved like any other: the mount follows (below). Counting them as
+  open stopped rebalance on any cluster with a mount up (issue 36). A writer
+  through another daemon (PostgreSQL) is not known here: its commit, newer
+  than the copy, makes ``_record`` turn the copy into garbage, and the chunk
+  is planned again.
 * Repair and drain do not wait for a close: redundancy comes first, and a
   drain must finish while files stay open for days (a training job holds its
   data set open; the daemon cannot tell readers from writers). Their moves
@@ -192,7 +200,7 @@ class Healer:
 
     def __init__(
         self, config, txn: Txn, store, nodes: NodeRegistry, *, ns: Namespace, sessions: Sessions, duties: Duties,
-        wake_gc: Callable[[], None], ctx=None, open_inodes: Callable[[], set[int]] | None = None,
+        wake_gc: Callable[[], None], ctx=None,
     ):
         self.config = config
         self.txn = txn  # the lock and the writes (daemon/txn.py)
@@ -202,8 +210,6 @@ class Healer:
         self.sessions = sessions
         self.duties = duties
         self.wake_gc = wake_gc  # garbage was added: the collector runs soon
-        #: every inode some session holds open (several daemons: of any of them; daemon/open_holds.py)
-        self.open_inodes = open_inodes or sessions.open_inodes
         self.ctx = ctx
         self.throttle = Throttle(int(self.config.repair_bandwidth))
         self.dirty = True  # the repair loop should rescan
@@ -319,8 +325,8 @@ class Healer:
         if not work.tasks and not work.fixes and self.config.rebalance_tolerance > 0:
             async with self.txn.lock:
                 capacity = {n: c for n, (_, c) in self.nodes.usage().items()}
-                held = self.open_inodes()
-            work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance, held=held)
+                writing = self.sessions.writing_inodes()
+            work.tasks = plan_rebalance(work, capacity, self.config.rebalance_tolerance, held=writing)
         if not (work.tasks or work.fixes):
             return
         before = self.changes
@@ -356,7 +362,7 @@ class Healer:
                     "they wait until nodes are added or their layout is lowered", stuck,
                 )
         self._backlog = len(runnable)
-        self._backlog_bytes = sum(t.length for t in runnable)
+        self._backlog_bytes = sum(t.copy_bytes for t in runnable)
         kinds = collections.Counter(t.kind for t in runnable)
         log.info(
             "repair: %s (%d under-replicated chunk(s), %d lost), copying up to %s bytes/s",
@@ -385,7 +391,7 @@ class Healer:
                     log.exception("repair of chunk %d:%d (%s) failed", task.ino, task.idx, task.kind)
                 finally:
                     self._backlog = max(0, self._backlog - 1)
-                    self._backlog_bytes = max(0, self._backlog_bytes - task.length)
+                    self._backlog_bytes = max(0, self._backlog_bytes - task.copy_bytes)
 
     def has_target(self, task: Task) -> bool:
         """Whether some node could take ``task``'s copy now: up and not holding the chunk already."""
@@ -505,10 +511,12 @@ class Healer:
         store = self.store
         cur = store.get_chunks(task.ino, [task.idx]).get(task.idx)
         garbage = [(target, task.ino, task.idx, task.part, version)]
-        if task.kind == "rebalance" and self.ns.is_open(task.ino):
-            # opened while the copy was made: a writer has the old placement (module docstring, "Open files")
+        if task.kind == "rebalance" and self.sessions.is_writing(task.ino):
+            # opened for writing while the copy was made: the writer has the old placement, and a later
+            # pass moves the chunk once it is gone (module docstring, "Open files")
             store.add_garbage(garbage)
-            log.info("chunk %d:%d: rebalance to node %d dropped, the file was opened meanwhile", task.ino, task.idx, target)
+            log.debug("chunk %d:%d: rebalance to node %d postponed, the file was opened for writing meanwhile",
+                      task.ino, task.idx, target)
             return False
         if cur is None:
             if task.kind != "move_empty":
@@ -617,6 +625,15 @@ class Healer:
         self.store.add_garbage([(node_id, c.ino, c.index, c.part, version)])
         log.warning("chunk %s v%d: fragment %d on node %d %s; reconstructing it from the others", c, version, pos, node_id, why)
         return 1
+
+    def abandoned(self, ino: int) -> bool:
+        """Whether chunks of ``ino`` allocated but never committed (version 0) belong to nobody: no
+        session holds the file open (with several daemons, no session of any of them), so no writer
+        can commit them any more (a write cut by a daemon kill, whose mount got EIO at close).
+        A callback alone does not count: a mount must open a file to write it."""
+        if self.sessions.is_open(ino):
+            return False
+        return self.store.group_commit or not self.ns.is_open(ino)  # PostgreSQL: daemon/open_holds.py
 
     def reclaim_uncommitted(self, inos: Iterable[int]) -> None:
         """A session expired: what it wrote and never committed, in files nobody has open, goes.

@@ -279,7 +279,7 @@ class OperatorRequests:
         # and every finding is checked again against the current row before it is repaired
         expected: dict[tuple[int, int, int], int] = {}
         for row in await self._all_rows():
-            if node_id in row.nodes:
+            if node_id in row.nodes and not (row.version == 0 and self.healer.abandoned(row.ino)):  # an abandoned write's: orphans
                 ec = parse_redundancy(row.redundancy).is_ec
                 part = fragment_part(row.nodes.index(node_id), row.version) if ec else replica_part(row.version)
                 expected[(row.ino, row.idx, part)] = row.version
@@ -300,30 +300,52 @@ class OperatorRequests:
         repaired = 0
         if repair and (orphans or missing):
             async with self.txn.lock:
-                repaired = self.txn.write_locked(self._fsck_repair, node_id, orphans, missing, inventory, expected)[0]
+                repaired, left = self.txn.write_locked(self._fsck_repair, node_id, orphans, missing, inventory, expected)[0]
+            problems += left
         for line in problems:
             log.info("fsck: %s", line)
         return P.FsckRsp(
             checked=len(inventory), orphans=len(orphans), missing=len(missing), under_replicated=0, over_replicated=0,
-            lost=0, repaired=repaired, problems=problems,
+            lost=0, repaired=repaired, problems=problems, unrepairable=len(orphans) + len(missing) - repaired if repair else 0,
         )
 
-    def _fsck_repair(self, node_id, orphans, missing, inventory, expected) -> int:
+    def _fsck_repair(self, node_id, orphans, missing, inventory, expected) -> tuple[int, list[str]]:
+        """Repair what ``_fsck_node`` found: the number repaired, and why each of the others was not."""
         store = self.store
         repaired = 0
+        left: list[str] = []
         pending = store.pending_garbage(node_id)
+        reclaimed: set[int] = set()
         for ino, idx, part in orphans:
             cur = store.get_chunks(ino, [idx]).get(idx)
-            if (cur is not None and node_id in cur[1]) or (ino, idx, node_id) in self.healer.inflight or (ino, idx) in pending:
-                continue  # placed meanwhile, being copied, or already queued
-            store.add_garbage([(node_id, ino, idx, part, inventory[(ino, idx, part)])])
-            log.info("fsck: orphan copy %d:%d:%d v%d on node %d queued for deletion", ino, idx, part, inventory[(ino, idx, part)], node_id)
+            version = inventory[(ino, idx, part)]
+            if cur is not None and node_id in cur[1] and cur[0] == 0 and (ino in reclaimed or self.healer.abandoned(ino)):
+                # a write nobody can commit any more: its rows go, and their copies (this one too) with them
+                if ino not in reclaimed:
+                    self.healer.reclaim_uncommitted([ino])
+                    reclaimed.add(ino)
+                log.info("fsck: copy %d:%d:%d v%d on node %d of an abandoned write queued for deletion", ino, idx, part, version, node_id)
+                repaired += 1
+                continue
+            if (ino, idx) in pending:
+                repaired += 1  # queued for deletion meanwhile (another fsck, the collector): dealt with
+                continue
+            if (cur is not None and node_id in cur[1]) or (ino, idx, node_id) in self.healer.inflight:
+                why = "a writer holds its file open" if cur is not None and cur[0] == 0 else "placed there meanwhile or being copied"
+                left.append(f"orphan copy {ino}:{idx}:{part} v{version} on node {node_id} not repaired: {why}; run fsck again later")
+                continue
+            store.add_garbage([(node_id, ino, idx, part, version)])
+            log.info("fsck: orphan copy %d:%d:%d v%d on node %d queued for deletion", ino, idx, part, version, node_id)
             repaired += 1
         still = []
         for ino, idx, part in missing:
             cur = store.get_chunks(ino, [idx]).get(idx)
             if cur is not None and node_id in cur[1] and cur[0] == expected[(ino, idx, part)]:
                 still.append(P.ChunkId(ino, idx, part))
-        repaired += self.healer.mark_bad(node_id, still, "is missing or stale (fsck)")
+        fixed = self.healer.mark_bad(node_id, still, "is missing or stale (fsck)")
+        repaired += fixed + (len(missing) - len(still))  # the others were rewritten or moved meanwhile
+        if fixed < len(still):
+            left.append(f"{len(still) - fixed} missing or stale copies on node {node_id} kept: the only live copy, or too few "
+                        "other fragments (see the daemon's log)")
         self.healer.poke()
-        return repaired
+        return repaired, left

@@ -46,10 +46,17 @@ class ChunkRow:
     nodes: tuple[int, ...]
     redundancy: str
     chunk_size: int
+    size: int = -1  # the file's size (-1: unknown): what a copy of a small file's chunk really holds
 
     @classmethod
     def from_sql(cls, row) -> ChunkRow:
-        return cls(row[0], row[1], row[2], tuple(decode_nodes(row[3])), row[4], row[5])
+        return cls(row[0], row[1], row[2], tuple(decode_nodes(row[3])), row[4], row[5], *row[6:7])
+
+    def copy_bytes(self, ec_k: int = 0) -> int:
+        """Bytes one copy (one fragment of ``ec=K+M``) of this chunk holds: the file's bytes in it, not
+        the chunk size (a 100 KiB file's chunk is 100 KiB, not 4 MiB); the chunk size when unknown."""
+        used = self.chunk_size if self.size < 0 else max(0, min(self.chunk_size, self.size - self.idx * self.chunk_size))
+        return -(-used // ec_k) if ec_k else used
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,11 @@ class Task:
     length: int  # the file's chunk size
     ec: bool = False
     target: int = 0  # rebalance: the node chosen to receive it (0: placement chooses)
+    nbytes: int = -1  # bytes the copy will hold (ChunkRow.copy_bytes; -1: ``length``): backlog figures only
+
+    @property
+    def copy_bytes(self) -> int:
+        return self.length if self.nbytes < 0 else self.nbytes
 
     @property
     def replace(self) -> int | None:
@@ -122,11 +134,15 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
                     out.lost += 1
                     continue
                 slot = missing_slots[0] if missing_slots[0] < len(row.nodes) else -1
-                out.tasks.append(Task("reconstruct", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size, True))
-                out.backlog_bytes += row.chunk_size
+                nbytes = row.copy_bytes(red.ec_k)
+                out.tasks.append(Task("reconstruct", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size, True,
+                                      nbytes=nbytes))
+                out.backlog_bytes += nbytes
             elif draining:
-                out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size, True))
-                out.backlog_bytes += row.chunk_size
+                nbytes = row.copy_bytes(red.ec_k)
+                out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size, True,
+                                      nbytes=nbytes))
+                out.backlog_bytes += nbytes
             continue
         if len(set(row.nodes[i] for i in live)) > copies:
             out.over_replicated += 1
@@ -137,11 +153,13 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
         if len(live) < copies:
             out.under_replicated += 1
             slot = gone[0] if gone else -1
-            out.tasks.append(Task("repair", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size))
-            out.backlog_bytes += row.chunk_size * (copies - len(live))
+            out.tasks.append(Task("repair", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size,
+                                  nbytes=row.copy_bytes()))
+            out.backlog_bytes += row.copy_bytes() * (copies - len(live))
         elif draining:
-            out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size))
-            out.backlog_bytes += row.chunk_size * len(draining)
+            out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size,
+                                  nbytes=row.copy_bytes()))
+            out.backlog_bytes += row.copy_bytes() * len(draining)
         elif gone:
             out.fixes.append((row, tuple(row.nodes[i] for i in live)))
         elif all(s in PLACEABLE_STATES for s in state):
@@ -195,8 +213,9 @@ def plan_rebalance(
             if (used[giver] - size) / capacity[giver] < (used[taker] + size) / capacity[taker]:
                 continue  # would overshoot: the taker would end up fuller than the giver
             slot = row.nodes.index(giver)
+            red = parse_redundancy(row.redundancy)
             tasks.append(Task("rebalance", row.ino, row.idx, row.version, row.nodes, row.nodes, slot, len(row.nodes),
-                              size, parse_redundancy(row.redundancy).is_ec, target=taker))
+                              size, red.is_ec, target=taker, nbytes=row.copy_bytes(red.ec_k if red.is_ec else 0)))
             moved.add((row.ino, row.idx))
             used[giver] -= size
             used[taker] += size

@@ -194,7 +194,7 @@ class MetaService:
         self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self._open_or_held)
         self.healer = Healer(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties,
-            wake_gc=self._wake_gc, ctx=self.ctx, open_inodes=self.holds.open_inodes if self.holds else None,
+            wake_gc=self._wake_gc, ctx=self.ctx,
         )
         self.operator = OperatorRequests(self.healer, txn, store, nodes)
         self.quota_service = QuotaService(txn, store, self.ns)
@@ -532,7 +532,7 @@ class MetaService:
         def open_and_hold():
             info = self.ns.open_info(req.ino)
             if req.session_id:  # under the lock: no unlink can reclaim it in between
-                self.sessions.open(req.session_id, req.ino, owner=owner)
+                self.sessions.open(req.session_id, req.ino, owner=owner, write=req.write)
             return *info, self.ns.quotas.max_size(req.ino, info[0].size)
 
         attr, layout, chunks, nodes, quota_max = await self.txn.read(open_and_hold)
@@ -669,7 +669,7 @@ class MetaService:
             info = self.ns.open_info(ino)
             info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
-                self.sessions.open(req.session_id, ino, owner=owner)
+                self.sessions.open(req.session_id, ino, owner=owner, write=True)
             # last: nothing after it can fail, so the high-water mark it may raise is
             # committed with the create, never rolled back under a handed-out epoch
             epoch, raised = self.ns.alloc_epoch()

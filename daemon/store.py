@@ -287,21 +287,21 @@ class SqlStore:
         return self._x(f"SELECT count(*) FROM chunks WHERE {match}", [f"%,{n},%" for n in ids]).fetchone()[0]
     # -- self-healing (daemon/repair.py) -----------------------------------
 
-    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int]]:
-        """(ino, idx, version, nodes, redundancy, chunk_size) of chunks after ``after`` = (ino, idx), in order."""
+    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int, int]]:
+        """(ino, idx, version, nodes, redundancy, chunk_size, file size) of chunks after ``after`` = (ino, idx), in order."""
         return self._x(
-            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size FROM chunks c"
+            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size FROM chunks c"
             " JOIN inodes i ON i.ino = c.ino WHERE (c.ino, c.idx) > (?, ?) ORDER BY c.ino, c.idx LIMIT ?",
             (after[0], after[1], limit),
         ).fetchall()
 
-    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int]]:
+    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int, int]]:
         """The same rows for the chunks of some files."""
         out = []
         for i in range(0, len(inos), 500):
             part = list(inos[i : i + 500])
             out += self._x(
-                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size FROM chunks c"
+                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size FROM chunks c"
                 f" JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({','.join('?' * len(part))}) ORDER BY c.ino, c.idx",
                 part,
             ).fetchall()

@@ -103,13 +103,27 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
-        return 130
+        return _interrupted()
     except BaseExceptionGroup as group:  # a user error raised inside a nursery (trio wraps it)
+        if any(isinstance(e, KeyboardInterrupt) for e in leaves(group)):  # Ctrl-C inside a nursery
+            return _interrupted()
         leaf = _user_error(group)
         if leaf is None:
             raise
         print(f"stripefs: {leaf}", file=sys.stderr)
         return leaf.exitcode
+
+
+def _interrupted() -> int:
+    """Ctrl-C: one line saying how far the command got (its progress bar's count), no traceback."""
+    from .common.progress import Progress
+
+    bar = Progress.current
+    where = f" after {bar.how_far()}" if bar is not None else ""
+    if bar is not None and bar.tty:
+        bar.stream.write("\n")
+    print(f"stripefs: interrupted{where}; what was done stays done: run the command again to finish", file=sys.stderr)
+    return 130
 
 
 def _user_error(group: BaseExceptionGroup) -> QuietError | None:

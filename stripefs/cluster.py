@@ -63,7 +63,8 @@ def source_addresses(source: str) -> list[str]:
 
 def meta_addresses(args, path: str | None = None) -> list[str]:
     """The cluster's metadata addresses: from PATH's mount when a path is given (a path outside any
-    stripefs mount is an error, never silently the local cluster), else --meta, $STRIPEFS_META, --dir."""
+    stripefs mount is an error, never silently the local cluster), else --meta, $STRIPEFS_META, the
+    mount holding the current directory, --dir (default ./.stripefs)."""
     if path:
         found = mount_of(Path(path))
         if not found:
@@ -71,6 +72,13 @@ def meta_addresses(args, path: str | None = None) -> list[str]:
                              "(then --meta ADDR, $STRIPEFS_META or a local cluster's --dir finds the cluster)")
         return source_addresses(found[0])
     spec = getattr(args, "meta", None) or os.environ.get("STRIPEFS_META")
+    if not spec and not getattr(args, "dir", None):
+        try:
+            here = mount_of(Path.cwd())  # run from inside a mount (cd /mnt/data/train; stripefs fsck): that cluster
+        except OSError:  # the current directory is gone
+            here = None
+        if here:
+            return source_addresses(here[0])
     if not spec:
         state = Path(getattr(args, "dir", None) or DEFAULT_STATE)
         if (state / "cluster.json").exists():

@@ -5,7 +5,7 @@
     stripefs node remove NODE              forget NODE; refused while it holds the only copy of anything
     stripefs scrub [--now] [PATH]          verify checksums: start a background pass on every node now,
                                            or verify PATH's files (--now: all files) here, with progress
-    stripefs fsck [--repair]               namespace against chunk stores: orphans, missing copies, redundancy
+    stripefs fsck [--repair] [PATH]        namespace against chunk stores: orphans, missing copies, redundancy
 
 The metadata daemon decides and the storage nodes copy (daemon/repair.py,
 storage_node/healing.py); these commands only ask and report. Long ones show a
@@ -29,7 +29,7 @@ from .common.progress import Progress
 
 
 def cmd_node(args) -> int:
-    addresses = meta_addresses(args)
+    addresses = meta_addresses(args, args.path)
     rpc(addresses, p.NodeAdminReq(node_id=args.node, action=args.action))
     if args.action == "remove":
         print(f"node {args.node} removed; chunks that had a copy there are being re-replicated")
@@ -143,12 +143,12 @@ def scrub_outcome(bad: int, repairing: int) -> str:
 
 
 def cmd_fsck(args) -> int:
-    addresses = meta_addresses(args)
+    addresses = meta_addresses(args, args.path)
     rsp = status(addresses)
     nodes = [n for n in rsp.nodes if n.state in ("up", "suspect", "draining")]
     skipped = [n.node_id for n in rsp.nodes if n not in nodes and n.state != "removed"]
     bar = Progress(len(nodes) + 1, label="fsck", unit="steps", lines=True)
-    totals = dict(checked=0, orphans=0, missing=0, repaired=0)
+    totals = dict(checked=0, orphans=0, missing=0, repaired=0, unrepairable=0)
     problems: list[str] = []
     for i, node in enumerate(nodes):
         bar.update(i, note=f"node {node.node_id}")
@@ -191,12 +191,19 @@ def cmd_fsck(args) -> int:
         if red.unrepairable:
             print(f"  not repaired: {red.unrepairable} chunk(s) want more copies than the storage nodes up can hold: "
                   "add nodes, or lower their layout (stripefs layout convert)")
-        return 3 if red.lost or red.unrepairable else 0
+        if totals["unrepairable"]:
+            print(f"  not repaired: {totals['unrepairable']} orphan, missing or stale copies (why: above)")
+        return 3 if red.lost or red.unrepairable or totals["unrepairable"] else 0
     if found:
         print("  run 'stripefs fsck --repair' to fix what can be fixed")
         return 3
     print("  clean")
     return 0
+
+
+def _path_arg(parser) -> None:
+    parser.add_argument("path", nargs="?", metavar="PATH", help="a path inside a mount of the cluster (default: the "
+                        "current directory's mount, else --meta, $STRIPEFS_META or --dir)")
 
 
 def add_parsers(sub) -> None:
@@ -209,12 +216,15 @@ def add_parsers(sub) -> None:
     drain = nsub.add_parser("drain", help="move all data off NODE, with a progress bar", description="Move every chunk copy off NODE while it keeps serving; waits until it holds nothing (Ctrl-C stops waiting, not the drain).")
     drain.add_argument("node", type=int, metavar="NODE", help="storage node id (see 'stripefs status')")
     drain.add_argument("--no-wait", action="store_true", help="return at once; follow progress with 'stripefs status'")
+    _path_arg(drain)
     add_cluster_args(drain)
     undrain = nsub.add_parser("undrain", help="cancel a drain", description="NODE takes new chunks again; copies already moved stay where they are.")
     undrain.add_argument("node", type=int, metavar="NODE", help="storage node id")
+    _path_arg(undrain)
     add_cluster_args(undrain)
     remove = nsub.add_parser("remove", help="forget NODE (refused while it holds the only copy of anything)", description="Forget NODE for good (its id is never reused). Refused while it holds the only live copy of any chunk: drain it first. Chunks with a copy there are re-replicated.")
     remove.add_argument("node", type=int, metavar="NODE", help="storage node id")
+    _path_arg(remove)
     add_cluster_args(remove)
     node.set_defaults(func=cmd_node, no_wait=True)
     drain.set_defaults(no_wait=False)
@@ -239,5 +249,6 @@ def add_parsers(sub) -> None:
         "for deletion and missing copies for re-replication. Exit code 3 when problems are found (without --repair).",
     )
     fsck.add_argument("--repair", action="store_true", help="fix what can be fixed")
+    _path_arg(fsck)
     add_cluster_args(fsck)
     fsck.set_defaults(func=cmd_fsck)

@@ -19,7 +19,7 @@ def cmd_local(args) -> int:
     cluster = LocalCluster(args.dir)
     if args.action == "up":
         return cluster.up(args.mount, args.nodes, args.options, settings=args.settings, secure=args.secure, subdir=args.subdir,
-                          meta_store=args.meta_store, metas=args.metas, tier=args.tier)
+                          meta_store=args.meta_store, metas=args.metas, tier=args.tier, dataset_mount=args.dataset_mount)
     if args.action == "s3-server":
         from pathlib import Path
 
@@ -51,7 +51,10 @@ def add_parser(sub) -> None:
                          "created at once on one machine, each given its own range, never pick the same port).")
     up.add_argument("--dir", default=DEFAULT_STATE, help="state directory: configs, data, logs, pids (default: %(default)s)")
     up.add_argument("--mount", default="./mnt", help="mountpoint (default: %(default)s)")
-    up.add_argument("--nodes", type=int, default=4, help="storage nodes (default: %(default)s)")
+    up.add_argument("--dataset-mount", default="", metavar="DIR",
+                    help="also mount the cluster at DIR in dataset mode (-o dataset: read-only, warm opens answered by "
+                    "the kernel); remembered, so later ups mount it again, and 'local down' unmounts it")
+    up.add_argument("--nodes", type=int, default=None, help="storage nodes of a new cluster (default: 4)")
     up.add_argument("-o", dest="options", action="append", default=[], help="FUSE mount option, e.g. -o allow_other (repeatable)")
     up.add_argument("--set", dest="settings", action="append", default=[], metavar="ROLE.KEY=VALUE",
                     help="config value for a new cluster, e.g. --set meta.node_timeout_s=3 --set storage.scrub_bandwidth=64M "
@@ -71,7 +74,8 @@ def add_parser(sub) -> None:
     up.add_argument("--tier", choices=("s3",), default="",
                     help="also a cold tier (docs/tiering.md): a local S3 server (moto, pip install 'stripefs[s3]') on "
                     "loopback, holding its objects in memory (lost when it stops: for trying, never for data), "
-                    "added as tier 'cold' (used when STATE is created)")
+                    "added as tier 'cold' (used when STATE is created: an existing cluster refuses it; add a tier "
+                    "to it with 'stripefs tier add')")
     s3 = lsub.add_parser("s3-server", help="(internal) the local S3 server 'up --tier s3' starts")
     s3.add_argument("--dir", default=DEFAULT_STATE, help="state directory")
     s3.add_argument("--port", type=int, required=True, help="loopback port")

@@ -15,6 +15,7 @@ State directory layout (everything the cluster owns lives here)::
                               each storage node, keyring.toml listing them, and cap_secret (the
                               capability secret of daemons and nodes; docs/security.md)
     STATE/logs/*.log          one log per process
+    STATE/lock                up, down and add-node hold an flock on it: one at a time (``exclusive``)
 
 Running ``up`` again on a stopped STATE starts the same processes on the same
 ports and data, so everything comes back. ``up --set ROLE.KEY=VALUE`` puts
@@ -36,6 +37,8 @@ with SQLite) and the others under ``metas`` ({"2": pid, ...}).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -313,6 +316,10 @@ class LocalCluster:
 
     def add_node(self, *, timeout: float = 60.0) -> int:
         """One more storage node: configured like the others, started, registered."""
+        with self.exclusive():
+            return self._add_node(timeout=timeout)
+
+    def _add_node(self, *, timeout: float) -> int:
         info = self.info()
         pids = self.pids()
         if not _alive(pids.get("meta")):
@@ -348,8 +355,9 @@ class LocalCluster:
         log_file.close()
         return proc.pid
 
-    def up(self, mount: str | Path, nodes: int, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
-           secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1, tier: str = "") -> int:
+    def up(self, mount: str | Path, nodes: int | None, options: list[str], *, timeout: float = 60.0, settings: list[str] = (),
+           secure: bool = False, subdir: str = "", meta_store: str = "sqlite", metas: int = 1, tier: str = "",
+           dataset_mount: str | Path = "") -> int:
         mount = Path(mount).absolute()
         if not self.info_path.exists():
             orphans = processes_of(self.state)
@@ -358,35 +366,76 @@ class LocalCluster:
                     f"{len(orphans)} process(es) of a local cluster in {self.state} still run though its state is gone "
                     f"(pids {' '.join(str(o.pid) for o in orphans)}); stop them with 'stripefs local down --dir {self.state}'", 3)
         self.state.mkdir(parents=True, exist_ok=True)
+        with self.exclusive():
+            return self._up(mount, nodes, options, timeout=timeout, settings=settings, secure=secure, subdir=subdir,
+                            meta_store=meta_store, metas=metas, tier=tier, dataset_mount=dataset_mount)
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        """One ``local up``, ``down`` or ``add-node`` at a time on a STATE (an flock on STATE/lock): a second
+        ``up`` started beside a first on a new directory waits for it and then finds the cluster running,
+        instead of starting a second set of processes on the same ports ("storage-2 exited at start")."""
+        if not self.state.is_dir():  # down of a deleted state directory: nothing to share
+            yield
+            return
+        fd = os.open(self.state / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"waiting for another 'stripefs local' command on {self.state} to finish", file=sys.stderr)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _up(self, mount: Path, nodes: int | None, options: list[str], *, timeout: float, settings, secure: bool, subdir: str,
+            meta_store: str, metas: int, tier: str, dataset_mount: str | Path) -> int:
         if self.info_path.exists():
             info = json.loads(self.info_path.read_text())
             if settings:
                 print(f"note: {self.state} exists; --set applies only when a cluster is created", file=sys.stderr)
+            if tier and not info.get("s3"):  # a local S3 server needs credentials in metad.toml, written at creation
+                raise QuietError(f"{self.state} exists without a tier: --tier {tier} applies only when a cluster is created; "
+                                 f"add a tier to this one with 'stripefs tier add NAME s3://BUCKET --endpoint URL' "
+                                 f"(docs/tiering.md), or create a new cluster with --tier {tier} in another --dir")
         else:
-            info = self._create(mount, nodes, options, settings, secure=secure, subdir=subdir, meta_store=meta_store, metas=metas,
+            info = self._create(mount, 4 if nodes is None else nodes, options, settings, secure=secure, subdir=subdir, meta_store=meta_store, metas=metas,
                                 tier=tier)
         if (secure and not info.get("secure")) or (subdir and subdir != info.get("subdir", "")):
             print(f"note: {self.state} exists; --secure and --subdir apply only when a cluster is created", file=sys.stderr)
         self.use_admin_key()
         if Path(info["mount"]) != mount:
             raise QuietError(f"{self.state} was created for mountpoint {info['mount']}, not {mount}")
-        if len(info["nodes"]) != nodes:
+        if nodes is not None and len(info["nodes"]) != nodes:
             print(f"note: {self.state} has {len(info['nodes'])} storage nodes; --nodes {nodes} is ignored", file=sys.stderr)
+        if dataset_mount and str(Path(dataset_mount).absolute()) != info.get("dataset_mount"):
+            if Path(dataset_mount).absolute() == mount:
+                raise QuietError(f"--dataset-mount {dataset_mount} is the cluster's mountpoint: give another directory")
+            info["dataset_mount"] = str(Path(dataset_mount).absolute())  # remembered: every later up mounts it too
+            saved = json.loads(self.info_path.read_text())
+            saved["dataset_mount"] = info["dataset_mount"]
+            self.info_path.write_text(json.dumps(saved, indent=1))
+        dmount = Path(info["dataset_mount"]) if info.get("dataset_mount") else None
         pids = self.pids()
         metas = self._meta_names(info)
         removed = self._removed_nodes(info, pids)
         expected = len(metas) + 1 + len(info["nodes"]) - len(removed)  # metas, storage nodes (not removed), mount
         expected += 1 if info.get("s3") else 0  # the local S3 server
+        expected += 1 if dmount else 0  # the dataset mount
         alive = [name for name, pid in self._flat_pids(pids) if _alive(pid) and name not in removed]
         server = self._postgres(info)
         mounted = self._check_mount(mount, pids)
-        if len(alive) == expected and mounted and (server is None or server.running()):
+        dmounted = self._check_mount(dmount, pids, "dataset_mount") if dmount else True
+        if len(alive) == expected and mounted and dmounted and (server is None or server.running()):
             print(f"stripefs local cluster in {self.state} is already running, mounted at {mount}")
             return 0
         if alive:
             print(f"restarting what is not running in {self.state} ({len(alive)} of {expected} processes are up)")
         if not mounted:  # touching a live mount would wait for the daemons we are about to start
             mount.mkdir(parents=True, exist_ok=True)
+        if not dmounted:
+            dmount.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + timeout
 
         if server is not None:
@@ -432,33 +481,44 @@ class LocalCluster:
             self._add_local_tier(info)
 
         if not mounted:
-            args = ["mount", ",".join(self.meta_addresses), str(mount), "--log", str(self.state / "logs" / "mount.log"),
-                    "--pidfile", str(self.state / "mount.pid")]
-            for opt in info.get("options", []) + [o for o in options if o not in info.get("options", [])]:
-                args += ["-o", opt]
-            if info.get("metrics", {}).get("mount"):
-                args += ["-o", f"metrics={info['metrics']['mount']}"]
-            if info.get("secure"):
-                args += ["-o", f"key={self.keys / 'mount.key_secret'}"]
-            if info.get("subdir"):
-                args += ["-o", f"subdir={info['subdir']}"]
-            res = subprocess.run([sys.executable, "-m", "stripefs", *args], capture_output=True, text=True)
-            if res.returncode:
-                raise QuietError(f"mount failed: {res.stderr.strip() or res.stdout.strip()}", 3)
-            pids["mount"] = int((self.state / "mount.pid").read_text())
-            entry = mounted_at(mount)  # its FUSE connection: how a dead mount is known later (local_processes)
-            pids["mount_device"] = entry.device if entry is not None else None
-            self._save_pids(pids)
+            self._mount(info, options, pids, mount, "mount")
+        if not dmounted:
+            self._mount(info, options, pids, dmount, "dataset_mount")
         store = f" on PostgreSQL at 127.0.0.1:{info['postgres']['port']}" if server is not None else ""
         gone = f" ({len(removed)} removed: not started)" if removed else ""
+        dataset = f", and read-only (dataset mode) at {dmount}" if dmount else ""
         print(f"stripefs local cluster up: metadata {', '.join(self.meta_addresses)}{store}, "
-              f"{len(info['nodes'])} storage nodes{gone}, mounted at {mount}")
+              f"{len(info['nodes'])} storage nodes{gone}, mounted at {mount}{dataset}")
         return 0
 
-    def _check_mount(self, mount: Path, pids: dict) -> bool:
-        """Whether the cluster's mount is live; a dead one (its client killed) is unmounted first,
-        something else mounted there is an error."""
-        state = mount_state(mount, pids.get("mount") if _alive(pids.get("mount")) else None, pids.get("mount_device"))
+    def _mount(self, info: dict, options: list[str], pids: dict, mount: Path, key: str) -> None:
+        """Mount the cluster at ``mount``: key "mount" (the read-write mount) or "dataset_mount" (the
+        same in dataset mode, read-only: ``up --dataset-mount``); its pid and FUSE connection go to pids.json."""
+        name = key.replace("_", "-")  # mount, dataset-mount: its pidfile and log (local_processes finds it by the pidfile)
+        args = ["mount", ",".join(self.meta_addresses), str(mount), "--log", str(self.state / "logs" / f"{name}.log"),
+                "--pidfile", str(self.state / f"{name}.pid")]
+        for opt in info.get("options", []) + [o for o in options if o not in info.get("options", [])]:
+            args += ["-o", opt]
+        if key == "mount" and info.get("metrics", {}).get("mount"):
+            args += ["-o", f"metrics={info['metrics']['mount']}"]
+        if key == "dataset_mount":
+            args += ["-o", "dataset"]
+        if info.get("secure"):
+            args += ["-o", f"key={self.keys / 'mount.key_secret'}"]
+        if info.get("subdir"):
+            args += ["-o", f"subdir={info['subdir']}"]
+        res = subprocess.run([sys.executable, "-m", "stripefs", *args], capture_output=True, text=True)
+        if res.returncode:
+            raise QuietError(f"mount at {mount} failed: {res.stderr.strip() or res.stdout.strip()}", 3)
+        pids[key] = int((self.state / f"{name}.pid").read_text())
+        entry = mounted_at(mount)  # its FUSE connection: how a dead mount is known later (local_processes)
+        pids[f"{key}_device"] = entry.device if entry is not None else None
+        self._save_pids(pids)
+
+    def _check_mount(self, mount: Path, pids: dict, key: str = "mount") -> bool:
+        """Whether the cluster's mount (``key``: mount, dataset_mount) is live; a dead one (its client
+        killed) is unmounted first, something else mounted there is an error."""
+        state = mount_state(mount, pids.get(key) if _alive(pids.get(key)) else None, pids.get(f"{key}_device"))
         if state == "dead":
             why = unmount(mount)
             if why:
@@ -572,6 +632,8 @@ class LocalCluster:
         out = []
         if pids.get("mount"):
             out.append(("mount", pids["mount"]))
+        if pids.get("dataset_mount"):
+            out.append(("dataset-mount", pids["dataset_mount"]))
         for k, v in sorted(pids.get("storage", {}).items()):
             out.append((f"storage-{k}", v))
         if pids.get("meta"):
@@ -608,6 +670,10 @@ class LocalCluster:
         print(f"tier {local_s3.TIER}: s3://{info['s3']['bucket']} on the local S3 server at {local_s3.endpoint(info['s3']['port'])}")
 
     def down(self) -> int:
+        with self.exclusive():
+            return self._down()
+
+    def _down(self) -> int:
         """Unmount and stop what ``up`` started: the pids in pids.json and every process whose command
         line names this state directory (stripefs/local_processes.py), so a cluster whose pids.json, or
         whole state directory, was deleted while it ran is stopped too. 0 when nothing runs any more
@@ -623,6 +689,7 @@ class LocalCluster:
         # process serves (processes_of: the owner's processes only) are unmounted: never what a command
         # line of another user names, never a mount of another kind (local_processes.unmount).
         mounts = {Path(info["mount"])} if info else set()
+        mounts |= {Path(info["dataset_mount"])} if info and info.get("dataset_mount") else set()
         mounts |= {proc.mountpoint for proc in found if proc.mountpoint is not None}
         failed = []
         for mount in sorted(mounts):
@@ -716,6 +783,14 @@ class LocalCluster:
             "state": {"live": "up", "dead": "dead"}.get(mstate, "down"),
             "bytes_stored": None, "mountpoint": info["mount"], "metrics": metrics_url("mount"),
         })
+        if info.get("dataset_mount"):  # role "dataset-mount": the read-only mount of 'up --dataset-mount'
+            dpid = pids.get("dataset_mount")
+            dstate = mount_state(Path(info["dataset_mount"]), dpid if _alive(dpid) else None, pids.get("dataset_mount_device"))
+            procs.append({
+                "role": "dataset-mount", "node_id": None, "pid": dpid if _alive(dpid) else None, "address": None,
+                "state": {"live": "up", "dead": "dead"}.get(dstate, "down"), "bytes_stored": None,
+                "mountpoint": info["dataset_mount"], "metrics": None,
+            })
         return {"state_dir": str(self.state), "processes": procs, "under_replicated": self._under_replicated()}
 
     def _under_replicated(self) -> int | None:

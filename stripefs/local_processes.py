@@ -45,7 +45,7 @@ class Proc:
     @property
     def mountpoint(self) -> Path | None:
         """The mountpoint a mount process serves (``stripefs mount ADDR MOUNTPOINT ...``)."""
-        if self.name != "mount":
+        if self.name not in ("mount", "dataset-mount"):
             return None
         args = self.argv[self.argv.index("mount") + 1:]
         positional = [a for i, a in enumerate(args) if not a.startswith("-") and (i == 0 or not args[i - 1].startswith("-"))]
@@ -73,8 +73,8 @@ def _name_of(argv: tuple[str, ...], state: Path) -> str | None:
             config = Path(value("--config"))
             if str(config).startswith(under) and config.parent.parent == state:
                 return config.parent.name  # meta, meta-2, storage-3
-        if role == "mount" and value("--pidfile") == str(state / "mount.pid"):
-            return "mount"
+        if role == "mount" and value("--pidfile") in (str(state / "mount.pid"), str(state / "dataset-mount.pid")):
+            return Path(value("--pidfile")).stem  # mount, dataset-mount (up --dataset-mount)
         if role == "local" and args[1:2] == ("s3-server",) and value("--dir") == str(state):
             return "s3"  # the local S3 server of --tier s3 (stripefs/local_s3.py)
         return None

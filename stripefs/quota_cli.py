@@ -33,6 +33,9 @@ def _limit(text: str | None, what: str) -> int | None:
         raise QuietError(f"--{what} {text!r}: {exc if what == 'bytes' else 'give a whole number'} (0 or 'none' removes the limit)") from None
     if value < 0:
         raise QuietError(f"--{what} cannot be negative (0 or 'none' removes the limit)")
+    if value > p.INT64_MAX:  # what the daemon's database holds
+        most = format_size(p.INT64_MAX) if what == "bytes" else f"{p.INT64_MAX:,}"
+        raise QuietError(f"--{what} {text}: at most {most} (0 or 'none' removes the limit)")
     return value
 
 

@@ -97,9 +97,11 @@ async def _with_daemon(addresses: list[str], fn):
         ctx.destroy(linger=0)
 
 
-def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[int, int, int, list[str]]:
+def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[int, int, int, list[str], int]:
     """Send ``request(ino)`` for every file named (directories with -r), ``jobs`` at a time, with a
-    progress bar: (files done, chunks moved, bytes moved, failures)."""
+    progress bar: (files done, chunks moved, bytes moved, failures, files deleted meanwhile). A
+    NOT_FOUND answer is a file deleted meanwhile only when the file is really gone (a getattr says
+    so): the daemon answers NOT_FOUND for a tier that does not exist too."""
     targets = []
     for path in paths:
         addresses, ino, mode = resolve_attr(args, path)
@@ -113,12 +115,12 @@ def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[i
             files += await _files(client, ino, args.recursive, mode)
         files = list({f[0]: f for f in files}.values())  # hard links and overlapping paths: once
         progress = Progress(len(files), label=label, total_bytes=sum(f[1] for f in files))
-        done = chunks = nbytes = 0
+        done = chunks = nbytes = gone = 0
         failures: list[str] = []
         limiter = trio.CapacityLimiter(max(1, jobs))
 
         async def one(ino: int, size: int, name: bytes) -> None:
-            nonlocal done, chunks, nbytes
+            nonlocal done, chunks, nbytes, gone
             async with limiter:
                 try:
                     rsp, _ = await client.call(request(ino), timeout=FILE_TIMEOUT_S)
@@ -129,8 +131,8 @@ def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[i
                         chunks += len(rsp.chunks)
                         nbytes += size
                 except StripefsError as exc:
-                    if exc.code == ErrorCode.NOT_FOUND:  # deleted meanwhile
-                        pass
+                    if exc.code == ErrorCode.NOT_FOUND and await _gone(client, ino):
+                        gone += 1
                     else:
                         failures.append(f"inode {ino} ({os.fsdecode(name) or 'file'}): {exc.message}")
                 done += 1
@@ -140,12 +142,21 @@ def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[i
             for f in files:
                 nursery.start_soon(one, *f)
         progress.close()
-        return done, chunks, nbytes, failures
+        return done, chunks, nbytes, failures, gone
 
     try:
         return trio.run(_with_daemon, targets[0][0], run)
     except StripefsError as exc:
         raise QuietError(exc.message or exc.code.name, 3) from None
+
+
+async def _gone(client, ino: int) -> bool:
+    """Whether inode ``ino`` no longer exists."""
+    try:
+        await client.call(p.GetattrReq(ino=ino))
+    except StripefsError as exc:
+        return exc.code == ErrorCode.NOT_FOUND
+    return False
 
 
 def recall_for_warmup(root: bytes, paths: list[str]) -> tuple[int, list[str]]:
@@ -250,16 +261,17 @@ def cmd_tier(args) -> int:
               f"{rsp.orphans} object(s) no file needs" + (" (queued for deletion)" if args.repair and rsp.orphans else ""))
         return 3 if rsp.missing or (rsp.orphans and not args.repair) else 0
     if args.action == "migrate":
-        done, chunks, nbytes, failures = each_file(
+        done, chunks, nbytes, failures, gone = each_file(
             args, args.paths, lambda ino: p.TierMigrateReq(ino=ino, tier=args.to or ""), "migrate", args.jobs)
-        verb = "moved to the tier"
+        verb = f"moved to tier {args.to}" if args.to else "moved to their tiers"
     else:
-        done, chunks, nbytes, failures = each_file(args, args.paths, lambda ino: p.TierRecallReq(ino=ino), "recall", args.jobs)
+        done, chunks, nbytes, failures, gone = each_file(args, args.paths, lambda ino: p.TierRecallReq(ino=ino), "recall", args.jobs)
         verb = "back on storage nodes"
     for line in failures[:20]:
         print(line)
-    print(f"{done - len(failures):,} file(s) {verb}; {chunks:,} chunk(s), {format_size(nbytes)} moved"
-          + (f"; {len(failures)} failed (run again to retry)" if failures else ""))
+    print(f"{done - len(failures) - gone:,} file(s) {verb}; {chunks:,} chunk(s), {format_size(nbytes)} moved"
+          + (f"; {gone} deleted meanwhile" if gone else "")
+          + (f"; {len(failures)} failed" + (" (run again to retry)" if len(failures) < done else "") if failures else ""))
     return 3 if failures else 0
 
 

@@ -95,11 +95,19 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds * 1000:.2f}" if seconds < 0.01 else f"{seconds * 1000:.1f}"
 
 
-def verdict(network_share: float | None, reads: float, hit_rate: float | None, busy: float = 1.0) -> str:
-    """One line: where readers' time goes. ``busy`` is the average number of reads in flight."""
+def verdict(network_share: float | None, reads: float, hit_rate: float | None, busy: float = 1.0, ops: float = 0.0) -> str:
+    """One line: where readers' time goes. ``busy`` is the average number of reads in flight; ``ops``
+    the FUSE requests of every kind in the interval. A job reading what the kernel's page cache holds
+    sends no reads, only opens, flushes, releases: it is working, not idle."""
     if not reads or network_share is None:
-        return "idle: no reads in this interval"
+        if ops:
+            return (f"no reads reach stripefs, but {ops:,.0f} other requests did (open, flush, release, ...): "
+                    "files are read from the kernel's page cache; stripefs answers only those")
+        return "idle: no requests in this interval"
     if busy < 0.05:
+        if ops > 10 * reads:  # a warm epoch: a stray read beside thousands of opens is still the page cache's job
+            return (f"files are read mostly from the kernel's page cache ({reads:,.0f} reads reach stripefs beside "
+                    f"{ops - reads:,.0f} other requests): stripefs answers only those; the bottleneck is elsewhere")
         return f"readers are rarely inside stripefs ({busy:.2f} reads in flight on average): the bottleneck is elsewhere"
     if network_share >= 0.5:
         return (
@@ -143,7 +151,7 @@ def render(cur: Samples, prev: Samples, dt: float, title: str, window: tuple[Sam
         f"read-ahead chunks: fetched {ra_fetched:.0f}, used {ra_used:.0f}, wasted {ra_wasted:.0f}   "
         f"negative answers/s {answers / dt:.1f} (ENOENT, ENODATA, ...: not errors)",
         "",
-        "=> " + verdict(network_share, reads, hit_rate, (net + mem) / dt),
+        "=> " + verdict(network_share, reads, hit_rate, (net + mem) / dt, _delta(cur, prev, "stripefs_fuse_ops_total")),
         "",
         f"{'FUSE op':<12}{'ops/s':>10}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}",
     ]
@@ -273,6 +281,18 @@ def main(args) -> int:
         return 0
 
 
+def _positive_seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds above 0, e.g. 1 or 0.5")
+    return value
+
+
 def add_parser(sub) -> None:
     top = sub.add_parser(
         "top",
@@ -283,7 +303,7 @@ def add_parser(sub) -> None:
     )
     top.add_argument("mount", metavar="MOUNT", nargs="?", default=".", help="the mountpoint (default: the current directory)")
     top.add_argument("--metrics", metavar="HOST:PORT", help="the mount's metrics address, if it cannot be found from MOUNT")
-    top.add_argument("-n", "--interval", type=float, default=1.0, help="seconds between refreshes (default: %(default)s)")
+    top.add_argument("-n", "--interval", type=_positive_seconds, default=1.0, help="seconds between refreshes (default: %(default)s)")
     top.add_argument("--once", action="store_true", help="print one frame (after one interval) without screen control, then exit")
     top.add_argument("--iterations", type=int, default=0, help="stop after this many frames (default: run until Ctrl-C)")
     top.add_argument("--json", action="store_true", help="print each frame as one line of JSON (rates, and per training "

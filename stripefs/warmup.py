@@ -25,6 +25,18 @@ from .common.progress import Progress
 LARGE_FILE = 16 << 20
 
 
+def _threads(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of threads") from None
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"{text}: between 1 and 256 threads")
+    return value
+
+
 def add_parser(sub) -> None:
     warm = sub.add_parser(
         "warmup",
@@ -38,7 +50,7 @@ def add_parser(sub) -> None:
     )
     warm.add_argument("paths", nargs="*", metavar="PATH", help="files or directories inside a stripefs mount")
     warm.add_argument("--from-list", metavar="FILE", help="also the paths listed in FILE, one per line ('-': stdin)")
-    warm.add_argument("--threads", type=int, default=4, help="readers for large files (default: %(default)s)")
+    warm.add_argument("--threads", type=_threads, default=4, help="readers for large files, 1..256 (default: %(default)s)")
     warm.set_defaults(func=cmd_warmup)
 
 
@@ -112,7 +124,7 @@ def cmd_warmup(args) -> int:
             raise QuietError(f"the mount at {os.fsdecode(root)} refused the file list: {exc.strerror} (run as the owner of the mount's root, or root)") from None
 
     large_done = large_bytes = large_failed = 0
-    with ThreadPoolExecutor(max(1, args.threads)) as pool:
+    with ThreadPoolExecutor(args.threads) as pool:
         futures = [pool.submit(_read_whole, p) for p, _ in large]
         while True:
             counts = {root: report(root) for root in by_root}

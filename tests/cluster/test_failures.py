@@ -100,6 +100,45 @@ def test_meta_killed_while_writing(cluster, mnt):
             assert p.read_bytes() == bytes([i]) * 1000
 
 
+def _copies_of(cluster, ino: int) -> list:
+    return sorted(cluster.state.glob(f"storage-*/data/chunks/*/*/{ino}-*.chunk"))
+
+
+def test_fsck_repairs_the_copies_of_a_write_cut_by_a_daemon_kill(cluster, mnt):
+    """Issue 36 item 3: a write whose daemon is killed under it fails at close (EIO) and leaves chunk rows
+    never committed (version 0) naming the nodes that hold its copies. fsck must report those copies as
+    orphans and --repair must delete them (it said 'clean', or reported them and repaired 0)."""
+    cluster.expect_log(r"metadata daemon", r"not answering", r"session", r"could not be stored")
+    import pytest
+
+    cut = cluster.mount_again("cutmnt", "op_timeout=5")  # the close gives up within seconds, not a minute
+    try:
+        f = open(cut / "cut", "wb")
+        f.write(os.urandom(9 * MiB))  # two whole 4 MiB chunks: sent at once, in the background
+        ino = os.fstat(f.fileno()).st_ino
+        deadline = time.monotonic() + 30
+        while len(_copies_of(cluster, ino)) < 4 and time.monotonic() < deadline:  # both chunks on both replicas
+            time.sleep(0.05)
+        cluster.kill_meta()
+        with pytest.raises(OSError):
+            f.close()  # its commit finds no daemon: EIO, the file keeps its committed (empty) content
+    finally:
+        cluster.restart()
+        cluster.unmount(cut)
+        cluster.extra_mounts.remove(cut)
+    copies = len(_copies_of(cluster, ino))
+    assert copies >= 4
+    out = run_cli("fsck", "--dir", str(cluster.state), check=False).stdout
+    assert int(out.split("orphan copies (no file refers to them):")[1].split()[0]) >= copies, out
+    res = run_cli("fsck", "--repair", "--dir", str(cluster.state), check=False)
+    assert "repaired: 0" not in res.stdout and res.returncode == 0, res.stdout
+    deadline = time.monotonic() + 60
+    while _copies_of(cluster, ino) and time.monotonic() < deadline:  # the collector deletes them
+        time.sleep(0.2)
+    assert _copies_of(cluster, ino) == []
+    assert f"orphan copy {ino}:" not in run_cli("fsck", "--dir", str(cluster.state), check=False).stdout
+
+
 def test_whole_cluster_restart_keeps_everything(cluster, mnt):
     sums = _populate(mnt, 12, seed=31)
     os.setxattr(mnt / "f0", "user.k", b"v")

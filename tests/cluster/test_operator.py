@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -71,6 +72,15 @@ def test_up_mounts_again_over_a_dead_mount(small):
     assert "dead mount" in out or FUSE_SESSION_OPTION == "fuse_session=own"
     assert (small.mnt / "kept").read_bytes() == b"data"
     assert _local_status(small)[("mount", None)]["state"] == "up"
+
+
+def test_up_again_refuses_a_tier_and_needs_no_nodes(small):
+    """Issue 36 item 5: 'local up --tier s3' on an existing cluster said "already running" (exit 0) and
+    added no tier; 'local up' without --nodes said "--nodes 4 is ignored" of a 3-node cluster."""
+    res = run_cli("local", "up", "--dir", str(small.state), "--mount", str(small.mnt), "--tier", "s3", check=False)
+    assert res.returncode == 1 and "tier add" in res.stderr and "already running" not in res.stdout, (res.stdout, res.stderr)
+    res = run_cli("local", "up", "--dir", str(small.state), "--mount", str(small.mnt))
+    assert "already running" in res.stdout and "--nodes" not in res.stderr, res.stderr
 
 
 def test_a_removed_node_is_not_started_again(small):
@@ -162,3 +172,46 @@ def test_df_counts_the_shared_disk_once_and_used_is_what_stripefs_stores(cluster
     used = (df.f_blocks - df.f_bfree) * df.f_frsize
     assert 2 << 20 <= used <= status["used_bytes"] + (64 << 20), (used, status["used_bytes"])  # other tests write meanwhile
     assert df.f_bavail * df.f_frsize <= disk.f_bavail * disk.f_frsize  # free: the disk's, once
+
+
+def test_two_ups_at_once_on_a_new_directory(tmp_path):
+    """Issue 36 item 14: two 'local up' started together on one new directory: the second said
+    "storage-2 exited at start" (its processes found the ports taken). Now it waits for the first
+    and finds the cluster running."""
+    state, mnt = tmp_path / "state", tmp_path / "mnt"
+    args = [sys.executable, "-m", "stripefs", "local", "up", "--dir", str(state), "--mount", str(mnt), "--nodes", "2"]
+    try:
+        procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        results = [p.communicate(timeout=120) for p in procs]
+        for p, (out, err) in zip(procs, results):
+            assert p.returncode == 0 and "exited at start" not in err, (out, err)
+        outs = sorted(out for out, _ in results)
+        assert "already running" in outs[0] and "local cluster up" in outs[1], outs
+        assert len(processes_of(state)) == 4  # meta, 2 storage nodes, mount: one set
+    finally:
+        run_cli("local", "down", "--dir", str(state), check=False)
+
+
+def test_up_mounts_a_dataset_mount_beside_and_down_unmounts_it(tmp_path):
+    """Issue 36 item 12: a dataset mount needed the daemon's address copied by hand from 'local status',
+    and 'make stop' left it behind (every access then blocked 60 s, then EIO)."""
+    state, mnt, data = tmp_path / "state", tmp_path / "mnt", tmp_path / "data"
+    try:
+        out = run_cli("local", "up", "--dir", str(state), "--mount", str(mnt), "--nodes", "2", "--dataset-mount", str(data)).stdout
+        assert "read-only (dataset mode)" in out, out
+        (mnt / "f").write_bytes(b"written through the default mount")
+        _wait("the dataset mount to see the new file", lambda: (data / "f").exists())
+        assert (data / "f").read_bytes() == b"written through the default mount"
+        with pytest.raises(OSError) as err:
+            (data / "g").write_bytes(b"x")
+        assert err.value.errno == 30  # EROFS
+        procs = {p["role"]: p for p in json.loads(run_cli("local", "status", "--dir", str(state), "--json").stdout)["processes"]}
+        assert procs["dataset-mount"]["state"] == "up" and procs["dataset-mount"]["mountpoint"] == str(data)
+        res = subprocess.run(["make", "-s", "stop", f"STATE={state}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert not _is_mounted(data) and not _is_mounted(mnt) and processes_of(state) == []
+        # remembered: the next up mounts it again
+        assert "read-only (dataset mode)" in run_cli("local", "up", "--dir", str(state), "--mount", str(mnt)).stdout
+        assert _is_mounted(data)
+    finally:
+        run_cli("local", "down", "--dir", str(state), check=False)

@@ -42,6 +42,7 @@ async def test_quota_requests_errors_and_kill9(daemon, ctx):
         assert await _code(c, P.QuotaSetReq(ino=f.attr.ino, max_bytes=1)) == ErrorCode.NOT_DIR
         assert await _code(c, P.QuotaSetReq(ino=99999, max_bytes=1)) == ErrorCode.NOT_FOUND
         assert await _code(c, P.QuotaSetReq(ino=d, max_inodes=-5)) == ErrorCode.INVALID
+        assert await _code(c, P.QuotaSetReq(ino=d, max_bytes=1 << 63)) == ErrorCode.INVALID  # past SQLite's integers
         assert await _code(c, P.QuotaRoomReq(ino=d)) == ErrorCode.IS_DIR
         assert await _code(c, P.QuotaGetReq(ino=99999)) == ErrorCode.NOT_FOUND
         assert await _code(c, P.QuotaRecountReq(ino=ROOT)) == ErrorCode.NOT_FOUND  # no quota there

@@ -324,19 +324,27 @@ def test_a_commit_that_drops_a_node_queues_its_copy(svc):
     assert svc.store.get_chunks(ino)[0] == (7, [1, 2]) and (3, ino, 0, 7) in _garbage(svc)
 
 
-def test_rebalance_leaves_chunks_of_open_files_alone(svc):
-    """Rebalance waits for the close: a writer of the file names the nodes its map had. Checked when
-    planning and when recording (the file may be opened while the copy is made); drains do not wait."""
+def test_rebalance_postpones_chunks_of_files_open_for_writing(svc):
+    """Rebalance waits for a writer's close: a writer of the file names the nodes its map had. Checked
+    when planning and when recording (the file may be opened while the copy is made); drains do not
+    wait. A file merely held (open for reading, under a callback) is moved: the mount follows."""
     held, idle = _file(svc, b"held"), _file(svc, b"idle")
     work = plan([row(held, 0, [1, 2]), row(idle, 0, [1, 2])], UP4)  # nodes 3 and 4 hold nothing
     capacity = {n: 4 << 20 for n in UP4}
     assert {t.ino for t in plan_rebalance(work, capacity, 0.1)} == {held, idle}
     assert {t.ino for t in plan_rebalance(work, capacity, 0.1, held={held})} == {idle}
     sid = svc.sessions.hello("h", 1, "/mnt")
-    svc.sessions.open(sid, held)
+    svc.sessions.open(sid, idle)  # open for reading ...
+    svc.callbacks.grant(sid, held, 1, b"held")  # ... and held under a callback: neither stops a move
+    assert svc.sessions.writing_inodes() == set()
+    with svc.store.savepoint():
+        assert svc.healer._record(Task("rebalance", idle, 0, 5, (1, 2), (1, 2), 0, 2, 1 << 20, target=4), 4, 5)
+    assert svc.store.get_chunks(idle)[0] == (5, [4, 2])
+    svc.sessions.open(sid, held, write=True)
+    assert svc.sessions.writing_inodes() == {held}
     move = Task("rebalance", held, 0, 5, (1, 2), (1, 2), 0, 2, 1 << 20, target=3)
     with svc.store.savepoint():
-        assert not svc.healer._record(move, 3, 5)  # opened while it was copied: the copy is garbage
+        assert not svc.healer._record(move, 3, 5)  # opened for writing while it was copied: the copy is garbage
     assert svc.store.get_chunks(held)[0] == (5, [1, 2]) and (3, held, 0, 5) in _garbage(svc)
     with svc.store.savepoint():
         assert svc.healer._record(Task("drain", held, 0, 5, (1, 2), (1, 2), 0, 2, 1 << 20), 4, 5)
@@ -345,6 +353,24 @@ def test_rebalance_leaves_chunks_of_open_files_alone(svc):
     with svc.store.savepoint():
         assert svc.healer._record(Task("rebalance", held, 0, 5, (4, 2), (4, 2), 1, 2, 1 << 20, target=3), 3, 5)
     assert svc.store.get_chunks(held)[0] == (5, [4, 3])
+
+
+def test_the_backlog_counts_the_bytes_small_files_hold(svc):
+    """Issue 36 item 7: status showed a repair backlog of 467 copies (1.8G) for 100 KiB files (the chunk
+    size, 4 MiB, per copy); the repair then made 994 copies (97.1M). A copy holds the file's bytes in
+    its chunk: the size comes with the rows the healer plans from."""
+    small = _file(svc, b"small", chunks=())
+    big = _file(svc, b"big", chunks=())
+    chunk = svc.store.get_inode(big)["chunk_size"]
+    with svc.store.savepoint():
+        svc.ns.commit(small, 100 * 1024, 0, [p.ChunkRef(index=0, version=7, nodes=[1, 2])])
+        svc.ns.commit(big, chunk + chunk // 2, 0, [p.ChunkRef(index=0, version=8, nodes=[1, 2]),
+                                                   p.ChunkRef(index=1, version=8, nodes=[2, 3])])
+    rows = [ChunkRow.from_sql(r) for r in svc.store.chunk_rows_page((0, -1), 100)]
+    work = plan(rows, {1: "up", 2: "down", 3: "up", 4: "up"})
+    assert sorted((t.ino, t.idx, t.copy_bytes) for t in work.tasks) == [
+        (small, 0, 100 * 1024), (big, 0, chunk), (big, 1, chunk // 2)]
+    assert work.backlog_bytes == 100 * 1024 + chunk + chunk // 2
 
 
 async def test_a_node_reconstructs_a_lost_fragment_from_the_others(tmp_path):

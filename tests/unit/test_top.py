@@ -58,3 +58,16 @@ def test_verdict_idle_and_cached():
     assert "served from memory" in verdict(0.05, 10, 0.99)
     assert "bottleneck is elsewhere" in verdict(0.9, 10, 0.5, busy=0.01)
     assert "waiting on storage nodes" in verdict(0.9, 10, 0.5, busy=0.8)
+
+
+def test_a_job_reading_from_the_page_cache_is_not_idle():
+    """Issue 36 item 6: a warm epoch sends opens, flushes and releases but no reads (the kernel serves
+    them from its page cache); top called that 'idle: no reads'."""
+    prev = {("stripefs_fuse_ops_total", (("op", op),)): 0.0 for op in ("read", "open", "flush", "release")}
+    cur = {("stripefs_fuse_ops_total", (("op", op),)): n for op, n in (("read", 0.0), ("open", 1458.0),
+                                                                       ("flush", 1458.0), ("release", 1458.0))}
+    screen = "\n".join(render(cur, prev, 1.0, "/mnt/data"))
+    assert "idle" not in screen and "page cache" in screen
+    assert verdict(None, 0, None).startswith("idle")
+    assert "page cache" in verdict(0.0, 2, 1.0, busy=0.001, ops=3000)  # a stray read beside thousands of opens
+    assert "rarely inside stripefs" in verdict(0.0, 200, 1.0, busy=0.01, ops=600)
