@@ -188,9 +188,9 @@ def render(cur: Samples, prev: Samples, dt: float, title: str, window: tuple[Sam
 
 
 def jobs(cur: Samples, prev: Samples, dt: float) -> list[dict]:
-    """The per-job rows of the interval (stripefs/job_view.py): jobs present in both scrapes."""
+    """The per-job rows of the interval (stripefs/job_view.py): every job in ``cur`` (one that began
+    within the interval counts from its start)."""
     labels = {dict(lab)["job"] for (n, lab) in cur if n == "stripefs_job_steps"}
-    labels &= {dict(lab)["job"] for (n, lab) in prev if n == "stripefs_job_steps"} or labels
     return job_view.job_rows(
         lambda name, **lab: _delta(cur, prev, name, **lab), lambda name, **lab: _sum(cur, name, **lab), labels, max(dt, 1e-6)
     )

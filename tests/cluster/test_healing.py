@@ -352,9 +352,15 @@ def test_fsck_finds_and_repairs_an_orphan(heal):
     from stripefs.common.protocol import ChunkId
     from stripefs.storage_node.chunk_file import chunk_path, encode_header
 
-    # clean first: copies the tests before left (a node killed under a write) are reclaimed in the background
-    wait_for("fsck clean before the orphan", lambda: run_cli("fsck", "--dir", str(heal.state), check=False).returncode == 0,
-             timeout=60, interval=1.0)
+    # clean first: copies the tests before left (a node killed under a write) are reclaimed in the background,
+    # and writes nobody can commit any more (never-committed rows of files no session holds) by fsck --repair
+    def clean() -> bool:
+        if run_cli("fsck", "--dir", str(heal.state), check=False).returncode == 0:
+            return True
+        run_cli("fsck", "--repair", "--dir", str(heal.state), check=False)
+        return False
+
+    wait_for("fsck clean before the orphan", clean, timeout=60, interval=1.0)
     orphan = ChunkId(10**9, 0, 0)
     path = chunk_path(heal.data_dir(1).parent, orphan)
     path.parent.mkdir(parents=True, exist_ok=True)
