@@ -122,9 +122,6 @@ class OpenFile:
     uncommitted: dict[int, p.ChunkRef] = field(default_factory=dict)
     #: chunks placed ahead of a sequential writer and not written yet (striping.alloc_indices)
     placed_ahead: set[int] = field(default_factory=set)
-    #: held while an AllocChunksReq is out (placements.placement): a send of the next chunk waits for
-    #: it and finds its chunk placed ahead, instead of placing it alone in a round trip of its own
-    placing: trio.Lock = field(default_factory=trio.Lock)
     #: chunks written without fsync since the last fsync: index -> nodes
     unsynced: dict[int, list[int]] = field(default_factory=dict)
     epoch: int = 0  # version for this write session; 0 until the first write

@@ -112,23 +112,19 @@ async def placement(meta: MetaClient, nodes: NodePool, of: OpenFile, index: int)
             log.info("inode %d: asking for its current chunk placements failed: %s", of.ino, exc)
         ref = of.uncommitted.get(index) or of.chunks.get(index)
     if ref is None or not ref.nodes:
-        async with of.placing:  # one placement round trip at a time per file: the next chunk waits, then
-            ref = of.uncommitted.get(index) or of.chunks.get(index)  # finds itself placed ahead
-            if ref is not None and ref.nodes:
-                return ref
-            indices = alloc_indices(of, index)
-            rsp = await meta.call(p.AllocChunksReq(ino=of.ino, indices=indices))
-            nodes.learn(rsp.nodes)
-            for c in rsp.chunks:
-                # only where the file still has no placement: a chunk placed ahead here may have
-                # been placed, written and recorded by another send during the round trip, and
-                # its bare placement would hide that version from reads (a hole) until the commit
-                now = of.uncommitted.get(c.index) or of.chunks.get(c.index)
-                if now is None or not now.nodes:
-                    of.chunks[c.index] = c
-                    if c.index != index:
-                        of.placed_ahead.add(c.index)  # released by flush if not written (_release_unused)
-            ref = of.uncommitted.get(index) or of.chunks[index]
+        indices = alloc_indices(of, index)
+        rsp = await meta.call(p.AllocChunksReq(ino=of.ino, indices=indices))
+        nodes.learn(rsp.nodes)
+        for c in rsp.chunks:
+            # only where the file still has no placement: a chunk placed ahead here may have
+            # been placed, written and recorded by another send during the round trip, and
+            # its bare placement would hide that version from reads (a hole) until the commit
+            now = of.uncommitted.get(c.index) or of.chunks.get(c.index)
+            if now is None or not now.nodes:
+                of.chunks[c.index] = c
+                if c.index != index:
+                    of.placed_ahead.add(c.index)  # released by flush if not written (_release_unused)
+        ref = of.uncommitted.get(index) or of.chunks[index]
     return ref
 
 

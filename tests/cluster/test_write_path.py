@@ -49,8 +49,9 @@ def test_sequential_write_asks_the_daemon_little_and_reads_back(cluster, mnt):
     assert writes >= chunks * 4
     # the kernel asks for security.capability before every WRITE; the daemon hears of it once
     assert delta("stripefs_rpc_seconds_count", type="GetxattrReq") <= 2
-    # chunks are placed ahead of a sequential writer, not one request per chunk
-    assert 1 <= delta("stripefs_rpc_seconds_count", type="AllocChunksReq") <= chunks // 3
+    # chunks are placed ahead of a sequential writer, not one request per chunk (5 for 24 chunks when each send
+    # finds the one before placed; more when the kernel's writeback sends neighbours at once: 9 seen under load)
+    assert 1 <= delta("stripefs_rpc_seconds_count", type="AllocChunksReq") <= chunks * 2 // 3
     assert delta("stripefs_rpc_seconds_count", type="WriteChunkReq") >= 2 * chunks  # every replica
 
     drop_caches()
