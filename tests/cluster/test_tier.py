@@ -161,7 +161,8 @@ def test_deleted_files_objects_collected(tcluster, tdir):
     make_files(tdir, False, c)
     base = objects(c)
     cli(c, "tier", "migrate", "-r", str(tdir), "--to", "cold")
-    assert objects(c) == base + 4
+    # (counted from the tier's rows: once in CI, under load, one object of four was not counted yet)
+    eventually(lambda: objects(c) == base + 4, within=20, what="the four chunks' objects counted")
     with open(tdir / "rep" / "large", "wb") as f:  # O_TRUNC: its three chunks go
         f.write(b"new")
     eventually(lambda: objects(c) == base + 1, within=20, what="objects of dropped chunks collected")
