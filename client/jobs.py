@@ -78,9 +78,6 @@ class Job:
     requests: int = 0  # what the mount did for it so far (published at its reports)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
 
-    def __hash__(self) -> int:
-        return self.pid
-
 
 def _parent(pid: int, proc: str) -> int | None:
     """``pid``'s parent, from /proc (None: gone or unreadable)."""
