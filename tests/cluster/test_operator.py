@@ -171,7 +171,9 @@ def test_df_counts_the_shared_disk_once_and_used_is_what_stripefs_stores(cluster
     assert abs(status["capacity_bytes"] - size) <= 2 * df.f_frsize
     used = (df.f_blocks - df.f_bfree) * df.f_frsize
     assert 2 << 20 <= used <= status["used_bytes"] + (64 << 20), (used, status["used_bytes"])  # other tests write meanwhile
-    assert df.f_bavail * df.f_frsize <= disk.f_bavail * disk.f_frsize  # free: the disk's, once
+    # free: the disk's, once (four nodes summed would be four times it). The nodes report free
+    # space at their heartbeats, so it may lag what other tests wrote since: CI saw 58 MiB of lag.
+    assert df.f_bavail * df.f_frsize <= disk.f_bavail * disk.f_frsize + (256 << 20), (df.f_bavail, disk.f_bavail)
 
 
 def test_two_ups_at_once_on_a_new_directory(tmp_path):
