@@ -101,7 +101,7 @@ def is_failure(err: int) -> bool:
 OPS = (
     "lookup getattr setattr readlink mknod mkdir symlink link unlink rmdir rename opendir readdir releasedir "
     "statfs setxattr getxattr listxattr removexattr open create read write flush fsync release forget access "
-    "fsyncdir"
+    "fsyncdir ioctl"
 ).split()
 
 

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OPT[,OPT...]",
         help=(
             "mount options: FUSE's (allow_other, ...) pass through; config=PATH reads client.toml; "
-            "dataset: read-only dataset mode (warm opens are answered by the kernel; "
+            "dataset: read-only dataset mode, mounted ro (warm opens are answered by the kernel; "
             "changes made elsewhere show within seconds); disk_cache_dir=DIR: keep chunk data on a local disk too "
             "(client.toml's key of that name); nonempty: mount over a directory that has files (hidden meanwhile); "
             "metrics=HOST:PORT: serve Prometheus metrics there; key=NAME.key_secret: this mount's CURVE key "
@@ -144,9 +144,14 @@ def main(argv: list[str]) -> int:
             client_cfg = msgspec.structs.replace(client_cfg, op_timeout_s=float(own["op_timeout"]))
         except ValueError:
             raise QuietError(f"op_timeout={own['op_timeout']}: give a number of seconds, e.g. op_timeout=30") from None
-    fuse_session = own.get("fuse_session") or "pyfuse3"
+    # a dataset mount is read-only in the kernel too (/proc/mounts says ro, writes never reach us);
+    # its prefetch requests then need the ioctl channel, which only the own session answers
+    fuse_session = own.get("fuse_session") or ("own" if client_cfg.dataset else "pyfuse3")
     if fuse_session not in FUSE_SESSIONS:
         raise QuietError(f"fuse_session={fuse_session}: one of {', '.join(FUSE_SESSIONS)}")
+    if client_cfg.dataset:
+        fuse_opts.discard("rw")
+        fuse_opts.add("ro")
     if not client_cfg.op_timeout_s > 0:
         raise QuietError(f"op_timeout_s = {client_cfg.op_timeout_s}: must be a positive number of seconds (default 60)")
     if client_cfg.subdir and not client_cfg.subdir.startswith("/"):

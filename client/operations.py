@@ -68,6 +68,7 @@ import inspect
 import logging
 import os
 import stat
+import struct
 from collections import OrderedDict
 
 import pyfuse3
@@ -606,6 +607,22 @@ class Operations(pyfuse3.Operations):
         self._writable()
         self._forget_killpriv(inode)
         await self._change(p.SetxattrReq(ino=inode, name=name, value=value), (inode,))  # its ctime
+
+    def _fast_ioctl(self, inode, cmd, data, ctx):
+        """Every ioctl but ours is answered at once: a buffered ``open()`` asks isatty() of each file."""
+        if cmd not in (p.PREFETCH_IOC, p.PREFETCH_SHM_IOC):
+            raise pyfuse3.FUSEError(errno.ENOTTY)  # not a terminal, no such ioctl
+        return FAST_PATH_MISS
+
+    async def ioctl(self, inode, cmd, data, ctx):
+        """Prefetch requests (``protocol.PREFETCH_IOC``): the channel a read-only mount allows."""
+        if self.prefetcher is None:
+            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        (length,) = struct.unpack_from("<I", data) if len(data) >= 4 else (-1,)
+        if not 0 <= length <= len(data) - 4:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        self.prefetcher.submit(inode, bytes(data[4:4 + length]), shm=cmd == p.PREFETCH_SHM_IOC, user=ctx.uid)
+        return 0
 
     def _fast_getxattr(self, inode, name, ctx):
         if name.startswith(p.JOB_XATTR) and self.jobs is not None:  # a training job's report (client/jobs.py)

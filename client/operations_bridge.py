@@ -133,6 +133,9 @@ class OperationsBridge:
         r = self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
         return r if r is MISS else _opened(r)
 
+    def fast_ioctl(self, req: rq.Ioctl):
+        return self._fast("ioctl", self.ops._fast_ioctl, req.header.nodeid, req.cmd, req.data, _Ctx(req.header))
+
     def fast_flush(self, req: rq.Flush):
         return self._fast("flush", self.ops._fast_flush, req.fh)
 
@@ -224,6 +227,9 @@ class OperationsBridge:
     async def listxattr(self, req: rq.Listxattr) -> bytes:
         names = await _call(self.ops.listxattr(req.header.nodeid, _Ctx(req.header)))
         return b"".join(bytes(n) + b"\0" for n in names)
+
+    async def ioctl(self, req: rq.Ioctl) -> tuple[int, bytes]:
+        return await _call(self.ops.ioctl(req.header.nodeid, req.cmd, req.data, _Ctx(req.header))), b""
 
     async def removexattr(self, req: rq.Removexattr) -> None:
         await _call(self.ops.removexattr(req.header.nodeid, req.name, _Ctx(req.header)))

@@ -1225,6 +1225,23 @@ def decode_event(frame: bytes) -> ChangeEvent:
 PREFETCH_XATTR = b"user.stripefs.prefetch"
 #: the same, and also put each file in the mount's shared-memory directory (client/shm_cache.py)
 PREFETCH_SHM_XATTR = b"user.stripefs.prefetch.shm"
+#: ``ioctl(fd of a directory, PREFETCH_IOC or PREFETCH_SHM_IOC, buf)``: the same requests through a
+#: channel a read-only mount allows (the kernel refuses setxattr there, as Lustre's ``ladvise`` hints
+#: are ioctls). ``buf`` is ``PREFETCH_IOC_SIZE`` bytes: a little-endian u32 length, then that many
+#: bytes of newline-separated paths relative to the directory; the rest is padding. A restricted
+#: FUSE ioctl carries exactly ``_IOC_SIZE(cmd)`` bytes, at most 16,383: a longer list takes
+#: several calls. Answered only by the mount's own FUSE session (pyfuse3 has no ioctl: ENOTTY).
+PREFETCH_IOC_SIZE = 16_383
+PREFETCH_IOC_MAX_PATHS = PREFETCH_IOC_SIZE - 4
+
+
+def _iow(kind: str, number: int, size: int) -> int:
+    """Linux's ``_IOW(kind, number, size)``: an ioctl that writes ``size`` bytes into the kernel."""
+    return (1 << 30) | (size << 16) | (ord(kind) << 8) | number
+
+
+PREFETCH_IOC = _iow("S", 1, PREFETCH_IOC_SIZE)
+PREFETCH_SHM_IOC = _iow("S", 2, PREFETCH_IOC_SIZE)
 #: ``getxattr`` of the mount's root: that directory (empty when the mount has none)
 SHM_DIR_XATTR = b"user.stripefs.shm_dir"
 #: ``getxattr`` of a file: its copy there, ``NAME SIZE MTIME_NS XXH3HEX`` (ENODATA: none). The

@@ -5,13 +5,18 @@ paths relative to the mount's root queues them in the mount's prefetcher
 (client/prefetch.py); ``getxattr`` of the same name reports
 ``pending=N fetched=N stored=N failed=N kept=N`` (kept: asked for shared memory and
 already there, in that version). Used by ``stripefs.torch`` and
-``stripefs warmup``. Setting it needs write permission on the mount's root.
+``stripefs warmup``. Setting it needs write permission on the mount's root; a read-only mount
+refuses every setxattr, so :func:`announce` sends the same request as an ioctl
+(``protocol.PREFETCH_IOC``), which needs only read permission on the directory.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
-from typing import Iterable
+import struct
+from typing import Iterable, Iterator
 
 from .common import protocol as _p
 
@@ -63,18 +68,45 @@ def announce(root: bytes, relative: list[bytes], *, shm: bool = False) -> None:
     """Queue files of the mount at ``root`` for prefetch, in this order (OSError if the mount refuses).
 
     ``shm``: the mount also puts each file in its shared-memory directory, for ``read_file``.
+    The request travels as an ioctl on the root (``protocol.PREFETCH_IOC``), which a read-only mount
+    (a dataset mount) allows; a mount served by pyfuse3 has no ioctl (ENOTTY) and is asked with
+    setxattr instead.
     """
-    name = PREFETCH_SHM_XATTR if shm else PREFETCH_XATTR
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        fd = -1  # no read permission on the root: setxattr may still be allowed
+    try:
+        if fd >= 0:
+            command = _p.PREFETCH_SHM_IOC if shm else _p.PREFETCH_IOC
+            buf = bytearray(_p.PREFETCH_IOC_SIZE)
+            try:
+                for blob in split_blobs(relative, _p.PREFETCH_IOC_MAX_PATHS):
+                    buf[:] = struct.pack("<I", len(blob)) + blob.ljust(_p.PREFETCH_IOC_MAX_PATHS, b"\0")
+                    fcntl.ioctl(fd, command, buf)  # a bytearray: Python's own copy of a bytes is 1 KiB at most
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTTY, errno.ENOSYS):
+                    raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    for blob in split_blobs(relative, MAX_BLOB):
+        os.setxattr(root, PREFETCH_SHM_XATTR if shm else PREFETCH_XATTR, blob)
+
+
+def split_blobs(relative: list[bytes], limit: int) -> Iterator[bytes]:
+    """``relative`` joined by newlines into blobs of at most ``limit`` bytes, in order."""
     blob: list[bytes] = []
     size = 0
     for path in relative:
-        if size + len(path) + 1 > MAX_BLOB and blob:
-            os.setxattr(root, name, b"\n".join(blob))
+        if size + len(path) + 1 > limit and blob:
+            yield b"\n".join(blob)
             blob, size = [], 0
         blob.append(path)
         size += len(path) + 1
     if blob:
-        os.setxattr(root, name, b"\n".join(blob))
+        yield b"\n".join(blob)
 
 
 def shm_dir(root: bytes) -> bytes | None:

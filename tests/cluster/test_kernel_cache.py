@@ -105,6 +105,25 @@ def test_dataset_mount_is_read_only(mnt, dataset):
         assert exc.value.errno == errno.EROFS
     assert _read(mnt / "f") == b"data"
     assert _read(theirs / "f") == b"data"
+    with open("/proc/self/mounts") as f:
+        options = next(line.split()[3] for line in f if line.split()[1] == str(dataset))
+    assert "ro" in options.split(","), options  # read-only in the kernel, not only in its answers
+
+
+def test_prefetch_reaches_a_read_only_dataset_mount(mnt, dataset):
+    """A read-only mount refuses setxattr: the sampler's announcement goes as an ioctl there."""
+    paths = []
+    for i in range(6):
+        (mnt / f"ro{i}").write_bytes(os.urandom(30_000 + i))
+        paths.append(dataset / mnt.name / f"ro{i}")
+    _eventually(lambda: all(os.path.exists(p) for p in paths))
+
+    def report():
+        return dict(item.split("=") for item in os.getxattr(dataset, "user.stripefs.prefetch").decode().split())
+
+    before = int(report()["fetched"])
+    assert list(PrefetchSampler(range(len(paths)), paths=paths, lookahead=len(paths))) == list(range(len(paths)))
+    _eventually(lambda: report()["pending"] == "0" and int(report()["fetched"]) >= before + len(paths), within=30)
 
 
 def test_dataset_mount_follows_a_metadata_daemon_restart(cluster, mnt, dataset):
@@ -245,7 +264,14 @@ def test_shared_memory_prefetch_hands_files_to_readers_and_never_old_ones(cluste
     sampler = sft.PrefetchSampler(range(20), paths=paths, lookahead=20)
     order = iter(sampler)
     next(order)  # announces all 20
-    _eventually(lambda: len(os.listdir(shm)) == 20, within=30)
+
+    def copied(path):
+        try:
+            return os.path.exists(os.path.join(shm, os.getxattr(path, "user.stripefs.shm_copy").split()[0].decode()))
+        except OSError:
+            return False
+
+    _eventually(lambda: all(copied(p) for p in paths), within=30)  # other tests' copies may be there too
     for copy in os.listdir(shm):
         assert os.stat(os.path.join(shm, copy)).st_mode & 0o777 == 0o644  # the original's mode
 
