@@ -52,7 +52,9 @@ install: $(VENV)/.installed
 
 # the bench extra (torch, Pillow) only for make bench: tests do not need it
 $(VENV)/.bench-installed: $(VENV)/.installed
-	$(UV_PIP) -e '.[test,bench]'
+	@# pip, not uv: only pip looks in this machine's wheel folder for the CPU build of torch (uv would
+	@# download a CUDA build of several GB)
+	$(PY) -m pip install -q -e '.[test,bench]'
 	@touch $@
 
 run: install
