@@ -158,18 +158,27 @@ class KernelCache:
             self._ack_seq = max(self._ack_seq, self._seq)
             self._pending.set()
 
-    def _end_grants(self, inodes, entries, seq: int) -> list[int]:
-        """Event ``seq`` ends the grants it touches that are older than it; the files among them."""
+    def _end_grants(self, inodes, entries, seq: int, mine: bool) -> list[int]:
+        """Event ``seq`` ends the grants it touches that are older than it; the files among them.
+
+        ``mine``: this mount made the change. The daemon waited for nobody here and already ended
+        its holdings of the files the change touched (daemon/callbacks.py): no acknowledgement is
+        owed for them (an ``rm -rf`` would send one AckReq per file), unless such a file is open
+        here, which the acknowledgement must tell (it then counts as open at the daemon)."""
         ended = []
         for key in (*inodes, *entries, *{("dir", parent) for parent, _ in entries}):
             granted = self.grants.get(key)
             if granted is not None and granted < seq:
                 del self.grants[key]
-                self._ack_seq = seq
-                if isinstance(key, int):
-                    ended.append(key)
-                    if self.is_open(key):
-                        self._ack_open.add(key)
+                if not isinstance(key, int):
+                    self._ack_seq = seq
+                    continue
+                ended.append(key)
+                if self.is_open(key):
+                    self._ack_open.add(key)
+                    self._ack_seq = seq
+                elif not mine:
+                    self._ack_seq = seq
         return ended
 
     # ------------------------------------------------------------ reply races
@@ -208,7 +217,7 @@ class KernelCache:
         if seq:
             self._seq = seq
         mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
-        ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq) if self.grants and seq else ()
+        ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine) if self.grants and seq else ()
         if seq:
             self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
         else:

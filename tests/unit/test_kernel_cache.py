@@ -126,3 +126,34 @@ async def follow_until_heard(nursery, cache, ctx, feed, log_id: str, every: floa
     while not cache.events_heard:
         feed._send(P.ChangeEvent(log_id, feed.seq, [], []))
         await trio.sleep(every)
+
+
+async def test_a_mounts_own_change_of_a_held_file_owes_no_acknowledgement_unless_it_is_open(monkeypatch):
+    """Issue 31: an rm -rf sent one AckReq per file, for files whose holding the daemon had
+    already ended (the writer waits for nobody, daemon/callbacks.py). Another mount's change, or
+    an own change of a file open here (the daemon must learn it is open), is acknowledged."""
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: None)
+    acks = []
+
+    async def send_ack(seq, everything, opened):
+        acks.append((seq, everything, opened))
+
+    cache = kc.KernelCache()
+    cache.send_ack, cache.own_writer = send_ack, 77
+    opened = {12}
+    cache.is_open = lambda ino: ino in opened
+    for ino in (10, 11, 12):
+        cache.remember(1, b"f%d" % ino, ino)
+        cache.granted(ino, 1, b"f%d" % ino, seq=5)
+
+    cache.apply([10], [(1, b"f10")], seq=6, writer=77)  # this mount unlinked f10
+    await cache.flush_pending()
+    assert acks == [] and 10 not in cache.grants  # its holding ended on both sides, silently
+
+    cache.apply([12], [(1, b"f12")], seq=7, writer=77)  # its own change of a file open here
+    await cache.flush_pending()
+    assert acks == [(7, False, [12])]
+
+    cache.apply([11], [(1, b"f11")], seq=8, writer=99)  # another mount's change: the daemon waits for us
+    await cache.flush_pending()
+    assert acks[-1] == (8, False, [])
