@@ -593,7 +593,12 @@ class LocalCluster:
                 for _, _, address in meta_targets if want else ():
                     async with connect(ctx, address, timeout=2) as meta:
                         while True:
-                            rsp, _ = await meta.call(p.StatusReq())
+                            try:
+                                rsp, _ = await meta.call(p.StatusReq())
+                            except StripefsError as exc:  # a busy machine: slow, not gone (the deadline decides)
+                                if time.monotonic() > deadline:
+                                    raise QuietError(f"the metadata daemon {address} did not answer in time: {exc}", 3) from None
+                                continue
                             if want <= {n.node_id for n in rsp.nodes if n.state in ("up", "removed")}:  # removed: by an operator
                                 break
                             if time.monotonic() > deadline:
