@@ -81,15 +81,21 @@ class HealCluster(Cluster):
         return out
 
 
+#: what _full_redundancy saw last: a timed-out wait says what was still missing
+_LAST_REDUNDANCY: dict = {}
+
+
 def wait_for(what: str, check, timeout: float = 90.0, interval: float = 0.3):
     deadline = time.monotonic() + timeout
     last = None
+    _LAST_REDUNDANCY.clear()
     while time.monotonic() < deadline:
         last = check()
         if last:
             return last
         time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+    seen = f"; redundancy last seen: {_LAST_REDUNDANCY}" if _LAST_REDUNDANCY else ""
+    raise AssertionError(f"timed out waiting for {what} (last: {last!r}){seen}")
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +130,8 @@ def _check(d: Path, sums: dict[str, str]) -> None:
 
 def _full_redundancy(heal: HealCluster):
     st = heal.status()
+    _LAST_REDUNDANCY.update(under_replicated=st["under_replicated"], repair=st["repair"],
+                            nodes={n["node_id"]: n["state"] for n in st["nodes"]})
     return st if st["under_replicated"] == 0 and st["repair"]["backlog"] == 0 else None
 
 
