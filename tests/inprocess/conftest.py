@@ -276,7 +276,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 #: rig fixtures of a module's own (module scope): that module's tests are one unit of pytest-xdist's work
-MODULE_RIGS = ("ec_rig",)
+MODULE_RIGS = ("ec_rig", "trash_rig")
 
 
 class _ClientErrors(logging.Handler):
