@@ -94,6 +94,8 @@ def to_layout(row) -> Layout:
 class Namespace(FileData):
     """Metadata operations of one filesystem, over one store (a file's data: daemon/file_data.py)."""
 
+    check_name = staticmethod(check_name)  # for daemon/trash.py, which this module imports
+
     def __init__(
         self,
         store: SqliteStore,

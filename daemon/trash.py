@@ -150,9 +150,7 @@ class Trash:
         return restored, left
 
     def _put_back(self, r: Row, parent: int, name: bytes) -> None:
-        from .namespace import check_name
-
-        check_name(name)
+        self.ns.check_name(name)
         prow = self.store.get_inode(parent)
         if prow is None or not stat.S_ISDIR(prow["mode"]) or prow["nlink"] == 0:
             raise StripefsError(
