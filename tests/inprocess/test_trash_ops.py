@@ -1,6 +1,7 @@
 """The trash end to end through the mount's handlers (daemon/trash.py, docs/snapshots.md).
 
-A rig of its own with a short ``trash_keep_s``: an ``rm -rf`` (the unlinks and
+A rig of its own with a short ``trash_keep_s``, on SQLite and on PostgreSQL
+with two daemons: an ``rm -rf`` (the unlinks and
 rmdirs rm sends) restored with the request ``stripefs trash restore`` sends
 reads back byte for byte; a removed file's chunks stay on the nodes while it
 is in the trash, and once it expires the collector deletes them and fsck
@@ -24,9 +25,12 @@ KiB = 1 << 10
 KEEP_S = 5.0  # long enough for a restore right after the rm; short enough to watch one expire
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg_rig)])
 def trash_rig(request):
-    yield from run_rig(request, nodes=3, meta_settings={"trash_keep_s": KEEP_S})
+    """SQLite, and PostgreSQL with two daemons: the mount talks to the first, the duties leader
+    (either) expires the trash."""
+    yield from run_rig(request, request.param, 1 if request.param == "sqlite" else 2, nodes=3,
+                       meta_settings={"trash_keep_s": KEEP_S})
 
 
 @pytest.fixture
