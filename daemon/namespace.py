@@ -136,12 +136,13 @@ class Namespace(FileData):
         return row
 
     def path_of(self, ino: int) -> bytes:
-        """The path of a directory (or a file's first name), for display; ``<removed N>`` when it has none."""
+        """The path of a directory (or a file's first name), for display; ``<unlinked N>`` when it has none
+        (quotas, tier policies and the trash show paths with it)."""
         parts = []
         while ino != ROOT_INO:
             names = self.store.dentries_of(ino)
             if not names:
-                return b"<removed %d>" % ino
+                return b"<unlinked %d>" % ino
             _, ino, name = names[0]
             parts.append(name)
             if len(parts) > 4096:
