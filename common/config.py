@@ -86,6 +86,8 @@ class MetaConfig(_ServerLimits, kw_only=True):
     repair_parallelism: int = 4  # chunk copies in flight at once
     repair_scan_interval_s: float = 60.0  # full redundancy scan at least this often (and at once on any node change)
     rebalance_tolerance: float = 0.10  # rebalance until every node's use is within this fraction of the mean
+    # the trash (daemon/trash.py, docs/snapshots.md): removed files and directories are kept this long; 0: off
+    trash_keep_s: float = 86400.0
     # the cold tier on object storage (daemon/tiering.py, docs/tiering.md)
     tier_bandwidth: Size = Size(64 << 20)  # bytes/s the background pass migrates to tiers; 0 = unlimited (recalls: never throttled)
     tier_parallelism: int = 4  # chunks moved to or from a bucket at once (worker threads running boto3)
@@ -221,6 +223,7 @@ repair_bandwidth = "64M"             # bytes/s of re-replication, drain and reba
 repair_parallelism = 4               # chunk copies in flight at once
 repair_scan_interval_s = 60.0        # full redundancy scan at least this often (at once after any node change)
 rebalance_tolerance = 0.10           # move data until every node is within 10% of the mean utilisation
+trash_keep_s = 86400.0               # removed files and directories are kept this long (stripefs trash); 0: off
 # the cold tier on object storage (docs/tiering.md); credentials never go here, only the file naming them
 tier_bandwidth = "64M"               # bytes/s the policy pass migrates; 0 = unlimited (recalls are never throttled)
 tier_parallelism = 4                 # chunks moved to or from a bucket at once

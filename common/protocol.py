@@ -1081,6 +1081,49 @@ class QuotaRoomRsp(Msg, tag="quota_room_rsp"):
     max_size: int  # -1: no quota applies
 
 
+class TrashEntry(msgspec.Struct, frozen=True):
+    """One inode in the trash (daemon/trash.py). ``ino`` is its id for restore and purge; ``path``
+    where it was, for display (a subtree key's relative to its subtree)."""
+
+    ino: int
+    path: bytes
+    deleted_ns: int
+    expires_ns: int  # 0: kept until purged (the trash is off now; the next collector round frees it)
+    mode: int
+    size: int
+    uid: int
+
+
+class TrashListReq(Msg, tag="trash_list"):
+    """What the trash holds, oldest first (a subtree key: what was removed inside its subtree). Reply: TrashRsp."""
+
+    limit: int = 100_000
+
+
+class TrashRestoreReq(Msg, tag="trash_restore"):
+    """Put trashed inode ``item`` back under its old name, or as ``new_name`` in ``new_parent``; a
+    directory brings back what was trashed out of it. Reply: TrashRsp with ``done`` (the inodes
+    restored) and ``left`` (why each one left in the trash was left). ``item`` is not in
+    ``INODE_FIELDS``: it has no name, so daemon/access.py checks where it was removed instead."""
+
+    item: int
+    new_parent: int | None = None
+    new_name: bytes = b""
+
+
+class TrashPurgeReq(Msg, tag="trash_purge"):
+    """Free trashed inodes now: ``items``, or everything the key may see with ``everything``. Reply: TrashRsp (``done``)."""
+
+    items: Max[int] = []
+    everything: bool = False
+
+
+class TrashRsp(Msg, tag="trash_rsp"):
+    entries: list[TrashEntry] = []
+    done: list[int] = []
+    left: list[str] = []
+
+
 class CapsReq(Msg, tag="caps"):
     """Fresh capabilities for inodes (a mount whose capabilities near expiry, or that a storage node
     refused). Reply: CapsRsp, one Cap per inode; empty for a key that needs none (not subtree-restricted).

@@ -63,6 +63,7 @@ CHANGING_REQUESTS = frozenset({
     P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq, P.RmdirReq, P.RenameReq,
     P.SetattrReq, P.SetxattrReq, P.RemovexattrReq, P.SetLayoutReq, P.AllocEpochReq, P.AllocChunksReq,
     P.ReplaceReplicaReq, P.CommitReq, P.CreateShadowReq, P.SwapShadowReq, P.ReleaseChunksReq,
+    P.TrashRestoreReq, P.TrashPurgeReq,
     P.OnceReq,  # carries only changing requests; what it carries is checked again on its own (handle_once)
     P.BatchReq,  # the same, item by item (handle_batch)
 })
@@ -72,6 +73,7 @@ READING_REQUESTS = frozenset({
     P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
     P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.AckReq, P.TierListReq,
     P.TierRecallReq,  # a reader of a cold file brings its data back (docs/tiering.md)
+    P.TrashListReq,
 })
 #: request fields holding inode numbers (checked against a key's subtree)
 INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root", "shadow")
@@ -137,6 +139,8 @@ class MetaAccess:
             log.info("session %d (key %s) sees only %s", rsp.session_id, grant.name, (body.subdir or grant.subdir.encode()).decode(errors="replace"))
             return msgspec.structs.replace(rsp, root_ino=root)
         await self.txn.read(self._check_inodes, grant, top, body)
+        if isinstance(body, (P.TrashRestoreReq, P.TrashPurgeReq)):
+            body = await self.txn.read(self._trash_scope, grant, top, body)
         if isinstance(body, P.SessionHeartbeatReq) and body.open_inodes:
             body = await self.txn.read(self._open_inside, grant, top, body)
         if isinstance(body, P.AckReq) and body.open_inodes:  # a subtree mount holds no callbacks (client/kernel_cache.py)
@@ -147,6 +151,8 @@ class MetaAccess:
             await self.txn.read(self._check_named, grant, top, body, named)
         if isinstance(rsp, P.TierListRsp):
             rsp = await self.txn.read(self._visible_tiers, grant, top, rsp)
+        if isinstance(body, P.TrashListReq):
+            rsp = await self.txn.read(self._visible_trash, grant, top, rsp)
         return self._with_caps(grant, body, rsp)
 
     # -- roles ---------------------------------------------------------------------
@@ -305,6 +311,35 @@ class MetaAccess:
             policies.append(msgspec.structs.replace(p, path=path or b"/"))
         tiers = [msgspec.structs.replace(t, url="", endpoint="", region="") for t in rsp.tiers]
         return P.TierListRsp(tiers=tiers, policies=policies)
+
+    # -- the trash (daemon/trash.py): a subtree key reaches what was removed inside its subtree --
+
+    def _trash_scope(self, grant: Grant, top: int, body: P.Msg) -> P.Msg:
+        """A restore or purge of a subtree key names only what was removed inside its subtree;
+        a purge of everything becomes one of those. Another team's items are NOT_FOUND, as if
+        they were not there (their numbers say nothing)."""
+        trash = self.ns.trash
+        if isinstance(body, P.TrashPurgeReq) and body.everything:
+            mine = [r.ino for r in trash.rows() if trash.origin_inside(top, r.ino)]
+            return P.TrashPurgeReq(items=mine)
+        items = [body.item] if isinstance(body, P.TrashRestoreReq) else body.items
+        for ino in items:
+            if not (trash.holds(ino) and trash.origin_inside(top, ino)):
+                log.warning("refused %s from key %r: %d is not in the trash of %s", type(body).__name__, grant.name, ino, grant.subdir)
+                raise StripefsError(ErrorCode.NOT_FOUND, f"{ino} is not in this subtree's trash (see stripefs trash list)")
+        return body
+
+    def _visible_trash(self, grant: Grant, top: int, rsp: P.TrashRsp) -> P.TrashRsp:
+        """What a subtree key sees of the trash: what was removed inside its subtree, with paths
+        as its mounts see them ("/" is the subtree)."""
+        base = self.ns.path_of(top).rstrip(b"/")
+        shown = []
+        for e in rsp.entries:
+            if not self.ns.trash.origin_inside(top, e.ino):
+                continue
+            path = e.path[len(base):] if base and e.path.startswith(base + b"/") else e.path
+            shown.append(msgspec.structs.replace(e, path=path))
+        return msgspec.structs.replace(rsp, entries=shown)
 
     # -- the change feed (daemon/events.py) ---------------------------------------------------
 

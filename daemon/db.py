@@ -84,6 +84,13 @@ Tables
     and objects to delete. A chunk in a tier has its ``chunks`` row with no
     nodes. Specified in docs/tiering.md, used by daemon/tiering.py.
 
+``trash(ino PRIMARY KEY, parent, name BLOB, deleted_ns, roots TEXT)``
+    (schema version 6) Inodes removed while the trash is on (daemon/trash.py,
+    docs/snapshots.md): no directory entry, nlink 0, kept until restored or
+    purged. ``parent`` and ``name``: where it was; ``roots``: the quota roots
+    it still counts against (comma-separated inode numbers). Nothing that
+    reclaims nlink-0 inodes touches an inode with a trash row.
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -303,9 +310,21 @@ def _migrate_5_tiers(db, root_layout: Layout) -> None:
         db.execute(statement)
 
 
+def _migrate_6_trash(db, root_layout: Layout) -> None:
+    """The trash (daemon/trash.py): removed inodes kept for ``trash_keep_s``."""
+    for statement in (
+        "CREATE TABLE trash (ino BIGINT PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,"
+        " parent BIGINT NOT NULL, name BLOB NOT NULL, deleted_ns BIGINT NOT NULL, roots TEXT NOT NULL DEFAULT '')",
+        "CREATE INDEX trash_by_parent ON trash(parent)",
+        "CREATE INDEX trash_by_age ON trash(deleted_ns)",
+    ):
+        db.execute(statement)
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
 MIGRATIONS: list[Callable[..., None]] = [
     _migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons, _migrate_5_tiers,
+    _migrate_6_trash,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -9,7 +9,8 @@ nodes that are up, one RpcClient per node, rows deleted on success); the
 change feed's poll of a shared database; the trims of the change log and the
 applied-ops table; and the ``duties`` lease's reads and writes.
 
-Cluster duties (daemon/duties.py): the orphan sweep, the garbage collector,
+Cluster duties (daemon/duties.py): the orphan sweep, the trash's expiry and
+the garbage collector,
 the repair passes, recording node states and trimming the change log and the
 applied-ops table run only while this daemon holds the ``duties`` lease
 (always, on SQLite); they are cancelled when it loses it.
@@ -33,6 +34,7 @@ from ..common.errors import StripefsError
 from ..common.transport import RpcClient, connect
 from . import applied_ops, change_log
 from .store import EXACT_PART
+from .trash import EXPIRE_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +180,7 @@ class Housekeeping:
                 await self._gc_wake.wait()
                 await trio.sleep(GC_COALESCE_S)  # an rm -rf: one round per node for many unlinks
             self._gc_wake = trio.Event()
+            await self._expire_trash()
             async with self.txn.lock:
                 targets = [n for n in self.store.garbage_nodes() if self.nodes.is_up(n)]
             for node_id in targets:
@@ -185,6 +188,18 @@ class Housekeeping:
                 if key not in clients:
                     clients[key] = await stack.enter_async_context(connect(self.ctx, key[1], timeout=GC_RPC_TIMEOUT_S))
                 await self._collect(node_id, clients[key])
+
+    async def _expire_trash(self) -> None:
+        """Free what stayed in the trash past ``trash_keep_s`` (daemon/trash.py): its chunks become
+        garbage, collected by the round that follows. One indexed read when nothing is due."""
+        trash = self.ns.trash
+        now = time.time_ns()
+        async with self.txn.lock:
+            if not trash.due(now):
+                return
+            freed = self.txn.write_locked(trash.expire, now)[0]
+        if freed == EXPIRE_BATCH:
+            self.wake_gc()  # more are due: the next round takes them
 
     async def _collect(self, node_id: int, client: RpcClient) -> None:
         async with self.txn.lock:

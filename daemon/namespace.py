@@ -21,6 +21,9 @@ Semantics worth knowing
   as garbage) unless a session has it open (``is_open``); then it stays as an
   *orphan* (nlink 0) and ``reclaim_if_orphan`` frees it when the last session
   lets go. ``reclaim_orphans`` sweeps them all (daemon start, after a lease).
+* The trash (daemon/trash.py, ``self.trash``): when on, the unlink of a last
+  name and every rmdir keep the inode (nlink 0, a trash row) instead; the
+  sweeps above leave it. A removed directory takes no new entries (NOT_FOUND).
 * Rename follows rename(2)/renameat2(2): a file replaces a file, a directory
   replaces an empty directory; flags RENAME_NOREPLACE (EXISTS if the target
   exists) and RENAME_EXCHANGE (both must exist). Moving a directory into its
@@ -50,6 +53,7 @@ from .db import ROOT_INO
 from .file_data import FileData, NodeSource
 from .quota import Quotas
 from .store import SqliteStore
+from .trash import Trash
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,8 @@ def to_layout(row) -> Layout:
 class Namespace(FileData):
     """Metadata operations of one filesystem, over one store (a file's data: daemon/file_data.py)."""
 
+    check_name = staticmethod(check_name)  # for daemon/trash.py, which this module imports
+
     def __init__(
         self,
         store: SqliteStore,
@@ -103,6 +109,7 @@ class Namespace(FileData):
         self.unlinked: list[int] = []  # inodes that lost a name in the current operation (unlink, rename over)
         self.clock = clock
         self.quotas = Quotas(store)  # directory quotas: hooks below, design in daemon/quota.py
+        self.trash = Trash(self)  # off until the service sets keep_ns (trash_keep_s)
         super().__init__(store)  # epochs (daemon/file_data.py)
 
     # -- rows by inode (also for daemon/quota_service.py) ---------------------
@@ -120,6 +127,27 @@ class Namespace(FileData):
         if not stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.NOT_DIR, f"inode {ino} is not a directory")
         return row
+
+    def live_directory(self, ino: int):
+        """The row of a directory that may take new entries: NOT_FOUND once removed (in the trash)."""
+        row = self.directory(ino)
+        if row["nlink"] == 0:
+            raise StripefsError(ErrorCode.NOT_FOUND, f"directory {ino} has been removed")
+        return row
+
+    def path_of(self, ino: int) -> bytes:
+        """The path of a directory (or a file's first name), for display; ``<unlinked N>`` when it has none
+        (quotas, tier policies and the trash show paths with it)."""
+        parts = []
+        while ino != ROOT_INO:
+            names = self.store.dentries_of(ino)
+            if not names:
+                return b"<unlinked %d>" % ino
+            _, ino, name = names[0]
+            parts.append(name)
+            if len(parts) > 4096:
+                break
+        return b"/" + b"/".join(reversed(parts))
 
     def regular_file(self, ino: int):
         """The row of a regular file; NOT_FOUND, IS_DIR, or INVALID for anything else."""
@@ -161,7 +189,7 @@ class Namespace(FileData):
 
     def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0) -> int:
         check_name(name)
-        parent_row = self.directory(parent)
+        parent_row = self.live_directory(parent)
         if self.store.get_dentry(parent, name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
         self.quotas.created(parent)
@@ -274,7 +302,7 @@ class Namespace(FileData):
         if row["nlink"] <= 0:
             raise StripefsError(ErrorCode.NOT_FOUND, f"inode {ino} has been unlinked")
         check_name(new_name)
-        self.directory(new_parent)
+        self.live_directory(new_parent)
         if self.store.get_dentry(new_parent, new_name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{new_name!r} exists in directory {new_parent}")
         self.quotas.linking(ino, new_parent)
@@ -297,9 +325,15 @@ class Namespace(FileData):
         row = self.inode(entry["ino"])
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
+        now = self.clock()
+        if row["nlink"] <= 1 and self.trash.keep_ns:
+            self.store.delete_dentry(entry["cookie"])
+            self._touch_dir(parent, now)
+            self.unlinked.append(row["ino"])  # nlink changed, as in _drop_link
+            self.trash.take(parent, name, row, now)
+            return
         if row["nlink"] <= 1:
             self.quotas.removed(parent, row)
-        now = self.clock()
         self.store.delete_dentry(entry["cookie"])
         self._touch_dir(parent, now)
         self._drop_link(entry["ino"], now)
@@ -312,10 +346,14 @@ class Namespace(FileData):
             raise StripefsError(ErrorCode.NOT_DIR, f"{name!r} in directory {parent} is not a directory")
         if self.store.has_children(ino):
             raise StripefsError(ErrorCode.NOT_EMPTY, f"directory {ino} ({name!r}) is not empty")
-        self.quotas.removed(parent, row)
         now = self.clock()
-        self.store.delete_dentry(entry["cookie"])
-        self.store.delete_inode(ino)
+        if self.trash.keep_ns:
+            self.store.delete_dentry(entry["cookie"])
+            self.trash.take(parent, name, row, now)
+        else:
+            self.quotas.removed(parent, row)
+            self.store.delete_dentry(entry["cookie"])
+            self.store.delete_inode(ino)
         self._touch_dir(parent, now)
         self.store.add_nlink(parent, -1, now)
 
@@ -337,7 +375,7 @@ class Namespace(FileData):
             raise StripefsError(ErrorCode.INVALID, f"rename flags {flags} are not supported")
         src = self._entry(parent_old, name_old)
         check_name(name_new)
-        self.directory(parent_new)
+        self.live_directory(parent_new)
         dst = self.store.get_dentry(parent_new, name_new)
         src_row = self.inode(src["ino"])
         src_dir = stat.S_ISDIR(src_row["mode"])
@@ -397,7 +435,7 @@ class Namespace(FileData):
     def reclaim_if_orphan(self, ino: int) -> bool:
         """Free ``ino`` if it has no name and no session has it open."""
         row = self.store.get_inode(ino)
-        if row is None or row["nlink"] > 0 or self.is_open(ino):
+        if row is None or row["nlink"] > 0 or self.is_open(ino) or self.trash.holds(ino):
             return False
         self.reclaim(ino)
         log.info("orphan inode %d reclaimed: its last opener let go", ino)

@@ -278,6 +278,28 @@ class Quotas:
         self._charge(tuple(new - old), nbytes, 1)
         self._charge(tuple(old - new), -nbytes, -1)
 
+    # -- the trash (daemon/trash.py): a trashed inode stays charged to the roots it was under --
+
+    def forget(self, ino: int) -> None:
+        """Directory ``ino`` lost its name (moved to the trash): its cached roots are stale."""
+        self._cache.pop(ino, None)
+
+    def uncharge(self, roots, nbytes: int) -> None:
+        """A trashed inode of ``nbytes`` is freed: off the ``roots`` it was charged to (those left)."""
+        live = [r for r in roots if r in self.roots]
+        if live:
+            self.store.add_quota_usage(live, -nbytes, -1)
+
+    def recharge(self, old, new, nbytes: int) -> None:
+        """A trashed inode charged to roots ``old`` comes back under roots ``new``: EDQUOT if they lack room."""
+        old = {r for r in old if r in self.roots}
+        new = set(new)
+        if old == new:
+            return
+        self._charge(tuple(new - old), nbytes, 1)
+        if old - new:
+            self.store.add_quota_usage(tuple(old - new), -nbytes, -1)
+
     # -- administration ------------------------------------------------------------
 
     def get(self, ino: int) -> Quota | None:
@@ -324,10 +346,15 @@ class Quotas:
     def recount(self, ino: int | None = None) -> list[tuple[Quota, Quota]]:
         """Count the trees of every quota (or one) again; (before, after) of those that were wrong, corrected."""
         fixed = []
+        trashed = self.store.trash_rows()
         for q in [self.get(ino)] if ino is not None else self.all():
             if q is None:
                 continue
             used_bytes, used_inodes = self.store.subtree_usage(q.ino)
+            for r in trashed:  # the trash stays charged to where it was (daemon/trash.py)
+                if q.ino in r[4]:
+                    used_bytes += 0 if stat.S_ISDIR(r[5]) else r[6]
+                    used_inodes += 1
             if (used_bytes, used_inodes) != (q.used_bytes, q.used_inodes):
                 self.store.set_quota_usage(q.ino, used_bytes, used_inodes)
                 after = q._replace(used_bytes=used_bytes, used_inodes=used_inodes)

@@ -12,7 +12,6 @@ import stat
 
 from ..common import protocol as P
 from ..common.errors import ErrorCode, StripefsError
-from .db import ROOT_INO
 from .quota import Quota
 
 log = logging.getLogger(__name__)
@@ -29,16 +28,7 @@ class QuotaService:
         return self.ns.quotas
 
     def _path(self, ino: int) -> bytes:
-        parts = []
-        while ino != ROOT_INO:
-            names = self.store.dentries_of(ino)
-            if not names:
-                return b"<unlinked %d>" % ino
-            _, ino, name = names[0]
-            parts.append(name)
-            if len(parts) > 4096:
-                break
-        return b"/" + b"/".join(reversed(parts))
+        return self.ns.path_of(ino)
 
     def info(self, q: Quota) -> P.QuotaInfo:
         return P.QuotaInfo(

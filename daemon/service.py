@@ -70,6 +70,7 @@ from .health import NodeRegistry, Sessions
 from .housekeeping import Housekeeping
 from .namespace import Namespace, to_attr
 from .quota_service import QuotaService
+from .trash_service import TrashService
 from .repair import Healer
 from .repair_admin import OperatorRequests
 from .open_holds import OpenHolds
@@ -137,11 +138,12 @@ class MetaService:
         self.healer: Healer | None = None  # re-replication, drain, bad copies (daemon/repair.py)
         self.operator: OperatorRequests | None = None  # node administration, scrub, fsck (daemon/repair_admin.py)
         self.quota_service: QuotaService | None = None  # directory quotas (daemon/quota.py)
+        self.trash_service: TrashService | None = None  # the trash (daemon/trash.py)
         self.access: MetaAccess | None = None  # keys, roles, read-only, subtrees (daemon/access.py)
         self.holds: OpenHolds | None = None  # PostgreSQL: open files across daemons (daemon/open_holds.py)
         self.tiering: Tiering | None = None  # the cold tier on object storage (daemon/tiering.py)
         # which requests are served (the classes' handle_* methods); bound to the objects by open()
-        self._handlers: dict[type, Callable] = _handlers((self, Healer, OperatorRequests, QuotaService, MetaAccess, Tiering))
+        self._handlers: dict[type, Callable] = _handlers((self, Healer, OperatorRequests, QuotaService, MetaAccess, Tiering, TrashService))
         self._path_batches: dict[bytes, list] = {}  # connection -> its LookupPathsReq line (handle_lookup_paths)
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
@@ -192,6 +194,7 @@ class MetaService:
         if store.group_commit:
             txn.after_change = self._settle
         self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self._open_or_held)
+        self.ns.trash.keep_ns = int(self.config.trash_keep_s * 1e9)  # removals kept this long (daemon/trash.py)
         self.healer = Healer(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties,
             wake_gc=self._wake_gc, ctx=self.ctx,
@@ -208,7 +211,10 @@ class MetaService:
             cluster_id=self.cluster_id, wake_gc=self.housekeeping.wake_node_gc,  # node copies it released or wrote
         )
         self.housekeeping.gc_listeners.append(self.tiering.wake_collector)  # objects of deleted files
-        self._handlers = _handlers((self, self.healer, self.operator, self.quota_service, self.access, self.tiering))
+        self.trash_service = TrashService(txn, self.ns, wake_gc=self._wake_gc)
+        self._handlers = _handlers(
+            (self, self.healer, self.operator, self.quota_service, self.access, self.tiering, self.trash_service)
+        )
         nodes.on_change = self._on_trio_thread(self.healer.node_changed)
         self.duties.on_lost.append(self.healer.stop_pass)
         txn.begin()

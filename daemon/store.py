@@ -117,7 +117,11 @@ class SqlStore:
         self._x("DELETE FROM inodes WHERE ino=?", (ino,))
 
     def orphans(self) -> list[int]:
-        return [r[0] for r in self._x("SELECT ino FROM inodes WHERE nlink=0")]
+        """Inodes with no name left, except those kept in the trash (daemon/trash.py)."""
+        return [
+            r[0]
+            for r in self._x("SELECT ino FROM inodes i WHERE nlink=0 AND NOT EXISTS (SELECT 1 FROM trash t WHERE t.ino = i.ino)")
+        ]
 
     def counts(self) -> dict[str, int]:
         """files, directories, all inodes and logical bytes of regular files."""
@@ -157,6 +161,10 @@ class SqlStore:
     def dentries_of(self, ino: int) -> list[tuple[int, int, bytes]]:
         """(cookie, parent, name) of every directory entry naming ``ino`` (its hard links)."""
         return [(r[0], r[1], bytes(r[2])) for r in self._x("SELECT cookie, parent, name FROM dentries WHERE ino=?", (ino,))]
+
+    def dentries_in(self, parent: int) -> list[tuple[int, int]]:
+        """(cookie, ino) of every entry of directory ``parent``."""
+        return [(r[0], r[1]) for r in self._x("SELECT cookie, ino FROM dentries WHERE parent=?", (parent,))]
 
     def has_children(self, ino: int) -> bool:
         return self._x("SELECT 1 FROM dentries WHERE parent=? LIMIT 1", (ino,)).fetchone() is not None
@@ -498,6 +506,42 @@ class SqlStore:
     def get_lease(self, name: str) -> tuple[str, int, int]:
         row = self._x("SELECT holder, expires_ns, term FROM leases WHERE name = ?", (name,)).fetchone()
         return (row[0], row[1], row[2]) if row else ("", 0, 0)
+
+    # -- the trash (daemon/trash.py) ------------------------------------------
+
+    def put_trash(self, ino: int, parent: int, name: bytes, deleted_ns: int, roots: Sequence[int]) -> None:
+        self._x(
+            "INSERT INTO trash (ino, parent, name, deleted_ns, roots) VALUES (?,?,?,?,?)",
+            (ino, parent, name, deleted_ns, _encode_nodes(roots)),
+        )
+
+    def get_trash(self, ino: int):
+        """(ino, parent, name, deleted_ns, roots) of a trashed inode, or None."""
+        row = self._x("SELECT ino, parent, name, deleted_ns, roots FROM trash WHERE ino=?", (ino,)).fetchone()
+        return None if row is None else (row[0], row[1], bytes(row[2]), row[3], decode_nodes(row[4]))
+
+    def delete_trash(self, ino: int) -> None:
+        self._x("DELETE FROM trash WHERE ino=?", (ino,))
+
+    def trash_rows(self, *, parent: int | None = None, before_ns: int | None = None, limit: int = 100_000) -> list[tuple]:
+        """(ino, parent, name, deleted_ns, roots, mode, size, uid) of trashed inodes, oldest first:
+        all, those removed from directory ``parent``, or those removed before ``before_ns``."""
+        where, params = [], []
+        if parent is not None:
+            where.append("t.parent=?")
+            params.append(parent)
+        if before_ns is not None:
+            where.append("t.deleted_ns<?")
+            params.append(before_ns)
+        sql = (
+            "SELECT t.ino, t.parent, t.name, t.deleted_ns, t.roots, i.mode, i.size, i.uid FROM trash t"
+            " JOIN inodes i ON i.ino = t.ino" + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY t.deleted_ns, t.ino LIMIT ?"
+        )
+        return [
+            (r[0], r[1], bytes(r[2]), r[3], decode_nodes(r[4]), r[5], r[6], r[7])
+            for r in self._x(sql, (*params, limit))
+        ]
 
     # -- directory quotas (daemon/quota.py) --------------------------------
     # portable SQL: plain INSERT/UPDATE/DELETE, WITH RECURSIVE, decimal bit masks

@@ -191,14 +191,7 @@ class Tiering:
         return await self.txn.read(read)
 
     def _path(self, ino: int) -> bytes:
-        parts = []
-        while ino != ROOT_INO and len(parts) < 4096:
-            names = self.store.dentries_of(ino)
-            if not names:
-                return b"<unlinked %d>" % ino
-            _, ino, name = names[0]
-            parts.append(name)
-        return b"/" + b"/".join(reversed(parts))
+        return self.ns.path_of(ino)
 
     async def handle_tier_policy_set(self, req: P.TierPolicySetReq) -> P.Msg:
         def apply():

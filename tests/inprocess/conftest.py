@@ -86,8 +86,9 @@ class Rig:
         for i, address in enumerate(self.meta_addresses):
             d = self.root / f"meta{i + 1}"
             d.mkdir()
+            # the trash is off unless a rig turns it on: the other tests check what a removal frees, at once
             meta = cfg.MetaConfig(**{"stripe_count": min(4, len(self.node_addresses)), "redundancy": "replicas=2",
-                                     **self.meta_settings, "listen": address, "data_dir": str(d), "metrics": "", **settings})
+                                     "trash_keep_s": 0.0, **self.meta_settings, "listen": address, "data_dir": str(d), "metrics": "", **settings})
             (d / "metad.toml").write_text(cfg.dumps(meta))
             self._spawn(f"meta{i + 1}", ["meta", "--config", str(d / "metad.toml")])
             if i == 0:  # the first creates the schema; the others find it
@@ -275,7 +276,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 #: rig fixtures of a module's own (module scope): that module's tests are one unit of pytest-xdist's work
-MODULE_RIGS = ("ec_rig",)
+MODULE_RIGS = ("ec_rig", "trash_rig")
 
 
 class _ClientErrors(logging.Handler):

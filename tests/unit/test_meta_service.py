@@ -236,6 +236,7 @@ async def test_in_process_group_commit_gc_and_health(tmp_path, ctx):
     config = MetaConfig(
         listen=_free_address(), data_dir=str(tmp_path), node_timeout_s=1.5, session_lease_s=1.5,
         group_commit_ms=5.0, chunk_size=1 << 20, stripe_count=2, redundancy="replicas=1",
+        trash_keep_s=0.0,  # the unlink frees at once: what this test collects
     )
     service = MetaService(config, zmq_context=ctx)
     node_address, deleted = _free_address(), []

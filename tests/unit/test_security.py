@@ -194,6 +194,7 @@ class SecureCluster:
 async def secure_cluster(tmp_path, **meta_settings):
     c = SecureCluster(tmp_path)
     write_secret(c.cap_secret)
+    meta_settings.setdefault("trash_keep_s", 0.0)  # the tests here check what a removal frees, at once
     meta_cfg = MetaConfig(listen=c.meta_endpoint, data_dir=str(tmp_path / "meta"), stripe_count=1,
                           redundancy="replicas=1", chunk_size=65536, metrics="", **c.curve("meta"), **meta_settings)
     node_cfg = StorageConfig(node_id=1, listen=c.node_endpoint, data_dir=str(tmp_path / "node"), meta=[c.meta],

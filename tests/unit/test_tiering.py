@@ -88,7 +88,9 @@ def test_malformed_tier_requests_are_refused_by_the_schema():
 
 @pytest.fixture
 def svc(tmp_path):
-    service = MetaService(MetaConfig(data_dir=str(tmp_path), chunk_size=1 << 20, stripe_count=2, redundancy="replicas=2"))
+    # the trash off: an unlink frees the file (its objects become orphans) at once
+    service = MetaService(MetaConfig(data_dir=str(tmp_path), chunk_size=1 << 20, stripe_count=2, redundancy="replicas=2",
+                                     trash_keep_s=0.0))
     service.open()
     service.store.add_tier("cold", "bucket", "pre/", "http://127.0.0.1:1", "", time.time_ns())
     yield service
