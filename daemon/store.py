@@ -113,6 +113,11 @@ class SqlStore:
     def add_nlink(self, ino: int, delta: int, ctime_ns: int) -> None:
         self._x("UPDATE inodes SET nlink=nlink+?, ctime_ns=? WHERE ino=?", (delta, ctime_ns, ino))
 
+    def touch_dir(self, ino: int, now: int, nlink: int = 0) -> None:
+        """A directory's entries changed at ``now`` (mtime and ctime), its subdirectories by ``nlink``:
+        one statement for what an entry change does to its directory."""
+        self._x("UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?", (now, now, nlink, ino))
+
     def delete_inode(self, ino: int) -> None:
         self._x("DELETE FROM inodes WHERE ino=?", (ino,))
 
@@ -136,6 +141,13 @@ class SqlStore:
     def lookup_inode(self, parent: int, name: bytes) -> sqlite3.Row | None:
         """The inode row ``name`` in ``parent`` names, in one query (a lookup's hot path)."""
         return self._x("SELECT inodes.* FROM dentries JOIN inodes ON inodes.ino = dentries.ino WHERE dentries.parent=? AND dentries.name=?", (parent, name)).fetchone()
+
+    def entry_inode(self, parent: int, name: bytes) -> sqlite3.Row | None:
+        """The inode row ``name`` in ``parent`` names plus its entry's ``cookie``, in one query
+        (what unlink, rmdir and rename read of the name they change)."""
+        return self._x(
+            "SELECT dentries.cookie AS cookie, inodes.* FROM dentries JOIN inodes ON inodes.ino = dentries.ino"
+            " WHERE dentries.parent=? AND dentries.name=?", (parent, name)).fetchone()
 
     def get_dentry(self, parent: int, name: bytes) -> sqlite3.Row | None:
         return self._x("SELECT * FROM dentries WHERE parent=? AND name=?", (parent, name)).fetchone()
@@ -213,8 +225,13 @@ class SqlStore:
             )
         return {r[0]: (r[1], decode_nodes(r[2])) for r in rows}
 
-    def put_chunk(self, ino: int, idx: int, version: int, nodes: Sequence[int]) -> None:
-        """Insert or replace a chunk row; its nodes' pending deletions of this chunk are cancelled."""
+    def put_chunk(self, ino: int, idx: int, version: int, nodes: Sequence[int], *, fresh: bool = False) -> None:
+        """Insert or replace a chunk row; its nodes' pending deletions of this chunk are cancelled.
+        ``fresh``: the file was created in this transaction (an inode number is never reused,
+        daemon/db.py), so no deletion of it can be pending."""
+        if fresh:
+            self._x("INSERT INTO chunks (ino, idx, version, nodes) VALUES (?,?,?,?)", (ino, idx, version, _encode_nodes(nodes)))
+            return
         self._x(
             "INSERT INTO chunks (ino, idx, version, nodes) VALUES (?,?,?,?)"
             " ON CONFLICT (ino, idx) DO UPDATE SET version=excluded.version, nodes=excluded.nodes",
@@ -424,8 +441,7 @@ class SqlStore:
         if not self.group_commit:
             self._x("INSERT INTO change_log (created_ns, event) VALUES (?, ?)", (created_ns, event))
             return None
-        self._x("UPDATE counters SET value = value + 1 WHERE name = 'change_seq'")
-        seq = self.last_change_seq()
+        seq = self._x("UPDATE counters SET value = value + 1 WHERE name = 'change_seq' RETURNING value").fetchone()[0]
         self._x("INSERT INTO change_log (seq, created_ns, event) VALUES (?, ?, ?)", (seq, created_ns, event))
         return seq
 

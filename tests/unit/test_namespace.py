@@ -233,7 +233,7 @@ def test_failed_operation_leaves_nothing(w, monkeypatch):
     def boom(*a, **k):
         raise StripefsError(ErrorCode.INTERNAL, "injected")
 
-    monkeypatch.setattr(w.raw, "alloc_chunks", boom)
+    monkeypatch.setattr(w.raw, "place_new", boom)  # a new file's first placement (create_open)
     assert code_of(w.ns.create, ROOT, b"f", 0o644, 0, 0) == ErrorCode.INTERNAL
     assert code_of(w.ns.lookup, ROOT, b"f") == ErrorCode.NOT_FOUND
     assert w.store.counts()["inodes"] == 1
