@@ -709,7 +709,6 @@ class SqliteStore(SqlStore):
 
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
-        self._savepoints = itertools.count(1)
 
     # -- transactions ------------------------------------------------------
 
@@ -737,12 +736,15 @@ class SqliteStore(SqlStore):
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
         """Statements in the block are undone together if it raises."""
-        name = f"sp{next(self._savepoints)}"
-        self.conn.execute(f"SAVEPOINT {name}")
+        # one name for all: SQLite releases or rolls back to the innermost savepoint of a name, which
+        # is this block's however they nest, and the statements stay in sqlite3's statement cache
+        # (a name per block compiled every SAVEPOINT and RELEASE anew: ~20 us each)
+        execute = self.conn.execute
+        execute("SAVEPOINT op")
         try:
             yield
         except BaseException:
-            self.conn.execute(f"ROLLBACK TO {name}")
-            self.conn.execute(f"RELEASE {name}")
+            execute("ROLLBACK TO op")
+            execute("RELEASE op")
             raise
-        self.conn.execute(f"RELEASE {name}")
+        execute("RELEASE op")

@@ -239,6 +239,30 @@ def test_failed_operation_leaves_nothing(w, monkeypatch):
     assert w.store.counts()["inodes"] == 1
 
 
+def test_nested_savepoints_undo_their_own_statements(tmp_path):
+    """Every savepoint has one name (daemon/store.py: cached statements): an inner one failing
+    undoes only its own statements, an outer one failing undoes the inner ones released in it."""
+    w = World(tmp_path)
+    store = w.store
+    with store.savepoint():
+        w.raw.mkdir(ROOT, b"kept", 0o755, 0, 0)
+        with pytest.raises(StripefsError):
+            with store.savepoint():
+                w.raw.mkdir(ROOT, b"undone", 0o755, 0, 0)
+                raise StripefsError(ErrorCode.INTERNAL, "injected")
+        with store.savepoint():
+            w.raw.mkdir(ROOT, b"inner", 0o755, 0, 0)
+    assert sorted(e.name for e in w.raw.readdir(ROOT)[0]) == [b"inner", b"kept"]
+    with pytest.raises(StripefsError):
+        with store.savepoint():
+            with store.savepoint():
+                w.raw.mkdir(ROOT, b"released-then-undone", 0o755, 0, 0)
+            raise StripefsError(ErrorCode.INTERNAL, "injected")
+    assert sorted(e.name for e in w.raw.readdir(ROOT)[0]) == [b"inner", b"kept"]
+    assert w.raw.getattr(ROOT).nlink == 4
+    store.close()
+
+
 def test_readdir_pages_by_cookie(w):
     d = w.ns.mkdir(ROOT, b"big", 0o755, 0, 0)
     n = 5000
