@@ -118,6 +118,26 @@ async def test_a_burst_of_successes_failures_and_a_wait_is_committed_once_and_an
         nursery.cancel_scope.cancel()
 
 
+async def test_a_read_in_a_burst_is_answered_before_the_commit_of_the_writes_beside_it(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        await service.handle(_create(b"old"), [])
+        commits = _Commits(service)
+        ahead: list[tuple[int, object, int]] = []
+
+        async def early(index, reply):
+            ahead.append((index, reply, commits.n))
+
+        items = [_create(b"new"), P.GetattrReq(ino=ROOT), P.LookupReq(parent=ROOT, name=b"old"), P.GetattrReq(ino=987654)]
+        results = await service.burst.run([(body, None) for body in items], early)
+
+        assert [(i, n) for i, _, n in ahead] == [(1, 0), (2, 0), (3, 0)]  # sent before the one commit
+        assert isinstance(ahead[0][1], P.AttrRsp) and ahead[0][1].attr.ino == ROOT
+        assert isinstance(ahead[1][1], P.AttrRsp) and ahead[2][1].code == ErrorCode.NOT_FOUND
+        assert commits.n == 1 and isinstance(results[0], P.OpenRsp)  # the create: after its commit
+        nursery.cancel_scope.cancel()
+
+
 async def test_requests_sent_together_are_answered_in_order_with_one_commit_per_burst(tmp_path, ctx):
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
