@@ -247,8 +247,9 @@ class Burst:
                 else:
                     lock.acquire_nowait()  # free: no scheduler pass
                 try:
-                    for unit in units[start:start + SLICE]:
-                        wrote = self._one(unit) or wrote
+                    with txn.store.dir_cache():  # a directory read once per slice (daemon/store.py)
+                        for unit in units[start:start + SLICE]:
+                            wrote = self._one(unit) or wrote
                 finally:
                     lock.release()
         except BaseException:

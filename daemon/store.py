@@ -34,6 +34,9 @@ ANY_VERSION = (1 << 63) - 1
 #: a slot that must go while the other slot of the same chunk holds the committed copy (``abandoned_slots``)
 EXACT_PART = 1 << 20
 
+#: directory rows ``dir_cache`` keeps at most
+DIR_CACHE_MAX = 4096
+
 _INODE_FIELDS = (
     "mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation chunk_size stripe_count redundancy stripe_seed"
 ).split()
@@ -56,6 +59,8 @@ class SqlStore:
     #: what the engine raises for a failed statement or commit
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
     conn = None
+    #: directory rows read while a burst holds the lock (``SqliteStore.dir_cache``), else None
+    _dirs: dict[int, dict] | None = None
 
     def _x(self, sql: str, params: Sequence = ()):
         """Execute one statement of the shared SQL text on the current connection."""
@@ -93,8 +98,16 @@ class SqlStore:
 
     # -- inodes ------------------------------------------------------------
 
-    def get_inode(self, ino: int) -> sqlite3.Row | None:
-        return self._x("SELECT * FROM inodes WHERE ino=?", (ino,)).fetchone()
+    def get_inode(self, ino: int) -> sqlite3.Row | dict | None:
+        dirs = self._dirs
+        if dirs is None:
+            return self._x("SELECT * FROM inodes WHERE ino=?", (ino,)).fetchone()
+        row = dirs.get(ino)
+        if row is None:
+            row = self._x("SELECT * FROM inodes WHERE ino=?", (ino,)).fetchone()
+            if row is not None and row["mode"] & 0xF000 == 0x4000 and len(dirs) < DIR_CACHE_MAX:
+                row = dirs[ino] = dict(zip(row.keys(), row))
+        return row
 
     def insert_inode(self, **fields) -> int:
         cols = [f for f in _INODE_FIELDS if f in fields]
@@ -108,17 +121,27 @@ class SqlStore:
             if key not in _INODE_FIELDS:
                 raise KeyError(key)
         assignments = ",".join(f"{k}=?" for k in fields)
+        if self._dirs is not None:
+            self._dirs.pop(ino, None)
         self._x(f"UPDATE inodes SET {assignments} WHERE ino=?", [*fields.values(), ino])
 
     def add_nlink(self, ino: int, delta: int, ctime_ns: int) -> None:
+        if self._dirs is not None:
+            self._dirs.pop(ino, None)
         self._x("UPDATE inodes SET nlink=nlink+?, ctime_ns=? WHERE ino=?", (delta, ctime_ns, ino))
 
     def touch_dir(self, ino: int, now: int, nlink: int = 0) -> None:
         """A directory's entries changed at ``now`` (mtime and ctime), its subdirectories by ``nlink``:
         one statement for what an entry change does to its directory."""
         self._x("UPDATE inodes SET mtime_ns=?, ctime_ns=?, nlink=nlink+? WHERE ino=?", (now, now, nlink, ino))
+        if self._dirs is not None:
+            row = self._dirs.get(ino)
+            if row is not None:  # written through: a new dict (a caller may hold the old one)
+                self._dirs[ino] = {**row, "mtime_ns": now, "ctime_ns": now, "nlink": row["nlink"] + nlink}
 
     def delete_inode(self, ino: int) -> None:
+        if self._dirs is not None:
+            self._dirs.pop(ino, None)
         self._x("DELETE FROM inodes WHERE ino=?", (ino,))
 
     def orphans(self) -> list[int]:
@@ -724,7 +747,21 @@ class SqliteStore(SqlStore):
         self.conn.execute("COMMIT")
         self.conn.execute("BEGIN")
 
+    @contextlib.contextmanager
+    def dir_cache(self) -> Iterator[None]:
+        """Directory rows read in the block are kept, so a burst reads a directory once, not once
+        per operation (its check and its reported attributes): daemon/burst.py, per hold of the
+        lock, when nothing else writes. Every write of an inode row goes through this class
+        (``update_inode``, ``add_nlink``, ``touch_dir``, written through, ``delete_inode``), and a
+        rolled-back savepoint empties it. Rows come back as dicts (by column name only)."""
+        self._dirs = {}
+        try:
+            yield
+        finally:
+            self._dirs = None
+
     def rollback(self) -> None:
+        self._dirs = None if self._dirs is None else {}
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
 
@@ -744,6 +781,8 @@ class SqliteStore(SqlStore):
         try:
             yield
         except BaseException:
+            if self._dirs:
+                self._dirs = {}  # rows written in the block may be undone
             execute("ROLLBACK TO op")
             execute("RELEASE op")
             raise
