@@ -174,17 +174,22 @@ class Namespace(FileData):
 
     def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0, *, parent_row=None) -> dict:
         """A new inode named ``name`` in ``parent``; its row as written (``_new_inode``).
-        ``parent_row``: the caller has read the directory and found no ``name`` in it."""
+        ``parent_row``: the caller has read the directory and checked the name.
+
+        Without quotas, no lookup of the name first: the entry's UNIQUE constraint answers
+        EXISTS, and the caller's savepoint undoes the inode inserted before it. Under a quota
+        the lookup comes first, so an existing name is EXISTS, never QUOTA_EXCEEDED."""
         if parent_row is None:
             check_name(name)
             parent_row = self.directory(parent)
-            if self.store.get_dentry(parent, name) is not None:
-                raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
+        if self.quotas.roots and self.store.get_dentry(parent, name) is not None:
+            raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
         self.quotas.created(parent)
         now = self.clock()
         is_dir = stat.S_ISDIR(mode)
         row = self._new_inode(parent_row, mode, uid, gid, nlink=2 if is_dir else 1, rdev=rdev, now=now)
-        self.store.insert_dentry(parent, name, row["ino"])
+        if self.store.insert_new_dentry(parent, name, row["ino"]) is None:
+            raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
         self._touch_dir(parent, now, 1 if is_dir else 0)
         log.debug("new inode %d %r in %d, mode %o", row["ino"], name, parent, mode)
         return row
@@ -272,10 +277,8 @@ class Namespace(FileData):
         (nothing read back: the hot path of a burst of creates), an existing one's read."""
         check_name(name)
         parent_row = self.directory(parent)
-        entry = self.store.get_dentry(parent, name)
+        entry = None if exclusive else self.store.get_dentry(parent, name)  # exclusive: _add_entry answers EXISTS
         if entry is not None:
-            if exclusive:
-                raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
             row = self.inode(entry["ino"])
             if stat.S_ISDIR(row["mode"]):
                 raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")

@@ -180,6 +180,15 @@ class SqlStore:
             "INSERT INTO dentries (parent, name, ino) VALUES (?,?,?) RETURNING cookie", (parent, name, ino)
         ).fetchone()[0]
 
+    def insert_new_dentry(self, parent: int, name: bytes, ino: int) -> int | None:
+        """``insert_dentry`` unless ``name`` exists in ``parent`` (its UNIQUE constraint answers:
+        no lookup first); the new cookie, or None when it exists and nothing was inserted."""
+        row = self._x(
+            "INSERT INTO dentries (parent, name, ino) VALUES (?,?,?) ON CONFLICT (parent, name) DO NOTHING RETURNING cookie",
+            (parent, name, ino),
+        ).fetchone()
+        return None if row is None else row[0]
+
     def delete_dentry(self, cookie: int) -> None:
         self._x("DELETE FROM dentries WHERE cookie=?", (cookie,))
 

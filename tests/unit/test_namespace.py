@@ -139,6 +139,24 @@ def test_create_mknod_mkdir_and_errors(w):
     assert w.ns.getattr(ROOT).nlink == 3 and d.nlink == 2
 
 
+def test_an_existing_name_is_exists_and_leaves_no_inode_behind(w):
+    """Creating a name that exists inserts the inode before the entry's UNIQUE constraint
+    answers (no lookup first, daemon/namespace.py _add_entry): the savepoint takes it back.
+    Under a full quota the existing name is still EXISTS (the lookup comes first there)."""
+    d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0).ino
+    w.ns.create(d, b"f", 0o644, 0, 0)
+    w.ns.mkdir(d, b"sub", 0o755, 0, 0)
+    before = w.store.counts()["inodes"]
+    for make in (lambda n: w.ns.create(d, n, 0o644, 0, 0), lambda n: w.ns.mkdir(d, n, 0o755, 0, 0),
+                 lambda n: w.ns.mknod(d, n, stat.S_IFIFO | 0o600, 0, 0, 0), lambda n: w.ns.symlink(d, n, b"t", 0, 0)):
+        for name in (b"f", b"sub"):
+            assert code_of(make, name) == ErrorCode.EXISTS
+    assert w.store.counts()["inodes"] == before and w.ns.getattr(d).nlink == 3
+    w.atomically(lambda: w.raw.quotas.set(d, None, 1))  # d holds 2 already: full
+    assert code_of(w.ns.create, d, b"f", 0o644, 0, 0) == ErrorCode.EXISTS
+    assert code_of(w.ns.create, d, b"g", 0o644, 0, 0) == ErrorCode.QUOTA_EXCEEDED
+
+
 def test_create_without_storage_nodes_still_creates(tmp_path):
     world = World(tmp_path)
     ino, _ = world.ns.create(ROOT, b"f", 0o644, 0, 0)
