@@ -473,9 +473,12 @@ class SqlStore:
         if not self.group_commit:
             self._x("INSERT INTO change_log (created_ns, event) VALUES (?, ?)", (created_ns, event))
             return None
-        seq = self._x("UPDATE counters SET value = value + 1 WHERE name = 'change_seq' RETURNING value").fetchone()[0]
+        seq = self._next_change_seq()
         self._x("INSERT INTO change_log (seq, created_ns, event) VALUES (?, ?, ?)", (seq, created_ns, event))
         return seq
+
+    def _next_change_seq(self) -> int:
+        return self._x("UPDATE counters SET value = value + 1 WHERE name = 'change_seq' RETURNING value").fetchone()[0]
 
     def number_changes(self, limit: int) -> int:
         """The sequencer: number committed, unnumbered rows after the last number (one transaction).
@@ -741,6 +744,27 @@ class SqliteStore(SqlStore):
 
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
+        #: the change log's counter as this transaction has it, written to its row once at COMMIT
+        #: (not once per change); None: read it from the row
+        self._seq: int | None = None
+        self._seq_stored: int | None = None  # the value the row holds (in this transaction)
+
+    def _next_change_seq(self) -> int:
+        if not self.conn.in_transaction:  # autocommit (start-up): the row at once
+            self._seq = self._seq_stored = None
+            return super()._next_change_seq()
+        if self._seq is None:
+            self._seq = self._seq_stored = super().last_change_seq()
+        self._seq += 1
+        return self._seq
+
+    def last_change_seq(self) -> int:
+        return super().last_change_seq() if self._seq is None else self._seq
+
+    def _store_change_seq(self) -> None:
+        if self._seq is not None and self._seq != self._seq_stored:
+            self.conn.execute("UPDATE counters SET value = ? WHERE name = 'change_seq'", (self._seq,))
+            self._seq_stored = self._seq
 
     # -- transactions ------------------------------------------------------
 
@@ -753,6 +777,7 @@ class SqliteStore(SqlStore):
 
     def commit(self) -> None:
         """COMMIT (an fsync with synchronous=FULL) and open the next transaction."""
+        self._store_change_seq()
         self.conn.execute("COMMIT")
         self.conn.execute("BEGIN")
 
@@ -771,11 +796,13 @@ class SqliteStore(SqlStore):
 
     def rollback(self) -> None:
         self._dirs = None if self._dirs is None else {}
+        self._seq = self._seq_stored = None
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
 
     def close(self) -> None:
         if self.conn.in_transaction:
+            self._store_change_seq()
             self.conn.execute("COMMIT")
         self.conn.close()
 
@@ -786,13 +813,18 @@ class SqliteStore(SqlStore):
         # is this block's however they nest, and the statements stay in sqlite3's statement cache
         # (a name per block compiled every SAVEPOINT and RELEASE anew: ~20 us each)
         execute = self.conn.execute
+        outermost = not self.conn.in_transaction  # then its RELEASE commits
         execute("SAVEPOINT op")
+        seq = self._seq
         try:
             yield
         except BaseException:
             if self._dirs:
                 self._dirs = {}  # rows written in the block may be undone
+            self._seq = seq  # its changes' numbers too
             execute("ROLLBACK TO op")
             execute("RELEASE op")
             raise
+        if outermost:
+            self._store_change_seq()
         execute("RELEASE op")

@@ -281,6 +281,31 @@ def test_nested_savepoints_undo_their_own_statements(tmp_path):
     store.close()
 
 
+def test_change_numbers_stay_contiguous_and_durable_with_the_counter_kept_in_memory(tmp_path):
+    """SQLite numbers changes from a counter kept in memory and written at COMMIT (daemon/store.py):
+    a rolled-back savepoint gives its numbers back, the row holds the last number after a
+    commit, after an outermost savepoint's RELEASE (which commits), and after a reopen."""
+    w = World(tmp_path)
+    with w.store.savepoint():  # outside a transaction: its RELEASE commits
+        first = w.store.log_change(1, b"first")
+    assert w.store.conn.execute("SELECT value FROM counters WHERE name='change_seq'").fetchone()[0] == first
+    w.store.begin()
+    with w.store.savepoint():
+        a = w.store.log_change(2, b"a")
+    with pytest.raises(RuntimeError):
+        with w.store.savepoint():
+            w.store.log_change(3, b"undone")
+            raise RuntimeError("injected")
+    with w.store.savepoint():
+        b = w.store.log_change(4, b"b")
+    assert (a, b) == (first + 1, first + 2) and w.store.last_change_seq() == b
+    w.store.commit()
+    w.reopen()
+    assert w.store.last_change_seq() == b
+    assert [seq for seq, _ in w.store.changes_after(0, 100)][-3:] == [first, a, b]
+    w.store.close()
+
+
 def test_readdir_pages_by_cookie(w):
     d = w.ns.mkdir(ROOT, b"big", 0o755, 0, 0)
     n = 5000
