@@ -197,12 +197,12 @@ class Namespace(FileData):
     def _drop_link(self, ino: int, now: int, nlink: int) -> None:
         """One name of a non-directory (``nlink`` names before) is gone: reclaim it, or keep it as an orphan while open."""
         self.unlinked.append(ino)  # its attributes changed (nlink): the change names it (daemon/callbacks.py)
+        if nlink - 1 <= 0 and not self.is_open(ino):
+            self.reclaim(ino)  # its row goes: no nlink to write first
+            return
         self.store.add_nlink(ino, -1, now)
         if nlink - 1 <= 0:
-            if self.is_open(ino):
-                log.debug("inode %d unlinked while open: kept as an orphan", ino)
-            else:
-                self.reclaim(ino)
+            log.debug("inode %d unlinked while open: kept as an orphan", ino)
 
     def reclaim(self, ino: int) -> None:
         """Free an inode no name leads to and no session holds: its chunks are queued as garbage."""
