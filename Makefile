@@ -119,6 +119,7 @@ bench: install $(VENV)/.bench-installed
 	$(PY) bench/tier.py
 	$(PY) bench/dataloader.py
 	$(PY) bench/meta.py
+	$(PY) bench/meta_scale.py
 	$(PY) bench/fuse_floor.py
 	$(PY) bench/data_wait.py
 

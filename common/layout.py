@@ -23,6 +23,7 @@ slot as garbage, bounded by the old version, when the new version is committed.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterator
@@ -89,7 +90,10 @@ class Redundancy:
         return f"ec={self.ec_k}+{self.ec_m}" if self.is_ec else f"replicas={self.replicas}"
 
 
+@functools.lru_cache(maxsize=64)
 def parse_redundancy(text: str) -> Redundancy:
+    """``replicas=R`` or ``ec=K+M`` as a Redundancy; INVALID otherwise. Cached: every placement
+    parses its file's layout (a handful of distinct texts; a refusal raises, so is not cached)."""
     text = text.strip().lower()
     m = re.fullmatch(r"replicas=(\d+)", text)
     if m:

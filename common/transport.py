@@ -337,10 +337,12 @@ async def connect(ctx: zmq.Context, address: str, *, timeout: float = 10.0) -> A
 Handler = Callable[[protocol.Msg, list[memoryview]], Awaitable[protocol.Msg | tuple[protocol.Msg, Sequence[Payload]]]]
 #: serve()'s fast path: the reply to a request it can answer at once, without waiting, else None
 FastHandler = Callable[[protocol.Msg, list[memoryview]], protocol.Msg | tuple[protocol.Msg, Sequence[Payload]] | None]
-#: serve()'s burst path: given the requests received together, as (body, sender's key), a result
-#: for each, in order: its reply (an ErrorRsp too), sent at once; an ``async () -> reply`` that
-#: must wait for something, run in a task of its own; or None: not taken, served the usual way
-BurstHandler = Callable[[list[tuple[protocol.Msg, str | None]]], Awaitable[list]]
+#: serve()'s burst path: given the requests received together, as (body, sender's key), and
+#: ``early``, a result for each, in order: its reply (an ErrorRsp too), sent at once; an
+#: ``async () -> reply`` that must wait for something, run in a task of its own; or None: not
+#: taken, served the usual way. ``await early(index, reply)`` sends one request's reply ahead of
+#: the others (a read that need not wait for the burst's commit); that index's result is ignored
+BurstHandler = Callable[[list[tuple[protocol.Msg, str | None]], Callable[[int, protocol.Msg], Awaitable[None]]], Awaitable[list]]
 #: the most requests serve() takes in one burst
 BURST_MAX = 64
 
@@ -383,7 +385,8 @@ async def serve(
     once (up to ``BURST_MAX``; those without payload frames whose peer has none
     queued), as ``(body, peer key)``, and gives a result for each (``BurstHandler``):
     the metadata daemon runs them in one hold of its lock and one commit
-    (daemon/burst.py), with no task per request. Replies go out in request order.
+    (daemon/burst.py), with no task per request. Replies go out in request order, but
+    for those the burst sends ahead through ``early`` (reads, before its commit).
 
     ``keyed``: ``sock`` is the inner end of a fast lane (common/fast_lane.py),
     whose messages carry the sender's key as a frame after the identity; the
@@ -467,13 +470,26 @@ async def serve(
     async def run_burst(taken: list[tuple]) -> None:
         # taken: (identity, request_id, body, payloads, peer, nbytes), received together
         started = time.perf_counter()
+        sent: set[int] = set()
+
+        async def early(index: int, result: protocol.Msg) -> None:
+            identity, request_id, body, payloads, _, _ = taken[index]
+            sent.add(index)
+            if isinstance(result, protocol.ErrorRsp):
+                metrics.REQUEST_ERRORS.labels(name, protocol.kind(body), _code_name(result.code)).inc()
+            else:
+                observe_served(name, body, payloads, result, time.perf_counter() - started)
+            await reply(identity, request_id, result)
+
         try:
-            results = await burst([(body, peer) for _, _, body, _, peer, _ in taken])
+            results = await burst([(body, peer) for _, _, body, _, peer, _ in taken], early)
         except Exception as exc:  # a bug: what ran of them is unknown, so none is run again; answered, logged loudly
             log.exception("%s: a burst of %d request(s) failed", name, len(taken))
             results = [protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"{type(exc).__name__}: {exc}")] * len(taken)
         seconds = (time.perf_counter() - started) / len(taken)
-        for (identity, request_id, body, payloads, peer, nbytes), result in zip(taken, results):
+        for index, ((identity, request_id, body, payloads, peer, nbytes), result) in enumerate(zip(taken, results)):
+            if index in sent:
+                continue
             security.PEER.set(peer)
             CONNECTION.set(identity)
             if result is None:

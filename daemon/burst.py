@@ -20,7 +20,9 @@ which on the serving task itself:
    each operation as ``txn.write_reporting`` would: in its own savepoint (one
    failing leaves the others), at most once under a OnceReq (applied_ops), its
    change logged with it, in request order, so change numbers follow it.
-3. commits once for them all (one fsync), on the spot and blocking
+3. sends the burst's reads' replies ahead (serve()'s ``early``): a read never waits
+   for the fsync of the writes it arrived with; then
+   commits once for them all (one fsync), on the spot and blocking
    (``txn.commit_blocking``: a worker thread's hand-off and wake-up cost more
    CPU than waiting; nothing else could use the database meanwhile), or, with
    ``group_commit_ms`` set or the lock taken, waits for the committer's commit;
@@ -28,7 +30,7 @@ which on the serving task itself:
 4. settles each change with the callbacks (daemon/callbacks.py
    ``settle_now``); a change some mount must first acknowledge leaves for trio
    as a continuation (``serve()`` runs it in a task, which waits and replies).
-5. returns the replies, in request order; errors as ErrorRsp.
+5. returns the replies, in request order (those sent ahead ignored); errors as ErrorRsp.
 
 A lone lookup or getattr with the lock free (the idle daemon's common case)
 skips the bookkeeping: admitted, run and answered on the spot.
@@ -112,7 +114,7 @@ class Burst:
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
-    async def run(self, items: list[tuple[P.Msg, str | None]]) -> list:
+    async def run(self, items: list[tuple[P.Msg, str | None]], early=None) -> list:
         if len(items) == 1 and not self.txn.lock.locked():
             body, peer = items[0]
             if type(body) in READS:  # a lone read: nothing to order, hold or commit
@@ -135,7 +137,14 @@ class Burst:
                 units += plan
         runnable = [u for u in units if u.op is not None]
         if runnable:
-            await self._execute(runnable)
+            if await self._execute(runnable):
+                if early is not None:
+                    try:
+                        await self._reads_ahead(plans, early)
+                    except BaseException:
+                        self.txn.wake()  # what ran is committed all the same
+                        raise
+                await self._commit(runnable)
         waits = await self._settle(runnable)
         self.bursts += 1
         self.requests += len(items)
@@ -214,7 +223,18 @@ class Burst:
 
     # -- 2. under the lock, 3. one commit ---------------------------------------------
 
-    async def _execute(self, units: list[_Unit]) -> None:
+    async def _reads_ahead(self, plans: list, early) -> None:
+        """Answer the burst's reads before its commit: a read never waits for the fsync of the
+        writes it came with (docs/design.md: a read may see a change whose commit is pending, as
+        it does on the task path; a change is never announced before it is durable)."""
+        for index, plan in enumerate(plans):
+            if isinstance(plan, _Unit) and plan.op is not None and not plan.op.write:
+                reply = self._reply(plan)
+                plans[index] = reply  # answered: run() gives serve() this, which it ignores
+                await early(index, reply)
+
+    async def _execute(self, units: list[_Unit]) -> bool:
+        """Run the units under the lock, in slices; whether any wrote (``_commit`` makes it durable)."""
         txn = self.txn
         wrote = False
         try:
@@ -227,25 +247,34 @@ class Burst:
                 else:
                     lock.acquire_nowait()  # free: no scheduler pass
                 try:
-                    for unit in units[start:start + SLICE]:
-                        wrote = self._one(unit) or wrote
+                    with txn.store.dir_cache():  # a directory read once per slice (daemon/store.py)
+                        for unit in units[start:start + SLICE]:
+                            wrote = self._one(unit) or wrote
                 finally:
                     lock.release()
         except BaseException:
             txn.wake()  # cancelled (or a bug) between slices: what ran is committed all the same
             raise
-        if wrote:
+        return wrote
+
+    async def _commit(self, units: list[_Unit]) -> None:
+        """One commit for the burst's writes (on the spot, or the committer's); IO errors to their units."""
+        txn = self.txn
+        try:
             txn.on_write()
             last = next(u.batch for u in reversed(units) if u.batch is not None)
             if not last.done.is_set() and not txn.commit_blocking():  # on the spot, or by the committer:
                 txn.wake()
-            try:
-                await last.wait()  # batches commit in order: every earlier one is done too
-            except StripefsError:
-                pass
-            for unit in units:
-                if unit.batch is not None and unit.batch.error is not None:
-                    unit.error = P.ErrorRsp(code=ErrorCode.IO, message=f"metadata commit failed: {unit.batch.error}")
+        except BaseException:
+            txn.wake()
+            raise
+        try:
+            await last.wait()  # batches commit in order: every earlier one is done too
+        except StripefsError:
+            pass
+        for unit in units:
+            if unit.batch is not None and unit.batch.error is not None:
+                unit.error = P.ErrorRsp(code=ErrorCode.IO, message=f"metadata commit failed: {unit.batch.error}")
 
     def _one(self, unit: _Unit) -> bool:
         """Run one operation (the lock held); whether it wrote."""
@@ -292,8 +321,8 @@ class Burst:
     # -- 5. replies ----------------------------------------------------------------------
 
     def _answer(self, plan, waits: set[int]):
-        if plan is None or isinstance(plan, P.ErrorRsp):
-            return plan
+        if not isinstance(plan, (_Unit, list)):
+            return plan  # None (not taken), an ErrorRsp, or a read's reply sent ahead (_reads_ahead)
         units = plan if isinstance(plan, list) else [plan]
         if any(id(u) in waits for u in units):
             return self._later(plan, units, waits)

@@ -103,7 +103,15 @@ class FileData:
         if any(i < 0 for i in indices):
             raise StripefsError(ErrorCode.INVALID, "negative chunk index")
         existing = self.store.get_chunks(ino, indices)
-        missing = sorted(set(indices) - set(existing))
+        return self._place(row, sorted(set(indices) - set(existing)), existing, fresh=False)
+
+    def place_new(self, row, indices: Sequence[int]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        """``alloc_chunks`` for a file created in this operation (``row``: its row as written):
+        it has no chunks and no pending deletions yet, so nothing is read."""
+        return self._place(row, sorted(set(indices)), {}, fresh=True)
+
+    def _place(self, row, missing: list[int], existing: dict, *, fresh: bool) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        ino = row["ino"]
         if missing:
             red = parse_redundancy(row["redundancy"])
             placed = placement.place_chunks(
@@ -111,7 +119,7 @@ class FileData:
             )
             for index, nodes in placed.items():
                 nodes = placed[index] = redundancy.pad_fragments(nodes, red)
-                self.store.put_chunk(ino, index, 0, nodes)
+                self.store.put_chunk(ino, index, 0, nodes, fresh=fresh)
                 existing[index] = (0, nodes)
             log.debug("inode %d: placed chunk(s) %s", ino, placed)
         return self._chunk_map(ino, existing)

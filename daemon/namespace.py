@@ -166,11 +166,22 @@ class Namespace(FileData):
             raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name!r} in directory {parent}")
         return entry
 
-    def _touch_dir(self, ino: int, now: int) -> None:
-        self.store.update_inode(ino, mtime_ns=now, ctime_ns=now)
+    def _entry_row(self, parent: int, name: bytes):
+        """The inode row of ``name`` in ``parent`` with its entry's ``cookie``: one query when it
+        exists; the precise error (NOT_DIR, NOT_FOUND of the parent or the name) when not."""
+        check_name(name)
+        row = self.store.entry_inode(parent, name)
+        if row is None:
+            self._entry(parent, name)
+            raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name!r} in directory {parent}")  # a dentry without its inode
+        return row
 
-    def _new_inode(self, parent_row, mode: int, uid: int, gid: int, *, nlink: int = 1, rdev: int = 0, now: int) -> int:
-        return self.store.insert_inode(
+    def _touch_dir(self, ino: int, now: int, nlink: int = 0) -> None:
+        self.store.touch_dir(ino, now, nlink)
+
+    def _new_inode(self, parent_row, mode: int, uid: int, gid: int, *, nlink: int = 1, rdev: int = 0, now: int) -> dict:
+        """Insert an inode; its row as written (a dict of the ``inodes`` columns: no read back)."""
+        fields = dict(
             mode=mode,
             uid=uid,
             gid=gid,
@@ -186,32 +197,40 @@ class Namespace(FileData):
             redundancy=parent_row["redundancy"],
             stripe_seed=random.getrandbits(31),
         )
+        fields["ino"] = self.store.insert_inode(**fields)
+        return fields
 
-    def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0) -> int:
-        check_name(name)
-        parent_row = self.live_directory(parent)
-        if self.store.get_dentry(parent, name) is not None:
+    def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0, *, parent_row=None) -> dict:
+        """A new inode named ``name`` in ``parent``; its row as written (``_new_inode``).
+        ``parent_row``: the caller has read the directory (``live_directory``) and checked the name.
+
+        Without quotas, no lookup of the name first: the entry's UNIQUE constraint answers
+        EXISTS, and the caller's savepoint undoes the inode inserted before it. Under a quota
+        the lookup comes first, so an existing name is EXISTS, never QUOTA_EXCEEDED."""
+        if parent_row is None:
+            check_name(name)
+            parent_row = self.live_directory(parent)
+        if self.quotas.roots and self.store.get_dentry(parent, name) is not None:
             raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
         self.quotas.created(parent)
         now = self.clock()
         is_dir = stat.S_ISDIR(mode)
-        ino = self._new_inode(parent_row, mode, uid, gid, nlink=2 if is_dir else 1, rdev=rdev, now=now)
-        self.store.insert_dentry(parent, name, ino)
-        self._touch_dir(parent, now)
-        if is_dir:
-            self.store.add_nlink(parent, 1, now)
-        log.debug("new inode %d %r in %d, mode %o", ino, name, parent, mode)
-        return ino
+        row = self._new_inode(parent_row, mode, uid, gid, nlink=2 if is_dir else 1, rdev=rdev, now=now)
+        if self.store.insert_new_dentry(parent, name, row["ino"]) is None:
+            raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
+        self._touch_dir(parent, now, 1 if is_dir else 0)
+        log.debug("new inode %d %r in %d, mode %o", row["ino"], name, parent, mode)
+        return row
 
-    def _drop_link(self, ino: int, now: int) -> None:
-        """One name of a non-directory is gone: reclaim it, or keep it as an orphan while open."""
+    def _drop_link(self, ino: int, now: int, nlink: int) -> None:
+        """One name of a non-directory (``nlink`` names before) is gone: reclaim it, or keep it as an orphan while open."""
         self.unlinked.append(ino)  # its attributes changed (nlink): the change names it (daemon/callbacks.py)
+        if nlink - 1 <= 0 and not self.is_open(ino):
+            self.reclaim(ino)  # its row goes: no nlink to write first
+            return
         self.store.add_nlink(ino, -1, now)
-        if self.inode(ino)["nlink"] <= 0:
-            if self.is_open(ino):
-                log.debug("inode %d unlinked while open: kept as an orphan", ino)
-            else:
-                self.reclaim(ino)
+        if nlink - 1 <= 0:
+            log.debug("inode %d unlinked while open: kept as an orphan", ino)
 
     def reclaim(self, ino: int) -> None:
         """Free an inode no name leads to and no session holds: its chunks are queued as garbage."""
@@ -258,17 +277,17 @@ class Namespace(FileData):
         if fmt not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
             raise StripefsError(ErrorCode.INVALID, f"mknod cannot create mode {mode:o}")
         rdev = rdev if fmt in (stat.S_IFCHR, stat.S_IFBLK) else 0
-        return self.getattr(self._add_entry(parent, name, fmt | (mode & 0o7777), uid, gid, rdev))
+        return to_attr(self._add_entry(parent, name, fmt | (mode & 0o7777), uid, gid, rdev))
 
     def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attr:
-        return self.getattr(self._add_entry(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
+        return to_attr(self._add_entry(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
 
     def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attr:
         if not target or b"\0" in target:
             raise StripefsError(ErrorCode.INVALID, "a symlink target is 1 or more bytes without NUL")
         if len(target) >= PATH_MAX:  # PATH_MAX counts the NUL: as symlink(2), ENAMETOOLONG
             raise StripefsError(ErrorCode.NAME_TOO_LONG, f"symlink target of {len(target)} bytes is longer than {PATH_MAX - 1}")
-        ino = self._add_entry(parent, name, stat.S_IFLNK | 0o777, uid, gid)
+        ino = self._add_entry(parent, name, stat.S_IFLNK | 0o777, uid, gid)["ino"]
         self.store.insert_symlink(ino, target)
         self.quotas.resized(ino, 0, len(target))
         self.store.update_inode(ino, size=len(target))
@@ -276,24 +295,31 @@ class Namespace(FileData):
 
     def create(self, parent: int, name: bytes, mode: int, uid: int, gid: int, exclusive: bool = True) -> tuple[int, bool]:
         """Create a regular file (or open the existing one when not exclusive); (ino, created)."""
+        info, created = self.create_open(parent, name, mode, uid, gid, exclusive)
+        return info[0].ino, created
+
+    def create_open(
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, exclusive: bool = True
+    ) -> tuple[tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]], bool]:
+        """``create``, with the file's ``open_info``: a new file's from the rows just written
+        (nothing read back: the hot path of a burst of creates), an existing one's read."""
         check_name(name)
-        self.directory(parent)
-        entry = self.store.get_dentry(parent, name)
+        parent_row = self.live_directory(parent)
+        entry = None if exclusive else self.store.get_dentry(parent, name)  # exclusive: _add_entry answers EXISTS
         if entry is not None:
-            if exclusive:
-                raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
             row = self.inode(entry["ino"])
             if stat.S_ISDIR(row["mode"]):
                 raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
-            return row["ino"], False
-        ino = self._add_entry(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid)
+            return self.open_info_of(row), False
+        row = self._add_entry(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid, parent_row=parent_row)
         try:
-            self.alloc_chunks(ino, [0])
+            refs, addrs = self.place_new(row, [0])
         except StripefsError as exc:
             if exc.code != ErrorCode.UNAVAILABLE:
                 raise
-            log.debug("inode %d created without a placement for chunk 0: %s", ino, exc.message)
-        return ino, True
+            log.debug("inode %d created without a placement for chunk 0: %s", row["ino"], exc.message)
+            refs, addrs = [], []
+        return (to_attr(row), to_layout(row), refs, addrs), True
 
     def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
         row = self.inode(ino)
@@ -321,27 +347,25 @@ class Namespace(FileData):
 
     def unlink(self, parent: int, name: bytes) -> None:
         self.unlinked = []
-        entry = self._entry(parent, name)
-        row = self.inode(entry["ino"])
+        row = self._entry_row(parent, name)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
         now = self.clock()
         if row["nlink"] <= 1 and self.trash.keep_ns:
-            self.store.delete_dentry(entry["cookie"])
+            self.store.delete_dentry(row["cookie"])
             self._touch_dir(parent, now)
             self.unlinked.append(row["ino"])  # nlink changed, as in _drop_link
             self.trash.take(parent, name, row, now)
             return
         if row["nlink"] <= 1:
             self.quotas.removed(parent, row)
-        self.store.delete_dentry(entry["cookie"])
+        self.store.delete_dentry(row["cookie"])
         self._touch_dir(parent, now)
-        self._drop_link(entry["ino"], now)
+        self._drop_link(row["ino"], now, row["nlink"])
 
     def rmdir(self, parent: int, name: bytes) -> None:
-        entry = self._entry(parent, name)
+        row = entry = self._entry_row(parent, name)
         ino = entry["ino"]
-        row = self.inode(ino)
         if not stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.NOT_DIR, f"{name!r} in directory {parent} is not a directory")
         if self.store.has_children(ino):
@@ -354,8 +378,7 @@ class Namespace(FileData):
             self.quotas.removed(parent, row)
             self.store.delete_dentry(entry["cookie"])
             self.store.delete_inode(ino)
-        self._touch_dir(parent, now)
-        self.store.add_nlink(parent, -1, now)
+        self._touch_dir(parent, now, -1)
 
     def is_ancestor(self, ancestor: int, ino: int) -> bool:
         """Whether directory ``ancestor`` is ``ino`` or one of its ancestors (also daemon/access.py's subtree checks)."""
@@ -419,7 +442,7 @@ class Namespace(FileData):
                     self.store.delete_inode(dst["ino"])
                     self.store.add_nlink(parent_new, -1, now)
                 else:
-                    self._drop_link(dst["ino"], now)
+                    self._drop_link(dst["ino"], now, dst_row["nlink"])
             self.quotas.moving(src_row, parent_old, parent_new)
             self.store.move_dentry(src["cookie"], parent_new, name_new)
             if src_dir and parent_old != parent_new:

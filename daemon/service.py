@@ -671,8 +671,8 @@ class MetaService:
             self.sessions.touch(req.session_id, owner=owner)
 
         def create_and_open():
-            ino, _ = self.ns.create(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
-            info = self.ns.open_info(ino)
+            info, _ = self.ns.create_open(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
+            ino = info[0].ino
             info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
                 self.sessions.open(req.session_id, ino, owner=owner, write=True)

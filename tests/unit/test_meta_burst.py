@@ -118,6 +118,57 @@ async def test_a_burst_of_successes_failures_and_a_wait_is_committed_once_and_an
         nursery.cancel_scope.cancel()
 
 
+async def test_a_read_in_a_burst_is_answered_before_the_commit_of_the_writes_beside_it(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        await service.handle(_create(b"old"), [])
+        commits = _Commits(service)
+        ahead: list[tuple[int, object, int]] = []
+
+        async def early(index, reply):
+            ahead.append((index, reply, commits.n))
+
+        items = [_create(b"new"), P.GetattrReq(ino=ROOT), P.LookupReq(parent=ROOT, name=b"old"), P.GetattrReq(ino=987654)]
+        results = await service.burst.run([(body, None) for body in items], early)
+
+        assert [(i, n) for i, _, n in ahead] == [(1, 0), (2, 0), (3, 0)]  # sent before the one commit
+        assert isinstance(ahead[0][1], P.AttrRsp) and ahead[0][1].attr.ino == ROOT
+        assert isinstance(ahead[1][1], P.AttrRsp) and ahead[2][1].code == ErrorCode.NOT_FOUND
+        assert commits.n == 1 and isinstance(results[0], P.OpenRsp)  # the create: after its commit
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_directory_read_once_per_burst_is_reported_as_the_database_has_it(tmp_path, ctx, monkeypatch):
+    """The burst keeps the directory rows it read (daemon/store.py dir_cache): what each reply
+    reports of the directory is what the database holds after its operation, through a
+    subdirectory (nlink), a setattr of the directory, and an operation that failed after
+    changing the directory (its savepoint rolled back)."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
+        real = service.store.touch_dir
+
+        def fails_for_bad(ino, now, nlink=0):
+            real(ino, now, nlink)
+            if service.store.get_dentry(d, b"bad") is not None:
+                raise RuntimeError("injected after the directory changed")
+
+        monkeypatch.setattr(service.store, "touch_dir", fails_for_bad)
+        items = [_create(b"a", parent=d), P.MkdirReq(parent=d, name=b"sub", mode=0o40755, uid=0, gid=0),
+                 P.SetattrReq(ino=d, mode=0o40700), P.MkdirReq(parent=d, name=b"bad", mode=0o40755, uid=0, gid=0),
+                 _create(b"b", parent=d)]
+        a, sub, chmod, bad, b = await service.burst.run([(body, None) for body in items])
+
+        assert bad.code == ErrorCode.INTERNAL and service.store.get_dentry(d, b"bad") is None
+        disk = sqlite3.connect(tmp_path / "meta.sqlite3")
+        nlink, mode, mtime = disk.execute("SELECT nlink, mode, mtime_ns FROM inodes WHERE ino=?", (d,)).fetchone()
+        reported = b.dir_attrs[0]
+        assert (reported.ino, reported.nlink, reported.mode, reported.mtime_ns) == (d, nlink, mode, mtime) == (d, 3, 0o40700, mtime)
+        assert sub.dir_attrs[0].nlink == 3 and a.dir_attrs[0].nlink == 2 and chmod.attr.mode == 0o40700
+        assert service.ns.getattr(d) == reported
+        nursery.cancel_scope.cancel()
+
+
 async def test_requests_sent_together_are_answered_in_order_with_one_commit_per_burst(tmp_path, ctx):
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)

@@ -139,6 +139,24 @@ def test_create_mknod_mkdir_and_errors(w):
     assert w.ns.getattr(ROOT).nlink == 3 and d.nlink == 2
 
 
+def test_an_existing_name_is_exists_and_leaves_no_inode_behind(w):
+    """Creating a name that exists inserts the inode before the entry's UNIQUE constraint
+    answers (no lookup first, daemon/namespace.py _add_entry): the savepoint takes it back.
+    Under a full quota the existing name is still EXISTS (the lookup comes first there)."""
+    d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0).ino
+    w.ns.create(d, b"f", 0o644, 0, 0)
+    w.ns.mkdir(d, b"sub", 0o755, 0, 0)
+    before = w.store.counts()["inodes"]
+    for make in (lambda n: w.ns.create(d, n, 0o644, 0, 0), lambda n: w.ns.mkdir(d, n, 0o755, 0, 0),
+                 lambda n: w.ns.mknod(d, n, stat.S_IFIFO | 0o600, 0, 0, 0), lambda n: w.ns.symlink(d, n, b"t", 0, 0)):
+        for name in (b"f", b"sub"):
+            assert code_of(make, name) == ErrorCode.EXISTS
+    assert w.store.counts()["inodes"] == before and w.ns.getattr(d).nlink == 3
+    w.atomically(lambda: w.raw.quotas.set(d, None, 1))  # d holds 2 already: full
+    assert code_of(w.ns.create, d, b"f", 0o644, 0, 0) == ErrorCode.EXISTS
+    assert code_of(w.ns.create, d, b"g", 0o644, 0, 0) == ErrorCode.QUOTA_EXCEEDED
+
+
 def test_create_without_storage_nodes_still_creates(tmp_path):
     world = World(tmp_path)
     ino, _ = world.ns.create(ROOT, b"f", 0o644, 0, 0)
@@ -233,10 +251,59 @@ def test_failed_operation_leaves_nothing(w, monkeypatch):
     def boom(*a, **k):
         raise StripefsError(ErrorCode.INTERNAL, "injected")
 
-    monkeypatch.setattr(w.raw, "alloc_chunks", boom)
+    monkeypatch.setattr(w.raw, "place_new", boom)  # a new file's first placement (create_open)
     assert code_of(w.ns.create, ROOT, b"f", 0o644, 0, 0) == ErrorCode.INTERNAL
     assert code_of(w.ns.lookup, ROOT, b"f") == ErrorCode.NOT_FOUND
     assert w.store.counts()["inodes"] == 1
+
+
+def test_nested_savepoints_undo_their_own_statements(tmp_path):
+    """Every savepoint has one name (daemon/store.py: cached statements): an inner one failing
+    undoes only its own statements, an outer one failing undoes the inner ones released in it."""
+    w = World(tmp_path)
+    store = w.store
+    with store.savepoint():
+        w.raw.mkdir(ROOT, b"kept", 0o755, 0, 0)
+        with pytest.raises(StripefsError):
+            with store.savepoint():
+                w.raw.mkdir(ROOT, b"undone", 0o755, 0, 0)
+                raise StripefsError(ErrorCode.INTERNAL, "injected")
+        with store.savepoint():
+            w.raw.mkdir(ROOT, b"inner", 0o755, 0, 0)
+    assert sorted(e.name for e in w.raw.readdir(ROOT)[0]) == [b"inner", b"kept"]
+    with pytest.raises(StripefsError):
+        with store.savepoint():
+            with store.savepoint():
+                w.raw.mkdir(ROOT, b"released-then-undone", 0o755, 0, 0)
+            raise StripefsError(ErrorCode.INTERNAL, "injected")
+    assert sorted(e.name for e in w.raw.readdir(ROOT)[0]) == [b"inner", b"kept"]
+    assert w.raw.getattr(ROOT).nlink == 4
+    store.close()
+
+
+def test_change_numbers_stay_contiguous_and_durable_with_the_counter_kept_in_memory(tmp_path):
+    """SQLite numbers changes from a counter kept in memory and written at COMMIT (daemon/store.py):
+    a rolled-back savepoint gives its numbers back, the row holds the last number after a
+    commit, after an outermost savepoint's RELEASE (which commits), and after a reopen."""
+    w = World(tmp_path)
+    with w.store.savepoint():  # outside a transaction: its RELEASE commits
+        first = w.store.log_change(1, b"first")
+    assert w.store.conn.execute("SELECT value FROM counters WHERE name='change_seq'").fetchone()[0] == first
+    w.store.begin()
+    with w.store.savepoint():
+        a = w.store.log_change(2, b"a")
+    with pytest.raises(RuntimeError):
+        with w.store.savepoint():
+            w.store.log_change(3, b"undone")
+            raise RuntimeError("injected")
+    with w.store.savepoint():
+        b = w.store.log_change(4, b"b")
+    assert (a, b) == (first + 1, first + 2) and w.store.last_change_seq() == b
+    w.store.commit()
+    w.reopen()
+    assert w.store.last_change_seq() == b
+    assert [seq for seq, _ in w.store.changes_after(0, 100)][-3:] == [first, a, b]
+    w.store.close()
 
 
 def test_readdir_pages_by_cookie(w):
