@@ -270,6 +270,9 @@ class EcPath:
         return await self.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
 
     async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool, *, refreshed: bool = False) -> bytes:
+        held = {j: self.cache.get((ino, ref.index, ref.version, 1 + j)) for j in range(c.k)}
+        if all(d is not None for d in held.values()):  # every data fragment read already: no decoding
+            return c.decode(held)
         got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
         if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
             return c.decode({j: d for j, (_, d) in got.items()})
@@ -369,7 +372,10 @@ class EcPath:
             for lo, hi in dc.ranges:
                 stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
         metrics.EC_STRIPE_WRITES.labels("full").inc()
-        await self._write_stripe(of, c, ref, version, stripe, sync=sync)
+        # a stripe read for this write (read-modify-write: the file is written in pieces) is kept as
+        # written, so the next piece and the reads after it need no fragment reads (write-through);
+        # a whole-chunk write (a streaming writer) is not, to keep its readers' cache
+        await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=isinstance(stripe, bytearray))
 
     async def _send_delta(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, *, sync: bool) -> bool:
         """A partial write of a committed stripe as a parity delta; False when it is not worth it
@@ -453,10 +459,37 @@ class EcPath:
             pending = self._unsynced.setdefault(of.ino, {})
             for j, node in enumerate(ref.nodes):
                 pending.setdefault(node, set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
+        kept = self._delta_kept(of.ino, c, ref, version, dc, changes, a, b)
         self.cache.drop_chunk(of.ino, ref.index)  # as _write_stripe: what the cache holds of the stripe is old now
         of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
+        for key, data in kept.items():  # no await since the drop: no load can have started in between
+            self.cache.put(key, data)
         metrics.EC_STRIPE_WRITES.labels("delta").inc()
         return True
+
+    def _delta_kept(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, changes: dict, a: int, b: int) -> dict:
+        """What the cache holds of committed stripe ``ref``, as the new ``version`` a parity delta wrote
+        (write-through): the whole stripe with the dirty ranges put in; data fragments the write did not
+        touch, unchanged; touched ones with their new columns ``[a, b)``. Reads and the next writes of
+        the stripe then load nothing. Built from the committed version's entries, which never change."""
+        kept: dict = {}
+        whole = self.cache.get((ino, ref.index, ref.version))
+        if whole is not None:
+            stripe = bytearray(whole)
+            for lo, hi in dc.ranges:
+                hi = min(hi, len(stripe))
+                stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
+            kept[(ino, ref.index, version)] = bytes(stripe)
+        for j in range(c.k):
+            held = self.cache.get((ino, ref.index, ref.version, 1 + j))
+            if held is None:
+                continue
+            if j in changes:
+                frag = bytearray(bytes(held).ljust(b, b"\0"))
+                frag[a:b] = changes[j][1]
+                held = bytes(frag)
+            kept[(ino, ref.index, version, 1 + j)] = held
+        return kept
 
     async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
         """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
@@ -466,7 +499,10 @@ class EcPath:
         old = await self.stripe(of.ino, c, ref)
         return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
 
-    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True) -> p.ChunkRef:
+    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True,
+                            keep: bool = False) -> p.ChunkRef:
+        """Code and write ``stripe`` (chunk_size bytes) as version ``version``; ``keep``: and cache it
+        under that version (``record`` only: the version this session's reads then ask for)."""
         used = len(bytes(stripe).rstrip(b"\0"))  # trailing zeros need not be stored (common/erasure.py)
         frags = await self._run(c.encode_job(stripe, used))
         nodes = await self._write_fragments(of.ino, c, ref, version, frags, sync)
@@ -476,6 +512,8 @@ class EcPath:
         self.cache.drop_chunk(of.ino, ref.index)
         if record:
             of.record(new_ref)
+            if keep:  # no await since the drop: no load can have started in between
+                self.cache.put((of.ino, ref.index, version), bytes(stripe))
         return new_ref
 
     async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, frags: list[bytes], sync: bool) -> list[int]:

@@ -227,3 +227,35 @@ async def test_small_writes_update_parity_by_delta_and_every_fragment_matches_a_
         ctx.destroy(linger=0)
     async with fresh(fs, monkeypatch) as other:
         assert await other.read_file(fs.dir, b"d") == bytes(want)
+
+
+async def test_a_stripe_rewritten_in_pieces_is_read_from_the_nodes_once(fs, monkeypatch):
+    """Write-through (EcPath._delta_kept, ``keep`` of a read-modify-write): the stripe the mount just
+    wrote is what its nodes now hold, so after one read of it, the pieces written to it (by parity
+    delta, or read-modify-write within a session) and the reads after each load nothing from the
+    nodes, and what they see is right, here and on a fresh client."""
+    from stripefs.client import metrics
+
+    rng = random.Random(351)
+    want = bytearray(rng.randbytes(CHUNK + 1000))
+    await fs.write_file(fs.dir, b"pieces", bytes(want))
+    fh, _ = await fs.open_path(fs.dir, b"pieces", os.O_RDWR)
+    try:
+        assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])  # the data fragments, read once
+        misses = metrics.CACHE_MISSES._value.get()
+        # 10: its own session (fsync commits), by delta; 300_000: the next session's first piece, by
+        # delta; 600_000 and 5: that session's later pieces, read-modify-writes of its own version,
+        # whose stripe is put together from the fragments held (one miss: the stripe's key)
+        for offset, commit in ((10, True), (300_000, False), (600_000, False), (5, False)):
+            data = rng.randbytes(3000)
+            await fs.write(fh, offset, data)
+            want[offset : offset + len(data)] = data
+            if commit:
+                await fs.fsync(fh)
+            assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])  # sends the piece first
+        assert metrics.CACHE_MISSES._value.get() - misses == 1
+        await fs.fsync(fh)
+    finally:
+        await fs.close(fh)
+    async with fresh(fs, monkeypatch) as other:
+        assert await other.read_file(fs.dir, b"pieces") == bytes(want)
