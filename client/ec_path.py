@@ -365,6 +365,8 @@ class EcPath:
         else:
             if mine is None and ref.version and await self._send_delta(of, c, ref, version, dc, sync=sync):
                 return
+            if mine is not None and mine.version == ref.version and await self._rewrite_columns(of, c, ref, dc, sync=sync):
+                return
             stripe = bytearray(cs)
             if ref.version:
                 old = await self.stripe(of.ino, c, ref)
@@ -391,13 +393,7 @@ class EcPath:
         committed one (storage_node/chunk_store.py ``_merge``), so the unchanged bytes never
         cross the network and the committed slot stays whole until the commit."""
         cs, fps = of.chunk_size, c.fps
-        touched: dict[int, list] = defaultdict(list)
-        a, b = fps, 0
-        for lo, hi in dc.ranges:
-            hi = min(hi, cs)
-            for r in c.data_ranges(lo, hi - lo) if hi > lo else ():
-                touched[r.part].append(r)
-                a, b = min(a, r.offset), max(b, r.offset + r.length)
+        touched, a, b = self._touched(c, dc, cs)
         if not touched or len(touched) * (b - a) * 2 > c.k * fps:
             return False  # the stripe is mostly rewritten: coding it whole costs no more
         if len(ref.nodes) < c.n or any(self._unreachable(ref, j) for j in range(c.n)):
@@ -465,6 +461,85 @@ class EcPath:
         for key, data in kept.items():  # no await since the drop: no load can have started in between
             self.cache.put(key, data)
         metrics.EC_STRIPE_WRITES.labels("delta").inc()
+        return True
+
+    @staticmethod
+    def _touched(c: StripeCodec, dc: DirtyChunk, cs: int) -> tuple[dict[int, list], int, int]:
+        """The data fragments the dirty ranges touch (fragment -> its pieces) and the columns ``[a, b)``
+        that cover them all."""
+        touched: dict[int, list] = defaultdict(list)
+        a, b = c.fps, 0
+        for lo, hi in dc.ranges:
+            hi = min(hi, cs)
+            for r in c.data_ranges(lo, hi - lo) if hi > lo else ():
+                touched[r.part].append(r)
+                a, b = min(a, r.offset), max(b, r.offset + r.length)
+        return touched, a, b
+
+    async def _rewrite_columns(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, dc: DirtyChunk, *, sync: bool) -> bool:
+        """A later piece of a stripe this session wrote already (``ref``: the session's version, not
+        committed) as a write of the touched columns only, when the mount holds that stripe (the
+        write-through cache): the touched data fragments' and the parity fragments' columns
+        ``[a, b)`` are written over the session's own fragments (each node merges the range into its
+        copy of that version: ``base_version`` is the session's, so a node without it answers STALE
+        rather than build on the committed slot), the parity coded from the stripe held, so nothing
+        is read and the untouched data fragments are not written at all. The committed slot is not
+        touched, so copy-on-write is as for a whole stripe. A fragment write that fails leaves the
+        session's version torn: the stripe is then written whole (every fragment replaced) from the
+        stripe held. False when not worth it or not possible (not held, a fragment missing or on a
+        suspect node): the caller reads and writes the stripe whole."""
+        cs, fps = of.chunk_size, c.fps
+        old = self.cache.get((of.ino, ref.index, ref.version))
+        if old is None:
+            held = {j: self.cache.get((of.ino, ref.index, ref.version, 1 + j)) for j in range(c.k)}
+            if any(d is None for d in held.values()):
+                return False
+            old = c.decode(held)
+        touched, a, b = self._touched(c, dc, cs)
+        if not touched or len(touched) * (b - a) * 2 > c.k * fps:
+            return False
+        if len(ref.nodes) < c.n or any(self._unreachable(ref, j) for j in range(c.n)):
+            return False
+        stripe = bytearray(bytes(old).ljust(cs, b"\0"))
+        for lo, hi in dc.ranges:
+            hi = min(hi, cs)
+            stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
+        w = b - a
+        new = {j: bytes(stripe[j * fps + a : j * fps + b]).ljust(w, b"\0") for j in range(c.k)}
+        parity = await self._run(c.parity_delta_job({j: (bytes(w), new[j]) for j in range(c.k)}, a, b))  # parity of the new columns
+        payloads = {j: new[j] for j in touched}
+        payloads.update({c.k + i: parity[i] for i in range(c.m)})
+        version = ref.version
+        errors: dict[int, StripefsError] = {}
+
+        async def one(j: int) -> None:
+            data = payloads[j]
+            request = p.WriteChunkReq(
+                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=version,
+                offset=a, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
+            )
+            try:
+                await self.nodes.write(ref.nodes[j], request, data)
+            except StripefsError as exc:
+                errors[j] = exc
+
+        async with trio.open_nursery() as nursery:
+            for j in payloads:
+                nursery.start_soon(one, j)
+        if errors:
+            log.info("stripe %d:%d: a column write failed on fragment(s) %s (%s); writing the stripe whole",
+                     of.ino, ref.index, sorted(errors), next(iter(errors.values())))
+            metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
+            await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=True)
+            return True
+        if not sync:
+            pending = self._unsynced.setdefault(of.ino, {})
+            for j in payloads:
+                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
+        self.cache.drop_chunk(of.ino, ref.index)
+        of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
+        self.cache.put((of.ino, ref.index, version), bytes(stripe))  # no await since the drop
+        metrics.EC_STRIPE_WRITES.labels("columns").inc()
         return True
 
     def _delta_kept(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, changes: dict, a: int, b: int) -> dict:
