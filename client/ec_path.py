@@ -270,9 +270,9 @@ class EcPath:
         return await self.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
 
     async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool, *, refreshed: bool = False) -> bytes:
-        held = {j: self.cache.get((ino, ref.index, ref.version, 1 + j)) for j in range(c.k)}
-        if all(d is not None for d in held.values()):  # every data fragment read already: no decoding
-            return c.decode(held)
+        held = self._held(ino, c, ref)  # every data fragment read already: no decoding
+        if held is not None:
+            return held
         got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
         if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
             return c.decode({j: d for j, (_, d) in got.items()})
@@ -399,37 +399,37 @@ class EcPath:
         if len(ref.nodes) < c.n or any(self._unreachable(ref, j) for j in range(c.n)):
             return False
         w = b - a
-        whole = self.cache.get((of.ino, ref.index, ref.version))
-
-        async def old_columns(j: int) -> bytes | memoryview:
-            if j < c.k:
-                held = whole if whole is not None else self.cache.get((of.ino, ref.index, ref.version, 1 + j))
-                if held is not None:
-                    return _piece(held, (j * fps if whole is not None else 0) + a, w)
-            chunk = p.ChunkId(of.ino, ref.index, fragment_part(j, ref.version))
-            got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, ref.version, a, w, last_try=False)
-            if got_version != ref.version:
-                raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{ref.version}")
-            return _piece(data, 0, w)
-
-        calls = {j: functools.partial(old_columns, j) for j in [*touched, *range(c.k, c.n)]}
-        old, failed = await self._gather(calls, deadline=self.read_deadline_s)
-        if len(old) != len(calls):
-            log.info("stripe %d:%d: a delta write could not read the old columns (%s); coding the stripe whole",
-                     of.ino, ref.index, next(iter(failed.values()), "too slow"))
-            metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
-            return False
         buf = memoryview(dc.buf)
-        changes = {}
-        for j, pieces in touched.items():
-            new = bytearray(old[j])
-            for r in pieces:
-                new[r.offset - a : r.offset - a + r.length] = buf[r.stripe_offset : r.stripe_offset + r.length]
-            changes[j] = (old[j], bytes(new))
-        deltas = await self._run(c.parity_delta_job(changes, a, b))
+        held = self._held(of.ino, c, ref)
+        if held is not None:  # every data column is known: the new parity is coded from them, nothing is read
+            stripe = bytearray(bytes(held).ljust(cs, b"\0"))
+            for lo, hi in dc.ranges:
+                hi = min(hi, cs)
+                stripe[lo:hi] = buf[lo:hi]
+            cols = {j: bytes(stripe[j * fps + a : j * fps + b]).ljust(w, b"\0") for j in range(c.k)}
+            parity = await self._run(c.parity_delta_job({j: (bytes(w), cols[j]) for j in range(c.k)}, a, b))
+            changes = {j: (None, cols[j]) for j in touched}
+        else:
+            old, failed = await self._gather(
+                {j: functools.partial(self._old_columns, of.ino, c, ref, j, a, w) for j in [*touched, *range(c.k, c.n)]},
+                deadline=self.read_deadline_s,
+            )
+            if len(old) != len(touched) + c.m:
+                log.info("stripe %d:%d: a delta write could not read the old columns (%s); coding the stripe whole",
+                         of.ino, ref.index, next(iter(failed.values()), "too slow"))
+                metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
+                return False
+            changes = {}
+            for j, pieces in touched.items():
+                new = bytearray(old[j])
+                for r in pieces:
+                    new[r.offset - a : r.offset - a + r.length] = buf[r.stripe_offset : r.stripe_offset + r.length]
+                changes[j] = (old[j], bytes(new))
+            deltas = await self._run(c.parity_delta_job(changes, a, b))
+            parity = [xor(old[c.k + i], deltas[i]) for i in range(c.m)]
         payloads: dict[int, tuple[int, bytes]] = {j: (0, b"") for j in range(c.k)}  # untouched: copied by its node
         payloads.update({j: (a, new) for j, (_, new) in changes.items()})
-        payloads.update({c.k + i: (a, xor(old[c.k + i], deltas[i])) for i in range(c.m)})
+        payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
         errors: dict[int, StripefsError] = {}
 
         async def one(j: int) -> None:
@@ -463,6 +463,26 @@ class EcPath:
         metrics.EC_STRIPE_WRITES.labels("delta").inc()
         return True
 
+    def _held(self, ino: int, c: StripeCodec, ref: p.ChunkRef) -> bytes | memoryview | None:
+        """Stripe ``ref`` as the cache holds it (whole, or every data fragment), or None: no read."""
+        whole = self.cache.get((ino, ref.index, ref.version))
+        if whole is not None:
+            return whole
+        frags = {j: self.cache.get((ino, ref.index, ref.version, 1 + j)) for j in range(c.k)}
+        return None if any(d is None for d in frags.values()) else c.decode(frags)
+
+    async def _old_columns(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, a: int, w: int) -> bytes | memoryview:
+        """Columns ``[a, a+w)`` of fragment ``j`` of committed stripe ``ref``: cached, or read exactly at its version."""
+        if j < c.k:
+            held = self.cache.get((ino, ref.index, ref.version, 1 + j))
+            if held is not None:
+                return _piece(held, a, w)
+        chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
+        got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, ref.version, a, w, last_try=False)
+        if got_version != ref.version:
+            raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{ref.version}")
+        return _piece(data, 0, w)
+
     @staticmethod
     def _touched(c: StripeCodec, dc: DirtyChunk, cs: int) -> tuple[dict[int, list], int, int]:
         """The data fragments the dirty ranges touch (fragment -> its pieces) and the columns ``[a, b)``
@@ -489,12 +509,9 @@ class EcPath:
         stripe held. False when not worth it or not possible (not held, a fragment missing or on a
         suspect node): the caller reads and writes the stripe whole."""
         cs, fps = of.chunk_size, c.fps
-        old = self.cache.get((of.ino, ref.index, ref.version))
+        old = self._held(of.ino, c, ref)
         if old is None:
-            held = {j: self.cache.get((of.ino, ref.index, ref.version, 1 + j)) for j in range(c.k)}
-            if any(d is None for d in held.values()):
-                return False
-            old = c.decode(held)
+            return False
         touched, a, b = self._touched(c, dc, cs)
         if not touched or len(touched) * (b - a) * 2 > c.k * fps:
             return False

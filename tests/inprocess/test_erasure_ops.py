@@ -262,9 +262,10 @@ async def test_a_stripe_rewritten_in_pieces_is_read_from_the_nodes_once(fs, monk
 
 
 async def test_later_pieces_of_a_session_write_only_their_columns_and_every_fragment_matches_a_full_encode(fs, monkeypatch):
-    """A stripe the session wrote already and the mount holds: its later pieces go the columns path
-    (EcPath._rewrite_columns, counted), writing the touched data fragments and the parity only, and
-    afterwards every fragment on its node is what coding the whole stripe gives."""
+    """A stripe the mount holds: its first piece is a parity delta whose parity is coded from the
+    stripe held (EcPath._send_delta, nothing read), its later pieces in the session go the columns
+    path (EcPath._rewrite_columns, counted), writing the touched data fragments and the parity only,
+    and afterwards every fragment on its node, parity included, is what coding the whole stripe gives."""
     from stripefs.client import metrics
     from stripefs.common.erasure import codec, fragment_part
     from stripefs.common.transport import connect
@@ -277,6 +278,7 @@ async def test_later_pieces_of_a_session_write_only_their_columns_and_every_frag
     before = {k: c._value.get() for k, c in paths.items()}
     fh, ino = await fs.open_path(fs.dir, b"cols", os.O_RDWR)
     try:
+        assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])  # held now: no parity is read below
         # each read sends the piece before it; the first piece is a parity delta of the committed
         # stripe, the next ones columns of the session's own version (across two data fragments,
         # in one fragment's tail, at the stripe's start)
