@@ -34,7 +34,12 @@ Writes
     read, new parity = old parity + coefficient x (new data - old data), and
     the new version is written to the other slot as partial writes of those
     columns, the untouched data fragments as empty writes that their nodes
-    fill from the committed fragment. Otherwise dirty ranges that are not the
+    fill from the committed fragment; with the stripe held in the cache the
+    parity is coded from the held columns and nothing is read. A later piece
+    of a stripe the session wrote already, held in the cache, writes only its
+    columns of the touched data fragments and of the parity over the
+    session's own copies (``_rewrite_columns``). After a write the cache holds
+    the new version (write-through). Otherwise dirty ranges that are not the
     whole chunk are merged into the current stripe, read first
     (read-modify-write); a stripe never written before is zeros. The stripe is
     coded in worker threads, 1 MiB of stripe per pyeclib call, one call at a
