@@ -7,7 +7,9 @@ kernel's parallel read-ahead requests, a prefetch task) share one network read.
 
 A version is not yet final while its write session is open: the mount rewrites
 an uncommitted chunk (or EC stripe) at the same version, and every such change
-calls ``drop_inode``. A load that was already in flight then may bring back the
+calls ``drop_inode`` (each send to the nodes; a write buffered in the mount
+changes nothing stored yet). The EC path then puts back what it wrote
+(write-through, client/ec_path.py). A load that was already in flight then may bring back the
 bytes from before the change, under the same key. So ``drop_inode`` also marks
 the inode's loads in flight as stale: their result is handed to the task that
 started them (its read began before the change) but never stored, and tasks

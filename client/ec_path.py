@@ -34,7 +34,12 @@ Writes
     read, new parity = old parity + coefficient x (new data - old data), and
     the new version is written to the other slot as partial writes of those
     columns, the untouched data fragments as empty writes that their nodes
-    fill from the committed fragment. Otherwise dirty ranges that are not the
+    fill from the committed fragment; with the stripe held in the cache the
+    parity is coded from the held columns and nothing is read. A later piece
+    of a stripe the session wrote already, held in the cache, writes only its
+    columns of the touched data fragments and of the parity over the
+    session's own copies (``_rewrite_columns``). After a write the cache holds
+    the new version (write-through). Otherwise dirty ranges that are not the
     whole chunk are merged into the current stripe, read first
     (read-modify-write); a stripe never written before is zeros. The stripe is
     coded in worker threads, 1 MiB of stripe per pyeclib call, one call at a
@@ -270,6 +275,9 @@ class EcPath:
         return await self.cache.fetch((ino, ref.index, ref.version), lambda: self._load_stripe(ino, c, ref, quiet))
 
     async def _load_stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, quiet: bool, *, refreshed: bool = False) -> bytes:
+        held = self._held(ino, c, ref)  # every data fragment read already: no decoding
+        if held is not None:
+            return held
         got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
         if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
             return c.decode({j: d for j, (_, d) in got.items()})
@@ -362,6 +370,8 @@ class EcPath:
         else:
             if mine is None and ref.version and await self._send_delta(of, c, ref, version, dc, sync=sync):
                 return
+            if mine is not None and mine.version == ref.version and await self._rewrite_columns(of, c, ref, dc, sync=sync):
+                return
             stripe = bytearray(cs)
             if ref.version:
                 old = await self.stripe(of.ino, c, ref)
@@ -369,7 +379,10 @@ class EcPath:
             for lo, hi in dc.ranges:
                 stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
         metrics.EC_STRIPE_WRITES.labels("full").inc()
-        await self._write_stripe(of, c, ref, version, stripe, sync=sync)
+        # a stripe read for this write (read-modify-write: the file is written in pieces) is kept as
+        # written, so the next piece and the reads after it need no fragment reads (write-through);
+        # a whole-chunk write (a streaming writer) is not, to keep its readers' cache
+        await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=isinstance(stripe, bytearray))
 
     async def _send_delta(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, *, sync: bool) -> bool:
         """A partial write of a committed stripe as a parity delta; False when it is not worth it
@@ -385,49 +398,43 @@ class EcPath:
         committed one (storage_node/chunk_store.py ``_merge``), so the unchanged bytes never
         cross the network and the committed slot stays whole until the commit."""
         cs, fps = of.chunk_size, c.fps
-        touched: dict[int, list] = defaultdict(list)
-        a, b = fps, 0
-        for lo, hi in dc.ranges:
-            hi = min(hi, cs)
-            for r in c.data_ranges(lo, hi - lo) if hi > lo else ():
-                touched[r.part].append(r)
-                a, b = min(a, r.offset), max(b, r.offset + r.length)
+        touched, a, b = self._touched(c, dc, cs)
         if not touched or len(touched) * (b - a) * 2 > c.k * fps:
             return False  # the stripe is mostly rewritten: coding it whole costs no more
         if len(ref.nodes) < c.n or any(self._unreachable(ref, j) for j in range(c.n)):
             return False
         w = b - a
-        whole = self.cache.get((of.ino, ref.index, ref.version))
-
-        async def old_columns(j: int) -> bytes | memoryview:
-            if j < c.k:
-                held = whole if whole is not None else self.cache.get((of.ino, ref.index, ref.version, 1 + j))
-                if held is not None:
-                    return _piece(held, (j * fps if whole is not None else 0) + a, w)
-            chunk = p.ChunkId(of.ino, ref.index, fragment_part(j, ref.version))
-            got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, ref.version, a, w, last_try=False)
-            if got_version != ref.version:
-                raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{ref.version}")
-            return _piece(data, 0, w)
-
-        calls = {j: functools.partial(old_columns, j) for j in [*touched, *range(c.k, c.n)]}
-        old, failed = await self._gather(calls, deadline=self.read_deadline_s)
-        if len(old) != len(calls):
-            log.info("stripe %d:%d: a delta write could not read the old columns (%s); coding the stripe whole",
-                     of.ino, ref.index, next(iter(failed.values()), "too slow"))
-            metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
-            return False
         buf = memoryview(dc.buf)
-        changes = {}
-        for j, pieces in touched.items():
-            new = bytearray(old[j])
-            for r in pieces:
-                new[r.offset - a : r.offset - a + r.length] = buf[r.stripe_offset : r.stripe_offset + r.length]
-            changes[j] = (old[j], bytes(new))
-        deltas = await self._run(c.parity_delta_job(changes, a, b))
+        held = self._held(of.ino, c, ref)
+        if held is not None:  # every data column is known: the new parity is coded from them, nothing is read
+            stripe = bytearray(bytes(held).ljust(cs, b"\0"))
+            for lo, hi in dc.ranges:
+                hi = min(hi, cs)
+                stripe[lo:hi] = buf[lo:hi]
+            cols = {j: bytes(stripe[j * fps + a : j * fps + b]).ljust(w, b"\0") for j in range(c.k)}
+            parity = await self._run(c.parity_delta_job({j: (bytes(w), cols[j]) for j in range(c.k)}, a, b))
+            changes = {j: (None, cols[j]) for j in touched}
+        else:
+            old, failed = await self._gather(
+                {j: functools.partial(self._old_columns, of.ino, c, ref, j, a, w) for j in [*touched, *range(c.k, c.n)]},
+                deadline=self.read_deadline_s,
+            )
+            if len(old) != len(touched) + c.m:
+                log.info("stripe %d:%d: a delta write could not read the old columns (%s); coding the stripe whole",
+                         of.ino, ref.index, next(iter(failed.values()), "too slow"))
+                metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
+                return False
+            changes = {}
+            for j, pieces in touched.items():
+                new = bytearray(old[j])
+                for r in pieces:
+                    new[r.offset - a : r.offset - a + r.length] = buf[r.stripe_offset : r.stripe_offset + r.length]
+                changes[j] = (old[j], bytes(new))
+            deltas = await self._run(c.parity_delta_job(changes, a, b))
+            parity = [xor(old[c.k + i], deltas[i]) for i in range(c.m)]
         payloads: dict[int, tuple[int, bytes]] = {j: (0, b"") for j in range(c.k)}  # untouched: copied by its node
         payloads.update({j: (a, new) for j, (_, new) in changes.items()})
-        payloads.update({c.k + i: (a, xor(old[c.k + i], deltas[i])) for i in range(c.m)})
+        payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
         errors: dict[int, StripefsError] = {}
 
         async def one(j: int) -> None:
@@ -453,10 +460,133 @@ class EcPath:
             pending = self._unsynced.setdefault(of.ino, {})
             for j, node in enumerate(ref.nodes):
                 pending.setdefault(node, set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
+        kept = self._delta_kept(of.ino, c, ref, version, dc, changes, a, b)
         self.cache.drop_chunk(of.ino, ref.index)  # as _write_stripe: what the cache holds of the stripe is old now
         of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
+        for key, data in kept.items():  # no await since the drop: no load can have started in between
+            self.cache.put(key, data)
         metrics.EC_STRIPE_WRITES.labels("delta").inc()
         return True
+
+    def _held(self, ino: int, c: StripeCodec, ref: p.ChunkRef) -> bytes | memoryview | None:
+        """Stripe ``ref`` as the cache holds it (whole, or every data fragment), or None: no read."""
+        whole = self.cache.get((ino, ref.index, ref.version))
+        if whole is not None:
+            return whole
+        frags = {j: self.cache.get((ino, ref.index, ref.version, 1 + j)) for j in range(c.k)}
+        return None if any(d is None for d in frags.values()) else c.decode(frags)
+
+    async def _old_columns(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, a: int, w: int) -> bytes | memoryview:
+        """Columns ``[a, a+w)`` of fragment ``j`` of committed stripe ``ref``: cached, or read exactly at its version."""
+        if j < c.k:
+            held = self.cache.get((ino, ref.index, ref.version, 1 + j))
+            if held is not None:
+                return _piece(held, a, w)
+        chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
+        got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, ref.version, a, w, last_try=False)
+        if got_version != ref.version:
+            raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{ref.version}")
+        return _piece(data, 0, w)
+
+    @staticmethod
+    def _touched(c: StripeCodec, dc: DirtyChunk, cs: int) -> tuple[dict[int, list], int, int]:
+        """The data fragments the dirty ranges touch (fragment -> its pieces) and the columns ``[a, b)``
+        that cover them all."""
+        touched: dict[int, list] = defaultdict(list)
+        a, b = c.fps, 0
+        for lo, hi in dc.ranges:
+            hi = min(hi, cs)
+            for r in c.data_ranges(lo, hi - lo) if hi > lo else ():
+                touched[r.part].append(r)
+                a, b = min(a, r.offset), max(b, r.offset + r.length)
+        return touched, a, b
+
+    async def _rewrite_columns(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, dc: DirtyChunk, *, sync: bool) -> bool:
+        """A later piece of a stripe this session wrote already (``ref``: the session's version, not
+        committed) as a write of the touched columns only, when the mount holds that stripe (the
+        write-through cache): the touched data fragments' and the parity fragments' columns
+        ``[a, b)`` are written over the session's own fragments (each node merges the range into its
+        copy of that version: ``base_version`` is the session's, so a node without it answers STALE
+        rather than build on the committed slot), the parity coded from the stripe held, so nothing
+        is read and the untouched data fragments are not written at all. The committed slot is not
+        touched, so copy-on-write is as for a whole stripe. A fragment write that fails leaves the
+        session's version torn: the stripe is then written whole (every fragment replaced) from the
+        stripe held. False when not worth it or not possible (not held, a fragment missing or on a
+        suspect node): the caller reads and writes the stripe whole."""
+        cs, fps = of.chunk_size, c.fps
+        old = self._held(of.ino, c, ref)
+        if old is None:
+            return False
+        touched, a, b = self._touched(c, dc, cs)
+        if not touched or len(touched) * (b - a) * 2 > c.k * fps:
+            return False
+        if len(ref.nodes) < c.n or any(self._unreachable(ref, j) for j in range(c.n)):
+            return False
+        stripe = bytearray(bytes(old).ljust(cs, b"\0"))
+        for lo, hi in dc.ranges:
+            hi = min(hi, cs)
+            stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
+        w = b - a
+        new = {j: bytes(stripe[j * fps + a : j * fps + b]).ljust(w, b"\0") for j in range(c.k)}
+        parity = await self._run(c.parity_delta_job({j: (bytes(w), new[j]) for j in range(c.k)}, a, b))  # parity of the new columns
+        payloads = {j: new[j] for j in touched}
+        payloads.update({c.k + i: parity[i] for i in range(c.m)})
+        version = ref.version
+        errors: dict[int, StripefsError] = {}
+
+        async def one(j: int) -> None:
+            data = payloads[j]
+            request = p.WriteChunkReq(
+                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=version,
+                offset=a, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
+            )
+            try:
+                await self.nodes.write(ref.nodes[j], request, data)
+            except StripefsError as exc:
+                errors[j] = exc
+
+        async with trio.open_nursery() as nursery:
+            for j in payloads:
+                nursery.start_soon(one, j)
+        if errors:
+            log.info("stripe %d:%d: a column write failed on fragment(s) %s (%s); writing the stripe whole",
+                     of.ino, ref.index, sorted(errors), next(iter(errors.values())))
+            metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
+            await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=True)
+            return True
+        if not sync:
+            pending = self._unsynced.setdefault(of.ino, {})
+            for j in payloads:
+                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
+        self.cache.drop_chunk(of.ino, ref.index)
+        of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
+        self.cache.put((of.ino, ref.index, version), bytes(stripe))  # no await since the drop
+        metrics.EC_STRIPE_WRITES.labels("columns").inc()
+        return True
+
+    def _delta_kept(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, changes: dict, a: int, b: int) -> dict:
+        """What the cache holds of committed stripe ``ref``, as the new ``version`` a parity delta wrote
+        (write-through): the whole stripe with the dirty ranges put in; data fragments the write did not
+        touch, unchanged; touched ones with their new columns ``[a, b)``. Reads and the next writes of
+        the stripe then load nothing. Built from the committed version's entries, which never change."""
+        kept: dict = {}
+        whole = self.cache.get((ino, ref.index, ref.version))
+        if whole is not None:
+            stripe = bytearray(whole)
+            for lo, hi in dc.ranges:
+                hi = min(hi, len(stripe))
+                stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
+            kept[(ino, ref.index, version)] = bytes(stripe)
+        for j in range(c.k):
+            held = self.cache.get((ino, ref.index, ref.version, 1 + j))
+            if held is None:
+                continue
+            if j in changes:
+                frag = bytearray(bytes(held).ljust(b, b"\0"))
+                frag[a:b] = changes[j][1]
+                held = bytes(frag)
+            kept[(ino, ref.index, version, 1 + j)] = held
+        return kept
 
     async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
         """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
@@ -466,7 +596,10 @@ class EcPath:
         old = await self.stripe(of.ino, c, ref)
         return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
 
-    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True) -> p.ChunkRef:
+    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True,
+                            keep: bool = False) -> p.ChunkRef:
+        """Code and write ``stripe`` (chunk_size bytes) as version ``version``; ``keep``: and cache it
+        under that version (``record`` only: the version this session's reads then ask for)."""
         used = len(bytes(stripe).rstrip(b"\0"))  # trailing zeros need not be stored (common/erasure.py)
         frags = await self._run(c.encode_job(stripe, used))
         nodes = await self._write_fragments(of.ino, c, ref, version, frags, sync)
@@ -476,6 +609,8 @@ class EcPath:
         self.cache.drop_chunk(of.ino, ref.index)
         if record:
             of.record(new_ref)
+            if keep:  # no await since the drop: no load can have started in between
+                self.cache.put((of.ino, ref.index, version), bytes(stripe))
         return new_ref
 
     async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, frags: list[bytes], sync: bool) -> list[int]:

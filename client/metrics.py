@@ -71,7 +71,9 @@ EC_STRIPE_WRITES = Counter(
     "stripefs_ec_stripe_writes_total",
     "Erasure-coded stripe versions written, by how: delta (a partial write: only the changed columns of the "
     "touched data fragments and of the parity, new parity = old parity + coefficient x (new - old data)), "
-    "full (the whole stripe coded and written), delta_fallback (a delta write that could not read or write a "
+    "full (the whole stripe coded and written), columns (a later piece of a stripe the session wrote already, "
+    "held by the mount: only the touched columns of the touched data fragments and of the parity are written, "
+    "nothing read), delta_fallback (a delta or columns write that could not read or write a "
     "fragment and was written full instead)",
     ["path"],
 )

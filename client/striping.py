@@ -402,7 +402,9 @@ class DataPath:
                 await self._send_in_background(of, of.take(next(iter(of.dirty))))
         of.size = max(of.size, offset + len(data))
         of.written_end = max(of.written_end, offset + len(data))
-        self.cache.drop_inode(of.ino, offset // cs, (offset + len(data) - 1) // cs + 1)
+        # the chunk cache is left as it is: a buffered range is not on the nodes yet, a read of its
+        # chunk sends it first, and the send drops the chunk (``_send``, EcPath), so the committed
+        # version's entries stay for an EC write's parity delta and read-modify-write (write-through)
         return len(data)
 
     async def _within_quota(self, of: OpenFile, offset: int, data: bytes) -> bytes | memoryview:

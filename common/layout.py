@@ -19,6 +19,11 @@ committed bytes are never overwritten before the new version is committed: a
 writer that dies, or a write session that fails half-way, leaves every copy of
 the committed version as it was (copy-on-write). The daemon queues the old
 slot as garbage, bounded by the old version, when the new version is committed.
+Within a session a chunk is rewritten at the session's version in that same
+slot: a partial rewrite names the session's version as its base (a node
+without that copy answers STALE rather than build on the committed slot), and a
+write that may have torn it is followed by a whole rewrite or fails the session
+(client/ec_path.py ``_rewrite_columns``).
 """
 
 from __future__ import annotations

@@ -227,3 +227,114 @@ async def test_small_writes_update_parity_by_delta_and_every_fragment_matches_a_
         ctx.destroy(linger=0)
     async with fresh(fs, monkeypatch) as other:
         assert await other.read_file(fs.dir, b"d") == bytes(want)
+
+
+async def test_a_stripe_rewritten_in_pieces_is_read_from_the_nodes_once(fs, monkeypatch):
+    """Write-through (EcPath._delta_kept, ``keep`` of a read-modify-write): the stripe the mount just
+    wrote is what its nodes now hold, so after one read of it, the pieces written to it (by parity
+    delta, or as columns within a session) and the reads after each load nothing from the nodes,
+    and what they see is right, here and on a fresh client."""
+    from stripefs.client import metrics
+
+    rng = random.Random(351)
+    want = bytearray(rng.randbytes(CHUNK + 1000))
+    await fs.write_file(fs.dir, b"pieces", bytes(want))
+    fh, _ = await fs.open_path(fs.dir, b"pieces", os.O_RDWR)
+    try:
+        assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])  # the data fragments, read once
+        misses = metrics.CACHE_MISSES._value.get()
+        # 10: its own session (fsync commits), by delta; 300_000: the next session's first piece, by
+        # delta; 600_000 and 5: that session's later pieces, written as columns of its own version
+        # from the fragments held
+        for offset, commit in ((10, True), (300_000, False), (600_000, False), (5, False)):
+            data = rng.randbytes(3000)
+            await fs.write(fh, offset, data)
+            want[offset : offset + len(data)] = data
+            if commit:
+                await fs.fsync(fh)
+            assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])  # sends the piece first
+        assert metrics.CACHE_MISSES._value.get() == misses
+        await fs.fsync(fh)
+    finally:
+        await fs.close(fh)
+    async with fresh(fs, monkeypatch) as other:
+        assert await other.read_file(fs.dir, b"pieces") == bytes(want)
+
+
+async def test_later_pieces_of_a_session_write_only_their_columns_and_every_fragment_matches_a_full_encode(fs, monkeypatch):
+    """A stripe the mount holds: its first piece is a parity delta whose parity is coded from the
+    stripe held (EcPath._send_delta, nothing read), its later pieces in the session go the columns
+    path (EcPath._rewrite_columns, counted), writing the touched data fragments and the parity only,
+    and afterwards every fragment on its node, parity included, is what coding the whole stripe gives."""
+    from stripefs.client import metrics
+    from stripefs.common.erasure import codec, fragment_part
+    from stripefs.common.transport import connect
+    import zmq
+
+    rng = random.Random(352)
+    want = bytearray(rng.randbytes(CHUNK + 5000))
+    await fs.write_file(fs.dir, b"cols", bytes(want))
+    paths = {k: metrics.EC_STRIPE_WRITES.labels(k) for k in ("delta", "columns", "full")}
+    before = {k: c._value.get() for k, c in paths.items()}
+    fh, ino = await fs.open_path(fs.dir, b"cols", os.O_RDWR)
+    try:
+        assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])  # held now: no parity is read below
+        # each read sends the piece before it; the first piece is a parity delta of the committed
+        # stripe, the next ones columns of the session's own version (across two data fragments,
+        # in one fragment's tail, at the stripe's start)
+        for offset, n in ((100, 10), (CHUNK // 4 - 7, 20), (CHUNK - 50, 40), (0, 3), (CHUNK // 2 + 1, 70_000)):
+            data = rng.randbytes(n)
+            await fs.write(fh, offset, data)
+            want[offset : offset + n] = data
+            assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])
+        await fs.fsync(fh)
+    finally:
+        await fs.close(fh)
+    assert {k: c._value.get() - before[k] for k, c in paths.items()} == {"delta": 1, "columns": 4, "full": 0}
+    c = codec(4, 2, CHUNK)
+    info = await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))
+    ref = info.chunks[0]
+    expected = c.encode(bytes(want[:CHUNK]))
+    ctx = zmq.Context()
+    try:
+        for j, node in enumerate(ref.nodes):
+            async with connect(ctx, fs.rig.node_addresses[node], timeout=10) as client:
+                rsp, frames = await client.call(P.ReadChunkReq(
+                    chunk=P.ChunkId(ino, 0, fragment_part(j, ref.version)), min_version=ref.version, offset=0, length=CHUNK))
+            assert rsp.version == ref.version
+            assert b"".join(bytes(f) for f in frames).ljust(c.fps, b"\0") == expected[j].ljust(c.fps, b"\0"), j
+    finally:
+        ctx.destroy(linger=0)
+    async with fresh(fs, monkeypatch) as other:
+        assert await other.read_file(fs.dir, b"cols") == bytes(want)
+
+
+async def test_a_columns_write_that_fails_writes_the_stripe_whole(fs, monkeypatch):
+    """A later piece of the session's stripe whose column write fails on a node (killed after the
+    session's first piece) may have torn the session's version: the stripe is written whole from
+    what the mount holds (counted as delta_fallback), degraded without that node, and reads right."""
+    from stripefs.client import metrics
+
+    rng = random.Random(353)
+    want = bytearray(rng.randbytes(CHUNK + 100))
+    await fs.write_file(fs.dir, b"torn", bytes(want))
+    fallback = metrics.EC_STRIPE_WRITES.labels("delta_fallback")
+    fh, ino = await fs.open_path(fs.dir, b"torn", os.O_RDWR)
+    try:
+        assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])  # held: the pieces below need no read
+        info = await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))
+        for offset in (100, 300_000):  # a parity delta, then a columns write with a parity node dead
+            data = rng.randbytes(50)
+            await fs.write(fh, offset, data)
+            want[offset : offset + len(data)] = data
+            before = fallback._value.get()
+            if offset == 300_000:
+                fs.rig.kill_node(info.chunks[0].nodes[4])
+            assert await fs.read(fh, 0, CHUNK) == bytes(want[:CHUNK])
+        assert fallback._value.get() == before + 1
+        await fs.fsync(fh)
+    finally:
+        await fs.close(fh)
+        await fs.rig.restart()
+    async with fresh(fs, monkeypatch) as other:
+        assert await other.read_file(fs.dir, b"torn") == bytes(want)

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Where the model tester's cluster CPU goes on an EC directory (issue 35's "EC CPU per operation").
+
+Runs the data-path model (tests/datapath_model.py ``Engine``, no mmap, no node kills) on a cluster
+of its own (the model CLI's settings: 6 nodes, ec=4+2 and replicas=2 with 64 KiB chunks), once per
+layout asked, and prints per layout: cluster CPU per operation by role (meta, storage, mount), the
+mount's ``stripefs_ec_stripe_writes_total`` by path (delta, full, delta_fallback) per operation,
+and the storage nodes' requests per operation by type. The counts say what a design change can save
+before it is built: e.g. how many of the EC writes take the delta path at all, and how many
+fragment writes and deletions each operation costs.
+
+    .venv/bin/python bench/model_ec_cpu.py --ops 3000 --seed 7 [--layout ec rep] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import datapath_model as dm  # noqa: E402  (the model tester: engine and cluster helpers)
+
+
+def _scrape(url: str | None) -> str:
+    if not url:
+        return ""
+    try:
+        return urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return ""
+
+
+def counters(cluster) -> dict[str, float]:
+    """``ec:PATH`` from the mount, ``node:TYPE`` (request counts summed over the storage nodes)."""
+    out: dict[str, float] = {}
+    for proc in cluster.local.status()["processes"]:
+        text = _scrape(proc.get("metrics"))
+        for line in text.splitlines():
+            if proc["role"] == "mount" and line.startswith("stripefs_ec_stripe_writes_total{"):
+                key = "ec:" + line.split('path="', 1)[1].split('"', 1)[0]
+            elif proc["role"] == "storage" and line.startswith("stripefs_requests_seconds_count{"):
+                key = "node:" + line.split('type="', 1)[1].split('"', 1)[0]
+            else:
+                continue
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ops", type=int, default=3000)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--layout", nargs="+", choices=["ec", "rep"], default=["ec"])
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    a = ap.parse_args()
+    conftest = dm._cluster_helpers()
+    cluster = dm.new_cluster(conftest, prefix="stripefs-modelcpu-")
+    results = {}
+    try:
+        cluster.up()
+        other = dm.set_up(cluster, conftest.run_cli)
+        for layout in a.layout:
+            target = dm.cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ")
+            before_cpu, before = dm.cluster_cpu(cluster.state), counters(cluster)
+            res = dm.Engine(target, a.seed, use_mmap=False, nfiles=3, progress=0).run(a.ops)
+            cpu = {k: v - before_cpu.get(k, 0.0) for k, v in dm.cluster_cpu(cluster.state).items()}
+            after = counters(cluster)
+            per_op = {k: round((v - before.get(k, 0.0)) / a.ops, 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0)}
+            results[layout] = {
+                "ops": a.ops, "seed": a.seed, "seconds": round(res["seconds"], 1),
+                "cpu_ms_per_op": round(1e3 * sum(cpu.values()) / a.ops, 2),
+                "cpu_ms_per_op_by_role": {k: round(1e3 * v / a.ops, 2) for k, v in sorted(cpu.items())},
+                "per_op": per_op,
+                "op_counts": res["counts"],
+            }
+            r = results[layout]
+            print(f"{layout}: {r['cpu_ms_per_op']} ms cluster CPU/op {r['cpu_ms_per_op_by_role']} in {r['seconds']} s", flush=True)
+            print("   per op: " + ", ".join(f"{k} {v}" for k, v in per_op.items()), flush=True)
+    finally:
+        cluster.teardown()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
