@@ -161,11 +161,17 @@ def _timed(op: str, fn, jobs=None):
     return wrapper
 
 
+_observed: dict[str, tuple] = {}  # op -> its label children (observe)
+
+
 def observe(op: str, seconds: float, err: int | None = None) -> None:
     """Count and time one FUSE request answered outside the handlers this module wraps (the own
     FUSE session's fast paths, client/operations_bridge.py); ``err``: the errno it was answered."""
-    FUSE_OPS.labels(op).inc()
-    FUSE_SECONDS.labels(op).observe(seconds)
+    children = _observed.get(op)
+    if children is None:
+        children = _observed[op] = (FUSE_OPS.labels(op), FUSE_SECONDS.labels(op))  # resolved once
+    children[0].inc()
+    children[1].observe(seconds)
     if err is not None:
         (FUSE_ERRORS if is_failure(err) else FUSE_ANSWERS).labels(op, str(err)).inc()
 

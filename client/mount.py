@@ -354,7 +354,8 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
 async def _flush_open_files(ops: Operations, bound_s: float) -> None:
     """Commit data that files still open in applications have buffered: a SIGTERM loses no
     acknowledged write that the cluster can store within ``bound_s`` (op_timeout_s)."""
-    pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
+    with ops.lock:  # (iterating: the FUSE reader thread's opens add files)
+        pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
     if not pending:
         return
     log.info("flushing %d file(s) still open before unmounting", len(pending))

@@ -6,11 +6,13 @@ client.fuse's ``Dispatcher`` the shape it serves (an async method per operation 
 request, client.fuse results, ``OSError``), calling ``Operations`` as pyfuse3 would: the same
 arguments, the same request context (uid, gid, pid, umask), the same flags.
 
-Every request runs on the trio thread: ``Operations`` keeps its state there. Its ``_fast_*``
-paths (what it answers from memory) run in a plain callback there (``fast_on_trio_thread``: one
-cross-thread call, no task, no cancel scope), counted in the mount's metrics as its handlers are;
-the rest in a task. Moving hot requests onto the session's reader thread itself needs those paths
-made safe against the trio thread first; that is the next step, not done here.
+Hot requests never reach trio: ``Operations``' ``_fast_*`` paths (what it answers from memory:
+a name known absent, attributes, a read-only open from what a lookup or the feed left, FLUSH,
+RELEASE of a clean file, the mount's own xattrs) run on the session's reader thread under
+``Operations.lock`` (``fast_lock``: the dispatcher holds it around the fast path and its reply;
+``Operations`` and ``KernelCache`` hold it while they change what those paths read), counted in
+the mount's metrics as its handlers are. FORGET is applied there too. Only a MISS crosses to trio,
+where the handler runs in a task (its own fast path first, then the cluster).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Sequence
 import pyfuse3
 import trio
 
+from ..common import protocol as p
 from ..common.errors import StripefsError
 from . import metrics as client_metrics
 from .fuse import abi, requests as rq
@@ -93,13 +96,11 @@ async def _call(coro):
 class OperationsBridge:
     """The file system the own session's Dispatcher serves: ``ops`` (an Operations), in trio."""
 
-    #: the fast paths below read and change Operations' state: the dispatcher runs them on the trio
-    #: thread (a callback, no task), not on the session's reader thread
-    fast_on_trio_thread = True
-
     def __init__(self, ops, trio_token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
         self.ops = ops
         self._token, self._nursery = trio_token, nursery
+        #: the dispatcher runs the fast paths below on the reader thread, holding this
+        self.fast_lock = ops.lock
 
     # -- fast paths: Operations' _fast_* (what it answers from memory), counted as its handlers are
 
@@ -127,6 +128,8 @@ class OperationsBridge:
         return r if r is MISS else (attr_of(r), r.attr_timeout)
 
     def fast_getxattr(self, req: rq.Getxattr):
+        if req.name.startswith(p.JOB_XATTR):
+            return MISS  # a training job's report changes client/jobs.py's state, which lives in trio
         return self._fast("getxattr", self.ops._fast_getxattr, req.header.nodeid, req.name, _Ctx(req.header))
 
     def fast_open(self, req: rq.Open):
@@ -229,14 +232,8 @@ class OperationsBridge:
         await _call(self.ops.removexattr(req.header.nodeid, req.name, _Ctx(req.header)))
 
     def forget(self, forgets: Sequence[tuple[int, int]]) -> None:
-        """On the reader thread: Operations.forget is async and keeps its state on the trio thread."""
+        """On the reader thread, under ``Operations.lock``: no crossing to trio."""
         try:
-            self._token.run_sync_soon(self._nursery.start_soon, self._forget, list(forgets))
-        except (trio.RunFinishedError, RuntimeError):
-            pass  # the mount is stopping: nothing is kept any more
-
-    async def _forget(self, forgets: list[tuple[int, int]]) -> None:
-        try:
-            await self.ops.forget(forgets)
+            self.ops.forget_now(forgets)
         except Exception:
             log.exception("forget of %d inodes failed", len(forgets))
