@@ -204,6 +204,7 @@ class Operations(pyfuse3.Operations):
             self.kcache.is_open = self.files.__contains__
             self.kcache.own_writer = meta.writer
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
+        self._inode_handles: dict[int, int] = {}  # ino -> the handle reads without OPEN use (read_inode)
         self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
         # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
@@ -379,8 +380,12 @@ class Operations(pyfuse3.Operations):
             self._dataset_info.clear()
             self._held_info.clear()
             self._kernel_view.clear()
+            for ino in list(self._inode_handles):
+                self._drop_inode_handle(ino)
             return
         for ino in inodes:
+            if ino in self._inode_handles:
+                self._drop_inode_handle(ino)
             self._open_info.pop(ino, None)
             self._looked_up.pop(ino, None)
             self._dataset_info.pop(ino, None)
@@ -869,6 +874,27 @@ class Operations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         return await self.data.read(self.handles[fh], off, size, self.streams[fh])
 
+    async def read_inode(self, inode, off, size, ctx):
+        """READ of a file the kernel never sent OPEN for (no-open: a dataset mount on the own FUSE
+        session declines OPEN, client/operations_bridge.py): read through this mount's one handle
+        of ``inode``, opened at its first read and kept until the kernel forgets the inode or the
+        feed says the file changed (``_changed_elsewhere``, ``forget_now``)."""
+        fh = self._inode_handles.get(inode)
+        if fh is None:
+            self._opening(inode, ctx)  # read without OPEN: the lookup that led here was for reading
+            fi = await self._open_dataset(inode, os.O_RDONLY)
+            with self.lock:
+                fh = self._inode_handles.setdefault(inode, fi.fh)
+            if fh != fi.fh:
+                self._drop_handle(fi.fh)  # another read of it opened one meanwhile
+        return await self.read(fh, off, size)  # (counted and timed as a read: client/metrics.py)
+
+    def _drop_inode_handle(self, ino: int) -> None:
+        """(under ``lock``) The handle ``read_inode`` keeps for ``ino`` is old: the next read opens anew."""
+        fh = self._inode_handles.pop(ino, None)
+        if fh is not None:
+            self._drop_handle(fh)
+
     async def write(self, fh, off, buf):
         self._writable()
         return await self.data.write(self.handles[fh], off, buf)  # short at a directory quota's limit
@@ -936,6 +962,8 @@ class Operations(pyfuse3.Operations):
         session's reader thread (client/operations_bridge.py), under ``lock``."""
         with self.lock:
             for ino, _ in inode_list:
+                if ino in self._inode_handles:
+                    self._drop_inode_handle(ino)
                 self._kernel_view.pop(ino, None)
                 self._dataset_info.pop(ino, None)
                 self.kcache.forget(ino)

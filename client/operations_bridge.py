@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from typing import Sequence
 
@@ -37,6 +38,7 @@ from .operations import FAST_PATH_MISS
 log = logging.getLogger(__name__)
 
 _V = abi.SetattrValid
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
 
 
 class _Ctx:
@@ -119,6 +121,9 @@ class OperationsBridge:
         client_metrics.observe(op, time.perf_counter() - started)
         return result
 
+    def _declined(self, op: str) -> None:
+        client_metrics.observe(op, 0.0, errno.ENOSYS)
+
     def fast_lookup(self, req: rq.Lookup):
         r = self._fast("lookup", self.ops._fast_lookup, req.header.nodeid, req.name, _Ctx(req.header))
         return r if r is MISS else entry_of(r)
@@ -133,6 +138,12 @@ class OperationsBridge:
         return self._fast("getxattr", self.ops._fast_getxattr, req.header.nodeid, req.name, _Ctx(req.header))
 
     def fast_open(self, req: rq.Open):
+        if self.ops.dataset and not req.flags & _WRITE_FLAGS:
+            # no-open: ENOSYS tells the kernel never to send OPEN (nor RELEASE) again on this
+            # connection; every READ then names the inode (read_inode) and a warm file is read with
+            # no request at all. A dataset mount keeps nothing per open file that needs them.
+            self._declined("open")
+            raise OSError(errno.ENOSYS, "")
         r = self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
         return r if r is MISS else _opened(r)
 
@@ -191,6 +202,8 @@ class OperationsBridge:
         return entry_of(attrs), _opened(fi)
 
     async def read(self, req: rq.Read) -> bytes:
+        if req.fh == 0:  # no OPEN was sent (fast_open declined it): the inode names the file
+            return await _call(self.ops.read_inode(req.header.nodeid, req.offset, req.size, _Ctx(req.header)))
         return await _call(self.ops.read(req.fh, req.offset, req.size))
 
     async def write(self, req: rq.Write) -> int:

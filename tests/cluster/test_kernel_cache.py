@@ -12,9 +12,14 @@ import os
 import stat
 import subprocess
 import time
+import urllib.request
 
 import pytest
 from conftest import drop_caches, run_cli
+from prometheus_client.parser import text_string_to_metric_families
+from util import caches_kept
+
+from stripefs.client import metrics as client_metrics
 
 from stripefs.common.protocol import EVENTS_SILENCE_S
 from stripefs.torch import PrefetchSampler
@@ -84,13 +89,50 @@ def test_dataset_mount_sees_changes_within_the_bound(cluster, mnt, dataset):
     _eventually(lambda: os.stat(theirs / "sub" / "new").st_mode & 0o777 == 0o600)
 
 
+def _requests(mountpoint) -> dict[str, float]:
+    """stripefs_fuse_requests_total by opcode: every request the mount's own FUSE session read."""
+    state = client_metrics.find_state(mountpoint)
+    with urllib.request.urlopen(f"http://{state['metrics']}/metrics", timeout=10) as rsp:
+        text = rsp.read().decode()
+    return {s.labels["opcode"]: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "stripefs_fuse_requests_total"}
+
+
+def test_a_warm_file_of_a_dataset_mount_is_read_with_no_request(mnt, dataset):
+    """No-open: the dataset mount declines OPEN (ENOSYS, once per connection) and FLUSH, so a warm
+    file is read by the kernel alone: counted in the session, requests no handler sees included."""
+    data = os.urandom(150_000)
+    (mnt / "warm").write_bytes(data)
+    theirs = dataset / mnt.name / "warm"
+    _eventually(lambda: _read(theirs) == data)
+    with caches_kept():
+        _read(theirs)  # the reader's fstat after the first read may ask a GETATTR (atime): before counting
+        before = _requests(dataset)
+        for _ in range(3):
+            with open(theirs, "rb", buffering=0) as f:
+                assert f.read() == data
+            os.stat(theirs)
+        after = _requests(dataset)
+    assert {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)} == {}
+    assert after.get("open", 0) <= 1 and "release" not in after  # OPEN declined for good at the first
+
+
+def _write_at_once(path) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.write(fd, b"x")
+    finally:
+        os.close(fd)
+
+
 def test_dataset_mount_is_read_only(mnt, dataset):
     (mnt / "f").write_bytes(b"data")
     theirs = dataset / mnt.name
     _eventually(lambda: os.path.exists(theirs / "f"))
     attempts = [
         lambda: open(theirs / "new", "wb"),
-        lambda: open(theirs / "f", "r+b"),
+        lambda: _write_at_once(theirs / "f"),  # no-open: the kernel asks nothing at the open, the write is refused
+        lambda: open(theirs / "f", "wb"),  # O_TRUNC: a SETATTR (the mount negotiates no atomic O_TRUNC)
         lambda: os.mkdir(theirs / "d"),
         lambda: os.unlink(theirs / "f"),
         lambda: os.rename(theirs / "f", theirs / "g"),
