@@ -77,8 +77,11 @@ class _NewAttrs:
         self.st_ctime_ns = req.ctime * 1_000_000_000 + req.ctimensec
 
 
-def _opened(fi: pyfuse3.FileInfo) -> Opened:
-    flags = 0
+def _opened(fi: pyfuse3.FileInfo, open_flags: int = os.O_RDWR) -> Opened:
+    """``open_flags``: the open(2) flags. A file opened only for reading is closed with no FLUSH
+    (FOPEN_NOFLUSH): such a handle has nothing to commit, and the mount keeps no POSIX locks of
+    its own (the kernel does), so the request would only cost the close a round to the mount."""
+    flags = 0 if open_flags & (os.O_WRONLY | os.O_RDWR) else abi.OpenFlag.NOFLUSH
     if fi.direct_io:
         flags |= abi.OpenFlag.DIRECT_IO
     if fi.keep_cache:
@@ -145,7 +148,7 @@ class OperationsBridge:
             self._declined("open")
             raise OSError(errno.ENOSYS, "")
         r = self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
-        return r if r is MISS else _opened(r)
+        return r if r is MISS else _opened(r, req.flags)
 
     def fast_flush(self, req: rq.Flush):
         return self._fast("flush", self.ops._fast_flush, req.fh)
@@ -194,7 +197,7 @@ class OperationsBridge:
         await _call(self.ops.rename(req.header.nodeid, req.name, req.newdir, req.newname, req.flags, _Ctx(req.header)))
 
     async def open(self, req: rq.Open) -> Opened:
-        return _opened(await _call(self.ops.open(req.header.nodeid, req.flags, _Ctx(req.header))))
+        return _opened(await _call(self.ops.open(req.header.nodeid, req.flags, _Ctx(req.header))), req.flags)
 
     async def create(self, req: rq.Create) -> tuple[Entry, Opened]:
         fi, attrs = await _call(self.ops.create(req.header.nodeid, req.name, req.mode, req.flags,

@@ -8,6 +8,7 @@ without the storage nodes.
 """
 
 import errno
+import json
 import os
 import stat
 import subprocess
@@ -89,10 +90,10 @@ def test_dataset_mount_sees_changes_within_the_bound(cluster, mnt, dataset):
     _eventually(lambda: os.stat(theirs / "sub" / "new").st_mode & 0o777 == 0o600)
 
 
-def _requests(mountpoint) -> dict[str, float]:
+def _requests_at(mountpoint=None, url: str = "") -> dict[str, float]:
     """stripefs_fuse_requests_total by opcode: every request the mount's own FUSE session read."""
-    state = client_metrics.find_state(mountpoint)
-    with urllib.request.urlopen(f"http://{state['metrics']}/metrics", timeout=10) as rsp:
+    url = url or f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as rsp:
         text = rsp.read().decode()
     return {s.labels["opcode"]: s.value for family in text_string_to_metric_families(text)
             for s in family.samples if s.name == "stripefs_fuse_requests_total"}
@@ -107,14 +108,36 @@ def test_a_warm_file_of_a_dataset_mount_is_read_with_no_request(mnt, dataset):
     _eventually(lambda: _read(theirs) == data)
     with caches_kept():
         _read(theirs)  # the reader's fstat after the first read may ask a GETATTR (atime): before counting
-        before = _requests(dataset)
+        before = _requests_at(dataset)
         for _ in range(3):
             with open(theirs, "rb", buffering=0) as f:
                 assert f.read() == data
             os.stat(theirs)
-        after = _requests(dataset)
+        after = _requests_at(dataset)
     assert {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)} == {}
     assert after.get("open", 0) <= 1 and "release" not in after  # OPEN declined for good at the first
+
+
+def test_a_warm_file_of_a_default_mount_costs_an_open_and_a_release(cluster, mnt):
+    """The default mount keeps OPEN (close-to-open, handles for writers); a file opened for reading
+    is closed with no FLUSH (FOPEN_NOFLUSH) and read from the kept page cache: per warm read one
+    OPEN and one RELEASE, both answered on the session's reader thread."""
+    data = os.urandom(150_000)
+    (mnt / "warm_default").write_bytes(data)
+    path = mnt / "warm_default"
+    status = json.loads(run_cli("local", "status", "--dir", str(cluster.state), "--json").stdout)
+    (url,) = [proc["metrics"] for proc in status["processes"] if proc["role"] == "mount"]
+    with caches_kept():
+        _read(path)
+        _read(path)
+        before = _requests_at(url=url)
+        for _ in range(3):
+            with open(path, "rb", buffering=0) as f:
+                assert f.read() == data
+        after = _requests_at(url=url)
+    sent = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    assert sent.get("open") == 3 and sent.get("release") == 3, sent
+    assert not set(sent) - {"open", "release", "lookup", "getattr"}, sent  # no FLUSH, no READ
 
 
 def _write_at_once(path) -> None:

@@ -123,8 +123,10 @@ async def test_open_listxattr_statfs_readdir_forget():
     async with trio.open_nursery() as nursery:
         token = trio.lowlevel.current_trio_token()
         bridge = OperationsBridge(ops, token, nursery)
-        opened = await bridge.open(parse(Opcode.OPEN, u32(0) + u32(0)))
+        opened = await bridge.open(parse(Opcode.OPEN, u32(os.O_RDWR) + u32(0)))
         assert opened.fh == 77 and opened.open_flags == abi.OpenFlag.KEEP_CACHE
+        opened = await bridge.open(parse(Opcode.OPEN, u32(os.O_RDONLY) + u32(0)))
+        assert opened.open_flags == abi.OpenFlag.KEEP_CACHE | abi.OpenFlag.NOFLUSH  # no FLUSH at its close
         assert await bridge.listxattr(parse(Opcode.LISTXATTR, u32(0) + u32(0))) == b"user.a\0user.bb\0"
         s = await bridge.statfs(parse(Opcode.STATFS, b""))
         assert (s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen) == (100, 50, 40, 10, 5, 4096, 255)
