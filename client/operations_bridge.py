@@ -150,6 +150,15 @@ class OperationsBridge:
         r = self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
         return r if r is MISS else _opened(r, req.flags)
 
+    def fast_opendir(self, req: rq.Open):
+        if self.ops.dataset:
+            # no-opendir: the kernel sends no OPENDIR (nor RELEASEDIR) again on this connection and
+            # keeps each directory's listing in its cache (the feed's invalidation of the directory
+            # drops it); READDIR then names the directory by its inode
+            self._declined("opendir")
+            raise OSError(errno.ENOSYS, "")
+        return MISS
+
     def fast_flush(self, req: rq.Flush):
         return self._fast("flush", self.ops._fast_flush, req.fh)
 
@@ -225,7 +234,8 @@ class OperationsBridge:
         return Opened(await _call(self.ops.opendir(req.header.nodeid, _Ctx(req.header))))
 
     async def readdir(self, req: rq.Read, buf: DirentBuffer) -> None:
-        await _call(self.ops.readdir(req.fh, req.offset, ReaddirToken(buf)))
+        # the handle opendir gave is the inode; 0 where OPENDIR was declined (fast_opendir)
+        await _call(self.ops.readdir(req.fh or req.header.nodeid, req.offset, ReaddirToken(buf)))
 
     async def releasedir(self, req: rq.Release) -> None:
         await _call(self.ops.releasedir(req.fh))

@@ -86,6 +86,13 @@ def test_dataset_mount_sees_changes_within_the_bound(cluster, mnt, dataset):
     (mnt / "sub" / "new").write_bytes(b"created")
     _eventually(lambda: _read(theirs / "sub" / "new") == b"created")
 
+    # no-opendir: the kernel keeps the listing; the feed's invalidation of the directory drops it
+    assert sorted(os.listdir(theirs / "sub")) == ["new"]
+    (mnt / "sub" / "newer").write_bytes(b"")
+    _eventually(lambda: sorted(os.listdir(theirs / "sub")) == ["new", "newer"])
+    (mnt / "sub" / "newer").unlink()
+    _eventually(lambda: sorted(os.listdir(theirs / "sub")) == ["new"])
+
     os.chmod(mnt / "sub" / "new", 0o600)
     _eventually(lambda: os.stat(theirs / "sub" / "new").st_mode & 0o777 == 0o600)
 
@@ -108,13 +115,19 @@ def test_a_warm_file_of_a_dataset_mount_is_read_with_no_request(mnt, dataset):
     _eventually(lambda: _read(theirs) == data)
     with caches_kept():
         _read(theirs)  # the reader's fstat after the first read may ask a GETATTR (atime): before counting
+        listing = os.listdir(theirs.parent)
         before = _requests_at(dataset)
         for _ in range(3):
             with open(theirs, "rb", buffering=0) as f:
                 assert f.read() == data
             os.stat(theirs)
         after = _requests_at(dataset)
+        for _ in range(3):
+            assert os.listdir(theirs.parent) == listing
+        listed = _requests_at(dataset)
     assert {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)} == {}
+    # no-opendir: the kernel keeps the listing (it may check the directory's mtime: a GETATTR)
+    assert not {op for op, n in listed.items() if n != after.get(op, 0)} - {"getattr"}, (after, listed)
     assert after.get("open", 0) <= 1 and "release" not in after  # OPEN declined for good at the first
 
 

@@ -216,7 +216,14 @@ async def test_a_dataset_mount_declines_open_and_reads_by_inode():
         assert ops.calls[-1] == ("read_inode", 12, 4096, 3, 4242)
         assert await bridge.read(parse(Opcode.READ, read_args(7, 0, 2))) == b"xx"  # a handle: as before
         assert ops.calls[-1] == ("read", 7, 0, 2)
+        with pytest.raises(OSError) as err:
+            bridge.fast_opendir(parse(Opcode.OPENDIR, u32(0) + u32(0)))
+        assert err.value.errno == errno.ENOSYS  # no-opendir: the kernel keeps listings
+        req = parse(Opcode.READDIRPLUS, u64(0) + u64(0) + u32(400) + u32(0) + u64(0) + u32(0) + u32(0), nodeid=33)
+        await bridge.readdir(req, DirentBuffer(req.size, plus=True))
+        assert ops.calls[-1] == ("readdir", 33, 0)  # no handle: the directory's inode
     default = OperationsBridge(FakeOps(dataset=False), None, None)
+    assert default.fast_opendir(parse(Opcode.OPENDIR, u32(0) + u32(0))) is MISS
     assert default.fast_open(parse(Opcode.OPEN, u32(0) + u32(0))) is MISS  # a default mount keeps OPEN
     writer = OperationsBridge(FakeOps(dataset=True), None, None)
     assert writer.fast_open(parse(Opcode.OPEN, u32(os.O_WRONLY) + u32(0))) is MISS  # EROFS from the handler
