@@ -182,7 +182,7 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="stripefs-fusefloor-", dir=a.workdir))
         self.state, self.mnt = self.work / "state", self.work / "mnt"
         self.cluster = Cluster(self.state, self.mnt, a.nodes)
-        if a.fuse_session != "pyfuse3":  # the stripefs mounts on the mount's own FUSE session (client/fuse/)
+        if a.fuse_session != "own":  # the stripefs mounts on pyfuse3 (-o fuse_session=pyfuse3) instead of their own session
             self.cluster.options.append(f"fuse_session={a.fuse_session}")
         self.phase = ("setup", time.monotonic(), a.phase_timeout)
         self.mounts = {**{side: self.work / side for side in BARE_FLAGS}, "default": self.mnt,
@@ -299,7 +299,7 @@ class Bench:
         mp, pidfile, port = self.mounts["dataset"], self.work / "mount-dataset.pid", free_port()
         mp.mkdir()
         cmd = ["mount", f"tcp://127.0.0.1:{info['meta_port']}", str(mp), "-o", "dataset", "-o", f"metrics=127.0.0.1:{port}",
-               *(("-o", f"fuse_session={self.a.fuse_session}") if self.a.fuse_session != "pyfuse3" else ()),
+               *(("-o", f"fuse_session={self.a.fuse_session}") if self.a.fuse_session != "own" else ()),
                "--pidfile", str(pidfile), "--log", str(self.state / "logs" / "mount-dataset.log")]
         res = subprocess.run(self.cluster.cli + cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if res.returncode:
@@ -504,6 +504,42 @@ PROFILE_COLUMNS = [DEV_FUSE] + [c for c, _ in CATEGORIES] + ["other", "other thr
 # ---------------------------------------------------------------------- report
 
 
+def _result(results, side: str, workload: str, readers: int) -> dict | None:
+    return next((r for r in results if (r["side"], r["workload"], r["readers"]) == (side, workload, readers)
+                 and "error" not in r), None)
+
+
+def goal_table(results) -> list[str]:
+    """Issue 29's goal rows this bench measures, PASS or BELOW, each beside the local disk of the
+    same run (the ratio is to the local figure of its round). The rows it does not measure say
+    where they are (or that nothing measures them yet)."""
+    lines = ["", "issue 29 goals measured here (2 readers; ratio: median of the rounds, range):"]
+
+    def row(name: str, value: str, ok: bool | None, goal: str) -> None:
+        verdict = "" if ok is None else ("PASS" if ok else "BELOW")
+        lines.append(f"  {name:66s} {value:>24s}  goal {goal:12s} {verdict}")
+
+    for workload, label in (("read", 'open(p,"rb").read()'), ("read_unbuffered", 'open(p,"rb",buffering=0).read()')):
+        ds, df = _result(results, "dataset", workload, 2), _result(results, "default", workload, 2)
+        if ds and df:
+            row(f"FUSE requests per warm file, {label}, dataset / default",
+                f"{ds['req_per_file']:.2f} / {df['req_per_file']:.2f}",
+                ds["req_per_file"] < 0.05 and df["req_per_file"] <= 1.05, "0 / <= 1")
+    df = _result(results, "default", "read_unbuffered", 2)
+    if df and df.get("us_per_request"):
+        row("mount CPU per hot request (default mount: OPEN, RELEASE)", f"{df['us_per_request']:.1f} us",
+            df["us_per_request"] <= 10, "<= 10 us")
+    for workload, label in (("read", 'open(p,"rb").read()'), ("read_unbuffered", "unbuffered")):
+        ds, df = _result(results, "dataset", workload, 2), _result(results, "default", workload, 2)
+        if ds and df:
+            spread = lambda r: f"{min(x for x in r['ratios'] if x is not None):.2f}-{max(x for x in r['ratios'] if x is not None):.2f}"
+            row(f"warm raw read ({label}), default / dataset", f"{spread(df)}x / {spread(ds)}x",
+                df["ratio"] >= 0.6 and ds["ratio"] >= 0.8, ">=0.6/>=0.8x")
+    lines.append("  (the DataLoader, torch, decode and ImageFolder rows: bench/dataloader.py and bench/imagedata.py; "
+                 "passthrough and CPU per GiB: not measured yet)")
+    return lines
+
+
 def report(bench: Bench, total_s: float) -> tuple[str, dict]:
     a = bench.a
     load = "; ".join(f"{k} {' '.join(f'{x:.2f}' for x in v)}" for k, v in bench.load.items())
@@ -557,6 +593,7 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
             if "user_us_per_request" in p:
                 lines.append(f"  {SIDES[side]:20s} {p['sys_us_per_request']:.1f} sys + "
                              + " + ".join(f"{v:.1f} {c}" for c, v in p["user_us_per_request"].items() if v >= 0.05))
+    lines += goal_table(bench.results)
     doc = {"benchmark": "fuse_floor", "commit": git_commit(), "date": _dt.datetime.now().isoformat(timespec="seconds"),
            "host": platform.node(), "cpus": os.cpu_count(), "args": vars(a), "loadavg": bench.load,
            "total_s": round(total_s, 1), "results": bench.results, "warmup_requests_per_file": bench.warmup,
@@ -581,8 +618,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second (default 250)")
     ap.add_argument("--py-spy", default=None, help="py-spy executable (default: PATH, then beside this Python)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir afterwards")
-    ap.add_argument("--fuse-session", choices=("pyfuse3", "own"), default="pyfuse3",
-                    help="the FUSE session of the stripefs mounts (-o fuse_session=; default pyfuse3)")
+    ap.add_argument("--fuse-session", choices=("pyfuse3", "own"), default="own",
+                    help="the FUSE session of the stripefs mounts (-o fuse_session=; default own, the mount's)")
     ap.add_argument("--phase-timeout", type=float, default=300, help="abort if one phase takes longer (default 300 s)")
     ap.add_argument("--json", default=str(RESULTS / "fuse_floor.json"), help="results file")
     a = ap.parse_args(argv)

@@ -86,6 +86,12 @@ class KernelCache:
         # held by worker threads while they invalidate, or push pages (notify_store): a push
         # checks changed_since under it, so it either sees the change or precedes its invalidation
         self.kernel_lock = threading.Lock()
+        # held while an answer is made from memory on the FUSE session's reader thread (client/fuse,
+        # client/operations_bridge.py) and sent, and while a change drops what such answers are made
+        # of (``apply``, ``drop_all``, names remembered and forgotten): so a fast answer either is
+        # sent before the change's invalidation reaches the kernel (which then drops it) or sees the
+        # change. Never held while talking to the kernel (invalidations run in a worker thread, after).
+        self.state_lock = threading.RLock()
         self._pending_inodes: set[int] = set()  # invalidations noted, not yet sent to the kernel
         self._pending_names: set[tuple[int, bytes]] = set()
         self._pending = trio.Event()
@@ -112,14 +118,16 @@ class KernelCache:
         key = (parent, name)
         if self._names.get(key) == ino:
             return
-        self._names[key] = ino
-        self._names_of.setdefault(ino, []).append(key)
+        with self.state_lock:
+            self._names[key] = ino
+            self._names_of.setdefault(ino, []).append(key)
 
     def forget(self, ino: int) -> None:
         """The kernel forgot ``ino`` (FORGET with its lookup count at zero)."""
-        for key in self._names_of.pop(ino, ()):
-            if self._names.get(key) == ino:
-                del self._names[key]
+        with self.state_lock:
+            for key in self._names_of.pop(ino, ()):
+                if self._names.get(key) == ino:
+                    del self._names[key]
 
     def drop_name(self, parent: int, name: bytes) -> None:
         """Make the kernel forget ``name`` soon (from the flusher, never inside a request): a name
@@ -212,32 +220,33 @@ class KernelCache:
         """One change made elsewhere or here: note it, queue its invalidations.
 
         ``seq``: its number in the change log (0: unknown); ``writer``: who made it (0: unknown)."""
-        touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
-        self._note(touched | {parent for parent, _ in entries})
-        if seq:
-            self._seq = seq
-        mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
-        ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine) if self.grants and seq else ()
-        if seq:
-            self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
-        else:
-            self.dir_attrs.clear()
-        self.on_change(touched)
-        names = [e for e in entries if e in self._names]
-        # a file whose grant ended: its names too, cached long under it; the next path walk
-        # looks it up again (a fresh answer, a new grant) instead of trusting kept attributes
-        names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]
-        known = [ino for ino in inodes if ino in self._names_of or ino == pyfuse3.ROOT_INODE]
-        for key in names:
-            ino = self._names.pop(key)
-            if key in self._names_of.get(ino, ()):
-                self._names_of[ino].remove(key)
-        if names or known:
-            self._pending_names.update(names)
-            self._pending_inodes.update(known)
-            self._pending.set()
-        elif self._ack_seq > self._acked:
-            self._pending.set()
+        with self.state_lock:
+            touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
+            self._note(touched | {parent for parent, _ in entries})
+            if seq:
+                self._seq = seq
+            mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
+            ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine) if self.grants and seq else ()
+            if seq:
+                self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
+            else:
+                self.dir_attrs.clear()
+            self.on_change(touched)
+            names = [e for e in entries if e in self._names]
+            # a file whose grant ended: its names too, cached long under it; the next path walk
+            # looks it up again (a fresh answer, a new grant) instead of trusting kept attributes
+            names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]
+            known = [ino for ino in inodes if ino in self._names_of or ino == pyfuse3.ROOT_INODE]
+            for key in names:
+                ino = self._names.pop(key)
+                if key in self._names_of.get(ino, ()):
+                    self._names_of[ino].remove(key)
+            if names or known:
+                self._pending_names.update(names)
+                self._pending_inodes.update(known)
+                self._pending.set()
+            elif self._ack_seq > self._acked:
+                self._pending.set()
 
     async def flush_pending(self) -> None:
         """Send the queued invalidations to the kernel, all in one worker-thread hop; then
@@ -266,20 +275,21 @@ class KernelCache:
     async def drop_all(self, why: str, floor: int | None = None) -> None:
         """Drop everything told to the kernel; ``floor``: the change log position from which
         the feed is followed again in order (None: not known yet)."""
-        self.drops += 1
-        self.dir_attrs.clear(floor)
-        self._clock += 1
-        self._floor = self._clock
-        self._recent.clear()
-        self._pending_inodes.clear()
-        self._pending_names.clear()
-        self.on_change(None)
-        names = list(self._names)
-        inodes = list(self._names_of) + [pyfuse3.ROOT_INODE]
-        self._names.clear()
-        self._names_of.clear()
-        had_grants = bool(self.grants)
-        self.grants.clear()
+        with self.state_lock:
+            self.drops += 1
+            self.dir_attrs.clear(floor)
+            self._clock += 1
+            self._floor = self._clock
+            self._recent.clear()
+            self._pending_inodes.clear()
+            self._pending_names.clear()
+            self.on_change(None)
+            names = list(self._names)
+            inodes = list(self._names_of) + [pyfuse3.ROOT_INODE]
+            self._names.clear()
+            self._names_of.clear()
+            had_grants = bool(self.grants)
+            self.grants.clear()
         log.info("change feed: %s; dropping the kernel's cache of %d name(s) and %d inode(s)", why, len(names), len(inodes))
         await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
         if had_grants:  # dropped: every grant ended (acknowledged by the flusher)

@@ -40,11 +40,60 @@ import time
 from pathlib import Path
 
 import pyfuse3
-from prometheus_client import Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram
 
 from ..common.metrics import LATENCY_BUCKETS
 
 log = logging.getLogger(__name__)
+
+class _FoldFast:
+    """A collector that adds what the fast paths counted (``fast``) into FUSE_OPS and FUSE_SECONDS
+    before they are read: registered before them, so a scrape sees every request answered so far."""
+
+    def describe(self):
+        return ()  # (no metrics of its own: the registry then never calls collect to find their names)
+
+    def collect(self):
+        fold_fast()
+        return ()
+
+
+REGISTRY.register(_FoldFast())
+
+
+class _SessionRequests:
+    """``stripefs_fuse_requests_total{opcode}``: every request the own FUSE session read from the
+    kernel (client/fuse/session.py ``counts``), those no handler sees included (IOCTLs answered
+    ENOSYS, FORGETs, INTERRUPTs): what "requests per warm file" counts."""
+
+    def __init__(self):
+        self.counts: list[int] | None = None
+
+    def describe(self):
+        return ()
+
+    def collect(self):
+        counts = self.counts
+        if counts is None:
+            return
+        from prometheus_client.core import CounterMetricFamily  # (only where a session serves the mount)
+
+        from .fuse.abi import Opcode
+
+        family = CounterMetricFamily("stripefs_fuse_requests", "FUSE requests the kernel sent the mount's own "
+                                     "session, by opcode (including those no handler sees)", labels=["opcode"])
+        for code, n in enumerate(list(counts)):
+            if n:
+                try:
+                    name = Opcode(code).name.lower()
+                except ValueError:
+                    name = str(code)
+                family.add_metric([name], n)
+        yield family
+
+
+SESSION_REQUESTS = _SessionRequests()
+REGISTRY.register(SESSION_REQUESTS)
 
 FUSE_OPS = Counter("stripefs_fuse_ops_total", "FUSE requests answered, by operation", ["op"])
 FUSE_ERRORS = Counter(
@@ -163,11 +212,47 @@ def _timed(op: str, fn, jobs=None):
     return wrapper
 
 
+#: op -> [requests, seconds, of them already in FUSE_OPS/FUSE_SECONDS (fold_fast): requests, seconds]
+_fast: dict[str, list] = {}
+
+
+def fast(op: str) -> list:
+    """The plain counters of ``op``'s fast path (the own FUSE session's, client/operations_bridge.py):
+    the caller adds 1 to ``[0]`` and the seconds it took to ``[1]`` per request it answered. Plain
+    ints, no lock and no prometheus call per request (those cost more than the answer itself);
+    one thread writes them (the session's reader, under the bridge's fast_lock), ``fold_fast``
+    reads them at each scrape."""
+    counts = _fast.get(op)
+    if counts is None:
+        counts = _fast[op] = [0, 0.0, 0, 0.0]
+    return counts
+
+
+def fold_fast() -> None:
+    """Add what the fast paths counted since the last fold into FUSE_OPS and FUSE_SECONDS (each
+    fold's requests go to the histogram bucket of their mean time)."""
+    for op, counts in list(_fast.items()):
+        n, seconds = counts[0] - counts[2], counts[1] - counts[3]
+        if n <= 0:
+            continue
+        counts[2] += n
+        counts[3] += seconds
+        FUSE_OPS.labels(op).inc(n)
+        hist = FUSE_SECONDS.labels(op)
+        hist._sum.inc(seconds)
+        mean = seconds / n
+        for i, bound in enumerate(hist._upper_bounds):
+            if mean <= bound:
+                hist._buckets[i].inc(n)
+                break
+
+
 def observe(op: str, seconds: float, err: int | None = None) -> None:
     """Count and time one FUSE request answered outside the handlers this module wraps (the own
     FUSE session's fast paths, client/operations_bridge.py); ``err``: the errno it was answered."""
-    FUSE_OPS.labels(op).inc()
-    FUSE_SECONDS.labels(op).observe(seconds)
+    counts = fast(op)
+    counts[0] += 1
+    counts[1] += seconds
     if err is not None:
         (FUSE_ERRORS if is_failure(err) else FUSE_ANSWERS).labels(op, str(err)).inc()
 

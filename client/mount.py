@@ -42,7 +42,8 @@ from .connect import open_client
 from .fuse import mount as fuse_mount
 from .fuse.device import Device
 from .fuse.dispatch import Dispatcher
-from .fuse.session import Options as SessionOptions, Session
+from .fuse.abi import InitFlag
+from .fuse.session import DEFAULT_WANT, Options as SessionOptions, Session
 from .jobs import Jobs
 from .operations_bridge import OperationsBridge
 from .kernel_cache import KernelCache
@@ -87,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
             "directory of the cluster; root_squash: root's new files and chowns become nobody's; "
             "op_timeout=SECONDS: the longest any file operation waits for the cluster before failing "
             "with EIO (default 60; close() then reports writes that could not be stored); "
-            "fuse_session=own: serve the mount on its own FUSE session instead of pyfuse3 (in progress: "
-            "docs/design.md, \"The mount's own FUSE session\")"
+            "fuse_session=pyfuse3: serve the mount on pyfuse3 instead of its own FUSE session (the default, "
+            "own; pyfuse3 stays selectable for one more release: docs/design.md, \"The mount's own FUSE session\")"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -144,12 +145,13 @@ def main(argv: list[str]) -> int:
             client_cfg = msgspec.structs.replace(client_cfg, op_timeout_s=float(own["op_timeout"]))
         except ValueError:
             raise QuietError(f"op_timeout={own['op_timeout']}: give a number of seconds, e.g. op_timeout=30") from None
-    # a dataset mount is read-only in the kernel too (/proc/mounts says ro, writes never reach us);
-    # its prefetch requests then need the ioctl channel, which only the own session answers
-    fuse_session = own.get("fuse_session") or ("own" if client_cfg.dataset else "pyfuse3")
+    fuse_session = own.get("fuse_session") or "own"
     if fuse_session not in FUSE_SESSIONS:
         raise QuietError(f"fuse_session={fuse_session}: one of {', '.join(FUSE_SESSIONS)}")
-    if client_cfg.dataset:
+    # a dataset mount is read-only in the kernel too (/proc/mounts says ro, writes never reach us);
+    # its prefetch requests then come as ioctls (a read-only mount refuses setxattr), which only the
+    # own session answers: on pyfuse3 it stays rw in the kernel and refuses changes itself
+    if client_cfg.dataset and fuse_session == "own":
         fuse_opts.discard("rw")
         fuse_opts.add("ro")
     if not client_cfg.op_timeout_s > 0:
@@ -359,7 +361,8 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
 async def _flush_open_files(ops: Operations, bound_s: float) -> None:
     """Commit data that files still open in applications have buffered: a SIGTERM loses no
     acknowledged write that the cluster can store within ``bound_s`` (op_timeout_s)."""
-    pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
+    with ops.lock:  # (iterating: the FUSE reader thread's opens add files)
+        pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
     if not pending:
         return
     log.info("flushing %d file(s) still open before unmounting", len(pending))
@@ -464,7 +467,13 @@ async def _start_own_session(ops: Operations, mountpoint: str, options: set[str]
     # max_write 128 KiB, as libfuse's default under pyfuse3: with 1 MiB writes, a sequential writer
     # of 24 chunks asked the daemon for placements 14 times instead of at most 8
     # (tests/cluster/test_write_path.py; why is not understood yet: client/placements.py alloc_indices)
-    options_ = SessionOptions(max_background=client_cfg.max_background, max_write=1 << 17)
+    want = DEFAULT_WANT
+    if client_cfg.dataset:
+        # no-open (the bridge declines OPEN): the kernel then asks nothing at an open, even for writing;
+        # without atomic O_TRUNC an open(O_TRUNC) sends SETATTR, answered EROFS, instead of the
+        # kernel setting the file's size to 0 by itself
+        want &= ~InitFlag.ATOMIC_O_TRUNC
+    options_ = SessionOptions(want=want, max_background=client_cfg.max_background, max_write=1 << 17)
     dev = Device(m.fd)
     session = Session(dev, Dispatcher(bridge, token, nursery), options_, on_close=lambda: fuse_mount.unmount(m, dev))
     try:
@@ -473,4 +482,5 @@ async def _start_own_session(ops: Operations, mountpoint: str, options: set[str]
         await trio.to_thread.run_sync(fuse_mount.unmount, m)
         raise
     fuse_backend.use_session(session)
+    client_metrics.SESSION_REQUESTS.counts = session.counts  # stripefs_fuse_requests_total
     return session

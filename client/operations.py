@@ -69,6 +69,7 @@ import logging
 import os
 import stat
 import struct
+import time
 from collections import OrderedDict
 
 import pyfuse3
@@ -182,6 +183,11 @@ class Operations(pyfuse3.Operations):
         self.dataset = dataset
         self.kcache = kcache or KernelCache()
         self.kcache.on_change = self._changed_elsewhere
+        # what the _fast_* paths read and the handle bookkeeping they change: they may run on the
+        # FUSE session's reader thread (client/operations_bridge.py), which takes this lock around
+        # a fast path and its reply; here it is taken around every change of that state that
+        # makes a fast answer wrong or that a fast path makes too (handles, open counts)
+        self.lock = self.kcache.state_lock
         self.prefetcher = prefetcher
         self.jobs: Jobs | None = None  # training jobs reporting their data wait (client/jobs.py), set by the mount
         # dataset mode: ino -> OpenRsp, kept until the feed says the file changed
@@ -199,6 +205,7 @@ class Operations(pyfuse3.Operations):
             self.kcache.is_open = self.files.__contains__
             self.kcache.own_writer = meta.writer
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
+        self._inode_handles: dict[int, int] = {}  # ino -> the handle reads without OPEN use (read_inode)
         self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
         # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
@@ -244,9 +251,10 @@ class Operations(pyfuse3.Operations):
 
     def _fresh_open_info(self, ino: int) -> p.OpenRsp | None:
         """The open information of a LOOKUP younger than OPEN_INFO_FRESH_S, if any."""
-        oldest = trio.current_time() - OPEN_INFO_FRESH_S
-        while self._open_info and next(iter(self._open_info.values()))[0] < oldest:
-            self._open_info.popitem(last=False)
+        oldest = time.monotonic() - OPEN_INFO_FRESH_S
+        with self.lock:  # (iterating: no other thread may change it meanwhile)
+            while self._open_info and next(iter(self._open_info.values()))[0] < oldest:
+                self._open_info.popitem(last=False)
         entry = self._open_info.get(ino)
         return entry[1] if entry else None
 
@@ -271,7 +279,7 @@ class Operations(pyfuse3.Operations):
         if names is None:
             return None
         if ("dir", parent) not in self.kcache.grants or not self.kcache.healthy:
-            del self._names_complete[parent]  # another mount changed its names, or the feed broke
+            self._names_complete.pop(parent, None)  # another mount changed its names, or the feed broke
             return None
         return names
 
@@ -304,7 +312,8 @@ class Operations(pyfuse3.Operations):
     def _held_inodes(self) -> list[int]:
         """Inodes the daemon must keep: open here, or looked up for an open about to happen."""
         self._fresh_open_info(0)  # prune
-        return list(self.files.keys() | self._open_info.keys())
+        with self.lock:  # (iterating: the reader thread's opens add files)
+            return list(self.files.keys() | self._open_info.keys())
 
     async def _attr_reply(self, request: p.Msg, changes: tuple[int, ...] = ()) -> pyfuse3.EntryAttributes:
         stamp = self.kcache.stamp()
@@ -345,17 +354,19 @@ class Operations(pyfuse3.Operations):
         """This mount changed the file (a commit or a truncate, whichever request made it): what a
         LOOKUP or a listing said of it before is old. Without this, an open within OPEN_INFO_FRESH_S
         of an fsync took the size and chunk map from before it."""
-        self._open_info.pop(ino, None)
-        self._held_info.pop(ino, None)
-        self._looked_up.pop(ino, None)
-        self.kcache.changed_here(ino)  # answers in flight now are older than this commit: _ask_open
+        with self.lock:
+            self._open_info.pop(ino, None)
+            self._held_info.pop(ino, None)
+            self._looked_up.pop(ino, None)
+            self.kcache.changed_here(ino)  # answers in flight now are older than this commit: _ask_open
 
     def _session_discarded(self, ino: int) -> None:
         """A write session of ``ino`` failed and was thrown away: the kernel's pages and size
         may hold what was never stored. Dropped from a worker thread, in the background: the
         kernel may hold page locks of this inode until the failing WRITE is answered."""
-        self._open_info.pop(ino, None)
-        self._kernel_view.pop(ino, None)
+        with self.lock:
+            self._open_info.pop(ino, None)
+            self._kernel_view.pop(ino, None)
         self.data.nursery.start_soon(trio.to_thread.run_sync, _invalidate_attr, ino, False, name=f"invalidate-{ino}")
 
     def _writable(self) -> None:
@@ -370,8 +381,12 @@ class Operations(pyfuse3.Operations):
             self._dataset_info.clear()
             self._held_info.clear()
             self._kernel_view.clear()
+            for ino in list(self._inode_handles):
+                self._drop_inode_handle(ino)
             return
         for ino in inodes:
+            if ino in self._inode_handles:
+                self._drop_inode_handle(ino)
             self._open_info.pop(ino, None)
             self._looked_up.pop(ino, None)
             self._dataset_info.pop(ino, None)
@@ -426,22 +441,24 @@ class Operations(pyfuse3.Operations):
         if len(self._last_lookup) > 4096:
             self._last_lookup.clear()
         self._last_lookup[ctx.pid] = (ino, False)
-        # only the newest lookup's answer may stand in for an OpenReq
-        self._open_info.pop(ino, None)
-        if self.prefetcher is not None and self.prefetcher.shm is not None:
-            now = trio.current_time()
-            self._looked_up.pop(ino, None)
-            self._looked_up[ino] = (now, rsp.attr)
-            while next(iter(self._looked_up.values()))[0] < now - OPEN_INFO_FRESH_S:
-                self._looked_up.popitem(last=False)
-        self._held_info.pop(ino, None)
-        if held:
-            self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
+        with self.lock:  # what the reader thread's fast paths read
+            # only the newest lookup's answer may stand in for an OpenReq
+            self._open_info.pop(ino, None)
+            if self.prefetcher is not None and self.prefetcher.shm is not None:
+                now = time.monotonic()
+                self._looked_up.pop(ino, None)
+                self._looked_up[ino] = (now, rsp.attr)
+                while next(iter(self._looked_up.values()))[0] < now - OPEN_INFO_FRESH_S:
+                    self._looked_up.popitem(last=False)
+            self._held_info.pop(ino, None)
+            if held:
+                self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
+            if isinstance(rsp, p.OpenRsp):
+                if not self.kcache.changed_since(stamp, ino):  # else it may predate a commit here (_ask_open)
+                    self._open_info[ino] = (time.monotonic(), rsp)
+                if self.dataset and cacheable:
+                    self._keep_dataset_info(rsp)
         if isinstance(rsp, p.OpenRsp):
-            if not self.kcache.changed_since(stamp, ino):  # else it may predate a commit here (_ask_open)
-                self._open_info[ino] = (trio.current_time(), rsp)
-            if self.dataset and cacheable:
-                self._keep_dataset_info(rsp)
             self.hints.learn(parent_inode, name, rsp)
             if walking:
                 small = Fetch.small_file(rsp)
@@ -675,7 +692,7 @@ class Operations(pyfuse3.Operations):
         if held is not None:  # the daemon waits for this mount before changing it (callbacks)
             return held
         entry = self._looked_up.get(inode)
-        if entry is not None and entry[0] >= trio.current_time() - OPEN_INFO_FRESH_S:
+        if entry is not None and entry[0] >= time.monotonic() - OPEN_INFO_FRESH_S:
             return entry[1]
         return None
 
@@ -697,21 +714,23 @@ class Operations(pyfuse3.Operations):
 
     def _new_handle(self, of: OpenFile) -> int:
         of.killpriv_absent = False  # every open asks the daemon afresh (close-to-open)
-        fh = self._next_fh
-        self._next_fh += 1
-        of.open_count += 1
-        self.handles[fh] = of
-        self.streams[fh] = ReadStream()
+        with self.lock:
+            fh = self._next_fh
+            self._next_fh += 1
+            of.open_count += 1
+            self.handles[fh] = of
+            self.streams[fh] = ReadStream()
         return fh
 
     def _drop_handle(self, fh: int) -> OpenFile:
         """Forget handle ``fh``; its file's state too when no other handle holds it (its own
         unsent data, if any, is the caller's to send first: ``release``)."""
-        of = self.handles.pop(fh)
-        del self.streams[fh]
-        of.open_count -= 1
-        if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
-            del self.files[of.ino]  # (no CloseReq: see release)
+        with self.lock:
+            of = self.handles.pop(fh)
+            del self.streams[fh]
+            of.open_count -= 1
+            if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
+                del self.files[of.ino]  # (no CloseReq: see release)
         return of
 
     def _record_open(self, rsp: p.OpenRsp, fresh_attrs: bool, raced: bool = False) -> tuple[OpenFile, bool, bool]:
@@ -721,19 +740,20 @@ class Operations(pyfuse3.Operations):
         holds stays as it is, and the answer's epoch is not this write session's."""
         self.data.nodes.learn(rsp.nodes)
         ino = rsp.attr.ino
-        of = self.files.get(ino)
-        if of is None:
-            of = self.files[ino] = OpenFile(ino, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
-        elif not raced:
-            of.refresh(rsp)
-        if rsp.epoch and not of.epoch and not raced:
-            of.epoch = rsp.epoch  # this write session's version, without an AllocEpochReq
-        of.quota_max = rsp.quota_max_size
-        view = (rsp.attr.mtime_ns, rsp.attr.size)
-        before = self._kernel_view.get(ino)
-        keep = before == view or of.has_unflushed
-        if not keep:
-            self._kernel_view[ino] = view
+        with self.lock:
+            of = self.files.get(ino)
+            if of is None:
+                of = self.files[ino] = OpenFile(ino, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
+            elif not raced:
+                of.refresh(rsp)
+            if rsp.epoch and not of.epoch and not raced:
+                of.epoch = rsp.epoch  # this write session's version, without an AllocEpochReq
+            of.quota_max = rsp.quota_max_size
+            view = (rsp.attr.mtime_ns, rsp.attr.size)
+            before = self._kernel_view.get(ino)
+            keep = before == view or of.has_unflushed
+            if not keep:
+                self._kernel_view[ino] = view
         return of, keep, not keep and before is not None and not fresh_attrs
 
     def _fast_open(self, inode, flags, ctx):
@@ -795,8 +815,9 @@ class Operations(pyfuse3.Operations):
                 await trio.to_thread.run_sync(_invalidate_attr, inode)
             if flags & os.O_TRUNC and of.size:
                 # libfuse negotiates atomic O_TRUNC: the kernel sends no SETATTR, the open truncates
-                self._open_info.pop(inode, None)
-                self._held_info.pop(inode, None)
+                with self.lock:
+                    self._open_info.pop(inode, None)
+                    self._held_info.pop(inode, None)
                 await self.data.truncate(of, 0)
                 keep = False
             if flags & os.O_TRUNC and ctx.uid != 0 and _privileges_to_kill(of.attr.mode):
@@ -841,11 +862,12 @@ class Operations(pyfuse3.Operations):
 
     def _dataset_handle(self, inode: int, rsp: p.OpenRsp) -> pyfuse3.FileInfo:
         self.data.nodes.learn(rsp.nodes)
-        of = self.files.get(inode)
-        if of is None:
-            of = self.files[inode] = OpenFile(inode, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
-        elif of.attr != rsp.attr:
-            of.refresh(rsp)
+        with self.lock:
+            of = self.files.get(inode)
+            if of is None:
+                of = self.files[inode] = OpenFile(inode, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
+            elif of.attr != rsp.attr:
+                of.refresh(rsp)
         return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=True)
 
     async def create(self, parent_inode, name, mode, flags, ctx):
@@ -869,6 +891,27 @@ class Operations(pyfuse3.Operations):
     async def read(self, fh, off, size):
         return await self.data.read(self.handles[fh], off, size, self.streams[fh])
 
+    async def read_inode(self, inode, off, size, ctx):
+        """READ of a file the kernel never sent OPEN for (no-open: a dataset mount on the own FUSE
+        session declines OPEN, client/operations_bridge.py): read through this mount's one handle
+        of ``inode``, opened at its first read and kept until the kernel forgets the inode or the
+        feed says the file changed (``_changed_elsewhere``, ``forget_now``)."""
+        fh = self._inode_handles.get(inode)
+        if fh is None:
+            self._opening(inode, ctx)  # read without OPEN: the lookup that led here was for reading
+            fi = await self._open_dataset(inode, os.O_RDONLY)
+            with self.lock:
+                fh = self._inode_handles.setdefault(inode, fi.fh)
+            if fh != fi.fh:
+                self._drop_handle(fi.fh)  # another read of it opened one meanwhile
+        return await self.read(fh, off, size)  # (counted and timed as a read: client/metrics.py)
+
+    def _drop_inode_handle(self, ino: int) -> None:
+        """(under ``lock``) The handle ``read_inode`` keeps for ``ino`` is old: the next read opens anew."""
+        fh = self._inode_handles.pop(ino, None)
+        if fh is not None:
+            self._drop_handle(fh)
+
     async def write(self, fh, off, buf):
         self._writable()
         return await self.data.write(self.handles[fh], off, buf)  # short at a directory quota's limit
@@ -884,8 +927,9 @@ class Operations(pyfuse3.Operations):
         # a dataset mount's FLUSH and a clean file's were answered by _fast_flush already
         of = self.handles[fh]
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
-            self._open_info.pop(of.ino, None)
-            self._held_info.pop(of.ino, None)
+            with self.lock:
+                self._open_info.pop(of.ino, None)
+                self._held_info.pop(of.ino, None)
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
 
@@ -909,27 +953,37 @@ class Operations(pyfuse3.Operations):
         return None
 
     async def release(self, fh):
-        of = self.handles.pop(fh)
-        del self.streams[fh]
-        of.open_count -= 1
-        if of.open_count:
-            return
+        with self.lock:
+            of = self.handles.pop(fh)
+            del self.streams[fh]
+            of.open_count -= 1
+            if of.open_count:
+                return
         try:
             if of.has_unflushed or of.size != of.attr.size:
                 await self.data.flush(of)
         finally:
-            if of.open_count == 0 and self.files.get(of.ino) is of:
-                # No CloseReq: the next session heartbeat carries the open set without
-                # this inode, which is when an unlinked file's data is reclaimed. One
-                # round trip less per file read matters more than reclaiming a few
-                # seconds earlier.
-                del self.files[of.ino]
+            # No CloseReq: the next session heartbeat carries the open set without
+            # this inode, which is when an unlinked file's data is reclaimed. One
+            # round trip less per file read matters more than reclaiming a few
+            # seconds earlier.
+            with self.lock:
+                if of.open_count == 0 and self.files.get(of.ino) is of:
+                    del self.files[of.ino]
 
     async def forget(self, inode_list):
-        for ino, _ in inode_list:
-            self._kernel_view.pop(ino, None)
-            self._dataset_info.pop(ino, None)
-            self.kcache.forget(ino)
+        self.forget_now(inode_list)
+
+    def forget_now(self, inode_list) -> None:
+        """FORGET, synchronously: on the trio thread (pyfuse3's ``forget``) or on the own FUSE
+        session's reader thread (client/operations_bridge.py), under ``lock``."""
+        with self.lock:
+            for ino, _ in inode_list:
+                if ino in self._inode_handles:
+                    self._drop_inode_handle(ino)
+                self._kernel_view.pop(ino, None)
+                self._dataset_info.pop(ino, None)
+                self.kcache.forget(ino)
 
 
 def _privileges_to_kill(mode: int) -> int:

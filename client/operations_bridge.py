@@ -6,23 +6,27 @@ client.fuse's ``Dispatcher`` the shape it serves (an async method per operation 
 request, client.fuse results, ``OSError``), calling ``Operations`` as pyfuse3 would: the same
 arguments, the same request context (uid, gid, pid, umask), the same flags.
 
-Every request runs on the trio thread: ``Operations`` keeps its state there. Its ``_fast_*``
-paths (what it answers from memory) run in a plain callback there (``fast_on_trio_thread``: one
-cross-thread call, no task, no cancel scope), counted in the mount's metrics as its handlers are;
-the rest in a task. Moving hot requests onto the session's reader thread itself needs those paths
-made safe against the trio thread first; that is the next step, not done here.
+Hot requests never reach trio: ``Operations``' ``_fast_*`` paths (what it answers from memory:
+a name known absent, attributes, a read-only open from what a lookup or the feed left, FLUSH,
+RELEASE of a clean file, the mount's own xattrs) run on the session's reader thread under
+``Operations.lock`` (``fast_lock``: the dispatcher holds it around the fast path and its reply;
+``Operations`` and ``KernelCache`` hold it while they change what those paths read), counted in
+the mount's metrics as its handlers are. FORGET is applied there too. Only a MISS crosses to trio,
+where the handler runs in a task (its own fast path first, then the cluster).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from typing import Sequence
 
 import pyfuse3
 import trio
 
+from ..common import protocol as p
 from ..common.errors import StripefsError
 from . import metrics as client_metrics
 from .fuse import abi, requests as rq
@@ -34,6 +38,7 @@ from .operations import FAST_PATH_MISS
 log = logging.getLogger(__name__)
 
 _V = abi.SetattrValid
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
 
 
 class _Ctx:
@@ -72,8 +77,11 @@ class _NewAttrs:
         self.st_ctime_ns = req.ctime * 1_000_000_000 + req.ctimensec
 
 
-def _opened(fi: pyfuse3.FileInfo) -> Opened:
-    flags = 0
+def _opened(fi: pyfuse3.FileInfo, open_flags: int = os.O_RDWR) -> Opened:
+    """``open_flags``: the open(2) flags. A file opened only for reading is closed with no FLUSH
+    (FOPEN_NOFLUSH): such a handle has nothing to commit, and the mount keeps no POSIX locks of
+    its own (the kernel does), so the request would only cost the close a round to the mount."""
+    flags = 0 if open_flags & (os.O_WRONLY | os.O_RDWR) else abi.OpenFlag.NOFLUSH
     if fi.direct_io:
         flags |= abi.OpenFlag.DIRECT_IO
     if fi.keep_cache:
@@ -93,13 +101,11 @@ async def _call(coro):
 class OperationsBridge:
     """The file system the own session's Dispatcher serves: ``ops`` (an Operations), in trio."""
 
-    #: the fast paths below read and change Operations' state: the dispatcher runs them on the trio
-    #: thread (a callback, no task), not on the session's reader thread
-    fast_on_trio_thread = True
-
     def __init__(self, ops, trio_token: trio.lowlevel.TrioToken, nursery: trio.Nursery):
         self.ops = ops
         self._token, self._nursery = trio_token, nursery
+        #: the dispatcher runs the fast paths below on the reader thread, holding this
+        self.fast_lock = ops.lock
 
     # -- fast paths: Operations' _fast_* (what it answers from memory), counted as its handlers are
 
@@ -118,6 +124,9 @@ class OperationsBridge:
         client_metrics.observe(op, time.perf_counter() - started)
         return result
 
+    def _declined(self, op: str) -> None:
+        client_metrics.observe(op, 0.0, errno.ENOSYS)
+
     def fast_lookup(self, req: rq.Lookup):
         r = self._fast("lookup", self.ops._fast_lookup, req.header.nodeid, req.name, _Ctx(req.header))
         return r if r is MISS else entry_of(r)
@@ -127,11 +136,28 @@ class OperationsBridge:
         return r if r is MISS else (attr_of(r), r.attr_timeout)
 
     def fast_getxattr(self, req: rq.Getxattr):
+        if req.name.startswith(p.JOB_XATTR):
+            return MISS  # a training job's report changes client/jobs.py's state, which lives in trio
         return self._fast("getxattr", self.ops._fast_getxattr, req.header.nodeid, req.name, _Ctx(req.header))
 
     def fast_open(self, req: rq.Open):
+        if self.ops.dataset and not req.flags & _WRITE_FLAGS:
+            # no-open: ENOSYS tells the kernel never to send OPEN (nor RELEASE) again on this
+            # connection; every READ then names the inode (read_inode) and a warm file is read with
+            # no request at all. A dataset mount keeps nothing per open file that needs them.
+            self._declined("open")
+            raise OSError(errno.ENOSYS, "")
         r = self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
-        return r if r is MISS else _opened(r)
+        return r if r is MISS else _opened(r, req.flags)
+
+    def fast_opendir(self, req: rq.Open):
+        if self.ops.dataset:
+            # no-opendir: the kernel sends no OPENDIR (nor RELEASEDIR) again on this connection and
+            # keeps each directory's listing in its cache (the feed's invalidation of the directory
+            # drops it); READDIR then names the directory by its inode
+            self._declined("opendir")
+            raise OSError(errno.ENOSYS, "")
+        return MISS
 
     def fast_ioctl(self, req: rq.Ioctl):
         return self._fast("ioctl", self.ops._fast_ioctl, req.header.nodeid, req.cmd, req.data, _Ctx(req.header))
@@ -183,7 +209,7 @@ class OperationsBridge:
         await _call(self.ops.rename(req.header.nodeid, req.name, req.newdir, req.newname, req.flags, _Ctx(req.header)))
 
     async def open(self, req: rq.Open) -> Opened:
-        return _opened(await _call(self.ops.open(req.header.nodeid, req.flags, _Ctx(req.header))))
+        return _opened(await _call(self.ops.open(req.header.nodeid, req.flags, _Ctx(req.header))), req.flags)
 
     async def create(self, req: rq.Create) -> tuple[Entry, Opened]:
         fi, attrs = await _call(self.ops.create(req.header.nodeid, req.name, req.mode, req.flags,
@@ -191,6 +217,8 @@ class OperationsBridge:
         return entry_of(attrs), _opened(fi)
 
     async def read(self, req: rq.Read) -> bytes:
+        if req.fh == 0:  # no OPEN was sent (fast_open declined it): the inode names the file
+            return await _call(self.ops.read_inode(req.header.nodeid, req.offset, req.size, _Ctx(req.header)))
         return await _call(self.ops.read(req.fh, req.offset, req.size))
 
     async def write(self, req: rq.Write) -> int:
@@ -209,7 +237,8 @@ class OperationsBridge:
         return Opened(await _call(self.ops.opendir(req.header.nodeid, _Ctx(req.header))))
 
     async def readdir(self, req: rq.Read, buf: DirentBuffer) -> None:
-        await _call(self.ops.readdir(req.fh, req.offset, ReaddirToken(buf)))
+        # the handle opendir gave is the inode; 0 where OPENDIR was declined (fast_opendir)
+        await _call(self.ops.readdir(req.fh or req.header.nodeid, req.offset, ReaddirToken(buf)))
 
     async def releasedir(self, req: rq.Release) -> None:
         await _call(self.ops.releasedir(req.fh))
@@ -235,14 +264,8 @@ class OperationsBridge:
         await _call(self.ops.removexattr(req.header.nodeid, req.name, _Ctx(req.header)))
 
     def forget(self, forgets: Sequence[tuple[int, int]]) -> None:
-        """On the reader thread: Operations.forget is async and keeps its state on the trio thread."""
+        """On the reader thread, under ``Operations.lock``: no crossing to trio."""
         try:
-            self._token.run_sync_soon(self._nursery.start_soon, self._forget, list(forgets))
-        except (trio.RunFinishedError, RuntimeError):
-            pass  # the mount is stopping: nothing is kept any more
-
-    async def _forget(self, forgets: list[tuple[int, int]]) -> None:
-        try:
-            await self.ops.forget(forgets)
+            self.ops.forget_now(forgets)
         except Exception:
             log.exception("forget of %d inodes failed", len(forgets))

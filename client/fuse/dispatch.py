@@ -41,6 +41,11 @@ setlk (SETLK, SETLKW), fallocate, syncfs
 
 Any result may instead be a ``replies.Encoded``: the reply body already in its wire form, sent as is.
 
+A file system may have ``fast_lock`` (a lock): the dispatcher holds it around each fast path run
+on the reader thread and the writing of its answer, so a change that the file system's trio thread
+makes under the same lock (dropping what a fast path answers from, then telling the kernel) either
+comes after the answer reached the kernel or is seen by it.
+
 ``forget(pairs)`` (``(nodeid, nlookup)`` pairs) and ``destroy()`` are called on the reader thread.
 Each READDIRPLUS entry with a nonzero nodeid counts as one lookup of it, as LOOKUP does.
 """
@@ -212,6 +217,10 @@ class Dispatcher:
         # a file system whose state lives on the trio thread runs its fast paths there, in a callback
         # (no task, no cancel scope), not on the reader thread (operations_bridge.py)
         self._fast_in_trio = bool(getattr(fs, "fast_on_trio_thread", False)) and trio_token is not None
+        # held around a fast path on the reader thread and its reply (a file system whose other
+        # thread changes what its fast paths read takes it around such changes): the answer is
+        # then either sent before a change it misses, or made after it
+        self._fast_lock = getattr(fs, "fast_lock", None)
         self._forget = getattr(fs, "forget", None)
         self._destroy = getattr(fs, "destroy", None)
 
@@ -224,21 +233,27 @@ class Dispatcher:
             self._schedule(self._fast_then_slow, op, req, reply)
             return
         if op.fast is not None:
+            lock = self._fast_lock
+            if lock is not None:
+                lock.acquire()
             try:
                 if op.is_dir:
                     buf = DirentBuffer(req.size, req.header.opcode == Opcode.READDIRPLUS)
                     result = buf if op.fast(req, buf) is not MISS else MISS
                 else:
                     result = op.fast(req)
+                if result is not MISS:
+                    if result.__class__ is Encoded:
+                        reply.ok(result)
+                    else:
+                        op.answer(reply, req, result)
+                    return
             except OSError as e:
                 reply.error(e.errno or errno.EIO)
                 return
-            if result is not MISS:
-                if result.__class__ is Encoded:
-                    reply.ok(result)
-                else:
-                    op.answer(reply, req, result)
-                return
+            finally:
+                if lock is not None:
+                    lock.release()
         if op.slow is None:
             log.error("%s answered MISS and has no slow path: request %d answered EIO", type(req).__name__,
                       req.header.unique)

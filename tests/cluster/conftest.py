@@ -55,10 +55,11 @@ def client_config(path: Path, **settings) -> Path:
     return path
 
 
-#: STRIPEFS_TEST_FUSE_SESSION=own: the mounts of Cluster (up, mount_again) run on the mount's own FUSE session
-#: (-o fuse_session=own; docs/design.md, "The mount's own FUSE session") instead of pyfuse3
-FUSE_SESSION_OPTION = f"fuse_session={os.environ['STRIPEFS_TEST_FUSE_SESSION']}" \
-    if os.environ.get("STRIPEFS_TEST_FUSE_SESSION") else ""
+#: STRIPEFS_TEST_FUSE_SESSION=pyfuse3: the mounts of Cluster (up, mount_again) run on pyfuse3 (-o
+#: fuse_session=pyfuse3) instead of the mount's own FUSE session, the default (docs/design.md, "The mount's
+#: own FUSE session"); FUSE_SESSION: which one they run on
+FUSE_SESSION = os.environ.get("STRIPEFS_TEST_FUSE_SESSION") or "own"
+FUSE_SESSION_OPTION = f"fuse_session={FUSE_SESSION}" if FUSE_SESSION != "own" else ""
 
 BAD_LOG_LINE = re.compile(r" (ERROR|CRITICAL) |Traceback")
 

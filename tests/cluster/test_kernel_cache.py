@@ -8,13 +8,19 @@ without the storage nodes.
 """
 
 import errno
+import json
 import os
 import stat
 import subprocess
 import time
+import urllib.request
 
 import pytest
-from conftest import drop_caches, run_cli
+from conftest import FUSE_SESSION, drop_caches, run_cli
+from prometheus_client.parser import text_string_to_metric_families
+from util import caches_kept
+
+from stripefs.client import metrics as client_metrics
 
 from stripefs.common.protocol import EVENTS_SILENCE_S
 from stripefs.torch import PrefetchSampler
@@ -80,8 +86,79 @@ def test_dataset_mount_sees_changes_within_the_bound(cluster, mnt, dataset):
     (mnt / "sub" / "new").write_bytes(b"created")
     _eventually(lambda: _read(theirs / "sub" / "new") == b"created")
 
+    # no-opendir: the kernel keeps the listing; the feed's invalidation of the directory drops it
+    assert sorted(os.listdir(theirs / "sub")) == ["new"]
+    (mnt / "sub" / "newer").write_bytes(b"")
+    _eventually(lambda: sorted(os.listdir(theirs / "sub")) == ["new", "newer"])
+    (mnt / "sub" / "newer").unlink()
+    _eventually(lambda: sorted(os.listdir(theirs / "sub")) == ["new"])
+
     os.chmod(mnt / "sub" / "new", 0o600)
     _eventually(lambda: os.stat(theirs / "sub" / "new").st_mode & 0o777 == 0o600)
+
+
+def _requests_at(mountpoint=None, url: str = "") -> dict[str, float]:
+    """stripefs_fuse_requests_total by opcode: every request the mount's own FUSE session read."""
+    url = url or f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as rsp:
+        text = rsp.read().decode()
+    return {s.labels["opcode"]: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "stripefs_fuse_requests_total"}
+
+
+def test_a_warm_file_of_a_dataset_mount_is_read_with_no_request(mnt, dataset):
+    """No-open: the dataset mount declines OPEN (ENOSYS, once per connection) and FLUSH, so a warm
+    file is read by the kernel alone: counted in the session, requests no handler sees included."""
+    data = os.urandom(150_000)
+    (mnt / "warm").write_bytes(data)
+    theirs = dataset / mnt.name / "warm"
+    _eventually(lambda: _read(theirs) == data)
+    with caches_kept():
+        _read(theirs)  # the reader's fstat after the first read may ask a GETATTR (atime): before counting
+        listing = os.listdir(theirs.parent)
+        before = _requests_at(dataset)
+        for _ in range(3):
+            with open(theirs, "rb", buffering=0) as f:
+                assert f.read() == data
+            os.stat(theirs)
+        after = _requests_at(dataset)
+        for _ in range(3):
+            assert os.listdir(theirs.parent) == listing
+        listed = _requests_at(dataset)
+    assert {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)} == {}
+    # no-opendir: the kernel keeps the listing (it may check the directory's mtime: a GETATTR)
+    assert not {op for op, n in listed.items() if n != after.get(op, 0)} - {"getattr"}, (after, listed)
+    assert after.get("open", 0) <= 1 and "release" not in after  # OPEN declined for good at the first
+
+
+def test_a_warm_file_of_a_default_mount_costs_an_open_and_a_release(cluster, mnt):
+    """The default mount keeps OPEN (close-to-open, handles for writers); a file opened for reading
+    is closed with no FLUSH (FOPEN_NOFLUSH) and read from the kept page cache: per warm read one
+    OPEN and one RELEASE, both answered on the session's reader thread."""
+    data = os.urandom(150_000)
+    (mnt / "warm_default").write_bytes(data)
+    path = mnt / "warm_default"
+    status = json.loads(run_cli("local", "status", "--dir", str(cluster.state), "--json").stdout)
+    (url,) = [proc["metrics"] for proc in status["processes"] if proc["role"] == "mount"]
+    with caches_kept():
+        _read(path)
+        _read(path)
+        before = _requests_at(url=url)
+        for _ in range(3):
+            with open(path, "rb", buffering=0) as f:
+                assert f.read() == data
+        after = _requests_at(url=url)
+    sent = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    assert sent.get("open") == 3 and sent.get("release") == 3, sent
+    assert not set(sent) - {"open", "release", "lookup", "getattr"}, sent  # no FLUSH, no READ
+
+
+def _write_at_once(path) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.write(fd, b"x")
+    finally:
+        os.close(fd)
 
 
 def test_dataset_mount_is_read_only(mnt, dataset):
@@ -90,7 +167,8 @@ def test_dataset_mount_is_read_only(mnt, dataset):
     _eventually(lambda: os.path.exists(theirs / "f"))
     attempts = [
         lambda: open(theirs / "new", "wb"),
-        lambda: open(theirs / "f", "r+b"),
+        lambda: _write_at_once(theirs / "f"),  # a ro mount: the kernel refuses the open itself
+        lambda: open(theirs / "f", "wb"),
         lambda: os.mkdir(theirs / "d"),
         lambda: os.unlink(theirs / "f"),
         lambda: os.rename(theirs / "f", theirs / "g"),
@@ -107,7 +185,8 @@ def test_dataset_mount_is_read_only(mnt, dataset):
     assert _read(theirs / "f") == b"data"
     with open("/proc/self/mounts") as f:
         options = next(line.split()[3] for line in f if line.split()[1] == str(dataset))
-    assert "ro" in options.split(","), options  # read-only in the kernel, not only in its answers
+    # read-only in the kernel, not only in its answers (on pyfuse3, which answers no prefetch ioctl, it stays rw)
+    assert ("ro" in options.split(",")) == (FUSE_SESSION == "own"), options
 
 
 def test_prefetch_reaches_a_read_only_dataset_mount(mnt, dataset):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FUSE_SESSION_OPTION, REPO, Cluster, _wait_dead, cluster_root, run_cli, run_cluster
+from conftest import FUSE_SESSION, REPO, Cluster, _wait_dead, cluster_root, run_cli, run_cluster
 from stripefs.local_cluster import _is_mounted
 from stripefs.local_processes import processes_of
 from util import eventually
@@ -58,7 +58,7 @@ def test_up_mounts_again_over_a_dead_mount(small):
     pid = small.pids()["mount"]
     os.kill(pid, signal.SIGKILL)
     _wait_dead(pid)
-    if FUSE_SESSION_OPTION == "fuse_session=own":
+    if FUSE_SESSION == "own":
         eventually(lambda: not _is_mounted(small.mnt), what="the reaper unmounts the killed client's mount")
         assert os.listdir(small.mnt) == []  # the directory beneath
     else:
@@ -69,7 +69,7 @@ def test_up_mounts_again_over_a_dead_mount(small):
         assert _local_status(small)[("mount", None)]["state"] == "dead"
     out = run_cli("local", "up", "--dir", str(small.state), "--mount", str(small.mnt), "--nodes", "3").stdout
     assert "mounted at" in out
-    assert "dead mount" in out or FUSE_SESSION_OPTION == "fuse_session=own"
+    assert "dead mount" in out or FUSE_SESSION == "own"
     assert (small.mnt / "kept").read_bytes() == b"data"
     assert _local_status(small)[("mount", None)]["state"] == "up"
 

@@ -7,8 +7,8 @@ POSIX semantics is tested on the mount's handlers without a kernel
 
 Every test taking ``mnt`` runs three times: on the default cluster (SQLite), on
 ``pg_cluster`` (PostgreSQL, two metadata daemons; the mount talks to the first), and on a
-second mount of the default cluster served by the mount's own FUSE session
-(``-o fuse_session=own``, client/fuse/).
+second mount of the default cluster served by the other FUSE session (pyfuse3, ``-o
+fuse_session=pyfuse3``, while it stays selectable; the own session where the tier runs on pyfuse3).
 """
 
 import mmap
@@ -17,12 +17,13 @@ import re
 import subprocess
 
 import pytest
+from conftest import FUSE_SESSION
 
 
 @pytest.fixture(scope="module")
 def own_session_mnt(cluster):
-    """A second mount of the default cluster, served by the mount's own FUSE session (-o fuse_session=own)."""
-    mnt = cluster.mount_again("own_session", "fuse_session=own")
+    """A second mount of the default cluster, served by the FUSE session the cluster's mounts do not use."""
+    mnt = cluster.mount_again("own_session", "fuse_session=" + ("pyfuse3" if FUSE_SESSION == "own" else "own"))
     yield mnt
     cluster.unmount(mnt)
 

@@ -438,3 +438,27 @@ async def test_fast_paths_on_the_trio_thread(pair):
         await trio.to_thread.run_sync(stop, kernel, session)
     assert threads[0] is threading.main_thread() and threads[1] is threading.main_thread()
     assert threads[2] == ("task", "fuse-getattr")
+
+
+def test_fast_paths_on_the_reader_thread_hold_the_fast_lock(pair):
+    """A file system with a fast_lock: its fast paths run on the reader thread (no trio at all),
+    and the answer is sent while the lock is held, so a change made under the lock by another
+    thread is either seen by the answer or made after the kernel has it."""
+    lock = threading.RLock()
+    seen = []
+
+    class LockedFS:
+        fast_lock = lock
+
+        def fast_getattr(self, req):
+            seen.append((threading.current_thread().name, lock._is_owned()))
+            return ATTR, 1.0
+
+    kernel, session = started(pair, Dispatcher(LockedFS()))
+    with lock:  # another thread is changing what the fast path reads
+        kernel.send(Opcode.GETATTR, getattr_args(), unique=10)
+        assert kernel.nothing(0.2)  # not answered meanwhile
+    assert kernel.answer()[:2] == (10, 0)
+    assert seen == [("fuse-reader", True)]
+    assert not lock._is_owned()
+    stop(kernel, session)

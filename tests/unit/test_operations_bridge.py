@@ -8,16 +8,21 @@ translation both ways: arguments as pyfuse3 passes them, results as the kernel r
 from __future__ import annotations
 
 import errno
+import os
 import stat
+import threading
 
 import pyfuse3
 import pytest
 import trio
+from prometheus_client import REGISTRY
 
 from stripefs.client import fuse_backend
 from stripefs.client.fuse import abi, requests as rq
 from stripefs.client.fuse.abi import Opcode
 from stripefs.client.fuse.replies import DirentBuffer
+from stripefs.client.fuse.dispatch import MISS
+from stripefs.client.operations import FAST_PATH_MISS
 from stripefs.client.operations_bridge import OperationsBridge
 
 from test_fuse_wire import request, u32, u64
@@ -37,8 +42,21 @@ def attrs(ino: int, mode: int = stat.S_IFREG | 0o644) -> pyfuse3.EntryAttributes
 
 
 class FakeOps:
-    def __init__(self):
+    def __init__(self, dataset=False):
         self.calls = []
+        self.lock = threading.RLock()
+        self.dataset = dataset
+
+    def _fast_open(self, inode, flags, ctx):
+        return FAST_PATH_MISS
+
+    async def read(self, fh, off, size):
+        self.calls.append(("read", fh, off, size))
+        return b"x" * size
+
+    async def read_inode(self, inode, off, size, ctx):
+        self.calls.append(("read_inode", inode, off, size, ctx.pid))
+        return b"y" * size
 
     async def lookup(self, parent, name, ctx):
         self.calls.append(("lookup", parent, name, (ctx.uid, ctx.gid, ctx.pid)))
@@ -71,8 +89,8 @@ class FakeOps:
         s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_namemax = 100, 50, 40, 10, 5, 255
         return s
 
-    async def forget(self, forgets):
-        self.calls.append(("forget", forgets))
+    def forget_now(self, forgets):
+        self.calls.append(("forget", list(forgets)))
 
 
 async def test_lookup_and_errors():
@@ -105,8 +123,10 @@ async def test_open_listxattr_statfs_readdir_forget():
     async with trio.open_nursery() as nursery:
         token = trio.lowlevel.current_trio_token()
         bridge = OperationsBridge(ops, token, nursery)
-        opened = await bridge.open(parse(Opcode.OPEN, u32(0) + u32(0)))
+        opened = await bridge.open(parse(Opcode.OPEN, u32(os.O_RDWR) + u32(0)))
         assert opened.fh == 77 and opened.open_flags == abi.OpenFlag.KEEP_CACHE
+        opened = await bridge.open(parse(Opcode.OPEN, u32(os.O_RDONLY) + u32(0)))
+        assert opened.open_flags == abi.OpenFlag.KEEP_CACHE | abi.OpenFlag.NOFLUSH  # no FLUSH at its close
         assert await bridge.listxattr(parse(Opcode.LISTXATTR, u32(0) + u32(0))) == b"user.a\0user.bb\0"
         s = await bridge.statfs(parse(Opcode.STATFS, b""))
         assert (s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen) == (100, 50, 40, 10, 5, 4096, 255)
@@ -115,8 +135,7 @@ async def test_open_listxattr_statfs_readdir_forget():
         await bridge.readdir(req, buf)
         assert ops.calls[-1] == ("readdir", 3, 2)
         assert len(buf) == 2 * 160  # direntplus of a 2-byte name: 152 + 2, padded to 160; a third does not fit
-        bridge.forget([(9, 1)])  # from the reader thread in the mount: runs as a task
-        await trio.sleep(0.05)
+        bridge.forget([(9, 1)])  # on the reader thread in the mount: applied there, no task
         assert ops.calls[-1] == ("forget", [(9, 1)])
 
 
@@ -151,6 +170,8 @@ def test_fast_paths_translate_and_count():
     from stripefs.client.operations import FAST_PATH_MISS
 
     class Ops:
+        lock = threading.RLock()
+
         def _fast_getattr(self, inode, ctx):
             if inode == 1:
                 return FAST_PATH_MISS
@@ -162,14 +183,47 @@ def test_fast_paths_translate_and_count():
             raise pyfuse3.FUSEError(errno.ENOSYS)
 
     bridge = OperationsBridge(Ops(), None, None)
-    before = metrics.FUSE_OPS.labels("getattr")._value.get()
+    def scraped():  # as the mount's endpoint reads it: the fast paths' plain counts folded in first
+        return REGISTRY.get_sample_value("stripefs_fuse_ops_total", {"op": "getattr"}) or 0
+
+    before = scraped()
     assert bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=1)) is MISS
     attr, valid = bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=9))
     assert attr.ino == 9 and valid == 3.0
     with pytest.raises(OSError) as err:
         bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=2))
     assert err.value.errno == errno.ENOENT
-    assert metrics.FUSE_OPS.labels("getattr")._value.get() == before + 2  # a MISS is counted by the handler
+    assert scraped() == before + 2  # a MISS is counted by the handler
     with pytest.raises(OSError) as err:
         bridge.fast_flush(parse(Opcode.FLUSH, bytes(24)))
     assert err.value.errno == errno.ENOSYS
+
+
+def read_args(fh: int, offset: int, size: int) -> bytes:
+    return u64(fh) + u64(offset) + u32(size) + u32(0) + u64(0) + u32(0) + u32(0)
+
+
+async def test_a_dataset_mount_declines_open_and_reads_by_inode():
+    """No-open: a dataset mount answers a read-only OPEN ENOSYS (the kernel then sends no OPEN and
+    no RELEASE for the rest of the connection), and a READ with no handle (fh 0) reads by inode."""
+    ops = FakeOps(dataset=True)
+    async with trio.open_nursery() as nursery:
+        bridge = OperationsBridge(ops, trio.lowlevel.current_trio_token(), nursery)
+        with pytest.raises(OSError) as err:
+            bridge.fast_open(parse(Opcode.OPEN, u32(0) + u32(0)))
+        assert err.value.errno == errno.ENOSYS
+        assert await bridge.read(parse(Opcode.READ, read_args(0, 4096, 3), nodeid=12)) == b"yyy"
+        assert ops.calls[-1] == ("read_inode", 12, 4096, 3, 4242)
+        assert await bridge.read(parse(Opcode.READ, read_args(7, 0, 2))) == b"xx"  # a handle: as before
+        assert ops.calls[-1] == ("read", 7, 0, 2)
+        with pytest.raises(OSError) as err:
+            bridge.fast_opendir(parse(Opcode.OPENDIR, u32(0) + u32(0)))
+        assert err.value.errno == errno.ENOSYS  # no-opendir: the kernel keeps listings
+        req = parse(Opcode.READDIRPLUS, u64(0) + u64(0) + u32(400) + u32(0) + u64(0) + u32(0) + u32(0), nodeid=33)
+        await bridge.readdir(req, DirentBuffer(req.size, plus=True))
+        assert ops.calls[-1] == ("readdir", 33, 0)  # no handle: the directory's inode
+    default = OperationsBridge(FakeOps(dataset=False), None, None)
+    assert default.fast_opendir(parse(Opcode.OPENDIR, u32(0) + u32(0))) is MISS
+    assert default.fast_open(parse(Opcode.OPEN, u32(0) + u32(0))) is MISS  # a default mount keeps OPEN
+    writer = OperationsBridge(FakeOps(dataset=True), None, None)
+    assert writer.fast_open(parse(Opcode.OPEN, u32(os.O_WRONLY) + u32(0))) is MISS  # EROFS from the handler
