@@ -435,22 +435,7 @@ class EcPath:
         payloads: dict[int, tuple[int, bytes]] = {j: (0, b"") for j in range(c.k)}  # untouched: copied by its node
         payloads.update({j: (a, new) for j, (_, new) in changes.items()})
         payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
-        errors: dict[int, StripefsError] = {}
-
-        async def one(j: int) -> None:
-            offset, data = payloads[j]
-            request = p.WriteChunkReq(
-                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=ref.version,
-                offset=offset, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
-            )
-            try:
-                await self.nodes.write(ref.nodes[j], request, data)
-            except StripefsError as exc:
-                errors[j] = exc
-
-        async with trio.open_nursery() as nursery:
-            for j in range(c.n):
-                nursery.start_soon(one, j)
+        errors = await self._write_columns(of, ref, version, ref.version, payloads, sync)
         if errors:
             log.info("stripe %d:%d: a delta write failed on fragment(s) %s (%s); writing the stripe whole",
                      of.ino, ref.index, sorted(errors), next(iter(errors.values())))
@@ -529,25 +514,10 @@ class EcPath:
         w = b - a
         new = {j: bytes(stripe[j * fps + a : j * fps + b]).ljust(w, b"\0") for j in range(c.k)}
         parity = await self._run(c.parity_delta_job({j: (bytes(w), new[j]) for j in range(c.k)}, a, b))  # parity of the new columns
-        payloads = {j: new[j] for j in touched}
-        payloads.update({c.k + i: parity[i] for i in range(c.m)})
+        payloads = {j: (a, new[j]) for j in touched}
+        payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
         version = ref.version
-        errors: dict[int, StripefsError] = {}
-
-        async def one(j: int) -> None:
-            data = payloads[j]
-            request = p.WriteChunkReq(
-                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=version,
-                offset=a, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
-            )
-            try:
-                await self.nodes.write(ref.nodes[j], request, data)
-            except StripefsError as exc:
-                errors[j] = exc
-
-        async with trio.open_nursery() as nursery:
-            for j in payloads:
-                nursery.start_soon(one, j)
+        errors = await self._write_columns(of, ref, version, version, payloads, sync)  # based on the session's own copy
         if errors:
             log.info("stripe %d:%d: a column write failed on fragment(s) %s (%s); writing the stripe whole",
                      of.ino, ref.index, sorted(errors), next(iter(errors.values())))
@@ -563,6 +533,28 @@ class EcPath:
         self.cache.put((of.ino, ref.index, version), bytes(stripe))  # no await since the drop
         metrics.EC_STRIPE_WRITES.labels("columns").inc()
         return True
+
+    async def _write_columns(self, of: OpenFile, ref: p.ChunkRef, version: int, base_version: int,
+                            payloads: dict[int, tuple[int, bytes]], sync: bool) -> dict[int, StripefsError]:
+        """Write fragment ``j``'s bytes at its offset for each ``j: (offset, data)`` of ``payloads``, all at
+        once, as ``version`` built on ``base_version``; the errors by fragment (empty: all written)."""
+        errors: dict[int, StripefsError] = {}
+
+        async def one(j: int) -> None:
+            offset, data = payloads[j]
+            request = p.WriteChunkReq(
+                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=base_version,
+                offset=offset, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
+            )
+            try:
+                await self.nodes.write(ref.nodes[j], request, data)
+            except StripefsError as exc:
+                errors[j] = exc
+
+        async with trio.open_nursery() as nursery:
+            for j in payloads:
+                nursery.start_soon(one, j)
+        return errors
 
     def _delta_kept(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, changes: dict, a: int, b: int) -> dict:
         """What the cache holds of committed stripe ``ref``, as the new ``version`` a parity delta wrote
