@@ -397,22 +397,14 @@ class EcPath:
         fragments as empty ones; each node builds its fragment of the new version from its
         committed one (storage_node/chunk_store.py ``_merge``), so the unchanged bytes never
         cross the network and the committed slot stays whole until the commit."""
-        cs, fps = of.chunk_size, c.fps
-        touched, a, b = self._touched(c, dc, cs)
-        if not touched or len(touched) * (b - a) * 2 > c.k * fps:
-            return False  # the stripe is mostly rewritten: coding it whole costs no more
-        if len(ref.nodes) < c.n or any(self._unreachable(ref, j) for j in range(c.n)):
+        touched, a, b = self._touched(c, dc, of.chunk_size)
+        if not self._columns_pay(c, ref, touched, a, b):
             return False
         w = b - a
         buf = memoryview(dc.buf)
         held = self._held(of.ino, c, ref)
         if held is not None:  # every data column is known: the new parity is coded from them, nothing is read
-            stripe = bytearray(bytes(held).ljust(cs, b"\0"))
-            for lo, hi in dc.ranges:
-                hi = min(hi, cs)
-                stripe[lo:hi] = buf[lo:hi]
-            cols = {j: bytes(stripe[j * fps + a : j * fps + b]).ljust(w, b"\0") for j in range(c.k)}
-            parity = await self._run(c.parity_delta_job({j: (bytes(w), cols[j]) for j in range(c.k)}, a, b))
+            _, cols, parity = await self._coded_columns(c, held, dc, of.chunk_size, a, b)
             changes = {j: (None, cols[j]) for j in touched}
         else:
             old, failed = await self._gather(
@@ -441,10 +433,6 @@ class EcPath:
                      of.ino, ref.index, sorted(errors), next(iter(errors.values())))
             metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
             return False
-        if not sync:
-            pending = self._unsynced.setdefault(of.ino, {})
-            for j, node in enumerate(ref.nodes):
-                pending.setdefault(node, set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
         kept = self._delta_kept(of.ino, c, ref, version, dc, changes, a, b)
         self.cache.drop_chunk(of.ino, ref.index)  # as _write_stripe: what the cache holds of the stripe is old now
         of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
@@ -486,6 +474,26 @@ class EcPath:
                 a, b = min(a, r.offset), max(b, r.offset + r.length)
         return touched, a, b
 
+    def _columns_pay(self, c: StripeCodec, ref: p.ChunkRef, touched: dict, a: int, b: int) -> bool:
+        """Whether writing only columns ``[a, b)`` of the ``touched`` fragments is worth it (less than
+        half the stripe; coding it whole costs no more) and possible (every fragment on a node not suspect)."""
+        if not touched or len(touched) * (b - a) * 2 > c.k * c.fps:
+            return False
+        return len(ref.nodes) >= c.n and not any(self._unreachable(ref, j) for j in range(c.n))
+
+    async def _coded_columns(self, c: StripeCodec, held: bytes | memoryview, dc: DirtyChunk, cs: int, a: int,
+                             b: int) -> tuple[bytearray, dict[int, bytes], list[bytes]]:
+        """Stripe ``held`` with the dirty ranges put in, its data columns ``[a, b)`` by fragment, and
+        the parity of those columns (coded from them: nothing read)."""
+        stripe = bytearray(bytes(held).ljust(cs, b"\0"))
+        for lo, hi in dc.ranges:
+            hi = min(hi, cs)
+            stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
+        w = b - a
+        cols = {j: bytes(stripe[j * c.fps + a : j * c.fps + b]).ljust(w, b"\0") for j in range(c.k)}
+        parity = await self._run(c.parity_delta_job({j: (bytes(w), cols[j]) for j in range(c.k)}, a, b))
+        return stripe, cols, parity
+
     async def _rewrite_columns(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, dc: DirtyChunk, *, sync: bool) -> bool:
         """A later piece of a stripe this session wrote already (``ref``: the session's version, not
         committed) as a write of the touched columns only, when the mount holds that stripe (the
@@ -498,22 +506,13 @@ class EcPath:
         session's version torn: the stripe is then written whole (every fragment replaced) from the
         stripe held. False when not worth it or not possible (not held, a fragment missing or on a
         suspect node): the caller reads and writes the stripe whole."""
-        cs, fps = of.chunk_size, c.fps
+        touched, a, b = self._touched(c, dc, of.chunk_size)
+        if not self._columns_pay(c, ref, touched, a, b):
+            return False
         old = self._held(of.ino, c, ref)
         if old is None:
             return False
-        touched, a, b = self._touched(c, dc, cs)
-        if not touched or len(touched) * (b - a) * 2 > c.k * fps:
-            return False
-        if len(ref.nodes) < c.n or any(self._unreachable(ref, j) for j in range(c.n)):
-            return False
-        stripe = bytearray(bytes(old).ljust(cs, b"\0"))
-        for lo, hi in dc.ranges:
-            hi = min(hi, cs)
-            stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
-        w = b - a
-        new = {j: bytes(stripe[j * fps + a : j * fps + b]).ljust(w, b"\0") for j in range(c.k)}
-        parity = await self._run(c.parity_delta_job({j: (bytes(w), new[j]) for j in range(c.k)}, a, b))  # parity of the new columns
+        stripe, new, parity = await self._coded_columns(c, old, dc, of.chunk_size, a, b)
         payloads = {j: (a, new[j]) for j in touched}
         payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
         version = ref.version
@@ -524,10 +523,6 @@ class EcPath:
             metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
             await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=True)
             return True
-        if not sync:
-            pending = self._unsynced.setdefault(of.ino, {})
-            for j in payloads:
-                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
         self.cache.drop_chunk(of.ino, ref.index)
         of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
         self.cache.put((of.ino, ref.index, version), bytes(stripe))  # no await since the drop
@@ -554,6 +549,10 @@ class EcPath:
         async with trio.open_nursery() as nursery:
             for j in payloads:
                 nursery.start_soon(one, j)
+        if not errors and not sync:  # the next fsync syncs them
+            pending = self._unsynced.setdefault(of.ino, {})
+            for j in payloads:
+                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
         return errors
 
     def _delta_kept(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, changes: dict, a: int, b: int) -> dict:

@@ -178,15 +178,13 @@ class KernelCache:
             granted = self.grants.get(key)
             if granted is not None and granted < seq:
                 del self.grants[key]
-                if not isinstance(key, int):
-                    self._ack_seq = seq
-                    continue
-                ended.append(key)
-                if self.is_open(key):
-                    self._ack_open.add(key)
-                    self._ack_seq = seq
-                elif not mine:
-                    self._ack_seq = seq
+                if isinstance(key, int):
+                    ended.append(key)
+                    if self.is_open(key):
+                        self._ack_open.add(key)
+                    elif mine:
+                        continue  # the daemon ended this holding itself
+                self._ack_seq = seq
         return ended
 
     # ------------------------------------------------------------ reply races
