@@ -165,9 +165,7 @@ class Trash:
         self.store.delete_trash(r.ino)
         self.store.insert_dentry(parent, name, r.ino)
         self.store.update_inode(r.ino, nlink=2 if is_dir else 1, ctime_ns=now)
-        self.store.update_inode(parent, mtime_ns=now, ctime_ns=now)
-        if is_dir:
-            self.store.add_nlink(parent, 1, now)
+        self.store.touch_dir(parent, now, 1 if is_dir else 0)  # as any new entry does to its directory
 
     # -- freeing ----------------------------------------------------------------------
 
