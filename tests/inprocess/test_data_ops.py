@@ -50,7 +50,7 @@ async def test_thousands_of_small_files(fs, monkeypatch):
     rng = random.Random(3)
     sums, contents = {}, {}
     dirs = [await fs.mkdir(fs.dir, b"d%d" % i) for i in range(10)]
-    for i in range(3000):
+    for i in range(1500):
         data = rng.randbytes(rng.randrange(0, 40_000))
         name = (i % 10, b"f%d" % i)
         contents[name] = data

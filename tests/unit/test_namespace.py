@@ -308,7 +308,7 @@ def test_change_numbers_stay_contiguous_and_durable_with_the_counter_kept_in_mem
 
 def test_readdir_pages_by_cookie(w):
     d = w.ns.mkdir(ROOT, b"big", 0o755, 0, 0)
-    n = 5000
+    n = 2000  # three pages of 777
     w.atomically(lambda: [w.raw.mknod(d.ino, b"n%05d" % i, stat.S_IFREG | 0o644, 0, 0, 0) for i in range(n)])
     seen, after, pages = [], 0, 0
     while True:
