@@ -55,6 +55,7 @@ NODE_REQUESTS = frozenset({P.RegisterNodeReq, P.NodeHeartbeatReq, P.ReportBadChu
 ADMIN_REQUESTS = frozenset({
     P.NodeAdminReq, P.ScrubReq, P.FsckReq, P.QuotaSetReq, P.QuotaRecountReq,
     P.TierAddReq, P.TierPolicySetReq, P.TierMigrateReq, P.TierFsckReq,
+    P.SnapshotCreateReq, P.SnapshotDeleteReq,  # a snapshot holds space nobody is charged for (docs/snapshots.md)
 })
 #: the cluster's tiers themselves (buckets, endpoints, every bucket's objects): admin keys of no subtree
 CLUSTER_ADMIN_REQUESTS = frozenset({P.TierAddReq, P.TierFsckReq})
@@ -63,7 +64,7 @@ CHANGING_REQUESTS = frozenset({
     P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq, P.RmdirReq, P.RenameReq,
     P.SetattrReq, P.SetxattrReq, P.RemovexattrReq, P.SetLayoutReq, P.AllocEpochReq, P.AllocChunksReq,
     P.ReplaceReplicaReq, P.CommitReq, P.CreateShadowReq, P.SwapShadowReq, P.ReleaseChunksReq,
-    P.TrashRestoreReq, P.TrashPurgeReq,
+    P.TrashRestoreReq, P.TrashPurgeReq, P.SnapshotCreateReq, P.SnapshotDeleteReq,
     P.OnceReq,  # carries only changing requests; what it carries is checked again on its own (handle_once)
     P.BatchReq,  # the same, item by item (handle_batch)
 })
@@ -73,7 +74,7 @@ READING_REQUESTS = frozenset({
     P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
     P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.AckReq, P.TierListReq,
     P.TierRecallReq,  # a reader of a cold file brings its data back (docs/tiering.md)
-    P.TrashListReq,
+    P.TrashListReq, P.SnapshotListReq,
 })
 #: request fields holding inode numbers (checked against a key's subtree)
 INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root", "shadow")

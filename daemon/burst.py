@@ -187,6 +187,8 @@ class Burst:
                 return None  # a subtree key: handle_batch, item by item through MetaAccess.handle
         except StripefsError as exc:
             return _error(exc)
+        if any(type(i.body if isinstance(i, P.OnceReq) else i) not in self.kinds for i in batch.items):
+            return None  # an item not served here now (daemon/service.py GATED_KINDS): handle_batch, item by item
         units = []
         for item in batch.items:
             inner = item.body if isinstance(item, P.OnceReq) else item

@@ -38,7 +38,7 @@ EXACT_PART = 1 << 20
 DIR_CACHE_MAX = 4096
 
 _INODE_FIELDS = (
-    "mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation chunk_size stripe_count redundancy stripe_seed"
+    "mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation chunk_size stripe_count redundancy stripe_seed snapshot"
 ).split()
 
 
@@ -302,8 +302,12 @@ class SqlStore:
         self._xm("INSERT INTO garbage (node_id, ino, idx, part, max_version) VALUES (?,?,?,?,?)", rows)
 
     def garbage_for_node(self, node_id: int, limit: int) -> list[sqlite3.Row]:
+        """The next deletions for a node; never a chunk a snapshot's row still reads through
+        ``data_ino`` (daemon/snapshots.py: it waits, queued, until no row names it)."""
         return self._x(
-            "SELECT id, ino, idx, part, max_version FROM garbage WHERE node_id=? ORDER BY id LIMIT ?", (node_id, limit)
+            "SELECT id, ino, idx, part, max_version FROM garbage g WHERE node_id=?"
+            " AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.data_ino = g.ino AND c.idx = g.idx AND c.data_ino <> 0)"
+            " ORDER BY id LIMIT ?", (node_id, limit)
         ).fetchall()
 
     def garbage_nodes(self) -> list[int]:
@@ -594,6 +598,99 @@ class SqlStore:
             for r in self._x(sql, (*params, limit))
         ]
 
+    # -- directory snapshots (daemon/snapshots.py) ---------------------------
+
+    def reserve_inos(self, n: int) -> list[int]:
+        """``n`` inode numbers nobody holds or will be handed (rows inserted with them explicitly)."""
+        seq = self._x("UPDATE sqlite_sequence SET seq = seq + ? WHERE name = 'inodes' RETURNING seq", (n,)).fetchone()[0]
+        return list(range(seq - n + 1, seq + 1))
+
+    def live_tree(self, top: int) -> list[tuple[int, bytes, int]]:
+        """(parent, name, ino) of every entry below directory ``top`` that leads to a live inode
+        (``snapshot`` 0: no ``.snapshots`` directory nor what it holds), in one recursive query."""
+        return [
+            (r[0], bytes(r[1]), r[2])
+            for r in self._x(
+                "WITH RECURSIVE tree(parent, name, ino) AS ("
+                " SELECT d.parent, d.name, d.ino FROM dentries d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND i.snapshot=0"
+                " UNION ALL SELECT d.parent, d.name, d.ino FROM tree t JOIN dentries d ON d.parent = t.ino"
+                " JOIN inodes i ON i.ino = d.ino WHERE i.snapshot=0)"
+                " SELECT parent, name, ino FROM tree",
+                (top,),
+            )
+        ]
+
+    def rows_in(self, table: str, columns: str, inos: Sequence[int]) -> list:
+        """``columns`` of the rows of ``table`` whose ``ino`` is one of ``inos`` (in parts of 500)."""
+        out = []
+        for i in range(0, len(inos), 500):
+            part = list(inos[i : i + 500])
+            out += self._x(f"SELECT {columns} FROM {table} WHERE ino IN ({','.join('?' * len(part))})", part).fetchall()
+        return out
+
+    def insert_rows(self, table: str, columns: str, rows: Iterable[Sequence]) -> None:
+        """Insert many rows into ``table`` in one executemany."""
+        n = len(columns.split(","))
+        self._xm(f"INSERT INTO {table} ({columns}) VALUES ({','.join('?' * n)})", rows)
+
+    def add_snapshot(self, dir_ino: int, name: bytes, root: int, now_ns: int) -> int:
+        return self._x(
+            "INSERT INTO snapshots (dir, name, root, created_ns) VALUES (?,?,?,?) RETURNING id", (dir_ino, name, root, now_ns)
+        ).fetchone()[0]
+
+    def snapshots_of(self, dir_ino: int | None = None) -> list[tuple[int, int, bytes, int, int]]:
+        """(id, dir, name, root, created_ns) of the snapshots of ``dir_ino`` (all: None), oldest first."""
+        where, params = ("WHERE dir=?", (dir_ino,)) if dir_ino is not None else ("", ())
+        return [
+            (r[0], r[1], bytes(r[2]), r[3], r[4])
+            for r in self._x(f"SELECT id, dir, name, root, created_ns FROM snapshots {where} ORDER BY id", params)
+        ]
+
+    def count_snapshots(self) -> int:
+        return self._x("SELECT count(*) FROM snapshots").fetchone()[0]
+
+    def delete_snapshot(self, snap_id: int) -> None:
+        self._x("DELETE FROM snapshots WHERE id=?", (snap_id,))
+
+    def snapshot_chunks(self, snap_id: int) -> list[tuple[int, int, int, str]]:
+        """(ino, idx, version, nodes) of the chunk rows of a snapshot that read their own copies."""
+        return self._x(
+            "SELECT c.ino, c.idx, c.version, c.nodes FROM chunks c JOIN inodes i ON i.ino = c.ino"
+            " WHERE i.snapshot=? AND c.data_ino=0", (snap_id,)
+        ).fetchall()
+
+    def delete_snapshot_inodes(self, snap_id: int) -> None:
+        """Every inode of a snapshot, with its entries, xattrs, symlink and chunk rows (cascade)."""
+        if self._dirs is not None:
+            self._dirs.clear()
+        self._x("DELETE FROM inodes WHERE snapshot=?", (snap_id,))
+
+    def pins(self, data_ino: int, indices: Iterable[int] | None = None, from_index: int = 0) -> list[tuple[int, int, int, str]]:
+        """(ino, idx, version, nodes) of the chunk rows sharing copies of file ``data_ino``: at
+        ``indices``, or at every index from ``from_index`` (index ``chunks_pins``)."""
+        if indices is None:
+            return self._x(
+                "SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx>=?", (data_ino, from_index)
+            ).fetchall()
+        wanted = sorted(set(indices))
+        return list(itertools.chain.from_iterable(
+            self._x(
+                f"SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx IN ({','.join('?' * len(part))})",
+                (data_ino, *part),
+            ).fetchall()
+            for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
+        ))
+
+    def data_inos(self, ino: int) -> dict[int, int]:
+        """index -> data_ino of the chunks of ``ino`` that read another inode's copies."""
+        return {r[0]: r[1] for r in self._x("SELECT idx, data_ino FROM chunks WHERE ino=? AND data_ino<>0", (ino,))}
+
+    def unpin(self, ino: int, idx: int, data_ino: int, version: int) -> int:
+        """Row (ino, idx) holds its own copies now (copied out, daemon/snapshots.py): 1, or 0 if it changed."""
+        return self._x(
+            "UPDATE chunks SET data_ino=0 WHERE ino=? AND idx=? AND data_ino=? AND version=?", (ino, idx, data_ino, version)
+        ).rowcount
+
     # -- directory quotas (daemon/quota.py) --------------------------------
     # portable SQL: plain INSERT/UPDATE/DELETE, WITH RECURSIVE, decimal bit masks
 
@@ -644,7 +741,7 @@ class SqlStore:
             " SELECT ino FROM dentries WHERE parent=?"
             " UNION SELECT d.ino FROM dentries d JOIN tree t ON d.parent = t.ino)"
             " SELECT count(*), coalesce(sum(CASE WHEN (i.mode & 61440) = 16384 THEN 0 ELSE i.size END), 0)"
-            " FROM inodes i WHERE i.ino IN (SELECT ino FROM tree)",
+            " FROM inodes i WHERE i.ino IN (SELECT ino FROM tree) AND i.snapshot = 0",  # snapshots: nobody pays
             (ino,),
         ).fetchone()
         return int(row[1]), int(row[0])
