@@ -1,0 +1,144 @@
+"""Directory snapshots end to end through the mount's handlers (daemon/snapshots.py, docs/snapshots.md).
+
+Real daemon and storage node processes; the requests ``stripefs snapshot`` sends.
+A snapshot taken while a writer appends reads back what was committed then,
+however the live file changes afterwards (each change of a shared chunk copies it
+out first); deleting both sides leaves no chunk file on the nodes and fsck clean;
+every changing request into a snapshot is EROFS.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import pytest
+
+from stripefs.common import protocol as P
+from stripefs.common.errors import ErrorCode, StripefsError
+
+from fsapi import raises_errno
+from util import eventually_async
+
+KiB = 1 << 10
+
+
+def _copies(rig, ino: int) -> list:
+    return list(rig.root.glob(f"storage-*/data/chunks/*/*/{ino}-*.chunk"))
+
+
+async def _snapshot(fs, d: int, name: bytes) -> int:
+    """``stripefs snapshot create``; the snapshot's top directory inode (through its path, as a reader finds it)."""
+    (info,) = (await fs.ops.meta.call(P.SnapshotCreateReq(ino=d, name=name))).snapshots
+    holder = (await fs.lookup(d, b".snapshots")).st_ino
+    top = (await fs.lookup(holder, name)).st_ino
+    assert top == info.ino
+    return top
+
+
+async def _fsck_clean(fs) -> None:
+    for node_id in fs.rig.node_addresses:
+        report = await fs.ops.meta.call(P.FsckReq(node_id=node_id))
+        assert (report.orphans, report.missing) == (0, 0), report.problems
+
+
+async def test_a_snapshot_taken_while_a_writer_appends_reads_what_was_committed_then(fs):
+    d = await fs.mkdir(fs.dir, b"data")
+    first = os.urandom(300 * KiB)
+    fh, ino = await fs.create(d, b"log")
+    await fs.write(fh, 0, first)
+    await fs.fsync(fh)  # committed: in the snapshot
+    top = await _snapshot(fs, d, b"s1")
+    snap = (await fs.lookup(top, b"log")).st_ino
+    await fs.write(fh, len(first), os.urandom(200 * KiB))  # the writer goes on appending
+    await fs.close(fh)
+    assert len(await fs.read_file(d, b"log")) == 500 * KiB
+    assert await fs.read_file(top, b"log") == first
+
+    rewritten = os.urandom(250 * KiB)
+    fh, _ = await fs.open_path(d, b"log", os.O_WRONLY)  # rewrite in place: new versions of the shared chunk
+    await fs.write(fh, 0, rewritten)
+    await fs.close(fh)
+    assert await fs.read_file(top, b"log") == first
+    await fs.setattr(ino, st_size=10 * KiB)  # truncate
+    assert await fs.read_file(top, b"log") == first
+    await fs.write_file(d, b"log", os.urandom(100 * KiB))  # O_TRUNC and write again
+    assert await fs.read_file(top, b"log") == first
+    await fs.unlink(d, b"log")
+    assert await fs.read_file(top, b"log") == first
+    assert await fs.read_file(top, b"log") == first  # after the collector's round too
+    await fs.ops.meta.call(P.SnapshotDeleteReq(ino=d, name=b"s1"))
+    assert not await fs.exists(d, b".snapshots")
+    await eventually_async(lambda: not _copies(fs.rig, ino) and not _copies(fs.rig, snap), within=30,
+                           what="every copy of the live file and of the snapshot deleted")
+    await _fsck_clean(fs)
+
+
+@pytest.mark.parametrize("order", ["live first", "snapshot first"])
+async def test_deleting_the_live_tree_and_the_snapshot_frees_every_chunk(fs, order):
+    d = await fs.mkdir(fs.dir, b"data")
+    sub = await fs.mkdir(d, b"sub")
+    data = {b"a": os.urandom(120 * KiB), b"b": os.urandom(5 * KiB)}
+    inos = [await fs.write_file(sub, name, payload) for name, payload in data.items()]
+    top = await _snapshot(fs, d, b"s")
+    snap_sub = (await fs.lookup(top, b"sub")).st_ino
+    snap_inos = [(await fs.lookup(snap_sub, name)).st_ino for name in data]
+    for name, payload in data.items():
+        assert await fs.read_file(snap_sub, name) == payload
+    await fs.write_file(sub, b"a", os.urandom(120 * KiB))  # one chunk copied out: the snapshot's own copy
+    assert _copies(fs.rig, snap_inos[0]), "the copy-out stored the snapshot's own copy"
+
+    async def delete_live():
+        for name in data:
+            await fs.unlink(sub, name)
+        await fs.rmdir(d, b"sub")
+
+    async def delete_snapshot():
+        await fs.ops.meta.call(P.SnapshotDeleteReq(ino=d, name=b"s"))
+
+    for step in ((delete_live, delete_snapshot) if order == "live first" else (delete_snapshot, delete_live)):
+        await step()
+    await eventually_async(lambda: not any(_copies(fs.rig, i) for i in inos + snap_inos), within=30,
+                           what="no chunk file of either side left on the nodes")
+    await _fsck_clean(fs)
+
+
+async def test_every_write_path_into_a_snapshot_is_erofs(fs):
+    d = await fs.mkdir(fs.dir, b"data")
+    await fs.write_file(d, b"f", b"x" * 1000)
+    await fs.mkdir(d, b"dir")
+    top = await _snapshot(fs, d, b"s")
+    f = (await fs.lookup(top, b"f")).st_ino
+    holder = (await fs.lookup(d, b".snapshots")).st_ino
+    for attempt in (
+        lambda: fs.write_file(top, b"new", b"y"),
+        lambda: fs.mkdir(top, b"newdir"),
+        lambda: fs.symlink(top, b"ln", b"f"),
+        lambda: fs.unlink(top, b"f"),
+        lambda: fs.rmdir(top, b"dir"),
+        lambda: fs.rename(top, b"f", top, b"g"),
+        lambda: fs.rename(top, b"f", d, b"g"),
+        lambda: fs.rename(d, b"f", top, b"f"),
+        lambda: fs.link(f, d, b"hard"),
+        lambda: fs.setattr(f, st_mode=stat.S_IFREG | 0o600),
+        lambda: fs.setattr(f, st_size=0),
+        lambda: fs.setxattr(f, b"user.k", b"v"),
+        lambda: fs.open(f, os.O_WRONLY),
+        lambda: fs.mkdir(holder, b"mine"),
+        lambda: fs.rmdir(d, b".snapshots"),  # rm -rf DIR stops here while snapshots exist
+        lambda: fs.rmdir(holder, b"s"),
+    ):
+        async with raises_errno(errno.EROFS):
+            await attempt()
+    with pytest.raises(StripefsError) as info:
+        await fs.ops.meta.call(P.SnapshotCreateReq(ino=d, name=b"s"))
+    assert info.value.code == ErrorCode.EXISTS
+    assert await fs.read_file(top, b"f") == b"x" * 1000
+    names = [s.name for s in (await fs.ops.meta.call(P.SnapshotListReq(ino=d))).snapshots]
+    assert names == [b"s"]
+    await fs.ops.meta.call(P.SnapshotDeleteReq(ino=d, name=b"s"))
+    assert (await fs.ops.meta.call(P.SnapshotListReq(ino=d))).snapshots == []
+    await fs.rmdir(d, b"dir")  # the live tree is as it was: writable
+    await fs.unlink(d, b"f")
+    await fs.rmdir(fs.dir, b"data")
