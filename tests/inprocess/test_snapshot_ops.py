@@ -4,7 +4,8 @@ Real daemon and storage node processes; the requests ``stripefs snapshot`` sends
 A snapshot taken while a writer appends reads back what was committed then,
 however the live file changes afterwards (each change of a shared chunk copies it
 out first); deleting both sides leaves no chunk file on the nodes and fsck clean;
-every changing request into a snapshot is EROFS.
+every changing request into a snapshot is EROFS. The first test runs on
+PostgreSQL with two daemons too.
 """
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ async def _fsck_clean(fs) -> None:
         assert (report.orphans, report.missing) == (0, 0), report.problems
 
 
+@pytest.fixture
+def rig(request, sqlite_rig):
+    """SQLite; a test parametrized with ``rig`` (indirect) names the rig fixture it runs on."""
+    return request.getfixturevalue(request.param) if hasattr(request, "param") else sqlite_rig
+
+
+#: the shared PostgreSQL rig has two daemons: the create on one, the copy-out at a commit through the same
+BOTH = pytest.mark.parametrize("rig", ["sqlite_rig", pytest.param("pg_rig", marks=pytest.mark.pg_rig)], indirect=True)
+
+
+@BOTH
 async def test_a_snapshot_taken_while_a_writer_appends_reads_what_was_committed_then(fs, monkeypatch):
     d = await fs.mkdir(fs.dir, b"data")
     first = os.urandom(300 * KiB)
