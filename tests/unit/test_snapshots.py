@@ -1,6 +1,7 @@
 """Directory snapshots in the namespace (daemon/snapshots.py): the copy, read-only, pins, the collector.
 
-On SQLite and PostgreSQL (test_namespace's ``w``). The data path (copy-outs on
+On SQLite and PostgreSQL (test_namespace's ``w``); subtree keys against an
+in-process CURVE cluster (test_security.secure_cluster). The data path (copy-outs on
 real storage nodes, reads of shared chunks) is tests/inprocess/test_snapshot_ops.py.
 """
 
@@ -15,6 +16,7 @@ from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode
 from stripefs.daemon.snapshots import CopyOutNeeded
 from test_namespace import ROOT, code_of, w  # noqa: F401  (w: the fixture)
+from test_security import _code, secure_cluster
 from test_trash import _data_set, _file, _tree
 
 
@@ -133,3 +135,28 @@ def test_a_snapshot_of_ten_thousand_files_is_one_quick_transaction(w):
     assert w.store.counts()["chunks"] == 2 * rows and w.store.count_garbage() == garbage
     print(f"snapshot of 10,011 inodes: {took:.2f}s")
     assert took < 2.0, f"a snapshot of 10,011 inodes took {took:.2f}s"
+
+
+async def test_a_subtree_key_creates_lists_and_deletes_only_its_own_subtrees_snapshots(tmp_path):
+    async with secure_cluster(tmp_path) as c:
+        async with c.client("admin") as admin:
+            async def mkdir(parent, name):
+                return (await admin.call(P.MkdirReq(parent=parent, name=name, mode=0o40755, uid=0, gid=0)))[0].attr.ino
+
+            team_a, team_b = await mkdir(ROOT, b"team-a"), await mkdir(ROOT, b"team-b")
+            data_a, data_b = await mkdir(team_a, b"data"), await mkdir(team_b, b"data")
+            await admin.call(P.SnapshotCreateReq(ino=data_b, name=b"b1"))
+        async with c.client("team-admin") as team:  # an admin key restricted to /team-a
+            (made,) = (await team.call(P.SnapshotCreateReq(ino=data_a, name=b"a1")))[0].snapshots
+            assert [s.name for s in (await team.call(P.SnapshotListReq(ino=data_a)))[0].snapshots] == [b"a1"]
+            holder = (await team.call(P.LookupReq(parent=data_a, name=b".snapshots")))[0].attr.ino
+            assert (await team.call(P.LookupReq(parent=holder, name=b"a1")))[0].attr.ino == made.ino
+            for request in (P.SnapshotCreateReq(ino=data_b, name=b"mine"), P.SnapshotListReq(ino=data_b),
+                            P.SnapshotDeleteReq(ino=data_b, name=b"b1"), P.LookupReq(parent=data_b, name=b".snapshots")):
+                assert await _code(team.call(request)) == ErrorCode.ACCESS
+            await team.call(P.SnapshotDeleteReq(ino=data_a, name=b"a1"))
+        async with c.client("team") as client:  # a client key of the same subtree: listing only
+            assert (await client.call(P.SnapshotListReq(ino=data_a)))[0].snapshots == []
+            assert await _code(client.call(P.SnapshotCreateReq(ino=data_a, name=b"x"))) == ErrorCode.ACCESS
+        async with c.client("admin") as admin:
+            assert [s.name for s in (await admin.call(P.SnapshotListReq(ino=data_b)))[0].snapshots] == [b"b1"]
