@@ -46,7 +46,7 @@ from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import parse_redundancy, replica_part
 from ..common.protocol import SnapshotInfo
-from .store import decode_nodes
+from .store import EXACT_PART, decode_nodes
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,7 @@ class Snapshots:
         holder = self._holder(dir_ino, False, now)
         own = store.snapshot_chunks(snap_id)
         store.add_garbage((node, ino, idx, 0, version) for ino, idx, version, nodes in own for node in decode_nodes(nodes) if node)
+        store.add_garbage(self._extra_shared_copies(snap_id))
         store.delete_snapshot_inodes(snap_id)  # entries, xattrs, symlinks and chunk rows by cascade
         store.delete_snapshot(snap_id)
         if self.count is not None:
@@ -198,6 +199,21 @@ class Snapshots:
                 holder = 0
         log.info("snapshot %d %r of directory %d deleted: %d own chunk row(s) queued as garbage", snap_id, name, dir_ino, len(own))
         return root, holder or 0
+
+    def _extra_shared_copies(self, snap_id: int) -> list[tuple[int, int, int, int, int]]:
+        """Garbage rows for the shared copies of a snapshot's rows on nodes the live row does not
+        name (a repair of the snapshot's row made them; with the live file gone, all of them):
+        that slot only (``EXACT_PART``), bounded by the version. Another snapshot still naming one
+        keeps it (``store.garbage_for_node``)."""
+        rows = []
+        for data_ino, idx, version, nodes, redundancy, live_nodes in self.store.shared_rows(snap_id):
+            ec = parse_redundancy(redundancy).is_ec
+            keep = set(decode_nodes(live_nodes)) if live_nodes is not None else set()
+            rows += [
+                (n, data_ino, idx, (fragment_part(j, version) if ec else replica_part(version)) | EXACT_PART, version)
+                for j, n in enumerate(decode_nodes(nodes)) if n and n not in keep
+            ]
+        return rows
 
     # -- pins -----------------------------------------------------------------------
 

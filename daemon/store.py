@@ -348,21 +348,21 @@ class SqlStore:
         return self._x(f"SELECT count(*) FROM chunks WHERE {match}", [f"%,{n},%" for n in ids]).fetchone()[0]
     # -- self-healing (daemon/repair.py) -----------------------------------
 
-    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int, int]]:
-        """(ino, idx, version, nodes, redundancy, chunk_size, file size) of chunks after ``after`` = (ino, idx), in order."""
+    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int, int, int]]:
+        """(ino, idx, version, nodes, redundancy, chunk_size, file size, data_ino) of chunks after ``after`` = (ino, idx), in order."""
         return self._x(
-            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size FROM chunks c"
+            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino FROM chunks c"
             " JOIN inodes i ON i.ino = c.ino WHERE (c.ino, c.idx) > (?, ?) ORDER BY c.ino, c.idx LIMIT ?",
             (after[0], after[1], limit),
         ).fetchall()
 
-    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int, int]]:
+    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int, int, int]]:
         """The same rows for the chunks of some files."""
         out = []
         for i in range(0, len(inos), 500):
             part = list(inos[i : i + 500])
             out += self._x(
-                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size FROM chunks c"
+                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino FROM chunks c"
                 f" JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({','.join('?' * len(part))}) ORDER BY c.ino, c.idx",
                 part,
             ).fetchall()
@@ -657,6 +657,14 @@ class SqlStore:
         return self._x(
             "SELECT c.ino, c.idx, c.version, c.nodes FROM chunks c JOIN inodes i ON i.ino = c.ino"
             " WHERE i.snapshot=? AND c.data_ino=0", (snap_id,)
+        ).fetchall()
+
+    def shared_rows(self, snap_id: int) -> list[tuple]:
+        """(data_ino, idx, version, nodes, redundancy, the live row's nodes or None) of a snapshot's
+        chunk rows that read another inode's copies."""
+        return self._x(
+            "SELECT s.data_ino, s.idx, s.version, s.nodes, i.redundancy, l.nodes FROM chunks s JOIN inodes i ON i.ino = s.ino"
+            " LEFT JOIN chunks l ON l.ino = s.data_ino AND l.idx = s.idx WHERE i.snapshot=? AND s.data_ino<>0", (snap_id,)
         ).fetchall()
 
     def delete_snapshot_inodes(self, snap_id: int) -> None:
