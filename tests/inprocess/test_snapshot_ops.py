@@ -15,6 +15,7 @@ import os
 import stat
 
 import pytest
+import trio
 
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
@@ -163,3 +164,35 @@ async def test_every_write_path_into_a_snapshot_is_erofs(fs):
     await fs.rmdir(d, b"dir")  # the live tree is as it was: writable
     await fs.unlink(d, b"f")
     await fs.rmdir(fs.dir, b"data")
+
+
+async def _chunk0(fs, ino: int) -> P.ChunkRef:
+    return (await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=0))).chunks[0]
+
+
+async def test_a_snapshot_reads_its_data_after_a_node_is_killed_and_its_chunks_repaired(fs, monkeypatch):
+    d = await fs.mkdir(fs.dir, b"data")
+    data = os.urandom(200 * KiB)
+    ino = await fs.write_file(d, b"f", data)
+    top = await _snapshot(fs, d, b"s")
+    snap = (await fs.lookup(top, b"f")).st_ino
+    ref = await _chunk0(fs, snap)
+    assert ref.data_ino == ino
+    killed = ref.nodes[0]
+    fs.rig.expect_log(r"node %d|Connection|unreachable|timed out" % killed)
+    fs.rig.kill_node(killed)
+    try:
+        async def repaired() -> bool:
+            return killed not in (await _chunk0(fs, snap)).nodes and killed not in (await _chunk0(fs, ino)).nodes
+
+        with trio.fail_after(60):  # the node is declared down (node_timeout_s), then the healer copies
+            while not await repaired():
+                await trio.sleep(0.2)
+        now = await _chunk0(fs, snap)
+        assert now.data_ino == ino and now.version == ref.version  # still shared, under the live file's ids
+        assert await _read_cold(fs, monkeypatch, top, b"f") == data
+        for _ in range(2):  # the live file moves twice: the repaired shared copies are copied out first
+            await fs.write_file(d, b"f", os.urandom(200 * KiB))
+        assert await _read_cold(fs, monkeypatch, top, b"f") == data
+    finally:
+        await fs.rig.restart()
