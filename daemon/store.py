@@ -790,7 +790,7 @@ class SqlStore:
                 " UNION SELECT d.ino FROM dentries d JOIN tree t ON d.parent = t.ino"
                 " WHERE t.ino NOT IN (SELECT ino FROM tier_policies))"
                 " SELECT i.ino FROM inodes i WHERE i.ino IN (SELECT ino FROM tree) AND (i.mode & 61440) = 32768"
-                " AND i.nlink > 0 AND i.size >= ? AND i.size > 0 AND i.atime_ns < ? AND i.mtime_ns < ?"
+                " AND i.nlink > 0 AND i.snapshot = 0 AND i.size >= ? AND i.size > 0 AND i.atime_ns < ? AND i.mtime_ns < ?"
                 " AND EXISTS (SELECT 1 FROM chunks c WHERE c.ino = i.ino AND c.version > 0 AND c.nodes != '')"
                 " ORDER BY i.ino LIMIT ?",
                 (top, min_size, older_ns, older_ns, limit),

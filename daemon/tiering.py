@@ -43,6 +43,7 @@ from . import placement, redundancy
 from .metrics import TIER_BYTES, TIER_OBJECTS, TIER_RECALL_SECONDS
 from .db import ROOT_INO
 from .repair import Throttle
+from .snapshots import check_writable
 from .tier_store import Bucket, checksum, object_name, parse_object_name, parse_url, to_signed, to_unsigned
 
 if TYPE_CHECKING:
@@ -218,6 +219,7 @@ class Tiering:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {req.ino}")
             if not stat.S_ISREG(row["mode"]):
                 raise StripefsError(ErrorCode.INVALID, f"inode {req.ino} is not a regular file: only files' data moves")
+            check_writable(row)  # a snapshot's file stays where its rows point (docs/snapshots.md)
             if req.tier:
                 tier_id = self._tier_id(req.tier)
             else:
