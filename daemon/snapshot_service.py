@@ -87,14 +87,17 @@ class SnapshotService:
 
     async def copy_out(self, need: CopyOutNeeded) -> None:
         """Copy each pinned copy to its snapshot row's own chunk id, on the node holding it, then
-        switch the rows. A node that is down is skipped (its copy is repaired like any lost one);
+        switch the rows. A node that is down is skipped and left out of the row (a replica dropped,
+        a fragment MISSING), so the healer makes that copy like any lost one;
         a node that is up and fails the copy fails the operation (UNAVAILABLE: nothing applied)."""
         clients = await self.clients()
         failed: list[str] = []
+        skipped: list[tuple[int, int, int]] = []  # (ino, idx, node) of copies a down node could not make
 
         async def one(pin, node: int, part: int) -> None:
             if not self.nodes.is_up(node):
                 log.warning("snapshot chunk %d:%d: node %d is down, its copy is left to repair", pin.ino, pin.idx, node)
+                skipped.append((pin.ino, pin.idx, node))
                 return
             request = P.CopyChunkReq(
                 chunk=P.ChunkId(pin.ino, pin.idx, part), min_version=pin.version, sources=[], length=need.chunk_size,
@@ -111,8 +114,12 @@ class SnapshotService:
             for pin in need.pins:
                 for node, part in pin.parts:
                     nursery.start_soon(one, pin, node, part)
+        for pin in need.pins:
+            missed = sum(1 for ino, idx, _ in skipped if (ino, idx) == (pin.ino, pin.idx))
+            if len(pin.parts) - missed < pin.needed:
+                failed.append(f"{pin.ino}:{pin.idx}: {missed} of its {len(pin.parts)} nodes are down")
         if failed:
             log.warning("snapshot copy-out failed: %s", "; ".join(failed[:5]))
             raise StripefsError(ErrorCode.UNAVAILABLE, f"a snapshot's shared chunk could not be copied out: {failed[0]}")
-        done = await self.txn.write(self.snapshots.copied, need.pins)
+        done = await self.txn.write(self.snapshots.copied, need.pins, skipped)
         log.info("copy-out: %d snapshot chunk row(s) of file %d now hold their own copies", done, need.pins[0].data_ino)

@@ -71,6 +71,7 @@ class Pin(NamedTuple):
     nodes: list[int]
     data_ino: int
     parts: list[tuple[int, int]]  # (node, chunk part) of each copy or fragment to copy out
+    needed: int = 1  # copies that must be made for the row to stay readable (K of an EC stripe)
 
 
 class CopyOutNeeded(StripefsError):
@@ -232,14 +233,32 @@ class Snapshots:
         if not pins:
             return
         row = self.ns.inode(ino)
-        ec = parse_redundancy(row["redundancy"]).is_ec
+        red = parse_redundancy(row["redundancy"])
+        ec = red.is_ec
         found = []
         for s_ino, idx, version, nodes in pins:
             nodes = decode_nodes(nodes)
             parts = [(n, fragment_part(j, version) if ec else replica_part(version)) for j, n in enumerate(nodes) if n]
-            found.append(Pin(s_ino, idx, version, nodes, ino, parts))
+            found.append(Pin(s_ino, idx, version, nodes, ino, parts, red.ec_k if ec else 1))
         raise CopyOutNeeded(found, row["chunk_size"])
 
-    def copied(self, pins: Iterable[Pin]) -> int:
-        """Rows whose copies were copied out read their own now; how many (a row changed since is left)."""
-        return sum(self.store.unpin(p.ino, p.idx, p.data_ino, p.version) for p in pins)
+    def copied(self, pins: Iterable[Pin], skipped: Iterable[tuple[int, int, int]] = ()) -> int:
+        """Rows whose copies were copied out read their own now; how many (a row changed since is
+        left). ``skipped``: (ino, idx, node) copies a node that was down could not make: that node
+        leaves the row (a replica is dropped, a fragment is MISSING) and the healer makes it anew."""
+        missed: dict[tuple[int, int], set[int]] = {}
+        for ino, idx, node in skipped:
+            missed.setdefault((ino, idx), set()).add(node)
+        done = 0
+        for p in pins:
+            if not self.store.unpin(p.ino, p.idx, p.data_ino, p.version):
+                continue
+            done += 1
+            gone = missed.get((p.ino, p.idx))
+            if gone:
+                nodes = [0 if n in gone else n for n in p.nodes] if self._is_ec(p.ino) else [n for n in p.nodes if n not in gone]
+                self.store.set_chunk_nodes(p.ino, p.idx, nodes)
+        return done
+
+    def _is_ec(self, ino: int) -> bool:
+        return parse_redundancy(self.ns.inode(ino)["redundancy"]).is_ec

@@ -689,6 +689,9 @@ class SqlStore:
             for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
         ))
 
+    def set_chunk_nodes(self, ino: int, idx: int, nodes: Sequence[int]) -> None:
+        self._x("UPDATE chunks SET nodes=? WHERE ino=? AND idx=?", (_encode_nodes(nodes), ino, idx))
+
     def data_inos(self, ino: int) -> dict[int, int]:
         """index -> data_ino of the chunks of ``ino`` that read another inode's copies."""
         return {r[0]: r[1] for r in self._x("SELECT idx, data_ino FROM chunks WHERE ino=? AND data_ino<>0", (ino,))}
