@@ -489,23 +489,27 @@ class Engine:
     SNAPSHOTS_KEPT = 3
 
     def _snapshot(self) -> None:
-        """fsync every open file (a snapshot holds what is committed), snapshot the directory, check the
-        new snapshot and one older one (at random) against the models as they were; keep the newest few."""
+        """fsync every open file (a snapshot holds what is committed), snapshot the directory, check an
+        older one (at random) against the models as they were; keep the newest few. A snapshot is read
+        first only after the live files changed (a mount keeps what it read: a later read of the same
+        snapshot file may come from its caches), through either mount."""
         self.desc = f"snapshot op{self.op}"
         for f in self.files:
             if f.fd >= 0:
                 os.fsync(f.fd)
         name = f"op{self.op}"
         taken = {i: bytes(f.model) for i, f in enumerate(self.files)}
+        if self.snapshots:
+            self._check_snapshot(self.snap_rng.choice(self.snapshots))
         self.snapshots.append((name, self.t.snapshot(name), taken))
         self.recent.append(f"{self.op} [{_clock()}]: -- snapshot {name}")
-        self._check_snapshot(self.snapshots[-1])
-        self._check_snapshot(self.snap_rng.choice(self.snapshots))
         if len(self.snapshots) > self.SNAPSHOTS_KEPT:
             self._drop_snapshot(self.snapshots.pop(0))
 
     def _check_snapshot(self, snap: tuple[str, Path, dict[int, bytes]]) -> None:
         name, where, taken = snap
+        if self.t.other_view and self.snap_rng.random() < 0.5:
+            where = self.t.other_view(where)
         for i, f in enumerate(self.files):
             with open(where / f.path.name, "rb") as g:
                 got = g.read()
