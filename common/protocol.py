@@ -1242,7 +1242,9 @@ def kind(msg: Msg) -> str:
 ONCE_MESSAGES: frozenset[str] = frozenset(
     "SetattrReq CreateReq MknodReq MkdirReq SymlinkReq LinkReq UnlinkReq RmdirReq RenameReq"
     " SetxattrReq RemovexattrReq SetLayoutReq AllocChunksReq ReplaceReplicaReq CommitReq"
-    " CreateShadowReq SwapShadowReq".split()
+    " CreateShadowReq SwapShadowReq"
+    " TrashRestoreReq SnapshotCreateReq SnapshotDeleteReq"  # the admin commands' changes (stripefs/cluster.py rpc_once)
+    .split()
 )
 
 

@@ -18,7 +18,7 @@ import os
 import stat
 import time
 
-from .cluster import add_cluster_args, resolve_attr, rpc
+from .cluster import add_cluster_args, resolve_attr, rpc, rpc_once
 from .common import protocol as p
 from .common.errors import QuietError
 
@@ -43,10 +43,10 @@ def cmd_snapshot(args) -> int:
     name = os.fsencode(args.name)
     if args.action == "create":
         started = time.monotonic()
-        rpc(addresses, p.SnapshotCreateReq(ino=ino, name=name))
+        rpc_once(addresses, p.SnapshotCreateReq(ino=ino, name=name))
         print(f"snapshot {os.path.join(args.path, '.snapshots', args.name)} made in {time.monotonic() - started:.2f}s")
         return 0
-    rpc(addresses, p.SnapshotDeleteReq(ino=ino, name=name))
+    rpc_once(addresses, p.SnapshotDeleteReq(ino=ino, name=name))
     print(f"snapshot {args.name} of {args.path} deleted")
     return 0
 
