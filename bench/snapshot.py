@@ -24,26 +24,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from quota import in_process_namespace  # bench/ is the script's directory
 from stripefs.common import protocol as P
-from stripefs.daemon.db import open_database
-from stripefs.daemon.health import NodeRegistry
 from stripefs.daemon.namespace import Namespace
 from stripefs.daemon.store import SqliteStore
 
-LAYOUT = P.Layout(chunk_size=1 << 20, stripe_count=2, redundancy="replicas=2")
 GOAL_S = 2.0
 PER_DIR = 1000
 
 
 def namespace(tmp: Path) -> tuple[SqliteStore, Namespace]:
-    store = SqliteStore(open_database(tmp / "meta.sqlite3", LAYOUT))
-    nodes = NodeRegistry(store, node_timeout_s=10)
-    for i in range(1, 4):
-        nodes.register(P.RegisterNodeReq(
-            node_id=i, address=f"tcp://127.0.0.1:{7100 + i}", host=f"h{i}",
-            capacity_bytes=1 << 40, free_bytes=1 << 39, used_bytes=0, chunks=0,
-        ))
-    ns = Namespace(store, nodes)
+    store, ns = in_process_namespace(tmp / "meta.sqlite3")
     ns.snapshots.load()
     return store, ns
 
