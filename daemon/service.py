@@ -376,6 +376,7 @@ class MetaService:
         self.burst = Burst(
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
+            redo=lambda request: self.handle(request, []),
         )
         self._snapshots_changed()
         return self.burst.run
