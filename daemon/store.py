@@ -689,6 +689,10 @@ class SqlStore:
             for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
         ))
 
+    def pinned_by(self, data_ino: int, limit: int = 8) -> list[int]:
+        """Snapshot inodes (a few) whose chunk rows read copies of file ``data_ino``."""
+        return [r[0] for r in self._x("SELECT DISTINCT ino FROM chunks WHERE data_ino=? LIMIT ?", (data_ino, limit))]
+
     def set_chunk_nodes(self, ino: int, idx: int, nodes: Sequence[int]) -> None:
         self._x("UPDATE chunks SET nodes=? WHERE ino=? AND idx=?", (_encode_nodes(nodes), ino, idx))
 

@@ -162,3 +162,21 @@ async def test_a_subtree_key_creates_lists_and_deletes_only_its_own_subtrees_sna
             assert await _code(client.call(P.SnapshotCreateReq(ino=data_a, name=b"x"))) == ErrorCode.ACCESS
         async with c.client("admin") as admin:
             assert [s.name for s in (await admin.call(P.SnapshotListReq(ino=data_b)))[0].snapshots] == [b"b1"]
+
+
+async def test_a_subtree_key_gets_capabilities_for_the_removed_file_its_snapshot_reads(tmp_path):
+    """A snapshot's shared chunks carry the live file's chunk ids: a /team-a mount asks for that file's
+    capability (CapsReq) when a node refuses its read, also once the live file is gone."""
+    async with secure_cluster(tmp_path) as c:
+        async with c.client("admin") as admin:
+            team_a = (await admin.call(P.MkdirReq(parent=ROOT, name=b"team-a", mode=0o40755, uid=0, gid=0)))[0].attr.ino
+            await admin.call(P.MkdirReq(parent=ROOT, name=b"team-b", mode=0o40755, uid=0, gid=0))
+            f = (await admin.call(P.CreateReq(parent=team_a, name=b"f", mode=0o100644, uid=0, gid=0, session_id=0)))[0].attr.ino
+            await admin.call(P.CommitReq(ino=f, size=10, mtime_ns=1, chunks=[P.ChunkRef(index=0, version=3, nodes=[1])]))
+            await admin.call(P.SnapshotCreateReq(ino=team_a, name=b"s"))
+            await admin.call(P.UnlinkReq(parent=team_a, name=b"f"))
+        async with c.client("team") as team:
+            (cap,) = (await team.call(P.CapsReq(inos=[f])))[0].caps
+            assert cap.ino == f
+        async with c.client("team-b") as other:
+            assert await _code(other.call(P.CapsReq(inos=[f]))) == ErrorCode.ACCESS
