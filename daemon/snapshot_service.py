@@ -66,8 +66,8 @@ class SnapshotService:
 
     async def handle_snapshot_delete(self, req: P.SnapshotDeleteReq) -> P.Msg:
         def change(result):
-            root, holder = result
-            return [req.ino, root] + ([holder] if holder else []), [(req.ino, b".snapshots")]
+            root, holder, emptied = result
+            return [req.ino, root, holder], [(holder, req.name)] + ([(req.ino, b".snapshots")] if emptied else [])
 
         await self.txn.write_reporting(self.snapshots.delete, req.ino, req.name, report=None, change=change)
         self.on_change()

@@ -172,8 +172,8 @@ class Snapshots:
             for i, _, name, root, created in self.store.snapshots_of(dir_ino)
         ]
 
-    def delete(self, dir_ino: int, name: bytes) -> tuple[int, int]:
-        """Remove snapshot ``name`` of ``dir_ino``: (its top inode, the ``.snapshots`` inode, 0 if
+    def delete(self, dir_ino: int, name: bytes) -> tuple[int, int, bool]:
+        """Remove snapshot ``name`` of ``dir_ino``: (its top inode, the ``.snapshots`` inode, whether
         that went too). Its own copies become garbage; shared ones stay with the live file."""
         self.ns.check_name(name)
         store = self.store
@@ -191,15 +191,16 @@ class Snapshots:
         store.delete_snapshot(snap_id)
         if self.count is not None:
             self.count -= 1
+        emptied = False
         if holder is not None:
             if store.has_children(holder):
                 store.touch_dir(holder, now, -1)
             else:
                 store.delete_inode(holder)
                 store.touch_dir(dir_ino, now, -1)
-                holder = 0
+                emptied = True
         log.info("snapshot %d %r of directory %d deleted: %d own chunk row(s) queued as garbage", snap_id, name, dir_ino, len(own))
-        return root, holder or 0
+        return root, holder or 0, emptied
 
     def _extra_shared_copies(self, snap_id: int) -> list[tuple[int, int, int, int, int]]:
         """Garbage rows for the shared copies of a snapshot's rows on nodes the live row does not
