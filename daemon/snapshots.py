@@ -231,6 +231,7 @@ class Snapshots:
                 p for p in self.store.pins(ino, moved)
                 if moved[p[1]] > p[2] and (from_index is None or p[1] < from_index)
             ]
+        pins = [p for p in pins if p[3]]  # a cold row (no nodes): its object stays while a row names it
         if not pins:
             return
         row = self.ns.inode(ino)

@@ -857,11 +857,15 @@ class SqlStore:
 
     def orphan_tier_objects(self, limit: int) -> list:
         """(ino, idx, version, tier_id) of stored objects no chunk row needs any more: the file is
-        gone, the chunk was cut or rewritten (another version), or it is back on nodes."""
+        gone, the chunk was cut or rewritten (another version), or it is back on nodes; and no
+        snapshot's cold row reads it through ``data_ino``."""
         return self._x(
             "SELECT o.ino, o.idx, o.version, o.tier_id, o.created_ns FROM tier_objects o"
             " LEFT JOIN chunks c ON c.ino = o.ino AND c.idx = o.idx"
-            " WHERE o.state='stored' AND (c.ino IS NULL OR c.version != o.version OR c.nodes != '') LIMIT ?",
+            " WHERE o.state='stored' AND (c.ino IS NULL OR c.version != o.version OR c.nodes != '')"
+            # a snapshot's row still reading this object (data_ino: its live file's, daemon/snapshots.py)
+            " AND NOT EXISTS (SELECT 1 FROM chunks s WHERE s.data_ino = o.ino AND s.idx = o.idx AND s.version = o.version"
+            " AND s.nodes = '') LIMIT ?",
             (limit,),
         ).fetchall()
 

@@ -180,3 +180,21 @@ async def test_a_subtree_key_gets_capabilities_for_the_removed_file_its_snapshot
             assert cap.ino == f
         async with c.client("team-b") as other:
             assert await _code(other.call(P.CapsReq(inos=[f]))) == ErrorCode.ACCESS
+
+
+def test_a_snapshot_of_a_cold_file_keeps_its_object_and_needs_no_copy_out(w):
+    d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0).ino
+    f = _file(w, d, b"f", 100)
+    (ref,) = w.ns.open_info(f)[2]
+
+    def go_cold():  # what a migration leaves (daemon/tiering.py): a stored object, a row with no nodes
+        w.raw.store.add_tier_objects([(f, 0, ref.version, 1, 1)])
+        w.raw.store.set_object_stored(f, 0, ref.version, 100, 7)
+        w.raw.store.put_chunk(f, 0, ref.version, [])
+
+    w.atomically(go_cold)
+    _snapshot(w, d, b"s")
+    w.ns.commit(f, 200, 2, [P.ChunkRef(index=0, version=ref.version + 1, nodes=[1, 2])])  # no copy-out to make
+    assert w.store.orphan_tier_objects(10) == []  # the snapshot's row still reads it
+    w.atomically(lambda: w.raw.snapshots.delete(d, b"s"))
+    assert [tuple(r)[:3] for r in w.store.orphan_tier_objects(10)] == [(f, 0, ref.version)]
