@@ -693,6 +693,14 @@ class SqlStore:
         """Snapshot inodes (a few) whose chunk rows read copies of file ``data_ino``."""
         return [r[0] for r in self._x("SELECT DISTINCT ino FROM chunks WHERE data_ino=? LIMIT ?", (data_ino, limit))]
 
+    def cold_readers(self, ino: int, idx: int, version: int) -> bool:
+        """Whether a cold row (no nodes) still reads object (ino, idx, version): the file's own, or a
+        snapshot's through ``data_ino``."""
+        return self._x(
+            "SELECT 1 FROM chunks WHERE idx=? AND version=? AND nodes='' AND ((ino=? AND data_ino=0) OR data_ino=?) LIMIT 1",
+            (idx, version, ino, ino),
+        ).fetchone() is not None
+
     def set_chunk_nodes(self, ino: int, idx: int, nodes: Sequence[int]) -> None:
         self._x("UPDATE chunks SET nodes=? WHERE ino=? AND idx=?", (_encode_nodes(nodes), ino, idx))
 
