@@ -623,8 +623,14 @@ class Namespace(FileData):
 
     def open_info_of(self, row) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
         """``open_info`` of an inode row already read (a lookup's)."""
-        refs, addrs = self._chunk_map(row["ino"], self.store.get_chunks(row["ino"]))
-        if row["snapshot"] > 0 and refs:  # a snapshot's file: which chunks it reads from the live file's ids
+        refs, addrs = self.chunk_map_of(row, self.store.get_chunks(row["ino"]))
+        return to_attr(row), to_layout(row), refs, addrs
+
+    def chunk_map_of(self, row, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        """The chunk map of inode ``row`` for ``chunks`` (store.get_chunks), as readers get it: a
+        snapshot's file says which chunks it reads under its live file's ids (daemon/snapshots.py)."""
+        refs, addrs = self._chunk_map(row["ino"], chunks)
+        if row["snapshot"] > 0 and refs:
             shared = self.store.data_inos(row["ino"])
             refs = [msgspec.structs.replace(r, data_ino=shared[r.index]) if shared.get(r.index) else r for r in refs]
-        return to_attr(row), to_layout(row), refs, addrs
+        return refs, addrs

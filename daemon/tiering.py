@@ -284,7 +284,7 @@ class Tiering:
 
         def chunk_map():
             chunks = self.store.get_chunks(req.ino, req.indices or None)
-            refs, addrs = self.ns._chunk_map(req.ino, chunks)
+            refs, addrs = self.ns.chunk_map_of(self.ns.inode(req.ino), chunks)
             return P.ChunksRsp(chunks=refs, nodes=addrs)
 
         return await self.txn.read(chunk_map)
