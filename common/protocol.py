@@ -813,6 +813,8 @@ class StatusRsp(Msg, tag="status_rsp"):
     daemon: str = ""  # the metadata daemon that answered, named as in ``leader``
     quotas: list[QuotaInfo] = []  # every directory quota (daemon/quota.py)
     tiering: "TierStatus | None" = None  # the cold tier (daemon/tiering.py)
+    snapshots: int = 0  # directory snapshots (daemon/snapshots.py); their inodes are not in files or logical_bytes
+    snapshot_bytes: int = 0  # bytes of chunks only snapshots hold (copied out): what deleting them all would free
 
 
 # --------------------------------------------------------------------------

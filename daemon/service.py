@@ -467,6 +467,7 @@ class MetaService:
             degraded_chunks=health["degraded_chunks"],
             garbage_copies=health["garbage_copies"],
             layouts=await self.txn.read(self._layout_usage),
+            **dict(zip(("snapshots", "snapshot_bytes"), await self.txn.read(self.store.snapshot_usage))),
             under_replicated=repair.under_replicated,
             repair=self.healer.info(),
             leader=self.duties.leader,

@@ -152,12 +152,12 @@ class SqlStore:
         ]
 
     def counts(self) -> dict[str, int]:
-        """files, directories, all inodes and logical bytes of regular files."""
+        """files, directories and logical bytes of regular files (live ones: not a snapshot's), all inodes."""
         row = self._x(
             "SELECT count(*),"
-            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 THEN 1 ELSE 0 END), 0) AS INTEGER),"
-            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x4000 THEN 1 ELSE 0 END), 0) AS INTEGER),"
-            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 THEN size ELSE 0 END), 0) AS INTEGER)"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 AND snapshot = 0 THEN 1 ELSE 0 END), 0) AS INTEGER),"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x4000 AND snapshot = 0 THEN 1 ELSE 0 END), 0) AS INTEGER),"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 AND snapshot = 0 THEN size ELSE 0 END), 0) AS INTEGER)"
             " FROM inodes"
         ).fetchone()
         chunks = self._x("SELECT count(*) FROM chunks").fetchone()[0]
@@ -327,7 +327,7 @@ class SqlStore:
         with a name (idx None for a file without chunks): daemon.redundancy.layout_usage."""
         return self._x(
             "SELECT i.ino, i.redundancy, i.chunk_size, i.size, c.idx, c.version, c.nodes FROM inodes i"
-            " LEFT JOIN chunks c ON c.ino = i.ino WHERE (i.mode & 0xF000) = 0x8000 AND i.nlink > 0"
+            " LEFT JOIN chunks c ON c.ino = i.ino WHERE (i.mode & 0xF000) = 0x8000 AND i.nlink > 0 AND i.snapshot = 0"
         )
 
     def degraded_stripes(self, limit: int = 1000) -> list[tuple[int, int]]:
@@ -651,6 +651,17 @@ class SqlStore:
 
     def delete_snapshot(self, snap_id: int) -> None:
         self._x("DELETE FROM snapshots WHERE id=?", (snap_id,))
+
+    def snapshot_usage(self) -> tuple[int, int]:
+        """(snapshots, bytes of the chunks only snapshots hold): each copied-out chunk row counted for
+        the file's bytes in it."""
+        count = self._x("SELECT count(*) FROM snapshots").fetchone()[0]
+        held = self._x(
+            "SELECT CAST(coalesce(sum(CASE WHEN i.size - c.idx * i.chunk_size >= i.chunk_size THEN i.chunk_size"
+            " WHEN i.size > c.idx * i.chunk_size THEN i.size - c.idx * i.chunk_size ELSE 0 END), 0) AS INTEGER)"
+            " FROM chunks c JOIN inodes i ON i.ino = c.ino WHERE i.snapshot > 0 AND c.data_ino = 0 AND c.version > 0"
+        ).fetchone()[0]
+        return count, int(held)
 
     def snapshot_chunks(self, snap_id: int) -> list[tuple[int, int, int, str]]:
         """(ino, idx, version, nodes) of the chunk rows of a snapshot that read their own copies."""

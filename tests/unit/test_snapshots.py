@@ -92,9 +92,12 @@ def test_a_commit_or_truncate_moving_a_live_chunk_off_a_pinned_version_copies_it
     assert sorted(need.pins[0].parts) == sorted((n, 32 * (ref.version & 1)) for n in ref.nodes)
     assert w.ns.getattr(f).size == 100  # nothing of the commit was applied
     assert code_of(w.ns.setattr, f, size=0) == ErrorCode.BUSY  # a truncate past it too
+    assert w.store.snapshot_usage() == (1, 0)  # sharing everything: it holds nothing of its own
     w.atomically(lambda: w.raw.snapshots.copied(need.pins))  # the service copied the bytes
     assert w.ns.commit(f, 200, 2, [newer]).size == 200
     assert [c.data_ino for c in w.ns.open_info(snap_f)[2]] == [0]  # its own copies now
+    assert w.store.snapshot_usage() == (1, 100)  # status: the file's 100 bytes are the snapshot's alone
+    assert w.store.counts()["files"] == 1  # the live file only
     assert w.ns.setattr(f, size=0).size == 0
 
 
