@@ -54,10 +54,12 @@ class SnapshotService:
             _, root, holder = result
             return [req.ino, holder, root], [(req.ino, b".snapshots"), (holder, req.name)]
 
-        (snap_id, root, _), _, _ = await self.txn.write_reporting(
-            self.snapshots.create, req.ino, req.name, report=None, change=change
-        )
-        self.on_change()
+        try:
+            (snap_id, root, _), _, _ = await self.txn.write_reporting(
+                self.snapshots.create, req.ino, req.name, report=None, change=change
+            )
+        finally:
+            await self._counted()
         infos = await self.txn.read(self.snapshots.infos, req.ino)
         return P.SnapshotRsp(snapshots=[s for s in infos if s.id == snap_id])
 
@@ -69,10 +71,18 @@ class SnapshotService:
             root, holder, emptied = result
             return [req.ino, root, holder], [(holder, req.name)] + ([(req.ino, b".snapshots")] if emptied else [])
 
-        await self.txn.write_reporting(self.snapshots.delete, req.ino, req.name, report=None, change=change)
-        self.on_change()
+        try:
+            await self.txn.write_reporting(self.snapshots.delete, req.ino, req.name, report=None, change=change)
+        finally:
+            await self._counted()
         self.wake_gc()
         return P.SnapshotRsp()
+
+    async def _counted(self) -> None:
+        """The snapshots' count as the database has it (a create or delete rolled back is not counted),
+        and the request path that follows from it (service: commits leave the burst while any exist)."""
+        await self.txn.read(self.snapshots.load)
+        self.on_change()
 
     # -- copy-out -----------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ class Snapshots:
         self.count: int | None = None
 
     def load(self) -> None:
+        """Read the count (at start, and after each create or delete: a rolled-back one is not counted)."""
         self.count = None if self.store.dialect.sequences else self.store.count_snapshots()
 
     def _any(self) -> bool:
@@ -160,7 +161,7 @@ class Snapshots:
         ]
         store.insert_rows("chunks", "ino,idx,version,nodes,data_ino", chunks)
         store.touch_dir(holder, now, 1)
-        if self.count is not None:
+        if self.count is not None:  # at once: the next commit under the lock must see the pins
             self.count += 1
         log.info("snapshot %d %r of directory %d: %d inode(s), %d chunk row(s) shared", snap_id, name, dir_ino, len(inos), len(chunks))
         return snap_id, new[dir_ino], holder
@@ -188,9 +189,7 @@ class Snapshots:
         store.add_garbage((node, ino, idx, 0, version) for ino, idx, version, nodes in own for node in decode_nodes(nodes) if node)
         store.add_garbage(self._extra_shared_copies(snap_id))
         store.delete_snapshot_inodes(snap_id)  # entries, xattrs, symlinks and chunk rows by cascade
-        store.delete_snapshot(snap_id)
-        if self.count is not None:
-            self.count -= 1
+        store.delete_snapshot(snap_id)  # the count is read again once this is durable (load): never low
         emptied = False
         if holder is not None:
             if store.has_children(holder):
