@@ -25,6 +25,7 @@ import trio
 
 from ..common import protocol as P
 from ..common.errors import ErrorCode, StripefsError
+from . import applied_ops
 from .snapshots import CopyOutNeeded
 
 log = logging.getLogger(__name__)
@@ -88,11 +89,14 @@ class SnapshotService:
 
     async def gated(self, run: Callable[[], Awaitable[T]]) -> T:
         """``run()`` (an operation's write), after copying out what it would leave unprotected."""
+        key = applied_ops.once.get()  # a OnceReq's: the operation that finally applies is the one recorded
         for _ in range(ROUNDS):
             try:
                 return await run()
             except CopyOutNeeded as need:
-                await self.copy_out(need)
+                await self.copy_out(need)  # its own write records nothing under the key (used by the attempt)
+                if key is not None:
+                    key.used = False  # the attempt applied nothing: the next one is the OnceReq's operation
         raise StripefsError(ErrorCode.BUSY, "snapshots kept pinning this file's chunks; try again")
 
     async def copy_out(self, need: CopyOutNeeded) -> None:
