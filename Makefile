@@ -1,4 +1,4 @@
-# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/*.py: run, ec, tier, dataloader, meta, fuse_floor, data_wait), make stop.
+# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/*.py: run, ec, tier, dataloader, meta, fuse_floor, data_wait, snapshot), make stop.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -97,18 +97,20 @@ cluster: install
 # then the data path against a model (tests/datapath_model.py): FUZZ_DATAPATH_OPS operations per layout
 # (replicas=2 and ec=4+2) and mmap mode (with and without: 2x that per layout), the four runs at once on a
 # cluster each, random seeds (printed, with the line that replays a failure), a storage node kill -9ed and
-# restarted every FUZZ_DATAPATH_KILL_EVERY operations. About 3.5 h on 2 cores: each run saves a checkpoint
+# restarted every FUZZ_DATAPATH_KILL_EVERY operations, the directory snapshotted every FUZZ_DATAPATH_SNAPSHOT_EVERY
+# operations and each snapshot checked against the models' history. About 3.5 h on 2 cores: each run saves a checkpoint
 # in FUZZ_CHECKPOINTS every 10,000 operations, and `make fuzz-resume` finishes a run that was stopped.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_DATAPATH_OPS ?= 500000
 FUZZ_DATAPATH_KILL_EVERY ?= 50000
+FUZZ_DATAPATH_SNAPSHOT_EVERY ?= 2000
 FUZZ_CHECKPOINTS ?= .fuzz-checkpoints
 fuzz: install
 	@# two runs: each tier's tests import their own conftest by that name
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/cluster/test_fuzz.py
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/unit/test_feed_fuzz.py
 	$(PY) tests/datapath_model.py --layout both --parallel --mmap both --ops $(FUZZ_DATAPATH_OPS) \
-		--kill-every $(FUZZ_DATAPATH_KILL_EVERY) --checkpoint $(FUZZ_CHECKPOINTS) --progress 60
+		--kill-every $(FUZZ_DATAPATH_KILL_EVERY) --snapshot-every $(FUZZ_DATAPATH_SNAPSHOT_EVERY) --checkpoint $(FUZZ_CHECKPOINTS) --progress 60
 
 fuzz-resume: install
 	$(PY) tests/datapath_model.py --resume $(FUZZ_CHECKPOINTS) --parallel --progress 60
@@ -122,6 +124,7 @@ bench: install $(VENV)/.bench-installed
 	$(PY) bench/meta_scale.py
 	$(PY) bench/fuse_floor.py
 	$(PY) bench/data_wait.py
+	$(PY) bench/snapshot.py
 
 # the CSI plugin's gRPC code (stripefs/csi/csi_pb2.py, csi_pb2_grpc.py) from stripefs/csi/csi.proto; checked in,
 # so neither an install nor the plugin needs grpcio-tools (the test extra has it: a unit test checks they match)

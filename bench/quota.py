@@ -25,17 +25,23 @@ from stripefs.daemon.store import SqliteStore
 LAYOUT = P.Layout(chunk_size=1 << 20, stripe_count=2, redundancy="replicas=2")
 
 
+def in_process_namespace(path: Path):
+    """(store, Namespace) over a new SQLite database at ``path``, with three storage nodes registered
+    (no processes: placement only): the in-process benches' namespace (this one, bench/snapshot.py)."""
+    store = SqliteStore(open_database(path, LAYOUT))
+    nodes = NodeRegistry(store, node_timeout_s=10)
+    for i in range(1, 4):
+        nodes.register(P.RegisterNodeReq(
+            node_id=i, address=f"tcp://127.0.0.1:{7100 + i}", host=f"h{i}",
+            capacity_bytes=1 << 40, free_bytes=1 << 39, used_bytes=0, chunks=0,
+        ))
+    return store, Namespace(store, nodes)
+
+
 def ops_per_s(files: int, with_quota: bool) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        store = SqliteStore(open_database(Path(tmp) / "meta.sqlite3", LAYOUT))
+        store, ns = in_process_namespace(Path(tmp) / "meta.sqlite3")
         store.conn.execute("PRAGMA synchronous=OFF")
-        nodes = NodeRegistry(store, node_timeout_s=10)
-        for i in range(1, 4):
-            nodes.register(P.RegisterNodeReq(
-                node_id=i, address=f"tcp://127.0.0.1:{7100 + i}", host=f"h{i}",
-                capacity_bytes=1 << 40, free_bytes=1 << 39, used_bytes=0, chunks=0,
-            ))
-        ns = Namespace(store, nodes)
         top = ns.mkdir(1, b"a", 0o755, 0, 0).ino
         leaf = ns.mkdir(ns.mkdir(top, b"b", 0o755, 0, 0).ino, b"c", 0o755, 0, 0).ino
         if with_quota:

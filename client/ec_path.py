@@ -264,7 +264,7 @@ class EcPath:
                 raise StripefsError(ErrorCode.UNAVAILABLE, f"fragment {part} of stripe {ino}:{ref.index} has no node")
             if nodes.is_suspect(node):
                 raise StripefsError(ErrorCode.UNAVAILABLE, f"node {node} holding fragment {part} is suspect")
-            chunk = p.ChunkId(ino, ref.index, fragment_part(part, ref.version))
+            chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(part, ref.version))
             _, data = await nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
             return data
 
@@ -339,7 +339,7 @@ class EcPath:
         return calls
 
     async def _read_part(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, node: int) -> tuple[int, memoryview]:
-        chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
+        chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(j, ref.version))  # a snapshot may share the live fragments
         try:
             return await self.nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
         except StripefsError as exc:

@@ -217,7 +217,7 @@ class DataPath:
         return out
 
     async def _fetch_from(self, node: int, wants: list[Fetch]) -> list[bytes | memoryview | StripefsError]:
-        reads = [p.ReadChunkReq(chunk=p.ChunkId(w.ino, 0, replica_part(w.ref.version)), min_version=w.ref.version, offset=0, length=w.length) for w in wants]
+        reads = [p.ReadChunkReq(chunk=p.ChunkId(p.data_ino(w.ino, w.ref), 0, replica_part(w.ref.version)), min_version=w.ref.version, offset=0, length=w.length) for w in wants]
         try:
             results = await self.nodes.read_many(node, reads)
         except StripefsError as exc:
@@ -237,7 +237,7 @@ class DataPath:
             if data is not None:
                 return data
         node_id = self.nodes.order(ref.nodes, start=ino)[0]
-        chunk = p.ChunkId(ino, 0, replica_part(ref.version))
+        chunk = p.ChunkId(p.data_ino(ino, ref), 0, replica_part(ref.version))
         version, data = await self.nodes.read_versioned(node_id, chunk, ref.version, 0, length, last_try=False)
         if version != ref.version:
             raise StripefsError(ErrorCode.STALE, f"inode {ino} is at version {version}, the hint said {ref.version}")
@@ -325,7 +325,7 @@ class DataPath:
         When no copy named by ``ref`` can be read, the chunk may have moved since the file was
         opened (repair, drain, rebalance: copy, switch, delete): ask the daemon where it is now
         and try once more there."""
-        chunk = p.ChunkId(ino, ref.index, replica_part(ref.version))
+        chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, replica_part(ref.version))  # a snapshot may share the live copies
         order = self.nodes.order(ref.nodes, start=ino + ref.index)
         errors = []
         if self.hedge_after_s > 0 and len(order) > 1:

@@ -23,7 +23,9 @@ Within a session a chunk is rewritten at the session's version in that same
 slot: a partial rewrite names the session's version as its base (a node
 without that copy answers STALE rather than build on the committed slot), and a
 write that may have torn it is followed by a whole rewrite or fails the session
-(client/ec_path.py ``_rewrite_columns``).
+(client/ec_path.py ``_rewrite_columns``). A snapshot's row may read a
+committed slot of its live file (``ChunkRef.data_ino``): the commit that moves
+the live row off that version copies it out first (daemon/snapshots.py).
 """
 
 from __future__ import annotations

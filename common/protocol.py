@@ -164,6 +164,14 @@ class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
     index: int
     version: int
     nodes: Annotated[list[int], msgspec.Meta(max_length=MAX_CHUNK_NODES)]
+    #: a snapshot's chunk still shared with the live file (daemon/snapshots.py): its bytes are the
+    #: copies stored under this inode's chunk ids (``data_ino(ino, ref)``); 0: under the file's own
+    data_ino: int = 0
+
+
+def data_ino(ino: int, ref: ChunkRef) -> int:
+    """The inode whose chunk ids hold the bytes of chunk ``ref`` of file ``ino``."""
+    return ref.data_ino or ino
 
 
 #: a storage node address on the wire: a ZeroMQ TCP endpoint, or IPC for tests on one machine
@@ -805,6 +813,8 @@ class StatusRsp(Msg, tag="status_rsp"):
     daemon: str = ""  # the metadata daemon that answered, named as in ``leader``
     quotas: list[QuotaInfo] = []  # every directory quota (daemon/quota.py)
     tiering: "TierStatus | None" = None  # the cold tier (daemon/tiering.py)
+    snapshots: int = 0  # directory snapshots (daemon/snapshots.py); their inodes are not in files or logical_bytes
+    snapshot_bytes: int = 0  # bytes of chunks only snapshots hold (copied out): what deleting them all would free
 
 
 # --------------------------------------------------------------------------
@@ -858,6 +868,9 @@ class CopyChunkReq(Msg, tag="copy_chunk"):
     version). Errors: UNAVAILABLE (no source could be read), NO_SPACE, IO,
     TIMEOUT (past ``deadline_s``: nothing was stored, so a daemon that gave up
     waiting can delete the target's copy without racing a late store).
+    With ``source`` the node copies its own copy of another chunk id instead
+    (a snapshot's copy-out, daemon/snapshots.py): NOT_FOUND or STALE when it
+    holds no copy of ``source`` of exactly ``min_version``.
     """
 
     chunk: ChunkId
@@ -865,6 +878,9 @@ class CopyChunkReq(Msg, tag="copy_chunk"):
     sources: Annotated[list[str], msgspec.Meta(max_length=MAX_SOURCES)]
     length: int  # the file's chunk size: the most a copy can hold
     deadline_s: float = 0.0  # > 0: a copy not ready to be stored this long after arrival is discarded (TIMEOUT)
+    #: a snapshot's copy-out (daemon/snapshots.py): copy this node's own copy of ``source``, of
+    #: exactly ``min_version`` (STALE otherwise), to ``chunk``; ``sources`` is not used
+    source: ChunkId | None = None
 
 
 class CopyChunkRsp(Msg, tag="copy_chunk_rsp"):
@@ -1124,6 +1140,43 @@ class TrashRsp(Msg, tag="trash_rsp"):
     left: list[str] = []
 
 
+class SnapshotInfo(msgspec.Struct, frozen=True):
+    """One snapshot of a directory (daemon/snapshots.py): ``ino`` its top directory, ``DIR/.snapshots/NAME``."""
+
+    id: int
+    name: bytes
+    ino: int
+    created_ns: int
+
+
+class SnapshotCreateReq(Msg, tag="snapshot_create"):
+    """Snapshot directory ``ino`` as ``ino/.snapshots/name``: a read-only copy of its tree as of one
+    transaction, sharing every chunk (no data is copied). Reply: SnapshotRsp with the new one.
+    Errors: EXISTS (the name is taken, or ``.snapshots`` is something else), READ_ONLY (a snapshot's
+    directory), NOT_DIR, NOT_FOUND."""
+
+    ino: int
+    name: bytes
+
+
+class SnapshotListReq(Msg, tag="snapshot_list"):
+    """The snapshots of directory ``ino``, oldest first. Reply: SnapshotRsp."""
+
+    ino: int
+
+
+class SnapshotDeleteReq(Msg, tag="snapshot_delete"):
+    """Delete snapshot ``name`` of directory ``ino`` (its own copies are freed; shared ones stay
+    with the live files). Reply: SnapshotRsp (empty). Errors: NOT_FOUND."""
+
+    ino: int
+    name: bytes
+
+
+class SnapshotRsp(Msg, tag="snapshot_rsp"):
+    snapshots: list[SnapshotInfo] = []
+
+
 class CapsReq(Msg, tag="caps"):
     """Fresh capabilities for inodes (a mount whose capabilities near expiry, or that a storage node
     refused). Reply: CapsRsp, one Cap per inode; empty for a key that needs none (not subtree-restricted).
@@ -1191,7 +1244,9 @@ def kind(msg: Msg) -> str:
 ONCE_MESSAGES: frozenset[str] = frozenset(
     "SetattrReq CreateReq MknodReq MkdirReq SymlinkReq LinkReq UnlinkReq RmdirReq RenameReq"
     " SetxattrReq RemovexattrReq SetLayoutReq AllocChunksReq ReplaceReplicaReq CommitReq"
-    " CreateShadowReq SwapShadowReq".split()
+    " CreateShadowReq SwapShadowReq"
+    " TrashRestoreReq SnapshotCreateReq SnapshotDeleteReq"  # the admin commands' changes (stripefs/cluster.py rpc_once)
+    .split()
 )
 
 

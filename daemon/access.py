@@ -14,7 +14,8 @@ cluster without ``--secure``) every peer is trusted as before.
 * Subtree keys (``subdir``): every inode number in a request must lie inside
   the subtree: a directory whose chain of parents reaches the subtree's root,
   a file with a name inside it, or a file with no name left that this key
-  unlinked (or replaced by a rename) there, while it may still be open.
+  unlinked (or replaced by a rename) there, while it may still be open, or
+  whose chunks a snapshot inside the subtree still reads (``data_ino``).
   Access follows where a file is now: one with a name anywhere is judged by
   its names only, so a file an administrator moved (or linked) out of the
   subtree is out of reach however the key touched it before. Anything else is
@@ -55,6 +56,7 @@ NODE_REQUESTS = frozenset({P.RegisterNodeReq, P.NodeHeartbeatReq, P.ReportBadChu
 ADMIN_REQUESTS = frozenset({
     P.NodeAdminReq, P.ScrubReq, P.FsckReq, P.QuotaSetReq, P.QuotaRecountReq,
     P.TierAddReq, P.TierPolicySetReq, P.TierMigrateReq, P.TierFsckReq,
+    P.SnapshotCreateReq, P.SnapshotDeleteReq,  # a snapshot holds space nobody is charged for (docs/snapshots.md)
 })
 #: the cluster's tiers themselves (buckets, endpoints, every bucket's objects): admin keys of no subtree
 CLUSTER_ADMIN_REQUESTS = frozenset({P.TierAddReq, P.TierFsckReq})
@@ -73,7 +75,7 @@ READING_REQUESTS = frozenset({
     P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
     P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.AckReq, P.TierListReq,
     P.TierRecallReq,  # a reader of a cold file brings its data back (docs/tiering.md)
-    P.TrashListReq,
+    P.TrashListReq, P.SnapshotListReq,
 })
 #: request fields holding inode numbers (checked against a key's subtree)
 INODE_FIELDS = ("ino", "parent", "new_parent", "parent_old", "parent_new", "root", "shadow")
@@ -468,10 +470,17 @@ class MetaAccess:
         store, ns = self.store, self.ns
         row = store.get_inode(ino)
         if row is None:
-            raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {ino}")
+            snapshots = store.pinned_by(ino)  # freed, but a snapshot still reads its chunks (daemon/snapshots.py)
+            if not snapshots:
+                raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {ino}")
+            return any(self._inside(grant, top, s) for s in snapshots)
         if stat.S_ISDIR(row["mode"]):
             return ino != 1 and ns.is_ancestor(top, ino)
         names = store.dentries_of(ino)
         if names:  # where the file is now, whatever this key did to it before
             return any(ns.is_ancestor(top, parent) for _, parent, _ in names)
-        return ino in self._kept.get(grant.public, ())  # an orphan this key unlinked, maybe still open
+        if ino in self._kept.get(grant.public, ()):  # an orphan this key unlinked, maybe still open
+            return True
+        # a removed file (in the trash, say) whose chunks a snapshot inside the subtree still reads
+        # (daemon/snapshots.py): the snapshot's readers need capabilities for its chunk ids
+        return any(self._inside(grant, top, s) for s in store.pinned_by(ino))

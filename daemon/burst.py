@@ -27,6 +27,10 @@ which on the serving task itself:
    CPU than waiting; nothing else could use the database meanwhile), or, with
    ``group_commit_ms`` set or the lock taken, waits for the committer's commit;
    either publishes the change events before the replies go.
+   An operation that finds it must first copy a snapshot's shared chunk out
+   (``CopyOutNeeded``, daemon/snapshots.py: it applied nothing) is sent again on
+   the task path (``redo``: the service's ``handle``), which copies and applies it,
+   as a continuation: a commit planned before a snapshot appeared never answers BUSY.
 4. settles each change with the callbacks (daemon/callbacks.py
    ``settle_now``); a change some mount must first acknowledge leaves for trio
    as a continuation (``serve()`` runs it in a task, which waits and replies).
@@ -57,6 +61,7 @@ from ..common import protocol as P
 from ..common import security
 from ..common.errors import ErrorCode, StripefsError
 from . import applied_ops
+from .snapshots import CopyOutNeeded
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +87,7 @@ class Op(NamedTuple):
 class _Unit:
     """One operation of the burst: a request, or an item of a BatchReq."""
 
-    __slots__ = ("op", "once", "peer", "result", "error", "batch", "logged", "attrs", "seq")
+    __slots__ = ("op", "once", "peer", "result", "error", "batch", "logged", "attrs", "seq", "request", "redo")
 
     def __init__(self, op: Op | None, once: applied_ops.OnceKey | None, peer: str | None, error: P.ErrorRsp | None = None):
         self.op = op
@@ -94,6 +99,8 @@ class _Unit:
         self.logged = None  # after_change's arguments
         self.attrs: list = []
         self.seq = 0
+        self.request: P.Msg | None = None  # as received (a OnceReq with its wrapper): what ``redo`` resends
+        self.redo = False  # a snapshot's shared chunk must be copied first: the task path runs it again
 
 
 def _error(exc: StripefsError) -> P.ErrorRsp:
@@ -103,7 +110,8 @@ def _error(exc: StripefsError) -> P.ErrorRsp:
 class Burst:
     """``run`` is serve()'s ``burst`` for the metadata daemon (module docstring)."""
 
-    def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release) -> None:
+    def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
+                 redo=None) -> None:
         self.txn = txn  # daemon/txn.py SqliteTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
@@ -111,6 +119,7 @@ class Burst:
         self.settle_now = settle_now  # callbacks.settle_now
         self.settle = settle  # await settle(seq, inodes, entries, writer): the service's, for what must wait
         self.release = release  # await release(inodes): orphans nobody holds any more (housekeeping)
+        self.redo = redo  # await redo(request): the task path's reply (an operation that must wait on storage nodes)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
@@ -177,7 +186,9 @@ class Burst:
             admitted = self.access.admit_now(body)
             if admitted is None:
                 return None
-            return self._unit(admitted, peer)
+            unit = self._unit(admitted, peer)
+            unit.request = body
+            return unit
         except StripefsError as exc:
             return _error(exc)
 
@@ -187,6 +198,8 @@ class Burst:
                 return None  # a subtree key: handle_batch, item by item through MetaAccess.handle
         except StripefsError as exc:
             return _error(exc)
+        if any(type(i.body if isinstance(i, P.OnceReq) else i) not in self.kinds for i in batch.items):
+            return None  # an item not served here now (daemon/service.py GATED_KINDS): handle_batch, item by item
         units = []
         for item in batch.items:
             inner = item.body if isinstance(item, P.OnceReq) else item
@@ -199,6 +212,7 @@ class Burst:
                 if admitted is None:  # (not for a key admit_now took the batch of)
                     raise StripefsError(ErrorCode.ACCESS, "this key's batch items go through its subtree checks")
                 units.append(self._unit(admitted, peer))
+                units[-1].request = item
             except StripefsError as exc:
                 units.append(_Unit(None, None, peer, _error(exc)))
         return units
@@ -287,6 +301,8 @@ class Burst:
                     op.fn, report=op.report, change=op.change, wake=False)  # committed by _execute
                 return True
             unit.result = op.fn()
+        except CopyOutNeeded as exc:  # nothing applied; the copy waits on storage nodes: a task does it (_later)
+            unit.error, unit.redo = _error(exc), self.redo is not None and unit.request is not None
         except StripefsError as exc:
             unit.error = _error(exc)
         except OverflowError as exc:  # SQLite stores signed 64-bit integers
@@ -324,7 +340,7 @@ class Burst:
         if not isinstance(plan, (_Unit, list)):
             return plan  # None (not taken), an ErrorRsp, or a read's reply sent ahead (_reads_ahead)
         units = plan if isinstance(plan, list) else [plan]
-        if any(id(u) in waits for u in units):
+        if any(id(u) in waits or u.redo for u in units):
             return self._later(plan, units, waits)
         replies = [self._reply(u) for u in units]
         return P.BatchRsp(results=replies) if isinstance(plan, list) else replies[0]
@@ -336,7 +352,7 @@ class Burst:
             for unit in units:
                 if id(unit) in waits:
                     await self.settle(*unit.logged)
-            replies = [self._reply(u) for u in units]
+            replies = [await self._redone(u) if u.redo else self._reply(u) for u in units]
             if isinstance(plan, list):
                 return P.BatchRsp(results=replies)
             if isinstance(replies[0], P.ErrorRsp):
@@ -344,6 +360,15 @@ class Burst:
             return replies[0]
 
         return later
+
+    async def _redone(self, unit: _Unit) -> P.Msg:
+        """A unit whose operation needed a snapshot's copy-out first (daemon/snapshot_service.py):
+        the request again on the task path, which copies and then applies it."""
+        security.PEER.set(unit.peer)
+        try:
+            return await self.redo(unit.request)
+        except StripefsError as exc:
+            return _error(exc)
 
     def _reply(self, unit: _Unit) -> P.Msg:
         if unit.error is not None:

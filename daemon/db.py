@@ -91,6 +91,19 @@ Tables
     it still counts against (comma-separated inode numbers). Nothing that
     reclaims nlink-0 inodes touches an inode with a trash row.
 
+``snapshots(id PRIMARY KEY, dir, name BLOB, root, created_ns)``, ``inodes.snapshot``, ``chunks.data_ino``
+    (schema version 7) Directory snapshots (daemon/snapshots.py, docs/snapshots.md).
+    A row per snapshot: ``dir`` the directory it copies (ON DELETE CASCADE is
+    not used: a snapshot outlives nothing, ``dir`` cannot be removed while its
+    ``.snapshots`` holds one), ``name`` its name in ``dir/.snapshots``,
+    ``root`` the snapshot's top directory inode. ``inodes.snapshot``: 0 for
+    live inodes, the snapshot's id for its inodes, -1 for a ``.snapshots``
+    directory (read-only, not copied). ``chunks.data_ino``: 0, or the inode
+    whose chunk ids hold the row's bytes (a snapshot row sharing the live
+    file's copies: a *pin* on ``(data_ino, idx, version)``); index
+    ``chunks_pins(data_ino, idx)`` over the nonzero ones, ``inodes_snapshot``
+    over snapshot inodes.
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -321,10 +334,23 @@ def _migrate_6_trash(db, root_layout: Layout) -> None:
         db.execute(statement)
 
 
+def _migrate_7_snapshots(db, root_layout: Layout) -> None:
+    """Directory snapshots (daemon/snapshots.py): read-only inodes sharing the live files' chunks."""
+    for statement in (
+        "ALTER TABLE inodes ADD COLUMN snapshot INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE chunks ADD COLUMN data_ino INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX chunks_pins ON chunks(data_ino, idx) WHERE data_ino <> 0",
+        "CREATE INDEX inodes_snapshot ON inodes(snapshot) WHERE snapshot <> 0",
+        "CREATE TABLE snapshots (id INTEGER PRIMARY KEY AUTOINCREMENT, dir BIGINT NOT NULL, name BLOB NOT NULL,"
+        " root BIGINT NOT NULL, created_ns BIGINT NOT NULL, UNIQUE (dir, name))",
+    ):
+        db.execute(statement)
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
 MIGRATIONS: list[Callable[..., None]] = [
     _migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons, _migrate_5_tiers,
-    _migrate_6_trash,
+    _migrate_6_trash, _migrate_7_snapshots,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

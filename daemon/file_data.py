@@ -36,6 +36,7 @@ from ..common.protocol import Attr, ChunkRef, NodeAddr
 from . import placement, redundancy
 from . import redundancy as _redundancy
 from .quota import Quotas
+from .snapshots import Snapshots, check_writable
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class FileData:
     store: SqliteStore
     nodes: NodeSource
     quotas: Quotas
+    snapshots: Snapshots
     clock: Callable[[], int]
     is_open: Callable[[int], bool]
     # from daemon/namespace.py: inode(ino), regular_file(ino), getattr(ino), reclaim(ino)
@@ -100,6 +102,7 @@ class FileData:
     def alloc_chunks(self, ino: int, indices: Sequence[int]) -> tuple[list[ChunkRef], list[NodeAddr]]:
         """Placement for ``indices`` of file ``ino``; chunks already placed are returned as they are."""
         row = self.regular_file(ino)
+        check_writable(row)
         if any(i < 0 for i in indices):
             raise StripefsError(ErrorCode.INVALID, "negative chunk index")
         existing = self.store.get_chunks(ino, indices)
@@ -128,6 +131,7 @@ class FileData:
         """Drop placements ``indices`` of ``ino`` past its end that were never committed
         (ReleaseChunksReq: a writer placed them ahead and did not use them); how many."""
         row = self.regular_file(ino)
+        check_writable(row)
         first = chunk_count(row["size"], row["chunk_size"])
         dropped = self.store.drop_unwritten_chunks(ino, [i for i in indices if i >= first])
         if dropped:
@@ -137,6 +141,7 @@ class FileData:
     def replace_replica(self, ino: int, index: int, failed_node: int, part: int = -1) -> tuple[ChunkRef, list[NodeAddr]]:
         """Move ``failed_node``'s copy (fragment ``part`` of an EC stripe, when given) to another node."""
         row = self.regular_file(ino)
+        check_writable(row)
         current = self.store.get_chunks(ino, [index]).get(index)
         if current is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"chunk {ino}:{index} has no placement")
@@ -204,6 +209,9 @@ class FileData:
 
     def commit(self, ino: int, size: int, mtime_ns: int, chunks: Sequence[ChunkRef]) -> Attr:
         row = self.regular_file(ino)
+        check_writable(row)
+        # a snapshot reading a version this commit moves past gets its own copy first (daemon/snapshots.py)
+        self.snapshots.guard(ino, {c.index: c.version for c in chunks if c.version})
         if size < 0:
             raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
         if size > row["size"]:
@@ -224,6 +232,7 @@ class FileData:
             new_size = row["size"] + fits
             keep = chunk_count(new_size, row["chunk_size"])
             chunks = [c for c in chunks if c.index < keep]
+            self.snapshots.guard(ino, from_index=keep)
             dropped = self.store.drop_chunks(ino, keep, max_version=self.last_epoch())
             log.info(
                 "inode %d: commit of %d bytes cut to %d by a directory quota (%d chunk(s) dropped)", ino, size, new_size, dropped
@@ -239,6 +248,7 @@ class FileData:
     def create_shadow(self, ino: int, new_redundancy: str) -> int:
         """A nameless copy target for file ``ino`` with ``new_redundancy``; its inode number."""
         row = self.regular_file(ino)
+        check_writable(row)
         red = parse_redundancy(new_redundancy)
         _redundancy.check_fits(self.nodes.views(), red)
         shadow = self.store.insert_inode(**_redundancy.shadow_fields(row, str(red), self.clock()))

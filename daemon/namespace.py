@@ -21,6 +21,9 @@ Semantics worth knowing
   as garbage) unless a session has it open (``is_open``); then it stays as an
   *orphan* (nlink 0) and ``reclaim_if_orphan`` frees it when the last session
   lets go. ``reclaim_orphans`` sweeps them all (daemon start, after a lease).
+* Snapshots (daemon/snapshots.py, ``self.snapshots``): every change of an
+  inode with ``snapshot`` != 0 (a snapshot's, or a ``.snapshots`` directory)
+  is READ_ONLY (``check_writable`` on the row the operation reads anyway).
 * The trash (daemon/trash.py, ``self.trash``): when on, the unlink of a last
   name and every rmdir keep the inode (nlink 0, a trash row) instead; the
   sweeps above leave it. A removed directory takes no new entries (NOT_FOUND).
@@ -45,6 +48,8 @@ import stat
 import time
 from typing import Callable, Sequence
 
+import msgspec
+
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_count, parse_redundancy, validate_layout
 from ..common.protocol import NAME_MAX, PATH_MAX, Attr, ChunkRef, DirEntry, Layout, NodeAddr
@@ -52,6 +57,7 @@ from . import redundancy as _redundancy
 from .db import ROOT_INO
 from .file_data import FileData, NodeSource
 from .quota import Quotas
+from .snapshots import Snapshots, check_writable
 from .store import SqliteStore
 from .trash import Trash
 
@@ -110,6 +116,7 @@ class Namespace(FileData):
         self.clock = clock
         self.quotas = Quotas(store)  # directory quotas: hooks below, design in daemon/quota.py
         self.trash = Trash(self)  # off until the service sets keep_ns (trash_keep_s)
+        self.snapshots = Snapshots(self)  # directory snapshots (daemon/snapshots.py)
         super().__init__(store)  # epochs (daemon/file_data.py)
 
     # -- rows by inode (also for daemon/quota_service.py) ---------------------
@@ -129,10 +136,12 @@ class Namespace(FileData):
         return row
 
     def live_directory(self, ino: int):
-        """The row of a directory that may take new entries: NOT_FOUND once removed (in the trash)."""
+        """The row of a directory that may take new entries: NOT_FOUND once removed (in the trash),
+        READ_ONLY in a snapshot."""
         row = self.directory(ino)
         if row["nlink"] == 0:
             raise StripefsError(ErrorCode.NOT_FOUND, f"directory {ino} has been removed")
+        check_writable(row)
         return row
 
     def path_of(self, ino: int) -> bytes:
@@ -323,6 +332,7 @@ class Namespace(FileData):
 
     def link(self, ino: int, new_parent: int, new_name: bytes) -> Attr:
         row = self.inode(ino)
+        check_writable(row)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.PERMISSION, f"inode {ino} is a directory: no hard links")
         if row["nlink"] <= 0:
@@ -348,6 +358,7 @@ class Namespace(FileData):
     def unlink(self, parent: int, name: bytes) -> None:
         self.unlinked = []
         row = self._entry_row(parent, name)
+        check_writable(row)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
         now = self.clock()
@@ -365,6 +376,7 @@ class Namespace(FileData):
 
     def rmdir(self, parent: int, name: bytes) -> None:
         row = entry = self._entry_row(parent, name)
+        check_writable(row)  # a snapshot, or .snapshots while it holds any (snapshot delete removes them)
         ino = entry["ino"]
         if not stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.NOT_DIR, f"{name!r} in directory {parent} is not a directory")
@@ -401,6 +413,7 @@ class Namespace(FileData):
         self.live_directory(parent_new)
         dst = self.store.get_dentry(parent_new, name_new)
         src_row = self.inode(src["ino"])
+        check_writable(src_row)
         src_dir = stat.S_ISDIR(src_row["mode"])
         if flags == RENAME_EXCHANGE and dst is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no entry {name_new!r} in directory {parent_new} to exchange with")
@@ -413,6 +426,7 @@ class Namespace(FileData):
         now = self.clock()
         if flags == RENAME_EXCHANGE:
             dst_row = self.inode(dst["ino"])
+            check_writable(dst_row)
             dst_dir = stat.S_ISDIR(dst_row["mode"])
             if dst_dir and self.is_ancestor(dst["ino"], parent_old):
                 raise StripefsError(ErrorCode.INVALID, f"cannot move directory {dst['ino']} into its own subtree")
@@ -428,6 +442,7 @@ class Namespace(FileData):
         else:
             if dst is not None:
                 dst_row = self.inode(dst["ino"])
+                check_writable(dst_row)
                 dst_dir = stat.S_ISDIR(dst_row["mode"])
                 if src_dir and not dst_dir:
                     raise StripefsError(ErrorCode.NOT_DIR, f"{name_new!r} in directory {parent_new} is not a directory")
@@ -491,6 +506,7 @@ class Namespace(FileData):
         chunks: Sequence[ChunkRef] = (),
     ) -> Attr:
         row = self.inode(ino)
+        check_writable(row)
         now = self.clock()
         changes: dict[str, int] = {}
         if mode is not None:
@@ -507,8 +523,10 @@ class Namespace(FileData):
             self.regular_file(ino)
             if size < 0:
                 raise StripefsError(ErrorCode.INVALID, f"negative size {size} for inode {ino}")
-            self.quotas.resized(ino, row["size"], size)
             keep = chunk_count(size, row["chunk_size"])
+            if keep < chunk_count(row["size"], row["chunk_size"]) or chunks:
+                self.snapshots.guard(ino, {c.index: c.version for c in chunks}, keep)
+            self.quotas.resized(ino, row["size"], size)
             dropped = self.store.drop_chunks(ino, keep, max_version=self.last_epoch())
             if dropped:
                 log.debug("inode %d truncated to %d: %d chunk(s) queued for deletion", ino, size, dropped)
@@ -518,6 +536,7 @@ class Namespace(FileData):
                 changes["mtime_ns"] = now
         elif chunks:
             self.regular_file(ino)
+            self.snapshots.guard(ino, {c.index: c.version for c in chunks})
             self._record_chunks(ino, chunks)
         changes["ctime_ns"] = ctime_ns if ctime_ns is not None else now
         self.store.update_inode(ino, **changes)
@@ -533,7 +552,7 @@ class Namespace(FileData):
             raise StripefsError(ErrorCode.RANGE, f"xattr name of {len(name)} bytes is longer than {XATTR_NAME_MAX}")
 
     def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
-        self.inode(ino)
+        check_writable(self.inode(ino))
         self._check_xattr_name(name)
         if len(value) > XATTR_VALUE_MAX:
             raise StripefsError(ErrorCode.INVALID, f"xattr value of {len(value)} bytes is larger than {XATTR_VALUE_MAX}")
@@ -560,7 +579,7 @@ class Namespace(FileData):
         return self.store.list_xattrs(ino)
 
     def removexattr(self, ino: int, name: bytes) -> None:
-        self.inode(ino)
+        check_writable(self.inode(ino))
         self._check_xattr_name(name)
         if not self.store.delete_xattr(ino, name):
             raise StripefsError(ErrorCode.NO_ATTR, f"inode {ino} has no xattr {name!r}")
@@ -574,7 +593,9 @@ class Namespace(FileData):
     def set_layout(
         self, ino: int, chunk_size: int | None = None, stripe_count: int | None = None, redundancy: str | None = None
     ) -> Layout:
-        old = to_layout(self.directory(ino))
+        row = self.directory(ino)
+        check_writable(row)
+        old = to_layout(row)
         new = Layout(
             chunk_size=old.chunk_size if chunk_size is None else chunk_size,
             stripe_count=old.stripe_count if stripe_count is None else stripe_count,
@@ -602,5 +623,14 @@ class Namespace(FileData):
 
     def open_info_of(self, row) -> tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]]:
         """``open_info`` of an inode row already read (a lookup's)."""
-        refs, addrs = self._chunk_map(row["ino"], self.store.get_chunks(row["ino"]))
+        refs, addrs = self.chunk_map_of(row, self.store.get_chunks(row["ino"]))
         return to_attr(row), to_layout(row), refs, addrs
+
+    def chunk_map_of(self, row, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        """The chunk map of inode ``row`` for ``chunks`` (store.get_chunks), as readers get it: a
+        snapshot's file says which chunks it reads under its live file's ids (daemon/snapshots.py)."""
+        refs, addrs = self._chunk_map(row["ino"], chunks)
+        if row["snapshot"] > 0 and refs:
+            shared = self.store.data_inos(row["ino"])
+            refs = [msgspec.structs.replace(r, data_ino=shared[r.index]) if shared.get(r.index) else r for r in refs]
+        return refs, addrs

@@ -197,6 +197,9 @@ class PgStore(SqlStore):
     def set_meta(self, key: str, value) -> None:
         super().set_meta(key, None if value is None else str(value))
 
+    def reserve_inos(self, n: int) -> list[int]:
+        return [r[0] for r in self._x("SELECT nextval(pg_get_serial_sequence('inodes', 'ino')) FROM generate_series(1, ?)", (n,))]
+
     def next_epoch(self) -> int:
         return self._x("SELECT nextval('epochs')").fetchone()[0]
 

@@ -402,6 +402,9 @@ class Healer:
     def _choose_target(self, task: Task) -> int:
         store, nodes = self.store, self.nodes
         avoid = store.garbage_nodes_of_chunk(task.ino, task.idx) | set(task.nodes)
+        if task.data_ino:  # a snapshot's shared row: never onto a node of the live row (its copy is the live one's)
+            live = store.get_chunks(task.data_ino, [task.idx]).get(task.idx)
+            avoid |= store.garbage_nodes_of_chunk(task.data_ino, task.idx) | set(live[1] if live else ())
         if task.target:  # rebalance: that node or none (it may still hold a copy being deleted)
             ok = task.target not in avoid and nodes.state(task.target) == "up"
             return task.target if ok else 0
@@ -429,7 +432,7 @@ class Healer:
         if task.kind == "reconstruct":
             await self.reconstruct(task, target, target_address)
             return
-        chunk = P.ChunkId(task.ino, task.idx, task.part)
+        chunk = P.ChunkId(task.chunk_ino, task.idx, task.part)  # a snapshot row: the copies it shares
         timeout = COPY_TIMEOUT_S + task.length / (1 << 20)
         request = P.CopyChunkReq(chunk=chunk, min_version=task.version, sources=sources, length=task.length, deadline_s=timeout / 2)
         recorded, rsp = await self._store_on(task, target, target_address, request, timeout)
@@ -481,7 +484,7 @@ class Healer:
                 for i, n in enumerate(task.nodes)
                 if i != task.slot and self.nodes.is_up(n)
             ]
-        chunk = P.ChunkId(task.ino, task.idx, task.part)
+        chunk = P.ChunkId(task.chunk_ino, task.idx, task.part)  # a snapshot row: the copies it shares
         timeout = COPY_TIMEOUT_S + 2 * task.length / (1 << 20)
         request = P.ReconstructFragmentReq(
             chunk=chunk, version=task.version, k=red.ec_k, m=red.ec_m, chunk_size=task.length,
@@ -510,7 +513,7 @@ class Healer:
         """Compare-and-swap the new copy into the chunk's row; else queue it as garbage."""
         store = self.store
         cur = store.get_chunks(task.ino, [task.idx]).get(task.idx)
-        garbage = [(target, task.ino, task.idx, task.part, version)]
+        garbage = [(target, task.chunk_ino, task.idx, task.part, version)]
         if task.kind == "rebalance" and self.sessions.is_writing(task.ino):
             # opened for writing while the copy was made: the writer has the old placement, and a later
             # pass moves the chunk once it is gone (module docstring, "Open files")
@@ -538,7 +541,7 @@ class Healer:
                 slot = nodes.index(task.replace)
             new = nodes[:slot] + [target] + nodes[slot + 1 :]
             if task.kind != "move_empty" and task.replace:  # node 0: a fragment that had no node
-                store.add_garbage([(task.replace, task.ino, task.idx, task.part, cur_version)])
+                store.add_garbage([(task.replace, task.chunk_ino, task.idx, task.part, cur_version)])
         else:
             live = sum(self.nodes.state(n) in LIVE_STATES for n in nodes)
             if live >= self._copies(task.ino):
@@ -558,7 +561,7 @@ class Healer:
         """A copy whose outcome is unknown: delete it on ``target`` unless the row places it there."""
         cur = self.store.get_chunks(task.ino, [task.idx]).get(task.idx)
         if cur is None or target not in cur[1]:
-            self.store.add_garbage([(target, task.ino, task.idx, task.part, self.ns.last_epoch())])
+            self.store.add_garbage([(target, task.chunk_ino, task.idx, task.part, self.ns.last_epoch())])
 
     def fix_row(self, row: ChunkRow, keep: tuple[int, ...]) -> None:
         """Drop gone nodes from a row that has enough live copies without them."""

@@ -282,7 +282,7 @@ class OperatorRequests:
             if node_id in row.nodes and not (row.version == 0 and self.healer.abandoned(row.ino)):  # an abandoned write's: orphans
                 ec = parse_redundancy(row.redundancy).is_ec
                 part = fragment_part(row.nodes.index(node_id), row.version) if ec else replica_part(row.version)
-                expected[(row.ino, row.idx, part)] = row.version
+                expected[(row.data_ino or row.ino, row.idx, part)] = row.version  # a snapshot's shared copy is referenced
         client = await (await self.healer.clients()).get(address)
         inventory: dict[tuple[int, int, int], int] = {}
         start = 0

@@ -47,10 +47,11 @@ class ChunkRow:
     redundancy: str
     chunk_size: int
     size: int = -1  # the file's size (-1: unknown): what a copy of a small file's chunk really holds
+    data_ino: int = 0  # a snapshot's row sharing this inode's copies (daemon/snapshots.py): their chunk ids are its
 
     @classmethod
     def from_sql(cls, row) -> ChunkRow:
-        return cls(row[0], row[1], row[2], tuple(decode_nodes(row[3])), row[4], row[5], *row[6:7])
+        return cls(row[0], row[1], row[2], tuple(decode_nodes(row[3])), row[4], row[5], *row[6:8])
 
     def copy_bytes(self, ec_k: int = 0) -> int:
         """Bytes one copy (one fragment of ``ec=K+M``) of this chunk holds: the file's bytes in it, not
@@ -75,6 +76,12 @@ class Task:
     ec: bool = False
     target: int = 0  # rebalance: the node chosen to receive it (0: placement chooses)
     nbytes: int = -1  # bytes the copy will hold (ChunkRow.copy_bytes; -1: ``length``): backlog figures only
+    data_ino: int = 0  # the copies' chunk ids are this inode's (a snapshot's shared row), not ``ino``'s
+
+    @property
+    def chunk_ino(self) -> int:
+        """The inode in the chunk ids of this row's copies."""
+        return self.data_ino or self.ino
 
     @property
     def copy_bytes(self) -> int:
@@ -136,12 +143,12 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
                 slot = missing_slots[0] if missing_slots[0] < len(row.nodes) else -1
                 nbytes = row.copy_bytes(red.ec_k)
                 out.tasks.append(Task("reconstruct", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size, True,
-                                      nbytes=nbytes))
+                                      nbytes=nbytes, data_ino=row.data_ino))
                 out.backlog_bytes += nbytes
             elif draining:
                 nbytes = row.copy_bytes(red.ec_k)
                 out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size, True,
-                                      nbytes=nbytes))
+                                      nbytes=nbytes, data_ino=row.data_ino))
                 out.backlog_bytes += nbytes
             continue
         if len(set(row.nodes[i] for i in live)) > copies:
@@ -154,15 +161,15 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
             out.under_replicated += 1
             slot = gone[0] if gone else -1
             out.tasks.append(Task("repair", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size,
-                                  nbytes=row.copy_bytes()))
+                                  nbytes=row.copy_bytes(), data_ino=row.data_ino))
             out.backlog_bytes += row.copy_bytes() * (copies - len(live))
         elif draining:
             out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size,
-                                  nbytes=row.copy_bytes()))
+                                  nbytes=row.copy_bytes(), data_ino=row.data_ino))
             out.backlog_bytes += row.copy_bytes() * len(draining)
         elif gone:
             out.fixes.append((row, tuple(row.nodes[i] for i in live)))
-        elif all(s in PLACEABLE_STATES for s in state):
+        elif all(s in PLACEABLE_STATES for s in state) and not row.data_ino:  # shared copies stay where both rows point
             for n in row.nodes:
                 bucket = out.movable.setdefault(n, [])
                 if len(bucket) < MOVABLE_PER_NODE:

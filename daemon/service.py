@@ -70,6 +70,8 @@ from .health import NodeRegistry, Sessions
 from .housekeeping import Housekeeping
 from .namespace import Namespace, to_attr
 from .quota_service import QuotaService
+from .snapshot_service import SnapshotService
+from .snapshots import check_writable
 from .trash_service import TrashService
 from .repair import Healer
 from .repair_admin import OperatorRequests
@@ -92,6 +94,8 @@ BURST_KINDS = frozenset({
     P.LookupReq, P.GetattrReq, P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq,
     P.RmdirReq, P.RenameReq, P.SetattrReq, P.CommitReq,
 })
+#: operations that may have to copy a snapshot's shared chunks out before they apply (daemon/snapshot_service.py)
+GATED_KINDS = frozenset({P.SetattrReq, P.CommitReq})
 #: lookups a LookupPathsReq makes per hold of the lock (handle_lookup_paths): about 10 ms of work,
 #: the most another request waits behind one connection's batches
 LOOKUP_SLICE = 512
@@ -139,11 +143,14 @@ class MetaService:
         self.operator: OperatorRequests | None = None  # node administration, scrub, fsck (daemon/repair_admin.py)
         self.quota_service: QuotaService | None = None  # directory quotas (daemon/quota.py)
         self.trash_service: TrashService | None = None  # the trash (daemon/trash.py)
+        self.snapshot_service: SnapshotService | None = None  # snapshots (daemon/snapshots.py)
         self.access: MetaAccess | None = None  # keys, roles, read-only, subtrees (daemon/access.py)
         self.holds: OpenHolds | None = None  # PostgreSQL: open files across daemons (daemon/open_holds.py)
         self.tiering: Tiering | None = None  # the cold tier on object storage (daemon/tiering.py)
         # which requests are served (the classes' handle_* methods); bound to the objects by open()
-        self._handlers: dict[type, Callable] = _handlers((self, Healer, OperatorRequests, QuotaService, MetaAccess, Tiering, TrashService))
+        self._handlers: dict[type, Callable] = _handlers(
+            (self, Healer, OperatorRequests, QuotaService, MetaAccess, Tiering, TrashService, SnapshotService)
+        )
         self._path_batches: dict[bytes, list] = {}  # connection -> its LookupPathsReq line (handle_lookup_paths)
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
@@ -212,8 +219,13 @@ class MetaService:
         )
         self.housekeeping.gc_listeners.append(self.tiering.wake_collector)  # objects of deleted files
         self.trash_service = TrashService(txn, self.ns, wake_gc=self._wake_gc)
+        self.ns.snapshots.load()
+        self.snapshot_service = SnapshotService(
+            txn, self.ns, nodes, self.healer.clients, wake_gc=self._wake_gc, on_change=self._snapshots_changed
+        )
         self._handlers = _handlers(
-            (self, self.healer, self.operator, self.quota_service, self.access, self.tiering, self.trash_service)
+            (self, self.healer, self.operator, self.quota_service, self.access, self.tiering, self.trash_service,
+             self.snapshot_service)
         )
         nodes.on_change = self._on_trio_thread(self.healer.node_changed)
         self.duties.on_lost.append(self.healer.stop_pass)
@@ -364,8 +376,16 @@ class MetaService:
         self.burst = Burst(
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
+            redo=lambda request: self.handle(request, []),
         )
+        self._snapshots_changed()
         return self.burst.run
+
+    def _snapshots_changed(self) -> None:
+        """While snapshots exist, commits and setattrs take the task path: one may have to copy a
+        shared chunk out first (daemon/snapshot_service.py ``gated``), which waits on storage nodes."""
+        if self.burst is not None:
+            self.burst.kinds = BURST_KINDS - GATED_KINDS if self.ns.snapshots.count else BURST_KINDS
 
     def _written(self) -> None:
         """After every write: redundancy figures in status are recomputed, and a shared
@@ -447,6 +467,7 @@ class MetaService:
             degraded_chunks=health["degraded_chunks"],
             garbage_copies=health["garbage_copies"],
             layouts=await self.txn.read(self._layout_usage),
+            **dict(zip(("snapshots", "snapshot_bytes"), await self.txn.read(self.store.snapshot_usage))),
             under_replicated=repair.under_replicated,
             repair=self.healer.info(),
             leader=self.duties.leader,
@@ -536,7 +557,10 @@ class MetaService:
             self.sessions.touch(req.session_id, owner=owner)
 
         def open_and_hold():
-            info = self.ns.open_info(req.ino)
+            row = self.ns.inode(req.ino)
+            if req.write:
+                check_writable(row)  # a snapshot's file (daemon/snapshots.py)
+            info = self.ns.open_info_of(row)
             if req.session_id:  # under the lock: no unlink can reclaim it in between
                 self.sessions.open(req.session_id, req.ino, owner=owner, write=req.write)
             return *info, self.ns.quotas.max_size(req.ino, info[0].size)
@@ -650,7 +674,7 @@ class MetaService:
         return Op(functools.partial(self.ns.getattr, req.ino), False, None, None, lambda attr, _, __: P.AttrRsp(attr=attr))
 
     async def handle_setattr(self, req: P.SetattrReq) -> P.Msg:
-        return await self._perform(self._op_setattr(req))
+        return await self.snapshot_service.gated(lambda: self._perform(self._op_setattr(req)))
 
     def _op_setattr(self, req: P.SetattrReq) -> Op:
         fn = functools.partial(
@@ -832,7 +856,7 @@ class MetaService:
         return P.ChunksRsp(chunks=[chunk], nodes=nodes)
 
     async def handle_commit(self, req: P.CommitReq) -> P.Msg:
-        return await self._perform(self._op_commit(req))
+        return await self.snapshot_service.gated(lambda: self._perform(self._op_commit(req)))
 
     def _op_commit(self, req: P.CommitReq) -> Op:
         self.sessions.check_fence(req.ino, req.chunks)

@@ -38,7 +38,7 @@ EXACT_PART = 1 << 20
 DIR_CACHE_MAX = 4096
 
 _INODE_FIELDS = (
-    "mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation chunk_size stripe_count redundancy stripe_seed"
+    "mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation chunk_size stripe_count redundancy stripe_seed snapshot"
 ).split()
 
 
@@ -152,12 +152,12 @@ class SqlStore:
         ]
 
     def counts(self) -> dict[str, int]:
-        """files, directories, all inodes and logical bytes of regular files."""
+        """files, directories and logical bytes of regular files (live ones: not a snapshot's), all inodes."""
         row = self._x(
             "SELECT count(*),"
-            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 THEN 1 ELSE 0 END), 0) AS INTEGER),"
-            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x4000 THEN 1 ELSE 0 END), 0) AS INTEGER),"
-            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 THEN size ELSE 0 END), 0) AS INTEGER)"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 AND snapshot = 0 THEN 1 ELSE 0 END), 0) AS INTEGER),"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x4000 AND snapshot = 0 THEN 1 ELSE 0 END), 0) AS INTEGER),"
+            " CAST(coalesce(sum(CASE WHEN (mode & 0xF000) = 0x8000 AND snapshot = 0 THEN size ELSE 0 END), 0) AS INTEGER)"
             " FROM inodes"
         ).fetchone()
         chunks = self._x("SELECT count(*) FROM chunks").fetchone()[0]
@@ -302,8 +302,12 @@ class SqlStore:
         self._xm("INSERT INTO garbage (node_id, ino, idx, part, max_version) VALUES (?,?,?,?,?)", rows)
 
     def garbage_for_node(self, node_id: int, limit: int) -> list[sqlite3.Row]:
+        """The next deletions for a node; never a chunk a snapshot's row still reads through
+        ``data_ino`` (daemon/snapshots.py: it waits, queued, until no row names it)."""
         return self._x(
-            "SELECT id, ino, idx, part, max_version FROM garbage WHERE node_id=? ORDER BY id LIMIT ?", (node_id, limit)
+            "SELECT id, ino, idx, part, max_version FROM garbage g WHERE node_id=?"
+            " AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.data_ino = g.ino AND c.idx = g.idx AND c.data_ino <> 0)"
+            " ORDER BY id LIMIT ?", (node_id, limit)
         ).fetchall()
 
     def garbage_nodes(self) -> list[int]:
@@ -323,7 +327,7 @@ class SqlStore:
         with a name (idx None for a file without chunks): daemon.redundancy.layout_usage."""
         return self._x(
             "SELECT i.ino, i.redundancy, i.chunk_size, i.size, c.idx, c.version, c.nodes FROM inodes i"
-            " LEFT JOIN chunks c ON c.ino = i.ino WHERE (i.mode & 0xF000) = 0x8000 AND i.nlink > 0"
+            " LEFT JOIN chunks c ON c.ino = i.ino WHERE (i.mode & 0xF000) = 0x8000 AND i.nlink > 0 AND i.snapshot = 0"
         )
 
     def degraded_stripes(self, limit: int = 1000) -> list[tuple[int, int]]:
@@ -344,21 +348,21 @@ class SqlStore:
         return self._x(f"SELECT count(*) FROM chunks WHERE {match}", [f"%,{n},%" for n in ids]).fetchone()[0]
     # -- self-healing (daemon/repair.py) -----------------------------------
 
-    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int, int]]:
-        """(ino, idx, version, nodes, redundancy, chunk_size, file size) of chunks after ``after`` = (ino, idx), in order."""
+    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int, int, int]]:
+        """(ino, idx, version, nodes, redundancy, chunk_size, file size, data_ino) of chunks after ``after`` = (ino, idx), in order."""
         return self._x(
-            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size FROM chunks c"
+            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino FROM chunks c"
             " JOIN inodes i ON i.ino = c.ino WHERE (c.ino, c.idx) > (?, ?) ORDER BY c.ino, c.idx LIMIT ?",
             (after[0], after[1], limit),
         ).fetchall()
 
-    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int, int]]:
+    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int, int, int]]:
         """The same rows for the chunks of some files."""
         out = []
         for i in range(0, len(inos), 500):
             part = list(inos[i : i + 500])
             out += self._x(
-                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size FROM chunks c"
+                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino FROM chunks c"
                 f" JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({','.join('?' * len(part))}) ORDER BY c.ino, c.idx",
                 part,
             ).fetchall()
@@ -594,6 +598,133 @@ class SqlStore:
             for r in self._x(sql, (*params, limit))
         ]
 
+    # -- directory snapshots (daemon/snapshots.py) ---------------------------
+
+    def reserve_inos(self, n: int) -> list[int]:
+        """``n`` inode numbers nobody holds or will be handed (rows inserted with them explicitly)."""
+        seq = self._x("UPDATE sqlite_sequence SET seq = seq + ? WHERE name = 'inodes' RETURNING seq", (n,)).fetchone()[0]
+        return list(range(seq - n + 1, seq + 1))
+
+    def live_tree(self, top: int) -> list[tuple[int, bytes, int]]:
+        """(parent, name, ino) of every entry below directory ``top`` that leads to a live inode
+        (``snapshot`` 0: no ``.snapshots`` directory nor what it holds), in one recursive query."""
+        return [
+            (r[0], bytes(r[1]), r[2])
+            for r in self._x(
+                "WITH RECURSIVE tree(parent, name, ino) AS ("
+                " SELECT d.parent, d.name, d.ino FROM dentries d JOIN inodes i ON i.ino = d.ino WHERE d.parent=? AND i.snapshot=0"
+                " UNION ALL SELECT d.parent, d.name, d.ino FROM tree t JOIN dentries d ON d.parent = t.ino"
+                " JOIN inodes i ON i.ino = d.ino WHERE i.snapshot=0)"
+                " SELECT parent, name, ino FROM tree",
+                (top,),
+            )
+        ]
+
+    def rows_in(self, table: str, columns: str, inos: Sequence[int]) -> list:
+        """``columns`` of the rows of ``table`` whose ``ino`` is one of ``inos`` (in parts of 500)."""
+        out = []
+        for i in range(0, len(inos), 500):
+            part = list(inos[i : i + 500])
+            out += self._x(f"SELECT {columns} FROM {table} WHERE ino IN ({','.join('?' * len(part))})", part).fetchall()
+        return out
+
+    def insert_rows(self, table: str, columns: str, rows: Iterable[Sequence]) -> None:
+        """Insert many rows into ``table`` in one executemany."""
+        n = len(columns.split(","))
+        self._xm(f"INSERT INTO {table} ({columns}) VALUES ({','.join('?' * n)})", rows)
+
+    def add_snapshot(self, dir_ino: int, name: bytes, root: int, now_ns: int) -> int:
+        return self._x(
+            "INSERT INTO snapshots (dir, name, root, created_ns) VALUES (?,?,?,?) RETURNING id", (dir_ino, name, root, now_ns)
+        ).fetchone()[0]
+
+    def snapshots_of(self, dir_ino: int | None = None) -> list[tuple[int, int, bytes, int, int]]:
+        """(id, dir, name, root, created_ns) of the snapshots of ``dir_ino`` (all: None), oldest first."""
+        where, params = ("WHERE dir=?", (dir_ino,)) if dir_ino is not None else ("", ())
+        return [
+            (r[0], r[1], bytes(r[2]), r[3], r[4])
+            for r in self._x(f"SELECT id, dir, name, root, created_ns FROM snapshots {where} ORDER BY id", params)
+        ]
+
+    def count_snapshots(self) -> int:
+        return self._x("SELECT count(*) FROM snapshots").fetchone()[0]
+
+    def delete_snapshot(self, snap_id: int) -> None:
+        self._x("DELETE FROM snapshots WHERE id=?", (snap_id,))
+
+    def snapshot_usage(self) -> tuple[int, int]:
+        """(snapshots, bytes of the chunks only snapshots hold): each copied-out chunk row counted for
+        the file's bytes in it."""
+        count = self._x("SELECT count(*) FROM snapshots").fetchone()[0]
+        held = self._x(
+            "SELECT CAST(coalesce(sum(CASE WHEN i.size - c.idx * i.chunk_size >= i.chunk_size THEN i.chunk_size"
+            " WHEN i.size > c.idx * i.chunk_size THEN i.size - c.idx * i.chunk_size ELSE 0 END), 0) AS INTEGER)"
+            " FROM chunks c JOIN inodes i ON i.ino = c.ino WHERE i.snapshot > 0 AND c.data_ino = 0 AND c.version > 0"
+        ).fetchone()[0]
+        return count, int(held)
+
+    def snapshot_chunks(self, snap_id: int) -> list[tuple[int, int, int, str]]:
+        """(ino, idx, version, nodes) of the chunk rows of a snapshot that read their own copies."""
+        return self._x(
+            "SELECT c.ino, c.idx, c.version, c.nodes FROM chunks c JOIN inodes i ON i.ino = c.ino"
+            " WHERE i.snapshot=? AND c.data_ino=0", (snap_id,)
+        ).fetchall()
+
+    def shared_rows(self, snap_id: int) -> list[tuple]:
+        """(data_ino, idx, version, nodes, redundancy, the live row's nodes or None) of a snapshot's
+        chunk rows that read another inode's copies."""
+        return self._x(
+            "SELECT s.data_ino, s.idx, s.version, s.nodes, i.redundancy, l.nodes FROM chunks s JOIN inodes i ON i.ino = s.ino"
+            " LEFT JOIN chunks l ON l.ino = s.data_ino AND l.idx = s.idx WHERE i.snapshot=? AND s.data_ino<>0", (snap_id,)
+        ).fetchall()
+
+    def delete_snapshot_inodes(self, snap_id: int) -> None:
+        """Every inode of a snapshot, with its entries, xattrs, symlink and chunk rows (cascade)."""
+        if self._dirs is not None:
+            self._dirs.clear()
+        self._x("DELETE FROM inodes WHERE snapshot=?", (snap_id,))
+
+    def pins(self, data_ino: int, indices: Iterable[int] | None = None, from_index: int = 0) -> list[tuple[int, int, int, str]]:
+        """(ino, idx, version, nodes) of the chunk rows sharing copies of file ``data_ino``: at
+        ``indices``, or at every index from ``from_index`` (index ``chunks_pins``)."""
+        if indices is None:
+            return self._x(
+                "SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx>=?", (data_ino, from_index)
+            ).fetchall()
+        wanted = sorted(set(indices))
+        return list(itertools.chain.from_iterable(
+            self._x(
+                f"SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx IN ({','.join('?' * len(part))})",
+                (data_ino, *part),
+            ).fetchall()
+            for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
+        ))
+
+    def pinned_by(self, data_ino: int, limit: int = 8) -> list[int]:
+        """Snapshot inodes (a few) whose chunk rows read copies of file ``data_ino``."""
+        return [r[0] for r in self._x("SELECT DISTINCT ino FROM chunks WHERE data_ino=? LIMIT ?", (data_ino, limit))]
+
+    def cold_readers(self, ino: int, idx: int, version: int) -> bool:
+        """Whether a cold row (no nodes) still reads object (ino, idx, version): the file's own, or a
+        snapshot's through ``data_ino``."""
+        return self._x(
+            "SELECT 1 FROM chunks WHERE idx=? AND version=? AND nodes='' AND ((ino=? AND data_ino=0) OR data_ino=?) LIMIT 1",
+            (idx, version, ino, ino),
+        ).fetchone() is not None
+
+    def set_chunk_nodes(self, ino: int, idx: int, nodes: Sequence[int]) -> None:
+        self._x("UPDATE chunks SET nodes=? WHERE ino=? AND idx=?", (_encode_nodes(nodes), ino, idx))
+
+    def data_inos(self, ino: int) -> dict[int, int]:
+        """index -> data_ino of the chunks of ``ino`` that read another inode's copies."""
+        return {r[0]: r[1] for r in self._x("SELECT idx, data_ino FROM chunks WHERE ino=? AND data_ino<>0", (ino,))}
+
+    def unpin(self, ino: int, idx: int, data_ino: int, version: int) -> int:
+        """Row (ino, idx) holds its own copies now (copied out, daemon/snapshots.py): 1, or 0 if it changed."""
+        return self._x(
+            "UPDATE chunks SET data_ino=0 WHERE ino=? AND idx=? AND data_ino=? AND version=?", (ino, idx, data_ino, version)
+        ).rowcount
+
     # -- directory quotas (daemon/quota.py) --------------------------------
     # portable SQL: plain INSERT/UPDATE/DELETE, WITH RECURSIVE, decimal bit masks
 
@@ -644,7 +775,7 @@ class SqlStore:
             " SELECT ino FROM dentries WHERE parent=?"
             " UNION SELECT d.ino FROM dentries d JOIN tree t ON d.parent = t.ino)"
             " SELECT count(*), coalesce(sum(CASE WHEN (i.mode & 61440) = 16384 THEN 0 ELSE i.size END), 0)"
-            " FROM inodes i WHERE i.ino IN (SELECT ino FROM tree)",
+            " FROM inodes i WHERE i.ino IN (SELECT ino FROM tree) AND i.snapshot = 0",  # snapshots: nobody pays
             (ino,),
         ).fetchone()
         return int(row[1]), int(row[0])
@@ -685,7 +816,7 @@ class SqlStore:
                 " UNION SELECT d.ino FROM dentries d JOIN tree t ON d.parent = t.ino"
                 " WHERE t.ino NOT IN (SELECT ino FROM tier_policies))"
                 " SELECT i.ino FROM inodes i WHERE i.ino IN (SELECT ino FROM tree) AND (i.mode & 61440) = 32768"
-                " AND i.nlink > 0 AND i.size >= ? AND i.size > 0 AND i.atime_ns < ? AND i.mtime_ns < ?"
+                " AND i.nlink > 0 AND i.snapshot = 0 AND i.size >= ? AND i.size > 0 AND i.atime_ns < ? AND i.mtime_ns < ?"
                 " AND EXISTS (SELECT 1 FROM chunks c WHERE c.ino = i.ino AND c.version > 0 AND c.nodes != '')"
                 " ORDER BY i.ino LIMIT ?",
                 (top, min_size, older_ns, older_ns, limit),
@@ -745,11 +876,15 @@ class SqlStore:
 
     def orphan_tier_objects(self, limit: int) -> list:
         """(ino, idx, version, tier_id) of stored objects no chunk row needs any more: the file is
-        gone, the chunk was cut or rewritten (another version), or it is back on nodes."""
+        gone, the chunk was cut or rewritten (another version), or it is back on nodes; and no
+        snapshot's cold row reads it through ``data_ino``."""
         return self._x(
             "SELECT o.ino, o.idx, o.version, o.tier_id, o.created_ns FROM tier_objects o"
             " LEFT JOIN chunks c ON c.ino = o.ino AND c.idx = o.idx"
-            " WHERE o.state='stored' AND (c.ino IS NULL OR c.version != o.version OR c.nodes != '') LIMIT ?",
+            " WHERE o.state='stored' AND (c.ino IS NULL OR c.version != o.version OR c.nodes != '')"
+            # a snapshot's row still reading this object (data_ino: its live file's, daemon/snapshots.py)
+            " AND NOT EXISTS (SELECT 1 FROM chunks s WHERE s.data_ino = o.ino AND s.idx = o.idx AND s.version = o.version"
+            " AND s.nodes = '') LIMIT ?",
             (limit,),
         ).fetchall()
 

@@ -43,6 +43,7 @@ from . import placement, redundancy
 from .metrics import TIER_BYTES, TIER_OBJECTS, TIER_RECALL_SECONDS
 from .db import ROOT_INO
 from .repair import Throttle
+from .snapshots import check_writable
 from .tier_store import Bucket, checksum, object_name, parse_object_name, parse_url, to_signed, to_unsigned
 
 if TYPE_CHECKING:
@@ -218,6 +219,7 @@ class Tiering:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {req.ino}")
             if not stat.S_ISREG(row["mode"]):
                 raise StripefsError(ErrorCode.INVALID, f"inode {req.ino} is not a regular file: only files' data moves")
+            check_writable(row)  # a snapshot's file stays where its rows point (docs/snapshots.md)
             if req.tier:
                 tier_id = self._tier_id(req.tier)
             else:
@@ -282,7 +284,7 @@ class Tiering:
 
         def chunk_map():
             chunks = self.store.get_chunks(req.ino, req.indices or None)
-            refs, addrs = self.ns._chunk_map(req.ino, chunks)
+            refs, addrs = self.ns.chunk_map_of(self.ns.inode(req.ino), chunks)
             return P.ChunksRsp(chunks=refs, nodes=addrs)
 
         return await self.txn.read(chunk_map)
@@ -454,13 +456,16 @@ class Tiering:
                 if cur is None or inode is None or not is_cold(*cur):
                     return
                 version = cur[0]
-                obj = self.store.tier_objects_of(ino).get((idx, version))
+                # a snapshot's row may read its live file's object (daemon/snapshots.py): recalled
+                # under the snapshot's own chunk ids
+                src = (self.store.data_inos(ino).get(idx) if inode["snapshot"] > 0 else None) or ino
+                obj = self.store.tier_objects_of(src).get((idx, version))
                 if obj is None or obj[3] != "stored":
                     log.error("chunk %d:%d v%d is in no tier's records: its data is lost (stripefs fsck)", ino, idx, version)
                     raise StripefsError(ErrorCode.IO, f"chunk {ino}:{idx} v{version} is cold but no object is recorded for it")
                 tier_id, length, xxh3 = obj[0], obj[1], to_unsigned(obj[2])
                 b = self.bucket(tier_id)
-                name = self._name(b, ino, idx, version, obj[4])
+                name = self._name(b, src, idx, version, obj[4])
                 red = parse_redundancy(inode["redundancy"])
                 # never a node whose deletion of this chunk's released copies (up to this very version)
                 # is still pending: the collector's delete could land after our write and destroy it
@@ -517,7 +522,7 @@ class Tiering:
         async with self.txn.lock:
             if enough:
                 nodes = list(targets)
-                ok, batch = self.txn.write_locked(self._switch_hot, ino, idx, version, nodes, tier_id, name)
+                ok, batch = self.txn.write_locked(self._switch_hot, ino, idx, version, nodes, tier_id, name, src)
             else:
                 ok, batch = self.txn.write_locked(self._forget_copies, ino, idx, version, stored)
         await batch.wait()
@@ -531,14 +536,20 @@ class Tiering:
             TIER_BYTES.labels("recalled").inc(len(data))
             log.debug("chunk %d:%d v%d recalled from %s onto nodes %s", ino, idx, version, b, nodes)
 
-    def _switch_hot(self, ino, idx, version, nodes, tier_id, name) -> bool:
+    def _switch_hot(self, ino, idx, version, nodes, tier_id, name, src=None) -> bool:
+        """The row takes the recalled copies; the object goes unless another row still reads it cold
+        (a snapshot's, or the live file's: ``src`` is the inode the object belongs to)."""
+        src = src or ino
         cur = self.store.get_chunks(ino, [idx]).get(idx)
         if cur is None or cur[0] != version or cur[1]:  # deleted, rewritten, or recalled by another daemon
             self._forget_copies(ino, idx, version, nodes)
             return False
         self.store.put_chunk(ino, idx, version, nodes)
-        self.store.delete_tier_object(ino, idx, version)
-        self.store.add_tier_garbage([(tier_id, name)])
+        if src != ino:
+            self.store.unpin(ino, idx, src, version)  # its own copies now
+        if not self.store.cold_readers(src, idx, version):  # else the collector takes it once none is left
+            self.store.delete_tier_object(src, idx, version)
+            self.store.add_tier_garbage([(tier_id, name)])
         self.store.update_inode(ino, atime_ns=time.time_ns())  # read now: the policy's clock starts again
         return True
 

@@ -119,6 +119,8 @@ class Healing:
     async def handle_copy_chunk(self, req: p.CopyChunkReq, payloads) -> p.CopyChunkRsp:
         if self._nursery is None:
             raise StripefsError(ErrorCode.UNAVAILABLE, "node is starting")
+        if req.source is not None:
+            return await self._copy_local(req)
         errors = []
         arrived = trio.current_time()
         for address in req.sources:
@@ -142,6 +144,16 @@ class Healing:
             log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, req.chunk, meta.version, address, meta.length)
             return p.CopyChunkRsp(version=meta.version, length=meta.length)
         raise StripefsError(ErrorCode.UNAVAILABLE, f"chunk {req.chunk}: no source could be read: {'; '.join(errors)}")
+
+    async def _copy_local(self, req: p.CopyChunkReq) -> p.CopyChunkRsp:
+        """A snapshot's copy-out: this node's copy of ``req.source`` at exactly ``min_version``
+        stored as ``req.chunk`` (durable before the reply; never over a newer copy)."""
+        version, data = await self._io(self.store.read, req.source, req.min_version, 0, req.length)
+        if version != req.min_version:
+            raise StripefsError(ErrorCode.STALE, f"chunk {req.source} is version {version}, not {req.min_version}")
+        meta = await self._io(self.store.write, req.chunk, version, 0, 0, data, replace=True, sync=True, if_newer=True)
+        log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, req.chunk, meta.version, req.source, meta.length)
+        return p.CopyChunkRsp(version=meta.version, length=meta.length)
 
     async def handle_reconstruct_fragment(self, req: p.ReconstructFragmentReq, payloads) -> p.CopyChunkRsp:
         if self._nursery is None:

@@ -14,6 +14,7 @@
     stripefs fsck     [--repair]                 namespace vs chunks    (stripefs.heal_cli)
     stripefs quota    set|get|list|recount       directory-tree quotas  (stripefs.quota_cli)
     stripefs trash    list|restore|purge         what rm removed, kept a day  (stripefs.trash_cli)
+    stripefs snapshot create|list|delete DIR     read-only copies of a tree, metadata only (stripefs.snapshot_cli)
     stripefs tier     add|list|policy|migrate|recall|fsck  the cold tier on S3 (stripefs.tier_cli; docs/tiering.md)
     stripefs install-mount-helper                /sbin/mount.fuse.stripefs for mount(8) and fstab (stripefs.mount_helper)
     stripefs warmup   PATH... [--from-list FILE]  load files into a mount's caches (stripefs.warmup)
@@ -65,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("storage", help="run a storage node", add_help=False)
     sub.add_parser("mount", help="mount a cluster", add_help=False)
 
-    from . import heal_cli, keys_cli, layout_cli, local_cli, mount_helper, quota_cli, status, tier_cli, top, trash_cli, warmup
+    from . import heal_cli, keys_cli, layout_cli, local_cli, mount_helper, quota_cli, snapshot_cli, status, tier_cli, top, trash_cli, warmup
 
     local_cli.add_parser(sub)
     status.add_parser(sub)
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     heal_cli.add_parsers(sub)
     quota_cli.add_parser(sub)
     trash_cli.add_parser(sub)
+    snapshot_cli.add_parser(sub)
     tier_cli.add_parser(sub)
     keys_cli.add_parsers(sub)
     from .csi import server as csi_server  # imports nothing of grpc until it runs

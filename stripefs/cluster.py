@@ -14,6 +14,7 @@ import argparse
 import errno
 import os
 import re
+import secrets
 from pathlib import Path
 
 import trio
@@ -100,14 +101,15 @@ def _names_cluster(args) -> bool:
     return bool(getattr(args, "meta", None) or os.environ.get("STRIPEFS_META") or getattr(args, "dir", None))
 
 
-def rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
-    """Send requests to the first metadata daemon that answers; their replies in order."""
+def rpc(addresses: list[str], *requests: p.Msg, rounds: int = 1) -> list[p.Msg]:
+    """Send requests to the first metadata daemon that answers; their replies in order. ``rounds``:
+    times the addresses are tried in turn (more than one only for requests safe to resend: rpc_once)."""
 
     async def run():
         ctx = zmq.Context()
         try:
             last: StripefsError | None = None
-            for address in addresses:
+            for address in addresses * rounds:
                 refused: StripefsError | None = None
                 async with connect(ctx, address, timeout=5) as client:
                     try:
@@ -126,6 +128,15 @@ def rpc(addresses: list[str], *requests: p.Msg) -> list[p.Msg]:
         return trio.run(run)
     except StripefsError as exc:
         raise QuietError(exc.message or exc.code.name, 3) from None
+
+
+def rpc_once(addresses: list[str], request: p.Msg) -> p.Msg:
+    """A changing admin request (one of ``protocol.ONCE_MESSAGES``) applied at most once however often
+    it is resent: wrapped in a OnceReq of its own (daemon/applied_ops.py), so a reply lost to a timeout
+    is answered from the first attempt's result when the same OnceReq is sent again, to any daemon."""
+    once = p.OnceReq(client_id=secrets.randbits(63), op_id=1, done_below=0, body=request)
+    (rsp,) = rpc(addresses, once, rounds=3)
+    return rsp
 
 
 def status(addresses: list[str]) -> p.StatusRsp:

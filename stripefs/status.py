@@ -13,6 +13,9 @@ them; so does this table::
                        "degraded": a node is down, a chunk has a copy on a down node or is
                        under-replicated; "no_nodes": no storage node is up
     files, directories, chunks, logical_bytes, sessions (mounts with a live session)
+                       (files, directories and logical_bytes: live ones, not snapshots')
+    snapshots, snapshot_bytes  directory snapshots, and the bytes only they hold (copied out when
+                       the live side changed): what deleting them all would free, per copy
     nodes_up, nodes_total
     capacity_bytes, free_bytes    over the nodes that are up, a file system that several nodes
                        share counted once (common/space.py)
@@ -78,6 +81,8 @@ def to_json(rsp: p.StatusRsp, address: str) -> dict:
         "directories": rsp.directories,
         "chunks": rsp.chunks,
         "logical_bytes": rsp.logical_bytes,
+        "snapshots": rsp.snapshots,
+        "snapshot_bytes": rsp.snapshot_bytes,
         "sessions": rsp.sessions,
         "nodes_up": len(up),
         "nodes_total": sum(n.state != "removed" for n in rsp.nodes),
@@ -123,7 +128,8 @@ def render(rsp: p.StatusRsp, address: str) -> str:
         f"{count(s['sessions'], 'mount')}",
         f"  data        {count(s['files'], 'file')}, {count(s['directories'], 'directory', 'directories')}, "
         f"{count(s['chunks'], 'chunk')}, "
-        f"{format_size(s['logical_bytes'])} of file data",
+        f"{format_size(s['logical_bytes'])} of file data"
+        + (f"; {count(s['snapshots'], 'snapshot')} holding {format_size(s['snapshot_bytes'])} of their own" if s["snapshots"] else ""),
         f"  capacity    {format_size(s['used_bytes'])} used by stripefs, {format_size(s['free_bytes'])} free of "
         f"{format_size(s['capacity_bytes'])} on the nodes that are up (a disk shared by nodes counted once)",
         f"  redundancy  {_redundancy(rsp)}, {count(s['degraded_chunks'], 'chunk')} degraded (a copy on a down node), "

@@ -17,7 +17,7 @@ import os
 import stat
 import time
 
-from .cluster import add_cluster_args, meta_addresses, resolve_attr, rpc
+from .cluster import add_cluster_args, meta_addresses, resolve_attr, rpc, rpc_once
 from .common import protocol as p
 from .common.errors import QuietError
 from .common.layout import format_size
@@ -70,7 +70,7 @@ def cmd_trash(args) -> int:
             new_name = os.fsencode(tail)
         else:
             addresses = meta_addresses(args)
-        (rsp,) = rpc(addresses, p.TrashRestoreReq(item=args.id, new_parent=new_parent, new_name=new_name))
+        rsp = rpc_once(addresses, p.TrashRestoreReq(item=args.id, new_parent=new_parent, new_name=new_name))
         print(f"restored {len(rsp.done)} file(s) and director(ies)")
         for why in rsp.left:
             print(f"left in the trash: {why}")

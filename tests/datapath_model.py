@@ -124,6 +124,8 @@ class Target:
     stripe: int = 0  # an EC layout's stripe (data fragments x chunk), for reports
     replay: str = ""  # what the CLI needs to replay a run here, besides mmap, seed and counts (e.g. " --layout ec")
     label: str = ""
+    snapshot: Callable[[str], Path] | None = None  # ``stripefs snapshot create DIR NAME``: the snapshot's directory
+    drop_snapshot: Callable[[str], None] | None = None  # ``stripefs snapshot delete DIR NAME``
 
 
 @dataclass
@@ -144,12 +146,18 @@ class Engine:
 
     def __init__(self, target: Target, seed: int, *, use_mmap: bool = True, nfiles: int = 3,
                  kills: list[tuple[int, int]] = (), progress: float = 0.0, history: int = 30, out=sys.stdout,
-                 stop: threading.Event | None = None, checkpoint: Path | None = None, checkpoint_every: int = 10000):
+                 stop: threading.Event | None = None, checkpoint: Path | None = None, checkpoint_every: int = 10000,
+                 snapshot_every: int = 0):
         self.t = target
         self.seed = seed
         self.use_mmap = use_mmap
         self.rng = random.Random(seed)  # operations, offsets, sizes, data
         self.kill_rng = random.Random(f"kill-{seed}")  # which node: runs with and without kills draw the same ops
+        # snapshots (docs/snapshots.md): every ``snapshot_every`` operations, with a generator of their own (runs
+        # with and without snapshots draw the same ops); each is checked against the models as they were then
+        self.snapshot_every = snapshot_every if target.snapshot else 0
+        self.snap_rng = random.Random(f"snapshot-{seed}")
+        self.snapshots: list[tuple[str, Path, dict[int, bytes]]] = []  # (name, its directory, file index -> bytes)
         self.kills = {k: r for k, r in kills}
         self.restarts = {r for _, r in kills}
         self.progress = progress
@@ -476,6 +484,45 @@ class Engine:
         self._open(f)
         return self.desc
 
+    # -- snapshots: taken at fixed points, each checked against the models' history ------
+
+    SNAPSHOTS_KEPT = 3
+
+    def _snapshot(self) -> None:
+        """fsync every open file (a snapshot holds what is committed), snapshot the directory, check an
+        older one (at random) against the models as they were; keep the newest few. A snapshot is read
+        first only after the live files changed (a mount keeps what it read: a later read of the same
+        snapshot file may come from its caches), through either mount."""
+        self.desc = f"snapshot op{self.op}"
+        for f in self.files:
+            if f.fd >= 0:
+                os.fsync(f.fd)
+        name = f"op{self.op}"
+        taken = {i: bytes(f.model) for i, f in enumerate(self.files)}
+        if self.snapshots:
+            self._check_snapshot(self.snap_rng.choice(self.snapshots))
+        self.snapshots.append((name, self.t.snapshot(name), taken))
+        self.recent.append(f"{self.op} [{_clock()}]: -- snapshot {name}")
+        if len(self.snapshots) > self.SNAPSHOTS_KEPT:
+            self._drop_snapshot(self.snapshots.pop(0))
+
+    def _check_snapshot(self, snap: tuple[str, Path, dict[int, bytes]]) -> None:
+        name, where, taken = snap
+        if self.t.other_view and self.snap_rng.random() < 0.5:
+            where = self.t.other_view(where)
+        for i, f in enumerate(self.files):
+            with open(where / f.path.name, "rb") as g:
+                got = g.read()
+            if got != taken[i]:
+                bad = next((k for k in range(min(len(got), len(taken[i]))) if got[k] != taken[i][k]), min(len(got), len(taken[i])))
+                self._fail(f"snapshot {name} of f{i}: {len(got):#x} bytes read, {len(taken[i]):#x} taken; first difference at "
+                           f"{bad:#x} (chunk {bad // self.t.chunk}); now the file has {len(f.model):#x} bytes")
+
+    def _drop_snapshot(self, snap: tuple[str, Path, dict[int, bytes]]) -> None:
+        self._check_snapshot(snap)
+        self.t.drop_snapshot(snap[0])
+        self.recent.append(f"{self.op} [{_clock()}]: -- snapshot {snap[0]} deleted")
+
     # -- the run ---------------------------------------------------------------------
 
     def _restart(self, killed: str) -> None:
@@ -510,6 +557,8 @@ class Engine:
                 if self.op in self.restarts and killed:
                     self.desc = "restart the killed node"
                     killed = self._restart(killed)
+                if self.snapshot_every and self.op and self.op % self.snapshot_every == 0:
+                    self._snapshot()
                 if self.op == 0 or self.rng.random() >= STICKY:
                     i = self.rng.randrange(len(self.files))
                 f = self.files[i]
@@ -538,6 +587,9 @@ class Engine:
             self.op, self.desc, self.op_began = ops, "final check: every file read whole", _clock()
             for i, f in enumerate(self.files):
                 self._do_close_to_open(f, i)
+            self.desc = "final check: every snapshot read whole, then deleted"
+            while self.snapshots:
+                self._drop_snapshot(self.snapshots.pop(0))
         finally:
             for f in self.files:
                 if f.fd >= 0:
@@ -735,7 +787,7 @@ def _cluster_helpers():
     return conftest
 
 
-def cluster_target(cluster, d: Path, other_mnt: Path, label: str, kill_every: int = 0) -> Target:
+def cluster_target(cluster, d: Path, other_mnt: Path, label: str, kill_every: int = 0, snapshot_every: int = 0) -> Target:
     """A Target on ``cluster`` (conftest's ``Cluster``) for directory ``d`` of its mount."""
     from stripefs.local_cluster import _alive
 
@@ -744,9 +796,24 @@ def cluster_target(cluster, d: Path, other_mnt: Path, label: str, kill_every: in
         node = rng.choice(alive)
         cluster.kill_node(int(node))
         return f"storage node {node} killed (SIGKILL)"
+    def snapshot(name: str) -> Path:
+        _stripefs("snapshot", "create", str(d), name)
+        return d / ".snapshots" / name
+
     return Target(dir=d, other_view=lambda p: other_mnt / p.relative_to(cluster.mnt), kill=kill, restart=cluster.restart,
                   chunk=CHUNK, stripe=4 * CHUNK if label.startswith("ec") else 0, label=label,
-                  replay=f" --layout {label.strip()}" + (f" --kill-every {kill_every}" if kill_every else ""))
+                  replay=f" --layout {label.strip()}" + (f" --kill-every {kill_every}" if kill_every else "")
+                  + (f" --snapshot-every {snapshot_every}" if snapshot_every else ""),
+                  snapshot=snapshot, drop_snapshot=lambda name: _stripefs("snapshot", "delete", str(d), name))
+
+
+def _stripefs(*args: str) -> None:
+    """An admin command on the cluster of the path it names (raises with its output when it fails)."""
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-m", "stripefs", *args], capture_output=True, text=True, timeout=120)
+    if res.returncode:
+        raise Mismatch(f"stripefs {' '.join(args)} exited {res.returncode}: {res.stdout}{res.stderr}")
 
 
 def main(argv=None) -> int:
@@ -778,6 +845,10 @@ def main(argv=None) -> int:
                     "come from there): each unfinished run goes on where its last checkpoint left it, on a new cluster, its "
                     "files rewritten from the model first")
     ap.add_argument("--checkpoint-every", type=int, default=10000, metavar="N", help="operations between checkpoints (default 10000)")
+    ap.add_argument("--snapshot-every", type=int, default=0, metavar="N", help="every N operations fsync the files, snapshot the "
+                    "directory (stripefs snapshot create) and check it and an older one against the models as they were "
+                    "then; three are kept, each checked again when deleted and at the end (default 0: none; not "
+                    "saved in checkpoints: a resumed run takes none)")
     args = ap.parse_args(argv)
     if args.resume:
         try:
@@ -829,7 +900,8 @@ def main(argv=None) -> int:
         print(f"== {name}: seed {seed}, {args.ops} ops, {args.files} files in {target.dir}", flush=True)
         ckpt = _checkpoint_path(args.checkpoint, layout, use_mmap, seed) if args.checkpoint else None
         engine = Engine(target, seed, use_mmap=use_mmap, nfiles=args.files, kills=kills, progress=args.progress, stop=stop,
-                        checkpoint=ckpt, checkpoint_every=args.checkpoint_every)
+                        checkpoint=ckpt, checkpoint_every=args.checkpoint_every,
+                        snapshot_every=0 if args.resume else args.snapshot_every)
         if args.resume and ckpt.exists():
             engine.restore(load_checkpoint(ckpt))
             print(f"== {name}: seed {seed}: resumed at operation {engine.start} ({engine.seconds_before:.0f} s before)", flush=True)
@@ -865,7 +937,8 @@ def main(argv=None) -> int:
                 other = set_up(cluster, c.run_cli)
             print(f"{layout}: cluster of {NODES} nodes up in {time.monotonic() - t:.1f} s at {cluster.root}", flush=True)
             for _, use_mmap, seed in mine:
-                run_one(cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ", args.kill_every), layout, use_mmap,
+                run_one(cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ", args.kill_every, args.snapshot_every),
+                        layout, use_mmap,
                         seed, kill_schedule(args.ops, args.kill_every), state=cluster.state)
             ok = True
         finally:

@@ -12,6 +12,9 @@ three quarters in: reads stay right while it is down (EC decodes from the
 other fragments, writes go degraded or move) and after. One kill only: while
 a node is down each chunk with a copy there waits out a request timeout once
 (3 s here), ~10 s a kill; ``make fuzz`` kills nodes on both layouts.
+The rep run without mmap snapshots its directory every 400 operations and
+reads each snapshot back against the models as they were (then, later, when
+it is deleted, at the end): the live files keep changing under it.
 
 A failure prints the seed, the operation, the last 30 operations and the
 wrong bytes; replay it outside pytest with the CLI:
@@ -38,6 +41,8 @@ OPS = {"rep": 1200, "ec": 800}
 # fixed seeds, each of which found a bug within a few hundred operations on the code before issue 14's fixes
 SEEDS = {("rep", True): 1, ("rep", False): 2, ("ec", True): 1, ("ec", False): 1}
 KILL = ("ec", False)  # the run that kills a node
+SNAPSHOTS = ("rep", False)  # the run that snapshots its directory every SNAPSHOT_EVERY operations (docs/snapshots.md)
+SNAPSHOT_EVERY = 400
 # what a storage node killed with SIGKILL makes processes log at ERROR: nothing, so far
 KILL_LOG: list[str] = []
 
@@ -55,8 +60,10 @@ def test_datapath_matches_model(dp, layout, use_mmap):
     kill_every = ops if (layout, use_mmap) == KILL else 0  # a quarter in, restarted three quarters in
     if kill_every and KILL_LOG:
         dp.expect_log(*KILL_LOG)
-    target = cluster_target(dp, dp.mnt / layout, dp.extra_mounts[0], f"{layout} ", kill_every)
-    engine = Engine(target, SEEDS[layout, use_mmap], use_mmap=use_mmap, kills=kill_schedule(ops, kill_every))
+    snapshot_every = SNAPSHOT_EVERY if (layout, use_mmap) == SNAPSHOTS else 0
+    target = cluster_target(dp, dp.mnt / layout, dp.extra_mounts[0], f"{layout} ", kill_every, snapshot_every)
+    engine = Engine(target, SEEDS[layout, use_mmap], use_mmap=use_mmap, kills=kill_schedule(ops, kill_every),
+                    snapshot_every=snapshot_every)
     try:
         engine.run(ops)
     except Mismatch as e:

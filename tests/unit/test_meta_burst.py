@@ -299,3 +299,54 @@ async def test_a_batch_past_the_bursts_bound_is_served_as_a_burst_of_its_own_in_
         # one commit for all; or one per slice of the lock at most, when other work committed in between
         assert not errors and len(rsp.results) == half and commits.n <= -(-half // burst.SLICE), (errors[:2], commits.n)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_commit_on_the_burst_path_that_needs_a_snapshots_copy_out_is_run_again_on_the_task_path(tmp_path, ctx):
+    """While snapshots exist commits take the task path (service.GATED_KINDS); one already taken by a
+    burst when a snapshot appears (the create runs between its planning and its turn under the lock)
+    must not answer BUSY: the burst hands it to the task path, which copies the shared chunk out first."""
+    from stripefs.daemon.service import BURST_KINDS
+
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        copied = []
+
+        async def copy_out(need):  # the storage node's part (CopyChunkReq with a source): done
+            copied.append(need)
+            await service.txn.write(service.ns.snapshots.copied, need.pins)
+
+        service.snapshot_service.copy_out = copy_out
+        d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
+        f = (await service.handle(_create(b"f", parent=d), [])).attr.ino
+        node = [1]
+        await service.handle(P.CommitReq(ino=f, size=10, mtime_ns=1, chunks=[P.ChunkRef(index=0, version=3, nodes=node)]), [])
+        await service.handle(P.SnapshotCreateReq(ino=d, name=b"s"), [])
+        service.burst.kinds = BURST_KINDS  # as a burst planned before the create saw them
+        (rsp,) = await service.burst.run([(P.CommitReq(ino=f, size=20, mtime_ns=2, chunks=[P.ChunkRef(index=0, version=4, nodes=node)]), None)])
+        if callable(rsp):
+            rsp = await rsp()
+        assert isinstance(rsp, P.AttrRsp) and rsp.attr.size == 20, rsp
+        assert len(copied) == 1 and [p.data_ino for p in copied[0].pins] == [f]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_oncereq_commit_that_needed_a_copy_out_is_recorded_once_applied(tmp_path, ctx):
+    """gated runs the commit again after the copy-out: that run is the OnceReq's operation, so a
+    resend is answered from its record (not applied again)."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+
+        async def copy_out(need):
+            await service.txn.write(service.ns.snapshots.copied, need.pins)
+
+        service.snapshot_service.copy_out = copy_out
+        d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
+        f = (await service.handle(_create(b"f", parent=d), [])).attr.ino
+        await service.handle(P.CommitReq(ino=f, size=10, mtime_ns=1, chunks=[P.ChunkRef(index=0, version=3, nodes=[1])]), [])
+        await service.handle(P.SnapshotCreateReq(ino=d, name=b"s"), [])
+        once = P.OnceReq(client_id=9, op_id=1, done_below=0,
+                         body=P.CommitReq(ino=f, size=20, mtime_ns=2, chunks=[P.ChunkRef(index=0, version=4, nodes=[1])]))
+        assert (await service.handle(once, [])).attr.size == 20
+        await service.handle(P.CommitReq(ino=f, size=30, mtime_ns=3, chunks=[P.ChunkRef(index=0, version=5, nodes=[1])]), [])
+        assert (await service.handle(once, [])).attr.size == 20  # the first answer again, from applied_ops
+        nursery.cancel_scope.cancel()

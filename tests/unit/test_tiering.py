@@ -367,3 +367,22 @@ async def test_migrate_and_recall_replicated_and_ec_through_real_nodes(tmp_path)
         for s in stores:
             s.close()
         ctx.destroy(linger=0)
+
+
+def test_a_snapshots_cold_row_keeps_the_object_through_the_live_recall_and_is_recalled_under_its_own_ids(svc):
+    t = svc.tiering
+    d = svc.ns.mkdir(1, b"d", 0o755, 0, 0).ino
+    ino = _file(svc, parent=d)
+    svc.store.add_tier_objects([(ino, 0, 5, 1, 11)])
+    with svc.store.savepoint():
+        t._switch_cold(ino, 0, 5, [1, 2], 1, "n0", 100, 7)
+    with svc.store.savepoint():
+        svc.ns.snapshots.create(d, b"s")
+    snap = svc.ns.lookup(svc.ns.lookup(svc.ns.lookup(d, b".snapshots").ino, b"s").ino, b"f").ino
+    with svc.store.savepoint():  # the live file comes back: the snapshot's cold row still reads the object
+        assert t._switch_hot(ino, 0, 5, [3, 4], 1, "n0")
+    assert _objects(svc) == {(ino, 0, 5): "stored"} and _tier_garbage(svc) == []
+    with svc.store.savepoint():  # the snapshot's chunk comes back under its own ids: the object may go now
+        assert t._switch_hot(snap, 0, 5, [1, 3], 1, "n0", ino)
+    assert svc.store.get_chunks(snap)[0] == (5, [1, 3]) and svc.store.data_inos(snap) == {}
+    assert _objects(svc) == {} and _tier_garbage(svc) == ["n0"]

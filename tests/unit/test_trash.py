@@ -191,3 +191,17 @@ async def test_a_subtree_key_sees_restores_and_purges_only_its_own_trash(tmp_pat
         async with c.client("admin") as admin:
             rsp = (await admin.call(P.TrashListReq()))[0]
             assert {(e.ino, e.path) for e in rsp.entries} == {(secret, b"/team-b/secret"), (gone_b, b"/team-b/gone")}
+
+
+async def test_a_restore_resent_after_a_lost_reply_answers_what_it_did_the_first_time(tmp_path):
+    """stripefs trash restore sends its request in a OnceReq (stripefs/cluster.py rpc_once): the
+    same OnceReq again (a timeout, a failover) is answered from the first attempt, not NOT_FOUND."""
+    async with secure_cluster(tmp_path, trash_keep_s=3600.0) as c:
+        async with c.client("admin") as admin:
+            d = (await admin.call(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0)))[0].attr.ino
+            await admin.call(P.RmdirReq(parent=ROOT, name=b"d"))
+            once = P.OnceReq(client_id=77, op_id=1, done_below=0, body=P.TrashRestoreReq(item=d))
+            first = (await admin.call(once))[0]
+            again = (await admin.call(once))[0]
+            assert first.done == again.done == [d] and again.left == []
+            assert await _code(admin.call(P.TrashRestoreReq(item=d))) == ErrorCode.NOT_FOUND  # a new request: gone
