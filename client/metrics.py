@@ -3,8 +3,8 @@
 Instrumentation is additive and small:
 
 * ``instrument(ops)`` wraps every FUSE handler of one ``Operations`` instance
-  (instance attributes shadow the class's methods, and pyfuse3 looks handlers
-  up on the instance), counting calls, failures by errno (answers such as
+  (instance attributes shadow the class's methods, and the session's bridge
+  looks handlers up on the instance), counting calls, failures by errno (answers such as
   ENOENT from a lookup apart: ``ANSWER_ERRNOS``) and latency per op,
   and bytes for ``read``/``write``. ``client/operations.py`` is untouched.
 * The chunk cache counts hits and misses, and reports how long a *reader*
@@ -39,10 +39,10 @@ import stat
 import time
 from pathlib import Path
 
-import pyfuse3
 from prometheus_client import REGISTRY, Counter, Histogram
 
 from ..common.metrics import LATENCY_BUCKETS
+from .fuse.replies import FuseError
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +148,10 @@ def is_failure(err: int) -> bool:
     return err not in ANSWER_ERRNOS
 
 
-#: FUSE handlers that are wrapped (every request handler pyfuse3 calls)
+#: FUSE handlers that are wrapped (every request handler client/operations_bridge.py calls)
 OPS = (
     "lookup getattr setattr readlink mknod mkdir symlink link unlink rmdir rename opendir readdir releasedir "
-    "statfs setxattr getxattr listxattr removexattr open create read write flush fsync release forget access "
+    "statfs setxattr getxattr listxattr removexattr open create read write flush fsync release access "
     "fsyncdir ioctl"
 ).split()
 
@@ -187,7 +187,7 @@ def _timed(op: str, fn, jobs=None):
         started = time.perf_counter()
         try:
             result = await fn(*args, **kwargs)
-        except pyfuse3.FUSEError as exc:
+        except FuseError as exc:
             (FUSE_ERRORS if is_failure(exc.errno) else FUSE_ANSWERS).labels(op, str(exc.errno)).inc()
             raise
         finally:

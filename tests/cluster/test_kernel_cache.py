@@ -16,7 +16,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import FUSE_SESSION, drop_caches, run_cli
+from conftest import drop_caches, run_cli
 from prometheus_client.parser import text_string_to_metric_families
 from util import caches_kept
 
@@ -185,8 +185,7 @@ def test_dataset_mount_is_read_only(mnt, dataset):
     assert _read(theirs / "f") == b"data"
     with open("/proc/self/mounts") as f:
         options = next(line.split()[3] for line in f if line.split()[1] == str(dataset))
-    # read-only in the kernel, not only in its answers (on pyfuse3, which answers no prefetch ioctl, it stays rw)
-    assert ("ro" in options.split(",")) == (FUSE_SESSION == "own"), options
+    assert "ro" in options.split(","), options  # read-only in the kernel, not only in its answers
 
 
 def test_prefetch_reaches_a_read_only_dataset_mount(mnt, dataset):

@@ -1,8 +1,8 @@
-"""client/operations_bridge.py: the pyfuse3-shaped Operations served on the own FUSE session.
+"""client/operations_bridge.py: the mount's Operations served on its FUSE session.
 
-A stand-in for Operations records the calls pyfuse3 would make and answers with pyfuse3's own
-result objects; the requests come from the session's parser, so what is checked is the
-translation both ways: arguments as pyfuse3 passes them, results as the kernel reads them.
+A stand-in for Operations records the calls the bridge makes and answers with the session's
+result types; the requests come from the session's parser, so what is checked is the
+translation of each request into Operations' arguments, and that results and errors pass.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import stat
 import threading
 
-import pyfuse3
 import pytest
 import trio
 from prometheus_client import REGISTRY
@@ -20,9 +19,9 @@ from prometheus_client import REGISTRY
 from stripefs.client import fuse_backend
 from stripefs.client.fuse import abi, requests as rq
 from stripefs.client.fuse.abi import Opcode
-from stripefs.client.fuse.replies import DirentBuffer
 from stripefs.client.fuse.dispatch import MISS
-from stripefs.client.operations import FAST_PATH_MISS
+from stripefs.client.fuse.replies import Attr, DirentBuffer, Entry, FuseError, Statfs
+from stripefs.client.operations import FAST_PATH_MISS, _opened
 from stripefs.client.operations_bridge import OperationsBridge
 
 from test_fuse_wire import request, u32, u64
@@ -33,12 +32,9 @@ def parse(opcode, args, nodeid=5):
     return rq.parse(data, len(data))
 
 
-def attrs(ino: int, mode: int = stat.S_IFREG | 0o644) -> pyfuse3.EntryAttributes:
-    a = pyfuse3.EntryAttributes()
-    a.st_ino, a.st_mode, a.st_nlink, a.st_size, a.st_uid, a.st_gid = ino, mode, 1, 10, 7, 8
-    a.st_mtime_ns = 1_500_000_000_000_000_001
-    a.entry_timeout, a.attr_timeout, a.generation = 2.0, 3.0, 4
-    return a
+def attrs(ino: int, mode: int = stat.S_IFREG | 0o644) -> Entry:
+    a = Attr(ino, mode, nlink=1, size=10, uid=7, gid=8, mtime_ns=1_500_000_000_000_000_001)
+    return Entry(ino, a, 2.0, 3.0, 4)
 
 
 class FakeOps:
@@ -61,33 +57,30 @@ class FakeOps:
     async def lookup(self, parent, name, ctx):
         self.calls.append(("lookup", parent, name, (ctx.uid, ctx.gid, ctx.pid)))
         if name == b"missing":
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FuseError(errno.ENOENT)
         return attrs(9)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
         self.calls.append(("setattr", inode, fh, fields.update_size, fields.update_mode, fields.update_mtime,
                            attr.st_size, attr.st_mtime_ns))
-        return attrs(inode)
+        e = attrs(inode)
+        return e.attr, e.attr_valid
 
     async def open(self, inode, flags, ctx):
-        fi = pyfuse3.FileInfo()
-        fi.fh, fi.keep_cache, fi.direct_io = 77, True, False
-        return fi
+        return _opened(77, True, flags)
 
     async def listxattr(self, inode, ctx):
         return [b"user.a", b"user.bb"]
 
-    async def readdir(self, fh, start_id, token):
+    async def readdir(self, fh, start_id, buf):
         self.calls.append(("readdir", fh, start_id))
         for i in range(start_id, 1000):
-            if not fuse_backend.readdir_reply(token, f"n{i}".encode(), attrs(100 + i), i + 1):
+            e = attrs(100 + i)
+            if not buf.add(f"n{i}".encode(), i + 1, e.nodeid, e.attr.mode, e):
                 return
 
     async def statfs(self, ctx):
-        s = pyfuse3.StatvfsData()
-        s.f_bsize = s.f_frsize = 4096
-        s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_namemax = 100, 50, 40, 10, 5, 255
-        return s
+        return Statfs(100, 50, 40, 10, 5, 4096, 255, 4096)
 
     def forget_now(self, forgets):
         self.calls.append(("forget", list(forgets)))
@@ -139,7 +132,7 @@ async def test_open_listxattr_statfs_readdir_forget():
         assert ops.calls[-1] == ("forget", [(9, 1)])
 
 
-def test_fuse_backend_routes_to_the_own_session():
+def test_fuse_backend_routes_to_the_session():
     class FakeSession:
         def __init__(self):
             self.sent, self.ok = [], True
@@ -156,12 +149,15 @@ def test_fuse_backend_routes_to_the_own_session():
         fuse_backend.notify_store(42, 0, b"data")
         assert [int.from_bytes(m[4:8], "little") for m in s.sent] == [2, 3, 4]  # INVAL_INODE, INVAL_ENTRY, STORE
         assert s.sent[0][24:32] == u64(-1)  # attributes only: offset -1
-        s.ok = False  # the kernel holds no such inode: ENOENT, as pyfuse3 raises it
+        s.ok = False  # the kernel holds no such inode: ENOENT
         with pytest.raises(OSError) as err:
             fuse_backend.invalidate_inode(43)
         assert err.value.errno == errno.ENOENT
     finally:
         fuse_backend.use_session(None)
+    with pytest.raises(OSError) as err:  # no session serves: nothing is cached, ENOENT too
+        fuse_backend.invalidate_entry(1, b"name")
+    assert err.value.errno == errno.ENOENT
 
 
 def test_fast_paths_translate_and_count():
@@ -172,15 +168,16 @@ def test_fast_paths_translate_and_count():
     class Ops:
         lock = threading.RLock()
 
-        def _fast_getattr(self, inode, ctx):
+        def _fast_getattr(self, inode):
             if inode == 1:
                 return FAST_PATH_MISS
             if inode == 2:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            return attrs(inode)
+                raise FuseError(errno.ENOENT)
+            e = attrs(inode)
+            return e.attr, e.attr_valid
 
         def _fast_flush(self, fh):
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+            raise FuseError(errno.ENOSYS)
 
     bridge = OperationsBridge(Ops(), None, None)
     def scraped():  # as the mount's endpoint reads it: the fast paths' plain counts folded in first
