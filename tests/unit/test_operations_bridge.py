@@ -224,3 +224,35 @@ async def test_a_dataset_mount_declines_open_and_reads_by_inode():
     assert default.fast_open(parse(Opcode.OPEN, u32(0) + u32(0))) is MISS  # a default mount keeps OPEN
     writer = OperationsBridge(FakeOps(dataset=True), None, None)
     assert writer.fast_open(parse(Opcode.OPEN, u32(os.O_WRONLY) + u32(0))) is MISS  # EROFS from the handler
+
+
+def test_a_held_files_getattr_is_answered_from_bytes_encoded_once():
+    """A GETATTR of a file the mount holds (here: under a callback, the feed in order) is answered
+    from its fuse_attr_out bytes, encoded at the first GETATTR and reused until its attributes
+    change; the new attributes are answered at once, never the old bytes."""
+    from types import SimpleNamespace
+
+    from stripefs.client.fuse.replies import Encoded, encode_attr_out
+    from stripefs.client.operations import BLKSIZE, Operations
+    from stripefs.common import protocol as P
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0)
+    ops.kcache.healthy = True  # the change feed is followed
+    bridge = OperationsBridge(ops, None, None)
+    getattr_ = parse(Opcode.GETATTR, bytes(16), nodeid=9)
+    assert bridge.fast_getattr(getattr_) is MISS  # nothing held: the handler asks the daemon
+    old = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=10, atime_ns=1,
+                 mtime_ns=2_000_000_001, ctime_ns=3)
+    ops._keep_held(9, old)
+    first = bridge.fast_getattr(getattr_)
+    assert type(first) is Encoded
+    assert first == encode_attr_out(Attr(9, old.mode, 1, 7, 8, 10, 1, 1, 2_000_000_001, 3, 0, BLKSIZE), 30.0)
+    assert bridge.fast_getattr(getattr_) is first  # encoded once
+    new = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=5000, atime_ns=1,
+                 mtime_ns=4_000_000_000, ctime_ns=4_000_000_000)
+    ops._keep_held(9, new)  # what a lookup or the feed leaves after a change elsewhere
+    assert bridge.fast_getattr(getattr_) == encode_attr_out(
+        Attr(9, new.mode, 1, 7, 8, 5000, 10, 1, 4_000_000_000, 4_000_000_000, 0, BLKSIZE), 30.0)
+    ops.forget_now([(9, 1)])
+    assert 9 not in ops._attr_bytes  # dropped with the kernel's inode
