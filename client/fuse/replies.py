@@ -51,7 +51,14 @@ class FuseError(OSError):
     fault (logged, answered EIO) rather than an answer."""
 
     def __init__(self, err: int):
-        super().__init__(err, _os.strerror(err))
+        message = _MESSAGES.get(err)
+        if message is None:
+            message = _MESSAGES[err] = _os.strerror(err) if 0 < err < 4096 else f"errno {err}"
+        super().__init__(err, message)
+
+
+#: errno -> its message, looked up once (os.strerror was a tenth of a hot IOCTL's time)
+_MESSAGES: dict[int, str] = {}
 
 
 class AlreadyAnswered(RuntimeError):

@@ -183,7 +183,11 @@ def test_fast_paths_translate_and_count():
     def scraped():  # as the mount's endpoint reads it: the fast paths' plain counts folded in first
         return REGISTRY.get_sample_value("stripefs_fuse_ops_total", {"op": "getattr"}) or 0
 
-    before = scraped()
+    def answered_enoent():
+        return REGISTRY.get_sample_value("stripefs_fuse_negative_answers_total",
+                                         {"op": "getattr", "errno": str(errno.ENOENT)}) or 0
+
+    before, enoent_before = scraped(), answered_enoent()
     assert bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=1)) is MISS
     attr, valid = bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=9))
     assert attr.ino == 9 and valid == 3.0
@@ -191,6 +195,7 @@ def test_fast_paths_translate_and_count():
         bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=2))
     assert err.value.errno == errno.ENOENT
     assert scraped() == before + 2  # a MISS is counted by the handler
+    assert answered_enoent() == enoent_before + 1  # counted in plain ints, folded in at the scrape
     with pytest.raises(OSError) as err:
         bridge.fast_flush(parse(Opcode.FLUSH, bytes(24)))
     assert err.value.errno == errno.ENOSYS
