@@ -135,6 +135,16 @@ class KernelCache:
         self._pending_names.add((parent, name))
         self._pending.set()
 
+    def name_gone(self, parent: int, name: bytes) -> None:
+        """This mount removed ``name`` (unlink, rmdir, either name of a rename): the kernel dropped
+        or moved it itself, and a LOOKUP of it must not be answered from what it named
+        (Operations._fast_lookup). The inode stays known while the kernel holds it."""
+        with self.state_lock:
+            ino = self._names.pop((parent, name), None)
+            keys = self._names_of.get(ino) if ino is not None else None
+            if keys is not None and (parent, name) in keys:
+                keys.remove((parent, name))
+
     def knows(self, ino: int) -> bool:
         return ino in self._names_of
 

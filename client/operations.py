@@ -85,7 +85,7 @@ from .dir_hints import DirHints
 from .fetch import Fetch
 from .fuse.abi import OpenFlag
 from .fuse.dispatch import Opened
-from .fuse.replies import Attr, Encoded, Entry, FuseError, Statfs, encode_attr_out
+from .fuse.replies import Attr, Encoded, Entry, FuseError, Statfs, encode_attr_out, encode_entry
 from .jobs import Jobs
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
@@ -214,9 +214,11 @@ class Operations:
         self._next_fh = 1
         # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
         self._kernel_view: dict[int, tuple[int, int]] = {}
-        # ino -> (the Attr, the size answered, its fuse_attr_out bytes): a hot GETATTR's answer,
-        # encoded once per Attr (_encoded_attr); dropped with what it was made from
+        # ino -> (the Attr, the size answered, its fuse_attr_out / fuse_entry_out bytes): a hot
+        # GETATTR's and LOOKUP's answers, encoded once per Attr (_encoded); dropped with what they
+        # were made from
         self._attr_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
+        self._entry_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
         # ino -> (when, OpenRsp) from LOOKUPs, oldest first; see the module docstring
         self._open_info: OrderedDict[int, tuple[float, p.OpenRsp]] = OrderedDict()
         # ino -> (when, Attr) of the newest LOOKUP answers, oldest first: what a shared-memory
@@ -310,6 +312,14 @@ class Operations:
         names = self._names_of_dir(parent_inode)
         if names is not None and name not in names and len(name) <= p.NAME_MAX:  # a longer one: the daemon's ENAMETOOLONG
             raise FuseError(errno.ENOENT)  # the daemon would wait for this mount before adding it
+        if self.kcache.healthy:
+            # a name the kernel held and let expire (cache_timeout), of a file whose attributes
+            # the mount holds: what the kernel kept until now is still true (the feed, or the
+            # callback, would have dropped the name and the attributes together)
+            ino = self.kcache.lookup_known(parent_inode, name)
+            attr = self._held_long(ino) if ino is not None else None
+            if attr is not None:
+                return self._encoded(attr, self._entry_bytes, encode_entry)
         return _SLOW
 
     def _held_inodes(self) -> list[int]:
@@ -385,6 +395,7 @@ class Operations:
             self._held_info.clear()
             self._kernel_view.clear()
             self._attr_bytes.clear()
+            self._entry_bytes.clear()
             for ino in list(self._inode_handles):
                 self._drop_inode_handle(ino)
             return
@@ -397,6 +408,7 @@ class Operations:
             self._held_info.pop(ino, None)
             self._kernel_view.pop(ino, None)
             self._attr_bytes.pop(ino, None)
+            self._entry_bytes.pop(ino, None)
             if self.prefetcher is not None and self.prefetcher.shm is not None:
                 self.prefetcher.shm.forget(ino)
 
@@ -479,36 +491,39 @@ class Operations:
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
             # (dataset mode), or than the daemon waits for this mount before changing it (callbacks)
-            if self.dataset:
-                known = self._dataset_info.get(inode)
-                attr = known.attr if known is not None else None
-            else:
-                attr = self._held_attr(inode)
-                of = self.files.get(inode)
-                if of is not None and (of.has_unflushed or of.size != of.attr.size):
-                    attr = None  # written here: the handler asks
+            attr = self._held_long(inode)
             if attr is not None:
-                return self._encoded_attr(attr)
-        if self.kcache.healthy:
+                return self._encoded(attr, self._attr_bytes, _attr_out_bytes)
             known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
             if known is not None:
                 return self._attr_out(known)
         return _SLOW
 
-    def _encoded_attr(self, attr: p.Attr) -> Encoded:
-        """GETATTR's answer for ``attr`` held long (``_entry(attr, held=True)``), in its wire form:
-        encoded the first time, then a dict get. Keyed by the Attr itself (the feed, a lookup or a
-        listing replaces it, never changes it) and the size answered (a file open here may be
-        longer), so a changed file is never answered from old bytes; only called while the feed is
-        healthy, so the timeout is always ``cache_timeout``."""
+    def _held_long(self, inode: int) -> p.Attr | None:
+        """(While the feed is healthy) a file's attributes that stay true until the mount hears
+        otherwise: dataset mode, what the feed keeps; default mode, a file held under a callback
+        (the daemon waits for this mount before changing it), unless written here."""
+        if self.dataset:
+            known = self._dataset_info.get(inode)
+            return known.attr if known is not None else None
+        of = self.files.get(inode)
+        if of is not None and (of.has_unflushed or of.size != of.attr.size):
+            return None  # written here: the handler asks
+        return self._held_attr(inode)
+
+    def _encoded(self, attr: p.Attr, cache: dict, encode) -> Encoded:
+        """An answer for ``attr`` held long (``_entry(attr, held=True)``) in its wire form
+        (``encode``), kept in ``cache``: encoded the first time, then a dict get. Keyed by the Attr
+        itself (the feed, a lookup or a listing replaces it, never changes it) and the size
+        answered (a file open here may be longer), so a changed file is never answered from old
+        bytes; only called while the feed is healthy, so the timeouts are always ``cache_timeout``."""
         of = self.files.get(attr.ino)
         size = max(attr.size, of.size) if of is not None else attr.size
-        hit = self._attr_bytes.get(attr.ino)
+        hit = cache.get(attr.ino)
         if hit is not None and hit[0] is attr and hit[1] == size:
             return hit[2]
-        e = self._entry(attr, held=True)
-        encoded = Encoded(encode_attr_out(e.attr, e.attr_valid))
-        self._attr_bytes[attr.ino] = (attr, size, encoded)
+        encoded = Encoded(encode(self._entry(attr, held=True)))
+        cache[attr.ino] = (attr, size, encoded)
         return encoded
 
     async def getattr(self, inode, ctx=None):
@@ -564,12 +579,14 @@ class Operations:
         self._writable()
         await self._change(p.UnlinkReq(parent=parent_inode, name=name), (parent_inode,))
         self._name_gone(parent_inode, name)
+        self.kcache.name_gone(parent_inode, name)
 
     async def rmdir(self, parent_inode, name, ctx):
         self._writable()
         removed = self.kcache.lookup_known(parent_inode, name) or 0
         await self._change(p.RmdirReq(parent=parent_inode, name=name), (parent_inode, removed))
         self._name_gone(parent_inode, name)
+        self.kcache.name_gone(parent_inode, name)
         self._names_complete.pop(removed, None)
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
@@ -584,6 +601,8 @@ class Operations:
         # the kernel keeps the moved name as long as the old one was cached, maybe under a callback
         # that covered the old name only: it asks again
         self.kcache.drop_name(parent_inode_new, name_new)
+        self.kcache.name_gone(parent_inode_old, name_old)
+        self.kcache.name_gone(parent_inode_new, name_new)
 
     async def opendir(self, inode, ctx):
         return inode
@@ -1001,7 +1020,12 @@ class Operations:
                 self._kernel_view.pop(ino, None)
                 self._dataset_info.pop(ino, None)
                 self._attr_bytes.pop(ino, None)
+                self._entry_bytes.pop(ino, None)
                 self.kcache.forget(ino)
+
+
+def _attr_out_bytes(e: Entry) -> bytes:
+    return encode_attr_out(e.attr, e.attr_valid)
 
 
 def _opened(fh: int, keep_cache: bool, flags: int) -> Opened:

@@ -261,3 +261,38 @@ def test_a_held_files_getattr_is_answered_from_bytes_encoded_once():
         Attr(9, new.mode, 1, 7, 8, 5000, 10, 1, 4_000_000_000, 4_000_000_000, 0, BLKSIZE), 30.0)
     ops.forget_now([(9, 1)])
     assert 9 not in ops._attr_bytes  # dropped with the kernel's inode
+
+
+def test_a_name_the_kernel_let_expire_is_answered_from_what_the_mount_holds():
+    """After cache_timeout the kernel looks a held name up again: answered from memory (the
+    entry's bytes encoded once) while the feed keeps the file's attributes true; not once the
+    feed is down or says the file changed, nor after this mount removed the name."""
+    from types import SimpleNamespace
+
+    from stripefs.client.fuse.replies import Encoded, encode_entry
+    from stripefs.client.operations import BLKSIZE, Operations
+    from stripefs.common import protocol as P
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0, dataset=True)
+    ops.kcache.healthy = True
+    bridge = OperationsBridge(ops, None, None)
+    lookup = parse(Opcode.LOOKUP, b"f\0", nodeid=1)
+    attr = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=10, atime_ns=1,
+                  mtime_ns=2, ctime_ns=3, generation=5)
+    ops._keep_dataset_info(P.OpenRsp(attr=attr, layout=P.Layout(chunk_size=1 << 22, stripe_count=1,
+                                                                  redundancy="replicas=1"), chunks=[], nodes=[]))
+    assert bridge.fast_lookup(lookup) is MISS  # the kernel never held the name: the daemon answers
+    ops.kcache.remember(1, b"f", 9)  # a lookup or a listing gave the kernel this name
+    first = bridge.fast_lookup(lookup)
+    assert type(first) is Encoded
+    assert first == encode_entry(Entry(9, Attr(9, attr.mode, 1, 7, 8, 10, 1, 1, 2, 3, 0, BLKSIZE), 30.0, 30.0, 5))
+    assert bridge.fast_lookup(lookup) is first
+    ops.kcache.healthy = False  # the feed broke: nothing is known to be true any more
+    assert bridge.fast_lookup(lookup) is MISS
+    ops.kcache.healthy = True
+    ops.kcache.name_gone(1, b"f")  # this mount unlinked or renamed it
+    assert bridge.fast_lookup(lookup) is MISS
+    ops.kcache.remember(1, b"f", 9)
+    ops._changed_elsewhere([9])  # the feed: the file changed
+    assert bridge.fast_lookup(lookup) is MISS
