@@ -294,6 +294,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 op_timeout=client_cfg.op_timeout_s,
             )
             prefetcher.on_fetched = ops.prefetched
+            prefetcher.in_page_cache = ops.in_page_cache
             ops.jobs = Jobs()  # training jobs that report their data wait: stripefs top's per-job view
             client_metrics.instrument(ops, ops.jobs)
             try:

@@ -418,6 +418,15 @@ class Operations:
         if len(self._dataset_info) > DATASET_OPEN_INFO_ENTRIES:
             self._dataset_info.popitem(last=False)
 
+    def in_page_cache(self, rsp: p.OpenRsp) -> bool:
+        """(Dataset mode) Whether the kernel holds the pages of this version of the file: the
+        prefetcher pushed them, and since then neither the feed said it changed nor the kernel
+        forgot the inode (either drops ``_kernel_view``). Pages the kernel dropped on its own
+        (memory pressure, drop_caches 1) are not seen: the read then asks the mount, as without
+        a prefetch."""
+        view = self._kernel_view.get(rsp.attr.ino)
+        return self.dataset and view == (rsp.attr.mtime_ns, rsp.attr.size) and self.kcache.knows(rsp.attr.ino)
+
     def prefetched(self, rsp: p.OpenRsp, in_page_cache: bool) -> None:
         """The prefetcher fetched this file (and pushed it into the page cache)."""
         if in_page_cache:

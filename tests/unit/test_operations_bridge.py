@@ -296,3 +296,32 @@ def test_a_name_the_kernel_let_expire_is_answered_from_what_the_mount_holds():
     ops.kcache.remember(1, b"f", 9)
     ops._changed_elsewhere([9])  # the feed: the file changed
     assert bridge.fast_lookup(lookup) is MISS
+
+
+def test_a_dataset_mounts_prefetch_skips_a_version_the_kernel_holds():
+    """A later epoch announces files again: one whose pushed version the kernel still holds is
+    not fetched again (Prefetcher.in_page_cache); another version, a change the feed reported or
+    an inode the kernel forgot is."""
+    from types import SimpleNamespace
+
+    from stripefs.client.operations import Operations
+    from stripefs.common import protocol as P
+
+    def rsp(size: int, mtime_ns: int) -> P.OpenRsp:
+        attr = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=0, gid=0, rdev=0, size=size, atime_ns=1,
+                      mtime_ns=mtime_ns, ctime_ns=1)
+        return P.OpenRsp(attr=attr, layout=P.Layout(chunk_size=1 << 22, stripe_count=1, redundancy="replicas=1"),
+                         chunks=[], nodes=[])
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0, dataset=True)
+    ops.kcache.remember(1, b"f", 9)  # the kernel knows the inode (a listing)
+    assert not ops.in_page_cache(rsp(10, 5))
+    ops.prefetched(rsp(10, 5), True)  # pushed into the page cache
+    assert ops.in_page_cache(rsp(10, 5))
+    assert not ops.in_page_cache(rsp(10, 6))  # another version
+    ops._changed_elsewhere([9])
+    assert not ops.in_page_cache(rsp(10, 5))
+    ops.prefetched(rsp(10, 5), True)
+    ops.forget_now([(9, 1)])  # the kernel forgot the inode, and its pages with it
+    assert not ops.in_page_cache(rsp(10, 5))
