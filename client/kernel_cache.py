@@ -246,7 +246,7 @@ class KernelCache:
             names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]
             known = [ino for ino in inodes if ino in self._names_of or ino == ROOT_ID]
             for key in names:
-                ino = self._names.pop(key)
+                ino = self._names.pop(key, None)  # (None: a name another inode's list still had)
                 if key in self._names_of.get(ino, ()):
                     self._names_of[ino].remove(key)
             if names or known:
