@@ -108,11 +108,13 @@ CATEGORIES = [  # (profile category, marks of a frame that belongs to it); see c
     ("pyfuse3", ("pyfuse3", "__pyx", "__Pyx", ".pyx", ".pxi", "libfuse")),
     ("trio", ("trio/", "outcome")),
     ("metrics wrapper", ("client/metrics.py", "prometheus_client/")),
+    ("fuse session", ("client/fuse/",)),  # the mount's own session: parse, dispatch, encode (not its handlers)
     ("handler", ("client/", "bare_fuse.py")),
 ]
 RETRIES = 3  # measurements again when someone dropped the kernel's caches meanwhile
 UNHANDLED = "ioctl*"  # requests answered by libfuse itself (see measure): Python's open() asks isatty()
 DEV_FUSE = "read+writev /dev/fuse"  # the category of syscalls libfuse makes: receiving a request, sending a reply
+READER = "fuse/session.py"  # frames of the mount's own session (its reader thread, or a reply written from trio)
 
 
 def reader(conn) -> None:
@@ -182,8 +184,6 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="stripefs-fusefloor-", dir=a.workdir))
         self.state, self.mnt = self.work / "state", self.work / "mnt"
         self.cluster = Cluster(self.state, self.mnt, a.nodes)
-        if a.fuse_session != "own":  # the stripefs mounts on pyfuse3 (-o fuse_session=pyfuse3) instead of their own session
-            self.cluster.options.append(f"fuse_session={a.fuse_session}")
         self.phase = ("setup", time.monotonic(), a.phase_timeout)
         self.mounts = {**{side: self.work / side for side in BARE_FLAGS}, "default": self.mnt,
                        "dataset": self.work / "mnt-dataset"}
@@ -299,7 +299,6 @@ class Bench:
         mp, pidfile, port = self.mounts["dataset"], self.work / "mount-dataset.pid", free_port()
         mp.mkdir()
         cmd = ["mount", f"tcp://127.0.0.1:{info['meta_port']}", str(mp), "-o", "dataset", "-o", f"metrics=127.0.0.1:{port}",
-               *(("-o", f"fuse_session={self.a.fuse_session}") if self.a.fuse_session != "own" else ()),
                "--pidfile", str(pidfile), "--log", str(self.state / "logs" / "mount-dataset.log")]
         res = subprocess.run(self.cluster.cli + cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if res.returncode:
@@ -427,7 +426,7 @@ class Bench:
         if not os.access(exe, os.X_OK):
             progress("no py-spy (--py-spy PATH): no profiles")
             return
-        for side in ("bare_noopen", "bare_noflush", "dataset"):
+        for side in ("bare_noopen", "bare_noflush", "dataset", "default"):
             self.set_phase(f"profiling {side}: py-spy record --gil --native during a warm 2-reader read")
             self.recorder = profiling.Recorder(exe, {side: self.pids[side]}, RESULTS / "fuse-floor-profile", gil=True,
                                                native=True, rate=self.a.profile_rate)
@@ -477,7 +476,7 @@ class Bench:
 
 def categorise(path: Path, wall: float, rate: int) -> dict:
     """Samples of a py-spy --gil --native raw profile by category: a sample whose innermost frame is
-    a libc syscall under libfuse is DEV_FUSE (the kernel's side of a request); any other goes to the
+    a libc syscall under libfuse or the mount's own session is DEV_FUSE (the kernel's side of a request); any other goes to the
     first CATEGORIES entry that one of its frames matches, from the innermost frame out (so a
     libpython frame counts for the Python or Cython code it runs for)."""
     counts: Counter = Counter()
@@ -486,9 +485,10 @@ def categorise(path: Path, wall: float, rate: int) -> dict:
         frames = stack.split(";")
         if not n.isdigit() or not stack:
             continue
-        if "unrolled_run (trio" not in stack:
+        if "unrolled_run (trio" not in stack and READER not in stack:
             counts["other threads"] += int(n)  # e.g. the mount's metrics endpoint; or a stack py-spy could not unwind
-        elif "(libc" in frames[-1] and frames[-1].split(" (")[0] in ("read", "writev", "write") and "libfuse" in stack:
+        elif ("(libc" in frames[-1] and frames[-1].split(" (")[0] in ("read", "readv", "writev", "write")
+              and ("libfuse" in stack or READER in stack)):
             counts[DEV_FUSE] += int(n)
         else:
             counts[next((name for f in reversed(frames) for name, marks in CATEGORIES if any(m in f for m in marks)),
@@ -618,8 +618,6 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second (default 250)")
     ap.add_argument("--py-spy", default=None, help="py-spy executable (default: PATH, then beside this Python)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir afterwards")
-    ap.add_argument("--fuse-session", choices=("pyfuse3", "own"), default="own",
-                    help="the FUSE session of the stripefs mounts (-o fuse_session=; default own, the mount's)")
     ap.add_argument("--phase-timeout", type=float, default=300, help="abort if one phase takes longer (default 300 s)")
     ap.add_argument("--json", default=str(RESULTS / "fuse_floor.json"), help="results file")
     a = ap.parse_args(argv)

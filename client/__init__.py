@@ -1,8 +1,9 @@
-"""The FUSE client (``stripefs mount``): one process per mount, pyfuse3 over trio.
+"""The FUSE client (``stripefs mount``): one process per mount, its own FUSE session beside trio.
 
-Start reading at ``mount.py`` (the process: config, signals, the root nursery)
-and ``operations.py`` (the pyfuse3 ``Operations``: thin handlers that
-delegate). The pieces:
+Start reading at ``mount.py`` (the process: config, signals, the root nursery),
+``fuse/`` (the kernel's protocol: the session, its reader thread) and
+``operations.py`` (the ``Operations``: thin handlers that delegate, fed by
+``operations_bridge.py``). The pieces:
 
 * building a client: ``connect.py`` wires the metadata session, the node pool
   and the data path from a ClientConfig (the mount and ``convert.py`` use it).

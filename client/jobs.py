@@ -6,8 +6,8 @@ whose name carries the figures (``protocol.JOB_XATTR``). The job is the
 process that reported (the request's pid); its DataLoader workers are its
 descendants, so every FUSE request is attributed to the job whose pid is the
 requester or one of its ancestors (``/proc/PID/stat``, resolved once per pid
-and cached). READ, WRITE, FLUSH, FSYNC and RELEASE carry no caller in
-pyfuse3's API: they count for the job that opened the handle.
+and cached). READ, WRITE, FLUSH, FSYNC and RELEASE reach the handlers without a caller
+(operations.py): they count for the job that opened the handle.
 
 Per job the mount counts its FUSE requests and where their time went: reads
 waiting on storage nodes (``network``), reads served from the mount's memory
@@ -209,9 +209,9 @@ class Jobs:
             pid = getattr(ctx, "pid", 0)
             job = self.job_of(pid) if pid else None
             if job is not None and op in ("open", "create"):
-                fh = getattr(result[0] if isinstance(result, tuple) else result, "fh", None)
-                if fh is not None:
-                    self._handles[fh] = job
+                opened = result[1] if op == "create" else result  # (Entry, Opened) or Opened
+                if opened is not None:
+                    self._handles[opened.fh] = job
         if job is None:
             return
         job.requests += 1

@@ -22,7 +22,7 @@ Rules
   (``changed_here``): an open's answer asked before one is older than the
   mount's own state of the file (client/operations.py).
 * Invalidations run in a worker thread, never inside a request handler: the
-  kernel may hold locks that the pending request needs (pyfuse3 docs). A
+  kernel may hold locks that the pending request needs (go-fuse's notify docs). A
   change is noted at once (``changed_since`` sees it) and its invalidations
   are queued; one task sends whatever has queued up in one thread hop, so a
   burst of changes elsewhere costs this mount a few thread hops, not one each.
@@ -54,7 +54,6 @@ import threading
 from collections import OrderedDict
 from typing import Awaitable, Callable, Iterable
 
-import pyfuse3
 import trio
 import zmq
 
@@ -63,6 +62,7 @@ from ..common.errors import StripefsError
 from ..common.transport import open_socket
 from . import fuse_backend
 from .dir_attrs import DirAttrs
+from .fuse.abi import ROOT_ID
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,16 @@ class KernelCache:
         this mount's own rename made, cached as long as the one it replaced, but held by nobody."""
         self._pending_names.add((parent, name))
         self._pending.set()
+
+    def name_gone(self, parent: int, name: bytes) -> None:
+        """This mount removed ``name`` (unlink, rmdir, either name of a rename): the kernel dropped
+        or moved it itself, and a LOOKUP of it must not be answered from what it named
+        (Operations._fast_lookup). The inode stays known while the kernel holds it."""
+        with self.state_lock:
+            ino = self._names.pop((parent, name), None)
+            keys = self._names_of.get(ino) if ino is not None else None
+            if keys is not None and (parent, name) in keys:
+                keys.remove((parent, name))
 
     def knows(self, ino: int) -> bool:
         return ino in self._names_of
@@ -234,9 +244,9 @@ class KernelCache:
             # a file whose grant ended: its names too, cached long under it; the next path walk
             # looks it up again (a fresh answer, a new grant) instead of trusting kept attributes
             names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]
-            known = [ino for ino in inodes if ino in self._names_of or ino == pyfuse3.ROOT_INODE]
+            known = [ino for ino in inodes if ino in self._names_of or ino == ROOT_ID]
             for key in names:
-                ino = self._names.pop(key)
+                ino = self._names.pop(key, None)  # (None: a name another inode's list still had)
                 if key in self._names_of.get(ino, ()):
                     self._names_of[ino].remove(key)
             if names or known:
@@ -283,7 +293,7 @@ class KernelCache:
             self._pending_names.clear()
             self.on_change(None)
             names = list(self._names)
-            inodes = list(self._names_of) + [pyfuse3.ROOT_INODE]
+            inodes = list(self._names_of) + [ROOT_ID]
             self._names.clear()
             self._names_of.clear()
             had_grants = bool(self.grants)

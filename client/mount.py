@@ -19,12 +19,10 @@ import argparse
 import logging
 import os
 import signal
-import subprocess
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import msgspec
-import pyfuse3
 import trio
 import zmq
 
@@ -56,8 +54,9 @@ log = logging.getLogger(__name__)
 #: -o options that are ours, not FUSE's
 _OWN_OPTIONS = {"config", "dataset", "disk_cache_dir", "metrics", "key", "subdir", "root_squash", "op_timeout", "nonempty",
                 "fuse_session"}
-#: -o fuse_session=: which FUSE session serves the mount (docs/design.md, "The mount's own FUSE session")
-FUSE_SESSIONS = ("pyfuse3", "own")
+#: -o fuse_session=: the one value still accepted (pyfuse3 was the other until the mount's own session
+#: served everything: docs/design.md, "The mount's own FUSE session"), so fstab lines that name it work
+FUSE_SESSIONS = ("own",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,9 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
             "(META_ADDR then names the daemon's key: tcp://HOST:PORT?key=Z85); subdir=/DIR: show only that "
             "directory of the cluster; root_squash: root's new files and chowns become nobody's; "
             "op_timeout=SECONDS: the longest any file operation waits for the cluster before failing "
-            "with EIO (default 60; close() then reports writes that could not be stored); "
-            "fuse_session=pyfuse3: serve the mount on pyfuse3 instead of its own FUSE session (the default, "
-            "own; pyfuse3 stays selectable for one more release: docs/design.md, \"The mount's own FUSE session\")"
+            "with EIO (default 60; close() then reports writes that could not be stored)"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -147,11 +144,11 @@ def main(argv: list[str]) -> int:
             raise QuietError(f"op_timeout={own['op_timeout']}: give a number of seconds, e.g. op_timeout=30") from None
     fuse_session = own.get("fuse_session") or "own"
     if fuse_session not in FUSE_SESSIONS:
-        raise QuietError(f"fuse_session={fuse_session}: one of {', '.join(FUSE_SESSIONS)}")
+        raise QuietError(f"fuse_session={fuse_session}: the mount has one FUSE session now, its own "
+                         "(pyfuse3 was removed); drop the option")
     # a dataset mount is read-only in the kernel too (/proc/mounts says ro, writes never reach us);
-    # its prefetch requests then come as ioctls (a read-only mount refuses setxattr), which only the
-    # own session answers: on pyfuse3 it stays rw in the kernel and refuses changes itself
-    if client_cfg.dataset and fuse_session == "own":
+    # its prefetch requests then come as ioctls (a read-only mount refuses setxattr)
+    if client_cfg.dataset:
         fuse_opts.discard("rw")
         fuse_opts.add("ro")
     if not client_cfg.op_timeout_s > 0:
@@ -173,7 +170,7 @@ def main(argv: list[str]) -> int:
         setup_logging("mount", debug=debug_setting(args.debug))
         if args.pidfile:
             Path(args.pidfile).write_text(f"{os.getpid()}\n")
-        return _serve(addresses, mountpoint, fuse_opts, client_cfg, ready_fd=None, fuse_session=fuse_session)
+        return _serve(addresses, mountpoint, fuse_opts, client_cfg, ready_fd=None)
 
     try:
         log_dir = None if args.log else client_metrics.ensure_state_dir()
@@ -209,7 +206,7 @@ def main(argv: list[str]) -> int:
     if args.pidfile:
         Path(args.pidfile).write_text(f"{os.getpid()}\n")
     try:
-        code = _serve(addresses, mountpoint, fuse_opts, client_cfg, ready_fd=write_fd, fuse_session=fuse_session)
+        code = _serve(addresses, mountpoint, fuse_opts, client_cfg, ready_fd=write_fd)
     except QuietError as exc:
         log.error("mount failed: %s", exc)  # the log the parent's error points to says why
         _report(write_fd, str(exc))
@@ -249,14 +246,12 @@ def _report(fd: int | None, message: str) -> None:
         pass
 
 
-def _serve(addresses: list[str], mountpoint: Path, fuse_opts: set[str], client_cfg: cfg.ClientConfig, ready_fd: int | None,
-           fuse_session: str = "pyfuse3") -> int:
-    options = set(pyfuse3.default_options)
+def _serve(addresses: list[str], mountpoint: Path, fuse_opts: set[str], client_cfg: cfg.ClientConfig,
+           ready_fd: int | None) -> int:
     # the mount's source is its metadata address: admin commands find the cluster from a path
-    options |= {f"fsname={';'.join(addresses)}", "subtype=stripefs", "default_permissions"}
-    options |= fuse_opts
+    options = {f"fsname={';'.join(addresses)}", "subtype=stripefs", "default_permissions"} | fuse_opts
     try:
-        trio.run(_run, addresses, str(mountpoint), options, client_cfg, ready_fd, fuse_session)
+        trio.run(_run, addresses, str(mountpoint), options, client_cfg, ready_fd)
     except BaseException as exc:
         # nurseries wrap what failed in exception groups: a user error inside one is still a user error
         user_error = _first_of(exc, (QuietError, StripefsError))
@@ -272,8 +267,7 @@ def _first_of(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> Bas
     return next((e for e in leaves(exc) if isinstance(e, kinds)), None)
 
 
-async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig, ready_fd: int | None,
-               fuse_session: str = "pyfuse3") -> None:
+async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig, ready_fd: int | None) -> None:
     ctx = zmq.Context()
     if client_cfg.curve_key:
         use_identity(ctx, load_identity(client_cfg.curve_key))
@@ -300,6 +294,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 op_timeout=client_cfg.op_timeout_s,
             )
             prefetcher.on_fetched = ops.prefetched
+            prefetcher.in_page_cache = ops.in_page_cache
             ops.jobs = Jobs()  # training jobs that report their data wait: stripefs top's per-job view
             client_metrics.instrument(ops, ops.jobs)
             try:
@@ -317,42 +312,28 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                     stack.callback(shm.close)
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             nursery.start_soon(ops.jobs.sweep_loop, name="jobs-sweep")  # ended jobs leave the metrics
-            if fuse_session == "own":
-                own = await _start_own_session(ops, mountpoint, options, client_cfg, nursery)
-            else:
-                own = None
-                try:
-                    pyfuse3.init(ops, mountpoint, options)
-                except RuntimeError as exc:
-                    raise QuietError(f"cannot mount {mountpoint}: {exc} (is /dev/fuse available, fuse3 installed?)", 3) from None
+            session = await _start_session(ops, mountpoint, options, client_cfg, nursery)
             stop = trio.CancelScope()
             try:
-                nursery.start_soon(_signals, stop if own else None, name="signals")
-                nursery.start_soon(_tune_kernel, mountpoint, None if own else client_cfg.max_background, name="tune-kernel")
+                nursery.start_soon(_signals, stop, name="signals")
+                nursery.start_soon(_tune_kernel, mountpoint, name="tune-kernel")
                 nursery.start_soon(kcache.follow, ctx, meta.feed_info, name="change-feed")
                 with trio.move_on_after(2.0):  # so that a listing right after the mount is cached long
                     await kcache.following.wait()
                 nursery.start_soon(prefetcher.run, name="prefetch")
                 mode = "dataset mode (read-only), " if client_cfg.dataset else ""
-                log.info("mounted %s from %s (%soptions %s%s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)),
-                         ", its own FUSE session" if own else "")
+                log.info("mounted %s from %s (%soptions %s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)))
                 client_metrics.write_state(mountpoint, metrics_address)
                 notify("READY=1")
                 _report(ready_fd, "ok")
                 with stop:
-                    if own:
-                        await trio.to_thread.run_sync(own.wait, abandon_on_cancel=True)  # until unmounted
-                    else:
-                        await pyfuse3.main()
+                    await trio.to_thread.run_sync(session.wait, abandon_on_cancel=True)  # until unmounted
             finally:
                 notify("STOPPING=1")
                 client_metrics.remove_state(mountpoint)
                 await _flush_open_files(ops, client_cfg.op_timeout_s)
-                if own:
-                    await trio.to_thread.run_sync(own.close)  # unmounts; the reader ends
-                    fuse_backend.use_session(None)
-                else:
-                    pyfuse3.close(unmount=True)
+                await trio.to_thread.run_sync(session.close)  # unmounts; the reader ends
+                fuse_backend.use_session(None)
                 log.info("unmounted %s", mountpoint)
     finally:
         ctx.term()
@@ -381,22 +362,16 @@ async def _flush_open_files(ops: Operations, bound_s: float) -> None:
 READ_AHEAD_KB = 4096
 
 
-#: where the fusectl file system shows each FUSE connection's tunables
-FUSECTL = "/sys/fs/fuse/connections"
-
-
-async def _tune_kernel(mountpoint: str, max_background: int | None) -> None:
-    # The kernel sets read-ahead and max_background from the FUSE INIT reply, so change
-    # them only after INIT: a stat() of the root from a thread returns once the loop has
-    # answered it.
+async def _tune_kernel(mountpoint: str) -> None:
+    # The kernel sets read-ahead from the FUSE INIT reply, so change it only after INIT: a
+    # stat() of the root from a thread returns once the session has answered it. (The
+    # session sets max_background at INIT itself.)
     await trio.to_thread.run_sync(os.stat, mountpoint)
     device = _device_of(mountpoint)
     if device is None:
         log.warning("%s is not in /proc/self/mountinfo; kernel settings left at their defaults", mountpoint)
         return
     _raise_readahead(mountpoint, device)
-    if max_background is not None:  # None: the own session set it at INIT
-        await trio.to_thread.run_sync(_raise_max_background, device, max_background)
 
 
 def _device_of(mountpoint: str) -> str | None:
@@ -416,46 +391,19 @@ def _raise_readahead(mountpoint: str, device: str) -> None:
         log.warning("cannot raise the kernel read-ahead of %s (sequential reads will be slower): %s", mountpoint, exc)
 
 
-def _raise_max_background(device: str, max_background: int) -> None:
-    """Let the kernel keep more requests in flight: max_background and congestion_threshold.
-
-    pyfuse3 cannot set them at INIT; the fusectl file system can, per connection
-    (named by the device minor). It is mounted at /sys/fs/fuse/connections when absent.
-    """
-    conn = os.path.join(FUSECTL, device.split(":")[1])
-    try:
-        if not os.path.isdir(conn):
-            if not os.path.ismount(FUSECTL):
-                subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], check=True, capture_output=True, text=True)
-            if not os.path.isdir(conn):
-                raise OSError(f"{conn} does not exist")
-        with open(os.path.join(conn, "max_background"), "w") as f:
-            f.write(str(max_background))
-        with open(os.path.join(conn, "congestion_threshold"), "w") as f:
-            f.write(str(max_background * 3 // 4))
-        log.debug("fuse connection %s: max_background %d, congestion_threshold %d", conn, max_background, max_background * 3 // 4)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) else exc
-        log.warning("cannot raise max_background through %s (parallel reads will queue in the kernel): %s", FUSECTL, detail)
-
-
-async def _signals(stop: trio.CancelScope | None) -> None:
-    """End the mount on SIGTERM/SIGINT/SIGHUP: pyfuse3's loop (``stop`` None), or the wait for the
-    own session's end (``stop``)."""
+async def _signals(stop: trio.CancelScope) -> None:
+    """End the mount on SIGTERM/SIGINT/SIGHUP: ``stop`` cancels the wait for the session's end."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("signal %d: unmounting", signum)
-            if stop is None:
-                pyfuse3.terminate()
-            else:
-                stop.cancel()
+            stop.cancel()
             return
 
 
-async def _start_own_session(ops: Operations, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig,
-                             nursery: trio.Nursery) -> Session:
-    """Mount and answer INIT with the own session (client/fuse/), every request served by ``ops`` in
-    trio (client/operations_bridge.py); the calls the mount makes into its session go there too."""
+async def _start_session(ops: Operations, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig,
+                         nursery: trio.Nursery) -> Session:
+    """Mount and answer INIT with the mount's FUSE session (client/fuse/), every request served by
+    ``ops`` (client/operations_bridge.py); the calls the mount makes into its session go there too."""
     fsname = next((o.split("=", 1)[1] for o in options if o.startswith("fsname=")), "stripefs")
     kernel_opts = [o for o in options if not o.startswith(("fsname=", "subtype="))]
     try:
@@ -464,7 +412,7 @@ async def _start_own_session(ops: Operations, mountpoint: str, options: set[str]
         raise QuietError(f"cannot mount {mountpoint}: {exc}", 3) from None
     token = trio.lowlevel.current_trio_token()
     bridge = OperationsBridge(ops, token, nursery)
-    # max_write 128 KiB, as libfuse's default under pyfuse3: with 1 MiB writes, a sequential writer
+    # max_write 128 KiB, libfuse's default: with 1 MiB writes, a sequential writer
     # of 24 chunks asked the daemon for placements 14 times instead of at most 8
     # (tests/cluster/test_write_path.py; why is not understood yet: client/placements.py alloc_indices)
     want = DEFAULT_WANT

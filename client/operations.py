@@ -1,10 +1,14 @@
-"""The pyfuse3 ``Operations`` of the mount: thin handlers that delegate.
+"""The mount's ``Operations``: thin handlers that delegate, answering in the FUSE session's types.
 
 Namespace operations go to the metadata daemon (meta_rpc), data operations to
-``DataPath`` (striping). Every handler runs under ``_fuse_errors``: pyfuse3
-lets a handler raise only FUSEError, so StripefsError becomes its errno (one
-table: common.errors.ERRNO_BY_CODE) and anything else is logged with its
-traceback and answered EIO. The mount stays up; the ERROR line makes tests fail.
+``DataPath`` (striping). Handlers take what the kernel names (inodes, handles, names as
+bytes, the request context) and answer in client/fuse's own results: ``Entry`` (LOOKUP,
+CREATE, MKDIR, ...), ``(Attr, valid)`` or its ``Encoded`` form (GETATTR, SETATTR),
+``Opened`` (OPEN), ``Statfs``; client/operations_bridge.py feeds them the requests.
+Every handler runs under ``_fuse_errors``: a handler answers an error only with
+``FuseError(errno)``, so StripefsError becomes its errno (one table:
+common.errors.ERRNO_BY_CODE) and anything else is logged with its traceback and
+answered EIO. The mount stays up; the ERROR line makes tests fail.
 
 Nothing waits forever (a "soft" mount, as NFS calls it): every handler runs
 under ``op_timeout_s`` (ClientConfig; 60 s by default, long enough to ride out
@@ -72,7 +76,6 @@ import struct
 import time
 from collections import OrderedDict
 
-import pyfuse3
 import trio
 
 from ..common import protocol as p
@@ -80,6 +83,9 @@ from ..common.errors import ErrorCode, StripefsError
 from . import fuse_backend
 from .dir_hints import DirHints
 from .fetch import Fetch
+from .fuse.abi import OpenFlag
+from .fuse.dispatch import Opened
+from .fuse.replies import Attr, Encoded, Entry, FuseError, Statfs, encode_attr_out, encode_entry
 from .jobs import Jobs
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
@@ -109,6 +115,9 @@ COMPLETE_DIR_NAMES = 100_000
 #: mode: the same for files held under a callback (daemon/callbacks.py)
 DATASET_OPEN_INFO_ENTRIES = 262_144
 
+#: st_blksize the kernel reports for every file: reads and writes of 1 MiB
+BLKSIZE = 1 << 20
+
 
 #: a fast path's answer "not from here": the handler itself runs
 _SLOW = object()
@@ -132,15 +141,15 @@ def _fuse_errors(fn, fast=None):
                 return await fn(self, *args, **kwargs)
         except trio.TooSlowError:
             log.warning("%s: the cluster did not answer within %.0fs (op_timeout_s); answering EIO", fn.__name__, self.op_timeout)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except pyfuse3.FUSEError:
+            raise FuseError(errno.EIO) from None
+        except FuseError:
             raise
         except StripefsError as exc:
             log.debug("%s: %s", fn.__name__, exc)
-            raise pyfuse3.FUSEError(exc.errno) from None
+            raise FuseError(exc.errno) from None
         except Exception:
             log.exception("%s failed", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            raise FuseError(errno.EIO) from None
 
     return wrapper
 
@@ -153,11 +162,7 @@ def _wrap_handlers(cls):
 
 
 @_wrap_handlers
-class Operations(pyfuse3.Operations):
-    supports_dot_lookup = False
-    enable_writeback_cache = False
-    enable_acl = False
-
+class Operations:
     def __init__(
         self,
         meta: MetaClient,
@@ -171,7 +176,6 @@ class Operations(pyfuse3.Operations):
         prefetcher: Prefetcher | None = None,
         op_timeout: float = 60.0,
     ):
-        super().__init__()
         self.meta = meta
         self.data = data
         self.op_timeout = op_timeout  # the longest any handler waits for the cluster (module docstring)
@@ -210,6 +214,11 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
         # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
         self._kernel_view: dict[int, tuple[int, int]] = {}
+        # ino -> (the Attr, the size answered, its fuse_attr_out / fuse_entry_out bytes): a hot
+        # GETATTR's and LOOKUP's answers, encoded once per Attr (_encoded); dropped with what they
+        # were made from
+        self._attr_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
+        self._entry_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
         # ino -> (when, OpenRsp) from LOOKUPs, oldest first; see the module docstring
         self._open_info: OrderedDict[int, tuple[float, p.OpenRsp]] = OrderedDict()
         # ino -> (when, Attr) of the newest LOOKUP answers, oldest first: what a shared-memory
@@ -222,32 +231,28 @@ class Operations(pyfuse3.Operations):
 
     # ---------------------------------------------------------------- helpers
 
-    def _entry(self, attr: p.Attr, *, cacheable: bool = True, held: bool = False) -> pyfuse3.EntryAttributes:
+    def _entry(self, attr: p.Attr, *, cacheable: bool = True, held: bool = False) -> Entry:
         """The kernel's entry for ``attr``; ``cacheable`` False: the answer may already be old;
         ``held``: a regular file's name under a callback (cached long like a directory's)."""
-        of = self.files.get(attr.ino)
-        size = max(attr.size, of.size) if of is not None else attr.size
-        e = pyfuse3.EntryAttributes()
-        e.st_ino = attr.ino
-        e.generation = attr.generation
         long = self.cache_timeout if cacheable and self.kcache.healthy else 0.0
         if stat.S_ISREG(attr.mode) and not self.dataset and not held:
-            e.entry_timeout = 0  # every open() looks the file up (close-to-open, above)
+            entry_timeout = 0.0  # every open() looks the file up (close-to-open, above)
         else:
-            e.entry_timeout = long or (self.entry_timeout if cacheable else 0)
-        e.attr_timeout = long or (self.attr_timeout if cacheable else 0)
-        e.st_mode = attr.mode
-        e.st_nlink = attr.nlink
-        e.st_uid = attr.uid
-        e.st_gid = attr.gid
-        e.st_rdev = attr.rdev
-        e.st_size = size
-        e.st_blksize = 1 << 20
-        e.st_blocks = (size + 511) // 512
-        e.st_atime_ns = attr.atime_ns
-        e.st_mtime_ns = attr.mtime_ns
-        e.st_ctime_ns = attr.ctime_ns
-        return e
+            entry_timeout = long or (self.entry_timeout if cacheable else 0.0)
+        return Entry(attr.ino, self._attr(attr), entry_timeout, long or (self.attr_timeout if cacheable else 0.0),
+                     attr.generation)
+
+    def _attr(self, attr: p.Attr) -> Attr:
+        """The kernel's attributes of ``attr``, the size of the file as open here (it may be longer)."""
+        of = self.files.get(attr.ino)
+        size = max(attr.size, of.size) if of is not None else attr.size
+        return Attr(attr.ino, attr.mode, attr.nlink, attr.uid, attr.gid, size, (size + 511) // 512, attr.atime_ns,
+                    attr.mtime_ns, attr.ctime_ns, attr.rdev, BLKSIZE)
+
+    def _attr_out(self, attr: p.Attr, *, cacheable: bool = True) -> tuple[Attr, float]:
+        """GETATTR's and SETATTR's answer for ``attr``: the attributes and how long they hold."""
+        e = self._entry(attr, cacheable=cacheable)
+        return e.attr, e.attr_valid
 
     def _fresh_open_info(self, ino: int) -> p.OpenRsp | None:
         """The open information of a LOOKUP younger than OPEN_INFO_FRESH_S, if any."""
@@ -306,7 +311,15 @@ class Operations(pyfuse3.Operations):
     def _fast_lookup(self, parent_inode, name, ctx=None):
         names = self._names_of_dir(parent_inode)
         if names is not None and name not in names and len(name) <= p.NAME_MAX:  # a longer one: the daemon's ENAMETOOLONG
-            raise pyfuse3.FUSEError(errno.ENOENT)  # the daemon would wait for this mount before adding it
+            raise FuseError(errno.ENOENT)  # the daemon would wait for this mount before adding it
+        if self.kcache.healthy:
+            # a name the kernel held and let expire (cache_timeout), of a file whose attributes
+            # the mount holds: what the kernel kept until now is still true (the feed, or the
+            # callback, would have dropped the name and the attributes together)
+            ino = self.kcache.lookup_known(parent_inode, name)
+            attr = self._held_long(ino) if ino is not None else None
+            if attr is not None:
+                return self._encoded(attr, self._entry_bytes, encode_entry)
         return _SLOW
 
     def _held_inodes(self) -> list[int]:
@@ -315,10 +328,10 @@ class Operations(pyfuse3.Operations):
         with self.lock:  # (iterating: the reader thread's opens add files)
             return list(self.files.keys() | self._open_info.keys())
 
-    async def _attr_reply(self, request: p.Msg, changes: tuple[int, ...] = ()) -> pyfuse3.EntryAttributes:
+    async def _attr_reply(self, request: p.Msg, changes: tuple[int, ...] = ()) -> tuple[Attr, float]:
         stamp = self.kcache.stamp()
         rsp = await self._change(request, changes)
-        return self._entry(rsp.attr, cacheable=not self.kcache.changed_since(stamp, rsp.attr.ino))
+        return self._attr_out(rsp.attr, cacheable=not self.kcache.changed_since(stamp, rsp.attr.ino))
 
     async def _change(self, request: p.Msg, inodes) -> p.Msg:
         """Send a request that changes ``inodes``; the directories' attributes its reply
@@ -334,7 +347,7 @@ class Operations(pyfuse3.Operations):
         finally:
             self.kcache.dir_attrs.end(inodes, rsp)
 
-    async def _new_name(self, parent: int, name: bytes, request: p.Msg) -> pyfuse3.EntryAttributes:
+    async def _new_name(self, parent: int, name: bytes, request: p.Msg) -> Entry:
         self._writable()
         stamp = self.kcache.stamp()
         try:
@@ -347,7 +360,7 @@ class Operations(pyfuse3.Operations):
         self._name_made(parent, name)
         if isinstance(request, p.MkdirReq) and rsp.callback >= 0:
             self._all_names(rsp.attr.ino, (), rsp.callback)  # a new directory: this mount knows all its names
-        self.kcache.remember(parent, name, entry.st_ino)
+        self.kcache.remember(parent, name, entry.nodeid)
         return entry
 
     def _committed(self, ino: int) -> None:
@@ -371,7 +384,7 @@ class Operations(pyfuse3.Operations):
 
     def _writable(self) -> None:
         if self.dataset:
-            raise pyfuse3.FUSEError(errno.EROFS)
+            raise FuseError(errno.EROFS)
 
     def _changed_elsewhere(self, inodes) -> None:
         """The change feed says these inodes changed (None: anything may have)."""
@@ -381,6 +394,8 @@ class Operations(pyfuse3.Operations):
             self._dataset_info.clear()
             self._held_info.clear()
             self._kernel_view.clear()
+            self._attr_bytes.clear()
+            self._entry_bytes.clear()
             for ino in list(self._inode_handles):
                 self._drop_inode_handle(ino)
             return
@@ -392,6 +407,8 @@ class Operations(pyfuse3.Operations):
             self._dataset_info.pop(ino, None)
             self._held_info.pop(ino, None)
             self._kernel_view.pop(ino, None)
+            self._attr_bytes.pop(ino, None)
+            self._entry_bytes.pop(ino, None)
             if self.prefetcher is not None and self.prefetcher.shm is not None:
                 self.prefetcher.shm.forget(ino)
 
@@ -400,6 +417,15 @@ class Operations(pyfuse3.Operations):
         self._dataset_info.move_to_end(rsp.attr.ino)
         if len(self._dataset_info) > DATASET_OPEN_INFO_ENTRIES:
             self._dataset_info.popitem(last=False)
+
+    def in_page_cache(self, rsp: p.OpenRsp) -> bool:
+        """(Dataset mode) Whether the kernel holds the pages of this version of the file: the
+        prefetcher pushed them, and since then neither the feed said it changed nor the kernel
+        forgot the inode (either drops ``_kernel_view``). Pages the kernel dropped on its own
+        (memory pressure, drop_caches 1) are not seen: the read then asks the mount, as without
+        a prefetch."""
+        view = self._kernel_view.get(rsp.attr.ino)
+        return self.dataset and view == (rsp.attr.mtime_ns, rsp.attr.size) and self.kcache.knows(rsp.attr.ino)
 
     def prefetched(self, rsp: p.OpenRsp, in_page_cache: bool) -> None:
         """The prefetcher fetched this file (and pushed it into the page cache)."""
@@ -474,21 +500,40 @@ class Operations(pyfuse3.Operations):
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
             # (dataset mode), or than the daemon waits for this mount before changing it (callbacks)
-            if self.dataset:
-                known = self._dataset_info.get(inode)
-                attr = known.attr if known is not None else None
-            else:
-                attr = self._held_attr(inode)
-                of = self.files.get(inode)
-                if of is not None and (of.has_unflushed or of.size != of.attr.size):
-                    attr = None  # written here: the handler asks
+            attr = self._held_long(inode)
             if attr is not None:
-                return self._entry(attr, held=True)
-        if self.kcache.healthy:
+                return self._encoded(attr, self._attr_bytes, _attr_out_bytes)
             known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
             if known is not None:
-                return self._entry(known)
+                return self._attr_out(known)
         return _SLOW
+
+    def _held_long(self, inode: int) -> p.Attr | None:
+        """(While the feed is healthy) a file's attributes that stay true until the mount hears
+        otherwise: dataset mode, what the feed keeps; default mode, a file held under a callback
+        (the daemon waits for this mount before changing it), unless written here."""
+        if self.dataset:
+            known = self._dataset_info.get(inode)
+            return known.attr if known is not None else None
+        of = self.files.get(inode)
+        if of is not None and (of.has_unflushed or of.size != of.attr.size):
+            return None  # written here: the handler asks
+        return self._held_attr(inode)
+
+    def _encoded(self, attr: p.Attr, cache: dict, encode) -> Encoded:
+        """An answer for ``attr`` held long (``_entry(attr, held=True)``) in its wire form
+        (``encode``), kept in ``cache``: encoded the first time, then a dict get. Keyed by the Attr
+        itself (the feed, a lookup or a listing replaces it, never changes it) and the size
+        answered (a file open here may be longer), so a changed file is never answered from old
+        bytes; only called while the feed is healthy, so the timeouts are always ``cache_timeout``."""
+        of = self.files.get(attr.ino)
+        size = max(attr.size, of.size) if of is not None else attr.size
+        hit = cache.get(attr.ino)
+        if hit is not None and hit[0] is attr and hit[1] == size:
+            return hit[2]
+        encoded = Encoded(encode(self._entry(attr, held=True)))
+        cache[attr.ino] = (attr, size, encoded)
+        return encoded
 
     async def getattr(self, inode, ctx=None):
         # what the mount knows was answered by _fast_getattr already
@@ -517,7 +562,7 @@ class Operations(pyfuse3.Operations):
         )
         if result is None or any(v is not None for v in changes.values()):
             result = (await self._change(p.SetattrReq(ino=inode, **changes), (inode,))).attr
-        return self._entry(result)
+        return self._attr_out(result)
 
     async def readlink(self, inode, ctx):
         rsp = await self.meta.call(p.ReadlinkReq(ino=inode))
@@ -543,12 +588,14 @@ class Operations(pyfuse3.Operations):
         self._writable()
         await self._change(p.UnlinkReq(parent=parent_inode, name=name), (parent_inode,))
         self._name_gone(parent_inode, name)
+        self.kcache.name_gone(parent_inode, name)
 
     async def rmdir(self, parent_inode, name, ctx):
         self._writable()
         removed = self.kcache.lookup_known(parent_inode, name) or 0
         await self._change(p.RmdirReq(parent=parent_inode, name=name), (parent_inode, removed))
         self._name_gone(parent_inode, name)
+        self.kcache.name_gone(parent_inode, name)
         self._names_complete.pop(removed, None)
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
@@ -563,11 +610,15 @@ class Operations(pyfuse3.Operations):
         # the kernel keeps the moved name as long as the old one was cached, maybe under a callback
         # that covered the old name only: it asks again
         self.kcache.drop_name(parent_inode_new, name_new)
+        self.kcache.name_gone(parent_inode_old, name_old)
+        self.kcache.name_gone(parent_inode_new, name_new)
 
     async def opendir(self, inode, ctx):
         return inode
 
-    async def readdir(self, fh, start_id, token):
+    async def readdir(self, fh, start_id, buf):
+        """Entries of directory ``fh`` (its inode) after cookie ``start_id`` into ``buf`` (a
+        ``replies.DirentBuffer``: READDIRPLUS entries carry a LOOKUP's answer) until it is full."""
         after = start_id
         while True:
             stamp = self.kcache.stamp()
@@ -590,8 +641,8 @@ class Operations(pyfuse3.Operations):
                 held = rsp.callback >= 0 and stat.S_ISREG(entry.attr.mode) and cacheable and self.kcache.healthy
                 if held:
                     self._keep_held(ino, entry.attr)
-                entry_attrs = self._entry(entry.attr, cacheable=cacheable, held=held)
-                if not fuse_backend.readdir_reply(token, entry.name, entry_attrs, entry.cookie):
+                if not buf.add(entry.name, entry.cookie, ino, entry.attr.mode,
+                               self._entry(entry.attr, cacheable=cacheable, held=held) if buf.plus else None):
                     return
                 self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
                 after = entry.cookie
@@ -603,23 +654,19 @@ class Operations(pyfuse3.Operations):
 
     async def statfs(self, ctx):
         rsp = await self.meta.call(p.StatfsReq())
-        s = pyfuse3.StatvfsData()
-        s.f_bsize = s.f_frsize = rsp.block_size
-        s.f_blocks = rsp.total_bytes // rsp.block_size
-        s.f_bavail = rsp.free_bytes // rsp.block_size
+        bsize = rsp.block_size
+        blocks = rsp.total_bytes // bsize
         # df's "used" is blocks - bfree: what stripefs stores, not what other programs use on those disks
         used = rsp.used_bytes if rsp.used_bytes >= 0 else rsp.total_bytes - rsp.free_bytes
-        s.f_bfree = max(0, s.f_blocks - -(-used // rsp.block_size))
-        s.f_files = rsp.files + s.f_bfree // 16
-        s.f_ffree = s.f_favail = s.f_bfree // 16
-        s.f_namemax = rsp.name_max
-        return s
+        bfree = max(0, blocks - -(-used // bsize))
+        return Statfs(blocks=blocks, bfree=bfree, bavail=rsp.free_bytes // bsize, files=rsp.files + bfree // 16,
+                      ffree=bfree // 16, bsize=bsize, namelen=rsp.name_max, frsize=bsize)
 
     async def setxattr(self, inode, name, value, ctx):
         if name in (p.PREFETCH_XATTR, p.PREFETCH_SHM_XATTR):
             if self.prefetcher is None:
-                raise pyfuse3.FUSEError(errno.ENOTSUP)
-            self.prefetcher.submit(inode, value, shm=name == p.PREFETCH_SHM_XATTR, user=ctx.uid)
+                raise FuseError(errno.ENOTSUP)
+            self.prefetcher.submit(inode, value, shm=name == p.PREFETCH_SHM_XATTR and self._shm_copies, user=ctx.uid)
             return
         self._writable()
         self._forget_killpriv(inode)
@@ -628,25 +675,35 @@ class Operations(pyfuse3.Operations):
     def _fast_ioctl(self, inode, cmd, data, ctx):
         """Every ioctl but ours is answered at once: a buffered ``open()`` asks isatty() of each file."""
         if cmd not in (p.PREFETCH_IOC, p.PREFETCH_SHM_IOC):
-            raise pyfuse3.FUSEError(errno.ENOTTY)  # not a terminal, no such ioctl
+            raise FuseError(errno.ENOTTY)  # not a terminal, no such ioctl
         return FAST_PATH_MISS
 
     async def ioctl(self, inode, cmd, data, ctx):
         """Prefetch requests (``protocol.PREFETCH_IOC``): the channel a read-only mount allows."""
         if self.prefetcher is None:
-            raise pyfuse3.FUSEError(errno.ENOTSUP)
+            raise FuseError(errno.ENOTSUP)
         (length,) = struct.unpack_from("<I", data) if len(data) >= 4 else (-1,)
         if not 0 <= length <= len(data) - 4:
-            raise pyfuse3.FUSEError(errno.EINVAL)
-        self.prefetcher.submit(inode, bytes(data[4:4 + length]), shm=cmd == p.PREFETCH_SHM_IOC, user=ctx.uid)
+            raise FuseError(errno.EINVAL)
+        self.prefetcher.submit(inode, bytes(data[4:4 + length]), shm=cmd == p.PREFETCH_SHM_IOC and self._shm_copies,
+                               user=ctx.uid)
         return 0
 
     def _fast_getxattr(self, inode, name, ctx):
         if name.startswith(p.JOB_XATTR) and self.jobs is not None:  # a training job's report (client/jobs.py)
             if not self.jobs.report(ctx.pid, name):
-                raise pyfuse3.FUSEError(errno.EINVAL)
+                raise FuseError(errno.EINVAL)
             return b"ok"
         return self._mount_xattr(inode, name) if self._is_mount_xattr(name) else _SLOW
+
+    @property
+    def _shm_copies(self) -> bool:
+        """Whether prefetched files are also copied to shared memory for stripefs.torch.read_file.
+        Not on a dataset mount: there a prefetched file is pushed into the kernel's page cache
+        and then read with no request at all (no-open), while read_file's copy costs a getxattr
+        per sample (bench/dataloader.py: 0.11x the local disk warm, against 1.11x for the plain
+        read); read_file then reads through the mount."""
+        return not self.dataset
 
     def _is_mount_xattr(self, name: bytes) -> bool:
         return name == p.SHM_COPY_XATTR or (self.prefetcher is not None and name in (p.PREFETCH_XATTR, p.SHM_DIR_XATTR))
@@ -656,7 +713,7 @@ class Operations(pyfuse3.Operations):
         if name == p.PREFETCH_XATTR and self.prefetcher is not None:
             return self.prefetcher.report().encode()
         if name == p.SHM_DIR_XATTR and self.prefetcher is not None:
-            return os.fsencode(self.prefetcher.shm.dir) if self.prefetcher.shm else b""
+            return os.fsencode(self.prefetcher.shm.dir) if self.prefetcher.shm and self._shm_copies else b""
         if name == p.SHM_COPY_XATTR:
             # the kernel checked that the caller may read this file (client/shm_cache.py)
             attr = self._current_attr(inode)
@@ -664,13 +721,13 @@ class Operations(pyfuse3.Operations):
                      if attr is not None and self.prefetcher is not None and self.prefetcher.shm else None)
             if found is not None:
                 return found
-        raise pyfuse3.FUSEError(errno.ENODATA)
+        raise FuseError(errno.ENODATA)
 
     async def getxattr(self, inode, name, ctx):
         # the mount's own attributes were answered by _fast_getxattr already
         of = self.files.get(inode) if name == KILLPRIV_XATTR else None
         if of is not None and of.open_count and of.killpriv_absent:
-            raise pyfuse3.FUSEError(errno.ENODATA)  # asked before every write: answered here (OpenFile.killpriv_absent)
+            raise FuseError(errno.ENODATA)  # asked before every write: answered here (OpenFile.killpriv_absent)
         try:
             rsp = await self.meta.call(p.GetxattrReq(ino=inode, name=name))
         except StripefsError as exc:
@@ -766,13 +823,13 @@ class Operations(pyfuse3.Operations):
             if rsp is None:
                 return _SLOW
             self._opening(inode, ctx)
-            return self._dataset_handle(inode, rsp)
+            return _opened(self._dataset_handle(inode, rsp), True, flags)
         rsp = self._fresh_open_info(inode) or self._held(inode)
         if rsp is None:
             return _SLOW
         self._opening(inode, ctx)
         of, keep, _ = self._record_open(rsp, fresh_attrs=True)  # the LOOKUP gave the kernel these attributes
-        return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=keep)
+        return _opened(self._new_handle(of), keep, flags)
 
     def _held(self, inode: int) -> p.OpenRsp | None:
         """The open information of a file held under a callback, while the feed is in order."""
@@ -829,7 +886,7 @@ class Operations(pyfuse3.Operations):
         except BaseException:
             self._drop_handle(fh)  # the open failed: the kernel never learns this handle
             raise
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+        return _opened(fh, keep, flags)
 
     async def _ask_open(self, inode: int, write: bool) -> tuple[p.OpenRsp, bool]:
         """An OpenReq's answer, and whether it raced a change of the file.
@@ -848,19 +905,20 @@ class Operations(pyfuse3.Operations):
                 return rsp, False
         return rsp, True
 
-    async def _open_dataset(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+    async def _open_dataset(self, inode: int, flags: int) -> Opened:
         """Dataset mode: no round trip when the open information is known; the page cache always stays."""
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC):
-            raise pyfuse3.FUSEError(errno.EROFS)
+            raise FuseError(errno.EROFS)
         rsp = self._dataset_info.get(inode) or self._fresh_open_info(inode)
         if rsp is None:
             stamp = self.kcache.stamp()
             rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id))
             if not self.kcache.changed_since(stamp, inode):
                 self._keep_dataset_info(rsp)
-        return self._dataset_handle(inode, rsp)
+        return _opened(self._dataset_handle(inode, rsp), True, flags)
 
-    def _dataset_handle(self, inode: int, rsp: p.OpenRsp) -> pyfuse3.FileInfo:
+    def _dataset_handle(self, inode: int, rsp: p.OpenRsp) -> int:
+        """A new handle of ``inode`` (dataset mode), its state refreshed from ``rsp``."""
         self.data.nodes.learn(rsp.nodes)
         with self.lock:
             of = self.files.get(inode)
@@ -868,7 +926,7 @@ class Operations(pyfuse3.Operations):
                 of = self.files[inode] = OpenFile(inode, rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks})
             elif of.attr != rsp.attr:
                 of.refresh(rsp)
-        return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=True)
+        return self._new_handle(of)
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         self._writable()
@@ -886,7 +944,7 @@ class Operations(pyfuse3.Operations):
         fh = self._new_handle(of)
         of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr)
+        return self._entry(rsp.attr), _opened(fh, True, flags)
 
     async def read(self, fh, off, size):
         return await self.data.read(self.handles[fh], off, size, self.streams[fh])
@@ -919,7 +977,7 @@ class Operations(pyfuse3.Operations):
     def _fast_flush(self, fh):
         if self.dataset:
             # nothing to commit on a read-only mount; ENOSYS stops FLUSH for good (connection-wide)
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+            raise FuseError(errno.ENOSYS)
         of = self.handles[fh]
         return _SLOW if of.has_unflushed or of.size != of.attr.size else None
 
@@ -971,19 +1029,37 @@ class Operations(pyfuse3.Operations):
                 if of.open_count == 0 and self.files.get(of.ino) is of:
                     del self.files[of.ino]
 
-    async def forget(self, inode_list):
-        self.forget_now(inode_list)
-
     def forget_now(self, inode_list) -> None:
-        """FORGET, synchronously: on the trio thread (pyfuse3's ``forget``) or on the own FUSE
-        session's reader thread (client/operations_bridge.py), under ``lock``."""
+        """FORGET, synchronously: on the FUSE session's reader thread (client/operations_bridge.py),
+        under ``lock``."""
         with self.lock:
             for ino, _ in inode_list:
                 if ino in self._inode_handles:
                     self._drop_inode_handle(ino)
                 self._kernel_view.pop(ino, None)
                 self._dataset_info.pop(ino, None)
+                self._attr_bytes.pop(ino, None)
+                self._entry_bytes.pop(ino, None)
                 self.kcache.forget(ino)
+
+
+def _attr_out_bytes(e: Entry) -> bytes:
+    return encode_attr_out(e.attr, e.attr_valid)
+
+
+def _opened(fh: int, keep_cache: bool, flags: int) -> Opened:
+    """OPEN's (and CREATE's) answer for handle ``fh`` of an open(2) with ``flags``. A file opened
+    only for reading is closed with no FLUSH (FOPEN_NOFLUSH): such a handle has nothing to commit,
+    and the mount keeps no POSIX locks of its own (the kernel does), so the request would only
+    cost the close a round to the mount."""
+    open_flags = _KEEP_CACHE if keep_cache else 0
+    if not flags & _WRITING:
+        open_flags |= _NOFLUSH
+    return Opened(fh, open_flags)
+
+
+# plain ints: an IntFlag's ``|`` costs more than the rest of a hot OPEN's answer
+_KEEP_CACHE, _NOFLUSH, _WRITING = int(OpenFlag.KEEP_CACHE), int(OpenFlag.NOFLUSH), os.O_WRONLY | os.O_RDWR
 
 
 def _privileges_to_kill(mode: int) -> int:

@@ -1,10 +1,10 @@
-"""The mount's pyfuse3-shaped ``Operations`` served on its own FUSE session (``-o fuse_session=own``).
+"""The mount's ``Operations`` served on its FUSE session: requests in, Operations' arguments out.
 
-Transitional: ``Operations`` (operations.py) is written for pyfuse3 (inode and file-handle
-arguments, ``EntryAttributes``/``FileInfo`` results, ``FUSEError``). This adapter gives
-client.fuse's ``Dispatcher`` the shape it serves (an async method per operation taking the
-request, client.fuse results, ``OSError``), calling ``Operations`` as pyfuse3 would: the same
-arguments, the same request context (uid, gid, pid, umask), the same flags.
+``Operations`` (operations.py) takes what the kernel names (inode, file handle, name, the request
+context) and answers in client/fuse's types (``Entry``, ``(Attr, valid)`` or ``Encoded``,
+``Opened``, ``Statfs``, ``FuseError``). This adapter gives client.fuse's ``Dispatcher`` the
+shape it serves (an async method per operation taking the request), unpacking each request into
+those arguments: the request context (uid, gid, pid, umask), the flags, a SETATTR's fields.
 
 Hot requests never reach trio: ``Operations``' ``_fast_*`` paths (what it answers from memory:
 a name known absent, attributes, a read-only open from what a lookup or the feed left, FLUSH,
@@ -23,7 +23,6 @@ import os
 import time
 from typing import Sequence
 
-import pyfuse3
 import trio
 
 from ..common import protocol as p
@@ -31,8 +30,7 @@ from ..common.errors import StripefsError
 from . import metrics as client_metrics
 from .fuse import abi, requests as rq
 from .fuse.dispatch import MISS, Opened
-from .fuse.replies import Attr, DirentBuffer, Entry, Statfs
-from .fuse_backend import ReaddirToken, attr_of, entry_of
+from .fuse.replies import Attr, DirentBuffer, Entry, FuseError, Statfs
 from .operations import FAST_PATH_MISS
 
 log = logging.getLogger(__name__)
@@ -42,7 +40,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
 
 
 class _Ctx:
-    """pyfuse3's RequestContext: who asks."""
+    """Who asks: the request context a handler receives."""
 
     __slots__ = ("uid", "gid", "pid", "umask")
 
@@ -65,7 +63,7 @@ class _SetattrFields:
 
 
 class _NewAttrs:
-    """The st_* fields a SETATTR sets (pyfuse3 fills an EntryAttributes the same way)."""
+    """The st_* fields a SETATTR sets (those ``_SetattrFields`` names)."""
 
     __slots__ = ("st_mode", "st_uid", "st_gid", "st_size", "st_atime_ns", "st_mtime_ns", "st_ctime_ns")
 
@@ -75,27 +73,6 @@ class _NewAttrs:
         self.st_atime_ns = now if req.valid & _V.ATIME_NOW else req.atime * 1_000_000_000 + req.atimensec
         self.st_mtime_ns = now if req.valid & _V.MTIME_NOW else req.mtime * 1_000_000_000 + req.mtimensec
         self.st_ctime_ns = req.ctime * 1_000_000_000 + req.ctimensec
-
-
-def _opened(fi: pyfuse3.FileInfo, open_flags: int = os.O_RDWR) -> Opened:
-    """``open_flags``: the open(2) flags. A file opened only for reading is closed with no FLUSH
-    (FOPEN_NOFLUSH): such a handle has nothing to commit, and the mount keeps no POSIX locks of
-    its own (the kernel does), so the request would only cost the close a round to the mount."""
-    flags = 0 if open_flags & (os.O_WRONLY | os.O_RDWR) else abi.OpenFlag.NOFLUSH
-    if fi.direct_io:
-        flags |= abi.OpenFlag.DIRECT_IO
-    if fi.keep_cache:
-        flags |= abi.OpenFlag.KEEP_CACHE
-    if fi.nonseekable:
-        flags |= abi.OpenFlag.NONSEEKABLE
-    return Opened(fi.fh, flags)
-
-
-async def _call(coro):
-    try:
-        return await coro
-    except pyfuse3.FUSEError as e:
-        raise OSError(e.errno, "") from None
 
 
 class OperationsBridge:
@@ -113,12 +90,12 @@ class OperationsBridge:
         started = time.perf_counter()
         try:
             result = fn(*args)
-        except pyfuse3.FUSEError as e:
+        except FuseError as e:
             client_metrics.observe(op, time.perf_counter() - started, e.errno)
-            raise OSError(e.errno, "") from None
+            raise
         except StripefsError as e:
             client_metrics.observe(op, time.perf_counter() - started, e.errno)
-            raise OSError(e.errno, str(e)) from None
+            raise FuseError(e.errno) from None
         if result is FAST_PATH_MISS:
             return MISS
         client_metrics.observe(op, time.perf_counter() - started)
@@ -128,12 +105,10 @@ class OperationsBridge:
         client_metrics.observe(op, 0.0, errno.ENOSYS)
 
     def fast_lookup(self, req: rq.Lookup):
-        r = self._fast("lookup", self.ops._fast_lookup, req.header.nodeid, req.name, _Ctx(req.header))
-        return r if r is MISS else entry_of(r)
+        return self._fast("lookup", self.ops._fast_lookup, req.header.nodeid, req.name, None)
 
     def fast_getattr(self, req: rq.Getattr):
-        r = self._fast("getattr", self.ops._fast_getattr, req.header.nodeid, _Ctx(req.header))
-        return r if r is MISS else (attr_of(r), r.attr_timeout)
+        return self._fast("getattr", self.ops._fast_getattr, req.header.nodeid)
 
     def fast_getxattr(self, req: rq.Getxattr):
         if req.name.startswith(p.JOB_XATTR):
@@ -146,9 +121,8 @@ class OperationsBridge:
             # connection; every READ then names the inode (read_inode) and a warm file is read with
             # no request at all. A dataset mount keeps nothing per open file that needs them.
             self._declined("open")
-            raise OSError(errno.ENOSYS, "")
-        r = self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
-        return r if r is MISS else _opened(r, req.flags)
+            raise FuseError(errno.ENOSYS)
+        return self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
 
     def fast_opendir(self, req: rq.Open):
         if self.ops.dataset:
@@ -156,7 +130,7 @@ class OperationsBridge:
             # keeps each directory's listing in its cache (the feed's invalidation of the directory
             # drops it); READDIR then names the directory by its inode
             self._declined("opendir")
-            raise OSError(errno.ENOSYS, "")
+            raise FuseError(errno.ENOSYS)
         return MISS
 
     def fast_ioctl(self, req: rq.Ioctl):
@@ -171,97 +145,91 @@ class OperationsBridge:
     # -- the handlers, in tasks
 
     async def lookup(self, req: rq.Lookup) -> Entry:
-        return entry_of(await _call(self.ops.lookup(req.header.nodeid, req.name, _Ctx(req.header))))
+        return await self.ops.lookup(req.header.nodeid, req.name, _Ctx(req.header))
 
     async def getattr(self, req: rq.Getattr) -> tuple[Attr, float]:
-        a = await _call(self.ops.getattr(req.header.nodeid, _Ctx(req.header)))
-        return attr_of(a), a.attr_timeout
+        return await self.ops.getattr(req.header.nodeid, _Ctx(req.header))
 
     async def setattr(self, req: rq.Setattr) -> tuple[Attr, float]:
         fh = req.fh if req.valid & _V.FH else None
-        a = await _call(self.ops.setattr(req.header.nodeid, _NewAttrs(req), _SetattrFields(req.valid), fh,
-                                         _Ctx(req.header)))
-        return attr_of(a), a.attr_timeout
+        return await self.ops.setattr(req.header.nodeid, _NewAttrs(req), _SetattrFields(req.valid), fh,
+                                            _Ctx(req.header))
 
     async def readlink(self, req: rq.Readlink) -> bytes:
-        return await _call(self.ops.readlink(req.header.nodeid, _Ctx(req.header)))
+        return await self.ops.readlink(req.header.nodeid, _Ctx(req.header))
 
     async def mknod(self, req: rq.Mknod) -> Entry:
-        return entry_of(await _call(self.ops.mknod(req.header.nodeid, req.name, req.mode, req.rdev,
-                                                   _Ctx(req.header, req.umask))))
+        return await self.ops.mknod(req.header.nodeid, req.name, req.mode, req.rdev, _Ctx(req.header, req.umask))
 
     async def mkdir(self, req: rq.Mkdir) -> Entry:
-        return entry_of(await _call(self.ops.mkdir(req.header.nodeid, req.name, req.mode, _Ctx(req.header, req.umask))))
+        return await self.ops.mkdir(req.header.nodeid, req.name, req.mode, _Ctx(req.header, req.umask))
 
     async def symlink(self, req: rq.Symlink) -> Entry:
-        return entry_of(await _call(self.ops.symlink(req.header.nodeid, req.name, req.target, _Ctx(req.header))))
+        return await self.ops.symlink(req.header.nodeid, req.name, req.target, _Ctx(req.header))
 
     async def link(self, req: rq.Link) -> Entry:
-        return entry_of(await _call(self.ops.link(req.oldnodeid, req.header.nodeid, req.newname, _Ctx(req.header))))
+        return await self.ops.link(req.oldnodeid, req.header.nodeid, req.newname, _Ctx(req.header))
 
     async def unlink(self, req: rq.Unlink) -> None:
-        await _call(self.ops.unlink(req.header.nodeid, req.name, _Ctx(req.header)))
+        await self.ops.unlink(req.header.nodeid, req.name, _Ctx(req.header))
 
     async def rmdir(self, req: rq.Unlink) -> None:
-        await _call(self.ops.rmdir(req.header.nodeid, req.name, _Ctx(req.header)))
+        await self.ops.rmdir(req.header.nodeid, req.name, _Ctx(req.header))
 
     async def rename(self, req: rq.Rename) -> None:
-        await _call(self.ops.rename(req.header.nodeid, req.name, req.newdir, req.newname, req.flags, _Ctx(req.header)))
+        await self.ops.rename(req.header.nodeid, req.name, req.newdir, req.newname, req.flags, _Ctx(req.header))
 
     async def open(self, req: rq.Open) -> Opened:
-        return _opened(await _call(self.ops.open(req.header.nodeid, req.flags, _Ctx(req.header))), req.flags)
+        return await self.ops.open(req.header.nodeid, req.flags, _Ctx(req.header))
 
     async def create(self, req: rq.Create) -> tuple[Entry, Opened]:
-        fi, attrs = await _call(self.ops.create(req.header.nodeid, req.name, req.mode, req.flags,
-                                                _Ctx(req.header, req.umask)))
-        return entry_of(attrs), _opened(fi)
+        return await self.ops.create(req.header.nodeid, req.name, req.mode, req.flags, _Ctx(req.header, req.umask))
 
     async def read(self, req: rq.Read) -> bytes:
         if req.fh == 0:  # no OPEN was sent (fast_open declined it): the inode names the file
-            return await _call(self.ops.read_inode(req.header.nodeid, req.offset, req.size, _Ctx(req.header)))
-        return await _call(self.ops.read(req.fh, req.offset, req.size))
+            return await self.ops.read_inode(req.header.nodeid, req.offset, req.size, _Ctx(req.header))
+        return await self.ops.read(req.fh, req.offset, req.size)
 
     async def write(self, req: rq.Write) -> int:
-        return await _call(self.ops.write(req.fh, req.offset, req.data))
+        return await self.ops.write(req.fh, req.offset, req.data)
 
     async def flush(self, req: rq.Flush) -> None:
-        await _call(self.ops.flush(req.fh))
+        await self.ops.flush(req.fh)
 
     async def release(self, req: rq.Release) -> None:
-        await _call(self.ops.release(req.fh))
+        await self.ops.release(req.fh)
 
     async def fsync(self, req: rq.Fsync) -> None:
-        await _call(self.ops.fsync(req.fh, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC)))
+        await self.ops.fsync(req.fh, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC))
 
     async def opendir(self, req: rq.Open) -> Opened:
-        return Opened(await _call(self.ops.opendir(req.header.nodeid, _Ctx(req.header))))
+        return Opened(await self.ops.opendir(req.header.nodeid, _Ctx(req.header)))
 
     async def readdir(self, req: rq.Read, buf: DirentBuffer) -> None:
         # the handle opendir gave is the inode; 0 where OPENDIR was declined (fast_opendir)
-        await _call(self.ops.readdir(req.fh or req.header.nodeid, req.offset, ReaddirToken(buf)))
+        await self.ops.readdir(req.fh or req.header.nodeid, req.offset, buf)
 
     async def releasedir(self, req: rq.Release) -> None:
-        await _call(self.ops.releasedir(req.fh))
+        await self.ops.releasedir(req.fh)
 
     async def statfs(self, req: rq.Statfs) -> Statfs:
-        s = await _call(self.ops.statfs(_Ctx(req.header)))
-        return Statfs(s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_bsize, s.f_namemax, s.f_frsize)
+        return await self.ops.statfs(_Ctx(req.header))
 
     async def setxattr(self, req: rq.Setxattr) -> None:
-        await _call(self.ops.setxattr(req.header.nodeid, req.name, req.value, _Ctx(req.header)))
+        await self.ops.setxattr(req.header.nodeid, req.name, req.value, _Ctx(req.header))
 
     async def getxattr(self, req: rq.Getxattr) -> bytes:
-        return await _call(self.ops.getxattr(req.header.nodeid, req.name, _Ctx(req.header)))
+        return await self.ops.getxattr(req.header.nodeid, req.name, _Ctx(req.header))
 
     async def listxattr(self, req: rq.Listxattr) -> bytes:
-        names = await _call(self.ops.listxattr(req.header.nodeid, _Ctx(req.header)))
+        names = await self.ops.listxattr(req.header.nodeid, _Ctx(req.header))
         return b"".join(bytes(n) + b"\0" for n in names)
 
     async def ioctl(self, req: rq.Ioctl) -> tuple[int, bytes]:
-        return await _call(self.ops.ioctl(req.header.nodeid, req.cmd, req.data, _Ctx(req.header))), b""
+        return await self.ops.ioctl(req.header.nodeid, req.cmd, req.data, _Ctx(req.header)), b""
 
     async def removexattr(self, req: rq.Removexattr) -> None:
-        await _call(self.ops.removexattr(req.header.nodeid, req.name, _Ctx(req.header)))
+        await self.ops.removexattr(req.header.nodeid, req.name, _Ctx(req.header))
 
     def forget(self, forgets: Sequence[tuple[int, int]]) -> None:
         """On the reader thread, under ``Operations.lock``: no crossing to trio."""

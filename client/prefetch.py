@@ -71,11 +71,14 @@ class Prefetcher:
         self._queue: deque[tuple[int, int | None, bytes]] = deque(maxlen=max_queued)
         self._wake = trio.Event()
         self.on_fetched: Callable[[p.OpenRsp, bool], None] = lambda rsp, stored: None
+        # whether the kernel holds this version's pages already (Operations.in_page_cache): a
+        # later epoch's announcement of a file still warm costs no fetch and no store
+        self.in_page_cache: Callable[[p.OpenRsp], bool] = lambda rsp: False
         self.shm: ShmCache | None = None  # set by the mount when it has a shared-memory directory
         self.fetched = 0  # files fetched
         self.stored = 0  # of those, pushed into the page cache
         self.failed = 0
-        self.kept = 0  # files asked for shared memory whose copy of that version was still there
+        self.kept = 0  # files whose copy of that version was still there (shared memory, or the page cache)
         self._busy = 0  # paths taken from the queue and not yet done with (resolving, fetching, storing)
 
     def report(self) -> str:
@@ -121,8 +124,9 @@ class Prefetcher:
                     if info is None or not 0 < info.attr.size <= self.max_file_bytes:
                         self._busy -= 1
                         continue
-                    if shm is not None and self.shm.has(info.attr.ino, info.attr.mtime_ns, info.attr.size):
-                        self.kept += 1  # a later epoch: read_file takes the copy still in shared memory
+                    if (self.in_page_cache(info) if shm is None
+                            else self.shm.has(info.attr.ino, info.attr.mtime_ns, info.attr.size)):
+                        self.kept += 1  # a later epoch: the kernel, or read_file, has that version still
                         self._busy -= 1
                         self.on_fetched(info, False)
                         continue

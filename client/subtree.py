@@ -1,7 +1,7 @@
 """A mount of one directory of the cluster (``-o subdir=/team-a``, or a key restricted to it).
 
 The daemon answers the mount's HelloReq with ``root_ino``, the inode of that
-directory. The kernel knows the mount's root as inode 1 (``pyfuse3.ROOT_INODE``),
+directory. The kernel knows the mount's root as inode 1 (``fuse.abi.ROOT_ID``),
 so ``Subtree`` maps 1 to ``root_ino`` in every request and back in every reply
 and change event; nothing else in the client sees the difference. The
 directory's own ``..`` never reaches the daemon: at the mount's root the

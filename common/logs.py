@@ -30,19 +30,6 @@ class SystemdFormatter(logging.Formatter):
         return f"<{prio}>" + super().format(record).replace("\n", " | ")
 
 
-class LateFuseReply(logging.Filter):
-    """pyfuse3 logs ERROR when the kernel refuses a reply with ENOENT ("fuse_reply_* failed with
-    No such file or directory"): the kernel no longer waits for that request (it was interrupted,
-    or the connection ended: a RELEASE answered after an unmount). Nothing is lost and nobody is
-    waiting, so it is logged at INFO. Other reply failures stay errors."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and "fuse_reply_" in str(record.msg) and "No such file or directory" in record.getMessage():
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg = f"{record.msg} (the kernel no longer waits for this request)"
-        return True
-
-
 def setup_logging(role: str, *, debug: bool | list[str] = False, stream=None) -> None:
     """Configure the root logger for a process of ``role``.
 
@@ -64,11 +51,6 @@ def setup_logging(role: str, *, debug: bool | list[str] = False, stream=None) ->
     elif debug:
         for name in debug:
             logging.getLogger(name).setLevel(logging.DEBUG)
-    for noisy in ("pyfuse3",):
-        if debug is not True:
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-    if not any(isinstance(f, LateFuseReply) for f in logging.getLogger("pyfuse3").filters):
-        logging.getLogger("pyfuse3").addFilter(LateFuseReply())
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
 

@@ -1328,7 +1328,7 @@ PREFETCH_SHM_XATTR = b"user.stripefs.prefetch.shm"
 #: are ioctls). ``buf`` is ``PREFETCH_IOC_SIZE`` bytes: a little-endian u32 length, then that many
 #: bytes of newline-separated paths relative to the directory; the rest is padding. A restricted
 #: FUSE ioctl carries exactly ``_IOC_SIZE(cmd)`` bytes, at most 16,383: a longer list takes
-#: several calls. Answered only by the mount's own FUSE session (pyfuse3 has no ioctl: ENOTTY).
+#: several calls. Answered by the mount's own FUSE session (older mounts, on pyfuse3, answer ENOTTY).
 PREFETCH_IOC_SIZE = 16_383
 PREFETCH_IOC_MAX_PATHS = PREFETCH_IOC_SIZE - 4
 

@@ -31,7 +31,7 @@ from typing import Callable
 STARVING = 0.10
 #: the job's time inside the mount, as a share of its data wait, below which the mount is not the cause
 INSIDE = 0.25
-#: the mount's cost of one FUSE request before and after its handler (pyfuse3 + trio, 2-core machine)
+#: the mount's cost of one FUSE request before and after its handler (measured through pyfuse3 + trio on a 2-core machine; less on the own session's fast paths)
 REQUEST_COST_S = 44e-6
 
 ADVICE = {

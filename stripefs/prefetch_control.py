@@ -69,7 +69,7 @@ def announce(root: bytes, relative: list[bytes], *, shm: bool = False) -> None:
 
     ``shm``: the mount also puts each file in its shared-memory directory, for ``read_file``.
     The request travels as an ioctl on the root (``protocol.PREFETCH_IOC``), which a read-only mount
-    (a dataset mount) allows; a mount served by pyfuse3 has no ioctl (ENOTTY) and is asked with
+    (a dataset mount) allows; a mount of an older release (served by pyfuse3) has no ioctl (ENOTTY) and is asked with
     setxattr instead.
     """
     try:

@@ -1,8 +1,8 @@
 """The mount's own FUSE session: the kernel's protocol spoken here, without libfuse or pyfuse3.
 
 Why: the kernel can serve a warm file with no request at all (no-open, no flush, kept page
-cache) and a hot request can be answered in a few microseconds on a plain reader thread; pyfuse3
-can do neither (docs/design.md, "The mount's own FUSE session").
+cache) and a hot request can be answered in a few microseconds on a plain reader thread; pyfuse3,
+which the mount used before, can do neither (docs/design.md, "The mount's own FUSE session").
 
 One idea per module; only ``dispatch`` knows both the protocol and a file system:
 

@@ -316,7 +316,10 @@ class Dispatcher:
                     result = buf
                 else:
                     result = await op.slow(req)
-                op.answer(reply, req, result)
+                if result.__class__ is Encoded:
+                    reply.ok(result)
+                else:
+                    op.answer(reply, req, result)
             if scope.cancelled_caught:
                 reply.error(errno.EINTR)
         except OSError as e:

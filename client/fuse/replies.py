@@ -21,6 +21,7 @@ which starts at the ``off`` cookie of the last entry packed.
 from __future__ import annotations
 
 import errno as _errno
+import os as _os
 import stat
 import struct
 from typing import Callable, NamedTuple, Sequence
@@ -42,6 +43,22 @@ _U64 = (1 << 64) - 1
 
 #: how a reply is sent: ``send(unique, iovec)`` (the session writes it and notes the request done)
 Send = Callable[[int, Sequence[bytes]], None]
+
+
+class FuseError(OSError):
+    """A request's answer is this error (``FuseError(errno.ENOENT)``): what a file system raises for
+    the dispatcher to answer (dispatch.py), told apart from an OSError of its own doing, which is a
+    fault (logged, answered EIO) rather than an answer."""
+
+    def __init__(self, err: int):
+        message = _MESSAGES.get(err)
+        if message is None:
+            message = _MESSAGES[err] = _os.strerror(err) if 0 < err < 4096 else f"errno {err}"
+        super().__init__(err, message)
+
+
+#: errno -> its message, looked up once (os.strerror was a tenth of a hot IOCTL's time)
+_MESSAGES: dict[int, str] = {}
 
 
 class AlreadyAnswered(RuntimeError):

@@ -55,12 +55,6 @@ def client_config(path: Path, **settings) -> Path:
     return path
 
 
-#: STRIPEFS_TEST_FUSE_SESSION=pyfuse3: the mounts of Cluster (up, mount_again) run on pyfuse3 (-o
-#: fuse_session=pyfuse3) instead of the mount's own FUSE session, the default (docs/design.md, "The mount's
-#: own FUSE session"); FUSE_SESSION: which one they run on
-FUSE_SESSION = os.environ.get("STRIPEFS_TEST_FUSE_SESSION") or "own"
-FUSE_SESSION_OPTION = f"fuse_session={FUSE_SESSION}" if FUSE_SESSION != "own" else ""
-
 BAD_LOG_LINE = re.compile(r" (ERROR|CRITICAL) |Traceback")
 
 # clusters that are up (run_cluster): the per-test log check marks their logs before every test
@@ -87,7 +81,7 @@ class Cluster:
         # the trash is off unless a test turns it on: the other tests check what a removal frees, at once
         trash = () if any("trash_keep_s" in a for a in self.up_args) else ("--set", "meta.trash_keep_s=0")
         run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other",
-                *(("-o", FUSE_SESSION_OPTION) if FUSE_SESSION_OPTION else ()), *trash, *self.up_args)
+                *trash, *self.up_args)
 
     @property
     def meta_address(self) -> str:
@@ -116,7 +110,7 @@ class Cluster:
         mnt.mkdir(exist_ok=True)
         run_cli("mount", meta or self.meta_address, str(mnt), "--log", str(self.state / "logs" / f"{name}.log"),
                 "--pidfile", str(self.state / f"{name}.pid"),
-                "-o", ",".join(filter(None, ["allow_other", FUSE_SESSION_OPTION if "fuse_session=" not in options else "", options])))
+                "-o", ",".join(filter(None, ["allow_other", options])))
         self.extra_mounts.append(mnt)
         return mnt
 

@@ -78,7 +78,7 @@ def test_every_subcommand_with_bad_arguments_says_one_line(tmp_path, monkeypatch
         ["storage"], ["storage", "--config", missing],
         ["mount"], ["mount", dead], ["mount", "nonsense", str(empty)], ["mount", dead, str(a_file)],
         ["mount", dead, missing], ["mount", dead, str(full)], ["mount", dead, str(empty), "-o", "cache_dir=/x"],
-        ["mount", dead, str(empty), "-o", "op_timeout=soon"],
+        ["mount", dead, str(empty), "-o", "op_timeout=soon"], ["mount", dead, str(empty), "-o", "fuse_session=pyfuse3"],
         ["local"], ["local", "bogus"], ["local", "up", "--nodes", "x"], ["local", "up", "--meta-store", "x"],
         ["local", "status", "--dir", missing], ["local", "add-node", "--dir", missing], ["local", "down", "--bogus"],
         ["status", "--bogus"], ["status", str(tmp_path)],
@@ -143,6 +143,7 @@ def test_bad_values_say_what_is_wrong(tmp_path):
     out = err("mount", "tcp://127.0.0.1:1", str(full))
     assert "not empty" in out and "-o nonempty" in out
     assert "disk_cache_dir" in err("mount", "tcp://127.0.0.1:1", str(tmp_path), "-o", "cache_dir=/x")
+    assert "pyfuse3 was removed" in err("mount", "tcp://127.0.0.1:1", str(tmp_path), "-o", "fuse_session=pyfuse3")
     for args in (["status", str(tmp_path)], ["layout", "get", str(tmp_path)], ["quota", "get", str(tmp_path)]):
         assert f"{tmp_path} is not inside a stripefs mount" in err(*args), args
     out = err("meta", "backup", str(tmp_path / "b.db"))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FUSE_SESSION, REPO, Cluster, _wait_dead, cluster_root, run_cli, run_cluster
+from conftest import REPO, Cluster, _wait_dead, cluster_root, run_cli, run_cluster
 from stripefs.local_cluster import _is_mounted
 from stripefs.local_processes import processes_of
 from util import eventually
@@ -51,25 +51,17 @@ def _node_state(c: Cluster, node_id: int) -> str:
 
 
 def test_up_mounts_again_over_a_dead_mount(small):
-    """item 1: after kill -9 of the client the mount point is a dead endpoint; up must not take it for live.
-    On the own FUSE session (client/fuse/) the client's reaper unmounts it instead: up mounts again."""
+    """item 1: after kill -9 of the client its reaper (client/fuse/reaper.py) unmounts the dead mount,
+    and up mounts again."""
     (small.mnt / "kept").write_bytes(b"data")
     os.stat(small.mnt)  # the kernel caches the root's attributes ...
     pid = small.pids()["mount"]
     os.kill(pid, signal.SIGKILL)
     _wait_dead(pid)
-    if FUSE_SESSION == "own":
-        eventually(lambda: not _is_mounted(small.mnt), what="the reaper unmounts the killed client's mount")
-        assert os.listdir(small.mnt) == []  # the directory beneath
-    else:
-        # ... so a stat still succeeds (issue 36 item 1: up took the dead mount for a foreign one)
-        os.stat(small.mnt)
-        with pytest.raises(OSError):
-            os.listdir(small.mnt)  # Transport endpoint is not connected
-        assert _local_status(small)[("mount", None)]["state"] == "dead"
+    eventually(lambda: not _is_mounted(small.mnt), what="the reaper unmounts the killed client's mount")
+    assert os.listdir(small.mnt) == []  # the directory beneath
     out = run_cli("local", "up", "--dir", str(small.state), "--mount", str(small.mnt), "--nodes", "3").stdout
     assert "mounted at" in out
-    assert "dead mount" in out or FUSE_SESSION == "own"
     assert (small.mnt / "kept").read_bytes() == b"data"
     assert _local_status(small)[("mount", None)]["state"] == "up"
 

@@ -5,10 +5,8 @@ O_APPEND (the kernel picks the offset), permissions the kernel checks
 POSIX semantics is tested on the mount's handlers without a kernel
 (tests/inprocess/test_posix_ops.py).
 
-Every test taking ``mnt`` runs three times: on the default cluster (SQLite), on
-``pg_cluster`` (PostgreSQL, two metadata daemons; the mount talks to the first), and on a
-second mount of the default cluster served by the other FUSE session (pyfuse3, ``-o
-fuse_session=pyfuse3``, while it stays selectable; the own session where the tier runs on pyfuse3).
+Every test taking ``mnt`` runs twice: on the default cluster (SQLite) and on
+``pg_cluster`` (PostgreSQL, two metadata daemons; the mount talks to the first).
 """
 
 import mmap
@@ -17,25 +15,12 @@ import re
 import subprocess
 
 import pytest
-from conftest import FUSE_SESSION
 
 
-@pytest.fixture(scope="module")
-def own_session_mnt(cluster):
-    """A second mount of the default cluster, served by the FUSE session the cluster's mounts do not use."""
-    mnt = cluster.mount_again("own_session", "fuse_session=" + ("pyfuse3" if FUSE_SESSION == "own" else "own"))
-    yield mnt
-    cluster.unmount(mnt)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg_cluster), "own_session"])  # the mark: conftest runs it last
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.pg_cluster)])  # the mark: conftest runs it last
 def mnt(request) -> "os.PathLike":
-    """A fresh directory inside the mount of the cluster whose metadata store is the parameter
-    (own_session: the SQLite cluster through a mount on its own FUSE session)."""
-    if request.param == "own_session":
-        root = request.getfixturevalue("own_session_mnt")
-    else:
-        root = request.getfixturevalue("cluster" if request.param == "sqlite" else "pg_cluster").mnt
+    """A fresh directory inside the mount of the cluster whose metadata store is the parameter."""
+    root = request.getfixturevalue("cluster" if request.param == "sqlite" else "pg_cluster").mnt
     d = root / re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)
     d.mkdir()
     return d

@@ -6,8 +6,8 @@ session on free ports; on PostgreSQL, a throwaway server and two metadata
 daemons (the client talks to the first), as the cluster tier's ``pg_cluster``.
 Each test builds a client as the mount does (client/connect.py: the metadata
 session and its heartbeat, the node pool, the data path) and an ``Operations``
-on it, and calls its handlers with the arguments pyfuse3 passes (the syscall-like
-helpers of ``fsapi.py``). What pyfuse3 would hand the kernel (readdir replies,
+on it, and calls its handlers with the arguments its FUSE session passes (the syscall-like
+helpers of ``fsapi.py``). What the session would hand the kernel (readdir replies,
 invalidations, page-cache stores) is recorded instead (``Kernel``).
 
 What this tier cannot show (the kernel's caches, mmap, atomic O_APPEND, the
@@ -33,11 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import pyfuse3
 import pytest
 import trio
 import zmq
 
+from stripefs.client.fuse.abi import ROOT_ID
 from stripefs.common import config as cfg
 from stripefs.common import protocol as P
 from stripefs.common.errors import StripefsError
@@ -301,7 +301,7 @@ async def fs(rig, request, monkeypatch):
     try:
         async with open_fs(rig, kernel, f"inprocess:{request.node.name}") as fs:
             fs.dir_name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name).encode()
-            fs.dir = await fs.mkdir(pyfuse3.ROOT_INODE, fs.dir_name)
+            fs.dir = await fs.mkdir(ROOT_ID, fs.dir_name)
             yield fs
     finally:
         logging.getLogger("stripefs").removeHandler(errors)

@@ -1,14 +1,16 @@
-"""Calling the mount's ``Operations`` as pyfuse3 does, for the in-process tier (tests/inprocess/conftest.py).
+"""Calling the mount's ``Operations`` as its FUSE session does, for the in-process tier (tests/inprocess/conftest.py).
 
 ``FS`` wraps one ``Operations`` with the request sequences the kernel sends for
 common system calls (``open(path, "wb")`` is LOOKUP, then CREATE or OPEN with
 O_TRUNC, WRITEs, FLUSH, RELEASE), so a test reads like the syscalls it stands
-for. Arguments are what pyfuse3 passes: names as bytes, a request context with
-uid, gid, pid and umask, ``EntryAttributes`` and ``SetattrFields`` for SETATTR,
-a mkdir mode with S_IFDIR set (pyfuse3 sets it), xattr flags handled the way
-pyfuse3's own SETXATTR handler does (XATTR_CREATE asks GETXATTR first).
+for. Arguments are what client/operations_bridge.py passes: names as bytes, a
+request context with uid, gid, pid and umask, the new ``st_*`` values and
+``SetattrFields`` for SETATTR, a mkdir mode with S_IFDIR set (the kernel sets it),
+xattr flags handled the way libfuse-based servers do (XATTR_CREATE asks GETXATTR
+first). Results are the session's types: ``Entry`` from ``lookup``, ``Attr`` from
+``getattr`` (its ``(Attr, valid)`` answer, or the same in wire form, decoded).
 
-``Kernel`` stands in for what pyfuse3 would hand the kernel: readdir replies go
+``Kernel`` stands in for what the session would hand the kernel: readdir replies go
 into a buffer of ``READDIR_BUFFER`` entries (the kernel then asks again from the
 last cookie), invalidations and page-cache stores are recorded.
 """
@@ -18,16 +20,21 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 
 import msgspec
-import pyfuse3
 import pytest
 import trio
 import zmq
 
+from stripefs.client import fuse_backend
 from stripefs.client.connect import open_client
+from stripefs.client.fuse import abi
+from stripefs.client.fuse.abi import ROOT_ID
+from stripefs.client.fuse.replies import Attr, Encoded, Entry, FuseError, Statfs
 from stripefs.client.kernel_cache import KernelCache
 from stripefs.client.operations import Operations
 from stripefs.client.prefetch import Prefetcher
@@ -41,7 +48,7 @@ READDIR_BUFFER = 64
 
 @dataclass
 class Ctx:
-    """pyfuse3.RequestContext as a handler receives it (its fields cannot be set from Python)."""
+    """The request context a handler receives (client/operations_bridge.py ``_Ctx``)."""
 
     uid: int = 0
     gid: int = 0
@@ -51,7 +58,7 @@ class Ctx:
 
 @dataclass
 class SetattrFields:
-    """pyfuse3.SetattrFields as SETATTR receives it (read-only from Python)."""
+    """The fields a SETATTR sets, as the handler receives them (client/operations_bridge.py)."""
 
     update_atime: bool = False
     update_mtime: bool = False
@@ -62,35 +69,63 @@ class SetattrFields:
     update_size: bool = False
 
 
+def NewAttrs(**values) -> SimpleNamespace:
+    """A SETATTR's new values (``st_size`` ...), as the bridge passes them (``_NewAttrs``); the rest 0."""
+    fields_ = ("st_mode", "st_uid", "st_gid", "st_size", "st_atime_ns", "st_mtime_ns", "st_ctime_ns")
+    assert set(values) <= set(fields_), values
+    return SimpleNamespace(**{name: values.get(name, 0) for name in fields_})
+
+
 class Kernel:
-    """What ``Operations`` hands pyfuse3 for the kernel, recorded (pyfuse3's functions patched)."""
+    """What ``Operations`` hands the session for the kernel, recorded (client/fuse_backend.py patched)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.invalidated_inodes: list[tuple[int, bool]] = []
         self.invalidated_entries: list[tuple[int, bytes]] = []
         self.stored: list[tuple[int, int, bytes]] = []
-        monkeypatch.setattr(pyfuse3, "readdir_reply", self._readdir_reply)
-        monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda ino, attr_only=False: self.invalidated_inodes.append((ino, attr_only)))
-        monkeypatch.setattr(pyfuse3, "invalidate_entry", lambda parent, name, deleted=0: self.invalidated_entries.append((parent, name)))
-        monkeypatch.setattr(pyfuse3, "notify_store", lambda ino, offset, data: self.stored.append((ino, offset, bytes(data))))
+        monkeypatch.setattr(fuse_backend, "invalidate_inode", lambda ino, attr_only=False: self.invalidated_inodes.append((ino, attr_only)))
+        monkeypatch.setattr(fuse_backend, "invalidate_entry", lambda parent, name: self.invalidated_entries.append((parent, name)))
+        monkeypatch.setattr(fuse_backend, "notify_store", lambda ino, offset, data: self.stored.append((ino, offset, bytes(data))))
 
-    @staticmethod
-    def _readdir_reply(token: list, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
-        if len(token) >= READDIR_BUFFER:
+
+class DirBuffer(list):
+    """A READDIRPLUS buffer of ``READDIR_BUFFER`` entries: ``(name, entry, cookie)`` records (as
+    client/fuse/replies.py ``DirentBuffer.add`` takes them)."""
+
+    plus = True
+
+    def add(self, name: bytes, off: int, ino: int, mode: int, entry: Entry | None = None) -> bool:
+        if len(self) >= READDIR_BUFFER:
             return False
-        token.append((name, attr, next_id))
+        assert entry is not None and entry.nodeid == ino and entry.attr.mode == mode
+        self.append((name, entry, off))
         return True
 
 
+#: fuse_attr_out as the kernel reads it
+_ATTR_OUT = struct.Struct(abi.FUSE_ATTR_OUT_HEAD.format + abi.FUSE_ATTR.format[1:])
+
+
+def attr_of(answer: tuple[Attr, float] | Encoded) -> Attr:
+    """The attributes in a GETATTR or SETATTR answer, either form (the wire form decoded as the kernel does)."""
+    if not isinstance(answer, Encoded):
+        return answer[0]
+    (_, _, _, ino, size, blocks, asec, msec, csec, ansec, mnsec, cnsec, mode, nlink, uid, gid, rdev, blksize,
+     flags) = _ATTR_OUT.unpack(answer)
+    ns = 1_000_000_000
+    return Attr(ino, mode, nlink, uid, gid, size, blocks, asec * ns + ansec, msec * ns + mnsec, csec * ns + cnsec,
+                rdev, blksize, flags)
+
+
 def fuse_errno(exc: BaseException) -> int:
-    assert isinstance(exc, pyfuse3.FUSEError), f"expected a FUSEError, got {exc!r}"
+    assert isinstance(exc, FuseError), f"expected a FuseError, got {exc!r}"
     return exc.errno
 
 
 @asynccontextmanager
 async def raises_errno(code: int):
     """``with raises_errno(errno.ENOENT): await fs...``: the handler answers that errno."""
-    with pytest.raises(pyfuse3.FUSEError) as info:
+    with pytest.raises(FuseError) as info:
         yield info
     assert info.value.errno == code, f"errno {errno.errorcode.get(info.value.errno)}, expected {errno.errorcode[code]}"
 
@@ -100,41 +135,41 @@ class FS:
         self.ops = ops
         self.kernel = kernel
         self.rig = rig
-        self.dir = pyfuse3.ROOT_INODE  # the test's own directory (set by the fixture)
+        self.dir = ROOT_ID  # the test's own directory (set by the fixture)
         self.dir_name = b""  # its name in the root
         self.open_handles: set[int] = set()
 
     # ----------------------------------------------------------- namespace
 
-    async def lookup(self, parent: int, name: bytes, ctx: Ctx | None = None) -> pyfuse3.EntryAttributes:
+    async def lookup(self, parent: int, name: bytes, ctx: Ctx | None = None) -> Entry:
         return await self.ops.lookup(parent, name, ctx or Ctx())
 
     async def exists(self, parent: int, name: bytes) -> bool:
         try:
             await self.lookup(parent, name)
-        except pyfuse3.FUSEError as exc:
+        except FuseError as exc:
             if exc.errno == errno.ENOENT:
                 return False
             raise
         return True
 
-    async def getattr(self, ino: int) -> pyfuse3.EntryAttributes:
-        return await self.ops.getattr(ino, Ctx())
+    async def getattr(self, ino: int) -> Attr:
+        return attr_of(await self.ops.getattr(ino, Ctx()))
 
     async def mkdir(self, parent: int, name: bytes, mode: int = 0o777, ctx: Ctx | None = None) -> int:
         ctx = ctx or Ctx()
         entry = await self.ops.mkdir(parent, name, (mode & ~ctx.umask & 0o7777) | stat.S_IFDIR, ctx)
-        return entry.st_ino
+        return entry.nodeid
 
     async def mknod(self, parent: int, name: bytes, mode: int, rdev: int = 0, ctx: Ctx | None = None) -> int:
         ctx = ctx or Ctx()
         entry = await self.ops.mknod(parent, name, (mode & ~ctx.umask & 0o7777) | stat.S_IFMT(mode), rdev, ctx)
-        return entry.st_ino
+        return entry.nodeid
 
     async def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx | None = None) -> int:
-        return (await self.ops.symlink(parent, name, target, ctx or Ctx())).st_ino
+        return (await self.ops.symlink(parent, name, target, ctx or Ctx())).nodeid
 
-    async def link(self, ino: int, parent: int, name: bytes) -> pyfuse3.EntryAttributes:
+    async def link(self, ino: int, parent: int, name: bytes) -> Entry:
         return await self.ops.link(ino, parent, name, Ctx())
 
     async def readlink(self, ino: int) -> bytes:
@@ -156,7 +191,7 @@ class FS:
         start = 0
         try:
             while True:
-                token: list = []
+                token = DirBuffer()
                 await self.ops.readdir(fh, start, token)
                 if not token:
                     return names
@@ -165,31 +200,30 @@ class FS:
         finally:
             await self.ops.releasedir(fh)
 
-    async def setattr(self, ino: int, *, fh: int | None = None, ctx: Ctx | None = None, **values) -> pyfuse3.EntryAttributes:
+    async def setattr(self, ino: int, *, fh: int | None = None, ctx: Ctx | None = None, **values) -> Attr:
         """SETATTR of the given fields: st_size, st_mode, st_uid, st_gid, st_atime_ns, st_mtime_ns."""
-        attr = pyfuse3.EntryAttributes()
+        attr = NewAttrs(**values)
         update = SetattrFields()
         names = {"st_size": "update_size", "st_mode": "update_mode", "st_uid": "update_uid", "st_gid": "update_gid",
                  "st_atime_ns": "update_atime", "st_mtime_ns": "update_mtime"}
-        for key, value in values.items():
-            setattr(attr, key, value)
+        for key in values:
             setattr(update, names[key], True)
         assert {f.name for f in fields(update) if getattr(update, f.name)} == {names[k] for k in values}
-        return await self.ops.setattr(ino, attr, update, fh, ctx or Ctx())
+        return attr_of(await self.ops.setattr(ino, attr, update, fh, ctx or Ctx()))
 
     async def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0) -> None:
-        """As pyfuse3's SETXATTR handler: XATTR_CREATE and XATTR_REPLACE are checked with a GETXATTR first."""
+        """As libfuse-based servers do: XATTR_CREATE and XATTR_REPLACE are checked with a GETXATTR first."""
         if flags & (os.XATTR_CREATE | os.XATTR_REPLACE):
             try:
                 await self.ops.getxattr(ino, name, Ctx())
-            except pyfuse3.FUSEError as exc:
+            except FuseError as exc:
                 if exc.errno != errno.ENODATA:
                     raise
                 if flags & os.XATTR_REPLACE:
                     raise
             else:
                 if flags & os.XATTR_CREATE:
-                    raise pyfuse3.FUSEError(errno.EEXIST)
+                    raise FuseError(errno.EEXIST)
         await self.ops.setxattr(ino, name, value, Ctx())
 
     async def getxattr(self, ino: int, name: bytes) -> bytes:
@@ -201,7 +235,7 @@ class FS:
     async def removexattr(self, ino: int, name: bytes) -> None:
         await self.ops.removexattr(ino, name, Ctx())
 
-    async def statfs(self) -> pyfuse3.StatvfsData:
+    async def statfs(self) -> Statfs:
         return await self.ops.statfs(Ctx())
 
     # ---------------------------------------------------------------- files
@@ -215,16 +249,16 @@ class FS:
                      ctx: Ctx | None = None) -> tuple[int, int]:
         """CREATE: (fh, inode)."""
         ctx = ctx or Ctx()
-        info, entry = await self.ops.create(parent, name, (mode & ~ctx.umask & 0o7777) | stat.S_IFREG, flags, ctx)
+        entry, info = await self.ops.create(parent, name, (mode & ~ctx.umask & 0o7777) | stat.S_IFREG, flags, ctx)
         self.open_handles.add(info.fh)
-        return info.fh, entry.st_ino
+        return info.fh, entry.nodeid
 
     async def open_path(self, parent: int, name: bytes, flags: int, ctx: Ctx | None = None) -> tuple[int, int]:
         """open(2) of a name: LOOKUP, then OPEN, or CREATE when O_CREAT and the name is missing. (fh, inode)."""
         ctx = ctx or Ctx()
         try:
-            ino = (await self.lookup(parent, name, ctx)).st_ino
-        except pyfuse3.FUSEError as exc:
+            ino = (await self.lookup(parent, name, ctx)).nodeid
+        except FuseError as exc:
             if exc.errno != errno.ENOENT or not flags & os.O_CREAT:
                 raise
             return await self.create(parent, name, flags=flags, ctx=ctx)
@@ -293,7 +327,7 @@ class FS:
         for fh in list(self.open_handles):
             try:
                 await self.release(fh)
-            except pyfuse3.FUSEError:
+            except FuseError:
                 pass
 
 

@@ -8,12 +8,12 @@ import hashlib
 import os
 import random
 
-import pyfuse3
 import trio
 
+from stripefs.client import fuse_backend
 from stripefs.common import protocol as P
 
-from fsapi import Ctx, Kernel, SetattrFields, open_fs
+from fsapi import Ctx, Kernel, NewAttrs, SetattrFields, open_fs
 
 MiB = 1 << 20
 
@@ -43,7 +43,7 @@ async def test_scattered_writer_over_many_chunks(fs):
                 assert got == data
     finally:
         await fs.close(fh)
-    assert (await fs.getattr(ino)).st_size == max(o + len(d) for o, d in pieces.items())
+    assert (await fs.getattr(ino)).size == max(o + len(d) for o, d in pieces.items())
 
 
 async def test_thousands_of_small_files(fs, monkeypatch):
@@ -89,7 +89,7 @@ async def test_a_release_while_another_open_waits_keeps_one_state_per_file(fs, m
             released.append(first)
             trio.from_thread.run(fs.release, first)
 
-    monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate)
+    monkeypatch.setattr(fuse_backend, "invalidate_inode", invalidate)
     second = await fs.open(ino, os.O_RDWR)
     assert released == [first]  # the race happened
     assert ops.files.get(ino) is ops.handles[second]  # ... and the file still has one state, this handle's
@@ -123,8 +123,7 @@ async def test_a_truncate_during_another_handles_commit_keeps_its_size(fs, monke
 
     monkeypatch.setattr(meta, "call", call)
     extended = SetattrFields(update_size=True)
-    attr = pyfuse3.EntryAttributes()
-    attr.st_size = 5000
+    attr = NewAttrs(st_size=5000)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(fs.fsync, fh)
         await commit_sent.wait()
@@ -132,7 +131,7 @@ async def test_a_truncate_during_another_handles_commit_keeps_its_size(fs, monke
         await trio.sleep(0.5)  # the truncate runs as far as it may while the commit waits
         release_commit.set()
     assert ops.files[ino].size == 5000
-    assert (await fs.getattr(ino)).st_size == 5000
+    assert (await fs.getattr(ino)).size == 5000
     assert await fs.read(fh, 0, 6000) == b"b" * 10 + b"a" * 990 + bytes(4000)
     await fs.close(fh)
 

@@ -14,9 +14,9 @@ import hashlib
 import os
 import random
 
-import pyfuse3
 import pytest
 
+from stripefs.client.fuse.replies import FuseError
 from stripefs.common import protocol as P
 
 from conftest import run_rig
@@ -158,10 +158,10 @@ async def test_degraded_writes(fs, monkeypatch):
             finally:
                 await fs.close(fh)
 
-        with pytest.raises(pyfuse3.FUSEError):  # at the WRITE, FSYNC or FLUSH that finds it out
+        with pytest.raises(FuseError):  # at the WRITE, FSYNC or FLUSH that finds it out
             await write_two_down()
         # nothing torn, no length without its data: the file keeps what it had (nothing)
-        assert (await fs.lookup(d, b"two_down")).st_size == 0
+        assert (await fs.lookup(d, b"two_down")).attr.size == 0
         async with fresh(fs, monkeypatch) as other:
             assert _sha(await other.read_file(d, b"one_down")) == sums[b"one_down"]
     finally:

@@ -13,9 +13,9 @@ import errno
 import os
 import struct
 
-import pyfuse3
 import pytest
 
+from stripefs.client.fuse.replies import FuseError
 from stripefs.common import protocol as P
 
 from fsapi import raises_errno
@@ -72,7 +72,7 @@ async def write_all(fs, parent: int, name: bytes, data: bytes) -> tuple[int, boo
         while done < len(data):
             try:
                 done += await fs.write(fh, done, data[done:])  # write(2): short at the limit
-            except pyfuse3.FUSEError as exc:
+            except FuseError as exc:
                 if exc.errno != errno.EDQUOT:
                     raise
                 return done, True
@@ -118,7 +118,7 @@ async def test_byte_limit_short_write_then_edquot(fs, d):
         assert await fs.write(fh, 0, b"overwrite") == 9  # rewriting bytes below the limit is fine
     finally:
         await fs.close(fh)
-    assert (await fs.lookup(d, b"f")).st_size == limit
+    assert (await fs.lookup(d, b"f")).attr.size == limit
     assert await fs.read_file(d, b"f") == b"overwrite" + data[9:limit]
     await eventually_stored_within(fs.rig, f, limit)
     assert await used(fs, d) == (limit, 1)
@@ -156,8 +156,8 @@ async def test_racing_writers_are_cut_at_close(fs, d):
     one, two = os.urandom(400 * K), os.urandom(400 * K)
     await close_second_over_quota(fs, d, one, two)
     assert await fs.read_file(d, b"one") == one
-    two_ino = (await fs.lookup(d, b"two")).st_ino
-    assert (await fs.getattr(two_ino)).st_size == limit - len(one)
+    two_ino = (await fs.lookup(d, b"two")).nodeid
+    assert (await fs.getattr(two_ino)).size == limit - len(one)
     assert await fs.read_file(d, b"two") == two[: limit - len(one)]
     await eventually_stored_within(fs.rig, two_ino, limit - len(one))
     assert await used(fs, d) == (limit, 2)
@@ -170,10 +170,10 @@ async def test_nested_quotas(fs, d):
     await quota_set(fs, inner, max_bytes=300 * K, max_inodes=100)
     assert await write_all(fs, inner, b"f", os.urandom(500 * K)) == (300 * K, True)  # inner's 300K is the tighter limit
     f = await fs.lookup(inner, b"f")
-    assert f.st_size == 300 * K
+    assert f.attr.size == 300 * K
     assert await write_all(fs, d, b"g", os.urandom(900 * K)) == (724 * K, True)  # the outer quota has 724K left
-    assert (await fs.lookup(d, b"g")).st_size == 724 * K
-    chain = await get(fs, f.st_ino)
+    assert (await fs.lookup(d, b"g")).attr.size == 724 * K
+    chain = await get(fs, f.nodeid)
     name = fs.dir_name
     assert [q.path for q in chain] == [b"/" + name + b"/inner", b"/" + name]
     assert [(q.used_bytes, q.max_bytes) for q in chain] == [(300 * K, 300 * K), (1024 * K, 1024 * K)]
@@ -211,7 +211,7 @@ async def test_erasure_coded_files_are_cut_too(fs, d):
     one, two = os.urandom(200 * K), os.urandom(300 * K)
     await close_second_over_quota(fs, d, one, two)
     assert await fs.read_file(d, b"two") == two[: 100 * K]
-    ino = (await fs.lookup(d, b"two")).st_ino
+    ino = (await fs.lookup(d, b"two")).nodeid
 
     def indices():
         return {int(f.name.split("-")[1]) for f in fs.rig.root.glob(f"storage-*/data/chunks/*/*/{ino}-*.chunk")}

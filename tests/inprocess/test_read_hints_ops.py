@@ -26,7 +26,7 @@ async def test_hinted_reads_are_used_and_never_serve_an_old_version(fs, monkeypa
         files = {b"f%02d" % i: os.urandom(40_000 + i) for i in range(30)}
         for name, data in files.items():
             await writer.write_file(theirs, name, data)
-        ours = (await fs.lookup(fs.dir, b"walk")).st_ino
+        ours = (await fs.lookup(fs.dir, b"walk")).nodeid
         before = {o: _readahead(o) for o in ("fetched", "used")}
 
         # a reader walking the directory: after a few files the mount lists it for hints

@@ -43,18 +43,18 @@ async def _walk(fs, ino: int, path: bytes = b"") -> dict[bytes, str]:
     out = {}
     for name in await fs.listdir(ino):
         attr = await fs.lookup(ino, name)
-        if stat.S_ISDIR(attr.st_mode):
+        if stat.S_ISDIR(attr.attr.mode):
             out[path + b"/" + name] = "dir"
-            out.update(await _walk(fs, attr.st_ino, path + b"/" + name))
+            out.update(await _walk(fs, attr.nodeid, path + b"/" + name))
         else:
             out[path + b"/" + name] = hashlib.sha256(await fs.read_file(ino, name)).hexdigest()
     return out
 
 
 async def _rm_rf(fs, parent: int, name: bytes) -> None:
-    ino = (await fs.lookup(parent, name)).st_ino
+    ino = (await fs.lookup(parent, name)).nodeid
     for child in await fs.listdir(ino):
-        if stat.S_ISDIR((await fs.lookup(ino, child)).st_mode):
+        if stat.S_ISDIR((await fs.lookup(ino, child)).attr.mode):
             await _rm_rf(fs, ino, child)
         else:
             await fs.unlink(ino, child)
@@ -80,7 +80,7 @@ async def test_an_rm_rf_restored_from_the_trash_is_byte_identical(fs):
     assert mine and mine[0].path.endswith(b"/dataset") and stat.S_ISDIR(mine[0].mode)
     rsp = await fs.ops.meta.call(P.TrashRestoreReq(item=ds))
     assert rsp.left == [] and len(rsp.done) == len(before) + 1
-    assert (await fs.lookup(fs.dir, b"dataset")).st_ino == ds
+    assert (await fs.lookup(fs.dir, b"dataset")).nodeid == ds
     assert await _walk(fs, ds) == before
 
 

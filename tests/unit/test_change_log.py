@@ -3,7 +3,7 @@
 Two connections to one SQLite file stand for two daemons sharing a database:
 a change committed through "daemon A" reaches a mount following "daemon B"'s
 real feed (a ZeroMQ PUB socket) and the mount's real follower
-(client/kernel_cache.py); only the final pyfuse3 calls are recorded instead.
+(client/kernel_cache.py); only the final calls into the FUSE session are recorded instead.
 """
 
 import sqlite3

@@ -2,12 +2,12 @@
 
 import errno
 
-import pyfuse3
 import pytest
 import trio
 
 from stripefs.client import metrics as m
 from stripefs.client.chunk_cache import ChunkCache
+from stripefs.client.fuse.replies import FuseError
 
 
 def _value(counter, *labels) -> float:
@@ -25,7 +25,7 @@ class FakeOps:
         return len(buf)
 
     async def lookup(self, parent, name, ctx=None):
-        raise pyfuse3.FUSEError(errno.ENOENT)
+        raise FuseError(errno.ENOENT)
 
 
 async def test_wrapped_ops_count_time_bytes_errors_and_split_read_time():
@@ -41,7 +41,7 @@ async def test_wrapped_ops_count_time_bytes_errors_and_split_read_time():
     }
     assert await ops.read(1, 0, 1000) == b"x" * 1000
     assert await ops.write(1, 0, b"abc") == 3
-    with pytest.raises(pyfuse3.FUSEError):
+    with pytest.raises(FuseError):
         await ops.lookup(1, b"nope")
     assert _value(m.FUSE_OPS, "read") == before["reads"] + 1
     assert _value(m.READ_BYTES) == before["bytes"] + 1000
@@ -63,13 +63,13 @@ class AnsweringOps:
         self.next = errno.ENOENT
 
     async def lookup(self, parent, name, ctx=None):
-        raise pyfuse3.FUSEError(self.next)
+        raise FuseError(self.next)
 
     async def getxattr(self, ino, name, ctx=None):
-        raise pyfuse3.FUSEError(errno.ENODATA)
+        raise FuseError(errno.ENODATA)
 
     async def open(self, ino, flags, ctx=None):
-        raise pyfuse3.FUSEError(errno.ENOSYS)
+        raise FuseError(errno.ENOSYS)
 
 
 async def test_fuse_errors_count_failures_and_answers_apart():
@@ -85,12 +85,12 @@ async def test_fuse_errors_count_failures_and_answers_apart():
 
     e0, a0 = errors(), answers()
     for call in (lambda: ops.lookup(1, b"x"), lambda: ops.getxattr(1, b"user.x"), lambda: ops.open(1, 0)):
-        with pytest.raises(pyfuse3.FUSEError):
+        with pytest.raises(FuseError):
             await call()
     assert errors() == e0 and answers() == a0 + 3
     for failure in (errno.EIO, errno.ETIMEDOUT, errno.ENOSPC, errno.EDQUOT, errno.ENOTCONN):
         ops.next = failure
-        with pytest.raises(pyfuse3.FUSEError):
+        with pytest.raises(FuseError):
             await ops.lookup(1, b"x")
     assert errors() == e0 + 5 and answers() == a0 + 3
     assert _value(m.FUSE_ERRORS, "lookup", str(errno.EDQUOT)) >= 1

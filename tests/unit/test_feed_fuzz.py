@@ -4,7 +4,7 @@ The mount follows whatever arrives on its SUB socket. Garbage, other protocol
 versions, truncated or multipart messages, and well-formed events with hostile
 values (negative or enormous inode numbers, names with NUL or '/', long
 lists) must never end the follower: it drops its cache (trusting nothing)
-and is back in step with the next good event. Only the final pyfuse3 calls are
+and is back in step with the next good event. Only the final calls into the FUSE session are
 replaced by a recorder, as in test_kernel_cache.py; they must only ever be
 asked about inodes and names the mount itself handed to the kernel.
 """

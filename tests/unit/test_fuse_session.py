@@ -22,7 +22,7 @@ from stripefs.client.fuse import abi, device as device_mod, notify, requests as 
 from stripefs.client.fuse.abi import InitFlag, Opcode
 from stripefs.client.fuse.device import Closed, Device
 from stripefs.client.fuse.dispatch import MISS, Dispatcher
-from stripefs.client.fuse.replies import AlreadyAnswered, Attr
+from stripefs.client.fuse.replies import AlreadyAnswered, Attr, Encoded, encode_attr_out
 from stripefs.client.fuse.session import Options, Session, SessionError
 
 from test_fuse_wire import u32, u64, request  # noqa: E402  (the same byte spellings)
@@ -290,6 +290,23 @@ async def test_a_slow_request_answers_from_trio(pair):
         assert (await kernel.answer_async())[:2] == (11, 0)
         fs.release.set()
         assert await kernel.answer_async() == (10, -errno.ENOENT, b"")
+        await trio.to_thread.run_sync(stop, kernel, session)
+
+
+async def test_a_slow_path_may_answer_in_wire_form(pair):
+    """A handler in trio may answer with ``Encoded`` bytes as a fast path may (the mount's
+    getattr does when the feed came back between the MISS and the task): sent as they are."""
+    packed = Encoded(encode_attr_out(ATTR, 2.0))
+
+    class SlowFS:
+        async def getattr(self, req):
+            return packed
+
+    async with trio.open_nursery() as nursery:
+        dispatcher = Dispatcher(SlowFS(), trio.lowlevel.current_trio_token(), nursery)
+        kernel, session = await trio.to_thread.run_sync(started, pair, dispatcher)
+        kernel.send(Opcode.GETATTR, getattr_args(), unique=10)
+        assert await kernel.answer_async() == (10, 0, bytes(packed))
         await trio.to_thread.run_sync(stop, kernel, session)
 
 

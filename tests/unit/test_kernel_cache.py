@@ -1,7 +1,7 @@
 """KernelCache: which replies may be cached long, and how the change feed is followed.
 
 The feed side runs the daemon's real ChangeFeed (a ZeroMQ PUB socket) against
-the mount's real follower; only the final pyfuse3 calls (which need a live
+the mount's real follower; only the final calls into the FUSE session (which need a live
 FUSE session) are replaced by a recorder.
 """
 

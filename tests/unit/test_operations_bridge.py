@@ -1,8 +1,8 @@
-"""client/operations_bridge.py: the pyfuse3-shaped Operations served on the own FUSE session.
+"""client/operations_bridge.py: the mount's Operations served on its FUSE session.
 
-A stand-in for Operations records the calls pyfuse3 would make and answers with pyfuse3's own
-result objects; the requests come from the session's parser, so what is checked is the
-translation both ways: arguments as pyfuse3 passes them, results as the kernel reads them.
+A stand-in for Operations records the calls the bridge makes and answers with the session's
+result types; the requests come from the session's parser, so what is checked is the
+translation of each request into Operations' arguments, and that results and errors pass.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import stat
 import threading
 
-import pyfuse3
 import pytest
 import trio
 from prometheus_client import REGISTRY
@@ -20,9 +19,9 @@ from prometheus_client import REGISTRY
 from stripefs.client import fuse_backend
 from stripefs.client.fuse import abi, requests as rq
 from stripefs.client.fuse.abi import Opcode
-from stripefs.client.fuse.replies import DirentBuffer
 from stripefs.client.fuse.dispatch import MISS
-from stripefs.client.operations import FAST_PATH_MISS
+from stripefs.client.fuse.replies import Attr, DirentBuffer, Entry, FuseError, Statfs
+from stripefs.client.operations import FAST_PATH_MISS, _opened
 from stripefs.client.operations_bridge import OperationsBridge
 
 from test_fuse_wire import request, u32, u64
@@ -33,12 +32,9 @@ def parse(opcode, args, nodeid=5):
     return rq.parse(data, len(data))
 
 
-def attrs(ino: int, mode: int = stat.S_IFREG | 0o644) -> pyfuse3.EntryAttributes:
-    a = pyfuse3.EntryAttributes()
-    a.st_ino, a.st_mode, a.st_nlink, a.st_size, a.st_uid, a.st_gid = ino, mode, 1, 10, 7, 8
-    a.st_mtime_ns = 1_500_000_000_000_000_001
-    a.entry_timeout, a.attr_timeout, a.generation = 2.0, 3.0, 4
-    return a
+def attrs(ino: int, mode: int = stat.S_IFREG | 0o644) -> Entry:
+    a = Attr(ino, mode, nlink=1, size=10, uid=7, gid=8, mtime_ns=1_500_000_000_000_000_001)
+    return Entry(ino, a, 2.0, 3.0, 4)
 
 
 class FakeOps:
@@ -61,33 +57,30 @@ class FakeOps:
     async def lookup(self, parent, name, ctx):
         self.calls.append(("lookup", parent, name, (ctx.uid, ctx.gid, ctx.pid)))
         if name == b"missing":
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            raise FuseError(errno.ENOENT)
         return attrs(9)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
         self.calls.append(("setattr", inode, fh, fields.update_size, fields.update_mode, fields.update_mtime,
                            attr.st_size, attr.st_mtime_ns))
-        return attrs(inode)
+        e = attrs(inode)
+        return e.attr, e.attr_valid
 
     async def open(self, inode, flags, ctx):
-        fi = pyfuse3.FileInfo()
-        fi.fh, fi.keep_cache, fi.direct_io = 77, True, False
-        return fi
+        return _opened(77, True, flags)
 
     async def listxattr(self, inode, ctx):
         return [b"user.a", b"user.bb"]
 
-    async def readdir(self, fh, start_id, token):
+    async def readdir(self, fh, start_id, buf):
         self.calls.append(("readdir", fh, start_id))
         for i in range(start_id, 1000):
-            if not fuse_backend.readdir_reply(token, f"n{i}".encode(), attrs(100 + i), i + 1):
+            e = attrs(100 + i)
+            if not buf.add(f"n{i}".encode(), i + 1, e.nodeid, e.attr.mode, e):
                 return
 
     async def statfs(self, ctx):
-        s = pyfuse3.StatvfsData()
-        s.f_bsize = s.f_frsize = 4096
-        s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree, s.f_namemax = 100, 50, 40, 10, 5, 255
-        return s
+        return Statfs(100, 50, 40, 10, 5, 4096, 255, 4096)
 
     def forget_now(self, forgets):
         self.calls.append(("forget", list(forgets)))
@@ -139,7 +132,7 @@ async def test_open_listxattr_statfs_readdir_forget():
         assert ops.calls[-1] == ("forget", [(9, 1)])
 
 
-def test_fuse_backend_routes_to_the_own_session():
+def test_fuse_backend_routes_to_the_session():
     class FakeSession:
         def __init__(self):
             self.sent, self.ok = [], True
@@ -156,12 +149,15 @@ def test_fuse_backend_routes_to_the_own_session():
         fuse_backend.notify_store(42, 0, b"data")
         assert [int.from_bytes(m[4:8], "little") for m in s.sent] == [2, 3, 4]  # INVAL_INODE, INVAL_ENTRY, STORE
         assert s.sent[0][24:32] == u64(-1)  # attributes only: offset -1
-        s.ok = False  # the kernel holds no such inode: ENOENT, as pyfuse3 raises it
+        s.ok = False  # the kernel holds no such inode: ENOENT
         with pytest.raises(OSError) as err:
             fuse_backend.invalidate_inode(43)
         assert err.value.errno == errno.ENOENT
     finally:
         fuse_backend.use_session(None)
+    with pytest.raises(OSError) as err:  # no session serves: nothing is cached, ENOENT too
+        fuse_backend.invalidate_entry(1, b"name")
+    assert err.value.errno == errno.ENOENT
 
 
 def test_fast_paths_translate_and_count():
@@ -172,21 +168,26 @@ def test_fast_paths_translate_and_count():
     class Ops:
         lock = threading.RLock()
 
-        def _fast_getattr(self, inode, ctx):
+        def _fast_getattr(self, inode):
             if inode == 1:
                 return FAST_PATH_MISS
             if inode == 2:
-                raise pyfuse3.FUSEError(errno.ENOENT)
-            return attrs(inode)
+                raise FuseError(errno.ENOENT)
+            e = attrs(inode)
+            return e.attr, e.attr_valid
 
         def _fast_flush(self, fh):
-            raise pyfuse3.FUSEError(errno.ENOSYS)
+            raise FuseError(errno.ENOSYS)
 
     bridge = OperationsBridge(Ops(), None, None)
     def scraped():  # as the mount's endpoint reads it: the fast paths' plain counts folded in first
         return REGISTRY.get_sample_value("stripefs_fuse_ops_total", {"op": "getattr"}) or 0
 
-    before = scraped()
+    def answered_enoent():
+        return REGISTRY.get_sample_value("stripefs_fuse_negative_answers_total",
+                                         {"op": "getattr", "errno": str(errno.ENOENT)}) or 0
+
+    before, enoent_before = scraped(), answered_enoent()
     assert bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=1)) is MISS
     attr, valid = bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=9))
     assert attr.ino == 9 and valid == 3.0
@@ -194,6 +195,7 @@ def test_fast_paths_translate_and_count():
         bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=2))
     assert err.value.errno == errno.ENOENT
     assert scraped() == before + 2  # a MISS is counted by the handler
+    assert answered_enoent() == enoent_before + 1  # counted in plain ints, folded in at the scrape
     with pytest.raises(OSError) as err:
         bridge.fast_flush(parse(Opcode.FLUSH, bytes(24)))
     assert err.value.errno == errno.ENOSYS
@@ -227,3 +229,99 @@ async def test_a_dataset_mount_declines_open_and_reads_by_inode():
     assert default.fast_open(parse(Opcode.OPEN, u32(0) + u32(0))) is MISS  # a default mount keeps OPEN
     writer = OperationsBridge(FakeOps(dataset=True), None, None)
     assert writer.fast_open(parse(Opcode.OPEN, u32(os.O_WRONLY) + u32(0))) is MISS  # EROFS from the handler
+
+
+def test_a_held_files_getattr_is_answered_from_bytes_encoded_once():
+    """A GETATTR of a file the mount holds (here: under a callback, the feed in order) is answered
+    from its fuse_attr_out bytes, encoded at the first GETATTR and reused until its attributes
+    change; the new attributes are answered at once, never the old bytes."""
+    from types import SimpleNamespace
+
+    from stripefs.client.fuse.replies import Encoded, encode_attr_out
+    from stripefs.client.operations import BLKSIZE, Operations
+    from stripefs.common import protocol as P
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0)
+    ops.kcache.healthy = True  # the change feed is followed
+    bridge = OperationsBridge(ops, None, None)
+    getattr_ = parse(Opcode.GETATTR, bytes(16), nodeid=9)
+    assert bridge.fast_getattr(getattr_) is MISS  # nothing held: the handler asks the daemon
+    old = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=10, atime_ns=1,
+                 mtime_ns=2_000_000_001, ctime_ns=3)
+    ops._keep_held(9, old)
+    first = bridge.fast_getattr(getattr_)
+    assert type(first) is Encoded
+    assert first == encode_attr_out(Attr(9, old.mode, 1, 7, 8, 10, 1, 1, 2_000_000_001, 3, 0, BLKSIZE), 30.0)
+    assert bridge.fast_getattr(getattr_) is first  # encoded once
+    new = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=5000, atime_ns=1,
+                 mtime_ns=4_000_000_000, ctime_ns=4_000_000_000)
+    ops._keep_held(9, new)  # what a lookup or the feed leaves after a change elsewhere
+    assert bridge.fast_getattr(getattr_) == encode_attr_out(
+        Attr(9, new.mode, 1, 7, 8, 5000, 10, 1, 4_000_000_000, 4_000_000_000, 0, BLKSIZE), 30.0)
+    ops.forget_now([(9, 1)])
+    assert 9 not in ops._attr_bytes  # dropped with the kernel's inode
+
+
+def test_a_name_the_kernel_let_expire_is_answered_from_what_the_mount_holds():
+    """After cache_timeout the kernel looks a held name up again: answered from memory (the
+    entry's bytes encoded once) while the feed keeps the file's attributes true; not once the
+    feed is down or says the file changed, nor after this mount removed the name."""
+    from types import SimpleNamespace
+
+    from stripefs.client.fuse.replies import Encoded, encode_entry
+    from stripefs.client.operations import BLKSIZE, Operations
+    from stripefs.common import protocol as P
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0, dataset=True)
+    ops.kcache.healthy = True
+    bridge = OperationsBridge(ops, None, None)
+    lookup = parse(Opcode.LOOKUP, b"f\0", nodeid=1)
+    attr = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=10, atime_ns=1,
+                  mtime_ns=2, ctime_ns=3, generation=5)
+    ops._keep_dataset_info(P.OpenRsp(attr=attr, layout=P.Layout(chunk_size=1 << 22, stripe_count=1,
+                                                                  redundancy="replicas=1"), chunks=[], nodes=[]))
+    assert bridge.fast_lookup(lookup) is MISS  # the kernel never held the name: the daemon answers
+    ops.kcache.remember(1, b"f", 9)  # a lookup or a listing gave the kernel this name
+    first = bridge.fast_lookup(lookup)
+    assert type(first) is Encoded
+    assert first == encode_entry(Entry(9, Attr(9, attr.mode, 1, 7, 8, 10, 1, 1, 2, 3, 0, BLKSIZE), 30.0, 30.0, 5))
+    assert bridge.fast_lookup(lookup) is first
+    ops.kcache.healthy = False  # the feed broke: nothing is known to be true any more
+    assert bridge.fast_lookup(lookup) is MISS
+    ops.kcache.healthy = True
+    ops.kcache.name_gone(1, b"f")  # this mount unlinked or renamed it
+    assert bridge.fast_lookup(lookup) is MISS
+    ops.kcache.remember(1, b"f", 9)
+    ops._changed_elsewhere([9])  # the feed: the file changed
+    assert bridge.fast_lookup(lookup) is MISS
+
+
+def test_a_dataset_mounts_prefetch_skips_a_version_the_kernel_holds():
+    """A later epoch announces files again: one whose pushed version the kernel still holds is
+    not fetched again (Prefetcher.in_page_cache); another version, a change the feed reported or
+    an inode the kernel forgot is."""
+    from types import SimpleNamespace
+
+    from stripefs.client.operations import Operations
+    from stripefs.common import protocol as P
+
+    def rsp(size: int, mtime_ns: int) -> P.OpenRsp:
+        attr = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=0, gid=0, rdev=0, size=size, atime_ns=1,
+                      mtime_ns=mtime_ns, ctime_ns=1)
+        return P.OpenRsp(attr=attr, layout=P.Layout(chunk_size=1 << 22, stripe_count=1, redundancy="replicas=1"),
+                         chunks=[], nodes=[])
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0, dataset=True)
+    ops.kcache.remember(1, b"f", 9)  # the kernel knows the inode (a listing)
+    assert not ops.in_page_cache(rsp(10, 5))
+    ops.prefetched(rsp(10, 5), True)  # pushed into the page cache
+    assert ops.in_page_cache(rsp(10, 5))
+    assert not ops.in_page_cache(rsp(10, 6))  # another version
+    ops._changed_elsewhere([9])
+    assert not ops.in_page_cache(rsp(10, 5))
+    ops.prefetched(rsp(10, 5), True)
+    ops.forget_now([(9, 1)])  # the kernel forgot the inode, and its pages with it
+    assert not ops.in_page_cache(rsp(10, 5))
