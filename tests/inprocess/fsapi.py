@@ -106,15 +106,29 @@ class DirBuffer(list):
 _ATTR_OUT = struct.Struct(abi.FUSE_ATTR_OUT_HEAD.format + abi.FUSE_ATTR.format[1:])
 
 
+#: fuse_entry_out as the kernel reads it
+_ENTRY_OUT = struct.Struct(abi.FUSE_ENTRY_OUT_HEAD.format + abi.FUSE_ATTR.format[1:])
+_NS = 1_000_000_000
+
+
+def _attr(ino, size, blocks, asec, msec, csec, ansec, mnsec, cnsec, mode, nlink, uid, gid, rdev, blksize, flags) -> Attr:
+    return Attr(ino, mode, nlink, uid, gid, size, blocks, asec * _NS + ansec, msec * _NS + mnsec, csec * _NS + cnsec,
+                rdev, blksize, flags)
+
+
 def attr_of(answer: tuple[Attr, float] | Encoded) -> Attr:
     """The attributes in a GETATTR or SETATTR answer, either form (the wire form decoded as the kernel does)."""
     if not isinstance(answer, Encoded):
         return answer[0]
-    (_, _, _, ino, size, blocks, asec, msec, csec, ansec, mnsec, cnsec, mode, nlink, uid, gid, rdev, blksize,
-     flags) = _ATTR_OUT.unpack(answer)
-    ns = 1_000_000_000
-    return Attr(ino, mode, nlink, uid, gid, size, blocks, asec * ns + ansec, msec * ns + mnsec, csec * ns + cnsec,
-                rdev, blksize, flags)
+    return _attr(*_ATTR_OUT.unpack(answer)[3:])
+
+
+def entry_of(answer: Entry | Encoded) -> Entry:
+    """A LOOKUP's (or MKDIR's ...) answer, either form: a held name is answered in wire form."""
+    if not isinstance(answer, Encoded):
+        return answer
+    nodeid, generation, es, ats, ens, atns, *attr = _ENTRY_OUT.unpack(answer)
+    return Entry(nodeid, _attr(*attr), es + ens / _NS, ats + atns / _NS, generation)
 
 
 def fuse_errno(exc: BaseException) -> int:
@@ -142,7 +156,7 @@ class FS:
     # ----------------------------------------------------------- namespace
 
     async def lookup(self, parent: int, name: bytes, ctx: Ctx | None = None) -> Entry:
-        return await self.ops.lookup(parent, name, ctx or Ctx())
+        return entry_of(await self.ops.lookup(parent, name, ctx or Ctx()))
 
     async def exists(self, parent: int, name: bytes) -> bool:
         try:

@@ -33,8 +33,8 @@ def _copies(rig, ino: int) -> list:
 async def _snapshot(fs, d: int, name: bytes) -> int:
     """``stripefs snapshot create``; the snapshot's top directory inode (through its path, as a reader finds it)."""
     (info,) = (await fs.ops.meta.call(P.SnapshotCreateReq(ino=d, name=name))).snapshots
-    holder = (await fs.lookup(d, b".snapshots")).st_ino
-    top = (await fs.lookup(holder, name)).st_ino
+    holder = (await fs.lookup(d, b".snapshots")).nodeid
+    top = (await fs.lookup(holder, name)).nodeid
     assert top == info.ino
     return top
 
@@ -69,7 +69,7 @@ async def test_a_snapshot_taken_while_a_writer_appends_reads_what_was_committed_
     await fs.write(fh, 0, first)
     await fs.fsync(fh)  # committed: in the snapshot
     top = await _snapshot(fs, d, b"s1")
-    snap = (await fs.lookup(top, b"log")).st_ino
+    snap = (await fs.lookup(top, b"log")).nodeid
     await fs.write(fh, len(first), os.urandom(200 * KiB))  # the writer goes on appending
     await fs.close(fh)
     assert len(await fs.read_file(d, b"log")) == 500 * KiB
@@ -103,8 +103,8 @@ async def test_deleting_the_live_tree_and_the_snapshot_frees_every_chunk(fs, mon
     chunk_files = set(fs.rig.root.glob("storage-*/data/chunks/*/*/*.chunk"))
     top = await _snapshot(fs, d, b"s")
     assert set(fs.rig.root.glob("storage-*/data/chunks/*/*/*.chunk")) - chunk_files == set()  # no chunk copied or written
-    snap_sub = (await fs.lookup(top, b"sub")).st_ino
-    snap_inos = [(await fs.lookup(snap_sub, name)).st_ino for name in data]
+    snap_sub = (await fs.lookup(top, b"sub")).nodeid
+    snap_inos = [(await fs.lookup(snap_sub, name)).nodeid for name in data]
     for name, payload in data.items():
         assert await fs.read_file(snap_sub, name) == payload
     await fs.write_file(sub, b"a", os.urandom(120 * KiB))  # one chunk copied out: the snapshot's own copy
@@ -133,8 +133,8 @@ async def test_every_write_path_into_a_snapshot_is_erofs(fs):
     await fs.write_file(d, b"f", b"x" * 1000)
     await fs.mkdir(d, b"dir")
     top = await _snapshot(fs, d, b"s")
-    f = (await fs.lookup(top, b"f")).st_ino
-    holder = (await fs.lookup(d, b".snapshots")).st_ino
+    f = (await fs.lookup(top, b"f")).nodeid
+    holder = (await fs.lookup(d, b".snapshots")).nodeid
     for attempt in (
         lambda: fs.write_file(top, b"new", b"y"),
         lambda: fs.mkdir(top, b"newdir"),
@@ -177,7 +177,7 @@ async def test_a_snapshot_reads_its_data_after_a_node_is_killed_and_its_chunks_r
     data = os.urandom(200 * KiB)
     ino = await fs.write_file(d, b"f", data)
     top = await _snapshot(fs, d, b"s")
-    snap = (await fs.lookup(top, b"f")).st_ino
+    snap = (await fs.lookup(top, b"f")).nodeid
     ref = await _chunk0(fs, snap)
     assert ref.data_ino == ino
     killed = ref.nodes[0]
