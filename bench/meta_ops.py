@@ -104,6 +104,13 @@ def _chains(root: Path, chains: int, depth: int) -> list[str]:
     return [os.fspath(root / "p" / f"c{i:04d}" / "/".join(f"l{k}" for k in range(1, depth))) for i in range(chains)]
 
 
+def creates_in(roots: list[Path], n: int) -> tuple[int, float]:
+    """n files created in each of ``roots`` (existing directories), a thread per root, at once:
+    (files, seconds to the last end)."""
+    names = {r: [os.fspath(r / f"f{i:06d}") for i in range(n)] for r in roots}
+    return _each(roots, lambda r: _loop(_create, names[r]))
+
+
 def run_ops(roots: list[Path], n: int, chains: int, depth: int, cpu: Callable[[], dict[str, float]],
             phase: Callable[[str], None] = lambda _: None) -> tuple[dict[str, float], dict[str, float]]:
     """Every operation of OPS on n files per root: (ops/s of all roots together by op, CPU s by process in create)."""

@@ -35,6 +35,15 @@ which on the serving task itself:
 A lone lookup or getattr with the lock free (the idle daemon's common case)
 skips the bookkeeping: admitted, run and answered on the spot.
 
+On a shared database (PostgreSQL, ``txn.shared``) the same steps run but 2
+and 3 are one SERIALIZABLE transaction in a worker thread (``_transaction``
+through ``PgTxn.run``), a savepoint per operation, one COMMIT; a conflict with
+another daemon reruns the whole burst (``PgStore.run``'s retries); no reply
+before that COMMIT returned; lookups and getattrs take the usual path (a
+read-only snapshot each, no conflicts with the bursts' writes); changes are
+numbered by the sequencer as on the task path (daemon/change_log.py), so no
+callbacks wait and no directories are reported.
+
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
 would take the serving loop's burst past ``MOST`` operations goes to a task
@@ -104,7 +113,7 @@ class Burst:
     """``run`` is serve()'s ``burst`` for the metadata daemon (module docstring)."""
 
     def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release) -> None:
-        self.txn = txn  # daemon/txn.py SqliteTxn
+        self.txn = txn  # daemon/txn.py SqliteTxn or PgTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
         self.operation = operation  # an admitted body of ``kinds`` -> its Op
@@ -115,7 +124,7 @@ class Burst:
         self.requests = 0
 
     async def run(self, items: list[tuple[P.Msg, str | None]], early=None) -> list:
-        if len(items) == 1 and not self.txn.lock.locked():
+        if len(items) == 1 and not self.txn.shared and not self.txn.lock.locked():
             body, peer = items[0]
             if type(body) in READS:  # a lone read: nothing to order, hold or commit
                 security.PEER.set(peer)
@@ -172,6 +181,8 @@ class Burst:
             return self._plan_batch(body, peer)
         inner = body.body if kind is P.OnceReq else body
         if type(inner) not in self.kinds:  # not served here: no checks twice
+            return None
+        if self.txn.shared and type(inner) in READS:  # a snapshot of its own, beside the bursts' writes (PgTxn.read)
             return None
         try:
             admitted = self.access.admit_now(body)
@@ -234,8 +245,11 @@ class Burst:
                 await early(index, reply)
 
     async def _execute(self, units: list[_Unit]) -> bool:
-        """Run the units under the lock, in slices; whether any wrote (``_commit`` makes it durable)."""
+        """Run the units under the lock, in slices; whether any wrote (``_commit`` makes it durable).
+        A shared database: the units as one transaction of their own instead (``_transaction``)."""
         txn = self.txn
+        if txn.shared:
+            return await txn.run(self._transaction, units, readonly=False)
         wrote = False
         try:
             for start in range(0, len(units), SLICE):
@@ -255,6 +269,20 @@ class Burst:
         except BaseException:
             txn.wake()  # cancelled (or a bug) between slices: what ran is committed all the same
             raise
+        return wrote
+
+    def _transaction(self, units: list[_Unit]) -> bool:
+        """A shared database's burst (PostgreSQL): every unit in its savepoint of one SERIALIZABLE
+        transaction, in a worker thread (``PgTxn.run``: committed before it returns, so before
+        any reply). A conflict with another daemon's transaction aborts it all; ``PgStore.run``
+        then calls this again, from a clean slate: operations only talk to the database, and a
+        OnceReq's record was rolled back with its operation."""
+        wrote = False
+        for unit in units:
+            unit.result, unit.error, unit.batch = None, None, None
+            if unit.once is not None:
+                unit.once.used = False
+            wrote = self._one(unit) or wrote
         return wrote
 
     async def _commit(self, units: list[_Unit]) -> None:
@@ -287,6 +315,8 @@ class Burst:
                     op.fn, report=op.report, change=op.change, wake=False)  # committed by _execute
                 return True
             unit.result = op.fn()
+        except self.txn.reruns:  # a conflict: the whole transaction again (``_transaction``)
+            raise
         except StripefsError as exc:
             unit.error = _error(exc)
         except OverflowError as exc:  # SQLite stores signed 64-bit integers

@@ -188,8 +188,12 @@ async def test_requests_sent_together_are_answered_in_order_with_one_commit_per_
         nursery.cancel_scope.cancel()
 
 
-async def test_a_kill9_in_the_middle_of_bursts_loses_no_answered_create(tmp_path, ctx):
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+async def test_a_kill9_in_the_middle_of_bursts_loses_no_answered_create(tmp_path, ctx, store, request):
     daemon = Daemon(tmp_path)
+    if store == "postgresql":  # the bursts are transactions of their own there (test_pg_burst.py)
+        dsn = request.getfixturevalue("pg_dsn")
+        daemon.config.write_text(daemon.config.read_text() + f'store = "postgresql"\ndsn = "{dsn}"\n')
     daemon.start()
     try:
         await daemon.wait_ready(ctx)
