@@ -278,11 +278,12 @@ class Burst:
         then calls this again, from a clean slate: operations only talk to the database, and a
         OnceReq's record was rolled back with its operation."""
         wrote = False
-        for unit in units:
-            unit.result, unit.error, unit.batch = None, None, None
-            if unit.once is not None:
-                unit.once.used = False
-            wrote = self._one(unit) or wrote
+        with self.txn.store.dir_cache():  # a directory read once per transaction
+            for unit in units:
+                unit.result, unit.error, unit.batch = None, None, None
+                if unit.once is not None:
+                    unit.once.used = False
+                wrote = self._one(unit) or wrote
         return wrote
 
     async def _commit(self, units: list[_Unit]) -> None:

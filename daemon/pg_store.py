@@ -148,6 +148,15 @@ class PgStore(SqlStore):
             self._main = psycopg.connect(self.dsn, **_connect_kwargs())
         return self._main
 
+    @property
+    def _dirs(self) -> dict | None:
+        """``SqlStore.dir_cache``'s rows: this thread's transaction's own (a burst's, daemon/burst.py)."""
+        return getattr(self._local, "dirs", None)
+
+    @_dirs.setter
+    def _dirs(self, value: dict | None) -> None:
+        self._local.dirs = value
+
     def close(self) -> None:
         self.pool.close()
         self._main.close()
@@ -225,6 +234,8 @@ class PgStore(SqlStore):
             if pipe is not None:
                 pipe.sync()
         except BaseException as exc:
+            if self._dirs:
+                self._dirs = {}  # rows written in the block may be undone
             if pipe is not None:
                 with contextlib.suppress(psycopg.Error):
                     pipe.sync()  # the rest of what was sent, aborted: read before going on
