@@ -203,9 +203,9 @@ class PgStore(SqlStore):
     def _pipelined(self, conn: psycopg.Connection, fn: Callable[..., T], args, kwargs, hooks: bool) -> T:
         """``_transaction`` in pipeline mode: a statement whose result nobody reads (an UPDATE, an
         INSERT, SAVEPOINT, COMMIT) is sent without waiting, with the next that is read. On a
-        failure the aborted rest of the pipeline is read here, so that leaving pipeline mode has
-        nothing left to fail on (psycopg's "error ignored terminating Pipeline: pipeline aborted"
-        warning otherwise, beside the error raised)."""
+        failure whatever is still unread of the pipeline (aborted) is read here, so that leaving
+        pipeline mode has nothing left to fail on: psycopg would log that second failure as
+        "error ignored terminating Pipeline: pipeline aborted" beside the error raised."""
         with conn.pipeline() as pipe:
             self._local.pipe = pipe
             try:

@@ -101,7 +101,7 @@ async def test_a_burst_on_postgresql_is_one_transaction_answered_in_order_after_
         nursery.cancel_scope.cancel()
 
 
-async def test_two_daemons_bursts_creating_the_same_names_at_once_never_both_succeed(tmp_path, ctx, pg_dsn):
+async def test_two_daemons_bursts_creating_the_same_names_at_once_never_both_succeed(tmp_path, ctx, pg_dsn, caplog):
     async with trio.open_nursery() as nursery:
         first = await _service(nursery, ctx, tmp_path / "a", pg_dsn)
         second = await _service(nursery, ctx, tmp_path / "b", pg_dsn)
@@ -123,6 +123,8 @@ async def test_two_daemons_bursts_creating_the_same_names_at_once_never_both_suc
                 lost = [x for x in pair if isinstance(x, P.ErrorRsp) and x.code == ErrorCode.EXISTS]
                 assert len(won) == 1 and len(lost) == 1, (names[i], pair)
         assert len(_names(pg_dsn, d)) == rounds * width
+        assert first.store.retries + second.store.retries > 0  # they did conflict
+        assert not [r for r in caplog.records if "pipeline" in r.getMessage()]  # psycopg's "pipeline aborted"
         nursery.cancel_scope.cancel()
 
 
