@@ -45,7 +45,7 @@ def _drop_dentries() -> None:
         progress(f"WARNING: cannot drop dentries ({exc}): stat rates are kernel cache hits")
 
 
-def _each(roots: list[Path], fn: Callable[[Path], int]) -> tuple[int, float]:
+def at_once(roots: list, fn: Callable[..., int]) -> tuple[int, float]:
     """fn(root) in one thread per root, started together: (sum of what they return, seconds to the last end)."""
     counts, errors = [], []
 
@@ -108,7 +108,7 @@ def creates_in(roots: list[Path], n: int) -> tuple[int, float]:
     """n files created in each of ``roots`` (existing directories), a thread per root, at once:
     (files, seconds to the last end)."""
     names = {r: [os.fspath(r / f"f{i:06d}") for i in range(n)] for r in roots}
-    return _each(roots, lambda r: _loop(_create, names[r]))
+    return at_once(roots, lambda r: _loop(_create, names[r]))
 
 
 def run_ops(roots: list[Path], n: int, chains: int, depth: int, cpu: Callable[[], dict[str, float]],
@@ -141,7 +141,7 @@ def run_ops(roots: list[Path], n: int, chains: int, depth: int, cpu: Callable[[]
         if op == "stat":
             _drop_dentries()
         before = cpu() if op == "create" else None
-        count, s = _each(roots, work[op])
+        count, s = at_once(roots, work[op])
         if before is not None:
             after = cpu()
             cpu_create = {k: round(after[k] - before[k], 4) for k in after}

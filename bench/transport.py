@@ -164,29 +164,11 @@ def creates_at_once(addresses: list[str], n: int, batch: int, in_flight: int, da
     """``creates`` to every daemon of ``addresses`` at once (a thread each, ``n`` files each, in
     a directory of its own): aggregate creates/s (all files over the wall time until the last
     thread ends) and the daemons' CPU per create (``daemon_cpu()``: their CPU seconds together)."""
-    import threading
+    from meta_ops import at_once
 
-    out: list[dict] = []
-    errors: list[BaseException] = []
-
-    def one(address: str) -> None:
-        try:
-            out.append(creates(address, n, batch, in_flight))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(a,)) for a in addresses]
     cpu0 = daemon_cpu() if daemon_cpu else None
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
+    total, elapsed = at_once(addresses, lambda address: creates(address, n, batch, in_flight)["creates"])
     cpu = daemon_cpu() - cpu0 if daemon_cpu else None
-    if errors:
-        raise errors[0]
-    total = n * len(addresses)
     return {"creates": total, "daemons": len(addresses), "batch": batch, "in_flight": in_flight, "per_s": total / elapsed,
             "daemon_cpu_ms": None if cpu is None else 1e3 * cpu / total}
 
