@@ -249,7 +249,7 @@ class Burst:
         A shared database: the units as one transaction of their own instead (``_transaction``)."""
         txn = self.txn
         if txn.shared:
-            return await txn.run(self._transaction, units, readonly=False, pipeline=True)
+            return await txn.run(self._transaction, units, readonly=False)
         wrote = False
         try:
             for start in range(0, len(units), SLICE):

@@ -163,20 +163,21 @@ class PgStore(SqlStore):
 
     # -- transactions --------------------------------------------------------
 
-    def run(self, fn: Callable[..., T], *args, readonly: bool = False, hooks: bool = True, pipeline: bool = False,
-            **kwargs) -> T:
+    def run(self, fn: Callable[..., T], *args, readonly: bool = False, hooks: bool = True, **kwargs) -> T:
         """``fn(*args, **kwargs)`` as one transaction, committed before returning; retried on conflicts.
-        ``hooks`` False: without the begin hooks (a probe that touches no quota). ``pipeline``: in
-        psycopg's pipeline mode (a burst: ``savepoint`` syncs once per operation)."""
+        ``hooks`` False: without the begin hooks (a probe that touches no quota)."""
         delay = 0.001
         for attempt in itertools.count(1):
             try:
                 with self.pool.connection() as conn:
                     self._local.conn = conn
                     try:
-                        if pipeline:
-                            return self._pipelined(conn, fn, args, kwargs, hooks)
-                        return self._transaction(conn, fn, args, kwargs, readonly, hooks)
+                        conn.execute(_BEGIN_READ if readonly else _BEGIN_WRITE)
+                        for hook in self.begin_hooks if hooks else ():
+                            hook()
+                        result = fn(*args, **kwargs)
+                        conn.execute("COMMIT")
+                        return result
                     except BaseException:
                         _rollback(conn)
                         raise
@@ -192,33 +193,6 @@ class PgStore(SqlStore):
                 raise _refusal(exc, getattr(fn, "__name__", fn)) from None
         raise AssertionError("unreachable")
 
-    def _transaction(self, conn: psycopg.Connection, fn: Callable[..., T], args, kwargs, readonly: bool, hooks: bool) -> T:
-        conn.execute(_BEGIN_READ if readonly else _BEGIN_WRITE)
-        for hook in self.begin_hooks if hooks else ():
-            hook()
-        result = fn(*args, **kwargs)
-        conn.execute("COMMIT")
-        return result
-
-    def _pipelined(self, conn: psycopg.Connection, fn: Callable[..., T], args, kwargs, hooks: bool) -> T:
-        """``_transaction`` in pipeline mode: a statement whose result nobody reads (an UPDATE, an
-        INSERT, SAVEPOINT, COMMIT) is sent without waiting, with the next that is read. On a
-        failure whatever is still unread of the pipeline (aborted) is read here, so that leaving
-        pipeline mode has nothing left to fail on: psycopg would log that second failure as
-        "error ignored terminating Pipeline: pipeline aborted" beside the error raised."""
-        with conn.pipeline() as pipe:
-            self._local.pipe = pipe
-            try:
-                result = self._transaction(conn, fn, args, kwargs, False, hooks)
-                pipe.sync()  # the COMMIT's outcome
-                return result
-            except BaseException:
-                with contextlib.suppress(psycopg.Error):
-                    pipe.sync()
-                raise
-            finally:
-                self._local.pipe = None
-
     @contextlib.contextmanager
     def savepoint(self) -> Iterator[None]:
         """Statements in the block are undone together if it raises (one operation of a burst,
@@ -226,25 +200,17 @@ class PgStore(SqlStore):
         others of the transaction going on; a conflict (``_rerun``) is raised as it is: the whole
         transaction is run again (``run``)."""
         execute = self.conn.execute
-        pipe = getattr(self._local, "pipe", None)  # pipeline mode: its statements' errors are read here, its own
         execute("SAVEPOINT op")
         try:
             yield
-            execute("RELEASE op")
-            if pipe is not None:
-                pipe.sync()
         except BaseException as exc:
             if self._dirs:
                 self._dirs = {}  # rows written in the block may be undone
-            if pipe is not None:
-                with contextlib.suppress(psycopg.Error):
-                    pipe.sync()  # the rest of what was sent, aborted: read before going on
             execute("ROLLBACK TO op")
-            if pipe is not None:
-                pipe.sync()
             if isinstance(exc, psycopg.Error) and not _rerun(exc, False):
                 raise _refusal(exc, "an operation") from None
             raise
+        execute("RELEASE op")
 
     # -- meta and epochs ---------------------------------------------------
 

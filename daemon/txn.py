@@ -317,10 +317,9 @@ class PgTxn(Txn):
         self._durable = Batch()  # what a burst's operations wait for: their transaction committed before the replies
         self._durable.done.set()
 
-    async def run(self, fn: Callable[..., T], *args, readonly: bool, hooks: bool = True, pipeline: bool = False,
-                  **kwargs) -> T:
+    async def run(self, fn: Callable[..., T], *args, readonly: bool, hooks: bool = True, **kwargs) -> T:
         """``fn`` as one transaction of its own in a worker thread (daemon/pg_store.py)."""
-        call = functools.partial(self.store.run, fn, *args, readonly=readonly, hooks=hooks, pipeline=pipeline, **kwargs)
+        call = functools.partial(self.store.run, fn, *args, readonly=readonly, hooks=hooks, **kwargs)
         return await trio.to_thread.run_sync(call, limiter=self._limiter)
 
     async def read(self, fn: Callable[..., T], *args, **kwargs) -> T:
