@@ -46,7 +46,8 @@ callbacks wait and no directories are reported.
 
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
-would take the serving loop's burst past ``MOST`` operations goes to a task
+would take the serving loop's burst past ``MOST`` operations (PostgreSQL:
+``SHARED_MOST``) goes to a task
 (``handle_batch``), which runs it through ``Burst.run`` as a burst of its own.
 
 The rules of docs/design.md hold: no reply before the commit that makes its
@@ -74,6 +75,9 @@ SLICE = 256
 #: operations one burst of the serving loop takes at most (about 0.3 s of work): a BatchReq past it
 #: is served in a task of its own, while the loop receives and answers the others
 MOST = 1024
+#: ``MOST`` on PostgreSQL: the serving loop awaits a burst's transaction (about 8 round trips per
+#: operation), so it takes fewer; a BatchReq past it runs in a task, a transaction of its own
+SHARED_MOST = 256
 #: requests that only read: a lone one is answered on the spot (``Burst._read_now``)
 READS = frozenset({P.LookupReq, P.GetattrReq})
 
@@ -133,9 +137,10 @@ class Burst:
                 return [self._read_now(body)]
         plans: list = []  # per item: None (not taken), an ErrorRsp, a _Unit, or a list of _Units (a BatchReq)
         units: list[_Unit] = []
+        most = SHARED_MOST if self.txn.shared else MOST
         for body, peer in items:
             security.PEER.set(peer)
-            if type(body) is P.BatchReq and len(units) + len(body.items) > MOST and len(items) > 1:
+            if type(body) is P.BatchReq and len(units) + len(body.items) > most and len(items) > 1:
                 plans.append(None)  # in a task of its own (handle_batch: a burst of its own), the loop receiving meanwhile
                 continue
             plan = self._plan(body, peer)

@@ -22,7 +22,7 @@ from stripefs.common import protocol as P
 from stripefs.common.config import MetaConfig
 from stripefs.common.errors import ErrorCode
 from stripefs.daemon.service import MetaService
-from test_meta_burst import _create, _register
+from test_meta_burst import _create, _register, batches_past_the_bound
 from test_security import ROOT
 from util import free_address
 
@@ -178,4 +178,20 @@ async def test_bursts_with_a_failing_operation_again_and_again_keep_their_connec
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR or "pipeline" in r.getMessage()]
         names = _names(pg_dsn, ROOT)
         assert all({b"a%d" % k, b"b%d" % k, b"d%d" % k} <= names and b"big%d" % k not in names for k in range(12))
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_serving_loops_burst_on_postgresql_takes_fewer_operations_and_leaves_a_big_batch_to_a_task(
+        tmp_path, ctx, pg_dsn):
+    """The loop awaits a PostgreSQL burst's transaction: it takes at most ``SHARED_MOST``
+    operations, a BatchReq past that runs in a task (a transaction of its own) meanwhile."""
+    from stripefs.daemon import burst
+
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path, pg_dsn)
+        second, half = await batches_past_the_bound(service, burst.SHARED_MOST)
+        transactions = _Transactions(service)
+        rsp = await service.handle(second, [])  # what serve() then does with it, in a task
+        assert all(isinstance(r, P.OpenRsp) for r in rsp.results) and len(rsp.results) == half
+        assert transactions.writes.count("Burst._transaction") == 1  # one transaction for the batch
         nursery.cancel_scope.cancel()
