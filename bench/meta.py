@@ -23,11 +23,16 @@ Groups (--only), each timing what a user's program does:
   records    bench/procs.py: two processes writing interleaved 47,008-byte
              records into one shared file (pwrite, fsync); aggregate MiB/s;
              the content checked after.
+  wire       bench/transport.py: BatchReqs of 64 creates straight to every
+             daemon at once (a thread each, no mount): aggregate creates/s
+             and the daemons' CPU per create (issue 30's PostgreSQL rows),
+             beside the local disk creating as many files, a thread per
+             daemon. Every configuration.
   ingest     bench/tree.py: `cp -r` of a tree of small files plus `sync -f`;
              ImageFolder's index walk of the copy, cold (drop_caches 3) and
              warm, on the default mount and on a dataset-mode mount
              (`-o dataset`, remounted as bench/dataloader.py does); `rm -rf`.
-The groups other than ops run on the first configuration of --configs (by
+The groups other than ops and wire run on the first configuration of --configs (by
 default SQLite, the store the issue's goals are set for); of the PostgreSQL
 rows only pg2's aggregate create has a goal.
 
@@ -65,7 +70,7 @@ from common import (RESULTS, BenchError, Children, Cluster, check_workdir, cold_
 from meta_report import report  # noqa: E402
 
 OPS = meta_ops.OPS
-GROUPS = ("ops", "transport", "procs", "records", "ingest")
+GROUPS = ("ops", "transport", "procs", "records", "ingest", "wire")
 CONFIGS = {
     "sqlite": ("SQLite, 1 daemon, 1 client", [], 1),
     "pg1": ("PostgreSQL, 1 daemon, 1 client", ["--meta-store", "postgresql"], 1),
@@ -135,7 +140,7 @@ class MetaBench:
 
     def run(self) -> None:
         for i, key in enumerate(self.args.configs):
-            groups = [g for g in GROUPS if g in self.args.only and (g == "ops" or i == 0)]
+            groups = [g for g in GROUPS if g in self.args.only and (g == "ops" or i == 0 or g == "wire")]
             if groups:
                 self.run_config(key, groups)
         self.set_phase("finish")
@@ -211,6 +216,21 @@ class MetaBench:
         for side, path in (("local", self.work / f"local-records-{key}"), ("stripefs", mounts[0] / "records")):
             self.set_phase(f"{side}: 2 processes writing {count:,} interleaved records into one file")
             out[side] = procs.records(self.children, path, count, self.args.phase_timeout)
+
+    def group_wire(self, key: str, res: dict, mounts: list[Path]) -> None:
+        """BatchReqs of 64 creates straight to every daemon at once (no mount: the daemon side
+        alone, issue 30), beside the local disk creating as many files with as many threads."""
+        n = self.args.files * 2
+        addresses = _meta_addresses(self.state)
+        self.set_phase(f"wire: local disk, {len(addresses)} thread(s), {n:,} creates each")
+        roots = [self.work / f"local-wire-{key}-{k}" for k in range(len(addresses))]
+        for root in roots:
+            root.mkdir()
+        count, seconds = meta_ops.creates_in(roots, n)
+        local = count / seconds
+        self.set_phase(f"wire: {len(addresses)} daemon(s), BatchReq of 64 creates, {n:,} each")
+        daemon_cpu = lambda: sum(v for k, v in self.cluster.cpu().items() if k.startswith("meta"))  # noqa: E731
+        res["wire"] = {**transport.creates_at_once(addresses, n, 64, 4, daemon_cpu), "local_per_s": local}
 
     def group_ingest(self, key: str, res: dict, mounts: list[Path]) -> None:
         a = self.args

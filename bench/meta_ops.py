@@ -45,7 +45,7 @@ def _drop_dentries() -> None:
         progress(f"WARNING: cannot drop dentries ({exc}): stat rates are kernel cache hits")
 
 
-def _each(roots: list[Path], fn: Callable[[Path], int]) -> tuple[int, float]:
+def at_once(roots: list, fn: Callable[..., int]) -> tuple[int, float]:
     """fn(root) in one thread per root, started together: (sum of what they return, seconds to the last end)."""
     counts, errors = [], []
 
@@ -104,6 +104,13 @@ def _chains(root: Path, chains: int, depth: int) -> list[str]:
     return [os.fspath(root / "p" / f"c{i:04d}" / "/".join(f"l{k}" for k in range(1, depth))) for i in range(chains)]
 
 
+def creates_in(roots: list[Path], n: int) -> tuple[int, float]:
+    """n files created in each of ``roots`` (existing directories), a thread per root, at once:
+    (files, seconds to the last end)."""
+    names = {r: [os.fspath(r / f"f{i:06d}") for i in range(n)] for r in roots}
+    return at_once(roots, lambda r: _loop(_create, names[r]))
+
+
 def run_ops(roots: list[Path], n: int, chains: int, depth: int, cpu: Callable[[], dict[str, float]],
             phase: Callable[[str], None] = lambda _: None) -> tuple[dict[str, float], dict[str, float]]:
     """Every operation of OPS on n files per root: (ops/s of all roots together by op, CPU s by process in create)."""
@@ -134,7 +141,7 @@ def run_ops(roots: list[Path], n: int, chains: int, depth: int, cpu: Callable[[]
         if op == "stat":
             _drop_dentries()
         before = cpu() if op == "create" else None
-        count, s = _each(roots, work[op])
+        count, s = at_once(roots, work[op])
         if before is not None:
             after = cpu()
             cpu_create = {k: round(after[k] - before[k], 4) for k in after}

@@ -42,6 +42,9 @@ GOALS = {
     ("i30 create", "sqlite"): ("min", 7500),
     ("i30 procs create", "sqlite"): ("min", 10000),
     ("i30 create", "pg2"): ("min", 1500),
+    ("i30 wire cpu", "pg1"): ("max", 1.0),
+    ("i30 wire cpu", "pg2"): ("max", 1.0),
+    ("i30 wire create", "pg2"): ("min", 1500),
 }
 
 OP_LABELS = {
@@ -165,6 +168,12 @@ def _issue30_rows(key: str, res: dict, add) -> None:
         who = "one process, default mount" if res["clients"] == 1 else f"{res['clients']} mounts at once, aggregate"
         add("i30 create", f"issue 30: creates/s, {who}", res["stripefs_ops_s"]["create"],
             res["local_ops_s"]["create"], "/s")
+    w = res.get("wire")
+    if w:
+        who = f"{w['daemons']} daemon(s) at once" + (", aggregate" if w["daemons"] > 1 else "")
+        add("i30 wire create", f"issue 30: creates/s, BatchReq of 64 straight to {who}", w["per_s"], w["local_per_s"], "/s")
+        add("i30 wire cpu", "issue 30: daemon CPU per create, those BatchReqs", w["daemon_cpu_ms"],
+            cpu["local"] if cpu else None, "ms")
     if "procs" in res:
         add("i30 procs create", "issue 30: creates/s, 2 processes, one mount", res["procs"]["stripefs"]["rate"],
             res["procs"]["local"]["rate"], "/s")

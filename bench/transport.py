@@ -160,6 +160,19 @@ def creates(address: str, n: int, batch: int, in_flight: int, daemon_cpu=None) -
             "daemon_cpu_ms": None if cpu is None else 1e3 * cpu / n}
 
 
+def creates_at_once(addresses: list[str], n: int, batch: int, in_flight: int, daemon_cpu=None) -> dict:
+    """``creates`` to every daemon of ``addresses`` at once (a thread each, ``n`` files each, in
+    a directory of its own): aggregate creates/s (all files over the wall time until the last
+    thread ends) and the daemons' CPU per create (``daemon_cpu()``: their CPU seconds together)."""
+    from meta_ops import at_once
+
+    cpu0 = daemon_cpu() if daemon_cpu else None
+    total, elapsed = at_once(addresses, lambda address: creates(address, n, batch, in_flight)["creates"])
+    cpu = daemon_cpu() - cpu0 if daemon_cpu else None
+    return {"creates": total, "daemons": len(addresses), "batch": batch, "in_flight": in_flight, "per_s": total / elapsed,
+            "daemon_cpu_ms": None if cpu is None else 1e3 * cpu / total}
+
+
 def measure(meta_address: str, n: int, children=None, daemon_cpu=None) -> dict:
     """Every figure of this module; meta_address: an idle metadata daemon; ``daemon_cpu()``:
     its CPU seconds (for the creates' CPU figures)."""

@@ -39,9 +39,19 @@ which on the serving task itself:
 A lone lookup or getattr with the lock free (the idle daemon's common case)
 skips the bookkeeping: admitted, run and answered on the spot.
 
+On a shared database (PostgreSQL, ``txn.shared``) the same steps run but 2
+and 3 are one SERIALIZABLE transaction in a worker thread (``_transaction``
+through ``PgTxn.run``), a savepoint per operation, one COMMIT; a conflict with
+another daemon reruns the whole burst (``PgStore.run``'s retries); no reply
+before that COMMIT returned; lookups and getattrs take the usual path (a
+read-only snapshot each, no conflicts with the bursts' writes); changes are
+numbered by the sequencer as on the task path (daemon/change_log.py), so no
+callbacks wait and no directories are reported.
+
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
-would take the serving loop's burst past ``MOST`` operations goes to a task
+would take the serving loop's burst past ``MOST`` operations (PostgreSQL:
+``SHARED_MOST``) goes to a task
 (``handle_batch``), which runs it through ``Burst.run`` as a burst of its own.
 
 The rules of docs/design.md hold: no reply before the commit that makes its
@@ -70,6 +80,9 @@ SLICE = 256
 #: operations one burst of the serving loop takes at most (about 0.3 s of work): a BatchReq past it
 #: is served in a task of its own, while the loop receives and answers the others
 MOST = 1024
+#: ``MOST`` on PostgreSQL: the serving loop awaits a burst's transaction (about 8 round trips per
+#: operation), so it takes fewer; a BatchReq past it runs in a task, a transaction of its own
+SHARED_MOST = 256
 #: requests that only read: a lone one is answered on the spot (``Burst._read_now``)
 READS = frozenset({P.LookupReq, P.GetattrReq})
 
@@ -112,7 +125,7 @@ class Burst:
 
     def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
                  redo=None) -> None:
-        self.txn = txn  # daemon/txn.py SqliteTxn
+        self.txn = txn  # daemon/txn.py SqliteTxn or PgTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
         self.operation = operation  # an admitted body of ``kinds`` -> its Op
@@ -124,7 +137,7 @@ class Burst:
         self.requests = 0
 
     async def run(self, items: list[tuple[P.Msg, str | None]], early=None) -> list:
-        if len(items) == 1 and not self.txn.lock.locked():
+        if len(items) == 1 and not self.txn.shared and not self.txn.lock.locked():
             body, peer = items[0]
             if type(body) in READS:  # a lone read: nothing to order, hold or commit
                 security.PEER.set(peer)
@@ -133,9 +146,10 @@ class Burst:
                 return [self._read_now(body)]
         plans: list = []  # per item: None (not taken), an ErrorRsp, a _Unit, or a list of _Units (a BatchReq)
         units: list[_Unit] = []
+        most = SHARED_MOST if self.txn.shared else MOST
         for body, peer in items:
             security.PEER.set(peer)
-            if type(body) is P.BatchReq and len(units) + len(body.items) > MOST and len(items) > 1:
+            if type(body) is P.BatchReq and len(units) + len(body.items) > most and len(items) > 1:
                 plans.append(None)  # in a task of its own (handle_batch: a burst of its own), the loop receiving meanwhile
                 continue
             plan = self._plan(body, peer)
@@ -181,6 +195,8 @@ class Burst:
             return self._plan_batch(body, peer)
         inner = body.body if kind is P.OnceReq else body
         if type(inner) not in self.kinds:  # not served here: no checks twice
+            return None
+        if self.txn.shared and type(inner) in READS:  # a snapshot of its own, beside the bursts' writes (PgTxn.read)
             return None
         try:
             admitted = self.access.admit_now(body)
@@ -248,8 +264,11 @@ class Burst:
                 await early(index, reply)
 
     async def _execute(self, units: list[_Unit]) -> bool:
-        """Run the units under the lock, in slices; whether any wrote (``_commit`` makes it durable)."""
+        """Run the units under the lock, in slices; whether any wrote (``_commit`` makes it durable).
+        A shared database: the units as one transaction of their own instead (``_transaction``)."""
         txn = self.txn
+        if txn.shared:
+            return await txn.run(self._transaction, units, readonly=False)
         wrote = False
         try:
             for start in range(0, len(units), SLICE):
@@ -269,6 +288,21 @@ class Burst:
         except BaseException:
             txn.wake()  # cancelled (or a bug) between slices: what ran is committed all the same
             raise
+        return wrote
+
+    def _transaction(self, units: list[_Unit]) -> bool:
+        """A shared database's burst (PostgreSQL): every unit in its savepoint of one SERIALIZABLE
+        transaction, in a worker thread (``PgTxn.run``: committed before it returns, so before
+        any reply). A conflict with another daemon's transaction aborts it all; ``PgStore.run``
+        then calls this again, from a clean slate: operations only talk to the database, and a
+        OnceReq's record was rolled back with its operation."""
+        wrote = False
+        with self.txn.store.dir_cache():  # a directory read once per transaction
+            for unit in units:
+                unit.result, unit.error, unit.batch = None, None, None
+                if unit.once is not None:
+                    unit.once.used = False
+                wrote = self._one(unit) or wrote
         return wrote
 
     async def _commit(self, units: list[_Unit]) -> None:
@@ -303,6 +337,8 @@ class Burst:
             unit.result = op.fn()
         except CopyOutNeeded as exc:  # nothing applied; the copy waits on storage nodes: a task does it (_later)
             unit.error, unit.redo = _error(exc), self.redo is not None and unit.request is not None
+        except self.txn.reruns:  # a conflict: the whole transaction again (``_transaction``)
+            raise
         except StripefsError as exc:
             unit.error = _error(exc)
         except OverflowError as exc:  # SQLite stores signed 64-bit integers

@@ -47,12 +47,13 @@ LISTEN/NOTIFY, advisory lock or other PostgreSQL-only feature is relied upon.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import random
 import threading
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -147,6 +148,15 @@ class PgStore(SqlStore):
             self._main = psycopg.connect(self.dsn, **_connect_kwargs())
         return self._main
 
+    @property
+    def _dirs(self) -> dict | None:
+        """``SqlStore.dir_cache``'s rows: this thread's transaction's own (a burst's, daemon/burst.py)."""
+        return getattr(self._local, "dirs", None)
+
+    @_dirs.setter
+    def _dirs(self, value: dict | None) -> None:
+        self._local.dirs = value
+
     def close(self) -> None:
         self.pool.close()
         self._main.close()
@@ -174,19 +184,33 @@ class PgStore(SqlStore):
                     finally:
                         self._local.conn = None
             except psycopg.Error as exc:
-                retry = exc.sqlstate in _RETRY_SQLSTATES or (exc.sqlstate == _UNIQUE_VIOLATION and not readonly)
-                if retry and attempt < MAX_ATTEMPTS:
+                if _rerun(exc, readonly) and attempt < MAX_ATTEMPTS:
                     self.retries += 1
                     log.debug("transaction %s retried (attempt %d): %s", getattr(fn, "__name__", fn), attempt, exc.sqlstate)
                     time.sleep(random.uniform(0, delay))
                     delay = min(delay * 2, 0.05)
                     continue
-                if (exc.sqlstate or "").startswith("22"):  # data exception: a number from the wire out of BIGINT range
-                    log.warning("refusing %s: %s (SQLSTATE %s)", getattr(fn, "__name__", fn), exc, exc.sqlstate)
-                    raise StripefsError(ErrorCode.BAD_REQUEST, f"a value is out of range for the database: {exc}") from None
-                log.error("metadata transaction %s failed: %s (SQLSTATE %s)", getattr(fn, "__name__", fn), exc, exc.sqlstate)
-                raise StripefsError(ErrorCode.IO, f"metadata database: {exc}") from None
+                raise _refusal(exc, getattr(fn, "__name__", fn)) from None
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Statements in the block are undone together if it raises (one operation of a burst,
+        daemon/burst.py). A database error of its own becomes the operation's StripefsError, the
+        others of the transaction going on; a conflict (``_rerun``) is raised as it is: the whole
+        transaction is run again (``run``)."""
+        execute = self.conn.execute
+        execute("SAVEPOINT op")
+        try:
+            yield
+        except BaseException as exc:
+            if self._dirs:
+                self._dirs = {}  # rows written in the block may be undone
+            execute("ROLLBACK TO op")
+            if isinstance(exc, psycopg.Error) and not _rerun(exc, False):
+                raise _refusal(exc, "an operation") from None
+            raise
+        execute("RELEASE op")
 
     # -- meta and epochs ---------------------------------------------------
 
@@ -237,6 +261,21 @@ class PgStore(SqlStore):
                     raise
                 time.sleep(0.2 * attempt)  # another daemon's migration: wait for it and look again
         raise AssertionError("unreachable")
+
+
+def _rerun(exc: psycopg.Error, readonly: bool) -> bool:
+    """A conflict with another transaction: run the whole transaction again. Unique violations
+    met under SERIALIZABLE are the loser of a concurrent insert (namespace code looks first)."""
+    return exc.sqlstate in _RETRY_SQLSTATES or (exc.sqlstate == _UNIQUE_VIOLATION and not readonly)
+
+
+def _refusal(exc: psycopg.Error, what) -> StripefsError:
+    """A database error that a rerun does not cure, as the client's error (and a log line)."""
+    if (exc.sqlstate or "").startswith("22"):  # data exception: a number from the wire out of BIGINT range
+        log.warning("refusing %s: %s (SQLSTATE %s)", what, exc, exc.sqlstate)
+        return StripefsError(ErrorCode.BAD_REQUEST, f"a value is out of range for the database: {exc}")
+    log.error("metadata transaction %s failed: %s (SQLSTATE %s)", what, exc, exc.sqlstate)
+    return StripefsError(ErrorCode.IO, f"metadata database: {exc}")
 
 
 def _rollback(conn: psycopg.Connection) -> None:

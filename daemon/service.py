@@ -20,8 +20,8 @@ The request path (daemon/burst.py): with SQLite, ``serve()`` hands every
 request waiting on the socket to ``Burst.run`` at once; the requests of
 ``BURST_KINDS`` run there without a task each, through ``operation`` (their
 ``_op_<tag>``: the operation and the reply built from its result, which their
-``handle_<tag>`` runs too), in one hold of the lock and one commit. The rest,
-and everything on PostgreSQL, goes through ``handle`` in a task of its own.
+``handle_<tag>`` runs too), in one hold of the lock and one commit (PostgreSQL: one transaction). The
+rest goes through ``handle`` in a task of its own.
 
 Background tasks (all in ``run``'s nursery): the committer (daemon/txn.py),
 the health sweep, orphan sweeps, the garbage collector, the change feed's poll
@@ -154,7 +154,7 @@ class MetaService:
         self._path_batches: dict[bytes, list] = {}  # connection -> its LookupPathsReq line (handle_lookup_paths)
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
-        self.burst: Burst | None = None  # the request path without a task per request (SQLite), set by run()
+        self.burst: Burst | None = None  # the request path without a task per request, set by run()
         self._op_methods = {cls: getattr(self, f"_op_{cls.__struct_config__.tag}") for cls in BURST_KINDS}  # operation()
 
     # -- lifecycle -----------------------------------------------------------
@@ -368,11 +368,9 @@ class MetaService:
         (a session's owner, a write fence) are made here, and raise."""
         return self._op_methods[type(body)](body)
 
-    def _burst(self) -> Callable | None:
-        """serve()'s burst path (daemon/burst.py): SQLite's group commit only; PostgreSQL runs
-        each request as its own transaction in a worker thread (daemon/txn.py)."""
-        if not self.store.group_commit:
-            return None
+    def _burst(self) -> Callable:
+        """serve()'s burst path (daemon/burst.py): one group commit (SQLite) or one transaction
+        (PostgreSQL) per burst."""
         self.burst = Burst(
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
@@ -429,9 +427,9 @@ class MetaService:
             applied_ops.once.reset(token)
 
     async def handle_batch(self, req: P.BatchReq) -> P.Msg:
-        """A BatchReq the serving loop's burst did not take: on SQLite a burst of its own in this
-        task (one commit, daemon/burst.py); a subtree key's, or on PostgreSQL, each item through
-        ``handle`` on its own (its access checks, capabilities), in order; one reply."""
+        """A BatchReq the serving loop's burst did not take: a burst of its own in this task (one
+        commit or transaction, daemon/burst.py); a subtree key's, each item through ``handle`` on
+        its own (its access checks, capabilities), in order; one reply."""
         if self.burst is not None:
             rsp = (await self.burst.run([(req, current_peer())]))[0]
             if callable(rsp):  # some change waits for a mount's acknowledgement

@@ -62,6 +62,20 @@ class SqlStore:
     #: directory rows read while a burst holds the lock (``SqliteStore.dir_cache``), else None
     _dirs: dict[int, dict] | None = None
 
+    @contextlib.contextmanager
+    def dir_cache(self) -> Iterator[None]:
+        """Directory rows read in the block are kept, so a burst reads a directory once, not once
+        per operation (its check and its reported attributes): daemon/burst.py, per hold of the
+        lock (SQLite) or in the burst's transaction (PostgreSQL: this thread's), when nothing else
+        writes. Every write of an inode row goes through this class (``update_inode``,
+        ``add_nlink``, ``touch_dir``, written through, ``delete_inode``), and a rolled-back
+        savepoint empties it. Rows come back as dicts (by column name only)."""
+        self._dirs = {}
+        try:
+            yield
+        finally:
+            self._dirs = None
+
     def _x(self, sql: str, params: Sequence = ()):
         """Execute one statement of the shared SQL text on the current connection."""
         return self.conn.execute(self.dialect.sql(sql), params)
@@ -959,19 +973,6 @@ class SqliteStore(SqlStore):
         self._store_change_seq()
         self.conn.execute("COMMIT")
         self.conn.execute("BEGIN")
-
-    @contextlib.contextmanager
-    def dir_cache(self) -> Iterator[None]:
-        """Directory rows read in the block are kept, so a burst reads a directory once, not once
-        per operation (its check and its reported attributes): daemon/burst.py, per hold of the
-        lock, when nothing else writes. Every write of an inode row goes through this class
-        (``update_inode``, ``add_nlink``, ``touch_dir``, written through, ``delete_inode``), and a
-        rolled-back savepoint empties it. Rows come back as dicts (by column name only)."""
-        self._dirs = {}
-        try:
-            yield
-        finally:
-            self._dirs = None
 
     def rollback(self) -> None:
         self._dirs = None if self._dirs is None else {}

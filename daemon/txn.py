@@ -45,15 +45,17 @@ Each operation is one synchronous call made while holding ``lock``; the lock
 is what keeps the committer from committing (or the collector from reading)
 half an operation.
 
-PostgreSQL (``PgTxn``): a transaction per request
--------------------------------------------------
+PostgreSQL (``PgTxn``): a transaction per request or burst
+---------------------------------------------------------
 No group commit and no lock on the request path. ``read`` and ``write`` run
 each operation as its own transaction in a worker thread on a pooled
 connection (``PgStore.run``: SERIALIZABLE for writes, a REPEATABLE READ
 snapshot for reads, retried on serialization failures), committed before the
 reply, so several daemons can serve one database at once (daemon/pg_store.py).
 ``write_locked`` (background work holding ``lock``) runs its operation as one
-transaction on the spot.
+transaction on the spot. The burst path (daemon/burst.py) runs a burst's
+operations as one transaction (``run``), each in a savepoint
+(``write_reporting_locked``), the whole burst run again after a conflict.
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ class Batch:
 
 class Txn:
     """What both kinds share: the lock, one operation, and the hook every write calls."""
+
+    #: several daemons over one database (PostgreSQL): a burst is a transaction of its own (``run``)
+    shared = False
+    #: what an operation of a burst raises when the whole transaction must run again (a conflict)
+    reruns: tuple[type[BaseException], ...] = ()
 
     def __init__(self, store, *, on_write: Callable[[], None] = _nothing) -> None:
         self.store = store
@@ -299,11 +306,16 @@ class SqliteTxn(Txn):
 
 
 class PgTxn(Txn):
-    """One transaction per operation, in a worker thread on a pooled connection (module docstring)."""
+    """One transaction per request or per burst, in a worker thread on a pooled connection (module docstring)."""
+
+    shared = True
 
     def __init__(self, store, *, pool_size: int, on_write: Callable[[], None] = _nothing) -> None:
         super().__init__(store, on_write=on_write)
         self._limiter = trio.CapacityLimiter(max(1, pool_size))
+        self.reruns = store.errors  # an operation's own error is StripefsError by then (PgStore.savepoint)
+        self._durable = Batch()  # what a burst's operations wait for: their transaction committed before the replies
+        self._durable.done.set()
 
     async def run(self, fn: Callable[..., T], *args, readonly: bool, hooks: bool = True, **kwargs) -> T:
         """``fn`` as one transaction of its own in a worker thread (daemon/pg_store.py)."""
@@ -318,6 +330,14 @@ class PgTxn(Txn):
         done = Batch()
         done.done.set()
         return self.store.run(self._operation, fn, change, *args, **kwargs), done
+
+    def write_reporting_locked(self, fn, *args, report, wake: bool = True, change=None, **kwargs):
+        """One operation of a burst (daemon/burst.py), in its savepoint of the burst's transaction
+        (``run``, in its worker thread): as ``SqliteTxn.write_reporting_locked``, with no change
+        number yet (the sequencer's) and so no directories reported."""
+        with self.store.savepoint():
+            result = self._operation(fn, change, *args, **kwargs)
+        return result, self._durable, None, [], 0
 
     async def write_reporting(self, fn, *args, report, **kwargs):
         try:

@@ -188,8 +188,12 @@ async def test_requests_sent_together_are_answered_in_order_with_one_commit_per_
         nursery.cancel_scope.cancel()
 
 
-async def test_a_kill9_in_the_middle_of_bursts_loses_no_answered_create(tmp_path, ctx):
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+async def test_a_kill9_in_the_middle_of_bursts_loses_no_answered_create(tmp_path, ctx, store, request):
     daemon = Daemon(tmp_path)
+    if store == "postgresql":  # the bursts are transactions of their own there (test_pg_burst.py)
+        dsn = request.getfixturevalue("pg_dsn")
+        daemon.config.write_text(daemon.config.read_text() + f'store = "postgresql"\ndsn = "{dsn}"\n')
     daemon.start()
     try:
         await daemon.wait_ready(ctx)
@@ -283,16 +287,23 @@ async def test_a_burst_that_fails_is_answered_internal_and_the_daemon_serves_on(
         nursery.cancel_scope.cancel()
 
 
+async def batches_past_the_bound(service, most: int) -> tuple[P.BatchReq, int]:
+    """Two BatchReqs of creates that together pass the serving loop's bound ``most``, as one
+    burst: the first is served, the second left for a task (returned, with its length)."""
+    half = most // 2 + 1
+    first = P.BatchReq(items=[_create(b"a%d" % i) for i in range(half)])
+    second = P.BatchReq(items=[_create(b"b%d" % i) for i in range(half)])
+    taken = await service.burst.run([(first, None), (second, None)])
+    assert isinstance(taken[0], P.BatchRsp) and taken[1] is None  # the loop's burst stays bounded
+    return second, half
+
+
 async def test_a_batch_past_the_bursts_bound_is_served_as_a_burst_of_its_own_in_a_task(tmp_path, ctx):
     from stripefs.daemon import burst
 
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
-        half = burst.MOST // 2 + 1
-        first = P.BatchReq(items=[_create(b"a%d" % i) for i in range(half)])
-        second = P.BatchReq(items=[_create(b"b%d" % i) for i in range(half)])
-        taken = await service.burst.run([(first, None), (second, None)])
-        assert isinstance(taken[0], P.BatchRsp) and taken[1] is None  # the loop's burst stays bounded
+        second, half = await batches_past_the_bound(service, burst.MOST)
         commits = _Commits(service)
         rsp = await service.handle(second, [])  # what serve() then does with it, in a task
         errors = [r for r in rsp.results if not isinstance(r, P.OpenRsp)]
