@@ -37,7 +37,9 @@ name and attributes for long when the daemon granted a callback on them
 (``granted``): the daemon then answers a change of them made elsewhere only
 after this mount acknowledged it. An event numbered above a grant's seq ends
 the grant, unless this mount made the change (``ChangeEvent.writer`` is
-``own_writer``: the daemon keeps those grants too); once the kernel dropped
+``own_writer``: the daemon keeps those grants too; of a file, only when the
+change named no entry: a commit or a setattr, so a stat after a write is
+answered here, while an unlink or rename ends it); once the kernel dropped
 what the event changed, the flusher sends one AckReq for everything applied so
 far (``send_ack``). A grant on ``("dir", ino)`` says this mount knows every
 name of that directory (``granted_dir``); an event creating, removing or
@@ -166,16 +168,21 @@ class KernelCache:
             self._ack_seq = max(self._ack_seq, self._seq)
             self._pending.set()
 
-    def _end_grants(self, inodes, entries, seq: int, mine: bool) -> list[int]:
+    def _end_grants(self, inodes, entries, seq: int, mine: bool, keep_files: bool = False) -> list[int]:
         """Event ``seq`` ends the grants it touches that are older than it; the files among them.
 
         ``mine``: this mount made the change. The daemon waited for nobody here and already ended
         its holdings of the files the change touched (daemon/callbacks.py): no acknowledgement is
         owed for them (an ``rm -rf`` would send one AckReq per file), unless such a file is open
-        here, which the acknowledgement must tell (it then counts as open at the daemon)."""
+        here, which the acknowledgement must tell (it then counts as open at the daemon).
+        ``keep_files``: this mount's own change of files alone (a commit, a setattr: no name
+        changed): the daemon kept its holdings of them, and so does the mount (a stat after a
+        write is answered here)."""
         ended = []
         for key in (*inodes, *entries, *{("dir", parent) for parent, _ in entries}):
             granted = self.grants.get(key)
+            if keep_files and isinstance(key, int):
+                continue
             if granted is not None and granted < seq:
                 del self.grants[key]
                 if isinstance(key, int):
@@ -224,13 +231,16 @@ class KernelCache:
             if seq:
                 self._seq = seq
             mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
-            ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine) if self.grants and seq else ()
+            kept = mine and not entries  # its own commit or setattr: it keeps its holdings of the files
+            ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine, kept) if self.grants and seq else ()
             if seq:
                 self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
             else:
                 self.dir_attrs.clear()
             self.on_change(touched)
-            names = [e for e in entries if e in self._names]
+            # a name held under a grant as of this change or later is already the kernel's newest
+            # answer (a create's own name): it stays, so a stat after the create asks nothing
+            names = [e for e in entries if e in self._names and not (seq and self.grants.get(tuple(e), -1) >= seq)]
             # a file whose grant ended: its names too, cached long under it; the next path walk
             # looks it up again (a fresh answer, a new grant) instead of trusting kept attributes
             names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]

@@ -350,15 +350,21 @@ class Operations(pyfuse3.Operations):
         self.kcache.remember(parent, name, entry.st_ino)
         return entry
 
-    def _committed(self, ino: int) -> None:
+    def _committed(self, ino: int, rsp: p.AttrRsp) -> None:
         """This mount changed the file (a commit or a truncate, whichever request made it): what a
         LOOKUP or a listing said of it before is old. Without this, an open within OPEN_INFO_FRESH_S
-        of an fsync took the size and chunk map from before it."""
+        of an fsync took the size and chunk map from before it. A file this mount holds under a
+        callback stays held (daemon/callbacks.py: the writer keeps its own files), so the reply's
+        attributes answer the next stat here; unless a grant newer than the change came meanwhile
+        (its own answer is kept instead) or the holding ended (another mount changed the file)."""
         with self.lock:
             self._open_info.pop(ino, None)
             self._held_info.pop(ino, None)
             self._looked_up.pop(ino, None)
             self.kcache.changed_here(ino)  # answers in flight now are older than this commit: _ask_open
+            granted = self.kcache.grants.get(ino)
+            if granted is not None and 0 < rsp.seq and granted <= rsp.seq and self.kcache.healthy:
+                self._keep_held(ino, rsp.attr)
 
     def _session_discarded(self, ino: int) -> None:
         """A write session of ``ino`` failed and was thrown away: the kernel's pages and size
@@ -390,7 +396,8 @@ class Operations(pyfuse3.Operations):
             self._open_info.pop(ino, None)
             self._looked_up.pop(ino, None)
             self._dataset_info.pop(ino, None)
-            self._held_info.pop(ino, None)
+            if ino not in self.kcache.grants:  # still held: the change was this mount's own commit (_committed)
+                self._held_info.pop(ino, None)
             self._kernel_view.pop(ino, None)
             if self.prefetcher is not None and self.prefetcher.shm is not None:
                 self.prefetcher.shm.forget(ino)
@@ -872,9 +879,11 @@ class Operations(pyfuse3.Operations):
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         self._writable()
+        stamp = self.kcache.stamp()
         try:
             rsp = await self._change(
-                p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id),
+                p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id,
+                            callback=self.kcache.callbacks_possible and not self.dataset),
                 (parent_inode,),
             )
         except StripefsError as exc:
@@ -882,11 +891,18 @@ class Operations(pyfuse3.Operations):
                 self._names_complete.pop(parent_inode, None)  # it was there after all: ask from now on
             raise
         self._name_made(parent_inode, name)
+        held = False
+        if rsp.callback >= 0:  # the new file is held: a stat after its writes is answered here (_committed)
+            self.kcache.granted(rsp.attr.ino, parent_inode, name, rsp.callback)
+            held = self.kcache.healthy and not self.kcache.changed_since(stamp, rsp.attr.ino)
+            if held:
+                with self.lock:
+                    self._keep_held(rsp.attr.ino, rsp.attr)
         of, _, _ = self._record_open(rsp, fresh_attrs=True)
         fh = self._new_handle(of)
         of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr, held=held)
 
     async def read(self, fh, off, size):
         return await self.data.read(self.handles[fh], off, size, self.streams[fh])

@@ -551,6 +551,8 @@ class CreateReq(Msg, tag="create"):
     gid: int
     session_id: int
     exclusive: bool = True
+    # ask for a callback on the new file and its name (as LookupReq.callback): OpenRsp.callback
+    callback: bool = False
 
 
 class MknodReq(Msg, tag="mknod"):
@@ -670,7 +672,7 @@ class OpenRsp(Msg, tag="open_rsp"):
     cap: Cap | None = None  # subtree keys: what storage nodes ask of them for this file's chunks
     dir_attrs: list[Attr] = []  # CreateReq: the parent's attributes after it, as AttrRsp.dir_attrs
     seq: int = 0  # ... as of this change log position
-    callback: int = -1  # LookupReq with ``callback``: as AttrRsp.callback
+    callback: int = -1  # LookupReq or CreateReq with ``callback``: as AttrRsp.callback
 
 
 class CloseReq(Msg, tag="close"):

@@ -74,7 +74,7 @@ class Op(NamedTuple):
 
     fn: Callable[[], object]  # synchronous, under the lock (an operation as txn.write runs it)
     write: bool  # False: a read (no savepoint, nothing to commit)
-    report: Callable[[], list] | None  # the reported directories' attributes, right after (write only)
+    report: Callable[[], list | None] | None  # the reported directories' attributes, right after (write only; None: the seq alone)
     change: object  # what mounts must drop (txn.write's ``change=``)
     reply: Callable[[object, list, int], P.Msg]  # (result, directory attributes, seq) -> the reply, once durable
 

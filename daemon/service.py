@@ -685,8 +685,12 @@ class MetaService:
 
         def reply(result, dirs, seq):
             attr, layout, chunks, nodes, quota_max, epoch = result
+            callback = -1
+            if req.callback and req.session_id and self.callbacks.enabled:  # it writes the file: its stat stays local
+                callback = self.callbacks.grant(req.session_id, attr.ino, req.parent, req.name)
             return P.OpenRsp(
-                attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max, dir_attrs=dirs, seq=seq
+                attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max, dir_attrs=dirs, seq=seq,
+                callback=callback,
             )
 
         return Op(create_and_open, True, self._reporting([req.parent]), ([req.parent], [(req.parent, req.name)]), reply)
@@ -837,7 +841,9 @@ class MetaService:
     def _op_commit(self, req: P.CommitReq) -> Op:
         self.sessions.check_fence(req.ino, req.chunks)
         fn = functools.partial(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks)
-        return Op(fn, True, None, ([req.ino], []), lambda attr, _, __: P.AttrRsp(attr=attr))
+        # the reply carries its seq: the writer keeps its callback on the file through its own commit
+        # and the reply's attributes answer its next stat (daemon/callbacks.py, client/operations.py)
+        return Op(fn, True, lambda: None, ([req.ino], []), lambda attr, _, seq: P.AttrRsp(attr=attr, seq=seq))
 
     # -- online conversion (daemon/redundancy.py) ----------------------------------
 
