@@ -553,6 +553,10 @@ class CreateReq(Msg, tag="create"):
     exclusive: bool = True
     # ask for a callback on the new file and its name (as LookupReq.callback): OpenRsp.callback
     callback: bool = False
+    # the new file's inode number, from a range delegated to ``session_id`` (DelegateInodesReq);
+    # 0: the daemon's next. A number outside the session's ranges is refused (INVALID). (Not
+    # ``ino``: daemon/access.py checks those fields as inodes that exist.)
+    new_ino: int = 0
 
 
 class MknodReq(Msg, tag="mknod"):
@@ -576,6 +580,7 @@ class MkdirReq(Msg, tag="mkdir"):
     # AttrRsp.callback is its seq (daemon/callbacks.py)
     session_id: int = 0
     callback: bool = False
+    new_ino: int = 0  # as CreateReq.new_ino: a number delegated to ``session_id``
 
 
 class SymlinkReq(Msg, tag="symlink"):
@@ -684,6 +689,20 @@ class CloseReq(Msg, tag="close"):
 
 class AllocEpochReq(Msg, tag="alloc_epoch"):
     pass
+
+
+class DelegateInodesReq(Msg, tag="delegate_inodes"):
+    """Hand ``count`` inode numbers to the session, for CreateReqs and MkdirReqs that name
+    their ``ino`` (asynchronous creates, daemon/inode_ranges.py). Reply: InodesRsp; a store
+    that cannot delegate (PostgreSQL) answers NOT_SUPPORTED."""
+
+    session_id: int
+    count: int
+
+
+class InodesRsp(Msg, tag="inodes_rsp"):
+    first: int  # the numbers first .. first + count - 1 are the session's until it ends
+    count: int
 
 
 class EpochRsp(Msg, tag="epoch_rsp"):

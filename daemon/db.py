@@ -91,6 +91,10 @@ Tables
     it still counts against (comma-separated inode numbers). Nothing that
     reclaims nlink-0 inodes touches an inode with a trash row.
 
+``inode_ranges(session TEXT, first, last)``
+    (schema version 7) Inode numbers delegated to a mount's session
+    (daemon/inode_ranges.py): its creates may name them; gone with the session.
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -321,10 +325,15 @@ def _migrate_6_trash(db, root_layout: Layout) -> None:
         db.execute(statement)
 
 
+def _migrate_7_inode_ranges(db, root_layout: Layout) -> None:
+    """Inode numbers delegated to sessions for asynchronous creates (daemon/inode_ranges.py)."""
+    db.execute("CREATE TABLE inode_ranges (session TEXT NOT NULL, first BIGINT NOT NULL, last BIGINT NOT NULL)")
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
 MIGRATIONS: list[Callable[..., None]] = [
     _migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons, _migrate_5_tiers,
-    _migrate_6_trash,
+    _migrate_6_trash, _migrate_7_inode_ranges,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -80,6 +80,7 @@ from .tiering import Tiering
 from .txn import Txn, open_txn
 from .burst import Burst, Op
 from .callbacks import Callbacks
+from .inode_ranges import InodeRanges
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,8 @@ class MetaService:
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
             feed_views=self.access.feed_views, ctx=self.ctx, callbacks=self.callbacks,
         )
+        self.inode_ranges = self.housekeeping.inode_ranges = InodeRanges(store)  # asynchronous creates' numbers
+        self.inode_ranges.load()
         self.tiering = Tiering(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
             cluster_id=self.cluster_id, wake_gc=self.housekeeping.wake_node_gc,  # node copies it released or wrote
@@ -671,8 +674,12 @@ class MetaService:
             self.sessions.touch(req.session_id, owner=owner)
 
         def create_and_open():
-            info, _ = self.ns.create_open(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
+            if req.new_ino:  # a number delegated to the session (an asynchronous create: daemon/inode_ranges.py)
+                self.inode_ranges.check(req.session_id, req.new_ino)
+            info, _ = self.ns.create_open(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive, ino=req.new_ino)
             ino = info[0].ino
+            if req.new_ino:
+                self.inode_ranges.spent(req.session_id, ino)
             info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
                 self.sessions.open(req.session_id, ino, owner=owner, write=True)
@@ -706,7 +713,16 @@ class MetaService:
         return await self._perform(self._op_mknod(req))
 
     def _op_mkdir(self, req: P.MkdirReq) -> Op:
-        fn = functools.partial(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid)
+        owner = current_peer()
+
+        def fn():
+            if req.new_ino:  # as in _op_create
+                self.sessions.touch(req.session_id, owner=owner)
+                self.inode_ranges.check(req.session_id, req.new_ino)
+            attr = self.ns.mkdir(req.parent, req.name, req.mode, req.uid, req.gid, ino=req.new_ino)
+            if req.new_ino:
+                self.inode_ranges.spent(req.session_id, req.new_ino)
+            return attr
 
         def reply(attr, dirs, seq):
             callback = -1
@@ -819,6 +835,11 @@ class MetaService:
         return P.LayoutRsp(layout=layout)
 
     # -- data path bookkeeping ---------------------------------------------------
+
+    async def handle_delegate_inodes(self, req: P.DelegateInodesReq) -> P.Msg:
+        self.sessions.touch(req.session_id, owner=current_peer())  # the session is the asking key's
+        first = await self.txn.write(self.inode_ranges.delegate, req.session_id, req.count)
+        return P.InodesRsp(first=first, count=req.count)
 
     async def handle_alloc_epoch(self, req: P.AllocEpochReq) -> P.Msg:
         return P.EpochRsp(epoch=await self.txn.alloc_epoch(self.ns.alloc_epoch))
