@@ -110,6 +110,7 @@ class KernelCache:
         self._acked = 0  # the newest seq acknowledged
         self._ack_all = False  # a full drop ended every grant: say so
         self._ack_open: set[int] = set()  # files whose grant ended that are open here
+        self.before_ack: Callable[[], Awaitable[None]] = _nothing  # what must reach the daemon before an AckReq
         self._daemon = ""  # the daemon publishing the feed (its boot id)
         self._seq = 0  # the newest change applied in order
 
@@ -135,6 +136,12 @@ class KernelCache:
         """Make the kernel forget ``name`` soon (from the flusher, never inside a request): a name
         this mount's own rename made, cached as long as the one it replaced, but held by nobody."""
         self._pending_names.add((parent, name))
+        self._pending.set()
+
+    def drop_inode(self, ino: int) -> None:
+        """Make the kernel forget ``ino``'s attributes and pages soon (from the flusher): an
+        asynchronous create the daemon refused (client/async_dirops.py)."""
+        self._pending_inodes.add(ino)
         self._pending.set()
 
     def knows(self, ino: int) -> bool:
@@ -269,6 +276,9 @@ class KernelCache:
         if inodes or names:
             await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
         if (ack > self._acked or everything) and self.send_ack is not None:
+            # the change waiting for this acknowledgement may be another mount's in a directory
+            # where creates answered here are not sent yet: they go first (client/async_dirops.py)
+            await self.before_ack()
             self._acked = max(self._acked, ack)
             try:
                 await self.send_ack(ack, everything, opened[: p.MAX_LIST])
@@ -388,6 +398,10 @@ class KernelCache:
                 boot, seq = event.boot_id, event.seq
                 await self.drop_all(why, seq)  # covers this event's changes too
                 self.healthy = True
+
+
+async def _nothing() -> None:
+    pass
 
 
 def _invalidate(inodes: list[int], names: list[tuple[int, bytes]], lock: threading.Lock) -> None:

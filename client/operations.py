@@ -78,6 +78,7 @@ import trio
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from . import fuse_backend
+from .async_dirops import AsyncDirops, Pending
 from .dir_hints import DirHints
 from .fetch import Fetch
 from .jobs import Jobs
@@ -89,6 +90,10 @@ from .readahead import ReadStream
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
+
+#: the layout an asynchronously created file has until the daemon's answer gives its own (never used:
+#: what reads or writes its data waits for that answer first, ``_settle``)
+_PENDING_LAYOUT = p.Layout(chunk_size=1 << 22, stripe_count=1, redundancy="replicas=1")
 
 #: the xattr the kernel asks for before every write to a FUSE file (file_remove_privs: may the
 #: write keep file capabilities?); its absence is remembered while the file is open
@@ -219,6 +224,11 @@ class Operations(pyfuse3.Operations):
         # pid -> (inode it looked up last, whether it then opened it): drives prefetch on lookup
         self._last_lookup: dict[int, tuple[int, bool]] = {}
         self.hints = DirHints()  # where small files of directories being walked live (client/dir_hints.py)
+        # creates answered here in directories this mount holds whole (client/async_dirops.py); the
+        # mount starts its flusher (``run``); None: every create asks the daemon
+        self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_created)
+        if self.dirops is not None:
+            self.kcache.before_ack = self.dirops.flush
 
     # ---------------------------------------------------------------- helpers
 
@@ -322,7 +332,9 @@ class Operations(pyfuse3.Operations):
 
     async def _change(self, request: p.Msg, inodes) -> p.Msg:
         """Send a request that changes ``inodes``; the directories' attributes its reply
-        carries answer the kernel's next GETATTR of them (client/dir_attrs.py)."""
+        carries answer the kernel's next GETATTR of them (client/dir_attrs.py). Creates answered
+        here go first (client/async_dirops.py): this change may name them, and changes keep their order."""
+        await self._settle()
         if not inodes:
             return await self.meta.call(request)
         inodes = [ino for ino in inodes if ino]
@@ -349,6 +361,84 @@ class Operations(pyfuse3.Operations):
             self._all_names(rsp.attr.ino, (), rsp.callback)  # a new directory: this mount knows all its names
         self.kcache.remember(parent, name, entry.st_ino)
         return entry
+
+    async def _settle(self, *inodes: int) -> None:
+        """Before a request that must see them at the daemon: the creates answered here of these
+        inodes or in these directories are sent and answered (client/async_dirops.py); one of them
+        the daemon refused fails this operation, once (the CephFS rule)."""
+        d = self.dirops
+        if d is None:
+            return
+        if d._by_ino:
+            await d.settle(*inodes)
+        if d.failed:
+            for ino in inodes:
+                exc = d.take_error(ino)
+                if exc is not None:
+                    raise exc
+
+    def _fast_failed(self, ino: int) -> None:
+        """(reader thread) A fast answer about ``ino`` is the error its refused create left, once."""
+        d = self.dirops
+        if d is not None and d.failed:
+            exc = d.take_error(ino)
+            if exc is not None:
+                raise pyfuse3.FUSEError(exc.errno)
+
+    def _create_here(self, parent: int, name: bytes, mode: int, ctx):
+        """An asynchronous create (client/async_dirops.py): answered from what this mount holds, or
+        None (the daemon is asked). Only in a directory whose every name this mount holds."""
+        d = self.dirops
+        if d is None or not d.enabled or len(name) > p.NAME_MAX or not self.kcache.callbacks_possible:
+            return None
+        names = self._names_of_dir(parent)
+        if names is None or name in names or b"/" in name or name in (b".", b".."):
+            return None
+        ino = d.take_ino()
+        if ino is None:
+            return None
+        now = time.time_ns()
+        attr = p.Attr(ino=ino, mode=stat.S_IFREG | (mode & 0o7777), nlink=1, uid=ctx.uid, gid=ctx.gid, rdev=0, size=0,
+                      atime_ns=now, mtime_ns=now, ctime_ns=now)
+        request = p.CreateReq(parent=parent, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id,
+                              callback=True, new_ino=ino)
+        self.kcache.dir_attrs.begin((parent,))  # the directory changes: its kept attributes wait for the answer
+        d.add(Pending(request, parent, name, ino))
+        self._name_made(parent, name)
+        with self.lock:
+            of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {})
+            self._keep_held(ino, attr)
+        fh = self._new_handle(of)
+        of.killpriv_absent = True
+        self.kcache.remember(parent, name, ino)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(attr, held=True)
+
+    def _async_created(self, q: Pending) -> None:
+        """The daemon answered a create answered here before (client/async_dirops.py)."""
+        rsp = q.reply
+        self.kcache.dir_attrs.end((q.parent,), None if isinstance(rsp, p.ErrorRsp) else rsp)
+        with self.lock:
+            of = self.files.get(q.ino)
+            if isinstance(rsp, p.ErrorRsp):  # refused: the kernel forgets the file; its next operation fails
+                self._held_info.pop(q.ino, None)
+                self._names_complete.pop(q.parent, None)  # a name this mount could not see: ask from now on
+                if of is not None and of.open_count == 0:
+                    del self.files[q.ino]
+            elif of is not None:
+                of.attr, of.layout, of.chunks = rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks}
+                of.epoch = of.epoch or rsp.epoch
+                of.quota_max = rsp.quota_max_size
+            if not isinstance(rsp, p.ErrorRsp):
+                if rsp.callback >= 0 and self.kcache.healthy:
+                    self.kcache.granted(q.ino, q.parent, q.name, rsp.callback)
+                    self._keep_held(q.ino, rsp.attr)
+                else:
+                    self._held_info.pop(q.ino, None)
+        if isinstance(rsp, p.ErrorRsp):
+            self.kcache.drop_name(q.parent, q.name)
+            self.kcache.drop_inode(q.ino)
+        else:
+            self.data.nodes.learn(rsp.nodes)
 
     def _committed(self, ino: int, rsp: p.AttrRsp) -> None:
         """This mount changed the file (a commit or a truncate, whichever request made it): what a
@@ -418,6 +508,7 @@ class Operations(pyfuse3.Operations):
     # -------------------------------------------------------------- namespace
 
     async def lookup(self, parent_inode, name, ctx=None):
+        await self._settle(parent_inode)
         previous = self._last_lookup.get(ctx.pid)
         # open information costs the daemon a little: ask for it unless this process
         # looked its last file up without opening it (``du`` and ``find`` do that)
@@ -477,6 +568,7 @@ class Operations(pyfuse3.Operations):
         return self._entry(rsp.attr, cacheable=cacheable, held=held)
 
     def _fast_getattr(self, inode, ctx=None):
+        self._fast_failed(inode)
         if self.kcache.healthy:
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
@@ -499,10 +591,16 @@ class Operations(pyfuse3.Operations):
 
     async def getattr(self, inode, ctx=None):
         # what the mount knows was answered by _fast_getattr already
+        await self._settle(inode)
         return await self._attr_reply(p.GetattrReq(ino=inode))
+
+    async def fsyncdir(self, fh, datasync):
+        """The creates answered here in this directory are durable once this returns."""
+        await self._settle(fh)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
         self._writable()
+        await self._settle(inode)
         self._open_info.pop(inode, None)  # whatever a lookup said before this change is old now
         self._held_info.pop(inode, None)
         result = None
@@ -575,6 +673,7 @@ class Operations(pyfuse3.Operations):
         return inode
 
     async def readdir(self, fh, start_id, token):
+        await self._settle(fh)
         after = start_id
         while True:
             stamp = self.kcache.stamp()
@@ -796,6 +895,7 @@ class Operations(pyfuse3.Operations):
             self._last_lookup[ctx.pid] = (inode, True)
 
     async def open(self, inode, flags, ctx):
+        await self._settle(inode)
         self._opening(inode, ctx)
         if self.dataset:
             return await self._open_dataset(inode, flags)
@@ -879,6 +979,9 @@ class Operations(pyfuse3.Operations):
 
     async def create(self, parent_inode, name, mode, flags, ctx):
         self._writable()
+        answered = self._create_here(parent_inode, name, mode, ctx)
+        if answered is not None:
+            return answered
         stamp = self.kcache.stamp()
         try:
             rsp = await self._change(
@@ -905,6 +1008,7 @@ class Operations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(rsp.attr, held=held)
 
     async def read(self, fh, off, size):
+        await self._settle(self.handles[fh].ino)
         return await self.data.read(self.handles[fh], off, size, self.streams[fh])
 
     async def read_inode(self, inode, off, size, ctx):
@@ -930,6 +1034,7 @@ class Operations(pyfuse3.Operations):
 
     async def write(self, fh, off, buf):
         self._writable()
+        await self._settle(self.handles[fh].ino)  # a file created here: its layout and chunk map are the daemon's answer
         return await self.data.write(self.handles[fh], off, buf)  # short at a directory quota's limit
 
     def _fast_flush(self, fh):
@@ -942,6 +1047,7 @@ class Operations(pyfuse3.Operations):
     async def flush(self, fh):
         # a dataset mount's FLUSH and a clean file's were answered by _fast_flush already
         of = self.handles[fh]
+        await self._settle(of.ino)
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             with self.lock:
                 self._open_info.pop(of.ino, None)
@@ -950,6 +1056,7 @@ class Operations(pyfuse3.Operations):
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
 
     async def fsync(self, fh, datasync):
+        await self._settle(self.handles[fh].ino)  # a file created here is durable once this returns
         await self._flush(self.handles[fh], sync=True)
 
     async def _flush(self, of: OpenFile, sync: bool = False) -> None:

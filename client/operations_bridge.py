@@ -233,6 +233,10 @@ class OperationsBridge:
     async def fsync(self, req: rq.Fsync) -> None:
         await _call(self.ops.fsync(req.fh, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC)))
 
+    async def fsyncdir(self, req: rq.Fsync) -> None:
+        # the handle opendir gave is the inode; 0 where OPENDIR was declined: the inode names it
+        await _call(self.ops.fsyncdir(req.fh or req.header.nodeid, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC)))
+
     async def opendir(self, req: rq.Open) -> Opened:
         return Opened(await _call(self.ops.opendir(req.header.nodeid, _Ctx(req.header))))
 

@@ -1,0 +1,203 @@
+"""Asynchronous creates in a directory this mount holds whole (issue 31; CephFS "async dirops").
+
+A create costs the mount one round trip to the metadata daemon and the daemon's
+group commit; a program creating files one after another (``cp -r``, ``tar x``,
+a training job writing its outputs) waits for both per file. Where the mount
+holds a callback on every name of the directory (daemon/callbacks.py,
+``("dir", ino)``), it already knows the name is free and that no other mount
+can change the directory without waiting for it, so it answers the kernel at
+once and sends the creates afterwards, many in one ``BatchReq`` (the daemon's
+burst path: one transaction, one fsync).
+
+The rules
+---------
+* The new file's inode number is final when the kernel gets it: it comes from
+  a range the daemon delegated to this session (``DelegateInodesReq``,
+  daemon/inode_ranges.py). With none left the create is synchronous (and the
+  pool is refilled in the background).
+* Pending creates are sent, in order, when ``DELAY_S`` passed since the first
+  of them, when ``BATCH`` are pending, and before anything that must see them
+  at the daemon: another request of this mount that names the directory or the
+  new file (``settle``: a write, an open by inode, a listing, an unlink, a
+  rename ...), an fsync of the file or of the directory, the acknowledgement
+  of a change another mount made in the directory (the daemon holds that
+  change until this mount acknowledges it: client/kernel_cache.py calls
+  ``flush`` first), and unmount.
+* What close and fsync promise (docs/design.md "The durability promise"): a
+  file created here is durable once an fsync of it or of its directory
+  returned, or ``DELAY_S`` plus a round trip after its close; a kill -9 of
+  the mount before then may lose the creates not sent yet, and nothing else.
+* A create the daemon refuses after the kernel was answered (a quota, a name
+  taken through a path this mount could not see, a permission) is logged
+  (WARNING), counted (``refused``, the mount's metric
+  ``stripefs_async_refused_total``), its name and inode are dropped from the
+  kernel, and the next operation on that file fails with the error, once (the
+  CephFS rule). Operations on it that were already answered stay answered.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import trio
+
+from ..common import protocol as p
+from ..common.errors import ErrorCode, StripefsError
+from .metrics import ASYNC_CREATES, ASYNC_REFUSED
+
+log = logging.getLogger(__name__)
+
+#: the longest a create waits here before it is sent
+DELAY_S = 0.1
+#: creates sent together at most (the daemon's BatchReq limit is larger)
+BATCH = 256
+#: inode numbers asked for at once, and the number left that asks for more
+RANGE = 4096
+LOW = 1024
+
+
+@dataclass
+class Pending:
+    """One create answered here and not yet by the daemon."""
+
+    request: p.Msg
+    parent: int
+    name: bytes
+    ino: int
+    done: trio.Event = field(default_factory=trio.Event)
+    reply: p.Msg | None = None  # the daemon's OpenRsp (or ErrorRsp), once done
+
+
+class AsyncDirops:
+    def __init__(self, meta, *, on_reply: Callable[[Pending], None] = lambda pending: None) -> None:
+        self.meta = meta  # client/meta_rpc.py MetaClient
+        self.on_reply = on_reply  # Operations: the daemon answered a pending create (refused or not)
+        self.enabled = True
+        self._ranges: list[tuple[int, int]] = []  # delegated numbers not used yet: (next, last)
+        self._asking = False
+        self._queue: list[Pending] = []  # answered here, not sent yet, in order
+        self._by_ino: dict[int, Pending] = {}  # answered here, not answered by the daemon yet
+        self._dirs: dict[int, int] = {}  # parent -> its creates not answered by the daemon yet
+        self._send_lock = trio.Lock()
+        self._wake = trio.Event()
+        self._full = trio.Event()
+        self.failed: dict[int, StripefsError] = {}  # ino -> the error its next operation fails with
+        self.refused = 0  # creates refused after the kernel was answered
+        self.sent = 0  # creates sent asynchronously
+        self.nursery: trio.Nursery | None = None
+
+    # ------------------------------------------------------------ numbers
+
+    def take_ino(self) -> int | None:
+        """A delegated inode number, or None (none left: create synchronously; more are asked for)."""
+        ino = None
+        while self._ranges and ino is None:
+            first, last = self._ranges[0]
+            ino = first
+            if first == last:
+                self._ranges.pop(0)
+            else:
+                self._ranges[0] = (first + 1, last)
+        if self.left() < LOW and not self._asking and self.nursery is not None:
+            self._asking = True
+            self.nursery.start_soon(self._ask_numbers, name="async-dirops-inodes")
+        return ino
+
+    def left(self) -> int:
+        return sum(last - first + 1 for first, last in self._ranges)
+
+    async def _ask_numbers(self) -> None:
+        try:
+            rsp = await self.meta.call(p.DelegateInodesReq(session_id=self.meta.session_id, count=RANGE))
+            self._ranges.append((rsp.first, rsp.first + rsp.count - 1))
+        except StripefsError as exc:
+            if exc.code == ErrorCode.UNAVAILABLE:  # the store delegates none (PostgreSQL): creates stay synchronous
+                log.info("asynchronous creates off: %s", exc.message)
+                self.enabled = False
+            else:
+                log.debug("asking for inode numbers: %s", exc)
+        finally:
+            self._asking = False
+
+    # ------------------------------------------------------------ pending creates
+
+    def add(self, pending: Pending) -> None:
+        """A create the kernel was answered for: sent within DELAY_S (or sooner)."""
+        self._queue.append(pending)
+        self._by_ino[pending.ino] = pending
+        self._dirs[pending.parent] = self._dirs.get(pending.parent, 0) + 1
+        self._wake.set()
+        if len(self._queue) >= BATCH:
+            self._full.set()
+
+    def pending(self, ino: int) -> Pending | None:
+        return self._by_ino.get(ino)
+
+    def busy(self, *inodes: int) -> bool:
+        """Some create of these inodes, or in these directories, is not answered by the daemon yet."""
+        return any(ino in self._by_ino or ino in self._dirs for ino in inodes)
+
+    def take_error(self, ino: int) -> StripefsError | None:
+        """The error the next operation on ``ino`` fails with (once), if its create was refused."""
+        return self.failed.pop(ino, None) if self.failed else None
+
+    async def settle(self, *inodes: int) -> None:
+        """Return once the daemon answered every create of these inodes or in these directories
+        (every pending one, when none is named)."""
+        if not self._by_ino:
+            return
+        if inodes and not self.busy(*inodes):
+            return
+        wait = [q for q in self._by_ino.values() if not inodes or q.ino in inodes or q.parent in inodes]
+        await self.flush()
+        for q in wait:
+            await q.done.wait()
+
+    async def flush(self) -> None:
+        """Send everything pending now, and wait for the daemon's answers."""
+        async with self._send_lock:
+            while self._queue:
+                batch, self._queue = self._queue[:BATCH], self._queue[BATCH:]
+                await self._send(batch)
+
+    async def _send(self, batch: list[Pending]) -> None:
+        self.sent += len(batch)
+        ASYNC_CREATES.inc(len(batch))
+        try:
+            results = await self.meta.call_batch([q.request for q in batch])
+        except StripefsError as exc:  # the daemon could not be reached within the retry window
+            results = [p.ErrorRsp(code=int(exc.code), message=exc.message)] * len(batch)
+        for q, result in zip(batch, results):
+            q.reply = result
+            if isinstance(result, p.ErrorRsp):
+                self.refused += 1
+                ASYNC_REFUSED.inc()
+                self.failed[q.ino] = StripefsError(ErrorCode(result.code) if result.code in ErrorCode._value2member_map_ else ErrorCode.IO,
+                                                   result.message)
+                log.warning("asynchronous create of %r in directory %d (inode %d) refused after the kernel was answered: %s",
+                            q.name, q.parent, q.ino, result.message)
+            try:
+                self.on_reply(q)
+            finally:
+                self._by_ino.pop(q.ino, None)
+                left = self._dirs.get(q.parent, 1) - 1
+                if left:
+                    self._dirs[q.parent] = left
+                else:
+                    self._dirs.pop(q.parent, None)
+                q.done.set()
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The flusher: sends what is pending DELAY_S after the first of it, or once BATCH wait."""
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            task_status.started()
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                with trio.move_on_after(DELAY_S):
+                    await self._full.wait()
+                self._full = trio.Event()
+                await self.flush()
