@@ -103,7 +103,8 @@ def _error(exc: StripefsError) -> P.ErrorRsp:
 class Burst:
     """``run`` is serve()'s ``burst`` for the metadata daemon (module docstring)."""
 
-    def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release) -> None:
+    def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
+                 defer: Callable[[P.Msg], bool] = lambda body: False) -> None:
         self.txn = txn  # daemon/txn.py SqliteTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
@@ -111,6 +112,7 @@ class Burst:
         self.settle_now = settle_now  # callbacks.settle_now
         self.settle = settle  # await settle(seq, inodes, entries, writer): the service's, for what must wait
         self.release = release  # await release(inodes): orphans nobody holds any more (housekeeping)
+        self.defer = defer  # an admitted request left to its handler's task (a lookup that recalls its directory)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
@@ -155,7 +157,7 @@ class Burst:
         the lock meanwhile), as ``_one`` would; None when ``handle`` must take it."""
         try:
             admitted = self.access.admit_now(body)
-            if admitted is None:
+            if admitted is None or self.defer(admitted):
                 return None
             op = self.operation(admitted)
             return op.reply(op.fn(), [], 0)
@@ -175,7 +177,7 @@ class Burst:
             return None
         try:
             admitted = self.access.admit_now(body)
-            if admitted is None:
+            if admitted is None or self.defer(admitted):
                 return None
             return self._unit(admitted, peer)
         except StripefsError as exc:

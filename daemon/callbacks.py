@@ -58,6 +58,13 @@ The rules
   without callbacks, instead. Callbacks are granted only on what the key may
   read: the daemon checks its requests against its subtree
   (daemon/access.py), and a subtree key holds none.
+* A directory held whole by a session that creates there asynchronously
+  (client/async_dirops.py: it answered creates the daemon may not have yet)
+  is recalled before another session reads it (a lookup or a listing,
+  ``recall_needed``): the read first logs a change naming the directory,
+  which waits for the holder like any change; the holder sends its pending
+  creates before it acknowledges (client/kernel_cache.py ``before_ack``), so
+  the read sees them. Close-to-open holds for names made asynchronously too.
 * Held files count as open (``held``): an unlink keeps the inode as an
   orphan until its holders let go, since a mount may open a held file
   without asking. An AckReq names the dropped files the mount has open;
@@ -156,6 +163,14 @@ class Callbacks:
         self._holders.setdefault(key, {})[session] = seq
         held.add(key)
         return seq
+
+    def recall_needed(self, session: int, parent: int, asynchronous: Callable[[int], bool]) -> bool:
+        """A read of directory ``parent`` by ``session`` must first make another session that holds
+        its names and creates there asynchronously (``asynchronous``: it has inode numbers
+        delegated, daemon/inode_ranges.py) send what it answered and let go: the service logs a
+        change naming the directory, which waits for that session as any change does."""
+        holders = self._holders.get(("dir", parent))
+        return bool(holders) and any(sid != session and asynchronous(sid) and self.alive(sid) for sid in holders)
 
     def held(self, ino: int) -> bool:
         """Some live session may open ``ino`` without asking (it counts as open)."""

@@ -58,6 +58,10 @@ class InodeRanges:
         bisect.insort(held, (first, first + count - 1))
         return first
 
+    def holds(self, session: int) -> bool:
+        """The session has numbers delegated: it may create asynchronously (daemon/callbacks.py recalls)."""
+        return bool(self._ranges.get(session))
+
     def check(self, session: int, ino: int) -> None:
         """A create naming ``ino`` for ``session``: refused unless the number is the session's."""
         held = self._ranges.get(session, ())

@@ -367,6 +367,7 @@ class MetaService:
         self.burst = Burst(
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
+            defer=self._must_recall,
         )
         return self.burst.run
 
@@ -555,7 +556,19 @@ class MetaService:
     # -- namespace -------------------------------------------------------------
 
     async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
+        await self._recall(req.session_id, req.parent, req.name)
         return await self._perform(self._op_lookup(req))
+
+    def _must_recall(self, body: P.Msg) -> bool:
+        """A lookup the burst must leave to ``handle_lookup``: it recalls the directory first."""
+        return type(body) is P.LookupReq and self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds)
+
+    async def _recall(self, session: int, parent: int, name: bytes) -> None:
+        """Another session holds directory ``parent`` whole and may have answered creates there
+        that this daemon has not got yet (client/async_dirops.py): a change naming the directory
+        makes it send them and let go before this read (daemon/callbacks.py ``recall_needed``)."""
+        if self.callbacks.recall_needed(session, parent, self.inode_ranges.holds):
+            await self.txn.write(_nothing, change=([], [(parent, name)]))
 
     def _op_lookup(self, req: P.LookupReq) -> Op:
         return Op(functools.partial(self._lookup, req), False, None, None, _result)
@@ -785,6 +798,7 @@ class MetaService:
         return P.ReadlinkRsp(target=await self.txn.read(self.ns.readlink, req.ino))
 
     async def handle_readdir(self, req: P.ReaddirReq) -> P.Msg:
+        await self._recall(req.session_id, req.ino, b"")
         def list_dir():
             entries, more = self.ns.readdir(req.ino, req.after, req.limit)
             files = []
@@ -891,3 +905,7 @@ class MetaService:
         )
         self._wake_gc()
         return P.AttrRsp(attr=attr)
+
+
+def _nothing() -> None:
+    """The operation of a recall (``MetaService._recall``): only its change is logged."""

@@ -102,3 +102,21 @@ async def test_a_create_refused_after_the_answer_fails_the_files_next_operation_
     assert (mine.dir, b"q2") in mine.ops.kcache._pending_names or mine.kernel.invalidated_entries
     assert sorted(await mine.listdir(mine.dir)) == [b"q0", b"q1"]
     await mine.ops.meta.call(P.QuotaSetReq(ino=mine.dir, max_inodes=0))
+
+
+async def test_another_mount_reading_the_directory_sees_the_creates_answered_here(mine, rig, monkeypatch):
+    """Close-to-open for names: another mount's lookup or listing of the directory recalls it
+    (daemon/callbacks.py ``recall_needed``): this mount sends its pending creates first."""
+    await _numbers(mine)
+    made = []
+    for i in range(3):
+        fh, ino = await mine.create(mine.dir, b"r%d" % i)
+        await mine.close(fh)
+        made.append(ino)
+    assert mine.ops.dirops.pending(made[1]) is not None
+    async with open_fs(rig, Kernel(monkeypatch), "reader") as theirs:
+        with trio.fail_after(5):
+            assert (await theirs.lookup(mine.dir, b"r1")).st_ino == made[1]
+    for i in range(3, 6):
+        await mine.close((await mine.create(mine.dir, b"r%d" % i))[0])
+    assert await _listing(rig, monkeypatch, "lister", mine.dir) == [b"r%d" % i for i in range(6)]
