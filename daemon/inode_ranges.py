@@ -14,7 +14,8 @@ The rules
 * A CreateReq or MkdirReq naming ``ino`` is refused (INVALID) unless ``ino`` lies in a
   range of the asking session; a number used already is EXISTS. So no session can take
   another's numbers, nor the daemon's own.
-* A session's ranges go when it expires; numbers it never used are skipped, never reused
+* A session's ranges go when it expires (not within a lease of the daemon's
+  start: a session of before a restart is adopted at its next request); numbers it never used are skipped, never reused
   (64-bit numbers: a hole costs nothing).
 * SQLite only (one daemon, group commit); on PostgreSQL the request is UNAVAILABLE and
   mounts create synchronously.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 
 from ..common.errors import ErrorCode, StripefsError
 
@@ -34,13 +36,16 @@ MAX_COUNT = 65_536
 
 
 class InodeRanges:
-    def __init__(self, store) -> None:
+    def __init__(self, store, *, grace_s: float) -> None:
         self.store = store
+        self.grace_s = grace_s  # after a start: how long a session not seen yet keeps its ranges (its lease)
+        self._loaded = time.monotonic()
         self._ranges: dict[int, list[tuple[int, int]]] = {}  # session -> [(first, last)], sorted
 
     def load(self) -> None:
         """Read the ranges back (start-up, under the lock)."""
         self._ranges.clear()
+        self._loaded = time.monotonic()
         for session, first, last in self.store.inode_ranges():
             bisect.insort(self._ranges.setdefault(session, []), (first, last))
 
@@ -78,7 +83,10 @@ class InodeRanges:
             self.store.drop_inode_ranges(session, ino)
 
     def ended(self, alive) -> bool:
-        """Some session holding a range ended (``forget_dead`` has work)."""
+        """Some session holding a range ended (``forget_dead`` has work). Not within a lease of
+        the start: the sessions of before a restart are adopted at their next request."""
+        if time.monotonic() - self._loaded < self.grace_s:
+            return False
         return any(not alive(sid) for sid in self._ranges)
 
     def forget_dead(self, alive) -> bool:

@@ -207,7 +207,7 @@ class MetaService:
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
             feed_views=self.access.feed_views, ctx=self.ctx, callbacks=self.callbacks,
         )
-        self.inode_ranges = self.housekeeping.inode_ranges = InodeRanges(store)  # asynchronous creates' numbers
+        self.inode_ranges = self.housekeeping.inode_ranges = InodeRanges(store, grace_s=self.config.session_lease_s)  # asynchronous creates' numbers
         self.inode_ranges.load()
         self.tiering = Tiering(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
