@@ -132,6 +132,11 @@ class AsyncDirops:
         if len(self._queue) >= BATCH:
             self._full.set()
 
+    @property
+    def unanswered(self) -> bool:
+        """Some create answered here has no answer from the daemon yet."""
+        return bool(self._by_ino)
+
     def pending(self, ino: int) -> Pending | None:
         return self._by_ino.get(ino)
 

@@ -14,7 +14,8 @@ Rules (the kernel's own attribute cache follows the same feed, kernel_cache.py):
 * Position: an entry is as of change ``seq``. A change event numbered above it
   that touches the directory drops it; events at or below it are already in it
   (this mount's own change among them, whichever of event and reply comes
-  first). A reply older than an event already applied to the directory is not
+  first). This mount's own events drop nothing: each of its changes drops the
+  entry when sent (``begin``) or updates it (``made_here``). A reply older than an event already applied to the directory is not
   kept (``_touched``), nor one older than the last full drop (``_floor``).
 * This mount's own changes in flight: a change sent for a directory drops its
   entry, and no reply is kept while another change of it is still unanswered
@@ -31,6 +32,8 @@ from __future__ import annotations
 import stat
 from collections import Counter, OrderedDict
 from typing import Iterable
+
+import msgspec
 
 from ..common import protocol as p
 
@@ -79,6 +82,15 @@ class DirAttrs:
             self._attrs.move_to_end(ino)
             if len(self._attrs) > MAX_ENTRIES:
                 self._attrs.popitem(last=False)
+
+    def made_here(self, ino: int, now_ns: int) -> None:
+        """A create answered by this mount (client/async_dirops.py) changed directory ``ino`` now:
+        what is kept of it gets the new times (nothing else a file's create changes), so the
+        kernel's next GETATTR of it is still answered here. The daemon's reply replaces it
+        (``end``); this mount's own change events never drop it (kernel_cache.py)."""
+        entry = self._attrs.get(ino)
+        if entry is not None:
+            self._attrs[ino] = (entry[0], msgspec.structs.replace(entry[1], mtime_ns=now_ns, ctime_ns=now_ns))
 
     # ------------------------------------------------------------- the feed
 

@@ -163,6 +163,18 @@ class KernelCache:
         self.grants[(parent, name)] = seq
         self._granted_as_of(seq)
 
+    def held_here(self, ino: int, parent: int, name: bytes) -> None:
+        """A file this mount created and answered itself (client/async_dirops.py): held until the
+        daemon's answer says as of which change (``granted``); nothing of anyone else can touch it
+        before, since the daemon has not got it yet."""
+        self.grants.setdefault(ino, 0)
+        self.grants.setdefault((parent, name), 0)
+
+    def let_go(self, ino: int, parent: int, name: bytes) -> None:
+        """``held_here``'s file was refused by the daemon: nothing is held."""
+        self.grants.pop(ino, None)
+        self.grants.pop((parent, name), None)
+
     def granted_dir(self, ino: int, seq: int) -> None:
         """The daemon granted a callback on every name of directory ``ino``, as of change ``seq``."""
         self.grants[("dir", ino)] = seq
@@ -241,13 +253,15 @@ class KernelCache:
             kept = mine and not entries  # its own commit or setattr: it keeps its holdings of the files
             ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine, kept) if self.grants and seq else ()
             if seq:
-                self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
+                if not mine:  # its own changes dropped or updated what they changed (client/dir_attrs.py)
+                    self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
             else:
                 self.dir_attrs.clear()
             self.on_change(touched)
-            # a name held under a grant as of this change or later is already the kernel's newest
-            # answer (a create's own name): it stays, so a stat after the create asks nothing
-            names = [e for e in entries if e in self._names and not (seq and self.grants.get(tuple(e), -1) >= seq)]
+            # This mount's own change: the kernel changed its names itself (the change came through
+            # it), so they stay, and a stat after a create asks nothing. Another's: a name held under a
+            # grant as of this change or later is already the kernel's newest answer.
+            names = [] if mine else [e for e in entries if e in self._names and not (seq and self.grants.get(tuple(e), -1) >= seq)]
             # a file whose grant ended: its names too, cached long under it; the next path walk
             # looks it up again (a fresh answer, a new grant) instead of trusting kept attributes
             names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]

@@ -369,7 +369,7 @@ class Operations(pyfuse3.Operations):
         d = self.dirops
         if d is None:
             return
-        if d._by_ino:
+        if d.unanswered:
             await d.settle(*inodes)
         if d.failed:
             for ino in inodes:
@@ -402,11 +402,12 @@ class Operations(pyfuse3.Operations):
                       atime_ns=now, mtime_ns=now, ctime_ns=now)
         request = p.CreateReq(parent=parent, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id,
                               callback=True, new_ino=ino)
-        self.kcache.dir_attrs.begin((parent,))  # the directory changes: its kept attributes wait for the answer
+        self.kcache.dir_attrs.made_here(parent, now)  # its next GETATTR is still answered here
         d.add(Pending(request, parent, name, ino))
         self._name_made(parent, name)
         with self.lock:
             of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {})
+            self.kcache.held_here(ino, parent, name)
             self._keep_held(ino, attr)
         fh = self._new_handle(of)
         of.killpriv_absent = True
@@ -416,11 +417,14 @@ class Operations(pyfuse3.Operations):
     def _async_created(self, q: Pending) -> None:
         """The daemon answered a create answered here before (client/async_dirops.py)."""
         rsp = q.reply
-        self.kcache.dir_attrs.end((q.parent,), None if isinstance(rsp, p.ErrorRsp) else rsp)
+        if isinstance(rsp, p.ErrorRsp):  # the times made_here gave the directory did not happen
+            self.kcache.dir_attrs.begin((q.parent,))
+        self.kcache.dir_attrs.end((q.parent,) if isinstance(rsp, p.ErrorRsp) else (), None if isinstance(rsp, p.ErrorRsp) else rsp)
         with self.lock:
             of = self.files.get(q.ino)
             if isinstance(rsp, p.ErrorRsp):  # refused: the kernel forgets the file; its next operation fails
                 self._held_info.pop(q.ino, None)
+                self.kcache.let_go(q.ino, q.parent, q.name)
                 self._names_complete.pop(q.parent, None)  # a name this mount could not see: ask from now on
                 if of is not None and of.open_count == 0:
                     del self.files[q.ino]
@@ -433,6 +437,7 @@ class Operations(pyfuse3.Operations):
                     self.kcache.granted(q.ino, q.parent, q.name, rsp.callback)
                     self._keep_held(q.ino, rsp.attr)
                 else:
+                    self.kcache.let_go(q.ino, q.parent, q.name)
                     self._held_info.pop(q.ino, None)
         if isinstance(rsp, p.ErrorRsp):
             self.kcache.drop_name(q.parent, q.name)
