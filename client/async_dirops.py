@@ -1,4 +1,4 @@
-"""Asynchronous creates in a directory this mount holds whole (issue 31; CephFS "async dirops").
+"""Asynchronous creates and unlinks in a directory this mount holds whole (issue 31; CephFS "async dirops").
 
 A create costs the mount one round trip to the metadata daemon and the daemon's
 group commit; a program creating files one after another (``cp -r``, ``tar x``,
@@ -15,7 +15,13 @@ The rules
   a range the daemon delegated to this session (``DelegateInodesReq``,
   daemon/inode_ranges.py). With none left the create is synchronous (and the
   pool is refilled in the background).
-* Pending creates are sent, in order, when ``DELAY_S`` passed since the first
+* An unlink of a name whose file is not open here is answered the same way
+  (the kernel already dropped the name; the mount forgets it), and sent in
+  the same queue, so creates and unlinks reach the daemon in the order the
+  kernel was answered. One refused after the answer (a permission the daemon
+  checks, say) is logged and counted; the mount forgets what it knew of the
+  directory, so the name is found again at its next lookup.
+* Pending changes are sent, in order, when ``DELAY_S`` passed since the first
   of them, when ``BATCH`` are pending, and before anything that must see them
   at the daemon: another request of this mount that names the directory or the
   new file (``settle``: a write, an open by inode, a listing, an unlink, a
@@ -60,7 +66,8 @@ LOW = 1024
 
 @dataclass
 class Pending:
-    """One create answered here and not yet by the daemon."""
+    """One create or unlink answered here and not yet by the daemon (``ino``: the file made or
+    unlinked)."""
 
     request: p.Msg
     parent: int
@@ -78,8 +85,9 @@ class AsyncDirops:
         self._ranges: list[tuple[int, int]] = []  # delegated numbers not used yet: (next, last)
         self._asking = False
         self._queue: list[Pending] = []  # answered here, not sent yet, in order
-        self._by_ino: dict[int, Pending] = {}  # answered here, not answered by the daemon yet
-        self._dirs: dict[int, int] = {}  # parent -> its creates not answered by the daemon yet
+        self._unanswered: list[Pending] = []  # answered here, not answered by the daemon yet, in order
+        self._inos: dict[int, int] = {}  # ino -> its changes in _unanswered
+        self._dirs: dict[int, int] = {}  # parent -> its changes in _unanswered
         self._send_lock = trio.Lock()
         self._wake = trio.Event()
         self._full = trio.Event()
@@ -124,9 +132,10 @@ class AsyncDirops:
     # ------------------------------------------------------------ pending creates
 
     def add(self, pending: Pending) -> None:
-        """A create the kernel was answered for: sent within DELAY_S (or sooner)."""
+        """A change the kernel was answered for: sent within DELAY_S (or sooner)."""
         self._queue.append(pending)
-        self._by_ino[pending.ino] = pending
+        self._unanswered.append(pending)
+        self._inos[pending.ino] = self._inos.get(pending.ino, 0) + 1
         self._dirs[pending.parent] = self._dirs.get(pending.parent, 0) + 1
         self._wake.set()
         if len(self._queue) >= BATCH:
@@ -134,15 +143,16 @@ class AsyncDirops:
 
     @property
     def unanswered(self) -> bool:
-        """Some create answered here has no answer from the daemon yet."""
-        return bool(self._by_ino)
+        """Some change answered here has no answer from the daemon yet."""
+        return bool(self._unanswered)
 
-    def pending(self, ino: int) -> Pending | None:
-        return self._by_ino.get(ino)
+    def pending(self, ino: int) -> bool:
+        """A change of ``ino`` answered here has no answer from the daemon yet."""
+        return ino in self._inos
 
     def busy(self, *inodes: int) -> bool:
-        """Some create of these inodes, or in these directories, is not answered by the daemon yet."""
-        return any(ino in self._by_ino or ino in self._dirs for ino in inodes)
+        """Some change of these inodes, or in these directories, is not answered by the daemon yet."""
+        return any(ino in self._inos or ino in self._dirs for ino in inodes)
 
     def take_error(self, ino: int) -> StripefsError | None:
         """The error the next operation on ``ino`` fails with (once), if its create was refused."""
@@ -151,11 +161,11 @@ class AsyncDirops:
     async def settle(self, *inodes: int) -> None:
         """Return once the daemon answered every create of these inodes or in these directories
         (every pending one, when none is named)."""
-        if not self._by_ino:
+        if not self._unanswered:
             return
         if inodes and not self.busy(*inodes):
             return
-        wait = [q for q in self._by_ino.values() if not inodes or q.ino in inodes or q.parent in inodes]
+        wait = [q for q in self._unanswered if not inodes or q.ino in inodes or q.parent in inodes]
         await self.flush()
         for q in wait:
             await q.done.wait()
@@ -179,19 +189,18 @@ class AsyncDirops:
             if isinstance(result, p.ErrorRsp):
                 self.refused += 1
                 ASYNC_REFUSED.inc()
-                self.failed[q.ino] = StripefsError(ErrorCode(result.code) if result.code in ErrorCode._value2member_map_ else ErrorCode.IO,
-                                                   result.message)
-                log.warning("asynchronous create of %r in directory %d (inode %d) refused after the kernel was answered: %s",
-                            q.name, q.parent, q.ino, result.message)
+                code = ErrorCode(result.code) if result.code in ErrorCode._value2member_map_ else ErrorCode.IO
+                if isinstance(q.request, p.CreateReq):  # an unlink refused: the name is simply there again
+                    self.failed[q.ino] = StripefsError(code, result.message)
+                log.warning("asynchronous %s of %r in directory %d (inode %d) refused after the kernel was answered: %s",
+                            "create" if isinstance(q.request, p.CreateReq) else "unlink", q.name, q.parent, q.ino,
+                            result.message)
             try:
                 self.on_reply(q)
             finally:
-                self._by_ino.pop(q.ino, None)
-                left = self._dirs.get(q.parent, 1) - 1
-                if left:
-                    self._dirs[q.parent] = left
-                else:
-                    self._dirs.pop(q.parent, None)
+                self._unanswered.remove(q)  # (the oldest: answers come in order)
+                _less(self._inos, q.ino)
+                _less(self._dirs, q.parent)
                 q.done.set()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -206,3 +215,11 @@ class AsyncDirops:
                     await self._full.wait()
                 self._full = trio.Event()
                 await self.flush()
+
+
+def _less(counts: dict[int, int], key: int) -> None:
+    left = counts.get(key, 1) - 1
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key, None)

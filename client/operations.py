@@ -226,7 +226,7 @@ class Operations(pyfuse3.Operations):
         self.hints = DirHints()  # where small files of directories being walked live (client/dir_hints.py)
         # creates answered here in directories this mount holds whole (client/async_dirops.py); the
         # mount starts its flusher (``run``); None: every create asks the daemon
-        self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_created)
+        self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_answered)
         if self.dirops is not None:
             self.kcache.before_ack = self.dirops.flush
 
@@ -414,9 +414,31 @@ class Operations(pyfuse3.Operations):
         self.kcache.remember(parent, name, ino)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(attr, held=True)
 
-    def _async_created(self, q: Pending) -> None:
-        """The daemon answered a create answered here before (client/async_dirops.py)."""
+    def _unlink_here(self, parent: int, name: bytes) -> bool:
+        """An asynchronous unlink (client/async_dirops.py) of a name this mount knows in a directory
+        it holds whole, of a file not open here (the daemon must learn of those: the AckReq rule
+        of client/kernel_cache.py); False: the daemon is asked."""
+        d = self.dirops
+        if d is None or not d.enabled or not self.kcache.callbacks_possible:
+            return False
+        names = self._names_of_dir(parent)
+        ino = self.kcache.lookup_known(parent, name) if names is not None and name in names else None
+        if ino is None or ino in self.files:
+            return False
+        d.add(Pending(p.UnlinkReq(parent=parent, name=name), parent, name, ino))
+        self._name_gone(parent, name)
+        self.kcache.dir_attrs.made_here(parent, time.time_ns())
+        with self.lock:
+            self._held_info.pop(ino, None)  # its nlink changed: a stat through an open handle elsewhere asks
+            self._open_info.pop(ino, None)
+        return True
+
+    def _async_answered(self, q: Pending) -> None:
+        """The daemon answered a create or unlink answered here before (client/async_dirops.py)."""
         rsp = q.reply
+        if isinstance(q.request, p.UnlinkReq):
+            self._async_unlinked(q)
+            return
         if isinstance(rsp, p.ErrorRsp):  # the times made_here gave the directory did not happen
             self.kcache.dir_attrs.begin((q.parent,))
         self.kcache.dir_attrs.end((q.parent,) if isinstance(rsp, p.ErrorRsp) else (), None if isinstance(rsp, p.ErrorRsp) else rsp)
@@ -444,6 +466,14 @@ class Operations(pyfuse3.Operations):
             self.kcache.drop_inode(q.ino)
         else:
             self.data.nodes.learn(rsp.nodes)
+
+    def _async_unlinked(self, q: Pending) -> None:
+        if not isinstance(q.reply, p.ErrorRsp):
+            self.kcache.dir_attrs.end((), q.reply)
+            return
+        self.kcache.dir_attrs.begin((q.parent,))  # the times made_here gave it did not happen
+        self.kcache.dir_attrs.end((q.parent,), None)
+        self._names_complete.pop(q.parent, None)  # the name is there again: lookups ask from now on
 
     def _committed(self, ino: int, rsp: p.AttrRsp) -> None:
         """This mount changed the file (a commit or a truncate, whichever request made it): what a
@@ -651,6 +681,8 @@ class Operations(pyfuse3.Operations):
 
     async def unlink(self, parent_inode, name, ctx):
         self._writable()
+        if self._unlink_here(parent_inode, name):
+            return
         await self._change(p.UnlinkReq(parent=parent_inode, name=name), (parent_inode,))
         self._name_gone(parent_inode, name)
 

@@ -62,10 +62,10 @@ async def test_creates_in_a_held_directory_are_answered_here_and_sent_in_batches
 async def test_data_written_to_a_file_created_here_waits_for_the_daemons_answer(mine):
     await _numbers(mine)
     fh, ino = await mine.create(mine.dir, b"data")
-    assert mine.ops.dirops.pending(ino) is not None
+    assert mine.ops.dirops.pending(ino)
     assert await mine.write(fh, 0, b"x" * 5000) == 5000
     await mine.close(fh)
-    assert mine.ops.dirops.pending(ino) is None
+    assert not mine.ops.dirops.pending(ino)
     assert await mine.read_file(mine.dir, b"data") == b"x" * 5000
 
 
@@ -114,10 +114,30 @@ async def test_another_mount_reading_the_directory_sees_the_creates_answered_her
         fh, ino = await mine.create(mine.dir, b"r%d" % i)
         await mine.close(fh)
         made.append(ino)
-    assert mine.ops.dirops.pending(made[1]) is not None
+    assert mine.ops.dirops.pending(made[1])
     async with open_fs(rig, Kernel(monkeypatch), "reader") as theirs:
         with trio.fail_after(5):
             assert (await theirs.lookup(mine.dir, b"r1")).st_ino == made[1]
     for i in range(3, 6):
         await mine.close((await mine.create(mine.dir, b"r%d" % i))[0])
     assert await _listing(rig, monkeypatch, "lister", mine.dir) == [b"r%d" % i for i in range(6)]
+
+
+async def test_unlinks_in_a_held_directory_are_answered_here_in_order_with_the_creates(mine, rig, monkeypatch):
+    await _numbers(mine)
+    calls = []
+    real = mine.ops.meta.call
+    mine.ops.meta.call = lambda req, **kw: (calls.append(type(req).__name__), real(req, **kw))[1]
+    for i in range(20):
+        await mine.close((await mine.create(mine.dir, b"u%02d" % i))[0])
+    for i in range(0, 20, 2):
+        await mine.unlink(mine.dir, b"u%02d" % i)
+    await mine.close((await mine.create(mine.dir, b"u00"))[0])  # made again after its unlink: order kept
+    assert "UnlinkReq" not in calls and "CreateReq" not in calls
+    fh, ino = await mine.create(mine.dir, b"open")
+    await mine.unlink(mine.dir, b"open")  # open here: the daemon must learn it is open, so it is asked
+    assert "UnlinkReq" in calls
+    await mine.close(fh)
+    await mine.ops.fsyncdir(mine.dir, False)
+    expected = sorted([b"u00"] + [b"u%02d" % i for i in range(1, 20, 2)])
+    assert await _listing(rig, monkeypatch, "other", mine.dir) == expected
