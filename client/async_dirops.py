@@ -190,10 +190,10 @@ class AsyncDirops:
                 self.refused += 1
                 ASYNC_REFUSED.inc()
                 code = ErrorCode(result.code) if result.code in ErrorCode._value2member_map_ else ErrorCode.IO
-                if isinstance(q.request, p.CreateReq):  # an unlink refused: the name is simply there again
+                if not isinstance(q.request, p.UnlinkReq):  # an unlink refused: the name is simply there again
                     self.failed[q.ino] = StripefsError(code, result.message)
                 log.warning("asynchronous %s of %r in directory %d (inode %d) refused after the kernel was answered: %s",
-                            "create" if isinstance(q.request, p.CreateReq) else "unlink", q.name, q.parent, q.ino,
+                            p.kind(q.request)[:-3].lower(), q.name, q.parent, q.ino,
                             result.message)
             try:
                 self.on_reply(q)

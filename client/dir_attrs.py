@@ -83,14 +83,21 @@ class DirAttrs:
             if len(self._attrs) > MAX_ENTRIES:
                 self._attrs.popitem(last=False)
 
-    def made_here(self, ino: int, now_ns: int) -> None:
-        """A create answered by this mount (client/async_dirops.py) changed directory ``ino`` now:
-        what is kept of it gets the new times (nothing else a file's create changes), so the
+    def made_here(self, ino: int, now_ns: int, nlink: int = 0) -> None:
+        """A change answered by this mount (client/async_dirops.py) changed directory ``ino`` now:
+        what is kept of it gets the new times and ``nlink`` more links (a mkdir's ".."), so the
         kernel's next GETATTR of it is still answered here. The daemon's reply replaces it
         (``end``); this mount's own change events never drop it (kernel_cache.py)."""
         entry = self._attrs.get(ino)
         if entry is not None:
-            self._attrs[ino] = (entry[0], msgspec.structs.replace(entry[1], mtime_ns=now_ns, ctime_ns=now_ns))
+            attr = entry[1]
+            self._attrs[ino] = (entry[0], msgspec.structs.replace(attr, mtime_ns=now_ns, ctime_ns=now_ns, nlink=attr.nlink + nlink))
+
+    def keep_new(self, attr: p.Attr) -> None:
+        """A directory this mount made and answered itself: its attributes until the daemon's reply."""
+        self._attrs[attr.ino] = (0, attr)
+        if len(self._attrs) > MAX_ENTRIES:
+            self._attrs.popitem(last=False)
 
     # ------------------------------------------------------------- the feed
 

@@ -163,16 +163,16 @@ class KernelCache:
         self.grants[(parent, name)] = seq
         self._granted_as_of(seq)
 
-    def held_here(self, ino: int, parent: int, name: bytes) -> None:
-        """A file this mount created and answered itself (client/async_dirops.py): held until the
-        daemon's answer says as of which change (``granted``); nothing of anyone else can touch it
-        before, since the daemon has not got it yet."""
-        self.grants.setdefault(ino, 0)
+    def held_here(self, ino: int, parent: int, name: bytes, whole: bool = False) -> None:
+        """A file (``whole``: a directory, every name of it) this mount made and answered itself
+        (client/async_dirops.py): held until the daemon's answer says as of which change
+        (``granted``); nothing of anyone else can touch it before, since the daemon has not got it."""
+        self.grants.setdefault(("dir", ino) if whole else ino, 0)
         self.grants.setdefault((parent, name), 0)
 
-    def let_go(self, ino: int, parent: int, name: bytes) -> None:
-        """``held_here``'s file was refused by the daemon: nothing is held."""
-        self.grants.pop(ino, None)
+    def let_go(self, ino: int, parent: int, name: bytes, whole: bool = False) -> None:
+        """``held_here``'s file or directory was refused by the daemon, or granted no callback."""
+        self.grants.pop(("dir", ino) if whole else ino, None)
         self.grants.pop((parent, name), None)
 
     def granted_dir(self, ino: int, seq: int) -> None:

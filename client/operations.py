@@ -385,18 +385,45 @@ class Operations(pyfuse3.Operations):
             if exc is not None:
                 raise pyfuse3.FUSEError(exc.errno)
 
-    def _create_here(self, parent: int, name: bytes, mode: int, ctx):
-        """An asynchronous create (client/async_dirops.py): answered from what this mount holds, or
-        None (the daemon is asked). Only in a directory whose every name this mount holds."""
+    def _number_here(self, parent: int, name: bytes) -> int | None:
+        """The inode number of an asynchronous create or mkdir of ``name`` (client/async_dirops.py),
+        or None (the daemon is asked): only a free name of a directory whose every name this mount
+        holds, while numbers are delegated."""
         d = self.dirops
         if d is None or not d.enabled or len(name) > p.NAME_MAX or not self.kcache.callbacks_possible:
             return None
         names = self._names_of_dir(parent)
         if names is None or name in names or b"/" in name or name in (b".", b".."):
             return None
-        ino = d.take_ino()
+        return d.take_ino()
+
+    def _mkdir_here(self, parent: int, name: bytes, mode: int, ctx):
+        """An asynchronous mkdir: answered here, or None. The new directory is held whole at once
+        (it has no names), so what is made in it is answered here too."""
+        ino = self._number_here(parent, name)
         if ino is None:
             return None
+        now = time.time_ns()
+        attr = p.Attr(ino=ino, mode=stat.S_IFDIR | (mode & 0o7777), nlink=2, uid=ctx.uid, gid=ctx.gid, rdev=0, size=0,
+                      atime_ns=now, mtime_ns=now, ctime_ns=now)
+        request = p.MkdirReq(parent=parent, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id,
+                             callback=True, new_ino=ino)
+        self.kcache.dir_attrs.made_here(parent, now, nlink=1)
+        self.kcache.dir_attrs.keep_new(attr)
+        self.dirops.add(Pending(request, parent, name, ino))
+        self._name_made(parent, name)
+        self.kcache.held_here(ino, parent, name, whole=True)
+        self._names_complete[ino] = set()
+        self.kcache.remember(parent, name, ino)
+        return self._entry(attr)
+
+    def _create_here(self, parent: int, name: bytes, mode: int, ctx):
+        """An asynchronous create (client/async_dirops.py): answered from what this mount holds, or
+        None (the daemon is asked). Only in a directory whose every name this mount holds."""
+        ino = self._number_here(parent, name)
+        if ino is None:
+            return None
+        d = self.dirops
         now = time.time_ns()
         attr = p.Attr(ino=ino, mode=stat.S_IFREG | (mode & 0o7777), nlink=1, uid=ctx.uid, gid=ctx.gid, rdev=0, size=0,
                       atime_ns=now, mtime_ns=now, ctime_ns=now)
@@ -439,6 +466,9 @@ class Operations(pyfuse3.Operations):
         if isinstance(q.request, p.UnlinkReq):
             self._async_unlinked(q)
             return
+        if isinstance(q.request, p.MkdirReq):
+            self._async_made_dir(q)
+            return
         if isinstance(rsp, p.ErrorRsp):  # the times made_here gave the directory did not happen
             self.kcache.dir_attrs.begin((q.parent,))
         self.kcache.dir_attrs.end((q.parent,) if isinstance(rsp, p.ErrorRsp) else (), None if isinstance(rsp, p.ErrorRsp) else rsp)
@@ -466,6 +496,25 @@ class Operations(pyfuse3.Operations):
             self.kcache.drop_inode(q.ino)
         else:
             self.data.nodes.learn(rsp.nodes)
+
+    def _async_made_dir(self, q: Pending) -> None:
+        rsp = q.reply
+        if isinstance(rsp, p.ErrorRsp):  # the kernel forgets it; its next operation fails (async_dirops.py)
+            self.kcache.dir_attrs.begin((q.parent, q.ino))
+            self.kcache.dir_attrs.end((q.parent, q.ino), None)
+            self.kcache.let_go(q.ino, q.parent, q.name, whole=True)
+            self._names_complete.pop(q.parent, None)
+            self._names_complete.pop(q.ino, None)
+            self.kcache.drop_name(q.parent, q.name)
+            self.kcache.drop_inode(q.ino)
+            return
+        self.kcache.dir_attrs.end((), rsp)
+        if rsp.callback >= 0 and self.kcache.healthy:
+            self.kcache.granted_dir(q.ino, rsp.callback)
+            self.kcache.grants.pop((q.parent, q.name), None)  # (a directory's name is held by its parent's names)
+        else:
+            self.kcache.let_go(q.ino, q.parent, q.name, whole=True)
+            self._names_complete.pop(q.ino, None)
 
     def _async_unlinked(self, q: Pending) -> None:
         if not isinstance(q.reply, p.ErrorRsp):
@@ -668,6 +717,10 @@ class Operations(pyfuse3.Operations):
         return await self._new_name(parent_inode, name, request)
 
     async def mkdir(self, parent_inode, name, mode, ctx):
+        self._writable()
+        answered = self._mkdir_here(parent_inode, name, mode, ctx)
+        if answered is not None:
+            return answered
         request = p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid,
                              session_id=self.meta.session_id, callback=self.kcache.callbacks_possible and not self.dataset)
         return await self._new_name(parent_inode, name, request)

@@ -141,3 +141,25 @@ async def test_unlinks_in_a_held_directory_are_answered_here_in_order_with_the_c
     await mine.ops.fsyncdir(mine.dir, False)
     expected = sorted([b"u00"] + [b"u%02d" % i for i in range(1, 20, 2)])
     assert await _listing(rig, monkeypatch, "other", mine.dir) == expected
+
+
+async def test_mkdir_in_a_held_directory_is_answered_here_and_what_is_made_in_it_too(mine, rig, monkeypatch):
+    await _numbers(mine)
+    calls = []
+    real = mine.ops.meta.call
+    mine.ops.meta.call = lambda req, **kw: (calls.append(type(req).__name__), real(req, **kw))[1]
+    parent = mine.dir
+    chain = []
+    for level in range(5):  # mkdir -p: each level made in the one made just before
+        parent = await mine.mkdir(parent, b"l%d" % level)
+        chain.append(parent)
+        await mine.close((await mine.create(parent, b"f"))[0])
+    assert (await mine.ops.getattr(chain[2], None)).st_nlink == 3  # answered here: "..", ".", l3
+    assert not {"MkdirReq", "CreateReq", "GetattrReq", "LookupReq"} & set(calls)
+    await mine.ops.fsyncdir(mine.dir, False)
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+        ino = mine.dir
+        for level in range(5):
+            ino = (await other.lookup(ino, b"l%d" % level)).st_ino
+            assert ino == chain[level]
+        assert sorted(await other.listdir(ino)) == [b"f"]
