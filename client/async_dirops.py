@@ -1,4 +1,5 @@
-"""Asynchronous creates and unlinks in a directory this mount holds whole (issue 31; CephFS "async dirops").
+"""Asynchronous creates, mkdirs, unlinks and rmdirs in a directory this mount holds whole (issue 31;
+CephFS "async dirops").
 
 A create costs the mount one round trip to the metadata daemon and the daemon's
 group commit; a program creating files one after another (``cp -r``, ``tar x``,
@@ -15,7 +16,10 @@ The rules
   a range the daemon delegated to this session (``DelegateInodesReq``,
   daemon/inode_ranges.py). With none left the create is synchronous (and the
   pool is refilled in the background).
-* An unlink of a name whose file is not open here is answered the same way
+* A mkdir is answered the same way; the new directory is held whole at once
+  (it has no names), so what is made in it is answered here too.
+* An unlink of a name whose file is not open here, and an rmdir of a
+  directory held whole and known empty, are answered the same way
   (the kernel already dropped the name; the mount forgets it), and sent in
   the same queue, so creates and unlinks reach the daemon in the order the
   kernel was answered. One refused after the answer (a permission the daemon
@@ -190,7 +194,7 @@ class AsyncDirops:
                 self.refused += 1
                 ASYNC_REFUSED.inc()
                 code = ErrorCode(result.code) if result.code in ErrorCode._value2member_map_ else ErrorCode.IO
-                if not isinstance(q.request, p.UnlinkReq):  # an unlink refused: the name is simply there again
+                if not isinstance(q.request, (p.UnlinkReq, p.RmdirReq)):  # an unlink refused: the name is there again
                     self.failed[q.ino] = StripefsError(code, result.message)
                 log.warning("asynchronous %s of %r in directory %d (inode %d) refused after the kernel was answered: %s",
                             p.kind(q.request)[:-3].lower(), q.name, q.parent, q.ino,

@@ -441,18 +441,33 @@ class Operations(pyfuse3.Operations):
         self.kcache.remember(parent, name, ino)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self._entry(attr, held=True)
 
-    def _unlink_here(self, parent: int, name: bytes) -> bool:
-        """An asynchronous unlink (client/async_dirops.py) of a name this mount knows in a directory
-        it holds whole, of a file not open here (the daemon must learn of those: the AckReq rule
-        of client/kernel_cache.py); False: the daemon is asked."""
+    def _known_here(self, parent: int, name: bytes) -> int | None:
+        """The inode of ``name``, for an asynchronous unlink or rmdir (client/async_dirops.py): a name
+        this mount knows in a directory it holds whole, while numbers are delegated; else None."""
         d = self.dirops
         if d is None or not d.enabled or not self.kcache.callbacks_possible:
-            return False
+            return None
         names = self._names_of_dir(parent)
-        ino = self.kcache.lookup_known(parent, name) if names is not None and name in names else None
+        return self.kcache.lookup_known(parent, name) if names is not None and name in names else None
+
+    def _rmdir_here(self, parent: int, name: bytes) -> bool:
+        """An asynchronous rmdir of a directory this mount holds whole and knows empty; False: asked."""
+        ino = self._known_here(parent, name)
+        if ino is None or self._names_of_dir(ino) != set():
+            return False
+        self.dirops.add(Pending(p.RmdirReq(parent=parent, name=name), parent, name, ino))
+        self._name_gone(parent, name)
+        self._names_complete.pop(ino, None)
+        self.kcache.dir_attrs.made_here(parent, time.time_ns(), nlink=-1)
+        return True
+
+    def _unlink_here(self, parent: int, name: bytes) -> bool:
+        """An asynchronous unlink of a file not open here (the daemon must learn of those: the AckReq
+        rule of client/kernel_cache.py); False: the daemon is asked."""
+        ino = self._known_here(parent, name)
         if ino is None or ino in self.files:
             return False
-        d.add(Pending(p.UnlinkReq(parent=parent, name=name), parent, name, ino))
+        self.dirops.add(Pending(p.UnlinkReq(parent=parent, name=name), parent, name, ino))
         self._name_gone(parent, name)
         self.kcache.dir_attrs.made_here(parent, time.time_ns())
         with self.lock:
@@ -463,7 +478,7 @@ class Operations(pyfuse3.Operations):
     def _async_answered(self, q: Pending) -> None:
         """The daemon answered a create or unlink answered here before (client/async_dirops.py)."""
         rsp = q.reply
-        if isinstance(q.request, p.UnlinkReq):
+        if isinstance(q.request, (p.UnlinkReq, p.RmdirReq)):
             self._async_unlinked(q)
             return
         if isinstance(q.request, p.MkdirReq):
@@ -741,6 +756,8 @@ class Operations(pyfuse3.Operations):
 
     async def rmdir(self, parent_inode, name, ctx):
         self._writable()
+        if self._rmdir_here(parent_inode, name):
+            return
         removed = self.kcache.lookup_known(parent_inode, name) or 0
         await self._change(p.RmdirReq(parent=parent_inode, name=name), (parent_inode, removed))
         self._name_gone(parent_inode, name)
