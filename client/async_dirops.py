@@ -15,7 +15,8 @@ The rules
 * The new file's inode number is final when the kernel gets it: it comes from
   a range the daemon delegated to this session (``DelegateInodesReq``,
   daemon/inode_ranges.py). With none left the create is synchronous (and the
-  pool is refilled in the background).
+  pool is refilled in the background). A new session (the daemon forgot the
+  old one) starts without numbers: those were the old session's.
 * A mkdir is answered the same way; the new directory is held whole at once
   (it has no names), so what is made in it is answered here too.
 * An unlink of a name whose file is not open here, and an rmdir of a
@@ -87,6 +88,7 @@ class AsyncDirops:
         self.on_reply = on_reply  # Operations: the daemon answered a pending create (refused or not)
         self.enabled = True
         self._ranges: list[tuple[int, int]] = []  # delegated numbers not used yet: (next, last)
+        self._session = 0  # the session they were delegated to (a new session, after a daemon forgot us, has none)
         self._asking = False
         self._queue: list[Pending] = []  # answered here, not sent yet, in order
         self._unanswered: list[Pending] = []  # answered here, not answered by the daemon yet, in order
@@ -104,6 +106,8 @@ class AsyncDirops:
 
     def take_ino(self) -> int | None:
         """A delegated inode number, or None (none left: create synchronously; more are asked for)."""
+        if self._session != self.meta.session_id:
+            self._ranges.clear()  # another session's numbers: refused if named (daemon/inode_ranges.py)
         ino = None
         while self._ranges and ino is None:
             first, last = self._ranges[0]
@@ -122,7 +126,11 @@ class AsyncDirops:
 
     async def _ask_numbers(self) -> None:
         try:
-            rsp = await self.meta.call(p.DelegateInodesReq(session_id=self.meta.session_id, count=RANGE))
+            session = self.meta.session_id
+            rsp = await self.meta.call(p.DelegateInodesReq(session_id=session, count=RANGE))
+            if session != self._session:
+                self._ranges.clear()
+                self._session = session
             self._ranges.append((rsp.first, rsp.first + rsp.count - 1))
         except StripefsError as exc:
             if exc.code == ErrorCode.UNAVAILABLE:  # the store delegates none (PostgreSQL): creates stay synchronous

@@ -476,7 +476,10 @@ class Operations(pyfuse3.Operations):
         return True
 
     def _async_answered(self, q: Pending) -> None:
-        """The daemon answered a create or unlink answered here before (client/async_dirops.py)."""
+        """The daemon answered a create or unlink answered here before (client/async_dirops.py).
+        The kernel drops the directory's attributes (once per directory and flush): it was told
+        this mount's times, and asks again for the daemon's (``dir_attrs`` keeps them)."""
+        self.kcache.drop_inode(q.parent)
         rsp = q.reply
         if isinstance(q.request, (p.UnlinkReq, p.RmdirReq)):
             self._async_unlinked(q)
@@ -691,7 +694,7 @@ class Operations(pyfuse3.Operations):
     async def getattr(self, inode, ctx=None):
         # what the mount knows was answered by _fast_getattr already
         await self._settle(inode)
-        return await self._attr_reply(p.GetattrReq(ino=inode))
+        return await self._attr_reply(p.GetattrReq(ino=inode, session_id=self.meta.session_id))
 
     async def fsyncdir(self, fh, datasync):
         """The creates answered here in this directory are durable once this returns."""

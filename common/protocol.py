@@ -506,6 +506,9 @@ class LookupPathsRsp(Msg, tag="lookup_paths_rsp"):
 
 class GetattrReq(Msg, tag="getattr"):
     ino: int
+    # the asking mount's session: a directory another session creates in asynchronously is
+    # recalled first (daemon/callbacks.py ``recall_needed``), not one this session holds
+    session_id: int = 0
 
 
 class SetattrReq(Msg, tag="setattr"):

@@ -67,6 +67,10 @@ class InodeRanges:
         """The session has numbers delegated: it may create asynchronously (daemon/callbacks.py recalls)."""
         return bool(self._ranges.get(session))
 
+    def others(self, session: int) -> bool:
+        """Some session other than ``session`` has numbers delegated (a recall may be needed)."""
+        return any(sid != session and held for sid, held in self._ranges.items())
+
     def check(self, session: int, ino: int) -> None:
         """A create naming ``ino`` for ``session``: refused unless the number is the session's."""
         held = self._ranges.get(session, ())

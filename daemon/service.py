@@ -557,11 +557,26 @@ class MetaService:
 
     async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
         await self._recall(req.session_id, req.parent, req.name)
+        child = self._held_child(req)
+        if child:
+            await self._recall(req.session_id, child, b"")
         return await self._perform(self._op_lookup(req))
 
+    def _held_child(self, req: P.LookupReq) -> int:
+        """The directory ``req`` finds, if another session creates in it asynchronously (its
+        attributes come with the answer: recalled first); else 0."""
+        if not self.inode_ranges.others(req.session_id):
+            return 0
+        row = self.store.get_dentry(req.parent, req.name)
+        ino = row["ino"] if row is not None else 0
+        return ino if ino and self.callbacks.recall_needed(req.session_id, ino, self.inode_ranges.holds) else 0
+
     def _must_recall(self, body: P.Msg) -> bool:
-        """A lookup the burst must leave to ``handle_lookup``: it recalls the directory first."""
-        return type(body) is P.LookupReq and self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds)
+        """A lookup or getattr the burst must leave to its handler: it recalls a directory first."""
+        kind = type(body)
+        if kind is P.LookupReq:
+            return self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds) or bool(self._held_child(body))
+        return kind is P.GetattrReq and self.callbacks.recall_needed(body.session_id, body.ino, self.inode_ranges.holds)
 
     async def _recall(self, session: int, parent: int, name: bytes) -> None:
         """Another session holds directory ``parent`` whole and may have answered creates there
@@ -660,6 +675,7 @@ class MetaService:
                 del lines[connection]  # a connection with nothing waiting costs nothing
 
     async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
+        await self._recall(req.session_id, req.ino, b"")
         return await self._perform(self._op_getattr(req))
 
     def _op_getattr(self, req: P.GetattrReq) -> Op:
