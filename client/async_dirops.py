@@ -49,6 +49,7 @@ The rules
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -83,8 +84,13 @@ class Pending:
 
 
 class AsyncDirops:
-    def __init__(self, meta, *, on_reply: Callable[[Pending], None] = lambda pending: None) -> None:
+    def __init__(self, meta, *, on_reply: Callable[[Pending], None] = lambda pending: None, lock=None) -> None:
         self.meta = meta  # client/meta_rpc.py MetaClient
+        # changes are answered on the FUSE session's reader thread (Operations' _fast_* paths, under
+        # this lock: Operations.lock), sent and answered in trio: the queue is changed under it
+        self.lock = lock if lock is not None else threading.RLock()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._trio_thread = 0
         self.on_reply = on_reply  # Operations: the daemon answered a pending create (refused or not)
         self.enabled = True
         self._ranges: list[tuple[int, int]] = []  # delegated numbers not used yet: (next, last)
@@ -118,8 +124,15 @@ class AsyncDirops:
                 self._ranges[0] = (first + 1, last)
         if self.left() < LOW and not self._asking and self.nursery is not None:
             self._asking = True
-            self.nursery.start_soon(self._ask_numbers, name="async-dirops-inodes")
+            self._in_trio(self.nursery.start_soon, self._ask_numbers)
         return ino
+
+    def _in_trio(self, fn, *args) -> None:
+        """``fn(*args)`` on the trio thread: now if this is it, else soon (the reader thread)."""
+        if threading.get_ident() == self._trio_thread or self._token is None:
+            fn(*args)
+        else:
+            self._token.run_sync_soon(fn, *args)
 
     def left(self) -> int:
         return sum(last - first + 1 for first, last in self._ranges)
@@ -144,13 +157,19 @@ class AsyncDirops:
     # ------------------------------------------------------------ pending creates
 
     def add(self, pending: Pending) -> None:
-        """A change the kernel was answered for: sent within DELAY_S (or sooner)."""
-        self._queue.append(pending)
-        self._unanswered.append(pending)
-        self._inos[pending.ino] = self._inos.get(pending.ino, 0) + 1
-        self._dirs[pending.parent] = self._dirs.get(pending.parent, 0) + 1
+        """A change the kernel was answered for: sent within DELAY_S (or sooner). Any thread."""
+        with self.lock:
+            self._queue.append(pending)
+            self._unanswered.append(pending)
+            self._inos[pending.ino] = self._inos.get(pending.ino, 0) + 1
+            self._dirs[pending.parent] = self._dirs.get(pending.parent, 0) + 1
+            first, full = len(self._queue) == 1, len(self._queue) == BATCH
+        if first or full:
+            self._in_trio(self._poke, full)
+
+    def _poke(self, full: bool) -> None:
         self._wake.set()
-        if len(self._queue) >= BATCH:
+        if full:
             self._full.set()
 
     @property
@@ -177,7 +196,8 @@ class AsyncDirops:
             return
         if inodes and not self.busy(*inodes):
             return
-        wait = [q for q in self._unanswered if not inodes or q.ino in inodes or q.parent in inodes]
+        with self.lock:
+            wait = [q for q in self._unanswered if not inodes or q.ino in inodes or q.parent in inodes]
         await self.flush()
         for q in wait:
             await q.done.wait()
@@ -186,7 +206,8 @@ class AsyncDirops:
         """Send everything pending now, and wait for the daemon's answers."""
         async with self._send_lock:
             while self._queue:
-                batch, self._queue = self._queue[:BATCH], self._queue[BATCH:]
+                with self.lock:
+                    batch, self._queue = self._queue[:BATCH], self._queue[BATCH:]
                 await self._send(batch)
 
     async def _send(self, batch: list[Pending]) -> None:
@@ -210,13 +231,16 @@ class AsyncDirops:
             try:
                 self.on_reply(q)
             finally:
-                self._unanswered.remove(q)  # (the oldest: answers come in order)
-                _less(self._inos, q.ino)
-                _less(self._dirs, q.parent)
+                with self.lock:
+                    self._unanswered.remove(q)  # (the oldest: answers come in order)
+                    _less(self._inos, q.ino)
+                    _less(self._dirs, q.parent)
                 q.done.set()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The flusher: sends what is pending DELAY_S after the first of it, or once BATCH wait."""
+        self._token = trio.lowlevel.current_trio_token()
+        self._trio_thread = threading.get_ident()
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             task_status.started()

@@ -226,7 +226,7 @@ class Operations(pyfuse3.Operations):
         self.hints = DirHints()  # where small files of directories being walked live (client/dir_hints.py)
         # creates answered here in directories this mount holds whole (client/async_dirops.py); the
         # mount starts its flusher (``run``); None: every create asks the daemon
-        self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_answered)
+        self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_answered, lock=self.lock)
         if self.dirops is not None:
             self.kcache.before_ack = self.dirops.flush
 
@@ -734,11 +734,12 @@ class Operations(pyfuse3.Operations):
         request = p.MknodReq(parent=parent_inode, name=name, mode=mode, rdev=rdev, uid=ctx.uid, gid=ctx.gid)
         return await self._new_name(parent_inode, name, request)
 
+    def _fast_mkdir(self, parent_inode, name, mode, ctx):
+        with self.lock:
+            return (None if self.dataset else self._mkdir_here(parent_inode, name, mode, ctx)) or _SLOW
+
     async def mkdir(self, parent_inode, name, mode, ctx):
         self._writable()
-        answered = self._mkdir_here(parent_inode, name, mode, ctx)
-        if answered is not None:
-            return answered
         request = p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid,
                              session_id=self.meta.session_id, callback=self.kcache.callbacks_possible and not self.dataset)
         return await self._new_name(parent_inode, name, request)
@@ -750,17 +751,21 @@ class Operations(pyfuse3.Operations):
     async def link(self, inode, new_parent_inode, new_name, ctx):
         return await self._new_name(new_parent_inode, new_name, p.LinkReq(ino=inode, new_parent=new_parent_inode, new_name=new_name))
 
+    def _fast_unlink(self, parent_inode, name, ctx):
+        with self.lock:
+            return None if not self.dataset and self._unlink_here(parent_inode, name) else _SLOW
+
     async def unlink(self, parent_inode, name, ctx):
         self._writable()
-        if self._unlink_here(parent_inode, name):
-            return
         await self._change(p.UnlinkReq(parent=parent_inode, name=name), (parent_inode,))
         self._name_gone(parent_inode, name)
 
+    def _fast_rmdir(self, parent_inode, name, ctx):
+        with self.lock:
+            return None if not self.dataset and self._rmdir_here(parent_inode, name) else _SLOW
+
     async def rmdir(self, parent_inode, name, ctx):
         self._writable()
-        if self._rmdir_here(parent_inode, name):
-            return
         removed = self.kcache.lookup_known(parent_inode, name) or 0
         await self._change(p.RmdirReq(parent=parent_inode, name=name), (parent_inode, removed))
         self._name_gone(parent_inode, name)
@@ -1087,11 +1092,13 @@ class Operations(pyfuse3.Operations):
                 of.refresh(rsp)
         return pyfuse3.FileInfo(fh=self._new_handle(of), keep_cache=True)
 
+    def _fast_create(self, parent_inode, name, mode, flags, ctx):
+        with self.lock:
+            return (None if self.dataset else self._create_here(parent_inode, name, mode, ctx)) or _SLOW
+
     async def create(self, parent_inode, name, mode, flags, ctx):
+        # one answered here (client/async_dirops.py) was answered by _fast_create already
         self._writable()
-        answered = self._create_here(parent_inode, name, mode, ctx)
-        if answered is not None:
-            return answered
         stamp = self.kcache.stamp()
         try:
             rsp = await self._change(

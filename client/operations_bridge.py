@@ -168,6 +168,23 @@ class OperationsBridge:
     def fast_release(self, req: rq.Release):
         return self._fast("release", self.ops._fast_release, req.fh)
 
+    # namespace changes answered here in a directory the mount holds whole (client/async_dirops.py)
+
+    def fast_create(self, req: rq.Create):
+        r = self._fast("create", self.ops._fast_create, req.header.nodeid, req.name, req.mode, req.flags,
+                       _Ctx(req.header, req.umask))
+        return r if r is MISS else (entry_of(r[1]), _opened(r[0]))
+
+    def fast_mkdir(self, req):
+        r = self._fast("mkdir", self.ops._fast_mkdir, req.header.nodeid, req.name, req.mode, _Ctx(req.header, req.umask))
+        return r if r is MISS else entry_of(r)
+
+    def fast_unlink(self, req: rq.Unlink):
+        return self._fast("unlink", self.ops._fast_unlink, req.header.nodeid, req.name, _Ctx(req.header))
+
+    def fast_rmdir(self, req: rq.Unlink):
+        return self._fast("rmdir", self.ops._fast_rmdir, req.header.nodeid, req.name, _Ctx(req.header))
+
     # -- the handlers, in tasks
 
     async def lookup(self, req: rq.Lookup) -> Entry:
