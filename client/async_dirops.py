@@ -12,6 +12,9 @@ burst path: one transaction, one fsync).
 
 The rules
 ---------
+* Answered on the FUSE session's reader thread (Operations' ``_fast_create``,
+  ``_fast_mkdir``, ``_fast_unlink``, ``_fast_rmdir``, under ``Operations.lock``):
+  no trio task per change; the flusher is woken through the trio token.
 * The new file's inode number is final when the kernel gets it: it comes from
   a range the daemon delegated to this session (``DelegateInodesReq``,
   daemon/inode_ranges.py). With none left the create is synchronous (and the

@@ -60,8 +60,8 @@ The rules
   (daemon/access.py), and a subtree key holds none.
 * A directory held whole by a session that creates there asynchronously
   (client/async_dirops.py: it answered creates the daemon may not have yet)
-  is recalled before another session reads it (a lookup or a listing,
-  ``recall_needed``): the read first logs a change naming the directory,
+  is recalled before another session reads it (a lookup in it, a lookup that
+  finds it, a getattr or a listing of it, ``recall_needed``): the read first logs a change naming the directory,
   which waits for the holder like any change; the holder sends its pending
   creates before it acknowledges (client/kernel_cache.py ``before_ack``), so
   the read sees them. Close-to-open holds for names made asynchronously too.
