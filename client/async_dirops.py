@@ -184,6 +184,13 @@ class AsyncDirops:
         """A change of ``ino`` answered here has no answer from the daemon yet."""
         return ino in self._inos
 
+    def naming(self, parent: int, name: bytes) -> bool:
+        """Some change of ``name`` in ``parent`` answered here has no answer from the daemon yet."""
+        if parent not in self._dirs:
+            return False
+        with self.lock:
+            return any(q.parent == parent and q.name == name for q in self._unanswered)
+
     def busy(self, *inodes: int) -> bool:
         """Some change of these inodes, or in these directories, is not answered by the daemon yet."""
         return any(ino in self._inos or ino in self._dirs for ino in inodes)

@@ -610,7 +610,8 @@ class Operations(pyfuse3.Operations):
     # -------------------------------------------------------------- namespace
 
     async def lookup(self, parent_inode, name, ctx=None):
-        await self._settle(parent_inode)
+        if self.dirops is not None and self.dirops.naming(parent_inode, name):
+            await self._settle(parent_inode)  # a change of this very name is on its way: the daemon has it first
         previous = self._last_lookup.get(ctx.pid)
         # open information costs the daemon a little: ask for it unless this process
         # looked its last file up without opening it (``du`` and ``find`` do that)
