@@ -481,15 +481,13 @@ class Operations(pyfuse3.Operations):
         this mount's times, and asks again for the daemon's (``dir_attrs`` keeps them)."""
         self.kcache.drop_inode(q.parent)
         rsp = q.reply
+        self.kcache.dir_attrs.answered_here(q.parent, None if isinstance(rsp, p.ErrorRsp) else rsp)
         if isinstance(q.request, (p.UnlinkReq, p.RmdirReq)):
             self._async_unlinked(q)
             return
         if isinstance(q.request, p.MkdirReq):
             self._async_made_dir(q)
             return
-        if isinstance(rsp, p.ErrorRsp):  # the times made_here gave the directory did not happen
-            self.kcache.dir_attrs.begin((q.parent,))
-        self.kcache.dir_attrs.end((q.parent,) if isinstance(rsp, p.ErrorRsp) else (), None if isinstance(rsp, p.ErrorRsp) else rsp)
         with self.lock:
             of = self.files.get(q.ino)
             if isinstance(rsp, p.ErrorRsp):  # refused: the kernel forgets the file; its next operation fails
@@ -518,15 +516,14 @@ class Operations(pyfuse3.Operations):
     def _async_made_dir(self, q: Pending) -> None:
         rsp = q.reply
         if isinstance(rsp, p.ErrorRsp):  # the kernel forgets it; its next operation fails (async_dirops.py)
-            self.kcache.dir_attrs.begin((q.parent, q.ino))
-            self.kcache.dir_attrs.end((q.parent, q.ino), None)
+            self.kcache.dir_attrs.begin((q.ino,))
+            self.kcache.dir_attrs.end((q.ino,), None)
             self.kcache.let_go(q.ino, q.parent, q.name, whole=True)
             self._names_complete.pop(q.parent, None)
             self._names_complete.pop(q.ino, None)
             self.kcache.drop_name(q.parent, q.name)
             self.kcache.drop_inode(q.ino)
             return
-        self.kcache.dir_attrs.end((), rsp)
         if rsp.callback >= 0 and self.kcache.healthy:
             self.kcache.granted_dir(q.ino, rsp.callback)
             self.kcache.grants.pop((q.parent, q.name), None)  # (a directory's name is held by its parent's names)
@@ -535,12 +532,8 @@ class Operations(pyfuse3.Operations):
             self._names_complete.pop(q.ino, None)
 
     def _async_unlinked(self, q: Pending) -> None:
-        if not isinstance(q.reply, p.ErrorRsp):
-            self.kcache.dir_attrs.end((), q.reply)
-            return
-        self.kcache.dir_attrs.begin((q.parent,))  # the times made_here gave it did not happen
-        self.kcache.dir_attrs.end((q.parent,), None)
-        self._names_complete.pop(q.parent, None)  # the name is there again: lookups ask from now on
+        if isinstance(q.reply, p.ErrorRsp):
+            self._names_complete.pop(q.parent, None)  # the name is there again: lookups ask from now on
 
     def _committed(self, ino: int, rsp: p.AttrRsp) -> None:
         """This mount changed the file (a commit or a truncate, whichever request made it): what a
@@ -781,6 +774,8 @@ class Operations(pyfuse3.Operations):
         if not flags & RENAME_EXCHANGE_FLAG:  # an exchange keeps both names
             self._name_gone(parent_inode_old, name_old)
             self._name_made(parent_inode_new, name_new)
+            if moved[0]:  # what the new name names now (an asynchronous unlink of it asks this: _known_here)
+                self.kcache.remember(parent_inode_new, name_new, moved[0])
         # the kernel keeps the moved name as long as the old one was cached, maybe under a callback
         # that covered the old name only: it asks again
         self.kcache.drop_name(parent_inode_new, name_new)
