@@ -113,6 +113,7 @@ class KernelCache:
         self.before_ack: Callable[[], Awaitable[None]] = _nothing  # what must reach the daemon before an AckReq
         self._daemon = ""  # the daemon publishing the feed (its boot id)
         self._seq = 0  # the newest change applied in order
+        self._others_seq = 0  # the newest change applied that another mount made (or of unknown writer)
 
     # ----------------------------------------------------- what the kernel knows
 
@@ -181,9 +182,11 @@ class KernelCache:
         self._granted_as_of(seq)
 
     def _granted_as_of(self, seq: int) -> None:
-        if seq < self._seq:
-            # events above the grant were applied before its answer came: one may have touched
-            # these keys (the daemon then waits for this mount), so acknowledge what was applied
+        if seq < self._others_seq:
+            # events of other mounts above the grant were applied before its answer came: one may
+            # have touched these keys (the daemon then waits for this mount), so acknowledge what
+            # was applied. This mount's own changes are never waited for: an rm -rf's lookups
+            # would otherwise each send an AckReq (and flush the asynchronous unlinks with it)
             self._ack_seq = max(self._ack_seq, self._seq)
             self._pending.set()
 
@@ -250,6 +253,8 @@ class KernelCache:
             if seq:
                 self._seq = seq
             mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
+            if seq and not mine:
+                self._others_seq = seq
             kept = mine and not entries  # its own commit or setattr: it keeps its holdings of the files
             ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine, kept) if self.grants and seq else ()
             if seq:
@@ -322,6 +327,7 @@ class KernelCache:
             self._names_of.clear()
             had_grants = bool(self.grants)
             self.grants.clear()
+            self._others_seq = max(self._others_seq, self._seq, floor or 0)  # unseen changes: anyone's
         log.info("change feed: %s; dropping the kernel's cache of %d name(s) and %d inode(s)", why, len(names), len(inodes))
         await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
         if had_grants:  # dropped: every grant ended (acknowledged by the flusher)
