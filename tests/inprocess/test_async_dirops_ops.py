@@ -12,7 +12,6 @@ import re
 import pytest
 import trio
 
-from stripefs.client.fuse.abi import ROOT_ID
 from stripefs.common import protocol as P
 
 from fsapi import Kernel, open_fs, raises_errno
