@@ -11,6 +11,7 @@ NUL and '/' in names (INVALID), and paths over PATH_MAX in LookupPathsReq.
 from __future__ import annotations
 
 import errno
+import stat
 
 import zmq
 
@@ -138,3 +139,14 @@ async def test_raw_requests_with_impossible_names_get_the_right_code(fs):
     deep = b"/".join([b"d" * 200] * 21)  # 4220 bytes
     (rsp,) = await _ask(fs.rig.meta_address, [P.LookupPathsReq(root=parent, paths=[b"ok", deep, b"ok/" + b"y" * 256, b"\xff"])])
     assert [f is not None for f in rsp.files] == [True, False, False, False]
+
+
+async def test_large_directory_listing(fs):
+    """The mount's READDIR across the daemon's pages (SQLite here; the daemon's paging on PostgreSQL is
+    tests/unit/test_namespace.py's test_readdir_pages_by_cookie[postgresql])."""
+    many = await fs.mkdir(fs.dir, b"many")
+    names = {b"f%05d" % i for i in range(2100)}  # the listing spans three of the daemon's pages (1000 names)
+    for n in names:
+        await fs.mknod(many, n, stat.S_IFREG | 0o644)  # an empty file, made by one MKNOD
+    listed = await fs.listdir(many)
+    assert len(listed) == len(names) and set(listed) == names  # each name once, across replies and pages
