@@ -664,13 +664,17 @@ class Operations:
 
     async def setxattr(self, inode, name, value, ctx):
         if name in (p.PREFETCH_XATTR, p.PREFETCH_SHM_XATTR):
-            if self.prefetcher is None:
-                raise FuseError(errno.ENOTSUP)
-            self.prefetcher.submit(inode, value, shm=name == p.PREFETCH_SHM_XATTR and self._shm_copies, user=ctx.uid)
+            self._prefetch(inode, value, name == p.PREFETCH_SHM_XATTR, ctx)
             return
         self._writable()
         self._forget_killpriv(inode)
         await self._change(p.SetxattrReq(ino=inode, name=name, value=value), (inode,))  # its ctime
+
+    def _prefetch(self, inode: int, paths: bytes, shm: bool, ctx) -> None:
+        """A prefetch request, by either channel (setxattr, or the ioctl a read-only mount allows)."""
+        if self.prefetcher is None:
+            raise FuseError(errno.ENOTSUP)
+        self.prefetcher.submit(inode, paths, shm=shm and self._shm_copies, user=ctx.uid)
 
     def _fast_ioctl(self, inode, cmd, data, ctx):
         """Every ioctl but ours is answered at once: a buffered ``open()`` asks isatty() of each file."""
@@ -681,12 +685,11 @@ class Operations:
     async def ioctl(self, inode, cmd, data, ctx):
         """Prefetch requests (``protocol.PREFETCH_IOC``): the channel a read-only mount allows."""
         if self.prefetcher is None:
-            raise FuseError(errno.ENOTSUP)
+            raise FuseError(errno.ENOTSUP)  # before the buffer's check, as setxattr answers
         (length,) = struct.unpack_from("<I", data) if len(data) >= 4 else (-1,)
         if not 0 <= length <= len(data) - 4:
             raise FuseError(errno.EINVAL)
-        self.prefetcher.submit(inode, bytes(data[4:4 + length]), shm=cmd == p.PREFETCH_SHM_IOC and self._shm_copies,
-                               user=ctx.uid)
+        self._prefetch(inode, bytes(data[4:4 + length]), cmd == p.PREFETCH_SHM_IOC, ctx)
         return 0
 
     def _fast_getxattr(self, inode, name, ctx):

@@ -19,7 +19,6 @@ its own transaction (``PgStore.run``), see daemon/pg_store.py.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import sqlite3
 from typing import Callable, Iterable, Iterator, Sequence
@@ -36,6 +35,8 @@ EXACT_PART = 1 << 20
 
 #: directory rows ``dir_cache`` keeps at most
 DIR_CACHE_MAX = 4096
+#: values in one ``IN (...)`` list (``_select_in``)
+IN_PART = 500
 
 _INODE_FIELDS = (
     "mode uid gid nlink rdev size atime_ns mtime_ns ctime_ns generation chunk_size stripe_count redundancy stripe_seed snapshot"
@@ -84,6 +85,15 @@ class SqlStore:
         rows = list(rows)
         if rows:
             self.conn.cursor().executemany(self.dialect.sql(sql), rows)
+
+    def _select_in(self, sql: str, params: Sequence, values: Sequence) -> list:
+        """The rows of ``sql``, whose ``IN ({})`` takes ``values``, after ``params``: one statement
+        per ``IN_PART`` values (under SQLite's and PostgreSQL's limits on parameters)."""
+        rows = []
+        for i in range(0, len(values), IN_PART):
+            part = list(values[i : i + IN_PART])
+            rows += self._x(sql.format(",".join("?" * len(part))), (*params, *part)).fetchall()
+        return rows
 
     execute = _x  # for migrations (daemon/db.py) and tests
 
@@ -269,14 +279,7 @@ class SqlStore:
         if indices is None:
             rows = self._x("SELECT idx, version, nodes FROM chunks WHERE ino=? ORDER BY idx", (ino,))
         else:
-            wanted = sorted(set(indices))
-            rows = itertools.chain.from_iterable(
-                self._x(
-                    f"SELECT idx, version, nodes FROM chunks WHERE ino=? AND idx IN ({','.join('?' * len(part))})",
-                    (ino, *part),
-                )
-                for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
-            )
+            rows = self._select_in("SELECT idx, version, nodes FROM chunks WHERE ino=? AND idx IN ({})", (ino,), sorted(set(indices)))
         return {r[0]: (r[1], decode_nodes(r[2])) for r in rows}
 
     def put_chunk(self, ino: int, idx: int, version: int, nodes: Sequence[int], *, fresh: bool = False) -> None:
@@ -371,16 +374,11 @@ class SqlStore:
         ).fetchall()
 
     def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int, int, int]]:
-        """The same rows for the chunks of some files."""
-        out = []
-        for i in range(0, len(inos), 500):
-            part = list(inos[i : i + 500])
-            out += self._x(
-                "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino FROM chunks c"
-                f" JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({','.join('?' * len(part))}) ORDER BY c.ino, c.idx",
-                part,
-            ).fetchall()
-        return out
+        """The same rows for the chunks of some files (in order within each part of ``IN_PART`` files)."""
+        return self._select_in(
+            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino FROM chunks c"
+            " JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({}) ORDER BY c.ino, c.idx", (), inos,
+        )
 
     def regular_files_after(self, after_ino: int, limit: int) -> list[int]:
         return [
@@ -408,7 +406,7 @@ class SqlStore:
             self._x(
                 f"DELETE FROM chunks WHERE ino=? AND version=0 AND idx IN ({','.join('?' * len(part))})", (ino, *part)
             ).rowcount
-            for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
+            for part in (wanted[i : i + IN_PART] for i in range(0, len(wanted), IN_PART))
         )
 
     def abandoned_slots(self, ino: int, max_version: int, slot_parts: Callable[[int, list[int]], list[tuple[int, int]]]) -> int:
@@ -635,12 +633,8 @@ class SqlStore:
         ]
 
     def rows_in(self, table: str, columns: str, inos: Sequence[int]) -> list:
-        """``columns`` of the rows of ``table`` whose ``ino`` is one of ``inos`` (in parts of 500)."""
-        out = []
-        for i in range(0, len(inos), 500):
-            part = list(inos[i : i + 500])
-            out += self._x(f"SELECT {columns} FROM {table} WHERE ino IN ({','.join('?' * len(part))})", part).fetchall()
-        return out
+        """``columns`` of the rows of ``table`` whose ``ino`` is one of ``inos``."""
+        return self._select_in(f"SELECT {columns} FROM {table} WHERE ino IN ({{}})", (), inos)
 
     def insert_rows(self, table: str, columns: str, rows: Iterable[Sequence]) -> None:
         """Insert many rows into ``table`` in one executemany."""
@@ -669,7 +663,7 @@ class SqlStore:
     def snapshot_usage(self) -> tuple[int, int]:
         """(snapshots, bytes of the chunks only snapshots hold): each copied-out chunk row counted for
         the file's bytes in it."""
-        count = self._x("SELECT count(*) FROM snapshots").fetchone()[0]
+        count = self.count_snapshots()
         held = self._x(
             "SELECT CAST(coalesce(sum(CASE WHEN i.size - c.idx * i.chunk_size >= i.chunk_size THEN i.chunk_size"
             " WHEN i.size > c.idx * i.chunk_size THEN i.size - c.idx * i.chunk_size ELSE 0 END), 0) AS INTEGER)"
@@ -705,14 +699,9 @@ class SqlStore:
             return self._x(
                 "SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx>=?", (data_ino, from_index)
             ).fetchall()
-        wanted = sorted(set(indices))
-        return list(itertools.chain.from_iterable(
-            self._x(
-                f"SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx IN ({','.join('?' * len(part))})",
-                (data_ino, *part),
-            ).fetchall()
-            for part in (wanted[i : i + 500] for i in range(0, len(wanted), 500))
-        ))
+        return self._select_in(
+            "SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx IN ({})", (data_ino,), sorted(set(indices))
+        )
 
     def pinned_by(self, data_ino: int, limit: int = 8) -> list[int]:
         """Snapshot inodes (a few) whose chunk rows read copies of file ``data_ino``."""

@@ -140,9 +140,7 @@ class Healing:
             if req.deadline_s and trio.current_time() - arrived > req.deadline_s:
                 # the daemon stops waiting soon after: a copy stored later would be an orphan
                 raise StripefsError(ErrorCode.TIMEOUT, f"chunk {req.chunk}: copy not ready within {req.deadline_s:.1f}s; discarded")
-            meta = await self._io(self.store.write, req.chunk, rsp.version, 0, 0, data, replace=True, sync=True, if_newer=True)
-            log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, req.chunk, meta.version, address, meta.length)
-            return p.CopyChunkRsp(version=meta.version, length=meta.length)
+            return await self._store_copy(req.chunk, rsp.version, data, address)
         raise StripefsError(ErrorCode.UNAVAILABLE, f"chunk {req.chunk}: no source could be read: {'; '.join(errors)}")
 
     async def _copy_local(self, req: p.CopyChunkReq) -> p.CopyChunkRsp:
@@ -151,8 +149,12 @@ class Healing:
         version, data = await self._io(self.store.read, req.source, req.min_version, 0, req.length)
         if version != req.min_version:
             raise StripefsError(ErrorCode.STALE, f"chunk {req.source} is version {version}, not {req.min_version}")
-        meta = await self._io(self.store.write, req.chunk, version, 0, 0, data, replace=True, sync=True, if_newer=True)
-        log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, req.chunk, meta.version, req.source, meta.length)
+        return await self._store_copy(req.chunk, version, data, req.source)
+
+    async def _store_copy(self, chunk: p.ChunkId, version: int, data, origin) -> p.CopyChunkRsp:
+        """A copy read from ``origin`` stored as ``chunk``: durable before the reply, never over a newer copy."""
+        meta = await self._io(self.store.write, chunk, version, 0, 0, data, replace=True, sync=True, if_newer=True)
+        log.info("node %d: chunk %s v%d copied from %s (%d bytes)", self.node_id, chunk, meta.version, origin, meta.length)
         return p.CopyChunkRsp(version=meta.version, length=meta.length)
 
     async def handle_reconstruct_fragment(self, req: p.ReconstructFragmentReq, payloads) -> p.CopyChunkRsp:
