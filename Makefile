@@ -12,27 +12,25 @@ DATASET_MNT ?=
 .PHONY: install run stop status test unit inprocess cluster bench fuzz fuzz-resume clean csi-proto
 
 $(VENV)/.installed: pyproject.toml
-	@if ! command -v fusermount3 >/dev/null || ! pkg-config --exists fuse3 2>/dev/null; then \
-		echo "installing fuse3, libfuse3-dev, pkg-config"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 libfuse3-dev pkg-config >/dev/null; \
-	fi
-	@if ! command -v systemd-analyze >/dev/null; then \
-		echo "installing systemd (systemd-analyze verifies the units in deploy/)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; \
-	fi
-	@# metadata on PostgreSQL (stripefs local up --meta-store postgresql, its tests): Debian's server
-	@# binaries live in /usr/lib/postgresql/<version>/bin (stripefs/local_postgres.py finds them)
-	@if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then \
-		echo "installing postgresql (initdb, pg_ctl) for --meta-store postgresql and its tests"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
-	fi
-	@if [ ! -x /usr/bin/python3 ]; then \
-		echo "installing python3 (the security tests run attacks as uid 65534 with Debian's interpreter)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 >/dev/null; \
-	fi
-	@if ! command -v tmux >/dev/null; then \
-		echo "installing tmux (the tests watch 'stripefs top' in a terminal)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; \
+	@# Debian packages, those missing only, in one apt-get (one index update: ~10 s each on a fresh machine):
+	@#  fuse3: fusermount3, with which the mount mounts when not root, and users unmount;
+	@#  libfuse3-dev, pkg-config: pyfuse3's build (the bench's reference mount; installed with the rest,
+	@#   the index update being the cost);
+	@#  systemd: systemd-analyze verifies the units in deploy/;
+	@#  postgresql: initdb and pg_ctl for --meta-store postgresql and its tests (Debian's server binaries
+	@#   live in /usr/lib/postgresql/<version>/bin: stripefs/local_postgres.py finds them);
+	@#  python3: the security tests run attacks as uid 65534 with Debian's interpreter;
+	@#  tmux: the tests watch 'stripefs top' in a terminal.
+	@missing=""; \
+	command -v fusermount3 >/dev/null || missing="$$missing fuse3"; \
+	pkg-config --exists fuse3 2>/dev/null || missing="$$missing libfuse3-dev pkg-config"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	[ -x /usr/bin/python3 ] || missing="$$missing python3"; \
+	command -v tmux >/dev/null || missing="$$missing tmux"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# uv installs the same packages from PyPI as pip, about 3x faster (30 s against 92 s on a fresh
