@@ -127,6 +127,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def reserve_port(port: int) -> int:
+    """``port``, chosen by the caller (``--set meta.listen``), never handed out by ``free_port`` in this
+    process: the cluster's other ports are picked before its daemon binds it, so a check by binding
+    would not see it taken (a test's fixed port was once given to the mount's metrics too)."""
+    _handed_out.add(port)
+    return port
+
+
 def _alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -242,7 +250,7 @@ class LocalCluster:
         listen = str(parsed.get("meta", {}).get("listen", ""))
         info = {
             # --set meta.listen=tcp://0.0.0.0:PORT (reachable from other hosts or namespaces) fixes the port
-            "meta_port": int(listen.rsplit(":", 1)[1]) if listen.rsplit(":", 1)[-1].isdigit() else free_port(),
+            "meta_port": reserve_port(int(listen.rsplit(":", 1)[1])) if listen.rsplit(":", 1)[-1].isdigit() else free_port(),
             "nodes": [{"node_id": i, "port": free_port()} for i in range(1, nodes + 1)],
             "mount": str(mount),
             "options": options,
