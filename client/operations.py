@@ -115,6 +115,10 @@ COMPLETE_DIR_NAMES = 100_000
 #: mode: the same for files held under a callback (daemon/callbacks.py)
 DATASET_OPEN_INFO_ENTRIES = 262_144
 
+#: the ioctls the mount serves (prefetch announcements on a read-only mount); every other is
+#: answered ENOTTY by the FUSE session itself (client/mount.py, client/fuse/session.py Options.ioctls)
+SERVED_IOCTLS = frozenset({p.PREFETCH_IOC, p.PREFETCH_SHM_IOC})
+
 #: st_blksize the kernel reports for every file: reads and writes of 1 MiB
 BLKSIZE = 1 << 20
 
@@ -678,8 +682,9 @@ class Operations:
 
     def _fast_ioctl(self, inode, cmd, data, ctx):
         """Every ioctl but ours is answered at once: a buffered ``open()`` asks isatty() of each file."""
-        if cmd not in (p.PREFETCH_IOC, p.PREFETCH_SHM_IOC):
-            raise FuseError(errno.ENOTTY)  # not a terminal, no such ioctl
+        if cmd not in SERVED_IOCTLS:
+            raise FuseError(errno.ENOTTY)  # not a terminal, no such ioctl (the mount's session answers
+            # these itself: client/mount.py gives it SERVED_IOCTLS)
         return FAST_PATH_MISS
 
     async def ioctl(self, inode, cmd, data, ctx):
