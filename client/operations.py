@@ -48,15 +48,14 @@ held under a callback (above).
 Dataset mode (``-o dataset``): a read-only mount for training data
 -------------------------------------------------------------------
 Every name and attribute is cached for ``cache_timeout_s`` while the feed is
-healthy; ``open`` is answered from the lookup's open information without a
-round trip and always keeps the page cache (the feed drops pages of files
-that change); ``flush`` answers ENOSYS, after which the kernel stops sending it
-for the connection. So a warm epoch costs Python one OPEN and one RELEASE per
-file (plus a GETATTR in the first warm epoch: the reader's fstat after a read
-marked atime stale, docs/design.md), each answered by a ``_fast_*`` path
-without the op_timeout cancel scope, and no network at all; a buffered
-``open()``'s isatty IOCTL is answered ENOSYS by libfuse before Python sees it. A change made elsewhere becomes visible within the
-feed's bound (kernel_cache.py: 3 s plus delivery), not at the next open.
+healthy; ``open`` and ``flush`` are declined with ENOSYS (no-open: the kernel
+sends neither, nor RELEASE, again on the connection; a READ names the inode,
+``read_inode``) and the kernel keeps the page cache (the feed drops pages of
+files that change). So a warm file costs no request and no network; a
+buffered ``open()``'s isatty IOCTL is answered ENOTTY by the mount's FUSE
+session itself (``SERVED_IOCTLS``), before any handler. A change made elsewhere
+becomes visible within the feed's bound (kernel_cache.py: 3 s plus delivery),
+not at the next open.
 Writes of any kind answer EROFS.
 
 Sampler-order prefetch: ``setxattr(DIR, "user.stripefs.prefetch", PATHS)`` with
