@@ -154,8 +154,9 @@ def prefetcher_report(mnt: Path) -> dict | str:
 
 
 def mount_counters(url: str | None) -> dict[str, float]:
-    """Request counters from the mount's Prometheus endpoint: FUSE operations
-    by op ("fuse:lookup") and RPCs by message type ("rpc:LookupReq", all
+    """Request counters from the mount's Prometheus endpoint: FUSE requests
+    by opcode ("fuse:lookup": every request the mount's session read, those no
+    handler sees included) and RPCs by message type ("rpc:LookupReq", all
     peers); {} if there is no endpoint."""
     if not url:
         return {}
@@ -166,8 +167,8 @@ def mount_counters(url: str | None) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("stripefs_fuse_ops_total{"):
-            key = "fuse:" + line.split('op="', 1)[1].split('"', 1)[0]
+        if line.startswith("stripefs_fuse_requests_total{"):
+            key = "fuse:" + line.split('opcode="', 1)[1].split('"', 1)[0]
         elif line.startswith("stripefs_rpc_seconds_count{"):
             key = "rpc:" + line.split('type="', 1)[1].split('"', 1)[0]
         else:

@@ -44,11 +44,11 @@ moved since it was warmed, and measured again (up to 3 times) if they move
 during it ("!" marks a figure that never ran undisturbed).
 
 Per figure: files/s; FUSE requests per file by op (bare: counted in the server,
-read through a getxattr; stripefs: the mount's stripefs_fuse_ops_total) plus
-those no handler sees ("ioctl*": requests the server read from /dev/fuse, its
-read(2) calls in /proc/PID/io syscr, less the handled ones; Python's open()
-asks isatty(), a TCGETS ioctl the kernel forwards and libfuse answers ENOSYS in
-C, every time); the server process's CPU (utime+stime, /proc/PID/stat) per file,
+read through a getxattr; stripefs: every request its session read,
+stripefs_fuse_requests_total) plus, for the bare servers, those no handler
+sees ("ioctl*": requests the server read from /dev/fuse, its read(2) calls in
+/proc/PID/io syscr, less the handled ones; Python's open() asks isatty(), a
+TCGETS ioctl the kernel forwards and libfuse answers ENOSYS in C, every time); the server process's CPU (utime+stime, /proc/PID/stat) per file,
 its system part, and per request; the reader processes' CPU per file.
 
 Then (--no-profile skips it) `py-spy record --gil --native` of the bare_noopen
@@ -137,11 +137,12 @@ def reader(conn) -> None:
 
 
 def fuse_ops(url: str) -> dict[str, float]:
-    """stripefs_fuse_ops_total by op from a mount's Prometheus endpoint."""
+    """stripefs_fuse_requests_total by opcode from a mount's Prometheus endpoint: every request its
+    FUSE session read, those no handler sees included (an IOCTL the session answers itself)."""
     with urllib.request.urlopen(url, timeout=10) as rsp:
         text = rsp.read().decode()
-    return {line.split('op="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith("stripefs_fuse_ops_total{")}
+    return {line.split('opcode="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("stripefs_fuse_requests_total{")}
 
 
 def per_file(before: dict[str, float], after: dict[str, float], files: int) -> dict[str, float]:

@@ -45,7 +45,7 @@ from .fuse.session import DEFAULT_WANT, Options as SessionOptions, Session
 from .jobs import Jobs
 from .operations_bridge import OperationsBridge
 from .kernel_cache import KernelCache
-from .operations import Operations
+from .operations import SERVED_IOCTLS, Operations
 from .prefetch import Prefetcher
 from .shm_cache import ShmCache
 
@@ -421,7 +421,8 @@ async def _start_session(ops: Operations, mountpoint: str, options: set[str], cl
         # without atomic O_TRUNC an open(O_TRUNC) sends SETATTR, answered EROFS, instead of the
         # kernel setting the file's size to 0 by itself
         want &= ~InitFlag.ATOMIC_O_TRUNC
-    options_ = SessionOptions(want=want, max_background=client_cfg.max_background, max_write=1 << 17)
+    options_ = SessionOptions(want=want, max_background=client_cfg.max_background, max_write=1 << 17,
+                              ioctls=SERVED_IOCTLS)
     dev = Device(m.fd)
     session = Session(dev, Dispatcher(bridge, token, nursery), options_, on_close=lambda: fuse_mount.unmount(m, dev))
     try:

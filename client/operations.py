@@ -48,15 +48,14 @@ held under a callback (above).
 Dataset mode (``-o dataset``): a read-only mount for training data
 -------------------------------------------------------------------
 Every name and attribute is cached for ``cache_timeout_s`` while the feed is
-healthy; ``open`` is answered from the lookup's open information without a
-round trip and always keeps the page cache (the feed drops pages of files
-that change); ``flush`` answers ENOSYS, after which the kernel stops sending it
-for the connection. So a warm epoch costs Python one OPEN and one RELEASE per
-file (plus a GETATTR in the first warm epoch: the reader's fstat after a read
-marked atime stale, docs/design.md), each answered by a ``_fast_*`` path
-without the op_timeout cancel scope, and no network at all; a buffered
-``open()``'s isatty IOCTL is answered ENOSYS by libfuse before Python sees it. A change made elsewhere becomes visible within the
-feed's bound (kernel_cache.py: 3 s plus delivery), not at the next open.
+healthy; ``open`` and ``flush`` are declined with ENOSYS (no-open: the kernel
+sends neither, nor RELEASE, again on the connection; a READ names the inode,
+``read_inode``) and the kernel keeps the page cache (the feed drops pages of
+files that change). So a warm file costs no request and no network; a
+buffered ``open()``'s isatty IOCTL is answered ENOTTY by the mount's FUSE
+session itself (``SERVED_IOCTLS``), before any handler. A change made elsewhere
+becomes visible within the feed's bound (kernel_cache.py: 3 s plus delivery),
+not at the next open.
 Writes of any kind answer EROFS.
 
 Sampler-order prefetch: ``setxattr(DIR, "user.stripefs.prefetch", PATHS)`` with
@@ -114,6 +113,10 @@ COMPLETE_DIR_NAMES = 100_000
 #: dataset mode: open information kept per inode (until the feed says it changed); default
 #: mode: the same for files held under a callback (daemon/callbacks.py)
 DATASET_OPEN_INFO_ENTRIES = 262_144
+
+#: the ioctls the mount serves (prefetch announcements on a read-only mount); every other is
+#: answered ENOTTY by the FUSE session itself (client/mount.py, client/fuse/session.py Options.ioctls)
+SERVED_IOCTLS = frozenset({p.PREFETCH_IOC, p.PREFETCH_SHM_IOC})
 
 #: st_blksize the kernel reports for every file: reads and writes of 1 MiB
 BLKSIZE = 1 << 20
@@ -678,8 +681,9 @@ class Operations:
 
     def _fast_ioctl(self, inode, cmd, data, ctx):
         """Every ioctl but ours is answered at once: a buffered ``open()`` asks isatty() of each file."""
-        if cmd not in (p.PREFETCH_IOC, p.PREFETCH_SHM_IOC):
-            raise FuseError(errno.ENOTTY)  # not a terminal, no such ioctl
+        if cmd not in SERVED_IOCTLS:
+            raise FuseError(errno.ENOTTY)  # not a terminal, no such ioctl (the mount's session answers
+            # these itself: client/mount.py gives it SERVED_IOCTLS)
         return FAST_PATH_MISS
 
     async def ioctl(self, inode, cmd, data, ctx):

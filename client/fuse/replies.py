@@ -120,6 +120,12 @@ def _split(seconds: float) -> tuple[int, int]:
     return whole, int((seconds - whole) * _NS)
 
 
+def encode_error(unique: int, err: int) -> bytes:
+    """The whole answer failing request ``unique`` with errno ``err`` (positive), or an empty
+    success (``err`` 0): the out header alone."""
+    return _OUT.pack(_OUT_SIZE, -err, unique)
+
+
 def encode_attr(a: Attr) -> bytes:
     """``fuse_attr`` (88 bytes)."""
     return _ATTR.pack(*_attr_fields(a))
@@ -234,7 +240,7 @@ class Reply:
             raise AlreadyAnswered(f"request {self.unique} was answered already")
         self.sent = True
         if not parts:
-            self._send(self.unique, (_OUT.pack(_OUT_SIZE, error, self.unique),))
+            self._send(self.unique, (encode_error(self.unique, -error),))
         elif len(parts) == 1:
             self._send(self.unique, (_OUT.pack(_OUT_SIZE + len(parts[0]), error, self.unique), parts[0]))
         else:

@@ -10,11 +10,12 @@ Threads and order:
 2. One reader thread (``fuse-reader``) loops: a blocking read of the device into one
    preallocated buffer, parse, then one of: FORGET/BATCH_FORGET applied inline (no reply);
    INTERRUPT passed to the interrupted request's ``on_interrupt`` (EAGAIN if it is not in flight,
-   which makes the kernel send it again later); DESTROY answered and the loop ended; anything
+   which makes the kernel send it again later); DESTROY answered and the loop ended; an IOCTL
+   of a command the handler does not serve (``Options.ioctls``) answered ENOTTY at once; anything
    else given to the handler with a :class:`~.replies.Reply`. The handler either answers before
    it returns (the hot path: from memory, on this thread, no other thread woken) or keeps the
-   reply and answers later from another thread (dispatch hands it to trio). A handler that
-   raises answers EIO.
+   reply and answers later from another thread (dispatch hands it to trio); only then is the
+   request put in flight (where an INTERRUPT finds it). A handler that raises answers EIO.
 3. Replies and notifications are written from any thread, each with one ``writev``.
 4. The loop ends when the device says the connection is gone (unmounted, aborted: ENODEV), on
    DESTROY, or on a header that cannot be a request. :meth:`Session.close` then unmounts (if the
@@ -43,7 +44,7 @@ from typing import Callable, Protocol, Sequence
 from . import abi, notify as _notify, requests as rq
 from .abi import InitFlag, Opcode
 from .device import Closed, Device
-from .replies import Reply, encode_init, encode_init_version_only
+from .replies import Reply, encode_error, encode_init, encode_init_version_only
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,11 @@ class Options:
     time_gran: int = 1  # ns: timestamps are kept to the nanosecond
     max_in_flight: int = 1024
     switch_interval: float | None = 0.001  # seconds; None leaves the process's as it is
+    #: the ioctl commands the handler serves; the session answers any other ENOTTY itself, from the
+    #: parsed request, with no reply object, handler, lock or task (a buffered ``open()`` on Python
+    #: before 3.14 asks isatty() of every file it opens: TCGETS, which the kernel forwards, as it
+    #: forwards every ioctl of a FUSE file). None: every IOCTL goes to the handler.
+    ioctls: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,7 @@ class Session:
         self.error: BaseException | None = None  # why the loop ended, if not an unmount
         self._on_close = on_close  # unmounts, where the session owns the mount
         self._ctx = rq.ParseContext()
+        self._ioctls = options.ioctls
         self._in_flight: dict[int, Reply] = {}
         self._room = threading.Event()  # set when the reader, waiting for room (_full), may read again
         self._full = False
@@ -259,14 +266,23 @@ class Session:
         kind = type(req)
         h = req.header
         if kind in _HANDLER_KINDS:  # the common case first: one set lookup
+            if kind is rq.Ioctl and self._ioctls is not None and req.cmd not in self._ioctls:
+                self._send_error(h.unique, errno.ENOTTY)  # not one of ours (Options.ioctls)
+                return
             reply = Reply(h.unique, self._finish)
-            self._in_flight[h.unique] = reply
             try:
                 self.handler.handle(req, reply)
             except Exception:
                 log.exception("request %d (%s) failed", h.unique, kind.__name__)
                 if not reply.sent:
                     reply.error(errno.EIO)
+            if not reply.sent:
+                # in flight only once handed on (most are answered above, on this thread): an
+                # INTERRUPT, read by this thread after this, finds it. Answered meanwhile by another
+                # thread (its _finish found nothing to pop): taken out again.
+                self._in_flight[h.unique] = reply
+                if reply.sent:
+                    self._in_flight.pop(h.unique, None)
             return
         if kind is rq.Forget:
             self._forget(((h.nodeid, req.nlookup),))
@@ -317,6 +333,13 @@ class Session:
             self.handler.forget(forgets)
         except Exception:
             log.exception("forget failed")
+
+    def _send_error(self, unique: int, err: int) -> None:
+        """Answer errno ``err`` to a request the session answers itself, never in flight."""
+        try:
+            self.device.writev((encode_error(unique, err),))
+        except Closed:
+            pass
 
     def _finish(self, unique: int, parts: Sequence[bytes]) -> None:
         """Send an answer (any thread); the request is then no longer in flight."""

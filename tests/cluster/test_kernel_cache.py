@@ -97,13 +97,15 @@ def test_dataset_mount_sees_changes_within_the_bound(cluster, mnt, dataset):
     _eventually(lambda: os.stat(theirs / "sub" / "new").st_mode & 0o777 == 0o600)
 
 
-def _requests_at(mountpoint=None, url: str = "") -> dict[str, float]:
-    """stripefs_fuse_requests_total by opcode: every request the mount's own FUSE session read."""
+def _requests_at(mountpoint=None, url: str = "", name: str = "stripefs_fuse_requests_total",
+                 label: str = "opcode") -> dict[str, float]:
+    """stripefs_fuse_requests_total by opcode: every request the mount's own FUSE session read
+    (or another counter ``name`` of the mount, by ``label``)."""
     url = url or f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics"
     with urllib.request.urlopen(url, timeout=10) as rsp:
         text = rsp.read().decode()
-    return {s.labels["opcode"]: s.value for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name == "stripefs_fuse_requests_total"}
+    return {s.labels[label]: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == name}
 
 
 def test_a_warm_file_of_a_dataset_mount_is_read_with_no_request(mnt, dataset):
@@ -134,7 +136,8 @@ def test_a_warm_file_of_a_dataset_mount_is_read_with_no_request(mnt, dataset):
 def test_a_warm_file_of_a_default_mount_costs_an_open_and_a_release(cluster, mnt):
     """The default mount keeps OPEN (close-to-open, handles for writers); a file opened for reading
     is closed with no FLUSH (FOPEN_NOFLUSH) and read from the kept page cache: per warm read one
-    OPEN and one RELEASE, both answered on the session's reader thread."""
+    OPEN and one RELEASE, both answered on the session's reader thread. A buffered open() adds
+    its isatty() IOCTL, which the session answers itself: no handler sees it."""
     data = os.urandom(150_000)
     (mnt / "warm_default").write_bytes(data)
     path = mnt / "warm_default"
@@ -148,9 +151,18 @@ def test_a_warm_file_of_a_default_mount_costs_an_open_and_a_release(cluster, mnt
             with open(path, "rb", buffering=0) as f:
                 assert f.read() == data
         after = _requests_at(url=url)
+        handled = _requests_at(url=url, name="stripefs_fuse_ops_total", label="op")
+        for _ in range(3):
+            assert _read(path) == data  # buffered
+        buffered = _requests_at(url=url)
+        handled_buffered = _requests_at(url=url, name="stripefs_fuse_ops_total", label="op")
     sent = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
     assert sent.get("open") == 3 and sent.get("release") == 3, sent
     assert not set(sent) - {"open", "release", "lookup", "getattr"}, sent  # no FLUSH, no READ
+    sent = {op: n - after.get(op, 0) for op, n in buffered.items() if n != after.get(op, 0)}
+    assert sent.get("open") == 3 and sent.get("release") == 3 and sent.get("ioctl") == 3, sent
+    assert not set(sent) - {"open", "release", "ioctl", "lookup", "getattr"}, sent
+    assert handled_buffered.get("ioctl", 0) == handled.get("ioctl", 0)  # answered by the session alone
 
 
 def _write_at_once(path) -> None:

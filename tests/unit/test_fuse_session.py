@@ -479,3 +479,29 @@ def test_fast_paths_on_the_reader_thread_hold_the_fast_lock(pair):
     assert seen == [("fuse-reader", True)]
     assert not lock._is_owned()
     stop(kernel, session)
+
+
+def test_ioctls_the_handler_does_not_serve_are_answered_by_the_session(pair):
+    """Options.ioctls: an IOCTL of another command (a buffered open()'s isatty(): TCGETS) is
+    answered ENOTTY by the session itself, never reaching the handler; one of the listed commands
+    goes to the handler. Both are counted."""
+    ours, tcgets = 0x40045301, 0x5401
+    seen = []
+
+    class Ioctls:
+        def fast_ioctl(self, req):
+            seen.append(req.cmd)
+            return 7, b""
+
+    def ioctl_args(cmd: int) -> bytes:
+        return u64(0) + u32(0) + u32(cmd) + u64(0) + u32(0) + u32(0)
+
+    kernel, session = started(pair, Dispatcher(Ioctls()), Options(switch_interval=None, ioctls=frozenset({ours})))
+    kernel.send(Opcode.IOCTL, ioctl_args(tcgets), unique=10)
+    assert kernel.answer() == (10, -errno.ENOTTY, b"")
+    kernel.send(Opcode.IOCTL, ioctl_args(ours), unique=11)
+    unique, error, body = kernel.answer()
+    assert (unique, error, body[:4]) == (11, 0, u32(7))
+    assert seen == [ours] and session.counts[Opcode.IOCTL] == 2
+    assert not session._in_flight  # answered on the reader thread: never in flight
+    stop(kernel, session)
