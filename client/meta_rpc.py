@@ -82,6 +82,28 @@ class MetaClient:
                 self._unanswered.discard(op_id)
         return await self._call(request, retry)
 
+    async def call_batch(self, requests: list[p.Msg]) -> list[p.Msg]:
+        """Many changes in one BatchReq (each in its own OnceReq: a retry applies each once);
+        the reply or ErrorRsp of each, in order (daemon/burst.py)."""
+        ops = list(range(self._next_op, self._next_op + len(requests)))
+        self._next_op += len(requests)
+        self._unanswered.update(ops)
+        try:
+            done_below = min(self._unanswered)
+            items = []
+            for op_id, request in zip(ops, requests):
+                if self.root_squash:
+                    request = squash(request)
+                wire = request if self.subtree is None else self.subtree.request(request)
+                items.append(p.OnceReq(client_id=self.client_id, op_id=op_id, done_below=done_below, body=wire))
+            rsp = await self._call(p.BatchReq(items=items), True)
+            results = rsp.results
+            if self.subtree is not None:
+                results = [r if isinstance(r, p.ErrorRsp) else self.subtree.reply(r) for r in results]
+            return results
+        finally:
+            self._unanswered.difference_update(ops)
+
     async def _call(self, request: p.Msg, retry: bool, once: tuple[int, int] | None = None) -> p.Msg:
         deadline = trio.current_time() + self.retry_window_s
         attempt = 0
