@@ -822,15 +822,20 @@ class Operations:
         moved = (self.kcache.lookup_known(parent_inode_old, name_old) or 0, self.kcache.lookup_known(parent_inode_new, name_new) or 0)
         request = p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
         await self._change(request, (parent_inode_old, parent_inode_new, *moved))
-        if not flags & RENAME_EXCHANGE_FLAG:  # an exchange keeps both names
+        exchange = flags & RENAME_EXCHANGE_FLAG  # an exchange keeps both names
+        if not exchange:
             self._name_gone(parent_inode_old, name_old)
             self._name_made(parent_inode_new, name_new)
-            if moved[0]:  # what the new name names now (an asynchronous unlink of it asks this: _known_here)
-                self.kcache.remember(parent_inode_new, name_new, moved[0])
+        self.kcache.name_gone(parent_inode_old, name_old)
+        if not exchange and moved[0] and self._names_of_dir(parent_inode_new) is not None:
+            # this mount holds every name of the new directory: the moved name stays true until it
+            # hears otherwise, so the kernel keeps it, and an unlink of it is answered here
+            # (_known_here) without a LOOKUP first
+            self.kcache.remember(parent_inode_new, name_new, moved[0])
+            return
         # the kernel keeps the moved name as long as the old one was cached, maybe under a callback
         # that covered the old name only: it asks again
         self.kcache.drop_name(parent_inode_new, name_new)
-        self.kcache.name_gone(parent_inode_old, name_old)
         self.kcache.name_gone(parent_inode_new, name_new)
 
     async def opendir(self, inode, ctx):
