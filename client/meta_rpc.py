@@ -203,7 +203,7 @@ class MetaClient:
         the restart, "a writer holds its file open". Not retried: the next one reads anew."""
         client = self._clients[self._current]
         with trio.move_on_after(self.timeout) as waited:
-            await client.sock.wait_writable()
+            await client.wait_writable()
         if waited.cancelled_caught:
             self._next_after(client)
             raise StripefsError(ErrorCode.TIMEOUT, f"session heartbeat: {client.address} took no request within {self.timeout:.1f}s")

@@ -317,6 +317,14 @@ class RpcClient:
             )
         return body, slot.payloads
 
+    async def wait_writable(self) -> None:
+        """Return once a request sent now goes out at once (``ZmqSocket.wait_writable``); a closed
+        connection (the process is stopping) is UNAVAILABLE, as for ``call``."""
+        try:
+            await self.sock.wait_writable()
+        except trio.ClosedResourceError:
+            raise StripefsError(ErrorCode.UNAVAILABLE, f"connection to {self.address} is closed") from None
+
 
 @asynccontextmanager
 async def connect(ctx: zmq.Context, address: str, *, timeout: float = 10.0) -> AsyncIterator[RpcClient]:

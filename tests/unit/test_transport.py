@@ -327,3 +327,13 @@ async def test_a_session_heartbeat_waiting_for_its_daemon_names_the_files_open_w
                     request_id, body = protocol.decode_request(header.bytes)
                     assert isinstance(body, protocol.SessionHeartbeatReq) and body.open_inodes == []
                     await router.send_multipart([identity.bytes, protocol.encode(request_id, protocol.OkRsp())])
+
+
+async def test_waiting_for_a_closed_connection_to_take_a_request_is_unavailable(ctx):
+    """A mount stopping closes its sockets under its session heartbeat: an error it handles (the
+    heartbeat loop ended the mount with a traceback: "mount client failed")."""
+    async with connect(ctx, _free_address(), timeout=1.0) as client:
+        client.sock.close()
+        with pytest.raises(StripefsError) as exc:
+            await client.wait_writable()
+        assert exc.value.code == ErrorCode.UNAVAILABLE
