@@ -217,7 +217,9 @@ class Cluster:
             except OSError:
                 continue
             for ln in text:
-                if any(k in ln for k in ("ERROR", "Traceback", "CRITICAL", "WARNING", "Exception")):
+                # a mount's change-feed drop (INFO) empties the kernel's caches and callbacks: every
+                # cached figure after it (stat warm, stat written) is a daemon round trip each
+                if any(k in ln for k in ("ERROR", "Traceback", "CRITICAL", "WARNING", "Exception", "dropping the kernel's cache")):
                     lines.append(f"{f.name}: {ln.strip()}")
         return lines if len(lines) <= limit else lines[:limit] + [f"... {len(lines) - limit} more"]
 

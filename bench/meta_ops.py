@@ -17,6 +17,8 @@ time the syscalls and little Python):
     mkdir        N directories, then rmdir of each
     mkdir -p     CHAINS chains of DEPTH directories with os.makedirs (each
                  level a stat then a mkdir); dirs/s; every leaf checked after
+    stat written N files of WRITTEN_BYTES written and closed (untimed), then a
+                 stat of each (issue 31: answered by the writer's mount)
 
 ``cpu`` (a function returning cumulative CPU seconds by process) is read
 around the create phase: CPU per create of the metadata daemon and the mount.
@@ -34,7 +36,8 @@ from common import BenchError, progress
 
 DIRS = 4
 READDIR_MIN_S = 0.5
-OPS = ("create", "stat", "stat warm", "readdir warm", "rename", "unlink", "mkdir", "rmdir", "mkdir -p")
+OPS = ("create", "stat", "stat warm", "readdir warm", "rename", "unlink", "mkdir", "rmdir", "mkdir -p", "stat written")
+WRITTEN_BYTES = 4096  # stat written: each file gets this much, written and closed just before (untimed)
 
 
 def _drop_dentries() -> None:
@@ -81,6 +84,11 @@ def _create(name: str) -> None:
     os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 
 
+def _write_small(name: str) -> None:
+    with open(name, "wb") as f:
+        f.write(b"w" * WRITTEN_BYTES)
+
+
 def _rename(pair: tuple[str, str]) -> None:
     os.rename(*pair)
 
@@ -124,6 +132,7 @@ def run_ops(roots: list[Path], n: int, chains: int, depth: int, cpu: Callable[[]
     moves = {r: list(zip(files[r], renamed[r])) for r in roots}
     made = {r: _names(r, n, "m{:06d}") for r in roots}
     leaves = {r: _chains(r, per_root, depth) for r in roots}
+    written = {r: _names(r, n, "w{:06d}") for r in roots}
     work = {
         "create": lambda r: _loop(_create, files[r]),
         "stat": lambda r: _loop(os.stat, files[r]),
@@ -134,12 +143,15 @@ def run_ops(roots: list[Path], n: int, chains: int, depth: int, cpu: Callable[[]
         "mkdir": lambda r: _loop(os.mkdir, made[r]),
         "rmdir": lambda r: _loop(os.rmdir, made[r]),
         "mkdir -p": lambda r: _loop(os.makedirs, leaves[r]) * depth,
+        "stat written": lambda r: _loop(os.stat, written[r]),
     }
     rates, cpu_create = {}, {}
     for op in OPS:
         phase(op)
         if op == "stat":
             _drop_dentries()
+        if op == "stat written":
+            at_once(roots, lambda r: _loop(_write_small, written[r]))
         before = cpu() if op == "create" else None
         count, s = at_once(roots, work[op])
         if before is not None:

@@ -45,6 +45,14 @@ GOALS = {
     ("i30 wire cpu", "pg1"): ("max", 1.0),
     ("i30 wire cpu", "pg2"): ("max", 1.0),
     ("i30 wire create", "pg2"): ("min", 1500),
+    # issue 31, files written in batches
+    ("i31 create", "sqlite"): ("min", 7500),
+    ("i31 unlink", "sqlite"): ("min", 9000),
+    ("i31 mkdir", "sqlite"): ("min", 7500),
+    ("i31 rename", "sqlite"): ("min", 2000),
+    ("i31 rm -rf", "sqlite"): ("ratio", 1.0),
+    ("i31 stat written", "sqlite"): ("ratio", 0.3),
+    ("i31 cp -r", "sqlite"): ("ratio", 0.3),
 }
 
 OP_LABELS = {
@@ -57,6 +65,7 @@ OP_LABELS = {
     "readdir warm": "readdir (scandir), warm",
     "mkdir -p": "mkdir -p chains (os.makedirs)",
     "rmdir": "rmdir",
+    "stat written": "stat of files this mount just wrote (4 KiB each)",
 }
 OP_UNITS = {"readdir warm": "entries/s", "mkdir -p": "dirs/s"}
 ISSUE_ORDER = ("create", "unlink", "mkdir", "rename", "stat warm", "stat", "readdir warm", "mkdir -p")
@@ -108,7 +117,7 @@ def rows_of(key: str, res: dict, args) -> list[dict]:
                      "ratio": ratio, "goal": _goal(goal, unit), "pass": _verdict(goal, stripefs, ratio)})
 
     if "stripefs_ops_s" in res:
-        for op in ISSUE_ORDER + ("rmdir",):
+        for op in ISSUE_ORDER + ("rmdir", "stat written"):
             label = OP_LABELS[op] + (f", {args.chains} x depth {args.depth}" if op == "mkdir -p" else "")
             add(op, label, res["stripefs_ops_s"][op], res["local_ops_s"][op], OP_UNITS.get(op, "/s"))
     ing = res.get("ingest")
@@ -143,7 +152,22 @@ def rows_of(key: str, res: dict, args) -> list[dict]:
         add("rtt getattr", "round trip at the client: GetattrReq of /", t["getattr"]["mean_ms"], floor, "ms")
         add("rtt client share", "round trip: RpcClient to a minimal server", t["client_share"]["mean_ms"], floor, "ms")
     _issue30_rows(key, res, add)
+    _issue31_rows(res, add)
     return rows
+
+
+def _issue31_rows(res: dict, add) -> None:
+    """Issue 31's goals (files written in batches), beside the same local figures."""
+    ops, local = res.get("stripefs_ops_s"), res.get("local_ops_s", {})
+    if ops:
+        for op in ("create", "unlink", "mkdir", "rename", "stat written"):
+            if op in ops:
+                add(f"i31 {op}", f"issue 31: {OP_LABELS[op]}", ops[op], local.get(op), OP_UNITS.get(op, "/s"))
+    ing = res.get("ingest")
+    if ing:
+        add("i31 cp -r", "issue 31: cp -r 110 KiB files + sync -f", ing["cp"]["stripefs"]["rate"], ing["cp"]["local"]["rate"],
+            "files/s")
+        add("i31 rm -rf", "issue 31: rm -rf of that tree", ing["rm"]["stripefs"]["rate"], ing["rm"]["local"]["rate"], "files/s")
 
 
 def _issue30_rows(key: str, res: dict, add) -> None:

@@ -56,6 +56,12 @@ except ImportError:  # pragma: no cover - xxhash is a stripefs dependency
         return hashlib.blake2b(digest_size=16)
 
 
+#: issue 31's absolute goals: (workload key, result field, goal, "min" or "max", label)
+GOALS = [
+    ("small_write", "files_per_s", 1500, "min", "issue 31: small files written, files/s"),
+    ("small_write", "cpu_us_per_file", 1500, "max", "issue 31: CPU per small file written, all processes, us"),
+]
+
 FLOORS = [  # (workload key, minimum ratio stripefs/local, label)
     ("seq_read_cold", 0.30, "1 GiB sequential read (cold)"),
     ("small_read_cold", 0.15, "shuffled small-file read (cold)"),
@@ -369,6 +375,14 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         floors.append({"workload": key, "floor": floor, "ratio": r, "pass": ok})
         lines.append(f"{'PASS ' if ok else 'BELOW'} {label}: "
                      f"{'?' if r is None else f'{r:.2f}'}x local (floor {floor:.2f}x)")
+    for key, field, goal, kind, label in GOALS:
+        if key not in bench.results:
+            continue
+        value, local = bench.results[key]["stripefs"].get(field), bench.results[key].get("local", {}).get(field)
+        ok = value is not None and (value >= goal if kind == "min" else value <= goal)
+        floors.append({"workload": f"{key} {field}", "goal": goal, "value": value, "pass": ok})
+        lines.append(f"{'PASS ' if ok else 'BELOW'} {label}: {'?' if value is None else f'{value:,.0f}'} "
+                     f"(local disk {'?' if local is None else f'{local:,.0f}'}; goal {'>=' if kind == 'min' else '<='} {goal:,})")
     lines.append(f"total time {total_s:.0f}s")
     if bench.problems:
         lines.append("")

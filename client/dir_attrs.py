@@ -14,7 +14,8 @@ Rules (the kernel's own attribute cache follows the same feed, kernel_cache.py):
 * Position: an entry is as of change ``seq``. A change event numbered above it
   that touches the directory drops it; events at or below it are already in it
   (this mount's own change among them, whichever of event and reply comes
-  first). A reply older than an event already applied to the directory is not
+  first). This mount's own events drop nothing: each of its changes drops the
+  entry when sent (``begin``) or updates it (``made_here``). A reply older than an event already applied to the directory is not
   kept (``_touched``), nor one older than the last full drop (``_floor``).
 * This mount's own changes in flight: a change sent for a directory drops its
   entry, and no reply is kept while another change of it is still unanswered
@@ -32,6 +33,8 @@ import stat
 from collections import Counter, OrderedDict
 from typing import Iterable
 
+import msgspec
+
 from ..common import protocol as p
 
 #: directories kept (about 200 bytes each)
@@ -46,6 +49,7 @@ class DirAttrs:
         self._touched: OrderedDict[int, int] = OrderedDict()  # ino -> seq of the last event touching it
         self._floor = 0  # replies at or below this position are never kept
         self._busy: Counter[int] = Counter()  # ino -> changes of it sent and not answered yet
+        self._mine: Counter[int] = Counter()  # ino -> changes answered here (made_here), not yet by the daemon
 
     def get(self, ino: int) -> p.Attr | None:
         entry = self._attrs.get(ino)
@@ -70,7 +74,7 @@ class DirAttrs:
             return
         for attr in rsp.dir_attrs:
             ino = attr.ino
-            if not stat.S_ISDIR(attr.mode) or self._busy[ino] or self._touched.get(ino, 0) > seq:
+            if not stat.S_ISDIR(attr.mode) or self._busy[ino] or self._mine[ino] or self._touched.get(ino, 0) > seq:
                 continue
             known = self._attrs.get(ino)
             if known is not None and known[0] > seq:
@@ -79,6 +83,35 @@ class DirAttrs:
             self._attrs.move_to_end(ino)
             if len(self._attrs) > MAX_ENTRIES:
                 self._attrs.popitem(last=False)
+
+    def made_here(self, ino: int, now_ns: int, nlink: int = 0) -> None:
+        """A change answered by this mount (client/async_dirops.py) changed directory ``ino`` now:
+        what is kept of it gets the new times and ``nlink`` more links (a mkdir's ".."), so the
+        kernel's next GETATTR of it is still answered here. The daemon's reply replaces it
+        (``end``); this mount's own change events never drop it (kernel_cache.py)."""
+        self._mine[ino] += 1
+        entry = self._attrs.get(ino)
+        if entry is not None:
+            attr = entry[1]
+            self._attrs[ino] = (entry[0], msgspec.structs.replace(attr, mtime_ns=now_ns, ctime_ns=now_ns, nlink=attr.nlink + nlink))
+
+    def answered_here(self, ino: int, rsp: p.Msg | None) -> None:
+        """The daemon answered a change ``made_here`` in directory ``ino`` (None: refused). Its reply
+        is kept only once every such change of the directory is answered (an earlier one's would
+        undo what later ones made here); a refused one drops what is kept."""
+        self._mine[ino] -= 1
+        if self._mine[ino] <= 0:
+            del self._mine[ino]
+        if rsp is None:
+            self._attrs.pop(ino, None)
+            return
+        self.end((), rsp)
+
+    def keep_new(self, attr: p.Attr) -> None:
+        """A directory this mount made and answered itself: its attributes until the daemon's reply."""
+        self._attrs[attr.ino] = (0, attr)
+        if len(self._attrs) > MAX_ENTRIES:
+            self._attrs.popitem(last=False)
 
     # ------------------------------------------------------------- the feed
 

@@ -37,7 +37,9 @@ name and attributes for long when the daemon granted a callback on them
 (``granted``): the daemon then answers a change of them made elsewhere only
 after this mount acknowledged it. An event numbered above a grant's seq ends
 the grant, unless this mount made the change (``ChangeEvent.writer`` is
-``own_writer``: the daemon keeps those grants too); once the kernel dropped
+``own_writer``: the daemon keeps those grants too; of a file, only when the
+change named no entry: a commit or a setattr, so a stat after a write is
+answered here, while an unlink or rename ends it); once the kernel dropped
 what the event changed, the flusher sends one AckReq for everything applied so
 far (``send_ack``). A grant on ``("dir", ino)`` says this mount knows every
 name of that directory (``granted_dir``); an event creating, removing or
@@ -108,8 +110,10 @@ class KernelCache:
         self._acked = 0  # the newest seq acknowledged
         self._ack_all = False  # a full drop ended every grant: say so
         self._ack_open: set[int] = set()  # files whose grant ended that are open here
+        self.before_ack: Callable[[], Awaitable[None]] = _nothing  # what must reach the daemon before an AckReq
         self._daemon = ""  # the daemon publishing the feed (its boot id)
         self._seq = 0  # the newest change applied in order
+        self._others_seq = 0  # the newest change applied that another mount made (or of unknown writer)
 
     # ----------------------------------------------------- what the kernel knows
 
@@ -133,6 +137,12 @@ class KernelCache:
         """Make the kernel forget ``name`` soon (from the flusher, never inside a request): a name
         this mount's own rename made, cached as long as the one it replaced, but held by nobody."""
         self._pending_names.add((parent, name))
+        self._pending.set()
+
+    def drop_inode(self, ino: int) -> None:
+        """Make the kernel forget ``ino``'s attributes and pages soon (from the flusher): an
+        asynchronous create the daemon refused (client/async_dirops.py)."""
+        self._pending_inodes.add(ino)
         self._pending.set()
 
     def name_gone(self, parent: int, name: bytes) -> None:
@@ -164,28 +174,47 @@ class KernelCache:
         self.grants[(parent, name)] = seq
         self._granted_as_of(seq)
 
+    def held_here(self, ino: int, parent: int, name: bytes, whole: bool = False) -> None:
+        """A file (``whole``: a directory, every name of it) this mount made and answered itself
+        (client/async_dirops.py): held until the daemon's answer says as of which change
+        (``granted``); nothing of anyone else can touch it before, since the daemon has not got it."""
+        self.grants.setdefault(("dir", ino) if whole else ino, 0)
+        self.grants.setdefault((parent, name), 0)
+
+    def let_go(self, ino: int, parent: int, name: bytes, whole: bool = False) -> None:
+        """``held_here``'s file or directory was refused by the daemon, or granted no callback."""
+        self.grants.pop(("dir", ino) if whole else ino, None)
+        self.grants.pop((parent, name), None)
+
     def granted_dir(self, ino: int, seq: int) -> None:
         """The daemon granted a callback on every name of directory ``ino``, as of change ``seq``."""
         self.grants[("dir", ino)] = seq
         self._granted_as_of(seq)
 
     def _granted_as_of(self, seq: int) -> None:
-        if seq < self._seq:
-            # events above the grant were applied before its answer came: one may have touched
-            # these keys (the daemon then waits for this mount), so acknowledge what was applied
+        if seq < self._others_seq:
+            # events of other mounts above the grant were applied before its answer came: one may
+            # have touched these keys (the daemon then waits for this mount), so acknowledge what
+            # was applied. This mount's own changes are never waited for: an rm -rf's lookups
+            # would otherwise each send an AckReq (and flush the asynchronous unlinks with it)
             self._ack_seq = max(self._ack_seq, self._seq)
             self._pending.set()
 
-    def _end_grants(self, inodes, entries, seq: int, mine: bool) -> list[int]:
+    def _end_grants(self, inodes, entries, seq: int, mine: bool, keep_files: bool = False) -> list[int]:
         """Event ``seq`` ends the grants it touches that are older than it; the files among them.
 
         ``mine``: this mount made the change. The daemon waited for nobody here and already ended
         its holdings of the files the change touched (daemon/callbacks.py): no acknowledgement is
         owed for them (an ``rm -rf`` would send one AckReq per file), unless such a file is open
-        here, which the acknowledgement must tell (it then counts as open at the daemon)."""
+        here, which the acknowledgement must tell (it then counts as open at the daemon).
+        ``keep_files``: this mount's own change of files alone (a commit, a setattr: no name
+        changed): the daemon kept its holdings of them, and so does the mount (a stat after a
+        write is answered here)."""
         ended = []
         for key in (*inodes, *entries, *{("dir", parent) for parent, _ in entries}):
             granted = self.grants.get(key)
+            if keep_files and isinstance(key, int):
+                continue
             if granted is not None and granted < seq:
                 del self.grants[key]
                 if isinstance(key, int):
@@ -234,13 +263,20 @@ class KernelCache:
             if seq:
                 self._seq = seq
             mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
-            ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine) if self.grants and seq else ()
+            if seq and not mine:
+                self._others_seq = seq
+            kept = mine and not entries  # its own commit or setattr: it keeps its holdings of the files
+            ended = self._end_grants(inodes, [] if mine else [tuple(e) for e in entries], seq, mine, kept) if self.grants and seq else ()
             if seq:
-                self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
+                if not mine:  # its own changes dropped or updated what they changed (client/dir_attrs.py)
+                    self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
             else:
                 self.dir_attrs.clear()
             self.on_change(touched)
-            names = [e for e in entries if e in self._names]
+            # This mount's own change: the kernel changed its names itself (the change came through
+            # it), so they stay, and a stat after a create asks nothing. Another's: a name held under a
+            # grant as of this change or later is already the kernel's newest answer.
+            names = [] if mine else [e for e in entries if e in self._names and not (seq and self.grants.get(tuple(e), -1) >= seq)]
             # a file whose grant ended: its names too, cached long under it; the next path walk
             # looks it up again (a fresh answer, a new grant) instead of trusting kept attributes
             names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]
@@ -269,6 +305,9 @@ class KernelCache:
         if inodes or names:
             await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
         if (ack > self._acked or everything) and self.send_ack is not None:
+            # the change waiting for this acknowledgement may be another mount's in a directory
+            # where creates answered here are not sent yet: they go first (client/async_dirops.py)
+            await self.before_ack()
             self._acked = max(self._acked, ack)
             try:
                 await self.send_ack(ack, everything, opened[: p.MAX_LIST])
@@ -298,6 +337,7 @@ class KernelCache:
             self._names_of.clear()
             had_grants = bool(self.grants)
             self.grants.clear()
+            self._others_seq = max(self._others_seq, self._seq, floor or 0)  # unseen changes: anyone's
         log.info("change feed: %s; dropping the kernel's cache of %d name(s) and %d inode(s)", why, len(names), len(inodes))
         await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
         if had_grants:  # dropped: every grant ended (acknowledged by the flusher)
@@ -388,6 +428,10 @@ class KernelCache:
                 boot, seq = event.boot_id, event.seq
                 await self.drop_all(why, seq)  # covers this event's changes too
                 self.healthy = True
+
+
+async def _nothing() -> None:
+    pass
 
 
 def _invalidate(inodes: list[int], names: list[tuple[int, bytes]], lock: threading.Lock) -> None:

@@ -82,6 +82,28 @@ class MetaClient:
                 self._unanswered.discard(op_id)
         return await self._call(request, retry)
 
+    async def call_batch(self, requests: list[p.Msg]) -> list[p.Msg]:
+        """Many changes in one BatchReq (each in its own OnceReq: a retry applies each once);
+        the reply or ErrorRsp of each, in order (daemon/burst.py)."""
+        ops = list(range(self._next_op, self._next_op + len(requests)))
+        self._next_op += len(requests)
+        self._unanswered.update(ops)
+        try:
+            done_below = min(self._unanswered)
+            items = []
+            for op_id, request in zip(ops, requests):
+                if self.root_squash:
+                    request = squash(request)
+                wire = request if self.subtree is None else self.subtree.request(request)
+                items.append(p.OnceReq(client_id=self.client_id, op_id=op_id, done_below=done_below, body=wire))
+            rsp = await self._call(p.BatchReq(items=items), True)
+            results = rsp.results
+            if self.subtree is not None:
+                results = [r if isinstance(r, p.ErrorRsp) else self.subtree.reply(r) for r in results]
+            return results
+        finally:
+            self._unanswered.difference_update(ops)
+
     async def _call(self, request: p.Msg, retry: bool, once: tuple[int, int] | None = None) -> p.Msg:
         deadline = trio.current_time() + self.retry_window_s
         attempt = 0
@@ -170,18 +192,36 @@ class MetaClient:
         host = endpoint.rsplit(":", 1)[0]
         return with_key(f"{host}:{rsp.events_port}", key), log_id, rsp.events_seq
 
+    async def heartbeat(self) -> None:
+        """One SessionHeartbeatReq, its open set read once the daemon's connection takes it.
+
+        A heartbeat's open set replaces the session's at the daemon. Read before a wait for a
+        daemon that is down (the send waits for the connection: ZMQ_IMMEDIATE) and sent when
+        it is back, it would name files closed meanwhile; a restarted daemon that adopted the
+        session through another request (daemon/health.py) then kept them open until the next
+        heartbeat, or the lease's end after an unmount: fsck kept the copies of a write cut by
+        the restart, "a writer holds its file open". Not retried: the next one reads anew."""
+        client = self._clients[self._current]
+        with trio.move_on_after(self.timeout) as waited:
+            await client.wait_writable()
+        if waited.cancelled_caught:
+            self._next_after(client)
+            raise StripefsError(ErrorCode.TIMEOUT, f"session heartbeat: {client.address} took no request within {self.timeout:.1f}s")
+        # no checkpoint from here to the send: the set read is the set sent
+        await self.call(p.SessionHeartbeatReq(session_id=self.session_id, open_inodes=self.open_inodes()), retry=False)
+
     async def heartbeat_loop(self, mountpoint: str) -> None:
         """Keep the session alive; re-open it when the daemon forgot us."""
         while True:
             await trio.sleep(max(self.lease_s / 3, 0.5))
             try:
-                await self.call(p.SessionHeartbeatReq(session_id=self.session_id, open_inodes=self.open_inodes()), retry=False)
+                await self.heartbeat()
             except StripefsError as exc:
                 if exc.code == ErrorCode.NOT_FOUND:
                     log.info("metadata daemon forgot session %d (restarted?); opening a new one", self.session_id)
                     try:
                         await self.hello(mountpoint, patience_s=self.lease_s)
-                        await self.call(p.SessionHeartbeatReq(session_id=self.session_id, open_inodes=self.open_inodes()))
+                        await self.heartbeat()
                     except StripefsError as exc2:
                         log.warning("cannot re-open session: %s", exc2)
                 elif exc.code in _RETRYABLE:

@@ -114,6 +114,10 @@ READ_SECONDS = Counter(
     "Time readers spent in read(): waiting on storage nodes (network) or served from memory (cache)",
     ["source"],
 )
+ASYNC_CREATES = Counter("stripefs_async_creates_total", "Creates answered by the mount and sent to the daemon after (client/async_dirops.py)")
+ASYNC_REFUSED = Counter(
+    "stripefs_async_refused_total", "Creates answered by the mount that the daemon then refused (their next operation fails)"
+)
 CACHE_HITS = Counter("stripefs_cache_hits_total", "Chunk lookups answered from the client's chunk cache")
 CACHE_MISSES = Counter("stripefs_cache_misses_total", "Chunk lookups that had to fetch from a storage node")
 EC_STRIPE_WRITES = Counter(

@@ -321,6 +321,8 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 with trio.move_on_after(2.0):  # so that a listing right after the mount is cached long
                     await kcache.following.wait()
                 nursery.start_soon(prefetcher.run, name="prefetch")
+                if ops.dirops is not None:
+                    await nursery.start(ops.dirops.run, name="async-dirops")  # creates answered here (client/async_dirops.py)
                 mode = "dataset mode (read-only), " if client_cfg.dataset else ""
                 log.info("mounted %s from %s (%soptions %s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)))
                 client_metrics.write_state(mountpoint, metrics_address)
@@ -341,7 +343,11 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
 
 async def _flush_open_files(ops: Operations, bound_s: float) -> None:
     """Commit data that files still open in applications have buffered: a SIGTERM loses no
-    acknowledged write that the cluster can store within ``bound_s`` (op_timeout_s)."""
+    acknowledged write that the cluster can store within ``bound_s`` (op_timeout_s). Creates
+    answered here and not sent yet go first (client/async_dirops.py)."""
+    if ops.dirops is not None:
+        with trio.move_on_after(bound_s, shield=True):
+            await ops.dirops.flush()
     with ops.lock:  # (iterating: the FUSE reader thread's opens add files)
         pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
     if not pending:

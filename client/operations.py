@@ -80,6 +80,7 @@ import trio
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from . import fuse_backend
+from .async_dirops import AsyncDirops, Pending
 from .dir_hints import DirHints
 from .fetch import Fetch
 from .fuse.abi import OpenFlag
@@ -94,6 +95,10 @@ from .readahead import ReadStream
 from .striping import DataPath
 
 log = logging.getLogger(__name__)
+
+#: the layout an asynchronously created file has until the daemon's answer gives its own (never used:
+#: what reads or writes its data waits for that answer first, ``_settle``)
+_PENDING_LAYOUT = p.Layout(chunk_size=1 << 22, stripe_count=1, redundancy="replicas=1")
 
 #: the xattr the kernel asks for before every write to a FUSE file (file_remove_privs: may the
 #: write keep file capabilities?); its absence is remembered while the file is open
@@ -231,6 +236,11 @@ class Operations:
         # pid -> (inode it looked up last, whether it then opened it): drives prefetch on lookup
         self._last_lookup: dict[int, tuple[int, bool]] = {}
         self.hints = DirHints()  # where small files of directories being walked live (client/dir_hints.py)
+        # creates answered here in directories this mount holds whole (client/async_dirops.py); the
+        # mount starts its flusher (``run``); None: every create asks the daemon
+        self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_answered, lock=self.lock)
+        if self.dirops is not None:
+            self.kcache.before_ack = self.dirops.flush
 
     # ---------------------------------------------------------------- helpers
 
@@ -338,7 +348,9 @@ class Operations:
 
     async def _change(self, request: p.Msg, inodes) -> p.Msg:
         """Send a request that changes ``inodes``; the directories' attributes its reply
-        carries answer the kernel's next GETATTR of them (client/dir_attrs.py)."""
+        carries answer the kernel's next GETATTR of them (client/dir_attrs.py). Creates answered
+        here go first (client/async_dirops.py): this change may name them, and changes keep their order."""
+        await self._settle()
         if not inodes:
             return await self.meta.call(request)
         inodes = [ino for ino in inodes if ino]
@@ -366,15 +378,198 @@ class Operations:
         self.kcache.remember(parent, name, entry.nodeid)
         return entry
 
-    def _committed(self, ino: int) -> None:
+    async def _settle(self, *inodes: int) -> None:
+        """Before a request that must see them at the daemon: the creates answered here of these
+        inodes or in these directories are sent and answered (client/async_dirops.py); one of them
+        the daemon refused fails this operation, once (the CephFS rule)."""
+        d = self.dirops
+        if d is None:
+            return
+        if d.unanswered:
+            await d.settle(*inodes)
+        if d.failed:
+            for ino in inodes:
+                exc = d.take_error(ino)
+                if exc is not None:
+                    raise exc
+
+    def _fast_failed(self, ino: int) -> None:
+        """(reader thread) A fast answer about ``ino`` is the error its refused create left, once."""
+        d = self.dirops
+        if d is not None and d.failed:
+            exc = d.take_error(ino)
+            if exc is not None:
+                raise FuseError(exc.errno)
+
+    def _number_here(self, parent: int, name: bytes) -> int | None:
+        """The inode number of an asynchronous create or mkdir of ``name`` (client/async_dirops.py),
+        or None (the daemon is asked): only a free name of a directory whose every name this mount
+        holds, while numbers are delegated."""
+        d = self.dirops
+        if d is None or not d.enabled or len(name) > p.NAME_MAX or not self.kcache.callbacks_possible:
+            return None
+        names = self._names_of_dir(parent)
+        if names is None or name in names or b"/" in name or name in (b".", b".."):
+            return None
+        return d.take_ino()
+
+    def _mkdir_here(self, parent: int, name: bytes, mode: int, ctx):
+        """An asynchronous mkdir: answered here, or None. The new directory is held whole at once
+        (it has no names), so what is made in it is answered here too."""
+        ino = self._number_here(parent, name)
+        if ino is None:
+            return None
+        now = time.time_ns()
+        attr = p.Attr(ino=ino, mode=stat.S_IFDIR | (mode & 0o7777), nlink=2, uid=ctx.uid, gid=ctx.gid, rdev=0, size=0,
+                      atime_ns=now, mtime_ns=now, ctime_ns=now)
+        request = p.MkdirReq(parent=parent, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id,
+                             callback=True, new_ino=ino)
+        self.kcache.dir_attrs.made_here(parent, now, nlink=1)
+        self.kcache.dir_attrs.keep_new(attr)
+        self.dirops.add(Pending(request, parent, name, ino))
+        self._name_made(parent, name)
+        self.kcache.held_here(ino, parent, name, whole=True)
+        self._names_complete[ino] = set()
+        self.kcache.remember(parent, name, ino)
+        return self._entry(attr)
+
+    def _create_here(self, parent: int, name: bytes, mode: int, flags: int, ctx):
+        """An asynchronous create (client/async_dirops.py): answered from what this mount holds, or
+        None (the daemon is asked). Only in a directory whose every name this mount holds."""
+        ino = self._number_here(parent, name)
+        if ino is None:
+            return None
+        d = self.dirops
+        now = time.time_ns()
+        attr = p.Attr(ino=ino, mode=stat.S_IFREG | (mode & 0o7777), nlink=1, uid=ctx.uid, gid=ctx.gid, rdev=0, size=0,
+                      atime_ns=now, mtime_ns=now, ctime_ns=now)
+        request = p.CreateReq(parent=parent, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id,
+                              callback=True, new_ino=ino)
+        self.kcache.dir_attrs.made_here(parent, now)  # its next GETATTR is still answered here
+        d.add(Pending(request, parent, name, ino))
+        self._name_made(parent, name)
+        with self.lock:
+            of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {})
+            self.kcache.held_here(ino, parent, name)
+            self._keep_held(ino, attr)
+        fh = self._new_handle(of)
+        of.killpriv_absent = True
+        self.kcache.remember(parent, name, ino)
+        return self._entry(attr, held=True), _opened(fh, True, flags)
+
+    def _known_here(self, parent: int, name: bytes) -> int | None:
+        """The inode of ``name``, for an asynchronous unlink or rmdir (client/async_dirops.py): a name
+        this mount knows in a directory it holds whole, while numbers are delegated; else None."""
+        d = self.dirops
+        if d is None or not d.enabled or not self.kcache.callbacks_possible:
+            return None
+        names = self._names_of_dir(parent)
+        return self.kcache.lookup_known(parent, name) if names is not None and name in names else None
+
+    def _rmdir_here(self, parent: int, name: bytes) -> bool:
+        """An asynchronous rmdir of a directory this mount holds whole and knows empty; False: asked."""
+        ino = self._known_here(parent, name)
+        if ino is None or self._names_of_dir(ino) != set():
+            return False
+        self.dirops.add(Pending(p.RmdirReq(parent=parent, name=name), parent, name, ino))
+        self._name_gone(parent, name)
+        self.kcache.name_gone(parent, name)
+        self.kcache.name_gone(parent, name)
+        self._names_complete.pop(ino, None)
+        self.kcache.dir_attrs.made_here(parent, time.time_ns(), nlink=-1)
+        return True
+
+    def _unlink_here(self, parent: int, name: bytes) -> bool:
+        """An asynchronous unlink of a file not open here (the daemon must learn of those: the AckReq
+        rule of client/kernel_cache.py); False: the daemon is asked."""
+        ino = self._known_here(parent, name)
+        if ino is None or ino in self.files:
+            return False
+        self.dirops.add(Pending(p.UnlinkReq(parent=parent, name=name), parent, name, ino))
+        self._name_gone(parent, name)
+        self.kcache.name_gone(parent, name)
+        self.kcache.name_gone(parent, name)
+        self.kcache.dir_attrs.made_here(parent, time.time_ns())
+        with self.lock:
+            self._held_info.pop(ino, None)  # its nlink changed: a stat through an open handle elsewhere asks
+            self._open_info.pop(ino, None)
+        return True
+
+    def _async_answered(self, q: Pending) -> None:
+        """The daemon answered a create or unlink answered here before (client/async_dirops.py).
+        The kernel drops the directory's attributes (once per directory and flush): it was told
+        this mount's times, and asks again for the daemon's (``dir_attrs`` keeps them)."""
+        self.kcache.drop_inode(q.parent)
+        rsp = q.reply
+        self.kcache.dir_attrs.answered_here(q.parent, None if isinstance(rsp, p.ErrorRsp) else rsp)
+        if isinstance(q.request, (p.UnlinkReq, p.RmdirReq)):
+            self._async_unlinked(q)
+            return
+        if isinstance(q.request, p.MkdirReq):
+            self._async_made_dir(q)
+            return
+        with self.lock:
+            of = self.files.get(q.ino)
+            if isinstance(rsp, p.ErrorRsp):  # refused: the kernel forgets the file; its next operation fails
+                self._held_info.pop(q.ino, None)
+                self.kcache.let_go(q.ino, q.parent, q.name)
+                self._names_complete.pop(q.parent, None)  # a name this mount could not see: ask from now on
+                if of is not None and of.open_count == 0:
+                    del self.files[q.ino]
+            elif of is not None:
+                of.attr, of.layout, of.chunks = rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks}
+                of.epoch = of.epoch or rsp.epoch
+                of.quota_max = rsp.quota_max_size
+            if not isinstance(rsp, p.ErrorRsp):
+                if rsp.callback >= 0 and self.kcache.healthy:
+                    self.kcache.granted(q.ino, q.parent, q.name, rsp.callback)
+                    self._keep_held(q.ino, rsp.attr)
+                else:
+                    self.kcache.let_go(q.ino, q.parent, q.name)
+                    self._held_info.pop(q.ino, None)
+        if isinstance(rsp, p.ErrorRsp):
+            self.kcache.drop_name(q.parent, q.name)
+            self.kcache.drop_inode(q.ino)
+        else:
+            self.data.nodes.learn(rsp.nodes)
+
+    def _async_made_dir(self, q: Pending) -> None:
+        rsp = q.reply
+        if isinstance(rsp, p.ErrorRsp):  # the kernel forgets it; its next operation fails (async_dirops.py)
+            self.kcache.dir_attrs.begin((q.ino,))
+            self.kcache.dir_attrs.end((q.ino,), None)
+            self.kcache.let_go(q.ino, q.parent, q.name, whole=True)
+            self._names_complete.pop(q.parent, None)
+            self._names_complete.pop(q.ino, None)
+            self.kcache.drop_name(q.parent, q.name)
+            self.kcache.drop_inode(q.ino)
+            return
+        if rsp.callback >= 0 and self.kcache.healthy:
+            self.kcache.granted_dir(q.ino, rsp.callback)
+            self.kcache.grants.pop((q.parent, q.name), None)  # (a directory's name is held by its parent's names)
+        else:
+            self.kcache.let_go(q.ino, q.parent, q.name, whole=True)
+            self._names_complete.pop(q.ino, None)
+
+    def _async_unlinked(self, q: Pending) -> None:
+        if isinstance(q.reply, p.ErrorRsp):
+            self._names_complete.pop(q.parent, None)  # the name is there again: lookups ask from now on
+
+    def _committed(self, ino: int, rsp: p.AttrRsp) -> None:
         """This mount changed the file (a commit or a truncate, whichever request made it): what a
         LOOKUP or a listing said of it before is old. Without this, an open within OPEN_INFO_FRESH_S
-        of an fsync took the size and chunk map from before it."""
+        of an fsync took the size and chunk map from before it. A file this mount holds under a
+        callback stays held (daemon/callbacks.py: the writer keeps its own files), so the reply's
+        attributes answer the next stat here; unless a grant newer than the change came meanwhile
+        (its own answer is kept instead) or the holding ended (another mount changed the file)."""
         with self.lock:
             self._open_info.pop(ino, None)
             self._held_info.pop(ino, None)
             self._looked_up.pop(ino, None)
             self.kcache.changed_here(ino)  # answers in flight now are older than this commit: _ask_open
+            granted = self.kcache.grants.get(ino)
+            if granted is not None and 0 < rsp.seq and granted <= rsp.seq and self.kcache.healthy:
+                self._keep_held(ino, rsp.attr)
 
     def _session_discarded(self, ino: int) -> None:
         """A write session of ``ino`` failed and was thrown away: the kernel's pages and size
@@ -408,7 +603,8 @@ class Operations:
             self._open_info.pop(ino, None)
             self._looked_up.pop(ino, None)
             self._dataset_info.pop(ino, None)
-            self._held_info.pop(ino, None)
+            if ino not in self.kcache.grants:  # still held: the change was this mount's own commit (_committed)
+                self._held_info.pop(ino, None)
             self._kernel_view.pop(ino, None)
             self._attr_bytes.pop(ino, None)
             self._entry_bytes.pop(ino, None)
@@ -440,6 +636,8 @@ class Operations:
     # -------------------------------------------------------------- namespace
 
     async def lookup(self, parent_inode, name, ctx=None):
+        if self.dirops is not None and self.dirops.naming(parent_inode, name):
+            await self._settle(parent_inode)  # a change of this very name is on its way: the daemon has it first
         previous = self._last_lookup.get(ctx.pid)
         # open information costs the daemon a little: ask for it unless this process
         # looked its last file up without opening it (``du`` and ``find`` do that)
@@ -499,6 +697,7 @@ class Operations:
         return self._entry(rsp.attr, cacheable=cacheable, held=held)
 
     def _fast_getattr(self, inode, ctx=None):
+        self._fast_failed(inode)
         if self.kcache.healthy:
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
@@ -540,10 +739,16 @@ class Operations:
 
     async def getattr(self, inode, ctx=None):
         # what the mount knows was answered by _fast_getattr already
-        return await self._attr_reply(p.GetattrReq(ino=inode))
+        await self._settle(inode)
+        return await self._attr_reply(p.GetattrReq(ino=inode, session_id=self.meta.session_id))
+
+    async def fsyncdir(self, fh, datasync):
+        """The creates answered here in this directory are durable once this returns."""
+        await self._settle(fh)
 
     async def setattr(self, inode, attr, fields, fh, ctx):
         self._writable()
+        await self._settle(inode)
         self._open_info.pop(inode, None)  # whatever a lookup said before this change is old now
         self._held_info.pop(inode, None)
         result = None
@@ -575,7 +780,12 @@ class Operations:
         request = p.MknodReq(parent=parent_inode, name=name, mode=mode, rdev=rdev, uid=ctx.uid, gid=ctx.gid)
         return await self._new_name(parent_inode, name, request)
 
+    def _fast_mkdir(self, parent_inode, name, mode, ctx):
+        with self.lock:
+            return (None if self.dataset else self._mkdir_here(parent_inode, name, mode, ctx)) or _SLOW
+
     async def mkdir(self, parent_inode, name, mode, ctx):
+        self._writable()
         request = p.MkdirReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid,
                              session_id=self.meta.session_id, callback=self.kcache.callbacks_possible and not self.dataset)
         return await self._new_name(parent_inode, name, request)
@@ -587,11 +797,19 @@ class Operations:
     async def link(self, inode, new_parent_inode, new_name, ctx):
         return await self._new_name(new_parent_inode, new_name, p.LinkReq(ino=inode, new_parent=new_parent_inode, new_name=new_name))
 
+    def _fast_unlink(self, parent_inode, name, ctx):
+        with self.lock:
+            return None if not self.dataset and self._unlink_here(parent_inode, name) else _SLOW
+
     async def unlink(self, parent_inode, name, ctx):
         self._writable()
         await self._change(p.UnlinkReq(parent=parent_inode, name=name), (parent_inode,))
         self._name_gone(parent_inode, name)
         self.kcache.name_gone(parent_inode, name)
+
+    def _fast_rmdir(self, parent_inode, name, ctx):
+        with self.lock:
+            return None if not self.dataset and self._rmdir_here(parent_inode, name) else _SLOW
 
     async def rmdir(self, parent_inode, name, ctx):
         self._writable()
@@ -607,13 +825,20 @@ class Operations:
         moved = (self.kcache.lookup_known(parent_inode_old, name_old) or 0, self.kcache.lookup_known(parent_inode_new, name_new) or 0)
         request = p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
         await self._change(request, (parent_inode_old, parent_inode_new, *moved))
-        if not flags & RENAME_EXCHANGE_FLAG:  # an exchange keeps both names
+        exchange = flags & RENAME_EXCHANGE_FLAG  # an exchange keeps both names
+        if not exchange:
             self._name_gone(parent_inode_old, name_old)
             self._name_made(parent_inode_new, name_new)
+        self.kcache.name_gone(parent_inode_old, name_old)
+        if not exchange and moved[0] and self._names_of_dir(parent_inode_new) is not None:
+            # this mount holds every name of the new directory: the moved name stays true until it
+            # hears otherwise, so the kernel keeps it, and an unlink of it is answered here
+            # (_known_here) without a LOOKUP first
+            self.kcache.remember(parent_inode_new, name_new, moved[0])
+            return
         # the kernel keeps the moved name as long as the old one was cached, maybe under a callback
         # that covered the old name only: it asks again
         self.kcache.drop_name(parent_inode_new, name_new)
-        self.kcache.name_gone(parent_inode_old, name_old)
         self.kcache.name_gone(parent_inode_new, name_new)
 
     async def opendir(self, inode, ctx):
@@ -622,6 +847,7 @@ class Operations:
     async def readdir(self, fh, start_id, buf):
         """Entries of directory ``fh`` (its inode) after cookie ``start_id`` into ``buf`` (a
         ``replies.DirentBuffer``: READDIRPLUS entries carry a LOOKUP's answer) until it is full."""
+        await self._settle(fh)
         after = start_id
         while True:
             stamp = self.kcache.stamp()
@@ -853,6 +1079,7 @@ class Operations:
             self._last_lookup[ctx.pid] = (inode, True)
 
     async def open(self, inode, flags, ctx):
+        await self._settle(inode)
         self._opening(inode, ctx)
         if self.dataset:
             return await self._open_dataset(inode, flags)
@@ -935,11 +1162,18 @@ class Operations:
                 of.refresh(rsp)
         return self._new_handle(of)
 
+    def _fast_create(self, parent_inode, name, mode, flags, ctx):
+        with self.lock:
+            return (None if self.dataset else self._create_here(parent_inode, name, mode, flags, ctx)) or _SLOW
+
     async def create(self, parent_inode, name, mode, flags, ctx):
+        # one answered here (client/async_dirops.py) was answered by _fast_create already
         self._writable()
+        stamp = self.kcache.stamp()
         try:
             rsp = await self._change(
-                p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id),
+                p.CreateReq(parent=parent_inode, name=name, mode=mode, uid=ctx.uid, gid=ctx.gid, session_id=self.meta.session_id,
+                            callback=self.kcache.callbacks_possible and not self.dataset),
                 (parent_inode,),
             )
         except StripefsError as exc:
@@ -947,13 +1181,21 @@ class Operations:
                 self._names_complete.pop(parent_inode, None)  # it was there after all: ask from now on
             raise
         self._name_made(parent_inode, name)
+        held = False
+        if rsp.callback >= 0:  # the new file is held: a stat after its writes is answered here (_committed)
+            self.kcache.granted(rsp.attr.ino, parent_inode, name, rsp.callback)
+            held = self.kcache.healthy and not self.kcache.changed_since(stamp, rsp.attr.ino)
+            if held:
+                with self.lock:
+                    self._keep_held(rsp.attr.ino, rsp.attr)
         of, _, _ = self._record_open(rsp, fresh_attrs=True)
         fh = self._new_handle(of)
         of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
-        return self._entry(rsp.attr), _opened(fh, True, flags)
+        return self._entry(rsp.attr, held=held), _opened(fh, True, flags)
 
     async def read(self, fh, off, size):
+        await self._settle(self.handles[fh].ino)
         return await self.data.read(self.handles[fh], off, size, self.streams[fh])
 
     async def read_inode(self, inode, off, size, ctx):
@@ -979,6 +1221,7 @@ class Operations:
 
     async def write(self, fh, off, buf):
         self._writable()
+        await self._settle(self.handles[fh].ino)  # a file created here: its layout and chunk map are the daemon's answer
         return await self.data.write(self.handles[fh], off, buf)  # short at a directory quota's limit
 
     def _fast_flush(self, fh):
@@ -991,6 +1234,7 @@ class Operations:
     async def flush(self, fh):
         # a dataset mount's FLUSH and a clean file's were answered by _fast_flush already
         of = self.handles[fh]
+        await self._settle(of.ino)
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             with self.lock:
                 self._open_info.pop(of.ino, None)
@@ -999,6 +1243,7 @@ class Operations:
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
 
     async def fsync(self, fh, datasync):
+        await self._settle(self.handles[fh].ino)  # a file created here is durable once this returns
         await self._flush(self.handles[fh], sync=True)
 
     async def _flush(self, of: OpenFile, sync: bool = False) -> None:

@@ -142,6 +142,21 @@ class OperationsBridge:
     def fast_release(self, req: rq.Release):
         return self._fast("release", self.ops._fast_release, req.fh)
 
+    # namespace changes answered here in a directory the mount holds whole (client/async_dirops.py)
+
+    def fast_create(self, req: rq.Create):
+        return self._fast("create", self.ops._fast_create, req.header.nodeid, req.name, req.mode, req.flags,
+                          _Ctx(req.header, req.umask))
+
+    def fast_mkdir(self, req):
+        return self._fast("mkdir", self.ops._fast_mkdir, req.header.nodeid, req.name, req.mode, _Ctx(req.header, req.umask))
+
+    def fast_unlink(self, req: rq.Unlink):
+        return self._fast("unlink", self.ops._fast_unlink, req.header.nodeid, req.name, _Ctx(req.header))
+
+    def fast_rmdir(self, req: rq.Unlink):
+        return self._fast("rmdir", self.ops._fast_rmdir, req.header.nodeid, req.name, _Ctx(req.header))
+
     # -- the handlers, in tasks
 
     async def lookup(self, req: rq.Lookup) -> Entry:
@@ -201,6 +216,10 @@ class OperationsBridge:
 
     async def fsync(self, req: rq.Fsync) -> None:
         await self.ops.fsync(req.fh, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC))
+
+    async def fsyncdir(self, req: rq.Fsync) -> None:
+        # the handle opendir gave is the inode; 0 where OPENDIR was declined: the inode names it
+        await _call(self.ops.fsyncdir(req.fh or req.header.nodeid, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC)))
 
     async def opendir(self, req: rq.Open) -> Opened:
         return Opened(await self.ops.opendir(req.header.nodeid, _Ctx(req.header)))

@@ -118,7 +118,7 @@ class DataPath:
         #: called with the inode of a discarded write session: the kernel's pages and size are wrong now
         self.on_discard: Callable[[int], None] = lambda ino: None
         #: called with the inode of a commit (a flush's, an fsync's, a truncate's): what was known of it is old
-        self.on_commit: Callable[[int], None] = lambda ino: None
+        self.on_commit: Callable[[int, p.Msg], None] = lambda ino, rsp: None  # (the inode, the commit's or truncate's AttrRsp)
 
     # ------------------------------------------------------------------ reads
 
@@ -698,7 +698,7 @@ class DataPath:
             of.before_session.update(before)
             of.written_end = max(of.written_end, wanted)
             raise
-        self.on_commit(of.ino)
+        self.on_commit(of.ino, rsp)
         of.attr = rsp.attr
         of.size = max(rsp.attr.size, of.written_end, wanted)  # wanted > the size: the quota cut below
         await self._release_unused(of)
@@ -770,7 +770,7 @@ class DataPath:
                         log.warning("chunk %d:%d: copying the cut chunk to node %d failed (%s); repair restores it", of.ino, index, node_id, err)
             refs.append(p.ChunkRef(index=index, version=epoch, nodes=nodes))
         rsp = await self.meta.call(p.SetattrReq(ino=of.ino, size=new_size, chunks=refs))
-        self.on_commit(of.ino)
+        self.on_commit(of.ino, rsp)
         if new_size < of.size:
             # the chunks dropped are deleted on their nodes up to the newest epoch handed out, and
             # the cut one carries a fresh version: what is written next needs a newer epoch than ours

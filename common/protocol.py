@@ -514,6 +514,9 @@ class LookupPathsRsp(Msg, tag="lookup_paths_rsp"):
 
 class GetattrReq(Msg, tag="getattr"):
     ino: int
+    # the asking mount's session: a directory another session creates in asynchronously is
+    # recalled first (daemon/callbacks.py ``recall_needed``), not one this session holds
+    session_id: int = 0
 
 
 class SetattrReq(Msg, tag="setattr"):
@@ -559,6 +562,12 @@ class CreateReq(Msg, tag="create"):
     gid: int
     session_id: int
     exclusive: bool = True
+    # ask for a callback on the new file and its name (as LookupReq.callback): OpenRsp.callback
+    callback: bool = False
+    # the new file's inode number, from a range delegated to ``session_id`` (DelegateInodesReq);
+    # 0: the daemon's next. A number outside the session's ranges is refused (INVALID). (Not
+    # ``ino``: daemon/access.py checks those fields as inodes that exist.)
+    new_ino: int = 0
 
 
 class MknodReq(Msg, tag="mknod"):
@@ -582,6 +591,7 @@ class MkdirReq(Msg, tag="mkdir"):
     # AttrRsp.callback is its seq (daemon/callbacks.py)
     session_id: int = 0
     callback: bool = False
+    new_ino: int = 0  # as CreateReq.new_ino: a number delegated to ``session_id``
 
 
 class SymlinkReq(Msg, tag="symlink"):
@@ -678,7 +688,7 @@ class OpenRsp(Msg, tag="open_rsp"):
     cap: Cap | None = None  # subtree keys: what storage nodes ask of them for this file's chunks
     dir_attrs: list[Attr] = []  # CreateReq: the parent's attributes after it, as AttrRsp.dir_attrs
     seq: int = 0  # ... as of this change log position
-    callback: int = -1  # LookupReq with ``callback``: as AttrRsp.callback
+    callback: int = -1  # LookupReq or CreateReq with ``callback``: as AttrRsp.callback
 
 
 class CloseReq(Msg, tag="close"):
@@ -690,6 +700,20 @@ class CloseReq(Msg, tag="close"):
 
 class AllocEpochReq(Msg, tag="alloc_epoch"):
     pass
+
+
+class DelegateInodesReq(Msg, tag="delegate_inodes"):
+    """Hand ``count`` inode numbers to the session, for CreateReqs and MkdirReqs that name
+    their ``ino`` (asynchronous creates, daemon/inode_ranges.py). Reply: InodesRsp; a store
+    that cannot delegate (PostgreSQL) answers NOT_SUPPORTED."""
+
+    session_id: int
+    count: int
+
+
+class InodesRsp(Msg, tag="inodes_rsp"):
+    first: int  # the numbers first .. first + count - 1 are the session's until it ends
+    count: int
 
 
 class EpochRsp(Msg, tag="epoch_rsp"):

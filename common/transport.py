@@ -128,6 +128,12 @@ class ZmqSocket:
                 self._changed.set()  # whoever else waits takes over the FD or finds its event
                 self._changed = trio.Event()
 
+    async def wait_writable(self) -> None:
+        """Return once a message sent now goes out at once: a live connection takes it (sockets
+        are ZMQ_IMMEDIATE, ``new_socket``). What a message says can then be read right before
+        ``send_multipart``, not before a wait for the peer that may last seconds."""
+        await self._wait(_POLLOUT)
+
     async def send_multipart(self, frames: Sequence[Payload]) -> None:
         while True:
             if self.closed:
@@ -310,6 +316,14 @@ class RpcClient:
                 ErrorCode.UNAVAILABLE, f"{self.address} answered {protocol.kind(request)} with a {protocol.kind(body)}"
             )
         return body, slot.payloads
+
+    async def wait_writable(self) -> None:
+        """Return once a request sent now goes out at once (``ZmqSocket.wait_writable``); a closed
+        connection (the process is stopping) is UNAVAILABLE, as for ``call``."""
+        try:
+            await self.sock.wait_writable()
+        except trio.ClosedResourceError:
+            raise StripefsError(ErrorCode.UNAVAILABLE, f"connection to {self.address} is closed") from None
 
 
 @asynccontextmanager

@@ -65,7 +65,7 @@ CHANGING_REQUESTS = frozenset({
     P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq, P.RmdirReq, P.RenameReq,
     P.SetattrReq, P.SetxattrReq, P.RemovexattrReq, P.SetLayoutReq, P.AllocEpochReq, P.AllocChunksReq,
     P.ReplaceReplicaReq, P.CommitReq, P.CreateShadowReq, P.SwapShadowReq, P.ReleaseChunksReq,
-    P.TrashRestoreReq, P.TrashPurgeReq,
+    P.TrashRestoreReq, P.TrashPurgeReq, P.DelegateInodesReq,
     P.OnceReq,  # carries only changing requests; what it carries is checked again on its own (handle_once)
     P.BatchReq,  # the same, item by item (handle_batch)
 })

@@ -92,7 +92,7 @@ class Op(NamedTuple):
 
     fn: Callable[[], object]  # synchronous, under the lock (an operation as txn.write runs it)
     write: bool  # False: a read (no savepoint, nothing to commit)
-    report: Callable[[], list] | None  # the reported directories' attributes, right after (write only)
+    report: Callable[[], list | None] | None  # the reported directories' attributes, right after (write only; None: the seq alone)
     change: object  # what mounts must drop (txn.write's ``change=``)
     reply: Callable[[object, list, int], P.Msg]  # (result, directory attributes, seq) -> the reply, once durable
 
@@ -124,7 +124,7 @@ class Burst:
     """``run`` is serve()'s ``burst`` for the metadata daemon (module docstring)."""
 
     def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
-                 redo=None) -> None:
+                 redo=None, defer: Callable[[P.Msg], bool] = lambda body: False) -> None:
         self.txn = txn  # daemon/txn.py SqliteTxn or PgTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
@@ -133,6 +133,7 @@ class Burst:
         self.settle = settle  # await settle(seq, inodes, entries, writer): the service's, for what must wait
         self.release = release  # await release(inodes): orphans nobody holds any more (housekeeping)
         self.redo = redo  # await redo(request): the task path's reply (an operation that must wait on storage nodes)
+        self.defer = defer  # an admitted request left to its handler's task (a lookup that recalls its directory)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
@@ -178,7 +179,7 @@ class Burst:
         the lock meanwhile), as ``_one`` would; None when ``handle`` must take it."""
         try:
             admitted = self.access.admit_now(body)
-            if admitted is None:
+            if admitted is None or self.defer(admitted):
                 return None
             op = self.operation(admitted)
             return op.reply(op.fn(), [], 0)
@@ -200,7 +201,7 @@ class Burst:
             return None
         try:
             admitted = self.access.admit_now(body)
-            if admitted is None:
+            if admitted is None or self.defer(admitted):
                 return None
             unit = self._unit(admitted, peer)
             unit.request = body

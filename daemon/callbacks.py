@@ -27,9 +27,15 @@ The rules
 * The session that made the change (its OnceReq ``client_id``, told at
   HelloReq) never waits for itself and keeps its holdings of names and
   directories: its own reply tells it, and the feed names the writer
-  (``ChangeEvent.writer``), so its mount keeps them too. A file it changed is
-  held no more, on both sides (an unlinked one would otherwise stay an orphan
-  for as long as its writer's session lives). A session whose client id the daemon does not know (adopted
+  (``ChangeEvent.writer``), so its mount keeps them too. A file it changed
+  through a name (unlink, rename) is held no more, on both sides (an unlinked
+  one would otherwise stay an orphan for as long as its writer's session
+  lives); a file it changed alone (a commit, a setattr: the change names no
+  entry) stays held, on both sides, so its mount answers a stat after its
+  write from the commit's reply. The race is the lookup grant's: another
+  mount's later change ends the holding through the feed before the mount
+  keeps that reply, and a reply kept after such an event is dropped (the
+  mount keeps a commit's attributes only while it still holds the file). A session whose client id the daemon does not know (adopted
   after a restart, until its first AckReq) gets no callbacks.
 * A directory's names: a mount that knows every name of a directory (it made
   it, or listed it in one page) holds ``("dir", ino)`` and answers lookups of
@@ -52,6 +58,13 @@ The rules
   without callbacks, instead. Callbacks are granted only on what the key may
   read: the daemon checks its requests against its subtree
   (daemon/access.py), and a subtree key holds none.
+* A directory held whole by a session that creates there asynchronously
+  (client/async_dirops.py: it answered creates the daemon may not have yet)
+  is recalled before another session reads it (a lookup in it, a lookup that
+  finds it, a getattr or a listing of it, ``recall_needed``): the read first logs a change naming the directory,
+  which waits for the holder like any change; the holder sends its pending
+  creates before it acknowledges (client/kernel_cache.py ``before_ack``), so
+  the read sees them. Close-to-open holds for names made asynchronously too.
 * Held files count as open (``held``): an unlink keeps the inode as an
   orphan until its holders let go, since a mount may open a held file
   without asking. An AckReq names the dropped files the mount has open;
@@ -151,6 +164,14 @@ class Callbacks:
         held.add(key)
         return seq
 
+    def recall_needed(self, session: int, parent: int, asynchronous: Callable[[int], bool]) -> bool:
+        """A read of directory ``parent`` by ``session`` must first make another session that holds
+        its names and creates there asynchronously (``asynchronous``: it has inode numbers
+        delegated, daemon/inode_ranges.py) send what it answered and let go: the service logs a
+        change naming the directory, which waits for that session as any change does."""
+        holders = self._holders.get(("dir", parent))
+        return bool(holders) and any(sid != session and asynchronous(sid) and self.alive(sid) for sid in holders)
+
     def held(self, ino: int) -> bool:
         """Some live session may open ``ino`` without asking (it counts as open)."""
         return any(self.alive(sid) for sid in self._holders.get(ino, ()))
@@ -166,6 +187,7 @@ class Callbacks:
             return []
         if self._grace_until and trio.current_time() < self._grace_until:
             await trio.sleep_until(self._grace_until)  # a restart: callbacks granted before it are unknown
+        entries = [tuple(e) for e in entries]
         keys, waiting, mine = self._holders_of(seq, inodes, entries, writer)
         freed: list[int] = []
         if waiting:
@@ -190,7 +212,7 @@ class Callbacks:
             for sid in late:
                 self.late += 1
                 freed += self._penalize(sid, f"acknowledged change {seq} after more than {LATE_S:.0f}s")
-        return freed + self._revoke(keys, seq, mine)
+        return freed + self._revoke(keys, seq, mine, files_too=not entries)
 
     def settle_now(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0) -> list[int] | None:
         """``settle`` when it has nobody to wait for (the request path without a task,
@@ -200,10 +222,11 @@ class Callbacks:
             return []
         if self._grace_until and trio.current_time() < self._grace_until:
             return None
+        entries = [tuple(e) for e in entries]
         keys, waiting, mine = self._holders_of(seq, inodes, entries, writer)
         if waiting:
             return None
-        return self._revoke(keys, seq, mine)
+        return self._revoke(keys, seq, mine, files_too=not entries)
 
     def _holders_of(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int) -> tuple[list, set[int], set[int]]:
         """The keys change ``seq`` touches, the sessions it waits for, and the writer's own
@@ -254,16 +277,17 @@ class Callbacks:
             freed += self._drop(sid, self._held.get(sid, set()))
         return freed
 
-    def _revoke(self, keys, seq: int, spare: set[int]) -> list[int]:
+    def _revoke(self, keys, seq: int, spare: set[int], files_too: bool = False) -> list[int]:
         """Holdings of ``keys`` granted before ``seq`` end, but the names and directories of
-        ``spare`` (the writer's: a file it changed is not spared, nor by its mount); the inodes
-        nobody holds after that."""
+        ``spare`` (the writer's), and its files too when ``files_too`` (a change that named no
+        entry: a commit or setattr; a file it unlinked or renamed over is not spared, nor by its
+        mount); the inodes nobody holds after that."""
         freed = []
         for key in keys:
             holders = self._holders.get(key)
             if not holders:
                 continue
-            keep = spare if not isinstance(key, int) else ()
+            keep = spare if files_too or not isinstance(key, int) else ()
             for sid in [sid for sid, granted in holders.items() if granted < seq and sid not in keep]:
                 del holders[sid]
                 held = self._held.get(sid)

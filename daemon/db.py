@@ -104,6 +104,10 @@ Tables
     ``chunks_pins(data_ino, idx)`` over the nonzero ones, ``inodes_snapshot``
     over snapshot inodes.
 
+``inode_ranges(session TEXT, first, last)``
+    (schema version 8) Inode numbers delegated to a mount's session
+    (daemon/inode_ranges.py): its creates may name them; gone with the session.
+
 All tables referencing ``inodes`` do so with ``ON DELETE CASCADE`` (foreign
 keys are on), except ``garbage``, which must outlive the inode.
 
@@ -347,10 +351,15 @@ def _migrate_7_snapshots(db, root_layout: Layout) -> None:
         db.execute(statement)
 
 
+def _migrate_8_inode_ranges(db, root_layout: Layout) -> None:
+    """Inode numbers delegated to sessions for asynchronous creates (daemon/inode_ranges.py)."""
+    db.execute("CREATE TABLE inode_ranges (session TEXT NOT NULL, first BIGINT NOT NULL, last BIGINT NOT NULL)")
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
 MIGRATIONS: list[Callable[..., None]] = [
     _migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons, _migrate_5_tiers,
-    _migrate_6_trash, _migrate_7_snapshots,
+    _migrate_6_trash, _migrate_7_snapshots, _migrate_8_inode_ranges,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -65,6 +65,7 @@ class Housekeeping:
         self.feed_views = feed_views  # daemon/access.py: each subtree's view of the change log
         self.feed = None  # daemon/events.py ChangeFeed, set once it is open (MetaService.run)
         self.callbacks = callbacks  # daemon/callbacks.py: an expired session's callbacks go with it
+        self.inode_ranges = None  # daemon/inode_ranges.py: an expired session's delegated numbers go with it (set by the service)
         self._gc_wake = trio.Event()
         self._feed_wake = trio.Event()
         self.gc_listeners: list = []
@@ -116,6 +117,9 @@ class Housekeeping:
             async with self.txn.lock:
                 self.txn.write_locked(self.healer.reclaim_uncommitted, expired)
             self.wake_gc()
+        if self.inode_ranges is not None and self.inode_ranges.ended(self.sessions.alive):
+            async with self.txn.lock:
+                self.txn.write_locked(self.inode_ranges.forget_dead, self.sessions.alive)
 
     async def startup_orphan_sweep(self) -> None:
         await trio.sleep(self.config.session_lease_s)

@@ -188,8 +188,9 @@ class Namespace(FileData):
     def _touch_dir(self, ino: int, now: int, nlink: int = 0) -> None:
         self.store.touch_dir(ino, now, nlink)
 
-    def _new_inode(self, parent_row, mode: int, uid: int, gid: int, *, nlink: int = 1, rdev: int = 0, now: int) -> dict:
-        """Insert an inode; its row as written (a dict of the ``inodes`` columns: no read back)."""
+    def _new_inode(self, parent_row, mode: int, uid: int, gid: int, *, nlink: int = 1, rdev: int = 0, now: int, ino: int = 0) -> dict:
+        """Insert an inode; its row as written (a dict of the ``inodes`` columns: no read back).
+        ``ino``: its number, delegated to the creating session (checked by the caller), else the next."""
         fields = dict(
             mode=mode,
             uid=uid,
@@ -206,10 +207,14 @@ class Namespace(FileData):
             redundancy=parent_row["redundancy"],
             stripe_seed=random.getrandbits(31),
         )
+        if ino:
+            if self.store.get_inode(ino) is not None:  # (SQLite's own error would be a constraint, not EXISTS)
+                raise StripefsError(ErrorCode.EXISTS, f"inode {ino} exists already")
+            fields["ino"] = ino
         fields["ino"] = self.store.insert_inode(**fields)
         return fields
 
-    def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0, *, parent_row=None) -> dict:
+    def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0, *, parent_row=None, ino: int = 0) -> dict:
         """A new inode named ``name`` in ``parent``; its row as written (``_new_inode``).
         ``parent_row``: the caller has read the directory (``live_directory``) and checked the name.
 
@@ -224,7 +229,7 @@ class Namespace(FileData):
         self.quotas.created(parent)
         now = self.clock()
         is_dir = stat.S_ISDIR(mode)
-        row = self._new_inode(parent_row, mode, uid, gid, nlink=2 if is_dir else 1, rdev=rdev, now=now)
+        row = self._new_inode(parent_row, mode, uid, gid, nlink=2 if is_dir else 1, rdev=rdev, now=now, ino=ino)
         if self.store.insert_new_dentry(parent, name, row["ino"]) is None:
             raise StripefsError(ErrorCode.EXISTS, f"{name!r} exists in directory {parent}")
         self._touch_dir(parent, now, 1 if is_dir else 0)
@@ -288,8 +293,8 @@ class Namespace(FileData):
         rdev = rdev if fmt in (stat.S_IFCHR, stat.S_IFBLK) else 0
         return to_attr(self._add_entry(parent, name, fmt | (mode & 0o7777), uid, gid, rdev))
 
-    def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int) -> Attr:
-        return to_attr(self._add_entry(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid))
+    def mkdir(self, parent: int, name: bytes, mode: int, uid: int, gid: int, ino: int = 0) -> Attr:
+        return to_attr(self._add_entry(parent, name, stat.S_IFDIR | (mode & 0o7777), uid, gid, ino=ino))
 
     def symlink(self, parent: int, name: bytes, target: bytes, uid: int, gid: int) -> Attr:
         if not target or b"\0" in target:
@@ -308,7 +313,7 @@ class Namespace(FileData):
         return info[0].ino, created
 
     def create_open(
-        self, parent: int, name: bytes, mode: int, uid: int, gid: int, exclusive: bool = True
+        self, parent: int, name: bytes, mode: int, uid: int, gid: int, exclusive: bool = True, ino: int = 0
     ) -> tuple[tuple[Attr, Layout, list[ChunkRef], list[NodeAddr]], bool]:
         """``create``, with the file's ``open_info``: a new file's from the rows just written
         (nothing read back: the hot path of a burst of creates), an existing one's read."""
@@ -320,7 +325,7 @@ class Namespace(FileData):
             if stat.S_ISDIR(row["mode"]):
                 raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
             return self.open_info_of(row), False
-        row = self._add_entry(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid, parent_row=parent_row)
+        row = self._add_entry(parent, name, stat.S_IFREG | (mode & 0o7777), uid, gid, parent_row=parent_row, ino=ino)
         try:
             refs, addrs = self.place_new(row, [0])
         except StripefsError as exc:

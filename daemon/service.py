@@ -82,6 +82,7 @@ from .tiering import Tiering
 from .txn import Txn, open_txn
 from .burst import Burst, Op
 from .callbacks import Callbacks
+from .inode_ranges import InodeRanges
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,8 @@ class MetaService:
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
             feed_views=self.access.feed_views, ctx=self.ctx, callbacks=self.callbacks,
         )
+        self.inode_ranges = self.housekeeping.inode_ranges = InodeRanges(store, grace_s=self.config.session_lease_s)  # asynchronous creates' numbers
+        self.inode_ranges.load()
         self.tiering = Tiering(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
             cluster_id=self.cluster_id, wake_gc=self.housekeeping.wake_node_gc,  # node copies it released or wrote
@@ -374,7 +377,7 @@ class MetaService:
         self.burst = Burst(
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
-            redo=lambda request: self.handle(request, []),
+            redo=lambda request: self.handle(request, []), defer=self._must_recall,
         )
         self._snapshots_changed()
         return self.burst.run
@@ -574,7 +577,34 @@ class MetaService:
     # -- namespace -------------------------------------------------------------
 
     async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
+        await self._recall(req.session_id, req.parent, req.name)
+        child = self._held_child(req)
+        if child:
+            await self._recall(req.session_id, child, b"")
         return await self._perform(self._op_lookup(req))
+
+    def _held_child(self, req: P.LookupReq) -> int:
+        """The directory ``req`` finds, if another session creates in it asynchronously (its
+        attributes come with the answer: recalled first); else 0."""
+        if not self.inode_ranges.others(req.session_id):
+            return 0
+        row = self.store.get_dentry(req.parent, req.name)
+        ino = row["ino"] if row is not None else 0
+        return ino if ino and self.callbacks.recall_needed(req.session_id, ino, self.inode_ranges.holds) else 0
+
+    def _must_recall(self, body: P.Msg) -> bool:
+        """A lookup or getattr the burst must leave to its handler: it recalls a directory first."""
+        kind = type(body)
+        if kind is P.LookupReq:
+            return self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds) or bool(self._held_child(body))
+        return kind is P.GetattrReq and self.callbacks.recall_needed(body.session_id, body.ino, self.inode_ranges.holds)
+
+    async def _recall(self, session: int, parent: int, name: bytes) -> None:
+        """Another session holds directory ``parent`` whole and may have answered creates there
+        that this daemon has not got yet (client/async_dirops.py): a change naming the directory
+        makes it send them and let go before this read (daemon/callbacks.py ``recall_needed``)."""
+        if self.callbacks.recall_needed(session, parent, self.inode_ranges.holds):
+            await self.txn.write(_nothing, change=([], [(parent, name)]))
 
     def _op_lookup(self, req: P.LookupReq) -> Op:
         return Op(functools.partial(self._lookup, req), False, None, None, _result)
@@ -666,6 +696,7 @@ class MetaService:
                 del lines[connection]  # a connection with nothing waiting costs nothing
 
     async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
+        await self._recall(req.session_id, req.ino, b"")
         return await self._perform(self._op_getattr(req))
 
     def _op_getattr(self, req: P.GetattrReq) -> Op:
@@ -693,8 +724,12 @@ class MetaService:
             self.sessions.touch(req.session_id, owner=owner)
 
         def create_and_open():
-            info, _ = self.ns.create_open(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive)
+            if req.new_ino:  # a number delegated to the session (an asynchronous create: daemon/inode_ranges.py)
+                self.inode_ranges.check(req.session_id, req.new_ino)
+            info, _ = self.ns.create_open(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive, ino=req.new_ino)
             ino = info[0].ino
+            if req.new_ino:
+                self.inode_ranges.spent(req.session_id, ino)
             info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
             if req.session_id:
                 self.sessions.open(req.session_id, ino, owner=owner, write=True)
@@ -707,8 +742,12 @@ class MetaService:
 
         def reply(result, dirs, seq):
             attr, layout, chunks, nodes, quota_max, epoch = result
+            callback = -1
+            if req.callback and req.session_id and self.callbacks.enabled:  # it writes the file: its stat stays local
+                callback = self.callbacks.grant(req.session_id, attr.ino, req.parent, req.name)
             return P.OpenRsp(
-                attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max, dir_attrs=dirs, seq=seq
+                attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max, dir_attrs=dirs, seq=seq,
+                callback=callback,
             )
 
         return Op(create_and_open, True, self._reporting([req.parent]), ([req.parent], [(req.parent, req.name)]), reply)
@@ -724,7 +763,16 @@ class MetaService:
         return await self._perform(self._op_mknod(req))
 
     def _op_mkdir(self, req: P.MkdirReq) -> Op:
-        fn = functools.partial(self.ns.mkdir, req.parent, req.name, req.mode, req.uid, req.gid)
+        owner = current_peer()
+
+        def fn():
+            if req.new_ino:  # as in _op_create
+                self.sessions.touch(req.session_id, owner=owner)
+                self.inode_ranges.check(req.session_id, req.new_ino)
+            attr = self.ns.mkdir(req.parent, req.name, req.mode, req.uid, req.gid, ino=req.new_ino)
+            if req.new_ino:
+                self.inode_ranges.spent(req.session_id, req.new_ino)
+            return attr
 
         def reply(attr, dirs, seq):
             callback = -1
@@ -787,6 +835,7 @@ class MetaService:
         return P.ReadlinkRsp(target=await self.txn.read(self.ns.readlink, req.ino))
 
     async def handle_readdir(self, req: P.ReaddirReq) -> P.Msg:
+        await self._recall(req.session_id, req.ino, b"")
         def list_dir():
             entries, more = self.ns.readdir(req.ino, req.after, req.limit)
             files = []
@@ -838,6 +887,11 @@ class MetaService:
 
     # -- data path bookkeeping ---------------------------------------------------
 
+    async def handle_delegate_inodes(self, req: P.DelegateInodesReq) -> P.Msg:
+        self.sessions.touch(req.session_id, owner=current_peer())  # the session is the asking key's
+        first = await self.txn.write(self.inode_ranges.delegate, req.session_id, req.count)
+        return P.InodesRsp(first=first, count=req.count)
+
     async def handle_alloc_epoch(self, req: P.AllocEpochReq) -> P.Msg:
         return P.EpochRsp(epoch=await self.txn.alloc_epoch(self.ns.alloc_epoch))
 
@@ -859,7 +913,9 @@ class MetaService:
     def _op_commit(self, req: P.CommitReq) -> Op:
         self.sessions.check_fence(req.ino, req.chunks)
         fn = functools.partial(self.ns.commit, req.ino, req.size, req.mtime_ns, req.chunks)
-        return Op(fn, True, None, ([req.ino], []), lambda attr, _, __: P.AttrRsp(attr=attr))
+        # the reply carries its seq: the writer keeps its callback on the file through its own commit
+        # and the reply's attributes answer its next stat (daemon/callbacks.py, client/operations.py)
+        return Op(fn, True, lambda: None, ([req.ino], []), lambda attr, _, seq: P.AttrRsp(attr=attr, seq=seq))
 
     # -- online conversion (daemon/redundancy.py) ----------------------------------
 
@@ -886,3 +942,7 @@ class MetaService:
         )
         self._wake_gc()
         return P.AttrRsp(attr=attr)
+
+
+def _nothing() -> None:
+    """The operation of a recall (``MetaService._recall``): only its change is logged."""

@@ -134,7 +134,9 @@ class SqlStore:
         return row
 
     def insert_inode(self, **fields) -> int:
-        cols = [f for f in _INODE_FIELDS if f in fields]
+        """The new inode's number: ``fields["ino"]`` when given (one delegated to a session,
+        daemon/inode_ranges.py; a number in use is EXISTS), else the next one."""
+        cols = [f for f in ("ino", *_INODE_FIELDS) if f in fields]
         return self._x(
             f"INSERT INTO inodes ({','.join(cols)}) VALUES ({','.join('?' * len(cols))}) RETURNING ino",
             [fields[c] for c in cols],
@@ -574,6 +576,22 @@ class SqlStore:
         row = self._x("SELECT holder, expires_ns, term FROM leases WHERE name = ?", (name,)).fetchone()
         return (row[0], row[1], row[2]) if row else ("", 0, 0)
 
+    # -- inode numbers delegated to sessions (daemon/inode_ranges.py) ------------
+
+    def put_inode_range(self, session: int, first: int, last: int) -> None:
+        self._x("INSERT INTO inode_ranges (session, first, last) VALUES (?,?,?)", (f"{session:x}", first, last))
+
+    def inode_ranges(self) -> list[tuple[int, int, int]]:
+        """(session, first, last) of every delegated range."""
+        return [(int(r[0], 16), r[1], r[2]) for r in self._x("SELECT session, first, last FROM inode_ranges")]
+
+    def drop_inode_ranges(self, session: int, last: int | None = None) -> None:
+        """The session's ranges, or its one ending at ``last``."""
+        if last is None:
+            self._x("DELETE FROM inode_ranges WHERE session=?", (f"{session:x}",))
+        else:
+            self._x("DELETE FROM inode_ranges WHERE session=? AND last=?", (f"{session:x}", last))
+
     # -- the trash (daemon/trash.py) ------------------------------------------
 
     def put_trash(self, ino: int, parent: int, name: bytes, deleted_ns: int, roots: Sequence[int]) -> None:
@@ -942,6 +960,13 @@ class SqliteStore(SqlStore):
 
     def last_change_seq(self) -> int:
         return super().last_change_seq() if self._seq is None else self._seq
+
+    def skip_inodes(self, count: int) -> int:
+        """Take ``count`` inode numbers off the counter (AUTOINCREMENT never hands out a number at
+        or below ``sqlite_sequence``'s): the first of them (daemon/inode_ranges.py)."""
+        row = self.conn.execute(
+            "UPDATE sqlite_sequence SET seq = seq + ? WHERE name = 'inodes' RETURNING seq", (count,)).fetchone()
+        return row[0] - count + 1
 
     def _store_change_seq(self) -> None:
         if self._seq is not None and self._seq != self._seq_stored:

@@ -233,8 +233,9 @@ class SqliteTxn(Txn):
         attrs: list[P.Attr] = []
         seq = self._logged_seq if report is not None else 0
         if seq:
-            attrs = report()
-            seq = seq if attrs else 0
+            reported = report()  # None: no attributes, only the change's seq (a commit's: daemon/callbacks.py)
+            attrs = reported or []
+            seq = seq if reported is None or attrs else 0
         return result, batch, logged, attrs, seq
 
     async def alloc_epoch(self, alloc):

@@ -131,7 +131,9 @@ def test_fsck_repairs_the_copies_of_a_write_cut_by_a_daemon_kill(cluster, mnt):
     out = run_cli("fsck", "--dir", str(cluster.state), check=False).stdout
     assert int(out.split("orphan copies (no file refers to them):")[1].split()[0]) >= copies, out
     res = run_cli("fsck", "--repair", "--dir", str(cluster.state), check=False)
-    assert "repaired: 0" not in res.stdout and res.returncode == 0, res.stdout
+    # the file's other tests share the cluster: a copy of theirs in flight is left for later (exit 3)
+    left = [line for line in res.stdout.splitlines() if f"orphan copy {ino}:" in line and "not repaired" in line]
+    assert "repaired: 0" not in res.stdout and not left and res.returncode in (0, 3), res.stdout
     deadline = time.monotonic() + 60
     while _copies_of(cluster, ino) and time.monotonic() < deadline:  # the collector deletes them
         time.sleep(0.2)

@@ -346,10 +346,12 @@ class FS:
 
 
 @asynccontextmanager
-async def open_fs(rig, kernel: Kernel, name: str, **settings):
+async def open_fs(rig, kernel: Kernel, name: str, follow: bool = False, **settings):
     """A client of ``rig`` built as the mount builds it (client/mount.py: client/connect.py, the kernel
     cache, the prefetcher, the session heartbeat), its ``Operations`` wrapped in an ``FS``. ``settings``:
-    ClientConfig values. Its open handles are released, and its tasks cancelled, on the way out."""
+    ClientConfig values. ``follow``: it follows the change feed too, as a mount does (callbacks, and
+    with them asynchronous creates, client/async_dirops.py). Its open handles are released, and its
+    tasks cancelled, on the way out."""
     client_cfg = msgspec.structs.replace(cfg.ClientConfig(metrics="", shm_dir=""), **{**rig.client_settings, **settings})
     ctx = zmq.Context()
     try:
@@ -364,6 +366,13 @@ async def open_fs(rig, kernel: Kernel, name: str, **settings):
             )
             prefetcher.on_fetched = ops.prefetched
             own.start_soon(client.meta.heartbeat_loop, name, name="session-heartbeat")
+            if follow:
+                own.start_soon(kcache.follow, ctx, client.meta.feed_info, name="change-feed")
+                with trio.fail_after(10):
+                    await kcache.following.wait()
+                    while not kcache.callbacks_possible:
+                        await trio.sleep(0.01)
+                await own.start(ops.dirops.run)
             fs = FS(ops, kernel, rig)
             try:
                 yield fs

@@ -221,3 +221,27 @@ async def test_a_prompt_acknowledgement_is_no_offence(autojump_clock):
         nursery.start_soon(ack_soon)
         await calls.settle(2, [7], [], writer=CLIENT_A)
     assert calls.late == 0 and calls.grant(B, 7, 1, b"f") == seq[0]  # not barred
+
+
+async def test_the_writer_keeps_its_holding_of_a_file_it_changed_alone_but_not_through_a_name():
+    """Issue 31: a stat after a write is answered by the writer's mount. Its own commit or setattr
+    (no entry named) keeps its holding of the file, so another mount's later change still waits
+    for it; its unlink (an entry named) ends it, so the file never stays an orphan for it."""
+    seq = [3]
+    calls = make(seq)
+    calls.grant(A, 7, 1, b"f")  # A created 1/f (CreateReq with callback)
+    with trio.fail_after(0.1):
+        assert await calls.settle(4, [7], [], writer=CLIENT_A) == []  # its commit of 7
+    assert calls.held(7)
+    with trio.move_on_after(0.2) as scope:
+        await calls.settle(5, [7], [], writer=CLIENT_B)  # B's change of 7 waits for A
+    assert scope.cancelled_caught
+    calls.ack(A, 5)
+    with trio.fail_after(0.1):
+        await calls.settle(5, [7], [], writer=CLIENT_B)
+    assert not calls.held(7)
+    seq[0] = 6
+    calls.grant(A, 8, 1, b"g")
+    with trio.fail_after(0.1):
+        assert await calls.settle(7, [1, 8], [(1, b"g")], writer=CLIENT_A) == [8]  # its unlink of 1/g
+    assert not calls.held(8)

@@ -2,6 +2,8 @@
 
 import stat
 
+import msgspec
+
 from stripefs.client.dir_attrs import DirAttrs
 from stripefs.common import protocol as p
 
@@ -73,4 +75,24 @@ def test_no_position_no_file_no_feed_nothing_kept():
     cache.end([D], _reply(21, _attr(21)))
     assert cache.get(D).mtime_ns == 21
     cache.clear(30)  # a gap: everything goes
+    assert cache.get(D) is None
+
+
+def test_changes_answered_here_update_what_is_kept_and_an_earlier_reply_does_not_undo_a_later_one():
+    """Issue 31 (client/async_dirops.py): a create or mkdir the mount answered itself updates the
+    kept attributes at once; the daemon's replies come later, and one that is older than other
+    changes still unanswered (a batch sent before them) is not kept, or the mkdir made here since
+    would vanish from the directory's nlink until the next reply."""
+    cache = _following()
+    cache.begin([D])
+    cache.end([D], _reply(11, _attr(11)))  # a synchronous mkdir's reply: kept
+    cache.made_here(D, 20, nlink=1)  # a mkdir answered here, in the batch being sent
+    cache.made_here(D, 21, nlink=1)  # another, answered while that batch was on its way
+    assert (cache.get(D).nlink, cache.get(D).mtime_ns) == (4, 21)
+    cache.answered_here(D, _reply(12, p.Attr(**{**msgspec.structs.asdict(_attr(12)), "nlink": 3})))
+    assert cache.get(D).nlink == 4  # the first one's reply would undo the second
+    cache.answered_here(D, _reply(13, p.Attr(**{**msgspec.structs.asdict(_attr(13)), "nlink": 4})))
+    assert (cache.get(D).nlink, cache.get(D).mtime_ns) == (4, 13)  # the daemon's, once all are answered
+    cache.made_here(D, 30)
+    cache.answered_here(D, None)  # refused: what was kept is dropped (the kernel asks the daemon)
     assert cache.get(D) is None

@@ -157,3 +157,52 @@ async def test_a_mounts_own_change_of_a_held_file_owes_no_acknowledgement_unless
     cache.apply([11], [(1, b"f11")], seq=8, writer=99)  # another mount's change: the daemon waits for us
     await cache.flush_pending()
     assert acks[-1] == (8, False, [])
+
+
+async def test_a_mounts_own_commit_keeps_its_grant_and_its_create_keeps_the_new_name(monkeypatch):
+    """Issue 31: stat after a write is answered here. The event of this mount's own commit (no
+    entry) keeps the file's grant; its own create's event does not drop the name it granted as
+    of that change or later; another mount's change still ends the grant and drops the name."""
+    calls = []
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), sorted(names))))
+    acks = []
+
+    async def send_ack(seq, everything, opened):
+        acks.append(seq)
+
+    cache = kc.KernelCache()
+    cache.send_ack, cache.own_writer = send_ack, 77
+    cache.remember(1, b"new", 10)
+    cache.granted(10, 1, b"new", seq=5)  # the create's reply, as of its own change 5
+    cache.apply([1], [(1, b"new")], seq=5, writer=77)  # the create's event
+    cache.apply([10], [], seq=6, writer=77)  # this mount's commit of it
+    await cache.flush_pending()
+    assert 10 in cache.grants and (1, b"new") in cache.grants and acks == []
+    assert all((1, b"new") not in names for _, names in calls)  # the kernel keeps the name
+    assert cache.lookup_known(1, b"new") == 10
+    cache.apply([10], [], seq=7, writer=99)  # another mount's change: the grant ends, acknowledged
+    await cache.flush_pending()
+    assert 10 not in cache.grants and acks == [7]
+    assert calls[-1] == ([10], [(1, b"new")])  # its attributes and name are asked afresh
+
+
+async def test_a_grant_older_than_this_mounts_own_changes_owes_no_acknowledgement(monkeypatch):
+    """Issue 31: during an rm -rf each lookup's grant is older than the mount's own latest unlinks;
+    only changes of other mounts can be waiting for this one, so only they call for an AckReq."""
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: None)
+    acks = []
+
+    async def send_ack(seq, everything, opened):
+        acks.append(seq)
+
+    cache = kc.KernelCache()
+    cache.send_ack, cache.own_writer = send_ack, 77
+    for seq in (1, 2, 3):
+        cache.apply([1], [(1, b"gone%d" % seq)], seq=seq, writer=77)  # this mount's own unlinks
+    cache.granted(10, 1, b"f", seq=1)  # a lookup answered as of change 1
+    await cache.flush_pending()
+    assert acks == []
+    cache.apply([1], [(1, b"theirs")], seq=4, writer=99)  # another mount's change
+    cache.granted(11, 1, b"g", seq=3)  # answered before it: change 4 may wait for this mount
+    await cache.flush_pending()
+    assert acks == [4]

@@ -526,3 +526,38 @@ async def test_sessions_and_their_open_inodes_are_capped(tmp_path, ctx):
             assert isinstance(await _call(c, P.OpenReq(ino=files[7], session_id=full)), P.OpenRsp)  # room again
             assert isinstance(await _call(c, P.PingReq()), P.PingRsp)
         nursery.cancel_scope.cancel()
+
+
+async def test_delegated_inode_numbers_are_the_sessions_alone_and_survive_a_restart(daemon, ctx):
+    """Issue 31 (asynchronous creates, daemon/inode_ranges.py): a session's creates and mkdirs may
+    name numbers delegated to it; another session's, the daemon's own, and used ones are refused;
+    the daemon's next numbers skip the range; the range outlives a kill -9 with the session."""
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        await _call(c, _register())
+        sid = (await _call(c, P.HelloReq(host="test", pid=os.getpid()))).session_id
+        other = (await _call(c, P.HelloReq(host="other", pid=os.getpid()))).session_id
+        got = await _call(c, P.DelegateInodesReq(session_id=sid, count=100))
+        first = got.first
+        assert got.count == 100 and first > ROOT
+        f = await _call(c, P.CreateReq(parent=ROOT, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid, new_ino=first))
+        assert f.attr.ino == first
+        d = await _call(c, P.MkdirReq(parent=ROOT, name=b"d", mode=0o755, uid=0, gid=0, session_id=sid, new_ino=first + 1))
+        assert d.attr.ino == first + 1
+        plain = await _call(c, P.CreateReq(parent=ROOT, name=b"plain", mode=0o644, uid=0, gid=0, session_id=sid))
+        assert plain.attr.ino > first + 99  # the daemon's own numbers skip the range
+        for session, ino, code in ((other, first + 2, ErrorCode.INVALID), (sid, first + 100, ErrorCode.INVALID),
+                                   (sid, first, ErrorCode.EXISTS)):
+            with pytest.raises(StripefsError) as info:
+                await c.call(P.CreateReq(parent=ROOT, name=b"x%d" % ino, mode=0o644, uid=0, gid=0, session_id=session, new_ino=ino))
+            assert info.value.code == code
+        with pytest.raises(StripefsError) as info:
+            await c.call(P.CreateReq(parent=ROOT, name=b"f", mode=0o644, uid=0, gid=0, session_id=sid, new_ino=first + 3))
+        assert info.value.code == ErrorCode.EXISTS  # the name: nothing of the create stays
+    daemon.kill9()
+    daemon.start()
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        f = await _call(c, P.CreateReq(parent=ROOT, name=b"after", mode=0o644, uid=0, gid=0, session_id=sid, new_ino=first + 3))
+        assert f.attr.ino == first + 3  # adopted session, its range known again
+    assert "outside its delegated ranges" in daemon.log.read_text()

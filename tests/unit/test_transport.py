@@ -299,3 +299,41 @@ async def test_a_fast_lane_answers_on_its_thread_and_forwards_the_rest(ctx):
                         calls.start_soon(many, k)
             nursery.cancel_scope.cancel()
         await _until_bindable(address)
+
+
+async def test_a_session_heartbeat_waiting_for_its_daemon_names_the_files_open_when_it_goes(ctx):
+    """The daemon is down: a heartbeat waits for it (ZMQ_IMMEDIATE). A file closed meanwhile is
+    not in the open set the daemon gets when it is back (client/meta_rpc.py ``heartbeat``): a
+    restarted daemon that adopted the session kept it open, and fsck kept the copies of a write
+    the restart cut (issue 31, tests/cluster/test_failures.py)."""
+    from contextlib import AsyncExitStack
+
+    from stripefs.client.meta_rpc import MetaClient
+
+    address = _free_address()
+    meta = MetaClient(ctx, [address], timeout=5.0)
+    meta.session_id = 7
+    held = [42]
+    meta.open_inodes = lambda: list(held)
+    with trio.fail_after(10):
+        async with AsyncExitStack() as stack:
+            await meta.open(stack)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(meta.heartbeat)
+                await trio.sleep(0.3)  # the heartbeat waits for the daemon
+                held.clear()  # the file is closed meanwhile
+                async with open_socket(ctx, zmq.ROUTER, bind=address) as router:
+                    identity, header = await router.recv_multipart()
+                    request_id, body = protocol.decode_request(header.bytes)
+                    assert isinstance(body, protocol.SessionHeartbeatReq) and body.open_inodes == []
+                    await router.send_multipart([identity.bytes, protocol.encode(request_id, protocol.OkRsp())])
+
+
+async def test_waiting_for_a_closed_connection_to_take_a_request_is_unavailable(ctx):
+    """A mount stopping closes its sockets under its session heartbeat: an error it handles (the
+    heartbeat loop ended the mount with a traceback: "mount client failed")."""
+    async with connect(ctx, _free_address(), timeout=1.0) as client:
+        client.sock.close()
+        with pytest.raises(StripefsError) as exc:
+            await client.wait_writable()
+        assert exc.value.code == ErrorCode.UNAVAILABLE
