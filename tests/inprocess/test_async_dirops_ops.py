@@ -174,19 +174,29 @@ async def test_mkdir_in_a_held_directory_is_answered_here_and_what_is_made_in_it
 async def test_a_file_renamed_into_a_held_directory_keeps_its_name_and_is_unlinked_here(mine, rig, monkeypatch):
     """bench/meta.py's unlink phase unlinks files just renamed: the moved name stays the kernel's
     (this mount holds every name of the directory), so the unlink is answered here, with no
-    LOOKUP before it (a LookupReq each: 130 unlinks/s) and no UnlinkReq."""
+    LOOKUP before it (a LookupReq each: 130 unlinks/s) and no UnlinkReq.
+
+    A change feed silent for 3 s (a loaded machine: CI runs tiers side by side) rightly drops every
+    name and hold; the round is then done again in a new directory, at most three times."""
     await _numbers(mine)
-    for i in range(5):
-        await mine.close((await mine.create(mine.dir, b"a%d" % i))[0])
-    for i in range(5):
-        await mine.rename(mine.dir, b"a%d" % i, mine.dir, b"b%d" % i)
-    await mine.ops.kcache.flush_pending()
-    assert not {(mine.dir, b"b%d" % i) for i in range(5)} & set(mine.kernel.invalidated_entries)
+    for attempt in range(3):
+        drops = mine.ops.kcache.drops
+        d = await mine.mkdir(mine.dir, b"round%d" % attempt)  # made here: held whole
+        for i in range(5):
+            await mine.close((await mine.create(d, b"a%d" % i))[0])
+        for i in range(5):
+            await mine.rename(d, b"a%d" % i, d, b"b%d" % i)
+        await mine.ops.kcache.flush_pending()
+        if mine.ops.kcache.drops == drops:
+            break
+    else:
+        pytest.fail("the change feed dropped the mount's cache in each of 3 rounds")
+    assert not {(d, b"b%d" % i) for i in range(5)} & set(mine.kernel.invalidated_entries)
     calls = []
     real = mine.ops.meta.call
     mine.ops.meta.call = lambda req, **kw: (calls.append(type(req).__name__), real(req, **kw))[1]
     for i in range(5):
-        await mine.unlink(mine.dir, b"b%d" % i)
+        await mine.unlink(d, b"b%d" % i)
     assert not {"UnlinkReq", "LookupReq"} & set(calls)
-    await mine.ops.fsyncdir(mine.dir, False)
-    assert await _listing(rig, monkeypatch, "other", mine.dir) == []
+    await mine.ops.fsyncdir(d, False)
+    assert await _listing(rig, monkeypatch, "other", d) == []
