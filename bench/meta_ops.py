@@ -151,7 +151,7 @@ def run_ops(roots: list[Path], n: int, chains: int, depth: int, cpu: Callable[[]
         if op == "stat":
             _drop_dentries()
         if op == "stat written":
-            _each(roots, lambda r: _loop(_write_small, written[r]))
+            at_once(roots, lambda r: _loop(_write_small, written[r]))
         before = cpu() if op == "create" else None
         count, s = at_once(roots, work[op])
         if before is not None:
