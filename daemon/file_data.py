@@ -113,6 +113,26 @@ class FileData:
         it has no chunks and no pending deletions yet, so nothing is read."""
         return self._place(row, sorted(set(indices)), {}, fresh=True)
 
+    def place_new_files(self, rows: Sequence[dict]) -> list[tuple[list[ChunkRef], list[NodeAddr]]]:
+        """``place_new(row, [0])`` of many files created in this operation (a batch of creates,
+        daemon/namespace_bulk.py): the nodes looked at once, the rows written in one statement.
+        No node up: none of them gets a placement (([], [])), as a single create gets none."""
+        views = self.nodes.views()
+        placed = []
+        try:
+            for row in rows:
+                red = parse_redundancy(row["redundancy"])
+                nodes = placement.place_chunks(views, (0,), copies=red.copies, stripe_count=row["stripe_count"],
+                                               stripe_seed=row["stripe_seed"])[0]
+                placed.append(redundancy.pad_fragments(nodes, red))
+        except StripefsError as exc:
+            if exc.code != ErrorCode.UNAVAILABLE:
+                raise
+            log.debug("%d inode(s) created without a placement for chunk 0: %s", len(rows), exc.message)
+            return [([], [])] * len(rows)
+        self.store.put_new_chunks((row["ino"], 0, 0, nodes) for row, nodes in zip(rows, placed))
+        return [self._chunk_map(row["ino"], {0: (0, nodes)}) for row, nodes in zip(rows, placed)]
+
     def _place(self, row, missing: list[int], existing: dict, *, fresh: bool) -> tuple[list[ChunkRef], list[NodeAddr]]:
         ino = row["ino"]
         if missing:
