@@ -75,10 +75,17 @@ class FileData:
         # epochs in [_epoch_next, _epoch_limit) may be handed out without a write
         self._epoch_next = self._epoch_limit = int(store.get_meta("epoch_hwm", 1))
 
-    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]], addrs: dict[int, NodeAddr] | None = None
+                   ) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        """``chunks`` as readers get them; ``addrs``: NodeAddrs made so far, shared (many maps at once)."""
         refs = [ChunkRef(index=i, version=v, nodes=n) for i, (v, n) in sorted(chunks.items())]
         ids = sorted({n for ref in refs for n in ref.nodes} - {redundancy.MISSING})
-        return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
+        if addrs is None:
+            return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
+        for i in ids:
+            if i not in addrs:
+                addrs[i] = NodeAddr(node_id=i, address=self.nodes.address(i))
+        return refs, [addrs[i] for i in ids]
 
     def last_epoch(self) -> int:
         """The newest epoch handed out so far: every write started before now carries at most this."""
@@ -131,7 +138,8 @@ class FileData:
             log.debug("%d inode(s) created without a placement for chunk 0: %s", len(rows), exc.message)
             return [([], [])] * len(rows)
         self.store.put_new_chunks((row["ino"], 0, 0, nodes) for row, nodes in zip(rows, placed))
-        return [self._chunk_map(row["ino"], {0: (0, nodes)}) for row, nodes in zip(rows, placed)]
+        addrs: dict[int, NodeAddr] = {}
+        return [self._chunk_map(row["ino"], {0: (0, nodes)}, addrs) for row, nodes in zip(rows, placed)]
 
     def _place(self, row, missing: list[int], existing: dict, *, fresh: bool) -> tuple[list[ChunkRef], list[NodeAddr]]:
         ino = row["ino"]
