@@ -12,6 +12,7 @@ import re
 import pytest
 import trio
 
+from stripefs.client.fuse.abi import ROOT_ID
 from stripefs.common import protocol as P
 
 from fsapi import Kernel, open_fs, raises_errno
