@@ -15,11 +15,14 @@ from test_meta_burst import _Commits, _create, _service, ctx  # noqa: F401 - ctx
 from test_security import ROOT
 
 
-async def _session(service, client_id: int) -> tuple[int, int]:
-    """A session of a mount with ``client_id`` and the first of 100 inode numbers delegated to it."""
+async def _setup(service, client_id: int) -> tuple[int, int, int]:
+    """A session of a mount with ``client_id``, the first of 100 inode numbers delegated to it, and
+    a directory holding the name ``taken``: (session, first number, directory)."""
     sid = (await service.handle(P.HelloReq(host="m", pid=1, client_id=client_id), [])).session_id
     first = (await service.handle(P.DelegateInodesReq(session_id=sid, count=100), [])).first
-    return sid, first
+    d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
+    await service.handle(_create(b"taken", parent=d), [])
+    return sid, first, d
 
 
 def _changes(tmp_path) -> int:
@@ -30,9 +33,7 @@ def _changes(tmp_path) -> int:
 async def test_a_run_of_creates_with_successes_and_failures_is_one_change_each_item_answered_its_own(tmp_path, ctx):  # noqa: F811
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
-        sid, first = await _session(service, 7)
-        d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
-        await service.handle(_create(b"taken", parent=d), [])
+        sid, first, d = await _setup(service, 7)
         commits, changes = _Commits(service), _changes(tmp_path)
 
         def mine(name: bytes, ino: int) -> P.CreateReq:
@@ -73,9 +74,7 @@ async def test_a_run_of_creates_with_successes_and_failures_is_one_change_each_i
 async def test_a_retried_batch_of_creates_is_applied_once_and_answered_as_the_first_time(tmp_path, ctx):  # noqa: F811
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
-        sid, first = await _session(service, 9)
-        d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
-        await service.handle(_create(b"taken", parent=d), [])
+        sid, first, d = await _setup(service, 9)
 
         def once(op_id: int, name: bytes, ino: int) -> P.OnceReq:
             body = P.CreateReq(parent=d, name=name, mode=0o100644, uid=0, gid=0, session_id=sid, new_ino=ino, callback=True)
