@@ -177,6 +177,10 @@ class SqlStore:
             for r in self._x("SELECT ino FROM inodes i WHERE nlink=0 AND NOT EXISTS (SELECT 1 FROM trash t WHERE t.ino = i.ino)")
         ]
 
+    def nameless_in(self, inos: Sequence[int]) -> list[int]:
+        """Those of ``inos`` with no name left (nlink 0): the orphans among files sessions let go."""
+        return [r[0] for r in self._select_in("SELECT ino FROM inodes WHERE nlink=0 AND ino IN ({})", (), inos)]
+
     def counts(self) -> dict[str, int]:
         """files, directories and logical bytes of regular files (live ones: not a snapshot's), all inodes."""
         row = self._x(
