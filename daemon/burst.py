@@ -48,6 +48,12 @@ read-only snapshot each, no conflicts with the bursts' writes); changes are
 numbered by the sequencer as on the task path (daemon/change_log.py), so no
 callbacks wait and no directories are reported.
 
+Exclusive creates next to each other in the burst, of one client and key in
+one directory (a BatchReq's, or requests of their own), run as ONE operation
+(``_many``, daemon/namespace_bulk.py: one statement per table, one change
+logged); each keeps its own outcome, and an error that is no create's own
+undoes the run, whose creates then run one by one.
+
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
 would take the serving loop's burst past ``MOST`` operations (PostgreSQL:
@@ -209,6 +215,7 @@ class Burst:
                 return None
             unit = self._unit(admitted, peer)
             unit.request = body
+            self._may_share(unit, peer)
             return unit
         except StripefsError as exc:
             return _error(exc)
@@ -236,12 +243,17 @@ class Burst:
                 units[-1].request = item
             except StripefsError as exc:
                 units.append(_Unit(None, None, peer, _error(exc)))
-        if self.create_many is not None and not self.txn.shared:
-            for unit in units:
-                body = unit.body
-                if type(body) is P.CreateReq and body.exclusive and unit.op is not None:
-                    unit.many = (body.parent, unit.once.client_id if unit.once is not None else None)
+        for unit in units:
+            self._may_share(unit, peer)
         return units
+
+    def _may_share(self, unit: _Unit, peer: str | None) -> None:
+        """An exclusive create may share its operation with the creates next to it in the same
+        directory from the same client and key (``_runs``, ``_many``); SQLite only."""
+        body = unit.body
+        if type(body) is P.CreateReq and body.exclusive and unit.op is not None and self.create_many is not None \
+                and not self.txn.shared:
+            unit.many = (body.parent, unit.once.client_id if unit.once is not None else None, peer)
 
     def _unit(self, body: P.Msg, peer: str | None) -> _Unit:
         """The admitted ``body`` as a unit (a OnceReq: its body, under its bound key, as handle_once)."""
@@ -318,11 +330,13 @@ class Burst:
         return wrote
 
     def _many(self, units: list[_Unit]) -> bool:
-        """A run of a BatchReq's creates of one client in one directory (``_runs``) as ONE
-        operation (daemon/namespace_bulk.py): one savepoint, one statement per table, one change
-        logged for all (its number and the directory's attributes after it in each reply), one
-        look-up and one insert of their OnceReq records. Each create keeps its own outcome; an
-        error that is no create's own undoes the whole, and they run one by one (``_one``)."""
+        """A run of creates of one client (and key) in one directory (``_runs``: a BatchReq's
+        items, or requests of their own received together) as ONE operation
+        (daemon/namespace_bulk.py): one savepoint, one statement per table, one change logged for
+        all (its number and the directory's attributes after it in each reply; settled once, and
+        every create of it waits when it must), one look-up and one insert of their OnceReq
+        records. Each create keeps its own outcome; an error that is no create's own undoes the
+        whole, and they run one by one (``_one``)."""
         first = units[0]
         security.PEER.set(first.peer)
         parent = first.body.parent
@@ -349,10 +363,8 @@ class Burst:
         for unit in units:
             if unit.error is None:
                 unit.batch = batch
-        for unit in made:
-            unit.attrs, unit.seq = attrs, seq
-        if made:
-            made[0].logged = logged  # one change: settled once (``_settle``)
+        for unit in made:  # one change: settled once (``_settle``), every reply after it
+            unit.attrs, unit.seq, unit.logged = attrs, seq, logged
         return True
 
     def _run_many(self, units: list[_Unit]) -> list[_Unit]:
@@ -430,14 +442,17 @@ class Burst:
         """Settle each durable change that waits for nobody; the ids of the units that must wait."""
         waits: set[int] = set()
         freed: list[int] = []
+        wait: dict[int, bool] = {}  # per change (a run of creates shares one: ``_many``): whether it waits
         for unit in units:
             if unit.logged is None or unit.error is not None:
                 continue
-            done = self.settle_now(*unit.logged)
-            if done is None:
+            change = id(unit.logged)
+            if change not in wait:
+                done = self.settle_now(*unit.logged)
+                wait[change] = done is None
+                freed += done or []
+            if wait[change]:
                 waits.add(id(unit))
-            else:
-                freed += done
         if freed:
             await self.release(freed)
         return waits
@@ -457,9 +472,11 @@ class Burst:
         """A continuation: waits for the mounts a change must hear first, then the reply (in a task)."""
 
         async def later() -> P.Msg:
+            settled: set[int] = set()
             for unit in units:
-                if id(unit) in waits:
-                    await self.settle(*unit.logged)
+                if id(unit) in waits and id(unit.logged) not in settled:
+                    settled.add(id(unit.logged))
+                    await self.settle(*unit.logged)  # (another request's continuation may wait for it too)
             replies = [await self._redone(u) if u.redo else self._reply(u) for u in units]
             if isinstance(plan, list):
                 return P.BatchRsp(results=replies)
@@ -490,7 +507,8 @@ class Burst:
 
 def _runs(units: list[_Unit]) -> list[list[_Unit]]:
     """``units`` cut into runs: creates one after another with one ``many`` key (one directory,
-    one client) and distinct OnceReq numbers (``Burst._many``), and single units."""
+    one client, one key: a BatchReq's items or requests of their own) and distinct OnceReq
+    numbers (``Burst._many``), and single units."""
     runs: list[list[_Unit]] = []
     ids: set = set()
     for unit in units:

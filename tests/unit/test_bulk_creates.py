@@ -123,3 +123,31 @@ async def test_an_error_that_is_no_items_own_undoes_the_run_and_each_item_gets_i
             assert disk.execute("SELECT count(*) FROM inodes WHERE uid > 1000").fetchone()[0] == 0
             assert disk.execute("SELECT count(*) FROM chunks").fetchone()[0] == 2
         nursery.cancel_scope.cancel()
+
+
+async def test_creates_sent_alone_share_one_operation_and_each_waits_for_the_mount_holding_the_directory(tmp_path, ctx):  # noqa: F811
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
+        made = await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0, session_id=other,
+                                               callback=True), [])
+        assert made.callback >= 0  # the other mount holds every name of d: a change in it waits for that mount
+        d, changes = made.attr.ino, _changes(tmp_path)
+
+        first, second = await service.burst.run([(_create(b"a", parent=d), None), (_create(b"b", parent=d), None)])
+        assert _changes(tmp_path) == changes + 1  # one operation for both requests: one change
+        assert callable(first) and callable(second)  # neither answered before the other mount let go
+        answers = []
+
+        async def answer(later):
+            answers.append(await later())
+
+        async with trio.open_nursery() as waiting:
+            waiting.start_soon(answer, first)
+            waiting.start_soon(answer, second)
+            await trio.sleep(0.2)
+            assert not answers
+            await service.handle(P.AckReq(session_id=other, seq=0, everything=True), [])
+        assert sorted(a.attr.ino for a in answers) == sorted({a.attr.ino for a in answers}) and len(answers) == 2
+        assert answers[0].seq == answers[1].seq > 0 and service.callbacks.timeouts == 0
+        nursery.cancel_scope.cancel()
