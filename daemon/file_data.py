@@ -139,7 +139,14 @@ class FileData:
             return [([], [])] * len(rows)
         self.store.put_new_chunks((row["ino"], 0, 0, nodes) for row, nodes in zip(rows, placed))
         addrs: dict[int, NodeAddr] = {}
-        return [self._chunk_map(row["ino"], {0: (0, nodes)}, addrs) for row, nodes in zip(rows, placed)]
+        maps: dict[tuple, list[NodeAddr]] = {}  # one address list per set of nodes (replies only read them)
+        out = []
+        for nodes in placed:
+            key = tuple(nodes)
+            if key not in maps:
+                maps[key] = self._chunk_map(0, {0: (0, nodes)}, addrs)[1]
+            out.append(([ChunkRef(index=0, version=0, nodes=nodes)], maps[key]))
+        return out
 
     def _place(self, row, missing: list[int], existing: dict, *, fresh: bool) -> tuple[list[ChunkRef], list[NodeAddr]]:
         ino = row["ino"]

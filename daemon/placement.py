@@ -122,14 +122,14 @@ def place_chunks(
     if len(up) < copies:
         _warn_degraded(copies, len(up))
     copies = min(copies, len(up))
-    stripe = _ranked(b"stripe:%d" % stripe_seed, up)
+    key = b"stripe:%d" % stripe_seed
     primaries: list[NodeView] = []  # stripe_set's, made only for a chunk past the first
     placement: dict[int, list[int]] = {}
     for index in indices:
-        if index == 0:
-            primary = stripe[0]  # the stripe set's first member: _pick takes the best ranked first
+        if index == 0:  # the stripe set's first member, the best ranked (_pick takes it first)
+            primary = up[0] if len(up) == 1 else min(up, key=lambda n: (-_score(key, n), n.node_id))
         else:
-            primaries = primaries or _pick(stripe, [], min(stripe_count, len(up)))
+            primaries = primaries or _pick(_ranked(key, up), [], min(stripe_count, len(up)))
             primary = primaries[index % len(primaries)]
         if copies == 1:
             placement[index] = [primary.node_id]
