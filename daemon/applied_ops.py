@@ -104,6 +104,23 @@ def record(store, key: OnceKey, result) -> None:
         store.forget_applied(key.client_id, key.done_below)
 
 
+def recorded(store, client_id: int, op_ids: list[int]) -> dict[int, object]:
+    """``applied_result`` of many ops of one client at once: op_id -> result, for those applied."""
+    found = {op_id: pickle.loads(blob) for op_id, blob in store.applied_in(client_id, op_ids).items()} if op_ids else {}
+    if found:
+        log.info("client %x ops %s were applied already: answering what they answered then", client_id, sorted(found))
+    return found
+
+
+def record_many(store, done: list[tuple[OnceKey, object]]) -> None:
+    """``record`` of many (key, result) pairs in one statement (inside their transaction)."""
+    now = time.time_ns()
+    store.put_applied_many((key.client_id, key.op_id, now, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+                           for key, result in done)
+    for key in {key.client_id: key for key, _ in done if key.op_id % TRIM_EVERY == 0}.values():
+        store.forget_applied(key.client_id, key.done_below)
+
+
 def run_once(store, fn, *args, **kwargs) -> tuple[object, bool]:
     """Run ``fn`` at most once for the OnceReq in effect: (result, whether it ran now).
 

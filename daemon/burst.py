@@ -48,6 +48,12 @@ read-only snapshot each, no conflicts with the bursts' writes); changes are
 numbered by the sequencer as on the task path (daemon/change_log.py), so no
 callbacks wait and no directories are reported.
 
+Exclusive creates next to each other in the burst, of one client and key in
+one directory (a BatchReq's, or requests of their own), run as ONE operation
+(``_many``, daemon/namespace_bulk.py: one statement per table, one change
+logged); each keeps its own outcome, and an error that is no create's own
+undoes the run, whose creates then run one by one.
+
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
 would take the serving loop's burst past ``MOST`` operations (PostgreSQL:
@@ -71,6 +77,7 @@ from ..common import protocol as P
 from ..common import security
 from ..common.errors import ErrorCode, StripefsError
 from . import applied_ops
+from .namespace_bulk import ManyNotHere
 from .snapshots import CopyOutNeeded
 
 log = logging.getLogger(__name__)
@@ -100,7 +107,7 @@ class Op(NamedTuple):
 class _Unit:
     """One operation of the burst: a request, or an item of a BatchReq."""
 
-    __slots__ = ("op", "once", "peer", "result", "error", "batch", "logged", "attrs", "seq", "request", "redo")
+    __slots__ = ("op", "once", "peer", "result", "error", "batch", "logged", "attrs", "seq", "request", "redo", "body", "many")
 
     def __init__(self, op: Op | None, once: applied_ops.OnceKey | None, peer: str | None, error: P.ErrorRsp | None = None):
         self.op = op
@@ -114,6 +121,8 @@ class _Unit:
         self.seq = 0
         self.request: P.Msg | None = None  # as received (a OnceReq with its wrapper): what ``redo`` resends
         self.redo = False  # a snapshot's shared chunk must be copied first: the task path runs it again
+        self.body: P.Msg | None = None  # the request as admitted, its OnceReq unwrapped
+        self.many: tuple | None = None  # a BatchReq's create that runs of them may share (``_runs``)
 
 
 def _error(exc: StripefsError) -> P.ErrorRsp:
@@ -124,7 +133,7 @@ class Burst:
     """``run`` is serve()'s ``burst`` for the metadata daemon (module docstring)."""
 
     def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
-                 redo=None, defer: Callable[[P.Msg], bool] = lambda body: False) -> None:
+                 redo=None, defer: Callable[[P.Msg], bool] = lambda body: False, create_many=None) -> None:
         self.txn = txn  # daemon/txn.py SqliteTxn or PgTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
@@ -134,6 +143,7 @@ class Burst:
         self.release = release  # await release(inodes): orphans nobody holds any more (housekeeping)
         self.redo = redo  # await redo(request): the task path's reply (an operation that must wait on storage nodes)
         self.defer = defer  # an admitted request left to its handler's task (a lookup that recalls its directory)
+        self.create_many = create_many  # (CreateReqs of one directory) -> each one's result or StripefsError (``_many``)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
@@ -205,6 +215,7 @@ class Burst:
                 return None
             unit = self._unit(admitted, peer)
             unit.request = body
+            self._may_share(unit, peer)
             return unit
         except StripefsError as exc:
             return _error(exc)
@@ -232,7 +243,17 @@ class Burst:
                 units[-1].request = item
             except StripefsError as exc:
                 units.append(_Unit(None, None, peer, _error(exc)))
+        for unit in units:
+            self._may_share(unit, peer)
         return units
+
+    def _may_share(self, unit: _Unit, peer: str | None) -> None:
+        """An exclusive create may share its operation with the creates next to it in the same
+        directory from the same client and key (``_runs``, ``_many``); SQLite only."""
+        body = unit.body
+        if type(body) is P.CreateReq and body.exclusive and unit.op is not None and self.create_many is not None \
+                and not self.txn.shared:
+            unit.many = (body.parent, unit.once.client_id if unit.once is not None else None, peer)
 
     def _unit(self, body: P.Msg, peer: str | None) -> _Unit:
         """The admitted ``body`` as a unit (a OnceReq: its body, under its bound key, as handle_once)."""
@@ -250,7 +271,9 @@ class Burst:
             op = self.operation(body)
         except OverflowError as exc:
             raise _overflow(body, exc) from None
-        return _Unit(op, once, peer)
+        unit = _Unit(op, once, peer)
+        unit.body = body
+        return unit
 
     # -- 2. under the lock, 3. one commit ---------------------------------------------
 
@@ -282,8 +305,8 @@ class Burst:
                     lock.acquire_nowait()  # free: no scheduler pass
                 try:
                     with txn.store.dir_cache():  # a directory read once per slice (daemon/store.py)
-                        for unit in units[start:start + SLICE]:
-                            wrote = self._one(unit) or wrote
+                        for run in _runs(units[start:start + SLICE]):
+                            wrote = (self._many(run) if len(run) > 1 else self._one(run[0])) or wrote
                 finally:
                     lock.release()
         except BaseException:
@@ -305,6 +328,66 @@ class Burst:
                     unit.once.used = False
                 wrote = self._one(unit) or wrote
         return wrote
+
+    def _many(self, units: list[_Unit]) -> bool:
+        """A run of creates of one client (and key) in one directory (``_runs``: a BatchReq's
+        items, or requests of their own received together) as ONE operation
+        (daemon/namespace_bulk.py): one savepoint, one statement per table, one change logged for
+        all (its number and the directory's attributes after it in each reply; settled once, and
+        every create of it waits when it must), one look-up and one insert of their OnceReq
+        records. Each create keeps its own outcome; an error that is no create's own undoes the
+        whole, and they run one by one (``_one``)."""
+        first = units[0]
+        security.PEER.set(first.peer)
+        parent = first.body.parent
+        # the change's writer is the client's (Txn._operation reads it); ``used``: no record of its own
+        once = first.once
+        key = applied_ops.OnceKey(once.client_id, 0, once.done_below, used=True) if once is not None else None
+        token = applied_ops.once.set(key) if key is not None else None
+        try:
+            made, batch, logged, attrs, seq = self.txn.write_reporting_locked(
+                self._run_many, units, report=first.op.report, wake=False,
+                change=lambda made: ([parent], [(parent, u.body.name) for u in made]) if made else None)
+        except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
+            if not isinstance(exc, ManyNotHere):
+                log.debug("creates in directory %d one by one: %r", parent, exc)
+            for unit in units:
+                unit.result, unit.error = None, None
+            return any([self._one(unit) for unit in units])
+        finally:
+            if token is not None:
+                applied_ops.once.reset(token)
+            for unit in units:
+                if unit.once is not None:
+                    unit.once.used = True  # one operation per OnceReq
+        for unit in units:
+            if unit.error is None:
+                unit.batch = batch
+        for unit in made:  # one change: settled once (``_settle``), every reply after it
+            unit.attrs, unit.seq, unit.logged = attrs, seq, logged
+        return True
+
+    def _run_many(self, units: list[_Unit]) -> list[_Unit]:
+        """``_many``'s operation, in its savepoint: the units it made now (OnceReqs applied before
+        are answered from their records, as ``applied_ops.run_once`` answers them)."""
+        store = self.txn.store
+        once = units[0].once
+        done = applied_ops.recorded(store, once.client_id, [u.once.op_id for u in units]) if once is not None else {}
+        fresh = []
+        for unit in units:
+            unit.result, unit.error = done.get(unit.once.op_id) if done else None, None
+            if not done or unit.once.op_id not in done:
+                fresh.append(unit)
+        made = []
+        for unit, result in zip(fresh, self.create_many([u.body for u in fresh]) if fresh else ()):
+            if isinstance(result, StripefsError):
+                unit.error = _error(result)
+            else:
+                unit.result = result
+                made.append(unit)
+        if once is not None and made:
+            applied_ops.record_many(store, [(u.once, u.result) for u in made])
+        return made
 
     async def _commit(self, units: list[_Unit]) -> None:
         """One commit for the burst's writes (on the spot, or the committer's); IO errors to their units."""
@@ -359,14 +442,17 @@ class Burst:
         """Settle each durable change that waits for nobody; the ids of the units that must wait."""
         waits: set[int] = set()
         freed: list[int] = []
+        wait: dict[int, bool] = {}  # per change (a run of creates shares one: ``_many``): whether it waits
         for unit in units:
             if unit.logged is None or unit.error is not None:
                 continue
-            done = self.settle_now(*unit.logged)
-            if done is None:
+            change = id(unit.logged)
+            if change not in wait:
+                done = self.settle_now(*unit.logged)
+                wait[change] = done is None
+                freed += done or []
+            if wait[change]:
                 waits.add(id(unit))
-            else:
-                freed += done
         if freed:
             await self.release(freed)
         return waits
@@ -386,9 +472,11 @@ class Burst:
         """A continuation: waits for the mounts a change must hear first, then the reply (in a task)."""
 
         async def later() -> P.Msg:
+            settled: set[int] = set()
             for unit in units:
-                if id(unit) in waits:
-                    await self.settle(*unit.logged)
+                if id(unit) in waits and id(unit.logged) not in settled:
+                    settled.add(id(unit.logged))
+                    await self.settle(*unit.logged)  # (another request's continuation may wait for it too)
             replies = [await self._redone(u) if u.redo else self._reply(u) for u in units]
             if isinstance(plan, list):
                 return P.BatchRsp(results=replies)
@@ -415,6 +503,25 @@ class Burst:
             return unit.op.reply(unit.result, unit.attrs, unit.seq)
         except StripefsError as exc:
             return _error(exc)
+
+
+def _runs(units: list[_Unit]) -> list[list[_Unit]]:
+    """``units`` cut into runs: creates one after another with one ``many`` key (one directory,
+    one client, one key: a BatchReq's items or requests of their own) and distinct OnceReq
+    numbers (``Burst._many``), and single units."""
+    runs: list[list[_Unit]] = []
+    ids: set = set()
+    for unit in units:
+        run = runs[-1] if runs else None
+        op_id = unit.once.op_id if unit.once is not None else None
+        if unit.many is not None and run and run[-1].many == unit.many and (op_id is None or op_id not in ids):
+            run.append(unit)
+        else:
+            runs.append([unit])
+            ids = set()
+        if op_id is not None:
+            ids.add(op_id)
+    return runs
 
 
 def _overflow(body: P.Msg | None, exc: OverflowError) -> StripefsError:

@@ -75,10 +75,17 @@ class FileData:
         # epochs in [_epoch_next, _epoch_limit) may be handed out without a write
         self._epoch_next = self._epoch_limit = int(store.get_meta("epoch_hwm", 1))
 
-    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]], addrs: dict[int, NodeAddr] | None = None
+                   ) -> tuple[list[ChunkRef], list[NodeAddr]]:
+        """``chunks`` as readers get them; ``addrs``: NodeAddrs made so far, shared (many maps at once)."""
         refs = [ChunkRef(index=i, version=v, nodes=n) for i, (v, n) in sorted(chunks.items())]
         ids = sorted({n for ref in refs for n in ref.nodes} - {redundancy.MISSING})
-        return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
+        if addrs is None:
+            return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
+        for i in ids:
+            if i not in addrs:
+                addrs[i] = NodeAddr(node_id=i, address=self.nodes.address(i))
+        return refs, [addrs[i] for i in ids]
 
     def last_epoch(self) -> int:
         """The newest epoch handed out so far: every write started before now carries at most this."""
@@ -112,6 +119,34 @@ class FileData:
         """``alloc_chunks`` for a file created in this operation (``row``: its row as written):
         it has no chunks and no pending deletions yet, so nothing is read."""
         return self._place(row, sorted(set(indices)), {}, fresh=True)
+
+    def place_new_files(self, rows: Sequence[dict]) -> list[tuple[list[ChunkRef], list[NodeAddr]]]:
+        """``place_new(row, [0])`` of many files created in this operation (a batch of creates,
+        daemon/namespace_bulk.py): the nodes looked at once, the rows written in one statement.
+        No node up: none of them gets a placement (([], [])), as a single create gets none."""
+        views = self.nodes.views()
+        placed = []
+        try:
+            for row in rows:
+                red = parse_redundancy(row["redundancy"])
+                nodes = placement.place_chunks(views, (0,), copies=red.copies, stripe_count=row["stripe_count"],
+                                               stripe_seed=row["stripe_seed"])[0]
+                placed.append(redundancy.pad_fragments(nodes, red))
+        except StripefsError as exc:
+            if exc.code != ErrorCode.UNAVAILABLE:
+                raise
+            log.debug("%d inode(s) created without a placement for chunk 0: %s", len(rows), exc.message)
+            return [([], [])] * len(rows)
+        self.store.put_new_chunks((row["ino"], 0, 0, nodes) for row, nodes in zip(rows, placed))
+        addrs: dict[int, NodeAddr] = {}
+        maps: dict[tuple, list[NodeAddr]] = {}  # one address list per set of nodes (replies only read them)
+        out = []
+        for nodes in placed:
+            key = tuple(nodes)
+            if key not in maps:
+                maps[key] = self._chunk_map(0, {0: (0, nodes)}, addrs)[1]
+            out.append(([ChunkRef(index=0, version=0, nodes=nodes)], maps[key]))
+        return out
 
     def _place(self, row, missing: list[int], existing: dict, *, fresh: bool) -> tuple[list[ChunkRef], list[NodeAddr]]:
         ino = row["ino"]

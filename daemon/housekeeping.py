@@ -86,7 +86,10 @@ class Housekeeping:
         self._feed_wake.set()
 
     async def release(self, inos: list[int]) -> None:
-        """Inodes no session holds any more: reclaim the orphans among them."""
+        """Inodes no session holds any more: reclaim the orphans among them (found in one read: a
+        mount's heartbeat lets go of every file it created and closed, most of them named)."""
+        if inos:
+            inos = await self.txn.read(self.store.nameless_in, inos)
         if inos:
             reclaimed = False
             async with self.txn.lock:

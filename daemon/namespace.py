@@ -191,7 +191,18 @@ class Namespace(FileData):
     def _new_inode(self, parent_row, mode: int, uid: int, gid: int, *, nlink: int = 1, rdev: int = 0, now: int, ino: int = 0) -> dict:
         """Insert an inode; its row as written (a dict of the ``inodes`` columns: no read back).
         ``ino``: its number, delegated to the creating session (checked by the caller), else the next."""
-        fields = dict(
+        fields = self.new_inode_row(parent_row, mode, uid, gid, nlink=nlink, rdev=rdev, now=now)
+        if ino:
+            if self.store.get_inode(ino) is not None:  # (SQLite's own error would be a constraint, not EXISTS)
+                raise StripefsError(ErrorCode.EXISTS, f"inode {ino} exists already")
+            fields["ino"] = ino
+        fields["ino"] = self.store.insert_inode(**fields)
+        return fields
+
+    @staticmethod
+    def new_inode_row(parent_row, mode: int, uid: int, gid: int, *, nlink: int = 1, rdev: int = 0, now: int) -> dict:
+        """The columns of a new inode in directory ``parent_row`` (its layout, a fresh stripe seed), without ``ino``."""
+        return dict(
             mode=mode,
             uid=uid,
             gid=gid,
@@ -207,12 +218,6 @@ class Namespace(FileData):
             redundancy=parent_row["redundancy"],
             stripe_seed=random.getrandbits(31),
         )
-        if ino:
-            if self.store.get_inode(ino) is not None:  # (SQLite's own error would be a constraint, not EXISTS)
-                raise StripefsError(ErrorCode.EXISTS, f"inode {ino} exists already")
-            fields["ino"] = ino
-        fields["ino"] = self.store.insert_inode(**fields)
-        return fields
 
     def _add_entry(self, parent: int, name: bytes, mode: int, uid: int, gid: int, rdev: int = 0, *, parent_row=None, ino: int = 0) -> dict:
         """A new inode named ``name`` in ``parent``; its row as written (``_new_inode``).

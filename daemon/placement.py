@@ -58,7 +58,9 @@ def _score(key: bytes, node: NodeView) -> float:
     return -weight / math.log(u)
 
 
-def _ranked(key: bytes, nodes: Iterable[NodeView]) -> list[NodeView]:
+def _ranked(key: bytes, nodes: Sequence[NodeView]) -> list[NodeView]:
+    if len(nodes) == 1:
+        return list(nodes)
     return sorted(nodes, key=lambda n: (-_score(key, n), n.node_id))
 
 
@@ -119,13 +121,24 @@ def place_chunks(
     up = _up(nodes)
     if len(up) < copies:
         _warn_degraded(copies, len(up))
-    primaries = stripe_set(up, stripe_count, stripe_seed)
+    copies = min(copies, len(up))
+    key = b"stripe:%d" % stripe_seed
+    primaries: list[NodeView] = []  # stripe_set's, made only for a chunk past the first
     placement: dict[int, list[int]] = {}
     for index in indices:
-        primary = primaries[index % len(primaries)]
+        if index == 0:  # the stripe set's first member, the best ranked (_pick takes it first)
+            primary = up[0] if len(up) == 1 else min(up, key=lambda n: (-_score(key, n), n.node_id))
+        else:
+            primaries = primaries or _pick(_ranked(key, up), [], min(stripe_count, len(up)))
+            primary = primaries[index % len(primaries)]
+        if copies == 1:
+            placement[index] = [primary.node_id]
+            continue
+        if copies == len(up) == 2:  # the one other node: nothing to rank
+            placement[index] = [primary.node_id, next(n.node_id for n in up if n.node_id != primary.node_id)]
+            continue
         ranked = _ranked(b"chunk:%d:%d" % (stripe_seed, index), up)
-        chosen = _pick(ranked, [primary], min(copies, len(up)))
-        placement[index] = [n.node_id for n in chosen]
+        placement[index] = [n.node_id for n in _pick(ranked, [primary], copies)]
     return placement
 
 

@@ -69,6 +69,7 @@ from . import redundancy
 from .health import NodeRegistry, Sessions
 from .housekeeping import Housekeeping
 from .namespace import Namespace, to_attr
+from .namespace_bulk import NewFile, create_many
 from .quota_service import QuotaService
 from .snapshot_service import SnapshotService
 from .snapshots import check_writable
@@ -377,7 +378,7 @@ class MetaService:
         self.burst = Burst(
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
-            redo=lambda request: self.handle(request, []), defer=self._must_recall,
+            redo=lambda request: self.handle(request, []), defer=self._must_recall, create_many=self._create_many,
         )
         self._snapshots_changed()
         return self.burst.run
@@ -727,18 +728,7 @@ class MetaService:
             if req.new_ino:  # a number delegated to the session (an asynchronous create: daemon/inode_ranges.py)
                 self.inode_ranges.check(req.session_id, req.new_ino)
             info, _ = self.ns.create_open(req.parent, req.name, req.mode, req.uid, req.gid, req.exclusive, ino=req.new_ino)
-            ino = info[0].ino
-            if req.new_ino:
-                self.inode_ranges.spent(req.session_id, ino)
-            info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
-            if req.session_id:
-                self.sessions.open(req.session_id, ino, owner=owner, write=True)
-            # last: nothing after it can fail, so the high-water mark it may raise is
-            # committed with the create, never rolled back under a handed-out epoch
-            epoch, raised = self.ns.alloc_epoch()
-            if raised:  # later epochs of this block are durable only with this batch
-                self.txn.epoch_raised()
-            return (*info, epoch)
+            return self._opened(req, info, owner)
 
         def reply(result, dirs, seq):
             attr, layout, chunks, nodes, quota_max, epoch = result
@@ -751,6 +741,42 @@ class MetaService:
             )
 
         return Op(create_and_open, True, self._reporting([req.parent]), ([req.parent], [(req.parent, req.name)]), reply)
+
+    def _opened(self, req: P.CreateReq, info: tuple, owner: str | None) -> tuple:
+        """The rest of a create whose file ``info`` (``open_info``) exists now: its delegated number
+        spent, its quota room, the session's hold, a write epoch; the operation's result."""
+        ino = info[0].ino
+        if req.new_ino:
+            self.inode_ranges.spent(req.session_id, ino)
+        info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
+        if req.session_id:
+            self.sessions.open(req.session_id, ino, owner=owner, write=True)
+        # last: nothing after it can fail, so the high-water mark it may raise is
+        # committed with the create, never rolled back under a handed-out epoch
+        epoch, raised = self.ns.alloc_epoch()
+        if raised:  # later epochs of this block are durable only with this batch
+            self.txn.epoch_raised()
+        return (*info, epoch)
+
+    def _create_many(self, reqs: list[P.CreateReq]) -> list:
+        """A run of exclusive CreateReqs of one directory as one operation (daemon/burst.py
+        ``_many``, daemon/namespace_bulk.py): each one's result as ``_op_create``'s operation
+        returns it, or its StripefsError, in order."""
+        owner = current_peer()
+        out: list = [None] * len(reqs)
+        files, index = [], []
+        for i, req in enumerate(reqs):
+            if req.new_ino:
+                try:
+                    self.inode_ranges.check(req.session_id, req.new_ino)
+                except StripefsError as exc:
+                    out[i] = exc
+                    continue
+            files.append(NewFile(req.name, req.mode, req.uid, req.gid, req.new_ino))
+            index.append(i)
+        for i, info in zip(index, create_many(self.ns, reqs[0].parent, files)):
+            out[i] = info if isinstance(info, StripefsError) else self._opened(reqs[i], info, owner)
+        return out
 
     async def handle_create(self, req: P.CreateReq) -> P.Msg:
         return await self._perform(self._op_create(req))

@@ -177,6 +177,10 @@ class SqlStore:
             for r in self._x("SELECT ino FROM inodes i WHERE nlink=0 AND NOT EXISTS (SELECT 1 FROM trash t WHERE t.ino = i.ino)")
         ]
 
+    def nameless_in(self, inos: Sequence[int]) -> list[int]:
+        """Those of ``inos`` with no name left (nlink 0): the orphans among files sessions let go."""
+        return [r[0] for r in self._select_in("SELECT ino FROM inodes WHERE nlink=0 AND ino IN ({})", (), inos)]
+
     def counts(self) -> dict[str, int]:
         """files, directories and logical bytes of regular files (live ones: not a snapshot's), all inodes."""
         row = self._x(
@@ -204,6 +208,26 @@ class SqlStore:
 
     def get_dentry(self, parent: int, name: bytes) -> sqlite3.Row | None:
         return self._x("SELECT * FROM dentries WHERE parent=? AND name=?", (parent, name)).fetchone()
+
+    def names_in(self, parent: int, names: Sequence[bytes]) -> set[bytes]:
+        """Which of ``names`` exist in ``parent`` (a batch of creates checks its names at once)."""
+        return {bytes(r[0]) for r in self._select_in("SELECT name FROM dentries WHERE parent=? AND name IN ({})", (parent,), names)}
+
+    def inodes_in(self, inos: Sequence[int]) -> set[int]:
+        """Which of ``inos`` exist."""
+        return {r[0] for r in self._select_in("SELECT ino FROM inodes WHERE ino IN ({})", (), inos)}
+
+    def insert_inodes(self, rows: Sequence[dict]) -> None:
+        """Inodes with their numbers given (``ino``; the other columns as ``insert_inode``'s,
+        the same in every row), in one statement."""
+        if rows:
+            cols = [f for f in ("ino", *_INODE_FIELDS) if f in rows[0]]
+            self._xm(f"INSERT INTO inodes ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
+                     ([row[c] for c in cols] for row in rows))
+
+    def insert_dentries(self, parent: int, entries: Iterable[tuple[bytes, int]]) -> None:
+        """Entries (name, ino) of ``parent`` whose names are free (checked: ``names_in``), in one statement."""
+        self._xm("INSERT INTO dentries (parent, name, ino) VALUES (?,?,?)", ((parent, name, ino) for name, ino in entries))
 
     def insert_dentry(self, parent: int, name: bytes, ino: int) -> int:
         return self._x(
@@ -283,6 +307,12 @@ class SqlStore:
         else:
             rows = self._select_in("SELECT idx, version, nodes FROM chunks WHERE ino=? AND idx IN ({})", (ino,), sorted(set(indices)))
         return {r[0]: (r[1], decode_nodes(r[2])) for r in rows}
+
+    def put_new_chunks(self, rows: Iterable[tuple[int, int, int, Sequence[int]]]) -> None:
+        """Chunk rows (ino, idx, version, nodes) of files created in this transaction (``put_chunk``
+        with ``fresh``), in one statement."""
+        self._xm("INSERT INTO chunks (ino, idx, version, nodes) VALUES (?,?,?,?)",
+                 ((ino, idx, version, _encode_nodes(nodes)) for ino, idx, version, nodes in rows))
 
     def put_chunk(self, ino: int, idx: int, version: int, nodes: Sequence[int], *, fresh: bool = False) -> None:
         """Insert or replace a chunk row; its nodes' pending deletions of this chunk are cancelled.
@@ -547,6 +577,15 @@ class SqlStore:
         self._x(
             "INSERT INTO applied_ops (client_id, op_id, created_ns, result) VALUES (?,?,?,?)", (client_id, op_id, created_ns, result)
         )
+
+    def applied_in(self, client_id: int, op_ids: Sequence[int]) -> dict[int, bytes]:
+        """op_id -> result of those of ``op_ids`` applied for ``client_id`` (``get_applied`` of many)."""
+        return {r[0]: bytes(r[1]) for r in self._select_in(
+            "SELECT op_id, result FROM applied_ops WHERE client_id=? AND op_id IN ({})", (client_id,), op_ids)}
+
+    def put_applied_many(self, rows: Iterable[tuple[int, int, int, bytes]]) -> None:
+        """Rows (client_id, op_id, created_ns, result): ``put_applied`` of many."""
+        self._xm("INSERT INTO applied_ops (client_id, op_id, created_ns, result) VALUES (?,?,?,?)", rows)
 
     def forget_applied(self, client_id: int, below: int) -> int:
         """The client has its answers to every op below ``below``: they are never retried."""

@@ -16,7 +16,7 @@ Everything that reads or changes the database goes through one ``Txn``
 
 Each operation runs at most once under a OnceReq (daemon/applied_ops.py), and
 its ``change=`` (what mounts must drop: ``(inodes, entries)`` or a function of
-the result giving them) is appended to the change log in the same transaction
+the result giving them, or None when nothing changed) is appended to the change log in the same transaction
 (daemon/change_log.py).
 
 SQLite (``SqliteTxn``): group commit
@@ -120,8 +120,9 @@ class Txn:
         transaction after a conflict calls this again): at most once under a OnceReq,
         its change logged with it, last (SQLite numbers it from a counter row: held briefly)."""
         result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
-        if ran and change is not None:
-            inodes, entries = change(result) if callable(change) else change
+        changed = change(result) if ran and callable(change) else change if ran else None
+        if changed is not None:  # (a function of the result giving None: nothing changed)
+            inodes, entries = changed
             once = applied_ops.once.get()
             client_id = once.client_id if once is not None else 0
             writer = P.writer_tag(client_id) if client_id else 0

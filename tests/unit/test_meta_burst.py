@@ -188,8 +188,9 @@ async def test_requests_sent_together_are_answered_in_order_with_one_commit_per_
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
-async def test_a_kill9_in_the_middle_of_bursts_loses_no_answered_create(tmp_path, ctx, store, request):
+@pytest.mark.parametrize("store, batch", [("sqlite", 1), ("sqlite", 64), ("postgresql", 1)])
+async def test_a_kill9_in_the_middle_of_bursts_loses_no_answered_create(tmp_path, ctx, store, batch, request):
+    """Creates sent alone, or in BatchReqs of 64 (each run made as one operation: daemon/burst.py ``_many``)."""
     daemon = Daemon(tmp_path)
     if store == "postgresql":  # the bursts are transactions of their own there (test_pg_burst.py)
         dsn = request.getfixturevalue("pg_dsn")
@@ -203,13 +204,16 @@ async def test_a_kill9_in_the_middle_of_bursts_loses_no_answered_create(tmp_path
         answered: list[bytes] = []
         async with open_socket(ctx, zmq.DEALER, connect=daemon.address) as sock:
             n = 3000
-            for i in range(n):
-                sock.raw.send_multipart([P.encode(i + 1, _create(b"f%d" % i, parent=parent))])
+            creates = [_create(b"f%d" % i, parent=parent) for i in range(n)]
+            for k in range(0, n, batch):
+                body = creates[k] if batch == 1 else P.BatchReq(items=creates[k:k + batch])
+                sock.raw.send_multipart([P.encode(k + 1, body)])
             with trio.fail_after(30):
                 while len(answered) < 300:
                     request_id, body = P.decode_reply((await sock.recv_multipart())[0].bytes)
-                    assert isinstance(body, P.OpenRsp), body
-                    answered.append(b"f%d" % (request_id - 1))
+                    results = body.results if batch > 1 else [body]
+                    assert all(isinstance(r, P.OpenRsp) for r in results), body
+                    answered += [b"f%d" % (request_id - 1 + j) for j in range(len(results))]
             daemon.kill9()  # creates still queued, running and waiting for their commit
         assert len(answered) < n
         daemon.start()
