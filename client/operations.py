@@ -842,7 +842,20 @@ class Operations:
         self.kcache.name_gone(parent_inode_new, name_new)
 
     async def opendir(self, inode, ctx):
-        return inode
+        return self._fast_opendir(inode, ctx)  # (the wrapper's fast path answers first, always)
+
+    def _fast_opendir(self, inode, ctx):
+        """OPENDIR, on the reader thread: the handle is the inode. While this mount holds every
+        name of the directory (a directory callback, the feed healthy: ``_names_of_dir``), the
+        kernel keeps its listing (FOPEN_CACHE_DIR) from one open to the next (FOPEN_KEEP_CACHE),
+        and a warm ``ls`` or ImageFolder walk sends no READDIR. The kernel checks the kept listing
+        at each listing's start (fs/fuse/readdir.c): a change made through this mount bumps the
+        directory's version; one made elsewhere recalls the callback first, and its change event
+        invalidates the directory's inode, whose pages hold the listing. Otherwise each open asks
+        the daemon, and the kernel keeps nothing."""
+        if self._names_of_dir(inode) is not None:
+            return Opened(inode, OpenFlag.KEEP_CACHE | OpenFlag.CACHE_DIR)
+        return Opened(inode)
 
     async def readdir(self, fh, start_id, buf):
         """Entries of directory ``fh`` (its inode) after cookie ``start_id`` into ``buf`` (a

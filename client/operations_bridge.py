@@ -131,7 +131,7 @@ class OperationsBridge:
             # drops it); READDIR then names the directory by its inode
             self._declined("opendir")
             raise FuseError(errno.ENOSYS)
-        return MISS
+        return self._fast("opendir", self.ops._fast_opendir, req.header.nodeid, _Ctx(req.header))
 
     def fast_ioctl(self, req: rq.Ioctl):
         return self._fast("ioctl", self.ops._fast_ioctl, req.header.nodeid, req.cmd, req.data, _Ctx(req.header))
@@ -222,7 +222,7 @@ class OperationsBridge:
         await _call(self.ops.fsyncdir(req.fh or req.header.nodeid, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC)))
 
     async def opendir(self, req: rq.Open) -> Opened:
-        return Opened(await self.ops.opendir(req.header.nodeid, _Ctx(req.header)))
+        return await self.ops.opendir(req.header.nodeid, _Ctx(req.header))
 
     async def readdir(self, req: rq.Read, buf: DirentBuffer) -> None:
         # the handle opendir gave is the inode; 0 where OPENDIR was declined (fast_opendir)

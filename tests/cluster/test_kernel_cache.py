@@ -644,9 +644,18 @@ def test_a_mount_that_knows_every_name_of_a_directory_creates_without_a_lookup(c
     assert not os.path.exists(mine / "f3")
     os.rename(theirs / "f4", theirs / "f4-moved")
     assert sorted(os.listdir(mine)) == sorted(os.listdir(theirs))  # a listing holds all the names again
+    listing = sorted(os.listdir(mine))  # held whole again (the other mount's listing recalled it)
+    assert sorted(os.listdir(mine)) == listing  # opened held: the kernel keeps it (FOPEN_CACHE_DIR)
+    url = f"http://127.0.0.1:{port}/metrics"
+    before = _requests_at(url=url)
+    assert sorted(os.listdir(mine)) == listing
+    assert _requests_at(url=url).get("readdirplus", 0) == before.get("readdirplus", 0), "a warm listing asked the mount"
+    (theirs / "listed-elsewhere").write_bytes(b"")  # recalls this mount's hold: the kept listing goes
+    assert sorted(os.listdir(mine)) == sorted(listing + ["listed-elsewhere"])
     before = _lookups(port)
     (mine / "after-listing").write_bytes(b"")
     assert _lookups(port) - before <= 1
+    assert "after-listing" in os.listdir(mine)  # a change made here: the kernel drops its kept listing
     with pytest.raises(FileExistsError):  # a name made elsewhere is never answered "absent"
         (theirs / "clash").write_bytes(b"")
         os.open(mine / "clash", os.O_CREAT | os.O_EXCL | os.O_WRONLY)

@@ -200,7 +200,7 @@ class FS:
 
     async def listdir(self, ino: int) -> list[bytes]:
         """OPENDIR, READDIRPLUS until an empty reply (each from the last cookie), RELEASEDIR."""
-        fh = await self.ops.opendir(ino, Ctx())
+        fh = (await self.ops.opendir(ino, Ctx())).fh
         names: list[bytes] = []
         start = 0
         try:

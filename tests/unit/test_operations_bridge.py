@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 from stripefs.client import fuse_backend
 from stripefs.client.fuse import abi, requests as rq
 from stripefs.client.fuse.abi import Opcode
-from stripefs.client.fuse.dispatch import MISS
+from stripefs.client.fuse.dispatch import MISS, Opened
 from stripefs.client.fuse.replies import Attr, DirentBuffer, Entry, FuseError, Statfs
 from stripefs.client.operations import FAST_PATH_MISS, _opened
 from stripefs.client.operations_bridge import OperationsBridge
@@ -45,6 +45,9 @@ class FakeOps:
 
     def _fast_open(self, inode, flags, ctx):
         return FAST_PATH_MISS
+
+    def _fast_opendir(self, inode, ctx):
+        return Opened(inode)
 
     async def read(self, fh, off, size):
         self.calls.append(("read", fh, off, size))
@@ -162,7 +165,7 @@ def test_fuse_backend_routes_to_the_session():
 
 def test_fast_paths_translate_and_count():
     from stripefs.client import metrics
-    from stripefs.client.fuse.dispatch import MISS
+    from stripefs.client.fuse.dispatch import MISS, Opened
     from stripefs.client.operations import FAST_PATH_MISS
 
     class Ops:
@@ -225,7 +228,7 @@ async def test_a_dataset_mount_declines_open_and_reads_by_inode():
         await bridge.readdir(req, DirentBuffer(req.size, plus=True))
         assert ops.calls[-1] == ("readdir", 33, 0)  # no handle: the directory's inode
     default = OperationsBridge(FakeOps(dataset=False), None, None)
-    assert default.fast_opendir(parse(Opcode.OPENDIR, u32(0) + u32(0))) is MISS
+    assert default.fast_opendir(parse(Opcode.OPENDIR, u32(0) + u32(0), nodeid=33)) == Opened(33)  # on the reader thread
     assert default.fast_open(parse(Opcode.OPEN, u32(0) + u32(0))) is MISS  # a default mount keeps OPEN
     writer = OperationsBridge(FakeOps(dataset=True), None, None)
     assert writer.fast_open(parse(Opcode.OPEN, u32(os.O_WRONLY) + u32(0))) is MISS  # EROFS from the handler
