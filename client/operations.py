@@ -894,6 +894,9 @@ class Operations:
     async def releasedir(self, fh):
         pass
 
+    def _fast_releasedir(self, fh):
+        return None  # nothing is kept per open directory (its handle is its inode): on the reader thread
+
     async def statfs(self, ctx):
         rsp = await self.meta.call(p.StatfsReq())
         bsize = rsp.block_size

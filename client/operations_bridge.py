@@ -142,6 +142,9 @@ class OperationsBridge:
     def fast_release(self, req: rq.Release):
         return self._fast("release", self.ops._fast_release, req.fh)
 
+    def fast_releasedir(self, req: rq.Release):
+        return self._fast("releasedir", self.ops._fast_releasedir, req.fh)
+
     # namespace changes answered here in a directory the mount holds whole (client/async_dirops.py)
 
     def fast_create(self, req: rq.Create):
