@@ -200,3 +200,104 @@ async def test_a_file_renamed_into_a_held_directory_keeps_its_name_and_is_unlink
     assert not {"UnlinkReq", "LookupReq"} & set(calls)
     await mine.ops.fsyncdir(d, False)
     assert await _listing(rig, monkeypatch, "other", d) == []
+
+
+def _counting(fs) -> list[str]:
+    """The kinds of request ``fs``'s mount sends the daemon from now on."""
+    calls: list[str] = []
+    real = fs.ops.meta.call
+    fs.ops.meta.call = lambda req, **kw: (calls.append(type(req).__name__), real(req, **kw))[1]
+    return calls
+
+
+async def _files(fs, d: int, *names: bytes) -> list[int]:
+    """Files made here in ``d``, and their creates answered by the daemon (the mount then holds them)."""
+    inodes = []
+    for name in names:
+        fh, ino = await fs.create(d, name)
+        await fs.close(fh)
+        inodes.append(ino)
+    await fs.ops.dirops.flush()
+    return inodes
+
+
+async def test_a_rename_in_held_directories_is_answered_here_and_another_mount_sees_it(mine, rig, monkeypatch):
+    await _numbers(mine)
+    d2 = await mine.mkdir(mine.dir, b"to")  # made here: held whole
+    a, b = await _files(mine, mine.dir, b"a", b"b")
+    calls = _counting(mine)
+    await mine.rename(mine.dir, b"a", d2, b"moved")  # into another held directory
+    await mine.rename(mine.dir, b"b", mine.dir, b"b2", flags=1)  # RENAME_NOREPLACE, in the same one
+    assert not calls and mine.ops.dirops.pending(a) and mine.ops.dirops.busy(d2)
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+        with trio.fail_after(5):  # its lookup recalls the directory: the renames are sent first
+            assert (await other.lookup(d2, b"moved")).nodeid == a
+        async with raises_errno(errno.ENOENT):
+            await other.lookup(mine.dir, b"a")
+        assert sorted(await other.listdir(mine.dir)) == [b"b2", b"to"]
+    assert calls.count("RenameReq") == 0 and mine.ops.dirops.refused == 0
+    assert (await mine.getattr(b)).ino == b
+
+
+async def test_a_create_rename_and_unlink_in_one_burst_end_right_at_the_daemon(mine, rig, monkeypatch):
+    await _numbers(mine)
+    d2 = await mine.mkdir(mine.dir, b"to")
+    await mine.ops.dirops.flush()
+    calls = _counting(mine)
+    await mine.close((await mine.create(mine.dir, b"f"))[0])
+    await mine.rename(mine.dir, b"f", mine.dir, b"g")
+    await mine.unlink(mine.dir, b"g")  # the moved name is known here: answered here too
+    fh, kept = await mine.create(mine.dir, b"h")
+    await mine.close(fh)
+    await mine.rename(mine.dir, b"h", d2, b"k")
+    await mine.close((await mine.create(mine.dir, b"h"))[0])  # the old name made again: order kept
+    assert not {"CreateReq", "RenameReq", "UnlinkReq", "LookupReq"} & set(calls)
+    await mine.ops.dirops.flush()
+    assert mine.ops.dirops.refused == 0 and calls.count("BatchReq") <= 2
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+        assert sorted(await other.listdir(mine.dir)) == [b"h", b"to"]
+        assert await other.listdir(d2) == [b"k"]
+        assert (await other.lookup(d2, b"k")).nodeid == kept
+
+
+async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(mine, rig, monkeypatch):
+    await _numbers(mine)
+    sub = await mine.mkdir(mine.dir, b"sub")
+    await _files(mine, mine.dir, b"a", b"b", b"c")
+    calls = _counting(mine)
+    await mine.rename(mine.dir, b"a", mine.dir, b"b")  # the target may be open on another mount
+    assert calls.count("RenameReq") == 1
+    await mine.rename(mine.dir, b"sub", mine.dir, b"sub2")  # a directory: ".." and nlinks change
+    assert calls.count("RenameReq") == 2
+    await mine.rename(mine.dir, b"b", mine.dir, b"c", flags=2)  # RENAME_EXCHANGE
+    assert calls.count("RenameReq") == 3
+    assert await _listing(rig, monkeypatch, "other", mine.dir) == [b"b", b"c", b"sub2"]
+    assert (await mine.lookup(mine.dir, b"sub2")).nodeid == sub
+
+
+async def test_a_rename_refused_after_the_answer_drops_both_names_and_fails_the_next_operation_once(mine, rig, monkeypatch):
+    """A quota on the target directory the mount does not know of: the daemon refuses the move after
+    the kernel was answered (the CephFS rule, as for a create)."""
+    await _numbers(mine)
+    d1 = await mine.mkdir(mine.dir, b"from")
+    d2 = await mine.mkdir(mine.dir, b"to")
+    (moved,) = await _files(mine, d1, b"f")
+    await _files(mine, d2, b"x")
+    await mine.ops.meta.call(P.QuotaSetReq(ino=d2, max_inodes=1))
+    try:
+        calls = _counting(mine)
+        await mine.rename(d1, b"f", d2, b"g")
+        assert "RenameReq" not in calls  # answered here
+        await mine.ops.dirops.flush()
+        assert mine.ops.dirops.refused == 1
+        async with raises_errno(errno.EDQUOT):
+            await mine.getattr(moved)
+        assert mine.ops.dirops.take_error(moved) is None  # once
+        await mine.ops.kcache.flush_pending()
+        assert {(d1, b"f"), (d2, b"g")} <= set(mine.kernel.invalidated_entries)  # the kernel forgets both names
+        assert (await mine.lookup(d1, b"f")).nodeid == moved  # asked again: the daemon's truth
+        async with raises_errno(errno.ENOENT):
+            await mine.lookup(d2, b"g")
+        assert await _listing(rig, monkeypatch, "other", d2) == [b"x"]
+    finally:
+        await mine.ops.meta.call(P.QuotaSetReq(ino=d2, max_inodes=0))
