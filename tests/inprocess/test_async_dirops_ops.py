@@ -1,4 +1,4 @@
-"""Asynchronous creates (client/async_dirops.py) through the mount's handlers, on a client that
+"""Asynchronous creates, unlinks and renames (client/async_dirops.py) through the mount's handlers, on a client that
 follows the change feed as a mount does: answered here in a directory the mount holds whole,
 sent in batches, flushed by fsync and by another mount's change there; refused creates are
 logged, counted and fail the file's next operation (the CephFS rule, docs/design.md)."""
@@ -263,7 +263,7 @@ async def test_a_create_rename_and_unlink_in_one_burst_end_right_at_the_daemon(m
 async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(mine, rig, monkeypatch):
     await _numbers(mine)
     sub = await mine.mkdir(mine.dir, b"sub")
-    await _files(mine, mine.dir, b"a", b"b", b"c")
+    await _files(mine, mine.dir, b"a", b"b", b"c", b"e")
     calls = _counting(mine)
     await mine.rename(mine.dir, b"a", mine.dir, b"b")  # the target may be open on another mount
     assert calls.count("RenameReq") == 1
@@ -271,7 +271,9 @@ async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(
     assert calls.count("RenameReq") == 2
     await mine.rename(mine.dir, b"b", mine.dir, b"c", flags=2)  # RENAME_EXCHANGE
     assert calls.count("RenameReq") == 3
-    assert await _listing(rig, monkeypatch, "other", mine.dir) == [b"b", b"c", b"sub2"]
+    await mine.rename(mine.dir, b"e", mine.dir, b"f")  # a free name: answered here
+    assert calls.count("RenameReq") == 3
+    assert await _listing(rig, monkeypatch, "other", mine.dir) == [b"b", b"c", b"f", b"sub2"]
     assert (await mine.lookup(mine.dir, b"sub2")).nodeid == sub
 
 
