@@ -508,8 +508,8 @@ class Operations:
             return False
         of = self.files.get(ino)
         attr = of.attr if of is not None else self._held_attr(ino)
-        if attr is None or stat.S_ISDIR(attr.mode):
-            return False
+        if attr is None or stat.S_ISDIR(attr.mode) or attr.nlink != 1:
+            return False  # (a hard-linked file cannot move to another quota tree: EXDEV, which mv must see)
         request = p.RenameReq(parent_old=parent_old, name_old=name_old, parent_new=parent_new, name_new=name_new, flags=flags)
         pending = Pending(request, parent_old, name_old, ino, new_parent=parent_new, new_name=name_new)
         self.dirops.add(pending)

@@ -263,7 +263,9 @@ async def test_a_create_rename_and_unlink_in_one_burst_end_right_at_the_daemon(m
 async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(mine, rig, monkeypatch):
     await _numbers(mine)
     sub = await mine.mkdir(mine.dir, b"sub")
-    await _files(mine, mine.dir, b"a", b"b", b"c", b"e")
+    linked = (await _files(mine, mine.dir, b"a", b"b", b"c", b"e", b"l"))[-1]
+    await mine.link(linked, mine.dir, b"l2")
+    assert (await mine.lookup(mine.dir, b"l")).attr.nlink == 2  # known again, with its two links
     calls = _counting(mine)
     await mine.rename(mine.dir, b"a", mine.dir, b"b")  # the target may be open on another mount
     assert calls.count("RenameReq") == 1
@@ -271,9 +273,11 @@ async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(
     assert calls.count("RenameReq") == 2
     await mine.rename(mine.dir, b"b", mine.dir, b"c", flags=2)  # RENAME_EXCHANGE
     assert calls.count("RenameReq") == 3
+    await mine.rename(mine.dir, b"l", mine.dir, b"l3")  # two links: another quota tree would say EXDEV
+    assert calls.count("RenameReq") == 4
     await mine.rename(mine.dir, b"e", mine.dir, b"f")  # a free name: answered here
-    assert calls.count("RenameReq") == 3
-    assert await _listing(rig, monkeypatch, "other", mine.dir) == [b"b", b"c", b"f", b"sub2"]
+    assert calls.count("RenameReq") == 4
+    assert await _listing(rig, monkeypatch, "other", mine.dir) == [b"b", b"c", b"f", b"l2", b"l3", b"sub2"]
     assert (await mine.lookup(mine.dir, b"sub2")).nodeid == sub
 
 
