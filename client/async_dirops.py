@@ -13,7 +13,7 @@ burst path: one transaction, one fsync).
 The rules
 ---------
 * Answered on the FUSE session's reader thread (Operations' ``_fast_create``,
-  ``_fast_mkdir``, ``_fast_unlink``, ``_fast_rmdir``, under ``Operations.lock``):
+  ``_fast_mkdir``, ``_fast_unlink``, ``_fast_rmdir``, ``_fast_rename``, under ``Operations.lock``):
   no trio task per change; the flusher is woken through the trio token.
 * The new file's inode number is final when the kernel gets it: it comes from
   a range the daemon delegated to this session (``DelegateInodesReq``,
@@ -41,12 +41,20 @@ The rules
   file created here is durable once an fsync of it or of its directory
   returned, or ``DELAY_S`` plus a round trip after its close; a kill -9 of
   the mount before then may lose the creates not sent yet, and nothing else.
+* A rename of a file (not a directory: a directory moved changes ``..`` and two nlinks) whose
+  name this mount knows, in a directory it holds whole, to a name free in what it knows of
+  another held directory (or the same), flags 0 or RENAME_NOREPLACE, is answered the same way
+  (``_fast_rename``): a replaced target may be open on another mount, so that one is asked. Its
+  ``Pending`` carries the new (parent, name) too, and counts as a change of both directories
+  (``busy``, ``naming`` and ``settle`` see either name).
 * A create the daemon refuses after the kernel was answered (a quota, a name
   taken through a path this mount could not see, a permission) is logged
   (WARNING), counted (``refused``, the mount's metric
   ``stripefs_async_refused_total``), its name and inode are dropped from the
   kernel, and the next operation on that file fails with the error, once (the
-  CephFS rule). Operations on it that were already answered stay answered.
+  CephFS rule). Operations on it that were already answered stay answered. A rename refused
+  the same way: both names are dropped from the kernel, both directories are asked again, and
+  the file's next operation fails once.
 """
 
 from __future__ import annotations
@@ -75,15 +83,25 @@ LOW = 1024
 
 @dataclass
 class Pending:
-    """One create or unlink answered here and not yet by the daemon (``ino``: the file made or
-    unlinked)."""
+    """One create, unlink or rename answered here and not yet by the daemon (``ino``: the file made,
+    unlinked or moved; a rename's new name is ``new_parent``, ``new_name``)."""
 
     request: p.Msg
     parent: int
     name: bytes
     ino: int
+    new_parent: int = 0
+    new_name: bytes = b""
     done: trio.Event = field(default_factory=trio.Event)
     reply: p.Msg | None = None  # the daemon's OpenRsp (or ErrorRsp), once done
+
+    @property
+    def dirs(self) -> tuple[int, ...]:
+        """The directories it changes."""
+        return (self.parent, self.new_parent) if self.new_parent and self.new_parent != self.parent else (self.parent,)
+
+    def names(self, parent: int, name: bytes) -> bool:
+        return (self.parent == parent and self.name == name) or (self.new_parent == parent and self.new_name == name)
 
 
 class AsyncDirops:
@@ -165,7 +183,8 @@ class AsyncDirops:
             self._queue.append(pending)
             self._unanswered.append(pending)
             self._inos[pending.ino] = self._inos.get(pending.ino, 0) + 1
-            self._dirs[pending.parent] = self._dirs.get(pending.parent, 0) + 1
+            for parent in pending.dirs:
+                self._dirs[parent] = self._dirs.get(parent, 0) + 1
             first, full = len(self._queue) == 1, len(self._queue) == BATCH
         if first or full:
             self._in_trio(self._poke, full)
@@ -189,7 +208,7 @@ class AsyncDirops:
         if parent not in self._dirs:
             return False
         with self.lock:
-            return any(q.parent == parent and q.name == name for q in self._unanswered)
+            return any(q.names(parent, name) for q in self._unanswered)
 
     def busy(self, *inodes: int) -> bool:
         """Some change of these inodes, or in these directories, is not answered by the daemon yet."""
@@ -207,7 +226,7 @@ class AsyncDirops:
         if inodes and not self.busy(*inodes):
             return
         with self.lock:
-            wait = [q for q in self._unanswered if not inodes or q.ino in inodes or q.parent in inodes]
+            wait = [q for q in self._unanswered if not inodes or q.ino in inodes or not set(q.dirs).isdisjoint(inodes)]
         await self.flush()
         for q in wait:
             await q.done.wait()
@@ -235,16 +254,17 @@ class AsyncDirops:
                 code = ErrorCode(result.code) if result.code in ErrorCode._value2member_map_ else ErrorCode.IO
                 if not isinstance(q.request, (p.UnlinkReq, p.RmdirReq)):  # an unlink refused: the name is there again
                     self.failed[q.ino] = StripefsError(code, result.message)
-                log.warning("asynchronous %s of %r in directory %d (inode %d) refused after the kernel was answered: %s",
-                            p.kind(q.request)[:-3].lower(), q.name, q.parent, q.ino,
-                            result.message)
+                moved = f" to {q.new_name!r} in directory {q.new_parent}" if q.new_parent else ""
+                log.warning("asynchronous %s of %r in directory %d%s (inode %d) refused after the kernel was answered: %s",
+                            p.kind(q.request)[:-3].lower(), q.name, q.parent, moved, q.ino, result.message)
             try:
                 self.on_reply(q)
             finally:
                 with self.lock:
                     self._unanswered.remove(q)  # (the oldest: answers come in order)
                     _less(self._inos, q.ino)
-                    _less(self._dirs, q.parent)
+                    for parent in q.dirs:
+                        _less(self._dirs, parent)
                 q.done.set()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -109,6 +109,7 @@ OPEN_INFO_FRESH_S = 1.0
 #: OpenReqs an open sends while each answer raced a change of the file (``Operations._ask_open``)
 OPEN_ASKS = 3
 
+RENAME_NOREPLACE_FLAG = 1  # renameat2(2)
 RENAME_EXCHANGE_FLAG = 2  # renameat2(2)
 
 #: directories whose every name a mount keeps (callbacks on their names), and names in one
@@ -495,13 +496,43 @@ class Operations:
             self._open_info.pop(ino, None)
         return True
 
+    def _rename_here(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int) -> bool:
+        """An asynchronous rename (docs/design.md, "Rename"): a file, not a directory, whose name this
+        mount knows in a directory it holds whole, to a name free in what it knows of another held
+        directory (a replaced target may be open elsewhere: asked); False: the daemon is asked."""
+        if flags not in (0, RENAME_NOREPLACE_FLAG) or len(name_new) > p.NAME_MAX or b"/" in name_new or name_new in (b".", b".."):
+            return False
+        ino = self._known_here(parent_old, name_old)
+        names_new = self._names_of_dir(parent_new)
+        if ino is None or names_new is None or name_new in names_new:
+            return False
+        of = self.files.get(ino)
+        attr = of.attr if of is not None else self._held_attr(ino)
+        if attr is None or stat.S_ISDIR(attr.mode) or attr.nlink != 1:
+            return False  # (a hard-linked file cannot move to another quota tree: EXDEV, which mv must see)
+        request = p.RenameReq(parent_old=parent_old, name_old=name_old, parent_new=parent_new, name_new=name_new, flags=flags)
+        pending = Pending(request, parent_old, name_old, ino, new_parent=parent_new, new_name=name_new)
+        self.dirops.add(pending)
+        self._name_gone(parent_old, name_old)
+        self._name_made(parent_new, name_new)
+        self.kcache.name_gone(parent_old, name_old)
+        self.kcache.remember(parent_new, name_new, ino)  # the kernel moved its entry itself
+        now = time.time_ns()
+        for parent in pending.dirs:
+            self.kcache.dir_attrs.made_here(parent, now)
+        return True
+
     def _async_answered(self, q: Pending) -> None:
         """The daemon answered a create or unlink answered here before (client/async_dirops.py).
         The kernel drops the directory's attributes (once per directory and flush): it was told
         this mount's times, and asks again for the daemon's (``dir_attrs`` keeps them)."""
-        self.kcache.drop_inode(q.parent)
         rsp = q.reply
-        self.kcache.dir_attrs.answered_here(q.parent, None if isinstance(rsp, p.ErrorRsp) else rsp)
+        for parent in q.dirs:
+            self.kcache.drop_inode(parent)
+            self.kcache.dir_attrs.answered_here(parent, None if isinstance(rsp, p.ErrorRsp) else rsp)
+        if isinstance(q.request, p.RenameReq):
+            self._async_renamed(q)
+            return
         if isinstance(q.request, (p.UnlinkReq, p.RmdirReq)):
             self._async_unlinked(q)
             return
@@ -550,6 +581,17 @@ class Operations:
         else:
             self.kcache.let_go(q.ino, q.parent, q.name, whole=True)
             self._names_complete.pop(q.ino, None)
+
+    def _async_renamed(self, q: Pending) -> None:
+        """Refused (the CephFS rule, as for a create): the kernel forgets both names, both directories
+        are asked again, and the file's next operation fails once (async_dirops.py ``failed``)."""
+        if not isinstance(q.reply, p.ErrorRsp):
+            return
+        for parent, name in ((q.parent, q.name), (q.new_parent, q.new_name)):
+            self._names_complete.pop(parent, None)
+            self.kcache.name_gone(parent, name)
+            self.kcache.drop_name(parent, name)
+        self.kcache.drop_inode(q.ino)
 
     def _async_unlinked(self, q: Pending) -> None:
         if isinstance(q.reply, p.ErrorRsp):
@@ -818,6 +860,11 @@ class Operations:
         self._name_gone(parent_inode, name)
         self.kcache.name_gone(parent_inode, name)
         self._names_complete.pop(removed, None)
+
+    def _fast_rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        with self.lock:
+            renamed = not self.dataset and self._rename_here(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+            return None if renamed else _SLOW
 
     async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         self._writable()

@@ -160,6 +160,10 @@ class OperationsBridge:
     def fast_rmdir(self, req: rq.Unlink):
         return self._fast("rmdir", self.ops._fast_rmdir, req.header.nodeid, req.name, _Ctx(req.header))
 
+    def fast_rename(self, req: rq.Rename):
+        return self._fast("rename", self.ops._fast_rename, req.header.nodeid, req.name, req.newdir, req.newname, req.flags,
+                          _Ctx(req.header))
+
     # -- the handlers, in tasks
 
     async def lookup(self, req: rq.Lookup) -> Entry:

@@ -1,4 +1,4 @@
-"""Asynchronous creates (client/async_dirops.py) through the mount's handlers, on a client that
+"""Asynchronous creates, unlinks and renames (client/async_dirops.py) through the mount's handlers, on a client that
 follows the change feed as a mount does: answered here in a directory the mount holds whole,
 sent in batches, flushed by fsync and by another mount's change there; refused creates are
 logged, counted and fail the file's next operation (the CephFS rule, docs/design.md)."""
@@ -200,3 +200,137 @@ async def test_a_file_renamed_into_a_held_directory_keeps_its_name_and_is_unlink
     assert not {"UnlinkReq", "LookupReq"} & set(calls)
     await mine.ops.fsyncdir(d, False)
     assert await _listing(rig, monkeypatch, "other", d) == []
+
+
+def _counting(fs) -> list[str]:
+    """The kinds of request ``fs``'s mount sends the daemon from now on."""
+    calls: list[str] = []
+    real = fs.ops.meta.call
+    fs.ops.meta.call = lambda req, **kw: (calls.append(type(req).__name__), real(req, **kw))[1]
+    return calls
+
+
+async def _files(fs, d: int, *names: bytes) -> list[int]:
+    """Files made here in ``d``, and their creates answered by the daemon (the mount then holds them)."""
+    inodes = []
+    for name in names:
+        fh, ino = await fs.create(d, name)
+        await fs.close(fh)
+        inodes.append(ino)
+    await fs.ops.dirops.flush()
+    return inodes
+
+
+async def _in_held_directory(fs, body) -> None:
+    """``body(d)`` in a new directory made here (held whole). A change feed silent for 3 s (a loaded
+    machine) rightly drops every name and hold, and the renames then ask the daemon: a round that
+    failed while the feed dropped the cache runs again in another directory, at most three times."""
+    await _numbers(fs)
+    real = fs.ops.meta.call
+    for attempt in range(3):
+        drops = fs.ops.kcache.drops
+        fs.ops.meta.call = real
+        try:
+            await body(await fs.mkdir(fs.dir, b"round%d" % attempt))
+            return
+        except AssertionError:
+            if fs.ops.kcache.drops == drops:
+                raise
+    pytest.fail("the change feed dropped the mount's cache in each of 3 rounds")
+
+
+async def test_a_rename_in_held_directories_is_answered_here_and_another_mount_sees_it(mine, rig, monkeypatch):
+    async def body(d):
+        d2 = await mine.mkdir(d, b"to")  # made here: held whole
+        a, b = await _files(mine, d, b"a", b"b")
+        calls = _counting(mine)
+        await mine.rename(d, b"a", d2, b"moved")  # into another held directory
+        await mine.rename(d, b"b", d, b"b2", flags=1)  # RENAME_NOREPLACE, in the same one
+        assert not calls and mine.ops.dirops.pending(a) and mine.ops.dirops.busy(d2)
+        async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+            with trio.fail_after(5):  # its lookup recalls the directory: the renames are sent first
+                assert (await other.lookup(d2, b"moved")).nodeid == a
+            async with raises_errno(errno.ENOENT):
+                await other.lookup(d, b"a")
+            assert sorted(await other.listdir(d)) == [b"b2", b"to"]
+        assert calls.count("RenameReq") == 0 and mine.ops.dirops.refused == 0
+        assert (await mine.getattr(b)).ino == b
+
+    await _in_held_directory(mine, body)
+
+
+async def test_a_create_rename_and_unlink_in_one_burst_end_right_at_the_daemon(mine, rig, monkeypatch):
+    async def body(d):
+        d2 = await mine.mkdir(d, b"to")
+        await mine.ops.dirops.flush()
+        calls = _counting(mine)
+        await mine.close((await mine.create(d, b"f"))[0])
+        await mine.rename(d, b"f", d, b"g")
+        await mine.unlink(d, b"g")  # the moved name is known here: answered here too
+        fh, kept = await mine.create(d, b"h")
+        await mine.close(fh)
+        await mine.rename(d, b"h", d2, b"k")
+        await mine.close((await mine.create(d, b"h"))[0])  # the old name made again: order kept
+        assert not {"CreateReq", "RenameReq", "UnlinkReq", "LookupReq"} & set(calls)
+        await mine.ops.dirops.flush()
+        assert mine.ops.dirops.refused == 0 and calls.count("BatchReq") <= 2
+        async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+            assert sorted(await other.listdir(d)) == [b"h", b"to"]
+            assert await other.listdir(d2) == [b"k"]
+            assert (await other.lookup(d2, b"k")).nodeid == kept
+
+    await _in_held_directory(mine, body)
+
+
+async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(mine, rig, monkeypatch):
+    async def body(d):
+        sub = await mine.mkdir(d, b"sub")
+        linked = (await _files(mine, d, b"a", b"b", b"c", b"e", b"l"))[-1]
+        await mine.link(linked, d, b"l2")
+        assert (await mine.lookup(d, b"l")).attr.nlink == 2  # known again, with its two links
+        calls = _counting(mine)
+        await mine.rename(d, b"a", d, b"b")  # the target may be open on another mount
+        assert calls.count("RenameReq") == 1
+        await mine.rename(d, b"sub", d, b"sub2")  # a directory: ".." and nlinks change
+        assert calls.count("RenameReq") == 2
+        await mine.rename(d, b"b", d, b"c", flags=2)  # RENAME_EXCHANGE
+        assert calls.count("RenameReq") == 3
+        await mine.rename(d, b"l", d, b"l3")  # two links: another quota tree would say EXDEV
+        assert calls.count("RenameReq") == 4
+        await mine.rename(d, b"e", d, b"f")  # a free name: answered here
+        assert calls.count("RenameReq") == 4
+        assert await _listing(rig, monkeypatch, "other", d) == [b"b", b"c", b"f", b"l2", b"l3", b"sub2"]
+        assert (await mine.lookup(d, b"sub2")).nodeid == sub
+
+    await _in_held_directory(mine, body)
+
+
+async def test_a_rename_refused_after_the_answer_drops_both_names_and_fails_the_next_operation_once(mine, rig, monkeypatch):
+    """A quota on the target directory the mount does not know of: the daemon refuses the move after
+    the kernel was answered (the CephFS rule, as for a create)."""
+    async def body(d):
+        d1 = await mine.mkdir(d, b"from")
+        d2 = await mine.mkdir(d, b"to")
+        (moved,) = await _files(mine, d1, b"f")
+        await _files(mine, d2, b"x")
+        await mine.ops.meta.call(P.QuotaSetReq(ino=d2, max_inodes=1))
+        try:
+            refused = mine.ops.dirops.refused
+            calls = _counting(mine)
+            await mine.rename(d1, b"f", d2, b"g")
+            assert "RenameReq" not in calls  # answered here
+            await mine.ops.dirops.flush()
+            assert mine.ops.dirops.refused == refused + 1
+            async with raises_errno(errno.EDQUOT):
+                await mine.getattr(moved)
+            assert mine.ops.dirops.take_error(moved) is None  # once
+            await mine.ops.kcache.flush_pending()
+            assert {(d1, b"f"), (d2, b"g")} <= set(mine.kernel.invalidated_entries)  # the kernel forgets both names
+            assert (await mine.lookup(d1, b"f")).nodeid == moved  # asked again: the daemon's truth
+            async with raises_errno(errno.ENOENT):
+                await mine.lookup(d2, b"g")
+            assert await _listing(rig, monkeypatch, "other", d2) == [b"x"]
+        finally:
+            await mine.ops.meta.call(P.QuotaSetReq(ino=d2, max_inodes=0))
+
+    await _in_held_directory(mine, body)
