@@ -318,8 +318,14 @@ async def test_a_session_heartbeat_waiting_for_its_daemon_names_the_files_open_w
     with trio.fail_after(10):
         async with AsyncExitStack() as stack:
             await meta.open(stack)
+            answered = trio.Event()
+
+            async def beat():
+                await meta.heartbeat()
+                answered.set()
+
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(meta.heartbeat)
+                nursery.start_soon(beat)
                 await trio.sleep(0.3)  # the heartbeat waits for the daemon
                 held.clear()  # the file is closed meanwhile
                 async with open_socket(ctx, zmq.ROUTER, bind=address) as router:
@@ -327,6 +333,7 @@ async def test_a_session_heartbeat_waiting_for_its_daemon_names_the_files_open_w
                     request_id, body = protocol.decode_request(header.bytes)
                     assert isinstance(body, protocol.SessionHeartbeatReq) and body.open_inodes == []
                     await router.send_multipart([identity.bytes, protocol.encode(request_id, protocol.OkRsp())])
+                    await answered.wait()  # before the router closes: it closes with linger 0, reply unsent
 
 
 async def test_waiting_for_a_closed_connection_to_take_a_request_is_unavailable(ctx):
