@@ -90,12 +90,7 @@ class MetaClient:
         self._unanswered.update(ops)
         try:
             done_below = min(self._unanswered)
-            items = []
-            for op_id, request in zip(ops, requests):
-                if self.root_squash:
-                    request = squash(request)
-                wire = request if self.subtree is None else self.subtree.request(request)
-                items.append(p.OnceReq(client_id=self.client_id, op_id=op_id, done_below=done_below, body=wire))
+            items = [self._wire(request, (op_id, done_below)) for op_id, request in zip(ops, requests)]
             rsp = await self._call(p.BatchReq(items=items), True)
             results = rsp.results
             if self.subtree is not None:
@@ -104,14 +99,20 @@ class MetaClient:
         finally:
             self._unanswered.difference_update(ops)
 
-    async def _call(self, request: p.Msg, retry: bool, once: tuple[int, int] | None = None) -> p.Msg:
-        deadline = trio.current_time() + self.retry_window_s
-        attempt = 0
+    def _wire(self, request: p.Msg, once: tuple[int, int] | None = None) -> p.Msg:
+        """``request`` as sent: squashed, mapped into the subtree, in its OnceReq (``once``: op id,
+        done below) when it must be applied once."""
         if self.root_squash:
             request = squash(request)
         wire = request if self.subtree is None else self.subtree.request(request)
         if once is not None:  # wrapped last: the daemon checks and maps what it carries
             wire = p.OnceReq(client_id=self.client_id, op_id=once[0], done_below=once[1], body=wire)
+        return wire
+
+    async def _call(self, request: p.Msg, retry: bool, once: tuple[int, int] | None = None) -> p.Msg:
+        deadline = trio.current_time() + self.retry_window_s
+        attempt = 0
+        wire = self._wire(request, once)
         while True:
             client = self._clients[self._current]
             try:

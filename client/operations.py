@@ -475,7 +475,6 @@ class Operations:
         self.dirops.add(Pending(p.RmdirReq(parent=parent, name=name), parent, name, ino))
         self._name_gone(parent, name)
         self.kcache.name_gone(parent, name)
-        self.kcache.name_gone(parent, name)
         self._names_complete.pop(ino, None)
         self.kcache.dir_attrs.made_here(parent, time.time_ns(), nlink=-1)
         return True
@@ -488,7 +487,6 @@ class Operations:
             return False
         self.dirops.add(Pending(p.UnlinkReq(parent=parent, name=name), parent, name, ino))
         self._name_gone(parent, name)
-        self.kcache.name_gone(parent, name)
         self.kcache.name_gone(parent, name)
         self.kcache.dir_attrs.made_here(parent, time.time_ns())
         with self.lock:
