@@ -52,7 +52,9 @@ Exclusive creates next to each other in the burst, of one client and key in
 one directory (a BatchReq's, or requests of their own), run as ONE operation
 (``_many``, daemon/namespace_bulk.py: one statement per table, one change
 logged); each keeps its own outcome, and an error that is no create's own
-undoes the run, whose creates then run one by one.
+undoes the run, whose creates then run one by one. On PostgreSQL too: the
+run is one savepoint of the burst's transaction, and a conflict with another
+daemon inside it reruns the whole transaction, as for any operation.
 
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
@@ -249,10 +251,9 @@ class Burst:
 
     def _may_share(self, unit: _Unit, peer: str | None) -> None:
         """An exclusive create may share its operation with the creates next to it in the same
-        directory from the same client and key (``_runs``, ``_many``); SQLite only."""
+        directory from the same client and key (``_runs``, ``_many``)."""
         body = unit.body
-        if type(body) is P.CreateReq and body.exclusive and unit.op is not None and self.create_many is not None \
-                and not self.txn.shared:
+        if type(body) is P.CreateReq and body.exclusive and unit.op is not None and self.create_many is not None:
             unit.many = (body.parent, unit.once.client_id if unit.once is not None else None, peer)
 
     def _unit(self, body: P.Msg, peer: str | None) -> _Unit:
@@ -321,12 +322,13 @@ class Burst:
         then calls this again, from a clean slate: operations only talk to the database, and a
         OnceReq's record was rolled back with its operation."""
         wrote = False
+        for unit in units:
+            unit.result, unit.error, unit.batch = None, None, None
+            if unit.once is not None:
+                unit.once.used = False
         with self.txn.store.dir_cache():  # a directory read once per transaction
-            for unit in units:
-                unit.result, unit.error, unit.batch = None, None, None
-                if unit.once is not None:
-                    unit.once.used = False
-                wrote = self._one(unit) or wrote
+            for run in _runs(units):
+                wrote = (self._many(run) if len(run) > 1 else self._one(run[0])) or wrote
         return wrote
 
     def _many(self, units: list[_Unit]) -> bool:
@@ -348,6 +350,8 @@ class Burst:
             made, batch, logged, attrs, seq = self.txn.write_reporting_locked(
                 self._run_many, units, report=first.op.report, wake=False,
                 change=lambda made: ([parent], [(parent, u.body.name) for u in made]) if made else None)
+        except self.txn.reruns:  # a conflict (PostgreSQL): the whole transaction again (``_transaction``)
+            raise
         except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
             if not isinstance(exc, ManyNotHere):
                 log.debug("creates in directory %d one by one: %r", parent, exc)
@@ -365,7 +369,7 @@ class Burst:
                 unit.batch = batch
         for unit in made:  # one change: settled once (``_settle``), every reply after it
             unit.attrs, unit.seq, unit.logged = attrs, seq, logged
-        return True
+        return any(unit.batch is not None for unit in units)  # nothing to commit when every create failed
 
     def _run_many(self, units: list[_Unit]) -> list[_Unit]:
         """``_many``'s operation, in its savepoint: the units it made now (OnceReqs applied before

@@ -25,8 +25,8 @@ many rows (daemon/store.py ``names_in``, ``insert_inodes``,
 The caller runs it in one savepoint (daemon/burst.py ``_many``): an error
 that is no file's own (a constraint, a number out of range) undoes the
 whole, and the caller makes the creates one by one instead, each with its
-own outcome. Not on PostgreSQL yet: a burst there runs each create in its
-savepoint (daemon/burst.py ``_transaction``).
+own outcome. On PostgreSQL the savepoint is the run's within the burst's
+transaction (daemon/burst.py ``_transaction``).
 """
 
 from __future__ import annotations

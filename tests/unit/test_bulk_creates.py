@@ -71,6 +71,18 @@ async def test_a_run_of_creates_with_successes_and_failures_is_one_change_each_i
         nursery.cancel_scope.cancel()
 
 
+async def test_a_run_of_creates_that_all_fail_is_answered_with_nothing_to_commit(tmp_path, ctx):  # noqa: F811
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        _, _, d = await _setup(service, 7)
+        changes = _changes(tmp_path)
+        items = [_create(b"taken", parent=d), _create(b"x/y", parent=d), _create(b"taken", parent=d)]
+        rsp = (await service.burst.run([(P.BatchReq(items=items), None)]))[0]
+        assert [x.code for x in rsp.results] == [ErrorCode.EXISTS, ErrorCode.INVALID, ErrorCode.EXISTS]
+        assert _changes(tmp_path) == changes
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_retried_batch_of_creates_is_applied_once_and_answered_as_the_first_time(tmp_path, ctx):  # noqa: F811
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)

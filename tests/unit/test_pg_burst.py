@@ -104,6 +104,34 @@ async def test_a_burst_on_postgresql_is_one_transaction_answered_in_order_after_
         nursery.cancel_scope.cancel()
 
 
+async def test_a_batch_of_creates_in_one_directory_is_one_operation_on_postgresql_too(tmp_path, ctx, pg_dsn):
+    """A BatchReq's run of creates goes through ``create_many`` (daemon/namespace_bulk.py: a
+    statement per table) within the burst's one transaction; each item keeps its own outcome and
+    a retried batch is applied once."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path, pg_dsn)
+        d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
+        await service.handle(_create(b"taken", parent=d), [])
+        runs = []
+        real = service.burst.create_many
+        service.burst.create_many = lambda reqs: runs.append(len(reqs)) or real(reqs)
+        transactions = _Transactions(service)
+        names = [b"f%d" % i for i in range(20)] + [b"taken"]
+        batch = P.BatchReq(items=[P.OnceReq(client_id=9, op_id=i + 1, done_below=0, body=_create(name, parent=d))
+                                  for i, name in enumerate(names)])
+        first = (await service.burst.run([(batch, None)]))[0].results
+        again = (await service.burst.run([(batch, None)]))[0].results  # the client's retry of the batch
+
+        assert runs == [len(names), 1]  # one run; the retry answered from its records but the refused item's
+        assert transactions.writes.count("Burst._transaction") == 2
+        assert all(isinstance(r, P.OpenRsp) and r.chunks and r.nodes for r in first[:-1]), first
+        assert first[-1].code == ErrorCode.EXISTS
+        assert [r.attr.ino for r in again[:-1]] == [r.attr.ino for r in first[:-1]]
+        assert len({r.attr.ino for r in first[:-1]}) == 20
+        assert _names(pg_dsn, d) == set(names)
+        nursery.cancel_scope.cancel()
+
+
 async def test_two_daemons_bursts_creating_the_same_names_at_once_never_both_succeed(tmp_path, ctx, pg_dsn, caplog):
     async with trio.open_nursery() as nursery:
         first = await _service(nursery, ctx, tmp_path / "a", pg_dsn)
