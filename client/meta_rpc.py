@@ -95,6 +95,9 @@ class MetaClient:
             results = rsp.results
             if self.subtree is not None:
                 results = [r if isinstance(r, p.ErrorRsp) else self.subtree.reply(r) for r in results]
+            if self.caps is not None:  # (``_call`` saw only the BatchRsp)
+                for reply in results:
+                    self.caps.take(reply)
             return results
         finally:
             self._unanswered.difference_update(ops)

@@ -171,6 +171,9 @@ async def test_the_mount_data_path_renews_capabilities_past_their_expiry(tmp_pat
             created = await meta.call(P.CreateReq(parent=team_a.ino, name=b"f", mode=0o100644, uid=0, gid=0, session_id=0))
             chunk = P.ChunkId(created.attr.ino, 0, 0)
             assert nodes.caps.active and nodes.caps.get(chunk.ino) == created.cap
+            batched = await meta.call_batch([P.CreateReq(parent=team_a.ino, name=b"g%d" % i, mode=0o100644, uid=0, gid=0,
+                                                         session_id=0) for i in range(2)])  # (client/async_dirops.py)
+            assert [nodes.caps.get(r.attr.ino) for r in batched] == [r.cap for r in batched] and batched[0].cap
             await nodes.write(1, _write(chunk, b"hello", 2), b"hello")
             # once the capability has expired, the pool renews it before sending
             await eventually_async(lambda: time.time() > created.cap.expires, within=10, what="the capability expiring")
