@@ -214,6 +214,18 @@ class MetaClient:
         # no checkpoint from here to the send: the set read is the set sent
         await self.call(p.SessionHeartbeatReq(session_id=self.session_id, open_inodes=self.open_inodes()), retry=False)
 
+    async def end_session(self, bound_s: float = 1.0) -> None:
+        """Tell the daemon the mount is gone (at unmount, after the last flush): its open files,
+        callbacks and delegated inode numbers go now, so another mount's change does not wait for
+        this one's acknowledgement until the lease ends. Best effort: the lease ends it anyway."""
+        if not self.session_id or not self._clients:
+            return
+        with trio.move_on_after(bound_s, shield=True):
+            try:
+                await self.call(p.SessionEndReq(session_id=self.session_id), retry=False)
+            except StripefsError as exc:
+                log.info("ending session %d: %s (its lease ends it)", self.session_id, exc.message)
+
     async def heartbeat_loop(self, mountpoint: str) -> None:
         """Keep the session alive; re-open it when the daemon forgot us."""
         while True:

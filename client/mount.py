@@ -336,6 +336,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 await _flush_open_files(ops, client_cfg.op_timeout_s)
                 await trio.to_thread.run_sync(session.close)  # unmounts; the reader ends
                 fuse_backend.use_session(None)
+                await meta.end_session()
                 log.info("unmounted %s", mountpoint)
     finally:
         ctx.term()

@@ -465,6 +465,13 @@ class SessionHeartbeatReq(Msg, tag="session_heartbeat"):
     open_inodes: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]], msgspec.Meta(max_length=4 * MAX_LIST)]
 
 
+class SessionEndReq(Msg, tag="session_end"):
+    """The mount unmounted: its session ends now rather than at its lease's end (its open files,
+    callbacks and delegated inode numbers go at once; daemon/health.py). Reply: OkRsp."""
+
+    session_id: int
+
+
 class LookupReq(Msg, tag="lookup"):
     """Resolve a name. Reply: AttrRsp, or OpenRsp for a regular file when ``open_info``.
 

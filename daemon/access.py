@@ -71,7 +71,7 @@ CHANGING_REQUESTS = frozenset({
 })
 #: read or keep a session; OpenReq with ``write`` counts as changing
 READING_REQUESTS = frozenset({
-    P.PingReq, P.StatusReq, P.HelloReq, P.SessionHeartbeatReq, P.LookupReq, P.LookupPathsReq, P.GetattrReq,
+    P.PingReq, P.StatusReq, P.HelloReq, P.SessionHeartbeatReq, P.SessionEndReq, P.LookupReq, P.LookupPathsReq, P.GetattrReq,
     P.ReadlinkReq, P.ReaddirReq, P.OpenReq, P.CloseReq, P.StatfsReq, P.GetxattrReq, P.ListxattrReq, P.GetLayoutReq,
     P.QuotaGetReq, P.QuotaRoomReq, P.CapsReq, P.AckReq, P.TierListReq,
     P.TierRecallReq,  # a reader of a cold file brings its data back (docs/tiering.md)

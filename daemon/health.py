@@ -492,11 +492,27 @@ class Sessions:
                     "session %d (%s pid %d) expired after %.1fs of silence; releasing %d open inode(s)",
                     sid, session.host, session.pid, now - session.last_seen, len(session.open),
                 )
-                released += self._set_open(session, set())
-                del self._sessions[sid]
-                self._per_key[session.owner] -= 1
-                if self._per_key[session.owner] <= 0:
-                    del self._per_key[session.owner]
+                released += self._drop(session)
+        return released
+
+    @_locked
+    def end(self, session_id: int, owner: str | None = None) -> list[int]:
+        """The mount unmounted (``SessionEndReq``): its session goes now, as at its lease's end; the
+        inodes nobody has open any more. A session this daemon does not know ends nothing."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return []
+        self._get(session_id, None, owner=owner)  # another key's session: ACCESS
+        log.info("session %d (%s pid %d) ended by its mount; releasing %d open inode(s)",
+                 session_id, session.host, session.pid, len(session.open))
+        return self._drop(session)
+
+    def _drop(self, session: _Session) -> list[int]:
+        released = self._set_open(session, set())
+        del self._sessions[session.session_id]
+        self._per_key[session.owner] -= 1
+        if self._per_key[session.owner] <= 0:
+            del self._per_key[session.owner]
         return released
 
     def is_open(self, ino: int) -> bool:

@@ -114,11 +114,15 @@ class Housekeeping:
                     self.txn.write_locked(self.store.set_node_state, node_id, "down")
         if not self.store.group_commit:  # an operator may have drained or removed a node through another daemon
             self.nodes.apply_admin_states(await self.txn.read(self.nodes.admin_states))
-        expired = self.sessions.expire(now)
-        await self.release(expired + (self.callbacks.forget_dead() if self.callbacks is not None else []))
-        if expired:
+        await self.sessions_gone(self.sessions.expire(now))
+
+    async def sessions_gone(self, released: list[int]) -> None:
+        """After sessions expired or ended (``released``: the inodes nobody has open any more):
+        their callbacks, uncommitted chunks and delegated inode numbers go with them."""
+        await self.release(released + (self.callbacks.forget_dead() if self.callbacks is not None else []))
+        if released:
             async with self.txn.lock:
-                self.txn.write_locked(self.healer.reclaim_uncommitted, expired)
+                self.txn.write_locked(self.healer.reclaim_uncommitted, released)
             self.wake_gc()
         if self.inode_ranges is not None and self.inode_ranges.ended(self.sessions.alive):
             async with self.txn.lock:

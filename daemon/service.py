@@ -538,6 +538,10 @@ class MetaService:
         await self.housekeeping.release(self.sessions.heartbeat(req.session_id, req.open_inodes, owner=current_peer()))
         return P.OkRsp()
 
+    async def handle_session_end(self, req: P.SessionEndReq) -> P.Msg:
+        await self.housekeeping.sessions_gone(self.sessions.end(req.session_id, owner=current_peer()))
+        return P.OkRsp()
+
     async def handle_ack(self, req: P.AckReq) -> P.Msg:
         """A mount dropped what the feed changed up to ``req.seq`` (daemon/callbacks.py)."""
         owner = current_peer()

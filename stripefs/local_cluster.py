@@ -163,6 +163,25 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+
+#: the names processes_of gives a cluster's mounts (stripefs/local_processes.py)
+MOUNT_NAMES = frozenset({"mount", "dataset-mount"})
+
+
+def _stop(procs: list[tuple[str, int]], grace_s: float = 10.0) -> None:
+    """SIGTERM ``procs`` (name, pid) and wait for them; SIGKILL what is still alive after ``grace_s``."""
+    for _, pid in procs:
+        if _alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for name, pid in procs:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            print(f"{name} (pid {pid}) ignored SIGTERM; killing it", file=sys.stderr)
+            os.kill(pid, signal.SIGKILL)
+
+
 class LocalCluster:
     def __init__(self, state: str | Path):
         self.state = Path(state).absolute()
@@ -724,16 +743,10 @@ class LocalCluster:
         # pids.json's too (a state directory named by another path: a symlink), if still a stripefs process of the owner
         flat += [(name, pid) for name, pid in self._flat_pids(pids)
                  if _alive(pid) and pid not in {p for _, p in flat} and "stripefs" in _cmdline(pid) and owned_by(pid, owner)]
-        for _, pid in flat:
-            if _alive(pid):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for name, pid in flat:
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if _alive(pid):
-                print(f"{name} (pid {pid}) ignored SIGTERM; killing it", file=sys.stderr)
-                os.kill(pid, signal.SIGKILL)
+        # the mounts first: at unmount a mount sends what it still holds (changes answered at once,
+        # its session's end) to the daemon and the nodes, which must still run
+        _stop([(name, pid) for name, pid in flat if name in MOUNT_NAMES])
+        _stop([(name, pid) for name, pid in flat if name not in MOUNT_NAMES])
         server = self._postgres(info) if info else None
         if server is not None:
             server.stop()

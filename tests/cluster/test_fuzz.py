@@ -82,7 +82,7 @@ WRONG_TYPE = st.one_of(st.none(), st.booleans(), st.floats(), st.text(max_size=5
 # requests that only read: they may name real inodes and chunks
 READ_ONLY = {
     "ping", "lookup", "lookup_paths", "getattr", "readlink", "readdir", "open", "getxattr", "listxattr", "get_layout",
-    "statfs", "status", "alloc_epoch", "hello", "session_heartbeat", "close", "read_chunk", "read_chunks", "stat_chunk",
+    "statfs", "status", "alloc_epoch", "hello", "session_heartbeat", "session_end", "close", "read_chunk", "read_chunks", "stat_chunk",
     "node_stats", "verify_chunks", "list_chunks", "sync_chunks", "scrub",
 }
 # requests naming a parent directory and a name: the root (new names there) or nothing

@@ -604,6 +604,28 @@ def test_a_mount_that_does_not_acknowledge_delays_a_change_only_by_the_bound(clu
         cluster.extra_mounts.remove(stopped)
 
 
+def test_an_unmounted_mount_ends_its_session_at_once(cluster, mnt):
+    """At unmount the mount ends its session (SessionEndReq): its callbacks and open files go then,
+    not at the lease's end, so a change another mount makes to what it held does not wait for
+    an acknowledgement that can no longer come."""
+
+    def sessions() -> int:
+        return json.loads(run_cli("status", "--json", "--dir", str(cluster.state)).stdout)["sessions"]
+
+    gone = cluster.mount_again("gone")
+    try:
+        before = sessions()
+        (mnt / "gone").write_bytes(b"1")
+        assert _read(gone / mnt.name / "gone") == b"1"  # held by that mount now
+    finally:
+        cluster.unmount(gone)
+        cluster.extra_mounts.remove(gone)
+    assert sessions() == before - 1  # at once: the lease is 15 s
+    assert "ended by its mount" in cluster.logs()["meta.log"]
+    (mnt / "gone").write_bytes(b"22")  # held by no live session: nothing to wait for
+    assert "did not acknowledge change" not in cluster.logs()["meta.log"].split("ended by its mount")[-1]
+
+
 def test_a_listing_holds_the_files_it_lists(cluster, mnt, second):
     """readdir grants callbacks on the files it lists: stat() of each asks nothing afterwards
     (an ImageFolder index walk, ls -l), and a change closed elsewhere is still seen at once."""

@@ -210,6 +210,7 @@ async def test_no_key_can_take_over_another_keys_session(tmp_path):
             for thief in (team, ro):  # another team's key, and a read-only key, name team b's session
                 assert await _code(thief.call(P.SessionHeartbeatReq(session_id=sid, open_inodes=[]))) == ErrorCode.ACCESS
                 assert await _code(thief.call(P.CloseReq(session_id=sid, ino=f.ino))) == ErrorCode.ACCESS
+                assert await _code(thief.call(P.SessionEndReq(session_id=sid))) == ErrorCode.ACCESS
             assert await _code(ro.call(P.OpenReq(ino=listed.ino, session_id=sid))) == ErrorCode.ACCESS
             assert await _code(ro.call(P.LookupReq(parent=team_b.ino, name=b"listed", open_info=True, session_id=sid))) == ErrorCode.ACCESS
             assert (await victim.call(P.GetattrReq(ino=f.ino)))[0].attr.nlink == 0  # still there for its reader

@@ -407,6 +407,33 @@ async def test_hostile_session_state_cannot_end_the_daemon_later(tmp_path, ctx):
         nursery.cancel_scope.cancel()
 
 
+async def test_a_session_ended_by_its_mount_releases_its_open_files_at_once(tmp_path, ctx):
+    """SessionEndReq (an unmount): the session's open, unlinked file goes now, not at the lease's
+    end (60 s here); a session the daemon does not know ends nothing and is not an error."""
+    config = MetaConfig(
+        listen=_free_address(), data_dir=str(tmp_path), node_timeout_s=60.0, session_lease_s=60.0,
+        trash_keep_s=0.0,  # the unlink frees at once: what the session end lets go
+        chunk_size=1 << 20, stripe_count=2, redundancy="replicas=1",
+    )
+    service = MetaService(config, zmq_context=ctx)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        async with connect(ctx, config.listen, timeout=10) as c:
+            sid = (await _call(c, P.HelloReq(host="t", pid=1))).session_id
+            other = (await _call(c, P.HelloReq(host="t", pid=2))).session_id
+            f = (await _call(c, P.CreateReq(parent=ROOT, name=b"open", mode=0o100644, uid=0, gid=0, session_id=sid))).attr
+            await _call(c, P.UnlinkReq(parent=ROOT, name=b"open"))
+            assert (await _call(c, P.GetattrReq(ino=f.ino))).attr.nlink == 0  # its session holds it open
+            assert isinstance(await _call(c, P.SessionEndReq(session_id=sid)), P.OkRsp)
+            with pytest.raises(StripefsError) as exc:
+                await c.call(P.GetattrReq(ino=f.ino))
+            assert exc.value.code == ErrorCode.NOT_FOUND
+            assert len(service.sessions) == 1  # the other session stays
+            assert isinstance(await _call(c, P.SessionEndReq(session_id=sid)), P.OkRsp)  # again: nothing to end
+            await _call(c, P.SessionHeartbeatReq(session_id=other, open_inodes=[]))
+        nursery.cancel_scope.cancel()
+
+
 async def test_lookups_answered_on_the_fast_path_match_the_usual_path(daemon, ctx):
     """LookupReq/GetattrReq take serve()'s fast path when the daemon's lock is free; what they answer,
     errors included, is what the handler answers; a small_only listing leaves large files out."""
