@@ -183,6 +183,9 @@ class PgStore(SqlStore):
                         raise
                     finally:
                         self._local.conn = None
+            except psycopg_pool.PoolClosed:  # the daemon is stopping: a late task (a metrics scrape, a sweep)
+                log.info("transaction %s not run: the daemon is stopping", getattr(fn, "__name__", fn))
+                raise StripefsError(ErrorCode.UNAVAILABLE, "the metadata daemon is stopping") from None
             except psycopg.Error as exc:
                 if _rerun(exc, readonly) and attempt < MAX_ATTEMPTS:
                     self.retries += 1

@@ -8,6 +8,7 @@ test_namespace.py.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 
 import pytest
@@ -160,6 +161,17 @@ def test_database_errors_become_io_errors_and_rows_read_like_sqlite(two):
     assert info.value.code == ErrorCode.IO
     row = a.store.get_inode(ROOT)  # the pool still works afterwards
     assert row["ino"] == row[0] == ROOT and "mode" in row.keys()
+
+
+def test_a_transaction_after_the_store_closed_is_unavailable_not_an_error(pg_dsn, caplog):
+    """A daemon stopping closes its pool while a late task (a metrics scrape) may still ask: that
+    is UNAVAILABLE and an INFO line, not "metadata transaction failed" at ERROR."""
+    d = Daemon(pg_dsn)
+    d.store.close()
+    with caplog.at_level(logging.INFO), pytest.raises(StripefsError) as info:
+        d.op("lookup", ROOT, b"x")
+    assert info.value.code == ErrorCode.UNAVAILABLE
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_local_cluster_refuses_several_daemons_on_sqlite(tmp_path):
