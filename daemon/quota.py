@@ -125,13 +125,14 @@ class Quotas:
     def __init__(self, store: SqliteStore):
         self.store = store
         # PostgreSQL (several daemons, one transaction per request in worker threads): another daemon may
-        # set a quota at any time, so each transaction reads the roots afresh (a begin hook of the store)
-        # into its own thread's view, with its own directory cache
+        # set a quota at any time, so each transaction reads the roots afresh into its own thread's view,
+        # with its own directory cache: a begin hook of the store forgets the view, and the first use of
+        # ``roots`` in the transaction reads them (a lookup or getattr, which never asks, costs no query)
         self._per_transaction = not getattr(store, "group_commit", True)
         self._view = threading.local()
         self.reload()
         if self._per_transaction:
-            store.begin_hooks.append(self.reload)
+            store.begin_hooks.append(self._forget_view)
 
     @property
     def roots(self) -> set[int]:
@@ -364,6 +365,10 @@ class Quotas:
                 )
                 fixed.append((q, after))
         return fixed
+
+    def _forget_view(self) -> None:
+        """A transaction begins (PostgreSQL): what the last one on this thread read is stale."""
+        self._view.__dict__.clear()
 
     def reload(self) -> None:
         """Read the set of roots again (after a transaction was rolled back; PostgreSQL: as each one begins)."""

@@ -163,6 +163,16 @@ def test_database_errors_become_io_errors_and_rows_read_like_sqlite(two):
     assert row["ino"] == row[0] == ROOT and "mode" in row.keys()
 
 
+def test_a_quota_set_through_one_daemon_binds_the_next_transaction_of_another(two):
+    """Each PostgreSQL transaction reads the quota roots afresh (when it first needs them): daemon b,
+    whose last transaction saw no quota, refuses a create over the limit daemon a just set."""
+    a, b = two
+    d = a.op("mkdir", ROOT, b"limited", 0o40755, 0, 0)
+    b.op("create", d.ino, b"first", 0o100644, 0, 0)  # b's thread has read the roots: none yet
+    a.store.run(a.ns.quotas.set, d.ino, None, 1)  # one inode at most: the first file uses it
+    assert _outcome(b.op, "create", d.ino, b"second", 0o100644, 0, 0) == ErrorCode.QUOTA_EXCEEDED
+
+
 def test_a_transaction_after_the_store_closed_is_unavailable_not_an_error(pg_dsn, caplog):
     """A daemon stopping closes its pool while a late task (a metrics scrape) may still ask: that
     is UNAVAILABLE and an INFO line, not "metadata transaction failed" at ERROR."""
