@@ -76,6 +76,9 @@ class NodePool:
             return msgspec.structs.replace(request, cap=await fresh(request.chunk.ino))
         if isinstance(request, p.ReadChunksReq):
             return p.ReadChunksReq(reads=[msgspec.structs.replace(r, cap=await fresh(r.chunk.ino)) for r in request.reads])
+        if isinstance(request, p.WriteChunksReq):
+            writes = [msgspec.structs.replace(w, cap=await fresh(w.chunk.ino)) for w in request.writes]
+            return p.WriteChunksReq(writes=writes, sync=request.sync)
         if isinstance(request, p.SyncChunksReq):
             caps = [await fresh(ino) for ino in sorted({c.ino for c in request.chunks})]
             return p.SyncChunksReq(chunks=request.chunks, caps=[c for c in caps if c is not None])
@@ -166,11 +169,7 @@ class NodePool:
         out: list[memoryview | StripefsError] = []
         for read, result, data in zip(reads, rsp.results, payloads):
             if result.code:
-                try:
-                    code = ErrorCode(result.code)
-                except ValueError:
-                    code = ErrorCode.IO
-                out.append(StripefsError(code, result.message))
+                out.append(_error(result.code, result.message))
             elif xxhash.xxh3_64_intdigest(data) != result.xxh3:
                 out.append(StripefsError(ErrorCode.CORRUPT, f"chunk {read.chunk} from node {node_id} failed its checksum in transit"))
             else:
@@ -185,6 +184,30 @@ class NodePool:
             self._suspect(node_id, exc)
             raise
         return rsp
+
+    async def write_many(
+        self, node_id: int, writes: list[tuple[p.WriteChunkReq, bytes | memoryview]], *, sync: bool = False
+    ) -> list[p.WriteChunkRsp | StripefsError]:
+        """Several chunk writes to one node, in WriteChunksReqs of at most ``MAX_BATCH_WRITES``
+        writes and ``MAX_BATCH_WRITE_BYTES`` (one round trip, and with ``sync`` one sync on the
+        node, per request); each write's answer or why it failed, in order. A request that fails
+        as a whole (the node is down, a refused key) raises, as ``write`` does."""
+        client = await self._client(node_id)
+        out: list[p.WriteChunkRsp | StripefsError] = []
+        for batch in _batches(writes):
+            request = p.WriteChunksReq(writes=[w for w, _ in batch], sync=sync)
+            timeout = self.timeout + sum(len(d) for _, d in batch) / (64 << 20)  # a slow disk gets 1 s per 64 MiB more
+            try:
+                rsp, _ = await self._call_with_caps(client, request, [d for _, d in batch], timeout=timeout, expect=p.WriteChunksRsp)
+            except StripefsError as exc:
+                self._suspect(node_id, exc)
+                raise
+            if len(rsp.results) != len(batch):
+                raise StripefsError(ErrorCode.BAD_REQUEST, f"node {node_id} answered {len(rsp.results)} of {len(batch)} writes")
+            for result in rsp.results:
+                out.append(p.WriteChunkRsp(version=result.version, length=result.length) if not result.code else _error(result.code, result.message))
+        self._suspect_until.pop(node_id, None)
+        return out
 
     async def sync(self, node_id: int, chunks: list[p.ChunkId]) -> None:
         client = await self._client(node_id)
@@ -217,5 +240,30 @@ def _inodes(request: p.Msg) -> list[int]:
         return [r.chunk.ino for r in request.reads]
     if isinstance(request, p.SyncChunksReq):
         return [c.ino for c in request.chunks]
+    if isinstance(request, p.WriteChunksReq):
+        return [w.chunk.ino for w in request.writes]
     chunk = getattr(request, "chunk", None)
     return [chunk.ino] if chunk is not None else []
+
+
+def _error(code: int, message: str) -> StripefsError:
+    """One item's error in a batched reply (an unknown code, from a newer node: IO)."""
+    try:
+        return StripefsError(ErrorCode(code), message)
+    except ValueError:
+        return StripefsError(ErrorCode.IO, message)
+
+
+def _batches(writes: list[tuple[p.WriteChunkReq, bytes | memoryview]]):
+    """``writes`` cut into runs a WriteChunksReq may carry (count and payload bytes bounded)."""
+    batch: list[tuple[p.WriteChunkReq, bytes | memoryview]] = []
+    size = 0
+    for write in writes:
+        n = len(write[1])
+        if batch and (len(batch) == p.MAX_BATCH_WRITES or size + n > p.MAX_BATCH_WRITE_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(write)
+        size += n
+    if batch:
+        yield batch

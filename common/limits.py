@@ -54,12 +54,12 @@ import msgspec
 import zmq
 
 from .layout import MAX_CHUNK_SIZE
-from .protocol import MAX_HEADER_BYTES, MAX_REPLY_HEADER_BYTES
+from .protocol import MAX_BATCH_WRITES, MAX_HEADER_BYTES, MAX_REPLY_HEADER_BYTES
 
 #: added to the frame limits (ZeroMQ's own framing, future small fields)
 FRAME_SLACK = 64 << 10
-#: identity + header + payloads: no request carries more than one payload frame today
-MAX_REQUEST_FRAMES = 8
+#: identity + header + payloads: a WriteChunksReq carries one payload frame per chunk write
+MAX_REQUEST_FRAMES = 2 + MAX_BATCH_WRITES
 
 #: ZMQ_MAXMSGSIZE of a server's ROUTER socket: a chunk payload or a request header
 SERVER_MAX_FRAME = max(MAX_CHUNK_SIZE, MAX_HEADER_BYTES) + FRAME_SLACK

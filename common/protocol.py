@@ -352,6 +352,46 @@ class WriteChunkRsp(Msg, tag="write_chunk_rsp"):
     length: int  # stored length of the chunk after the write
 
 
+#: the most chunk writes one WriteChunksReq carries, and their payload bytes together
+MAX_BATCH_WRITES = 64
+MAX_BATCH_WRITE_BYTES = 16 << 20
+
+
+class WriteChunksReq(Msg, tag="write_chunks"):
+    """Several chunk writes in one request, made durable together (small files written back).
+
+    Each item is a ``WriteChunkReq`` with its own header fields, applied as that
+    request would be; payload frame ``i`` is item ``i``'s payload. At most
+    ``MAX_BATCH_WRITES`` items and ``MAX_BATCH_WRITE_BYTES`` of payloads.
+    ``sync`` (or any item's own ``sync``): the node writes every item without a
+    sync of its own and then makes the whole batch durable with one ``syncfs``
+    of its data file system before replying (an ``fsync`` per file where
+    syncfs is missing). Every chunk file is still replaced atomically, so
+    after a crash each item's chunk is its old or its new copy.
+
+    Reply: WriteChunksRsp, one ``ChunkWritten`` per item in order; an item that
+    failed carries its error code (STALE, NO_SPACE, IO, BAD_REQUEST: a payload
+    failing its xxh3 writes nothing of that item) and the others are applied.
+    A sync that fails answers IO for every item it covered. The request as a
+    whole is refused (ErrorRsp) for a wrong number of payload frames, too many
+    bytes, or a key or capability that may not write one of its chunks.
+    """
+
+    writes: Annotated[list[WriteChunkReq], msgspec.Meta(max_length=MAX_BATCH_WRITES)]
+    sync: bool = False
+
+
+class ChunkWritten(msgspec.Struct, frozen=True, array_like=True):
+    version: int
+    length: int  # stored length of the chunk after the write
+    code: int = 0  # an ErrorCode when this write failed (then nothing of it was written)
+    message: str = ""
+
+
+class WriteChunksRsp(Msg, tag="write_chunks_rsp"):
+    results: list[ChunkWritten]
+
+
 class DeleteChunksReq(Msg, tag="delete_chunks"):
     """Delete chunk copies (all their parts when ``all_parts``). Missing ones are fine.
 

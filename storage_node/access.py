@@ -29,7 +29,7 @@ from ..common.security import current_peer
 log = logging.getLogger(__name__)
 
 READS = frozenset({p.PingReq, p.ReadChunkReq, p.ReadChunksReq, p.StatChunkReq, p.NodeStatsReq})
-WRITES = frozenset({p.WriteChunkReq, p.SyncChunksReq})
+WRITES = frozenset({p.WriteChunkReq, p.WriteChunksReq, p.SyncChunksReq})
 ADMIN = frozenset({p.ScrubStartReq})
 META_ONLY = frozenset({p.DeleteChunksReq, p.CopyChunkReq, p.ReconstructFragmentReq, p.VerifyChunksReq, p.ListChunksReq})
 
@@ -74,6 +74,8 @@ def _needs(body: p.Msg) -> list[tuple[int, p.Cap | None, bool]]:
         return [(r.chunk.ino, r.cap, False) for r in body.reads]
     if isinstance(body, p.WriteChunkReq):
         return [(body.chunk.ino, body.cap, True)]
+    if isinstance(body, p.WriteChunksReq):  # one uncovered write refuses the batch, as for ReadChunksReq
+        return [(w.chunk.ino, w.cap, True) for w in body.writes]
     if isinstance(body, p.SyncChunksReq):
         shown = {c.ino: c for c in body.caps}
         return [(ino, shown.get(ino), True) for ino in {c.ino for c in body.chunks}]

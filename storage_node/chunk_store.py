@@ -52,6 +52,7 @@ file system; a real ENOSPC/EDQUOT while writing is answered the same way.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import logging
@@ -649,6 +650,30 @@ class ChunkStore:
             raise
         return synced
 
+    def sync_batch(self, chunks: Sequence[ChunkId]) -> None:
+        """Make ``chunks``, written just now without ``sync``, durable together (a WriteChunksReq).
+
+        One ``syncfs`` of the data file system commits every file's data and every
+        rename (and the fan-out directories made since) in one journal commit, where
+        an fsync per file is one each: 0.6-1.7 ms a file against 2.2-9.0 ms
+        (bench/node_sync.py). It also flushes whatever else is dirty on that file
+        system, which a node's own disk does not have. Without syncfs (not Linux,
+        or a libc without it): ``sync`` of each chunk."""
+        if not chunks:
+            return
+        with self._usage_guard:
+            parents, self._unsynced_dirs = self._unsynced_dirs, set()
+        try:
+            if _syncfs(self._chunks_dir):
+                return
+        except OSError as exc:
+            with self._usage_guard:
+                self._unsynced_dirs |= parents
+            raise self._io_error(chunks[0], f"syncfs of the batch of {len(chunks)}", exc) from None
+        with self._usage_guard:
+            self._unsynced_dirs |= parents  # sync() below takes them
+        self.sync(chunks)
+
     # -- deleting and accounting ----------------------------------------------
 
     def delete(self, chunks: Sequence[ChunkId], all_parts: bool = True, max_versions: Sequence[int] = ()) -> int:
@@ -794,6 +819,35 @@ def _write_durably(path: Path, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(path.parent)
+
+
+_libc_syncfs = None  # ctypes' syncfs(2) of libc, looked up once; False where there is none
+
+
+def _syncfs(directory: Path) -> bool:
+    """syncfs(2) of the file system holding ``directory`` (os.syncfs is not in Python 3.11);
+    False where libc has none. Raises OSError on a writeback error (Linux >= 5.8 reports them)."""
+    global _libc_syncfs
+    if _libc_syncfs is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _libc_syncfs = libc.syncfs
+            _libc_syncfs.argtypes = [ctypes.c_int]
+        except (OSError, AttributeError):
+            _libc_syncfs = False
+    if _libc_syncfs is False:
+        return False
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc_syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            if err == errno.ENOSYS:
+                _libc_syncfs = False
+                return False
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+    return True
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -35,6 +35,7 @@ import logging
 import secrets
 from typing import Any, Awaitable, Callable
 
+import msgspec
 import trio
 import xxhash
 import zmq
@@ -78,6 +79,7 @@ class StorageService:
             p.ReadChunkReq: self.handle_read_chunk,
             p.ReadChunksReq: self.handle_read_chunks,
             p.WriteChunkReq: self.handle_write_chunk,
+            p.WriteChunksReq: self.handle_write_chunks,
             p.DeleteChunksReq: self.handle_delete_chunks,
             p.SyncChunksReq: self.handle_sync_chunks,
             p.StatChunkReq: self.handle_stat_chunk,
@@ -96,7 +98,7 @@ class StorageService:
             log.warning("node %d: %s is not a storage node request", self.node_id, type(body).__name__)
             raise StripefsError(ErrorCode.UNKNOWN_MESSAGE, f"a storage node does not handle {type(body).__name__}")
         access.check(self.keyring, body, self.node_id, self.caps)
-        expected = 1 if type(body) is p.WriteChunkReq else 0  # ReadChunksReq: none either
+        expected = _payload_frames(body)  # ReadChunksReq: none
         if len(payloads) != expected:
             log.warning("node %d: refusing %s with %d payload frames", self.node_id, type(body).__name__, len(payloads))
             raise StripefsError(
@@ -198,6 +200,32 @@ class StorageService:
             truncate=req.truncate,
             sync=req.sync,
         )
+
+    async def handle_write_chunks(self, req: p.WriteChunksReq, payloads: list[memoryview]) -> p.WriteChunksRsp:
+        total = sum(len(d) for d in payloads)
+        if total > p.MAX_BATCH_WRITE_BYTES:
+            raise StripefsError(ErrorCode.BAD_REQUEST, f"{total} payload bytes in one batch; at most {p.MAX_BATCH_WRITE_BYTES}")
+        return p.WriteChunksRsp(results=await self._io(self._write_batch, req, payloads))
+
+    def _write_batch(self, req: p.WriteChunksReq, payloads: list[memoryview]) -> list[p.ChunkWritten]:
+        """Each write on its own (its error is its own answer), then one sync for those written."""
+        results: list[p.ChunkWritten] = []
+        for item, data in zip(req.writes, payloads):
+            try:
+                meta = self._check_and_write(msgspec.structs.replace(item, sync=False), data)
+            except StripefsError as exc:
+                if exc.code == ErrorCode.BAD_REQUEST:
+                    log.warning("node %d: refusing the write of chunk %s in a batch: %s", self.node_id, item.chunk, exc.message)
+                results.append(p.ChunkWritten(version=0, length=0, code=int(exc.code), message=exc.message))
+            else:
+                results.append(p.ChunkWritten(version=meta.version, length=meta.length))
+        written = [item.chunk for item, r in zip(req.writes, results) if not r.code]
+        if written and (req.sync or any(item.sync for item in req.writes)):
+            try:
+                self.store.sync_batch(written)
+            except StripefsError as exc:  # nothing written here is known durable: none of it succeeded
+                results = [r if r.code else p.ChunkWritten(version=0, length=0, code=int(exc.code), message=exc.message) for r in results]
+        return results
 
     async def handle_delete_chunks(self, req: p.DeleteChunksReq, payloads: list[memoryview]) -> p.DeleteChunksRsp:
         if req.max_versions and len(req.max_versions) != len(req.chunks):
@@ -306,6 +334,15 @@ class StorageService:
             usage.free_bytes,
         )
         return True
+
+
+def _payload_frames(body: p.Msg) -> int:
+    """How many payload frames a request must carry: one per chunk write."""
+    if type(body) is p.WriteChunkReq:
+        return 1
+    if type(body) is p.WriteChunksReq:
+        return len(body.writes)
+    return 0
 
 
 def _outcome(read, request: p.ReadChunkReq) -> tuple[p.ChunkRead, bytes] | None:

@@ -90,7 +90,7 @@ NAMED = {"create", "mknod", "mkdir", "symlink"}
 INO_FIELDS = {"ino", "parent", "new_parent", "parent_old", "parent_new", "shadow", "root"}
 NODE_FIELDS = {"node_id", "failed_node"}
 # the daemon serves these; the storage nodes serve the rest of P.Request
-STORAGE_TAGS = {"ping", "read_chunk", "read_chunks", "write_chunk", "delete_chunks", "sync_chunks", "stat_chunk", "node_stats",
+STORAGE_TAGS = {"ping", "read_chunk", "read_chunks", "write_chunk", "write_chunks", "delete_chunks", "sync_chunks", "stat_chunk", "node_stats",
                 "copy_chunk", "reconstruct_fragment", "verify_chunks", "list_chunks", "scrub_start"}
 REQUESTS = {cls.__struct_config__.tag: cls for cls in P.Request.__args__}
 # what the metadata daemon may never be asked by a stranger, however bogus the target
@@ -195,6 +195,12 @@ def hostile_message(draw, tags: list[str], real_inos: list[int]) -> list[bytes]:
     if body["t"] == "write_chunk" and draw(st.booleans()):  # a payload that passes its checksum: into the chunk store
         payloads = [draw(st.binary(max_size=70_000))]
         body["xxh3"] = xxhash.xxh3_64_intdigest(payloads[0])
+    writes = body.get("writes") if body["t"] == "write_chunks" else None
+    if isinstance(writes, list) and draw(st.booleans()):  # a payload per write, each passing its checksum
+        payloads = [draw(st.binary(max_size=20_000)) for _ in writes]
+        for write, data in zip(writes, payloads):
+            if isinstance(write, dict):
+                write["xxh3"] = xxhash.xxh3_64_intdigest(data)
     frame = bytearray(_encode(P.PROTOCOL_VERSION, request_id, body))
     if kind == 3 and frame:  # flipped bytes
         for _ in range(draw(st.integers(1, 4))):

@@ -122,14 +122,20 @@ async def test_a_subtree_key_needs_a_capability_for_every_chunk(tmp_path):
                 assert await _code(node.call(P.StatChunkReq(chunk=secret, cap=cap))) == ErrorCode.ACCESS
                 assert await _code(node.call(_write(secret, data, 9, cap=cap), [data])) == ErrorCode.ACCESS
                 assert await _code(node.call(P.SyncChunksReq(chunks=[secret], caps=[cap] if cap else []))) == ErrorCode.ACCESS
+                batch = P.WriteChunksReq(writes=[_write(secret, data, 9, cap=cap)], sync=True)
+                assert await _code(node.call(batch, [data])) == ErrorCode.ACCESS
             assert await _code(node.call(_write(secret, data, 9, cap=reader), [data])) == ErrorCode.ACCESS  # read cap, a write
             own = P.ChunkId(created.attr.ino, 0, 0)
             both = P.ReadChunksReq(reads=[P.ReadChunkReq(chunk=own, min_version=0, offset=0, length=10, cap=mine),
                                           P.ReadChunkReq(chunk=secret, min_version=0, offset=0, length=10, cap=mine)])
             assert await _code(node.call(both)) == ErrorCode.ACCESS  # one uncovered read refuses the batch
+            writes = P.WriteChunksReq(writes=[_write(own, data, 9, cap=mine), _write(secret, data, 9, cap=mine)])
+            assert await _code(node.call(writes, [data, data])) == ErrorCode.ACCESS  # one uncovered write refuses the batch
             assert await _code(meta.call(P.CapsReq(inos=[secret.ino]))) == ErrorCode.ACCESS  # no capability for outside
             # its own file: everything works with the capability the daemon gave
             await node.call(_write(own, b"team a data", 3, cap=mine), [b"team a data"])
+            rsp = (await node.call(P.WriteChunksReq(writes=[_write(own, b"team a data", 3, cap=mine)], sync=True), [b"team a data"]))[0]
+            assert [(r.code, r.length) for r in rsp.results] == [(0, len(b"team a data"))]
             got = (await node.call(P.ReadChunkReq(chunk=own, min_version=0, offset=0, length=100, cap=mine)))[1][0]
             assert bytes(got) == b"team a data"
             assert (await node.call(P.StatChunkReq(chunk=own, cap=mine)))[0].length == len(b"team a data")

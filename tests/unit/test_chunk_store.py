@@ -485,3 +485,96 @@ def test_replicas_from_before_slots_are_moved_once(tmp_path):
         assert _code(e) == ErrorCode.NOT_FOUND
         assert s.usage().chunks == 2
     assert (tmp_path / "slots").exists()
+
+
+def test_a_batch_is_made_durable_by_one_syncfs(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cs, "_libc_syncfs", lambda fd: calls.append(os.readlink(f"/proc/self/fd/{fd}")) or 0)
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        chunks = [ChunkId(100 + i, 0, 0) for i in range(5)]
+        for c in chunks:
+            s.write(c, 1, 0, 0, b"small file %d" % c.ino)  # new fan-out directories, not synced yet
+        assert s._unsynced_dirs
+        s.sync_batch(chunks)
+        assert calls == [str(tmp_path / "chunks")] and not s._unsynced_dirs  # one call, for the data file system
+        s.sync_batch([])
+        assert len(calls) == 1  # nothing written: nothing to sync
+
+
+def test_a_batch_falls_back_to_fsync_of_each_file_without_syncfs(tmp_path, monkeypatch):
+    monkeypatch.setattr(cs, "_libc_syncfs", False)
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        chunks = [ChunkId(100 + i, 0, 0) for i in range(3)]
+        for c in chunks:
+            s.write(c, 1, 0, 0, b"x")
+        synced = []
+        real = s.sync
+        monkeypatch.setattr(s, "sync", lambda cs_: synced.append(list(cs_)) or real(cs_))
+        s.sync_batch(chunks)
+        assert synced == [chunks] and not s._unsynced_dirs
+
+
+def test_a_failed_syncfs_is_an_io_error_and_keeps_the_directories_to_sync(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(cs, "_libc_syncfs", lambda fd: -1)
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        s.write(C, 1, 0, 0, b"x")
+        dirs = set(s._unsynced_dirs)
+        with pytest.raises(StripefsError) as e:
+            s.sync_batch([C])
+        assert _code(e) == ErrorCode.IO and "syncfs" in e.value.message
+        assert s._unsynced_dirs == dirs and "syncfs" in caplog.text
+
+
+def test_the_real_syncfs_runs(tmp_path):
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        s.write(C, 1, 0, 0, b"x")
+        s.sync_batch([C])
+        assert cs._syncfs(tmp_path) is True  # Linux with glibc: the batch path really uses it
+        assert s.read(C, 1, 0, 10) == (1, b"x")
+
+
+_BATCH_WRITER = textwrap.dedent(
+    """
+    import sys
+    from stripefs.common.protocol import ChunkId
+    from stripefs.storage_node.chunk_store import ChunkStore
+    store = ChunkStore(sys.argv[1], block_size=4096, reserved_space=0)
+    contents = [bytes([65]) * 90_000, bytes([66]) * 50_000 + bytes([67]) * 30_000]
+    chunks = [ChunkId(50 + i, 0, 0) for i in range(int(sys.argv[2]))]
+    i = 0
+    while True:  # as a WriteChunksReq with sync: every write without a sync, then one for the batch
+        for c in chunks:
+            store.write(c, 1, 0, 0, contents[i % 2], replace=True)
+        store.sync_batch(chunks)
+        if i == 0:
+            print("writing", flush=True)
+        i += 1
+    """
+)
+
+
+def test_kill_9_during_a_batch_leaves_each_chunk_old_or_new(tmp_path):
+    expected = {bytes([65]) * 90_000, bytes([66]) * 50_000 + bytes([67]) * 30_000}
+    chunks = [ChunkId(50 + i, 0, 0) for i in range(6)]
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        for c in chunks:
+            s.write(c, 1, 0, 0, bytes([65]) * 90_000)
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", _BATCH_WRITER, str(tmp_path), str(len(chunks))], stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout.readline() == b"writing\n"
+            time.sleep(rng.uniform(0, 0.05))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+        with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+            for c in chunks:
+                version, data = s.read(c, 1, 0, 1 << 20)  # verifies every block
+                assert data in expected, c
+                seen.add(bytes(data[:1]))
+                assert not [n for n in os.listdir(s.path(c).parent) if n.endswith(".tmp")]
+            assert s.usage().chunks == len(chunks)
+    assert seen == {b"A", b"B"}  # the kills landed between batches' writes, not only before the first

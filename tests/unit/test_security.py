@@ -118,7 +118,7 @@ def test_every_request_has_a_class():
     for kind in served:
         assert sum(kind in c for c in classes) == 1, kind.__name__
     node_classes = [node_access.READS, node_access.WRITES, node_access.ADMIN, node_access.META_ONLY]
-    node_kinds = {P.PingReq, P.ReadChunkReq, P.ReadChunksReq, P.WriteChunkReq, P.DeleteChunksReq, P.SyncChunksReq,
+    node_kinds = {P.PingReq, P.ReadChunkReq, P.ReadChunksReq, P.WriteChunkReq, P.WriteChunksReq, P.DeleteChunksReq, P.SyncChunksReq,
                   P.StatChunkReq, P.NodeStatsReq, P.CopyChunkReq, P.ReconstructFragmentReq, P.VerifyChunksReq,
                   P.ListChunksReq, P.ScrubStartReq}
     for kind in node_kinds:

@@ -207,6 +207,88 @@ async def test_batched_reads_answer_each_read_on_its_own(ctx, node_address):
         assert await _code_of(node.call(too_many)) == ErrorCode.BAD_REQUEST
 
 
+async def test_batched_writes_answer_each_write_on_its_own(ctx, node_address):
+    base = 5000 + hash(node_address) % 1000
+    chunks = [p.ChunkId(base + i, 0, 0) for i in range(4)]
+    blobs = [os.urandom(30_000 + i) for i in range(4)]
+    async with connect(ctx, node_address, timeout=10) as node:
+        writes = [p.WriteChunkReq(chunk=c, version=3, base_version=0, offset=0, xxh3=_h(d), replace=True) for c, d in zip(chunks, blobs)]
+        writes[1] = msgspec.structs.replace(writes[1], xxh3=_h(b"something else"))  # damaged in flight: nothing of it written
+        writes[2] = msgspec.structs.replace(writes[2], replace=False, base_version=2, version=4)  # no copy at version 2: STALE
+        writes.append(p.WriteChunkReq(chunk=chunks[0], version=3, base_version=3, offset=40_000, xxh3=_h(b"tail")))  # after item 0
+        rsp, payloads = await node.call(p.WriteChunksReq(writes=writes, sync=True), [*blobs, b"tail"])
+        assert payloads == []
+        assert [r.code for r in rsp.results] == [0, ErrorCode.BAD_REQUEST, ErrorCode.STALE, 0, 0]
+        assert [(r.version, r.length) for r in rsp.results if not r.code] == [(3, 30_000), (3, 30_003), (3, 40_004)]
+        assert "xxh3" in rsp.results[1].message
+        for c in chunks[1:3]:
+            assert await _code_of(node.call(p.StatChunkReq(chunk=c))) == ErrorCode.NOT_FOUND
+        _, got = await node.call(p.ReadChunkReq(chunk=chunks[0], min_version=3, offset=0, length=1 << 20))
+        assert bytes(got[0]) == blobs[0] + bytes(10_000) + b"tail"
+        _, got = await node.call(p.ReadChunkReq(chunk=chunks[3], min_version=3, offset=0, length=1 << 20))
+        assert bytes(got[0]) == blobs[3]
+
+
+async def test_a_malformed_batch_of_writes_is_refused_whole(ctx, node_address):
+    c = p.ChunkId(6000 + hash(node_address) % 1000, 0, 0)
+    write = p.WriteChunkReq(chunk=c, version=1, base_version=0, offset=0, xxh3=_h(b"x"), replace=True)
+    async with connect(ctx, node_address, timeout=10) as node:
+        assert await _code_of(node.call(p.WriteChunksReq(writes=[write, write]), [b"x"])) == ErrorCode.BAD_REQUEST  # a frame short
+        too_many = p.WriteChunksReq(writes=[write] * (p.MAX_BATCH_WRITES + 1))
+        # (its 65 payload frames would be more than a message may carry: refused before decoding, unanswerable)
+        assert await _code_of(node.call(too_many, [b"x"] * p.MAX_BATCH_WRITES)) == ErrorCode.BAD_REQUEST
+        big = os.urandom(4 << 20)
+        heavy = [p.WriteChunkReq(chunk=p.ChunkId(c.ino, i, 0), version=1, base_version=0, offset=0, xxh3=_h(big), replace=True)
+                 for i in range(p.MAX_BATCH_WRITE_BYTES // len(big) + 1)]
+        assert await _code_of(node.call(p.WriteChunksReq(writes=heavy), [big] * len(heavy))) == ErrorCode.BAD_REQUEST
+        for i in range(len(heavy)):
+            assert await _code_of(node.call(p.StatChunkReq(chunk=p.ChunkId(c.ino, i, 0)))) == ErrorCode.NOT_FOUND
+        rsp, _ = await node.call(p.WriteChunksReq(writes=[]))  # nothing to do is not an error
+        assert rsp.results == []
+
+
+async def test_a_batch_whose_sync_fails_answers_io_for_every_write_it_covered(ctx, nursery, tmp_path, monkeypatch):
+    config = _config(tmp_path / "data")
+    os.makedirs(config.data_dir)
+    store = ChunkStore(config.data_dir, block_size=config.block_size, reserved_space=0, node_id=NODE_ID)
+    await nursery.start(StorageService(config, store, ctx=ctx).run)
+    synced = []
+
+    def failing_sync(chunks):
+        synced.append(list(chunks))
+        raise StripefsError(ErrorCode.IO, "syncfs failed: Input/output error")
+
+    monkeypatch.setattr(store, "sync_batch", failing_sync)
+    good, stale = p.ChunkId(1, 0, 0), p.ChunkId(2, 0, 0)
+    writes = [p.WriteChunkReq(chunk=good, version=1, base_version=0, offset=0, xxh3=_h(b"a"), replace=True),
+              p.WriteChunkReq(chunk=stale, version=2, base_version=1, offset=0, xxh3=_h(b"b"))]
+    async with connect(ctx, config.listen, timeout=10) as node:
+        rsp, _ = await node.call(p.WriteChunksReq(writes=writes), [b"a", b"b"])
+        assert [r.code for r in rsp.results] == [0, ErrorCode.STALE] and synced == []  # no sync asked: none made
+        rsp, _ = await node.call(p.WriteChunksReq(writes=[msgspec.structs.replace(writes[0], sync=True), writes[1]]), [b"a", b"b"])
+        assert [r.code for r in rsp.results] == [ErrorCode.IO, ErrorCode.STALE]  # an item asking sync asks it for the batch
+        assert synced == [[good]] and "syncfs" in rsp.results[0].message
+    store.close()
+
+
+async def test_the_node_pool_sends_many_writes_in_bounded_batches(ctx, node_address, nursery):
+    from stripefs.client.data_rpc import NodePool
+
+    base = 7000 + hash(node_address) % 1000
+    nodes = NodePool(ctx, nursery, timeout=10, read_timeout=10)
+    nodes.learn([p.NodeAddr(NODE_ID, node_address)])
+    blobs = [os.urandom(1000 + i) for i in range(p.MAX_BATCH_WRITES + 6)]
+    writes = [(p.WriteChunkReq(chunk=p.ChunkId(base, i, 0), version=2, base_version=0, offset=0, xxh3=_h(d), replace=True), d)
+              for i, d in enumerate(blobs)]
+    writes[5] = (msgspec.structs.replace(writes[5][0], base_version=1, replace=False), blobs[5])  # STALE: only this one
+    results = await nodes.write_many(NODE_ID, writes, sync=True)
+    assert len(results) == len(writes)
+    assert isinstance(results[5], StripefsError) and results[5].code == ErrorCode.STALE
+    assert all((r.version, r.length) == (2, len(d)) for i, (r, d) in enumerate(zip(results, blobs)) if i != 5)
+    last = len(blobs) - 1
+    assert bytes(await nodes.read(NODE_ID, p.ChunkId(base, last, 0), 2, 0, 1 << 20, last_try=True)) == blobs[last]
+
+
 async def test_a_corrupt_copy_in_a_batch_is_reported_like_a_single_read(ctx, nursery, tmp_path):
     config = _config(tmp_path / "data")
     os.makedirs(config.data_dir)
@@ -266,6 +348,10 @@ _BAD_INPUT = {
         {ErrorCode.BAD_REQUEST},
     ),
     "negative chunk id": ([p.encode(20, p.StatChunkReq(chunk=p.ChunkId(-1, 0, 0)))], {ErrorCode.BAD_REQUEST}),
+    "batch of writes without payloads": ([p.encode(22, p.WriteChunksReq(writes=[_GOOD_WRITE]))], {ErrorCode.BAD_REQUEST}),
+    "batch of writes with a wrong field": (
+        [_raw(1, 23, {"t": "write_chunks", "writes": [{"chunk": "x"}]}), b""], {ErrorCode.BAD_REQUEST},
+    ),
     "write past 64 MiB": (
         [p.encode(21, p.WriteChunkReq(chunk=p.ChunkId(3, 0, 0), version=1, base_version=0, offset=64 << 20, xxh3=_h(b"x"))), b"x"],
         {ErrorCode.BAD_REQUEST},
