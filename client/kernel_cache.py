@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 
 #: how many recent changes ``changed_since`` remembers one by one
 _RECENT_CHANGES = 65536
+#: names of files the kernel forgot that the mount keeps answering LOOKUP from (``lookup_kept``)
+_KEPT_NAMES = 262_144
 
 
 class KernelCache:
@@ -79,6 +81,9 @@ class KernelCache:
         self.map_event = lambda inodes, entries: (inodes, entries)  # a subdir mount's (client/subtree.py)
         self._names: dict[tuple[int, bytes], int] = {}  # names the kernel knows: (parent, name) -> ino
         self._names_of: dict[int, list[tuple[int, bytes]]] = {}  # ino -> its known names
+        # names the kernel forgot (FORGET: memory pressure, drop_caches) of files this mount still
+        # holds under callbacks: (parent, name) -> ino, the oldest dropped first (``lookup_kept``)
+        self._kept: OrderedDict[tuple[int, bytes], int] = OrderedDict()
         self._clock = 0  # counts applied changes, locally
         self._floor = 0  # changes at or before this are not remembered one by one
         self._recent: OrderedDict[int, int] = OrderedDict()  # ino -> clock of its last change
@@ -123,15 +128,36 @@ class KernelCache:
         if self._names.get(key) == ino:
             return
         with self.state_lock:
+            self._kept.pop(key, None)
             self._names[key] = ino
             self._names_of.setdefault(ino, []).append(key)
 
     def forget(self, ino: int) -> None:
-        """The kernel forgot ``ino`` (FORGET with its lookup count at zero)."""
+        """The kernel forgot ``ino`` (FORGET with its lookup count at zero). Its names stay known
+        (``lookup_kept``) while this mount holds the file and the name under callbacks."""
         with self.state_lock:
+            held = ino in self.grants
             for key in self._names_of.pop(ino, ()):
                 if self._names.get(key) == ino:
                     del self._names[key]
+                    if held and self._name_held(key):
+                        self._kept[key] = ino
+            while len(self._kept) > _KEPT_NAMES:
+                self._kept.popitem(last=False)
+
+    def _name_held(self, key: tuple[int, bytes]) -> bool:
+        return key in self.grants or ("dir", key[0]) in self.grants
+
+    def lookup_kept(self, parent: int, name: bytes) -> int | None:
+        """The inode of a name the kernel forgot, while this mount still holds it and the file
+        under callbacks (a change of either elsewhere ends the grant first, an event naming the
+        entry drops it here): a LOOKUP after drop_caches or memory pressure is answered from memory
+        (client/operations.py ``_fast_lookup``) instead of asking the daemon."""
+        key = (parent, name)
+        ino = self._kept.get(key)
+        if ino is None or ino not in self.grants or not self._name_held(key):
+            return None
+        return ino
 
     def drop_name(self, parent: int, name: bytes) -> None:
         """Make the kernel forget ``name`` soon (from the flusher, never inside a request): a name
@@ -150,6 +176,7 @@ class KernelCache:
         or moved it itself, and a LOOKUP of it must not be answered from what it named
         (Operations._fast_lookup). The inode stays known while the kernel holds it."""
         with self.state_lock:
+            self._kept.pop((parent, name), None)
             ino = self._names.pop((parent, name), None)
             keys = self._names_of.get(ino) if ino is not None else None
             if keys is not None and (parent, name) in keys:
@@ -263,6 +290,9 @@ class KernelCache:
             if seq:
                 self._seq = seq
             mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
+            if not mine:  # a name changed elsewhere: what was kept of it is not known any more (its own
+                for e in entries:  # removals dropped theirs when answered: ``name_gone``)
+                    self._kept.pop(tuple(e), None)
             if seq and not mine:
                 self._others_seq = seq
             kept = mine and not entries  # its own commit or setattr: it keeps its holdings of the files
@@ -335,6 +365,7 @@ class KernelCache:
             inodes = list(self._names_of) + [ROOT_ID]
             self._names.clear()
             self._names_of.clear()
+            self._kept.clear()
             had_grants = bool(self.grants)
             self.grants.clear()
             self._others_seq = max(self._others_seq, self._seq, floor or 0)  # unseen changes: anyone's

@@ -331,8 +331,14 @@ class Operations:
             # the mount holds: what the kernel kept until now is still true (the feed, or the
             # callback, would have dropped the name and the attributes together)
             ino = self.kcache.lookup_known(parent_inode, name)
+            kept = False
+            if ino is None:  # the kernel forgot it (drop_caches, memory pressure), the mount did not
+                ino = self.kcache.lookup_kept(parent_inode, name)
+                kept = True
             attr = self._held_long(ino) if ino is not None else None
             if attr is not None:
+                if kept:
+                    self.kcache.remember(parent_inode, name, ino)
                 return self._encoded(attr, self._entry_bytes, encode_entry)
         return _SLOW
 

@@ -715,6 +715,13 @@ def test_a_stat_of_files_this_mount_just_wrote_asks_nothing(cluster, mnt, second
     before = _lookups(port) + _lookups(port, "GetattrReq")
     assert [os.stat(mine / f"f{i}").st_size for i in range(20)] == list(range(20))
     assert _lookups(port) + _lookups(port, "GetattrReq") - before == 0, "a stat of a file written here asked the daemon"
+    fd = os.open(mine, os.O_RDONLY)  # keeps the directory's own dentry (it was made elsewhere's parent)
+    try:
+        drop_caches()  # the kernel forgets the files' names and inodes; the mount, holding them, does not
+        assert [os.stat(f"f{i}", dir_fd=fd).st_size for i in range(20)] == list(range(20))
+    finally:
+        os.close(fd)
+    assert _lookups(port) + _lookups(port, "GetattrReq") - before == 0, "a cold stat of a held file asked the daemon"
     (mnt / "written" / "f3").write_bytes(b"changed elsewhere")
     assert os.stat(mine / "f3").st_size == len(b"changed elsewhere")
     assert (mine / "f3").read_bytes() == b"changed elsewhere"

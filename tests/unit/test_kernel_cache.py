@@ -42,6 +42,38 @@ def test_names_are_remembered_and_forgotten():
     assert cache.lookup_known(2, b"c") == 11
 
 
+async def test_a_name_the_kernel_forgot_is_kept_while_the_mount_holds_it(monkeypatch):
+    """After FORGET (drop_caches, memory pressure) a held name still answers a LOOKUP from memory
+    (``lookup_kept``); not once its grant, the file's or the directory's, ended, an event named it,
+    this mount removed it, or the feed dropped everything."""
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: None)
+    cache = kc.KernelCache()
+    cache.own_writer = 77
+
+    async def send_ack(seq, everything, opened):
+        pass
+
+    cache.send_ack = send_ack
+    for ino in (10, 11, 12, 13, 14):
+        cache.remember(1, b"f%d" % ino, ino)
+        cache.granted(ino, 1, b"f%d" % ino, seq=5)
+    cache.remember(2, b"loose", 20)  # looked up, never held
+    for ino in (10, 11, 12, 13, 14, 20):
+        cache.forget(ino)
+    assert [cache.lookup_kept(1, b"f%d" % ino) for ino in (10, 11, 12, 13, 14)] == [10, 11, 12, 13, 14]
+    assert cache.lookup_known(1, b"f10") is None and cache.lookup_kept(2, b"loose") is None
+
+    cache.apply([11], [], seq=6, writer=99)  # another mount changed f11: its grant ends
+    cache.apply([], [(1, b"f12")], seq=7, writer=99)  # and renamed f12 away
+    cache.name_gone(1, b"f13")  # this mount unlinked f13
+    cache.apply([], [(1, b"f14")], seq=8, writer=77)  # the feed's event of this mount's own create of f14
+    assert [cache.lookup_kept(1, b"f%d" % ino) for ino in (10, 11, 12, 13, 14)] == [10, None, None, None, 14]
+    cache.remember(1, b"f10", 10)  # answered again: the kernel knows it
+    assert cache.lookup_known(1, b"f10") == 10 and cache.lookup_kept(1, b"f10") is None
+    await cache.drop_all("test")
+    assert cache.lookup_kept(1, b"f14") is None
+
+
 async def test_a_reply_that_raced_a_change_is_not_cached_long(monkeypatch):
     calls = []
     monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), names)))
