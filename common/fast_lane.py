@@ -14,14 +14,18 @@ runs its ROUTER in a thread of its own::
               serve() under trio, as before (every other request)
 
 The lane offers each request to ``fast`` (the service's ``handle_now``: a small
-read from the page cache, or from the disk while nothing else waits) and
+read from the page cache, or from the disk while nothing else waits; a small
+write, delete, stat or sync that need not wait for another thread) and
 forwards the rest, with the sender's CURVE key as a frame of its own (the key
 is a property of the received message and does not survive a forward), to
 ``serve(..., keyed=True)`` over an inproc PAIR; replies come back the same way
 and go out on the ROUTER. Admission limits, timeouts and error answers stay in
 ``serve()``; a forward the inner pipe cannot take at once is answered BUSY, so
 the lane never blocks. ``fast`` runs on the lane thread: it must be
-thread-safe, as everything a worker thread touches already is.
+thread-safe, as everything a worker thread touches already is, and bounded
+(serve()'s timeout cannot cut it short). It may answer an error (an ErrorRsp:
+counted in the request-error metric as serve() counts it); an exception is a
+bug, logged, and the usual path answers the request.
 
 Every reply leaves through the lane, which counts what each peer's connection
 has not taken yet (``limits.ReplyQueues``): a peer at ``per_peer_reply_bytes``
@@ -39,10 +43,10 @@ import time
 import trio
 import zmq
 
-from . import limits, protocol, security
+from . import limits, metrics, protocol, security
 from .errors import ErrorCode
 from .limits import ReplyQueues
-from .transport import FastHandler, Handler, observe_served, new_socket, open_socket, serve
+from .transport import FastHandler, Handler, _code_name, observe_served, new_socket, open_socket, serve
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +107,18 @@ class _Lane:
             return False
         if result is None:
             return False
-        observe_served(self.name, body, payloads, result, time.perf_counter() - started)
         reply, out = result if isinstance(result, tuple) else (result, ())
-        self._send(frames[0].bytes, [frames[0], protocol.encode(request_id, reply), *out])
+        if isinstance(reply, protocol.ErrorRsp):  # an error answered here is counted as serve() counts it
+            log.debug("%s: %s (request %d) -> %s", self.name, protocol.kind(body), request_id, reply.message)
+            metrics.REQUEST_ERRORS.labels(self.name, protocol.kind(body), _code_name(reply.code)).inc()
+        else:
+            observe_served(self.name, body, payloads, result, time.perf_counter() - started)
+        try:
+            header = protocol.encode(request_id, reply)
+        except (TypeError, ValueError, OverflowError) as exc:  # a value the wire cannot carry: a bug, as in serve()
+            log.error("%s: cannot encode %s for request %d: %s", self.name, type(reply).__name__, request_id, exc)
+            header, out = protocol.encode(request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"unencodable reply: {exc}")), ()
+        self._send(frames[0].bytes, [frames[0], header, *out])
         return True
 
     def _send(self, identity: bytes, frames: list) -> None:

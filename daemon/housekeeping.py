@@ -41,8 +41,10 @@ log = logging.getLogger(__name__)
 GC_BATCH = 1000
 GC_INTERVAL_S = 1.0
 #: after a wake (an unlink, a truncate...), wait this long for more garbage before a round: one
-#: DeleteChunksReq per node and one commit for a burst, not per unlink (1.6 of each per unlink before)
-GC_COALESCE_S = 0.05
+#: DeleteChunksReq per node and one commit for a burst, not per unlink (1.6 of each per unlink before).
+#: 0.05 s made a round per few truncates under the data-path model tester: 0.43 DeleteChunksReq per
+#: EC operation and ~0.4 ms of daemon CPU per operation; 0.5 s: 0.09 per operation (issue 35)
+GC_COALESCE_S = 0.5
 GC_RPC_TIMEOUT_S = 10.0
 TRIM_INTERVAL_S = 30.0
 

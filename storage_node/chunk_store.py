@@ -41,7 +41,9 @@ written without ``sync`` are not durable before it anyway).
 Concurrency: calls may come from many threads at once. Writes and deletes of
 one chunk are serialised by a per-chunk lock (read-merge-rename is otherwise a
 lost update); reads take no lock, because a reader's open file descriptor keeps
-the file it opened, old or new, whole.
+the file it opened, old or new, whole. A caller that must not wait (the node's
+fast lane) writes with ``wait=False`` and ``max_bytes`` and asks ``busy`` before
+a delete: it never waits behind a worker thread's write of the same chunk.
 
 Space: ``used`` is the sum of the chunk file sizes, counted by a scan at
 startup and kept up to date by writes and deletes. A write is refused with
@@ -280,18 +282,31 @@ class ChunkStore:
         return self._dir(chunk.ino, chunk.index) / file_name(chunk)
 
     @contextmanager
-    def _chunk_lock(self, chunk: ChunkId) -> Iterator[None]:
+    def _chunk_lock(self, chunk: ChunkId, wait: bool = True) -> Iterator[None]:
+        """The chunk's write lock; ``wait=False``: BlockingIOError when another thread holds it (the
+        fast lane's caller then hands the request to a worker thread, which may wait)."""
         with self._locks_guard:
             slot = self._locks.setdefault(chunk, [threading.Lock(), 0])
             slot[1] += 1
         try:
-            with slot[0]:
+            if not slot[0].acquire(blocking=wait):
+                raise BlockingIOError(f"chunk {chunk} is being written by another thread")
+            try:
                 yield
+            finally:
+                slot[0].release()
         finally:
             with self._locks_guard:
                 slot[1] -= 1
                 if not slot[1]:
                     del self._locks[chunk]
+
+    def busy(self, chunks: Sequence[ChunkId]) -> bool:
+        """Whether a thread is writing or deleting a copy of any of ``chunks``' (ino, index) right now
+        (any part): a delete that would wait for it is left to a worker thread (service.py)."""
+        wanted = {(c.ino, c.index) for c in chunks}
+        with self._locks_guard:
+            return any((c.ino, c.index) in wanted for c in self._locks)
 
     # -- reading --------------------------------------------------------------
 
@@ -429,12 +444,19 @@ class ChunkStore:
         truncate: int = -1,
         sync: bool = False,
         if_newer: bool = False,
+        max_bytes: int | None = None,
+        wait: bool = True,
     ) -> ChunkMeta:
         """Apply one WriteChunkReq (see its docstring); returns the stored (version, length).
 
         ``if_newer`` (with ``replace``; a repair copy): keep a stored copy that is
         at least ``version`` and return it instead; checked under the chunk's lock,
         so a writer's newer copy is never overwritten by an older one.
+
+        For a caller that must not wait (the fast lane, service.py): ``max_bytes``: BlockingIOError,
+        before anything is written, when the new content would be larger (known for a merge once
+        the old copy's header is read); ``wait=False``: BlockingIOError when another thread holds
+        the chunk's lock. Either way the caller retries in a worker thread.
         """
         _check_chunk_id(chunk)
         data = memoryview(data)
@@ -448,8 +470,10 @@ class ChunkStore:
             raise _bad_request(f"write of chunk {chunk}: replace at offset {offset}, must be 0")
         if truncate < -1 or truncate > MAX_CHUNK_SIZE:
             raise _bad_request(f"write of chunk {chunk}: truncate {truncate} outside -1..{MAX_CHUNK_SIZE}")
+        if max_bytes is not None and max(offset + len(data), truncate) > max_bytes:
+            raise BlockingIOError("a large write: for a worker thread")
         path = self.path(chunk)
-        with self._chunk_lock(chunk):
+        with self._chunk_lock(chunk, wait):
             try:
                 old_size = os.stat(path).st_size
             except FileNotFoundError:
@@ -460,7 +484,7 @@ class ChunkStore:
                     return self.stat(chunk)
                 content: memoryview | bytearray = data
             else:
-                old_version, content = self._merge(chunk, version, base_version, offset, data, truncate, old_size >= 0)
+                old_version, content = self._merge(chunk, version, base_version, offset, data, truncate, old_size >= 0, max_bytes)
             if truncate >= 0 and len(content) != truncate:
                 if len(content) > truncate:
                     content = content[:truncate]
@@ -490,7 +514,8 @@ class ChunkStore:
             raise
 
     def _merge(
-        self, chunk: ChunkId, version: int, base_version: int, offset: int, data: memoryview, truncate: int, exists: bool
+        self, chunk: ChunkId, version: int, base_version: int, offset: int, data: memoryview, truncate: int, exists: bool,
+        max_bytes: int | None = None,
     ) -> tuple[int, memoryview | bytearray]:
         """The version the write builds on and the merged content of a partial write.
 
@@ -528,6 +553,8 @@ class ChunkStore:
                 keep = hdr.length if truncate < 0 else min(hdr.length, truncate)
                 if offset == 0 and end >= keep:  # the old bytes that survive are all overwritten
                     return base, data
+                if max_bytes is not None and keep > max_bytes:
+                    raise BlockingIOError("a merge into a large chunk: for a worker thread")
                 old = b""
                 if hdr.length:
                     old, _ = self._read_blocks(fd, source, hdr, head, 0, hdr.length)

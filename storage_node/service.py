@@ -8,13 +8,32 @@ never block the event loop of a busy node. Payload checksums (xxh3 of the
 frame) are checked and computed in the same worker call. A cancelled request
 lets its worker finish: a chunk write is never abandoned halfway.
 
-Small reads never reach the event loop: the ROUTER socket belongs to a fast
-lane thread (common/fast_lane.py) where ``handle_now`` answers a read of a
-chunk holding at most ``INLINE_READ_MAX`` bytes, from the page cache
-(``RWF_NOWAIT``) or, when no other request waits or runs, from the disk (a
-reader walking small files one at a time: nobody waits behind it); anything
-else goes on to ``serve()``. Node CPU per warm small read on each of those
-paths: bench/README.md, "Transport measurements".
+Small requests never reach the event loop: the ROUTER socket belongs to a fast
+lane thread (common/fast_lane.py) where ``handle_now`` answers
+
+* a read of a chunk holding at most ``INLINE_READ_MAX`` bytes, from the page
+  cache (``RWF_NOWAIT``) or, when no other request waits or runs, from the disk
+  (a reader walking small files one at a time: nobody waits behind it);
+* a write whose chunk stays within ``INLINE_WRITE_MAX`` bytes (page-cache
+  writes: below direct_io's threshold), when no other thread holds the chunk's
+  lock; one that asks for ``sync`` only when no other request waits;
+* a delete of at most ``INLINE_BATCH_MAX`` chunks none of which a thread is
+  writing, a stat, and a sync of at most that many chunks when no other request
+  waits.
+
+Anything else goes on to ``serve()``, which runs it in a worker thread. Under
+trio a write cost the node about as much CPU again as the write itself (a task,
+a limiter, a thread hand-off each way, a wake-up of the loop; docs/design.md,
+"The storage node's write path"). The lane checks what ``handle`` checks
+(``_check``: the request type, access, payload frames) and answers errors the
+same way (an ErrorRsp with the StripefsError's code; a bad request is logged).
+Everything it runs is bounded (a chunk of ``INLINE_WRITE_MAX``, a batch of
+``INLINE_BATCH_MAX``) and never waits for another thread, so ``serve()``'s
+request timeout has nothing to cut short there; its admission limits are not
+needed for one request at a time, and the per-peer reply limit is the lane's
+(``ReplyQueues``). The client sees no new reordering: ``serve()`` too runs a
+peer's concurrent requests in any order. Node CPU per warm small read on each
+of the read paths: bench/README.md, "Transport measurements".
 
 Beside the server runs one heartbeat task per metadata daemon address::
 
@@ -58,6 +77,10 @@ log = logging.getLogger(__name__)
 
 #: reads of chunks holding up to this much are tried on the event loop before a worker thread (_read_inline)
 INLINE_READ_MAX = 1 << 20
+#: writes whose chunk (payload, merged old bytes) stays within this are done on the fast lane (handle_now)
+INLINE_WRITE_MAX = 512 << 10
+#: deletes and syncs of at most this many chunks are done on the fast lane
+INLINE_BATCH_MAX = 64
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
@@ -87,12 +110,32 @@ class StorageService:
         }
         self.healing = Healing(config, store, self._ctx, self._io)  # peer copies, scrub, bad copies (healing.py)
         self._handlers.update(self.healing.handlers())
+        #: what handle_now does on the lane thread besides small reads: (request, its payload, waiting) -> reply or None
+        self._now: dict[type, Callable[[Any, memoryview | None, bool], Any]] = {
+            p.WriteChunkReq: self._write_now,
+            p.DeleteChunksReq: self._delete_now,
+            p.SyncChunksReq: self._sync_now,
+            p.StatChunkReq: self._stat_now,
+        }
         self.keyring = None  # with CURVE: the keys allowed in (storage_node/access.py)
         self.caps = None  # with cap_secret: checks subtree keys' capabilities (common/capability.py)
 
     # -- requests -------------------------------------------------------------
 
     async def handle(self, body: p.Msg, payloads: list[memoryview]):
+        handler = self._check(body, payloads)
+        self._busy += 1
+        try:
+            return await handler(body, payloads)
+        except StripefsError as exc:
+            self._refused(body, exc)
+            raise
+        finally:
+            self._busy -= 1
+
+    def _check(self, body: p.Msg, payloads: list[memoryview]):
+        """The handler of a request this sender may send with these payload frames; else the
+        StripefsError to answer (UNKNOWN_MESSAGE, ACCESS, READ_ONLY, BAD_REQUEST), logged."""
         handler = self._handlers.get(type(body))
         if handler is None:
             log.warning("node %d: %s is not a storage node request", self.node_id, type(body).__name__)
@@ -104,19 +147,30 @@ class StorageService:
             raise StripefsError(
                 ErrorCode.BAD_REQUEST, f"{type(body).__name__} takes {expected} payload frames, got {len(payloads)}"
             )
-        self._busy += 1
-        try:
-            return await handler(body, payloads)
-        except StripefsError as exc:
-            if exc.code == ErrorCode.BAD_REQUEST:  # bad input always leaves a log line
-                log.warning("node %d: refusing %s: %s", self.node_id, type(body).__name__, exc.message)
-            raise
-        finally:
-            self._busy -= 1
+        return handler
+
+    def _refused(self, body: p.Msg, exc: StripefsError) -> None:
+        if exc.code == ErrorCode.BAD_REQUEST:  # bad input always leaves a log line
+            log.warning("node %d: refusing %s: %s", self.node_id, type(body).__name__, exc.message)
 
     def handle_now(self, body: p.Msg, payloads: list[memoryview], *, waiting: bool = False):
-        """The fast lane's handler (common/fast_lane.py, on its thread): a small read answered at once
-        (``_read_inline``; from the disk only while no other request waits: ``waiting``), else None."""
+        """The fast lane's handler (common/fast_lane.py, on its thread; ``waiting``: more requests are
+        queued on the socket): a small read, write, delete, stat or sync answered at once, its
+        error answered as ``serve()`` would (an ErrorRsp); None: ``serve()`` runs it in a worker
+        thread (a large chunk, a lock held by another thread, a sync while others wait)."""
+        now = self._now.get(type(body))
+        if now is not None:
+            try:
+                self._check(body, payloads)  # logs its refusals itself
+            except StripefsError as exc:
+                return p.ErrorRsp(code=int(exc.code), message=exc.message)
+            try:
+                return now(body, payloads[0] if payloads else None, waiting)
+            except BlockingIOError:
+                return None  # it would wait: a worker thread does it
+            except StripefsError as exc:
+                self._refused(body, exc)
+                return p.ErrorRsp(code=int(exc.code), message=exc.message)
         if type(body) is not p.ReadChunkReq or payloads:
             return None
         try:
@@ -184,7 +238,15 @@ class StorageService:
         meta = await self._io(self._check_and_write, req, payloads[0])
         return p.WriteChunkRsp(version=meta.version, length=meta.length)
 
-    def _check_and_write(self, req: p.WriteChunkReq, data: memoryview):
+    def _write_now(self, req: p.WriteChunkReq, data: memoryview, waiting: bool) -> p.WriteChunkRsp | None:
+        if (req.sync and waiting) or len(data) > INLINE_WRITE_MAX:
+            return None
+        meta = self._check_and_write(req, data, max_bytes=INLINE_WRITE_MAX, wait=False)
+        return p.WriteChunkRsp(version=meta.version, length=meta.length)
+
+    def _check_and_write(self, req: p.WriteChunkReq, data: memoryview, **now: Any):
+        """Check the payload's checksum and write it (``now``: the fast lane's ``max_bytes`` and
+        ``wait=False``, ChunkStore.write)."""
         digest = _xxh3(data)
         if digest != req.xxh3:  # damaged in flight, or a client bug: write nothing
             raise StripefsError(
@@ -199,6 +261,7 @@ class StorageService:
             replace=req.replace,
             truncate=req.truncate,
             sync=req.sync,
+            **now,
         )
 
     async def handle_write_chunks(self, req: p.WriteChunksReq, payloads: list[memoryview]) -> p.WriteChunksRsp:
@@ -228,9 +291,17 @@ class StorageService:
         return results
 
     async def handle_delete_chunks(self, req: p.DeleteChunksReq, payloads: list[memoryview]) -> p.DeleteChunksRsp:
-        if req.max_versions and len(req.max_versions) != len(req.chunks):
-            raise StripefsError(ErrorCode.BAD_REQUEST, f"{len(req.max_versions)} max_versions for {len(req.chunks)} chunks")
-        deleted = await self._io(self.store.delete, req.chunks, req.all_parts, req.max_versions)
+        _check_delete(req)
+        return await self._io(self._delete, req)
+
+    def _delete_now(self, req: p.DeleteChunksReq, data: None, waiting: bool) -> p.DeleteChunksRsp | None:
+        _check_delete(req)
+        if len(req.chunks) > INLINE_BATCH_MAX or self.store.busy(req.chunks):
+            return None  # long, or it would wait for a write of one of them
+        return self._delete(req)
+
+    def _delete(self, req: p.DeleteChunksReq) -> p.DeleteChunksRsp:
+        deleted = self.store.delete(req.chunks, req.all_parts, req.max_versions)
         log.info("node %d: deleted %d chunk files for %d chunk ids", self.node_id, deleted, len(req.chunks))
         return p.DeleteChunksRsp(deleted=deleted)
 
@@ -238,8 +309,17 @@ class StorageService:
         await self._io(self.store.sync, req.chunks)
         return p.OkRsp()
 
+    def _sync_now(self, req: p.SyncChunksReq, data: None, waiting: bool) -> p.OkRsp | None:
+        if waiting or len(req.chunks) > INLINE_BATCH_MAX:
+            return None  # fsyncs take the disk's time: not while others wait behind them
+        self.store.sync(req.chunks)
+        return p.OkRsp()
+
     async def handle_stat_chunk(self, req: p.StatChunkReq, payloads: list[memoryview]) -> p.StatChunkRsp:
-        meta = await self._io(self.store.stat, req.chunk)
+        return await self._io(self._stat_now, req, None, False)
+
+    def _stat_now(self, req: p.StatChunkReq, data: None, waiting: bool) -> p.StatChunkRsp:
+        meta = self.store.stat(req.chunk)
         return p.StatChunkRsp(version=meta.version, length=meta.length)
 
     async def handle_node_stats(self, req: p.NodeStatsReq, payloads: list[memoryview]) -> p.NodeStatsRsp:
@@ -343,6 +423,11 @@ def _payload_frames(body: p.Msg) -> int:
     if type(body) is p.WriteChunksReq:
         return len(body.writes)
     return 0
+
+
+def _check_delete(req: p.DeleteChunksReq) -> None:
+    if req.max_versions and len(req.max_versions) != len(req.chunks):
+        raise StripefsError(ErrorCode.BAD_REQUEST, f"{len(req.max_versions)} max_versions for {len(req.chunks)} chunks")
 
 
 def _outcome(read, request: p.ReadChunkReq) -> tuple[p.ChunkRead, bytes] | None:

@@ -82,17 +82,20 @@ class Rig:
                     raise
                 await trio.sleep(0.05)
 
-    def stop_node(self, node_id: int) -> None:
+    async def stop_node(self, node_id: int) -> None:
+        """Stop a node and wait until its fast lane thread has closed its sockets: until then the lane
+        still answers the requests it does itself (small reads, writes, syncs: common/fast_lane.py)."""
         cfg, store, scope = self.nodes[node_id]
         scope.cancel()
         self.nodes[node_id] = (cfg, store, None)
+        await self._stopped[node_id].wait()
 
     async def stop_all(self) -> None:
         """Stop every node and wait until each has closed its sockets: a context destroyed
         under a lane thread still polling them is undefined behaviour in libzmq (a crash)."""
         for node_id, (_, _, scope) in list(self.nodes.items()):
             if scope is not None:
-                self.stop_node(node_id)
+                await self.stop_node(node_id)
         for stopped in self._stopped.values():
             await stopped.wait()
 
@@ -181,7 +184,7 @@ async def test_a_write_no_node_takes_is_reported_once_and_never_committed(rig):
     await rig.data.write(of, 0, b"old content\n")
     await rig.data.flush(of)
     for node_id in list(rig.nodes):
-        rig.stop_node(node_id)
+        await rig.stop_node(node_id)
     await rig.data.write(of, 0, b"new content, longer than the old one\n")
     with pytest.raises(StripefsError):
         await rig.data.flush(of)
@@ -198,7 +201,7 @@ async def test_a_write_no_node_takes_is_reported_once_and_never_committed(rig):
 async def test_writes_after_a_failed_send_are_refused_until_the_error_is_reported(rig):
     of = await rig.create(b"refused")
     for node_id in list(rig.nodes):
-        rig.stop_node(node_id)
+        await rig.stop_node(node_id)
     await rig.data.write(of, 0, b"x" * CS)  # a whole chunk: sent in the background, fails there
     await of.idle.wait()
     with pytest.raises(StripefsError):
@@ -340,7 +343,7 @@ async def test_fsync_after_a_node_died_keeps_the_write_on_the_other_copies(rig, 
     await rig.data.write(of, 10, b"third")
     assert await rig.data.read(of, 10, 5) == b"third"  # sent (a read sends what it covers), not committed
     victim = of.chunks[0].nodes[0]
-    rig.stop_node(victim)  # the victim dies between the write and the fsync
+    await rig.stop_node(victim)  # the victim dies between the write and the fsync
     await rig.data.flush(of, sync=True)
     assert victim not in of.chunks[0].nodes  # committed without it: repair restores the copy
     want = bytearray(data)
@@ -449,7 +452,7 @@ async def test_a_writer_that_knows_too_few_copies_asks_again_and_keeps_repairs(m
     await moving.data.write(of, 0, b"a" * CS)
     await moving.data.flush(of)
     missed = of.chunks[0].nodes[1]
-    moving.stop_node(missed)
+    await moving.stop_node(missed)
     await moving.data.truncate(of, CS - 10)  # committed with the one copy that took the cut
     assert len(of.chunks[0].nodes) == 1
     await moving.start_node(missed)
