@@ -1318,7 +1318,9 @@ class Operations:
         of = self.files.get(inode)
         if of is None:
             return None
-        of.created_open = False  # a close: maybe not the creator's, but the safe side of _open_here
+        # a close, maybe not the creator's: the file no longer counts as open for an asynchronous
+        # unlink (_open_here); its data stays kept by ``files``, the heartbeat's open set
+        of.created_open = False
         return _SLOW if of.has_unflushed or of.size != of.attr.size else None
 
     async def flush_inode(self, inode):
