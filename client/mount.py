@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
             "directory of the cluster; root_squash: root's new files and chowns become nobody's; "
             "op_timeout=SECONDS: the longest any file operation waits for the cluster before failing "
             "with EIO (default 60; close() then reports writes that could not be stored); "
-            "per_open_handles[=yes|no]: no, the kernel sends no OPEN (one handle per file: a warm read is one "
-            "FLUSH; a failed write is reported at the file's next close on this mount, whichever process closes)"
+            "per_open_handles[=yes|no]: yes, OPEN and RELEASE per open file, a failed write reported to its own "
+            "close (default no: the kernel sends no OPEN, a warm read is one FLUSH, a failed write is reported at "
+            "the file's next close on this mount, whichever process closes)"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
