@@ -293,7 +293,7 @@ class Bench:
     def set_mode(self, mode: str) -> None:
         """Every later `local up` (each cold cycle) mounts in this mode."""
         self.mode = mode
-        self.cluster.options = ["dataset"] if mode == "dataset" else []
+        self.cluster.options = ["dataset"] if mode == "dataset" else list(filter(None, self.args.mount_options.split(",")))
 
     def measure(self, key: str, label: str, side: str, fn) -> dict:
         """Time fn(); it returns (figures, check): check() runs after the timing."""
@@ -842,6 +842,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None,
                     help="where the generated dataset is kept between runs (default WORKDIR/stripefs-bench-cache)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir (state, logs, data) afterwards")
+    ap.add_argument("--mount-options", default="", help="-o options of the default mount, e.g. per_open_handles=no (no OPEN: docs/design.md)")
     ap.add_argument("--seed", type=int, default=1, help="random seed for the images, shards and shuffles")
     ap.add_argument("--phase-timeout", type=float, default=600,
                     help="abort (and tear down) if one phase takes longer, seconds (default 600)")

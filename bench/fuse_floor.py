@@ -185,6 +185,7 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="stripefs-fusefloor-", dir=a.workdir))
         self.state, self.mnt = self.work / "state", self.work / "mnt"
         self.cluster = Cluster(self.state, self.mnt, a.nodes)
+        self.cluster.options = list(filter(None, a.mount_options.split(",")))  # the default mount's
         self.phase = ("setup", time.monotonic(), a.phase_timeout)
         self.mounts = {**{side: self.work / side for side in BARE_FLAGS}, "default": self.mnt,
                        "dataset": self.work / "mnt-dataset"}
@@ -619,6 +620,7 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-rate", type=int, default=250, help="py-spy samples per second (default 250)")
     ap.add_argument("--py-spy", default=None, help="py-spy executable (default: PATH, then beside this Python)")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir afterwards")
+    ap.add_argument("--mount-options", default="", help="-o options of the default mount, e.g. per_open_handles=no (no OPEN: docs/design.md)")
     ap.add_argument("--phase-timeout", type=float, default=300, help="abort if one phase takes longer (default 300 s)")
     ap.add_argument("--json", default=str(RESULTS / "fuse_floor.json"), help="results file")
     a = ap.parse_args(argv)

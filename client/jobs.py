@@ -196,11 +196,13 @@ class Jobs:
         self._job_of[pid] = owner
         return self.by_pid.get(owner) if owner is not None else None
 
-    def account(self, op: str, args: tuple, result, seconds: float, network: float) -> None:
-        """One FUSE request answered (client/metrics.py ``_timed``): count it for its job."""
+    def account(self, op: str, args: tuple, result, seconds: float, network: float, by_inode: bool = False) -> None:
+        """One FUSE request answered (client/metrics.py ``_timed``): count it for its job. ``by_inode``:
+        a request sent without OPEN (no-open), which names no handle: its own context names the
+        process (a READ's or WRITE's; a FLUSH or FSYNC by inode carries none here: not counted)."""
         if time.monotonic() - self._swept > SWEEP_S:
             self.sweep()
-        if op in HANDLE_OPS:
+        if op in HANDLE_OPS and not by_inode:
             job = self._handles.get(args[0]) if args else None
             if op == "release":
                 self._handles.pop(args[0], None)

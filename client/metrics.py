@@ -158,6 +158,8 @@ OPS = (
     "statfs setxattr getxattr listxattr removexattr open create read write flush fsync release access "
     "fsyncdir ioctl"
 ).split()
+#: handlers of requests that name the inode, sent without OPEN (no-open), counted as the request they answer
+BY_INODE = {"read_inode": "read", "write_inode": "write", "flush_inode": "flush", "fsync_inode": "fsync"}
 
 
 class _ReadTiming:
@@ -178,7 +180,7 @@ def network_wait(seconds: float) -> None:
         timing.network += seconds
 
 
-def _timed(op: str, fn, jobs=None):
+def _timed(op: str, fn, jobs=None, by_inode: bool = False):
     ops, latency = FUSE_OPS.labels(op), FUSE_SECONDS.labels(op)  # label children resolved once
     read_network, read_cache = READ_SECONDS.labels("network"), READ_SECONDS.labels("cache")
 
@@ -206,7 +208,7 @@ def _timed(op: str, fn, jobs=None):
                 read_network.inc(network)
                 read_cache.inc(elapsed - network)
             if jobs is not None and jobs.active:  # training jobs that report (client/jobs.py)
-                jobs.account(op, args, result, elapsed, network)
+                jobs.account(op, args, result, elapsed, network, by_inode)
         if op == "read":
             READ_BYTES.inc(len(result))
         elif op == "write":
@@ -275,10 +277,10 @@ def observe(op: str, seconds: float, err: int | None = None) -> None:
 def instrument(ops, jobs=None) -> None:
     """Count and time every FUSE handler of ``ops`` (an Operations instance); with ``jobs``
     (client/jobs.py), also per training job."""
-    for op in OPS:
-        fn = getattr(ops, op, None)
+    for name, op in (*((op, op) for op in OPS), *BY_INODE.items()):
+        fn = getattr(ops, name, None)
         if fn is not None:
-            setattr(ops, op, _timed(op, fn, jobs))
+            setattr(ops, name, _timed(op, fn, jobs, by_inode=name in BY_INODE))
     for outcome in ("fetched", "used", "wasted"):
         READAHEAD.labels(outcome)  # exported as 0 from the start
     for source in ("network", "cache"):

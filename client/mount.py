@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
 _OWN_OPTIONS = {"config", "dataset", "disk_cache_dir", "metrics", "key", "subdir", "root_squash", "op_timeout", "nonempty",
-                "fuse_session"}
+                "fuse_session", "per_open_handles"}
 #: -o fuse_session=: the one value still accepted (pyfuse3 was the other until the mount's own session
 #: served everything: docs/design.md, "The mount's own FUSE session"), so fstab lines that name it work
 FUSE_SESSIONS = ("own",)
@@ -86,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
             "(META_ADDR then names the daemon's key: tcp://HOST:PORT?key=Z85); subdir=/DIR: show only that "
             "directory of the cluster; root_squash: root's new files and chowns become nobody's; "
             "op_timeout=SECONDS: the longest any file operation waits for the cluster before failing "
-            "with EIO (default 60; close() then reports writes that could not be stored)"
+            "with EIO (default 60; close() then reports writes that could not be stored); "
+            "per_open_handles[=yes|no]: yes, OPEN and RELEASE per open file, a failed write reported to its own "
+            "close (default no: the kernel sends no OPEN, a warm read is one FLUSH, a failed write is reported at "
+            "the file's next close on this mount, whichever process closes)"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -142,6 +145,11 @@ def main(argv: list[str]) -> int:
             client_cfg = msgspec.structs.replace(client_cfg, op_timeout_s=float(own["op_timeout"]))
         except ValueError:
             raise QuietError(f"op_timeout={own['op_timeout']}: give a number of seconds, e.g. op_timeout=30") from None
+    if "per_open_handles" in own:
+        value = own["per_open_handles"] or "yes"
+        if value not in ("yes", "no"):
+            raise QuietError(f"per_open_handles={value}: give yes or no (per_open_handles alone means yes)")
+        client_cfg = msgspec.structs.replace(client_cfg, per_open_handles=value == "yes")
     fuse_session = own.get("fuse_session") or "own"
     if fuse_session not in FUSE_SESSIONS:
         raise QuietError(f"fuse_session={fuse_session}: the mount has one FUSE session now, its own "
@@ -289,6 +297,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 entry_timeout=client_cfg.entry_timeout_s,
                 cache_timeout=client_cfg.cache_timeout_s,
                 dataset=client_cfg.dataset,
+                per_open_handles=client_cfg.per_open_handles,
                 kcache=kcache,
                 prefetcher=prefetcher,
                 op_timeout=client_cfg.op_timeout_s,
@@ -423,10 +432,10 @@ async def _start_session(ops: Operations, mountpoint: str, options: set[str], cl
     # of 24 chunks asked the daemon for placements 14 times instead of at most 8
     # (tests/cluster/test_write_path.py; why is not understood yet: client/placements.py alloc_indices)
     want = DEFAULT_WANT
-    if client_cfg.dataset:
+    if ops.no_open:
         # no-open (the bridge declines OPEN): the kernel then asks nothing at an open, even for writing;
-        # without atomic O_TRUNC an open(O_TRUNC) sends SETATTR, answered EROFS, instead of the
-        # kernel setting the file's size to 0 by itself
+        # without atomic O_TRUNC an open(O_TRUNC) sends SETATTR (size 0), which truncates (EROFS on a
+        # dataset mount), instead of the kernel setting the file's size to 0 by itself
         want &= ~InitFlag.ATOMIC_O_TRUNC
     options_ = SessionOptions(want=want, max_background=client_cfg.max_background, max_write=1 << 17,
                               ioctls=SERVED_IOCTLS)

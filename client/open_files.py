@@ -149,6 +149,14 @@ class OpenFile:
     #: trip per 1 MiB written, otherwise. Another mount adding the xattr meanwhile is seen at
     #: the next open, like any other change (close-to-open); setxattr/removexattr here forget it.
     killpriv_absent: bool = False
+    #: no-open (Operations.no_open): the file changed elsewhere, or a LOOKUP answered other
+    #: attributes, since this state was taken: the next READ or WRITE refreshes it first
+    stale: bool = False
+    #: no-open: the daemon was asked (or a fresh LOOKUP told) the open information for writing
+    #: since this state was made; the first WRITE asks otherwise (the epoch, a snapshot's EROFS)
+    writable: bool = False
+    #: no-open: made by a CREATE of this mount and no FLUSH of it came since (Operations._open_here)
+    created_open: bool = False
 
     def __post_init__(self) -> None:
         self.size = self.attr.size

@@ -65,6 +65,7 @@ newline-separated paths relative to DIR queues those files for prefetch
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import inspect
@@ -181,6 +182,7 @@ class Operations:
         entry_timeout: float,
         cache_timeout: float = 0.0,
         dataset: bool = False,
+        per_open_handles: bool = True,
         kcache: KernelCache | None = None,
         prefetcher: Prefetcher | None = None,
         op_timeout: float = 60.0,
@@ -194,6 +196,12 @@ class Operations:
         self.entry_timeout = entry_timeout
         self.cache_timeout = max(cache_timeout, attr_timeout, entry_timeout)
         self.dataset = dataset
+        #: the kernel sends no OPEN (the session's bridge declines it, client/operations_bridge.py):
+        #: always on a dataset mount; on the default mount unless ``per_open_handles`` (docs/design.md,
+        #: "No OPEN on the read-write mount"). READ, WRITE, FLUSH and FSYNC then name the inode.
+        self.no_open = dataset or not per_open_handles
+        #: no-open on the read-write mount: one handle per inode, kept until FORGET (``_inode_file``)
+        self.per_inode = self.no_open and not dataset
         self.kcache = kcache or KernelCache()
         self.kcache.on_change = self._changed_elsewhere
         # what the _fast_* paths read and the handle bookkeeping they change: they may run on the
@@ -258,10 +266,18 @@ class Operations:
 
     def _attr(self, attr: p.Attr) -> Attr:
         """The kernel's attributes of ``attr``, the size of the file as open here (it may be longer)."""
-        of = self.files.get(attr.ino)
-        size = max(attr.size, of.size) if of is not None else attr.size
+        size = self._size_here(attr)
         return Attr(attr.ino, attr.mode, attr.nlink, attr.uid, attr.gid, size, (size + 511) // 512, attr.atime_ns,
                     attr.mtime_ns, attr.ctime_ns, attr.rdev, BLKSIZE)
+
+    def _size_here(self, attr: p.Attr) -> int:
+        """The size of the file as this mount has it: longer than ``attr``'s while writes made here
+        are not committed. A state with nothing of its own (a no-open mount keeps one per inode
+        until FORGET) says nothing: another mount may have cut the file since it was taken."""
+        of = self.files.get(attr.ino)
+        if of is None or (of.size == of.attr.size and not of.has_unflushed):
+            return attr.size
+        return max(attr.size, of.size)
 
     def _attr_out(self, attr: p.Attr, *, cacheable: bool = True) -> tuple[Attr, float]:
         """GETATTR's and SETATTR's answer for ``attr``: the attributes and how long they hold."""
@@ -462,7 +478,7 @@ class Operations:
         fh = self._new_handle(of)
         of.killpriv_absent = True
         self.kcache.remember(parent, name, ino)
-        return self._entry(attr, held=True), _opened(fh, True, flags)
+        return self._entry(attr, held=True), self._created(fh, flags)
 
     def _known_here(self, parent: int, name: bytes) -> int | None:
         """The inode of ``name``, for an asynchronous unlink or rmdir (client/async_dirops.py): a name
@@ -472,6 +488,20 @@ class Operations:
             return None
         names = self._names_of_dir(parent)
         return self.kcache.lookup_known(parent, name) if names is not None and name in names else None
+
+    def _open_here(self, ino: int) -> bool:
+        """Whether ``ino`` counts as open here for an asynchronous unlink. With OPEN sent, a state
+        in ``files`` is an open file. Without (no-open), the mount keeps a state per inode until
+        the kernel forgets it and cannot tell an open file from a cached inode: only a write
+        session (bytes not committed, or an epoch taken) counts, and a file created here until the
+        first close's FLUSH (``created_open``: the creator's open file). A reader's file unlinked here
+        keeps its data all the same: ``files`` stays the heartbeat's open set and the acknowledgement's
+        (kernel_cache.py ``is_open``), which the daemon reads before it reclaims anything."""
+        of = self.files.get(ino)
+        if of is None:
+            return False
+        return (not self.per_inode or of.has_unflushed or bool(of.epoch) or of.size != of.attr.size
+                or of.created_open)
 
     def _rmdir_here(self, parent: int, name: bytes) -> bool:
         """An asynchronous rmdir of a directory this mount holds whole and knows empty; False: asked."""
@@ -489,7 +519,7 @@ class Operations:
         """An asynchronous unlink of a file not open here (the daemon must learn of those: the AckReq
         rule of client/kernel_cache.py); False: the daemon is asked."""
         ino = self._known_here(parent, name)
-        if ino is None or ino in self.files:
+        if ino is None or self._open_here(ino):
             return False
         self.dirops.add(Pending(p.UnlinkReq(parent=parent, name=name), parent, name, ino))
         self._name_gone(parent, name)
@@ -511,7 +541,7 @@ class Operations:
         if ino is None or names_new is None or name_new in names_new:
             return False
         of = self.files.get(ino)
-        attr = of.attr if of is not None else self._held_attr(ino)
+        attr = of.attr if of is not None and not of.stale else self._held_attr(ino)
         if attr is None or stat.S_ISDIR(attr.mode) or attr.nlink != 1:
             return False  # (a hard-linked file cannot move to another quota tree: EXDEV, which mv must see)
         request = p.RenameReq(parent_old=parent_old, name_old=name_old, parent_new=parent_new, name_new=name_new, flags=flags)
@@ -632,6 +662,10 @@ class Operations:
 
     def _changed_elsewhere(self, inodes) -> None:
         """The change feed says these inodes changed (None: anything may have)."""
+        if self.per_inode:
+            with self.lock:
+                for of in (self.files.values() if inodes is None else filter(None, map(self.files.get, inodes))):
+                    of.stale = True  # refreshed before its next READ or WRITE (_inode_file)
         if inodes is None:
             self._open_info.clear()
             self._looked_up.clear()
@@ -641,10 +675,11 @@ class Operations:
             self._attr_bytes.clear()
             self._entry_bytes.clear()
             for ino in list(self._inode_handles):
-                self._drop_inode_handle(ino)
+                if not self.per_inode:
+                    self._drop_inode_handle(ino)
             return
         for ino in inodes:
-            if ino in self._inode_handles:
+            if ino in self._inode_handles and not self.per_inode:
                 self._drop_inode_handle(ino)
             self._open_info.pop(ino, None)
             self._looked_up.pop(ino, None)
@@ -726,6 +761,9 @@ class Operations:
             self._held_info.pop(ino, None)
             if held:
                 self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
+            of = self.files.get(ino) if self.per_inode else None
+            if of is not None and of.attr != rsp.attr:
+                of.stale = True  # no OPEN will refresh it (close-to-open): its next READ or WRITE does
             if isinstance(rsp, p.OpenRsp):
                 if not self.kcache.changed_since(stamp, ino):  # else it may predate a commit here (_ask_open)
                     self._open_info[ino] = (time.monotonic(), rsp)
@@ -774,8 +812,7 @@ class Operations:
         itself (the feed, a lookup or a listing replaces it, never changes it) and the size
         answered (a file open here may be longer), so a changed file is never answered from old
         bytes; only called while the feed is healthy, so the timeouts are always ``cache_timeout``."""
-        of = self.files.get(attr.ino)
-        size = max(attr.size, of.size) if of is not None else attr.size
+        size = self._size_here(attr)
         hit = cache.get(attr.ino)
         if hit is not None and hit[0] is attr and hit[1] == size:
             return hit[2]
@@ -800,6 +837,8 @@ class Operations:
         result = None
         if fields.update_size:
             of = self.files.get(inode)
+            if of is not None and self.per_inode and inode in self._inode_handles:
+                of, _ = await self._inode_file(inode, ctx, write=True)  # (no-open: an open(O_TRUNC) too)
             if of is None:
                 # not open here: a short-lived state just for the truncate (the
                 # daemon's open set forgets it at the next session heartbeat)
@@ -1259,26 +1298,136 @@ class Operations:
         fh = self._new_handle(of)
         of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
-        return self._entry(rsp.attr, held=held), _opened(fh, True, flags)
+        return self._entry(rsp.attr, held=held), self._created(fh, flags)
 
     async def read(self, fh, off, size):
         await self._settle(self.handles[fh].ino)
         return await self.data.read(self.handles[fh], off, size, self.streams[fh])
 
     async def read_inode(self, inode, off, size, ctx):
-        """READ of a file the kernel never sent OPEN for (no-open: a dataset mount on the own FUSE
-        session declines OPEN, client/operations_bridge.py): read through this mount's one handle
-        of ``inode``, opened at its first read and kept until the kernel forgets the inode or the
-        feed says the file changed (``_changed_elsewhere``, ``forget_now``)."""
+        """READ of a file the kernel never sent OPEN for (no-open: client/operations_bridge.py
+        declines OPEN on a dataset mount, and on the default mount without ``per_open_handles``):
+        read through this mount's one handle of ``inode`` (``_inode_file``)."""
+        await self._settle(inode)
+        of, stream = await self._inode_file(inode, ctx)
+        return await self.data.read(of, off, size, stream)  # (counted and timed as a read: client/metrics.py)
+
+    async def write_inode(self, inode, off, buf, ctx):
+        """WRITE with no OPEN sent (no-open on the default mount): into the inode's one state; the
+        first write of a write session asks for the open information for writing (``_inode_file``)."""
+        self._writable()
+        await self._settle(inode)  # a file created here: its layout and chunk map are the daemon's answer
+        of, _ = await self._inode_file(inode, ctx, write=True)
+        return await self.data.write(of, off, buf)
+
+    def _fast_flush_inode(self, inode):
+        of = self.files.get(inode)
+        if of is None:
+            return None
+        # a close, maybe not the creator's: the file no longer counts as open for an asynchronous
+        # unlink (_open_here); its data stays kept by ``files``, the heartbeat's open set
+        of.created_open = False
+        return _SLOW if of.has_unflushed or of.size != of.attr.size else None
+
+    async def flush_inode(self, inode):
+        """FLUSH with no OPEN sent: any close of the file on this mount commits what the inode
+        holds, whichever process wrote it (a cached write's WRITE names no closer); a failed write
+        session is reported to that close, once. Nothing to commit: answered on the reader thread."""
+        of = self.files.get(inode)
+        if of is not None:
+            with self._ended_if_cut(of):
+                await self._flush_file(of)
+
+    async def fsync_inode(self, inode, datasync):
+        await self._settle(inode)  # a file created here is durable once this returns
+        of = self.files.get(inode)
+        if of is not None:
+            with self._ended_if_cut(of):
+                await self._flush(of, sync=True)
+
+    @contextlib.contextmanager
+    def _ended_if_cut(self, of: OpenFile):
+        """A FLUSH or FSYNC by inode cut short by ``op_timeout_s`` (answered EIO) leaves its failed
+        write session to the next flush (open_files.py): with OPEN, the RELEASE that follows the
+        close is that flush. With none sent, it runs here, in the background: the session is thrown
+        away (its error was this request's answer), and the kernel's next GETATTR sees the size
+        the daemon committed, not the one the failed writes made."""
+        try:
+            yield
+        except BaseException:  # (the deadline's Cancelled, maybe in a group with the sends')
+            if of.has_unflushed:
+                self.data.nursery.start_soon(self._end_failed_session, of, name=f"end-session-{of.ino}")
+            raise
+
+    async def _end_failed_session(self, of: OpenFile) -> None:
+        with trio.move_on_after(self.op_timeout):
+            try:
+                await self.data.flush(of)
+            except Exception as exc:  # the error the cut request answered (EIO), or a later one
+                log.debug("inode %d: the write session after a cut flush: %s", of.ino, exc)
+
+    async def _inode_file(self, inode: int, ctx, write: bool = False):
+        """The one state and read pattern of ``inode`` on a no-open mount: (OpenFile, ReadStream).
+
+        Made at the file's first READ or WRITE from what a LOOKUP or the callback left, else an
+        OpenReq, and kept until the kernel forgets the inode (``forget_now``). A dataset mount
+        drops it when the feed says the file changed; the default mount marks it ``stale``
+        instead (a writer may be using it) and refreshes it here, before the next READ or WRITE,
+        while it holds nothing of its own (``OpenFile.refresh``). The first WRITE of a write
+        session asks ``write=True`` (an OpenReq, even after a LOOKUP): the epoch, a snapshot's
+        refusal, the quota room."""
         fh = self._inode_handles.get(inode)
         if fh is None:
             self._opening(inode, ctx)  # read without OPEN: the lookup that led here was for reading
-            fi = await self._open_dataset(inode, os.O_RDONLY)
+            fh = await self._open_inode(inode)
             with self.lock:
-                fh = self._inode_handles.setdefault(inode, fi.fh)
-            if fh != fi.fh:
-                self._drop_handle(fi.fh)  # another read of it opened one meanwhile
-        return await self.read(fh, off, size)  # (counted and timed as a read: client/metrics.py)
+                kept = self._inode_handles.setdefault(inode, fh)
+            if kept != fh:
+                self._drop_handle(fh)  # another request of it opened one meanwhile
+                fh = kept
+        of, stream = self.handles[fh], self.streams[fh]
+        if self.per_inode and (of.stale or (write and not of.writable)) and not of.has_unflushed \
+                and not of.commit_lock.locked():
+            # a write session asks the daemon (its epoch, and EROFS for a snapshot's file at the
+            # first WRITE: the open(O_WRONLY) itself sent nothing); a reader takes what it was told
+            rsp = None if write else self._fresh_open_info(inode) or self._held(inode)
+            raced = False
+            if rsp is None:
+                rsp, raced = await self._ask_open(inode, write)
+            if not of.has_unflushed:  # (a write may have come meanwhile: its state stays)
+                self._record_open(rsp, fresh_attrs=True, raced=raced)
+                of.stale = False
+            of.writable = of.writable or write
+        return of, stream
+
+    async def _open_inode(self, inode: int) -> int:
+        """A new handle of ``inode`` with no OPEN (no-open): as a read-only ``open`` would make it."""
+        if self.dataset:
+            return (await self._open_dataset(inode, os.O_RDONLY)).fh
+        rsp = self._fresh_open_info(inode) or self._held(inode)
+        raced = False
+        if rsp is None:
+            listed = self._held_info.get(inode)
+            rsp, raced = await self._ask_open(inode, False)
+            if isinstance(listed, p.Attr) and not raced:
+                self._keep_held(inode, rsp)  # the next opens need no round trip
+        of, _, _ = self._record_open(rsp, fresh_attrs=True, raced=raced)
+        return self._new_handle(of)
+
+    def _created(self, fh: int, flags: int) -> Opened:
+        """CREATE's open file. No-open on the default mount: the handle becomes the inode's one
+        (``_inode_file``) and the kernel is given fh 0, so every request of the file names its
+        inode (a RELEASE of it, which some kernels send, then finds nothing to drop)."""
+        if not self.per_inode:
+            return _opened(fh, True, flags)
+        of = self.handles[fh]
+        of.writable = True  # the daemon's answer to the create was for writing (its epoch)
+        of.created_open = True  # until a FLUSH: the creator's close (_open_here)
+        with self.lock:
+            kept = self._inode_handles.setdefault(of.ino, fh)
+        if kept != fh:
+            self._drop_handle(fh)
+        return Opened(0, _KEEP_CACHE)
 
     def _drop_inode_handle(self, ino: int) -> None:
         """(under ``lock``) The handle ``read_inode`` keeps for ``ino`` is old: the next read opens anew."""
@@ -1300,7 +1449,9 @@ class Operations:
 
     async def flush(self, fh):
         # a dataset mount's FLUSH and a clean file's were answered by _fast_flush already
-        of = self.handles[fh]
+        await self._flush_file(self.handles[fh])
+
+    async def _flush_file(self, of: OpenFile) -> None:
         await self._settle(of.ino)
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             with self.lock:
@@ -1355,6 +1506,11 @@ class Operations:
             for ino, _ in inode_list:
                 if ino in self._inode_handles:
                     self._drop_inode_handle(ino)
+                    of = self.files.get(ino)
+                    if of is not None and of.open_count == 0:
+                        # no open file is left to send what it holds (no-open: every close's FLUSH
+                        # committed it, or reported why not)
+                        del self.files[ino]
                 self._kernel_view.pop(ino, None)
                 self._dataset_info.pop(ino, None)
                 self._attr_bytes.pop(ino, None)

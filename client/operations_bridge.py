@@ -116,10 +116,11 @@ class OperationsBridge:
         return self._fast("getxattr", self.ops._fast_getxattr, req.header.nodeid, req.name, _Ctx(req.header))
 
     def fast_open(self, req: rq.Open):
-        if self.ops.dataset and not req.flags & _WRITE_FLAGS:
+        if self.ops.no_open and not (self.ops.dataset and req.flags & _WRITE_FLAGS):
             # no-open: ENOSYS tells the kernel never to send OPEN (nor RELEASE) again on this
-            # connection; every READ then names the inode (read_inode) and a warm file is read with
-            # no request at all. A dataset mount keeps nothing per open file that needs them.
+            # connection; every READ (WRITE, FLUSH, FSYNC) then names the inode (read_inode ...)
+            # and a warm file is read with no request at all (a dataset mount) or one FLUSH (the
+            # default mount without per_open_handles: docs/design.md, "No OPEN on the read-write mount")
             self._declined("open")
             raise FuseError(errno.ENOSYS)
         return self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
@@ -137,9 +138,13 @@ class OperationsBridge:
         return self._fast("ioctl", self.ops._fast_ioctl, req.header.nodeid, req.cmd, req.data, _Ctx(req.header))
 
     def fast_flush(self, req: rq.Flush):
+        if req.fh == 0 and self.ops.per_inode:  # no-open on the default mount: the inode names the file
+            return self._fast("flush", self.ops._fast_flush_inode, req.header.nodeid)
         return self._fast("flush", self.ops._fast_flush, req.fh)
 
     def fast_release(self, req: rq.Release):
+        if req.fh == 0:
+            return None  # no-open: a created file's RELEASE (some kernels send it); its state is the inode's
         return self._fast("release", self.ops._fast_release, req.fh)
 
     def fast_releasedir(self, req: rq.Release):
@@ -213,16 +218,26 @@ class OperationsBridge:
         return await self.ops.read(req.fh, req.offset, req.size)
 
     async def write(self, req: rq.Write) -> int:
+        if req.fh == 0:  # no OPEN was sent: the inode names the file
+            return await self.ops.write_inode(req.header.nodeid, req.offset, req.data, _Ctx(req.header))
         return await self.ops.write(req.fh, req.offset, req.data)
 
     async def flush(self, req: rq.Flush) -> None:
-        await self.ops.flush(req.fh)
+        if req.fh == 0 and self.ops.per_inode:
+            await self.ops.flush_inode(req.header.nodeid)
+            return
+        await self.ops.flush(req.fh)  # (a dataset mount's: declined with ENOSYS by its fast path)
 
     async def release(self, req: rq.Release) -> None:
-        await self.ops.release(req.fh)
+        if req.fh:
+            await self.ops.release(req.fh)
 
     async def fsync(self, req: rq.Fsync) -> None:
-        await self.ops.fsync(req.fh, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC))
+        datasync = bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC)
+        if req.fh == 0:
+            await self.ops.fsync_inode(req.header.nodeid, datasync)
+            return
+        await self.ops.fsync(req.fh, datasync)
 
     async def fsyncdir(self, req: rq.Fsync) -> None:
         # the handle opendir gave is the inode; 0 where OPENDIR was declined: the inode names it

@@ -148,6 +148,10 @@ class ClientConfig(_Config):
     entry_timeout_s: float = 1.0  # kernel name cache while the change feed is down
     cache_timeout_s: float = 300.0  # kernel name/attribute cache while the change feed is healthy
     dataset: bool = False  # read-only dataset mode (also -o dataset): see client/operations.py
+    #: the default mount's OPEN: False (the default), no-open: the kernel sends no OPEN, a warm read is
+    #: one FLUSH (docs/design.md "No OPEN on the read-write mount"); True, one handle per open (OPEN and
+    #: RELEASE per open file; a failed write is reported to its own close): also -o per_open_handles
+    per_open_handles: bool = False
     prefetch_parallel: int = 16  # files fetched at once by sampler-order prefetch
     max_background: int = 64  # FUSE requests the kernel keeps in flight (fusectl); the kernel default is 12
     disk_cache_dir: str = ""  # a local disk cache of chunk data (e.g. on NVMe); empty: none (also -o disk_cache_dir=)
@@ -286,6 +290,7 @@ attr_timeout_s = 1.0                 # kernel attribute cache lifetime while the
 entry_timeout_s = 1.0                # kernel name cache lifetime while the change feed is down
 cache_timeout_s = 300.0              # ... while the feed is healthy (changes elsewhere invalidate at once)
 dataset = false                      # read-only dataset mode: warm opens never leave the kernel (or -o dataset)
+per_open_handles = false             # true: OPEN and RELEASE per open file, a write error goes to its own close (or -o per_open_handles)
 prefetch_parallel = 16               # files fetched at once by sampler-order prefetch (stripefs.torch)
 max_background = 64                  # FUSE requests in flight (set through /sys/fs/fuse/connections)
 disk_cache_dir = ""                  # e.g. "/nvme/stripefs-cache": chunk data kept across remounts; "" = none

@@ -49,6 +49,13 @@ def run_cli(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess
     return res
 
 
+def _env_mount_options() -> list[str]:
+    """``-o`` options every mount of these tests gets from STRIPEFS_TEST_MOUNT_OPTIONS (e.g.
+    ``per_open_handles=no``: a suite on the no-open default mount)."""
+    opts = os.environ.get("STRIPEFS_TEST_MOUNT_OPTIONS", "")
+    return ["-o", opts] if opts else []
+
+
 def client_config(path: Path, **settings) -> Path:
     """A mount's config file (for ``-o config=PATH``): the defaults, with ``settings`` put in."""
     path.write_text(cfg.dumps(msgspec.structs.replace(cfg.ClientConfig(), **settings)))
@@ -81,7 +88,7 @@ class Cluster:
         # the trash is off unless a test turns it on: the other tests check what a removal frees, at once
         trash = () if any("trash_keep_s" in a for a in self.up_args) else ("--set", "meta.trash_keep_s=0")
         run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes), "-o", "allow_other",
-                *trash, *self.up_args)
+                *_env_mount_options(), *trash, *self.up_args)
 
     @property
     def meta_address(self) -> str:
@@ -110,7 +117,7 @@ class Cluster:
         mnt.mkdir(exist_ok=True)
         run_cli("mount", meta or self.meta_address, str(mnt), "--log", str(self.state / "logs" / f"{name}.log"),
                 "--pidfile", str(self.state / f"{name}.pid"),
-                "-o", ",".join(filter(None, ["allow_other", options])))
+                *_env_mount_options(), "-o", ",".join(filter(None, ["allow_other", options])))  # (the test's win)
         self.extra_mounts.append(mnt)
         return mnt
 

@@ -133,16 +133,24 @@ def test_a_warm_file_of_a_dataset_mount_is_read_with_no_request(mnt, dataset):
     assert after.get("open", 0) <= 1 and "release" not in after  # OPEN declined for good at the first
 
 
-def test_a_warm_file_of_a_default_mount_costs_an_open_and_a_release(cluster, mnt):
-    """The default mount keeps OPEN (close-to-open, handles for writers); a file opened for reading
+def test_a_warm_file_of_a_per_open_mount_costs_an_open_and_a_release(cluster):
+    """With per_open_handles the mount keeps OPEN (a handle per open file); a file opened for reading
     is closed with no FLUSH (FOPEN_NOFLUSH) and read from the kept page cache: per warm read one
     OPEN and one RELEASE, both answered on the session's reader thread. A buffered open() adds
     its isatty() IOCTL, which the session answers itself: no handler sees it."""
+    mnt = cluster.mount_again("per_open", "per_open_handles=yes")
+    try:
+        _per_open_reads(mnt)
+    finally:
+        cluster.unmount(mnt)
+        cluster.extra_mounts.remove(mnt)
+
+
+def _per_open_reads(mnt) -> None:
     data = os.urandom(150_000)
     (mnt / "warm_default").write_bytes(data)
     path = mnt / "warm_default"
-    status = json.loads(run_cli("local", "status", "--dir", str(cluster.state), "--json").stdout)
-    (url,) = [proc["metrics"] for proc in status["processes"] if proc["role"] == "mount"]
+    url = f"http://{client_metrics.find_state(mnt)['metrics']}/metrics"
     with caches_kept():
         _read(path)
         _read(path)
@@ -150,11 +158,11 @@ def test_a_warm_file_of_a_default_mount_costs_an_open_and_a_release(cluster, mnt
         for _ in range(3):
             with open(path, "rb", buffering=0) as f:
                 assert f.read() == data
-        after = _requests_at(url=url)
+        after = _releases_in(url, before, 3)
         handled = _requests_at(url=url, name="stripefs_fuse_ops_total", label="op")
         for _ in range(3):
             assert _read(path) == data  # buffered
-        buffered = _requests_at(url=url)
+        buffered = _releases_in(url, after, 3)
         handled_buffered = _requests_at(url=url, name="stripefs_fuse_ops_total", label="op")
     sent = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
     assert sent.get("open") == 3 and sent.get("release") == 3, sent
@@ -163,6 +171,60 @@ def test_a_warm_file_of_a_default_mount_costs_an_open_and_a_release(cluster, mnt
     assert sent.get("open") == 3 and sent.get("release") == 3 and sent.get("ioctl") == 3, sent
     assert not set(sent) - {"open", "release", "ioctl", "lookup", "getattr"}, sent
     assert handled_buffered.get("ioctl", 0) == handled.get("ioctl", 0)  # answered by the session alone
+
+
+def _releases_in(url: str, before: dict, n: int) -> dict:
+    """The request counts once ``n`` RELEASEs more than ``before`` came: the kernel sends a close's
+    RELEASE after close() returned (fs/fuse/file.c fuse_file_put), so the last may still be on its way."""
+    counts = {}
+
+    def arrived():
+        counts.update(_requests_at(url=url))
+        return counts.get("release", 0) - before.get("release", 0) >= n
+
+    _eventually(arrived)
+    return counts
+
+
+def _sent(before: dict, after: dict) -> dict:
+    return {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+
+
+def test_a_warm_file_of_a_no_open_default_mount_costs_one_flush(cluster, mnt):
+    """per_open_handles=no: the mount declines OPEN (ENOSYS, once per connection), so a warm read
+    sends no OPEN and no RELEASE; its close sends one FLUSH (nothing to commit: answered on the
+    reader thread), and a buffered open() also its isatty() IOCTL, which the session answers
+    itself. Close-to-open holds both ways with the main mount."""
+    theirs = cluster.mount_again("no_open", "per_open_handles=no")
+    try:
+        data = os.urandom(150_000)
+        path = theirs / mnt.name / "warm_no_open"  # (``mnt`` is the test's directory of the main mount)
+        path.write_bytes(data)
+        assert (mnt / "warm_no_open").read_bytes() == data  # committed at its close
+        with caches_kept():
+            _read(path)
+            _read(path)
+            before = _requests_at(theirs)
+            for _ in range(3):
+                with open(path, "rb", buffering=0) as f:
+                    assert f.read() == data
+            after = _requests_at(theirs)
+            handled = _requests_at(theirs, name="stripefs_fuse_ops_total", label="op")
+            for _ in range(3):
+                assert _read(path) == data  # buffered
+            buffered = _requests_at(theirs)
+            handled_buffered = _requests_at(theirs, name="stripefs_fuse_ops_total", label="op")
+        print("unbuffered, 3 warm reads:", _sent(before, after), "buffered:", _sent(after, buffered))
+        assert _sent(before, after) == {"flush": 3}
+        assert _sent(after, buffered) == {"flush": 3, "ioctl": 3}
+        assert handled_buffered.get("ioctl", 0) == handled.get("ioctl", 0)  # answered by the session alone
+        # OPEN declined for good at the first; a RELEASE only of the CREATE's open file (fh 0, this kernel sends it)
+        assert after.get("open", 0) <= 1 and after.get("release", 0) <= 1, after
+        (mnt / "warm_no_open").write_bytes(b"changed elsewhere")  # close-to-open the other way
+        assert _read(path) == b"changed elsewhere"
+    finally:
+        cluster.unmount(theirs)
+        cluster.extra_mounts.remove(theirs)
 
 
 def _write_at_once(path) -> None:

@@ -243,6 +243,8 @@ def both_stores(request) -> Rig:
 def pytest_configure(config):
     configure(config)  # tests/util.py: under pytest-xdist, ports of this worker's own; the warm_caches mark
     config.addinivalue_line("markers", "pg_rig: the test runs on the PostgreSQL rig (run last: pytest_collection_modifyitems)")
+    config.addinivalue_line("markers", "per_open: the test is about per-open handles (OPEN, RELEASE): its ``fs`` "
+                                       "has per_open_handles on, whatever the default or STRIPEFS_TEST_MOUNT_OPTIONS say")
 
 
 #: handed to pytest-xdist workers first (loadgroup scheduling hands out units in collection order): the
@@ -299,7 +301,8 @@ async def fs(rig, request, monkeypatch):
     rig.test_log_patterns.clear()
     rig.untested_bad += rig.new_bad_lines([])  # logged before this test: not its doing, but checked at teardown
     try:
-        async with open_fs(rig, kernel, f"inprocess:{request.node.name}") as fs:
+        settings = {"per_open_handles": True} if request.node.get_closest_marker("per_open") else {}
+        async with open_fs(rig, kernel, f"inprocess:{request.node.name}", **settings) as fs:
             fs.dir_name = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name).encode()
             fs.dir = await fs.mkdir(ROOT_ID, fs.dir_name)
             yield fs

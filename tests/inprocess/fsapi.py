@@ -152,6 +152,8 @@ class FS:
         self.dir = ROOT_ID  # the test's own directory (set by the fixture)
         self.dir_name = b""  # its name in the root
         self.open_handles: set[int] = set()
+        self._open_counts: dict[int, int] = {}  # no-open: inode -> its open files here (the kernel's count)
+        self._unlinked: set[int] = set()  # no-open: unlinked while open here: forgotten at the last close
 
     # ----------------------------------------------------------- namespace
 
@@ -190,7 +192,18 @@ class FS:
         return await self.ops.readlink(ino, Ctx())
 
     async def unlink(self, parent: int, name: bytes) -> None:
+        ino = self.ops.kcache.lookup_known(parent, name) if self.no_open else None
         await self.ops.unlink(parent, name, Ctx())
+        if ino is not None:
+            self._unlinked.add(ino)
+            self._forget_if_closed(ino)
+
+    def _forget_if_closed(self, ino: int) -> None:
+        """No-open: the kernel's FORGET of an unlinked file once no open file holds it (the mount
+        keeps a state per inode until then; its open set keeps the file's data at the daemon)."""
+        if ino in self._unlinked and not self._open_counts.get(ino):
+            self._unlinked.discard(ino)
+            self.ops.forget_now([(ino, 1)])
 
     async def rmdir(self, parent: int, name: bytes) -> None:
         await self.ops.rmdir(parent, name, Ctx())
@@ -254,16 +267,40 @@ class FS:
 
     # ---------------------------------------------------------------- files
 
+    @property
+    def no_open(self) -> bool:
+        """The kernel sends no OPEN (the default mount without per_open_handles): an open(2) sends
+        nothing but an O_TRUNC's SETATTR, and READ, WRITE, FLUSH, FSYNC name the inode (fh 0; here
+        the open file is ``-inode``); no RELEASE follows a close."""
+        return self.ops.per_inode
+
     async def open(self, ino: int, flags: int = os.O_RDONLY, ctx: Ctx | None = None) -> int:
+        if self.no_open:
+            if flags & os.O_TRUNC:  # no atomic O_TRUNC (client/mount.py): the kernel truncates first
+                await self.setattr(ino, st_size=0, ctx=ctx, **await self._killed_mode(ino, ctx or Ctx()))
+            self._open_counts[ino] = self._open_counts.get(ino, 0) + 1
+            return -ino
         info = await self.ops.open(ino, flags, ctx or Ctx())
         self.open_handles.add(info.fh)
         return info.fh
+
+    async def _killed_mode(self, ino: int, ctx: Ctx) -> dict:
+        """What fs/fuse/dir.c ``fuse_setattr`` adds to a truncate by a caller without CAP_FSETID
+        (no HANDLE_KILLPRIV): a GETATTR, then the mode without set-uid (and set-gid with group exec)."""
+        if ctx.uid == 0:
+            return {}
+        mode = (await self.getattr(ino)).mode
+        kill = mode & stat.S_ISUID | (mode & stat.S_ISGID if mode & stat.S_IXGRP else 0)
+        return {"st_mode": mode & ~kill} if kill and stat.S_ISREG(mode) else {}
 
     async def create(self, parent: int, name: bytes, mode: int = 0o666, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
                      ctx: Ctx | None = None) -> tuple[int, int]:
         """CREATE: (fh, inode)."""
         ctx = ctx or Ctx()
         entry, info = await self.ops.create(parent, name, (mode & ~ctx.umask & 0o7777) | stat.S_IFREG, flags, ctx)
+        if info.fh == 0 and self.no_open:
+            self._open_counts[entry.nodeid] = self._open_counts.get(entry.nodeid, 0) + 1
+            return -entry.nodeid, entry.nodeid
         self.open_handles.add(info.fh)
         return info.fh, entry.nodeid
 
@@ -279,6 +316,8 @@ class FS:
         return await self.open(ino, flags & ~os.O_CREAT, ctx), ino
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
+        if fh < 0:
+            return bytes(await self.ops.read_inode(-fh, offset, size, Ctx()))
         return bytes(await self.ops.read(fh, offset, size))
 
     async def read_all(self, fh: int, offset: int = 0) -> bytes:
@@ -296,19 +335,24 @@ class FS:
         view = memoryview(data)
         while done < len(data):
             piece = bytes(view[done : done + IO_SIZE])
-            n = await self.ops.write(fh, offset + done, piece)
+            n = await (self.ops.write_inode(-fh, offset + done, piece, Ctx()) if fh < 0 else
+                       self.ops.write(fh, offset + done, piece))
             done += n
             if n < len(piece):
                 break
         return done
 
     async def flush(self, fh: int) -> None:
-        await self.ops.flush(fh)
+        await (self.ops.flush_inode(-fh) if fh < 0 else self.ops.flush(fh))
 
     async def fsync(self, fh: int) -> None:
-        await self.ops.fsync(fh, False)
+        await (self.ops.fsync_inode(-fh, False) if fh < 0 else self.ops.fsync(fh, False))
 
     async def release(self, fh: int) -> None:
+        if fh < 0:  # no-open: no RELEASE
+            self._open_counts[-fh] = max(0, self._open_counts.get(-fh, 0) - 1)
+            self._forget_if_closed(-fh)
+            return
         self.open_handles.discard(fh)
         await self.ops.release(fh)
 
@@ -345,6 +389,22 @@ class FS:
                 pass
 
 
+#: mount options every test mount gets (``-o`` syntax), e.g. ``per_open_handles=no`` to run a suite
+#: on the no-open default mount; the cluster tier passes them to its mounts (tests/cluster/conftest.py)
+MOUNT_OPTIONS_ENV = "STRIPEFS_TEST_MOUNT_OPTIONS"
+
+
+def env_client_settings() -> dict:
+    """The ClientConfig values ``STRIPEFS_TEST_MOUNT_OPTIONS`` asks for (the options this tier knows)."""
+    settings = {}
+    for opt in filter(None, os.environ.get(MOUNT_OPTIONS_ENV, "").split(",")):
+        key, _, value = opt.partition("=")
+        if key != "per_open_handles" or value not in ("", "yes", "no"):
+            raise ValueError(f"{MOUNT_OPTIONS_ENV}: {opt!r} is not an option the in-process tier applies")
+        settings["per_open_handles"] = value != "no"
+    return settings
+
+
 @asynccontextmanager
 async def open_fs(rig, kernel: Kernel, name: str, follow: bool = False, **settings):
     """A client of ``rig`` built as the mount builds it (client/mount.py: client/connect.py, the kernel
@@ -352,7 +412,8 @@ async def open_fs(rig, kernel: Kernel, name: str, follow: bool = False, **settin
     ClientConfig values. ``follow``: it follows the change feed too, as a mount does (callbacks, and
     with them asynchronous creates, client/async_dirops.py). Its open handles are released, and its
     tasks cancelled, on the way out."""
-    client_cfg = msgspec.structs.replace(cfg.ClientConfig(metrics="", shm_dir=""), **{**rig.client_settings, **settings})
+    client_cfg = msgspec.structs.replace(cfg.ClientConfig(metrics="", shm_dir=""),
+                                         **{**env_client_settings(), **rig.client_settings, **settings})
     ctx = zmq.Context()
     try:
         async with trio.open_nursery() as own, AsyncExitStack() as stack:
@@ -361,7 +422,8 @@ async def open_fs(rig, kernel: Kernel, name: str, follow: bool = False, **settin
             prefetcher = Prefetcher(client.meta, client.data, kcache, parallel=client_cfg.prefetch_parallel)
             ops = Operations(
                 client.meta, client.data, attr_timeout=client_cfg.attr_timeout_s, entry_timeout=client_cfg.entry_timeout_s,
-                cache_timeout=client_cfg.cache_timeout_s, dataset=client_cfg.dataset, kcache=kcache, prefetcher=prefetcher,
+                cache_timeout=client_cfg.cache_timeout_s, dataset=client_cfg.dataset,
+                per_open_handles=client_cfg.per_open_handles, kcache=kcache, prefetcher=prefetcher,
                 op_timeout=client_cfg.op_timeout_s,
             )
             prefetcher.on_fetched = ops.prefetched

@@ -8,6 +8,7 @@ import hashlib
 import os
 import random
 
+import pytest
 import trio
 
 from stripefs.client import fuse_backend
@@ -72,6 +73,7 @@ async def test_thousands_of_small_files(fs, monkeypatch):
             assert hashlib.sha256(await reader.read_file(dirs[d], name)).hexdigest() == digest, name
 
 
+@pytest.mark.per_open
 async def test_a_release_while_another_open_waits_keeps_one_state_per_file(fs, monkeypatch):
     """RELEASE of a file's last handle can arrive while an OPEN of the same file waits (here: for the
     kernel's attributes to be dropped, because the file changed since its pages were cached). The
@@ -152,6 +154,7 @@ async def test_an_open_after_an_fsync_does_not_take_an_older_lookups_answer(fs):
     await fs.close(fh)
 
 
+@pytest.mark.per_open  # (an OPEN's race: no-open has none)
 async def test_an_open_during_a_commit_keeps_the_chunk_map_being_committed(fs, monkeypatch):
     """While a flush's CommitReq is on its way, the write session is already handed over (nothing
     is left unflushed), but the daemon does not have it yet: an open answered meanwhile carries the
@@ -201,6 +204,7 @@ async def _answer_then_hold(fs, monkeypatch, kind):
     return answered, go
 
 
+@pytest.mark.per_open  # (an OPEN's race: no-open has none)
 async def test_an_open_answered_before_a_commit_and_taken_after_it_keeps_the_commit(fs, monkeypatch):
     """A second thread opens the file while the first one's fsync commits: the OpenReq is answered
     before the commit, its answer taken after it. That answer is older than the mount's state of the

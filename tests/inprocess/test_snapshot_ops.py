@@ -132,6 +132,15 @@ async def test_deleting_the_live_tree_and_the_snapshot_frees_every_chunk(fs, mon
     await _fsck_clean(fs, inos + snap_inos)
 
 
+async def _open_and_write(fs, ino: int) -> None:
+    """open(O_WRONLY) and a write: refused at the OPEN, or with no OPEN sent (no-open) at the first WRITE."""
+    fh = await fs.open(ino, os.O_WRONLY)
+    try:
+        await fs.write(fh, 0, b"z")
+    finally:
+        await fs.release(fh)
+
+
 async def test_every_write_path_into_a_snapshot_is_erofs(fs):
     d = await fs.mkdir(fs.dir, b"data")
     await fs.write_file(d, b"f", b"x" * 1000)
@@ -152,7 +161,7 @@ async def test_every_write_path_into_a_snapshot_is_erofs(fs):
         lambda: fs.setattr(f, st_mode=stat.S_IFREG | 0o600),
         lambda: fs.setattr(f, st_size=0),
         lambda: fs.setxattr(f, b"user.k", b"v"),
-        lambda: fs.open(f, os.O_WRONLY),
+        lambda: _open_and_write(fs, f),
         lambda: fs.mkdir(holder, b"mine"),
         lambda: fs.rmdir(d, b".snapshots"),  # rm -rf DIR stops here while snapshots exist
         lambda: fs.rmdir(holder, b"s"),

@@ -42,6 +42,7 @@ class FakeOps:
         self.calls = []
         self.lock = threading.RLock()
         self.dataset = dataset
+        self.no_open, self.per_inode = dataset, False  # (as Operations sets them)
 
     def _fast_open(self, inode, flags, ctx):
         return FAST_PATH_MISS
@@ -170,6 +171,7 @@ def test_fast_paths_translate_and_count():
 
     class Ops:
         lock = threading.RLock()
+        per_inode = False  # (a dataset mount: it declines FLUSH)
 
         def _fast_getattr(self, inode):
             if inode == 1:
