@@ -149,6 +149,9 @@ class OpenFile:
     #: trip per 1 MiB written, otherwise. Another mount adding the xattr meanwhile is seen at
     #: the next open, like any other change (close-to-open); setxattr/removexattr here forget it.
     killpriv_absent: bool = False
+    #: the directory this mount created the file in (0: opened, not created here): small-file
+    #: write-back (client/write_back.py) flushes a directory's files before a request naming it
+    parent: int = 0
 
     def __post_init__(self) -> None:
         self.size = self.attr.size

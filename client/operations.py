@@ -93,6 +93,7 @@ from .open_files import OpenFile
 from .prefetch import Prefetcher
 from .readahead import ReadStream
 from .striping import DataPath
+from .write_back import WriteBack
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,7 @@ class Operations:
         kcache: KernelCache | None = None,
         prefetcher: Prefetcher | None = None,
         op_timeout: float = 60.0,
+        sync_close: bool = False,
     ):
         self.meta = meta
         self.data = data
@@ -240,8 +242,18 @@ class Operations:
         # creates answered here in directories this mount holds whole (client/async_dirops.py); the
         # mount starts its flusher (``run``); None: every create asks the daemon
         self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_answered, lock=self.lock)
+        # small new files closed here and committed after their close (client/write_back.py); the mount
+        # starts its flusher (``run``); None (dataset mode, -o sync_close): every close commits
+        self.writeback: WriteBack | None = None if dataset or sync_close else WriteBack(data, on_done=self._written_back)
         if self.dirops is not None:
-            self.kcache.before_ack = self.dirops.flush
+            self.kcache.before_ack = self._before_ack
+
+    async def _before_ack(self) -> None:
+        """Before this mount acknowledges another's change or read (client/kernel_cache.py): what it
+        answered and has not sent yet goes first, creates before the files written back."""
+        await self.dirops.flush()
+        if self.writeback is not None:
+            await self.writeback.flush()
 
     # ---------------------------------------------------------------- helpers
 
@@ -388,6 +400,8 @@ class Operations:
             return
         if d.unanswered:
             await d.settle(*inodes)
+        if self.writeback is not None:
+            await self.writeback.settle(*inodes)  # (their creates were answered at their first write)
         if d.failed:
             for ino in inodes:
                 exc = d.take_error(ino)
@@ -450,7 +464,7 @@ class Operations:
         d.add(Pending(request, parent, name, ino))
         self._name_made(parent, name)
         with self.lock:
-            of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {})
+            of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {}, parent=parent)
             self.kcache.held_here(ino, parent, name)
             self._keep_held(ino, attr)
         fh = self._new_handle(of)
@@ -1250,6 +1264,7 @@ class Operations:
                 with self.lock:
                     self._keep_held(rsp.attr.ino, rsp.attr)
         of, _, _ = self._record_open(rsp, fresh_attrs=True)
+        of.parent = parent_inode
         fh = self._new_handle(of)
         of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
@@ -1300,12 +1315,29 @@ class Operations:
             with self.lock:
                 self._open_info.pop(of.ino, None)
                 self._held_info.pop(of.ino, None)
+            wb = self.writeback
+            # only a file this mount holds (a callback): another mount's open of it, or a lookup in its
+            # directory, waits for this mount's acknowledgement, which sends it first (close-to-open)
+            if wb is not None and wb.running and self.kcache.healthy and of.ino in self.kcache.grants and wb.eligible(of):
+                wb.add(of)  # committed within write_back.DELAY_S, or before anything that must see it
+                return
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
+
+    def _written_back(self, of: OpenFile) -> None:
+        """A file closed here was committed by the write-back (or failed: its state stays, holding
+        the error for its next close or fsync here)."""
+        with self.lock:
+            if of.write_error is None:
+                self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
+            if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
+                del self.files[of.ino]
 
     async def fsync(self, fh, datasync):
         await self._settle(self.handles[fh].ino)  # a file created here is durable once this returns
         await self._flush(self.handles[fh], sync=True)
+        if self.writeback is not None:  # its data written back after an earlier close, unsynced
+            await self.writeback.sync(self.handles[fh].ino)
 
     async def _flush(self, of: OpenFile, sync: bool = False) -> None:
         try:
@@ -1318,6 +1350,9 @@ class Operations:
 
     def _fast_release(self, fh):
         of = self.handles.get(fh)
+        if of is not None and self.writeback is not None and self.writeback.holds(of.ino):
+            self._drop_handle(fh)  # its data is the write-back's to send (it keeps the file's state)
+            return None
         if of is None or (of.open_count == 1 and (of.has_unflushed or of.size != of.attr.size)):
             return _SLOW  # the last close of a file with unsent data: the handler sends it
         self._drop_handle(fh)
@@ -1330,8 +1365,9 @@ class Operations:
             of.open_count -= 1
             if of.open_count:
                 return
+        held = self.writeback is not None and self.writeback.holds(of.ino)  # its data is the write-back's to send
         try:
-            if of.has_unflushed or of.size != of.attr.size:
+            if not held and (of.has_unflushed or of.size != of.attr.size):
                 await self.data.flush(of)
         finally:
             # No CloseReq: the next session heartbeat carries the open set without
@@ -1339,7 +1375,7 @@ class Operations:
             # round trip less per file read matters more than reclaiming a few
             # seconds earlier.
             with self.lock:
-                if of.open_count == 0 and self.files.get(of.ino) is of:
+                if of.open_count == 0 and self.files.get(of.ino) is of and not held:
                     del self.files[of.ino]
 
     def forget_now(self, inode_list) -> None:
