@@ -366,6 +366,7 @@ async def _flush_open_files(ops: Operations, bound_s: float) -> None:
     with trio.move_on_after(bound_s, shield=True) as scope:
         for of in pending:
             try:
+                await ops._replay(of)  # writes kept for a create answered since
                 await ops.data.flush(of)
             except StripefsError as exc:
                 log.error("inode %d: data written before the stop could not be stored: %s", of.ino, exc)

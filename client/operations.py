@@ -97,6 +97,10 @@ from .write_back import WriteBack
 
 log = logging.getLogger(__name__)
 
+#: bytes written to a file created here before the daemon answered its create that the mount keeps
+#: (Operations._early); more, and the write waits for the answer
+EARLY_MAX = 1 << 20
+
 #: the layout an asynchronously created file has until the daemon's answer gives its own (never used:
 #: what reads or writes its data waits for that answer first, ``_settle``)
 _PENDING_LAYOUT = p.Layout(chunk_size=1 << 22, stripe_count=1, redundancy="replicas=1")
@@ -244,7 +248,8 @@ class Operations:
         self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_answered, lock=self.lock)
         # small new files closed here and committed after their close (client/write_back.py); the mount
         # starts its flusher (``run``); None (dataset mode, -o sync_close): every close commits
-        self.writeback: WriteBack | None = None if dataset or sync_close else WriteBack(data, on_done=self._written_back)
+        self.writeback: WriteBack | None = None if dataset or sync_close else WriteBack(
+            data, on_done=self._written_back, prepare=self._before_write_back)
         if self.dirops is not None:
             self.kcache.before_ack = self._before_ack
 
@@ -401,7 +406,11 @@ class Operations:
         if d.unanswered:
             await d.settle(*inodes)
         if self.writeback is not None:
-            await self.writeback.settle(*inodes)  # (their creates were answered at their first write)
+            await self.writeback.settle(*inodes)
+        for ino in inodes:
+            of = self.files.get(ino)
+            if of is not None and of.early:
+                await self._replay(of)
         if d.failed:
             for ino in inodes:
                 exc = d.take_error(ino)
@@ -1297,8 +1306,41 @@ class Operations:
 
     async def write(self, fh, off, buf):
         self._writable()
-        await self._settle(self.handles[fh].ino)  # a file created here: its layout and chunk map are the daemon's answer
-        return await self.data.write(self.handles[fh], off, buf)  # short at a directory quota's limit
+        of = self.handles[fh]
+        if self._early(of, len(buf)):
+            # its create is not sent yet: kept until it is (the write-back sends both), no round trip here
+            of.early.append((off, bytes(buf)))
+            of.early_bytes += len(buf)
+            of.size = max(of.size, off + len(buf))
+            return len(buf)
+        await self._settle(of.ino)  # a file created here: its layout and chunk map are the daemon's answer
+        return await self.data.write(of, off, buf)  # short at a directory quota's limit
+
+    def _early(self, of: OpenFile, n: int) -> bool:
+        """Whether a write of ``n`` bytes to ``of`` waits for its create (``OpenFile.early``): a small
+        file created here, its create not answered, written back after its close (client/write_back.py)."""
+        return (of.layout is _PENDING_LAYOUT and of.write_error is None and of.early_bytes + n <= EARLY_MAX
+                and self.writeback is not None and self.writeback.running and self.dirops.pending(of.ino))
+
+    async def _replay(self, of: OpenFile) -> None:
+        """Apply the writes kept while ``of``'s create was not answered (``_early``), now that it is; a
+        refused create or a quota's cut fails the write session: its next close or fsync reports it."""
+        if not of.early:
+            return
+        early, of.early, of.early_bytes = of.early, [], 0
+        d = self.dirops
+        refused = d.failed.get(of.ino) if d is not None else None
+        if refused is not None or of.layout is _PENDING_LAYOUT:
+            of.write_error = refused or StripefsError(ErrorCode.IO, f"inode {of.ino}: its create was not answered")
+            of.size = of.attr.size
+            return
+        try:
+            for off, data in early:
+                if await self.data.write(of, off, data) < len(data):
+                    raise StripefsError(ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota cut what was written")
+        except StripefsError as exc:
+            self.data._fail(of, exc)
+            await self.data._settle(of)
 
     def _fast_flush(self, fh):
         if self.dataset:
@@ -1310,12 +1352,15 @@ class Operations:
     async def flush(self, fh):
         # a dataset mount's FLUSH and a clean file's were answered by _fast_flush already
         of = self.handles[fh]
+        wb = self.writeback
+        if of.early and of.open_count == 1 and wb is not None and wb.running and of.ino in self.kcache.grants and self.kcache.healthy:
+            wb.add(of)  # its create, its data and its commit follow together (client/write_back.py)
+            return
         await self._settle(of.ino)
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             with self.lock:
                 self._open_info.pop(of.ino, None)
                 self._held_info.pop(of.ino, None)
-            wb = self.writeback
             # only a file this mount holds (a callback): another mount's open of it, or a lookup in its
             # directory, waits for this mount's acknowledgement, which sends it first (close-to-open)
             if wb is not None and wb.running and self.kcache.healthy and of.ino in self.kcache.grants and wb.eligible(of):
@@ -1323,6 +1368,13 @@ class Operations:
                 return
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
+
+    async def _before_write_back(self, files: list[OpenFile]) -> None:
+        """The write-back is about to send ``files``: their creates go first, then their kept writes."""
+        if self.dirops is not None and any(of.early for of in files):
+            await self.dirops.flush()
+        for of in files:
+            await self._replay(of)
 
     def _written_back(self, of: OpenFile) -> None:
         """A file closed here was committed by the write-back (or failed: its state stays, holding
@@ -1368,6 +1420,7 @@ class Operations:
         held = self.writeback is not None and self.writeback.holds(of.ino)  # its data is the write-back's to send
         try:
             if not held and (of.has_unflushed or of.size != of.attr.size):
+                await self._settle(of.ino)  # (a create not answered yet, and writes kept for it)
                 await self.data.flush(of)
         finally:
             # No CloseReq: the next session heartbeat carries the open set without

@@ -16,6 +16,17 @@ dirops': a second mount's lookup waits for it), and unmount.
 
 The rules
 ---------
+* A file created here asynchronously (client/async_dirops.py) does not wait for
+  its create's answer at its first write any more: while the create is not sent,
+  up to ``operations.EARLY_MAX`` of writes are kept as they came
+  (``OpenFile.early``); a close then queues the file with its create pending,
+  and the batch sends the creates (one BatchReq), applies the kept writes with
+  the layout and placement the answers give (``Operations._replay``), then
+  sends the data and the commits. A request that must see the file first
+  (a read, a stat, an open) does the same for it. So ``cp -r`` of small files
+  makes no round trip per file. A create refused then (a quota, a name taken
+  elsewhere) takes its kept data with it: nothing committed, the CephFS rule
+  of async_dirops for the file's next operation.
 * Only a file this mount made and wrote whole: replicated layout, its one chunk
   placed and never written (version 0: sent whole, ``replace``), no range sent
   yet, no error, the session's epoch known. Anything else commits at close as
@@ -61,9 +72,11 @@ UNSYNCED_KEPT = 8192
 
 
 class WriteBack:
-    def __init__(self, data, *, on_done: Callable[[OpenFile], None] = lambda of: None) -> None:
+    def __init__(self, data, *, on_done: Callable[[OpenFile], None] = lambda of: None, prepare=None) -> None:
         self.data = data  # client/striping.py DataPath
         self.on_done = on_done  # Operations: a queued file was committed or failed (its state may go)
+        #: Operations: before a batch is sent, its files' creates are sent and the writes kept for them applied
+        self.prepare = prepare
         self._queue: dict[int, OpenFile] = {}  # ino -> file, in the order they were closed
         self._sending: set[int] = set()  # inodes of the batch being sent
         self._parents: dict[int, int] = {}  # directory -> its files queued or being sent
@@ -130,6 +143,8 @@ class WriteBack:
 
     async def _send(self, batch: list[OpenFile], sync: bool) -> None:
         data = self.data
+        if self.prepare is not None:
+            await self.prepare(batch)
         async with AsyncExitStack() as locks:
             for of in batch:  # a truncate or another flush of one of them waits for this batch
                 await locks.enter_async_context(of.commit_lock)

@@ -70,12 +70,13 @@ async def test_close_returns_before_the_commit_and_another_mount_reads_the_files
     files = [(b"f%02d" % i, os.urandom(20 * K + i)) for i in range(20)]
     calls = _counting(mine)
     inodes = await _write_files(mine, files)
-    assert not [c for c in calls if "Commit" in c or "write_many" in c or c == "WriteChunkReq"]
+    assert calls == []  # creates, data and commits all wait: no round trip per file
     async with open_fs(rig, Kernel(monkeypatch), "other") as other:  # its lookups wait for this mount's write-back
         for name, data in files:
             assert await other.read_file(mine.dir, name) == data
     assert not any(mine.ops.writeback.holds(ino) for ino in inodes)
     assert calls.count("batch:CommitReq") == 20 and "CommitReq" not in calls and "WriteChunkReq" not in calls
+    assert calls.count("batch:CreateReq") == 20 and calls.index("batch:CreateReq") < calls.index("batch:CommitReq")
     assert sum(int(c.split(":")[1]) for c in calls if c.startswith("write_many:")) == 40  # two replicas each
     assert len([c for c in calls if c.startswith("write_many:")]) < 20  # a request per node and batch, not per file
     assert mine.ops.writeback.sent == 20 and not mine.ops.files  # nothing left of the closed files
@@ -153,6 +154,7 @@ async def test_data_that_cannot_be_stored_is_never_committed_and_the_next_close_
 async def test_a_node_killed_during_write_back_gets_the_usual_retries(mine, rig, monkeypatch, no_timer):
     files = [(b"k%02d" % i, os.urandom(10 * K + i)) for i in range(12)]
     inodes = await _write_files(mine, files)
+    await mine.ops.dirops.flush()  # their creates answered: placed on nodes that are up
     nodes = {n for ino in inodes for n in mine.ops.files[ino].chunks[0].nodes}
     victim = sorted(nodes)[0]
     rig.kill_node(victim)
@@ -211,3 +213,28 @@ async def test_larger_files_and_rewrites_commit_at_close(mine):
     await mine.close(fh)  # a committed chunk rewritten: not a new file's
     assert not mine.ops.writeback.holds(ino)
     assert await mine.read_file(mine.dir, b"big") == big[:10] + b"rewritten" + big[19:]
+
+
+async def test_a_create_refused_after_the_close_commits_none_of_its_data(mine, rig, monkeypatch, no_timer):
+    """An inode quota the mount did not know of: the creates past it are refused when the write-back
+    sends them; their kept data goes nowhere, the next operation on such a file fails once, and the
+    others are committed whole."""
+    await mine.ops.meta.call(P.QuotaSetReq(ino=mine.dir, max_inodes=3))
+    rig.expect_log(r"was not stored|refused after the kernel was answered")
+    files = [(b"q%d" % i, os.urandom(3 * K + i)) for i in range(5)]
+    inodes = await _write_files(mine, files)
+    await mine.ops.fsyncdir(mine.dir, False)
+    refused = []
+    for ino in inodes:
+        try:
+            await mine.getattr(ino)
+        except Exception as exc:  # noqa: BLE001 - the CephFS rule: the refusal's error, once
+            assert getattr(exc, "errno", None) == errno.EDQUOT, exc
+            refused.append(ino)
+    assert len(refused) == 2
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+        names = sorted(await other.listdir(mine.dir))
+        assert len(names) == 3
+        for name, data in files:
+            if name in names:
+                assert await other.read_file(mine.dir, name) == data
