@@ -1355,6 +1355,7 @@ class Operations:
         wb = self.writeback
         if of.early and of.open_count == 1 and wb is not None and wb.running and of.ino in self.kcache.grants and self.kcache.healthy:
             wb.add(of)  # its create, its data and its commit follow together (client/write_back.py)
+            await wb.room()
             return
         await self._settle(of.ino)
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
@@ -1365,6 +1366,7 @@ class Operations:
             # directory, waits for this mount's acknowledgement, which sends it first (close-to-open)
             if wb is not None and wb.running and self.kcache.healthy and of.ino in self.kcache.grants and wb.eligible(of):
                 wb.add(of)  # committed within write_back.DELAY_S, or before anything that must see it
+                await wb.room()
                 return
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)

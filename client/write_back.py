@@ -39,6 +39,9 @@ The rules
   until then).
 * The commit of a batch: one ``BatchReq`` of CommitReqs, each applied on its own
   by the daemon; a refused one (a quota) fails that file's session the same way.
+* At most ``MAX_QUEUED`` files and ``MAX_QUEUED_BYTES`` wait: a close past that
+  waits for a batch to be sent (``room``), so a writer faster than the cluster
+  is held back and the mount's memory stays bounded.
 * What close and fsync promise then (docs/design.md "The durability promise"):
   close of such a file returns before its data is stored; the data is committed
   within ``DELAY_S`` plus the round trips, or at the next fsync of the file or of
@@ -67,6 +70,10 @@ log = logging.getLogger(__name__)
 DELAY_S = 0.1
 #: files sent together at most (a WriteChunksReq per node takes 64 of them at a time)
 BATCH = 256
+#: what may wait here at most, files and their bytes: a close past it waits for a batch to be sent
+#: (``room``), so a writer faster than its cluster is held back and the mount's memory stays bounded
+MAX_QUEUED = 1024
+MAX_QUEUED_BYTES = 64 << 20
 #: files committed here without a sync whose copies an fsync still finds (WriteBack.sync)
 UNSYNCED_KEPT = 8192
 
@@ -79,6 +86,7 @@ class WriteBack:
         self.prepare = prepare
         self._queue: dict[int, OpenFile] = {}  # ino -> file, in the order they were closed
         self._sending: set[int] = set()  # inodes of the batch being sent
+        self._queued_bytes = 0
         self._parents: dict[int, int] = {}  # directory -> its files queued or being sent
         self._send_lock = trio.Lock()
         self._wake = trio.Event()
@@ -103,6 +111,7 @@ class WriteBack:
     def add(self, of: OpenFile) -> None:
         """Queue a closed file (``eligible``); sent within DELAY_S, or sooner."""
         self._queue[of.ino] = of
+        self._queued_bytes += of.size
         self._parents[of.parent] = self._parents.get(of.parent, 0) + 1
         if len(self._queue) == 1:
             self._wake.set()
@@ -119,6 +128,12 @@ class WriteBack:
             return False
         return not inodes or any(ino in self._queue or ino in self._sending or ino in self._parents for ino in inodes)
 
+    async def room(self) -> None:
+        """A close that queued a file: it waits for the queue to be sent when it holds MAX_QUEUED files
+        or MAX_QUEUED_BYTES (backpressure)."""
+        if len(self._queue) >= MAX_QUEUED or self._queued_bytes >= MAX_QUEUED_BYTES:
+            await self.flush()
+
     async def settle(self, *inodes: int) -> None:
         """Return once the files of these inodes or directories (all, when none is named) are committed
         or failed. Everything queued goes with them: one batch, in order."""
@@ -132,6 +147,7 @@ class WriteBack:
                 batch = list(self._queue.values())[:BATCH]
                 for of in batch:
                     del self._queue[of.ino]
+                    self._queued_bytes -= of.size
                     self._sending.add(of.ino)
                 try:
                     await self._send(batch, sync)

@@ -238,3 +238,16 @@ async def test_a_create_refused_after_the_close_commits_none_of_its_data(mine, r
         for name, data in files:
             if name in names:
                 assert await other.read_file(mine.dir, name) == data
+
+
+async def test_a_close_past_the_queues_bound_waits_for_a_batch(mine, monkeypatch, no_timer):
+    monkeypatch.setattr(write_back, "MAX_QUEUED", 3)
+    files = [(b"m%d" % i, os.urandom(2 * K + i)) for i in range(5)]
+    inodes = await _write_files(mine, files[:2])
+    fh, third = await mine.create(mine.dir, b"m2")
+    await mine.write(fh, 0, files[2][1])
+    await mine.close(fh)  # the third queued: this close sends the three (backpressure)
+    assert not any(mine.ops.writeback.holds(ino) for ino in [*inodes, third])
+    await _write_files(mine, files[3:])  # held again, below the bound
+    for name, data in files:
+        assert await mine.read_file(mine.dir, name) == data
