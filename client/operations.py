@@ -803,6 +803,10 @@ class Operations:
     async def getattr(self, inode, ctx=None):
         # what the mount knows was answered by _fast_getattr already
         await self._settle(inode)
+        if self.writeback is not None and self.kcache.healthy:
+            attr = self._held_long(inode)  # a file just written back here: its commit's answer is held
+            if attr is not None:
+                return self._attr_out(attr)
         return await self._attr_reply(p.GetattrReq(ino=inode, session_id=self.meta.session_id))
 
     async def fsyncdir(self, fh, datasync):
@@ -1353,7 +1357,7 @@ class Operations:
         # a dataset mount's FLUSH and a clean file's were answered by _fast_flush already
         of = self.handles[fh]
         wb = self.writeback
-        if of.early and of.open_count == 1 and wb is not None and wb.running and of.ino in self.kcache.grants and self.kcache.healthy:
+        if of.early and of.open_count == 1 and self._may_write_back(of):
             wb.add(of)  # its create, its data and its commit follow together (client/write_back.py)
             await wb.room()
             return
@@ -1362,14 +1366,22 @@ class Operations:
             with self.lock:
                 self._open_info.pop(of.ino, None)
                 self._held_info.pop(of.ino, None)
-            # only a file this mount holds (a callback): another mount's open of it, or a lookup in its
-            # directory, waits for this mount's acknowledgement, which sends it first (close-to-open)
-            if wb is not None and wb.running and self.kcache.healthy and of.ino in self.kcache.grants and wb.eligible(of):
+            if self._may_write_back(of) and wb.eligible(of):
                 wb.add(of)  # committed within write_back.DELAY_S, or before anything that must see it
                 await wb.room()
                 return
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
+
+    def _may_write_back(self, of: OpenFile) -> bool:
+        """Whether ``of``'s commit may follow its close: only in a directory this mount holds whole, with
+        inode numbers delegated (as for an asynchronous create), and the file held too: another mount's
+        lookup in that directory, or open of the file, then waits for this mount's acknowledgement,
+        which sends it first (close-to-open). A file this mount merely holds is not enough: another
+        mount's open of it does not wait for this one."""
+        wb, d = self.writeback, self.dirops
+        return (wb is not None and wb.running and d is not None and d.enabled and d.left() > 0 and self.kcache.healthy
+                and of.ino in self.kcache.grants and self._names_of_dir(of.parent) is not None)
 
     async def _before_write_back(self, files: list[OpenFile]) -> None:
         """The write-back is about to send ``files``: their creates go first, then their kept writes."""

@@ -27,6 +27,12 @@ The rules
   makes no round trip per file. A create refused then (a quota, a name taken
   elsewhere) takes its kept data with it: nothing committed, the CephFS rule
   of async_dirops for the file's next operation.
+* Only in a directory this mount holds whole, with inode numbers delegated
+  (``Operations._may_write_back``: as for an asynchronous create), the file
+  held too: another mount's lookup in the directory, or open of the file,
+  then waits for this mount's acknowledgement, which sends the file first. A
+  file merely held is not enough (another mount's open of it does not wait:
+  tests/cluster/test_kernel_cache.py showed it read empty).
 * Only a file this mount made and wrote whole: replicated layout, its one chunk
   placed and never written (version 0: sent whole, ``replace``), no range sent
   yet, no error, the session's epoch known. Anything else commits at close as
