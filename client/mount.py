@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
 _OWN_OPTIONS = {"config", "dataset", "disk_cache_dir", "metrics", "key", "subdir", "root_squash", "op_timeout", "nonempty",
-                "fuse_session", "per_open_handles"}
+                "sync_close", "fuse_session", "per_open_handles"}
 #: -o fuse_session=: the one value still accepted (pyfuse3 was the other until the mount's own session
 #: served everything: docs/design.md, "The mount's own FUSE session"), so fstab lines that name it work
 FUSE_SESSIONS = ("own",)
@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
             "with EIO (default 60; close() then reports writes that could not be stored); "
             "per_open_handles[=yes|no]: yes, OPEN and RELEASE per open file, a failed write reported to its own "
             "close (default no: the kernel sends no OPEN, a warm read is one FLUSH, a failed write is reported at "
-            "the file's next close on this mount, whichever process closes)"
+            "the file's next close on this mount, whichever process closes); sync_close: close() of "
+            "a small new file returns once its data is stored and committed (by default it returns at once and "
+            "the data follows within 0.1 s; fsync() waits for it)"
         ),
     )
     parser.add_argument("--config", help="client config file (see 'stripefs config example client')")
@@ -140,6 +142,8 @@ def main(argv: list[str]) -> int:
         client_cfg = msgspec.structs.replace(client_cfg, subdir=own["subdir"])
     if "root_squash" in own:
         client_cfg = msgspec.structs.replace(client_cfg, root_squash=True)
+    if "sync_close" in own:
+        client_cfg = msgspec.structs.replace(client_cfg, sync_close=True)
     if "op_timeout" in own:
         try:
             client_cfg = msgspec.structs.replace(client_cfg, op_timeout_s=float(own["op_timeout"]))
@@ -301,6 +305,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 kcache=kcache,
                 prefetcher=prefetcher,
                 op_timeout=client_cfg.op_timeout_s,
+                sync_close=client_cfg.sync_close,
             )
             prefetcher.on_fetched = ops.prefetched
             prefetcher.in_page_cache = ops.in_page_cache
@@ -332,6 +337,8 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 nursery.start_soon(prefetcher.run, name="prefetch")
                 if ops.dirops is not None:
                     await nursery.start(ops.dirops.run, name="async-dirops")  # creates answered here (client/async_dirops.py)
+                if ops.writeback is not None:
+                    await nursery.start(ops.writeback.run, name="write-back")  # small files after close (client/write_back.py)
                 mode = "dataset mode (read-only), " if client_cfg.dataset else ""
                 log.info("mounted %s from %s (%soptions %s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)))
                 client_metrics.write_state(mountpoint, metrics_address)
@@ -358,6 +365,9 @@ async def _flush_open_files(ops: Operations, bound_s: float) -> None:
     if ops.dirops is not None:
         with trio.move_on_after(bound_s, shield=True):
             await ops.dirops.flush()
+    if ops.writeback is not None:  # files closed here, their data not sent yet
+        with trio.move_on_after(bound_s, shield=True):
+            await ops.writeback.flush()
     with ops.lock:  # (iterating: the FUSE reader thread's opens add files)
         pending = [of for of in ops.files.values() if of.has_unflushed or of.size != of.attr.size]
     if not pending:
@@ -366,6 +376,7 @@ async def _flush_open_files(ops: Operations, bound_s: float) -> None:
     with trio.move_on_after(bound_s, shield=True) as scope:
         for of in pending:
             try:
+                await ops._replay(of)  # writes kept for a create answered since
                 await ops.data.flush(of)
             except StripefsError as exc:
                 log.error("inode %d: data written before the stop could not be stored: %s", of.ino, exc)

@@ -157,6 +157,13 @@ class OpenFile:
     writable: bool = False
     #: no-open: made by a CREATE of this mount and no FLUSH of it came since (Operations._open_here)
     created_open: bool = False
+    #: the directory this mount created the file in (0: opened, not created here): small-file
+    #: write-back (client/write_back.py) flushes a directory's files before a request naming it
+    parent: int = 0
+    #: writes to a file created here whose create the daemon has not answered yet (its layout and
+    #: chunk map unknown): (offset, bytes), applied in order once it has (Operations._replay)
+    early: list[tuple[int, bytes]] = field(default_factory=list)
+    early_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.size = self.attr.size
@@ -168,7 +175,7 @@ class OpenFile:
 
     @property
     def has_unflushed(self) -> bool:
-        return bool(self.dirty or self.uncommitted or self.inflight or self.write_error)
+        return bool(self.dirty or self.uncommitted or self.inflight or self.write_error or self.early)
 
     def take(self, index: int) -> DirtyChunk:
         """Remove chunk ``index``'s dirty range for sending: counted in flight from now on (readers

@@ -94,8 +94,13 @@ from .open_files import OpenFile
 from .prefetch import Prefetcher
 from .readahead import ReadStream
 from .striping import DataPath
+from .write_back import WriteBack
 
 log = logging.getLogger(__name__)
+
+#: bytes written to a file created here before the daemon answered its create that the mount keeps
+#: (Operations._early); more, and the write waits for the answer
+EARLY_MAX = 1 << 20
 
 #: the layout an asynchronously created file has until the daemon's answer gives its own (never used:
 #: what reads or writes its data waits for that answer first, ``_settle``)
@@ -186,6 +191,7 @@ class Operations:
         kcache: KernelCache | None = None,
         prefetcher: Prefetcher | None = None,
         op_timeout: float = 60.0,
+        sync_close: bool = False,
     ):
         self.meta = meta
         self.data = data
@@ -248,8 +254,19 @@ class Operations:
         # creates answered here in directories this mount holds whole (client/async_dirops.py); the
         # mount starts its flusher (``run``); None: every create asks the daemon
         self.dirops: AsyncDirops | None = None if dataset else AsyncDirops(meta, on_reply=self._async_answered, lock=self.lock)
+        # small new files closed here and committed after their close (client/write_back.py); the mount
+        # starts its flusher (``run``); None (dataset mode, -o sync_close): every close commits
+        self.writeback: WriteBack | None = None if dataset or sync_close else WriteBack(
+            data, on_done=self._written_back, prepare=self._before_write_back)
         if self.dirops is not None:
-            self.kcache.before_ack = self.dirops.flush
+            self.kcache.before_ack = self._before_ack
+
+    async def _before_ack(self) -> None:
+        """Before this mount acknowledges another's change or read (client/kernel_cache.py): what it
+        answered and has not sent yet goes first, creates before the files written back."""
+        await self.dirops.flush()
+        if self.writeback is not None:
+            await self.writeback.flush()
 
     # ---------------------------------------------------------------- helpers
 
@@ -410,6 +427,12 @@ class Operations:
             return
         if d.unanswered:
             await d.settle(*inodes)
+        if self.writeback is not None:
+            await self.writeback.settle(*inodes)
+        for ino in inodes:
+            of = self.files.get(ino)
+            if of is not None and of.early:
+                await self._replay(of)
         if d.failed:
             for ino in inodes:
                 exc = d.take_error(ino)
@@ -472,7 +495,7 @@ class Operations:
         d.add(Pending(request, parent, name, ino))
         self._name_made(parent, name)
         with self.lock:
-            of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {})
+            of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {}, parent=parent)
             self.kcache.held_here(ino, parent, name)
             self._keep_held(ino, attr)
         fh = self._new_handle(of)
@@ -823,6 +846,10 @@ class Operations:
     async def getattr(self, inode, ctx=None):
         # what the mount knows was answered by _fast_getattr already
         await self._settle(inode)
+        if self.writeback is not None and self.kcache.healthy:
+            attr = self._held_long(inode)  # a file just written back here: its commit's answer is held
+            if attr is not None:
+                return self._attr_out(attr)
         return await self._attr_reply(p.GetattrReq(ino=inode, session_id=self.meta.session_id))
 
     async def fsyncdir(self, fh, datasync):
@@ -1295,6 +1322,7 @@ class Operations:
                 with self.lock:
                     self._keep_held(rsp.attr.ino, rsp.attr)
         of, _, _ = self._record_open(rsp, fresh_attrs=True)
+        of.parent = parent_inode
         fh = self._new_handle(of)
         of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
@@ -1316,6 +1344,9 @@ class Operations:
         """WRITE with no OPEN sent (no-open on the default mount): into the inode's one state; the
         first write of a write session asks for the open information for writing (``_inode_file``)."""
         self._writable()
+        of = self.files.get(inode)
+        if of is not None and inode in self._inode_handles and self._early(of, len(buf)):
+            return self._keep_early(of, off, buf)  # a file created here, its create not sent yet
         await self._settle(inode)  # a file created here: its layout and chunk map are the daemon's answer
         of, _ = await self._inode_file(inode, ctx, write=True)
         return await self.data.write(of, off, buf)
@@ -1344,6 +1375,8 @@ class Operations:
         if of is not None:
             with self._ended_if_cut(of):
                 await self._flush(of, sync=True)
+        if self.writeback is not None:  # its data written back after an earlier close, unsynced
+            await self.writeback.sync(inode)
 
     @contextlib.contextmanager
     def _ended_if_cut(self, of: OpenFile):
@@ -1437,8 +1470,46 @@ class Operations:
 
     async def write(self, fh, off, buf):
         self._writable()
-        await self._settle(self.handles[fh].ino)  # a file created here: its layout and chunk map are the daemon's answer
-        return await self.data.write(self.handles[fh], off, buf)  # short at a directory quota's limit
+        of = self.handles[fh]
+        if self._early(of, len(buf)):
+            return self._keep_early(of, off, buf)
+        await self._settle(of.ino)  # a file created here: its layout and chunk map are the daemon's answer
+        return await self.data.write(of, off, buf)  # short at a directory quota's limit
+
+    @staticmethod
+    def _keep_early(of: OpenFile, off: int, buf) -> int:
+        """A write to a file whose create is not sent yet: kept until it is (the write-back sends
+        both), no round trip here."""
+        of.early.append((off, bytes(buf)))
+        of.early_bytes += len(buf)
+        of.size = max(of.size, off + len(buf))
+        return len(buf)
+
+    def _early(self, of: OpenFile, n: int) -> bool:
+        """Whether a write of ``n`` bytes to ``of`` waits for its create (``OpenFile.early``): a small
+        file created here, its create not answered, written back after its close (client/write_back.py)."""
+        return (of.layout is _PENDING_LAYOUT and of.write_error is None and of.early_bytes + n <= EARLY_MAX
+                and self.writeback is not None and self.writeback.running and self.dirops.pending(of.ino))
+
+    async def _replay(self, of: OpenFile) -> None:
+        """Apply the writes kept while ``of``'s create was not answered (``_early``), now that it is; a
+        refused create or a quota's cut fails the write session: its next close or fsync reports it."""
+        if not of.early:
+            return
+        early, of.early, of.early_bytes = of.early, [], 0
+        d = self.dirops
+        refused = d.failed.get(of.ino) if d is not None else None
+        if refused is not None or of.layout is _PENDING_LAYOUT:
+            of.write_error = refused or StripefsError(ErrorCode.IO, f"inode {of.ino}: its create was not answered")
+            of.size = of.attr.size
+            return
+        try:
+            for off, data in early:
+                if await self.data.write(of, off, data) < len(data):
+                    raise StripefsError(ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota cut what was written")
+        except StripefsError as exc:
+            self.data._fail(of, exc)
+            await self.data._settle(of)
 
     def _fast_flush(self, fh):
         if self.dataset:
@@ -1452,17 +1523,56 @@ class Operations:
         await self._flush_file(self.handles[fh])
 
     async def _flush_file(self, of: OpenFile) -> None:
+        """A close's FLUSH, by handle or (no-open) by inode: commit what ``of`` holds, or leave it
+        to the write-back (client/write_back.py) when its data can wait."""
+        wb = self.writeback
+        if of.early and of.open_count == 1 and self._may_write_back(of):
+            wb.add(of)  # its create, its data and its commit follow together (client/write_back.py)
+            await wb.room()
+            return
         await self._settle(of.ino)
         if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
             with self.lock:
                 self._open_info.pop(of.ino, None)
                 self._held_info.pop(of.ino, None)
+            if self._may_write_back(of) and wb.eligible(of):
+                wb.add(of)  # committed within write_back.DELAY_S, or before anything that must see it
+                await wb.room()
+                return
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
+
+    def _may_write_back(self, of: OpenFile) -> bool:
+        """Whether ``of``'s commit may follow its close: only in a directory this mount holds whole, with
+        inode numbers delegated (as for an asynchronous create), and the file held too: another mount's
+        lookup in that directory, or open of the file, then waits for this mount's acknowledgement,
+        which sends it first (close-to-open). A file this mount merely holds is not enough: another
+        mount's open of it does not wait for this one."""
+        wb, d = self.writeback, self.dirops
+        return (wb is not None and wb.running and d is not None and d.enabled and d.left() > 0 and self.kcache.healthy
+                and of.ino in self.kcache.grants and self._names_of_dir(of.parent) is not None)
+
+    async def _before_write_back(self, files: list[OpenFile]) -> None:
+        """The write-back is about to send ``files``: their creates go first, then their kept writes."""
+        if self.dirops is not None and any(of.early for of in files):
+            await self.dirops.flush()
+        for of in files:
+            await self._replay(of)
+
+    def _written_back(self, of: OpenFile) -> None:
+        """A file closed here was committed by the write-back (or failed: its state stays, holding
+        the error for its next close or fsync here)."""
+        with self.lock:
+            if of.write_error is None:
+                self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
+            if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
+                del self.files[of.ino]
 
     async def fsync(self, fh, datasync):
         await self._settle(self.handles[fh].ino)  # a file created here is durable once this returns
         await self._flush(self.handles[fh], sync=True)
+        if self.writeback is not None:  # its data written back after an earlier close, unsynced
+            await self.writeback.sync(self.handles[fh].ino)
 
     async def _flush(self, of: OpenFile, sync: bool = False) -> None:
         try:
@@ -1475,6 +1585,9 @@ class Operations:
 
     def _fast_release(self, fh):
         of = self.handles.get(fh)
+        if of is not None and self.writeback is not None and self.writeback.holds(of.ino):
+            self._drop_handle(fh)  # its data is the write-back's to send (it keeps the file's state)
+            return None
         if of is None or (of.open_count == 1 and (of.has_unflushed or of.size != of.attr.size)):
             return _SLOW  # the last close of a file with unsent data: the handler sends it
         self._drop_handle(fh)
@@ -1487,8 +1600,10 @@ class Operations:
             of.open_count -= 1
             if of.open_count:
                 return
+        held = self.writeback is not None and self.writeback.holds(of.ino)  # its data is the write-back's to send
         try:
-            if of.has_unflushed or of.size != of.attr.size:
+            if not held and (of.has_unflushed or of.size != of.attr.size):
+                await self._settle(of.ino)  # (a create not answered yet, and writes kept for it)
                 await self.data.flush(of)
         finally:
             # No CloseReq: the next session heartbeat carries the open set without
@@ -1496,7 +1611,7 @@ class Operations:
             # round trip less per file read matters more than reclaiming a few
             # seconds earlier.
             with self.lock:
-                if of.open_count == 0 and self.files.get(of.ino) is of:
+                if of.open_count == 0 and self.files.get(of.ino) is of and not held:
                     del self.files[of.ino]
 
     def forget_now(self, inode_list) -> None:

@@ -686,18 +686,33 @@ class DataPath:
     async def _commit(self, of: OpenFile) -> tuple[int, int]:
         """Commit the session's chunk versions and size (other mounts see them from now on);
         (the size asked, the size kept: less when a directory quota cut the commit)."""
-        refs = sorted(of.uncommitted.values(), key=lambda c: c.index)
-        wanted, before = of.written_end, of.before_session
-        # writes arriving during the round trip belong to the next session
-        of.uncommitted, of.before_session, of.written_end, of.epoch = {}, {}, 0, 0
+        request, handed = self.commit_request(of)
         try:
-            rsp = await self.meta.call(p.CommitReq(ino=of.ino, size=wanted, mtime_ns=time.time_ns(), chunks=refs))
+            rsp = await self.meta.call(request)
         except BaseException:
-            # not known to be committed: these stay part of the session, which fails
-            of.uncommitted = {**{r.index: r for r in refs}, **of.uncommitted}
-            of.before_session.update(before)
-            of.written_end = max(of.written_end, wanted)
+            self.not_committed(of, handed)
             raise
+        return await self.committed(of, rsp, request.size)
+
+    @staticmethod
+    def commit_request(of: OpenFile) -> tuple[p.CommitReq, tuple]:
+        """The CommitReq of ``of``'s session, which is handed over to it: writes arriving during
+        the round trip belong to the next session. With what ``not_committed`` needs to take it back."""
+        refs = sorted(of.uncommitted.values(), key=lambda c: c.index)
+        handed = (refs, of.before_session, of.written_end)
+        of.uncommitted, of.before_session, of.written_end, of.epoch = {}, {}, 0, 0
+        return p.CommitReq(ino=of.ino, size=handed[2], mtime_ns=time.time_ns(), chunks=refs), handed
+
+    @staticmethod
+    def not_committed(of: OpenFile, handed: tuple) -> None:
+        """The commit is not known to be made: what it carried stays part of the session, which fails."""
+        refs, before, wanted = handed
+        of.uncommitted = {**{r.index: r for r in refs}, **of.uncommitted}
+        of.before_session.update(before)
+        of.written_end = max(of.written_end, wanted)
+
+    async def committed(self, of: OpenFile, rsp: p.AttrRsp, wanted: int) -> tuple[int, int]:
+        """The daemon answered the session's CommitReq (asking for size ``wanted``): (wanted, the size kept)."""
         self.on_commit(of.ino, rsp)
         of.attr = rsp.attr
         of.size = max(rsp.attr.size, of.written_end, wanted)  # wanted > the size: the quota cut below

@@ -139,6 +139,9 @@ class ClientConfig(_Config):
     # the longest any filesystem call waits for the cluster, retries included (a daemon restart or
     # failover is ridden out); then it fails with EIO: nothing waits forever (client/operations.py)
     op_timeout_s: float = 60.0
+    # close() of a small new file returns before its data is stored (client/write_back.py: committed
+    # within 0.1 s, or at its fsync); true: every close commits first (also -o sync_close)
+    sync_close: bool = False
     cache_size: Size = Size(1 << 30)  # memory for chunk data read ahead / prefetched / recently read
     readahead_chunks: int = 8  # most chunks a sequential reader's window grows to (from 1, doubling)
     write_parallelism: int = 4  # chunks being written to storage at once per file
@@ -281,6 +284,7 @@ cap_secret = "/etc/stripefs/keys/cap_secret"       # the daemons' capability sec
 meta = ["tcp://meta.example:7100?key=META_PUBLIC_KEY_40_CHARACTERS_OF_Z85_TEXT"]  # or META_ADDR on the command line
 rpc_timeout_s = 10.0                 # every request to the daemon or a node gives up after this (never waits forever)
 op_timeout_s = 60.0                  # a filesystem call the cluster cannot serve in this long fails (EIO); close reports lost writes
+sync_close = false                   # true: close() of a small new file waits for its data (default: within 0.1 s after; fsync waits)
 cache_size = "1G"                    # memory for chunks read ahead, prefetched and recently read
 readahead_chunks = 8                 # the read-ahead window of a sequential reader grows to this many chunks
 write_parallelism = 4                # chunks in flight to storage per file being written

@@ -424,7 +424,7 @@ async def open_fs(rig, kernel: Kernel, name: str, follow: bool = False, **settin
                 client.meta, client.data, attr_timeout=client_cfg.attr_timeout_s, entry_timeout=client_cfg.entry_timeout_s,
                 cache_timeout=client_cfg.cache_timeout_s, dataset=client_cfg.dataset,
                 per_open_handles=client_cfg.per_open_handles, kcache=kcache, prefetcher=prefetcher,
-                op_timeout=client_cfg.op_timeout_s,
+                op_timeout=client_cfg.op_timeout_s, sync_close=client_cfg.sync_close,
             )
             prefetcher.on_fetched = ops.prefetched
             own.start_soon(client.meta.heartbeat_loop, name, name="session-heartbeat")
@@ -435,6 +435,8 @@ async def open_fs(rig, kernel: Kernel, name: str, follow: bool = False, **settin
                     while not kcache.callbacks_possible:
                         await trio.sleep(0.01)
                 await own.start(ops.dirops.run)
+                if ops.writeback is not None:
+                    await own.start(ops.writeback.run)
             fs = FS(ops, kernel, rig)
             try:
                 yield fs

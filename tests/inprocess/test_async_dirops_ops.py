@@ -70,9 +70,13 @@ async def test_data_written_to_a_file_created_here_waits_for_the_daemons_answer(
     fh, ino = await mine.create(mine.dir, b"data")
     assert mine.ops.dirops.pending(ino)
     assert await mine.write(fh, 0, b"x" * 5000) == 5000
-    await mine.close(fh)
+    await mine.close(fh)  # a small new file: its create, data and commit are written back together (write_back.py)
+    assert await mine.read_file(mine.dir, b"data") == b"x" * 5000  # its open here sends them first
     assert not mine.ops.dirops.pending(ino)
-    assert await mine.read_file(mine.dir, b"data") == b"x" * 5000
+    fh = await mine.open(ino, os.O_WRONLY)
+    assert await mine.write(fh, 5000, b"y") == 1  # answered: written at once
+    await mine.close(fh)
+    assert await mine.read_file(mine.dir, b"data") == b"x" * 5000 + b"y"
 
 
 async def test_another_mounts_change_in_the_directory_sends_the_pending_creates_first(mine, rig, monkeypatch):

@@ -1,0 +1,253 @@
+"""Small-file write-back (client/write_back.py) through the mount's handlers, on a client that follows the
+change feed as a mount does: a small new file's close returns before its data is stored and committed;
+the data follows in batches (one WriteChunksReq per node, one BatchReq of commits), before another
+mount reads it, at fsync, FSYNCDIR and unmount; what cannot be stored is never committed and is
+reported at the file's next close; ``sync_close`` commits at close as before."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+import pytest
+import trio
+
+from stripefs.client import write_back
+from stripefs.client.fuse.abi import ROOT_ID
+from stripefs.common import protocol as P
+from stripefs.common.errors import ErrorCode, StripefsError
+
+from fsapi import Kernel, open_fs, raises_errno
+
+K = 1 << 10
+
+
+@pytest.fixture
+async def mine(rig, request, monkeypatch):
+    """A client that follows the feed, and a directory it made (held whole: creates answered here)."""
+    async with open_fs(rig, Kernel(monkeypatch), f"inprocess:{request.node.name}", follow=True) as fs:
+        fs.dir = await fs.mkdir(ROOT_ID, re.sub(r"[^A-Za-z0-9_]", "_", request.node.name).encode())
+        fs.ops.dirops.take_ino()  # inode numbers delegated: creates answered here (a synchronous one sends the queue first)
+        with trio.fail_after(10):
+            while not fs.ops.dirops.left():
+                await trio.sleep(0.01)
+        yield fs
+
+
+@pytest.fixture
+def no_timer(monkeypatch):
+    """The flusher's bound out of the way: only the triggers under test send the files."""
+    monkeypatch.setattr(write_back, "DELAY_S", 600)
+
+
+def _counting(fs) -> list[str]:
+    """The kinds of request ``fs``'s mount sends the daemon (a BatchReq's items too) and the nodes' writes."""
+    calls: list[str] = []
+    meta, nodes = fs.ops.meta, fs.ops.data.nodes
+    real_call, real_batch, real_many, real_write = meta.call, meta.call_batch, nodes.write_many, nodes.write
+    meta.call = lambda req, **kw: (calls.append(type(req).__name__), real_call(req, **kw))[1]
+    meta.call_batch = lambda reqs: (calls.extend(f"batch:{type(r).__name__}" for r in reqs), real_batch(reqs))[1]
+    nodes.write_many = lambda node, writes, **kw: (calls.append(f"write_many:{len(writes)}"), real_many(node, writes, **kw))[1]
+    nodes.write = lambda node, req, data: (calls.append("WriteChunkReq"), real_write(node, req, data))[1]
+    return calls
+
+
+async def _write_files(fs, names_and_data, *, held: bool = True) -> list[int]:
+    """Create, write and close each file; with ``held``, each close returned before its commit."""
+    inodes = []
+    for name, data in names_and_data:
+        fh, ino = await fs.create(fs.dir, name)
+        assert await fs.write(fh, 0, data) == len(data)
+        await fs.close(fh)
+        if held:
+            assert fs.ops.writeback.holds(ino)  # closed, not committed (the flusher runs DELAY_S later)
+        inodes.append(ino)
+    return inodes
+
+
+async def test_close_returns_before_the_commit_and_another_mount_reads_the_files_whole(mine, rig, monkeypatch, no_timer):
+    files = [(b"f%02d" % i, os.urandom(20 * K + i)) for i in range(20)]
+    calls = _counting(mine)
+    inodes = await _write_files(mine, files)
+    assert calls == []  # creates, data and commits all wait: no round trip per file
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:  # its lookups wait for this mount's write-back
+        for name, data in files:
+            assert await other.read_file(mine.dir, name) == data
+    assert not any(mine.ops.writeback.holds(ino) for ino in inodes)
+    assert calls.count("batch:CommitReq") == 20 and "CommitReq" not in calls and "WriteChunkReq" not in calls
+    assert calls.count("batch:CreateReq") == 20 and calls.index("batch:CreateReq") < calls.index("batch:CommitReq")
+    assert sum(int(c.split(":")[1]) for c in calls if c.startswith("write_many:")) == 40  # two replicas each
+    assert len([c for c in calls if c.startswith("write_many:")]) < 20  # a request per node and batch, not per file
+    assert mine.ops.writeback.sent == 20 and not mine.ops.files  # nothing left of the closed files
+
+
+async def test_the_flusher_sends_within_its_bound_and_stat_and_reads_here_see_the_data(mine):
+    data = os.urandom(50 * K)
+    (ino,) = await _write_files(mine, [(b"one", data)])
+    with trio.fail_after(10):
+        while mine.ops.writeback.holds(ino):
+            await trio.sleep(0.02)  # (write_back.DELAY_S later)
+    assert (await mine.getattr(ino)).size == len(data)
+    assert await mine.read_file(mine.dir, b"one") == data
+    (ino,) = await _write_files(mine, [(b"two", data[:7])])
+    assert mine.ops.writeback.holds(ino)
+    assert (await mine.getattr(ino)).size == 7  # asked of the daemon: the file is committed first
+    assert not mine.ops.writeback.holds(ino)
+
+
+async def test_fsync_and_fsyncdir_make_written_back_files_durable(mine, no_timer):
+    data = os.urandom(30 * K)
+    calls = _counting(mine)
+    ino, other = await _write_files(mine, [(b"a", data), (b"b", data[::-1])])
+    fh = await mine.open(ino, os.O_RDWR)  # an open here reuses the file's state
+    await mine.fsync(fh)  # commits the queued files, then syncs this one's copies
+    assert not mine.ops.writeback.holds(ino) and not mine.ops.writeback.holds(other)
+    assert "SyncChunksReq" not in calls  # (the nodes' requests are not counted here: see below)
+    await mine.close(fh)
+    synced = []
+    real_sync = mine.ops.data.nodes.sync_each
+    mine.ops.data.nodes.sync_each = lambda by_node: (synced.append(by_node), real_sync(by_node))[1]
+    (third,) = await _write_files(mine, [(b"c", data[:100])])
+    fh = await mine.open(third, os.O_RDWR)
+    await mine.fsync(fh)
+    await mine.close(fh)
+    assert synced and all(c.ino == third for chunks in synced[0].values() for c in chunks)
+    assert sum(len(c) for c in synced[0].values()) == 2  # both copies of its one chunk
+    (fourth,) = await _write_files(mine, [(b"d", data[:10])])
+    await mine.ops.fsyncdir(mine.dir, False)
+    assert not mine.ops.writeback.holds(fourth)
+    assert await mine.read_file(mine.dir, b"d") == data[:10]
+
+
+async def test_data_that_cannot_be_stored_is_never_committed_and_the_next_close_reports_it(mine, rig, monkeypatch, no_timer):
+    data = os.urandom(40 * K)
+    (good,) = await _write_files(mine, [(b"good", data)])
+    await mine.ops.fsyncdir(mine.dir, False)
+    nodes = mine.ops.data.nodes
+    real_many, real_write = nodes.write_many, nodes.write
+
+    async def refuse_many(node_id, writes, **kw):
+        raise StripefsError(ErrorCode.IO, "the disk is gone")
+
+    async def refuse(node_id, request, payload):
+        raise StripefsError(ErrorCode.IO, "the disk is gone")
+
+    monkeypatch.setattr(nodes, "write_many", refuse_many)
+    monkeypatch.setattr(nodes, "write", refuse)
+    rig.expect_log(r"could not be stored|was not stored|no replica took the write")
+    (bad,) = await _write_files(mine, [(b"bad", data)])
+    await mine.ops.fsyncdir(mine.dir, False)
+    monkeypatch.setattr(nodes, "write_many", real_many)
+    monkeypatch.setattr(nodes, "write", real_write)
+    assert mine.ops.writeback.failed >= 1
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+        assert await other.read_file(mine.dir, b"bad") == b""  # never committed as zeros or a length without data
+        assert await other.read_file(mine.dir, b"good") == data
+    fh = await mine.open(bad, os.O_RDWR)
+    async with raises_errno(errno.EIO):
+        await mine.close(fh)  # the next close of the file reports it, once
+    fh = await mine.open(bad, os.O_RDWR)
+    await mine.close(fh)
+
+
+async def test_a_node_killed_during_write_back_gets_the_usual_retries(mine, rig, monkeypatch, no_timer):
+    files = [(b"k%02d" % i, os.urandom(10 * K + i)) for i in range(12)]
+    inodes = await _write_files(mine, files)
+    await mine.ops.dirops.flush()  # their creates answered: placed on nodes that are up
+    nodes = {n for ino in inodes for n in mine.ops.files[ino].chunks[0].nodes}
+    victim = sorted(nodes)[0]
+    rig.kill_node(victim)
+    rig.expect_log(r"storage node \d+ .* is not answering|moving that copy|not answering")
+    try:
+        await mine.ops.fsyncdir(mine.dir, False)  # a node timing out: each of its files sent again, copy moved
+        assert mine.ops.writeback.failed == 0
+        async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+            for name, data in files:
+                assert await other.read_file(mine.dir, name) == data
+                ino = (await other.lookup(mine.dir, name)).nodeid
+                rsp = await other.ops.meta.call(P.OpenReq(ino=ino, session_id=other.ops.meta.session_id))
+                assert victim not in rsp.chunks[0].nodes and len(rsp.chunks[0].nodes) == 2
+    finally:
+        await rig.restart()
+
+
+async def test_a_directory_quota_cuts_what_is_written_back_and_the_next_close_says_so(mine, rig, no_timer):
+    limit = 100 * K
+    await mine.ops.meta.call(P.QuotaSetReq(ino=mine.dir, max_bytes=limit))
+    one, two = os.urandom(70 * K), os.urandom(70 * K)
+    f1, i1 = await mine.create(mine.dir, b"one")
+    f2, i2 = await mine.create(mine.dir, b"two")
+    assert await mine.write(f1, 0, one) == len(one)
+    assert await mine.write(f2, 0, two) == len(two)  # each fits alone
+    await mine.close(f1)
+    await mine.close(f2)  # answered at once: the quota is the daemon's to check at the commit
+    await mine.ops.fsyncdir(mine.dir, False)
+    assert (await mine.getattr(i1)).size + (await mine.getattr(i2)).size <= limit
+    cut = i2 if (await mine.getattr(i2)).size < len(two) else i1
+    fh = await mine.open(cut, os.O_RDWR)
+    async with raises_errno(errno.EDQUOT):
+        await mine.close(fh)
+    assert await mine.read_file(mine.dir, b"one") == one[: (await mine.getattr(i1)).size]
+
+
+async def test_sync_close_commits_at_close_as_before(rig, monkeypatch):
+    async with open_fs(rig, Kernel(monkeypatch), "sync-close", follow=True, sync_close=True) as fs:
+        assert fs.ops.writeback is None
+        fs.dir = await fs.mkdir(ROOT_ID, b"sync_close")
+        calls = _counting(fs)
+        data = os.urandom(20 * K)
+        await _write_files(fs, [(b"x", data)], held=False)
+        assert calls.count("CommitReq") == 1 and calls.count("WriteChunkReq") == 2 and not any(c.startswith("write_many") for c in calls)
+        async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+            assert await other.read_file(fs.dir, b"x") == data
+
+
+async def test_larger_files_and_rewrites_commit_at_close(mine):
+    calls = _counting(mine)
+    big = os.urandom(5 << 20)  # more than one 4 MiB chunk
+    (ino,) = await _write_files(mine, [(b"big", big)], held=False)
+    assert not mine.ops.writeback.holds(ino) and "CommitReq" in calls
+    fh = await mine.open(ino, os.O_RDWR)
+    await mine.write(fh, 10, b"rewritten")
+    await mine.close(fh)  # a committed chunk rewritten: not a new file's
+    assert not mine.ops.writeback.holds(ino)
+    assert await mine.read_file(mine.dir, b"big") == big[:10] + b"rewritten" + big[19:]
+
+
+async def test_a_create_refused_after_the_close_commits_none_of_its_data(mine, rig, monkeypatch, no_timer):
+    """An inode quota the mount did not know of: the creates past it are refused when the write-back
+    sends them; their kept data goes nowhere, the next operation on such a file fails once, and the
+    others are committed whole."""
+    await mine.ops.meta.call(P.QuotaSetReq(ino=mine.dir, max_inodes=3))
+    rig.expect_log(r"was not stored|refused after the kernel was answered")
+    files = [(b"q%d" % i, os.urandom(3 * K + i)) for i in range(5)]
+    inodes = await _write_files(mine, files)
+    await mine.ops.fsyncdir(mine.dir, False)
+    refused = []
+    for ino in inodes:
+        try:
+            await mine.getattr(ino)
+        except Exception as exc:  # noqa: BLE001 - the CephFS rule: the refusal's error, once
+            assert getattr(exc, "errno", None) == errno.EDQUOT, exc
+            refused.append(ino)
+    assert len(refused) == 2
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+        names = sorted(await other.listdir(mine.dir))
+        assert len(names) == 3
+        for name, data in files:
+            if name in names:
+                assert await other.read_file(mine.dir, name) == data
+
+
+async def test_a_close_past_the_queues_bound_waits_for_a_batch(mine, monkeypatch, no_timer):
+    monkeypatch.setattr(write_back, "MAX_QUEUED", 3)
+    files = [(b"m%d" % i, os.urandom(2 * K + i)) for i in range(5)]
+    inodes = await _write_files(mine, files[:2])
+    fh, third = await mine.create(mine.dir, b"m2")
+    await mine.write(fh, 0, files[2][1])
+    await mine.close(fh)  # the third queued: this close sends the three (backpressure)
+    assert not any(mine.ops.writeback.holds(ino) for ino in [*inodes, third])
+    await _write_files(mine, files[3:])  # held again, below the bound
+    for name, data in files:
+        assert await mine.read_file(mine.dir, name) == data
