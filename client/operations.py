@@ -742,6 +742,10 @@ class Operations:
     async def lookup(self, parent_inode, name, ctx=None):
         if self.dirops is not None and self.dirops.naming(parent_inode, name):
             await self._settle(parent_inode)  # a change of this very name is on its way: the daemon has it first
+        elif self.writeback is not None and self.writeback.busy(parent_inode):
+            # files closed here wait to be sent in this directory: the daemon's answer (the size the
+            # kernel reads up to) must include them (a name the kernel forgot, asked again)
+            await self._settle(parent_inode)
         previous = self._last_lookup.get(ctx.pid)
         # open information costs the daemon a little: ask for it unless this process
         # looked its last file up without opening it (``du`` and ``find`` do that)
@@ -827,6 +831,9 @@ class Operations:
         of = self.files.get(inode)
         if of is not None and (of.has_unflushed or of.size != of.attr.size):
             return None  # written here: the handler asks
+        wb = self.writeback
+        if wb is not None and wb.holds(inode):
+            return None  # closed here, its data not sent yet: what the create's answer held is old
         return self._held_attr(inode)
 
     def _encoded(self, attr: p.Attr, cache: dict, encode) -> Encoded:
@@ -1622,9 +1629,11 @@ class Operations:
                 if ino in self._inode_handles:
                     self._drop_inode_handle(ino)
                     of = self.files.get(ino)
-                    if of is not None and of.open_count == 0:
+                    if of is not None and of.open_count == 0 \
+                            and not (self.writeback is not None and self.writeback.holds(ino)):
                         # no open file is left to send what it holds (no-open: every close's FLUSH
-                        # committed it, or reported why not)
+                        # committed it, or reported why not); one the write-back still holds stays
+                        # (it answers a stat until its commit: _held_long), and goes once sent
                         del self.files[ino]
                 self._kernel_view.pop(ino, None)
                 self._dataset_info.pop(ino, None)

@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from stripefs.client import write_back
+from stripefs.client.operations import FAST_PATH_MISS
 from stripefs.client.fuse.abi import ROOT_ID
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
@@ -255,3 +256,21 @@ async def test_a_close_past_the_queues_bound_waits_for_a_batch(mine, monkeypatch
     await _write_files(mine, files[3:])  # held again, below the bound
     for name, data in files:
         assert await mine.read_file(mine.dir, name) == data
+
+
+async def test_a_file_waiting_to_be_sent_is_never_answered_with_the_size_its_create_had(mine, no_timer):
+    """Found merging write-back with no-open: the create's answer re-held the new file's attributes
+    (size 0) after its close queued it, and once the kernel forgot the inode (drop_caches) the
+    reader thread answered a LOOKUP and a GETATTR from them: a stat and a read saw an empty file
+    until the write-back sent it. Now the mount answers nothing from memory while the write-back
+    holds the file, and a lookup in its directory sends the waiting files first."""
+    data = os.urandom(5000)
+    (ino,) = await _write_files(mine, [(b"queued", data)])
+    await mine.ops.dirops.flush()  # the create is answered; its data and commit still wait
+    assert mine.ops.writeback.holds(ino)
+    mine.ops.forget_now([(ino, 1)])  # the kernel forgets the inode (memory pressure, drop_caches)
+    assert mine.ops._fast_lookup(mine.dir, b"queued") is FAST_PATH_MISS
+    assert mine.ops._fast_getattr(ino) is FAST_PATH_MISS
+    assert (await mine.lookup(mine.dir, b"queued")).attr.size == len(data)
+    assert not mine.ops.writeback.holds(ino)  # the lookup sent it
+    assert await mine.read_file(mine.dir, b"queued") == data
