@@ -46,7 +46,7 @@ import zmq
 from . import limits, metrics, protocol, security
 from .errors import ErrorCode
 from .limits import ReplyQueues
-from .transport import FastHandler, Handler, _code_name, observe_served, new_socket, open_socket, serve
+from .transport import FastHandler, Handler, code_name, observe_served, new_socket, open_socket, serve
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class _Lane:
         reply, out = result if isinstance(result, tuple) else (result, ())
         if isinstance(reply, protocol.ErrorRsp):  # an error answered here is counted as serve() counts it
             log.debug("%s: %s (request %d) -> %s", self.name, protocol.kind(body), request_id, reply.message)
-            metrics.REQUEST_ERRORS.labels(self.name, protocol.kind(body), _code_name(reply.code)).inc()
+            metrics.REQUEST_ERRORS.labels(self.name, protocol.kind(body), code_name(reply.code)).inc()
         else:
             observe_served(self.name, body, payloads, result, time.perf_counter() - started)
         try:

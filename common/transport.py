@@ -490,7 +490,7 @@ async def serve(
             identity, request_id, body, payloads, _, _ = taken[index]
             sent.add(index)
             if isinstance(result, protocol.ErrorRsp):
-                metrics.REQUEST_ERRORS.labels(name, protocol.kind(body), _code_name(result.code)).inc()
+                metrics.REQUEST_ERRORS.labels(name, protocol.kind(body), code_name(result.code)).inc()
             else:
                 observe_served(name, body, payloads, result, time.perf_counter() - started)
             await reply(identity, request_id, result)
@@ -514,7 +514,7 @@ async def serve(
                 nursery.start_soon(handle_one, identity, request_id, body, payloads, result)
             else:
                 if isinstance(result, protocol.ErrorRsp):
-                    metrics.REQUEST_ERRORS.labels(name, protocol.kind(body), _code_name(result.code)).inc()
+                    metrics.REQUEST_ERRORS.labels(name, protocol.kind(body), code_name(result.code)).inc()
                 else:
                     observe_served(name, body, payloads, result, seconds)
                 await reply(identity, request_id, result)
@@ -582,7 +582,7 @@ async def serve(
                 await refused
 
 
-def _code_name(code: int) -> str:
+def code_name(code: int) -> str:
     try:
         return ErrorCode(code).name
     except ValueError:

@@ -378,60 +378,58 @@ async def test_hostile_values_found_by_fuzzing_get_error_codes_not_internal(daem
     assert "Traceback" not in daemon.log.read_text()
 
 
-async def test_hostile_session_state_cannot_end_the_daemon_later(tmp_path, ctx):
-    """Regression from `make fuzz`: a SessionHeartbeatReq listing inode 2**64-1 was kept, and when
-    the session expired the health sweep's SQL overflowed and ended the daemon. Now the inode is
-    refused on arrival, and made-up session ids are not adopted."""
-    config = MetaConfig(
-        listen=_free_address(), data_dir=str(tmp_path), node_timeout_s=1.0, session_lease_s=0.5,
-        chunk_size=1 << 20, stripe_count=2, redundancy="replicas=1",
-    )
+@contextlib.asynccontextmanager
+async def _served(tmp_path, ctx, **settings):
+    """A metadata daemon in this process with ``settings`` (replicas=1, 1 MiB chunks), and a client
+    connected to it: (service, client)."""
+    config = MetaConfig(listen=_free_address(), data_dir=str(tmp_path), chunk_size=1 << 20, stripe_count=2,
+                        redundancy="replicas=1", **settings)
     service = MetaService(config, zmq_context=ctx)
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         async with connect(ctx, config.listen, timeout=10) as c:
-            sid = (await _call(c, P.HelloReq(host="t", pid=1))).session_id
-            for bad in ([2**64 - 1], [2**63], [0], [-5]):
-                with pytest.raises(StripefsError) as exc:
-                    await c.call(P.SessionHeartbeatReq(session_id=sid, open_inodes=bad))
-                assert exc.value.code == ErrorCode.BAD_REQUEST
-            for sid_bad in (2**64 - 1, 2**63, -1):  # 0: no session
-                with pytest.raises(StripefsError) as exc:
-                    await c.call(P.OpenReq(ino=ROOT, session_id=sid_bad))
-                assert exc.value.code == ErrorCode.NOT_FOUND
-            await _call(c, P.SessionHeartbeatReq(session_id=sid, open_inodes=[2**63 - 1, 12345]))  # bogus but storable
-            with trio.fail_after(10):
-                while len(service.sessions):  # expired, its inodes released by the health sweep
-                    await trio.sleep(0.1)
-            assert isinstance(await _call(c, P.PingReq()), P.PingRsp)
+            yield service, c
         nursery.cancel_scope.cancel()
+
+
+async def test_hostile_session_state_cannot_end_the_daemon_later(tmp_path, ctx):
+    """Regression from `make fuzz`: a SessionHeartbeatReq listing inode 2**64-1 was kept, and when
+    the session expired the health sweep's SQL overflowed and ended the daemon. Now the inode is
+    refused on arrival, and made-up session ids are not adopted."""
+    async with _served(tmp_path, ctx, node_timeout_s=1.0, session_lease_s=0.5) as (service, c):
+        sid = (await _call(c, P.HelloReq(host="t", pid=1))).session_id
+        for bad in ([2**64 - 1], [2**63], [0], [-5]):
+            with pytest.raises(StripefsError) as exc:
+                await c.call(P.SessionHeartbeatReq(session_id=sid, open_inodes=bad))
+            assert exc.value.code == ErrorCode.BAD_REQUEST
+        for sid_bad in (2**64 - 1, 2**63, -1):  # 0: no session
+            with pytest.raises(StripefsError) as exc:
+                await c.call(P.OpenReq(ino=ROOT, session_id=sid_bad))
+            assert exc.value.code == ErrorCode.NOT_FOUND
+        await _call(c, P.SessionHeartbeatReq(session_id=sid, open_inodes=[2**63 - 1, 12345]))  # bogus but storable
+        with trio.fail_after(10):
+            while len(service.sessions):  # expired, its inodes released by the health sweep
+                await trio.sleep(0.1)
+        assert isinstance(await _call(c, P.PingReq()), P.PingRsp)
 
 
 async def test_a_session_ended_by_its_mount_releases_its_open_files_at_once(tmp_path, ctx):
     """SessionEndReq (an unmount): the session's open, unlinked file goes now, not at the lease's
     end (60 s here); a session the daemon does not know ends nothing and is not an error."""
-    config = MetaConfig(
-        listen=_free_address(), data_dir=str(tmp_path), node_timeout_s=60.0, session_lease_s=60.0,
-        trash_keep_s=0.0,  # the unlink frees at once: what the session end lets go
-        chunk_size=1 << 20, stripe_count=2, redundancy="replicas=1",
-    )
-    service = MetaService(config, zmq_context=ctx)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(service.run)
-        async with connect(ctx, config.listen, timeout=10) as c:
-            sid = (await _call(c, P.HelloReq(host="t", pid=1))).session_id
-            other = (await _call(c, P.HelloReq(host="t", pid=2))).session_id
-            f = (await _call(c, P.CreateReq(parent=ROOT, name=b"open", mode=0o100644, uid=0, gid=0, session_id=sid))).attr
-            await _call(c, P.UnlinkReq(parent=ROOT, name=b"open"))
-            assert (await _call(c, P.GetattrReq(ino=f.ino))).attr.nlink == 0  # its session holds it open
-            assert isinstance(await _call(c, P.SessionEndReq(session_id=sid)), P.OkRsp)
-            with pytest.raises(StripefsError) as exc:
-                await c.call(P.GetattrReq(ino=f.ino))
-            assert exc.value.code == ErrorCode.NOT_FOUND
-            assert len(service.sessions) == 1  # the other session stays
-            assert isinstance(await _call(c, P.SessionEndReq(session_id=sid)), P.OkRsp)  # again: nothing to end
-            await _call(c, P.SessionHeartbeatReq(session_id=other, open_inodes=[]))
-        nursery.cancel_scope.cancel()
+    # trash_keep_s 0: the unlink frees at once, which is what the session's end lets go
+    async with _served(tmp_path, ctx, node_timeout_s=60.0, session_lease_s=60.0, trash_keep_s=0.0) as (service, c):
+        sid = (await _call(c, P.HelloReq(host="t", pid=1))).session_id
+        other = (await _call(c, P.HelloReq(host="t", pid=2))).session_id
+        f = (await _call(c, P.CreateReq(parent=ROOT, name=b"open", mode=0o100644, uid=0, gid=0, session_id=sid))).attr
+        await _call(c, P.UnlinkReq(parent=ROOT, name=b"open"))
+        assert (await _call(c, P.GetattrReq(ino=f.ino))).attr.nlink == 0  # its session holds it open
+        assert isinstance(await _call(c, P.SessionEndReq(session_id=sid)), P.OkRsp)
+        with pytest.raises(StripefsError) as exc:
+            await c.call(P.GetattrReq(ino=f.ino))
+        assert exc.value.code == ErrorCode.NOT_FOUND
+        assert len(service.sessions) == 1  # the other session stays
+        assert isinstance(await _call(c, P.SessionEndReq(session_id=sid)), P.OkRsp)  # again: nothing to end
+        await _call(c, P.SessionHeartbeatReq(session_id=other, open_inodes=[]))
 
 
 async def test_lookups_answered_on_the_fast_path_match_the_usual_path(daemon, ctx):
