@@ -15,7 +15,7 @@ import trio
 from stripefs.client.fuse.abi import ROOT_ID
 from stripefs.common import protocol as P
 
-from fsapi import Kernel, open_fs, raises_errno
+from fsapi import Kernel, delegated_numbers, in_held_directory, open_fs, raises_errno
 
 
 @pytest.fixture
@@ -24,14 +24,6 @@ async def mine(rig, request, monkeypatch):
     async with open_fs(rig, Kernel(monkeypatch), f"inprocess:{request.node.name}", follow=True) as fs:
         fs.dir = await fs.mkdir(ROOT_ID, re.sub(r"[^A-Za-z0-9_]", "_", request.node.name).encode())
         yield fs
-
-
-async def _numbers(fs) -> None:
-    """Wait until the daemon delegated inode numbers to this client (asked at its first create)."""
-    fs.ops.dirops.take_ino()  # asks for a range (one number spent: holes cost nothing)
-    with trio.fail_after(10):
-        while not fs.ops.dirops.left():
-            await trio.sleep(0.01)
 
 
 def _counting(fs) -> list[str]:
@@ -48,7 +40,7 @@ async def _listing(rig, monkeypatch, name: str, d: int) -> list[bytes]:
 
 
 async def test_creates_in_a_held_directory_are_answered_here_and_sent_in_batches(mine, rig, monkeypatch):
-    await _numbers(mine)
+    await delegated_numbers(mine)
     calls = _counting(mine)
     inodes = []
     for i in range(50):
@@ -66,7 +58,7 @@ async def test_creates_in_a_held_directory_are_answered_here_and_sent_in_batches
 
 
 async def test_data_written_to_a_file_created_here_waits_for_the_daemons_answer(mine):
-    await _numbers(mine)
+    await delegated_numbers(mine)
     fh, ino = await mine.create(mine.dir, b"data")
     assert mine.ops.dirops.pending(ino)
     assert await mine.write(fh, 0, b"x" * 5000) == 5000
@@ -80,7 +72,7 @@ async def test_data_written_to_a_file_created_here_waits_for_the_daemons_answer(
 
 
 async def test_another_mounts_change_in_the_directory_sends_the_pending_creates_first(mine, rig, monkeypatch):
-    await _numbers(mine)
+    await delegated_numbers(mine)
     for i in range(5):
         await mine.close((await mine.create(mine.dir, b"p%d" % i))[0])
     async with open_fs(rig, Kernel(monkeypatch), "theirs") as theirs:
@@ -97,7 +89,7 @@ async def test_a_create_refused_after_the_answer_fails_the_files_next_operation_
     """A directory quota the mount does not know of: the daemon refuses the third create after the
     kernel was answered; the refusal is logged and counted, the kernel forgets the name and the
     inode, and the next operation on the file fails with EDQUOT, once."""
-    await _numbers(mine)
+    await delegated_numbers(mine)
     await mine.ops.meta.call(P.QuotaSetReq(ino=mine.dir, max_inodes=2))
     made = []
     for i in range(3):
@@ -118,7 +110,7 @@ async def test_a_create_refused_after_the_answer_fails_the_files_next_operation_
 async def test_another_mount_reading_the_directory_sees_the_creates_answered_here(mine, rig, monkeypatch):
     """Close-to-open for names: another mount's lookup or listing of the directory recalls it
     (daemon/callbacks.py ``recall_needed``): this mount sends its pending creates first."""
-    await _numbers(mine)
+    await delegated_numbers(mine)
     made = []
     for i in range(3):
         fh, ino = await mine.create(mine.dir, b"r%d" % i)
@@ -134,7 +126,7 @@ async def test_another_mount_reading_the_directory_sees_the_creates_answered_her
 
 
 async def test_unlinks_in_a_held_directory_are_answered_here_in_order_with_the_creates(mine, rig, monkeypatch):
-    await _numbers(mine)
+    await delegated_numbers(mine)
     calls = _counting(mine)
     for i in range(20):
         await mine.close((await mine.create(mine.dir, b"u%02d" % i))[0])
@@ -152,7 +144,7 @@ async def test_unlinks_in_a_held_directory_are_answered_here_in_order_with_the_c
 
 
 async def test_mkdir_in_a_held_directory_is_answered_here_and_what_is_made_in_it_too(mine, rig, monkeypatch):
-    await _numbers(mine)
+    await delegated_numbers(mine)
     calls = _counting(mine)
     parent = mine.dir
     chain = []
@@ -195,7 +187,7 @@ async def test_a_file_renamed_into_a_held_directory_keeps_its_name_and_is_unlink
         await mine.ops.fsyncdir(d, False)
         assert await _listing(rig, monkeypatch, "other", d) == []
 
-    await _in_held_directory(mine, body)
+    await in_held_directory(mine, body)
 
 
 async def _files(fs, d: int, *names: bytes) -> list[int]:
@@ -207,29 +199,6 @@ async def _files(fs, d: int, *names: bytes) -> list[int]:
         inodes.append(ino)
     await fs.ops.dirops.flush()
     return inodes
-
-
-async def _in_held_directory(fs, body) -> None:
-    """``body(d)`` in a new directory made here (held whole). A change feed silent for 3 s (a loaded
-    machine) rightly drops every name and hold, and the renames then ask the daemon (and get the
-    daemon's answer, an error among them, at once): a round that failed while the feed was out of
-    step or dropped the cache runs again in another directory, at most three times, each once the
-    feed is in step."""
-    await _numbers(fs)
-    real = fs.ops.meta.call
-    for attempt in range(3):
-        with trio.fail_after(10):
-            while not fs.ops.kcache.healthy:
-                await trio.sleep(0.05)
-        drops = fs.ops.kcache.drops
-        fs.ops.meta.call = real
-        try:
-            await body(await fs.mkdir(fs.dir, b"round%d" % attempt))
-            return
-        except (AssertionError, OSError):  # OSError: the daemon's answer to a change it was asked
-            if fs.ops.kcache.drops == drops and fs.ops.kcache.healthy:
-                raise
-    pytest.fail("the change feed dropped the mount's cache in each of 3 rounds")
 
 
 async def test_a_rename_in_held_directories_is_answered_here_and_another_mount_sees_it(mine, rig, monkeypatch):
@@ -249,7 +218,7 @@ async def test_a_rename_in_held_directories_is_answered_here_and_another_mount_s
         assert calls.count("RenameReq") == 0 and mine.ops.dirops.refused == 0
         assert (await mine.getattr(b)).ino == b
 
-    await _in_held_directory(mine, body)
+    await in_held_directory(mine, body)
 
 
 async def test_a_create_rename_and_unlink_in_one_burst_end_right_at_the_daemon(mine, rig, monkeypatch):
@@ -272,7 +241,7 @@ async def test_a_create_rename_and_unlink_in_one_burst_end_right_at_the_daemon(m
             assert await other.listdir(d2) == [b"k"]
             assert (await other.lookup(d2, b"k")).nodeid == kept
 
-    await _in_held_directory(mine, body)
+    await in_held_directory(mine, body)
 
 
 async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(mine, rig, monkeypatch):
@@ -295,7 +264,7 @@ async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(
         assert await _listing(rig, monkeypatch, "other", d) == [b"b", b"c", b"f", b"l2", b"l3", b"sub2"]
         assert (await mine.lookup(d, b"sub2")).nodeid == sub
 
-    await _in_held_directory(mine, body)
+    await in_held_directory(mine, body)
 
 
 async def test_a_rename_refused_after_the_answer_drops_both_names_and_fails_the_next_operation_once(mine, rig, monkeypatch):
@@ -326,4 +295,4 @@ async def test_a_rename_refused_after_the_answer_drops_both_names_and_fails_the_
         finally:
             await mine.ops.meta.call(P.QuotaSetReq(ino=d2, max_inodes=0))
 
-    await _in_held_directory(mine, body)
+    await in_held_directory(mine, body)

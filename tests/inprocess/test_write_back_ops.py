@@ -19,7 +19,7 @@ from stripefs.client.fuse.abi import ROOT_ID
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
 
-from fsapi import Kernel, open_fs, raises_errno
+from fsapi import Kernel, in_held_directory, open_fs, raises_errno
 
 K = 1 << 10
 
@@ -127,8 +127,6 @@ async def test_fsync_and_fsyncdir_make_written_back_files_durable(mine, no_timer
 
 async def test_data_that_cannot_be_stored_is_never_committed_and_the_next_close_reports_it(mine, rig, monkeypatch, no_timer):
     data = os.urandom(40 * K)
-    (good,) = await _write_files(mine, [(b"good", data)])
-    await mine.ops.fsyncdir(mine.dir, False)
     nodes = mine.ops.data.nodes
     real_many, real_write = nodes.write_many, nodes.write
 
@@ -138,22 +136,29 @@ async def test_data_that_cannot_be_stored_is_never_committed_and_the_next_close_
     async def refuse(node_id, request, payload):
         raise StripefsError(ErrorCode.IO, "the disk is gone")
 
-    monkeypatch.setattr(nodes, "write_many", refuse_many)
-    monkeypatch.setattr(nodes, "write", refuse)
     rig.expect_log(r"could not be stored|was not stored|no replica took the write")
-    (bad,) = await _write_files(mine, [(b"bad", data)])
-    await mine.ops.fsyncdir(mine.dir, False)
-    monkeypatch.setattr(nodes, "write_many", real_many)
-    monkeypatch.setattr(nodes, "write", real_write)
-    assert mine.ops.writeback.failed >= 1
-    async with open_fs(rig, Kernel(monkeypatch), "other") as other:
-        assert await other.read_file(mine.dir, b"bad") == b""  # never committed as zeros or a length without data
-        assert await other.read_file(mine.dir, b"good") == data
-    fh = await mine.open(bad, os.O_RDWR)
-    async with raises_errno(errno.EIO):
-        await mine.close(fh)  # the next close of the file reports it, once
-    fh = await mine.open(bad, os.O_RDWR)
-    await mine.close(fh)
+
+    async def body(d):  # (a feed drop under load: the close commits at once and reports EIO; again)
+        mine.dir = d
+        (good,) = await _write_files(mine, [(b"good", data)])
+        await mine.ops.fsyncdir(mine.dir, False)
+        nodes.write_many, nodes.write = refuse_many, refuse
+        try:
+            (bad,) = await _write_files(mine, [(b"bad", data)])
+            await mine.ops.fsyncdir(mine.dir, False)
+        finally:
+            nodes.write_many, nodes.write = real_many, real_write
+        assert mine.ops.writeback.failed >= 1
+        async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+            assert await other.read_file(mine.dir, b"bad") == b""  # never committed as zeros or a length without data
+            assert await other.read_file(mine.dir, b"good") == data
+        fh = await mine.open(bad, os.O_RDWR)
+        async with raises_errno(errno.EIO):
+            await mine.close(fh)  # the next close of the file reports it, once
+        fh = await mine.open(bad, os.O_RDWR)
+        await mine.close(fh)
+
+    await in_held_directory(mine, body)
 
 
 async def test_a_node_killed_during_write_back_gets_the_usual_retries(mine, rig, monkeypatch, no_timer):
