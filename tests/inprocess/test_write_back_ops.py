@@ -13,7 +13,7 @@ import re
 import pytest
 import trio
 
-from stripefs.client import write_back
+from stripefs.client import async_dirops, write_back
 from stripefs.client.operations import FAST_PATH_MISS
 from stripefs.client.fuse.abi import ROOT_ID
 from stripefs.common import protocol as P
@@ -38,8 +38,11 @@ async def mine(rig, request, monkeypatch):
 
 @pytest.fixture
 def no_timer(monkeypatch):
-    """The flusher's bound out of the way: only the triggers under test send the files."""
+    """The flushers' bounds out of the way (the write-back's, and the asynchronous creates': under load
+    a create sent between its file's create and first write made the timing part of the test): only
+    the triggers under test send the files."""
     monkeypatch.setattr(write_back, "DELAY_S", 600)
+    monkeypatch.setattr(async_dirops, "DELAY_S", 600)
 
 
 def _counting(fs) -> list[str]:
