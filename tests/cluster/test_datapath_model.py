@@ -35,8 +35,9 @@ import conftest  # noqa: E402
 from conftest import run_cli, run_cluster  # noqa: E402
 from datapath_model import Engine, Mismatch, cluster_target, kill_schedule, new_cluster, set_up  # noqa: E402
 
-# operations per test. The cluster spends ~5 ms of CPU per operation on rep, ~11-15 ms on ec (a small write
-# re-encodes its 256 KiB stripe): ~7 s and ~10-12 s a test on an idle 2-core machine, plus ~10 s for the kill
+# operations per test. The cluster spends ~3-4 ms of CPU per operation on rep, ~5-7 ms on ec (a small write
+# updates parity by delta; bench/model_ec_cpu.py): a few seconds a test on an idle 2-core machine, plus ~10 s
+# for the kill
 OPS = {"rep": 1200, "ec": 800}
 # fixed seeds, each of which found a bug within a few hundred operations on the code before issue 14's fixes
 SEEDS = {("rep", True): 1, ("rep", False): 2, ("ec", True): 1, ("ec", False): 1}
