@@ -223,6 +223,10 @@ class Operations:
         # (daemon/callbacks.py): its OpenRsp when the lookup carried one, else its Attr; kept until
         # the feed says it changed (the daemon answers such a change only after that)
         self._held_info: OrderedDict[int, p.OpenRsp | p.Attr] = OrderedDict()
+        #: directories a file created here was told a quota applies in: their new files' data is not
+        #: kept before the create's answer nor written back after close, so a write past the quota is
+        #: cut short at once (EDQUOT), as without write-back (``_note_quota``)
+        self._quota_dirs: set[int] = set()
         self.files: dict[int, OpenFile] = {}  # ino -> open file state
         # directory -> every name in it, while this mount holds a callback on its names
         # (daemon/callbacks.py): a lookup of another name is answered ENOENT without asking
@@ -608,6 +612,7 @@ class Operations:
                 of.attr, of.layout, of.chunks = rsp.attr, rsp.layout, {c.index: c for c in rsp.chunks}
                 of.epoch = of.epoch or rsp.epoch
                 of.quota_max = rsp.quota_max_size
+                self._note_quota(of)
             if not isinstance(rsp, p.ErrorRsp):
                 if rsp.callback >= 0 and self.kcache.healthy:
                     self.kcache.granted(q.ino, q.parent, q.name, rsp.callback)
@@ -1330,6 +1335,7 @@ class Operations:
                     self._keep_held(rsp.attr.ino, rsp.attr)
         of, _, _ = self._record_open(rsp, fresh_attrs=True)
         of.parent = parent_inode
+        self._note_quota(of)
         fh = self._new_handle(of)
         of.killpriv_absent = True  # a file this request made has no extended attributes: its first WRITE asks nothing
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
@@ -1496,6 +1502,7 @@ class Operations:
         """Whether a write of ``n`` bytes to ``of`` waits for its create (``OpenFile.early``): a small
         file created here, its create not answered, written back after its close (client/write_back.py)."""
         return (of.layout is _PENDING_LAYOUT and of.write_error is None and of.early_bytes + n <= EARLY_MAX
+                and of.parent not in self._quota_dirs
                 and self.writeback is not None and self.writeback.running and self.dirops.pending(of.ino))
 
     async def _replay(self, of: OpenFile) -> None:
@@ -1549,6 +1556,10 @@ class Operations:
             await self._flush(of)
             self._kernel_view[of.ino] = (of.attr.mtime_ns, of.attr.size)
 
+    def _note_quota(self, of: OpenFile) -> None:
+        if of.quota_max >= 0 and of.parent:
+            self._quota_dirs.add(of.parent)
+
     def _may_write_back(self, of: OpenFile) -> bool:
         """Whether ``of``'s commit may follow its close: only in a directory this mount holds whole, with
         inode numbers delegated (as for an asynchronous create), and the file held too: another mount's
@@ -1557,7 +1568,8 @@ class Operations:
         mount's open of it does not wait for this one."""
         wb, d = self.writeback, self.dirops
         return (wb is not None and wb.running and d is not None and d.enabled and d.left() > 0 and self.kcache.healthy
-                and of.ino in self.kcache.grants and self._names_of_dir(of.parent) is not None)
+                and of.ino in self.kcache.grants and self._names_of_dir(of.parent) is not None
+                and of.parent not in self._quota_dirs)
 
     async def _before_write_back(self, files: list[OpenFile]) -> None:
         """The write-back is about to send ``files``: their creates go first, then their kept writes."""
