@@ -526,6 +526,10 @@ class Healer:
                 store.add_garbage(garbage)
             return False
         cur_version, nodes = cur
+        if cur_version > 0 and not nodes:  # moved to a tier meanwhile (daemon/tiering.py): never made hot again here
+            if task.kind != "move_empty":
+                store.add_garbage(garbage)
+            return False
         if task.kind != "move_empty" and (cur_version > version or (task.ec and cur_version != version)):
             store.add_garbage(garbage)  # a writer committed a newer version meanwhile
             return False

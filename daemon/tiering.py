@@ -339,7 +339,7 @@ class Tiering:
         async with self.txn.lock:
             # mounts drop what they cached of the file (its chunk map names the released copies)
             switched, batch = self.txn.write_locked(
-                self._switch_cold, ino, idx, version, nodes, tier_id, name, len(data), xxh3, change=([ino], []),
+                self._switch_cold, ino, idx, version, tier_id, name, len(data), xxh3, change=([ino], []),
             )
         await batch.wait()
         if not switched:
@@ -361,14 +361,16 @@ class Tiering:
             self.store.delete_tier_object(ino, idx, version)
             self.store.add_tier_garbage([(tier_id, name)])  # it may have been uploaded before a crash
 
-    def _switch_cold(self, ino, idx, version, nodes, tier_id, name, length, xxh3) -> bool:
-        """The compare-and-swap of a migration: the row still has the version and nodes the upload read."""
+    def _switch_cold(self, ino, idx, version, tier_id, name, length, xxh3) -> bool:
+        """The compare-and-swap of a migration: the row still has the version the upload read, on
+        storage nodes. A version's bytes never change (a write makes a new one), so the copies
+        released are those the row names now: a repair or a move may have changed them meanwhile."""
         cur = self.store.get_chunks(ino, [idx]).get(idx)
-        if cur is None or cur[0] != version or list(cur[1]) != nodes:
+        if cur is None or cur[0] != version or not cur[1]:
             self._drop_intent(ino, idx, version, tier_id, name)
             return False
         self.store.put_chunk(ino, idx, version, [])
-        self.store.add_garbage((n, ino, idx, 0, version) for n in nodes if n != redundancy.MISSING)
+        self.store.add_garbage((n, ino, idx, 0, version) for n in cur[1] if n != redundancy.MISSING)
         self.store.set_object_stored(ino, idx, version, length, to_signed(xxh3))
         return True
 

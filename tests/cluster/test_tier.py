@@ -57,6 +57,12 @@ def objects(c: Cluster) -> int:
     return {t.name: t for t in rsp.tiers}["cold"].objects
 
 
+def tier_lines(c: Cluster) -> str:
+    """The metadata daemon's log lines about chunks and tiers: what an object count's assertion shows."""
+    text = c.logs().get("meta.log", "")
+    return "\n".join([line for line in text.splitlines() if "chunk" in line or "tier" in line][-40:])
+
+
 def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
 
@@ -112,12 +118,14 @@ def test_migrate_release_read_back_restart(tcluster, tdir):
     check_all(files)  # transparent recall
     assert objects(c) == before_objects, "a recall queues the object for deletion"
     # again cold, then a restart of the daemon and every storage node: still cold, still readable
-    cli(c, "tier", "migrate", "-r", str(tdir), "--to", "cold")
+    out = cli(c, "tier", "migrate", "-r", str(tdir), "--to", "cold").stdout
+    assert "4 file(s) moved to tier cold; 8 chunk(s)" in out, out + tier_lines(c)
+    assert objects(c) == before_objects + 8, tier_lines(c)
     c.kill_meta()
     for i in range(1, c.nodes + 1):
         c.kill_node(i)
     c.restart()
-    assert objects(c) == before_objects + 8
+    assert objects(c) == before_objects + 8, tier_lines(c)
     check_all(files)
 
 

@@ -275,6 +275,10 @@ def test_record_is_a_compare_and_swap(svc):
     with svc.store.savepoint():
         assert not svc.healer._record(Task("drain", ino, 0, 5, (1, 3), (1, 3), 0, 2, 1 << 20), 2, 5)
     assert svc.store.get_chunks(ino)[0] == (9, [1, 3])
+    svc.store.put_chunk(ino, 0, 9, [])  # moved to a tier while a copy was made: the copy never makes it hot
+    with svc.store.savepoint():
+        assert not svc.healer._record(Task("repair", ino, 0, 9, (1, 3), (1,), -1, 2, 1 << 20), 4, 9)
+    assert svc.store.get_chunks(ino)[0] == (9, []) and (4, ino, 0, 9) in _garbage(svc)
 
 
 def test_bad_copies_are_dropped_but_never_the_last(svc, caplog):

@@ -121,15 +121,29 @@ def test_migration_switches_only_the_row_it_read(svc):
     ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 5, [3, 4])))
     svc.store.add_tier_objects([(ino, 0, 5, 1, 11), (ino, 1, 5, 1, 12)])
     with svc.store.savepoint():
-        assert t._switch_cold(ino, 0, 5, [1, 2], 1, "n0", 100, 1 << 63)
+        assert t._switch_cold(ino, 0, 5, 1, "n0", 100, 1 << 63)
     assert svc.store.get_chunks(ino)[0] == (5, [])  # cold: no nodes
     assert _garbage(svc) == [(1, ino, 0, 5), (2, ino, 0, 5)]  # the copies go, bounded by the version
     assert _objects(svc)[(ino, 0, 5)] == "stored"
     svc.store.put_chunk(ino, 1, 9, [3, 4])  # a writer committed version 9 during the upload
     with svc.store.savepoint():
-        assert not t._switch_cold(ino, 1, 5, [3, 4], 1, "n1", 100, 7)
+        assert not t._switch_cold(ino, 1, 5, 1, "n1", 100, 7)
     assert svc.store.get_chunks(ino)[1] == (9, [3, 4])
     assert (ino, 1, 5) not in _objects(svc) and _tier_garbage(svc) == ["n1"]  # the upload is garbage
+
+
+def test_migration_releases_the_copies_the_row_names_at_the_switch(svc):
+    """A repair moved a copy during the upload: the version (its bytes) is the same, so the switch
+    happens, and the copies released are the row's own, not those the upload read."""
+    t = svc.tiering
+    ino = _file(svc, chunks=((0, 5, [1, 2]),))
+    svc.store.add_tier_objects([(ino, 0, 5, 1, 11)])
+    svc.store.put_chunk(ino, 0, 5, [1, 3])  # node 2's copy re-replicated onto node 3
+    with svc.store.savepoint():
+        assert t._switch_cold(ino, 0, 5, 1, "n0", 100, 7)
+    assert svc.store.get_chunks(ino)[0] == (5, [])
+    assert _garbage(svc) == [(1, ino, 0, 5), (3, ino, 0, 5)]
+    assert _objects(svc)[(ino, 0, 5)] == "stored"
 
 
 def test_recall_switches_back_and_queues_the_object(svc):
@@ -137,7 +151,7 @@ def test_recall_switches_back_and_queues_the_object(svc):
     ino = _file(svc)
     svc.store.add_tier_objects([(ino, 0, 5, 1, 11)])
     with svc.store.savepoint():
-        t._switch_cold(ino, 0, 5, [1, 2], 1, "n0", 100, 7)
+        t._switch_cold(ino, 0, 5, 1, "n0", 100, 7)
     with svc.store.savepoint():
         assert t._switch_hot(ino, 0, 5, [3, 4], 1, "n0")
     assert svc.store.get_chunks(ino)[0] == (5, [3, 4])
@@ -156,7 +170,7 @@ def test_objects_of_deleted_truncated_or_rewritten_chunks_are_orphans(svc):
     svc.store.add_tier_objects([(a, 0, 5, 1, 1), (a, 1, 5, 1, 2), (b, 0, 5, 1, 3)])
     with svc.store.savepoint():
         for ino, idx in ((a, 0), (a, 1), (b, 0)):
-            assert t._switch_cold(ino, idx, 5, [1, 2], 1, "x", 10, 1)
+            assert t._switch_cold(ino, idx, 5, 1, "x", 10, 1)
     assert svc.store.orphan_tier_objects(10) == []
     svc.ns.setattr(a, size=1 << 20)  # truncated to one chunk: chunk 1's object is an orphan
     svc.ns.unlink(1, b"b")  # deleted
@@ -375,7 +389,7 @@ def test_a_snapshots_cold_row_keeps_the_object_through_the_live_recall_and_is_re
     ino = _file(svc, parent=d)
     svc.store.add_tier_objects([(ino, 0, 5, 1, 11)])
     with svc.store.savepoint():
-        t._switch_cold(ino, 0, 5, [1, 2], 1, "n0", 100, 7)
+        t._switch_cold(ino, 0, 5, 1, "n0", 100, 7)
     with svc.store.savepoint():
         svc.ns.snapshots.create(d, b"s")
     snap = svc.ns.lookup(svc.ns.lookup(svc.ns.lookup(d, b".snapshots").ino, b"s").ino, b"f").ino
