@@ -20,6 +20,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 import trio
 import zmq
@@ -97,9 +98,22 @@ async def _with_daemon(addresses: list[str], fn):
         ctx.destroy(linger=0)
 
 
-def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[int, int, int, list[str], int]:
+class Totals(NamedTuple):
+    """What ``each_file`` did: files answered, chunks and bytes moved, failures (one line each), files
+    deleted meanwhile, and files a migration left partly on storage nodes (written meanwhile: a
+    changed chunk stays where it is, docs/tiering.md)."""
+
+    done: int
+    chunks: int
+    nbytes: int
+    failures: list[str]
+    gone: int
+    partly_hot: int
+
+
+def each_file(args, paths: list[str], request, label: str, jobs: int) -> Totals:
     """Send ``request(ino)`` for every file named (directories with -r), ``jobs`` at a time, with a
-    progress bar: (files done, chunks moved, bytes moved, failures, files deleted meanwhile). A
+    progress bar. A
     NOT_FOUND answer is a file deleted meanwhile only when the file is really gone (a getattr says
     so): the daemon answers NOT_FOUND for a tier that does not exist too."""
     targets = []
@@ -109,24 +123,25 @@ def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[i
             raise QuietError(f"{path} is a directory: give -r to take every file below it")
         targets.append((addresses, ino, mode))
 
-    async def run(client) -> tuple[int, int, int, list[str]]:
+    async def run(client) -> Totals:
         files = []
         for _, ino, mode in targets:
             files += await _files(client, ino, args.recursive, mode)
         files = list({f[0]: f for f in files}.values())  # hard links and overlapping paths: once
         progress = Progress(len(files), label=label, total_bytes=sum(f[1] for f in files))
-        done = chunks = nbytes = gone = 0
+        done = chunks = nbytes = gone = partly_hot = 0
         failures: list[str] = []
         limiter = trio.CapacityLimiter(max(1, jobs))
 
         async def one(ino: int, size: int, name: bytes) -> None:
-            nonlocal done, chunks, nbytes, gone
+            nonlocal done, chunks, nbytes, gone, partly_hot
             async with limiter:
                 try:
                     rsp, _ = await client.call(request(ino), timeout=FILE_TIMEOUT_S)
                     if isinstance(rsp, p.TierFileRsp):
                         chunks += rsp.chunks
                         nbytes += rsp.bytes
+                        partly_hot += rsp.hot > 0
                     else:
                         chunks += len(rsp.chunks)
                         nbytes += size
@@ -142,7 +157,7 @@ def each_file(args, paths: list[str], request, label: str, jobs: int) -> tuple[i
             for f in files:
                 nursery.start_soon(one, *f)
         progress.close()
-        return done, chunks, nbytes, failures, gone
+        return Totals(done, chunks, nbytes, failures, gone, partly_hot)
 
     try:
         return trio.run(_with_daemon, targets[0][0], run)
@@ -261,18 +276,19 @@ def cmd_tier(args) -> int:
               f"{rsp.orphans} object(s) no file needs" + (" (queued for deletion)" if args.repair and rsp.orphans else ""))
         return 3 if rsp.missing or (rsp.orphans and not args.repair) else 0
     if args.action == "migrate":
-        done, chunks, nbytes, failures, gone = each_file(
-            args, args.paths, lambda ino: p.TierMigrateReq(ino=ino, tier=args.to or ""), "migrate", args.jobs)
+        t = each_file(args, args.paths, lambda ino: p.TierMigrateReq(ino=ino, tier=args.to or ""), "migrate", args.jobs)
         verb = f"moved to tier {args.to}" if args.to else "moved to their tiers"
     else:
-        done, chunks, nbytes, failures, gone = each_file(args, args.paths, lambda ino: p.TierRecallReq(ino=ino), "recall", args.jobs)
+        t = each_file(args, args.paths, lambda ino: p.TierRecallReq(ino=ino), "recall", args.jobs)
         verb = "back on storage nodes"
-    for line in failures[:20]:
+    for line in t.failures[:20]:
         print(line)
-    print(f"{done - len(failures) - gone:,} file(s) {verb}; {chunks:,} chunk(s), {format_size(nbytes)} moved"
-          + (f"; {gone} deleted meanwhile" if gone else "")
-          + (f"; {len(failures)} failed" + (" (run again to retry)" if len(failures) < done else "") if failures else ""))
-    return 3 if failures else 0
+    print(f"{t.done - len(t.failures) - t.gone:,} file(s) {verb}; {t.chunks:,} chunk(s), {format_size(t.nbytes)} moved"
+          + (f"; {t.partly_hot} partly still on storage nodes (written meanwhile: run again to move the rest)"
+             if t.partly_hot else "")
+          + (f"; {t.gone} deleted meanwhile" if t.gone else "")
+          + (f"; {len(t.failures)} failed" + (" (run again to retry)" if len(t.failures) < t.done else "") if t.failures else ""))
+    return 3 if t.failures else 0
 
 
 def add_parser(sub) -> None:
