@@ -222,9 +222,33 @@ def test_a_warm_file_of_a_no_open_default_mount_costs_one_flush(cluster, mnt):
         assert after.get("open", 0) <= 1 and after.get("release", 0) <= 1, after
         (mnt / "warm_no_open").write_bytes(b"changed elsewhere")  # close-to-open the other way
         assert _read(path) == b"changed elsewhere"
+        _first_warm_epoch(mnt, theirs)
     finally:
         cluster.unmount(theirs)
         cluster.extra_mounts.remove(theirs)
+
+
+def _first_warm_epoch(mnt, theirs) -> None:
+    """A DataLoader's first warm epoch on the no-open default mount: the cold read's READ made the
+    kernel mark the inode's atime stale (fs/fuse/file.c fuse_invalidate_atime: every READ answered,
+    unless the superblock is read-only), so the next read's fstat (Python's open() and readall())
+    asks one GETATTR; its answer clears the mark, and later reads send only their close's FLUSH.
+    Nothing else: the name and attributes are held under the callback (no LOOKUP), the pages kept
+    (no READ). A dataset mount (``ro``) sends none of these (docs/design.md, issue 29's count)."""
+    data = os.urandom(110_000)  # one sample of bench/dataloader.py's raw workload
+    (mnt / "first_warm").write_bytes(data)  # written by the other mount: these pages are not here
+    path = theirs / mnt.name / "first_warm"
+    with caches_kept():
+        counts = [_requests_at(theirs)]
+        for _ in range(3):
+            with open(path, "rb", buffering=0) as f:
+                assert f.read() == data
+            counts.append(_requests_at(theirs))
+    cold, first_warm, warm = (_sent(a, b) for a, b in zip(counts, counts[1:]))
+    print("cold:", cold, "first warm:", first_warm, "warm:", warm)
+    assert cold.get("read", 0) >= 1 and cold.get("flush") == 1, cold
+    assert first_warm == {"getattr": 1, "flush": 1}, first_warm  # the atime mark's GETATTR
+    assert warm == {"flush": 1}, warm
 
 
 def _write_at_once(path) -> None:
@@ -325,11 +349,21 @@ def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
     for pid in stopped:
         os.kill(pid, 19)  # SIGSTOP: a node that answers nothing
     try:
-        for path in files:
-            assert path.read_bytes() == contents[path]
+        with caches_kept():
+            before = _requests_at(cluster.mnt)
+            for path in files:
+                with open(path, "rb", buffering=0) as f:
+                    assert f.read() == contents[path]
+            after = _requests_at(cluster.mnt)
     finally:
         for pid in stopped:
             os.kill(pid, 18)  # SIGCONT
+    # pages pushed by NOTIFY_STORE came without a READ, so the kernel never marked the files' atime
+    # stale: their first read asks no GETATTR either, as a READ-filled file's next read does
+    # (docs/design.md, "What a warm sample still sends on the default mount")
+    sent = _sent(before, after)
+    print("first reads of 40 pushed files:", sent)
+    assert not {"read", "getattr"} & set(sent), sent
 
 
 def test_prefetch_of_missing_paths_is_harmless(cluster, mnt):
