@@ -272,6 +272,8 @@ class MetaBench:
         for side, temp in WALK_ORDER:
             self.set_phase(f"{side}: index walk, {temp}, {mode} mount")
             files = seconds = 0
+            counted = side == "stripefs" and self.cluster.metrics.get("mount")
+            before = tree.requests(self.cluster.metrics["mount"]) if counted else None
             while not files or (temp == "warm" and seconds < WALK_MIN_S):
                 samples, s = tree.index_walk(dst[side])
                 if samples != expected:
@@ -280,6 +282,10 @@ class MetaBench:
                 files, seconds = files + len(samples), seconds + s
             out.setdefault(f"{temp}@{mode}", {})[side] = {"s": round(seconds, 5), "files": files,
                                                           "rate": files / seconds}
+            if before is not None:  # FUSE requests by opcode and the mount's requests to the cluster, per file
+                after = tree.requests(self.cluster.metrics["mount"])
+                out[f"{temp}@{mode}"]["requests_per_file"] = {
+                    k: round((v - before.get(k, 0)) / files, 4) for k, v in sorted(after.items()) if v > before.get(k, 0)}
 
 
 def _own_cpu() -> float:

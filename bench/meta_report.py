@@ -248,6 +248,11 @@ def _notes(results: dict, args) -> list[str]:
         if cpu:
             out.append(f"  [{key}] CPU s in the create phase: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items()))
                        + (" (postgres: the server and its backends; not in the daemon's figure)" if "postgres" in cpu else ""))
+        for walk, w in (res.get("ingest") or {}).get("walk", {}).items():
+            counts = w.get("requests_per_file")
+            if counts is not None:
+                out.append(f"  [{key}] index walk {walk}, stripefs requests per file: "
+                           + (", ".join(f"{k} {v:g}" for k, v in counts.items()) or "none"))
         if res.get("loadavg"):
             out.append(f"  [{key}] load average (1 min) at the start of each group: "
                        + ", ".join(f"{g} {v:.1f}" for g, v in res["loadavg"].items()))

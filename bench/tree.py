@@ -13,6 +13,8 @@ a filesystem, and each costs a metadata operation or more per file.
   scandir of the root keeping folders, then per class folder isdir() and a
   scandir keeping entries whose is_file() holds; the list is checked after.
 - ``remove``: `rm -rf DST`, timed; DST must be gone.
+- ``requests``: a mount's FUSE requests by opcode and its requests to the cluster by type
+  (bench/meta.py prints them per file for each stripefs walk).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import urllib.request
 from pathlib import Path
 
 import xxhash
@@ -74,6 +77,24 @@ def index_walk(root: Path) -> tuple[list[str], float]:
             samples.extend(f"{c}/{e.name}" for e in it if e.is_file())
     s = time.perf_counter() - t
     return sorted(samples), s
+
+
+def requests(metrics: str) -> dict[str, float]:
+    """A mount's counts from its Prometheus endpoint (``host:port`` or a URL): every FUSE request its
+    session read, by opcode ("fuse:OPCODE"), and its requests to the cluster, by type ("rpc:TYPE")."""
+    url = metrics if metrics.startswith("http") else f"http://{metrics}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as rsp:
+        text = rsp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("stripefs_fuse_requests_total{"):
+            key = "fuse:" + line.split('opcode="', 1)[1].split('"', 1)[0]
+        elif line.startswith("stripefs_rpc_seconds_count{") and 'type="' in line:
+            key = "rpc:" + line.split('type="', 1)[1].split('"', 1)[0]
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def remove(children, dst: Path, timeout: float) -> float:

@@ -83,6 +83,7 @@ from ..common.errors import ErrorCode, StripefsError
 from . import fuse_backend
 from .async_dirops import AsyncDirops, Pending
 from .dir_hints import DirHints
+from .dir_listings import CONTINUE_S, KeptListings, Listing
 from .fetch import Fetch
 from .fuse.abi import OpenFlag
 from .fuse.dispatch import Opened
@@ -231,6 +232,8 @@ class Operations:
         # directory -> every name in it, while this mount holds a callback on its names
         # (daemon/callbacks.py): a lookup of another name is answered ENOENT without asking
         self._names_complete: OrderedDict[int, set[bytes]] = OrderedDict()
+        #: listings the daemon gave, pages of them answered from memory (client/dir_listings.py)
+        self.listings = KeptListings()
         if not dataset:  # a dataset mount caches everything within the feed's bound instead
             self.kcache.send_ack = self._send_ack
             self.kcache.is_open = self.files.__contains__
@@ -348,6 +351,7 @@ class Operations:
             self._names_complete.popitem(last=False)
 
     def _name_made(self, parent: int, name: bytes) -> None:
+        self.listings.drop(parent)
         names = self._names_complete.get(parent)
         if names is not None:
             names.add(name)
@@ -355,6 +359,7 @@ class Operations:
                 del self._names_complete[parent]
 
     def _name_gone(self, parent: int, name: bytes) -> None:
+        self.listings.drop(parent)
         names = self._names_complete.get(parent)
         if names is not None:
             names.discard(name)
@@ -955,6 +960,9 @@ class Operations:
         request = p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
         await self._change(request, (parent_inode_old, parent_inode_new, *moved))
         exchange = flags & RENAME_EXCHANGE_FLAG  # an exchange keeps both names
+        if exchange:  # (each name now names the other inode)
+            self.listings.drop(parent_inode_old)
+            self.listings.drop(parent_inode_new)
         if not exchange:
             self._name_gone(parent_inode_old, name_old)
             self._name_made(parent_inode_new, name_new)
@@ -986,13 +994,76 @@ class Operations:
             return Opened(inode, OpenFlag.KEEP_CACHE | OpenFlag.CACHE_DIR)
         return Opened(inode)
 
+    def _fast_readdir(self, fh, offset, buf):
+        """READDIR(PLUS) on the reader thread from the listing kept of directory ``fh``
+        (client/dir_listings.py) where it may answer; else the daemon is asked (``readdir``)."""
+        listing = self.listings.get(fh)
+        if listing is None or not self.kcache.healthy:
+            return _SLOW
+        # held whole since the listing came (the default mount): another mount's change waits for
+        # this one to give the callback up, which drops the grant; a change made here drops the
+        # listing. Else the feed says whether the directory changed since the listing was asked
+        held = (not self.dataset and listing.dir_grant >= 0 and self._names_of_dir(fh) is not None
+                and self.kcache.grants.get(("dir", fh)) == listing.dir_grant)
+        if not held and self.kcache.changed_since(listing.stamp, fh):
+            return _SLOW
+        if offset == 0:
+            # a new listing: only what nothing could change unseen (a dataset mount: the feed; the
+            # default mount: the directory held whole)
+            if not (self.dataset or held):
+                return _SLOW
+        elif not (self.dataset or held) and time.monotonic() - listing.asked > CONTINUE_S:
+            return _SLOW
+        first = listing.page(offset)
+        if first is None:
+            return _SLOW
+        self._fill(fh, listing, first, buf)
+        return None
+
+    def _fill(self, fh: int, listing: Listing, first: int, buf) -> None:
+        """``listing``'s entries from index ``first`` into ``buf`` until it is full, from their
+        wire form kept with the listing. A READDIRPLUS entry carries the name's entry only where
+        its attributes are known true: a file's held (``_held_long``), a directory's as the
+        listing or this mount's last change there left them, unless the feed or a change made
+        here since says otherwise (as the kernel's cache would have kept them); any other is a
+        zero entry (nodeid 0: the kernel lists the name and makes no inode; a stat of it then
+        looks it up)."""
+        records, entries = listing.records(), listing.entries
+        if not buf.plus:
+            add = buf.add_record
+            for k in range(first, len(records)):
+                if not add(records[k]):
+                    return
+            return
+        healthy = self.kcache.healthy
+        for k in range(first, len(records)):
+            entry = entries[k]
+            ino = entry.attr.ino
+            answer = None
+            if healthy:
+                if stat.S_ISDIR(entry.attr.mode):
+                    attr = self.kcache.dir_attrs.get(ino)
+                    if attr is None and not (self.kcache.changed_since(listing.stamp, ino)
+                                             or self.listings.changed_here_since(listing, ino)):
+                        attr = entry.attr
+                else:
+                    attr = self._held_long(ino)
+                if attr is not None:
+                    answer = self._encoded(attr, self._entry_bytes, encode_entry)
+            if not buf.add_record(records[k], answer):
+                return
+            if answer is not None:
+                self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
+
     async def readdir(self, fh, start_id, buf):
         """Entries of directory ``fh`` (its inode) after cookie ``start_id`` into ``buf`` (a
-        ``replies.DirentBuffer``: READDIRPLUS entries carry a LOOKUP's answer) until it is full."""
+        ``replies.DirentBuffer``: READDIRPLUS entries carry a LOOKUP's answer) until it is full.
+        Each answer of the daemon (up to 1,000 entries) is kept (``self.listings``): the next pages
+        of this listing are answered from it (``_fast_readdir``)."""
         await self._settle(fh)
         after = start_id
         while True:
-            stamp = self.kcache.stamp()
+            stamp, generation = self.kcache.stamp(), self.listings.generation
             callback = not self.dataset and self.kcache.callbacks_possible
             rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset,
                                                     session_id=self.meta.session_id, callback=callback))
@@ -1006,19 +1077,27 @@ class Operations:
                         self.kcache.granted(entry.attr.ino, fh, entry.name, rsp.callback)
             if rsp.dir_callback >= 0:  # the whole directory: lookups of other names need not ask
                 self._all_names(fh, (e.name for e in rsp.entries), rsp.dir_callback)
+            held_ok = rsp.callback >= 0 and self.kcache.healthy
+            with self.lock:  # what the reader thread's fast paths read
+                for entry in rsp.entries:
+                    ino = entry.attr.ino
+                    if held_ok and stat.S_ISREG(entry.attr.mode) and not (stale_dir or self.kcache.changed_since(stamp, ino)):
+                        self._keep_held(ino, entry.attr)
+                if not stale_dir and (rsp.entries or not after):  # (an empty tail keeps what it follows)
+                    self.listings.keep(fh, Listing(after, list(rsp.entries), not rsp.more, stamp, rsp.dir_callback),
+                                       generation)
+
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
-                held = rsp.callback >= 0 and stat.S_ISREG(entry.attr.mode) and cacheable and self.kcache.healthy
-                if held:
-                    self._keep_held(ino, entry.attr)
+                held = held_ok and stat.S_ISREG(entry.attr.mode) and cacheable
                 if not buf.add(entry.name, entry.cookie, ino, entry.attr.mode,
                                self._entry(entry.attr, cacheable=cacheable, held=held) if buf.plus else None):
                     return
                 self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
-                after = entry.cookie
-            if not rsp.more:
+            if not rsp.more or not rsp.entries:
                 return
+            after = rsp.entries[-1].cookie
 
     async def releasedir(self, fh):
         pass

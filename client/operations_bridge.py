@@ -134,6 +134,11 @@ class OperationsBridge:
             raise FuseError(errno.ENOSYS)
         return self._fast("opendir", self.ops._fast_opendir, req.header.nodeid, _Ctx(req.header))
 
+    def fast_readdir(self, req: rq.Read, buf: DirentBuffer):
+        # a page of a listing kept in memory (client/dir_listings.py); the handle is the inode, 0
+        # where OPENDIR was declined
+        return self._fast("readdir", self.ops._fast_readdir, req.fh or req.header.nodeid, req.offset, buf)
+
     def fast_ioctl(self, req: rq.Ioctl):
         return self._fast("ioctl", self.ops._fast_ioctl, req.header.nodeid, req.cmd, req.data, _Ctx(req.header))
 

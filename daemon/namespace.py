@@ -289,6 +289,29 @@ class Namespace(FileData):
         entries = [DirEntry(name=bytes(r["name"]), attr=to_attr(r), cookie=r["cookie"]) for r in rows[:limit]]
         return entries, len(rows) > limit
 
+    def readdir_open_info(self, ino: int, after: int, limit: int, wanted) -> tuple[list[DirEntry], bool, list[tuple]]:
+        """``readdir`` with ``open_info`` of each listed regular file whose row ``wanted(attr,
+        layout)`` accepts: the inode rows come with the listing and every file's chunks in one
+        statement (a dataset mount's listing: two queries per file before)."""
+        self.directory(ino)
+        limit = max(1, min(limit, READDIR_MAX))
+        rows = self.store.list_dentries(ino, after, limit + 1)
+        more, rows = len(rows) > limit, rows[:limit]
+        entries, regular = [], []
+        for r in rows:
+            attr = to_attr(r)
+            entries.append(DirEntry(name=bytes(r["name"]), attr=attr, cookie=r["cookie"]))
+            if stat.S_ISREG(attr.mode):
+                layout = to_layout(r)
+                if wanted(attr, layout):
+                    regular.append((r, attr, layout))
+        chunks = self.store.chunks_of([r["ino"] for r, _, _ in regular]) if regular else {}
+        files = []
+        for r, attr, layout in regular:
+            refs, addrs = self.chunk_map_of(r, chunks.get(r["ino"], {}))
+            files.append((attr, layout, refs, addrs))
+        return entries, more, files
+
     # -- creating ------------------------------------------------------------
 
     def mknod(self, parent: int, name: bytes, mode: int, rdev: int, uid: int, gid: int) -> Attr:

@@ -866,15 +866,17 @@ class MetaService:
 
     async def handle_readdir(self, req: P.ReaddirReq) -> P.Msg:
         await self._recall(req.session_id, req.ino, b"")
+        def wanted(attr, layout) -> bool:
+            return not (req.small_only and (attr.size > MAX_CHUNK_SIZE or attr.size > layout.chunk_size))
+
         def list_dir():
-            entries, more = self.ns.readdir(req.ino, req.after, req.limit)
             files = []
-            if req.open_info:
-                for entry in entries:
-                    if stat.S_ISREG(entry.attr.mode) and not (req.small_only and entry.attr.size > MAX_CHUNK_SIZE):
-                        attr, layout, chunks, nodes = self.ns.open_info(entry.attr.ino)
-                        if not (req.small_only and attr.size > layout.chunk_size):
-                            files.append(P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes))
+            if req.open_info:  # the files' rows come with the listing, their chunks in one query
+                entries, more, infos = self.ns.readdir_open_info(req.ino, req.after, req.limit, wanted)
+                files = [P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes)
+                         for attr, layout, chunks, nodes in infos]
+            else:
+                entries, more = self.ns.readdir(req.ino, req.after, req.limit)
             callback = whole = -1
             if req.callback and req.session_id and self.callbacks.enabled:
                 self.sessions.touch(req.session_id, owner=owner)  # the session is the asking key's

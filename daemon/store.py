@@ -308,6 +308,14 @@ class SqlStore:
             rows = self._select_in("SELECT idx, version, nodes FROM chunks WHERE ino=? AND idx IN ({})", (ino,), sorted(set(indices)))
         return {r[0]: (r[1], decode_nodes(r[2])) for r in rows}
 
+    def chunks_of(self, inos: Sequence[int]) -> dict[int, dict[int, tuple[int, list[int]]]]:
+        """``get_chunks`` of many files in one statement per ``IN_PART`` of them (a listing's open
+        information): ino -> index -> (version, nodes); a file without chunks is absent."""
+        out: dict[int, dict[int, tuple[int, list[int]]]] = {}
+        for r in self._select_in("SELECT ino, idx, version, nodes FROM chunks WHERE ino IN ({}) ORDER BY ino, idx", (), inos):
+            out.setdefault(r[0], {})[r[1]] = (r[2], decode_nodes(r[3]))
+        return out
+
     def put_new_chunks(self, rows: Iterable[tuple[int, int, int, Sequence[int]]]) -> None:
         """Chunk rows (ino, idx, version, nodes) of files created in this transaction (``put_chunk``
         with ``fresh``), in one statement."""

@@ -168,6 +168,16 @@ def dirent_type(mode: int) -> int:
     return stat.S_IFMT(mode) >> 12
 
 
+_ZERO_ENTRY = bytes(abi.ENTRY_OUT_SIZE)
+
+
+def dirent_record(name: bytes, off: int, ino: int, mode: int) -> bytes:
+    """One ``fuse_dirent`` with its name and padding: a READDIR entry, and a READDIRPLUS entry's
+    part after its ``fuse_entry_out`` (``DirentBuffer.add_record``)."""
+    head = _DIRENT.size
+    return _DIRENT.pack(ino, off, len(name), dirent_type(mode)) + name + bytes(abi.dirent_size(len(name), head) - head - len(name))
+
+
 class DirentBuffer:
     """READDIR(PLUS) records packed into at most ``size`` bytes.
 
@@ -194,6 +204,17 @@ class DirentBuffer:
         buf += _DIRENT.pack(ino, off, len(name), dirent_type(mode))
         buf += name
         buf += bytes(total - head - len(name))
+        return True
+
+    def add_record(self, record: bytes, entry: bytes | None = None) -> bool:
+        """Append one entry already encoded (``dirent_record``); READDIRPLUS: ``entry`` is its
+        ``encode_entry`` (None: a zero entry). False (and nothing appended) if it does not fit."""
+        total = len(record) + (abi.ENTRY_OUT_SIZE if self.plus else 0)
+        if len(self._buf) + total > self.size:
+            return False
+        if self.plus:
+            self._buf += entry if entry is not None else _ZERO_ENTRY
+        self._buf += record
         return True
 
     def __len__(self) -> int:

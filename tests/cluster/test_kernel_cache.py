@@ -821,3 +821,57 @@ def test_a_stat_of_files_this_mount_just_wrote_asks_nothing(cluster, mnt, second
     (mnt / "written" / "f3").write_bytes(b"changed elsewhere")
     assert os.stat(mine / "f3").st_size == len(b"changed elsewhere")
     assert (mine / "f3").read_bytes() == b"changed elsewhere"
+
+
+def _walk(root) -> list[str]:
+    """ImageFolder's index (bench/tree.py): class folders, then the files of each."""
+    with os.scandir(root) as it:
+        classes = sorted(e.name for e in it if e.is_dir())
+    return sorted(f"{c}/{e.name}" for c in classes if os.path.isdir(os.path.join(root, c))
+                  for e in os.scandir(os.path.join(root, c)) if e.is_file())
+
+
+def test_a_cold_walk_of_held_directories_asks_the_daemon_nothing(cluster, mnt, second):
+    """Issue 29: a directory this mount holds whole keeps its listing in mount memory
+    (client/dir_listings.py), so a cold index walk (drop_caches) costs no round trip to the daemon
+    and about two FUSE requests per directory page; a change made by another mount is still seen
+    by the very next walk, cold or warm (its change waits for this mount to give the directory up)."""
+    second, port = second
+    mine = second / mnt.name / "tree"
+    expected = []
+    for c in range(3):
+        (mine / f"c{c}").mkdir(parents=True)
+        for i in range(60):  # more than one READDIRPLUS page (about 24 entries) per folder
+            (mine / f"c{c}" / f"img_{i:03d}.bin").write_bytes(b"x" * (i + 1))
+            expected.append(f"c{c}/img_{i:03d}.bin")
+    assert _walk(mine) == sorted(expected)  # the listings the daemon gives (untimed in bench/tree.py)
+    url = f"http://127.0.0.1:{port}/metrics"
+    fd = os.open(mine, os.O_RDONLY)  # keeps the walk's root dentry: the path above it is not what is counted
+    try:
+        drop_caches()
+        asked = {k: _lookups(port, k) for k in ("ReaddirReq", "LookupReq", "GetattrReq")}
+        requests = _requests_at(url=url)
+        assert _walk(f"/proc/self/fd/{fd}") == sorted(expected)
+        after = _requests_at(url=url)
+    finally:
+        os.close(fd)
+    assert {k: _lookups(port, k) - v for k, v in asked.items()} == {k: 0 for k in asked}, \
+        "a cold walk of held directories asked the daemon"
+    per_file = sum(after.values()) - sum(requests.values())
+    assert per_file / len(expected) <= 0.15, f"{per_file} FUSE requests for {len(expected)} files: {after}"
+    # another mount's changes: a new file, a removed one, a new folder, seen by the next walk
+    (mnt / "tree" / "c1" / "new.bin").write_bytes(b"made elsewhere")
+    os.unlink(mnt / "tree" / "c2" / "img_007.bin")
+    (mnt / "tree" / "c9").mkdir()
+    (mnt / "tree" / "c9" / "late.bin").write_bytes(b"")
+    expected = sorted(set(expected) - {"c2/img_007.bin"} | {"c1/new.bin", "c9/late.bin"})
+    assert _walk(mine) == expected
+    drop_caches()
+    assert _walk(mine) == expected
+    # and a change made here is in the next walk too
+    os.unlink(mine / "c0" / "img_000.bin")
+    (mine / "c0" / "here.bin").write_bytes(b"")
+    expected = sorted(set(expected) - {"c0/img_000.bin"} | {"c0/here.bin"})
+    assert _walk(mine) == expected
+    drop_caches()
+    assert _walk(mine) == expected

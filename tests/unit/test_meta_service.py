@@ -162,6 +162,11 @@ async def test_replies_are_durable_across_kill9(daemon, ctx):
         with_data = await _call(c, P.ReaddirReq(ino=d.ino, limit=100, open_info=True))
         by_ino = {i.attr.ino: i for i in with_data.files}
         assert by_ino[f.attr.ino].chunks[0].version == epoch and by_ino[f.attr.ino].attr.size == 1000
+        listed = by_ino[f.attr.ino]  # the listing's open information is what an open answers
+        assert (listed.attr, listed.layout, listed.chunks, listed.nodes) == (o.attr, o.layout, o.chunks, o.nodes)
+        for e in with_data.entries[:3]:  # and of files without data
+            opened = await _call(c, P.OpenReq(ino=e.attr.ino, session_id=sid))
+            assert (by_ino[e.attr.ino].layout, by_ino[e.attr.ino].chunks) == (opened.layout, opened.chunks)
         found = (await _call(c, P.LookupPathsReq(root=ROOT, paths=[b"d/f", b"d/missing", b"d", b"/d//n3"]))).files
         assert found[0].attr.ino == f.attr.ino and found[0].chunks[0].version == epoch
         assert found[1] is None and found[2] is None and found[3].attr.size == 0

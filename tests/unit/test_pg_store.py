@@ -218,3 +218,15 @@ def test_held_inodes_are_those_of_live_daemons(two):
     b.store.run(b.store.add_holds, "b", [6, 7])
     assert a.store.held_inodes(500) == {5, 6, 7}
     assert a.store.held_inodes(1_500) == {5, 6}  # b stopped renewing: its holds no longer count
+
+
+def test_a_listings_open_information_is_each_files_on_postgresql(two):
+    """Namespace.readdir_open_info reads the files' rows with the listing and their chunks in one
+    statement (store.chunks_of): the same as open_info of each file, on PostgreSQL's rows too."""
+    a, _ = two
+    for i in range(5):
+        a.op("create", ROOT, b"g%d" % i, 0o644, 0, 0, True)
+    entries, more, files = a.store.run(a.ns.readdir_open_info, ROOT, 0, 100, lambda attr, layout: True, readonly=True)
+    assert not more and len(files) == len(entries) == 5
+    for (attr, layout, refs, addrs), entry in zip(files, entries):
+        assert (attr, layout, refs, addrs) == a.store.run(a.ns.open_info, entry.attr.ino, readonly=True)
