@@ -182,6 +182,19 @@ class KernelCache:
             if keys is not None and (parent, name) in keys:
                 keys.remove((parent, name))
 
+    def path_of(self, ino: int) -> bytes | None:
+        """``ino``'s path under the mount's root by the names the kernel knows (the first of each
+        inode's), or None where a name on the way is not known (client/no_open_primer.py)."""
+        parts: list[bytes] = []
+        with self.state_lock:
+            while ino != ROOT_ID:
+                keys = self._names_of.get(ino)
+                if not keys or len(parts) > 4096:
+                    return None
+                ino, name = keys[0]
+                parts.append(name)
+        return b"/".join(reversed(parts))
+
     def knows(self, ino: int) -> bool:
         return ino in self._names_of
 

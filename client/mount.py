@@ -43,6 +43,7 @@ from .fuse.dispatch import Dispatcher
 from .fuse.abi import InitFlag
 from .fuse.session import DEFAULT_WANT, Options as SessionOptions, Session
 from .jobs import Jobs
+from .no_open_primer import NoOpenPrimer
 from .operations_bridge import OperationsBridge
 from .kernel_cache import KernelCache
 from .operations import SERVED_IOCTLS, Operations
@@ -439,6 +440,8 @@ async def _start_session(ops: Operations, mountpoint: str, options: set[str], cl
         raise QuietError(f"cannot mount {mountpoint}: {exc}", 3) from None
     token = trio.lowlevel.current_trio_token()
     bridge = OperationsBridge(ops, token, nursery)
+    if ops.no_open and not ops.dataset:  # a created file's close then sends no RELEASE either
+        bridge.primer = NoOpenPrimer(mountpoint, ops.kcache.path_of)
     # max_write 128 KiB, libfuse's default: with 1 MiB writes, a sequential writer
     # of 24 chunks asked the daemon for placements 14 times instead of at most 8
     # (tests/cluster/test_write_path.py; why is not understood yet: client/placements.py alloc_indices)

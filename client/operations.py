@@ -1151,6 +1151,14 @@ class Operations:
             if not self.jobs.report(ctx.pid, name):
                 raise FuseError(errno.EINVAL)
             return b"ok"
+        if name == KILLPRIV_XATTR:
+            # asked before every write(2) to a FUSE file (the kernel sets no S_NOSEC on FUSE inodes):
+            # for a file this mount made or already asked, the absence it knows is answered on the
+            # reader thread, not in a task (one of a copied file's requests: docs/design.md)
+            of = self.files.get(inode)
+            if of is not None and of.open_count and of.killpriv_absent:
+                raise FuseError(errno.ENODATA)
+            return _SLOW
         return self._mount_xattr(inode, name) if self._is_mount_xattr(name) else _SLOW
 
     @property

@@ -83,6 +83,8 @@ class OperationsBridge:
         self._token, self._nursery = trio_token, nursery
         #: the dispatcher runs the fast paths below on the reader thread, holding this
         self.fast_lock = ops.lock
+        #: the real mount's (client/no_open_primer.py): sets the kernel's no-open at the first create
+        self.primer = None
 
     # -- fast paths: Operations' _fast_* (what it answers from memory), counted as its handlers are
 
@@ -122,6 +124,8 @@ class OperationsBridge:
             # and a warm file is read with no request at all (a dataset mount) or one FLUSH (the
             # default mount without per_open_handles: docs/design.md, "No OPEN on the read-write mount")
             self._declined("open")
+            if self.primer is not None:
+                self.primer.open_declined()
             raise FuseError(errno.ENOSYS)
         return self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
 
@@ -144,6 +148,8 @@ class OperationsBridge:
 
     def fast_flush(self, req: rq.Flush):
         if req.fh == 0 and self.ops.per_inode:  # no-open on the default mount: the inode names the file
+            if self.primer is not None and self.primer.own_flush(req.header.pid):
+                return None  # the primer's own close: it wrote nothing (client/no_open_primer.py)
             return self._fast("flush", self.ops._fast_flush_inode, req.header.nodeid)
         return self._fast("flush", self.ops._fast_flush, req.fh)
 
@@ -158,8 +164,11 @@ class OperationsBridge:
     # namespace changes answered here in a directory the mount holds whole (client/async_dirops.py)
 
     def fast_create(self, req: rq.Create):
-        return self._fast("create", self.ops._fast_create, req.header.nodeid, req.name, req.mode, req.flags,
-                          _Ctx(req.header, req.umask))
+        answer = self._fast("create", self.ops._fast_create, req.header.nodeid, req.name, req.mode, req.flags,
+                            _Ctx(req.header, req.umask))
+        if self.primer is not None and answer is not MISS:
+            self.primer.created(answer[0].nodeid)
+        return answer
 
     def fast_mkdir(self, req):
         return self._fast("mkdir", self.ops._fast_mkdir, req.header.nodeid, req.name, req.mode, _Ctx(req.header, req.umask))
@@ -215,7 +224,10 @@ class OperationsBridge:
         return await self.ops.open(req.header.nodeid, req.flags, _Ctx(req.header))
 
     async def create(self, req: rq.Create) -> tuple[Entry, Opened]:
-        return await self.ops.create(req.header.nodeid, req.name, req.mode, req.flags, _Ctx(req.header, req.umask))
+        answer = await self.ops.create(req.header.nodeid, req.name, req.mode, req.flags, _Ctx(req.header, req.umask))
+        if self.primer is not None:
+            self.primer.created(answer[0].nodeid)
+        return answer
 
     async def read(self, req: rq.Read) -> bytes:
         if req.fh == 0:  # no OPEN was sent (fast_open declined it): the inode names the file

@@ -251,6 +251,35 @@ def _first_warm_epoch(mnt, theirs) -> None:
     assert warm == {"flush": 1}, warm
 
 
+def test_files_created_on_a_fresh_no_open_mount_send_no_release(cluster):
+    """A created file's close sends a RELEASE only while the kernel has not learned no-open, which
+    only an OPEN answered ENOSYS teaches it (a CREATE does not): on a fresh mount that only creates,
+    the mount opens its first created file itself (client/no_open_primer.py). Per empty file then:
+    LOOKUP (the name is new), CREATE, FLUSH and the directory's GETATTR (the kernel drops its
+    attributes at every create: default_permissions asks them again). Without the primer, one
+    RELEASE per file more."""
+    theirs = cluster.mount_again("fresh_creates", "per_open_handles=no")
+    try:
+        d = theirs / "creates"
+        d.mkdir()
+        os.close(os.open(d / "first", os.O_CREAT | os.O_WRONLY, 0o644))
+        _eventually(lambda: _requests_at(theirs).get("open", 0) >= 1)  # the primer's OPEN, declined
+        before = _requests_at(theirs)
+        n = 100
+        for i in range(n):
+            os.close(os.open(d / f"f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        after = _requests_at(theirs)
+        sent = _sent(before, after)
+        print(f"{n} creates:", sent)
+        assert "release" not in sent, sent
+        assert {op for op, k in sent.items() if k >= n // 2} == {"lookup", "create", "flush", "getattr"}, sent
+        assert sum(sent.values()) <= 4 * n + 5, sent
+        assert sorted(os.listdir(d)) == sorted(["first"] + [f"f{i}" for i in range(n)])
+    finally:
+        cluster.unmount(theirs)
+        cluster.extra_mounts.remove(theirs)
+
+
 def _write_at_once(path) -> None:
     fd = os.open(path, os.O_RDWR)
     try:

@@ -13,9 +13,10 @@ import pytest
 import trio
 
 from stripefs.client.fuse.abi import ROOT_ID
+from stripefs.client.operations import FAST_PATH_MISS
 from stripefs.common import protocol as P
 
-from fsapi import Kernel, delegated_numbers, in_held_directory, open_fs, raises_errno
+from fsapi import Ctx, Kernel, delegated_numbers, in_held_directory, open_fs, raises_errno
 
 
 @pytest.fixture
@@ -69,6 +70,22 @@ async def test_data_written_to_a_file_created_here_waits_for_the_daemons_answer(
     assert await mine.write(fh, 5000, b"y") == 1  # answered: written at once
     await mine.close(fh)
     assert await mine.read_file(mine.dir, b"data") == b"x" * 5000 + b"y"
+
+
+async def test_the_write_check_of_a_created_files_capabilities_is_answered_on_the_reader_thread(mine):
+    """The kernel asks GETXATTR security.capability before every write(2) to a FUSE file (no
+    S_NOSEC on FUSE inodes): one of a copied file's requests. For a file this mount made (no
+    extended attributes) the fast path answers ENODATA itself, no task, no daemon; asked of a
+    file this mount knows nothing of, it still goes to the handler."""
+    await delegated_numbers(mine)
+    calls = _counting(mine)
+    fh, ino = await mine.create(mine.dir, b"copied")
+    async with raises_errno(errno.ENODATA):
+        mine.ops._fast_getxattr(ino, b"security.capability", Ctx())
+    assert mine.ops._fast_getxattr(ino + 1_000_000, b"security.capability", Ctx()) is FAST_PATH_MISS
+    assert await mine.write(fh, 0, b"x" * 1000) == 1000
+    await mine.close(fh)
+    assert "GetxattrReq" not in calls
 
 
 async def test_another_mounts_change_in_the_directory_sends_the_pending_creates_first(mine, rig, monkeypatch):

@@ -238,3 +238,16 @@ async def test_a_grant_older_than_this_mounts_own_changes_owes_no_acknowledgemen
     cache.granted(11, 1, b"g", seq=3)  # answered before it: change 4 may wait for this mount
     await cache.flush_pending()
     assert acks == [4]
+
+
+def test_path_of_walks_the_names_the_kernel_knows_up_to_the_root():
+    """The no-open primer opens a created file through the mountpoint (client/no_open_primer.py):
+    its path is built from the names the kernel was given; a name missing on the way gives None."""
+    cache = kc.KernelCache()
+    cache.remember(kc.ROOT_ID, b"tree", 10)
+    cache.remember(10, b"d00", 11)
+    cache.remember(11, b"f00000", 12)
+    assert cache.path_of(12) == b"tree/d00/f00000"
+    assert cache.path_of(kc.ROOT_ID) == b""
+    cache.forget(10)
+    assert cache.path_of(12) is None and cache.path_of(99) is None
