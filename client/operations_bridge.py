@@ -258,7 +258,7 @@ class OperationsBridge:
 
     async def fsyncdir(self, req: rq.Fsync) -> None:
         # the handle opendir gave is the inode; 0 where OPENDIR was declined: the inode names it
-        await _call(self.ops.fsyncdir(req.fh or req.header.nodeid, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC)))
+        await self.ops.fsyncdir(req.fh or req.header.nodeid, bool(req.fsync_flags & abi.FsyncFlag.FDATASYNC))
 
     async def opendir(self, req: rq.Open) -> Opened:
         return await self.ops.opendir(req.header.nodeid, _Ctx(req.header))

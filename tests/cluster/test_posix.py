@@ -38,6 +38,21 @@ def test_append(mnt):
     assert p.read_text().endswith("line 19\ntail")
 
 
+def test_fsync_of_a_directory(mnt):
+    """fsync(2) of a directory (FSYNCDIR: what a database or ``git`` does after creating files)
+    succeeds, and the files made in it are there for another look after (the bridge once called a
+    helper that did not exist: EIO)."""
+    for i in range(5):
+        (mnt / f"f{i}").write_bytes(b"x" * i)
+    fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(mnt)) == [f"f{i}" for i in range(5)]
+
+
 def test_permissions_as_other_user(mnt):
     """The kernel enforces POSIX permissions (default_permissions) for a non-root uid."""
     secret = mnt / "secret"
