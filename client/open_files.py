@@ -131,6 +131,9 @@ class OpenFile:
     placements_checked: int = -1
     #: the end of the furthest write of this session: what the commit makes the size at least
     written_end: int = 0
+    #: when the last write of this session came (the commit's mtime, so what a stat answered from
+    #: the write-back before the commit is what the commit records); 0: none (the commit's time)
+    mtime_ns: int = 0
     #: committed refs that this session's sends replaced in ``chunks`` (None: there was none)
     before_session: dict[int, p.ChunkRef | None] = field(default_factory=dict)
     #: index -> the ``done`` event of the chunk's last send taken (sends of a chunk run in order)
@@ -215,6 +218,7 @@ class OpenFile:
         self.placed_ahead.clear()
         self.size = self.attr.size
         self.written_end = 0
+        self.mtime_ns = 0
         self.epoch = 0
 
     def refresh(self, rsp: p.OpenRsp) -> None:

@@ -756,6 +756,9 @@ class Operations:
             # files closed here wait to be sent in this directory: the daemon's answer (the size the
             # kernel reads up to) must include them (a name the kernel forgot, asked again)
             await self._settle(parent_inode)
+            again = self._fast_lookup(parent_inode, name, ctx)  # sent and held now: memory answers
+            if again is not _SLOW:
+                return again
         previous = self._last_lookup.get(ctx.pid)
         # open information costs the daemon a little: ask for it unless this process
         # looked its last file up without opening it (``du`` and ``find`` do that)
@@ -820,6 +823,9 @@ class Operations:
     def _fast_getattr(self, inode, ctx=None):
         self._fast_failed(inode)
         if self.kcache.healthy:
+            written = self._written_back_attr(inode)  # a stat right after a small file's close
+            if written is not None:
+                return written
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
             # (dataset mode), or than the daemon waits for this mount before changing it (callbacks)
@@ -845,6 +851,17 @@ class Operations:
         if wb is not None and wb.holds(inode):
             return None  # closed here, its data not sent yet: what the create's answer held is old
         return self._held_attr(inode)
+
+    def _written_back_attr(self, inode: int) -> tuple[Attr, float] | None:
+        """(While the feed is healthy) GETATTR's answer for a file closed here and waiting in the
+        write-back (client/write_back.py ``attr_of``): the size and mtime its commit will give, held
+        for no time. The commit's answer replaces it; its ctime is the daemon's (as an NFS
+        client's attributes after a flush), the rest is the same."""
+        wb = self.writeback
+        if wb is None or not self.kcache.healthy:
+            return None
+        attr = wb.attr_of(inode)
+        return self._attr_out(attr, cacheable=False) if attr is not None else None
 
     def _encoded(self, attr: p.Attr, cache: dict, encode) -> Encoded:
         """An answer for ``attr`` held long (``_entry(attr, held=True)``) in its wire form
@@ -924,7 +941,10 @@ class Operations:
         return await self._new_name(parent_inode, name, request)
 
     async def link(self, inode, new_parent_inode, new_name, ctx):
-        return await self._new_name(new_parent_inode, new_name, p.LinkReq(ino=inode, new_parent=new_parent_inode, new_name=new_name))
+        entry = await self._new_name(new_parent_inode, new_name, p.LinkReq(ino=inode, new_parent=new_parent_inode, new_name=new_name))
+        with self.lock:  # its link count changed: what a lookup held of it is old (as setattr's)
+            self._held_info.pop(inode, None)
+        return entry
 
     def _fast_unlink(self, parent_inode, name, ctx):
         with self.lock:
@@ -1449,6 +1469,7 @@ class Operations:
             return self._keep_early(of, off, buf)  # a file created here, its create not sent yet
         await self._settle(inode)  # a file created here: its layout and chunk map are the daemon's answer
         of, _ = await self._inode_file(inode, ctx, write=True)
+        of.mtime_ns = time.time_ns()
         return await self.data.write(of, off, buf)
 
     def _fast_flush_inode(self, inode):
@@ -1571,6 +1592,7 @@ class Operations:
     async def write(self, fh, off, buf):
         self._writable()
         of = self.handles[fh]
+        of.mtime_ns = time.time_ns()
         if self._early(of, len(buf)):
             return self._keep_early(of, off, buf)
         await self._settle(of.ino)  # a file created here: its layout and chunk map are the daemon's answer
@@ -1583,6 +1605,7 @@ class Operations:
         of.early.append((off, bytes(buf)))
         of.early_bytes += len(buf)
         of.size = max(of.size, off + len(buf))
+        of.mtime_ns = time.time_ns()
         return len(buf)
 
     def _early(self, of: OpenFile, n: int) -> bool:

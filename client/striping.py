@@ -699,17 +699,18 @@ class DataPath:
         """The CommitReq of ``of``'s session, which is handed over to it: writes arriving during
         the round trip belong to the next session. With what ``not_committed`` needs to take it back."""
         refs = sorted(of.uncommitted.values(), key=lambda c: c.index)
-        handed = (refs, of.before_session, of.written_end)
-        of.uncommitted, of.before_session, of.written_end, of.epoch = {}, {}, 0, 0
-        return p.CommitReq(ino=of.ino, size=handed[2], mtime_ns=time.time_ns(), chunks=refs), handed
+        handed = (refs, of.before_session, of.written_end, of.mtime_ns)
+        of.uncommitted, of.before_session, of.written_end, of.epoch, of.mtime_ns = {}, {}, 0, 0, 0
+        return p.CommitReq(ino=of.ino, size=handed[2], mtime_ns=handed[3] or time.time_ns(), chunks=refs), handed
 
     @staticmethod
     def not_committed(of: OpenFile, handed: tuple) -> None:
         """The commit is not known to be made: what it carried stays part of the session, which fails."""
-        refs, before, wanted = handed
+        refs, before, wanted, mtime_ns = handed
         of.uncommitted = {**{r.index: r for r in refs}, **of.uncommitted}
         of.before_session.update(before)
         of.written_end = max(of.written_end, wanted)
+        of.mtime_ns = max(of.mtime_ns, mtime_ns)
 
     async def committed(self, of: OpenFile, rsp: p.AttrRsp, wanted: int) -> tuple[int, int]:
         """The daemon answered the session's CommitReq (asking for size ``wanted``): (wanted, the size kept)."""

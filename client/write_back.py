@@ -48,6 +48,11 @@ The rules
 * At most ``MAX_QUEUED`` files and ``MAX_QUEUED_BYTES`` wait: a close past that
   waits for a batch to be sent (``room``), so a writer faster than the cluster
   is held back and the mount's memory stays bounded.
+* A stat of a file waiting here is answered by the mount (``attr_of``, from its close until its
+  commit is answered): the size written and the time of its last write, which its commit
+  records as its mtime; held by the kernel for no time, so the commit's own answer (ctime: the
+  daemon's clock, as an NFS client's attributes after a flush) replaces it at once. Written
+  again meanwhile, it is not answered so.
 * What close and fsync promise then (docs/design.md "The durability promise"):
   close of such a file returns before its data is stored; the data is committed
   within ``DELAY_S`` plus the round trips, or at the next fsync of the file or of
@@ -62,6 +67,7 @@ from collections import OrderedDict
 from contextlib import AsyncExitStack
 from typing import Callable
 
+import msgspec
 import trio
 import xxhash
 
@@ -92,6 +98,9 @@ class WriteBack:
         self.prepare = prepare
         self._queue: dict[int, OpenFile] = {}  # ino -> file, in the order they were closed
         self._sending: set[int] = set()  # inodes of the batch being sent
+        #: ino -> (file, the attributes its commit will record, its last write's time), from its close
+        #: until its commit is answered: a stat meanwhile is answered with them (``attr_of``)
+        self._closed_attrs: dict[int, tuple[OpenFile, p.Attr, int]] = {}
         self._queued_bytes = 0
         self._parents: dict[int, int] = {}  # directory -> its files queued or being sent
         self._send_lock = trio.Lock()
@@ -117,12 +126,28 @@ class WriteBack:
     def add(self, of: OpenFile) -> None:
         """Queue a closed file (``eligible``); sent within DELAY_S, or sooner."""
         self._queue[of.ino] = of
+        if of.mtime_ns:
+            attr = msgspec.structs.replace(of.attr, size=of.size, mtime_ns=of.mtime_ns,
+                                           ctime_ns=max(of.attr.ctime_ns, of.mtime_ns))
+            self._closed_attrs[of.ino] = (of, attr, of.mtime_ns)
         self._queued_bytes += of.size
         self._parents[of.parent] = self._parents.get(of.parent, 0) + 1
         if len(self._queue) == 1:
             self._wake.set()
         if len(self._queue) >= BATCH:
             self._full.set()
+
+    def attr_of(self, ino: int) -> p.Attr | None:
+        """The attributes file ``ino`` will have once its commit is made, from its close until the
+        commit is answered (None otherwise, or once it was written again: its size or the time of
+        its last write changed; a commit's hand-over clears that time, which then still matches)."""
+        closed = self._closed_attrs.get(ino)
+        if closed is None:
+            return None
+        of, attr, mtime_ns = closed
+        if of.size != attr.size or of.mtime_ns not in (0, mtime_ns):
+            return None
+        return attr
 
     def holds(self, ino: int) -> bool:
         """``ino`` is queued or being sent: its close is answered, its commit is not."""
@@ -160,6 +185,7 @@ class WriteBack:
                 finally:
                     for of in batch:
                         self._sending.discard(of.ino)
+                        self._closed_attrs.pop(of.ino, None)
                         _less(self._parents, of.parent)
                         self.on_done(of)
 

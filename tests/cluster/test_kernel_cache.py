@@ -831,7 +831,8 @@ def test_unlinking_a_held_file_frees_it(cluster, mnt, second):
 def test_a_stat_of_files_this_mount_just_wrote_asks_nothing(cluster, mnt, second):
     """Issue 31: a create holds the new file under a callback and the writer keeps it through its
     own commit (daemon/callbacks.py), so stat() after writing is answered by the kernel and the
-    mount; another mount's change is still seen by the very next stat()."""
+    mount (a file still waiting in the write-back: with what its commit will record); another
+    mount's change is still seen by the very next stat()."""
     second, port = second
     mine = second / mnt.name / "written"
     mine.mkdir()
@@ -842,6 +843,10 @@ def test_a_stat_of_files_this_mount_just_wrote_asks_nothing(cluster, mnt, second
     assert _lookups(port) + _lookups(port, "GetattrReq") - before == 0, "a stat of a file written here asked the daemon"
     fd = os.open(mine, os.O_RDONLY)  # keeps the directory's own dentry (it was made elsewhere's parent)
     try:
+        # the files still wait in the write-back (answered from it above): FSYNCDIR sends them,
+        # durable, and the directory's GETATTRs during those changes of it may ask the daemon
+        os.fsync(fd)
+        before = _lookups(port) + _lookups(port, "GetattrReq")
         drop_caches()  # the kernel forgets the files' names and inodes; the mount, holding them, does not
         assert [os.stat(f"f{i}", dir_fd=fd).st_size for i in range(20)] == list(range(20))
     finally:

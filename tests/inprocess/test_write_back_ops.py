@@ -118,7 +118,9 @@ async def test_the_flusher_sends_within_its_bound_and_stat_and_reads_here_see_th
     assert await mine.read_file(mine.dir, b"one") == data
     (ino,) = await _write_files(mine, [(b"two", data[:7])])
     assert mine.ops.writeback.holds(ino)
-    assert (await mine.getattr(ino)).size == 7  # asked of the daemon: the file is committed first
+    assert (await mine.getattr(ino)).size == 7  # what its commit will record, answered here
+    assert mine.ops.writeback.holds(ino)  # without sending it
+    assert await mine.read_file(mine.dir, b"two") == data[:7]  # a read sends it first
     assert not mine.ops.writeback.holds(ino)
 
 
@@ -288,15 +290,19 @@ async def test_a_file_waiting_to_be_sent_is_never_answered_with_the_size_its_cre
     """Found merging write-back with no-open: the create's answer re-held the new file's attributes
     (size 0) after its close queued it, and once the kernel forgot the inode (drop_caches) the
     reader thread answered a LOOKUP and a GETATTR from them: a stat and a read saw an empty file
-    until the write-back sent it. Now the mount answers nothing from memory while the write-back
-    holds the file, and a lookup in its directory sends the waiting files first."""
+    until the write-back sent it. Now a GETATTR while the write-back holds the file is answered
+    with what its commit will record (the size written, the last write's mtime), held for no time,
+    a lookup in its directory sends the waiting files first, and the commit records that mtime."""
     data = os.urandom(5000)
     (ino,) = await _write_files(mine, [(b"queued", data)])
     await mine.ops.dirops.flush()  # the create is answered; its data and commit still wait
     assert mine.ops.writeback.holds(ino)
     mine.ops.forget_now([(ino, 1)])  # the kernel forgets the inode (memory pressure, drop_caches)
     assert mine.ops._fast_lookup(mine.dir, b"queued") is FAST_PATH_MISS
-    assert mine.ops._fast_getattr(ino) is FAST_PATH_MISS
-    assert (await mine.lookup(mine.dir, b"queued")).attr.size == len(data)
+    early, valid = mine.ops._fast_getattr(ino)
+    assert (early.size, valid) == (len(data), 0.0)
+    assert mine.ops.writeback.holds(ino)  # answered without sending it
+    committed = (await mine.lookup(mine.dir, b"queued")).attr
     assert not mine.ops.writeback.holds(ino)  # the lookup sent it
+    assert (committed.size, committed.mtime_ns) == (early.size, early.mtime_ns)
     assert await mine.read_file(mine.dir, b"queued") == data
