@@ -50,7 +50,7 @@ import trio
 import zmq
 
 from . import limits, metrics, protocol, security
-from .errors import ErrorCode, QuietError, StripefsError
+from .errors import ErrorCode, QuietError, StripefsError, sole
 
 log = logging.getLogger(__name__)
 
@@ -239,23 +239,13 @@ class _Pending:
     __slots__ = ("event", "body", "payloads")
 
     def __init__(self) -> None:
-        self.event = trio.Event()  # set when the reply is in, or when the reader left (read in its place)
+        self.event = trio.Event()
         self.body: protocol.Msg | None = None
         self.payloads: list[memoryview] = []
 
 
 class RpcClient:
-    """Requests to one peer over one DEALER socket; any number in flight at once.
-
-    No task of its own receives: a caller waiting for its reply reads the socket itself, handing
-    each other caller's reply to that caller, until its own comes; then, if others still wait for
-    theirs (``_waiting``: not those still sending, which read themselves once sent), it wakes one
-    of them to read next. One caller at a time reads. With one request in flight (the
-    common case: a mount's lookup, a read) the reply reaches the task that waits for it without
-    a second task and a wake-up between them: 20-35 us of a 0.19 ms round trip here
-    (bench/transport.py, "client share"). A reply nobody waits for any more (its caller timed out)
-    is read and dropped by the next caller.
-    """
+    """Requests to one peer over one DEALER socket; any number in flight at once."""
 
     _ids = itertools.count(1)  # unique across clients of a process: easier log reading
 
@@ -266,52 +256,26 @@ class RpcClient:
         self.address = address
         self.timeout = timeout
         self._pending: dict[int, _Pending] = {}
-        self._reading = False  # a caller is reading the socket
-        #: callers waiting on their event while another reads (not those still sending): the next
-        #: reader is one of them
-        self._waiting: dict[_Pending, None] = {}
 
-    async def _read_until(self, slot: _Pending) -> None:
-        """Read replies, each to its caller, until ``slot``'s is in; or wait while another reads."""
-        while slot.body is None:
-            if self._reading:
-                self._waiting[slot] = None
-                try:
-                    await slot.event.wait()  # the reply, or the reader left: read in its place
-                finally:
-                    del self._waiting[slot]
-                if slot.body is None:
-                    slot.event = trio.Event()
-                continue
-            self._reading = True
+    async def _receive_loop(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
             try:
-                while slot.body is None:
-                    self._take(await self.sock.recv_multipart())
-            finally:
-                self._reading = False
-                self._wake_a_reader()
-
-    def _wake_a_reader(self) -> None:
-        """Nobody reads: wake one caller waiting for its reply, to read in its turn. (A caller still
-        sending finds nobody reading when it is done, and reads itself.)"""
-        for other in self._waiting:
-            if other.body is None and not other.event.is_set():
-                other.event.set()
+                frames = await self.sock.recv_multipart()
+            except trio.ClosedResourceError:
                 return
-
-    def _take(self, frames: list[zmq.Frame]) -> None:
-        try:
-            request_id, body = protocol.decode_reply(frames[0].bytes)
-        except protocol.ProtocolError as exc:
-            log.warning("undecodable reply from %s: %s", self.address, exc)
-            return
-        slot = self._pending.pop(request_id, None)
-        if slot is None:
-            log.debug("late reply %d from %s dropped", request_id, self.address)
-            return
-        slot.body = body
-        slot.payloads = [f.buffer for f in frames[1:]]
-        slot.event.set()
+            try:
+                request_id, body = protocol.decode_reply(frames[0].bytes)
+            except protocol.ProtocolError as exc:
+                log.warning("undecodable reply from %s: %s", self.address, exc)
+                continue
+            slot = self._pending.pop(request_id, None)
+            if slot is None:
+                log.debug("late reply %d from %s dropped", request_id, self.address)
+                continue
+            slot.body = body
+            slot.payloads = [f.buffer for f in frames[1:]]
+            slot.event.set()
 
     async def call(
         self,
@@ -333,13 +297,11 @@ class RpcClient:
         try:
             with trio.move_on_after(deadline):
                 await self.sock.send_multipart([protocol.encode(request_id, request), *payloads])
-                await self._read_until(slot)
+                await slot.event.wait()
         except trio.ClosedResourceError:
             raise StripefsError(ErrorCode.UNAVAILABLE, f"connection to {self.address} is closed") from None
         finally:
             self._pending.pop(request_id, None)
-            if slot.body is None and not self._reading:  # cancelled, maybe right after it was woken to read
-                self._wake_a_reader()
         body = slot.body
         _observe_rpc(self.address, request, body, time.perf_counter() - started)
         if body is None:
@@ -366,9 +328,24 @@ class RpcClient:
 
 @asynccontextmanager
 async def connect(ctx: zmq.Context, address: str, *, timeout: float = 10.0) -> AsyncIterator[RpcClient]:
-    """An RpcClient connected to ``address`` (closed when the ``async with`` ends)."""
+    """An RpcClient connected to ``address`` with its receive loop running.
+
+    An exception leaving the ``async with`` body leaves as itself, not wrapped in the exception group
+    of the connection's nursery (the group is unwrapped here, where it arises, when it holds one)."""
     async with open_socket(ctx, zmq.DEALER, connect=address) as sock:
-        yield RpcClient(sock, address, timeout)
+        client = RpcClient(sock, address, timeout)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(client._receive_loop)
+                try:
+                    yield client
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            inner = sole(group)
+            if inner is group:
+                raise
+            raise inner from None
 
 
 Handler = Callable[[protocol.Msg, list[memoryview]], Awaitable[protocol.Msg | tuple[protocol.Msg, Sequence[Payload]]]]
