@@ -67,7 +67,8 @@ from typing import Callable
 import trio
 
 from ..common import protocol as p
-from ..common.errors import ErrorCode, StripefsError
+from ..common.errors import ErrorCode, StripefsError, error_from
+from .batching import FlushTimer, count_down
 from .metrics import ASYNC_CREATES, ASYNC_REFUSED
 
 log = logging.getLogger(__name__)
@@ -122,8 +123,7 @@ class AsyncDirops:
         self._inos: dict[int, int] = {}  # ino -> its changes in _unanswered
         self._dirs: dict[int, int] = {}  # parent -> its changes in _unanswered
         self._send_lock = trio.Lock()
-        self._wake = trio.Event()
-        self._full = trio.Event()
+        self._timer = FlushTimer()
         self.failed: dict[int, StripefsError] = {}  # ino -> the error its next operation fails with
         self.refused = 0  # creates refused after the kernel was answered
         self.sent = 0  # creates sent asynchronously
@@ -190,9 +190,7 @@ class AsyncDirops:
             self._in_trio(self._poke, full)
 
     def _poke(self, full: bool) -> None:
-        self._wake.set()
-        if full:
-            self._full.set()
+        self._timer.queued(first=True, full=full)
 
     @property
     def unanswered(self) -> bool:
@@ -251,9 +249,8 @@ class AsyncDirops:
             if isinstance(result, p.ErrorRsp):
                 self.refused += 1
                 ASYNC_REFUSED.inc()
-                code = ErrorCode(result.code) if result.code in ErrorCode._value2member_map_ else ErrorCode.IO
                 if not isinstance(q.request, (p.UnlinkReq, p.RmdirReq)):  # an unlink refused: the name is there again
-                    self.failed[q.ino] = StripefsError(code, result.message)
+                    self.failed[q.ino] = error_from(result.code, result.message)
                 moved = f" to {q.new_name!r} in directory {q.new_parent}" if q.new_parent else ""
                 log.warning("asynchronous %s of %r in directory %d%s (inode %d) refused after the kernel was answered: %s",
                             p.kind(q.request)[:-3].lower(), q.name, q.parent, moved, q.ino, result.message)
@@ -262,9 +259,9 @@ class AsyncDirops:
             finally:
                 with self.lock:
                     self._unanswered.remove(q)  # (the oldest: answers come in order)
-                    _less(self._inos, q.ino)
+                    count_down(self._inos, q.ino)
                     for parent in q.dirs:
-                        _less(self._dirs, parent)
+                        count_down(self._dirs, parent)
                 q.done.set()
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -274,18 +271,4 @@ class AsyncDirops:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             task_status.started()
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                with trio.move_on_after(DELAY_S):
-                    await self._full.wait()
-                self._full = trio.Event()
-                await self.flush()
-
-
-def _less(counts: dict[int, int], key: int) -> None:
-    left = counts.get(key, 1) - 1
-    if left:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
+            await self._timer.run(self.flush, lambda: DELAY_S)

@@ -21,7 +21,7 @@ import xxhash
 import zmq
 
 from ..common import protocol as p
-from ..common.errors import ErrorCode, StripefsError
+from ..common.errors import ErrorCode, StripefsError, error_from
 from ..common.transport import RpcClient, connect
 from .caps import CapStore
 
@@ -169,7 +169,7 @@ class NodePool:
         out: list[memoryview | StripefsError] = []
         for read, result, data in zip(reads, rsp.results, payloads):
             if result.code:
-                out.append(_error(result.code, result.message))
+                out.append(error_from(result.code, result.message))
             elif xxhash.xxh3_64_intdigest(data) != result.xxh3:
                 out.append(StripefsError(ErrorCode.CORRUPT, f"chunk {read.chunk} from node {node_id} failed its checksum in transit"))
             else:
@@ -205,7 +205,7 @@ class NodePool:
             if len(rsp.results) != len(batch):
                 raise StripefsError(ErrorCode.BAD_REQUEST, f"node {node_id} answered {len(rsp.results)} of {len(batch)} writes")
             for result in rsp.results:
-                out.append(p.WriteChunkRsp(version=result.version, length=result.length) if not result.code else _error(result.code, result.message))
+                out.append(p.WriteChunkRsp(version=result.version, length=result.length) if not result.code else error_from(result.code, result.message))
         self._suspect_until.pop(node_id, None)
         return out
 
@@ -244,14 +244,6 @@ def _inodes(request: p.Msg) -> list[int]:
         return [w.chunk.ino for w in request.writes]
     chunk = getattr(request, "chunk", None)
     return [chunk.ino] if chunk is not None else []
-
-
-def _error(code: int, message: str) -> StripefsError:
-    """One item's error in a batched reply (an unknown code, from a newer node: IO)."""
-    try:
-        return StripefsError(ErrorCode(code), message)
-    except ValueError:
-        return StripefsError(ErrorCode.IO, message)
 
 
 def _batches(writes: list[tuple[p.WriteChunkReq, bytes | memoryview]]):

@@ -823,9 +823,6 @@ class Operations:
     def _fast_getattr(self, inode, ctx=None):
         self._fast_failed(inode)
         if self.kcache.healthy:
-            written = self._written_back_attr(inode)  # a stat right after a small file's close
-            if written is not None:
-                return written
             # the kernel asks again at the end of every whole-file read (a read past its
             # i_size); what a listing or lookup said is still true unless the feed said otherwise
             # (dataset mode), or than the daemon waits for this mount before changing it (callbacks)
@@ -835,6 +832,9 @@ class Operations:
             known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
             if known is not None:
                 return self._attr_out(known)
+            written = self._written_back_attr(inode)  # a stat right after a small file's close
+            if written is not None:
+                return written
         return _SLOW
 
     def _held_long(self, inode: int) -> p.Attr | None:
@@ -1592,10 +1592,10 @@ class Operations:
     async def write(self, fh, off, buf):
         self._writable()
         of = self.handles[fh]
-        of.mtime_ns = time.time_ns()
         if self._early(of, len(buf)):
             return self._keep_early(of, off, buf)
         await self._settle(of.ino)  # a file created here: its layout and chunk map are the daemon's answer
+        of.mtime_ns = time.time_ns()
         return await self.data.write(of, off, buf)  # short at a directory quota's limit
 
     @staticmethod

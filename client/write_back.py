@@ -72,8 +72,9 @@ import trio
 import xxhash
 
 from ..common import protocol as p
-from ..common.errors import ErrorCode, StripefsError
+from ..common.errors import ErrorCode, StripefsError, error_from
 from ..common.layout import is_ec, replica_part
+from .batching import FlushTimer, count_down
 from .open_files import OpenFile
 
 log = logging.getLogger(__name__)
@@ -98,14 +99,13 @@ class WriteBack:
         self.prepare = prepare
         self._queue: dict[int, OpenFile] = {}  # ino -> file, in the order they were closed
         self._sending: set[int] = set()  # inodes of the batch being sent
-        #: ino -> (file, the attributes its commit will record, its last write's time), from its close
-        #: until its commit is answered: a stat meanwhile is answered with them (``attr_of``)
-        self._closed_attrs: dict[int, tuple[OpenFile, p.Attr, int]] = {}
+        #: ino -> (file, the attributes its commit will record), from its close until its commit is
+        #: answered: a stat meanwhile is answered with them (``attr_of``)
+        self._closed_attrs: dict[int, tuple[OpenFile, p.Attr]] = {}
         self._queued_bytes = 0
         self._parents: dict[int, int] = {}  # directory -> its files queued or being sent
         self._send_lock = trio.Lock()
-        self._wake = trio.Event()
-        self._full = trio.Event()
+        self._timer = FlushTimer()
         self.running = False
         #: ino -> node -> its copy, of files committed here without a sync: an fsync after the file's
         #: state left the mount still syncs them (``sync``); the newest ``UNSYNCED_KEPT``
@@ -129,13 +129,10 @@ class WriteBack:
         if of.mtime_ns:
             attr = msgspec.structs.replace(of.attr, size=of.size, mtime_ns=of.mtime_ns,
                                            ctime_ns=max(of.attr.ctime_ns, of.mtime_ns))
-            self._closed_attrs[of.ino] = (of, attr, of.mtime_ns)
+            self._closed_attrs[of.ino] = (of, attr)
         self._queued_bytes += of.size
         self._parents[of.parent] = self._parents.get(of.parent, 0) + 1
-        if len(self._queue) == 1:
-            self._wake.set()
-        if len(self._queue) >= BATCH:
-            self._full.set()
+        self._timer.queued(first=len(self._queue) == 1, full=len(self._queue) >= BATCH)
 
     def attr_of(self, ino: int) -> p.Attr | None:
         """The attributes file ``ino`` will have once its commit is made, from its close until the
@@ -144,8 +141,8 @@ class WriteBack:
         closed = self._closed_attrs.get(ino)
         if closed is None:
             return None
-        of, attr, mtime_ns = closed
-        if of.size != attr.size or of.mtime_ns not in (0, mtime_ns):
+        of, attr = closed
+        if of.size != attr.size or of.mtime_ns not in (0, attr.mtime_ns):
             return None
         return attr
 
@@ -186,7 +183,7 @@ class WriteBack:
                     for of in batch:
                         self._sending.discard(of.ino)
                         self._closed_attrs.pop(of.ino, None)
-                        _less(self._parents, of.parent)
+                        count_down(self._parents, of.parent)
                         self.on_done(of)
 
     async def _send(self, batch: list[OpenFile], sync: bool) -> None:
@@ -282,8 +279,7 @@ class WriteBack:
         for of, (request, handed), result in zip(ready, requests, results):
             if isinstance(result, p.ErrorRsp):
                 data.not_committed(of, handed)
-                code = ErrorCode(result.code) if result.code in ErrorCode._value2member_map_ else ErrorCode.IO
-                data._fail(of, StripefsError(code, result.message))
+                data._fail(of, error_from(result.code, result.message))
                 await data._settle(of)
                 self._lost(of, of.write_error)
                 continue
@@ -328,20 +324,6 @@ class WriteBack:
         self.running = True
         try:
             task_status.started()
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                with trio.move_on_after(DELAY_S):
-                    await self._full.wait()
-                self._full = trio.Event()
-                await self.flush()
+            await self._timer.run(self.flush, lambda: DELAY_S)
         finally:
             self.running = False
-
-
-def _less(counts: dict[int, int], key: int) -> None:
-    left = counts.get(key, 1) - 1
-    if left:
-        counts[key] = left
-    else:
-        counts.pop(key, None)

@@ -88,6 +88,12 @@ class StripefsError(Exception):
         return errno_for(int(self.code))
 
 
+def error_from(code: int, message: str) -> StripefsError:
+    """The error an ErrorRsp (or a batched reply's item) names; a code unknown here (from a newer
+    peer) is IO, so callers can always match on an ErrorCode."""
+    return StripefsError(code if code in ErrorCode._value2member_map_ else ErrorCode.IO, message)
+
+
 class QuietError(Exception):
     """A user error: the CLI prints the message without a traceback and exits.
 
