@@ -283,20 +283,22 @@ class Namespace(FileData):
 
     def readdir(self, ino: int, after: int = 0, limit: int = 1000) -> tuple[list[DirEntry], bool]:
         """Up to ``limit`` entries with cookie > ``after``, and whether more follow."""
+        rows, more = self._listed(ino, after, limit)
+        return [DirEntry(name=bytes(r["name"]), attr=to_attr(r), cookie=r["cookie"]) for r in rows], more
+
+    def _listed(self, ino: int, after: int, limit: int) -> tuple[list, bool]:
+        """The rows (dentry and inode) of up to ``limit`` entries of directory ``ino`` after cookie
+        ``after`` (at most READDIR_MAX), and whether more follow."""
         self.directory(ino)
         limit = max(1, min(limit, READDIR_MAX))
         rows = self.store.list_dentries(ino, after, limit + 1)
-        entries = [DirEntry(name=bytes(r["name"]), attr=to_attr(r), cookie=r["cookie"]) for r in rows[:limit]]
-        return entries, len(rows) > limit
+        return rows[:limit], len(rows) > limit
 
     def readdir_open_info(self, ino: int, after: int, limit: int, wanted) -> tuple[list[DirEntry], bool, list[tuple]]:
         """``readdir`` with ``open_info`` of each listed regular file whose row ``wanted(attr,
         layout)`` accepts: the inode rows come with the listing and every file's chunks in one
         statement (a dataset mount's listing: two queries per file before)."""
-        self.directory(ino)
-        limit = max(1, min(limit, READDIR_MAX))
-        rows = self.store.list_dentries(ino, after, limit + 1)
-        more, rows = len(rows) > limit, rows[:limit]
+        rows, more = self._listed(ino, after, limit)
         entries, regular = [], []
         for r in rows:
             attr = to_attr(r)
