@@ -12,9 +12,13 @@ same loop sends no RELEASE).
 So at the first CREATE answered while no OPEN was declined yet, a thread of the mount opens that
 new file read-only through the mountpoint and closes it: the kernel sends the OPEN, the
 bridge declines it, and from then on no file of the connection sends RELEASE. The close's
-FLUSH comes from the mount's own process (``own_flush``): it is answered with nothing done,
-since the primer wrote nothing and must not commit, or queue, a file another process is still
-writing. A failed try (the file renamed or unlinked before the thread got to it, a mode
+FLUSH comes from the primer's thread (``own_flush``): it is answered with nothing done, since
+the primer wrote nothing and must not commit, or queue, a file another process is still
+writing. The kernel names a request's sender by its thread (``in.h.pid`` is
+``task_pid(current)`` in fs/fuse/dev.c, a thread's own id), so the primer's FLUSH carries the
+primer thread's id, not the mount's pid: compared with the process's pid, it was taken for a
+writer's close and committed the file under a writer still writing (a clean-clone CI run's
+test_secure_cluster: a 300,000-byte file's commit lacked the chunk of its last byte). A failed try (the file renamed or unlinked before the thread got to it, a mode
 root may not read through) is tried again at a later create, ``TRIES`` times at most; the mount
 then just keeps receiving RELEASEs, as before. Only the real mount has a mountpoint to open
 through: the in-process tests' FS never primes.
@@ -36,7 +40,7 @@ class NoOpenPrimer:
     def __init__(self, mountpoint: str, path_of: Callable[[int], bytes | None]):
         self._mountpoint = os.fsencode(mountpoint)
         self._path_of = path_of  # an inode the kernel knows -> its path under the mountpoint
-        self._pid = os.getpid()
+        self._tid = 0  # the primer thread's id while it opens and closes (the kernel's in.h.pid)
         self.declined = False  # an OPEN was declined: the kernel has no-open for good
         self.tries = 0
         self._busy = False
@@ -53,11 +57,12 @@ class NoOpenPrimer:
         self.declined = True
 
     def own_flush(self, pid: int) -> bool:
-        """Whether a FLUSH is the primer's own close (the mount's process never opens its own files
-        otherwise): answered with nothing to do."""
-        return pid == self._pid
+        """Whether a FLUSH (its header's pid: the closing thread's id) is the primer's own close (the
+        mount never opens its own files otherwise): answered with nothing to do."""
+        return pid != 0 and pid == self._tid
 
     def _open_once(self, ino: int) -> None:
+        self._tid = threading.get_native_id()
         try:
             rel = self._path_of(ino)
             if rel is None:
@@ -71,4 +76,5 @@ class NoOpenPrimer:
         except OSError as exc:
             log.debug("no-open primer: opening inode %d failed: %s", ino, exc)
         finally:
+            self._tid = 0  # closed: its FLUSH was answered (close(2) waits for it)
             self._busy = False

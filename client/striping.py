@@ -627,19 +627,11 @@ class DataPath:
             await self._flush(of, sync=sync)
 
     async def _flush(self, of: OpenFile, *, sync: bool = False) -> None:
-        try:
-            while of.dirty and of.write_error is None:
-                await self._send(of, of.take(min(of.dirty)), sync=sync)
-        except StripefsError:
-            pass  # the session failed (of.write_error): reported below
         wanted = kept = 0
         try:
-            await self._settle(of)
-            if of.write_error is None:
-                if sync:
-                    await self._sync(of)
-                if of.uncommitted or of.written_end > of.attr.size:
-                    wanted, kept = await self._commit(of)
+            await self._store_all(of, sync=sync)
+            if of.write_error is None and (of.uncommitted or of.written_end > of.attr.size):
+                wanted, kept = await self._commit(of)
         except BaseException as exc:
             self._fail(of, exc)
             if isinstance(exc, trio.Cancelled):
@@ -650,6 +642,29 @@ class DataPath:
             raise exc
         if kept < wanted:
             raise StripefsError(ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota kept {kept} of {wanted} bytes")
+
+    async def _store_all(self, of: OpenFile, *, sync: bool) -> None:
+        """Send every dirty range and wait for the sends in flight (``sync``: and fsync them), until
+        nothing is left unsent, or the session failed (``of.write_error``).
+
+        Until nothing is left: a WRITE through another descriptor of the file (or the kernel's
+        writeback) may arrive while this waits, buffer a new chunk and move ``written_end``; the
+        commit that follows, with no wait before it, must carry the chunk of the last byte its size
+        covers (the daemon refuses it otherwise, daemon/file_data.py). A writer that never pauses
+        keeps a close of another descriptor waiting as long."""
+        while True:
+            try:
+                while of.dirty and of.write_error is None:
+                    await self._send(of, of.take(min(of.dirty)), sync=sync)
+            except StripefsError:
+                pass  # the session failed (of.write_error): the caller reports it
+            await self._settle(of)
+            if of.write_error is not None:
+                return
+            if sync:
+                await self._sync(of)
+            if not (of.dirty or of.inflight):
+                return
 
     async def _sync(self, of: OpenFile) -> None:
         """fsync, on their nodes, the chunks written since the last sync.

@@ -246,3 +246,36 @@ async def test_a_lookup_answered_before_a_commit_is_not_an_open_answer_after_it(
     assert await fs.read(second, 0, 2000) == b"a" * 1000 + b"b" * 10
     await fs.close(second)
     await fs.close(fh)
+
+
+async def test_a_write_during_another_descriptors_flush_is_committed_with_its_chunk(fs, monkeypatch):
+    """One descriptor's close (FLUSH) while another writes on: a WRITE that arrives while the flush
+    waits for the sends in flight buffers a new chunk and moves the file's end. The flush must not
+    commit that end without the chunk holding it (the daemon refuses such a commit, and the write
+    session was then thrown away). Found by a clean-clone CI run: the mount's own no-open primer
+    (client/no_open_primer.py) opened and closed a fresh mount's first file while the test wrote it."""
+    ops = fs.ops
+    fh, ino = await fs.create(fs.dir, b"two-writers")
+    of = ops.files[ino]
+    cs = of.chunk_size
+    real_send = ops.data._send_chunk
+    sending, go = trio.Event(), trio.Event()
+
+    async def send_chunk(of_, dc, **kw):
+        if dc.index == 0:
+            sending.set()
+            await go.wait()  # chunk 0 stays in flight while the flush waits for it
+        return await real_send(of_, dc, **kw)
+
+    monkeypatch.setattr(ops.data, "_send_chunk", send_chunk)
+    first, second = os.urandom(cs), os.urandom(1000)
+    await fs.write(fh, 0, first)  # a whole chunk: sent in the background
+    async with trio.open_nursery() as nursery:
+        await sending.wait()
+        nursery.start_soon(fs.flush, fh)  # the other descriptor's close
+        await trio.sleep(0.2)  # ... waits for chunk 0
+        assert await fs.write(fh, cs, second) == len(second)  # the file's end moves into chunk 1
+        go.set()
+    await fs.close(fh)
+    assert (await fs.getattr(ino)).size == cs + len(second)
+    assert await fs.read_file(fs.dir, b"two-writers") == first + second

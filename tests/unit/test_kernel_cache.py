@@ -5,11 +5,15 @@ the mount's real follower; only the final calls into the FUSE session (which nee
 FUSE session) are replaced by a recorder.
 """
 
+import os
+import threading
+
 import pytest
 import trio
 import zmq
 
 from stripefs.client import kernel_cache as kc
+from stripefs.client.no_open_primer import NoOpenPrimer
 from stripefs.common import protocol as P
 from stripefs.daemon import change_log
 from stripefs.daemon.db import open_database
@@ -251,3 +255,24 @@ def test_path_of_walks_the_names_the_kernel_knows_up_to_the_root():
     assert cache.path_of(kc.ROOT_ID) == b""
     cache.forget(10)
     assert cache.path_of(12) is None and cache.path_of(99) is None
+
+
+def test_the_primers_own_flush_is_known_by_its_threads_id(tmp_path):
+    """The kernel names a FLUSH's sender by its thread (fs/fuse/dev.c: ``task_pid(current)``): the
+    primer's close carries its thread's id, not the mount's pid, and only while it runs. Taken for
+    a writer's close, it committed a file under its writer (client/no_open_primer.py)."""
+    (tmp_path / "f").write_bytes(b"x")
+    seen = {}
+
+    def path_of(ino):  # called on the primer's thread, before its open and close
+        seen["own"] = primer.own_flush(threading.get_native_id())
+        seen["process"] = primer.own_flush(os.getpid())
+        return b"f"
+
+    primer = NoOpenPrimer(str(tmp_path), path_of)
+    primer.created(5)
+    for thread in threading.enumerate():
+        if thread.name == "no-open-primer":
+            thread.join(10)
+    assert seen == {"own": True, "process": False}
+    assert primer.tries == 1 and not primer.own_flush(0)
