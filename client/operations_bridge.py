@@ -130,10 +130,11 @@ class OperationsBridge:
         return self._fast("open", self.ops._fast_open, req.header.nodeid, req.flags, _Ctx(req.header))
 
     def fast_opendir(self, req: rq.Open):
-        if self.ops.dataset:
+        if self.ops.no_open:
             # no-opendir: the kernel sends no OPENDIR (nor RELEASEDIR) again on this connection and
             # keeps each directory's listing in its cache (the feed's invalidation of the directory
-            # drops it); READDIR then names the directory by its inode
+            # drops it; docs/design.md "Listings kept by the kernel"); READDIR then names the
+            # directory by its inode
             self._declined("opendir")
             raise FuseError(errno.ENOSYS)
         return self._fast("opendir", self.ops._fast_opendir, req.header.nodeid, _Ctx(req.header))

@@ -893,6 +893,12 @@ def test_a_cold_walk_of_held_directories_asks_the_daemon_nothing(cluster, mnt, s
         "a cold walk of held directories asked the daemon"
     per_file = sum(after.values()) - sum(requests.values())
     assert per_file / len(expected) <= 0.15, f"{per_file} FUSE requests for {len(expected)} files: {after}"
+    # warm: the kernel keeps every listing (no-opendir: no OPENDIR, no RELEASEDIR) and the held
+    # folders' attributes; what reaches the mount is at most a GETATTR per directory: a listing
+    # marks the directory's atime stale on a read-write mount (fs/fuse/readdir.c
+    # fuse_invalidate_atime), and the walk's isdir() stat asks for it
+    warm = _listing_requests(url, lambda: _walk(mine) == sorted(expected))
+    assert set(warm) <= {"getattr"} and warm.get("getattr", 0) <= 4, warm
     # another mount's changes: a new file, a removed one, a new folder, seen by the next walk
     (mnt / "tree" / "c1" / "new.bin").write_bytes(b"made elsewhere")
     os.unlink(mnt / "tree" / "c2" / "img_007.bin")
@@ -909,3 +915,40 @@ def test_a_cold_walk_of_held_directories_asks_the_daemon_nothing(cluster, mnt, s
     assert _walk(mine) == expected
     drop_caches()
     assert _walk(mine) == expected
+
+
+def _listing_requests(url: str, listing) -> dict[str, float]:
+    """The FUSE requests (by opcode, FORGETs left out: the kernel's own housekeeping) that reached
+    the mount whose metrics are at ``url`` while ``listing()`` ran; it must return True."""
+    before = _requests_at(url=url)
+    assert listing()
+    after = _requests_at(url=url)
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0) and "FORGET" not in k}
+
+
+def test_a_listing_of_a_directory_not_held_is_kept_by_the_kernel_and_follows_changes(cluster, mnt, second):
+    """No-opendir on the default mount too (client/operations_bridge.py): the kernel keeps every
+    directory's listing, also of one this mount does not hold whole (more names than one listing
+    answer: 1,000), so a warm listing reaches the mount not at all. A change made through this
+    mount is in its very next listing (the kernel checks the directory's version at each listing's
+    start); one made elsewhere once the feed's event invalidated the directory, whose pages hold
+    the listing (docs/design.md "Listings kept by the kernel")."""
+    second, port = second
+    url = f"http://127.0.0.1:{port}/metrics"
+    theirs = mnt / "big"  # made and filled by the other mount: this one lists it in pages, never whole
+    theirs.mkdir()
+    names = [f"f{i:04d}" for i in range(1100)]
+    for name in names:
+        (theirs / name).write_bytes(b"")
+    mine = second / mnt.name / "big"
+    assert sorted(os.listdir(mine)) == names
+    # once the feed's events of those creates are applied here, a listing is the kernel's alone
+    _eventually(lambda: _listing_requests(url, lambda: sorted(os.listdir(mine)) == names) == {})
+    (theirs / "made-elsewhere").write_bytes(b"")
+    names = sorted(names + ["made-elsewhere"])
+    _eventually(lambda: sorted(os.listdir(mine)) == names)
+    (mine / "made-here").write_bytes(b"")
+    os.unlink(mine / "f0000")
+    names = sorted(set(names) - {"f0000"} | {"made-here"})
+    assert sorted(os.listdir(mine)) == names  # at once
+    assert sorted(os.listdir(theirs)) == names
