@@ -258,6 +258,7 @@ class MetaBench:
         self.cluster.down()
         self.cluster.up()
         tree.index_walk(dst["stripefs"])  # not timed: the fresh mount's kernel knows the tree, as the local disk's does
+        self.cluster.past_restart_grace()  # the rm times rm, not the daemon's wait after its restart
         for side in ("local", "stripefs"):
             self.set_phase(f"{side}: rm -rf of {files:,} files")
             s = tree.remove(self.children, dst[side], a.phase_timeout)
