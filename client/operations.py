@@ -1069,7 +1069,7 @@ class Operations:
                 else:
                     attr = self._held_long(ino)
                 if attr is not None:
-                    answer = self._encoded(attr, self._entry_bytes, encode_entry)
+                    answer = self._encoded(attr, listing.plus, encode_entry)
             if not buf.add_record(records[k], answer):
                 return
             if answer is not None:
