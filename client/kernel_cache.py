@@ -257,6 +257,11 @@ class KernelCache:
                 continue
             if granted is not None and granted < seq:
                 del self.grants[key]
+                if isinstance(key, tuple) and key[0] == "dir" and not mine:
+                    # the kernel keeps the directory's listing (no-opendir) and checks only its
+                    # version and mtime: held no more, it must ask again, so the next listing is
+                    # the daemon's (and is held again) instead of one kept from before this change
+                    self._pending_inodes.add(key[1])
                 if isinstance(key, int):
                     ended.append(key)
                     if self.is_open(key):

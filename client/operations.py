@@ -240,6 +240,7 @@ class Operations:
             self.kcache.own_writer = meta.writer
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
         self._inode_handles: dict[int, int] = {}  # ino -> the handle reads without OPEN use (read_inode)
+        self._inode_opening: dict[int, trio.Event] = {}  # ino -> set once the request making its handle is done
         self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
         # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
@@ -1085,12 +1086,20 @@ class Operations:
         while True:
             stamp, generation = self.kcache.stamp(), self.listings.generation
             callback = not self.dataset and self.kcache.callbacks_possible
-            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset,
+            # open information with the listing: a dataset mount's for every file; the default
+            # mount's for its small files (one chunk: a data set's samples), kept while it holds them
+            # under the callback the listing asks, so the first read of a listed file needs no OpenReq
+            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset or callback,
+                                                    small_only=not self.dataset,
                                                     session_id=self.meta.session_id, callback=callback))
             stale_dir = self.kcache.changed_since(stamp, fh)
-            for info in rsp.files:  # dataset mode: opens of listed files need no round trip
+            opened = {}
+            for info in rsp.files:  # opens of listed files need no round trip
                 if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
-                    self._keep_dataset_info(info)
+                    if self.dataset:
+                        self._keep_dataset_info(info)
+                    else:
+                        opened[info.attr.ino] = info
             if rsp.callback >= 0:  # granted on every file listed, also those the kernel has no room for now
                 for entry in rsp.entries:
                     if stat.S_ISREG(entry.attr.mode):
@@ -1102,7 +1111,7 @@ class Operations:
                 for entry in rsp.entries:
                     ino = entry.attr.ino
                     if held_ok and stat.S_ISREG(entry.attr.mode) and not (stale_dir or self.kcache.changed_since(stamp, ino)):
-                        self._keep_held(ino, entry.attr)
+                        self._keep_held(ino, opened.get(ino) or entry.attr)
                 if not stale_dir and (rsp.entries or not after):  # (an empty tail keeps what it follows)
                     self.listings.keep(fh, Listing(after, list(rsp.entries), not rsp.more, stamp, rsp.dir_callback),
                                        generation)
@@ -1531,27 +1540,48 @@ class Operations:
         session asks ``write=True`` (an OpenReq, even after a LOOKUP): the epoch, a snapshot's
         refusal, the quota room."""
         fh = self._inode_handles.get(inode)
-        if fh is None:
-            self._opening(inode, ctx)  # read without OPEN: the lookup that led here was for reading
-            fh = await self._open_inode(inode)
+        while fh is None:
+            making = self._inode_opening.get(inode)
+            if making is not None:
+                # another request of it makes the handle (the kernel's readahead sends a cold file's
+                # READs side by side: each asked an OpenReq, 32 for a 5 MiB file): its handle
+                await making.wait()
+                fh = self._inode_handles.get(inode)
+                continue
+            self._inode_opening[inode] = making = trio.Event()
+            try:
+                self._opening(inode, ctx)  # read without OPEN: the lookup that led here was for reading
+                fh = await self._open_inode(inode)
+            finally:
+                del self._inode_opening[inode]
+                making.set()
             with self.lock:
                 kept = self._inode_handles.setdefault(inode, fh)
             if kept != fh:
-                self._drop_handle(fh)  # another request of it opened one meanwhile
+                self._drop_handle(fh)  # a CREATE of it made one meanwhile
                 fh = kept
         of, stream = self.handles[fh], self.streams[fh]
-        if self.per_inode and (of.stale or (write and not of.writable)) and not of.has_unflushed \
+        while self.per_inode and (of.stale or (write and not of.writable)) and not of.has_unflushed \
                 and not of.commit_lock.locked():
+            if of.refreshing is not None:  # another request of it asks already: its answer, then look again
+                await of.refreshing.wait()
+                continue
             # a write session asks the daemon (its epoch, and EROFS for a snapshot's file at the
             # first WRITE: the open(O_WRONLY) itself sent nothing); a reader takes what it was told
             rsp = None if write else self._fresh_open_info(inode) or self._held(inode)
             raced = False
             if rsp is None:
-                rsp, raced = await self._ask_open(inode, write)
+                of.refreshing = refreshing = trio.Event()
+                try:
+                    rsp, raced = await self._ask_open(inode, write)
+                finally:
+                    of.refreshing = None
+                    refreshing.set()
             if not of.has_unflushed:  # (a write may have come meanwhile: its state stays)
                 self._record_open(rsp, fresh_attrs=True, raced=raced)
                 of.stale = False
             of.writable = of.writable or write
+            break
         return of, stream
 
     async def _open_inode(self, inode: int) -> int:

@@ -771,6 +771,30 @@ def test_a_listing_holds_the_files_it_lists(cluster, mnt, second):
     assert not os.path.exists(mine / "f8")
 
 
+def test_a_listed_small_file_is_read_with_no_open_request(cluster, mnt, second):
+    """The default mount's listing brings the open information of the small files it holds
+    (ReaddirReq open_info, small_only): a first read of a listed file is one ReadChunkReq, with no
+    OpenReq before it (a DataLoader's cold epoch after its index walk); a file rewritten elsewhere
+    is read new at once, and a large file is still opened (its chunk map is not listed)."""
+    second, port = second
+    (mnt / "samples").mkdir()
+    data = {f"s{i:02d}": os.urandom(1000 + i) for i in range(30)}
+    for name, body in data.items():
+        (mnt / "samples" / name).write_bytes(body)
+    (mnt / "samples" / "big").write_bytes(os.urandom(5 << 20))  # more than one 4 MiB chunk
+    mine = second / mnt.name / "samples"
+    assert sorted(os.listdir(mine)) == sorted([*data, "big"])
+    before = _lookups(port, "OpenReq")
+    for name, body in data.items():
+        assert _read(mine / name) == body
+    assert _lookups(port, "OpenReq") == before, "a listed small file was opened at the daemon"
+    (mnt / "samples" / "s07").write_bytes(b"rewritten elsewhere")
+    assert _read(mine / "s07") == b"rewritten elsewhere"
+    before = _lookups(port, "OpenReq")
+    assert len(_read(mine / "big")) == 5 << 20
+    assert _lookups(port, "OpenReq") == before + 1
+
+
 def test_a_mount_that_knows_every_name_of_a_directory_creates_without_a_lookup(cluster, mnt, second):
     """A directory this mount made (or listed whole) is held by name: a lookup of a new name is
     answered ENOENT by the mount, so a create costs one round trip; another mount's create,
