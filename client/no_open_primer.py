@@ -18,9 +18,10 @@ writing. The kernel names a request's sender by its thread (``in.h.pid`` is
 ``task_pid(current)`` in fs/fuse/dev.c, a thread's own id), so the primer's FLUSH carries the
 primer thread's id, not the mount's pid: compared with the process's pid, it was taken for a
 writer's close and committed the file under a writer still writing (a clean-clone CI run's
-test_secure_cluster: a 300,000-byte file's commit lacked the chunk of its last byte). A failed try (the file renamed or unlinked before the thread got to it, a mode
-root may not read through) is tried again at a later create, ``TRIES`` times at most; the mount
-then just keeps receiving RELEASEs, as before. Only the real mount has a mountpoint to open
+test_secure_cluster: a 300,000-byte file's commit lacked the chunk of its last byte). A failed
+try (the file renamed or unlinked before the thread got to it, a mode root may not read
+through) is tried again at a later create, ``TRIES`` times at most; the mount then just keeps
+receiving RELEASEs, as before. Only the real mount has a mountpoint to open
 through: the in-process tests' FS never primes.
 """
 
