@@ -29,6 +29,7 @@ import zmq
 from ..common.arguments import ArgumentParser
 from ..common import config as cfg
 from ..common.errors import QuietError, StripefsError, leaves
+from ..common.gc_tuning import tune_gc
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.keyring import load_identity
 from ..common.security import identity_of, split_address, use_identity
@@ -340,6 +341,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                     await nursery.start(ops.dirops.run, name="async-dirops")  # creates answered here (client/async_dirops.py)
                 if ops.writeback is not None:
                     await nursery.start(ops.writeback.run, name="write-back")  # small files after close (client/write_back.py)
+                tune_gc()  # the start's objects frozen out of collections (common/gc_tuning.py)
                 mode = "dataset mode (read-only), " if client_cfg.dataset else ""
                 log.info("mounted %s from %s (%soptions %s)", mountpoint, ",".join(addresses), mode, ",".join(sorted(options)))
                 client_metrics.write_state(mountpoint, metrics_address)

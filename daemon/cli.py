@@ -9,7 +9,6 @@ signal arrives; the pending group commit is flushed before exit.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import signal
 import sys
@@ -23,6 +22,7 @@ from ..common.keyring import server_keyring
 from ..common import metrics
 from ..common.config import MetaConfig, load
 from ..common.errors import QuietError, StripefsError
+from ..common.gc_tuning import tune_gc
 from ..common.layout import validate_layout
 from ..common.protocol import Layout
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
@@ -66,7 +66,7 @@ async def _serve(config: MetaConfig) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
                 await nursery.start(service.run)
-                _tune_gc()
+                tune_gc()
                 nursery.start_soon(publish_cluster_metrics, service, name="meta-metrics")
                 notify("READY=1")
                 log.info("metadata daemon serving on %s, database %s, boot %s", config.listen, service.db_name(), service.boot_id)
@@ -77,16 +77,6 @@ async def _serve(config: MetaConfig) -> None:
                     break
     finally:
         ctx.term()
-
-
-def _tune_gc() -> None:
-    """Python's cyclic collector, tuned for a daemon that allocates a few objects per request and
-    keeps them briefly (refcounting frees them; cycles are rare): what the start made (modules,
-    the service) is frozen out of every collection, and the youngest generation is collected
-    every 20,000 allocations, not 700. At its defaults the collector took 15% of the daemon's
-    CPU in a run of batched creates (issue 30, py-spy)."""
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 20)
 
 
 def main(argv: list[str]) -> int:
