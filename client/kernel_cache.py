@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 
 #: how many recent changes ``changed_since`` remembers one by one
 _RECENT_CHANGES = 65536
+#: change events taken off the feed's socket at once, at most (``_follow_one``)
+FEED_BURST = 256
 #: names of files the kernel forgot that the mount keeps answering LOOKUP from (``lookup_kept``)
 _KEPT_NAMES = 262_144
 
@@ -446,37 +448,40 @@ class KernelCache:
         Returns whether anything at all was heard."""
         heard = False
         while True:
+            # every event already queued comes with the first (a batch of this mount's creates is
+            # one event each): one wait, one cancel scope and one socket refresh per burst, not per event
             with trio.move_on_after(p.EVENTS_SILENCE_S) as silence:
-                frames = await sock.recv_multipart()
+                burst = await sock.recv_waiting(FEED_BURST)
             if silence.cancelled_caught:
                 if self.healthy:
                     self.healthy = False
                     await self.drop_all(f"nothing heard for {p.EVENTS_SILENCE_S:.0f}s")
                 return heard
             heard = True
-            self.events_heard += 1
-            try:
-                event = p.decode_event(frames[-1].bytes)  # a secure feed sends [topic, event] (daemon/events.py)
-            except p.ProtocolError as exc:
-                log.warning("change feed: %s", exc)
-                self.healthy = False
-                await self.drop_all("undecodable event", seq + 1)
-                continue
-            if event.daemon != self._daemon:
-                if self._daemon and self.grants:  # it knows none of the callbacks granted before
-                    await self.drop_all(f"another metadata daemon ({event.daemon[:8]}) publishes the feed", seq)
-                self._daemon = event.daemon
-            if event.boot_id == boot and event.seq == seq and not (event.inodes or event.entries):
-                self.healthy = True  # a heartbeat: nothing missed
-            elif event.boot_id == boot and event.seq == seq + 1:
-                seq = event.seq
-                self.apply(*self.map_event(event.inodes, event.entries), seq, event.writer)
-                self.healthy = True
-            else:
-                why = "another change log (a restored database?)" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"
-                boot, seq = event.boot_id, event.seq
-                await self.drop_all(why, seq)  # covers this event's changes too
-                self.healthy = True
+            self.events_heard += len(burst)
+            for frames in burst:
+                try:
+                    event = p.decode_event(frames[-1].bytes)  # a secure feed sends [topic, event] (daemon/events.py)
+                except p.ProtocolError as exc:
+                    log.warning("change feed: %s", exc)
+                    self.healthy = False
+                    await self.drop_all("undecodable event", seq + 1)
+                    continue
+                if event.daemon != self._daemon:
+                    if self._daemon and self.grants:  # it knows none of the callbacks granted before
+                        await self.drop_all(f"another metadata daemon ({event.daemon[:8]}) publishes the feed", seq)
+                    self._daemon = event.daemon
+                if event.boot_id == boot and event.seq == seq and not (event.inodes or event.entries):
+                    self.healthy = True  # a heartbeat: nothing missed
+                elif event.boot_id == boot and event.seq == seq + 1:
+                    seq = event.seq
+                    self.apply(*self.map_event(event.inodes, event.entries), seq, event.writer)
+                    self.healthy = True
+                else:
+                    why = "another change log (a restored database?)" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"
+                    boot, seq = event.boot_id, event.seq
+                    await self.drop_all(why, seq)  # covers this event's changes too
+                    self.healthy = True
 
 
 async def _nothing() -> None:
