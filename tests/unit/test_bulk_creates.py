@@ -163,3 +163,44 @@ async def test_creates_sent_alone_share_one_operation_and_each_waits_for_the_mou
         assert sorted(a.attr.ino for a in answers) == sorted({a.attr.ino for a in answers}) and len(answers) == 2
         assert answers[0].seq == answers[1].seq > 0 and service.callbacks.timeouts == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_creates_going_round_several_directories_make_one_run_per_directory_and_nothing_crosses_an_unlink(tmp_path, ctx):  # noqa: F811
+    """A program writing into a few directories in turn (bench/meta_ops.py's creates go round four):
+    each directory's creates of the batch are one operation (one change), in order within the
+    directory; an unlink between them ends the stretch, so a create after it sees the name free."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        sid, first, d = await _setup(service, 7)
+        e = (await service.handle(P.MkdirReq(parent=ROOT, name=b"e", mode=0o40755, uid=0, gid=0), [])).attr.ino
+        commits, changes = _Commits(service), _changes(tmp_path)
+
+        def mine(parent: int, name: bytes, k: int) -> P.CreateReq:
+            return P.CreateReq(parent=parent, name=name, mode=0o100600, uid=5, gid=6, session_id=sid, new_ino=first + k)
+
+        items = [mine(d, b"a", 1), mine(e, b"a", 2), mine(d, b"b", 3), mine(e, b"b", 4), mine(d, b"a", 5),  # 4: EXISTS
+                 mine(e, b"c", 6), mine(d, b"c", 7)]
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert [type(x).__name__ for x in r] == ["OpenRsp"] * 4 + ["ErrorRsp"] + ["OpenRsp"] * 2
+        assert r[4].code == ErrorCode.EXISTS and r[0].attr.ino == first + 1
+        assert _changes(tmp_path) == changes + 2 and commits.n == 1  # one change per directory, one commit
+        assert len({r[i].seq for i in (0, 2, 6)}) == 1 and len({r[i].seq for i in (1, 3, 5)}) == 1
+        assert r[0].seq != r[1].seq
+
+        changes = _changes(tmp_path)
+        items = [mine(d, b"x", 10), mine(e, b"x", 11), P.UnlinkReq(parent=d, name=b"x"), mine(d, b"x", 12),
+                 mine(e, b"y", 13)]
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert [type(x).__name__ for x in r] == ["OpenRsp", "OpenRsp", "ChangedRsp", "OpenRsp", "OpenRsp"], r
+        assert r[3].attr.ino == first + 12  # made after the unlink, not refused beside the first x
+        assert _changes(tmp_path) == changes + 5  # x in d and x in e; the unlink; x in d and y in e again
+        listing = (await service.handle(P.ReaddirReq(ino=d), [])).entries
+        assert sorted(e.name for e in listing) == [b"a", b"b", b"c", b"taken", b"x"]
+
+        # the last number of the delegated range (first + 99) is used last: the daemon drops the
+        # range then (inode_ranges.spent), so it runs after the lower numbers of both directories
+        items = [mine(d, b"p", 95), mine(e, b"p", 96), mine(d, b"q", 97), mine(e, b"q", 98), mine(d, b"r", 99)]
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert [x.attr.ino for x in r] == [first + k for k in range(95, 100)], r
+        assert not service.inode_ranges.holds(sid)  # every number of it used: dropped
+        nursery.cancel_scope.cancel()
