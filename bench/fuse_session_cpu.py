@@ -22,8 +22,11 @@ this process: the request bytes parsed and served by the session's ``_handle``, 
 client/operations_bridge.py and the real ``Operations`` (a file held under a callback, the feed in
 order), the answer written to a device that keeps it; no kernel, no syscall. Per request kind, the
 best and worst of 5 runs: GETATTR of the held file, IOCTL TCGETS (a buffered open's isatty(),
-answered by the session itself: ``Options.ioctls``), and an OPEN + RELEASE pair (the default
-mount's warm file). What the session and the handlers cost, without the kernel's part.
+answered by the session itself: ``Options.ioctls``), an OPEN + RELEASE pair (the default
+mount's warm file), and an empty file's create on the default (no-open) mount in a directory it
+holds whole, per file: the four requests the kernel sends (LOOKUP of the new name, CREATE, the
+close's FLUSH, the directory's GETATTR), answered on the reader thread (client/async_dirops.py;
+the batch is never sent). What the session and the handlers cost, without the kernel's part.
 """
 
 from __future__ import annotations
@@ -214,6 +217,9 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
     from stripefs.client.operations import SERVED_IOCTLS, Operations
     from stripefs.client.operations_bridge import OperationsBridge
     from stripefs.common import protocol as p
+    from stripefs.common.gc_tuning import tune_gc
+
+    tune_gc()  # as the mount does once it is up
 
     class Kept:
         """A device that keeps the last answer (its parts) instead of writing it."""
@@ -257,11 +263,58 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
             handle(parse(release, nr, ctx))
         return (time.perf_counter() - t) / requests * 1e6
 
-    times: dict[str, list[float]] = {"getattr": [], "ioctl (TCGETS)": [], "open + release": []}
+    # an empty file created in a directory the mount holds whole (client/async_dirops.py), as the
+    # kernel asks it: LOOKUP (the new name), CREATE, FLUSH (the close), GETATTR of the directory
+    # (default_permissions, after fuse_dir_changed); numbers delegated, the batch never sent
+    ops = Operations(SimpleNamespace(writer=0, session_id=1), SimpleNamespace(nodes=SimpleNamespace(learn=lambda n: None)),
+                     attr_timeout=1.0, entry_timeout=1.0, cache_timeout=30.0, per_open_handles=False)  # the default mount
+    ops.kcache.healthy = True
+    dev2 = Kept()
+    handle2 = Session(dev2, Dispatcher(OperationsBridge(ops, None, None)), Options(switch_interval=None))._handle
+    d = 5
+    dattr = p.Attr(ino=d, mode=stat.S_IFDIR | 0o755, nlink=2, uid=0, gid=0, rdev=0, size=0, atime_ns=1, mtime_ns=2,
+                   ctime_ns=3)
+    ops.kcache.send_ack = lambda *a: None  # callbacks possible (a mount's real one acknowledges recalls)
+    dirops = ops.dirops
+    dirops._session = 1
+    created = iter(range(1 << 20, 1 << 62))
+
+    def hold_dir() -> None:
+        ops.kcache.granted_dir(d, 1)
+        ops._names_complete[d] = set()
+        ops.kcache.dir_attrs.keep_new(dattr)
+        dirops._ranges = [(1 << 20, 1 << 62)]
+        dirops._queue.clear(), dirops._unanswered.clear(), dirops._inos.clear(), dirops._dirs.clear()
+
+    def create_in(name: bytes) -> tuple[bytearray, bytearray]:
+        lookup = bytearray(head.pack(head.size + len(name) + 1, abi.Opcode.LOOKUP, 7, d, 0, 0, 1, 0, 0) + name + b"\0")
+        args = abi.FUSE_CREATE_IN.pack(os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o100644, 0o022, 0) + name + b"\0"
+        create = bytearray(head.pack(head.size + len(args), abi.Opcode.CREATE, 7, d, 0, 0, 1, 0, 0) + args)
+        return lookup, create
+
+    flush = bytearray(head.pack(head.size + abi.FUSE_FLUSH_IN.size, abi.Opcode.FLUSH, 7, 0, 0, 0, 1, 0, 0) + bytes(24))
+    dir_getattr = request(abi.Opcode.GETATTR, bytes(16))
+    struct.pack_into("<Q", dir_getattr, 8 + 8, d)  # its nodeid
+
+    def creates() -> float:
+        hold_dir()
+        made = [create_in(b"f%07d" % next(created)) for _ in range(requests)]
+        nf, ng, t = len(flush), len(dir_getattr), time.perf_counter()
+        for lookup, create in made:
+            handle2(parse(lookup, len(lookup), ctx))
+            handle2(parse(create, len(create), ctx))
+            struct.pack_into("<Q", flush, 8 + 8, struct.unpack_from("<Q", dev2.last[1])[0])  # the new inode
+            handle2(parse(flush, nf, ctx))
+            handle2(parse(dir_getattr, ng, ctx))
+        return (time.perf_counter() - t) / requests * 1e6
+
+    times: dict[str, list[float]] = {"getattr": [], "ioctl (TCGETS)": [], "open + release": [],
+                                     "empty create (4 requests)": []}
     for _ in range(runs):
         times["getattr"].append(one(getattr_))
         times["ioctl (TCGETS)"].append(one(ioctl))
         times["open + release"].append(pair())
+        times["empty create (4 requests)"].append(creates())
     return {kind: (min(t), max(t)) for kind, t in times.items()}
 
 
