@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -124,6 +125,7 @@ class AsyncDirops:
         self._dirs: dict[int, int] = {}  # parent -> its changes in _unanswered
         self._send_lock = trio.Lock()
         self._timer = FlushTimer()
+        self._first_at = 0.0  # (time.monotonic) when the oldest change in the queue was answered
         self.failed: dict[int, StripefsError] = {}  # ino -> the error its next operation fails with
         self.refused = 0  # creates refused after the kernel was answered
         self.sent = 0  # creates sent asynchronously
@@ -186,6 +188,8 @@ class AsyncDirops:
             for parent in pending.dirs:
                 self._dirs[parent] = self._dirs.get(parent, 0) + 1
             first, full = len(self._queue) == 1, len(self._queue) == BATCH
+            if first:
+                self._first_at = time.monotonic()  # the flusher's delay counts from here (``run``)
         if first or full:
             self._in_trio(self._poke, full)
 
@@ -230,12 +234,16 @@ class AsyncDirops:
             await q.done.wait()
 
     async def flush(self) -> None:
-        """Send everything pending now, and wait for the daemon's answers."""
+        """Send everything pending now, and wait for the daemon's answers. What is answered here
+        meanwhile waits for the flusher's next turn (``DELAY_S`` after the first of it, or a full
+        batch) or the next flush: sending it at once, a batch per round trip, cut a steady stream
+        of creates (bench/meta_ops.py) into batches of ~50, each its own transaction, fsync and
+        reply at the daemon, instead of full ones."""
         async with self._send_lock:
-            while self._queue:
-                with self.lock:
-                    batch, self._queue = self._queue[:BATCH], self._queue[BATCH:]
-                await self._send(batch)
+            with self.lock:
+                pending, self._queue = self._queue, []
+            for start in range(0, len(pending), BATCH):
+                await self._send(pending[start:start + BATCH])
 
     async def _send(self, batch: list[Pending]) -> None:
         self.sent += len(batch)
@@ -271,4 +279,4 @@ class AsyncDirops:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             task_status.started()
-            await self._timer.run(self.flush, lambda: DELAY_S)
+            await self._timer.run(self.flush, lambda: max(0.0, DELAY_S - (time.monotonic() - self._first_at)))

@@ -1,0 +1,49 @@
+"""client/async_dirops.py's queue: what a flush sends (the daemon stands in as a stub: the batches it
+receives are what is tested; tests/inprocess/test_async_dirops_ops.py runs the real one)."""
+
+from __future__ import annotations
+
+import trio
+
+from stripefs.client.async_dirops import AsyncDirops, Pending
+from stripefs.common import protocol as P
+
+
+class _Daemon:
+    """Takes each BatchReq's items and answers them once ``release`` is set."""
+
+    session_id = 1
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+        self.release = trio.Event()
+
+    async def call_batch(self, requests: list[P.Msg]) -> list[P.Msg]:
+        self.batches.append(len(requests))
+        await self.release.wait()
+        return [P.ChangedRsp(dir_attrs=[], seq=1) for _ in requests]
+
+
+def _create(i: int) -> Pending:
+    name = b"f%d" % i
+    return Pending(P.CreateReq(parent=5, name=name, mode=0o644, uid=0, gid=0, session_id=1, new_ino=100 + i), 5, name, 100 + i)
+
+
+async def test_changes_answered_during_a_flush_wait_for_the_next_turn_not_a_batch_per_round_trip():
+    """A steady stream of creates (bench/meta_ops.py) was cut into a batch per round trip (~50
+    creates, each batch its own transaction and fsync at the daemon): a flush now sends what was
+    pending when it began; what comes meanwhile waits for the flusher's next turn (or a full batch,
+    or the next flush)."""
+    daemon = _Daemon()
+    dirops = AsyncDirops(daemon)
+    dirops.add(_create(0))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dirops.flush)
+        while not daemon.batches:
+            await trio.sleep(0.001)
+        for i in range(1, 11):
+            dirops.add(_create(i))  # answered while the first batch is at the daemon
+        daemon.release.set()
+    assert daemon.batches == [1] and dirops.pending(101) and not dirops.pending(100)
+    await dirops.flush()
+    assert daemon.batches == [1, 10] and not dirops.unanswered
