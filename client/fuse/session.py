@@ -28,7 +28,11 @@ benchmark can say how many requests the kernel sent for an operation.
 
 The GIL: a reader that answers from memory needs the interpreter for a few microseconds per
 request; a busy trio thread would hold it for a whole switch interval (5 ms by default) before
-the reader gets it back. ``Options.switch_interval`` (1 ms) is set for the process at start.
+the reader gets it back. ``Options.switch_interval`` (0.2 ms) is set for the process at start:
+the trio thread works in bursts (a batch of answers from the daemon, a burst of change events),
+and each request the reader reads meanwhile waits for the interval to end. Measured on creates
+through the default mount (20,000 files, interleaved, load 3.7-4.3): 1 ms against 0.2 ms,
+3,502 -> 4,664, 3,856 -> 4,450 and 3,383 -> 3,690 creates/s; 0.1 ms beside 1 ms earlier, +2 to +17%.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ class Options:
     congestion_threshold: int = 0  # 0: 3/4 of max_background
     time_gran: int = 1  # ns: timestamps are kept to the nanosecond
     max_in_flight: int = 1024
-    switch_interval: float | None = 0.001  # seconds; None leaves the process's as it is
+    switch_interval: float | None = 0.0002  # seconds; None leaves the process's as it is
     #: the ioctl commands the handler serves; the session answers any other ENOTTY itself, from the
     #: parsed request, with no reply object, handler, lock or task (a buffered ``open()`` on Python
     #: before 3.14 asks isatty() of every file it opens: TCGETS, which the kernel forwards, as it
