@@ -23,8 +23,10 @@ Workloads (--only takes a comma-separated list of the group names):
             is); cold epoch, then a warm epoch (another shuffle)
   prefetch  as raw, through stripefs.torch.PrefetchSampler (sampler-order
             prefetch, lookahead 1024) on the mount, the workers reading with
-            stripefs.torch.read_file (shared memory; --no-read-file: through
-            the mount); the local side is plain raw. "n/a" while
+            stripefs.torch.read_file (through the mount, where the prefetcher
+            pushed the pages; --shm: from the mount's shared-memory copies,
+            read_file(path, shm=True); --no-read-file: the loader's own plain
+            read); the local side is plain raw. "n/a" while
             stripefs.torch is not installed.
   decode    as raw, plus PIL open + convert RGB + resize to 224x224 (what a
             training job does); cold and warm
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import os
 import shutil
 import socket
@@ -90,6 +93,10 @@ ROWS = [
     ("seq_cold", "seq", "sequential read {seq}, cold", True),
 ]
 
+# --shm: the prefetch rows use the mount's shared-memory copies (set by main)
+SHM = False
+SAMPLER_KW: dict = {}
+
 MODES = ("default", "dataset")  # the mount's modes: default (read-write, close-to-open) and -o dataset
 
 # issue 16 "Done when" (issue 4's targets): minimum ratio stripefs/local of the throughput
@@ -117,10 +124,10 @@ def prefetch_sampler_class():
 
 
 def read_file_function():
-    """stripefs.torch.read_file (prefetched files from shared memory, FUSE bypassed), or None."""
+    """stripefs.torch.read_file (with shm=True under --shm: prefetched files from shared memory), or None."""
     try:
         from stripefs.torch import read_file
-        return read_file
+        return functools.partial(read_file, shm=True) if SHM else read_file
     except (ImportError, AttributeError):
         return None
 
@@ -470,7 +477,7 @@ class Bench:
         def sampler_for(side: str, ds, seed: int):
             sampler = loaders.random_sampler(ds, seed)  # the same shuffles on both sides; a new one each epoch
             if sampler_cls is not None and side == "stripefs":
-                sampler = sampler_cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead)
+                sampler = sampler_cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead, **SAMPLER_KW)
             return sampler
 
         def epoch_fn(side: str, n: int):
@@ -593,7 +600,7 @@ class Bench:
             for n, temp in enumerate(("cold", "warm")):
                 sampler = loaders.random_sampler(ds, a.seed * 1000 + 7 + n)
                 if cls is not None:
-                    sampler = cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead)
+                    sampler = cls(sampler, paths=[str(p) for p in ds.paths], lookahead=a.lookahead, **SAMPLER_KW)
                 self.profiled_epoch(exe, name, temp, ds, sampler)
 
     def profiled_epoch(self, exe: str, name: str, temp: str, ds, sampler) -> None:
@@ -722,8 +729,9 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {s['cpu_bench_s']:13.2f} {by.get('mount', 0):7.2f} "
                      f"{by.get('meta', 0):7.2f} {stor:8.2f}   ({res['local'].get('cpu_idle_cluster_s', 0):.2f})")
     if any(k.startswith("prefetch_cold@") and "na" not in r for k, r in bench.results.items()):
-        how = ("stripefs.torch.read_file (shared memory, falls back to the mount)" if bench.read_file_used
-               else "plain reads through the mount (page cache)")
+        how = ("plain reads through the mount (page cache)" if not bench.read_file_used
+               else "stripefs.torch.read_file(shm=True) (shared memory, falls back to the mount)" if SHM
+               else "stripefs.torch.read_file (through the mount: the page cache the prefetcher filled)")
         lines.append(f"prefetch rows: PrefetchSampler(lookahead {a.lookahead}); the workers read with {how}")
     for key, res in bench.results.items():
         pf = res.get("stripefs", {}).get("prefetcher") if "na" not in res else None
@@ -847,8 +855,10 @@ def main(argv=None) -> int:
     ap.add_argument("--phase-timeout", type=float, default=600,
                     help="abort (and tear down) if one phase takes longer, seconds (default 600)")
     ap.add_argument("--no-read-file", action="store_true",
-                    help="prefetch rows: read through the mount (page cache) instead of stripefs.torch.read_file "
-                         "(shared memory)")
+                    help="prefetch rows: the loader's own plain reads instead of stripefs.torch.read_file")
+    ap.add_argument("--shm", action="store_true",
+                    help="prefetch rows: PrefetchSampler(shm=True) and read_file(path, shm=True): the mount's "
+                         "shared-memory copies (default mount only)")
     ap.add_argument("--profile", action="store_true",
                     help="afterwards, record mount, meta and storage node 1 with py-spy during a cold and a warm "
                          "raw epoch more (and two with prefetch), not timed; raw profiles go to "
@@ -860,6 +870,9 @@ def main(argv=None) -> int:
                     help="results file (default bench/results/dataloader-latest.json)")
     ap.add_argument("--strict", action="store_true", help="exit 2 if a target is not met")
     a = ap.parse_args(argv)
+    global SHM, SAMPLER_KW
+    SHM = a.shm
+    SAMPLER_KW = {"shm": True} if a.shm else {}
     a.files = a.files if a.files is not None else (1000 if a.quick else 8000)
     a.shard_mib = a.shard_mib or (16 if a.quick else 64)
     a.seq_mib = a.seq_mib or (128 if a.quick else 1024)

@@ -733,13 +733,34 @@ class Operations:
             self._dataset_info.popitem(last=False)
 
     def in_page_cache(self, rsp: p.OpenRsp) -> bool:
-        """(Dataset mode) Whether the kernel holds the pages of this version of the file: the
-        prefetcher pushed them, and since then neither the feed said it changed nor the kernel
-        forgot the inode (either drops ``_kernel_view``). Pages the kernel dropped on its own
-        (memory pressure, drop_caches 1) are not seen: the read then asks the mount, as without
-        a prefetch."""
+        """Whether the kernel holds the pages of this version of the file: the prefetcher pushed
+        them (or this mount's own commit left them), and since then neither the feed said it
+        changed nor the kernel forgot the inode (either drops ``_kernel_view``). Pages the kernel
+        dropped on its own (memory pressure, drop_caches 1) are not seen: the read then asks the
+        mount, as without a prefetch. A wrong yes costs only a prefetch: the read goes through the
+        kernel and the mount, whose rules keep it correct, either way."""
         view = self._kernel_view.get(rsp.attr.ino)
-        return self.dataset and view == (rsp.attr.mtime_ns, rsp.attr.size) and self.kcache.knows(rsp.attr.ino)
+        return view == (rsp.attr.mtime_ns, rsp.attr.size) and self.kcache.knows(rsp.attr.ino)
+
+    def path_in_page_cache(self, root: int, path: bytes) -> bool:
+        """``in_page_cache`` of the file at ``path`` (relative to directory ``root``), answered
+        from memory: every name on the way known to the kernel (names a change elsewhere drops:
+        kernel_cache.py), and the file's version the one the mount keeps true until it hears
+        otherwise (``_held_long``: dataset mode, the feed's; default mode, a callback's). A later
+        epoch's announcement of a file still warm then costs no LookupPathsReq (the daemon's
+        ~45 us a path) and no fetch. False when anything is not known: the prefetcher asks."""
+        if not self.kcache.healthy:
+            return False
+        ino = root
+        for name in path.split(b"/"):
+            if name and name != b".":
+                if name == b"..":
+                    return False
+                ino = self.kcache.lookup_known(ino, name)
+                if ino is None:
+                    return False
+        attr = self._held_long(ino)
+        return attr is not None and self._kernel_view.get(ino) == (attr.mtime_ns, attr.size) and self.kcache.knows(ino)
 
     def prefetched(self, rsp: p.OpenRsp, in_page_cache: bool) -> None:
         """The prefetcher fetched this file (and pushed it into the page cache)."""

@@ -16,6 +16,11 @@ of the readers, a few at a time, for all DataLoader workers at once:
    the page cache: ``Operations.prefetched``). Otherwise the bytes wait in the
    chunk cache, where the read finds them.
 
+A later epoch announces the same files again: one whose pushed version the
+kernel still holds is skipped (``kept``), from what the mount knows when it can
+(``path_in_page_cache``, in ``submit``: no LookupPathsReq), else once resolved
+(``in_page_cache``).
+
 Bounds: the queue holds at most ``max_queued`` paths (older ones are dropped:
 the readers are past them); files above ``max_file_bytes`` are left to the
 sequential read-ahead; the chunk cache's byte budget bounds memory. A prefetch
@@ -74,6 +79,9 @@ class Prefetcher:
         # whether the kernel holds this version's pages already (Operations.in_page_cache): a
         # later epoch's announcement of a file still warm costs no fetch and no store
         self.in_page_cache: Callable[[p.OpenRsp], bool] = lambda rsp: False
+        # the same for a path (root inode, path), from what the mount knows without asking the
+        # daemon (Operations.path_in_page_cache): such a path is not even resolved
+        self.path_in_page_cache: Callable[[int, bytes], bool] = lambda root, path: False
         self.shm: ShmCache | None = None  # set by the mount when it has a shared-memory directory
         self.fetched = 0  # files fetched
         self.stored = 0  # of those, pushed into the page cache
@@ -95,6 +103,9 @@ class Prefetcher:
         shm = user if shm and self.shm is not None else None
         for path in blob.split(b"\n"):
             if path.strip(b"/"):
+                if shm is None and self.path_in_page_cache(root, path):
+                    self.kept += 1  # a later epoch: the kernel holds this version still
+                    continue
                 self._queue.append((root, shm, path))
         self._wake.set()
 

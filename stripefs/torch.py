@@ -15,11 +15,18 @@ the kernel's page cache, so the workers' open+read is answered by the kernel.
     # in the dataset's __getitem__, instead of open(path, "rb").read():
     data = stripefs.torch.read_file(path)
 
-``read_file`` takes a prefetched file from the mount's shared-memory directory
-when it is there (client/shm_cache.py: one getxattr through the mount, which
-the kernel answers only to those who may read the file, instead of an open, a
-read and a release; no stat) and reads through the mount otherwise; it is
-correct either way.
+``read_file`` reads the file through the mount, unbuffered (no isatty ioctl),
+where the prefetcher's pages answer it: on a dataset mount with no request at
+all, on the default mount with one (the close's FLUSH). That is the fastest
+read measured for a prefetched file (docs/design.md, "stripefs.torch: which
+read"). The mount can also leave each prefetched file in a shared-memory
+directory (``PrefetchSampler(..., shm=True)``, client/shm_cache.py), read with
+``read_file(path, shm=True)``: one getxattr through the mount a sample instead
+of the open, read and close. It measured slower than the page cache on the
+default mount (a GETXATTR costs the mount as much as a FLUSH, and the copy and
+its checksum come on top) and a dataset mount keeps no copies; it is kept for
+files whose pages cannot be pushed (the kernel does not know the inode yet).
+Either way is correct.
 
 Is the GPU waiting for data? ``watch`` wraps the loader and measures, per step,
 the loop's wait for its next batch (on the GPU, with CUDA events, when CUDA
@@ -61,11 +68,12 @@ class PrefetchSampler:
         *,
         lookahead: int = 1024,
         batch: int = 128,
-        shm: bool = True,
+        shm: bool = False,
     ):
         """Wrap ``sampler``; announce ``paths`` of the next ``lookahead`` samples, ``batch`` at a time.
 
-        ``shm``: have the mount also leave them in shared memory for ``read_file``.
+        ``shm``: have the mount also leave them in shared memory for ``read_file(path, shm=True)``
+        (instead of pushing them into the page cache only: the module docstring says when).
         """
         self.sampler = sampler
         self.shm = shm
@@ -89,25 +97,30 @@ class PrefetchSampler:
             yield index
 
     def announce(self, indices: Sequence[int]) -> None:
-        """Tell the mount(s) these samples come next, in this order."""
-        if self._disabled:
-            return
-        for root, relative in group_by_mount((self.paths[i] for i in indices), self._roots).items():
-            try:
-                announce(root, relative, shm=self.shm)
-            except OSError as exc:
-                self._disabled = True
-                log.warning("stripefs prefetch disabled: cannot tell the mount at %s (%s)", os.fsdecode(root), exc.strerror)
+        """Tell the mount(s) these samples come next, in this order, ``batch`` at a time: the
+        mount starts fetching the first ones while the later ones are still being named."""
+        for start in range(0, len(indices), self.batch):
+            if self._disabled:
+                return
+            chunk = indices[start:start + self.batch]
+            for root, relative in group_by_mount((self.paths[i] for i in chunk), self._roots).items():
+                try:
+                    announce(root, relative, shm=self.shm)
+                except OSError as exc:
+                    self._disabled = True
+                    log.warning("stripefs prefetch disabled: cannot tell the mount at %s (%s)", os.fsdecode(root),
+                                exc.strerror)
 
 
 _shm_dirs: dict[bytes, bytes | None] = {}  # mount root -> its shared-memory directory
 _roots = MountRoots()
 
 
-def read_file(path: str | os.PathLike) -> bytes:
-    """The bytes of ``path``: from the mount's shared memory when prefetched there, else through the mount.
+def read_file(path: str | os.PathLike, *, shm: bool = False) -> bytes:
+    """The bytes of ``path``, read through the mount (the prefetcher's pages in the kernel answer it).
 
-    The mount names the copy only to a caller the kernel lets read ``path``
+    ``shm``: first look for the mount's shared-memory copy (announced with ``shm=True``). The
+    mount names the copy only to a caller the kernel lets read ``path``
     (``getxattr`` of ``user.stripefs.shm_copy``, client/shm_cache.py), and only
     a copy of the file's current version (close-to-open on the default mount:
     the getxattr's own lookup asked the daemon), with its checksum and the
@@ -115,7 +128,7 @@ def read_file(path: str | os.PathLike) -> bytes:
     whose bytes do not match, is never returned; the file is then read
     through the mount.
     """
-    root = _roots.of(os.path.dirname(os.fsencode(os.path.abspath(path))))
+    root = _roots.of(os.path.dirname(os.fsencode(os.path.abspath(path)))) if shm else None
     if root is not None:
         directory = _shm_dirs.get(root, b"?")
         if directory == b"?":

@@ -395,6 +395,54 @@ def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
     assert not {"read", "getattr"} & set(sent), sent
 
 
+def test_a_later_epoch_costs_no_resolution_and_read_file_reads_the_pushed_pages(cluster, mnt):
+    """The default mount: a second epoch's announcement of files whose pushed pages the kernel
+    still holds is answered from what the mount knows (Operations.path_in_page_cache): no
+    LookupPathsReq, no fetch. read_file reads through the mount, where those pages answer it:
+    one FLUSH a file (the close of a no-open default mount) and no GETXATTR, no READ."""
+    from stripefs import torch as sft
+
+    files = []
+    for i in range(30):
+        path = mnt / f"e{i % 3}" / f"sample{i}.bin"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(os.urandom(40_000 + i))
+        files.append(path)
+    contents = {p: p.read_bytes() for p in files}
+
+    def report():
+        return {k: int(v) for k, v in (item.split("=") for item in os.getxattr(cluster.mnt, "user.stripefs.prefetch").decode().split())}
+
+    def lookups():
+        return _requests_at(cluster.mnt, name="stripefs_rpc_seconds_count", label="type").get("LookupPathsReq", 0)
+
+    drop_caches()  # the pages written go: the prefetch fetches them
+    with caches_kept():
+        for d in range(3):
+            os.listdir(mnt / f"e{d}")  # readdirplus: the kernel knows the files, so they can go into its page cache
+        before = report()
+        sampler = sft.PrefetchSampler(range(len(files)), paths=files, lookahead=len(files), batch=7)
+        next(iter(sampler))  # the first epoch: announces everything, 7 paths an ioctl
+        _eventually(lambda: report()["pending"] == 0, within=30)
+        first = report()
+        assert first["fetched"] - before["fetched"] == len(files) and first["stored"] - before["stored"] == len(files)
+
+        resolved = lookups()
+        next(iter(sampler))  # the next epoch: the same files, their pages still in the kernel
+        _eventually(lambda: report()["pending"] == 0, within=30)
+        second = report()
+        assert second["kept"] - first["kept"] == len(files), second
+        assert second["fetched"] == first["fetched"]  # nothing fetched again
+        assert lookups() == resolved  # nor resolved: the mount knew every name and version
+
+        sent_before = _requests_at(cluster.mnt)
+        for path in files:
+            assert sft.read_file(path) == contents[path]
+        sent = _sent(sent_before, _requests_at(cluster.mnt))
+    print("read_file of 30 pushed files:", sent)
+    assert sent.get("flush") == len(files) and not {"getxattr", "read", "open"} & set(sent), sent
+
+
 def test_prefetch_of_missing_paths_is_harmless(cluster, mnt):
     (mnt / "real").write_bytes(b"x" * 1000)
     sampler = PrefetchSampler([0, 1], paths=[mnt / "missing", mnt / "real"])
@@ -480,7 +528,7 @@ def test_shared_memory_prefetch_hands_files_to_readers_and_never_old_ones(cluste
     shm = os.getxattr(theirs_root, "user.stripefs.shm_dir").decode()
     assert os.path.isdir(shm) and stat.S_IMODE(os.stat(shm).st_mode) == 0o711  # nobody else lists or plants
 
-    sampler = sft.PrefetchSampler(range(20), paths=paths, lookahead=20)
+    sampler = sft.PrefetchSampler(range(20), paths=paths, lookahead=20, shm=True)
     order = iter(sampler)
     next(order)  # announces all 20
 
@@ -496,17 +544,17 @@ def test_shared_memory_prefetch_hands_files_to_readers_and_never_old_ones(cluste
 
     (mnt / "s0").write_bytes(b"changed after the prefetch")
     _eventually(lambda: os.stat(paths[0]).st_size == len(b"changed after the prefetch"))
-    assert sft.read_file(paths[0]) == b"changed after the prefetch"  # the old copy is never used
+    assert sft.read_file(paths[0], shm=True) == b"changed after the prefetch"  # the old copy is never used
     for p in paths[1:]:
         name = os.getxattr(p, "user.stripefs.shm_copy").split()[0].decode()
         assert os.path.exists(os.path.join(shm, name))  # prefetched: read_file takes it from there
-        assert sft.read_file(p) == expected[p]
+        assert sft.read_file(p, shm=True) == expected[p]
     # a planted or changed copy is never returned: read_file checks size, owner, mode and checksum
     victim = paths[5]
     name = os.getxattr(victim, "user.stripefs.shm_copy").split()[0].decode()
     with open(os.path.join(shm, name), "r+b") as f:
         f.write(b"tampered")
-    assert sft.read_file(victim) == expected[victim]
+    assert sft.read_file(victim, shm=True) == expected[victim]
 
 
 def test_shared_memory_copies_are_for_those_who_may_read_the_original(cluster, mnt, second):
@@ -528,7 +576,7 @@ def test_shared_memory_copies_are_for_those_who_may_read_the_original(cluster, m
     paths = [theirs / "secret", theirs / "closed" / "open", theirs / "public"]
     shm = os.getxattr(theirs_root, "user.stripefs.shm_dir").decode()
     before = set(os.listdir(shm))
-    next(iter(sft.PrefetchSampler(range(3), paths=paths, lookahead=3)))
+    next(iter(sft.PrefetchSampler(range(3), paths=paths, lookahead=3, shm=True)))
     _eventually(lambda: len(set(os.listdir(shm)) - before) == 3, within=30)
     names = {p.name: os.getxattr(p, "user.stripefs.shm_copy").split()[0].decode() for p in paths}
     script = f"""
@@ -561,7 +609,7 @@ print("|".join(out))
     assert (secret, closed, listing, plant, read) == ("Permission denied",) * 5, res
     assert over in ("Permission denied", "File exists"), res  # the name is there, and not theirs to replace
     assert public == names["public"]  # a file they may read: they are told where its copy is
-    assert sft.read_file(paths[0]) == b"root's secret"  # root still gets its copy
+    assert sft.read_file(paths[0], shm=True) == b"root's secret"  # root still gets its copy
 
 
 @pytest.fixture(scope="module")
@@ -635,23 +683,23 @@ def test_shared_memory_copies_keep_close_to_open_on_a_default_mount(cluster, mnt
     theirs = [theirs_root / mnt.name / n for n in names]
     expected = {p: (mnt / p.name).read_bytes() for p in theirs}
     shm = os.getxattr(theirs_root, "user.stripefs.shm_dir").decode()
-    next(iter(sft.PrefetchSampler(range(len(theirs)), paths=theirs, lookahead=len(theirs))))
+    next(iter(sft.PrefetchSampler(range(len(theirs)), paths=theirs, lookahead=len(theirs), shm=True)))
     _eventually(lambda: all(_has_copy(p) for p in theirs), within=30)
     for p in theirs[1:]:
         name = os.getxattr(p, "user.stripefs.shm_copy").split()[0].decode()
         assert os.path.exists(os.path.join(shm, name))
-        assert sft.read_file(p) == expected[p]  # from shared memory
+        assert sft.read_file(p, shm=True) == expected[p]  # from shared memory
     current = expected[theirs[0]]
     for rnd in range(4):  # the same size, another version: only the version tells them apart
         if rnd:  # a copy of the current version again
-            next(iter(sft.PrefetchSampler([0], paths=theirs, lookahead=1)))
+            next(iter(sft.PrefetchSampler([0], paths=theirs, lookahead=1, shm=True)))
             _eventually(lambda: _has_copy(theirs[0]), within=30)
         assert _has_copy(theirs[0])
         new = os.urandom(20_000)
         with open(mnt / names[0], "r+b") as f:
             f.write(new)
         # closed on this mount: the other mount's very next read_file sees it, whatever its feed says
-        assert sft.read_file(theirs[0]) == new, f"round {rnd}: an old copy was handed out after close"
+        assert sft.read_file(theirs[0], shm=True) == new, f"round {rnd}: an old copy was handed out after close"
         assert current != new
         current = new
 

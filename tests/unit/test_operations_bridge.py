@@ -330,3 +330,49 @@ def test_a_dataset_mounts_prefetch_skips_a_version_the_kernel_holds():
     ops.prefetched(rsp(10, 5), True)
     ops.forget_now([(9, 1)])  # the kernel forgot the inode, and its pages with it
     assert not ops.in_page_cache(rsp(10, 5))
+
+
+@pytest.mark.parametrize("dataset", [True, False])
+def test_a_later_epochs_announcement_of_a_file_the_kernel_holds_is_answered_from_memory(dataset):
+    """Prefetch of a path whose pushed version the kernel still holds is skipped without asking the
+    daemon (Operations.path_in_page_cache): every name on the way known to the kernel, the version
+    one the mount keeps true (dataset: the feed's; default: a callback's). Anything not known,
+    changed or forgotten: the prefetcher resolves it as before. Both mount modes."""
+    from types import SimpleNamespace
+
+    from stripefs.client.operations import Operations
+    from stripefs.common import protocol as P
+
+    attr = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=0, gid=0, rdev=0, size=10, atime_ns=1,
+                  mtime_ns=5, ctime_ns=1)
+    rsp = P.OpenRsp(attr=attr, layout=P.Layout(chunk_size=1 << 22, stripe_count=1, redundancy="replicas=1"),
+                    chunks=[], nodes=[])
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0, dataset=dataset)
+    ops.kcache.healthy = True
+    ops.kcache.remember(1, b"d", 4)  # a listing: the kernel knows d and d/f
+    ops.kcache.remember(4, b"f", 9)
+    if dataset:
+        ops._keep_dataset_info(rsp)
+    else:
+        ops.kcache.granted(9, 4, b"f", 1)  # held under a callback
+        ops._keep_held(9, rsp)
+    assert not ops.in_page_cache(rsp) and not ops.path_in_page_cache(1, b"d/f")  # nothing pushed yet
+    ops.prefetched(rsp, True)
+    assert ops.in_page_cache(rsp)
+    assert ops.path_in_page_cache(1, b"d/f") and ops.path_in_page_cache(1, b"./d//f") and ops.path_in_page_cache(4, b"f")
+    assert not ops.path_in_page_cache(1, b"d/g") and not ops.path_in_page_cache(1, b"d/../d/f")
+    assert not ops.path_in_page_cache(1, b"d")  # a directory: no pages
+    ops.kcache.healthy = False  # the feed broke: nothing known is true any more
+    assert not ops.path_in_page_cache(1, b"d/f")
+    ops.kcache.healthy = True
+    ops._changed_elsewhere([9])  # the feed: the file changed
+    assert not ops.in_page_cache(rsp) and not ops.path_in_page_cache(1, b"d/f")
+    if dataset:
+        ops._keep_dataset_info(rsp)
+    else:
+        ops._keep_held(9, rsp)
+    ops.prefetched(rsp, True)
+    assert ops.path_in_page_cache(1, b"d/f")
+    ops.forget_now([(9, 1)])  # the kernel forgot the inode, and its pages with it
+    assert not ops.in_page_cache(rsp) and not ops.path_in_page_cache(1, b"d/f")
