@@ -312,6 +312,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             prefetcher.on_fetched = ops.prefetched
             prefetcher.in_page_cache = ops.in_page_cache
             prefetcher.path_in_page_cache = ops.path_in_page_cache
+            prefetcher.known_open_info = ops.known_open_info
             ops.jobs = Jobs()  # training jobs that report their data wait: stripefs top's per-job view
             client_metrics.instrument(ops, ops.jobs)
             try:

@@ -749,18 +749,37 @@ class Operations:
         otherwise (``_held_long``: dataset mode, the feed's; default mode, a callback's). A later
         epoch's announcement of a file still warm then costs no LookupPathsReq (the daemon's
         ~45 us a path) and no fetch. False when anything is not known: the prefetcher asks."""
+        ino = self._known_path(root, path)
+        attr = self._held_long(ino) if ino is not None else None
+        return attr is not None and self._kernel_view.get(ino) == (attr.mtime_ns, attr.size) and self.kcache.knows(ino)
+
+    def known_open_info(self, root: int, path: bytes) -> p.OpenRsp | None:
+        """The open information of the file at ``path`` (relative to directory ``root``) that the
+        mount keeps true, or None: what a ``LookupPathsReq`` would answer, for the prefetcher's
+        cold epoch after the tree scan (a listing kept it: dataset mode, every file, kept true by
+        the feed; default mode, each small file held under the listing's callback, which the
+        daemon waits for before changing it). Not a file written here since (``_held_long``)."""
+        ino = self._known_path(root, path)
+        if ino is None:
+            return None
+        info = self._dataset_info.get(ino) if self.dataset else self._held_info.get(ino)
+        if not isinstance(info, p.OpenRsp) or self._held_long(ino) != info.attr:
+            return None
+        return info
+
+    def _known_path(self, root: int, path: bytes) -> int | None:
+        """The inode at ``path`` by the names the kernel knows (the feed keeps them true), or None."""
         if not self.kcache.healthy:
-            return False
+            return None
         ino = root
         for name in path.split(b"/"):
             if name and name != b".":
                 if name == b"..":
-                    return False
+                    return None
                 ino = self.kcache.lookup_known(ino, name)
                 if ino is None:
-                    return False
-        attr = self._held_long(ino)
-        return attr is not None and self._kernel_view.get(ino) == (attr.mtime_ns, attr.size) and self.kcache.knows(ino)
+                    return None
+        return ino
 
     def prefetched(self, rsp: p.OpenRsp, in_page_cache: bool) -> None:
         """The prefetcher fetched this file (and pushed it into the page cache)."""

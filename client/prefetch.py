@@ -19,7 +19,9 @@ of the readers, a few at a time, for all DataLoader workers at once:
 A later epoch announces the same files again: one whose pushed version the
 kernel still holds is skipped (``kept``), from what the mount knows when it can
 (``path_in_page_cache``, in ``submit``: no LookupPathsReq), else once resolved
-(``in_page_cache``).
+(``in_page_cache``). Step 1 also asks the mount first (``known_open_info``): after
+the tree scan a listing kept every file's open information, so a cold epoch
+sends no LookupPathsReq either.
 
 Bounds: the queue holds at most ``max_queued`` paths (older ones are dropped:
 the readers are past them); files above ``max_file_bytes`` are left to the
@@ -82,6 +84,9 @@ class Prefetcher:
         # the same for a path (root inode, path), from what the mount knows without asking the
         # daemon (Operations.path_in_page_cache): such a path is not even resolved
         self.path_in_page_cache: Callable[[int, bytes], bool] = lambda root, path: False
+        # a path's open information the mount keeps true (Operations.known_open_info): what a
+        # LookupPathsReq would answer, without asking (a cold epoch after the tree scan's listings)
+        self.known_open_info: Callable[[int, bytes], p.OpenRsp | None] = lambda root, path: None
         self.shm: ShmCache | None = None  # set by the mount when it has a shared-memory directory
         self.fetched = 0  # files fetched
         self.stored = 0  # of those, pushed into the page cache
@@ -124,14 +129,25 @@ class Prefetcher:
                     batch.append(self._queue.popleft()[2])
                 self._busy += len(batch)
                 stamp = self.kcache.stamp()  # a change after this makes what we fetch unfit for the page cache
-                try:
-                    rsp = await self.meta.call(p.LookupPathsReq(root=root, paths=batch), retry=False)
-                except StripefsError as exc:
-                    log.info("prefetch: cannot resolve %d path(s): %s", len(batch), exc)
-                    self._busy -= len(batch)
-                    continue
+                files: list[p.OpenRsp | None] = []
+                unknown = batch
+                if shm is None:  # (a shared-memory copy's name carries the daemon's version: resolved)
+                    unknown = []
+                    for path in batch:
+                        info = self.known_open_info(root, path)
+                        if info is None:
+                            unknown.append(path)
+                        else:
+                            files.append(info)
+                if unknown:
+                    try:
+                        rsp = await self.meta.call(p.LookupPathsReq(root=root, paths=unknown), retry=False)
+                        files += rsp.files
+                    except StripefsError as exc:
+                        log.info("prefetch: cannot resolve %d path(s): %s", len(unknown), exc)
+                        self._busy -= len(unknown)
                 by_node: dict[int, list[p.OpenRsp]] = {}
-                for info in rsp.files:
+                for info in files:
                     if info is None or not 0 < info.attr.size <= self.max_file_bytes:
                         self._busy -= 1
                         continue

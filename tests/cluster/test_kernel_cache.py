@@ -396,9 +396,10 @@ def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
 
 
 def test_a_later_epoch_costs_no_resolution_and_read_file_reads_the_pushed_pages(cluster, mnt):
-    """The default mount: a second epoch's announcement of files whose pushed pages the kernel
-    still holds is answered from what the mount knows (Operations.path_in_page_cache): no
-    LookupPathsReq, no fetch. read_file reads through the mount, where those pages answer it:
+    """The default mount: the first epoch after a listing resolves nothing (the listing's open
+    information, Operations.known_open_info), and a second epoch's announcement of files whose
+    pushed pages the kernel still holds is answered from what the mount knows
+    (Operations.path_in_page_cache): no LookupPathsReq, no fetch. read_file reads through the mount, where those pages answer it:
     one FLUSH a file (the close of a no-open default mount) and no GETXATTR, no READ."""
     from stripefs import torch as sft
 
@@ -420,14 +421,15 @@ def test_a_later_epoch_costs_no_resolution_and_read_file_reads_the_pushed_pages(
     with caches_kept():
         for d in range(3):
             os.listdir(mnt / f"e{d}")  # readdirplus: the kernel knows the files, so they can go into its page cache
-        before = report()
+        before, resolved = report(), lookups()
         sampler = sft.PrefetchSampler(range(len(files)), paths=files, lookahead=len(files), batch=7)
         next(iter(sampler))  # the first epoch: announces everything, 7 paths an ioctl
         _eventually(lambda: report()["pending"] == 0, within=30)
         first = report()
         assert first["fetched"] - before["fetched"] == len(files) and first["stored"] - before["stored"] == len(files)
+        # the listings kept every file's open information under their callbacks: nothing to resolve
+        assert lookups() == resolved
 
-        resolved = lookups()
         next(iter(sampler))  # the next epoch: the same files, their pages still in the kernel
         _eventually(lambda: report()["pending"] == 0, within=30)
         second = report()

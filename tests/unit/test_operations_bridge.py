@@ -358,6 +358,8 @@ def test_a_later_epochs_announcement_of_a_file_the_kernel_holds_is_answered_from
         ops.kcache.granted(9, 4, b"f", 1)  # held under a callback
         ops._keep_held(9, rsp)
     assert not ops.in_page_cache(rsp) and not ops.path_in_page_cache(1, b"d/f")  # nothing pushed yet
+    # what a cold epoch's LookupPathsReq would answer, from the listing the mount kept
+    assert ops.known_open_info(1, b"d/f") is rsp and ops.known_open_info(1, b"d/g") is None
     ops.prefetched(rsp, True)
     assert ops.in_page_cache(rsp)
     assert ops.path_in_page_cache(1, b"d/f") and ops.path_in_page_cache(1, b"./d//f") and ops.path_in_page_cache(4, b"f")
@@ -366,8 +368,12 @@ def test_a_later_epochs_announcement_of_a_file_the_kernel_holds_is_answered_from
     ops.kcache.healthy = False  # the feed broke: nothing known is true any more
     assert not ops.path_in_page_cache(1, b"d/f")
     ops.kcache.healthy = True
-    ops._changed_elsewhere([9])  # the feed: the file changed
+    ops.kcache.apply([9], [], seq=5)  # the feed: the file changed elsewhere (a grant ends with it)
     assert not ops.in_page_cache(rsp) and not ops.path_in_page_cache(1, b"d/f")
+    assert ops.known_open_info(1, b"d/f") is None
+    if not dataset:  # the grant's end dropped the name too: a new lookup brings both back
+        ops.kcache.granted(9, 4, b"f", 6)
+        ops.kcache.remember(4, b"f", 9)
     if dataset:
         ops._keep_dataset_info(rsp)
     else:
