@@ -52,10 +52,7 @@ Exclusive creates next to each other in the burst, of one client and key in
 one directory (a BatchReq's, or requests of their own), run as ONE operation
 (``_many``, daemon/namespace_bulk.py: one statement per table, one change
 logged); each keeps its own outcome, and an error that is no create's own
-undoes the run, whose creates then run one by one. A stretch of one client's
-exclusive creates going round several directories makes one run per directory
-(``_runs``: creates of new names in different directories commute; those of one
-directory keep their order). On PostgreSQL too: the
+undoes the run, whose creates then run one by one. On PostgreSQL too: the
 run is one savepoint of the burst's transaction, and a conflict with another
 daemon inside it reruns the whole transaction, as for any operation.
 
@@ -138,8 +135,7 @@ class Burst:
     """``run`` is serve()'s ``burst`` for the metadata daemon (module docstring)."""
 
     def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
-                 redo=None, defer: Callable[[P.Msg], bool] = lambda body: False, create_many=None,
-                 ends_range: Callable[[int, int], bool] = lambda session, ino: False) -> None:
+                 redo=None, defer: Callable[[P.Msg], bool] = lambda body: False, create_many=None) -> None:
         self.txn = txn  # daemon/txn.py SqliteTxn or PgTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
@@ -150,7 +146,6 @@ class Burst:
         self.redo = redo  # await redo(request): the task path's reply (an operation that must wait on storage nodes)
         self.defer = defer  # an admitted request left to its handler's task (a lookup that recalls its directory)
         self.create_many = create_many  # (CreateReqs of one directory) -> each one's result or StripefsError (``_many``)
-        self.ends_range = ends_range  # (session, ino): the last number of a range delegated to it (``_may_share``)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
@@ -259,11 +254,6 @@ class Burst:
         directory from the same client and key (``_runs``, ``_many``)."""
         body = unit.body
         if type(body) is P.CreateReq and body.exclusive and unit.op is not None and self.create_many is not None:
-            if body.new_ino and self.ends_range(body.session_id, body.new_ino):
-                # the daemon drops a range when its last number is used (daemon/inode_ranges.py
-                # ``spent``): run alone, after the stretch of lower numbers before it (``_runs``
-                # moves creates of other directories ahead of later ones of one directory)
-                return
             unit.many = (body.parent, unit.once.client_id if unit.once is not None else None, peer)
 
     def _unit(self, body: P.Msg, peer: str | None) -> _Unit:
@@ -520,44 +510,21 @@ class Burst:
 
 
 def _runs(units: list[_Unit]) -> list[list[_Unit]]:
-    """``units`` cut into runs: creates with one ``many`` key (one directory, one client, one key:
-    a BatchReq's items or requests of their own) and distinct OnceReq numbers (``Burst._many``),
-    and single units, in the order they run.
-
-    A stretch of exclusive creates one after another from one client and key may span several
-    directories (a program writing into a few directories in turn: bench/meta_ops.py's creates
-    go round four): there each directory's creates form one run, in the order of the directory's
-    first create, each run after the one before it. Creates of new names in different directories
-    commute (each makes a name only in its own directory and an inode of its own), and those of
-    one directory, the only ones that can meet (one name), keep their order; what may differ is
-    which of them a quota over several of the directories refuses at its limit, each refusal still
-    that create's own answer. Anything else (an unlink, a rename, a mkdir, another client's create,
-    a create naming the last number of a delegated range: ``Burst._may_share``) ends the stretch:
-    nothing moves across it. (A mount uses its delegated numbers in increasing order, and the
-    daemon drops a range once its last number is used: that one must come after the lower ones.)"""
+    """``units`` cut into runs: creates one after another with one ``many`` key (one directory,
+    one client, one key: a BatchReq's items or requests of their own) and distinct OnceReq
+    numbers (``Burst._many``), and single units."""
     runs: list[list[_Unit]] = []
-    start = 0
-    while start < len(units):
-        unit = units[start]
-        if unit.many is None:
+    ids: set = set()
+    for unit in units:
+        run = runs[-1] if runs else None
+        op_id = unit.once.op_id if unit.once is not None else None
+        if unit.many is not None and run and run[-1].many == unit.many and (op_id is None or op_id not in ids):
+            run.append(unit)
+        else:
             runs.append([unit])
-            start += 1
-            continue
-        who = unit.many[1:]  # (client, key)
-        end = start
-        while end < len(units) and units[end].many is not None and units[end].many[1:] == who:
-            end += 1
-        current: dict[tuple, tuple[list[_Unit], set]] = {}  # directory's key -> its open run, its OnceReq numbers
-        for unit in units[start:end]:
-            op_id = unit.once.op_id if unit.once is not None else None
-            run = current.get(unit.many)
-            if run is None or (op_id is not None and op_id in run[1]):  # a number twice: a new run after
-                run = current[unit.many] = ([], set())
-                runs.append(run[0])
-            run[0].append(unit)
-            if op_id is not None:
-                run[1].add(op_id)
-        start = end
+            ids = set()
+        if op_id is not None:
+            ids.add(op_id)
     return runs
 
 

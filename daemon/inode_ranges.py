@@ -79,11 +79,6 @@ class InodeRanges:
             log.warning("session %d named inode %d, outside its delegated ranges: refused", session, ino)
             raise StripefsError(ErrorCode.INVALID, f"inode {ino} was not delegated to session {session}")
 
-    def ends_range(self, session: int, ino: int) -> bool:
-        """``ino`` is the last number of a range delegated to ``session``: its use drops the range
-        (``spent``), so no create naming a lower number of it may run after (daemon/burst.py)."""
-        return any(last == ino for _, last in self._ranges.get(session, ()))
-
     def spent(self, session: int, ino: int) -> None:
         """``ino`` was used: a range whose last number went is dropped (under the lock, in the write)."""
         held = self._ranges.get(session)

@@ -379,7 +379,6 @@ class MetaService:
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
             redo=lambda request: self.handle(request, []), defer=self._must_recall, create_many=self._create_many,
-            ends_range=self.inode_ranges.ends_range,
         )
         self._snapshots_changed()
         return self.burst.run
