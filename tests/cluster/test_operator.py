@@ -165,8 +165,11 @@ def test_df_counts_the_shared_disk_once_and_used_is_what_stripefs_stores(cluster
     used = (df.f_blocks - df.f_bfree) * df.f_frsize
     assert 2 << 20 <= used <= status["used_bytes"] + (64 << 20), (used, status["used_bytes"])  # other tests write meanwhile
     # free: the disk's, once (four nodes summed would be four times it). The nodes report free
-    # space at their heartbeats, so it may lag what other tests wrote since: CI saw 58 MiB of lag.
-    assert df.f_bavail * df.f_frsize <= disk.f_bavail * disk.f_frsize + (256 << 20), (df.f_bavail, disk.f_bavail)
+    # space at their heartbeats, so it may lag what other tests wrote or deleted since (CI saw
+    # 58 MiB, and once 323 MiB, of lag): a tenth of the disk's free space is allowed, far below
+    # the three times more that counting the shared disk four times gives.
+    lag = max(256 << 20, disk.f_bavail * disk.f_frsize // 10)
+    assert df.f_bavail * df.f_frsize <= disk.f_bavail * disk.f_frsize + lag, (df.f_bavail, disk.f_bavail)
 
 
 def test_two_ups_at_once_on_a_new_directory(tmp_path):
