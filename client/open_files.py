@@ -155,10 +155,6 @@ class OpenFile:
     #: no-open (Operations.no_open): the file changed elsewhere, or a LOOKUP answered other
     #: attributes, since this state was taken: the next READ or WRITE refreshes it first
     stale: bool = False
-    #: no-open: set while a READ or WRITE refreshes this state (Operations._inode_file); the
-    #: others of it wait for that answer instead of each asking (the kernel's readahead sends
-    #: READs of one file side by side, as for the handle's making: ``_inode_opening``)
-    refreshing: trio.Event | None = None
     #: no-open: the daemon was asked (or a fresh LOOKUP told) the open information for writing
     #: since this state was made; the first WRITE asks otherwise (the epoch, a snapshot's EROFS)
     writable: bool = False

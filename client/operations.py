@@ -240,7 +240,9 @@ class Operations:
             self.kcache.own_writer = meta.writer
         self.handles: dict[int, OpenFile] = {}  # fh -> open file state
         self._inode_handles: dict[int, int] = {}  # ino -> the handle reads without OPEN use (read_inode)
-        self._inode_opening: dict[int, trio.Event] = {}  # ino -> set once the request making its handle is done
+        #: ino -> set once the request asking the daemon for its open information is answered
+        #: (``_asking``: one at a time, the others wait for its answer)
+        self._inode_asking: dict[int, trio.Event] = {}
         self.streams: dict[int, ReadStream] = {}  # fh -> its read pattern (read-ahead)
         self._next_fh = 1
         # ino -> (mtime_ns, size) of the data the kernel's page cache holds (as of the last open)
@@ -739,8 +741,7 @@ class Operations:
         dropped on its own (memory pressure, drop_caches 1) are not seen: the read then asks the
         mount, as without a prefetch. A wrong yes costs only a prefetch: the read goes through the
         kernel and the mount, whose rules keep it correct, either way."""
-        view = self._kernel_view.get(rsp.attr.ino)
-        return view == (rsp.attr.mtime_ns, rsp.attr.size) and self.kcache.knows(rsp.attr.ino)
+        return self._pages_hold(rsp.attr)
 
     def path_in_page_cache(self, root: int, path: bytes) -> bool:
         """``in_page_cache`` of the file at ``path`` (relative to directory ``root``), answered
@@ -751,7 +752,11 @@ class Operations:
         ~45 us a path) and no fetch. False when anything is not known: the prefetcher asks."""
         ino = self._known_path(root, path)
         attr = self._held_long(ino) if ino is not None else None
-        return attr is not None and self._kernel_view.get(ino) == (attr.mtime_ns, attr.size) and self.kcache.knows(ino)
+        return attr is not None and self._pages_hold(attr)
+
+    def _pages_hold(self, attr: p.Attr) -> bool:
+        """The kernel's pages of ``attr.ino`` are of this version (``_kernel_view``) and it knows the inode."""
+        return self._kernel_view.get(attr.ino) == (attr.mtime_ns, attr.size) and self.kcache.knows(attr.ino)
 
     def known_open_info(self, root: int, path: bytes) -> p.OpenRsp | None:
         """The open information of the file at ``path`` (relative to directory ``root``) that the
@@ -1581,20 +1586,12 @@ class Operations:
         refusal, the quota room."""
         fh = self._inode_handles.get(inode)
         while fh is None:
-            making = self._inode_opening.get(inode)
-            if making is not None:
-                # another request of it makes the handle (the kernel's readahead sends a cold file's
-                # READs side by side: each asked an OpenReq, 32 for a 5 MiB file): its handle
-                await making.wait()
+            if await self._asked_elsewhere(inode):  # another request of it made the handle
                 fh = self._inode_handles.get(inode)
                 continue
-            self._inode_opening[inode] = making = trio.Event()
-            try:
+            with self._asking(inode):
                 self._opening(inode, ctx)  # read without OPEN: the lookup that led here was for reading
                 fh = await self._open_inode(inode)
-            finally:
-                del self._inode_opening[inode]
-                making.set()
             with self.lock:
                 kept = self._inode_handles.setdefault(inode, fh)
             if kept != fh:
@@ -1603,26 +1600,41 @@ class Operations:
         of, stream = self.handles[fh], self.streams[fh]
         while self.per_inode and (of.stale or (write and not of.writable)) and not of.has_unflushed \
                 and not of.commit_lock.locked():
-            if of.refreshing is not None:  # another request of it asks already: its answer, then look again
-                await of.refreshing.wait()
+            if await self._asked_elsewhere(inode):  # its answer, then look again
                 continue
             # a write session asks the daemon (its epoch, and EROFS for a snapshot's file at the
             # first WRITE: the open(O_WRONLY) itself sent nothing); a reader takes what it was told
             rsp = None if write else self._fresh_open_info(inode) or self._held(inode)
             raced = False
             if rsp is None:
-                of.refreshing = refreshing = trio.Event()
-                try:
+                with self._asking(inode):
                     rsp, raced = await self._ask_open(inode, write)
-                finally:
-                    of.refreshing = None
-                    refreshing.set()
             if not of.has_unflushed:  # (a write may have come meanwhile: its state stays)
                 self._record_open(rsp, fresh_attrs=True, raced=raced)
                 of.stale = False
             of.writable = of.writable or write
             break
         return of, stream
+
+    @contextlib.contextmanager
+    def _asking(self, inode: int):
+        """Around a request asking the daemon for ``inode``'s open information on a no-open mount
+        (a handle's making, a stale state's refresh): one at a time. The kernel's readahead sends
+        a cold file's READs side by side, and each asked an OpenReq (32 for a 5 MiB file)."""
+        self._inode_asking[inode] = answered = trio.Event()
+        try:
+            yield
+        finally:
+            del self._inode_asking[inode]
+            answered.set()
+
+    async def _asked_elsewhere(self, inode: int) -> bool:
+        """Whether another request was asking for ``inode`` (``_asking``): waited for its answer."""
+        asking = self._inode_asking.get(inode)
+        if asking is None:
+            return False
+        await asking.wait()
+        return True
 
     async def _open_inode(self, inode: int) -> int:
         """A new handle of ``inode`` with no OPEN (no-open): as a read-only ``open`` would make it."""

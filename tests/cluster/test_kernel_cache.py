@@ -323,12 +323,9 @@ def test_prefetch_reaches_a_read_only_dataset_mount(mnt, dataset):
         paths.append(dataset / mnt.name / f"ro{i}")
     _eventually(lambda: all(os.path.exists(p) for p in paths))
 
-    def report():
-        return dict(item.split("=") for item in os.getxattr(dataset, "user.stripefs.prefetch").decode().split())
-
-    before = int(report()["fetched"])
+    before = _prefetch_report(dataset)["fetched"]
     assert list(PrefetchSampler(range(len(paths)), paths=paths, lookahead=len(paths))) == list(range(len(paths)))
-    _eventually(lambda: report()["pending"] == "0" and int(report()["fetched"]) >= before + len(paths), within=30)
+    _eventually(lambda: (r := _prefetch_report(dataset))["pending"] == 0 and r["fetched"] >= before + len(paths), within=30)
 
 
 def test_dataset_mount_follows_a_metadata_daemon_restart(cluster, mnt, dataset):
@@ -346,14 +343,26 @@ def test_dataset_mount_follows_a_metadata_daemon_restart(cluster, mnt, dataset):
     _eventually(lambda: _read(theirs / "f") == b"again!")
 
 
-def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
-    files = []
-    for i in range(40):
-        path = mnt / f"d{i % 4}" / f"sample{i}.bin"
+def _samples(mnt, folder: str, folders: int, count: int, size: int) -> dict:
+    """``count`` files of random bytes (``size + i`` each) spread over ``folders`` folders: path -> bytes."""
+    contents = {}
+    for i in range(count):
+        path = mnt / f"{folder}{i % folders}" / f"sample{i}.bin"
         path.parent.mkdir(exist_ok=True)
-        path.write_bytes(os.urandom(50_000 + i))
-        files.append(path)
-    contents = {p: p.read_bytes() for p in files}
+        path.write_bytes(os.urandom(size + i))
+        contents[path] = path.read_bytes()
+    return contents
+
+
+def _prefetch_report(mnt) -> dict[str, int]:
+    """The prefetcher's counters, from the mount root's ``user.stripefs.prefetch`` xattr."""
+    text = os.getxattr(mnt, "user.stripefs.prefetch").decode()
+    return {k: int(v) for k, v in (item.split("=") for item in text.split())}
+
+
+def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
+    contents = _samples(mnt, "d", 4, 40, 50_000)
+    files = list(contents)
     drop_caches()
     os.listdir(mnt)  # the kernel knows the directories again
     for d in range(4):
@@ -365,13 +374,9 @@ def test_sampler_order_prefetch_serves_without_storage_nodes(cluster, mnt):
     first = next(iter(sampler))  # announces everything (lookahead covers the epoch)
     assert first == order[0]
 
-    def report():
-        text = os.getxattr(cluster.mnt, "user.stripefs.prefetch").decode()
-        return dict(item.split("=") for item in text.split())
-
-    _eventually(lambda: report()["pending"] == "0", within=30)
-    assert int(report()["fetched"]) >= len(files)
-    assert int(report()["stored"]) >= len(files)  # the kernel knew every inode: all went into its page cache
+    _eventually(lambda: _prefetch_report(cluster.mnt)["pending"] == 0, within=30)
+    assert _prefetch_report(cluster.mnt)["fetched"] >= len(files)
+    assert _prefetch_report(cluster.mnt)["stored"] >= len(files)  # the kernel knew every inode: all went into its page cache
 
     # every prefetched byte is now local: reads must not need a storage node
     stopped = list(cluster.pids()["storage"].values())
@@ -403,16 +408,11 @@ def test_a_later_epoch_costs_no_resolution_and_read_file_reads_the_pushed_pages(
     one FLUSH a file (the close of a no-open default mount) and no GETXATTR, no READ."""
     from stripefs import torch as sft
 
-    files = []
-    for i in range(30):
-        path = mnt / f"e{i % 3}" / f"sample{i}.bin"
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(os.urandom(40_000 + i))
-        files.append(path)
-    contents = {p: p.read_bytes() for p in files}
+    contents = _samples(mnt, "e", 3, 30, 40_000)
+    files = list(contents)
 
-    def report():
-        return {k: int(v) for k, v in (item.split("=") for item in os.getxattr(cluster.mnt, "user.stripefs.prefetch").decode().split())}
+    def report():  # (the mount's counters now)
+        return _prefetch_report(cluster.mnt)
 
     def lookups():
         return _requests_at(cluster.mnt, name="stripefs_rpc_seconds_count", label="type").get("LookupPathsReq", 0)
