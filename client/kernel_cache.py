@@ -89,6 +89,7 @@ class KernelCache:
         self._clock = 0  # counts applied changes, locally
         self._floor = 0  # changes at or before this are not remembered one by one
         self._recent: OrderedDict[int, int] = OrderedDict()  # ino -> clock of its last change
+        self._recent_seq: dict[int, int] = {}  # ino -> its last change's number in the log (0: not known)
         self.drops = 0  # full drops so far (gaps, silences, restarts)
         self.events_heard = 0  # frames received from the feed, heartbeats included
         self.following = trio.Event()  # set once subscribed (the mount waits a moment for it)
@@ -117,7 +118,10 @@ class KernelCache:
         self._acked = 0  # the newest seq acknowledged
         self._ack_all = False  # a full drop ended every grant: say so
         self._ack_open: set[int] = set()  # files whose grant ended that are open here
-        self.before_ack: Callable[[], Awaitable[None]] = _nothing  # what must reach the daemon before an AckReq
+        #: what must reach the daemon before an AckReq, given the inodes and directories whose grants
+        #: the acknowledged events ended (None: any, after a full drop)
+        self.before_ack: Callable[[set[int] | None], Awaitable[None]] = _nothing
+        self._ack_touched: set[int] | None = set()  # (for before_ack) since the last acknowledgement
         self._daemon = ""  # the daemon publishing the feed (its boot id)
         self._seq = 0  # the newest change applied in order
         self._others_seq = 0  # the newest change applied that another mount made (or of unknown writer)
@@ -216,6 +220,13 @@ class KernelCache:
         self.grants[(parent, name)] = seq
         self._granted_as_of(seq)
 
+    def marked(self, ino: int, seq: int) -> None:
+        """The daemon recorded this mount's write mark on ``ino`` as of ``seq`` (daemon/callbacks.py):
+        another mount's change of the file waits for this one as for a held file, so it is one."""
+        held = self.grants.get(ino)
+        self.grants[ino] = seq if held is None else min(held, seq)
+        self._granted_as_of(seq)
+
     def held_here(self, ino: int, parent: int, name: bytes, whole: bool = False) -> None:
         """A file (``whole``: a directory, every name of it) this mount made and answered itself
         (client/async_dirops.py): held until the daemon's answer says as of which change
@@ -240,6 +251,7 @@ class KernelCache:
             # was applied. This mount's own changes are never waited for: an rm -rf's lookups
             # would otherwise each send an AckReq (and flush the asynchronous unlinks with it)
             self._ack_seq = max(self._ack_seq, self._seq)
+            self._ack_touched = None  # (which keys those events touched is not kept)
             self._pending.set()
 
     def _end_grants(self, inodes, entries, seq: int, mine: bool, keep_files: bool = False) -> list[int]:
@@ -271,6 +283,8 @@ class KernelCache:
                     elif mine:
                         continue  # the daemon ended this holding itself
                 self._ack_seq = seq
+                if self._ack_touched is not None:  # the file, or the directory of the name
+                    self._ack_touched.add(key if isinstance(key, int) else key[1] if key[0] == "dir" else key[0])
         return ended
 
     # ------------------------------------------------------------ reply races
@@ -278,10 +292,14 @@ class KernelCache:
     def stamp(self) -> int:
         return self._clock
 
-    def changed_since(self, stamp: int, *inodes: int) -> bool:
+    def changed_since(self, stamp: int, *inodes: int, as_of: int = -1) -> bool:
+        """Whether a change of ``inodes`` was noted since ``stamp``; ``as_of``: the change log position
+        the answer in hand is as of (a grant's seq), so a change the feed numbered at or below it is
+        in the answer already and does not count (one the mount made itself, numbered later, does)."""
         if stamp < self._floor:
             return True
-        return any(self._recent.get(ino, 0) > stamp for ino in inodes)
+        recent, numbered = self._recent, self._recent_seq
+        return any(recent.get(ino, 0) > stamp and not (0 < numbered.get(ino, 0) <= as_of) for ino in inodes)
 
     def changed_here(self, ino: int) -> None:
         """This mount changed ``ino`` (a commit, a truncate): an answer asked before now may
@@ -289,13 +307,16 @@ class KernelCache:
         feed's own event for it comes later)."""
         self._note((ino,))
 
-    def _note(self, inodes: Iterable[int]) -> None:
+    def _note(self, inodes: Iterable[int], seq: int = 0) -> None:
+        """``inodes`` changed now: change ``seq`` of the log (0: not numbered yet, a change made here)."""
         self._clock += 1
         for ino in inodes:
             self._recent.pop(ino, None)
             self._recent[ino] = self._clock
+            self._recent_seq[ino] = seq
         while len(self._recent) > _RECENT_CHANGES:
-            _, when = self._recent.popitem(last=False)
+            ino, when = self._recent.popitem(last=False)
+            self._recent_seq.pop(ino, None)
             self._floor = max(self._floor, when)
 
     # ------------------------------------------------------------ invalidation
@@ -306,7 +327,7 @@ class KernelCache:
         ``seq``: its number in the change log (0: unknown); ``writer``: who made it (0: unknown)."""
         with self.state_lock:
             touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
-            self._note(touched | {parent for parent, _ in entries})
+            self._note(touched | {parent for parent, _ in entries}, seq)
             if seq:
                 self._seq = seq
             mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
@@ -357,7 +378,8 @@ class KernelCache:
         if (ack > self._acked or everything) and self.send_ack is not None:
             # the change waiting for this acknowledgement may be another mount's in a directory
             # where creates answered here are not sent yet: they go first (client/async_dirops.py)
-            await self.before_ack()
+            touched, self._ack_touched = (None if everything else self._ack_touched), set()
+            await self.before_ack(touched)
             self._acked = max(self._acked, ack)
             try:
                 await self.send_ack(ack, everything, opened[: p.MAX_LIST])
@@ -378,6 +400,7 @@ class KernelCache:
             self._clock += 1
             self._floor = self._clock
             self._recent.clear()
+            self._recent_seq.clear()
             self._pending_inodes.clear()
             self._pending_names.clear()
             self.on_change(None)
@@ -484,7 +507,7 @@ class KernelCache:
                     self.healthy = True
 
 
-async def _nothing() -> None:
+async def _nothing(*_) -> None:
     pass
 
 

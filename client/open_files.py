@@ -158,6 +158,10 @@ class OpenFile:
     #: no-open: the daemon was asked (or a fresh LOOKUP told) the open information for writing
     #: since this state was made; the first WRITE asks otherwise (the epoch, a snapshot's EROFS)
     writable: bool = False
+    #: closes that send nothing (Operations.silent_close): the daemon holds this mount's write mark
+    #: on the file (daemon/callbacks.py), or the file was created here in a directory it holds
+    #: whole; a WRITE is answered only once it is so (Operations._mark)
+    marked: bool = False
     #: no-open: made by a CREATE of this mount and no FLUSH of it came since (Operations._open_here)
     created_open: bool = False
     #: the directory this mount created the file in (0: opened, not created here): small-file

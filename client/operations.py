@@ -76,11 +76,12 @@ import struct
 import time
 from collections import OrderedDict
 
+import msgspec
 import trio
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
-from . import fuse_backend
+from . import fuse_backend, idle_commits
 from .async_dirops import AsyncDirops, Pending
 from .dir_hints import DirHints
 from .dir_listings import CONTINUE_S, KeptListings, Listing
@@ -88,6 +89,7 @@ from .fetch import Fetch
 from .fuse.abi import OpenFlag
 from .fuse.dispatch import Opened
 from .fuse.replies import Attr, Encoded, Entry, FuseError, Statfs, encode_attr_out, encode_entry
+from .idle_commits import IdleCommits
 from .jobs import Jobs
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
@@ -115,6 +117,10 @@ KILLPRIV_XATTR = b"security.capability"
 OPEN_INFO_FRESH_S = 1.0
 #: OpenReqs an open sends while each answer raced a change of the file (``Operations._ask_open``)
 OPEN_ASKS = 3
+#: the longest an acknowledgement of another mount's change waits for the commits of what this mount
+#: wrote to the files it touched (closes that send nothing: ``_commit_written``), well inside the
+#: daemon's wait for it (daemon/callbacks.py WAIT_S)
+ACK_COMMIT_S = 2.0
 
 RENAME_NOREPLACE_FLAG = 1  # renameat2(2)
 RENAME_EXCHANGE_FLAG = 2  # renameat2(2)
@@ -270,13 +276,77 @@ class Operations:
             data, on_done=self._written_back, prepare=self._before_write_back)
         if self.dirops is not None:
             self.kcache.before_ack = self._before_ack
+        #: closes send nothing (docs/design.md "A close that sends nothing"): once set (``_go_silent``,
+        #: at the first FLUSH that finds the change feed followed), FLUSH is declined, for good;
+        #: write sessions are committed when the writing stops (client/idle_commits.py), and another
+        #: mount's read of a file written here waits for this mount's acknowledgement (a write mark,
+        #: daemon/callbacks.py), which commits first. Only where the daemon grants callbacks, and
+        #: not with ``-o sync_close``.
+        self.silent_close = False
+        self._may_go_silent = self.per_inode and not sync_close and meta.callbacks and self.kcache.callbacks_wanted
+        self.idle: IdleCommits | None = IdleCommits(self._commit_idle) if self._may_go_silent else None
+        self._unmarked_told = False
 
-    async def _before_ack(self) -> None:
+    async def _before_ack(self, touched: set[int] | None) -> None:
         """Before this mount acknowledges another's change or read (client/kernel_cache.py): what it
-        answered and has not sent yet goes first, creates before the files written back."""
+        answered and has not sent yet goes first, creates before the files written back; with closes
+        that send nothing, the write sessions of what the change touched too (``_commit_written``)."""
         await self.dirops.flush()
+        if self.silent_close:
+            await self._commit_written(touched)
         if self.writeback is not None:
             await self.writeback.flush()
+
+    async def _commit_written(self, touched: set[int] | None) -> None:
+        """Before this mount acknowledges changes that ended its grants on ``touched`` (files, and
+        directories it created files in; None: anything): the write sessions of those files are
+        committed, since the acknowledgement ends their write marks (or the directory's hold that
+        covered them) and a read elsewhere follows it. Their marks are dropped first, so a WRITE from
+        here on marks its file again before it is answered (``_mark``). At most ``ACK_COMMIT_S``:
+        a cluster that cannot store the data then (the nodes down) must not make this mount miss
+        the acknowledgement's deadline (daemon/callbacks.py WAIT_S), and the reader then sees what
+        was last committed, as after a crash of this mount."""
+        with self.lock:
+            files = [of for of in self.files.values() if touched is None or of.ino in touched or of.parent in touched]
+        for of in files:
+            of.marked = False
+        with trio.move_on_after(ACK_COMMIT_S) as scope:
+            for of in files:
+                if of.has_unflushed or of.size != of.attr.size:
+                    await self._commit_quietly(of)
+        if scope.cancelled_caught:
+            log.warning("acknowledging a change of another mount after %.0fs without the commit of what this mount "
+                        "wrote to the files it touched: the cluster did not take it in time (it follows)", ACK_COMMIT_S)
+
+    async def _commit_idle(self, ino: int) -> None:
+        """``IDLE_S`` after the last WRITE of ``ino`` (client/idle_commits.py): commit its session, as
+        the close's FLUSH did. An error is logged and kept for the file's next fsync here."""
+        of = self.files.get(ino)
+        if of is None or not self.silent_close:
+            return  # (not silent yet: the close's FLUSH commits)
+        of.created_open = False  # its writer stopped: as far as this mount can tell, the creator's close
+        if of.has_unflushed or of.size != of.attr.size:
+            await self._commit_quietly(of)
+        with self.lock:
+            if of.open_count == 0 and not self._uncommitted(of) and self.files.get(ino) is of:
+                del self.files[ino]  # the kernel forgot it meanwhile (forget_now kept it for this)
+
+    async def _commit_quietly(self, of: OpenFile) -> None:
+        """Commit ``of``'s write session with no caller to tell: a failure is logged, and the session's
+        error is the result of the file's next fsync here (client/striping.py ``DataPath.flush``). A
+        session that failed already is left as it is: committing it would report (and so consume) the
+        error that fsync must report."""
+        if of.write_error is not None:
+            return
+        try:
+            with trio.fail_after(self.op_timeout):
+                with self._ended_if_cut(of):
+                    await self._flush_file(of)
+        except (StripefsError, trio.TooSlowError) as exc:
+            log.warning("inode %d: what was written could not be committed: %s (its next fsync reports it)", of.ino, exc)
+            if of.write_error is None:  # (raising it cleared it: kept for the fsync, once)
+                of.write_error = exc if isinstance(exc, StripefsError) else StripefsError(
+                    ErrorCode.IO, f"inode {of.ino}: its commit took over {self.op_timeout:.0f}s")
 
     # ---------------------------------------------------------------- helpers
 
@@ -439,6 +509,8 @@ class Operations:
             return
         if d.unanswered:
             await d.settle(*inodes)
+        if self.idle is not None and self.idle.pending():
+            await self._commit_in(inodes)
         if self.writeback is not None:
             await self.writeback.settle(*inodes)
         for ino in inodes:
@@ -450,6 +522,28 @@ class Operations:
                 exc = d.take_error(ino)
                 if exc is not None:
                     raise exc
+
+    async def commit_pending(self) -> None:
+        """Closes that send nothing: every write session not committed yet is committed now, and the
+        write-back sent (before the prefetcher resolves paths: what it reads is what was written)."""
+        if self.idle is None or not self.idle.pending():
+            return
+        with self.lock:
+            files = [of for of in self.files.values() if of.has_unflushed or of.size != of.attr.size]
+        for of in files:
+            await self._commit_quietly(of)
+        if self.writeback is not None:
+            await self.writeback.flush()
+
+    async def _commit_in(self, dirs) -> None:
+        """Closes that send nothing: the files this mount created in ``dirs`` and wrote since their last
+        commit are committed now (as if closed: with a FLUSH their close would have queued them), so a
+        listing, a lookup or a change there finds them as written."""
+        with self.lock:
+            files = [of for of in self.files.values() if of.parent and of.parent in dirs
+                     and (of.has_unflushed or of.size != of.attr.size)]
+        for of in files:
+            await self._commit_quietly(of)
 
     def _fast_failed(self, ino: int) -> None:
         """(reader thread) A fast answer about ``ino`` is the error its refused create left, once."""
@@ -508,6 +602,7 @@ class Operations:
         self._name_made(parent, name)
         with self.lock:
             of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {}, parent=parent)
+            of.marked = True  # the directory's hold covers it: another's lookup there recalls this mount first
             self.kcache.held_here(ino, parent, name)
             self._keep_held(ino, attr)
         fh = self._new_handle(of)
@@ -529,14 +624,17 @@ class Operations:
         in ``files`` is an open file. Without (no-open), the mount keeps a state per inode until
         the kernel forgets it and cannot tell an open file from a cached inode: only a write
         session (bytes not committed, or an epoch taken) counts, and a file created here until the
-        first close's FLUSH (``created_open``: the creator's open file). A reader's file unlinked here
+        first close's FLUSH (``created_open``: the creator's open file). With closes that send nothing
+        there is no such FLUSH, and none is needed: the create put the file in this session's open set
+        at the daemon, and the heartbeat keeps it there while the kernel knows the inode, so an
+        unlink applied later keeps its data as an orphan as long as the creator may still use it. A reader's file unlinked here
         keeps its data all the same: ``files`` stays the heartbeat's open set and the acknowledgement's
         (kernel_cache.py ``is_open``), which the daemon reads before it reclaims anything."""
         of = self.files.get(ino)
         if of is None:
             return False
         return (not self.per_inode or of.has_unflushed or bool(of.epoch) or of.size != of.attr.size
-                or of.created_open)
+                or (of.created_open and not self.silent_close))
 
     def _rmdir_here(self, parent: int, name: bytes) -> bool:
         """An asynchronous rmdir of a directory this mount holds whole and knows empty; False: asked."""
@@ -827,7 +925,8 @@ class Operations:
                 self.hints.forget(parent_inode, name)
             raise
         ino = rsp.attr.ino
-        cacheable = not self.kcache.changed_since(stamp, parent_inode, ino)
+        # a change that came meanwhile is in the answer already if the grant is as of it or later
+        cacheable = not self.kcache.changed_since(stamp, parent_inode, ino, as_of=rsp.callback)
         held = False
         if rsp.callback >= 0:
             self.kcache.granted(ino, parent_inode, name, rsp.callback)
@@ -851,7 +950,7 @@ class Operations:
             if of is not None and of.attr != rsp.attr:
                 of.stale = True  # no OPEN will refresh it (close-to-open): its next READ or WRITE does
             if isinstance(rsp, p.OpenRsp):
-                if not self.kcache.changed_since(stamp, ino):  # else it may predate a commit here (_ask_open)
+                if not self.kcache.changed_since(stamp, ino, as_of=rsp.callback):  # else it may predate a commit here (_ask_open)
                     self._open_info[ino] = (time.monotonic(), rsp)
                 if self.dataset and cacheable:
                     self._keep_dataset_info(rsp)
@@ -878,10 +977,24 @@ class Operations:
             known = self.kcache.dir_attrs.get(inode)  # what this mount's last change there left
             if known is not None:
                 return self._attr_out(known)
-            written = self._written_back_attr(inode)  # a stat right after a small file's close
+            written = self._written_back_attr(inode) or self._written_attr(inode)  # a stat right after a close
             if written is not None:
                 return written
         return _SLOW
+
+    def _written_attr(self, inode: int) -> tuple[Attr, float] | None:
+        """(Closes that send nothing) GETATTR's answer for a file written here, its session not
+        committed yet: its size and the time of its last write, as its commit will record them, held
+        for no time. Only while no other mount can change the file without this one's commit first
+        (``OpenFile.marked``: its write mark, or the hold of the directory it was created in)."""
+        if not self.silent_close:
+            return None
+        of = self.files.get(inode)
+        if of is None or not of.marked or of.write_error is not None or not (of.has_unflushed or of.size != of.attr.size):
+            return None
+        mtime = of.mtime_ns or of.attr.mtime_ns
+        attr = msgspec.structs.replace(of.attr, size=of.size, mtime_ns=mtime, ctime_ns=max(of.attr.ctime_ns, mtime))
+        return self._attr_out(attr, cacheable=False)
 
     def _held_long(self, inode: int) -> p.Attr | None:
         """(While the feed is healthy) a file's attributes that stay true until the mount hears
@@ -1428,7 +1541,7 @@ class Operations:
             raise
         return _opened(fh, keep, flags)
 
-    async def _ask_open(self, inode: int, write: bool) -> tuple[p.OpenRsp, bool]:
+    async def _ask_open(self, inode: int, write: bool, mark: bool = False) -> tuple[p.OpenRsp, bool]:
         """An OpenReq's answer, and whether it raced a change of the file.
 
         The file may be open here already, with another handle committing: a commit (or a
@@ -1440,8 +1553,8 @@ class Operations:
         """
         for _ in range(OPEN_ASKS):
             stamp = self.kcache.stamp()
-            rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write))
-            if not self.kcache.changed_since(stamp, inode):
+            rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write, mark=mark))
+            if not self.kcache.changed_since(stamp, inode, as_of=rsp.seq if mark else -1):  # (a mark's: as of its recall)
                 return rsp, False
         return rsp, True
 
@@ -1518,15 +1631,44 @@ class Operations:
         """WRITE with no OPEN sent (no-open on the default mount): into the inode's one state; the
         first write of a write session asks for the open information for writing (``_inode_file``)."""
         self._writable()
+        if self.idle is not None:
+            self.idle.touched(inode)
         of = self.files.get(inode)
         if of is not None and inode in self._inode_handles and self._early(of, len(buf)):
             return self._keep_early(of, off, buf)  # a file created here, its create not sent yet
         await self._settle(inode)  # a file created here: its layout and chunk map are the daemon's answer
         of, _ = await self._inode_file(inode, ctx, write=True)
         of.mtime_ns = time.time_ns()
-        return await self.data.write(of, off, buf)
+        n = await self.data.write(of, off, buf)
+        if self.silent_close and not of.marked:
+            await self._mark(of)  # (an acknowledgement while it was written dropped the mark)
+        return n
+
+    async def _mark(self, of: OpenFile) -> None:
+        """Closes that send nothing: before a WRITE of ``of`` is answered, the daemon holds this
+        mount's write mark on it (daemon/callbacks.py), so that another mount's later open or stat
+        waits for this one to commit. Asked with the open information when the file's state is
+        refreshed anyway (``_inode_file``); here when it holds writes not committed yet."""
+        rsp, raced = await self._ask_open(of.ino, False, mark=True)
+        self._marked(of, rsp, raced)
+
+    def _marked(self, of: OpenFile, rsp: p.OpenRsp, raced: bool) -> None:
+        if rsp.callback < 0 and not self._unmarked_told:
+            self._unmarked_told = True
+            log.info("the metadata daemon grants this mount no write marks (a penalty, or no callbacks): a close "
+                     "here may be seen elsewhere up to %.0f ms late", 1000 * idle_commits.IDLE_S)
+        # raced: another mount's change of the file came meanwhile, which may have ended the mark
+        of.marked = rsp.callback < 0 or not raced
+        if rsp.callback >= 0:
+            self.kcache.marked(of.ino, rsp.callback)
 
     def _fast_flush_inode(self, inode):
+        if self.silent_close:
+            # closes send nothing from here on (connection-wide): the file's session, if any, is
+            # committed when its writing stops (client/idle_commits.py)
+            raise FuseError(errno.ENOSYS)
+        if self._may_go_silent and self.kcache.callbacks_possible:
+            return _SLOW  # the handler goes silent
         of = self.files.get(inode)
         if of is None:
             return None
@@ -1540,9 +1682,22 @@ class Operations:
         holds, whichever process wrote it (a cached write's WRITE names no closer); a failed write
         session is reported to that close, once. Nothing to commit: answered on the reader thread."""
         of = self.files.get(inode)
-        if of is not None:
+        if of is not None and (of.has_unflushed or of.size != of.attr.size):  # (else: here to go silent)
             with self._ended_if_cut(of):
                 await self._flush_file(of)
+        if not self.silent_close and self._may_go_silent and self.kcache.callbacks_possible:
+            await self._go_silent()
+            raise FuseError(errno.ENOSYS)  # (after its own commit: the close returns 0)
+
+    async def _go_silent(self) -> None:
+        """From the first FLUSH that finds the change feed followed: closes send nothing. The kernel is
+        told at this FLUSH's answer (ENOSYS: never again on this connection). Write sessions not
+        committed yet had no write mark: they are committed now; from here a WRITE is answered only
+        once its file is marked (``_mark``)."""
+        self.silent_close = True
+        log.info("closes send nothing from now on: write sessions are committed %.0f ms after their last write "
+                 "(-o sync_close: at close)", 1000 * idle_commits.IDLE_S)
+        await self._commit_written(None)
 
     async def fsync_inode(self, inode, datasync):
         await self._settle(inode)  # a file created here is durable once this returns
@@ -1598,8 +1753,8 @@ class Operations:
                 self._drop_handle(fh)  # a CREATE of it made one meanwhile
                 fh = kept
         of, stream = self.handles[fh], self.streams[fh]
-        while self.per_inode and (of.stale or (write and not of.writable)) and not of.has_unflushed \
-                and not of.commit_lock.locked():
+        while self.per_inode and (of.stale or (write and not (of.writable and (of.marked or not self.silent_close)))) \
+                and not of.has_unflushed and not of.commit_lock.locked():
             if await self._asked_elsewhere(inode):  # its answer, then look again
                 continue
             # a write session asks the daemon (its epoch, and EROFS for a snapshot's file at the
@@ -1608,11 +1763,13 @@ class Operations:
             raced = False
             if rsp is None:
                 with self._asking(inode):
-                    rsp, raced = await self._ask_open(inode, write)
+                    rsp, raced = await self._ask_open(inode, write, mark=write and self.silent_close)
             if not of.has_unflushed:  # (a write may have come meanwhile: its state stays)
                 self._record_open(rsp, fresh_attrs=True, raced=raced)
                 of.stale = False
             of.writable = of.writable or write
+            if write and self.silent_close:
+                self._marked(of, rsp, raced)
             break
         return of, stream
 
@@ -1825,6 +1982,13 @@ class Operations:
                 if of.open_count == 0 and self.files.get(of.ino) is of and not held:
                     del self.files[of.ino]
 
+    def _uncommitted(self, of: OpenFile) -> bool:
+        """``of`` holds what a commit still has to send: the write-back's, or (closes that send
+        nothing) a write session not committed yet."""
+        if self.writeback is not None and self.writeback.holds(of.ino):
+            return True
+        return self.silent_close and (of.has_unflushed or of.size != of.attr.size)
+
     def forget_now(self, inode_list) -> None:
         """FORGET, synchronously: on the FUSE session's reader thread (client/operations_bridge.py),
         under ``lock``."""
@@ -1833,11 +1997,12 @@ class Operations:
                 if ino in self._inode_handles:
                     self._drop_inode_handle(ino)
                     of = self.files.get(ino)
-                    if of is not None and of.open_count == 0 \
-                            and not (self.writeback is not None and self.writeback.holds(ino)):
+                    if of is not None and of.open_count == 0 and not self._uncommitted(of):
                         # no open file is left to send what it holds (no-open: every close's FLUSH
                         # committed it, or reported why not); one the write-back still holds stays
-                        # (it answers a stat until its commit: _held_long), and goes once sent
+                        # (it answers a stat until its commit: _held_long), and goes once sent, and so
+                        # does one whose writes are not committed yet (closes that send nothing: the
+                        # kernel may forget a file between its close and its commit, _commit_idle)
                         del self.files[ino]
                 self._kernel_view.pop(ino, None)
                 self._dataset_info.pop(ino, None)

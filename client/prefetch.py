@@ -35,7 +35,7 @@ from __future__ import annotations
 import errno
 import logging
 from collections import deque
-from typing import Callable
+from typing import Awaitable, Callable
 
 import trio
 
@@ -78,6 +78,9 @@ class Prefetcher:
         self._queue: deque[tuple[int, int | None, bytes]] = deque(maxlen=max_queued)
         self._wake = trio.Event()
         self.on_fetched: Callable[[p.OpenRsp, bool], None] = lambda rsp, stored: None
+        #: before a batch of paths is resolved: what the mount wrote and has not committed yet goes
+        #: (closes that send nothing: a file just written is read as written, not as last committed)
+        self.before_resolve: Callable[[], Awaitable[None]] = _nothing
         # whether the kernel holds this version's pages already (Operations.in_page_cache): a
         # later epoch's announcement of a file still warm costs no fetch and no store
         self.in_page_cache: Callable[[p.OpenRsp], bool] = lambda rsp: False
@@ -128,6 +131,7 @@ class Prefetcher:
                 while self._queue and len(batch) < RESOLVE_BATCH and self._queue[0][:2] == (root, shm):
                     batch.append(self._queue.popleft()[2])
                 self._busy += len(batch)
+                await self.before_resolve()
                 stamp = self.kcache.stamp()  # a change after this makes what we fetch unfit for the page cache
                 files: list[p.OpenRsp | None] = []
                 unknown = batch
@@ -258,3 +262,7 @@ def _store(files: list, shared: list, shm: ShmCache | None, kcache: KernelCache)
                 if exc.errno != errno.ENOENT:  # ENOENT: the kernel forgot the inode meanwhile
                     log.debug("prefetch: cannot store inode %d in the page cache: %s", info.attr.ino, exc)
     return stored
+
+
+async def _nothing() -> None:
+    pass

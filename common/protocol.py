@@ -495,6 +495,7 @@ class HelloRsp(Msg, tag="hello_rsp"):
     root_ino: int = 1
     cluster_id: str = ""  # fixed when the metadata database is created (names the mount's disk cache)
     writer: int = 0  # the change feed's name for this mount's own changes (ChangeEvent.writer, writer_tag)
+    callbacks: bool = False  # this daemon grants callbacks (one daemon: SQLite), write marks included
 
 
 class SessionHeartbeatReq(Msg, tag="session_heartbeat"):
@@ -723,6 +724,9 @@ class OpenReq(Msg, tag="open"):
     ino: int
     session_id: int
     write: bool = False
+    # a mount whose closes send nothing (daemon/callbacks.py, write marks): record a write mark on
+    # ``ino`` for the session before answering; OpenRsp.callback is its seq (-1: none)
+    mark: bool = False
 
 
 class OpenRsp(Msg, tag="open_rsp"):

@@ -65,6 +65,19 @@ The rules
   which waits for the holder like any change; the holder sends its pending
   creates before it acknowledges (client/kernel_cache.py ``before_ack``), so
   the read sees them. Close-to-open holds for names made asynchronously too.
+* A write mark (``("w", ino)``, ``grant_write``): a mount whose close sends nothing
+  (docs/design.md "A close that sends nothing") commits a write session on its own, a
+  moment after its last write, so a close may return before the daemon knows the new
+  size. Its first write to a file it did not create in a directory it holds asks
+  ``OpenReq(mark=True)`` before it is answered: the daemon records the mark, then, if
+  other sessions hold the file, logs a change naming it (they drop what they cached
+  and acknowledge first). While the mark stands, another session's read of the file
+  (a lookup that finds it, a getattr, an open) first logs a change naming it
+  (``written_elsewhere``), and a listing grants no callback on it; the writer
+  commits what it wrote before it acknowledges (client/operations.py
+  ``_before_ack``). A change naming the file waits for the mark's holder as for any
+  holding, and ends the mark; the writer's own commits keep it. So once close()
+  returned on the writer, any later open or stat elsewhere sees the data.
 * Held files count as open (``held``): an unlink keeps the inode as an
   orphan until its holders let go, since a mount may open a held file
   without asking. An AckReq names the dropped files the mount has open;
@@ -115,6 +128,7 @@ class Callbacks:
         self._penalty: dict[tuple, float] = {}  # offender (_offender) -> until when it gets no callback
         self._last_penalty: dict[tuple, float] = {}  # offender -> its last penalty's length (doubled next time)
         self._heard = trio.Event()  # set (and replaced) on every acknowledgement
+        self.marks = 0  # write marks held (keys ("w", ino)): none, and no read looks for one
         self._grace_until = 0.0
         self.waits = 0  # changes that waited for another session
         self.timeouts = 0  # sessions that let a wait run out
@@ -163,6 +177,38 @@ class Callbacks:
         self._holders.setdefault(key, {})[session] = seq
         held.add(key)
         return seq
+
+    def grant_write(self, session: int, ino: int) -> int:
+        """A write mark on ``ino`` for ``session``, a mount whose closes send nothing (the rules
+        above): the seq, or -1 (none: the mount then commits as soon as it stops writing)."""
+        if not (self.enabled and session) or session not in self._client or self._barred(session):
+            return -1
+        held = self._held.setdefault(session, set())
+        if len(held) >= MAX_PER_SESSION:
+            return -1
+        seq = self.last_seq()
+        key = ("w", ino)
+        if key not in self._holders:
+            self.marks += 1
+        self._holders.setdefault(key, {})[session] = seq
+        held.add(key)
+        return seq
+
+    def written_elsewhere(self, session: int, ino: int) -> bool:
+        """Another live session holds a write mark on ``ino``: a read of it by ``session`` first
+        logs a change naming it, which the writer acknowledges once it committed what it wrote."""
+        if not self.marks:
+            return False
+        holders = self._holders.get(("w", ino))
+        return bool(holders) and any(sid != session and self.alive(sid) for sid in holders)
+
+    def client_of(self, session: int) -> int:
+        """The OnceReq client id ``session`` told at HelloReq (0: not known)."""
+        return self._client.get(session, 0)
+
+    def held_elsewhere(self, session: int, ino: int) -> bool:
+        """Another live session caches ``ino`` under a callback."""
+        return any(sid != session and self.alive(sid) for sid in self._holders.get(ino, ()))
 
     def recall_needed(self, session: int, parent: int, asynchronous: Callable[[int], bool]) -> bool:
         """A read of directory ``parent`` by ``session`` must first make another session that holds
@@ -232,7 +278,8 @@ class Callbacks:
         """The keys change ``seq`` touches, the sessions it waits for, and the writer's own
         sessions (they keep their holdings of names and directories)."""
         entries = [tuple(e) for e in entries]
-        keys = [*inodes, *entries, *{("dir", parent) for parent, _ in entries}]
+        inodes = list(inodes)
+        keys = [*inodes, *(("w", ino) for ino in inodes), *entries, *{("dir", parent) for parent, _ in entries}]
         waiting: set[int] = set()
         mine: set[int] = set()
         for key in keys:
@@ -294,10 +341,16 @@ class Callbacks:
                 if held is not None:
                     held.discard(key)
             if not holders:
-                del self._holders[key]
-                if isinstance(key, int):
-                    freed.append(key)
+                self._unheld(key, freed)
         return freed
+
+    def _unheld(self, key, freed: list[int]) -> None:
+        """Nobody holds ``key`` any more; a file's inode joins ``freed``."""
+        del self._holders[key]
+        if isinstance(key, int):
+            freed.append(key)
+        elif key[0] == "w":
+            self.marks -= 1
 
     # ----------------------------------------------------------- acknowledgements
 
@@ -340,13 +393,11 @@ class Callbacks:
             if holders is not None:
                 holders.pop(session, None)
                 if not holders:
-                    del self._holders[key]
-                    if isinstance(key, int):
-                        freed.append(key)
+                    self._unheld(key, freed)
         if session in self._held:
             self._held[session] = set()
         return freed
 
     def counts(self) -> dict[str, int]:
         return {"sessions": sum(1 for keys in self._held.values() if keys), "keys": len(self._holders),
-                "waits": self.waits, "timeouts": self.timeouts, "late": self.late}
+                "marks": self.marks, "waits": self.waits, "timeouts": self.timeouts, "late": self.late}

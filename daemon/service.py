@@ -80,7 +80,7 @@ from .open_holds import OpenHolds
 from .pg_store import open_pg_store
 from .store import SqliteStore
 from .tiering import Tiering
-from .txn import Txn, open_txn
+from .txn import Txn, acting_client, open_txn
 from .burst import Burst, Op
 from .callbacks import Callbacks
 from .inode_ranges import InodeRanges
@@ -532,6 +532,7 @@ class MetaService:
             boot_id=self.boot_id,
             cluster_id=self.cluster_id,
             writer=P.writer_tag(client_id),
+            callbacks=self.callbacks.enabled,
         )
 
     async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:
@@ -561,6 +562,11 @@ class MetaService:
         owner = current_peer()  # sessions belong to their key (daemon/health.py)
         if req.session_id:
             self.sessions.touch(req.session_id, owner=owner)
+        mark = as_of = -1
+        if req.mark and req.session_id:
+            mark, as_of = await self._mark_written(req.session_id, req.ino)
+        else:
+            await self._recall_writer(req.session_id, req.ino)
 
         def open_and_hold():
             row = self.ns.inode(req.ino)
@@ -573,7 +579,34 @@ class MetaService:
 
         attr, layout, chunks, nodes, quota_max = await self.txn.read(open_and_hold)
         epoch = await self.txn.alloc_epoch(self.ns.alloc_epoch) if req.write else 0
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max)
+        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max,
+                         callback=mark, seq=max(as_of, 0))
+
+    async def _mark_written(self, session: int, ino: int) -> tuple[int, int]:
+        """A write mark on ``ino`` for ``session`` (daemon/callbacks.py): recorded first, so that any
+        read after it recalls the writer; then the other sessions caching the file drop it, as for
+        a change. Another writer's mark is recalled first (its data committed before this one's).
+        The mark's seq (-1: none), and the change log position the answer is as of."""
+        await self._recall_writer(session, ino)
+        seq = self.callbacks.grant_write(session, ino)
+        if seq >= 0 and self.callbacks.held_elsewhere(session, ino):
+            await self._change_for(session, ino)
+        return seq, self.callbacks.last_seq()
+
+    async def _recall_writer(self, session: int, ino: int) -> None:
+        """Another session writes ``ino`` with closes that send nothing: it commits before this read
+        (a change naming the file, which waits for it: daemon/callbacks.py, write marks)."""
+        if self.callbacks.written_elsewhere(session, ino):
+            await self._change_for(session, ino)
+
+    async def _change_for(self, session: int, ino: int) -> None:
+        """Log a change naming ``ino`` (nothing else changes) on ``session``'s behalf: it waits for every
+        other session holding the file, not for ``session`` itself."""
+        token = acting_client.set(self.callbacks.client_of(session))
+        try:
+            await self.txn.write(_nothing, change=([ino], []))
+        finally:
+            acting_client.reset(token)
 
     async def handle_close(self, req: P.CloseReq) -> P.Msg:
         await self.housekeeping.release(self.sessions.close(req.session_id, req.ino, owner=current_peer()))
@@ -586,23 +619,31 @@ class MetaService:
         child = self._held_child(req)
         if child:
             await self._recall(req.session_id, child, b"")
+            await self._recall_writer(req.session_id, child)
         return await self._perform(self._op_lookup(req))
 
     def _held_child(self, req: P.LookupReq) -> int:
-        """The directory ``req`` finds, if another session creates in it asynchronously (its
-        attributes come with the answer: recalled first); else 0."""
-        if not self.inode_ranges.others(req.session_id):
+        """What ``req`` finds, if another session creates in it asynchronously (a directory) or writes
+        it with closes that send nothing (a file): its attributes come with the answer, so it is
+        recalled first; else 0."""
+        marks = self.callbacks.marks
+        if not (marks or self.inode_ranges.others(req.session_id)):
             return 0
         row = self.store.get_dentry(req.parent, req.name)
         ino = row["ino"] if row is not None else 0
-        return ino if ino and self.callbacks.recall_needed(req.session_id, ino, self.inode_ranges.holds) else 0
+        if not ino:
+            return 0
+        if marks and self.callbacks.written_elsewhere(req.session_id, ino):
+            return ino
+        return ino if self.callbacks.recall_needed(req.session_id, ino, self.inode_ranges.holds) else 0
 
     def _must_recall(self, body: P.Msg) -> bool:
         """A lookup or getattr the burst must leave to its handler: it recalls a directory first."""
         kind = type(body)
         if kind is P.LookupReq:
             return self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds) or bool(self._held_child(body))
-        return kind is P.GetattrReq and self.callbacks.recall_needed(body.session_id, body.ino, self.inode_ranges.holds)
+        return kind is P.GetattrReq and (self.callbacks.recall_needed(body.session_id, body.ino, self.inode_ranges.holds)
+                                         or self.callbacks.written_elsewhere(body.session_id, body.ino))
 
     async def _recall(self, session: int, parent: int, name: bytes) -> None:
         """Another session holds directory ``parent`` whole and may have answered creates there
@@ -702,6 +743,7 @@ class MetaService:
 
     async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
         await self._recall(req.session_id, req.ino, b"")
+        await self._recall_writer(req.session_id, req.ino)
         return await self._perform(self._op_getattr(req))
 
     def _op_getattr(self, req: P.GetattrReq) -> Op:
@@ -880,7 +922,10 @@ class MetaService:
             callback = whole = -1
             if req.callback and req.session_id and self.callbacks.enabled:
                 self.sessions.touch(req.session_id, owner=owner)  # the session is the asking key's
-                listed = [(e.attr.ino, req.ino, e.name) for e in entries if stat.S_ISREG(e.attr.mode)]
+                # a file written elsewhere by a mount whose closes send nothing: listed, not held
+                # (a later open or stat asks, and recalls the writer: daemon/callbacks.py)
+                listed = [(e.attr.ino, req.ino, e.name) for e in entries if stat.S_ISREG(e.attr.mode)
+                          and not self.callbacks.written_elsewhere(req.session_id, e.attr.ino)]
                 callback = self.callbacks.grant_many(req.session_id, listed)
                 if req.after == 0 and not more:  # every name of the directory in one reply
                     whole = self.callbacks.grant_dir(req.session_id, req.ino)

@@ -60,6 +60,7 @@ operations as one transaction (``run``), each in a savepoint
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import sqlite3
@@ -75,6 +76,11 @@ from . import applied_ops, change_log
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: the client a change is made for when no OnceReq names one: a request that logs a change on a
+#: session's behalf (a write mark's recall, daemon/callbacks.py) sets it, so that session's own
+#: holdings are spared, as a OnceReq's client's are
+acting_client: contextvars.ContextVar[int] = contextvars.ContextVar("acting_client", default=0)
 
 
 def _nothing() -> None:
@@ -124,7 +130,7 @@ class Txn:
         if changed is not None:  # (a function of the result giving None: nothing changed)
             inodes, entries = changed
             once = applied_ops.once.get()
-            client_id = once.client_id if once is not None else 0
+            client_id = once.client_id if once is not None else acting_client.get()
             writer = P.writer_tag(client_id) if client_id else 0
             self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries, writer)) or 0
             if self._logged_seq:
