@@ -97,13 +97,15 @@ def _ms(seconds: float | None) -> str:
 
 def verdict(network_share: float | None, reads: float, hit_rate: float | None, busy: float = 1.0, ops: float = 0.0) -> str:
     """One line: where readers' time goes. ``busy`` is the average number of reads in flight; ``ops``
-    the FUSE requests of every kind in the interval. A job reading what the kernel's page cache holds
-    sends no reads, only opens, flushes, releases: it is working, not idle."""
+    the FUSE requests of every kind in the interval (those the session answers itself included). A job
+    reading what the kernel's page cache holds sends no reads: at most an isatty() IOCTL or a GETATTR
+    per file, and on a no-open mount whose closes send nothing (unbuffered reads) no request at all."""
     if not reads or network_share is None:
         if ops:
-            return (f"no reads reach stripefs, but {ops:,.0f} other requests did (open, flush, release, ...): "
+            return (f"no reads reach stripefs, but {ops:,.0f} other requests did (getattr, ioctl, open, ...): "
                     "files are read from the kernel's page cache; stripefs answers only those")
-        return "idle: no requests in this interval"
+        return ("idle: no requests in this interval (or reading only what the kernel's page cache holds, which "
+                "sends none: stripefs.torch.watch shows such a job)")
     if busy < 0.05:
         if ops > 10 * reads:  # a warm epoch: a stray read beside thousands of opens is still the page cache's job
             return (f"files are read mostly from the kernel's page cache ({reads:,.0f} reads reach stripefs beside "
@@ -151,7 +153,7 @@ def render(cur: Samples, prev: Samples, dt: float, title: str, window: tuple[Sam
         f"read-ahead chunks: fetched {ra_fetched:.0f}, used {ra_used:.0f}, wasted {ra_wasted:.0f}   "
         f"negative answers/s {answers / dt:.1f} (ENOENT, ENODATA, ...: not errors)",
         "",
-        "=> " + verdict(network_share, reads, hit_rate, (net + mem) / dt, _delta(cur, prev, "stripefs_fuse_ops_total")),
+        "=> " + verdict(network_share, reads, hit_rate, (net + mem) / dt, _delta(cur, prev, "stripefs_fuse_requests_total")),
         "",
         f"{'FUSE op':<12}{'ops/s':>10}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}",
     ]

@@ -398,7 +398,8 @@ def test_ctrl_c_inside_a_nursery_is_one_line_saying_how_far(monkeypatch, capsys)
 
 def test_top_of_a_job_reading_from_the_page_cache_is_not_idle(cluster, mnt):
     """Issue 36 item 6, through the command: a warm loop (the kernel serves the bytes from its page cache,
-    the mount sees opens, flushes and releases) is not 'idle: no reads'."""
+    the mount sees only the buffered open's isatty() IOCTL, answered by the session itself) is not
+    'idle: no reads'."""
     import threading
 
     f = mnt / "warm-for-top"

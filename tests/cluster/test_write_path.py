@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import sqlite3
 import struct
 
@@ -73,6 +74,10 @@ def test_sequential_write_asks_the_daemon_little_and_reads_back(cluster, mnt):
     with open(mnt / "big", "rb") as f:
         f.seek(chunks * 4 * MiB - 2)
         assert f.read() == blocks[(chunks * 4 - 1) % len(blocks)][-2:] + b"tail"
+    # (the commit follows the close within 50 ms where closes send nothing: client/idle_commits.py)
+    deadline = time.monotonic() + 10
+    while _chunk_rows(cluster, ino) != [(i, True) for i in range(chunks + 1)] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _chunk_rows(cluster, ino) == [(i, True) for i in range(chunks + 1)]
 
 

@@ -245,3 +245,51 @@ async def test_the_writer_keeps_its_holding_of_a_file_it_changed_alone_but_not_t
     with trio.fail_after(0.1):
         assert await calls.settle(7, [1, 8], [(1, b"g")], writer=CLIENT_A) == [8]  # its unlink of 1/g
     assert not calls.held(8)
+
+
+async def test_a_write_mark_makes_others_reads_and_changes_wait_for_the_writer_and_ends_at_its_acknowledgement():
+    """Closes that send nothing (daemon/callbacks.py, write marks): while A writes file 7 under its
+    mark, B's read of it (``written_elsewhere``) and any change of it by another wait for A; A's own
+    changes of it (its commits) do not, and keep the mark; A's acknowledgement of B's change ends it."""
+    seq = [4]
+    calls = make(seq)
+    assert not calls.written_elsewhere(B, 7) and calls.marks == 0
+    assert calls.grant_write(A, 7) == 4 and calls.marks == 1
+    assert calls.written_elsewhere(B, 7) and not calls.written_elsewhere(A, 7)  # not its own reads
+    assert not calls.held(7)  # a mark is not a cached file: it does not keep an unlinked one
+    with trio.fail_after(0.1):
+        await calls.settle(5, [7], [], writer=CLIENT_A)  # A's own commit: no wait
+    assert calls.written_elsewhere(B, 7)  # ... and the mark stays
+    done = []
+
+    async def recall():  # B's read logs a change naming 7 on B's behalf
+        done.append(await settle_time(calls, 6, [7], [], writer=CLIENT_B))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(recall)
+        await trio.sleep(0.5)
+        assert not done  # A has not acknowledged (it commits first)
+        calls.ack(A, 6)
+    assert done and not calls.written_elsewhere(B, 7) and calls.marks == 0  # ended with the change
+    seq[0] = 6
+    assert calls.grant_write(A, 7) == 6  # written again: marked again, as of now
+    calls.forget_session(A)
+    assert not calls.written_elsewhere(B, 7) and calls.marks == 0  # a session that ends takes its marks
+
+
+async def test_a_dead_writer_is_not_waited_for_and_a_barred_one_gets_no_mark(autojump_clock):
+    seq = [1]
+    alive = {A, B}
+    calls = make(seq, alive=alive.__contains__)
+    calls.grant_write(A, 7)
+    alive.discard(A)
+    assert not calls.written_elsewhere(B, 7)  # a mark of a session gone is no reason to wait
+    with trio.fail_after(0.1):
+        await calls.settle(2, [7], [], writer=CLIENT_B)
+    calls.grant_write(B, 8)
+    calls.grant(B, 9, 1, b"f")
+    alive.add(A)
+    calls.grant(A, 9, 1, b"f")
+    await calls.settle(3, [9], [], writer=0)  # nobody acknowledges: both run out and are penalised
+    assert calls.grant_write(A, 7) == -1 and calls.grant_write(B, 8) == -1
+    assert not calls.written_elsewhere(A, 8)  # B's mark went with its holdings
