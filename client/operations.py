@@ -1374,9 +1374,10 @@ class Operations:
         rsp = self._fresh_open_info(inode) or self._held(inode)
         if rsp is None:
             return _SLOW
-        pt = self.passthrough
+        pt, known = self.passthrough, None
         if pt is not None and pt.active:
             key = pt.key_of_info(rsp)
+            known = (rsp.attr, key)
             if pt.needs_registering(key):
                 return _SLOW  # its whole file is on disk, not checked yet: that reads it (open)
             shared = self._pt_open.get(inode)
@@ -1384,9 +1385,9 @@ class Operations:
                 return _SLOW  # passthrough opens of another version: the handler waits for their RELEASE
         self._opening(inode, ctx)
         of, keep, _ = self._record_open(rsp, fresh_attrs=True)  # the LOOKUP gave the kernel these attributes
-        return self._open_answer(self._new_handle(of), of, keep, flags)
+        return self._open_answer(self._new_handle(of), of, keep, flags, known)
 
-    def _open_answer(self, fh: int, of: OpenFile, keep: bool, flags: int) -> Opened:
+    def _open_answer(self, fh: int, of: OpenFile, keep: bool, flags: int, known: tuple | None = None) -> Opened:
         """OPEN's answer for handle ``fh``: on a passthrough mount, a read-only open of a version
         registered with the kernel names its backing file (client/passthrough.py); otherwise
         ``_opened``'s. The kernel lets an inode's open files be either passthrough, all with one
@@ -1404,7 +1405,7 @@ class Operations:
             bid = 0
             if not flags & (_WRITING | os.O_TRUNC) and others == 0 \
                     and not (self.writeback is not None and self.writeback.holds(of.ino)):
-                key = pt.key_of(of)
+                key = pt.key_of(of, known)  # (known: the fast path's, from the answer ``of`` took)
                 bid = pt.backing_id(key)
                 if bid and (shared is None or shared[0] == bid):
                     if shared is None:

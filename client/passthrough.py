@@ -86,13 +86,17 @@ class Passthrough:
 
     # -- on an OPEN (any thread, no I/O) ---------------------------------------------------------
 
-    def key_of(self, of: OpenFile) -> WholeKey | None:
+    def key_of(self, of: OpenFile, known: tuple | None = None) -> WholeKey | None:
         """The whole-file key of ``of``'s committed version, or None if it may not pass through: too
-        small or large, or this mount holds bytes of it not committed (a write session)."""
+        small or large, or this mount holds bytes of it not committed (a write session).
+        ``known``: (an OpenRsp's attributes, :meth:`key_of_info` of it), reused when ``of`` holds
+        that very answer (``of.attr is`` its attributes: its chunk map came with them)."""
         size = of.attr.size
         if not 0 < size <= self.limit_size or of.size != size or of.dirty or of.uncommitted \
                 or of.inflight or of.write_error is not None:
             return None
+        if known is not None and of.attr is known[0]:
+            return known[1]
         return content_key(of.ino, size, of.chunks)
 
     def key_of_info(self, rsp) -> WholeKey | None:

@@ -193,3 +193,16 @@ def test_ineligible_files_have_no_key(tmp_path):
     written.size = 2000  # a write session of this mount: bytes not committed
     assert pt.key_of(written) is None
     assert isinstance(pt.key_of(of(1 << 20)), WholeKey)
+
+
+def test_a_key_known_from_the_answer_the_file_took_is_reused_and_only_then(tmp_path):
+    pt = _passthrough(tmp_path)
+    from stripefs.client.open_files import OpenFile
+    from stripefs.common import protocol as p
+
+    attr = p.Attr(ino=9, mode=0o100644, nlink=1, uid=0, gid=0, rdev=0, size=10, atime_ns=0, mtime_ns=0, ctime_ns=0)
+    of = OpenFile(9, attr, None, _refs(1))
+    marker = WholeKey(9, 10, 12345)
+    assert pt.key_of(of, (attr, marker)) is marker  # ``of`` holds that very answer
+    other = p.Attr(ino=9, mode=0o100644, nlink=1, uid=0, gid=0, rdev=0, size=10, atime_ns=0, mtime_ns=0, ctime_ns=0)
+    assert pt.key_of(of, (other, marker)) == content_key(9, 10, _refs(1))  # an equal but other answer: computed
