@@ -162,9 +162,11 @@ class Bench:
             if epochs >= 6:
                 raise BenchError(f"passthrough: still {reads:.0f} READs in warm epoch {epochs} "
                                  f"({_whole_files(cache_dir)} whole files of {len(paths)})")
-            deadline = time.monotonic() + 30
-            while _whole_files(cache_dir) < len(paths) and time.monotonic() < deadline:
-                time.sleep(0.2)
+            # whole files are written in the background (at most ASSEMBLE_QUEUE waiting): until they stop coming
+            seen, deadline = -1, time.monotonic() + 60
+            while (n := _whole_files(cache_dir)) != seen and n < len(paths) and time.monotonic() < deadline:
+                seen = n
+                time.sleep(1.0)
 
     def measure(self, mode: str, passthrough: bool, name: str, count: int, local: Path, theirs: Path,
                 cache_dir: Path) -> None:

@@ -53,6 +53,9 @@ MAX_IDS = 65536
 RETIRE_S = 2.0
 #: whole files assembled at once
 ASSEMBLE_PARALLEL = 2
+#: most whole files waiting to be assembled (an epoch's first pass opens every file: beyond this the
+#: open is answered the normal way and asks again at the file's next open)
+ASSEMBLE_QUEUE = 1024
 
 
 class Passthrough:
@@ -126,7 +129,7 @@ class Passthrough:
         if key is None or self.device is None or self.token is None or self.disk.has_whole(key):
             return
         with self._lock:
-            if key in self._assembling:
+            if key in self._assembling or len(self._assembling) >= ASSEMBLE_QUEUE:
                 return
             self._assembling.add(key)
         snapshot = OpenFile(of.ino, of.attr, of.layout, dict(of.chunks))  # pinned to this version

@@ -206,3 +206,24 @@ def test_a_key_known_from_the_answer_the_file_took_is_reused_and_only_then(tmp_p
     assert pt.key_of(of, (attr, marker)) is marker  # ``of`` holds that very answer
     other = p.Attr(ino=9, mode=0o100644, nlink=1, uid=0, gid=0, rdev=0, size=10, atime_ns=0, mtime_ns=0, ctime_ns=0)
     assert pt.key_of(of, (other, marker)) == content_key(9, 10, _refs(1))  # an equal but other answer: computed
+
+
+def test_assembly_waits_in_a_bounded_queue(tmp_path, monkeypatch):
+    monkeypatch.setattr(pt_mod, "ASSEMBLE_QUEUE", 2)
+    pt = _passthrough(tmp_path)
+    scheduled = []
+
+    class _Token:
+        def run_sync_soon(self, fn, *args):
+            scheduled.append(args[0])
+
+    pt.token = _Token()
+    from stripefs.client.open_files import OpenFile
+    from stripefs.common import protocol as p
+
+    for ino in (1, 2, 3, 1):
+        attr = p.Attr(ino=ino, mode=0o100644, nlink=1, uid=0, gid=0, rdev=0, size=10, atime_ns=0, mtime_ns=0,
+                      ctime_ns=0)
+        of = OpenFile(ino, attr, None, _refs(1))
+        pt.want(pt.key_of(of), of)
+    assert [k.ino for k in scheduled] == [1, 2]  # the third waits for room; a second open of 1 adds nothing
