@@ -227,3 +227,20 @@ def test_assembly_waits_in_a_bounded_queue(tmp_path, monkeypatch):
         of = OpenFile(ino, attr, None, _refs(1))
         pt.want(pt.key_of(of), of)
     assert [k.ino for k in scheduled] == [1, 2]  # the third waits for room; a second open of 1 adds nothing
+
+
+def test_the_mount_refuses_passthrough_without_root_or_a_disk_cache(monkeypatch):
+    from stripefs.client import mount as mount_mod
+    from stripefs.common import config as cfg
+    from stripefs.common.errors import QuietError
+
+    ok = cfg.ClientConfig(passthrough=True, disk_cache_dir="/nvme")
+    monkeypatch.setattr(mount_mod.os, "geteuid", lambda: 0)
+    mount_mod._check_passthrough(ok)
+    for bad, says in ((cfg.ClientConfig(passthrough=True), "disk_cache_dir"),
+                      (cfg.ClientConfig(passthrough=True, disk_cache_dir="/nvme", dataset=True), "dataset")):
+        with pytest.raises(QuietError, match=says):
+            mount_mod._check_passthrough(bad)
+    monkeypatch.setattr(mount_mod.os, "geteuid", lambda: 1000)
+    with pytest.raises(QuietError, match="root"):
+        mount_mod._check_passthrough(ok)
