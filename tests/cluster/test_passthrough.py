@@ -204,3 +204,39 @@ def test_passthrough_is_refused_without_what_it_needs(cluster, tmp_path):
     res = run_cli("mount", cluster.meta_address, str(target), "-o", f"passthrough,dataset,disk_cache_dir={tmp_path}",
                   check=False)
     assert res.returncode != 0 and "dataset" in res.stderr
+
+
+def test_whole_files_survive_a_remount_and_need_no_storage_node(cluster, mnt, tmp_path):
+    cache_dir = tmp_path / "nvme-kept"
+    cache_dir.mkdir()
+    options = f"passthrough,disk_cache_dir={cache_dir}"
+    files = {f"kept{i}": os.urandom(100_000 + i) for i in range(3)}
+    for name, data in files.items():
+        (mnt / name).write_bytes(data)
+    mount = cluster.mount_again("pt_kept", options)
+    try:
+        for name, data in files.items():
+            assert _read_unbuffered(mount / mnt.name / name) == data
+        _eventually(lambda: len(_whole_files(cache_dir)) == len(files), within=20)
+    finally:
+        cluster.unmount(mount)
+        cluster.extra_mounts.remove(mount)
+
+    mount = cluster.mount_again("pt_kept", options)  # a new mount finds them (scan), checks them at the first open
+    stopped = list(cluster.pids()["storage"].values())
+    for pid in stopped:
+        os.kill(pid, 19)  # SIGSTOP: nothing can come from the network now
+    try:
+        for name, data in files.items():  # (the listing and open information come from the daemon)
+            assert _read_unbuffered(mount / mnt.name / name) == data
+        drop_caches()
+        before = _requests_at(mount)
+        for name, data in files.items():
+            assert _read_unbuffered(mount / mnt.name / name) == data
+        sent = _sent(before, _requests_at(mount))
+        assert "read" not in sent and sent.get("open") == len(files), sent
+    finally:
+        for pid in stopped:
+            os.kill(pid, 18)
+        cluster.unmount(mount)
+        cluster.extra_mounts.remove(mount)
