@@ -1,4 +1,4 @@
-# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/*.py: run, ec, tier, dataloader, meta, fuse_floor, data_wait, snapshot), make stop.
+# stripefs: make run (local cluster at ./mnt), make test, make fuzz (long fuzzing), make bench (bench/*.py: run, ec, tier, dataloader, meta, fuse_floor, data_wait, snapshot, passthrough), make stop.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -133,6 +133,7 @@ bench: install $(VENV)/.bench-installed
 	$(PY) bench/fuse_floor.py
 	$(PY) bench/data_wait.py
 	$(PY) bench/snapshot.py
+	$(PY) bench/passthrough.py
 
 # the CSI plugin's gRPC code (stripefs/csi/csi_pb2.py, csi_pb2_grpc.py) from stripefs/csi/csi.proto; checked in,
 # so neither an install nor the plugin needs grpcio-tools (the test extra has it: a unit test checks they match)

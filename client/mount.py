@@ -48,6 +48,7 @@ from .no_open_primer import NoOpenPrimer
 from .operations_bridge import OperationsBridge
 from .kernel_cache import KernelCache
 from .operations import SERVED_IOCTLS, Operations
+from .passthrough import Passthrough
 from .prefetch import Prefetcher
 from .shm_cache import ShmCache
 
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
 _OWN_OPTIONS = {"config", "dataset", "disk_cache_dir", "metrics", "key", "subdir", "root_squash", "op_timeout", "nonempty",
-                "sync_close", "fuse_session", "per_open_handles"}
+                "sync_close", "fuse_session", "per_open_handles", "passthrough"}
 #: -o fuse_session=: the one value still accepted (pyfuse3 was the other until the mount's own session
 #: served everything: docs/design.md, "The mount's own FUSE session"), so fstab lines that name it work
 FUSE_SESSIONS = ("own",)
@@ -91,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
             "with EIO (default 60); "
             "per_open_handles[=yes|no]: yes, OPEN, FLUSH and RELEASE per open file, a failed write reported to its "
             "own close (default no: the kernel sends no OPEN and no FLUSH, a warm read is no request at all); "
+            "passthrough: (root, with disk_cache_dir) files cached whole on the local disk are read by the kernel "
+            "from there, no request per read (implies per_open_handles=yes); "
             "sync_close: close() returns once what the file was written is stored and committed, and reports a "
             "write that could not be (one request per close). By default close() returns at once: the data is "
             "committed within 0.05-0.1 s of the last write, before another mount's open or stat of the file "
@@ -157,6 +160,11 @@ def main(argv: list[str]) -> int:
         if value not in ("yes", "no"):
             raise QuietError(f"per_open_handles={value}: give yes or no (per_open_handles alone means yes)")
         client_cfg = msgspec.structs.replace(client_cfg, per_open_handles=value == "yes")
+    if "passthrough" in own:
+        client_cfg = msgspec.structs.replace(client_cfg, passthrough=True)
+    if client_cfg.passthrough:
+        _check_passthrough(client_cfg)
+        client_cfg = msgspec.structs.replace(client_cfg, per_open_handles=True)
     fuse_session = own.get("fuse_session") or "own"
     if fuse_session not in FUSE_SESSIONS:
         raise QuietError(f"fuse_session={fuse_session}: the mount has one FUSE session now, its own "
@@ -231,6 +239,18 @@ def main(argv: list[str]) -> int:
         _report(write_fd, f"{type(exc).__name__}: {exc}")
         code = 3
     os._exit(code)
+
+
+def _check_passthrough(client_cfg: cfg.ClientConfig) -> None:
+    """Passthrough's preconditions, refused with what to do (docs/design.md "Passthrough from the disk cache")."""
+    if os.geteuid() != 0:
+        raise QuietError("passthrough: the kernel registers backing files only for a mount run as root "
+                         "(CAP_SYS_ADMIN); mount as root or drop the option")
+    if not client_cfg.disk_cache_dir:
+        raise QuietError("passthrough reads files from the disk cache: give -o disk_cache_dir=DIR too")
+    if client_cfg.dataset:
+        raise QuietError("passthrough needs OPEN, which a dataset mount declines (no-open); mount without "
+                         "-o dataset for passthrough")
 
 
 def _check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
@@ -310,6 +330,11 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 op_timeout=client_cfg.op_timeout_s,
                 sync_close=client_cfg.sync_close,
             )
+            if client_cfg.passthrough:
+                if data.disk_cache is None:
+                    raise QuietError("passthrough: no disk cache (disk_cache_dir)", 1)
+                ops.passthrough = Passthrough(data.disk_cache, data)
+                ops.passthrough.token, ops.passthrough.nursery = trio.lowlevel.current_trio_token(), nursery
             prefetcher.on_fetched = ops.prefetched
             prefetcher.before_resolve = ops.commit_pending
             prefetcher.in_page_cache = ops.in_page_cache
@@ -333,6 +358,13 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             nursery.start_soon(ops.jobs.sweep_loop, name="jobs-sweep")  # ended jobs leave the metrics
             session = await _start_session(ops, mountpoint, options, client_cfg, nursery)
+            if ops.passthrough is not None:
+                if session.connection.passthrough:
+                    ops.passthrough.device = session.device
+                    nursery.start_soon(ops.passthrough.run, name="passthrough-retire")
+                else:
+                    log.warning("passthrough: the kernel did not accept FUSE_PASSTHROUGH at INIT (it needs Linux 6.9 "
+                                "and CONFIG_FUSE_PASSTHROUGH); files are read the normal way")
             stop = trio.CancelScope()
             try:
                 nursery.start_soon(_signals, stop, name="signals")
@@ -359,7 +391,9 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 notify("STOPPING=1")
                 client_metrics.remove_state(mountpoint)
                 await _flush_open_files(ops, client_cfg.op_timeout_s)
-                await trio.to_thread.run_sync(session.close)  # unmounts; the reader ends
+                await trio.to_thread.run_sync(session.close)  # unmounts; the reader ends (the kernel frees backing ids)
+                if ops.passthrough is not None:
+                    log.info("passthrough: %s", ops.passthrough.stats())
                 fuse_backend.use_session(None)
                 await meta.end_session()
                 log.info("unmounted %s", mountpoint)
@@ -454,6 +488,8 @@ async def _start_session(ops: Operations, mountpoint: str, options: set[str], cl
     # of 24 chunks asked the daemon for placements 14 times instead of at most 8
     # (tests/cluster/test_write_path.py; why is not understood yet: client/placements.py alloc_indices)
     want = DEFAULT_WANT
+    if ops.passthrough is not None:
+        want |= InitFlag.PASSTHROUGH  # (the session sends max_stack_depth 1 with it; no WRITEBACK_CACHE is asked)
     if ops.no_open:
         # no-open (the bridge declines OPEN): the kernel then asks nothing at an open, even for writing;
         # without atomic O_TRUNC an open(O_TRUNC) sends SETATTR (size 0), which truncates (EROFS on a

@@ -94,6 +94,7 @@ from .jobs import Jobs
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
+from .passthrough import Passthrough
 from .prefetch import Prefetcher
 from .readahead import ReadStream
 from .striping import DataPath
@@ -264,6 +265,10 @@ class Operations:
         # copy is checked against in the default mode (getxattr of SHM_COPY_XATTR)
         self._looked_up: OrderedDict[int, tuple[float, p.Attr]] = OrderedDict()
         meta.open_inodes = self._held_inodes
+        #: FUSE passthrough from the disk cache (client/passthrough.py), set by a ``-o passthrough`` mount
+        self.passthrough: Passthrough | None = None
+        self._pt_handles: dict[int, tuple[int, int]] = {}  # fh -> (ino, backing id) of a passthrough open
+        self._pt_open: dict[int, list[int]] = {}  # ino -> [backing id, open files using it]
         # pid -> (inode it looked up last, whether it then opened it): drives prefetch on lookup
         self._last_lookup: dict[int, tuple[int, bool]] = {}
         self.hints = DirHints()  # where small files of directories being walked live (client/dir_hints.py)
@@ -796,6 +801,8 @@ class Operations:
 
     def _changed_elsewhere(self, inodes) -> None:
         """The change feed says these inodes changed (None: anything may have)."""
+        if self.passthrough is not None:
+            self.passthrough.forget_inodes(inodes)  # (new opens name the new version anyway)
         if self.per_inode:
             with self.lock:
                 for of in (self.files.values() if inodes is None else filter(None, map(self.files.get, inodes))):
@@ -1437,6 +1444,7 @@ class Operations:
         with self.lock:
             of = self.handles.pop(fh)
             del self.streams[fh]
+            self._pt_closed(fh)
             of.open_count -= 1
             if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
                 del self.files[of.ino]  # (no CloseReq: see release)
@@ -1479,9 +1487,83 @@ class Operations:
         rsp = self._fresh_open_info(inode) or self._held(inode)
         if rsp is None:
             return _SLOW
+        pt, known = self.passthrough, None
+        if pt is not None and pt.active:
+            key = pt.key_of_info(rsp)
+            known = (rsp.attr, key)
+            if pt.needs_registering(key):
+                return _SLOW  # its whole file is on disk, not checked yet: that reads it (open)
+            shared = self._pt_open.get(inode)
+            if shared is not None and pt.backing_id(key) != shared[0]:
+                return _SLOW  # passthrough opens of another version: the handler waits for their RELEASE
         self._opening(inode, ctx)
         of, keep, _ = self._record_open(rsp, fresh_attrs=True)  # the LOOKUP gave the kernel these attributes
-        return _opened(self._new_handle(of), keep, flags)
+        return self._open_answer(self._new_handle(of), of, keep, flags, known)
+
+    def _open_answer(self, fh: int, of: OpenFile, keep: bool, flags: int, known: tuple | None = None) -> Opened:
+        """OPEN's answer for handle ``fh``: on a passthrough mount, a read-only open of a version
+        registered with the kernel names its backing file (client/passthrough.py); otherwise
+        ``_opened``'s. The kernel lets an inode's open files be either passthrough, all with one
+        backing file, or not, never both at once (fs/fuse/iomode.c: any other open fails EIO, a
+        direct-I/O one too; checked on 6.18): so passthrough is given only while no other open of
+        the inode here is cached, and an open that cannot share the open passthrough files' backing
+        file (a write, another version) is refused ETXTBSY (``_pt_conflict``: the handler waits for
+        their RELEASE first)."""
+        pt = self.passthrough
+        if pt is None or not pt.active:
+            return _opened(fh, keep, flags)
+        with self.lock:
+            shared = self._pt_open.get(of.ino)
+            others = of.open_count - 1 - (shared[1] if shared else 0)  # cached opens besides this one
+            bid = 0
+            if not flags & (_WRITING | os.O_TRUNC) and others == 0 \
+                    and not (self.writeback is not None and self.writeback.holds(of.ino)):
+                key = pt.key_of(of, known)  # (known: the fast path's, from the answer ``of`` took)
+                bid = pt.backing_id(key)
+                if bid and (shared is None or shared[0] == bid):
+                    if shared is None:
+                        self._pt_open[of.ino] = [bid, 1]
+                    else:
+                        shared[1] += 1
+                    self._pt_handles[fh] = (of.ino, bid)
+                    pt.opens += 1
+                    return Opened(fh, _NOFLUSH | _PASSTHROUGH, bid)
+                if not bid:
+                    pt.want(key, of)  # its whole file, written in the background: the next open passes through
+            if shared is not None:
+                self._drop_handle(fh)
+                log.warning("open of inode %d refused (ETXTBSY): %s while this mount has it open by passthrough "
+                            "(the kernel allows no other open beside those)", of.ino,
+                            "for writing" if flags & (_WRITING | os.O_TRUNC) else "another version")
+                raise FuseError(errno.ETXTBSY)
+        return _opened(fh, keep, flags)
+
+    def _pt_conflict(self, of: OpenFile, flags: int) -> bool:
+        """Whether an open of ``of`` with ``flags`` could not share the inode's open passthrough files."""
+        pt = self.passthrough
+        with self.lock:
+            shared = self._pt_open.get(of.ino)
+            if shared is None or pt is None:
+                return False
+            return bool(flags & (_WRITING | os.O_TRUNC)) or pt.backing_id(pt.key_of(of)) != shared[0]
+
+    async def _pt_drained(self, of: OpenFile, flags: int) -> None:
+        """Wait (at most ``PT_RELEASE_WAIT_S``) for a conflicting passthrough open of ``of`` to go:
+        the kernel sends RELEASE after close() returns, so a reopen for writing right after a
+        passthrough read is not refused for a RELEASE still on its way."""
+        deadline = trio.current_time() + PT_RELEASE_WAIT_S
+        while self._pt_conflict(of, flags) and trio.current_time() < deadline:
+            await trio.sleep(0.005)
+
+    def _pt_closed(self, fh: int) -> None:
+        """A handle goes: one passthrough open of its inode less (under ``lock``)."""
+        held = self._pt_handles.pop(fh, None)
+        if held is not None:
+            shared = self._pt_open.get(held[0])
+            if shared is not None:
+                shared[1] -= 1
+                if shared[1] <= 0:
+                    del self._pt_open[held[0]]
 
     def _held(self, inode: int) -> p.OpenRsp | None:
         """The open information of a file held under a callback, while the feed is in order."""
@@ -1520,6 +1602,10 @@ class Operations:
         # the next open would make a second one, older than this handle's writes.
         fh = self._new_handle(of)
         try:
+            if self.passthrough is not None:
+                if not write and not flags & os.O_TRUNC:
+                    await self.passthrough.register(self.passthrough.key_of(of))  # (checks its whole file: reads it)
+                await self._pt_drained(of, flags)  # (before an O_TRUNC below truncates anything)
             if stale_attrs:
                 # the kernel may hold old attributes (size!): make it ask again
                 await trio.to_thread.run_sync(_invalidate_attr, inode)
@@ -1539,7 +1625,7 @@ class Operations:
         except BaseException:
             self._drop_handle(fh)  # the open failed: the kernel never learns this handle
             raise
-        return _opened(fh, keep, flags)
+        return self._open_answer(fh, of, keep, flags)
 
     async def _ask_open(self, inode: int, write: bool, mark: bool = False) -> tuple[p.OpenRsp, bool]:
         """An OpenReq's answer, and whether it raced a change of the file.
@@ -1965,6 +2051,7 @@ class Operations:
         with self.lock:
             of = self.handles.pop(fh)
             del self.streams[fh]
+            self._pt_closed(fh)
             of.open_count -= 1
             if of.open_count:
                 return
@@ -2028,6 +2115,9 @@ def _opened(fh: int, keep_cache: bool, flags: int) -> Opened:
 
 # plain ints: an IntFlag's ``|`` costs more than the rest of a hot OPEN's answer
 _KEEP_CACHE, _NOFLUSH, _WRITING = int(OpenFlag.KEEP_CACHE), int(OpenFlag.NOFLUSH), os.O_WRONLY | os.O_RDWR
+_PASSTHROUGH = int(OpenFlag.PASSTHROUGH)
+#: how long an open that conflicts with passthrough opens of its inode waits for their RELEASE
+PT_RELEASE_WAIT_S = 1.0
 
 
 def _privileges_to_kill(mode: int) -> int:

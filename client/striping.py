@@ -174,7 +174,9 @@ class DataPath:
         ref = of.chunks.get(index)
         if ref is None or ref.version == 0:
             return b""
-        return await self.cache.fetch((of.ino, index, ref.version), lambda: self._read_chunk(of.ino, ref, of.chunk_size))
+        disk = index not in of.uncommitted  # (_read_chunk: a version of this mount's open session is never on disk)
+        return await self.cache.fetch((of.ino, index, ref.version),
+                                      lambda: self._read_chunk(of.ino, ref, of.chunk_size, disk=disk))
 
     # ---------------------------------------------------------------- fetches
 
@@ -207,7 +209,8 @@ class DataPath:
             if want.exact:
                 load = functools.partial(self._read_exact, want.ino, ref, want.length)
             else:
-                load = functools.partial(self._read_chunk, want.ino, ref, want.length, quiet=True)
+                disk = want.of is None or want.index not in want.of.uncommitted
+                load = functools.partial(self._read_chunk, want.ino, ref, want.length, quiet=True, disk=disk)
             try:
                 out.append(await self.cache.fetch((want.ino, want.index, ref.version), load, prefetch=want.ahead))
             except StripefsError as exc:
@@ -305,16 +308,25 @@ class DataPath:
             raise fatal
         return None
 
-    async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False) -> memoryview:
-        """Read a whole chunk: the disk cache, else the network (and fill the disk cache)."""
+    async def _read_chunk(self, ino: int, ref: p.ChunkRef, length: int, *, quiet: bool = False,
+                          disk: bool = True) -> memoryview:
+        """Read a whole chunk: the disk cache, else the network (and fill the disk cache).
+
+        ``disk`` False: a chunk this mount's write session sent and has not committed. Its version
+        is the session's epoch, and every later send of the chunk in the same session stores other
+        bytes under that same version (the memory cache drops its copy at each send); the disk
+        cache, keyed by version and kept across remounts and between mounts sharing the directory,
+        would keep the bytes of the read and serve them for the committed version (found by
+        tests/datapath_model.py with disk_cache_dir on every mount: zeros past an mmap write)."""
         key = (ino, ref.index, ref.version)
-        if self.disk_cache is not None:
-            data = await self.disk_cache.get(key)
+        disk_cache = self.disk_cache if disk else None
+        if disk_cache is not None:
+            data = await disk_cache.get(key)
             if data is not None:
                 return data
         data = await self._read_chunk_from_nodes(ino, ref, length, quiet=quiet)
-        if self.disk_cache is not None:
-            self.disk_cache.put_soon(self.nursery, key, data)
+        if disk_cache is not None:
+            disk_cache.put_soon(self.nursery, key, data)
         return data
 
     async def _read_chunk_from_nodes(

@@ -155,6 +155,10 @@ class ClientConfig(_Config):
     #: one FLUSH (docs/design.md "No OPEN on the read-write mount"); True, one handle per open (OPEN and
     #: RELEASE per open file; a failed write is reported to its own close): also -o per_open_handles
     per_open_handles: bool = False
+    #: FUSE passthrough from the disk cache (root only, needs disk_cache_dir; implies per_open_handles):
+    #: a file whose version sits whole in disk_cache_dir is read by the kernel from the local disk,
+    #: no request per read (docs/design.md "Passthrough from the disk cache"); also -o passthrough
+    passthrough: bool = False
     prefetch_parallel: int = 16  # files fetched at once by sampler-order prefetch
     max_background: int = 64  # FUSE requests the kernel keeps in flight (fusectl); the kernel default is 12
     disk_cache_dir: str = ""  # a local disk cache of chunk data (e.g. on NVMe); empty: none (also -o disk_cache_dir=)
@@ -295,6 +299,7 @@ entry_timeout_s = 1.0                # kernel name cache lifetime while the chan
 cache_timeout_s = 300.0              # ... while the feed is healthy (changes elsewhere invalidate at once)
 dataset = false                      # read-only dataset mode: warm opens never leave the kernel (or -o dataset)
 per_open_handles = false             # true: OPEN and RELEASE per open file, a write error goes to its own close (or -o per_open_handles)
+passthrough = false                  # true (root, with disk_cache_dir): the kernel reads files cached whole from the local disk itself (or -o passthrough)
 prefetch_parallel = 16               # files fetched at once by sampler-order prefetch (stripefs.torch)
 max_background = 64                  # FUSE requests in flight (set through /sys/fs/fuse/connections)
 disk_cache_dir = ""                  # e.g. "/nvme/stripefs-cache": chunk data kept across remounts; "" = none

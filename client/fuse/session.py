@@ -105,6 +105,12 @@ class Options:
     #: before 3.14 asks isatty() of every file it opens: TCGETS, which the kernel forwards, as it
     #: forwards every ioctl of a FUSE file). None: every IOCTL goes to the handler.
     ioctls: frozenset[int] | None = None
+    #: with PASSTHROUGH: the file-system stacking depth of the mount, sent as ``max_stack_depth``
+    #: (the kernel takes passthrough only with 1..FILESYSTEM_MAX_STACK_DEPTH=2, and only without
+    #: WRITEBACK_CACHE). 1: backing files on a plain file system (ext4, xfs: depth 0), and a stacked
+    #: file system (overlayfs) may still sit on top of the mount; a backing file on overlayfs then
+    #: fails BACKING_OPEN with ELOOP (2 would allow it, and forbid stacking on the mount).
+    max_stack_depth: int = 1
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,12 @@ class Connection:
     max_background: int
     congestion_threshold: int
     time_gran: int
+    max_stack_depth: int = 0  # sent with PASSTHROUGH, else 0
+
+    @property
+    def passthrough(self) -> bool:
+        """Whether OPEN may answer backing files (FOPEN_PASSTHROUGH) on this connection."""
+        return bool(self.flags & InitFlag.PASSTHROUGH)
 
 
 class Handler(Protocol):
@@ -149,6 +161,15 @@ def negotiate(init: rq.Init, options: Options, pages_limit: int) -> tuple[Connec
     minor = min(init.minor, abi.KERNEL_MINOR)
     kernel_flags = init.flags if init.flags & InitFlag.INIT_EXT else init.flags & 0xFFFFFFFF
     flags = kernel_flags & options.want
+    stack_depth = 0
+    if flags & InitFlag.PASSTHROUGH:
+        if flags & InitFlag.WRITEBACK_CACHE or not 0 < options.max_stack_depth <= 2:
+            # the kernel would ignore it (fs/fuse/inode.c): say so here, not at the first BACKING_OPEN
+            log.warning("passthrough not asked: it needs max_stack_depth 1 or 2 (given %d) and no writeback "
+                        "cache", options.max_stack_depth)
+            flags &= ~InitFlag.PASSTHROUGH
+        else:
+            stack_depth = options.max_stack_depth
     if flags & InitFlag.MAX_PAGES:
         max_pages = max(1, min(pages_limit, options.max_write // abi.PAGE_SIZE))
     else:
@@ -158,9 +179,9 @@ def negotiate(init: rq.Init, options: Options, pages_limit: int) -> tuple[Connec
     max_background = min(options.max_background, 0xFFFF)
     congestion = options.congestion_threshold or max(1, max_background * 3 // 4)
     conn = Connection(abi.KERNEL_MAJOR, minor, flags, kernel_flags, max_readahead, max_write, max_pages,
-                      max_background, congestion, options.time_gran)
+                      max_background, congestion, options.time_gran, stack_depth)
     body = encode_init(minor, max_readahead, flags, max_background, congestion, max_write, options.time_gran,
-                       max_pages if flags & InitFlag.MAX_PAGES else 0)
+                       max_pages if flags & InitFlag.MAX_PAGES else 0, stack_depth)
     return conn, body
 
 

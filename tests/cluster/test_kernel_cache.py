@@ -9,6 +9,7 @@ without the storage nodes.
 
 import errno
 import json
+import mmap
 import os
 import stat
 import subprocess
@@ -492,6 +493,38 @@ def test_disk_cache_survives_a_remount_and_never_serves_old_versions(cluster, mn
     cluster.unmount(cached)
     cluster.extra_mounts.remove(cached)
     cluster.extra_mounts.remove(cached)
+
+
+def test_the_disk_cache_never_keeps_a_chunk_of_an_open_write_session(cluster, mnt, tmp_path):
+    """A read during a write session sends the session's bytes and reads them back at the session's
+    version; later sends of the same chunk store other bytes under that version. Such a read must
+    not fill the disk cache (keyed by version, kept across remounts): the committed version would
+    be served from it with the bytes of the read (tests/datapath_model.py found it: zeros)."""
+    cache_dir = tmp_path / "nvme"
+    cache_dir.mkdir()
+    writer = cluster.mount_again("dc_writer", f"disk_cache_dir={cache_dir}")
+    path = writer / mnt.name / "session"
+    path.write_bytes(b"0" * (6 << 20))  # not a small file (the write-back sends those after close)
+    fd = os.open(path, os.O_RDWR)
+    direct = os.open(path, os.O_RDONLY | os.O_DIRECT)  # (closed last: on this no-open mount every close commits)
+    try:
+        os.pwrite(fd, b"A" * 1000, 0)
+        buf = mmap.mmap(-1, 8192)
+        assert os.preadv(direct, [buf], 0) == 8192 and buf[:1000] == b"A" * 1000  # sends A, reads it back
+        time.sleep(1.0)  # (the disk cache is written in the background)
+        os.pwrite(fd, b"B" * 1000, 2000)  # the same chunk, the same session: sent again at its version
+        os.close(fd)  # commits
+    finally:
+        os.close(direct)
+    expect = b"A" * 1000 + b"0" * 1000 + b"B" * 1000 + b"0" * ((6 << 20) - 3000)
+    cluster.unmount(writer)
+    cluster.extra_mounts.remove(writer)
+    again = cluster.mount_again("dc_writer", f"disk_cache_dir={cache_dir}")  # a fresh memory cache, the same disk
+    try:
+        assert (again / mnt.name / "session").read_bytes() == expect
+    finally:
+        cluster.unmount(again)
+        cluster.extra_mounts.remove(again)
 
 
 def test_warmup_loads_a_tree_so_reads_need_no_storage_node(cluster, mnt):

@@ -350,6 +350,21 @@ def test_flags2_is_sent_only_with_init_ext():
     assert conn.flags == 0 and body[32:36] == u32(0)  # a kernel that sent no INIT_EXT did not offer the high bits
 
 
+def test_passthrough_is_negotiated_with_a_stack_depth_and_never_with_writeback_cache(caplog):
+    offered = InitFlag.PASSTHROUGH | InitFlag.INIT_EXT | InitFlag.WRITEBACK_CACHE
+    conn, body = negotiate(init_request(45, offered), Options(want=InitFlag.PASSTHROUGH | InitFlag.INIT_EXT), 256)
+    assert conn.passthrough and conn.max_stack_depth == 1
+    assert body[32:36] == u32(1 << 5) and body[36:40] == u32(1)  # flags2 PASSTHROUGH, max_stack_depth 1
+    conn, body = negotiate(init_request(45, offered), Options(want=InitFlag.INIT_EXT), 256)
+    assert not conn.passthrough and body[36:40] == u32(0)  # not asked: no depth either
+    for opts in (Options(want=InitFlag.PASSTHROUGH | InitFlag.INIT_EXT | InitFlag.WRITEBACK_CACHE),
+                 Options(want=InitFlag.PASSTHROUGH | InitFlag.INIT_EXT, max_stack_depth=0),
+                 Options(want=InitFlag.PASSTHROUGH | InitFlag.INIT_EXT, max_stack_depth=3)):
+        conn, body = negotiate(init_request(45, offered), opts, 256)
+        assert not conn.passthrough and body[32:36] == u32(0) and body[36:40] == u32(0)  # the kernel would ignore it
+    assert "passthrough not asked" in caplog.text
+
+
 def test_init_at_an_old_minor():
     offered = InitFlag.ASYNC_READ | InitFlag.BIG_WRITES | InitFlag.AUTO_INVAL_DATA
     conn, body = negotiate(init_request(22, offered, max_readahead=65536), Options(max_readahead=1 << 20), 256)
