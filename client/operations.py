@@ -1314,16 +1314,26 @@ class Operations:
             fh = self._next_fh
             self._next_fh += 1
             of.open_count += 1
-            self.handles[fh] = of
-            self.streams[fh] = ReadStream()
+            self.handles[fh] = of  # (its ReadStream is made at its first read: ``_stream``)
         return fh
+
+    def _stream(self, fh: int) -> tuple[OpenFile, ReadStream]:
+        """Handle ``fh``'s file and read pattern, made at the first read: most handles of a busy
+        mount are creates that never read, and each object a create keeps is the cyclic collector's
+        to walk again and again (common/gc_tuning.py)."""
+        with self.lock:  # (a handle dropped on the reader thread meanwhile: KeyError, no stream left behind)
+            of = self.handles[fh]
+            stream = self.streams.get(fh)
+            if stream is None:
+                stream = self.streams[fh] = ReadStream()
+        return of, stream
 
     def _drop_handle(self, fh: int) -> OpenFile:
         """Forget handle ``fh``; its file's state too when no other handle holds it (its own
         unsent data, if any, is the caller's to send first: ``release``)."""
         with self.lock:
             of = self.handles.pop(fh)
-            del self.streams[fh]
+            self.streams.pop(fh, None)
             of.open_count -= 1
             if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
                 del self.files[of.ino]  # (no CloseReq: see release)
@@ -1504,7 +1514,8 @@ class Operations:
 
     async def read(self, fh, off, size):
         await self._settle(self.handles[fh].ino)
-        return await self.data.read(self.handles[fh], off, size, self.streams[fh])
+        of, stream = self._stream(fh)
+        return await self.data.read(of, off, size, stream)
 
     async def read_inode(self, inode, off, size, ctx):
         """READ of a file the kernel never sent OPEN for (no-open: client/operations_bridge.py
@@ -1597,9 +1608,9 @@ class Operations:
             if kept != fh:
                 self._drop_handle(fh)  # a CREATE of it made one meanwhile
                 fh = kept
-        of, stream = self.handles[fh], self.streams[fh]
+        of, stream = self._stream(fh)
         while self.per_inode and (of.stale or (write and not of.writable)) and not of.has_unflushed \
-                and not of.commit_lock.locked():
+                and not of.committing:
             if await self._asked_elsewhere(inode):  # its answer, then look again
                 continue
             # a write session asks the daemon (its epoch, and EROFS for a snapshot's file at the
@@ -1684,8 +1695,7 @@ class Operations:
     def _keep_early(of: OpenFile, off: int, buf) -> int:
         """A write to a file whose create is not sent yet: kept until it is (the write-back sends
         both), no round trip here."""
-        of.early.append((off, bytes(buf)))
-        of.early_bytes += len(buf)
+        of.keep_early(off, bytes(buf))
         of.size = max(of.size, off + len(buf))
         of.mtime_ns = time.time_ns()
         return len(buf)
@@ -1702,7 +1712,7 @@ class Operations:
         refused create or a quota's cut fails the write session: its next close or fsync reports it."""
         if not of.early:
             return
-        early, of.early, of.early_bytes = of.early, [], 0
+        early, of.early, of.early_bytes = of.early, (), 0
         d = self.dirops
         refused = d.failed.get(of.ino) if d is not None else None
         if refused is not None or of.layout is _PENDING_LAYOUT:
@@ -1807,7 +1817,7 @@ class Operations:
     async def release(self, fh):
         with self.lock:
             of = self.handles.pop(fh)
-            del self.streams[fh]
+            self.streams.pop(fh, None)
             of.open_count -= 1
             if of.open_count:
                 return
