@@ -303,13 +303,18 @@ class KernelCache:
     def apply(self, inodes: list[int], entries: list[tuple[int, bytes]], seq: int = 0, writer: int = 0) -> None:
         """One change made elsewhere or here: note it, queue its invalidations.
 
-        ``seq``: its number in the change log (0: unknown); ``writer``: who made it (0: unknown)."""
+        ``seq``: its number in the change log (0: unknown); ``writer``: who made it (0: unknown).
+
+        This mount's own change: the files its entries name (made, moved or removed here) are what
+        the mount made them when it answered, so only the change's ``inodes`` count as changed (a
+        file created here was marked stale, and its kept answers dropped, by the event of its own
+        create: one more thing per create on the trio thread, and a refresh at its first write)."""
+        mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
         with self.state_lock:
-            touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
+            touched = set(inodes) if mine else set(inodes) | {self._names[e] for e in entries if e in self._names}
             self._note(touched | {parent for parent, _ in entries})
             if seq:
                 self._seq = seq
-            mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
             if not mine:  # a name changed elsewhere: what was kept of it is not known any more (its own
                 for e in entries:  # removals dropped theirs when answered: ``name_gone``)
                     self._kept.pop(tuple(e), None)

@@ -222,6 +222,25 @@ async def test_a_mounts_own_commit_keeps_its_grant_and_its_create_keeps_the_new_
     assert calls[-1] == ([10], [(1, b"new")])  # its attributes and name are asked afresh
 
 
+def test_a_mounts_own_create_event_changes_its_directory_not_the_new_file():
+    """Issues 30/31: the event of a create this mount answered itself changes the directory only.
+    The new file is what the mount made it: not reported changed (Operations would mark its state
+    stale and drop what it keeps of it), and a reply about it is not taken for one that raced a
+    change. The same event from another mount still reaches the file its name names."""
+    changed = []
+    cache = kc.KernelCache(on_change=changed.append)
+    cache.own_writer = 77
+    cache.remember(1, b"new", 10)
+    cache.held_here(10, 1, b"new")
+    before = cache.stamp()
+    cache.apply([1], [(1, b"new")], seq=5, writer=77)  # the feed's event of this mount's own create
+    assert changed == [{1}]
+    assert cache.changed_since(before, 1) and not cache.changed_since(before, 10)
+    cache.remember(1, b"other", 11)
+    cache.apply([1], [(1, b"other")], seq=6, writer=99)  # another mount's change of that name
+    assert changed[-1] == {1, 11} and cache.changed_since(before, 11)
+
+
 async def test_a_grant_older_than_this_mounts_own_changes_owes_no_acknowledgement(monkeypatch):
     """Issue 31: during an rm -rf each lookup's grant is older than the mount's own latest unlinks;
     only changes of other mounts can be waiting for this one, so only they call for an AckReq."""
