@@ -87,7 +87,7 @@ from .dir_listings import CONTINUE_S, KeptListings, Listing
 from .fetch import Fetch
 from .fuse.abi import OpenFlag
 from .fuse.dispatch import Opened
-from .fuse.replies import Attr, Encoded, Entry, FuseError, Statfs, encode_attr_out, encode_entry
+from .fuse.replies import Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry
 from .jobs import Jobs
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
@@ -139,6 +139,9 @@ BLKSIZE = 1 << 20
 _SLOW = object()
 #: the same, for who calls the ``_fast_*`` paths from outside (client/operations_bridge.py)
 FAST_PATH_MISS = _SLOW
+#: a held directory's LOOKUP of a name it does not have (every create's first request): returned,
+#: not raised (client/fuse/replies.py ``Failed``)
+_NO_SUCH_NAME = Failed(errno.ENOENT)
 
 
 def _fuse_errors(fn, fast=None):
@@ -152,6 +155,8 @@ def _fuse_errors(fn, fast=None):
             if fast is not None:
                 result = fast(self, *args, **kwargs)
                 if result is not _SLOW:
+                    if result.__class__ is Failed:  # (the session answers it as it is: client/fuse/dispatch.py)
+                        raise FuseError(result)
                     return result
             with trio.fail_after(self.op_timeout):
                 return await fn(self, *args, **kwargs)
@@ -370,7 +375,7 @@ class Operations:
     def _fast_lookup(self, parent_inode, name, ctx=None):
         names = self._names_of_dir(parent_inode)
         if names is not None and name not in names and len(name) <= p.NAME_MAX:  # a longer one: the daemon's ENAMETOOLONG
-            raise FuseError(errno.ENOENT)  # the daemon would wait for this mount before adding it
+            return _NO_SUCH_NAME  # the daemon would wait for this mount before adding it
         if self.kcache.healthy:
             # a name the kernel held and let expire (cache_timeout), of a file whose attributes
             # the mount holds: what the kernel kept until now is still true (the feed, or the
@@ -803,6 +808,8 @@ class Operations:
             # kernel reads up to) must include them (a name the kernel forgot, asked again)
             await self._settle(parent_inode)
             again = self._fast_lookup(parent_inode, name, ctx)  # sent and held now: memory answers
+            if again.__class__ is Failed:
+                raise FuseError(again)
             if again is not _SLOW:
                 return again
         previous = self._last_lookup.get(ctx.pid)
