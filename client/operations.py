@@ -312,9 +312,11 @@ class Operations:
         return max(attr.size, of.size)
 
     def _attr_out(self, attr: p.Attr, *, cacheable: bool = True) -> tuple[Attr, float]:
-        """GETATTR's and SETATTR's answer for ``attr``: the attributes and how long they hold."""
-        e = self._entry(attr, cacheable=cacheable)
-        return e.attr, e.attr_valid
+        """GETATTR's and SETATTR's answer for ``attr``: the attributes and how long they hold (as
+        ``_entry`` gives them, without making the entry: a held directory's GETATTR after every
+        create asks this on the reader thread)."""
+        long = self.cache_timeout if cacheable and self.kcache.healthy else 0.0
+        return self._attr(attr), long or (self.attr_timeout if cacheable else 0.0)
 
     def _fresh_open_info(self, ino: int) -> p.OpenRsp | None:
         """The open information of a LOOKUP younger than OPEN_INFO_FRESH_S, if any."""
