@@ -145,7 +145,9 @@ class AsyncDirops:
                 self._ranges.pop(0)
             else:
                 self._ranges[0] = (first + 1, last)
-        if self.left() < LOW and not self._asking and self.nursery is not None:
+        ranges = self._ranges  # (the first range alone is enough, most of the time: no sum per create)
+        if (not ranges or ranges[0][1] - ranges[0][0] < LOW) and self.left() < LOW and not self._asking \
+                and self.nursery is not None:
             self._asking = True
             self._in_trio(self.nursery.start_soon, self._ask_numbers)
         return ino

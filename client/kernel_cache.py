@@ -324,13 +324,18 @@ class KernelCache:
     def apply(self, inodes: list[int], entries: list[tuple[int, bytes]], seq: int = 0, writer: int = 0) -> None:
         """One change made elsewhere or here: note it, queue its invalidations.
 
-        ``seq``: its number in the change log (0: unknown); ``writer``: who made it (0: unknown)."""
+        ``seq``: its number in the change log (0: unknown); ``writer``: who made it (0: unknown).
+
+        This mount's own change: the files its entries name (made, moved or removed here) are what
+        the mount made them when it answered, so only the change's ``inodes`` count as changed (a
+        file created here was marked stale, and its kept answers dropped, by the event of its own
+        create: one more thing per create on the trio thread, and a refresh at its first write)."""
+        mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
         with self.state_lock:
-            touched = set(inodes) | {self._names[e] for e in entries if e in self._names}
+            touched = set(inodes) if mine else set(inodes) | {self._names[e] for e in entries if e in self._names}
             self._note(touched | {parent for parent, _ in entries}, seq)
             if seq:
                 self._seq = seq
-            mine = writer != 0 and writer == self.own_writer  # its own change: it keeps its names and directories
             if not mine:  # a name changed elsewhere: what was kept of it is not known any more (its own
                 for e in entries:  # removals dropped theirs when answered: ``name_gone``)
                     self._kept.pop(tuple(e), None)
@@ -354,6 +359,65 @@ class KernelCache:
             known = [ino for ino in inodes if ino in self._names_of or ino == ROOT_ID]
             for key in names:
                 ino = self._names.pop(key, None)  # (None: a name another inode's list still had)
+                if key in self._names_of.get(ino, ()):
+                    self._names_of[ino].remove(key)
+            if names or known:
+                self._pending_names.update(names)
+                self._pending_inodes.update(known)
+                self._pending.set()
+            elif self._ack_seq > self._acked:
+                self._pending.set()
+
+    def apply_own(self, changes: list[tuple[list[int], list[tuple[int, bytes]], int]]) -> None:
+        """A run of this mount's own changes, (inodes, entries, seq) in feed order, applied as one:
+        what ``apply`` does with each of them in turn, with one lock, one note, one ``on_change``
+        (a flush's batch of creates comes back as one event per file, each naming its directory:
+        ~200 events and 4 directories). A grant ends at the first change of the run that would
+        have ended it (the same seq, the same acknowledgement), so the outcome is that of applying
+        them one by one with nothing in between; nothing else can see the state halfway anyway."""
+        if len(changes) == 1:
+            inodes, entries, seq = changes[0]
+            self.apply(inodes, entries, seq, self.own_writer)
+            return
+        touched: dict[int, None] = {}  # the run's inodes, in order
+        parents: set[int] = set()
+        naming: dict[int, list[int]] = {}  # inode -> the seqs of the run's changes naming entries that touch it
+        for inodes, entries, seq in changes:
+            for ino in inodes:
+                touched[ino] = None
+                if entries:  # a change of no entry (its own commit, setattr) keeps the files' grants
+                    naming.setdefault(ino, []).append(seq)
+            for parent, _ in entries:
+                parents.add(parent)
+        last = changes[-1][2]
+        with self.state_lock:
+            self._note(touched.keys() | parents, last)  # (numbered as the run's last: never older than any)
+            if last:
+                self._seq = last
+            ended = []
+            if self.grants and last:
+                for ino, seqs in naming.items():
+                    granted = self.grants.get(ino)
+                    if granted is None:
+                        continue
+                    ending = next((seq for seq in seqs if granted < seq), 0)
+                    if ending:
+                        del self.grants[ino]
+                        ended.append(ino)
+                        if self.is_open(ino):  # its own change of a file open here: the daemon must hear it
+                            self._ack_open.add(ino)
+                            self._ack_seq = max(self._ack_seq, ending)
+                            if self._ack_touched is not None:
+                                self._ack_touched.add(ino)
+            if not last:
+                self.dir_attrs.clear()
+            self.on_change(set(touched))
+            names: list[tuple[int, bytes]] = []
+            for ino in ended:  # as ``apply``: a file whose grant ended is looked up again
+                names += [key for key in self._names_of.get(ino, ()) if key not in names]
+            known = [ino for ino in touched if ino in self._names_of or ino == ROOT_ID]
+            for key in names:
+                ino = self._names.pop(key, None)
                 if key in self._names_of.get(ino, ()):
                     self._names_of[ino].remove(key)
             if names or known:
@@ -482,14 +546,25 @@ class KernelCache:
                 return heard
             heard = True
             self.events_heard += len(burst)
+            # this mount's own changes next to each other in the burst are applied together
+            # (``apply_own``), before anything else is: the feed's order holds
+            own: list[tuple[list[int], list[tuple[int, bytes]], int]] = []
             for frames in burst:
                 try:
                     event = p.decode_event(frames[-1].bytes)  # a secure feed sends [topic, event] (daemon/events.py)
                 except p.ProtocolError as exc:
                     log.warning("change feed: %s", exc)
+                    own = self._apply_own_run(own)
                     self.healthy = False
                     await self.drop_all("undecodable event", seq + 1)
                     continue
+                if event.boot_id == boot and event.seq == seq + 1 and event.daemon == self._daemon \
+                        and event.writer and event.writer == self.own_writer:
+                    seq = event.seq
+                    own.append((*self.map_event(event.inodes, event.entries), seq))
+                    self.healthy = True
+                    continue
+                own = self._apply_own_run(own)
                 if event.daemon != self._daemon:
                     if self._daemon and self.grants:  # it knows none of the callbacks granted before
                         await self.drop_all(f"another metadata daemon ({event.daemon[:8]}) publishes the feed", seq)
@@ -505,6 +580,14 @@ class KernelCache:
                     boot, seq = event.boot_id, event.seq
                     await self.drop_all(why, seq)  # covers this event's changes too
                     self.healthy = True
+            self._apply_own_run(own)
+
+    def _apply_own_run(self, own: list) -> list:
+        """Apply the follower's run of own changes, if any (``apply_own``); the next run's list."""
+        if own:
+            self.apply_own(own)
+            return []
+        return own
 
 
 async def _nothing(*_) -> None:

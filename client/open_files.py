@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 #: order) are coalesced into one send instead of one read-merge-rename per write
 MAX_DIRTY_RANGES = 64
 
+#: ``OpenFile.placed_ahead`` of a file with none (shared: a set is made at the first)
+_NONE_PLACED: frozenset[int] = frozenset()
+
 
 @dataclass
 class DirtyChunk:
@@ -120,8 +123,9 @@ class OpenFile:
     dirty: dict[int, DirtyChunk] = field(default_factory=dict)
     #: chunks sent to storage but not yet committed: index -> ref with the new version
     uncommitted: dict[int, p.ChunkRef] = field(default_factory=dict)
-    #: chunks placed ahead of a sequential writer and not written yet (striping.alloc_indices)
-    placed_ahead: set[int] = field(default_factory=set)
+    #: chunks placed ahead of a sequential writer and not written yet (striping.alloc_indices);
+    #: the shared empty one until the first (``place_ahead``)
+    placed_ahead: set[int] | frozenset[int] = _NONE_PLACED
     #: chunks written without fsync since the last fsync: index -> nodes
     unsynced: dict[int, list[int]] = field(default_factory=dict)
     epoch: int = 0  # version for this write session; 0 until the first write
@@ -139,11 +143,11 @@ class OpenFile:
     #: index -> the ``done`` event of the chunk's last send taken (sends of a chunk run in order)
     send_tail: dict[int, trio.Event] = field(default_factory=dict)
     inflight: int = 0
-    idle: trio.Event = field(default_factory=trio.Event)
+    #: ``idle``'s event once made (None: nothing was ever in flight, so idle)
+    _idle: trio.Event | None = None
     write_error: BaseException | None = None
-    #: held by a flush (send, commit) and a truncate (flush, cut): a commit's reply sets the size and
-    #: attributes the daemon had when it answered, so no truncate may run between its request and its reply
-    commit_lock: trio.Lock = field(default_factory=trio.Lock)
+    #: ``commit_lock`` once made (None: never taken)
+    _commit_lock: trio.Lock | None = None
     write_slots: trio.Semaphore | None = None
     #: the size writes may make the file reach under its directory quotas (OpenRsp.quota_max_size); -1: none applies
     quota_max: int = -1
@@ -168,13 +172,56 @@ class OpenFile:
     #: write-back (client/write_back.py) flushes a directory's files before a request naming it
     parent: int = 0
     #: writes to a file created here whose create the daemon has not answered yet (its layout and
-    #: chunk map unknown): (offset, bytes), applied in order once it has (Operations._replay)
-    early: list[tuple[int, bytes]] = field(default_factory=list)
+    #: chunk map unknown): (offset, bytes), applied in order once it has (Operations._replay);
+    #: the shared empty tuple until the first (``keep_early``)
+    early: list[tuple[int, bytes]] | tuple = ()
     early_bytes: int = 0
+
+    # A mount keeps one OpenFile per file it created until the kernel forgets the inode, and an
+    # empty file's create is answered on the FUSE reader thread (client/async_dirops.py): what is
+    # needed only once the file is written, read or committed (the events and lock of its sends
+    # and commits, its early writes, its chunks placed ahead) is made then, not per create. Each
+    # object a state keeps is also one more for the cyclic collector to walk at every full
+    # collection (common/gc_tuning.py).
 
     def __post_init__(self) -> None:
         self.size = self.attr.size
-        self.idle.set()
+
+    @property
+    def idle(self) -> trio.Event:
+        """Set while nothing is in flight (``start_io``/``end_io``): readers and flush wait on it."""
+        if self._idle is None:
+            self._idle = trio.Event()
+            if self.inflight == 0:
+                self._idle.set()
+        return self._idle
+
+    @property
+    def commit_lock(self) -> trio.Lock:
+        """Held by a flush (send, commit) and a truncate (flush, cut): a commit's reply sets the size
+        and attributes the daemon had when it answered, so no truncate may run between its request
+        and its reply."""
+        if self._commit_lock is None:
+            self._commit_lock = trio.Lock()
+        return self._commit_lock
+
+    @property
+    def committing(self) -> bool:
+        """``commit_lock`` is held (without making one)."""
+        return self._commit_lock is not None and self._commit_lock.locked()
+
+    def keep_early(self, offset: int, data: bytes) -> None:
+        """A write kept until the file's create is answered (``early``)."""
+        if not self.early:
+            self.early = []
+        self.early.append((offset, data))
+        self.early_bytes += len(data)
+
+    def place_ahead(self, index: int) -> None:
+        """Chunk ``index`` was placed ahead of the writer (``placed_ahead``)."""
+        if not self.placed_ahead:
+            self.placed_ahead = set()
+        self.placed_ahead.add(index)
 
     @property
     def chunk_size(self) -> int:
@@ -219,7 +266,7 @@ class OpenFile:
         self.dirty.clear()
         self.uncommitted.clear()
         self.unsynced.clear()
-        self.placed_ahead.clear()
+        self.placed_ahead = _NONE_PLACED
         self.size = self.attr.size
         self.written_end = 0
         self.mtime_ns = 0
@@ -229,7 +276,7 @@ class OpenFile:
         """Take fresh metadata from an OpenRsp, unless local writes are pending or being committed
         (ours are newer: during a commit the session is handed over, but the daemon may have
         answered the OpenRsp before it had it)."""
-        if self.has_unflushed or self.commit_lock.locked():
+        if self.has_unflushed or self.committing:
             return
         if any(0 < c.version < self.chunks[c.index].version for c in rsp.chunks if c.index in self.chunks):
             # older than what this mount holds (its own commit came after the answer): never go
@@ -245,7 +292,7 @@ class OpenFile:
 
     def start_io(self) -> None:
         if self.inflight == 0:
-            self.idle = trio.Event()
+            self._idle = trio.Event()
         self.inflight += 1
 
     def end_io(self) -> None:

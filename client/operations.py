@@ -88,7 +88,7 @@ from .dir_listings import CONTINUE_S, KeptListings, Listing
 from .fetch import Fetch
 from .fuse.abi import OpenFlag
 from .fuse.dispatch import Opened
-from .fuse.replies import Attr, Encoded, Entry, FuseError, Statfs, encode_attr_out, encode_entry
+from .fuse.replies import Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry
 from .idle_commits import IdleCommits
 from .jobs import Jobs
 from .kernel_cache import KernelCache
@@ -146,6 +146,9 @@ BLKSIZE = 1 << 20
 _SLOW = object()
 #: the same, for who calls the ``_fast_*`` paths from outside (client/operations_bridge.py)
 FAST_PATH_MISS = _SLOW
+#: a held directory's LOOKUP of a name it does not have (every create's first request): returned,
+#: not raised (client/fuse/replies.py ``Failed``)
+_NO_SUCH_NAME = Failed(errno.ENOENT)
 
 
 def _fuse_errors(fn, fast=None):
@@ -159,6 +162,8 @@ def _fuse_errors(fn, fast=None):
             if fast is not None:
                 result = fast(self, *args, **kwargs)
                 if result is not _SLOW:
+                    if result.__class__ is Failed:  # (the session answers it as it is: client/fuse/dispatch.py)
+                        raise FuseError(result)
                     return result
             with trio.fail_after(self.op_timeout):
                 return await fn(self, *args, **kwargs)
@@ -382,9 +387,11 @@ class Operations:
         return max(attr.size, of.size)
 
     def _attr_out(self, attr: p.Attr, *, cacheable: bool = True) -> tuple[Attr, float]:
-        """GETATTR's and SETATTR's answer for ``attr``: the attributes and how long they hold."""
-        e = self._entry(attr, cacheable=cacheable)
-        return e.attr, e.attr_valid
+        """GETATTR's and SETATTR's answer for ``attr``: the attributes and how long they hold (as
+        ``_entry`` gives them, without making the entry: a held directory's GETATTR after every
+        create asks this on the reader thread)."""
+        long = self.cache_timeout if cacheable and self.kcache.healthy else 0.0
+        return self._attr(attr), long or (self.attr_timeout if cacheable else 0.0)
 
     def _fresh_open_info(self, ino: int) -> p.OpenRsp | None:
         """The open information of a LOOKUP younger than OPEN_INFO_FRESH_S, if any."""
@@ -445,7 +452,7 @@ class Operations:
     def _fast_lookup(self, parent_inode, name, ctx=None):
         names = self._names_of_dir(parent_inode)
         if names is not None and name not in names and len(name) <= p.NAME_MAX:  # a longer one: the daemon's ENAMETOOLONG
-            raise FuseError(errno.ENOENT)  # the daemon would wait for this mount before adding it
+            return _NO_SUCH_NAME  # the daemon would wait for this mount before adding it
         if self.kcache.healthy:
             # a name the kernel held and let expire (cache_timeout), of a file whose attributes
             # the mount holds: what the kernel kept until now is still true (the feed, or the
@@ -908,6 +915,8 @@ class Operations:
             # kernel reads up to) must include them (a name the kernel forgot, asked again)
             await self._settle(parent_inode)
             again = self._fast_lookup(parent_inode, name, ctx)  # sent and held now: memory answers
+            if again.__class__ is Failed:
+                raise FuseError(again)
             if again is not _SLOW:
                 return again
         previous = self._last_lookup.get(ctx.pid)
@@ -1434,16 +1443,26 @@ class Operations:
             fh = self._next_fh
             self._next_fh += 1
             of.open_count += 1
-            self.handles[fh] = of
-            self.streams[fh] = ReadStream()
+            self.handles[fh] = of  # (its ReadStream is made at its first read: ``_stream``)
         return fh
+
+    def _stream(self, fh: int) -> tuple[OpenFile, ReadStream]:
+        """Handle ``fh``'s file and read pattern, made at the first read: most handles of a busy
+        mount are creates that never read, and each object a create keeps is the cyclic collector's
+        to walk again and again (common/gc_tuning.py)."""
+        with self.lock:  # (a handle dropped on the reader thread meanwhile: KeyError, no stream left behind)
+            of = self.handles[fh]
+            stream = self.streams.get(fh)
+            if stream is None:
+                stream = self.streams[fh] = ReadStream()
+        return of, stream
 
     def _drop_handle(self, fh: int) -> OpenFile:
         """Forget handle ``fh``; its file's state too when no other handle holds it (its own
         unsent data, if any, is the caller's to send first: ``release``)."""
         with self.lock:
             of = self.handles.pop(fh)
-            del self.streams[fh]
+            self.streams.pop(fh, None)
             self._pt_closed(fh)
             of.open_count -= 1
             if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
@@ -1703,7 +1722,8 @@ class Operations:
 
     async def read(self, fh, off, size):
         await self._settle(self.handles[fh].ino)
-        return await self.data.read(self.handles[fh], off, size, self.streams[fh])
+        of, stream = self._stream(fh)
+        return await self.data.read(of, off, size, stream)
 
     async def read_inode(self, inode, off, size, ctx):
         """READ of a file the kernel never sent OPEN for (no-open: client/operations_bridge.py
@@ -1838,9 +1858,9 @@ class Operations:
             if kept != fh:
                 self._drop_handle(fh)  # a CREATE of it made one meanwhile
                 fh = kept
-        of, stream = self.handles[fh], self.streams[fh]
+        of, stream = self._stream(fh)
         while self.per_inode and (of.stale or (write and not (of.writable and (of.marked or not self.silent_close)))) \
-                and not of.has_unflushed and not of.commit_lock.locked():
+                and not of.has_unflushed and not of.committing:
             if await self._asked_elsewhere(inode):  # its answer, then look again
                 continue
             # a write session asks the daemon (its epoch, and EROFS for a snapshot's file at the
@@ -1927,8 +1947,7 @@ class Operations:
     def _keep_early(of: OpenFile, off: int, buf) -> int:
         """A write to a file whose create is not sent yet: kept until it is (the write-back sends
         both), no round trip here."""
-        of.early.append((off, bytes(buf)))
-        of.early_bytes += len(buf)
+        of.keep_early(off, bytes(buf))
         of.size = max(of.size, off + len(buf))
         of.mtime_ns = time.time_ns()
         return len(buf)
@@ -1945,7 +1964,7 @@ class Operations:
         refused create or a quota's cut fails the write session: its next close or fsync reports it."""
         if not of.early:
             return
-        early, of.early, of.early_bytes = of.early, [], 0
+        early, of.early, of.early_bytes = of.early, (), 0
         d = self.dirops
         refused = d.failed.get(of.ino) if d is not None else None
         if refused is not None or of.layout is _PENDING_LAYOUT:
@@ -2050,7 +2069,7 @@ class Operations:
     async def release(self, fh):
         with self.lock:
             of = self.handles.pop(fh)
-            del self.streams[fh]
+            self.streams.pop(fh, None)
             self._pt_closed(fh)
             of.open_count -= 1
             if of.open_count:

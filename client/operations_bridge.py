@@ -30,7 +30,7 @@ from ..common.errors import StripefsError
 from . import metrics as client_metrics
 from .fuse import abi, requests as rq
 from .fuse.dispatch import MISS, Opened
-from .fuse.replies import Attr, DirentBuffer, Entry, FuseError, Statfs
+from .fuse.replies import Attr, DirentBuffer, Entry, Failed, FuseError, Statfs
 from .operations import FAST_PATH_MISS
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,9 @@ class OperationsBridge:
             raise FuseError(e.errno) from None
         if result is FAST_PATH_MISS:
             return MISS
+        if result.__class__ is Failed:  # an error answered without raising (a new name's LOOKUP)
+            client_metrics.observe(op, time.perf_counter() - started, int(result))
+            return result
         client_metrics.observe(op, time.perf_counter() - started)
         return result
 

@@ -123,7 +123,7 @@ async def placement(meta: MetaClient, nodes: NodePool, of: OpenFile, index: int)
             if now is None or not now.nodes:
                 of.chunks[c.index] = c
                 if c.index != index:
-                    of.placed_ahead.add(c.index)  # released by flush if not written (_release_unused)
+                    of.place_ahead(c.index)  # released by flush if not written (_release_unused)
         ref = of.uncommitted.get(index) or of.chunks[index]
     return ref
 

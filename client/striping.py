@@ -509,7 +509,8 @@ class DataPath:
 
     async def _send_chunk(self, of: OpenFile, dc: DirtyChunk, *, sync: bool = False) -> None:
         """Write one dirty range to every replica of its chunk, replacing failed replicas."""
-        of.placed_ahead.discard(dc.index)  # used: inside the file from now on
+        if dc.index in of.placed_ahead:
+            of.placed_ahead.discard(dc.index)  # used: inside the file from now on
         if is_ec(of.layout):
             return await self.ec.send_stripe(of, dc, sync=sync)
         epoch = await self._epoch(of)
@@ -756,7 +757,7 @@ class DataPath:
         Best effort: a failure leaves version-0 rows, which read as zeros and go with the
         session's other uncommitted allocations."""
         unused = sorted(i for i in of.placed_ahead if i * of.chunk_size >= of.size)
-        of.placed_ahead.clear()
+        of.placed_ahead = frozenset()
         if not unused:
             return
         for i in unused:

@@ -39,7 +39,8 @@ fsync, fsyncdir, setxattr, removexattr, access,
 setlk (SETLK, SETLKW), fallocate, syncfs
 =====================================================  ===========================================
 
-Any result may instead be a ``replies.Encoded``: the reply body already in its wire form, sent as is.
+Any result may instead be a ``replies.Encoded``: the reply body already in its wire form, sent as is;
+or a ``replies.Failed``: the errno to answer, as a raised ``OSError`` would be (no exception on a hot path).
 
 A file system may have ``fast_lock`` (a lock): the dispatcher holds it around each fast path run
 on the reader thread and the writing of its answer, so a change that the file system's trio thread
@@ -61,7 +62,7 @@ import trio
 
 from . import requests as rq
 from .abi import Opcode
-from .replies import DirentBuffer, Encoded, Reply
+from .replies import DirentBuffer, Encoded, Failed, Reply
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +246,8 @@ class Dispatcher:
                 if result is not MISS:
                     if result.__class__ is Encoded:
                         reply.ok(result)
+                    elif result.__class__ is Failed:
+                        reply.error(result)
                     else:
                         op.answer(reply, req, result)
                     return
@@ -292,6 +295,8 @@ class Dispatcher:
                 self._spawn(op, req, reply, scope)
         elif result.__class__ is Encoded:
             reply.ok(result)
+        elif result.__class__ is Failed:
+            reply.error(result)
         else:
             op.answer(reply, req, result)
 
@@ -318,6 +323,8 @@ class Dispatcher:
                     result = await op.slow(req)
                 if result.__class__ is Encoded:
                     reply.ok(result)
+                elif result.__class__ is Failed:
+                    reply.error(result)
                 else:
                     op.answer(reply, req, result)
             if scope.cancelled_caught:

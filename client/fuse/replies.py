@@ -102,6 +102,15 @@ class Encoded(bytes):
     __slots__ = ()
 
 
+class Failed(int):
+    """A fast path's answer that is an error, returned instead of raised (``Failed(errno.ENOENT)``):
+    answered as a raised ``FuseError`` would be. For errors a hot path answers all the time (a
+    create's LOOKUP of its new name, once per file, on the reader thread), where raising and
+    catching the exception through the bridge and the dispatcher was a fifth of the request."""
+
+    __slots__ = ()
+
+
 class Statfs(NamedTuple):
     blocks: int
     bfree: int

@@ -47,3 +47,30 @@ async def test_changes_answered_during_a_flush_wait_for_the_next_turn_not_a_batc
     assert daemon.batches == [1] and dirops.pending(101) and not dirops.pending(100)
     await dirops.flush()
     assert daemon.batches == [1, 10] and not dirops.unanswered
+
+
+def test_more_numbers_are_asked_for_once_fewer_than_low_are_left_in_all_ranges():
+    """take_ino asks for a new range when fewer than LOW numbers are left in all the ranges together
+    (the first range alone is looked at first, to skip the sum per create)."""
+    from stripefs.client.async_dirops import LOW
+
+    class Nursery:
+        started: list = []
+
+        def start_soon(self, fn, *args):
+            self.started.append(fn)
+
+    def dirops_with(ranges):
+        d = AsyncDirops(_Daemon())
+        d._session, d._ranges, d.nursery, d._token = 1, list(ranges), Nursery(), None
+        Nursery.started = []
+        return d
+
+    d = dirops_with([(1, LOW + 1)])  # LOW + 1 numbers
+    assert d.take_ino() == 1 and not Nursery.started  # LOW left
+    assert d.take_ino() == 2 and len(Nursery.started) == 1  # LOW - 1 left: asked, once
+    assert d.take_ino() == 3 and len(Nursery.started) == 1
+    d = dirops_with([(1, 10), (100, 100 + 2 * LOW)])  # a small first range, plenty behind it
+    assert d.take_ino() == 1 and not Nursery.started
+    d = dirops_with([(1, 10), (100, 100 + LOW - 20)])  # two ranges, fewer than LOW together
+    assert d.take_ino() == 1 and len(Nursery.started) == 1

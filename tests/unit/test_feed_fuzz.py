@@ -96,3 +96,43 @@ async def _follow_through(frames_list: list[list[bytes]]) -> None:
         kc._invalidate = saved
         feed.close()
         ctx.term()
+
+
+OWN_INO = st.sampled_from([1, 2, 3, 10, 11, 12])
+OWN_CHANGE = st.tuples(st.lists(OWN_INO, max_size=3),
+                       st.lists(st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([b"a", b"b", b"c"])), max_size=2))
+
+
+@settings(max_examples=int(os.environ.get("STRIPEFS_FUZZ_EXAMPLES", "0")) // 10 or 200, deadline=None,
+          derandomize="STRIPEFS_FUZZ_EXAMPLES" not in os.environ, suppress_health_check=list(HealthCheck), database=None)
+@given(st.lists(OWN_CHANGE, min_size=1, max_size=12), st.dictionaries(OWN_INO, st.integers(0, 20)),
+       st.sets(OWN_INO), st.lists(st.tuples(st.sampled_from([1, 2, 3]), st.sampled_from([b"a", b"b", b"c"]), OWN_INO)))
+def test_a_run_of_the_mounts_own_changes_applied_together_is_applied_one_by_one(changes, grants, opened, names):
+    """The follower applies a burst's run of this mount's own events at once (KernelCache.apply_own):
+    grants, names, invalidations, acknowledgements and what Operations hears are those of applying
+    them one after the other."""
+    def made():
+        changed = []
+        cache = kc.KernelCache(on_change=changed.append)
+        cache.own_writer = 77
+        cache.is_open = lambda ino: ino in opened
+        for parent, name, ino in names:
+            cache.remember(parent, name, ino)
+        cache.grants.update(grants)
+        return cache, changed
+
+    run = [(inodes, entries, 5 + i) for i, (inodes, entries) in enumerate(changes)]
+    one, one_changed = made()
+    for inodes, entries, seq in run:
+        one.apply(inodes, entries, seq, 77)
+    together, together_changed = made()
+    stamp = together.stamp()
+    together.apply_own(run)
+    assert together.grants == one.grants and together._names == one._names
+    assert {k: v for k, v in together._names_of.items() if v} == {k: v for k, v in one._names_of.items() if v}
+    assert together._pending_inodes == one._pending_inodes and together._pending_names == one._pending_names
+    assert together._pending.is_set() == one._pending.is_set()
+    assert (together._seq, together._ack_seq, together._ack_open) == (one._seq, one._ack_seq, one._ack_open)
+    assert set().union(*together_changed) == set().union(*one_changed)
+    noted = {ino for inodes, entries, _ in run for ino in (*inodes, *(parent for parent, _ in entries))}
+    assert all(together.changed_since(stamp, ino) for ino in noted)

@@ -426,6 +426,45 @@ def test_an_encoded_result_is_sent_as_it_is(pair):
     stop(kernel, session)
 
 
+async def test_an_error_returned_not_raised_is_answered_as_raised(pair):
+    """``Failed(errno)`` from a fast path (on the reader thread or the trio thread) or a slow path
+    answers that error, as a raised OSError would (a create's LOOKUP of its new name returns it)."""
+    from stripefs.client.fuse.replies import Failed
+
+    class Returns:
+        def fast_lookup(self, req):
+            return Failed(errno.ENOENT) if req.name == b"new" else MISS
+
+        async def lookup(self, req):
+            return Failed(errno.EACCES)
+
+    async with trio.open_nursery() as nursery:
+        dispatcher = Dispatcher(Returns(), trio.lowlevel.current_trio_token(), nursery)
+        kernel, session = await trio.to_thread.run_sync(started, pair, dispatcher)
+        kernel.send(Opcode.LOOKUP, b"new\0", unique=10, nodeid=1)
+        assert await kernel.answer_async() == (10, -errno.ENOENT, b"")
+        kernel.send(Opcode.LOOKUP, b"other\0", unique=11, nodeid=1)
+        assert await kernel.answer_async() == (11, -errno.EACCES, b"")
+        await trio.to_thread.run_sync(stop, kernel, session)
+
+
+async def test_an_error_returned_by_a_fast_path_on_the_trio_thread_is_answered(pair):
+    from stripefs.client.fuse.replies import Failed
+
+    class Returns:
+        fast_on_trio_thread = True
+
+        def fast_lookup(self, req):
+            return Failed(errno.ENOENT)
+
+    async with trio.open_nursery() as nursery:
+        dispatcher = Dispatcher(Returns(), trio.lowlevel.current_trio_token(), nursery)
+        kernel, session = await trio.to_thread.run_sync(started, pair, dispatcher)
+        kernel.send(Opcode.LOOKUP, b"new\0", unique=12, nodeid=1)
+        assert await kernel.answer_async() == (12, -errno.ENOENT, b"")
+        await trio.to_thread.run_sync(stop, kernel, session)
+
+
 async def test_fast_paths_on_the_trio_thread(pair):
     """A file system with fast_on_trio_thread: its fast paths run on the trio thread, in a callback
     (no task), and a MISS starts the slow path's task."""

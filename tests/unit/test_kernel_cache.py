@@ -222,6 +222,66 @@ async def test_a_mounts_own_commit_keeps_its_grant_and_its_create_keeps_the_new_
     assert calls[-1] == ([10], [(1, b"new")])  # its attributes and name are asked afresh
 
 
+def test_a_mounts_own_create_event_changes_its_directory_not_the_new_file():
+    """Issues 30/31: the event of a create this mount answered itself changes the directory only.
+    The new file is what the mount made it: not reported changed (Operations would mark its state
+    stale and drop what it keeps of it), and a reply about it is not taken for one that raced a
+    change. The same event from another mount still reaches the file its name names."""
+    changed = []
+    cache = kc.KernelCache(on_change=changed.append)
+    cache.own_writer = 77
+    cache.remember(1, b"new", 10)
+    cache.held_here(10, 1, b"new")
+    before = cache.stamp()
+    cache.apply([1], [(1, b"new")], seq=5, writer=77)  # the feed's event of this mount's own create
+    assert changed == [{1}]
+    assert cache.changed_since(before, 1) and not cache.changed_since(before, 10)
+    cache.remember(1, b"other", 11)
+    cache.apply([1], [(1, b"other")], seq=6, writer=99)  # another mount's change of that name
+    assert changed[-1] == {1, 11} and cache.changed_since(before, 11)
+
+
+async def test_the_follower_applies_runs_of_its_own_changes_together_in_feed_order(monkeypatch):
+    """The own events of a burst next to each other are applied as one run (apply_own), and another
+    mount's event between two runs is applied between them: its grant ending and acknowledgement
+    stand, and the runs after it end nothing it granted anew."""
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: None)
+    runs = []
+    real = kc.KernelCache.apply_own
+    monkeypatch.setattr(kc.KernelCache, "apply_own", lambda self, changes: (runs.append([c[2] for c in changes]),
+                                                                           real(self, changes)))
+    acks = []
+
+    async def send_ack(seq, everything, opened):
+        acks.append(seq)
+
+    ctx = zmq.Context()
+    feed = kc_feed = None
+    try:
+        from stripefs.daemon.events import ChangeFeed
+        feed = kc_feed = ChangeFeed(ctx, "tcp://127.0.0.1:0", "log-1", 0)
+        cache = kc.KernelCache()
+        cache.send_ack, cache.own_writer = send_ack, 77
+        async with trio.open_nursery() as nursery:
+            with trio.fail_after(10):
+                await follow_until_heard(nursery, cache, ctx, feed, "log-1")
+                cache.remember(1, b"theirs", 10)
+                cache.granted(10, 1, b"theirs", seq=0)
+                rows = [change_log.encode([1], [(1, b"a")], 77), change_log.encode([1], [(1, b"b")], 77),
+                        change_log.encode([10], [], 99),  # another mount's change of a file held here
+                        change_log.encode([1], [(1, b"c")], 77), change_log.encode([1], [(1, b"d")], 77)]
+                kc_feed.publish([(feed.seq + 1 + i, row) for i, row in enumerate(rows)])
+                while cache._seq < 5 or not acks:
+                    await trio.sleep(0.01)
+                assert 10 not in cache.grants and acks == [3] and cache.lookup_known(1, b"theirs") is None
+                assert sum(runs, []) == [1, 2, 4, 5] and all(run in ([1, 2], [1], [2], [4, 5], [4], [5]) for run in runs)
+            nursery.cancel_scope.cancel()
+    finally:
+        if feed is not None:
+            feed.close()
+        ctx.term()
+
+
 async def test_a_grant_older_than_this_mounts_own_changes_owes_no_acknowledgement(monkeypatch):
     """Issue 31: during an rm -rf each lookup's grant is older than the mount's own latest unlinks;
     only changes of other mounts can be waiting for this one, so only they call for an AckReq."""

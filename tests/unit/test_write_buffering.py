@@ -191,3 +191,29 @@ def test_an_open_answer_older_than_the_mount_s_state_is_not_taken():
     of.chunks = {0: p.ChunkRef(index=0, version=11, nodes=[1, 2])}
     of.refresh(_open_rsp(0, {0: 0}))  # truncated and placed again elsewhere (not written yet): taken
     assert of.chunks[0].version == 0
+
+
+def test_a_file_s_send_and_commit_state_is_made_at_first_use():
+    """A create keeps an OpenFile until the kernel forgets the inode: its events, lock, early writes
+    and chunks placed ahead are made when first needed, and behave as if made at the start."""
+    import trio
+
+    of, other = _file({}), _file({})
+    assert of._idle is None and of._commit_lock is None and not of.placed_ahead and not of.early
+    assert of.placed_ahead is other.placed_ahead  # the shared empty one, never changed in place
+    assert of.idle.is_set() and not of.committing  # nothing in flight, no commit
+    of.start_io()
+    assert not of.idle.is_set()
+    of.end_io()
+    assert of.idle.is_set()
+    of.place_ahead(3)
+    of.keep_early(0, b"x")
+    assert of.placed_ahead == {3} and not other.placed_ahead and of.early == [(0, b"x")] and of.early_bytes == 1
+    assert not other.early
+
+    async def commit():
+        async with of.commit_lock:
+            assert of.committing and not other.committing
+        assert not of.committing
+
+    trio.run(commit)
