@@ -289,11 +289,7 @@ class DiskCache:
             self._evict()
             return True
         except OSError as exc:
-            log.warning("disk cache: cannot write %s: %s", path, exc)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _abandon(path, tmp, exc)
             return False
         finally:
             with self._lock:
@@ -329,11 +325,7 @@ class DiskCache:
                 self.used += size
             self._evict()
         except OSError as exc:
-            log.warning("disk cache: cannot write %s: %s", path, exc)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _abandon(path, tmp, exc)
         finally:
             with self._lock:
                 self._writing.discard(key)
@@ -374,3 +366,12 @@ class DiskCache:
             pass
         except OSError as exc:
             log.warning("disk cache: cannot remove %s: %s", path, exc)
+
+
+def _abandon(path, tmp, exc: OSError) -> None:
+    """A cache file that could not be written: logged, its temporary copy removed (if it got that far)."""
+    log.warning("disk cache: cannot write %s: %s", path, exc)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass

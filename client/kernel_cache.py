@@ -353,20 +353,25 @@ class KernelCache:
             # it), so they stay, and a stat after a create asks nothing. Another's: a name held under a
             # grant as of this change or later is already the kernel's newest answer.
             names = [] if mine else [e for e in entries if e in self._names and not (seq and self.grants.get(tuple(e), -1) >= seq)]
-            # a file whose grant ended: its names too, cached long under it; the next path walk
-            # looks it up again (a fresh answer, a new grant) instead of trusting kept attributes
-            names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]
-            known = [ino for ino in inodes if ino in self._names_of or ino == ROOT_ID]
-            for key in names:
-                ino = self._names.pop(key, None)  # (None: a name another inode's list still had)
-                if key in self._names_of.get(ino, ()):
-                    self._names_of[ino].remove(key)
-            if names or known:
-                self._pending_names.update(names)
-                self._pending_inodes.update(known)
-                self._pending.set()
-            elif self._ack_seq > self._acked:
-                self._pending.set()
+            self._queue_invalidations(names, ended, inodes)
+
+    def _queue_invalidations(self, names: list[tuple[int, bytes]], ended, inodes) -> None:
+        """(Under ``state_lock``) queue for the kernel ``names``, the names of the files in ``ended``
+        (a file whose grant ended: cached long under it; the next path walk looks it up again, a
+        fresh answer and a new grant, instead of trusting kept attributes) and those of ``inodes``
+        it knows; wake the flusher for them, or for an acknowledgement owed."""
+        names += [key for ino in ended for key in self._names_of.get(ino, ()) if key not in names]
+        known = [ino for ino in inodes if ino in self._names_of or ino == ROOT_ID]
+        for key in names:
+            ino = self._names.pop(key, None)  # (None: a name another inode's list still had)
+            if key in self._names_of.get(ino, ()):
+                self._names_of[ino].remove(key)
+        if names or known:
+            self._pending_names.update(names)
+            self._pending_inodes.update(known)
+            self._pending.set()
+        elif self._ack_seq > self._acked:
+            self._pending.set()
 
     def apply_own(self, changes: list[tuple[list[int], list[tuple[int, bytes]], int]]) -> None:
         """A run of this mount's own changes, (inodes, entries, seq) in feed order, applied as one:
@@ -412,20 +417,7 @@ class KernelCache:
             if not last:
                 self.dir_attrs.clear()
             self.on_change(set(touched))
-            names: list[tuple[int, bytes]] = []
-            for ino in ended:  # as ``apply``: a file whose grant ended is looked up again
-                names += [key for key in self._names_of.get(ino, ()) if key not in names]
-            known = [ino for ino in touched if ino in self._names_of or ino == ROOT_ID]
-            for key in names:
-                ino = self._names.pop(key, None)
-                if key in self._names_of.get(ino, ()):
-                    self._names_of[ino].remove(key)
-            if names or known:
-                self._pending_names.update(names)
-                self._pending_inodes.update(known)
-                self._pending.set()
-            elif self._ack_seq > self._acked:
-                self._pending.set()
+            self._queue_invalidations([], ended, touched)  # as ``apply``: no name of its own changes
 
     async def flush_pending(self) -> None:
         """Send the queued invalidations to the kernel, all in one worker-thread hop; then

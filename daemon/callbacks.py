@@ -151,13 +151,9 @@ class Callbacks:
 
     def grant_many(self, session: int, files: list[tuple[int, int, bytes]]) -> int:
         """``grant`` for every (ino, parent, name) of ``files``, or for none of them: the seq or -1."""
-        if not (self.enabled and session) or self._barred(session):
+        if not self._may_hold(session, 2 * len(files)):
             return -1
-        if session not in self._client:
-            return -1  # its own changes could not be told from others' (the rules above)
         held = self._held.setdefault(session, set())
-        if len(held) + 2 * len(files) > MAX_PER_SESSION:
-            return -1
         seq = self.last_seq()
         for ino, parent, name in files:
             for key in (ino, (parent, name)):
@@ -167,31 +163,29 @@ class Callbacks:
 
     def grant_dir(self, session: int, ino: int) -> int:
         """A callback on every name of directory ``ino``: the seq, or -1."""
-        if not (self.enabled and session) or session not in self._client or self._barred(session):
-            return -1
-        held = self._held.setdefault(session, set())
-        if len(held) >= MAX_PER_SESSION:
-            return -1
-        seq = self.last_seq()
-        key = ("dir", ino)
-        self._holders.setdefault(key, {})[session] = seq
-        held.add(key)
-        return seq
+        return self._grant_key(session, ("dir", ino))
 
     def grant_write(self, session: int, ino: int) -> int:
         """A write mark on ``ino`` for ``session``, a mount whose closes send nothing (the rules
         above): the seq, or -1 (none: the mount then commits as soon as it stops writing)."""
+        if ("w", ino) not in self._holders and self._may_hold(session, 1):
+            self.marks += 1
+        return self._grant_key(session, ("w", ino))
+
+    def _may_hold(self, session: int, keys: int) -> bool:
+        """``session`` may be granted ``keys`` more keys: not barred, within its bound, and its client id
+        known (else its own changes could not be told from others': the rules above)."""
         if not (self.enabled and session) or session not in self._client or self._barred(session):
-            return -1
-        held = self._held.setdefault(session, set())
-        if len(held) >= MAX_PER_SESSION:
+            return False
+        return len(self._held.get(session, ())) + keys <= MAX_PER_SESSION
+
+    def _grant_key(self, session: int, key) -> int:
+        """One key (a directory's names, a write mark) for ``session``: the seq, or -1."""
+        if not self._may_hold(session, 1):
             return -1
         seq = self.last_seq()
-        key = ("w", ino)
-        if key not in self._holders:
-            self.marks += 1
         self._holders.setdefault(key, {})[session] = seq
-        held.add(key)
+        self._held.setdefault(session, set()).add(key)
         return seq
 
     def written_elsewhere(self, session: int, ino: int) -> bool:
