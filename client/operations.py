@@ -121,7 +121,7 @@ OPEN_ASKS = 3
 #: the longest an acknowledgement of another mount's change waits for the commits of what this mount
 #: wrote to the files it touched (closes that send nothing: ``_commit_written``), well inside the
 #: daemon's wait for it (daemon/callbacks.py WAIT_S)
-ACK_COMMIT_S = 2.0
+ACK_COMMIT_S = 3.0
 
 RENAME_NOREPLACE_FLAG = 1  # renameat2(2)
 RENAME_EXCHANGE_FLAG = 2  # renameat2(2)
@@ -320,10 +320,26 @@ class Operations:
             files = [of for of in self.files.values() if touched is None or of.ino in touched or of.parent in touched]
         for of in files:
             of.marked = False
+        dirty = [of for of in files if of.has_unflushed or of.size != of.attr.size]
+        if not dirty:
+            return
+        # each commit in a task of its own, waited for at most ACK_COMMIT_S: a commit cut short would
+        # throw its write session away (client/striping.py), so one that takes longer goes on after
+        # the acknowledgement instead
+        done, left = trio.Event(), [len(dirty)]
+
+        async def commit(of: OpenFile) -> None:
+            try:
+                await self._commit_quietly(of)
+            finally:
+                left[0] -= 1
+                if not left[0]:
+                    done.set()
+
+        for of in dirty:
+            self.data.nursery.start_soon(commit, of, name=f"commit-before-ack-{of.ino}")
         with trio.move_on_after(ACK_COMMIT_S) as scope:
-            for of in files:
-                if of.has_unflushed or of.size != of.attr.size:
-                    await self._commit_quietly(of)
+            await done.wait()
         if scope.cancelled_caught:
             log.warning("acknowledging a change of another mount after %.0fs without the commit of what this mount "
                         "wrote to the files it touched: the cluster did not take it in time (it follows)", ACK_COMMIT_S)
