@@ -312,15 +312,15 @@ class Operations:
         directories it created files in; None: anything): the write sessions of those files are
         committed, since the acknowledgement ends their write marks (or the directory's hold that
         covered them) and a read elsewhere follows it. Their marks are dropped first, so a WRITE from
-        here on marks its file again before it is answered (``_mark``). At most ``ACK_COMMIT_S``:
-        a cluster that cannot store the data then (the nodes down) must not make this mount miss
-        the acknowledgement's deadline (daemon/callbacks.py WAIT_S), and the reader then sees what
-        was last committed, as after a crash of this mount."""
+        here on marks its file again before it is answered (``_mark``). Waited for at most
+        ``ACK_COMMIT_S``: a cluster that cannot store the data then (a node that died under the
+        write) must not make this mount miss the acknowledgement's deadline (daemon/callbacks.py
+        WAIT_S); the commit goes on, and the reader sees what was last committed until it lands."""
         with self.lock:
             files = [of for of in self.files.values() if touched is None or of.ino in touched or of.parent in touched]
         for of in files:
             of.marked = False
-        dirty = [of for of in files if of.has_unflushed or of.size != of.attr.size]
+        dirty = [of for of in files if _written(of)]
         if not dirty:
             return
         # each commit in a task of its own, waited for at most ACK_COMMIT_S: a commit cut short would
@@ -351,7 +351,7 @@ class Operations:
         if of is None or not self.silent_close:
             return  # (not silent yet: the close's FLUSH commits)
         of.created_open = False  # its writer stopped: as far as this mount can tell, the creator's close
-        if of.has_unflushed or of.size != of.attr.size:
+        if _written(of):
             await self._commit_quietly(of)
         with self.lock:
             if of.open_count == 0 and not self._uncommitted(of) and self.files.get(ino) is of:
@@ -557,7 +557,7 @@ class Operations:
         if self.idle is None or not self.idle.pending():
             return
         with self.lock:
-            files = [of for of in self.files.values() if of.has_unflushed or of.size != of.attr.size]
+            files = [of for of in self.files.values() if _written(of)]
         for of in files:
             await self._commit_quietly(of)
         if self.writeback is not None:
@@ -568,8 +568,7 @@ class Operations:
         commit are committed now (as if closed: with a FLUSH their close would have queued them), so a
         listing, a lookup or a change there finds them as written."""
         with self.lock:
-            files = [of for of in self.files.values() if of.parent and of.parent in dirs
-                     and (of.has_unflushed or of.size != of.attr.size)]
+            files = [of for of in self.files.values() if of.parent and of.parent in dirs and _written(of)]
         for of in files:
             await self._commit_quietly(of)
 
@@ -1022,7 +1021,7 @@ class Operations:
         if not self.silent_close:
             return None
         of = self.files.get(inode)
-        if of is None or not of.marked or of.write_error is not None or not (of.has_unflushed or of.size != of.attr.size):
+        if of is None or not of.marked or of.write_error is not None or not _written(of):
             return None
         mtime = of.mtime_ns or of.attr.mtime_ns
         attr = msgspec.structs.replace(of.attr, size=of.size, mtime_ns=mtime, ctime_ns=max(of.attr.ctime_ns, mtime))
@@ -1804,7 +1803,7 @@ class Operations:
         holds, whichever process wrote it (a cached write's WRITE names no closer); a failed write
         session is reported to that close, once. Nothing to commit: answered on the reader thread."""
         of = self.files.get(inode)
-        if of is not None and (of.has_unflushed or of.size != of.attr.size):  # (else: here to go silent)
+        if of is not None and _written(of):  # (else: here to go silent)
             with self._ended_if_cut(of):
                 await self._flush_file(of)
         if not self.silent_close and self._may_go_silent and self.kcache.callbacks_possible:
@@ -2109,7 +2108,7 @@ class Operations:
         nothing) a write session not committed yet."""
         if self.writeback is not None and self.writeback.holds(of.ino):
             return True
-        return self.silent_close and (of.has_unflushed or of.size != of.attr.size)
+        return self.silent_close and _written(of)
 
     def forget_now(self, inode_list) -> None:
         """FORGET, synchronously: on the FUSE session's reader thread (client/operations_bridge.py),
@@ -2131,6 +2130,11 @@ class Operations:
                 self._attr_bytes.pop(ino, None)
                 self._entry_bytes.pop(ino, None)
                 self.kcache.forget(ino)
+
+
+def _written(of: OpenFile) -> bool:
+    """``of`` holds writes (or a size) its daemon has not committed, or an error to report."""
+    return of.has_unflushed or of.size != of.attr.size
 
 
 def _attr_out_bytes(e: Entry) -> bytes:
