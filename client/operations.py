@@ -1021,8 +1021,8 @@ class Operations:
         if not self.silent_close:
             return None
         of = self.files.get(inode)
-        if of is None or not of.marked or of.write_error is not None or not _written(of):
-            return None
+        if of is None or not of.marked or of.write_error is not None or not _written(of) or of.committing:
+            return None  # (committing: its session's mtime is the commit's now; the handler waits for it)
         mtime = of.mtime_ns or of.attr.mtime_ns
         attr = msgspec.structs.replace(of.attr, size=of.size, mtime_ns=mtime, ctime_ns=max(of.attr.ctime_ns, mtime))
         return self._attr_out(attr, cacheable=False)
@@ -1070,6 +1070,10 @@ class Operations:
     async def getattr(self, inode, ctx=None):
         # what the mount knows was answered by _fast_getattr already
         await self._settle(inode)
+        of = self.files.get(inode)
+        if self.silent_close and of is not None and of.committing:
+            async with of.commit_lock:  # a commit of this mount's in flight (closes that send nothing): its
+                pass  # answer, not the daemon's attributes from before it (a stat right after a close)
         if self.writeback is not None and self.kcache.healthy:
             attr = self._held_long(inode)  # a file just written back here: its commit's answer is held
             if attr is not None:
