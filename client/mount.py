@@ -408,6 +408,8 @@ async def _flush_open_files(ops: Operations, bound_s: float) -> None:
     if ops.dirops is not None:
         with trio.move_on_after(bound_s, shield=True):
             await ops.dirops.flush()
+    with trio.move_on_after(bound_s, shield=True):  # commits already under way (closes that send nothing)
+        await ops.quiet_commits_done()
     if ops.writeback is not None:  # files closed here, their data not sent yet
         with trio.move_on_after(bound_s, shield=True):
             await ops.writeback.flush()
@@ -425,6 +427,8 @@ async def _flush_open_files(ops: Operations, bound_s: float) -> None:
                 log.error("inode %d: data written before the stop could not be stored: %s", of.ino, exc)
     if scope.cancelled_caught:
         log.error("flushing open files took over %.0fs; unmounting anyway (unflushed writes are lost)", bound_s)
+    with trio.move_on_after(bound_s, shield=True):  # (an idle commit that fired meanwhile)
+        await ops.quiet_commits_done()
 
 
 #: the kernel reads ahead this much on sequential reads (the FUSE default is 128 KiB,

@@ -296,6 +296,9 @@ class Operations:
         self._may_go_silent = self.per_inode and not sync_close and meta.callbacks and self.kcache.callbacks_wanted
         self.idle: IdleCommits | None = IdleCommits(self._commit_idle) if self._may_go_silent else None
         self._unmarked_told = False
+        self._quiet_commits = 0  # ``_commit_quietly`` calls under way: the unmount waits for them
+        self._no_quiet_commit = trio.Event()
+        self._no_quiet_commit.set()
 
     async def _before_ack(self, touched: set[int] | None) -> None:
         """Before this mount acknowledges another's change or read (client/kernel_cache.py): what it
@@ -353,28 +356,44 @@ class Operations:
         of.created_open = False  # its writer stopped: as far as this mount can tell, the creator's close
         if _written(of):
             await self._commit_quietly(of)
-        with self.lock:
-            if of.open_count == 0 and not self._uncommitted(of) and self.files.get(ino) is of:
-                del self.files[ino]  # the kernel forgot it meanwhile (forget_now kept it for this)
 
     async def _commit_quietly(self, of: OpenFile) -> None:
         """Commit ``of``'s write session with no caller to tell: a failure is logged, and the session's
         error is the result of the file's next fsync here (client/striping.py ``DataPath.flush``). A
         session that failed already is left as it is: committing it would report (and so consume) the
-        error that fsync must report."""
-        if of.write_error is not None:
-            return
+        error that fsync must report. A state the kernel forgot meanwhile goes once nothing is left to
+        commit (``forget_now`` and ``_drop_handle`` kept it for this)."""
+        if not self._quiet_commits:
+            self._no_quiet_commit = trio.Event()
+        self._quiet_commits += 1
         try:
-            with trio.fail_after(self.op_timeout):
-                with self._ended_if_cut(of):
-                    await self._flush_file(of)
-        except (StripefsError, trio.TooSlowError) as exc:
-            log.warning("inode %d: what was written could not be committed: %s (its next fsync reports it)", of.ino, exc)
-            if of.write_error is None:  # (raising it cleared it: kept for the fsync, once)
-                of.write_error = exc if isinstance(exc, StripefsError) else StripefsError(
-                    ErrorCode.IO, f"inode {of.ino}: its commit took over {self.op_timeout:.0f}s")
+            if of.committing:  # another commit of it is on its way (the idle timer's, an acknowledgement's,
+                async with of.commit_lock:  # the unmount's): its answer first, then only what it did not take
+                    pass
+            if of.write_error is not None or not _written(of):
+                return
+            try:
+                with trio.fail_after(self.op_timeout):
+                    with self._ended_if_cut(of):
+                        await self._flush_file(of)
+            except (StripefsError, trio.TooSlowError) as exc:
+                log.warning("inode %d: what was written could not be committed: %s (its next fsync reports it)", of.ino, exc)
+                if of.write_error is None:  # (raising it cleared it: kept for the fsync, once)
+                    of.write_error = exc if isinstance(exc, StripefsError) else StripefsError(
+                        ErrorCode.IO, f"inode {of.ino}: its commit took over {self.op_timeout:.0f}s")
+        finally:
+            with self.lock:
+                if of.open_count == 0 and not self._uncommitted(of) and self.files.get(of.ino) is of:
+                    del self.files[of.ino]
+            self._quiet_commits -= 1
+            if not self._quiet_commits:
+                self._no_quiet_commit.set()
 
-    # ---------------------------------------------------------------- helpers
+    async def quiet_commits_done(self) -> None:
+        """Return once no commit of ``_commit_quietly`` is under way (the unmount, before the nursery
+        that runs them is cancelled: a commit cut there throws its session away)."""
+        while self._quiet_commits:
+            await self._no_quiet_commit.wait()
 
     def _entry(self, attr: p.Attr, *, cacheable: bool = True, held: bool = False) -> Entry:
         """The kernel's entry for ``attr``; ``cacheable`` False: the answer may already be old;
@@ -1484,7 +1503,7 @@ class Operations:
             self.streams.pop(fh, None)
             self._pt_closed(fh)
             of.open_count -= 1
-            if of.open_count == 0 and not of.has_unflushed and self.files.get(of.ino) is of:
+            if of.open_count == 0 and not of.has_unflushed and not self._uncommitted(of) and self.files.get(of.ino) is of:
                 del self.files[of.ino]  # (no CloseReq: see release)
         return of
 
@@ -2112,7 +2131,7 @@ class Operations:
         nothing) a write session not committed yet."""
         if self.writeback is not None and self.writeback.holds(of.ino):
             return True
-        return self.silent_close and _written(of)
+        return self.silent_close and (_written(of) or of.committing)
 
     def forget_now(self, inode_list) -> None:
         """FORGET, synchronously: on the FUSE session's reader thread (client/operations_bridge.py),
