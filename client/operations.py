@@ -575,19 +575,16 @@ class Operations:
         write-back sent (before the prefetcher resolves paths: what it reads is what was written)."""
         if self.idle is None or not self.idle.pending():
             return
-        with self.lock:
-            files = [of for of in self.files.values() if _written(of)]
-        for of in files:
-            await self._commit_quietly(of)
+        await self._commit_in(None)
         if self.writeback is not None:
             await self.writeback.flush()
 
     async def _commit_in(self, dirs) -> None:
-        """Closes that send nothing: the files this mount created in ``dirs`` and wrote since their last
-        commit are committed now (as if closed: with a FLUSH their close would have queued them), so a
-        listing, a lookup or a change there finds them as written."""
+        """Closes that send nothing: the files this mount created in ``dirs`` (None: every file) and
+        wrote since their last commit are committed now (as if closed: with a FLUSH their close would
+        have queued them), so a listing, a lookup or a change there finds them as written."""
         with self.lock:
-            files = [of for of in self.files.values() if of.parent and of.parent in dirs and _written(of)]
+            files = [of for of in self.files.values() if _written(of) and (dirs is None or (of.parent and of.parent in dirs))]
         for of in files:
             await self._commit_quietly(of)
 
@@ -1054,7 +1051,7 @@ class Operations:
             known = self._dataset_info.get(inode)
             return known.attr if known is not None else None
         of = self.files.get(inode)
-        if of is not None and (of.has_unflushed or of.size != of.attr.size):
+        if of is not None and _written(of):
             return None  # written here: the handler asks
         wb = self.writeback
         if wb is not None and wb.holds(inode):
@@ -1819,7 +1816,7 @@ class Operations:
         # a close, maybe not the creator's: the file no longer counts as open for an asynchronous
         # unlink (_open_here); its data stays kept by ``files``, the heartbeat's open set
         of.created_open = False
-        return _SLOW if of.has_unflushed or of.size != of.attr.size else None
+        return _SLOW if _written(of) else None
 
     async def flush_inode(self, inode):
         """FLUSH with no OPEN sent: any close of the file on this mount commits what the inode
@@ -2022,7 +2019,7 @@ class Operations:
             # nothing to commit on a read-only mount; ENOSYS stops FLUSH for good (connection-wide)
             raise FuseError(errno.ENOSYS)
         of = self.handles[fh]
-        return _SLOW if of.has_unflushed or of.size != of.attr.size else None
+        return _SLOW if _written(of) else None
 
     async def flush(self, fh):
         # a dataset mount's FLUSH and a clean file's were answered by _fast_flush already
@@ -2037,7 +2034,7 @@ class Operations:
             await wb.room()
             return
         await self._settle(of.ino)
-        if of.has_unflushed or of.size != of.attr.size:  # has_unflushed: also an error to report
+        if _written(of):  # has_unflushed: also an error to report
             with self.lock:
                 self._open_info.pop(of.ino, None)
                 self._held_info.pop(of.ino, None)
@@ -2099,7 +2096,7 @@ class Operations:
         if of is not None and self.writeback is not None and self.writeback.holds(of.ino):
             self._drop_handle(fh)  # its data is the write-back's to send (it keeps the file's state)
             return None
-        if of is None or (of.open_count == 1 and (of.has_unflushed or of.size != of.attr.size)):
+        if of is None or (of.open_count == 1 and _written(of)):
             return _SLOW  # the last close of a file with unsent data: the handler sends it
         self._drop_handle(fh)
         return None
@@ -2114,7 +2111,7 @@ class Operations:
                 return
         held = self.writeback is not None and self.writeback.holds(of.ino)  # its data is the write-back's to send
         try:
-            if not held and (of.has_unflushed or of.size != of.attr.size):
+            if not held and _written(of):
                 await self._settle(of.ino)  # (a create not answered yet, and writes kept for it)
                 await self.data.flush(of)
         finally:
