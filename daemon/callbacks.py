@@ -87,6 +87,16 @@ The rules
   on an existing database every change waits the grace out, and mounts drop
   what they cached when the feed names a new daemon (``ChangeEvent.daemon``).
   Several daemons (PostgreSQL) grant none: mounts cache as before.
+* Write marks die with a daemon too, and a mount may have closed a file whose
+  session it has not committed yet. So during the grace a read that may see a
+  file (a lookup, a getattr, an open other than a write mark's, a listing, a
+  batch of path lookups) waits the grace out too, as NFSv4's grace holds
+  opens: a mount drops what it held when the feed names the new daemon, or
+  when it has heard nothing for ``EVENTS_SILENCE_S``, and before it
+  acknowledges that it commits everything it wrote (client/operations.py
+  ``_commit_written``); a commit is a change, applied at once and answered
+  after the grace, so it is in before the waiting reads are answered. A write
+  mark asked during the grace is granted at once.
 """
 
 from __future__ import annotations
@@ -138,6 +148,16 @@ class Callbacks:
         """A restart on an existing database: changes wait ``GRACE_S`` (on the trio thread)."""
         if self.enabled:
             self._grace_until = trio.current_time() + GRACE_S
+
+    def in_grace(self) -> bool:
+        """The grace after a restart is not over (on the trio thread)."""
+        return bool(self._grace_until) and trio.current_time() < self._grace_until
+
+    async def grace_over(self) -> None:
+        """Return once the grace after a restart is over: a read of a file waits for it, since the
+        write marks of mounts whose closes send nothing died with the old daemon (the rules above)."""
+        if self.in_grace():
+            await trio.sleep_until(self._grace_until)
 
     # ------------------------------------------------------------------ grants
 

@@ -566,6 +566,7 @@ class MetaService:
         if req.mark and req.session_id:
             mark, as_of = await self._mark_written(req.session_id, req.ino)
         else:
+            await self.callbacks.grace_over()
             await self._recall_writer(req.session_id, req.ino)
 
         def open_and_hold():
@@ -615,6 +616,7 @@ class MetaService:
     # -- namespace -------------------------------------------------------------
 
     async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
+        await self.callbacks.grace_over()
         await self._recall(req.session_id, req.parent, req.name)
         child = self._held_child(req)
         if child:
@@ -638,11 +640,14 @@ class MetaService:
         return ino if self.callbacks.recall_needed(req.session_id, ino, self.inode_ranges.holds) else 0
 
     def _must_recall(self, body: P.Msg) -> bool:
-        """A lookup or getattr the burst must leave to its handler: it recalls a directory first."""
+        """A lookup or getattr the burst must leave to its handler: it recalls a directory or a
+        writer first, or waits the grace after a restart out (daemon/callbacks.py)."""
         kind = type(body)
         if kind is P.LookupReq:
-            return self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds) or bool(self._held_child(body))
-        return kind is P.GetattrReq and (self.callbacks.recall_needed(body.session_id, body.ino, self.inode_ranges.holds)
+            return self.callbacks.in_grace() or self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds) \
+                or bool(self._held_child(body))
+        return kind is P.GetattrReq and (self.callbacks.in_grace()
+                                         or self.callbacks.recall_needed(body.session_id, body.ino, self.inode_ranges.holds)
                                          or self.callbacks.written_elsewhere(body.session_id, body.ino))
 
     async def _recall(self, session: int, parent: int, name: bytes) -> None:
@@ -697,6 +702,7 @@ class MetaService:
             log.warning("refusing a LookupPathsReq of %d paths naming %d names (at most %d)", len(paths), names, P.MAX_LOOKUP_NAMES)
             raise StripefsError(ErrorCode.BAD_REQUEST, f"{names} path components in one LookupPathsReq; at most {P.MAX_LOOKUP_NAMES}")
         files: list[P.OpenRsp | None] = []
+        await self.callbacks.grace_over()
         async with self._one_per_connection(self._path_batches):
             while len(files) < len(paths):
                 files += await self.txn.read(self._resolve_paths, req.root, paths, len(files))
@@ -742,6 +748,7 @@ class MetaService:
                 del lines[connection]  # a connection with nothing waiting costs nothing
 
     async def handle_getattr(self, req: P.GetattrReq) -> P.Msg:
+        await self.callbacks.grace_over()
         await self._recall(req.session_id, req.ino, b"")
         await self._recall_writer(req.session_id, req.ino)
         return await self._perform(self._op_getattr(req))
@@ -907,6 +914,7 @@ class MetaService:
         return P.ReadlinkRsp(target=await self.txn.read(self.ns.readlink, req.ino))
 
     async def handle_readdir(self, req: P.ReaddirReq) -> P.Msg:
+        await self.callbacks.grace_over()
         await self._recall(req.session_id, req.ino, b"")
         def wanted(attr, layout) -> bool:
             return not (req.small_only and (attr.size > MAX_CHUNK_SIZE or attr.size > layout.chunk_size))

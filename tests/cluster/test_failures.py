@@ -100,6 +100,61 @@ def test_meta_killed_while_writing(cluster, mnt):
             assert p.read_bytes() == bytes([i]) * 1000
 
 
+def test_a_close_the_daemon_did_not_see_committed_before_a_restart_is_seen_by_the_next_open_elsewhere(cluster, mnt):
+    """docs/design.md "A close that sends nothing": a mount commits a write session a moment after
+    its close, and a write mark (daemon/callbacks.py) makes another mount's read wait for that
+    commit. Marks live in the daemon's memory: one killed between the close and the commit
+    restarts knowing none. So during its grace a read of a file waits, and the writer commits
+    when it sees the new daemon, inside the grace: the next open elsewhere reads the new bytes.
+    (The writer's mount is stopped from just after its close until the read is on its way.)"""
+    import signal
+    import threading
+
+    cluster.expect_log(r"metadata daemon", r"not answering", r"session")
+    graced = cluster.mount_again("graced")
+    try:
+        theirs = graced / mnt.name
+        old = bytes(range(256)) * 64
+        (mnt / "f").write_bytes(old)  # made and committed by the main mount
+        assert (theirs / "f").read_bytes() == old  # (this close's FLUSH is that mount's last: declined)
+        pid = int((cluster.state / "graced.pid").read_text())
+        with open(theirs / "f", "r+b", buffering=0) as f:
+            f.write(b"new bytes")  # marked before it is answered; committed IDLE_S after it
+        os.kill(pid, signal.SIGSTOP)  # before that commit
+        seen = []
+        reader = threading.Thread(target=lambda: seen.append((mnt / "f").read_bytes()))
+        try:
+            cluster.kill_meta()
+            restart = threading.Thread(target=cluster.restart)
+            restart.start()
+            _wait_listening(cluster.meta_address)  # the new daemon's grace has begun
+            reader.start()
+            time.sleep(1.0)  # the read reached the daemon (and waits the grace out: GRACE_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        restart.join(timeout=120)
+        reader.join(timeout=60)
+        assert seen and seen[0] == b"new bytes" + old[9:], seen[0][:16] if seen else "no read"
+    finally:
+        cluster.unmount(graced)
+        cluster.extra_mounts.remove(graced)
+
+
+def _wait_listening(address: str, timeout: float = 60.0) -> None:
+    """Until something accepts connections at ``address`` (tcp://HOST:PORT)."""
+    import socket
+
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens at {address}"
+            time.sleep(0.02)
+
+
 def _copies_of(cluster, ino: int) -> list:
     return sorted(cluster.state.glob(f"storage-*/data/chunks/*/*/{ino}-*.chunk"))
 
