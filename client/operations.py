@@ -119,9 +119,9 @@ OPEN_INFO_FRESH_S = 1.0
 #: OpenReqs an open sends while each answer raced a change of the file (``Operations._ask_open``)
 OPEN_ASKS = 3
 #: the longest an acknowledgement of another mount's change waits for the commits of what this mount
-#: wrote to the files it touched (closes that send nothing: ``_commit_written``), well inside the
-#: daemon's wait for it (daemon/callbacks.py WAIT_S)
-ACK_COMMIT_S = 3.0
+#: wrote to the files it touched (closes that send nothing: ``_commit_written``), inside the daemon's
+#: wait for it while this mount says it is committing (daemon/callbacks.py ``committing``)
+ACK_COMMIT_S = p.COMMIT_WAIT_S - 2.0
 
 RENAME_NOREPLACE_FLAG = 1  # renameat2(2)
 RENAME_EXCHANGE_FLAG = 2  # renameat2(2)
@@ -315,10 +315,11 @@ class Operations:
         directories it created files in; None: anything): the write sessions of those files are
         committed, since the acknowledgement ends their write marks (or the directory's hold that
         covered them) and a read elsewhere follows it. Their marks are dropped first, so a WRITE from
-        here on marks its file again before it is answered (``_mark``). Waited for at most
-        ``ACK_COMMIT_S``: a cluster that cannot store the data then (a node that died under the
-        write) must not make this mount miss the acknowledgement's deadline (daemon/callbacks.py
-        WAIT_S); the commit goes on, and the reader sees what was last committed until it lands."""
+        here on marks its file again before it is answered (``_mark``). A commit that takes long (a
+        storage node that died under the write: its request timeouts) is told to the daemon every
+        ``COMMITTING_S / 4`` (AckReq.committing), which then waits on for this mount past its usual
+        ``WAIT_S``; past ``ACK_COMMIT_S`` the acknowledgement goes without the commit, which goes on,
+        and the reader sees what was last committed until it lands."""
         with self.lock:
             files = [of for of in self.files.values() if touched is None or of.ino in touched or of.parent in touched]
         for of in files:
@@ -341,11 +342,21 @@ class Operations:
 
         for of in dirty:
             self.data.nursery.start_soon(commit, of, name=f"commit-before-ack-{of.ino}")
-        with trio.move_on_after(ACK_COMMIT_S) as scope:
-            await done.wait()
-        if scope.cancelled_caught:
-            log.warning("acknowledging a change of another mount after %.0fs without the commit of what this mount "
-                        "wrote to the files it touched: the cluster did not take it in time (it follows)", ACK_COMMIT_S)
+        give_up = trio.current_time() + ACK_COMMIT_S
+        while True:
+            with trio.move_on_after(p.COMMITTING_S / 4):
+                await done.wait()
+            if done.is_set():
+                return
+            if trio.current_time() > give_up:
+                log.warning("acknowledging a change of another mount after %.0fs without the commit of what this mount "
+                            "wrote to the files it touched: the cluster did not take it in time (it follows)", ACK_COMMIT_S)
+                return
+            with trio.move_on_after(p.COMMITTING_S / 4):
+                try:
+                    await self.meta.call(p.AckReq(session_id=self.meta.session_id, seq=0, committing=True), retry=False)
+                except StripefsError as exc:  # the daemon's wait for this mount runs out instead
+                    log.debug("telling the daemon a commit before an acknowledgement is under way: %s", exc)
 
     async def _commit_idle(self, ino: int) -> None:
         """``IDLE_S`` after the last WRITE of ``ino`` (client/idle_commits.py): commit its session, as

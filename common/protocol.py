@@ -542,6 +542,10 @@ class AckReq(Msg, tag="ack"):
     everything: bool = False
     open_inodes: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=INT64_MAX)]], msgspec.Meta(max_length=MAX_LIST)] = []
     client_id: int = 0
+    #: not an acknowledgement yet: the session is committing what it wrote to files a change waits
+    #: for (a close that sent nothing) and acknowledges once that is stored; the daemon waits on
+    #: for it, ``COMMITTING_S`` from each such notice, up to ``COMMIT_WAIT_S`` (daemon/callbacks.py)
+    committing: bool = False
 
 
 class LookupPathsReq(Msg, tag="lookup_paths"):
@@ -1367,6 +1371,13 @@ def writer_tag(client_id: int) -> int:
 
 EVENTS_HEARTBEAT_S = 1.0
 EVENTS_SILENCE_S = 3.0
+
+#: a change waiting for a session that said it is committing (AckReq.committing) waits this long from
+#: each such notice (the mount repeats it every ``COMMITTING_S / 4`` while its commit runs) ...
+COMMITTING_S = 2.0
+#: ... and this long at most from when the change began to wait (a commit held up by a dead storage
+#: node needs its request timeouts; the mount then acknowledges without it)
+COMMIT_WAIT_S = 60.0
 
 _event_decoder = msgspec.msgpack.Decoder(ChangeEvent)
 

@@ -97,11 +97,18 @@ The rules
   ``_commit_written``); a commit is a change, applied at once and answered
   after the grace, so it is in before the waiting reads are answered. A write
   mark asked during the grace is granted at once.
+* A write mark's holder may need longer than ``WAIT_S`` to commit (a storage
+  node that died under the write: its request timeouts). While it does, it
+  says so (``AckReq.committing``, every ``COMMITTING_S / 4``): a change
+  waiting for it waits ``COMMITTING_S`` from each notice, up to
+  ``COMMIT_WAIT_S``, and its acknowledgement is not late. A mount that stops
+  saying so is waited for ``WAIT_S`` from the change's start, as any holder.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Callable, Iterable
 
 import trio
@@ -138,6 +145,7 @@ class Callbacks:
         self._penalty: dict[tuple, float] = {}  # offender (_offender) -> until when it gets no callback
         self._last_penalty: dict[tuple, float] = {}  # offender -> its last penalty's length (doubled next time)
         self._heard = trio.Event()  # set (and replaced) on every acknowledgement
+        self._committing: dict[int, float] = {}  # session -> until when a change waits for it (AckReq.committing)
         self.marks = 0  # write marks held (keys ("w", ino)): none, and no read looks for one
         self._grace_until = 0.0
         self.waits = 0  # changes that waited for another session
@@ -257,12 +265,13 @@ class Callbacks:
             while True:
                 still = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and sid in self._held}
                 if trio.current_time() - start > LATE_S:  # (a plain socket's peers are trusted: slow, not hostile)
-                    late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq and self.owner(sid) is not None}
+                    late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq and self.owner(sid) is not None
+                             and self._committing.get(sid, -math.inf) < start}  # (one that said it commits is not late)
                 waiting = still
                 if not waiting:
                     break
                 heard = self._heard
-                with trio.move_on_at(start + WAIT_S):
+                with trio.move_on_at(self._deadline(waiting, start)):
                     await heard.wait()
                     continue
                 for sid in waiting:
@@ -273,6 +282,24 @@ class Callbacks:
                 self.late += 1
                 freed += self._penalize(sid, f"acknowledged change {seq} after more than {LATE_S:.0f}s")
         return freed + self._revoke(keys, seq, mine, files_too=not entries)
+
+    def _deadline(self, waiting: set[int], start: float) -> float:
+        """Until when a change that began waiting at ``start`` waits for ``waiting``: ``WAIT_S``, or
+        longer while one of them says it is committing what it wrote (``committing``), up to
+        ``COMMIT_WAIT_S``."""
+        renewed = max((self._committing.get(sid, -math.inf) for sid in waiting), default=-math.inf)
+        return max(start + WAIT_S, min(renewed, start + P.COMMIT_WAIT_S))
+
+    def committing(self, session: int) -> None:
+        """``session`` is committing what it wrote to a file a change waits for, and acknowledges
+        after (a write mark's holder: the rules above): the changes waiting for it wait
+        ``COMMITTING_S`` more from now, up to ``COMMIT_WAIT_S``, and its acknowledgement is not
+        late. Without it, a commit held up by a dead storage node (its request timeouts) would
+        let the reader in before the data, with the writer penalised."""
+        if session in self._held:
+            self._committing[session] = trio.current_time() + P.COMMITTING_S
+            self._heard.set()
+            self._heard = trio.Event()
 
     def settle_now(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0) -> list[int] | None:
         """``settle`` when it has nobody to wait for (the request path without a task,
@@ -393,6 +420,7 @@ class Callbacks:
         freed = self._drop(session, self._held.get(session, set()))
         self._held.pop(session, None)
         self._acked.pop(session, None)
+        self._committing.pop(session, None)
         self._client.pop(session, None)
         self._penalty.pop(("session", session), None)  # a key's penalty outlives its sessions
         self._last_penalty.pop(("session", session), None)

@@ -547,6 +547,9 @@ class MetaService:
         """A mount dropped what the feed changed up to ``req.seq`` (daemon/callbacks.py)."""
         owner = current_peer()
         self.sessions.touch(req.session_id, owner=owner)
+        if req.committing:  # not an acknowledgement yet
+            self.callbacks.committing(req.session_id)
+            return P.OkRsp()
         for ino in req.open_inodes:  # open there without an OpenReq: held open from now on
             try:
                 self.sessions.open(req.session_id, ino, owner=owner)

@@ -140,6 +140,45 @@ def test_a_close_the_daemon_did_not_see_committed_before_a_restart_is_seen_by_th
         cluster.extra_mounts.remove(graced)
 
 
+def test_a_commit_held_up_by_a_stopped_storage_node_is_waited_for_by_the_next_open_elsewhere(cluster, mnt):
+    """docs/design.md "A close that sends nothing": another mount's read of a file written here
+    waits for this mount to commit it (its write mark). A commit held up by a storage node that
+    stopped answering needs that node's request timeout before the copy moves, longer than the
+    daemon waits for a holder (WAIT_S): the writer says it is committing (AckReq.committing), the
+    daemon waits on, and the read gets the new bytes, not the last committed ones."""
+    import signal
+
+    from conftest import client_config
+
+    cluster.expect_log(r"not answering", r"failed", r"no reply", r"timed out", r"suspect", r"could not")
+    toml = client_config(cluster.state / "slowwriter.toml", rpc_timeout_s=6.0)
+    slow = cluster.mount_again("slowwriter", f"config={toml}")
+    stopped = 0
+    try:
+        theirs = slow / mnt.name
+        old = os.urandom(100_000)
+        (mnt / "f").write_bytes(old)
+        assert (theirs / "f").read_bytes() == old  # (that mount's first close: its FLUSH is declined from here on)
+        copy = _copies_of(cluster, os.stat(mnt / "f").st_ino)[0]
+        node = copy.relative_to(cluster.state).parts[0].removeprefix("storage-")
+        stopped = cluster.pids()["storage"][node]
+        os.kill(stopped, signal.SIGSTOP)
+        with open(theirs / "f", "r+b", buffering=0) as f:
+            f.write(b"new bytes")  # buffered there: its commit waits for the stopped node's timeout
+        logged = len(cluster.logs()["meta.log"])
+        start = time.monotonic()
+        got = (mnt / "f").read_bytes()
+        waited = time.monotonic() - start
+        assert got == b"new bytes" + old[9:], (got[:16], waited)
+        log = cluster.logs()["meta.log"][logged:]
+        assert "did not acknowledge" not in log and "acknowledged change" not in log  # no penalty: it said why
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        cluster.unmount(slow)
+        cluster.extra_mounts.remove(slow)
+
+
 def _wait_listening(address: str, timeout: float = 60.0) -> None:
     """Until something accepts connections at ``address`` (tcp://HOST:PORT)."""
     import socket

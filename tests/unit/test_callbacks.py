@@ -5,6 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
+from stripefs.common import protocol as P
 from stripefs.daemon import callbacks as cb
 from stripefs.daemon.callbacks import Callbacks
 
@@ -206,6 +207,46 @@ async def test_acknowledging_just_inside_the_wait_costs_the_writer_one_wait_not_
     assert calls.grant(B, 7, 1, b"f") == -1 and calls.grant(C, 7, 1, b"f") == -1  # the key lost its callbacks
     with trio.fail_after(0.01):  # so the next change waits for nobody
         await calls.settle(3, [7], [], writer=CLIENT_A)
+
+
+async def test_a_writer_that_says_it_is_committing_is_waited_for_past_the_usual_bound_and_is_not_late(autojump_clock):
+    """A write mark's holder whose commit is held up (a dead storage node's timeouts) says so
+    (AckReq.committing): the reader's change waits on, COMMITTING_S from each notice, and the
+    late acknowledgement is no offence. Without the notices it would be answered at WAIT_S."""
+    seq = [1]
+    calls = make_keyed(seq, {B: "writer"})
+    assert calls.grant_write(B, 7) >= 0
+
+    async def commit_slowly():
+        for _ in range(int(3 * cb.WAIT_S / (P.COMMITTING_S / 4))):  # three times the usual wait
+            calls.committing(B)
+            await trio.sleep(P.COMMITTING_S / 4)
+        calls.ack(B, 2)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(commit_slowly)
+        waited, _ = await settle_time(calls, 2, [7], [], writer=CLIENT_A)
+    assert 3 * cb.WAIT_S - 0.1 < waited < 3 * cb.WAIT_S + 0.1, waited
+    assert calls.timeouts == 0 and calls.late == 0 and calls.grant_write(B, 7) >= 0  # not barred
+
+
+async def test_a_writer_that_stops_saying_it_is_committing_is_waited_for_committing_s_more_and_never_past_commit_wait(autojump_clock):
+    for notices_until, expected in ((cb.WAIT_S + 2.0, cb.WAIT_S + 2.0 + P.COMMITTING_S), (float("inf"), P.COMMIT_WAIT_S)):
+        seq = [1]
+        calls = make_keyed(seq, {B: "writer"})
+        calls.grant_write(B, 7)
+
+        async def say_committing():
+            start = trio.current_time()
+            while trio.current_time() - start <= notices_until:
+                calls.committing(B)
+                await trio.sleep(P.COMMITTING_S / 4)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(say_committing)
+            waited, _ = await settle_time(calls, 2, [7], [], writer=CLIENT_A)
+            nursery.cancel_scope.cancel()
+        assert abs(waited - expected) < 0.01 and calls.timeouts == 1, (notices_until, waited)
 
 
 async def test_a_prompt_acknowledgement_is_no_offence(autojump_clock):
