@@ -172,11 +172,12 @@ class MetaBench:
         res["log_problems"] = self.cluster.log_problems()
 
     def mount_second(self) -> Path:
-        """pg2: a second mount on the second daemon (its pid in a pidfile: CPU, and a kill if it stays)."""
+        """A second mount (its pid in a pidfile: CPU, and a kill if it stays): pg2's, on the second
+        daemon; otherwise on the one daemon (the procs group's two mounts)."""
         mnt, pidfile = self.work / f"{self.mnt.name}-2", self.state / "mount-2.pid"
         mnt.mkdir()
         self.extra_mounts.append((mnt, pidfile))
-        address = _meta_addresses(self.state)[1]
+        address = _meta_addresses(self.state)[-1]
         self.children.run(self.cluster.cli + ["mount", address, str(mnt), "--log", str(self.state / "logs" / "mount-2.log"),
                                               "--pidfile", str(pidfile)], timeout=120)
         return mnt
@@ -204,11 +205,23 @@ class MetaBench:
         res["transport"] = transport.measure(_meta_addresses(self.state)[0], self.args.rtt_n, self.children, daemon_cpu)
 
     def group_procs(self, key: str, res: dict, mounts: list[Path]) -> None:
+        """Two processes creating files at once: on one mount (issue 15), and each on a mount of its
+        own (issue 30's row: two mount processes, no reader thread or GIL shared), each beside the
+        local disk measured right before it."""
         n = self.args.files // 2
         out = res["procs"] = {"per_process": n}
         for side, root in (("local", self.work / f"local-procs-{key}"), ("stripefs", mounts[0] / "procs")):
             self.set_phase(f"{side}: 2 processes creating {n:,} files each")
             out[side] = procs.creates(self.children, [root / "p0", root / "p1"], n, self.args.phase_timeout)
+        if len(mounts) == 1:
+            mounts = [*mounts, self.mount_second()]
+        two = out["two_mounts"] = {}
+        self.set_phase(f"local: 2 processes creating {n:,} files each, again")
+        root = self.work / f"local-procs2-{key}"
+        two["local"] = procs.creates(self.children, [root / "p0", root / "p1"], n, self.args.phase_timeout)
+        self.set_phase(f"stripefs: 2 processes creating {n:,} files each, one per mount")
+        two["stripefs"] = procs.creates(self.children, [m / "procs2" / f"p{k}" for k, m in enumerate(mounts[:2])], n,
+                                        self.args.phase_timeout)
 
     def group_records(self, key: str, res: dict, mounts: list[Path]) -> None:
         count = self.args.records_mib * (1 << 20) // procs.RECORD
