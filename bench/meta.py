@@ -19,7 +19,11 @@ Groups (--only), each timing what a user's program does:
              pyzmq DEALER/ROUTER round trip between two processes (the floor:
              the local-disk ratio does not fit a round trip).
   procs      bench/procs.py: two processes creating files on one mount, each
-             in its own directory; aggregate creates/s.
+             in its own directory; aggregate creates/s; then each on a mount
+             of its own (issue 30's "2 processes, 2 mounts").
+  mdtest     bench/procs.py: io500's mdtest-easy phases, two processes on one
+             mount, each in its own directory: create empty files, stat a
+             neighbour's, remove its own; files/s per phase (issue 31).
   records    bench/procs.py: two processes writing interleaved 47,008-byte
              records into one shared file (pwrite, fsync); aggregate MiB/s;
              the content checked after.
@@ -70,7 +74,7 @@ from common import (RESULTS, BenchError, Children, Cluster, check_workdir, cold_
 from meta_report import report  # noqa: E402
 
 OPS = meta_ops.OPS
-GROUPS = ("ops", "transport", "procs", "records", "ingest", "wire")
+GROUPS = ("ops", "transport", "procs", "mdtest", "records", "ingest", "wire")
 CONFIGS = {
     "sqlite": ("SQLite, 1 daemon, 1 client", [], 1),
     "pg1": ("PostgreSQL, 1 daemon, 1 client", ["--meta-store", "postgresql"], 1),
@@ -222,6 +226,14 @@ class MetaBench:
         self.set_phase(f"stripefs: 2 processes creating {n:,} files each, one per mount")
         two["stripefs"] = procs.creates(self.children, [m / "procs2" / f"p{k}" for k, m in enumerate(mounts[:2])], n,
                                         self.args.phase_timeout)
+
+    def group_mdtest(self, key: str, res: dict, mounts: list[Path]) -> None:
+        """io500's mdtest-easy phases, 2 processes ("ranks") on one mount (issue 31), beside the local disk."""
+        n = self.args.files // 2
+        out = res["mdtest"] = {"per_process": n}
+        for side, root in (("local", self.work / f"local-mdtest-{key}"), ("stripefs", mounts[0] / "mdtest")):
+            self.set_phase(f"{side}: mdtest-easy, 2 processes, {n:,} files each: create, stat, remove")
+            out[side] = procs.mdtest_easy(self.children, [root / "rank0", root / "rank1"], n, self.args.phase_timeout)
 
     def group_records(self, key: str, res: dict, mounts: list[Path]) -> None:
         count = self.args.records_mib * (1 << 20) // procs.RECORD

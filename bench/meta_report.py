@@ -54,6 +54,9 @@ GOALS = {
     ("i31 rm -rf", "sqlite"): ("ratio", 1.0),
     ("i31 stat written", "sqlite"): ("ratio", 0.3),
     ("i31 cp -r", "sqlite"): ("ratio", 0.3),
+    ("i31 mdtest create", "sqlite"): ("min", 5000),
+    ("i31 mdtest stat", "sqlite"): ("min", 20000),
+    ("i31 mdtest remove", "sqlite"): ("min", 5000),
 }
 
 OP_LABELS = {
@@ -169,6 +172,11 @@ def _issue31_rows(res: dict, add) -> None:
         add("i31 cp -r", "issue 31: cp -r 110 KiB files + sync -f", ing["cp"]["stripefs"]["rate"], ing["cp"]["local"]["rate"],
             "files/s")
         add("i31 rm -rf", "issue 31: rm -rf of that tree", ing["rm"]["stripefs"]["rate"], ing["rm"]["local"]["rate"], "files/s")
+    md = res.get("mdtest")
+    if md:
+        for phase in ("create", "stat", "remove"):
+            add(f"i31 mdtest {phase}", f"issue 31: mdtest-easy {phase}, 2 processes, {md['per_process']:,} empty files each",
+                md["stripefs"][phase]["rate"], md["local"][phase]["rate"], "files/s")
 
 
 def _issue30_rows(key: str, res: dict, add) -> None:

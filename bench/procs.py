@@ -10,6 +10,9 @@ workers or a parallel copy do, which one thread of bench/meta.py does not show.
   >= 50 MiB/s). Two writers of one file on one mount share its chunks and
   its write buffers: neighbouring records cut the same 4 MiB chunk and even
   the same page. The content is checked after (``check_records``).
+- ``mdtest_easy``: io500's mdtest-easy phases (issue 31): each process creates
+  N empty files in its own directory, then stats N of its neighbour's, then
+  removes its own; files/s per phase, aggregate.
 
 The clock: each child gets ready first (interpreter started, file open,
 records built), says so, and starts on the parent's "go"; it reports when it
@@ -17,7 +20,7 @@ started and ended (CLOCK_MONOTONIC, shared by the processes of the machine),
 and the figure is the work of both over the span from the first start to the
 last end. The interpreter's start and the record building are not timed.
 
-    python bench/procs.py creates DIR N        # a child (started by run_pair)
+    python bench/procs.py creates DIR N        # a child (started by run_pair); also stat, remove
     python bench/procs.py records FILE PARITY RECORDS
 """
 
@@ -81,6 +84,26 @@ def creates(children, dirs: list[Path], n: int, timeout: float) -> dict:
     return {"files": n * len(dirs), "s": round(s, 4), "rate": n * len(dirs) / s}
 
 
+def mdtest_easy(children, dirs: list[Path], n: int, timeout: float) -> dict:
+    """io500's mdtest-easy shape with one process per directory ("rank", each in a unique
+    directory, ``mdtest -u``): create ``n`` empty files each, then stat ``n`` files each, a
+    neighbour's (``-N 1``: rank r stats rank r+1's), then remove its own; each phase timed over
+    both processes (first start to last end), files/s aggregate. No cache is dropped between
+    phases, as one mdtest run does not."""
+    out = {"files": n * len(dirs), "create": creates(children, dirs, n, timeout)}
+    neighbours = dirs[1:] + dirs[:1]
+    for phase, targets in (("stat", neighbours), ("remove", dirs)):
+        s = run_pair(children, [[phase, str(d), str(n)] for d in targets], timeout)
+        out[phase] = {"files": n * len(dirs), "s": round(s, 4), "rate": n * len(dirs) / s}
+    for d in dirs:
+        if os.listdir(d):
+            from common import BenchError
+
+            raise BenchError(f"{d}: files left after the remove phase")
+        d.rmdir()
+    return out
+
+
 def records(children, path: Path, count: int, timeout: float) -> dict:
     """Two processes, even and odd records of one new file; then its content is checked."""
     os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
@@ -108,14 +131,22 @@ def check_records(path: Path, count: int) -> None:
 def _child(argv: list[str]) -> dict:
     import time
 
-    if argv[0] == "creates":
+    if argv[0] in ("creates", "stat", "remove"):
         d, n = Path(argv[1]), int(argv[2])
         names = [os.fspath(d / f"f{i:06d}") for i in range(n)]
         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
         _ready()
         start = time.monotonic()
-        for name in names:
-            os.close(os.open(name, flags, 0o644))
+        if argv[0] == "creates":
+            for name in names:
+                os.close(os.open(name, flags, 0o644))
+        elif argv[0] == "stat":
+            for name in names:
+                if os.stat(name).st_size:
+                    raise OSError(f"{name}: not the empty file created")
+        else:
+            for name in names:
+                os.unlink(name)
         return {"start": start, "end": time.monotonic()}
     path, parity, count = argv[1], int(argv[2]), int(argv[3])
     mine = [(k, record(k)) for k in range(parity, count, 2)]

@@ -681,14 +681,17 @@ class Operations:
         first close's FLUSH (``created_open``: the creator's open file). With closes that send nothing
         there is no such FLUSH, and none is needed: the create put the file in this session's open set
         at the daemon, and the heartbeat keeps it there while the kernel knows the inode, so an
-        unlink applied later keeps its data as an orphan as long as the creator may still use it. A reader's file unlinked here
+        unlink applied later keeps its data as an orphan as long as the creator may still use it;
+        the same holds for an epoch taken and not written with (a create's answer brings one, and
+        with no FLUSH nothing ends it: every empty file made here was unlinked synchronously, one
+        UnlinkReq and one fsync each). A reader's file unlinked here
         keeps its data all the same: ``files`` stays the heartbeat's open set and the acknowledgement's
         (kernel_cache.py ``is_open``), which the daemon reads before it reclaims anything."""
         of = self.files.get(ino)
         if of is None:
             return False
-        return (not self.per_inode or of.has_unflushed or bool(of.epoch) or of.size != of.attr.size
-                or (of.created_open and not self.silent_close))
+        return (not self.per_inode or _written(of)
+                or (not self.silent_close and (bool(of.epoch) or of.created_open)))
 
     def _rmdir_here(self, parent: int, name: bytes) -> bool:
         """An asynchronous rmdir of a directory this mount holds whole and knows empty; False: asked."""

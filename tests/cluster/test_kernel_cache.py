@@ -821,6 +821,24 @@ def test_closes_send_nothing_and_every_close_is_seen_by_the_next_open_elsewhere(
     cluster.mount_again("second", f"metrics=127.0.0.1:{port}")  # (the fixture unmounts it)
 
 
+def test_empty_files_made_on_a_mount_whose_closes_send_nothing_are_unlinked_there_asynchronously(cluster, mnt, second):
+    """An asynchronous create's answer gives the new file a write epoch; with no FLUSH nothing ended
+    it, and a file with an epoch counted as open (client/operations.py ``_open_here``): every unlink
+    of an empty file made there went to the daemon, one UnlinkReq and one fsync each (mdtest-easy's
+    remove phase: ~300-1,700 files/s). The other mount sees them gone at once all the same."""
+    theirs, port = second
+    d = theirs / mnt.name / "empties"
+    os.mkdir(d)  # made by that mount: held whole
+    for i in range(20):
+        os.close(os.open(d / f"e{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    (theirs / mnt.name / "closed").write_bytes(b"x")  # (a close: that mount's FLUSH is declined by now)
+    before = _lookups(port, "UnlinkReq")
+    for i in range(20):
+        os.unlink(d / f"e{i}")
+    assert _lookups(port, "UnlinkReq") == before
+    assert os.listdir(mnt / "empties") == []
+
+
 def test_a_mount_that_does_not_acknowledge_delays_a_change_only_by_the_bound(cluster, mnt):
     """A stopped mount cannot acknowledge: the change waits WAIT_S, then is answered; that
     mount gets no callbacks for a while (a later change does not wait), and sees the change
