@@ -279,6 +279,9 @@ class MetaService:
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
                 log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
                 self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring, daemon=self.boot_id)
+                # answers granted before this daemon logs its first change are as of the log's end, not
+                # of 0 (which a mount cannot tell from "no position": client/dir_attrs.py keeps nothing)
+                self.txn.last_seq = max(self.txn.last_seq, last_seq or 0)
                 if last_seq:  # a restart: mounts may still cache under callbacks this daemon never heard of
                     self.callbacks.start_grace()
                 stack.push_async_callback(self._close_feed)  # after the nursery below: no task writes any more
