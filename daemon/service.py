@@ -69,7 +69,7 @@ from . import redundancy
 from .health import NodeRegistry, Sessions
 from .housekeeping import Housekeeping
 from .namespace import Namespace, to_attr
-from .namespace_bulk import NewFile, create_many
+from .namespace_bulk import NewFile, create_many, unlink_many
 from .quota_service import QuotaService
 from .snapshot_service import SnapshotService
 from .snapshots import check_writable
@@ -382,6 +382,7 @@ class MetaService:
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
             redo=lambda request: self.handle(request, []), defer=self._must_recall, create_many=self._create_many,
+            unlink_many=functools.partial(unlink_many, self.ns),
         )
         self._snapshots_changed()
         return self.burst.run
