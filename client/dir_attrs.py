@@ -16,7 +16,11 @@ Rules (the kernel's own attribute cache follows the same feed, kernel_cache.py):
   (this mount's own change among them, whichever of event and reply comes
   first). This mount's own events drop nothing: each of its changes drops the
   entry when sent (``begin``) or updates it (``made_here``). A reply older than an event already applied to the directory is not
-  kept (``_touched``), nor one older than the last full drop (``_floor``).
+  kept (``_touched``), nor one older than the last full drop (``_floor``; one as of the floor
+  itself saw every change up to it, and the feed brings those after it).
+* A listing's directories (``listed``): the directories a ReaddirRsp names are kept as of its
+  callback's position, under the same rules, so a walk's listing answers the GETATTRs that
+  ``rm -rf`` (or any stat after a readdir: the kernel then asks for the atime) sends of them.
 * This mount's own changes in flight: a change sent for a directory drops its
   entry, and no reply is kept while another change of it is still unanswered
   (it may have been applied before or after the reply's position).
@@ -50,6 +54,9 @@ class DirAttrs:
         self._floor = 0  # replies at or below this position are never kept
         self._busy: Counter[int] = Counter()  # ino -> changes of it sent and not answered yet
         self._mine: Counter[int] = Counter()  # ino -> changes answered here (made_here), not yet by the daemon
+        self._clock = 0  # counts this mount's changes of directories (``begin``, ``made_here``)
+        self._local: dict[int, int] = {}  # ino -> ``_clock`` at this mount's last change of it
+        self._local_floor = 0  # listings asked before this clock keep nothing (``_local`` was emptied)
 
     def get(self, ino: int) -> p.Attr | None:
         entry = self._attrs.get(ino)
@@ -57,11 +64,25 @@ class DirAttrs:
 
     # ------------------------------------------------------- this mount's changes
 
+    def stamp(self) -> int:
+        """Taken before a listing is asked, given back to ``listed``."""
+        return self._clock
+
+    def _changing(self, ino: int) -> None:
+        """This mount changes directory ``ino`` now: a listing asked before is not kept for it (its
+        position may precede the change, and this mount's own event never drops an entry)."""
+        self._clock += 1
+        if len(self._local) >= MAX_ENTRIES:
+            self._local.clear()
+            self._local_floor = self._clock
+        self._local[ino] = self._clock
+
     def begin(self, inodes: Iterable[int]) -> None:
         """A change of these directories is about to be sent."""
         for ino in inodes:
             self._busy[ino] += 1
             self._attrs.pop(ino, None)
+            self._changing(ino)
 
     def end(self, inodes: Iterable[int], rsp: p.Msg | None) -> None:
         """Its reply came (None: it failed); keep what it says where nothing else is in flight."""
@@ -69,10 +90,25 @@ class DirAttrs:
             self._busy[ino] -= 1
             if self._busy[ino] <= 0:
                 del self._busy[ino]
-        seq = getattr(rsp, "seq", 0)
-        if not seq or seq <= self._floor:
+        self._keep(getattr(rsp, "dir_attrs", ()), getattr(rsp, "seq", 0))  # (an ErrorRsp has neither)
+
+    def listed(self, attrs: Iterable[p.Attr], seq: int, since: int) -> None:
+        """A listing as of change ``seq`` (its callback's position), asked at ``stamp()`` ``since``,
+        named these directories: their attributes are kept as a change's reply's are, under the same
+        rules, except a directory this mount changed since it asked (so a directory walked before
+        is answered here at ``rm -rf``'s stat of it and at the GETATTR after its first unlink)."""
+        if since < self._local_floor:
             return
-        for attr in rsp.dir_attrs:
+        local = self._local
+        self._keep([a for a in attrs if local.get(a.ino, 0) <= since], seq)
+
+    def _keep(self, attrs: Iterable[p.Attr], seq: int) -> None:
+        """Keep ``attrs`` as of change ``seq``: not a position already passed (``_floor``), not a
+        directory with a change of this mount's in flight or answered here (it may have been applied
+        before or after ``seq``), not one an event after ``seq`` touched, nor over a newer entry."""
+        if not seq or seq < self._floor:  # (an answer as of the floor itself saw every change up to it)
+            return
+        for attr in attrs:
             ino = attr.ino
             if not stat.S_ISDIR(attr.mode) or self._busy[ino] or self._mine[ino] or self._touched.get(ino, 0) > seq:
                 continue
@@ -90,6 +126,7 @@ class DirAttrs:
         kernel's next GETATTR of it is still answered here. The daemon's reply replaces it
         (``end``); this mount's own change events never drop it (kernel_cache.py)."""
         self._mine[ino] += 1
+        self._changing(ino)
         entry = self._attrs.get(ino)
         if entry is not None:
             attr = entry[1]

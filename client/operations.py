@@ -1307,7 +1307,7 @@ class Operations:
         await self._settle(fh)
         after = start_id
         while True:
-            stamp, generation = self.kcache.stamp(), self.listings.generation
+            stamp, generation, since = self.kcache.stamp(), self.listings.generation, self.kcache.dir_attrs.stamp()
             callback = not self.dataset and self.kcache.callbacks_possible
             # open information with the listing: a dataset mount's for every file; the default
             # mount's for its small files (one chunk: a data set's samples), kept while it holds them
@@ -1330,7 +1330,11 @@ class Operations:
             if rsp.dir_callback >= 0:  # the whole directory: lookups of other names need not ask
                 self._all_names(fh, (e.name for e in rsp.entries), rsp.dir_callback)
             held_ok = rsp.callback >= 0 and self.kcache.healthy
+            at = rsp.callback if rsp.callback >= 0 else rsp.dir_callback  # the listing's position (-1: none)
             with self.lock:  # what the reader thread's fast paths read
+                if at > 0 and not stale_dir and self.kcache.healthy:  # its directories' GETATTRs answered here
+                    self.kcache.dir_attrs.listed((e.attr for e in rsp.entries if stat.S_ISDIR(e.attr.mode)
+                                                  and not self.kcache.changed_since(stamp, e.attr.ino)), at, since)
                 for entry in rsp.entries:
                     ino = entry.attr.ino
                     if held_ok and stat.S_ISREG(entry.attr.mode) and not (stale_dir or self.kcache.changed_since(stamp, ino)):

@@ -56,6 +56,16 @@ undoes the run, whose creates then run one by one. On PostgreSQL too: the
 run is one savepoint of the burst's transaction, and a conflict with another
 daemon inside it reruns the whole transaction, as for any operation.
 
+Unlinks next to each other of one client and key in one directory (an
+``rm -rf`` the mount answered itself arrives as BatchReqs of them) run in ONE
+savepoint (``_unlinks``, daemon/namespace_bulk.py ``unlink_many``): each keeps
+its own checks, outcome and change (its own number and event, settled on its
+own), the run shares the OnceReq records' look-up and insert, one change of
+the directory's times, and one report of its attributes (in the last one's
+reply, as of its number; the others carry their number alone). An error past
+an unlink's checks undoes the run, whose unlinks then run one by one. SQLite
+only.
+
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
 would take the serving loop's burst past ``MOST`` operations (PostgreSQL:
@@ -124,7 +134,7 @@ class _Unit:
         self.request: P.Msg | None = None  # as received (a OnceReq with its wrapper): what ``redo`` resends
         self.redo = False  # a snapshot's shared chunk must be copied first: the task path runs it again
         self.body: P.Msg | None = None  # the request as admitted, its OnceReq unwrapped
-        self.many: tuple | None = None  # a BatchReq's create that runs of them may share (``_runs``)
+        self.many: tuple | None = None  # a create (or unlink) that runs of them may share (``_runs``)
 
 
 def _error(exc: StripefsError) -> P.ErrorRsp:
@@ -135,7 +145,8 @@ class Burst:
     """``run`` is serve()'s ``burst`` for the metadata daemon (module docstring)."""
 
     def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
-                 redo=None, defer: Callable[[P.Msg], bool] = lambda body: False, create_many=None) -> None:
+                 redo=None, defer: Callable[[P.Msg], bool] = lambda body: False, create_many=None,
+                 unlink_many=None) -> None:
         self.txn = txn  # daemon/txn.py SqliteTxn or PgTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
@@ -146,6 +157,7 @@ class Burst:
         self.redo = redo  # await redo(request): the task path's reply (an operation that must wait on storage nodes)
         self.defer = defer  # an admitted request left to its handler's task (a lookup that recalls its directory)
         self.create_many = create_many  # (CreateReqs of one directory) -> each one's result or StripefsError (``_many``)
+        self.unlink_many = unlink_many  # (parent, names, log_change) -> each one's change or StripefsError (``_unlinks``)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
@@ -255,6 +267,8 @@ class Burst:
         body = unit.body
         if type(body) is P.CreateReq and body.exclusive and unit.op is not None and self.create_many is not None:
             unit.many = (body.parent, unit.once.client_id if unit.once is not None else None, peer)
+        elif type(body) is P.UnlinkReq and unit.op is not None and self.unlink_many is not None and not self.txn.shared:
+            unit.many = ("unlink", body.parent, unit.once.client_id if unit.once is not None else None, peer)
 
     def _unit(self, body: P.Msg, peer: str | None) -> _Unit:
         """The admitted ``body`` as a unit (a OnceReq: its body, under its bound key, as handle_once)."""
@@ -338,7 +352,9 @@ class Burst:
         all (its number and the directory's attributes after it in each reply; settled once, and
         every create of it waits when it must), one look-up and one insert of their OnceReq
         records. Each create keeps its own outcome; an error that is no create's own undoes the
-        whole, and they run one by one (``_one``)."""
+        whole, and they run one by one (``_one``). A run of unlinks: ``_unlinks``."""
+        if type(units[0].body) is P.UnlinkReq:
+            return self._unlinks(units)
         first = units[0]
         security.PEER.set(first.peer)
         parent = first.body.parent
@@ -411,6 +427,65 @@ class Burst:
         for unit in units:
             if unit.batch is not None and unit.batch.error is not None:
                 unit.error = P.ErrorRsp(code=ErrorCode.IO, message=f"metadata commit failed: {unit.batch.error}")
+
+    def _unlinks(self, units: list[_Unit]) -> bool:
+        """A run of unlinks of one client (and key) in one directory (``_runs``) in ONE savepoint
+        (daemon/namespace_bulk.py ``unlink_many``): each its own checks, outcome and change log
+        row; one look-up and one insert of their OnceReq records, one change of the directory's
+        times, and its attributes after the run in the last one's reply. An error past an
+        unlink's checks undoes the whole, and they run one by one (``_one``)."""
+        first = units[0]
+        security.PEER.set(first.peer)
+        once = first.once  # the changes' writer is the client's (Txn.log_in_run reads it)
+        key = applied_ops.OnceKey(once.client_id, 0, once.done_below, used=True) if once is not None else None
+        token = applied_ops.once.set(key) if key is not None else None
+        try:
+            made, batch = self.txn.write_locked(self._run_unlinks, units, wake=False)
+        except self.txn.reruns:
+            raise
+        except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
+            if not isinstance(exc, ManyNotHere):
+                log.debug("unlinks in directory %d one by one: %r", first.body.parent, exc)
+            for unit in units:
+                unit.result, unit.error, unit.logged, unit.seq = None, None, None, 0
+            return any([self._one(unit) for unit in units])
+        finally:
+            if token is not None:
+                applied_ops.once.reset(token)
+            for unit in units:
+                if unit.once is not None:
+                    unit.once.used = True  # one operation per OnceReq
+        for unit in units:
+            if unit.error is None:
+                unit.batch = batch
+        if made:  # the savepoint held: its numbers are given out for good
+            last = made[-1]
+            self.txn.note_logged(last.seq)
+            last.attrs = first.op.report() or []  # the directory after the run, as of its last change
+        return any(unit.batch is not None for unit in units)
+
+    def _run_unlinks(self, units: list[_Unit]) -> list[_Unit]:
+        """``_unlinks``' operation, in its savepoint: the units unlinked now (OnceReqs applied
+        before are answered from their records, as ``applied_ops.run_once`` answers them)."""
+        store = self.txn.store
+        once = units[0].once
+        done = applied_ops.recorded(store, once.client_id, [u.once.op_id for u in units]) if once is not None else {}
+        fresh = []
+        for unit in units:
+            unit.result, unit.error, unit.logged, unit.seq = done.get(unit.once.op_id) if done else None, None, None, 0
+            if not done or unit.once.op_id not in done:
+                fresh.append(unit)
+        made = []
+        names = [u.body.name for u in fresh]
+        for unit, outcome in zip(fresh, self.unlink_many(units[0].body.parent, names, self.txn.log_in_run) if fresh else ()):
+            if isinstance(outcome, StripefsError):
+                unit.error = _error(outcome)
+            else:
+                unit.logged, unit.seq = outcome, outcome[0]
+                made.append(unit)
+        if once is not None and made:
+            applied_ops.record_many(store, [(u.once, u.result) for u in made])
+        return made
 
     def _one(self, unit: _Unit) -> bool:
         """Run one operation (the lock held); whether it wrote."""

@@ -392,21 +392,30 @@ class Namespace(FileData):
 
     def unlink(self, parent: int, name: bytes) -> None:
         self.unlinked = []
+        row = self.unlink_checked(parent, name)
+        now = self.clock()
+        self.unlink_row(parent, name, row, now)
+        self._touch_dir(parent, now)
+
+    def unlink_checked(self, parent: int, name: bytes):
+        """``unlink``'s checks, nothing written: the entry's row, or the StripefsError it fails with."""
         row = self._entry_row(parent, name)
         check_writable(row)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")
-        now = self.clock()
+        return row
+
+    def unlink_row(self, parent: int, name: bytes, row, now: int) -> None:
+        """``unlink``'s writes, but the directory's times (the caller changes them: once for a run of
+        unlinks, daemon/namespace_bulk.py ``unlink_many``); the inodes it took a name from in ``unlinked``."""
         if row["nlink"] <= 1 and self.trash.keep_ns:
             self.store.delete_dentry(row["cookie"])
-            self._touch_dir(parent, now)
             self.unlinked.append(row["ino"])  # nlink changed, as in _drop_link
             self.trash.take(parent, name, row, now)
             return
         if row["nlink"] <= 1:
             self.quotas.removed(parent, row)
         self.store.delete_dentry(row["cookie"])
-        self._touch_dir(parent, now)
         self._drop_link(row["ino"], now, row["nlink"])
 
     def rmdir(self, parent: int, name: bytes) -> None:

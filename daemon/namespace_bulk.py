@@ -1,4 +1,4 @@
-"""Creates of many files in one directory as one namespace operation (issue 30).
+"""Creates (and unlinks) of many files in one directory as one namespace operation (issue 30).
 
 A mount sends the creates it answered itself (client/async_dirops.py) in
 ``BatchReq``s, most of them a run of creates in one directory. One by one,
@@ -27,13 +27,21 @@ that is no file's own (a constraint, a number out of range) undoes the
 whole, and the caller makes the creates one by one instead, each with its
 own outcome. On PostgreSQL the savepoint is the run's within the burst's
 transaction (daemon/burst.py ``_transaction``).
+
+``unlink_many`` does the same for a run of unlinks in one directory (a
+mount's ``rm -rf`` answered by the mount arrives as BatchReqs of them): each
+unlink keeps its own checks, writes and change log row (the events the
+mounts get are those of the unlinks one by one), but the run shares one
+savepoint, one look-up and one insert of its OnceReq records
+(daemon/burst.py ``_unlinks``), one change of the directory's times and one
+report of its attributes, after the last. SQLite only.
 """
 
 from __future__ import annotations
 
 import logging
 import stat
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from ..common.errors import ErrorCode, StripefsError
 from ..common.protocol import Attr, ChunkRef, Layout, NodeAddr
@@ -111,4 +119,30 @@ def create_many(ns: Namespace, parent: int, files: Sequence[NewFile]) -> list[Ma
     for i, row, (refs, addrs) in zip(made, rows, ns.place_new_files(rows)):
         out[i] = (to_attr(row), to_layout(row), refs, addrs)
     log.debug("%d file(s) created in directory %d at once (%d refused)", len(rows), parent, len(files) - len(rows))
+    return out
+
+
+def unlink_many(ns: Namespace, parent: int, names: Sequence[bytes], log_change: Callable[[list, list], tuple]) -> list[tuple | StripefsError]:
+    """Unlink ``names`` of directory ``parent`` in order, in the caller's one savepoint: each one's
+    change as ``log_change(inodes, entries)`` logged it (after_change's arguments), or the error
+    its checks failed with (``Namespace.unlink_checked``: nothing of it written). The directory's
+    times change once, after the last. An error past an unlink's checks is raised: the caller
+    undoes the run and unlinks one by one. A directory under a quota is not done here
+    (``ManyNotHere``: each unlink is charged on its own, daemon/quota.py)."""
+    if ns.quotas.roots:
+        raise ManyNotHere("directory quotas are charged unlink by unlink")
+    out: list[tuple | StripefsError] = []
+    now = 0
+    for name in names:
+        ns.unlinked = []
+        try:
+            row = ns.unlink_checked(parent, name)
+        except StripefsError as exc:
+            out.append(exc)
+            continue
+        now = ns.clock()
+        ns.unlink_row(parent, name, row, now)
+        out.append(log_change([parent, *ns.take_unlinked()], [(parent, name)]))
+    if now:
+        ns.store.touch_dir(parent, now)
     return out

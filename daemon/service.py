@@ -69,7 +69,7 @@ from . import redundancy
 from .health import NodeRegistry, Sessions
 from .housekeeping import Housekeeping
 from .namespace import Namespace, to_attr
-from .namespace_bulk import NewFile, create_many
+from .namespace_bulk import NewFile, create_many, unlink_many
 from .quota_service import QuotaService
 from .snapshot_service import SnapshotService
 from .snapshots import check_writable
@@ -279,6 +279,9 @@ class MetaService:
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
                 log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
                 self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring, daemon=self.boot_id)
+                # answers granted before this daemon logs its first change are as of the log's end, not
+                # of 0 (which a mount cannot tell from "no position": client/dir_attrs.py keeps nothing)
+                self.txn.last_seq = max(self.txn.last_seq, last_seq or 0)
                 if last_seq:  # a restart: mounts may still cache under callbacks this daemon never heard of
                     self.callbacks.start_grace()
                 stack.push_async_callback(self._close_feed)  # after the nursery below: no task writes any more
@@ -379,6 +382,7 @@ class MetaService:
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
             settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
             redo=lambda request: self.handle(request, []), defer=self._must_recall, create_many=self._create_many,
+            unlink_many=functools.partial(unlink_many, self.ns),
         )
         self._snapshots_changed()
         return self.burst.run

@@ -128,15 +128,27 @@ class Txn:
         result, ran = applied_ops.run_once(self.store, fn, *args, **kwargs)
         changed = change(result) if ran and callable(change) else change if ran else None
         if changed is not None:  # (a function of the result giving None: nothing changed)
-            inodes, entries = changed
-            once = applied_ops.once.get()
-            client_id = once.client_id if once is not None else acting_client.get()
-            writer = P.writer_tag(client_id) if client_id else 0
-            self._logged_seq = self.store.log_change(time.time_ns(), change_log.encode(inodes, entries, writer)) or 0
+            logged = self.log_in_run(*changed)
+            self._logged_seq = logged[0]
             if self._logged_seq:
-                self.last_seq = max(self.last_seq, self._logged_seq)
-                self._logged_change = (self._logged_seq, inodes, entries, client_id)
+                self.note_logged(self._logged_seq)
+                self._logged_change = logged
         return result
+
+    def log_in_run(self, inodes: list, entries: list) -> tuple:
+        """Log one change now, by the client of the OnceReq in effect: after_change's arguments
+        (seq, inodes, entries, client id; seq 0: numbered later, a shared database). Also for a run
+        of operations in one savepoint, a change each (daemon/burst.py ``_unlinks``), whose caller
+        moves ``last_seq`` only once the savepoint held (``note_logged``): an answer must never be
+        granted as of a number a rolled-back savepoint gives out again."""
+        once = applied_ops.once.get()
+        client_id = once.client_id if once is not None else acting_client.get()
+        writer = P.writer_tag(client_id) if client_id else 0
+        return (self.store.log_change(time.time_ns(), change_log.encode(inodes, entries, writer)) or 0, inodes, entries, client_id)
+
+    def note_logged(self, seq: int) -> None:
+        """Changes up to ``seq`` are logged by this daemon (SQLite)."""
+        self.last_seq = max(self.last_seq, seq)
 
     async def write(self, fn: Callable[..., T], *args, **kwargs) -> T:
         """Run one mutating operation and return once it is durable."""

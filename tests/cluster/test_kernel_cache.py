@@ -1084,6 +1084,30 @@ def test_a_cold_walk_of_held_directories_asks_the_daemon_nothing(cluster, mnt, s
     assert _walk(mine) == expected
 
 
+def test_rm_rf_of_a_walked_tree_asks_the_daemon_no_directory_attributes(cluster, mnt, second):
+    """rm -rf after a walk: the listings gave the directories' attributes (as of their callback's
+    position: client/dir_attrs.py ``listed``), so neither the stat of each directory (its listing
+    marked its atime stale) nor the GETATTR after its first unlink (answered here from what the
+    listing left, updated) waits for the daemon; another mount sees the tree gone."""
+    second, port = second
+    for c in range(3):
+        (mnt / "rmtree" / f"c{c}").mkdir(parents=True)
+        for i in range(20):
+            (mnt / "rmtree" / f"c{c}" / f"f{i:02d}").write_bytes(b"x")
+    mine = second / mnt.name
+    expected = sorted(f"c{c}/f{i:02d}" for c in range(3) for i in range(20))
+    assert sorted(_walk(mine / "rmtree")) == expected  # recalls the first mount's holdings (events naming the folders)
+    (mine / "rmtree" / "tmp").write_bytes(b"")  # a change here: "rmtree" is listed anew, after those events,
+    os.unlink(mine / "rmtree" / "tmp")  # and its reply leaves rmtree's own attributes
+    assert sorted(_walk(mine / "rmtree")) == expected
+    asked = _lookups(port, "GetattrReq")
+    subprocess.run(["rm", "-rf", *(str(mine / "rmtree" / f"c{c}") for c in range(3))], check=True)
+    assert _lookups(port, "GetattrReq") - asked == 0, "rm -rf of a walked tree asked the daemon for attributes"
+    assert os.listdir(mine / "rmtree") == [] and os.stat(mine / "rmtree").st_nlink == 2
+    assert os.listdir(mnt / "rmtree") == [] and os.stat(mnt / "rmtree").st_nlink == 2  # elsewhere: recalled first
+    os.rmdir(mnt / "rmtree")
+
+
 def _listing_requests(url: str, listing) -> dict[str, float]:
     """The FUSE requests (by opcode, FORGETs left out: the kernel's own housekeeping) that reached
     the mount whose metrics are at ``url`` while ``listing()`` ran; it must return True."""

@@ -96,3 +96,48 @@ def test_changes_answered_here_update_what_is_kept_and_an_earlier_reply_does_not
     cache.made_here(D, 30)
     cache.answered_here(D, None)  # refused: what was kept is dropped (the kernel asks the daemon)
     assert cache.get(D) is None
+
+
+def test_a_listing_keeps_its_directories_as_of_its_position_until_a_later_event():
+    """A listing's directories (ReaddirRsp, as of its callback's position) are kept as a reply's
+    are: also as of the floor itself (the feed followed from there saw nothing before it), not
+    below it, not past an event already applied, dropped by a later event."""
+    cache = _following(10)
+    since = cache.stamp()
+    cache.listed([_attr(10), _attr(10, ino=8), _attr(10, ino=9, mode=stat.S_IFREG | 0o644)], 10, since)
+    assert cache.get(D).mtime_ns == 10 and cache.get(8).mtime_ns == 10
+    assert cache.get(9) is None  # a file: not a directory's GETATTR
+    cache.changed([8], 12)  # another mount's change of 8
+    cache.listed([_attr(11, ino=8)], 11, cache.stamp())  # a listing from before it, come late
+    assert cache.get(8) is None
+    cache.changed([D], 11)
+    assert cache.get(D) is None
+    cache.listed([_attr(9, ino=20)], 9, cache.stamp())  # older than where the feed is followed from
+    assert cache.get(20) is None
+
+
+def test_a_listing_keeps_nothing_of_a_directory_changed_here_since_it_was_asked():
+    """This mount's own change events drop nothing, so a listing asked before a change made here
+    (sent, or answered here) is not kept for that directory: its position may precede the change."""
+    cache = _following(10)
+    since = cache.stamp()
+    cache.made_here(D, 15)  # an unlink answered here while the listing was on its way ...
+    cache.answered_here(D, _reply(11, _attr(11)))  # ... and answered (kept: the reply is as of it)
+    cache.begin([8])
+    cache.end([8], _reply(12))  # a change of 8 sent and answered, its reply without 8's attributes
+    cache.listed([_attr(10), _attr(10, ino=8), _attr(10, ino=9)], 10, since)
+    assert cache.get(D).mtime_ns == 11  # the reply's, not the listing's
+    assert cache.get(8) is None
+    assert cache.get(9).mtime_ns == 10
+    cache.listed([_attr(13, ino=8)], 13, cache.stamp())  # asked after the change: kept
+    assert cache.get(8).mtime_ns == 13
+
+
+def test_a_listed_directory_answers_the_getattr_after_a_change_made_here():
+    """rm -rf: the walk listed the directory; the first unlink answered here updates what the
+    listing left (times, links), so the GETATTR that follows it is answered without the daemon."""
+    cache = _following(10)
+    cache.listed([_attr(10)], 10, cache.stamp())
+    cache.made_here(D, 20, nlink=-1)
+    got = cache.get(D)
+    assert got.mtime_ns == 20 and got.ctime_ns == 20 and got.nlink == 1

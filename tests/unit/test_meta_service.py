@@ -596,3 +596,23 @@ async def test_delegated_inode_numbers_are_the_sessions_alone_and_survive_a_rest
         f = await _call(c, P.CreateReq(parent=ROOT, name=b"after", mode=0o644, uid=0, gid=0, session_id=sid, new_ino=first + 3))
         assert f.attr.ino == first + 3  # adopted session, its range known again
     assert "outside its delegated ranges" in daemon.log.read_text()
+
+
+async def test_a_grant_after_a_restart_is_as_of_the_change_log_end(daemon, ctx):
+    """A callback granted by a daemon that restarted on an existing database, before it logged a
+    change of its own, names the change log's last position, not 0: a mount keeps what such a
+    listing says of its directories (client/dir_attrs.py keeps nothing as of position 0)."""
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        await _call(c, _register())
+        await _call(c, P.HelloReq(host="test", pid=os.getpid(), client_id=7))
+        made = await _call(c, P.MkdirReq(parent=ROOT, name=b"d", mode=0o755, uid=0, gid=0))
+        assert made.seq > 0
+    daemon.kill9()
+    daemon.start()
+    await daemon.wait_ready(ctx)
+    async with connect(ctx, daemon.address, timeout=10) as c:
+        sid = (await _call(c, P.HelloReq(host="test", pid=os.getpid(), client_id=8))).session_id
+        listed = await _call(c, P.ReaddirReq(ino=ROOT, after=0, limit=100, session_id=sid, callback=True))
+        assert [e.name for e in listed.entries] == [b"d"]
+        assert listed.dir_callback == made.seq
