@@ -523,6 +523,7 @@ async def serve(
         nursery.start_soon(held.watch, name=f"{name}-held-peers")
         waiting: list[list[zmq.Frame]] = []  # a burst's messages not looked at yet
         taken: list[tuple] = []  # a burst's requests for ``burst``
+        unyielded = 0  # messages taken since this task last let the others run
         while True:
             if burst is not None and not waiting:
                 if taken:
@@ -533,6 +534,14 @@ async def serve(
                 frames = waiting.pop(0)
             else:
                 frames = await sock.recv_multipart()
+            unyielded += 1
+            if unyielded >= BURST_MAX:
+                # A message already queued is taken with no scheduling point, nor is a reply sent
+                # one: a server whose socket never empties would starve every other task of the
+                # process (the metadata daemon's feed heartbeat: idle mounts dropped their caches
+                # after EVENTS_SILENCE_S of silence while other mounts created files).
+                unyielded = 0
+                await trio.lowlevel.checkpoint()
             identity = frames[0].bytes
             if keyed:  # [identity, key, header, payloads...] from a fast lane: its thread read the key
                 peer = frames[1].bytes.decode() or None

@@ -344,3 +344,60 @@ async def test_waiting_for_a_closed_connection_to_take_a_request_is_unavailable(
         with pytest.raises(StripefsError) as exc:
             await client.wait_writable()
         assert exc.value.code == ErrorCode.UNAVAILABLE
+
+
+async def test_a_server_whose_socket_never_empties_lets_the_process_s_other_tasks_run(ctx):
+    """serve() takes a message already queued, and sends a reply, with no scheduling point: with the
+    next requests always queued it let no other task of the process run until the flood ended (the
+    metadata daemon's feed heartbeat: an idle mount heard nothing for 3 s and dropped its caches while
+    another mount created files). It lets them run every BURST_MAX messages."""
+    import functools
+    import threading
+
+    from stripefs.common.transport import BURST_MAX
+
+    n = 15 * BURST_MAX  # all queued at once, under the socket's high-water mark (1,000)
+    address = _free_address()
+    answered, seen, received, sent = [0], [], [], threading.Event()
+
+    async def burst(items, early):
+        answered[0] += len(items)
+        return [protocol.PingRsp(role="test") for _ in items]
+
+    async def handler(body, payloads):
+        return protocol.PingRsp(role="test")
+
+    def flood() -> int:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(address)
+        try:
+            for i in range(n):
+                dealer.send(protocol.encode(i + 1, protocol.PingReq()))
+            sent.set()
+            return sum(1 for _ in range(n) if dealer.recv())
+        finally:
+            dealer.close()
+
+    async def other_task() -> None:
+        while answered[0] < n:
+            seen.append(answered[0])
+            await trio.sleep(0)
+
+    async with open_socket(ctx, zmq.ROUTER, bind=address) as router:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as servers:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(lambda: _put(received, trio.to_thread.run_sync(flood)))
+                    while not sent.is_set():
+                        await trio.sleep(0.01)
+                    await trio.sleep(0.2)  # in the server's queue by now
+                    servers.start_soon(functools.partial(serve, router, handler, name="flood", burst=burst))
+                    await other_task()
+                servers.cancel_scope.cancel()  # every reply received (the flood's thread returned)
+    assert answered[0] == n and received == [n]
+    assert any(0 < count < n for count in seen), seen  # it ran while the flood was being answered
+
+
+async def _put(into: list, awaitable) -> None:
+    into.append(await awaitable)
