@@ -81,7 +81,7 @@ from .fetch import Fetch
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from . import placements
-from .placements import ALLOC_AHEAD, alloc_indices, is_cold, moved, placement, recall, session_epoch, slot_version  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
+from .placements import ALLOC_AHEAD, alloc_indices, fresh_epoch, is_cold, moved, placement, recall, session_epoch, slot_version  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
@@ -745,6 +745,7 @@ class DataPath:
         self.on_commit(of.ino, rsp)
         of.attr = rsp.attr
         of.size = max(rsp.attr.size, of.written_end, wanted)  # wanted > the size: the quota cut below
+        of.own_seq = max(of.own_seq, rsp.seq)  # its feed event finds the state as of it (Operations._changed_here)
         await self._release_unused(of)
         if rsp.attr.size < wanted:
             # a directory quota cut the commit (daemon/quota.py): drop our bytes past it
@@ -789,8 +790,7 @@ class DataPath:
         if inner and ref is not None and ref.version and new_size < of.size and is_ec(of.layout):
             refs.append(await self.ec.cut_stripe(of, ref, inner))
         elif inner and ref is not None and ref.version and new_size < of.size:
-            rsp = await self.meta.call(p.AllocEpochReq())
-            epoch = await slot_version(self.meta, of, rsp.epoch, ref.version)  # the cut goes to the other slot
+            epoch = await slot_version(self.meta, of, await fresh_epoch(self.meta, of), ref.version)  # the cut goes to the other slot
             chunk = p.ChunkId(of.ino, index, replica_part(epoch))
             request = p.WriteChunkReq(
                 chunk=chunk, version=epoch, base_version=ref.version, offset=inner,
@@ -825,6 +825,7 @@ class DataPath:
         of.chunks = {i: c for i, c in of.chunks.items() if i < keep}
         for r in refs:
             of.chunks[r.index] = r
+        of.own_seq = max(of.own_seq, rsp.seq)  # as in ``committed``
         self.cache.drop_inode(of.ino)
         return rsp.attr
 
