@@ -80,9 +80,6 @@ class KernelCache:
     def __init__(self, *, on_change: Callable[[Iterable[int] | None], None] = lambda inodes: None):
         self.healthy = False  # the feed is connected and in order: long timeouts allowed
         self.on_change = on_change  # inodes changed (None: everything); Operations drops its own caches
-        # this mount's own changes of files naming no entry (its commits, setattrs: change log number
-        # ``seq``); None: as any change (``on_change``). Operations keeps states already as of them
-        self.on_own_change: Callable[[set[int], int], None] | None = None
         self.map_event = lambda inodes, entries: (inodes, entries)  # a subdir mount's (client/subtree.py)
         self._names: dict[tuple[int, bytes], int] = {}  # names the kernel knows: (parent, name) -> ino
         self._names_of: dict[int, list[tuple[int, bytes]]] = {}  # ino -> its known names
@@ -351,10 +348,7 @@ class KernelCache:
                     self.dir_attrs.changed(touched | {parent for parent, _ in entries}, seq)
             else:
                 self.dir_attrs.clear()
-            if kept and seq and self.on_own_change is not None:
-                self.on_own_change(touched, seq)
-            else:
-                self.on_change(touched)
+            self.on_change(touched)
             # This mount's own change: the kernel changed its names itself (the change came through
             # it), so they stay, and a stat after a create asks nothing. Another's: a name held under a
             # grant as of this change or later is already the kernel's newest answer.
@@ -422,10 +416,7 @@ class KernelCache:
                                 self._ack_touched.add(ino)
             if not last:
                 self.dir_attrs.clear()
-            if last and not naming and not parents and self.on_own_change is not None:  # commits and setattrs only
-                self.on_own_change(set(touched), last)
-            else:
-                self.on_change(set(touched))
+            self.on_change(set(touched))
             self._queue_invalidations([], ended, touched)  # as ``apply``: no name of its own changes
 
     async def flush_pending(self) -> None:

@@ -159,12 +159,6 @@ class OpenFile:
     #: no-open (Operations.no_open): the file changed elsewhere, or a LOOKUP answered other
     #: attributes, since this state was taken: the next READ or WRITE refreshes it first
     stale: bool = False
-    #: the change log number of this mount's newest own commit or truncate of the file whose reply
-    #: this state took (its size, attributes and chunk map are as of that change); ``own_event_seq``:
-    #: the newest own change of the file the feed told of. The event usually comes before the reply:
-    #: the state is ``outdated`` only while no reply as of that change came (Operations._changed_here)
-    own_seq: int = 0
-    own_event_seq: int = 0
     #: no-open: the daemon was asked (or a fresh LOOKUP told) the open information for writing
     #: since this state was made; the first WRITE asks otherwise (the epoch, a snapshot's EROFS)
     writable: bool = False
@@ -277,17 +271,6 @@ class OpenFile:
         self.written_end = 0
         self.mtime_ns = 0
         self.epoch = 0
-
-    @property
-    def outdated(self) -> bool:
-        """``stale``, or an own change the feed told of that this state did not take the reply of:
-        the next READ or WRITE refreshes it first (Operations._inode_file)."""
-        return self.stale or self.own_event_seq > self.own_seq
-
-    def refreshed(self) -> None:
-        """The daemon's answer asked after the events so far was taken (or stands): not outdated."""
-        self.stale = False
-        self.own_seq = max(self.own_seq, self.own_event_seq)
 
     def refresh(self, rsp: p.OpenRsp) -> None:
         """Take fresh metadata from an OpenRsp, unless local writes are pending or being committed

@@ -224,7 +224,6 @@ class Operations:
         self.per_inode = self.no_open and not dataset
         self.kcache = kcache or KernelCache()
         self.kcache.on_change = self._changed_elsewhere
-        self.kcache.on_own_change = self._changed_here
         # what the _fast_* paths read and the handle bookkeeping they change: they may run on the
         # FUSE session's reader thread (client/operations_bridge.py), which takes this lock around
         # a fast path and its reply; here it is taken around every change of that state that
@@ -719,7 +718,7 @@ class Operations:
         if ino is None or names_new is None or name_new in names_new:
             return False
         of = self.files.get(ino)
-        attr = of.attr if of is not None and not of.outdated else self._held_attr(ino)
+        attr = of.attr if of is not None and not of.stale else self._held_attr(ino)
         if attr is None or stat.S_ISDIR(attr.mode) or attr.nlink != 1:
             return False  # (a hard-linked file cannot move to another quota tree: EXDEV, which mv must see)
         request = p.RenameReq(parent_old=parent_old, name_old=name_old, parent_new=parent_new, name_new=name_new, flags=flags)
@@ -839,30 +838,14 @@ class Operations:
         if self.dataset:
             raise FuseError(errno.EROFS)
 
-    def _changed_here(self, inodes: set[int], seq: int) -> None:
-        """The feed's event of this mount's own commit or setattr of ``inodes`` (change ``seq``): a
-        state that takes that change's reply (``OpenFile.own_seq``, before or after the event) is as
-        of it, so it is not made stale (a refresh would cost the next READ or WRITE an OpenReq and
-        tell it nothing); one that does not (a chmod) is ``outdated`` until then. A change made
-        elsewhere before it came as its own event and marked the state stale already."""
-        if self.per_inode:
-            with self.lock:
-                for of in filter(None, map(self.files.get, inodes)):
-                    of.own_event_seq = max(of.own_event_seq, seq)
-        self._forget_changed(inodes)
-
     def _changed_elsewhere(self, inodes) -> None:
         """The change feed says these inodes changed (None: anything may have)."""
+        if self.passthrough is not None:
+            self.passthrough.forget_inodes(inodes)  # (new opens name the new version anyway)
         if self.per_inode:
             with self.lock:
                 for of in (self.files.values() if inodes is None else filter(None, map(self.files.get, inodes))):
                     of.stale = True  # refreshed before its next READ or WRITE (_inode_file)
-        self._forget_changed(inodes)
-
-    def _forget_changed(self, inodes) -> None:
-        """What the mount kept of ``inodes`` (None: everything) that a change makes old."""
-        if self.passthrough is not None:
-            self.passthrough.forget_inodes(inodes)  # (new opens name the new version anyway)
         if inodes is None:
             self._open_info.clear()
             self._looked_up.clear()
@@ -1913,7 +1896,7 @@ class Operations:
                 self._drop_handle(fh)  # a CREATE of it made one meanwhile
                 fh = kept
         of, stream = self._stream(fh)
-        while self.per_inode and (of.outdated or (write and not (of.writable and (of.marked or not self.silent_close)))) \
+        while self.per_inode and (of.stale or (write and not (of.writable and (of.marked or not self.silent_close)))) \
                 and not of.has_unflushed and not of.committing:
             if await self._asked_elsewhere(inode):  # its answer, then look again
                 continue
@@ -1926,7 +1909,7 @@ class Operations:
                     rsp, raced = await self._ask_open(inode, write, mark=write and self.silent_close)
             if not of.has_unflushed:  # (a write may have come meanwhile: its state stays)
                 self._record_open(rsp, fresh_attrs=True, raced=raced)
-                of.refreshed()
+                of.stale = False
             of.writable = of.writable or write
             if write and self.silent_close:
                 self._marked(of, rsp, raced)

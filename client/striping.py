@@ -745,7 +745,6 @@ class DataPath:
         self.on_commit(of.ino, rsp)
         of.attr = rsp.attr
         of.size = max(rsp.attr.size, of.written_end, wanted)  # wanted > the size: the quota cut below
-        of.own_seq = max(of.own_seq, rsp.seq)  # its feed event finds the state as of it (Operations._changed_here)
         await self._release_unused(of)
         if rsp.attr.size < wanted:
             # a directory quota cut the commit (daemon/quota.py): drop our bytes past it
@@ -825,7 +824,6 @@ class DataPath:
         of.chunks = {i: c for i, c in of.chunks.items() if i < keep}
         for r in refs:
             of.chunks[r.index] = r
-        of.own_seq = max(of.own_seq, rsp.seq)  # as in ``committed``
         self.cache.drop_inode(of.ino)
         return rsp.attr
 

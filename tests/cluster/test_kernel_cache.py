@@ -677,38 +677,6 @@ def _rpcs(port: int) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("stripefs_rpc_seconds_count{"))
 
 
-def test_a_writers_own_commit_leaves_its_state_fresh_and_another_mounts_change_is_still_seen(cluster, mnt, second):
-    """Issue 35: the feed's event of this mount's own commit or truncate of a file it holds does not
-    make its state of the file stale when the change's reply came first (OpenFile.own_seq): the
-    next READ asks the daemon nothing (it sent an OpenReq before each). Another mount's change is
-    still seen by the very next read (close-to-open), through the refresh its event asks for."""
-    second, port = second
-    path = second / mnt.name / "f"
-    path.write_bytes(b"a" * 100_000)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        assert os.pread(fd, 10, 0) == b"a" * 10
-        opens = []
-        for i in range(5):
-            os.pwrite(fd, b"b" * 1000, i * 3000)
-            os.fsync(fd)  # a commit of this mount
-            if i == 2:
-                os.ftruncate(fd, 90_000 - i)  # and a truncate (SetattrReq)
-            time.sleep(0.3)  # its feed event has come
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the next read reaches the mount
-            before = _lookups(port, "OpenReq")
-            assert os.pread(fd, 1000, i * 3000) == b"b" * 1000
-            opens.append(_lookups(port, "OpenReq") - before)
-        assert opens == [0] * 5, opens
-        assert os.fstat(fd).st_size == 90_000 - 2
-        with open(mnt / "f", "r+b") as theirs:  # another mount's change, closed there
-            theirs.write(b"c" * 500)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        assert os.pread(fd, 1000, 0) == b"c" * 500 + b"b" * 500
-    finally:
-        os.close(fd)
-
-
 def test_directory_attributes_a_change_left_are_those_of_the_daemon_and_follow_other_mounts(cluster, mnt, second):
     """A mount answers GETATTR of a directory it just changed from the change's reply
     (client/dir_attrs.py): its own changes show at once, another mount's within the bound."""

@@ -241,28 +241,6 @@ def test_a_mounts_own_create_event_changes_its_directory_not_the_new_file():
     assert changed[-1] == {1, 11} and cache.changed_since(before, 11)
 
 
-def test_a_mounts_own_commit_event_goes_to_on_own_change_with_its_seq():
-    """Issue 35: the event of this mount's own change naming no entry (a commit, a setattr) goes to
-    ``on_own_change`` with its change number, so Operations keeps a state that took its reply
-    already (OpenFile.own_seq); a run of such events (apply_own) likewise, with the run's last
-    number. An own change naming entries, and any change from elsewhere, go to ``on_change``."""
-    changed, own = [], []
-    cache = kc.KernelCache(on_change=changed.append)
-    cache.on_own_change = lambda inodes, seq: own.append((inodes, seq))
-    cache.own_writer = 77
-    before = cache.stamp()
-    cache.apply([10], [], seq=5, writer=77)  # its own commit of file 10
-    assert own == [({10}, 5)] and changed == []
-    assert cache.changed_since(before, 10)  # a reply asked before it still counts as raced
-    cache.apply_own([([10], [], 6), ([11], [], 7)])  # a run of its own commits
-    assert own[-1] == ({10, 11}, 7) and changed == []
-    cache.apply([10], [], seq=8, writer=99)  # another mount's commit
-    assert changed == [{10}]
-    cache.remember(1, b"new", 12)
-    cache.apply([1], [(1, b"new")], seq=9, writer=77)  # its own create
-    assert changed[-1] == {1} and len(own) == 2
-
-
 async def test_the_follower_applies_runs_of_its_own_changes_together_in_feed_order(monkeypatch):
     """The own events of a burst next to each other are applied as one run (apply_own), and another
     mount's event between two runs is applied between them: its grant ending and acknowledgement
