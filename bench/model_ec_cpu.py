@@ -5,8 +5,8 @@ Runs the data-path model (tests/datapath_model.py ``Engine``, no mmap, no node k
 of its own (the model CLI's settings: 6 nodes, ec=4+2 and replicas=2 with 64 KiB chunks), once per
 layout asked, and prints per layout: cluster CPU per operation by role (meta, storage, mount), the
 mount's ``stripefs_ec_stripe_writes_total`` by path (delta, full, delta_fallback) per operation,
-and the storage nodes' requests per operation by type. The counts say what a design change can save
-before it is built: e.g. how many of the EC writes take the delta path at all, and how many
+and the storage nodes' and the metadata daemon's requests per operation by type. The counts say
+what a design change can save before it is built: e.g. how many of the EC writes take the delta path at all, and how many
 fragment writes and deletions each operation costs.
 
     .venv/bin/python bench/model_ec_cpu.py --ops 3000 --seed 7 [--layout ec rep] [--json out.json]
@@ -36,15 +36,16 @@ def _scrape(url: str | None) -> str:
 
 
 def counters(cluster) -> dict[str, float]:
-    """``ec:PATH`` from the mount, ``node:TYPE`` (request counts summed over the storage nodes)."""
+    """``ec:PATH`` from the mount, ``node:TYPE`` (request counts summed over the storage nodes),
+    ``meta:TYPE`` (the requests the metadata daemon answered)."""
     out: dict[str, float] = {}
     for proc in cluster.local.status()["processes"]:
         text = _scrape(proc.get("metrics"))
         for line in text.splitlines():
             if proc["role"] == "mount" and line.startswith("stripefs_ec_stripe_writes_total{"):
                 key = "ec:" + line.split('path="', 1)[1].split('"', 1)[0]
-            elif proc["role"] == "storage" and line.startswith("stripefs_requests_seconds_count{"):
-                key = "node:" + line.split('type="', 1)[1].split('"', 1)[0]
+            elif proc["role"] in ("storage", "meta") and line.startswith("stripefs_requests_seconds_count{"):
+                key = ("node:" if proc["role"] == "storage" else "meta:") + line.split('type="', 1)[1].split('"', 1)[0]
             else:
                 continue
             out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])

@@ -96,7 +96,7 @@ from .data_rpc import NodePool
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from . import metrics, placements
-from .placements import placement, session_epoch, slot_version
+from .placements import fresh_epoch, placement, session_epoch, slot_version
 
 log = logging.getLogger(__name__)
 
@@ -582,8 +582,7 @@ class EcPath:
     async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
         """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
         c = layout_codec(of.layout)
-        rsp = await self.meta.call(p.AllocEpochReq())
-        version = await slot_version(self.meta, of, rsp.epoch, ref.version)
+        version = await slot_version(self.meta, of, await fresh_epoch(self.meta, of), ref.version)
         old = await self.stripe(of.ino, c, ref)
         return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
 

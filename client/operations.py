@@ -95,6 +95,7 @@ from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
 from .open_files import OpenFile
 from .passthrough import Passthrough
+from .placements import took_pair
 from .prefetch import Prefetcher
 from .readahead import ReadStream
 from .striping import DataPath
@@ -1537,6 +1538,7 @@ class Operations:
                 of.refresh(rsp)
             if rsp.epoch and not of.epoch and not raced:
                 of.epoch = rsp.epoch  # this write session's version, without an AllocEpochReq
+                took_pair(of, rsp.epoch, rsp.epoch_pair)
             of.quota_max = rsp.quota_max_size
             view = (rsp.attr.mtime_ns, rsp.attr.size)
             before = self._kernel_view.get(ino)
@@ -1711,7 +1713,7 @@ class Operations:
         """
         for _ in range(OPEN_ASKS):
             stamp = self.kcache.stamp()
-            rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write, mark=mark))
+            rsp = await self.meta.call(p.OpenReq(ino=inode, session_id=self.meta.session_id, write=write, mark=mark, pair=write))
             if not self.kcache.changed_since(stamp, inode, as_of=rsp.seq if mark else -1):  # (a mark's: as of its recall)
                 return rsp, False
         return rsp, True

@@ -55,11 +55,28 @@ ALLOC_AHEAD = 16
 
 
 async def session_epoch(meta: MetaClient, of: OpenFile) -> int:
-    """The epoch of ``of``'s write session, asked of the daemon at its first send."""
+    """The epoch of ``of``'s write session, asked of the daemon at its first send (a pair)."""
     if not of.epoch:
-        rsp = await meta.call(p.AllocEpochReq())
+        rsp = await meta.call(p.AllocEpochReq(pair=True))
         of.epoch = rsp.epoch
+        took_pair(of, rsp.epoch, rsp.pair)
     return of.epoch
+
+
+async def fresh_epoch(meta: MetaClient, of: OpenFile) -> int:
+    """A fresh epoch (a pair where the daemon gives one) outside the session's: a truncate's cut."""
+    rsp = await meta.call(p.AllocEpochReq(pair=True))
+    took_pair(of, rsp.epoch, rsp.pair)
+    return rsp.epoch
+
+
+def took_pair(of: OpenFile, epoch: int, pair: bool) -> None:
+    """``epoch`` came with ``epoch + 1`` (EpochRsp.pair, OpenRsp.epoch_pair): a chunk whose
+    committed version has ``epoch``'s parity takes ``epoch + 1`` (``slot_version``), no request."""
+    if pair:
+        if len(of.slot_epochs) > 8:  # older sessions' entries
+            of.slot_epochs.clear()
+        of.slot_epochs[(epoch, epoch & 1)] = epoch + 1
 
 
 async def slot_version(meta: MetaClient, of: OpenFile, epoch: int, committed: int) -> int:
@@ -68,17 +85,19 @@ async def slot_version(meta: MetaClient, of: OpenFile, epoch: int, committed: in
     Newer than the committed one (else the daemon keeps that one and the write is lost) and of
     the other parity, so that it goes to the other slot and the committed copies stay as they
     are until the commit (common/layout.py "Slots"): ``epoch`` (this session's) when it is
-    such; else a fresh epoch of the other parity, asked once per session and parity."""
+    such; else the other number of its pair (``took_pair``); else a fresh epoch of the other
+    parity, asked once per session and parity (a pair: one request)."""
     if not committed or ((epoch & 1) != (committed & 1) and epoch > committed):
         return epoch
     key = (epoch, committed & 1)
     other = of.slot_epochs.get(key)
     while other is None or other <= committed:
-        rsp = await meta.call(p.AllocEpochReq())
-        if (rsp.epoch & 1) != (committed & 1):
-            if len(of.slot_epochs) > 8:  # older sessions' entries
-                of.slot_epochs.clear()
-            other = of.slot_epochs[key] = rsp.epoch
+        rsp = await meta.call(p.AllocEpochReq(pair=True))
+        for candidate in (rsp.epoch, rsp.epoch + 1) if rsp.pair else (rsp.epoch,):
+            if (candidate & 1) != (committed & 1):
+                if len(of.slot_epochs) > 8:  # older sessions' entries
+                    of.slot_epochs.clear()
+                other = of.slot_epochs[key] = candidate
     return other
 
 

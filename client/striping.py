@@ -81,7 +81,7 @@ from .fetch import Fetch
 from .meta_rpc import MetaClient
 from .open_files import DirtyChunk, OpenFile
 from . import placements
-from .placements import ALLOC_AHEAD, alloc_indices, is_cold, moved, placement, recall, session_epoch, slot_version  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
+from .placements import ALLOC_AHEAD, alloc_indices, fresh_epoch, is_cold, moved, placement, recall, session_epoch, slot_version  # noqa: F401  (ALLOC_AHEAD, alloc_indices: also here for tests)
 from .readahead import ReadStream
 
 log = logging.getLogger(__name__)
@@ -789,8 +789,7 @@ class DataPath:
         if inner and ref is not None and ref.version and new_size < of.size and is_ec(of.layout):
             refs.append(await self.ec.cut_stripe(of, ref, inner))
         elif inner and ref is not None and ref.version and new_size < of.size:
-            rsp = await self.meta.call(p.AllocEpochReq())
-            epoch = await slot_version(self.meta, of, rsp.epoch, ref.version)  # the cut goes to the other slot
+            epoch = await slot_version(self.meta, of, await fresh_epoch(self.meta, of), ref.version)  # the cut goes to the other slot
             chunk = p.ChunkId(of.ino, index, replica_part(epoch))
             request = p.WriteChunkReq(
                 chunk=chunk, version=epoch, base_version=ref.version, offset=inner,

@@ -731,6 +731,7 @@ class OpenReq(Msg, tag="open"):
     # a mount whose closes send nothing (daemon/callbacks.py, write marks): record a write mark on
     # ``ino`` for the session before answering; OpenRsp.callback is its seq (-1: none)
     mark: bool = False
+    pair: bool = False  # with ``write``: an epoch pair (AllocEpochReq.pair), OpenRsp.epoch_pair says if given
 
 
 class OpenRsp(Msg, tag="open_rsp"):
@@ -744,6 +745,7 @@ class OpenRsp(Msg, tag="open_rsp"):
     dir_attrs: list[Attr] = []  # CreateReq: the parent's attributes after it, as AttrRsp.dir_attrs
     seq: int = 0  # ... as of this change log position
     callback: int = -1  # LookupReq or CreateReq with ``callback``: as AttrRsp.callback
+    epoch_pair: bool = False  # OpenReq.pair was granted: ``epoch + 1`` is the session's too
 
 
 class CloseReq(Msg, tag="close"):
@@ -754,7 +756,11 @@ class CloseReq(Msg, tag="close"):
 
 
 class AllocEpochReq(Msg, tag="alloc_epoch"):
-    pass
+    """A fresh write epoch. ``pair``: ask for two, ``epoch`` and ``epoch + 1`` (one of each parity:
+    a copy-on-write version must have the other parity than the committed one, common/layout.py
+    "Slots"); EpochRsp.pair says whether the daemon gave them (not from a PostgreSQL sequence)."""
+
+    pair: bool = False
 
 
 class DelegateInodesReq(Msg, tag="delegate_inodes"):
@@ -773,6 +779,7 @@ class InodesRsp(Msg, tag="inodes_rsp"):
 
 class EpochRsp(Msg, tag="epoch_rsp"):
     epoch: int
+    pair: bool = False  # ``epoch + 1`` is the asker's too (AllocEpochReq.pair)
 
 
 class AllocChunksReq(Msg, tag="alloc_chunks"):

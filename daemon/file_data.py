@@ -11,6 +11,10 @@ version of it is current, is here.
   the stored mark may be handed out without writing. After a restart the
   numbers of a partly used block are skipped. ``alloc_epoch`` says when it
   raised the mark: that change must be durable before the epoch is used.
+  A writer may ask for a *pair* (``alloc_epoch(pair=True)``): the epoch and
+  the next number are both its own, one of each parity, which is what a
+  write session's copy-on-write slots need (client/placements.py
+  ``slot_version``): one request instead of asking again until the parity fits.
   On PostgreSQL (several daemons) epochs come from a database sequence
   instead: unique and increasing across daemons, durable when handed out.
 * Placement: ``alloc_chunks`` places chunks (daemon/placement.py), padded to
@@ -93,17 +97,25 @@ class FileData:
             return self.store.last_epoch()
         return self._epoch_next - 1
 
-    def alloc_epoch(self) -> tuple[int, bool]:
-        """A fresh epoch, and whether the stored high-water mark was raised for it."""
+    @property
+    def epoch_pairs(self) -> bool:
+        """Whether ``alloc_epoch(pair=True)`` can hand out pairs (not from a database sequence,
+        whose numbers other daemons take in between)."""
+        return not self.store.dialect.sequences
+
+    def alloc_epoch(self, pair: bool = False) -> tuple[int, bool]:
+        """A fresh epoch, and whether the stored high-water mark was raised for it; ``pair`` (when
+        ``epoch_pairs``): the next number too is the asker's (never handed out to anyone else)."""
         if self.store.dialect.sequences:
             return self.store.next_epoch(), False
         epoch = self._epoch_next
+        taken = 2 if pair else 1
         raised = False
-        if epoch >= self._epoch_limit:
+        if epoch + taken > self._epoch_limit:
             self._epoch_limit = epoch + EPOCH_BLOCK
             self.store.set_meta("epoch_hwm", self._epoch_limit)
             raised = True
-        self._epoch_next = epoch + 1
+        self._epoch_next = epoch + taken
         return epoch, raised
 
     def alloc_chunks(self, ino: int, indices: Sequence[int]) -> tuple[list[ChunkRef], list[NodeAddr]]:

@@ -586,9 +586,10 @@ class MetaService:
             return *info, self.ns.quotas.max_size(req.ino, info[0].size)
 
         attr, layout, chunks, nodes, quota_max = await self.txn.read(open_and_hold)
-        epoch = await self.txn.alloc_epoch(self.ns.alloc_epoch) if req.write else 0
+        pair = req.write and req.pair and self.ns.epoch_pairs
+        epoch = await self.txn.alloc_epoch(functools.partial(self.ns.alloc_epoch, pair=pair)) if req.write else 0
         return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max,
-                         callback=mark, seq=max(as_of, 0))
+                         callback=mark, seq=max(as_of, 0), epoch_pair=pair)
 
     async def _mark_written(self, session: int, ino: int) -> tuple[int, int]:
         """A write mark on ``ino`` for ``session`` (daemon/callbacks.py): recorded first, so that any
@@ -985,7 +986,8 @@ class MetaService:
         return P.InodesRsp(first=first, count=req.count)
 
     async def handle_alloc_epoch(self, req: P.AllocEpochReq) -> P.Msg:
-        return P.EpochRsp(epoch=await self.txn.alloc_epoch(self.ns.alloc_epoch))
+        pair = req.pair and self.ns.epoch_pairs
+        return P.EpochRsp(epoch=await self.txn.alloc_epoch(functools.partial(self.ns.alloc_epoch, pair=pair)), pair=pair)
 
     async def handle_alloc_chunks(self, req: P.AllocChunksReq) -> P.Msg:
         chunks, nodes = await self.txn.write(self.ns.alloc_chunks, req.ino, req.indices)

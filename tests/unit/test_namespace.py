@@ -442,6 +442,23 @@ def test_epochs_increase_across_reopen(w):
     assert sum(r for _, r in later) == 1  # one write per block
 
 
+def test_epoch_pairs_are_never_handed_out_again(w):
+    """A pair (AllocEpochReq.pair): the epoch and the next number are the asker's; nobody gets the
+    second one later, before or after a restart (the stored high-water mark covers it)."""
+    if w.kind == "postgresql":  # a sequence other daemons share: no pairs, the writer asks again
+        assert not w.ns.epoch_pairs
+        return
+    assert w.ns.epoch_pairs
+    first, _ = w.ns.alloc_epoch(pair=True)
+    assert w.ns.alloc_epoch()[0] == first + 2 and w.ns.last_epoch() == first + 2
+    while w.ns.last_epoch() + 2 < int(w.store.get_meta("epoch_hwm", 1)):  # up to the block's last number
+        w.ns.alloc_epoch()
+    last, raised = w.ns.alloc_epoch(pair=True)  # its second number is past the stored mark: raised
+    assert raised and last + 1 < int(w.store.get_meta("epoch_hwm", 1))
+    w.reopen()
+    assert w.ns.alloc_epoch()[0] > last + 1
+
+
 def test_replace_replica_and_statfs(w):
     ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
     chunk = w.ns.open_info(ino)[2][0]
