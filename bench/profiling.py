@@ -2,7 +2,13 @@
 them, and summarise where the time goes.
 
 ``Recorder`` attaches ``py-spy record`` (100 Hz, raw collapsed stacks; blocking
-mode: --nonblocking gave torn stacks here; ``gil``: only samples of the thread
+mode: --nonblocking gave torn stacks here; but never for the mount, whose
+blocking profile can deadlock: py-spy stops its threads, and one pushing pages
+into the kernel (NOTIFY_STORE) waits uninterruptibly on a page a READ holds
+locked, a READ only the stopped trio thread can answer, so py-spy waits for
+that thread to stop forever and the epoch hangs (a prefetch epoch of
+bench/dataloader.py --profile, 2026-12-06; py-spy 0.4 cannot sample ``gil``
+profiles without stopping the process, and those benches push no pages); ``gil``: only samples of the thread
 holding the GIL, i.e. Python at work, as bench/fuse_floor.py wants) to a few processes for the length
 of a ``with`` block and stops them with SIGINT, on which py-spy writes its
 output. ``summarise`` reads one raw profile: samples whose innermost Python
@@ -38,7 +44,8 @@ class Recorder:
             out = Path(f"{self.prefix}-{name}.txt")
             out.unlink(missing_ok=True)
             cmd = [self.exe, "record", "--pid", str(pid), "--rate", str(self.rate), "--format", "raw",
-                   *(["--native"] if self.native else []), *(["--gil"] if self.gil else []), "--output", str(out)]
+                   *(["--native"] if self.native else []), *(["--gil"] if self.gil else []),
+                   *(["--nonblocking"] if name.startswith("mount") and not self.gil else []), "--output", str(out)]
             # its own session: a Ctrl-C at the terminal is the benchmark's to handle
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     start_new_session=True)
