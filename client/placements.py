@@ -57,9 +57,7 @@ ALLOC_AHEAD = 16
 async def session_epoch(meta: MetaClient, of: OpenFile) -> int:
     """The epoch of ``of``'s write session, asked of the daemon at its first send (a pair)."""
     if not of.epoch:
-        rsp = await meta.call(p.AllocEpochReq(pair=True))
-        of.epoch = rsp.epoch
-        took_pair(of, rsp.epoch, rsp.pair)
+        of.epoch = await fresh_epoch(meta, of)
     return of.epoch
 
 
@@ -74,9 +72,16 @@ def took_pair(of: OpenFile, epoch: int, pair: bool) -> None:
     """``epoch`` came with ``epoch + 1`` (EpochRsp.pair, OpenRsp.epoch_pair): a chunk whose
     committed version has ``epoch``'s parity takes ``epoch + 1`` (``slot_version``), no request."""
     if pair:
-        if len(of.slot_epochs) > 8:  # older sessions' entries
-            of.slot_epochs.clear()
-        of.slot_epochs[(epoch, epoch & 1)] = epoch + 1
+        _keep_slot(of, (epoch, epoch & 1), epoch + 1)
+
+
+def _keep_slot(of: OpenFile, key: tuple[int, int], epoch: int) -> int:
+    """``epoch`` is the slot version for ``key`` (session epoch, committed parity) from now on;
+    ``of.slot_epochs`` stays small (older sessions' entries go)."""
+    if len(of.slot_epochs) > 8:
+        of.slot_epochs.clear()
+    of.slot_epochs[key] = epoch
+    return epoch
 
 
 async def slot_version(meta: MetaClient, of: OpenFile, epoch: int, committed: int) -> int:
@@ -95,9 +100,7 @@ async def slot_version(meta: MetaClient, of: OpenFile, epoch: int, committed: in
         rsp = await meta.call(p.AllocEpochReq(pair=True))
         for candidate in (rsp.epoch, rsp.epoch + 1) if rsp.pair else (rsp.epoch,):
             if (candidate & 1) != (committed & 1):
-                if len(of.slot_epochs) > 8:  # older sessions' entries
-                    of.slot_epochs.clear()
-                other = of.slot_epochs[key] = candidate
+                other = _keep_slot(of, key, candidate)
     return other
 
 
