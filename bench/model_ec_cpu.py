@@ -5,7 +5,9 @@ Runs the data-path model (tests/datapath_model.py ``Engine``, no mmap, no node k
 of its own (the model CLI's settings: 6 nodes, ec=4+2 and replicas=2 with 64 KiB chunks), once per
 layout asked, and prints per layout: cluster CPU per operation by role (meta, storage, mount), the
 mount's ``stripefs_ec_stripe_writes_total`` by path (delta, full, delta_fallback) per operation,
-and the storage nodes' and the metadata daemon's requests per operation by type. The counts say
+the storage nodes' and the metadata daemon's requests per operation by type, and each role's CPU per
+operation by thread (main, libzmq's I/O thread, trio's workers, other Python threads: a node's fast
+lane, the mount's FUSE reader), user and system apart. The counts say
 what a design change can save before it is built: e.g. how many of the EC writes take the delta path at all, and how many
 fragment writes and deletions each operation costs.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import urllib.request
@@ -52,6 +55,49 @@ def counters(cluster) -> dict[str, float]:
     return out
 
 
+def _thread_kind(pid: int, tid: int, comm: str) -> str:
+    """A thread's part in its process: the main thread (the trio loop of the daemon, a node and a
+    mount), libzmq's I/O thread, trio's worker threads, or another Python thread (a storage node's
+    fast lane, the mount's FUSE reader)."""
+    if tid == pid:
+        return "main"
+    if comm.startswith("ZMQbg/IO"):
+        return "zmq-io"
+    if comm.startswith("ZMQbg"):
+        return "zmq-other"
+    if comm.startswith("Trio thread"):
+        return "trio-workers"
+    return "other-threads"
+
+
+def thread_cpu(state) -> dict[str, list[float]]:
+    """``ROLE/KIND`` -> [user, system] CPU seconds so far of the cluster's threads (/proc/PID/task),
+    summed over the role's processes: which thread of a role spends its CPU, and how much of it in
+    the kernel. A thread that ended since the last look is not counted."""
+    from stripefs.local_processes import processes_of
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, list[float]] = {}
+    for proc in processes_of(state):
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{proc.pid}/task/{tid}/stat") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            comm = text[text.index("(") + 1 : text.rindex(")")]
+            fields = text.rsplit(")", 1)[-1].split()
+            key = f"{proc.name.split('-')[0]}/{_thread_kind(proc.pid, tid, comm)}"
+            acc = out.setdefault(key, [0.0, 0.0])
+            acc[0] += int(fields[11]) / tick
+            acc[1] += int(fields[12]) / tick
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=int, default=3000)
@@ -68,8 +114,14 @@ def main() -> int:
         for layout in a.layout:
             target = dm.cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ")
             before_cpu, before = dm.cluster_cpu(cluster.state), counters(cluster)
+            before_threads = thread_cpu(cluster.state)
             res = dm.Engine(target, a.seed, use_mmap=False, nfiles=3, progress=0).run(a.ops)
             cpu = {k: v - before_cpu.get(k, 0.0) for k, v in dm.cluster_cpu(cluster.state).items()}
+            threads = {
+                k: [round(1e3 * (u - before_threads.get(k, [0.0, 0.0])[0]) / a.ops, 3),
+                    round(1e3 * (sy - before_threads.get(k, [0.0, 0.0])[1]) / a.ops, 3)]
+                for k, (u, sy) in sorted(thread_cpu(cluster.state).items())
+            }
             after = counters(cluster)
             per_op = {k: round((v - before.get(k, 0.0)) / a.ops, 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0)}
             results[layout] = {
@@ -77,11 +129,14 @@ def main() -> int:
                 "cpu_ms_per_op": round(1e3 * sum(cpu.values()) / a.ops, 2),
                 "cpu_ms_per_op_by_role": {k: round(1e3 * v / a.ops, 2) for k, v in sorted(cpu.items())},
                 "per_op": per_op,
+                "thread_cpu_ms_per_op": {k: v for k, v in threads.items() if v[0] or v[1]},  # [user, system]
                 "op_counts": res["counts"],
             }
             r = results[layout]
             print(f"{layout}: {r['cpu_ms_per_op']} ms cluster CPU/op {r['cpu_ms_per_op_by_role']} in {r['seconds']} s", flush=True)
             print("   per op: " + ", ".join(f"{k} {v}" for k, v in per_op.items()), flush=True)
+            print("   CPU ms per op by thread (user+system): " + ", ".join(
+                f"{k} {u:.2f}+{sy:.2f}" for k, (u, sy) in r["thread_cpu_ms_per_op"].items()), flush=True)
     finally:
         cluster.teardown()
         shutil.rmtree(cluster.root, ignore_errors=True)
