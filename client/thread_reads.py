@@ -256,7 +256,10 @@ class ThreadReads:
                         data = self._read(load, sockets, poller)
                     except Exception:  # a bug here: trio's path answers
                         log.exception("a thread read of chunk %s failed", load.request.chunk)
-                self._loaded(load, data)
+                try:
+                    self._loaded(load, data)
+                except Exception:  # a bug: logged; the worker goes on (its waiters' answers may be lost)
+                    log.exception("answering the reads of chunk %s failed", load.request.chunk)
         finally:
             for sock, _ in sockets.values():
                 sock.close(linger=0)
