@@ -1780,13 +1780,13 @@ class Operations:
         (client/thread_reads.py), or None: ``read``/``read_inode`` run in trio. Only what needs
         nothing settled first and nothing of this mount's own: no write of it here in any stage
         (buffered, in flight, not committed, kept for its create, failed), no create or commit
-        here waiting for the daemon, no state to refresh, no training job accounting its reads.
+        here waiting for the daemon, no state to refresh.
         On a no-open mount, the inode's handle is made here when its open information is known
         (a LOOKUP's, a held file's, a dataset mount's) and the mount has no state of it yet; any
         other first READ makes it in trio, as before."""
         d = self.dirops
         if (d is not None and (d.unanswered or d.failed)) or (self.idle is not None and self.idle.pending()) \
-                or (self.writeback is not None and self.writeback.busy(inode)) or (self.jobs is not None and self.jobs.active):
+                or (self.writeback is not None and self.writeback.busy(inode)):
             return None
         if fh == 0:
             fh = self._inode_handles.get(inode)

@@ -200,7 +200,13 @@ class OperationsBridge:
         of = self.ops.thread_read_file(req.fh, req.header.nodeid, _Ctx(req.header))
         if of is None:
             return False
-        return plan_read(of, req.offset, req.size, self.ops.data, pool, reply, slow, started)
+        jobs = self.ops.jobs
+        account = None
+        if jobs is not None and jobs.active:  # attributed to its job as the handler's wrapper would (client/jobs.py)
+            ctx = _Ctx(req.header)
+            args = (req.header.nodeid, req.offset, req.size, ctx) if req.fh == 0 else (req.fh, req.offset, req.size)
+            account = (jobs, args, req.fh == 0)
+        return plan_read(of, req.offset, req.size, self.ops.data, pool, reply, slow, started, account)
 
     # -- the handlers, in tasks
 

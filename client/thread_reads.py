@@ -67,6 +67,9 @@ class Waiter(NamedTuple):
     offset: int  # of the READ in the chunk
     length: int  # bytes answered at most (past the chunk's stored end: zeros)
     started: float  # perf_counter at the READ's arrival
+    #: (Jobs, the handler's arguments, by inode) while training jobs report (client/jobs.py): the READ
+    #: is attributed to its job on the trio thread, as client/metrics.py's wrapper does
+    account: tuple | None = None
 
 
 class Load:
@@ -95,7 +98,8 @@ def chunk_request(pool: "ThreadReads", ino: int, ref: p.ChunkRef, length: int) -
     return p.ReadChunkReq(chunk=chunk, min_version=ref.version, offset=0, length=length, cap=cap)
 
 
-def plan_read(of, offset: int, size: int, data, pool: "ThreadReads", reply, slow, started: float) -> bool:
+def plan_read(of, offset: int, size: int, data, pool: "ThreadReads", reply, slow, started: float,
+              account: tuple | None = None) -> bool:
     """(reader thread, under Operations.lock) Take a READ of ``of`` (an OpenFile with nothing of
     this mount's own: Operations.thread_read_file), or False: trio's path. Taken: a read within
     one chunk of a replicated file, that chunk the file's last (so the read-ahead window, which is
@@ -116,8 +120,23 @@ def plan_read(of, offset: int, size: int, data, pool: "ThreadReads", reply, slow
     key = (of.ino, index, ref.version)
     if data.cache.loading(key):
         return False
-    waiter = Waiter(reply, slow, offset - index * cs, end - offset, started)
+    waiter = Waiter(reply, slow, offset - index * cs, end - offset, started, account)
     return pool.read(key, waiter, lambda: chunk_request(pool, of.ino, ref, cs), pool.order(ref.nodes, of.ino + index))
+
+
+def _logged(fn, *args) -> None:
+    """(trio thread) ``fn(*args)``, an exception logged: one raised by a run_sync_soon callback
+    would end trio's run, and the mount with it."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - a bug: logged loudly, the mount goes on
+        log.exception("a thread read's callback on the trio thread failed")
+
+
+def _account(account: tuple, piece, seconds: float, network: float) -> None:
+    """(trio thread) A READ answered here, attributed to its training job (Jobs.account)."""
+    jobs, args, by_inode = account
+    jobs.account("read", args, piece, seconds, network, by_inode)
 
 
 def _piece(data, offset: int, length: int):
@@ -173,7 +192,7 @@ class ThreadReads:
         data = self.cache.peek(key)
         if data is not None:
             try:
-                self._token.run_sync_soon(self._touch, key)
+                self._token.run_sync_soon(_logged, self._touch, key)
             except trio.RunFinishedError:
                 return False
             self._answer(waiter, data, cached=True)
@@ -273,7 +292,7 @@ class ThreadReads:
             waiters = load.waiters
         if data is not None:
             try:
-                self._token.run_sync_soon(self._keep, load, data)
+                self._token.run_sync_soon(_logged, self._keep, load, data)
             except trio.RunFinishedError:
                 self._done.pop(load.key, None)
             if not waiters:
@@ -298,6 +317,11 @@ class ThreadReads:
             metrics.FUSE_SECONDS.labels("read").observe(elapsed)
             metrics.READ_SECONDS.labels("network").inc(elapsed)
         metrics.READ_BYTES.inc(len(piece))
+        if w.account is not None:
+            try:
+                self._token.run_sync_soon(_logged, _account, w.account, piece, elapsed, 0.0 if cached else elapsed)
+            except trio.RunFinishedError:
+                pass
 
     def _touch(self, key) -> None:
         """(trio thread) A chunk read from the cache on the reader thread: as ChunkCache.fetch counts a hit."""
@@ -422,6 +446,6 @@ class ThreadReads:
                     self.nodes._suspect(n, exc)
 
         try:
-            self._token.run_sync_soon(mark)
+            self._token.run_sync_soon(_logged, mark)
         except trio.RunFinishedError:
             pass
