@@ -66,6 +66,14 @@ class CapStore:
         entry = self._caps.get(ino)
         return entry[0] if entry else None
 
+    def held(self, ino: int) -> p.Cap | None | bool:
+        """(any thread) What ``fresh`` would show without waiting: the capability, None (none is
+        held: none is shown), or False (it must be renewed first, which only ``fresh`` does)."""
+        entry = self._caps.get(ino) if self._caps else None
+        if entry is None:
+            return None
+        return entry[0] if time.time() < entry[1] else False
+
     async def fresh(self, ino: int) -> p.Cap | None:
         """The capability to show for ``ino``, renewed first when it nears its expiry."""
         entry = self._caps.get(ino) if self._caps else None

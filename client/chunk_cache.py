@@ -45,6 +45,21 @@ class ChunkCache:
     def __contains__(self, key: Key) -> bool:
         return key in self._entries or key in self._inflight
 
+    def peek(self, key: Key) -> bytes | None:
+        """(any thread) The bytes held for ``key``, without touching the LRU order or the accounting
+        (client/thread_reads.py hands those to trio: ``get``). One dict lookup: atomic under the GIL."""
+        return self._entries.get(key)
+
+    def loading(self, key: Key) -> bool:
+        """(any thread) A load of ``key`` is in flight."""
+        return key in self._inflight
+
+    def note_prefetched(self, key: Key) -> None:
+        """``key`` was just put by a fetch ahead of its read (client/thread_reads.py): read-ahead accounting."""
+        if key in self._entries:
+            self._prefetched.add(key)
+            metrics.READAHEAD.labels("fetched").inc()
+
     def get(self, key: Key) -> bytes | None:
         data = self._entries.get(key)
         if data is not None:

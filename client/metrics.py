@@ -120,6 +120,12 @@ ASYNC_REFUSED = Counter(
 )
 CACHE_HITS = Counter("stripefs_cache_hits_total", "Chunk lookups answered from the client's chunk cache")
 CACHE_MISSES = Counter("stripefs_cache_misses_total", "Chunk lookups that had to fetch from a storage node")
+THREAD_READS = Counter(
+    "stripefs_thread_reads_total",
+    "Cold READs taken by the plain-thread path (client/thread_reads.py): answered there (served), or handed to "
+    "trio's path after all (handed_back: a failure, a timeout, the mount stopping)",
+    ["outcome"],
+)
 EC_STRIPE_WRITES = Counter(
     "stripefs_ec_stripe_writes_total",
     "Erasure-coded stripe versions written, by how: delta (a partial write: only the changed columns of the "

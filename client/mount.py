@@ -46,6 +46,7 @@ from .fuse.session import DEFAULT_WANT, Options as SessionOptions, Session
 from .jobs import Jobs
 from .no_open_primer import NoOpenPrimer
 from .operations_bridge import OperationsBridge
+from .thread_reads import ThreadReads
 from .kernel_cache import KernelCache
 from .operations import SERVED_IOCTLS, Operations
 from .passthrough import Passthrough
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 
 #: -o options that are ours, not FUSE's
 _OWN_OPTIONS = {"config", "dataset", "disk_cache_dir", "metrics", "key", "subdir", "root_squash", "op_timeout", "nonempty",
-                "sync_close", "fuse_session", "per_open_handles", "passthrough"}
+                "sync_close", "fuse_session", "per_open_handles", "passthrough", "read_threads"}
 #: -o fuse_session=: the one value still accepted (pyfuse3 was the other until the mount's own session
 #: served everything: docs/design.md, "The mount's own FUSE session"), so fstab lines that name it work
 FUSE_SESSIONS = ("own",)
@@ -89,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
             "(META_ADDR then names the daemon's key: tcp://HOST:PORT?key=Z85); subdir=/DIR: show only that "
             "directory of the cluster; root_squash: root's new files and chowns become nobody's; "
             "op_timeout=SECONDS: the longest any file operation waits for the cluster before failing "
-            "with EIO (default 60); "
+            "with EIO (default 60); read_threads=N: threads serving cold reads without the event loop (default 4, "
+            "0: off); "
             "per_open_handles[=yes|no]: yes, OPEN, FLUSH and RELEASE per open file, a failed write reported to its "
             "own close (default no: the kernel sends no OPEN and no FLUSH, a warm read is no request at all); "
             "passthrough: (root, with disk_cache_dir) files cached whole on the local disk are read by the kernel "
@@ -150,6 +152,11 @@ def main(argv: list[str]) -> int:
         client_cfg = msgspec.structs.replace(client_cfg, root_squash=True)
     if "sync_close" in own:
         client_cfg = msgspec.structs.replace(client_cfg, sync_close=True)
+    if "read_threads" in own:
+        try:
+            client_cfg = msgspec.structs.replace(client_cfg, read_threads=int(own["read_threads"]))
+        except ValueError:
+            raise QuietError(f"read_threads={own['read_threads']}: give a number of threads, e.g. read_threads=4 (0: off)") from None
     if "op_timeout" in own:
         try:
             client_cfg = msgspec.structs.replace(client_cfg, op_timeout_s=float(own["op_timeout"]))
@@ -357,7 +364,13 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                     stack.callback(shm.close)
             nursery.start_soon(meta.heartbeat_loop, mountpoint, name="session-heartbeat")
             nursery.start_soon(ops.jobs.sweep_loop, name="jobs-sweep")  # ended jobs leave the metrics
-            session = await _start_session(ops, mountpoint, options, client_cfg, nursery)
+            reads = None
+            if client_cfg.read_threads > 0:  # cold READs on plain threads (client/thread_reads.py)
+                reads = ThreadReads(ctx, data.nodes, data.cache, trio.lowlevel.current_trio_token(),
+                                    hedge_after_s=data.hedge_after_s, workers=client_cfg.read_threads)
+                stack.callback(reads.close)  # (after the session's close below: nothing is taken any more)
+                data.thread_fetch = reads.fetch_soon  # a LOOKUP's fetch of a small file: where its READ looks
+            session = await _start_session(ops, mountpoint, options, client_cfg, nursery, reads)
             if ops.passthrough is not None:
                 if session.connection.passthrough:
                     ops.passthrough.device = session.device
@@ -475,7 +488,7 @@ async def _signals(stop: trio.CancelScope) -> None:
 
 
 async def _start_session(ops: Operations, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig,
-                         nursery: trio.Nursery) -> Session:
+                         nursery: trio.Nursery, reads: ThreadReads | None = None) -> Session:
     """Mount and answer INIT with the mount's FUSE session (client/fuse/), every request served by
     ``ops`` (client/operations_bridge.py); the calls the mount makes into its session go there too."""
     fsname = next((o.split("=", 1)[1] for o in options if o.startswith("fsname=")), "stripefs")
@@ -486,6 +499,7 @@ async def _start_session(ops: Operations, mountpoint: str, options: set[str], cl
         raise QuietError(f"cannot mount {mountpoint}: {exc}", 3) from None
     token = trio.lowlevel.current_trio_token()
     bridge = OperationsBridge(ops, token, nursery)
+    bridge.thread_reads = reads
     if ops.no_open and not ops.dataset:  # a created file's close then sends no RELEASE either
         bridge.primer = NoOpenPrimer(mountpoint, ops.kcache.path_of)
     # max_write 128 KiB, libfuse's default: with 1 MiB writes, a sequential writer

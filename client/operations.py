@@ -1775,6 +1775,50 @@ class Operations:
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
         return self._entry(rsp.attr, held=held), self._created(fh, flags)
 
+    def thread_read_file(self, fh: int, inode: int, ctx) -> OpenFile | None:
+        """(reader thread, under ``lock``) The file a READ may be served from on a plain thread
+        (client/thread_reads.py), or None: ``read``/``read_inode`` run in trio. Only what needs
+        nothing settled first and nothing of this mount's own: no write of it here in any stage
+        (buffered, in flight, not committed, kept for its create, failed), no create or commit
+        here waiting for the daemon, no state to refresh.
+        On a no-open mount, the inode's handle is made here when its open information is known
+        (a LOOKUP's, a held file's, a dataset mount's) and the mount has no state of it yet; any
+        other first READ makes it in trio, as before."""
+        d = self.dirops
+        if (d is not None and (d.unanswered or d.failed)) or (self.idle is not None and self.idle.pending()) \
+                or (self.writeback is not None and self.writeback.busy(inode)):
+            return None
+        if fh == 0:
+            fh = self._inode_handles.get(inode)
+            if fh is None:
+                fh = self._inode_handle_here(inode, ctx)
+                if fh is None:
+                    return None
+        of = self.handles.get(fh)
+        if of is None or of.stale or of.has_unflushed or of.committing:
+            return None
+        return of
+
+    def _inode_handle_here(self, inode: int, ctx) -> int | None:
+        """(reader thread, under ``lock``) ``_inode_file``'s new handle, when it needs no round trip
+        and no state of the file exists (one that does is trio's to refresh)."""
+        if inode in self._inode_asking or inode in self.files:
+            return None
+        if self.dataset:
+            rsp = self._dataset_info.get(inode) or self._fresh_open_info(inode)
+        else:
+            rsp = self._fresh_open_info(inode) or self._held(inode)
+        if rsp is None or rsp.attr.ino != inode:
+            return None
+        self._opening(inode, ctx)
+        if self.dataset:
+            fh = self._dataset_handle(inode, rsp)
+        else:
+            of, _, _ = self._record_open(rsp, fresh_attrs=True)
+            fh = self._new_handle(of)
+        self._inode_handles[inode] = fh
+        return fh
+
     async def read(self, fh, off, size):
         await self._settle(self.handles[fh].ino)
         of, stream = self._stream(fh)

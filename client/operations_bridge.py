@@ -32,6 +32,7 @@ from .fuse import abi, requests as rq
 from .fuse.dispatch import MISS, Opened
 from .fuse.replies import Attr, DirentBuffer, Entry, Failed, FuseError, Statfs
 from .operations import FAST_PATH_MISS
+from .thread_reads import ThreadReads, plan_read
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class OperationsBridge:
         self.fast_lock = ops.lock
         #: the real mount's (client/no_open_primer.py): sets the kernel's no-open at the first create
         self.primer = None
+        #: the real mount's (client/thread_reads.py): cold READs served on plain threads; None: all in trio
+        self.thread_reads: ThreadReads | None = None
 
     # -- fast paths: Operations' _fast_* (what it answers from memory), counted as its handlers are
 
@@ -186,6 +189,24 @@ class OperationsBridge:
     def fast_rename(self, req: rq.Rename):
         return self._fast("rename", self.ops._fast_rename, req.header.nodeid, req.name, req.newdir, req.newname, req.flags,
                           _Ctx(req.header))
+
+    # -- cold READs on plain threads (client/thread_reads.py): decided here, under Operations.lock
+
+    def take_read(self, req: rq.Read, reply, slow) -> bool:
+        pool = self.thread_reads
+        if pool is None:
+            return False
+        started = time.perf_counter()
+        of = self.ops.thread_read_file(req.fh, req.header.nodeid, _Ctx(req.header))
+        if of is None:
+            return False
+        jobs = self.ops.jobs
+        account = None
+        if jobs is not None and jobs.active:  # attributed to its job as the handler's wrapper would (client/jobs.py)
+            ctx = _Ctx(req.header)
+            args = (req.header.nodeid, req.offset, req.size, ctx) if req.fh == 0 else (req.fh, req.offset, req.size)
+            account = (jobs, args, req.fh == 0)
+        return plan_read(of, req.offset, req.size, self.ops.data, pool, reply, slow, started, account)
 
     # -- the handlers, in tasks
 

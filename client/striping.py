@@ -115,6 +115,9 @@ class DataPath:
         # chunks being written in the background, all files together (memory bound, with MAX_DIRTY_CHUNKS)
         self.write_slots = trio.Semaphore(max(write_parallelism, write_inflight))
         self.ec = EcPath(meta, nodes, cache, nursery)  # erasure-coded files (client/ec_path.py)
+        #: a LOOKUP's or a read hint's fetch taken by the plain-thread reads (client/thread_reads.py
+        #: ThreadReads.fetch_soon: True if taken); None: every fetch in trio
+        self.thread_fetch: Callable[[Fetch], bool] | None = None
         #: called with the inode of a discarded write session: the kernel's pages and size are wrong now
         self.on_discard: Callable[[int], None] = lambda ino: None
         #: called with the inode of a commit (a flush's, an fsync's, a truncate's): what was known of it is old
@@ -189,6 +192,8 @@ class DataPath:
             if is_ec(want.info.layout):
                 return self.ec.prefetch_small_file(want.info)
             self.nodes.learn(want.info.nodes)
+        if self.thread_fetch is not None and self.disk_cache is None and self.thread_fetch(want):
+            return  # loaded on a plain thread, where its READ is answered (client/thread_reads.py)
         self.nursery.start_soon(self.fetch, [want], name=f"fetch-{want.ino}-{want.index}")
 
     async def fetch(self, wants: list[Fetch], *, node: int | None = None) -> list[bytes | memoryview | StripefsError]:

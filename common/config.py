@@ -168,6 +168,8 @@ class ClientConfig(_Config):
     shm_size: Size = Size(512 << 20)  # most bytes of prefetched files waiting there
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
     hedge_after_s: float = 0.5  # a replica read not answered by then is also asked of the next replica; 0 = never
+    #: threads serving cold READs without trio (client/thread_reads.py); 0: every READ in trio (also -o read_threads=)
+    read_threads: int = 4
     curve_key: str = ""  # this mount's NAME.key_secret (also -o key=); the meta address names the daemon's key
     subdir: str = ""  # expose only this directory of the cluster (also -o subdir=/team-a)
     root_squash: bool = False  # files root creates through this mount are nobody's (also -o root_squash)
@@ -309,6 +311,7 @@ shm_dir = "/dev/shm"                 # prefetched files wait here for stripefs.t
 shm_size = "512M"                    # most bytes waiting there (each copy is deleted once read)
 metrics = "127.0.0.1:9720"           # Prometheus /metrics (plain HTTP: loopback unless a remote Prometheus must reach it); one port per mount
 hedge_after_s = 0.5                  # a replica slower than this: ask the next one too, take the first good answer
+read_threads = 4                     # threads serving cold reads of small files without the event loop; 0 = off (or -o read_threads=)
 curve_key = "/etc/stripefs/keys/client.key_secret"  # this mount's key (stripefs keygen; or -o key=)
 subdir = ""                          # e.g. "/team-a": the mount shows only that directory (also -o subdir=)
 root_squash = false                  # uid/gid 0 of new files and chowns become 65534 (also -o root_squash)

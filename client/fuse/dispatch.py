@@ -42,6 +42,12 @@ setlk (SETLK, SETLKW), fallocate, syncfs
 Any result may instead be a ``replies.Encoded``: the reply body already in its wire form, sent as is;
 or a ``replies.Failed``: the errno to answer, as a raised ``OSError`` would be (no exception on a hot path).
 
+* ``take_<op>(req, reply, slow)`` (only ``take_read`` is looked for): called on the reader thread,
+  under ``fast_lock``, when the fast path answered MISS. It returns True when it took the request:
+  it answers ``reply`` later from a thread of its own (never trio's), or calls ``slow()`` (any
+  thread) to hand the request to the slow path in trio after all; False: the slow path runs now.
+  It must not block either: it only decides, and queues the work (client/thread_reads.py).
+
 A file system may have ``fast_lock`` (a lock): the dispatcher holds it around each fast path run
 on the reader thread and the writing of its answer, so a change that the file system's trio thread
 makes under the same lock (dropping what a fast path answers from, then telling the kernel) either
@@ -190,6 +196,8 @@ OPERATIONS: dict[int, tuple[str, Callable[[Reply, Any, Any], None]]] = {
     Opcode.SYNCFS: ("syncfs", _none),
 }
 _DIR_OPS = {Opcode.READDIR, Opcode.READDIRPLUS}
+#: operations a file system may take off the reader thread without trio (``take_<op>``)
+_TAKEN = {"read"}
 
 
 class _Op(NamedTuple):
@@ -197,6 +205,7 @@ class _Op(NamedTuple):
     slow: Callable | None
     answer: Callable[[Reply, Any, Any], None]
     is_dir: bool
+    take: Callable | None = None  # take_<op> (module docstring)
 
 
 class Dispatcher:
@@ -214,7 +223,8 @@ class Dispatcher:
         for opcode, (name, answer) in OPERATIONS.items():
             fast, slow = getattr(fs, f"fast_{name}", None), getattr(fs, name, None)
             if fast is not None or slow is not None:
-                self._ops[opcode] = _Op(fast, slow, answer, opcode in _DIR_OPS)
+                take = getattr(fs, f"take_{name}", None) if name in _TAKEN else None
+                self._ops[opcode] = _Op(fast, slow, answer, opcode in _DIR_OPS, take)
         # a file system whose state lives on the trio thread runs its fast paths there, in a callback
         # (no task, no cancel scope), not on the reader thread (operations_bridge.py)
         self._fast_in_trio = bool(getattr(fs, "fast_on_trio_thread", False)) and trio_token is not None
@@ -257,6 +267,8 @@ class Dispatcher:
             finally:
                 if lock is not None:
                     lock.release()
+        if op.take is not None and self._token is not None and self._take(op, req, reply):
+            return  # answered later, from the file system's own thread (or handed to trio by it)
         if op.slow is None:
             log.error("%s answered MISS and has no slow path: request %d answered EIO", type(req).__name__,
                       req.header.unique)
@@ -265,6 +277,23 @@ class Dispatcher:
         if self._token is None:
             reply.error(errno.ENOSYS if op.fast is None else errno.EIO)
             return
+        self._schedule(self._spawn, op, req, reply)
+
+    def _take(self, op: _Op, req, reply: Reply) -> bool:
+        lock = self._fast_lock
+        if lock is not None:
+            lock.acquire()
+        try:
+            return op.take(req, reply, partial(self._slow, op, req, reply))
+        except OSError as e:
+            reply.error(e.errno or errno.EIO)
+            return True
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _slow(self, op: _Op, req, reply: Reply) -> None:
+        """(any thread) Run ``op``'s slow path for a request a ``take_<op>`` gave back."""
         self._schedule(self._spawn, op, req, reply)
 
     def _schedule(self, fn, op: _Op, req, reply: Reply) -> None:

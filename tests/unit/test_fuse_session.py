@@ -544,3 +544,45 @@ def test_ioctls_the_handler_does_not_serve_are_answered_by_the_session(pair):
     assert seen == [ours] and session.counts[Opcode.IOCTL] == 2
     assert not session._in_flight  # answered on the reader thread: never in flight
     stop(kernel, session)
+
+
+async def test_a_read_taken_off_the_reader_thread_is_answered_from_another_thread_or_handed_to_trio(pair):
+    """``take_read`` (client/thread_reads.py's hook): called on the reader thread under the fast
+    lock after the fast path; a READ it takes is answered later from a thread of its own (no trio
+    task), one it gives back with ``slow()`` runs the slow path in trio, one it declines runs there
+    at once."""
+    lock = threading.RLock()
+    taken, slow_runs = [], []
+
+    class ThreadFS:
+        fast_lock = lock
+
+        def take_read(self, req, reply, slow):
+            assert lock._is_owned() and threading.current_thread().name == "fuse-reader"
+            if req.offset == 0:  # declined
+                return False
+            taken.append(req.offset)
+            if req.offset == 1:  # answered by a thread of its own
+                threading.Thread(target=reply.data, args=(b"from a thread",)).start()
+            else:  # given back: trio's path after all
+                threading.Thread(target=slow).start()
+            return True
+
+        async def read(self, req):
+            slow_runs.append(req.offset)
+            return b"from trio"
+
+    def read_args(offset: int) -> bytes:
+        return u64(0) + u64(offset) + u32(100) + u32(0) + u64(0) + u32(0) + u32(0)
+
+    async with trio.open_nursery() as nursery:
+        dispatcher = Dispatcher(ThreadFS(), trio.lowlevel.current_trio_token(), nursery)
+        kernel, session = await trio.to_thread.run_sync(started, pair, dispatcher)
+        kernel.send(Opcode.READ, read_args(1), unique=10)
+        assert await kernel.answer_async() == (10, 0, b"from a thread")
+        kernel.send(Opcode.READ, read_args(2), unique=11)
+        assert await kernel.answer_async() == (11, 0, b"from trio")
+        kernel.send(Opcode.READ, read_args(0), unique=12)
+        assert await kernel.answer_async() == (12, 0, b"from trio")
+        await trio.to_thread.run_sync(stop, kernel, session)
+    assert taken == [1, 2] and slow_runs == [2, 0]

@@ -1,0 +1,87 @@
+"""Cold READs served on plain threads (client/thread_reads.py): taken, right, and falling back.
+
+The files are written through the session's mount and read through a second one (a default and a
+dataset mount: the reader's LOOKUPs then carry the open information, as for any data set written
+elsewhere), whose ``stripefs_thread_reads_total`` is counted: a cold read of a small replicated
+file must be served there (not in trio) and give the file's bytes, and a storage node killed
+between reads must change neither the bytes nor the mount's answering.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+
+from stripefs.client import metrics as client_metrics
+
+from conftest import drop_caches
+from test_ops import scrape, total
+
+
+def _thread_reads(mountpoint) -> dict[str, float]:
+    samples = scrape(f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics")
+    return {o: total(samples, "stripefs_thread_reads_total", outcome=o) for o in ("served", "handed_back")}
+
+
+def _populate(d, n: int, seed: int) -> dict[str, str]:
+    rng = random.Random(seed)
+    sums = {}
+    for i in range(n):
+        data = rng.randbytes(rng.choice([1, 4096, 110_000, 300_000, 1_000_000]))
+        (d / f"f{i}").write_bytes(data)
+        sums[f"f{i}"] = hashlib.sha256(data).hexdigest()
+    return sums
+
+
+def _check(d, names, sums) -> None:
+    for name in names:
+        assert hashlib.sha256((d / name).read_bytes()).hexdigest() == sums[name], name
+
+
+@pytest.mark.parametrize("options", ["", "dataset"])
+def test_a_cold_read_of_a_small_file_is_served_on_a_thread(cluster, mnt, options):
+    sums = _populate(mnt, 40, seed=29)
+    reader = cluster.mount_again(f"thread_reads_{options or 'default'}", options)
+    try:
+        theirs = reader / mnt.name
+        drop_caches()
+        before = _thread_reads(reader)
+        _check(theirs, sorted(sums), sums)
+        after = _thread_reads(reader)
+        # every file is one chunk: a cold read is one READ, which the threads take unless the chunk
+        # is in the chunk cache already or being loaded (a walked directory's small files are
+        # fetched ahead: client/dir_hints.py)
+        assert after["served"] - before["served"] >= 10, (before, after)
+        # again, from the chunk cache (the page cache dropped): the same bytes
+        drop_caches()
+        _check(theirs, sorted(sums), sums)
+    finally:
+        cluster.unmount(reader)
+
+
+def test_a_node_killed_mid_epoch_falls_back_and_every_file_reads_right(cluster, mnt):
+    cluster.expect_log(r"not answering", r"failed", r"no reply")
+    sums = _populate(mnt, 36, seed=2929)
+    names = sorted(sums)
+    reader = cluster.mount_again("thread_reads_kill")
+    try:
+        theirs = reader / mnt.name
+        drop_caches()
+        before = _thread_reads(reader)
+        _check(theirs, names[:12], sums)
+        cluster.kill_node(1)
+        try:
+            drop_caches()
+            _check(theirs, names[12:], sums)  # the dead node's copies: another replica, on a thread or in trio
+            drop_caches()
+            _check(theirs, names, sums)
+            after = _thread_reads(reader)
+            assert after["served"] - before["served"] >= 5, (before, after)
+        finally:
+            cluster.restart()
+        drop_caches()
+        _check(theirs, names, sums)
+    finally:
+        cluster.unmount(reader)
