@@ -86,7 +86,19 @@ The rules
   memory. A restarted daemon knows none, so for ``GRACE_S`` after a restart
   on an existing database every change waits the grace out, and mounts drop
   what they cached when the feed names a new daemon (``ChangeEvent.daemon``).
-  Several daemons (PostgreSQL) grant none: mounts cache as before.
+* Several daemons sharing a database (PostgreSQL) grant directory callbacks
+  only (``files`` False: a file, its name or a write mark gets -1), and every
+  such holding is also a row of ``dir_holds`` (daemon/shared_holds.py), written
+  in the transaction that reads what it covers (the whole listing, the mkdir).
+  A change reads the rows of the directories it names in its own transaction
+  (SERIALIZABLE: a grant and a change that miss each other conflict); finding
+  one, it replies only once the row is gone or ``SHARED_WAIT_S`` passed. The
+  holder's daemon settles the change with ``settle`` when its feed publishes it
+  (the rules above, penalties included), and deletes the row when the holding
+  ends. A read of a directory another session holds and creates in
+  asynchronously recalls it the same way. No grace: a dead daemon's rows are
+  waited for once, ``SHARED_WAIT_S`` at most, then deleted (docs/design.md,
+  "Callbacks across daemons").
 * Write marks die with a daemon too, and a mount may have closed a file whose
   session it has not committed yet. So during the grace a read that may see a
   file (a lookup, a getattr, an open other than a write mark's, a listing, a
