@@ -356,10 +356,20 @@ def _migrate_8_inode_ranges(db, root_layout: Layout) -> None:
     db.execute("CREATE TABLE inode_ranges (session TEXT NOT NULL, first BIGINT NOT NULL, last BIGINT NOT NULL)")
 
 
+def _migrate_9_dir_holds(db, root_layout: Layout) -> None:
+    """Directories held by sessions of several daemons (daemon/shared_holds.py; unused with SQLite),
+    and the sequence delegated inode numbers come from on PostgreSQL (daemon/inode_ranges.py)."""
+    db.execute("CREATE TABLE dir_holds (ino BIGINT NOT NULL, boot_id TEXT NOT NULL, session BIGINT NOT NULL,"
+               " grant_id BIGINT NOT NULL, writer BIGINT NOT NULL, holder TEXT NOT NULL,"
+               " PRIMARY KEY (ino, boot_id, session))")
+    if getattr(getattr(db, "dialect", None), "name", "sqlite") != "sqlite":
+        db.execute("CREATE SEQUENCE inode_blocks INCREMENT BY 65536 START WITH 1099511627776")
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
 MIGRATIONS: list[Callable[..., None]] = [
     _migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons, _migrate_5_tiers,
-    _migrate_6_trash, _migrate_7_snapshots, _migrate_8_inode_ranges,
+    _migrate_6_trash, _migrate_7_snapshots, _migrate_8_inode_ranges, _migrate_9_dir_holds,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

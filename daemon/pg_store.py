@@ -42,7 +42,9 @@ across every daemon, never rolled back, so no high-water mark needs to be
 made durable before an epoch is used.
 
 The database must be PostgreSQL 12+ (or a PostgreSQL-compatible engine); no
-LISTEN/NOTIFY, advisory lock or other PostgreSQL-only feature is relied upon.
+LISTEN/NOTIFY, advisory lock or other PostgreSQL-only feature is relied upon
+(``json_agg`` in ``log_change_holders`` and a sequence for delegated inode
+numbers excepted; CockroachDB has both).
 """
 
 from __future__ import annotations
@@ -226,6 +228,27 @@ class PgStore(SqlStore):
 
     def reserve_inos(self, n: int) -> list[int]:
         return [r[0] for r in self._x("SELECT nextval(pg_get_serial_sequence('inodes', 'ino')) FROM generate_series(1, ?)", (n,))]
+
+    def skip_inodes(self, count: int) -> int:
+        """``count`` inode numbers for a session (daemon/inode_ranges.py): a block of the
+        ``inode_blocks`` sequence (from 2^40 up, 65,536 a block), the first of them. A sequence
+        cannot hand out a contiguous range of the inodes' own without racing other daemons'
+        creates; the identity column never reaches 2^40."""
+        if count > 65_536:
+            raise ValueError(f"at most 65,536 inode numbers a block, not {count}")
+        return self._x("SELECT nextval('inode_blocks')").fetchone()[0]
+
+    def log_change_holders(self, created_ns: int, event: bytes, dirs: Sequence[int], writer: int) -> list[tuple]:
+        """``log_change`` (the row unnumbered), returning in the same statement the holds of
+        directories ``dirs`` by sessions of another writer tag than ``writer``, as (ino, boot_id,
+        session, grant_id): read in the change's SERIALIZABLE transaction, so a grant committed
+        concurrently that this change does not see conflicts with it (daemon/shared_holds.py)."""
+        row = self._x(
+            "INSERT INTO change_log (created_ns, event) VALUES (?, ?) RETURNING (SELECT json_agg(json_build_array("
+            "h.ino, h.boot_id, h.session, h.grant_id)) FROM dir_holds h WHERE h.ino = ANY(?) AND h.writer <> ?)",
+            (created_ns, event, list(dirs), writer),
+        ).fetchone()
+        return [tuple(r) for r in row[0] or ()]
 
     def next_epoch(self) -> int:
         return self._x("SELECT nextval('epochs')").fetchone()[0]

@@ -64,6 +64,7 @@ import contextvars
 import functools
 import logging
 import sqlite3
+import threading
 import time
 from typing import Awaitable, Callable, TypeVar
 
@@ -332,6 +333,7 @@ class PgTxn(Txn):
 
     def __init__(self, store, *, pool_size: int, on_write: Callable[[], None] = _nothing) -> None:
         super().__init__(store, on_write=on_write)
+        self._local = threading.local()  # the change the last operation of this worker thread logged
         self._limiter = trio.CapacityLimiter(max(1, pool_size))
         self.reruns = store.errors  # an operation's own error is StripefsError by then (PgStore.savepoint)
         self._durable = Batch()  # what a burst's operations wait for: their transaction committed before the replies
@@ -351,21 +353,49 @@ class PgTxn(Txn):
         done.done.set()
         return self.store.run(self._operation, fn, change, *args, **kwargs), done
 
+    def _operation(self, fn, change, *args, **kwargs):
+        self._local.logged = None
+        return super()._operation(fn, change, *args, **kwargs)
+
+    def log_in_run(self, inodes: list, entries: list) -> tuple:
+        """``Txn.log_in_run``, the row unnumbered (the sequencer's), and a fifth argument of
+        ``after_change``: the holds of the directories the change names by other writers' sessions,
+        read in the same statement (daemon/shared_holds.py), which the reply waits for."""
+        once = applied_ops.once.get()
+        client_id = once.client_id if once is not None else acting_client.get()
+        writer = P.writer_tag(client_id) if client_id else 0
+        event = change_log.encode(inodes, entries, writer)
+        dirs = sorted({parent for parent, _ in entries})
+        holders: list = []
+        if dirs:
+            holders = self.store.log_change_holders(time.time_ns(), event, dirs, writer)
+        else:
+            self.store.log_change(time.time_ns(), event)
+        logged = self._local.logged = (0, inodes, entries, client_id, holders)
+        return logged
+
     def write_reporting_locked(self, fn, *args, report, wake: bool = True, change=None, **kwargs):
         """One operation of a burst (daemon/burst.py), in its savepoint of the burst's transaction
         (``run``, in its worker thread): as ``SqliteTxn.write_reporting_locked``, with no change
-        number yet (the sequencer's) and so no directories reported."""
+        number yet (the sequencer's) and so no directories reported; the change logged carries
+        the directory holds it must wait for (``log_in_run``)."""
         with self.store.savepoint():
             result = self._operation(fn, change, *args, **kwargs)
-        return result, self._durable, None, [], 0
+        return result, self._durable, self._local.logged, [], 0
 
     async def write_reporting(self, fn, *args, report, **kwargs):
+        change = kwargs.pop("change", None)
+
+        def operation(*args, **kwargs):
+            return self._operation(fn, change, *args, **kwargs), self._local.logged
+
         try:
-            change = kwargs.pop("change", None)
-            result = await self.run(self._operation, fn, change, *args, readonly=False, **kwargs)
+            result, logged = await self.run(operation, *args, readonly=False, **kwargs)
         finally:
             self._used_once()
         self.on_write()
+        if logged is not None and logged[4] and self.after_change is not None:
+            await self.after_change(*logged)  # another session holds a directory it names
         return result, [], 0
 
     async def alloc_epoch(self, alloc):
