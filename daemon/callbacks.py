@@ -91,7 +91,8 @@ The rules
   such holding is also a row of ``dir_holds`` (daemon/shared_holds.py), written
   in the transaction that reads what it covers (the whole listing, the mkdir).
   A change reads the rows of the directories it names in its own transaction
-  (SERIALIZABLE: a grant and a change that miss each other conflict); finding
+  (the grant marks the directory's own row, which every change of it writes: a
+  grant and a change that miss each other conflict on it); finding
   one, it replies only once the row is gone or ``SHARED_WAIT_S`` passed. The
   holder's daemon settles the change with ``settle`` when its feed publishes it
   (the rules above, penalties included), and deletes the row when the holding

@@ -362,6 +362,8 @@ def _migrate_9_dir_holds(db, root_layout: Layout) -> None:
     db.execute("CREATE TABLE dir_holds (ino BIGINT NOT NULL, boot_id TEXT NOT NULL, session BIGINT NOT NULL,"
                " grant_id BIGINT NOT NULL, writer BIGINT NOT NULL, holder TEXT NOT NULL,"
                " PRIMARY KEY (ino, boot_id, session))")
+    # a directory's holders at a glance: 0 none, a writer tag its only holder's, -1 several (or unknown)
+    db.execute("ALTER TABLE inodes ADD COLUMN held_by INTEGER NOT NULL DEFAULT 0")
     if getattr(getattr(db, "dialect", None), "name", "sqlite") != "sqlite":
         db.execute("CREATE SEQUENCE inode_blocks INCREMENT BY 65536 START WITH 1099511627776")
 

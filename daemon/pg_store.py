@@ -43,7 +43,7 @@ made durable before an epoch is used.
 
 The database must be PostgreSQL 12+ (or a PostgreSQL-compatible engine); no
 LISTEN/NOTIFY, advisory lock or other PostgreSQL-only feature is relied upon
-(``json_agg`` in ``log_change_holders`` and a sequence for delegated inode
+(``= ANY(array)`` in ``log_change_holders`` and a sequence for delegated inode
 numbers excepted; CockroachDB has both).
 """
 
@@ -243,12 +243,18 @@ class PgStore(SqlStore):
         directories ``dirs`` by sessions of another writer tag than ``writer``, as (ino, boot_id,
         session, grant_id): read in the change's SERIALIZABLE transaction, so a grant committed
         concurrently that this change does not see conflicts with it (daemon/shared_holds.py)."""
-        row = self._x(
-            "INSERT INTO change_log (created_ns, event) VALUES (?, ?) RETURNING (SELECT json_agg(json_build_array("
-            "h.ino, h.boot_id, h.session, h.grant_id)) FROM dir_holds h WHERE h.ino = ANY(?) AND h.writer <> ?)",
+        # the directories' own rows first (``held_by``: a change writes them anyway): ``dir_holds`` is
+        # read only when another writer holds one, so changes in directories held by nobody else
+        # take no predicate lock on that small table (a page shared by every directory's rows)
+        others = self._x(
+            "INSERT INTO change_log (created_ns, event) VALUES (?, ?) RETURNING"
+            " (SELECT count(*) FROM inodes WHERE ino = ANY(?) AND held_by <> 0 AND held_by <> ?)",
             (created_ns, event, list(dirs), writer),
-        ).fetchone()
-        return [tuple(r) for r in row[0] or ()]
+        ).fetchone()[0]
+        if not others:
+            return []
+        return [(r[0], r[1], r[2], r[3]) for r in self._x(
+            "SELECT ino, boot_id, session, grant_id FROM dir_holds WHERE ino = ANY(?) AND writer <> ?", (list(dirs), writer))]
 
     def next_epoch(self) -> int:
         return self._x("SELECT nextval('epochs')").fetchone()[0]

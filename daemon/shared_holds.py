@@ -13,9 +13,13 @@ session of daemon A holds whole must wait for that session as if A had made it
   (``Callbacks.on_dir_dropped``; a flusher task writes the deletions). A grant
   refused after its COMMIT (a penalty meanwhile) deletes its row at once.
   ``grant_id`` names one grant: a deletion never removes a newer grant's row.
-* A change reads the rows of the directories its entries name, in its own
-  transaction (``PgStore.log_change_holders``, daemon/txn.py ``PgTxn``): a grant
-  and a change that do not see each other conflict (a write skew), one is rerun.
+* A grant also marks the directory's own row (``inodes.held_by``: the only
+  holder's writer tag, or -1). A change reads that mark of the directories its
+  entries name in its change-log INSERT, and their rows only when another
+  writer holds one (``PgStore.log_change_holders``, daemon/txn.py ``PgTxn``).
+  Every change of a directory's entries writes its row (times, nlink), and so
+  does a grant: a grant and a change that do not see each other conflict on it,
+  one is rerun (docs/design.md: why not a predicate lock on ``dir_holds``).
   Finding rows, the changing daemon answers only once each is gone, or after
   ``SHARED_WAIT_S`` (``wait_for``), then deletes those left, so that no later
   change waits for them.

@@ -653,10 +653,20 @@ class SqlStore:
             " WHERE dir_holds.grant_id < excluded.grant_id",
             (ino, boot_id, session, grant_id, writer, f"{session:x}"),
         )
+        # the directory's own row says it is held (and by whom, if by one writer): a change of it
+        # writes that row too, so a grant and a change that miss each other conflict on it
+        self._x("UPDATE inodes SET held_by = CASE WHEN held_by = 0 OR held_by = ? THEN ? ELSE -1 END WHERE ino=?",
+                (writer, writer, ino))
 
     def drop_dir_holds(self, rows: Sequence[tuple[int, str, int, int]]) -> None:
-        """The holds ``(ino, boot_id, session, grant_id)`` ended (a newer grant's row stays)."""
+        """The holds ``(ino, boot_id, session, grant_id)`` ended (a newer grant's row stays); the
+        directories' ``held_by`` from the rows left."""
         self._xm("DELETE FROM dir_holds WHERE ino=? AND boot_id=? AND session=? AND grant_id=?", rows)
+        self._xm(
+            "UPDATE inodes SET held_by = (SELECT CASE WHEN count(*) = 0 THEN 0 WHEN count(DISTINCT writer) = 1"
+            " THEN min(writer) ELSE -1 END FROM dir_holds WHERE dir_holds.ino = inodes.ino) WHERE ino=?",
+            [(ino,) for ino in sorted({row[0] for row in rows})],
+        )
 
     def dir_holds_left(self, inos: Sequence[int], now_ns: int) -> set[tuple[int, str, int, int]]:
         """The holds of directories ``inos``, as (ino, boot_id, session, grant_id), but those of daemons
