@@ -359,9 +359,12 @@ def _migrate_8_inode_ranges(db, root_layout: Layout) -> None:
 def _migrate_9_dir_holds(db, root_layout: Layout) -> None:
     """Directories held by sessions of several daemons (daemon/shared_holds.py; unused with SQLite),
     and the sequence delegated inode numbers come from on PostgreSQL (daemon/inode_ranges.py)."""
+    # no unique key: an INSERT ... ON CONFLICT probes the index, a read that SERIALIZABLE locks by page,
+    # and every grant's probe of that one small page made concurrent grants abort each other (a
+    # grant's row is named by its grant_id; a re-grant adds a row and deletes the older one)
     db.execute("CREATE TABLE dir_holds (ino BIGINT NOT NULL, boot_id TEXT NOT NULL, session BIGINT NOT NULL,"
-               " grant_id BIGINT NOT NULL, writer BIGINT NOT NULL, holder TEXT NOT NULL,"
-               " PRIMARY KEY (ino, boot_id, session))")
+               " grant_id BIGINT NOT NULL, writer BIGINT NOT NULL, holder TEXT NOT NULL)")
+    db.execute("CREATE INDEX dir_holds_ino ON dir_holds(ino)")
     # a directory's holders at a glance: 0 none, a writer tag its only holder's, -1 several (or unknown)
     db.execute("ALTER TABLE inodes ADD COLUMN held_by INTEGER NOT NULL DEFAULT 0")
     if getattr(getattr(db, "dialect", None), "name", "sqlite") != "sqlite":

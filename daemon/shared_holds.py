@@ -12,7 +12,8 @@ session of daemon A holds whole must wait for that session as if A had made it
   before that transaction began), deleted when the holding ends
   (``Callbacks.on_dir_dropped``; a flusher task writes the deletions). A grant
   refused after its COMMIT (a penalty meanwhile) deletes its row at once.
-  ``grant_id`` names one grant: a deletion never removes a newer grant's row.
+  ``grant_id`` names one grant (the table has no unique key: see daemon/db.py): a
+  deletion never removes a newer grant's row, and a re-grant deletes the older.
 * A grant also marks the directory's own row (``inodes.held_by``: the only
   holder's writer tag, or -1). A change reads that mark of the directories its
   entries name in its change-log INSERT, and their rows only when another
@@ -109,10 +110,13 @@ class SharedHolds:
         """After the grant's COMMIT (the trio thread): the holding in memory, as of ``as_of``; its
         seq, or -1 (refused meanwhile: the row goes)."""
         seq = self.callbacks.grant_dir(session, ino, as_of)
-        if seq < 0:
+        older = self._rows.get((ino, session))
+        if seq < 0 or (older is not None and older > grant_id):  # refused, or a later grant's row stands
             self._drop_row((ino, self.boot_id, session, grant_id))
-        else:  # a re-grant's row replaced the older one (put_dir_hold keeps the larger id)
-            self._rows[(ino, session)] = max(grant_id, self._rows.get((ino, session), 0))
+        else:
+            self._rows[(ino, session)] = grant_id
+            if older is not None:  # a re-grant: its row replaces the older one
+                self._drop_row((ino, self.boot_id, session, older))
         return seq
 
     def _on_dropped(self, ino: int, session: int) -> None:

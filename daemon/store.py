@@ -648,9 +648,7 @@ class SqlStore:
     def put_dir_hold(self, ino: int, boot_id: str, session: int, grant_id: int, writer: int) -> None:
         """``session`` of daemon ``boot_id`` holds directory ``ino`` whole (in the grant's transaction)."""
         self._x(
-            "INSERT INTO dir_holds (ino, boot_id, session, grant_id, writer, holder) VALUES (?,?,?,?,?,?)"
-            " ON CONFLICT (ino, boot_id, session) DO UPDATE SET grant_id=excluded.grant_id, writer=excluded.writer"
-            " WHERE dir_holds.grant_id < excluded.grant_id",
+            "INSERT INTO dir_holds (ino, boot_id, session, grant_id, writer, holder) VALUES (?,?,?,?,?,?)",
             (ino, boot_id, session, grant_id, writer, f"{session:x}"),
         )
         # the directory's own row says it is held (and by whom, if by one writer): a change of it
