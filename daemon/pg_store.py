@@ -165,9 +165,10 @@ class PgStore(SqlStore):
 
     # -- transactions --------------------------------------------------------
 
-    def run(self, fn: Callable[..., T], *args, readonly: bool = False, hooks: bool = True, **kwargs) -> T:
+    def run(self, fn: Callable[..., T], *args, readonly: bool = False, hooks: bool = True, quiet: bool = False, **kwargs) -> T:
         """``fn(*args, **kwargs)`` as one transaction, committed before returning; retried on conflicts.
-        ``hooks`` False: without the begin hooks (a probe that touches no quota)."""
+        ``hooks`` False: without the begin hooks (a probe that touches no quota). ``quiet``: conflicts
+        that outlast the retries raise ``Conflicted``, not logged (the caller has a way out)."""
         delay = 0.001
         for attempt in itertools.count(1):
             try:
@@ -189,12 +190,16 @@ class PgStore(SqlStore):
                 log.info("transaction %s not run: the daemon is stopping", getattr(fn, "__name__", fn))
                 raise StripefsError(ErrorCode.UNAVAILABLE, "the metadata daemon is stopping") from None
             except psycopg.Error as exc:
-                if _rerun(exc, readonly) and attempt < MAX_ATTEMPTS:
-                    self.retries += 1
-                    log.debug("transaction %s retried (attempt %d): %s", getattr(fn, "__name__", fn), attempt, exc.sqlstate)
-                    time.sleep(random.uniform(0, delay))
-                    delay = min(delay * 2, 0.05)
-                    continue
+                if _rerun(exc, readonly):
+                    if attempt < MAX_ATTEMPTS:
+                        self.retries += 1
+                        log.debug("transaction %s retried (attempt %d): %s", getattr(fn, "__name__", fn), attempt, exc.sqlstate)
+                        time.sleep(random.uniform(0, delay))
+                        delay = min(delay * 2, 0.05)
+                        continue
+                    if not quiet:
+                        raise _refusal(exc, getattr(fn, "__name__", fn)) from None
+                    raise Conflicted(ErrorCode.IO, f"metadata database: {exc}") from None
                 raise _refusal(exc, getattr(fn, "__name__", fn)) from None
         raise AssertionError("unreachable")
 
@@ -293,6 +298,10 @@ class PgStore(SqlStore):
                     raise
                 time.sleep(0.2 * attempt)  # another daemon's migration: wait for it and look again
         raise AssertionError("unreachable")
+
+
+class Conflicted(StripefsError):
+    """Conflicts with other transactions outlasted ``MAX_ATTEMPTS`` (``run(quiet=True)``)."""
 
 
 def _rerun(exc: psycopg.Error, readonly: bool) -> bool:

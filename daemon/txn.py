@@ -336,6 +336,8 @@ class PgTxn(Txn):
         self._local = threading.local()  # the change the last operation of this worker thread logged
         self._limiter = trio.CapacityLimiter(max(1, pool_size))
         self.reruns = store.errors  # an operation's own error is StripefsError by then (PgStore.savepoint)
+        from .pg_store import Conflicted
+        self.conflicted = Conflicted  # what ``run(quiet=True)`` raises when conflicts outlast the retries
         self._durable = Batch()  # what a burst's operations wait for: their transaction committed before the replies
         self._durable.done.set()
 
