@@ -210,6 +210,7 @@ class MetaService:
         else:
             self.shared = SharedHolds(txn, store, self.callbacks, self.boot_id)
             txn.after_change = self._settle_shared
+            txn.position = self._feed_seq  # what reported directory attributes are as of
         self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self._open_or_held)
         self.ns.trash.keep_ns = int(self.config.trash_keep_s * 1e9)  # removals kept this long (daemon/trash.py)
         self.healer = Healer(

@@ -338,12 +338,24 @@ class PgTxn(Txn):
         self.reruns = store.errors  # an operation's own error is StripefsError by then (PgStore.savepoint)
         from .pg_store import Conflicted
         self.conflicted = Conflicted  # what ``run(quiet=True)`` raises when conflicts outlast the retries
+        #: the change log position every change at or below which committed before a transaction that
+        #: begins now (the feed's: MetaService): what a change's reported directory attributes are as of
+        self.position: Callable[[], int] = lambda: 0
         self._durable = Batch()  # what a burst's operations wait for: their transaction committed before the replies
         self._durable.done.set()
 
     async def run(self, fn: Callable[..., T], *args, readonly: bool, hooks: bool = True, **kwargs) -> T:
-        """``fn`` as one transaction of its own in a worker thread (daemon/pg_store.py)."""
-        call = functools.partial(self.store.run, fn, *args, readonly=readonly, hooks=hooks, **kwargs)
+        """``fn`` as one transaction of its own in a worker thread (daemon/pg_store.py). Its
+        changes' reported attributes are as of ``position()`` now, before it begins: every change
+        numbered at or below it is in them, a later one drops them at the mount (client/dir_attrs.py)."""
+        as_of = self.position()
+
+        @functools.wraps(fn)  # (its name in log lines, and in tests counting transactions)
+        def in_thread(*args, **kwargs):
+            self._local.as_of = as_of
+            return fn(*args, **kwargs)
+
+        call = functools.partial(self.store.run, in_thread, *args, readonly=readonly, hooks=hooks, **kwargs)
         return await trio.to_thread.run_sync(call, limiter=self._limiter)
 
     async def read(self, fn: Callable[..., T], *args, **kwargs) -> T:
@@ -383,22 +395,36 @@ class PgTxn(Txn):
         the directory holds it must wait for (``log_in_run``)."""
         with self.store.savepoint():
             result = self._operation(fn, change, *args, **kwargs)
-        return result, self._durable, self._local.logged, [], 0
+        logged = self._local.logged
+        attrs, seq = self._report(report) if logged is not None else ([], 0)
+        return result, self._durable, logged, attrs, seq
+
+    def _report(self, report) -> tuple[list, int]:
+        """The directories' attributes right after an operation, and the position they are as of
+        (``run``'s): as ``SqliteTxn.write_reporting_locked`` reports them, with an earlier position."""
+        as_of = getattr(self._local, "as_of", 0)
+        if report is None or not as_of:
+            return [], 0
+        reported = report()  # None: no attributes, only the position
+        attrs = reported or []
+        return attrs, as_of if reported is None or attrs else 0
 
     async def write_reporting(self, fn, *args, report, **kwargs):
         change = kwargs.pop("change", None)
 
         def operation(*args, **kwargs):
-            return self._operation(fn, change, *args, **kwargs), self._local.logged
+            result = self._operation(fn, change, *args, **kwargs)
+            logged = self._local.logged
+            return result, logged, self._report(report) if logged is not None else ([], 0)
 
         try:
-            result, logged = await self.run(operation, *args, readonly=False, **kwargs)
+            result, logged, (attrs, seq) = await self.run(operation, *args, readonly=False, **kwargs)
         finally:
             self._used_once()
         self.on_write()
         if logged is not None and logged[4] and self.after_change is not None:
             await self.after_change(*logged)  # another session holds a directory it names
-        return result, [], 0
+        return result, attrs, seq
 
     async def alloc_epoch(self, alloc):
         return (await self.run(alloc, readonly=False))[0]  # the database's sequence: durable as soon as handed out
