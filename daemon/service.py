@@ -340,6 +340,8 @@ class MetaService:
         finally:
             with trio.CancelScope(shield=True):
                 await self.txn.commit_now()
+            if self.shared is not None:  # a clean stop: no change elsewhere waits for this daemon's holds
+                self.shared.forget_all()
             self.store.close()
             if self._db_lock is not None:
                 self._db_lock.close()

@@ -97,6 +97,13 @@ class SharedHolds:
                     await trio.sleep(1.0)
                     self._wake.set()
 
+    def forget_all(self) -> None:
+        """At a clean stop (blocking): this daemon's rows go, so that no change waits for them."""
+        try:
+            self.store.run(self.store.drop_dir_holds_of, self.boot_id)
+        except Exception as exc:  # noqa: BLE001 - the database is gone: other daemons wait SHARED_WAIT_S once
+            log.warning("directory holds of this daemon not deleted at its stop: %s", exc)
+
     # -- grants ----------------------------------------------------------------------
 
     def hold_row(self, ino: int, session: int) -> int:

@@ -505,7 +505,11 @@ class SqlStore:
     def forget_dead_daemons(self, now_ns: int) -> None:
         """Holds of daemons that stopped renewing go (open files, and directories: daemon/shared_holds.py)."""
         self._x("DELETE FROM open_holds WHERE boot_id IN (SELECT boot_id FROM daemons WHERE until_ns < ?)", (now_ns,))
-        self._x("DELETE FROM dir_holds WHERE boot_id IN (SELECT boot_id FROM daemons WHERE until_ns < ?)", (now_ns,))
+        dead = "SELECT boot_id FROM daemons WHERE until_ns < ?"
+        inos = [r[0] for r in self._x(f"SELECT DISTINCT ino FROM dir_holds WHERE boot_id IN ({dead})", (now_ns,))]
+        if inos:
+            self._x(f"DELETE FROM dir_holds WHERE boot_id IN ({dead})", (now_ns,))
+            self._recount_held(inos)
         self._x("DELETE FROM daemons WHERE until_ns < ?", (now_ns,))
 
     def held_inodes(self, now_ns: int) -> set[int]:
@@ -660,11 +664,21 @@ class SqlStore:
         """The holds ``(ino, boot_id, session, grant_id)`` ended (a newer grant's row stays); the
         directories' ``held_by`` from the rows left."""
         self._xm("DELETE FROM dir_holds WHERE ino=? AND boot_id=? AND session=? AND grant_id=?", rows)
+        self._recount_held(sorted({row[0] for row in rows}))
+
+    def _recount_held(self, inos: Sequence[int]) -> None:
+        """``held_by`` of directories ``inos`` from their rows left in ``dir_holds``."""
         self._xm(
             "UPDATE inodes SET held_by = (SELECT CASE WHEN count(*) = 0 THEN 0 WHEN count(DISTINCT writer) = 1"
             " THEN min(writer) ELSE -1 END FROM dir_holds WHERE dir_holds.ino = inodes.ino) WHERE ino=?",
-            [(ino,) for ino in sorted({row[0] for row in rows})],
+            [(ino,) for ino in inos],
         )
+
+    def drop_dir_holds_of(self, boot_id: str) -> None:
+        """Every hold of daemon ``boot_id`` (its clean stop); ``held_by`` of those directories recomputed."""
+        inos = [r[0] for r in self._x("SELECT DISTINCT ino FROM dir_holds WHERE boot_id=?", (boot_id,))]
+        self._x("DELETE FROM dir_holds WHERE boot_id=?", (boot_id,))
+        self._recount_held(inos)
 
     def dir_holds_left(self, inos: Sequence[int], now_ns: int) -> set[tuple[int, str, int, int]]:
         """The holds of directories ``inos``, as (ino, boot_id, session, grant_id), but those of daemons
