@@ -171,7 +171,7 @@ class AsyncDirops:
                 self._session = session
             self._ranges.append((rsp.first, rsp.first + rsp.count - 1))
         except StripefsError as exc:
-            if exc.code == ErrorCode.UNAVAILABLE:  # the store delegates none (PostgreSQL): creates stay synchronous
+            if exc.code == ErrorCode.UNAVAILABLE:  # the daemon delegates none (PostgreSQL before issue 30): synchronous
                 log.info("asynchronous creates off: %s", exc.message)
                 self.enabled = False
             else:

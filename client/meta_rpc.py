@@ -58,7 +58,8 @@ class MetaClient:
         self.open_inodes: Callable[[], list[int]] = lambda: []
         self.client_id = random.getrandbits(63) or 1  # names this client's ops in the daemons' applied-ops table
         self.writer = 0  # HelloRsp.writer: the change feed's name for this client's changes
-        self.callbacks = False  # HelloRsp.callbacks: the daemon grants callbacks (and write marks)
+        self.callbacks = False  # HelloRsp.callbacks: the daemon grants callbacks
+        self.marks = False  # HelloRsp.marks: ... and write marks (so closes may send nothing)
         self._next_op = 1
         self._unanswered: set[int] = set()  # op ids sent and not answered yet
         self.subdir = b""  # ask to see only this directory (HelloReq.subdir)
@@ -166,6 +167,7 @@ class MetaClient:
                 self.cluster_id = reply.cluster_id
                 self.writer = reply.writer  # the feed's name for our own changes (the daemon's hash of our client id)
                 self.callbacks = reply.callbacks
+                self.marks = reply.callbacks and reply.marks
                 self.subtree = Subtree(reply.root_ino) if reply.root_ino != 1 else None
                 log.info("session %d with metadata daemon %s (boot %s)", self.session_id, self.addresses[self._current], self.boot_id)
                 return

@@ -291,10 +291,11 @@ class Operations:
         #: at the first FLUSH that finds the change feed followed), FLUSH is declined, for good;
         #: write sessions are committed when the writing stops (client/idle_commits.py), and another
         #: mount's read of a file written here waits for this mount's acknowledgement (a write mark,
-        #: daemon/callbacks.py), which commits first. Only where the daemon grants callbacks, and
-        #: not with ``-o sync_close``.
+        #: daemon/callbacks.py), which commits first. Only where the daemon grants callbacks and
+        #: write marks (SQLite), and not with ``-o sync_close``.
         self.silent_close = False
-        self._may_go_silent = self.per_inode and not sync_close and meta.callbacks and self.kcache.callbacks_wanted
+        self._may_go_silent = (self.per_inode and not sync_close and meta.callbacks and getattr(meta, "marks", True)
+                               and self.kcache.callbacks_wanted)  # (no write marks from PostgreSQL daemons)
         self.idle: IdleCommits | None = IdleCommits(self._commit_idle) if self._may_go_silent else None
         self._unmarked_told = False
         self._quiet_commits = 0  # ``_commit_quietly`` calls under way: the unmount waits for them

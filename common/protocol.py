@@ -495,7 +495,8 @@ class HelloRsp(Msg, tag="hello_rsp"):
     root_ino: int = 1
     cluster_id: str = ""  # fixed when the metadata database is created (names the mount's disk cache)
     writer: int = 0  # the change feed's name for this mount's own changes (ChangeEvent.writer, writer_tag)
-    callbacks: bool = False  # this daemon grants callbacks (one daemon: SQLite), write marks included
+    callbacks: bool = False  # this daemon grants callbacks (SQLite: files too; PostgreSQL: directories only)
+    marks: bool = True  # ... and write marks (closes may send nothing); not on PostgreSQL
 
 
 class SessionHeartbeatReq(Msg, tag="session_heartbeat"):

@@ -45,8 +45,11 @@ through ``PgTxn.run``), a savepoint per operation, one COMMIT; a conflict with
 another daemon reruns the whole burst (``PgStore.run``'s retries); no reply
 before that COMMIT returned; lookups and getattrs take the usual path (a
 read-only snapshot each, no conflicts with the bursts' writes); changes are
-numbered by the sequencer as on the task path (daemon/change_log.py), so no
-callbacks wait and no directories are reported.
+numbered by the sequencer as on the task path (daemon/change_log.py), their
+reported directories are as of the feed's position before the transaction,
+and a change waits only for the directory holds it found
+(daemon/shared_holds.py). A burst whose conflicts outlast the retries runs its
+units one transaction each.
 
 Exclusive creates next to each other in the burst, of one client and key in
 one directory (a BatchReq's, or requests of their own), run as ONE operation
@@ -307,7 +310,18 @@ class Burst:
         A shared database: the units as one transaction of their own instead (``_transaction``)."""
         txn = self.txn
         if txn.shared:
-            return await txn.run(self._transaction, units, readonly=False)
+            if len(units) == 1:
+                return await txn.run(self._transaction, units, readonly=False)
+            try:
+                return await txn.run(self._transaction, units, readonly=False, quiet=True)
+            except txn.conflicted as exc:
+                # a big burst whose pages another daemon's bursts keep writing (SERIALIZABLE locks reads
+                # by index page) loses every rerun to them: its units one transaction each get through
+                log.warning("a burst of %d operations lost %s: each in a transaction of its own", len(units), exc)
+                wrote = False
+                for unit in units:
+                    wrote = await txn.run(self._transaction, [unit], readonly=False) or wrote
+                return wrote
         wrote = False
         try:
             for start in range(0, len(units), SLICE):

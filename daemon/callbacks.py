@@ -86,7 +86,20 @@ The rules
   memory. A restarted daemon knows none, so for ``GRACE_S`` after a restart
   on an existing database every change waits the grace out, and mounts drop
   what they cached when the feed names a new daemon (``ChangeEvent.daemon``).
-  Several daemons (PostgreSQL) grant none: mounts cache as before.
+* Several daemons sharing a database (PostgreSQL) grant directory callbacks
+  only (``files`` False: a file, its name or a write mark gets -1), and every
+  such holding is also a row of ``dir_holds`` (daemon/shared_holds.py), written
+  in the transaction that reads what it covers (the whole listing, the mkdir).
+  A change reads the rows of the directories it names in its own transaction
+  (the grant marks the directory's own row, which every change of it writes: a
+  grant and a change that miss each other conflict on it); finding
+  one, it replies only once the row is gone or ``SHARED_WAIT_S`` passed. The
+  holder's daemon settles the change with ``settle`` when its feed publishes it
+  (the rules above, penalties included), and deletes the row when the holding
+  ends. A read of a directory another session holds and creates in
+  asynchronously recalls it the same way. No grace: a dead daemon's rows are
+  waited for once, ``SHARED_WAIT_S`` at most, then deleted (docs/design.md,
+  "Callbacks across daemons").
 * Write marks die with a daemon too, and a mount may have closed a file whose
   session it has not committed yet. So during the grace a read that may see a
   file (a lookup, a getattr, an open other than a write mark's, a listing, a
@@ -135,6 +148,11 @@ class Callbacks:
     def __init__(self, *, enabled: bool, alive: Callable[[int], bool] = lambda sid: True,
                  last_seq: Callable[[], int] = lambda: 0, owner: Callable[[int], str | None] = lambda sid: None) -> None:
         self.enabled = enabled
+        #: callbacks on files, their names and write marks too (one daemon); False: directories only
+        #: (several daemons: daemon/shared_holds.py covers nothing else, so nothing else is granted)
+        self.files = True
+        #: ``on_dir_dropped(ino, session)``: a directory's holding ended (daemon/shared_holds.py deletes its row)
+        self.on_dir_dropped: Callable[[int, int], None] | None = None
         self.alive = alive  # is this session still open (daemon/health.py Sessions)
         self.owner = owner  # the key a session belongs to (None: a plain socket): penalties are the key's
         self.last_seq = last_seq  # the newest change number logged: a granted answer is as of it (daemon/txn.py)
@@ -179,7 +197,7 @@ class Callbacks:
 
     def grant_many(self, session: int, files: list[tuple[int, int, bytes]]) -> int:
         """``grant`` for every (ino, parent, name) of ``files``, or for none of them: the seq or -1."""
-        if not self._may_hold(session, 2 * len(files)):
+        if not self.files or not self._may_hold(session, 2 * len(files)):
             return -1
         held = self._held.setdefault(session, set())
         seq = self.last_seq()
@@ -189,13 +207,21 @@ class Callbacks:
                 held.add(key)
         return seq
 
-    def grant_dir(self, session: int, ino: int) -> int:
-        """A callback on every name of directory ``ino``: the seq, or -1."""
-        return self._grant_key(session, ("dir", ino))
+    def grant_dir(self, session: int, ino: int, as_of: int | None = None) -> int:
+        """A callback on every name of directory ``ino``: the seq, or -1. ``as_of``: the position
+        the grant is as of, when not ``last_seq()`` now (several daemons: read before the grant's
+        transaction, daemon/shared_holds.py)."""
+        return self._grant_key(session, ("dir", ino), as_of)
+
+    def may_hold_dir(self, session: int) -> bool:
+        """``grant_dir`` would grant now (its row is written before it is: daemon/shared_holds.py)."""
+        return self._may_hold(session, 1)
 
     def grant_write(self, session: int, ino: int) -> int:
         """A write mark on ``ino`` for ``session``, a mount whose closes send nothing (the rules
         above): the seq, or -1 (none: the mount then commits as soon as it stops writing)."""
+        if not self.files:
+            return -1
         if ("w", ino) not in self._holders and self._may_hold(session, 1):
             self.marks += 1
         return self._grant_key(session, ("w", ino))
@@ -207,11 +233,11 @@ class Callbacks:
             return False
         return len(self._held.get(session, ())) + keys <= MAX_PER_SESSION
 
-    def _grant_key(self, session: int, key) -> int:
+    def _grant_key(self, session: int, key, as_of: int | None = None) -> int:
         """One key (a directory's names, a write mark) for ``session``: the seq, or -1."""
         if not self._may_hold(session, 1):
             return -1
-        seq = self.last_seq()
+        seq = self.last_seq() if as_of is None else as_of
         self._holders.setdefault(key, {})[session] = seq
         self._held.setdefault(session, set()).add(key)
         return seq
@@ -246,17 +272,19 @@ class Callbacks:
 
     # ------------------------------------------------------------------ changes
 
-    async def settle(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0) -> list[int]:
+    async def settle(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0,
+                     tagged: bool = False) -> list[int]:
         """Wait until the holders of what change ``seq`` touched dropped it (or ``WAIT_S``).
 
-        ``writer``: the client id that made the change (it does not wait for itself).
+        ``writer``: the client id that made the change (it does not wait for itself); ``tagged``:
+        its writer tag instead (a change read from the log: daemon/shared_holds.py).
         Returns the inodes no session holds any more (orphans among them may go)."""
         if not self.enabled:
             return []
         if self._grace_until and trio.current_time() < self._grace_until:
             await trio.sleep_until(self._grace_until)  # a restart: callbacks granted before it are unknown
         entries = [tuple(e) for e in entries]
-        keys, waiting, mine = self._holders_of(seq, inodes, entries, writer)
+        keys, waiting, mine = self._holders_of(seq, inodes, entries, writer, tagged)
         freed: list[int] = []
         if waiting:
             self.waits += 1
@@ -315,9 +343,15 @@ class Callbacks:
             return None
         return self._revoke(keys, seq, mine, files_too=not entries)
 
-    def _holders_of(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int) -> tuple[list, set[int], set[int]]:
+    def must_wait(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], tag: int) -> bool:
+        """Change ``seq`` (made by the writer ``tag``) must wait for some session of this daemon."""
+        return bool(self._holders_of(seq, inodes, entries, tag, True)[1])
+
+    def _holders_of(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int,
+                    tagged: bool = False) -> tuple[list, set[int], set[int]]:
         """The keys change ``seq`` touches, the sessions it waits for, and the writer's own
-        sessions (they keep their holdings of names and directories)."""
+        sessions (they keep their holdings of names and directories). ``tagged``: ``writer`` is a
+        writer tag (``protocol.writer_tag``), not a client id."""
         entries = [tuple(e) for e in entries]
         inodes = list(inodes)
         keys = [*inodes, *(("w", ino) for ino in inodes), *entries, *{("dir", parent) for parent, _ in entries}]
@@ -325,7 +359,7 @@ class Callbacks:
         mine: set[int] = set()
         for key in keys:
             for sid, granted in self._holders.get(key, {}).items():
-                if writer and self._client.get(sid) == writer:
+                if writer and (P.writer_tag(self._client.get(sid, 0)) if tagged else self._client.get(sid)) == writer:
                     mine.add(sid)
                 elif granted < seq and self.alive(sid):
                     waiting.add(sid)
@@ -381,9 +415,14 @@ class Callbacks:
                 held = self._held.get(sid)
                 if held is not None:
                     held.discard(key)
+                self._dir_dropped(key, sid)
             if not holders:
                 self._unheld(key, freed)
         return freed
+
+    def _dir_dropped(self, key, session: int) -> None:
+        if self.on_dir_dropped is not None and type(key) is tuple and key[0] == "dir":
+            self.on_dir_dropped(key[1], session)
 
     def _unheld(self, key, freed: list[int]) -> None:
         """Nobody holds ``key`` any more; a file's inode joins ``freed``."""
@@ -433,7 +472,8 @@ class Callbacks:
         for key in list(keys):
             holders = self._holders.get(key)
             if holders is not None:
-                holders.pop(session, None)
+                if holders.pop(session, None) is not None:
+                    self._dir_dropped(key, session)
                 if not holders:
                     self._unheld(key, freed)
         if session in self._held:

@@ -356,10 +356,25 @@ def _migrate_8_inode_ranges(db, root_layout: Layout) -> None:
     db.execute("CREATE TABLE inode_ranges (session TEXT NOT NULL, first BIGINT NOT NULL, last BIGINT NOT NULL)")
 
 
+def _migrate_9_dir_holds(db, root_layout: Layout) -> None:
+    """Directories held by sessions of several daemons (daemon/shared_holds.py; unused with SQLite),
+    and the sequence delegated inode numbers come from on PostgreSQL (daemon/inode_ranges.py)."""
+    # no unique key: an INSERT ... ON CONFLICT probes the index, a read that SERIALIZABLE locks by page,
+    # and every grant's probe of that one small page made concurrent grants abort each other (a
+    # grant's row is named by its grant_id; a re-grant adds a row and deletes the older one)
+    db.execute("CREATE TABLE dir_holds (ino BIGINT NOT NULL, boot_id TEXT NOT NULL, session BIGINT NOT NULL,"
+               " grant_id BIGINT NOT NULL, writer BIGINT NOT NULL, holder TEXT NOT NULL)")
+    db.execute("CREATE INDEX dir_holds_ino ON dir_holds(ino)")
+    # a directory's holders at a glance: 0 none, a writer tag its only holder's, -1 several (or unknown)
+    db.execute("ALTER TABLE inodes ADD COLUMN held_by INTEGER NOT NULL DEFAULT 0")
+    if getattr(getattr(db, "dialect", None), "name", "sqlite") != "sqlite":
+        db.execute("CREATE SEQUENCE inode_blocks INCREMENT BY 65536 START WITH 1099511627776")
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
 MIGRATIONS: list[Callable[..., None]] = [
     _migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons, _migrate_5_tiers,
-    _migrate_6_trash, _migrate_7_snapshots, _migrate_8_inode_ranges,
+    _migrate_6_trash, _migrate_7_snapshots, _migrate_8_inode_ranges, _migrate_9_dir_holds,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

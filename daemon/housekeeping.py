@@ -66,6 +66,8 @@ class Housekeeping:
         self.healer = healer  # daemon/repair.py: gives back an expired session's uncommitted chunks
         self.feed_views = feed_views  # daemon/access.py: each subtree's view of the change log
         self.feed = None  # daemon/events.py ChangeFeed, set once it is open (MetaService.run)
+        #: ``on_published(rows)`` after the feed published rows read from a shared database (daemon/shared_holds.py)
+        self.on_published = None
         self.callbacks = callbacks  # daemon/callbacks.py: an expired session's callbacks go with it
         self.inode_ranges = None  # daemon/inode_ranges.py: an expired session's delegated numbers go with it (set by the service)
         self._gc_wake = trio.Event()
@@ -155,6 +157,8 @@ class Housekeeping:
                 while True:
                     rows, views = await self.txn.read(self._feed_page, self.feed.seq, self.feed.subtrees())
                     self.feed.publish(rows, views)
+                    if rows and self.on_published is not None:
+                        self.on_published(rows)
                     if len(rows) < change_log.PAGE:
                         break
             except StripefsError as exc:  # the database is unreachable (logged by the store): next round

@@ -17,8 +17,11 @@ The rules
 * A session's ranges go when it expires (not within a lease of the daemon's
   start: a session of before a restart is adopted at its next request); numbers it never used are skipped, never reused
   (64-bit numbers: a hole costs nothing).
-* SQLite only (one daemon, group commit); on PostgreSQL the request is UNAVAILABLE and
-  mounts create synchronously.
+* PostgreSQL (several daemons): the numbers come from their own sequence
+  (``PgStore.skip_inodes``: blocks from 2^40 up), and each daemon knows the ranges of its own
+  sessions; a number its memory does not know is looked up in ``inode_ranges`` (a session
+  that came over from another daemon, or from before a restart), and ranges are never read
+  back whole at start (another daemon's live sessions are not this one's to expire).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ MAX_COUNT = 65_536
 
 
 class InodeRanges:
-    def __init__(self, store, *, grace_s: float) -> None:
+    def __init__(self, store, *, grace_s: float, shared: bool = False) -> None:
         self.store = store
+        self.shared = shared  # several daemons over one database: this daemon's sessions only (module docstring)
         self.grace_s = grace_s  # after a start: how long a session not seen yet keeps its ranges (its lease)
         self._loaded = time.monotonic()
         self._ranges: dict[int, list[tuple[int, int]]] = {}  # session -> [(first, last)], sorted
@@ -46,13 +50,13 @@ class InodeRanges:
         """Read the ranges back (start-up, under the lock)."""
         self._ranges.clear()
         self._loaded = time.monotonic()
+        if self.shared:
+            return
         for session, first, last in self.store.inode_ranges():
             bisect.insort(self._ranges.setdefault(session, []), (first, last))
 
     def delegate(self, session: int, count: int) -> int:
         """Under the lock, in a write: ``count`` numbers for ``session``; the first."""
-        if not hasattr(self.store, "skip_inodes"):
-            raise StripefsError(ErrorCode.UNAVAILABLE, "this metadata store delegates no inode numbers (SQLite only)")
         if not session or not 0 < count <= MAX_COUNT:
             raise StripefsError(ErrorCode.INVALID, f"delegating {count} inode numbers to session {session}: 1 to {MAX_COUNT}, to a session")
         held = self._ranges.setdefault(session, [])
@@ -76,6 +80,10 @@ class InodeRanges:
         held = self._ranges.get(session, ())
         i = bisect.bisect_right(held, (ino, float("inf"))) - 1
         if i < 0 or not held[i][0] <= ino <= held[i][1]:
+            found = self.store.inode_range_of(session, ino) if self.shared and session else None
+            if found is not None:  # delegated by another daemon, or before a restart (module docstring)
+                bisect.insort(self._ranges.setdefault(session, []), found)
+                return
             log.warning("session %d named inode %d, outside its delegated ranges: refused", session, ino)
             raise StripefsError(ErrorCode.INVALID, f"inode {ino} was not delegated to session {session}")
 

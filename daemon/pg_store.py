@@ -42,7 +42,9 @@ across every daemon, never rolled back, so no high-water mark needs to be
 made durable before an epoch is used.
 
 The database must be PostgreSQL 12+ (or a PostgreSQL-compatible engine); no
-LISTEN/NOTIFY, advisory lock or other PostgreSQL-only feature is relied upon.
+LISTEN/NOTIFY, advisory lock or other PostgreSQL-only feature is relied upon
+(``= ANY(array)`` in ``log_change_holders`` and a sequence for delegated inode
+numbers excepted; CockroachDB has both).
 """
 
 from __future__ import annotations
@@ -163,9 +165,10 @@ class PgStore(SqlStore):
 
     # -- transactions --------------------------------------------------------
 
-    def run(self, fn: Callable[..., T], *args, readonly: bool = False, hooks: bool = True, **kwargs) -> T:
+    def run(self, fn: Callable[..., T], *args, readonly: bool = False, hooks: bool = True, quiet: bool = False, **kwargs) -> T:
         """``fn(*args, **kwargs)`` as one transaction, committed before returning; retried on conflicts.
-        ``hooks`` False: without the begin hooks (a probe that touches no quota)."""
+        ``hooks`` False: without the begin hooks (a probe that touches no quota). ``quiet``: conflicts
+        that outlast the retries raise ``Conflicted``, not logged (the caller has a way out)."""
         delay = 0.001
         for attempt in itertools.count(1):
             try:
@@ -187,12 +190,16 @@ class PgStore(SqlStore):
                 log.info("transaction %s not run: the daemon is stopping", getattr(fn, "__name__", fn))
                 raise StripefsError(ErrorCode.UNAVAILABLE, "the metadata daemon is stopping") from None
             except psycopg.Error as exc:
-                if _rerun(exc, readonly) and attempt < MAX_ATTEMPTS:
-                    self.retries += 1
-                    log.debug("transaction %s retried (attempt %d): %s", getattr(fn, "__name__", fn), attempt, exc.sqlstate)
-                    time.sleep(random.uniform(0, delay))
-                    delay = min(delay * 2, 0.05)
-                    continue
+                if _rerun(exc, readonly):
+                    if attempt < MAX_ATTEMPTS:
+                        self.retries += 1
+                        log.debug("transaction %s retried (attempt %d): %s", getattr(fn, "__name__", fn), attempt, exc.sqlstate)
+                        time.sleep(random.uniform(0, delay))
+                        delay = min(delay * 2, 0.05)
+                        continue
+                    if not quiet:
+                        raise _refusal(exc, getattr(fn, "__name__", fn)) from None
+                    raise Conflicted(ErrorCode.IO, f"metadata database: {exc}") from None
                 raise _refusal(exc, getattr(fn, "__name__", fn)) from None
         raise AssertionError("unreachable")
 
@@ -226,6 +233,33 @@ class PgStore(SqlStore):
 
     def reserve_inos(self, n: int) -> list[int]:
         return [r[0] for r in self._x("SELECT nextval(pg_get_serial_sequence('inodes', 'ino')) FROM generate_series(1, ?)", (n,))]
+
+    def skip_inodes(self, count: int) -> int:
+        """``count`` inode numbers for a session (daemon/inode_ranges.py): a block of the
+        ``inode_blocks`` sequence (from 2^40 up, 65,536 a block), the first of them. A sequence
+        cannot hand out a contiguous range of the inodes' own without racing other daemons'
+        creates; the identity column never reaches 2^40."""
+        if count > 65_536:
+            raise ValueError(f"at most 65,536 inode numbers a block, not {count}")
+        return self._x("SELECT nextval('inode_blocks')").fetchone()[0]
+
+    def log_change_holders(self, created_ns: int, event: bytes, dirs: Sequence[int], writer: int) -> list[tuple]:
+        """``log_change`` (the row unnumbered), returning in the same statement the holds of
+        directories ``dirs`` by sessions of another writer tag than ``writer``, as (ino, boot_id,
+        session, grant_id): read in the change's SERIALIZABLE transaction, so a grant committed
+        concurrently that this change does not see conflicts with it (daemon/shared_holds.py)."""
+        # the directories' own rows first (``held_by``: a change writes them anyway): ``dir_holds`` is
+        # read only when another writer holds one, so changes in directories held by nobody else
+        # take no predicate lock on that small table (a page shared by every directory's rows)
+        others = self._x(
+            "INSERT INTO change_log (created_ns, event) VALUES (?, ?) RETURNING"
+            " (SELECT count(*) FROM inodes WHERE ino = ANY(?) AND held_by <> 0 AND held_by <> ?)",
+            (created_ns, event, list(dirs), writer),
+        ).fetchone()[0]
+        if not others:
+            return []
+        return [(r[0], r[1], r[2], r[3]) for r in self._x(
+            "SELECT ino, boot_id, session, grant_id FROM dir_holds WHERE ino = ANY(?) AND writer <> ?", (list(dirs), writer))]
 
     def next_epoch(self) -> int:
         return self._x("SELECT nextval('epochs')").fetchone()[0]
@@ -264,6 +298,10 @@ class PgStore(SqlStore):
                     raise
                 time.sleep(0.2 * attempt)  # another daemon's migration: wait for it and look again
         raise AssertionError("unreachable")
+
+
+class Conflicted(StripefsError):
+    """Conflicts with other transactions outlasted ``MAX_ATTEMPTS`` (``run(quiet=True)``)."""
 
 
 def _rerun(exc: psycopg.Error, readonly: bool) -> bool:

@@ -77,6 +77,7 @@ from .trash_service import TrashService
 from .repair import Healer
 from .repair_admin import OperatorRequests
 from .open_holds import OpenHolds
+from .shared_holds import SharedHolds
 from .pg_store import open_pg_store
 from .store import SqliteStore
 from .tiering import Tiering
@@ -197,11 +198,19 @@ class MetaService:
                 txn, store, self.sessions, self.boot_id, lease_s=self.config.session_lease_s, duties=self.duties,
                 wake_gc=self._wake_gc,
             )
-        # one daemon (SQLite): mounts may cache regular files under callbacks, which count as open
-        self.callbacks = Callbacks(enabled=store.group_commit, alive=self.sessions.alive, last_seq=lambda: txn.last_seq,
-                                   owner=self.sessions.owner_of)
+        # one daemon (SQLite): mounts may cache regular files under callbacks, which count as open;
+        # several (PostgreSQL): directories only, held through rows others see (daemon/shared_holds.py),
+        # as of this daemon's feed (every change at or below it committed before the grant began)
+        self.callbacks = Callbacks(enabled=True, alive=self.sessions.alive, owner=self.sessions.owner_of,
+                                   last_seq=(lambda: txn.last_seq) if store.group_commit else self._feed_seq)
+        self.callbacks.files = store.group_commit
+        self.shared: SharedHolds | None = None
         if store.group_commit:
             txn.after_change = self._settle
+        else:
+            self.shared = SharedHolds(txn, store, self.callbacks, self.boot_id)
+            txn.after_change = self._settle_shared
+            txn.position = self._feed_seq  # what reported directory attributes are as of
         self.ns = Namespace(store, nodes, is_open=self.holds.is_open if self.holds else self._open_or_held)
         self.ns.trash.keep_ns = int(self.config.trash_keep_s * 1e9)  # removals kept this long (daemon/trash.py)
         self.healer = Healer(
@@ -215,7 +224,8 @@ class MetaService:
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
             feed_views=self.access.feed_views, ctx=self.ctx, callbacks=self.callbacks,
         )
-        self.inode_ranges = self.housekeeping.inode_ranges = InodeRanges(store, grace_s=self.config.session_lease_s)  # asynchronous creates' numbers
+        self.inode_ranges = self.housekeeping.inode_ranges = InodeRanges(store, grace_s=self.config.session_lease_s,
+                                                                         shared=not store.group_commit)  # asynchronous creates' numbers
         self.inode_ranges.load()
         self.tiering = Tiering(
             self.config, txn, store, nodes, ns=self.ns, sessions=self.sessions, duties=self.duties, healer=self.healer,
@@ -252,6 +262,20 @@ class MetaService:
         freed = await self.callbacks.settle(seq, inodes, entries, writer=writer)
         await self.housekeeping.release(freed)
 
+    async def _settle_shared(self, seq: int, inodes: list[int], entries: list, writer: int, holders: list = ()) -> None:
+        """A change is committed (several daemons): wait for the directory holds it found (daemon/shared_holds.py)."""
+        if holders:
+            await self.shared.wait_for(holders)
+
+    @staticmethod
+    def _settle_now_shared(seq: int, inodes: list[int], entries: list, writer: int, holders: list = ()) -> list[int] | None:
+        """``Callbacks.settle_now`` for several daemons: None when the change found holds to wait for."""
+        return None if holders else []
+
+    def _feed_seq(self) -> int:
+        """The position of this daemon's feed: what a grant is as of (several daemons)."""
+        return self.feed.seq if self.feed is not None else self.txn.last_seq
+
     def _on_trio_thread(self, fn: Callable[..., None]) -> Callable[..., None]:
         """``fn`` run on the trio thread even when called from a PostgreSQL worker thread (it wakes trio tasks)."""
         trio_thread = threading.get_ident()
@@ -282,8 +306,8 @@ class MetaService:
                 # answers granted before this daemon logs its first change are as of the log's end, not
                 # of 0 (which a mount cannot tell from "no position": client/dir_attrs.py keeps nothing)
                 self.txn.last_seq = max(self.txn.last_seq, last_seq or 0)
-                if last_seq:  # a restart: mounts may still cache under callbacks this daemon never heard of
-                    self.callbacks.start_grace()
+                if last_seq and self.store.group_commit:  # a restart: mounts may still cache under callbacks
+                    self.callbacks.start_grace()          # this daemon never heard of (PostgreSQL: dir_holds rows)
                 stack.push_async_callback(self._close_feed)  # after the nursery below: no task writes any more
                 housekeeping = self.housekeeping
                 housekeeping.feed = self.feed
@@ -296,6 +320,8 @@ class MetaService:
                 if self.access.keyring is not None:  # who hears what (daemon/events.py)
                     nursery.start_soon(self.feed.subscription_loop, name="meta-feed-subscriptions")
                 if not self.store.group_commit:
+                    await nursery.start(self.shared.run, name="meta-shared-holds")
+                    housekeeping.on_published = self.shared.published
                     nursery.start_soon(housekeeping.feed_poll_loop, name="meta-feed-poll")
                 nursery.start_soon(self.duties.run, housekeeping.take_lease, housekeeping.release_lease, name="meta-lease")
                 nursery.start_soon(
@@ -314,6 +340,8 @@ class MetaService:
         finally:
             with trio.CancelScope(shield=True):
                 await self.txn.commit_now()
+            if self.shared is not None:  # a clean stop: no change elsewhere waits for this daemon's holds
+                self.shared.forget_all()
             self.store.close()
             if self._db_lock is not None:
                 self._db_lock.close()
@@ -380,7 +408,8 @@ class MetaService:
         (PostgreSQL) per burst."""
         self.burst = Burst(
             txn=self.txn, access=self.access, kinds=BURST_KINDS, operation=self.operation,
-            settle_now=self.callbacks.settle_now, settle=self._settle, release=self.housekeeping.release,
+            settle_now=self.callbacks.settle_now if self.shared is None else self._settle_now_shared,
+            settle=self._settle if self.shared is None else self._settle_shared, release=self.housekeeping.release,
             redo=lambda request: self.handle(request, []), defer=self._must_recall, create_many=self._create_many,
             unlink_many=functools.partial(unlink_many, self.ns),
         )
@@ -537,6 +566,7 @@ class MetaService:
             cluster_id=self.cluster_id,
             writer=P.writer_tag(client_id),
             callbacks=self.callbacks.enabled,
+            marks=self.callbacks.files,
         )
 
     async def handle_session_heartbeat(self, req: P.SessionHeartbeatReq) -> P.Msg:
@@ -625,6 +655,9 @@ class MetaService:
 
     async def handle_lookup(self, req: P.LookupReq) -> P.Msg:
         await self.callbacks.grace_over()
+        if self.shared is not None:  # the holders may be other daemons' (daemon/shared_holds.py)
+            await self.shared.recall(req.session_id, req.parent, req.name, child=True)
+            return await self._perform(self._op_lookup(req))
         await self._recall(req.session_id, req.parent, req.name)
         child = self._held_child(req)
         if child:
@@ -662,7 +695,9 @@ class MetaService:
         """Another session holds directory ``parent`` whole and may have answered creates there
         that this daemon has not got yet (client/async_dirops.py): a change naming the directory
         makes it send them and let go before this read (daemon/callbacks.py ``recall_needed``)."""
-        if self.callbacks.recall_needed(session, parent, self.inode_ranges.holds):
+        if self.shared is not None:
+            await self.shared.recall(session, parent, name)
+        elif self.callbacks.recall_needed(session, parent, self.inode_ranges.holds):
             await self.txn.write(_nothing, change=([], [(parent, name)]))
 
     def _op_lookup(self, req: P.LookupReq) -> Op:
@@ -851,6 +886,14 @@ class MetaService:
 
     def _op_mkdir(self, req: P.MkdirReq) -> Op:
         owner = current_peer()
+        # several daemons: the new directory's hold is a row written with it, the grant as of a
+        # position read before its transaction (daemon/shared_holds.py)
+        shared = self.shared if req.callback and req.session_id and self.shared is not None else None
+        if shared is not None:
+            self.sessions.touch(req.session_id, owner=owner)  # the session is the asking key's
+            if not self.callbacks.may_hold_dir(req.session_id):
+                shared = None
+        as_of, grant = self._feed_seq(), [0]
 
         def fn():
             if req.new_ino:  # as in _op_create
@@ -859,11 +902,16 @@ class MetaService:
             attr = self.ns.mkdir(req.parent, req.name, req.mode, req.uid, req.gid, ino=req.new_ino)
             if req.new_ino:
                 self.inode_ranges.spent(req.session_id, req.new_ino)
+            if shared is not None:
+                grant[0] = shared.hold_row(attr.ino, req.session_id)
             return attr
 
         def reply(attr, dirs, seq):
             callback = -1
-            if req.callback and req.session_id and self.callbacks.enabled:
+            if shared is not None:
+                if grant[0]:
+                    callback = shared.granted(attr.ino, req.session_id, grant[0], as_of)
+            elif req.callback and req.session_id and self.callbacks.enabled and self.shared is None:
                 self.sessions.touch(req.session_id, owner=current_peer())  # the session is the asking key's
                 callback = self.callbacks.grant_dir(req.session_id, attr.ino)  # it knows every name in it: none
             return P.AttrRsp(attr=attr, dir_attrs=dirs, seq=seq, callback=callback)
@@ -936,7 +984,10 @@ class MetaService:
             else:
                 entries, more = self.ns.readdir(req.ino, req.after, req.limit)
             callback = whole = -1
-            if req.callback and req.session_id and self.callbacks.enabled:
+            if shared:  # several daemons: no file callbacks; the directory's hold is a row (below)
+                if req.after == 0 and not more:
+                    whole = self.shared.hold_row(req.ino, req.session_id)
+            elif req.callback and req.session_id and self.callbacks.enabled and self.shared is None:
                 self.sessions.touch(req.session_id, owner=owner)  # the session is the asking key's
                 # a file written elsewhere by a mount whose closes send nothing: listed, not held
                 # (a later open or stat asks, and recalls the writer: daemon/callbacks.py)
@@ -948,7 +999,18 @@ class MetaService:
             return entries, more, files, callback, whole
 
         owner = current_peer()
-        entries, more, files, callback, whole = await self.txn.read(list_dir)
+        # several daemons: a listing that may hold the directory writes its row in the same
+        # SERIALIZABLE transaction, as of a position read before it (daemon/shared_holds.py)
+        shared = bool(req.callback and req.session_id and self.shared is not None)
+        if shared:
+            self.sessions.touch(req.session_id, owner=owner)  # the session is the asking key's
+            shared = self.callbacks.may_hold_dir(req.session_id)
+        if not shared:
+            entries, more, files, callback, whole = await self.txn.read(list_dir)
+        else:
+            as_of = self._feed_seq()
+            entries, more, files, callback, grant = await self.txn.run(list_dir, readonly=False)
+            whole = self.shared.granted(req.ino, req.session_id, grant, as_of) if grant > 0 else -1
         return P.ReaddirRsp(entries=entries, more=more, files=files, callback=callback, dir_callback=whole)
 
     async def handle_statfs(self, req: P.StatfsReq) -> P.Msg:

@@ -503,8 +503,13 @@ class SqlStore:
         self._xm("DELETE FROM open_holds WHERE boot_id=? AND ino=?", ((boot_id, ino) for ino in inos))
 
     def forget_dead_daemons(self, now_ns: int) -> None:
-        """Holds of daemons that stopped renewing go."""
+        """Holds of daemons that stopped renewing go (open files, and directories: daemon/shared_holds.py)."""
         self._x("DELETE FROM open_holds WHERE boot_id IN (SELECT boot_id FROM daemons WHERE until_ns < ?)", (now_ns,))
+        dead = "SELECT boot_id FROM daemons WHERE until_ns < ?"
+        inos = [r[0] for r in self._x(f"SELECT DISTINCT ino FROM dir_holds WHERE boot_id IN ({dead})", (now_ns,))]
+        if inos:
+            self._x(f"DELETE FROM dir_holds WHERE boot_id IN ({dead})", (now_ns,))
+            self._recount_held(inos)
         self._x("DELETE FROM daemons WHERE until_ns < ?", (now_ns,))
 
     def held_inodes(self, now_ns: int) -> set[int]:
@@ -642,7 +647,64 @@ class SqlStore:
         row = self._x("SELECT holder, expires_ns, term FROM leases WHERE name = ?", (name,)).fetchone()
         return (row[0], row[1], row[2]) if row else ("", 0, 0)
 
+    # -- directories held across daemons (daemon/shared_holds.py) ---------------
+
+    def put_dir_hold(self, ino: int, boot_id: str, session: int, grant_id: int, writer: int) -> None:
+        """``session`` of daemon ``boot_id`` holds directory ``ino`` whole (in the grant's transaction)."""
+        self._x(
+            "INSERT INTO dir_holds (ino, boot_id, session, grant_id, writer, holder) VALUES (?,?,?,?,?,?)",
+            (ino, boot_id, session, grant_id, writer, f"{session:x}"),
+        )
+        # the directory's own row says it is held (and by whom, if by one writer): a change of it
+        # writes that row too, so a grant and a change that miss each other conflict on it
+        self._x("UPDATE inodes SET held_by = CASE WHEN held_by = 0 OR held_by = ? THEN ? ELSE -1 END WHERE ino=?",
+                (writer, writer, ino))
+
+    def drop_dir_holds(self, rows: Sequence[tuple[int, str, int, int]]) -> None:
+        """The holds ``(ino, boot_id, session, grant_id)`` ended (a newer grant's row stays); the
+        directories' ``held_by`` from the rows left."""
+        self._xm("DELETE FROM dir_holds WHERE ino=? AND boot_id=? AND session=? AND grant_id=?", rows)
+        self._recount_held(sorted({row[0] for row in rows}))
+
+    def _recount_held(self, inos: Sequence[int]) -> None:
+        """``held_by`` of directories ``inos`` from their rows left in ``dir_holds``."""
+        self._xm(
+            "UPDATE inodes SET held_by = (SELECT CASE WHEN count(*) = 0 THEN 0 WHEN count(DISTINCT writer) = 1"
+            " THEN min(writer) ELSE -1 END FROM dir_holds WHERE dir_holds.ino = inodes.ino) WHERE ino=?",
+            [(ino,) for ino in inos],
+        )
+
+    def drop_dir_holds_of(self, boot_id: str) -> None:
+        """Every hold of daemon ``boot_id`` (its clean stop); ``held_by`` of those directories recomputed."""
+        inos = [r[0] for r in self._x("SELECT DISTINCT ino FROM dir_holds WHERE boot_id=?", (boot_id,))]
+        self._x("DELETE FROM dir_holds WHERE boot_id=?", (boot_id,))
+        self._recount_held(inos)
+
+    def dir_holds_left(self, inos: Sequence[int], now_ns: int) -> set[tuple[int, str, int, int]]:
+        """The holds of directories ``inos``, as (ino, boot_id, session, grant_id), but those of daemons
+        whose ``daemons`` row expired (one not written yet, a daemon just started, counts as alive)."""
+        marks = ",".join("?" * len(inos))
+        return {
+            (r[0], r[1], r[2], r[3]) for r in self._x(
+                f"SELECT h.ino, h.boot_id, h.session, h.grant_id FROM dir_holds h WHERE h.ino IN ({marks}) AND NOT EXISTS"
+                " (SELECT 1 FROM daemons d WHERE d.boot_id = h.boot_id AND d.until_ns <= ?)", (*inos, now_ns))
+        }
+
+    def async_holders(self, inos: Sequence[int], session: int) -> list[int]:
+        """Those of directories ``inos`` held by a session other than ``session`` that has inode
+        numbers delegated (it may create there asynchronously: a read recalls it first)."""
+        marks = ",".join("?" * len(inos))
+        return [r[0] for r in self._x(
+            f"SELECT DISTINCT h.ino FROM dir_holds h WHERE h.ino IN ({marks}) AND h.session <> ?"
+            " AND EXISTS (SELECT 1 FROM inode_ranges r WHERE r.session = h.holder)", (*inos, session))]
+
     # -- inode numbers delegated to sessions (daemon/inode_ranges.py) ------------
+
+    def inode_range_of(self, session: int, ino: int) -> tuple[int, int] | None:
+        """The range delegated to ``session`` that holds ``ino``, if any."""
+        row = self._x("SELECT first, last FROM inode_ranges WHERE session=? AND first <= ? AND last >= ?",
+                      (f"{session:x}", ino, ino)).fetchone()
+        return (row[0], row[1]) if row else None
 
     def put_inode_range(self, session: int, first: int, last: int) -> None:
         self._x("INSERT INTO inode_ranges (session, first, last) VALUES (?,?,?)", (f"{session:x}", first, last))

@@ -64,6 +64,7 @@ import contextvars
 import functools
 import logging
 import sqlite3
+import threading
 import time
 from typing import Awaitable, Callable, TypeVar
 
@@ -332,14 +333,29 @@ class PgTxn(Txn):
 
     def __init__(self, store, *, pool_size: int, on_write: Callable[[], None] = _nothing) -> None:
         super().__init__(store, on_write=on_write)
+        self._local = threading.local()  # the change the last operation of this worker thread logged
         self._limiter = trio.CapacityLimiter(max(1, pool_size))
         self.reruns = store.errors  # an operation's own error is StripefsError by then (PgStore.savepoint)
+        from .pg_store import Conflicted
+        self.conflicted = Conflicted  # what ``run(quiet=True)`` raises when conflicts outlast the retries
+        #: the change log position every change at or below which committed before a transaction that
+        #: begins now (the feed's: MetaService): what a change's reported directory attributes are as of
+        self.position: Callable[[], int] = lambda: 0
         self._durable = Batch()  # what a burst's operations wait for: their transaction committed before the replies
         self._durable.done.set()
 
     async def run(self, fn: Callable[..., T], *args, readonly: bool, hooks: bool = True, **kwargs) -> T:
-        """``fn`` as one transaction of its own in a worker thread (daemon/pg_store.py)."""
-        call = functools.partial(self.store.run, fn, *args, readonly=readonly, hooks=hooks, **kwargs)
+        """``fn`` as one transaction of its own in a worker thread (daemon/pg_store.py). Its
+        changes' reported attributes are as of ``position()`` now, before it begins: every change
+        numbered at or below it is in them, a later one drops them at the mount (client/dir_attrs.py)."""
+        as_of = self.position()
+
+        @functools.wraps(fn)  # (its name in log lines, and in tests counting transactions)
+        def in_thread(*args, **kwargs):
+            self._local.as_of = as_of
+            return fn(*args, **kwargs)
+
+        call = functools.partial(self.store.run, in_thread, *args, readonly=readonly, hooks=hooks, **kwargs)
         return await trio.to_thread.run_sync(call, limiter=self._limiter)
 
     async def read(self, fn: Callable[..., T], *args, **kwargs) -> T:
@@ -351,22 +367,64 @@ class PgTxn(Txn):
         done.done.set()
         return self.store.run(self._operation, fn, change, *args, **kwargs), done
 
+    def _operation(self, fn, change, *args, **kwargs):
+        self._local.logged = None
+        return super()._operation(fn, change, *args, **kwargs)
+
+    def log_in_run(self, inodes: list, entries: list) -> tuple:
+        """``Txn.log_in_run``, the row unnumbered (the sequencer's), and a fifth argument of
+        ``after_change``: the holds of the directories the change names by other writers' sessions,
+        read in the same statement (daemon/shared_holds.py), which the reply waits for."""
+        once = applied_ops.once.get()
+        client_id = once.client_id if once is not None else acting_client.get()
+        writer = P.writer_tag(client_id) if client_id else 0
+        event = change_log.encode(inodes, entries, writer)
+        dirs = sorted({parent for parent, _ in entries})
+        holders: list = []
+        if dirs:
+            holders = self.store.log_change_holders(time.time_ns(), event, dirs, writer)
+        else:
+            self.store.log_change(time.time_ns(), event)
+        logged = self._local.logged = (0, inodes, entries, client_id, holders)
+        return logged
+
     def write_reporting_locked(self, fn, *args, report, wake: bool = True, change=None, **kwargs):
         """One operation of a burst (daemon/burst.py), in its savepoint of the burst's transaction
         (``run``, in its worker thread): as ``SqliteTxn.write_reporting_locked``, with no change
-        number yet (the sequencer's) and so no directories reported."""
+        number yet (the sequencer's) and so no directories reported; the change logged carries
+        the directory holds it must wait for (``log_in_run``)."""
         with self.store.savepoint():
             result = self._operation(fn, change, *args, **kwargs)
-        return result, self._durable, None, [], 0
+        logged = self._local.logged
+        attrs, seq = self._report(report) if logged is not None else ([], 0)
+        return result, self._durable, logged, attrs, seq
+
+    def _report(self, report) -> tuple[list, int]:
+        """The directories' attributes right after an operation, and the position they are as of
+        (``run``'s): as ``SqliteTxn.write_reporting_locked`` reports them, with an earlier position."""
+        as_of = getattr(self._local, "as_of", 0)
+        if report is None or not as_of:
+            return [], 0
+        reported = report()  # None: no attributes, only the position
+        attrs = reported or []
+        return attrs, as_of if reported is None or attrs else 0
 
     async def write_reporting(self, fn, *args, report, **kwargs):
+        change = kwargs.pop("change", None)
+
+        def operation(*args, **kwargs):
+            result = self._operation(fn, change, *args, **kwargs)
+            logged = self._local.logged
+            return result, logged, self._report(report) if logged is not None else ([], 0)
+
         try:
-            change = kwargs.pop("change", None)
-            result = await self.run(self._operation, fn, change, *args, readonly=False, **kwargs)
+            result, logged, (attrs, seq) = await self.run(operation, *args, readonly=False, **kwargs)
         finally:
             self._used_once()
         self.on_write()
-        return result, [], 0
+        if logged is not None and logged[4] and self.after_change is not None:
+            await self.after_change(*logged)  # another session holds a directory it names
+        return result, attrs, seq
 
     async def alloc_epoch(self, alloc):
         return (await self.run(alloc, readonly=False))[0]  # the database's sequence: durable as soon as handed out

@@ -230,3 +230,54 @@ def test_a_listings_open_information_is_each_files_on_postgresql(two):
     assert not more and len(files) == len(entries) == 5
     for (attr, layout, refs, addrs), entry in zip(files, entries):
         assert (attr, layout, refs, addrs) == a.store.run(a.ns.open_info, entry.attr.ino, readonly=True)
+
+
+def test_a_directory_hold_is_found_by_another_writers_change_only(two):
+    """daemon/shared_holds.py: a change's log row comes back with the holds of the directories it
+    names by other writers (``held_by`` first), none once they are dropped."""
+    a, b = two
+    d = a.op("mkdir", ROOT, b"held", 0o755, 0, 0).ino
+    e = a.op("mkdir", ROOT, b"free", 0o755, 0, 0).ino
+    a.store.run(a.store.put_dir_hold, d, "boot-a", 7, 100, 11)
+    found = lambda dirs, writer: b.store.run(b.store.log_change_holders, 1, b"x", dirs, writer)  # noqa: E731
+    assert found([d], 22) == [(d, "boot-a", 7, 100)]
+    assert found([d], 11) == []  # the holder's own change waits for nobody
+    assert found([e], 22) == []
+    b.store.run(b.store.put_dir_hold, d, "boot-b", 8, 200, 33)
+    assert b.store.run(b.store.get_inode, d)["held_by"] == -1
+    assert sorted(found([d], 11)) == [(d, "boot-b", 8, 200)]
+    a.store.run(a.store.drop_dir_holds, [(d, "boot-a", 7, 100)])
+    assert b.store.run(b.store.get_inode, d)["held_by"] == 33
+    b.store.run(b.store.drop_dir_holds, [(d, "boot-b", 8, 200)])
+    assert b.store.run(b.store.get_inode, d)["held_by"] == 0
+    assert found([d], 22) == []
+
+
+def test_a_grant_and_a_change_that_miss_each_other_conflict(two):
+    """The grant's listing and its hold in one transaction, a create in the directory through the
+    other daemon committed in between: the grant is rerun and its listing sees the create (the
+    directory's row is written by both: docs/design.md "Callbacks across daemons")."""
+    a, b = two
+    d = a.op("mkdir", ROOT, b"raced", 0o755, 0, 0).ino
+    listed, created = threading.Event(), threading.Event()
+    listings = []
+
+    def grant():
+        entries, _ = a.ns.readdir(d, 0, 100)
+        listings.append(sorted(e.name for e in entries))
+        if len(listings) == 1:
+            listed.set()
+            assert created.wait(10)  # the other daemon's create committed after this snapshot
+        a.store.put_dir_hold(d, "boot-a", 7, len(listings), 11)
+
+    def change():
+        assert listed.wait(10)
+        b.ns.create(d, b"new", 0o644, 0, 0, True)
+        b.store.log_change_holders(1, b"x", [d], 22)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        granted = pool.submit(a.store.run, grant)
+        pool.submit(b.store.run, change).result(10)
+        created.set()
+        granted.result(20)
+    assert listings[0] == [] and listings[-1] == [b"new"], listings
