@@ -116,7 +116,9 @@ class NodePool:
         now = trio.current_time()
         return sorted(rotated, key=lambda n: self._suspect_until.get(n, 0) > now)
 
-    def _suspect(self, node_id: int, exc: StripefsError) -> None:
+    def suspect(self, node_id: int, exc: StripefsError) -> None:
+        """(trio thread) ``node_id`` failed with ``exc``: a timeout or an unreachable node is asked last for
+        ``SUSPECT_FOR_S``."""
         if exc.code in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE):
             if self._suspect_until.get(node_id, 0) < trio.current_time():
                 log.warning("storage node %d (%s) is not answering: %s", node_id, self.addresses.get(node_id), exc.message)
@@ -124,10 +126,14 @@ class NodePool:
 
     def note_slow(self, node_id: int) -> None:
         """A hedged read got its answer elsewhere first: try this node last for a while."""
-        self._suspect(node_id, StripefsError(ErrorCode.TIMEOUT, "slower than the hedge deadline"))
+        self.suspect(node_id, StripefsError(ErrorCode.TIMEOUT, "slower than the hedge deadline"))
 
     def is_suspect(self, node_id: int) -> bool:
         return self._suspect_until.get(node_id, 0) > trio.current_time()
+
+    def suspect_until(self, node_id: int) -> float:
+        """(any thread: a plain dict read) Until when, on trio's clock, ``node_id`` is asked last; 0: not suspect."""
+        return self._suspect_until.get(node_id, 0)
 
     async def read(self, node_id: int, chunk: p.ChunkId, min_version: int, offset: int, length: int, *, last_try: bool) -> memoryview:
         return (await self.read_versioned(node_id, chunk, min_version, offset, length, last_try=last_try))[1]
@@ -145,7 +151,7 @@ class NodePool:
                 expect=p.ReadChunkRsp,
             )
         except StripefsError as exc:
-            self._suspect(node_id, exc)
+            self.suspect(node_id, exc)
             raise
         self._suspect_until.pop(node_id, None)
         if len(payloads) != 1:
@@ -161,7 +167,7 @@ class NodePool:
         try:
             rsp, payloads = await self._call_with_caps(client, p.ReadChunksReq(reads=reads), timeout=self.timeout, expect=p.ReadChunksRsp)
         except StripefsError as exc:
-            self._suspect(node_id, exc)
+            self.suspect(node_id, exc)
             raise
         self._suspect_until.pop(node_id, None)
         if len(rsp.results) != len(reads) or len(payloads) != len(reads):
@@ -181,7 +187,7 @@ class NodePool:
         try:
             rsp, _ = await self._call_with_caps(client, request, [data], expect=p.WriteChunkRsp)
         except StripefsError as exc:
-            self._suspect(node_id, exc)
+            self.suspect(node_id, exc)
             raise
         return rsp
 
@@ -200,7 +206,7 @@ class NodePool:
             try:
                 rsp, _ = await self._call_with_caps(client, request, [d for _, d in batch], timeout=timeout, expect=p.WriteChunksRsp)
             except StripefsError as exc:
-                self._suspect(node_id, exc)
+                self.suspect(node_id, exc)
                 raise
             if len(rsp.results) != len(batch):
                 raise StripefsError(ErrorCode.BAD_REQUEST, f"node {node_id} answered {len(rsp.results)} of {len(batch)} writes")
@@ -215,7 +221,7 @@ class NodePool:
             for i in range(0, len(chunks), p.MAX_LIST):  # a request lists at most MAX_LIST chunks
                 await self._call_with_caps(client, p.SyncChunksReq(chunks=chunks[i : i + p.MAX_LIST]))
         except StripefsError as exc:
-            self._suspect(node_id, exc)
+            self.suspect(node_id, exc)
             raise
 
     async def sync_each(self, by_node: dict[int, list[p.ChunkId]]) -> dict[int, StripefsError]:

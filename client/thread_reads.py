@@ -176,9 +176,8 @@ class ThreadReads:
         """Every replica's address is known and none is suspect (a node that timed out lately: trio's
         path asks it last, and reports what fails)."""
         now = self._clock_offset + time.perf_counter()
-        suspect = self.nodes._suspect_until
         addresses = self.nodes.addresses
-        return all(n in addresses and suspect.get(n, 0) <= now for n in node_ids)
+        return all(n in addresses and self.nodes.suspect_until(n) <= now for n in node_ids)
 
     def order(self, node_ids: list[int], start: int) -> list[int]:
         """Replica order, as NodePool.order rotates it (none is suspect here: ``healthy``)."""
@@ -443,7 +442,7 @@ class ThreadReads:
                 if exc is None:
                     self.nodes.note_slow(n)
                 else:
-                    self.nodes._suspect(n, exc)
+                    self.nodes.suspect(n, exc)
 
         try:
             self._token.run_sync_soon(_logged, mark)
