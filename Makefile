@@ -117,6 +117,7 @@ FUZZ_CHECKPOINTS ?= .fuzz-checkpoints
 fuzz: install
 	@# two runs: each tier's tests import their own conftest by that name
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/cluster/test_fuzz.py
+	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) STRIPEFS_FUZZ_META_STORE=postgresql $(PY) -m pytest -q -s tests/cluster/test_fuzz.py -k metadata_daemon
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/unit/test_feed_fuzz.py
 	$(PY) tests/datapath_model.py --layout both --parallel --mmap both --ops $(FUZZ_DATAPATH_OPS) \
 		--kill-every $(FUZZ_DATAPATH_KILL_EVERY) --snapshot-every $(FUZZ_DATAPATH_SNAPSHOT_EVERY) --checkpoint $(FUZZ_CHECKPOINTS) --progress 60

@@ -21,7 +21,10 @@ root directory: a well-formed request from an unauthenticated peer is
 fuzzer asks only what must fail or must leave the dataset alone.
 
 Reproducible: ``derandomize=True`` in CI; ``make fuzz`` runs the same tests
-with ``STRIPEFS_FUZZ_EXAMPLES`` many examples and random seeds.
+with ``STRIPEFS_FUZZ_EXAMPLES`` many examples and random seeds, and the
+metadata daemon's again on PostgreSQL (``STRIPEFS_FUZZ_META_STORE=postgresql``:
+its burst transactions and the directory holds shared between daemons are a
+request path of their own).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from stripefs.common.errors import ErrorCode
 from conftest import Cluster, cluster_root, run_cli, run_cluster
 
 EXAMPLES = int(os.environ.get("STRIPEFS_FUZZ_EXAMPLES", "0"))
+META_STORE = os.environ.get("STRIPEFS_FUZZ_META_STORE", "sqlite")  # or postgresql (the throwaway server of `local up`)
 FUZZ = settings(
     deadline=None,
     derandomize=not EXAMPLES,  # CI: the same examples every run; make fuzz: new ones
@@ -234,7 +238,7 @@ class FuzzCluster(Cluster):
         # so a background task that chokes on it fails here, not an hour later in production
         run_cli("local", "up", "--dir", str(self.state), "--mount", str(self.mnt), "--nodes", str(self.nodes),
                 "--set", f"meta.session_lease_s={LEASE_S}", "--set", "meta.node_suspect_s=2", "--set", "meta.node_timeout_s=4",
-                "--set", "storage.heartbeat_interval_s=0.5")
+                "--set", "storage.heartbeat_interval_s=0.5", *(("--meta-store", META_STORE) if META_STORE != "sqlite" else ()))
 
     def data_dirs(self) -> list[Path]:
         return sorted(self.state.glob("storage-*/data"))
