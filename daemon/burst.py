@@ -83,8 +83,9 @@ operation, bound to the sending key as ``handle_once`` binds it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import trio
 
@@ -370,30 +371,20 @@ class Burst:
         if type(units[0].body) is P.UnlinkReq:
             return self._unlinks(units)
         first = units[0]
-        security.PEER.set(first.peer)
         parent = first.body.parent
-        # the change's writer is the client's (Txn._operation reads it); ``used``: no record of its own
-        once = first.once
-        key = applied_ops.OnceKey(once.client_id, 0, once.done_below, used=True) if once is not None else None
-        token = applied_ops.once.set(key) if key is not None else None
-        try:
-            made, batch, logged, attrs, seq = self.txn.write_reporting_locked(
-                self._run_many, units, report=first.op.report, wake=False,
-                change=lambda made: ([parent], [(parent, u.body.name) for u in made]) if made else None)
-        except self.txn.reruns:  # a conflict (PostgreSQL): the whole transaction again (``_transaction``)
-            raise
-        except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
-            if not isinstance(exc, ManyNotHere):
-                log.debug("creates in directory %d one by one: %r", parent, exc)
-            for unit in units:
-                unit.result, unit.error = None, None
-            return any([self._one(unit) for unit in units])
-        finally:
-            if token is not None:
-                applied_ops.once.reset(token)
-            for unit in units:
-                if unit.once is not None:
-                    unit.once.used = True  # one operation per OnceReq
+        with _one_client(units):
+            try:
+                made, batch, logged, attrs, seq = self.txn.write_reporting_locked(
+                    self._run_many, units, report=first.op.report, wake=False,
+                    change=lambda made: ([parent], [(parent, u.body.name) for u in made]) if made else None)
+            except self.txn.reruns:  # a conflict (PostgreSQL): the whole transaction again (``_transaction``)
+                raise
+            except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
+                if not isinstance(exc, ManyNotHere):
+                    log.debug("creates in directory %d one by one: %r", parent, exc)
+                for unit in units:
+                    unit.result, unit.error = None, None
+                return any([self._one(unit) for unit in units])
         for unit in units:
             if unit.error is None:
                 unit.batch = batch
@@ -449,26 +440,17 @@ class Burst:
         times, and its attributes after the run in the last one's reply. An error past an
         unlink's checks undoes the whole, and they run one by one (``_one``)."""
         first = units[0]
-        security.PEER.set(first.peer)
-        once = first.once  # the changes' writer is the client's (Txn.log_in_run reads it)
-        key = applied_ops.OnceKey(once.client_id, 0, once.done_below, used=True) if once is not None else None
-        token = applied_ops.once.set(key) if key is not None else None
-        try:
-            made, batch = self.txn.write_locked(self._run_unlinks, units, wake=False)
-        except self.txn.reruns:
-            raise
-        except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
-            if not isinstance(exc, ManyNotHere):
-                log.debug("unlinks in directory %d one by one: %r", first.body.parent, exc)
-            for unit in units:
-                unit.result, unit.error, unit.logged, unit.seq = None, None, None, 0
-            return any([self._one(unit) for unit in units])
-        finally:
-            if token is not None:
-                applied_ops.once.reset(token)
-            for unit in units:
-                if unit.once is not None:
-                    unit.once.used = True  # one operation per OnceReq
+        with _one_client(units):
+            try:
+                made, batch = self.txn.write_locked(self._run_unlinks, units, wake=False)
+            except self.txn.reruns:
+                raise
+            except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
+                if not isinstance(exc, ManyNotHere):
+                    log.debug("unlinks in directory %d one by one: %r", first.body.parent, exc)
+                for unit in units:
+                    unit.result, unit.error, unit.logged, unit.seq = None, None, None, 0
+                return any([self._one(unit) for unit in units])
         for unit in units:
             if unit.error is None:
                 unit.batch = batch
@@ -596,6 +578,27 @@ class Burst:
             return unit.op.reply(unit.result, unit.attrs, unit.seq)
         except StripefsError as exc:
             return _error(exc)
+
+
+@contextlib.contextmanager
+def _one_client(units: list[_Unit]) -> Iterator[None]:
+    """Around a run of one client's operations run as one (``Burst._many``, ``Burst._unlinks``):
+    the first's peer, and its OnceReq's client as the changes' writer (``Txn.log_in_run`` reads
+    it; ``used``: no record of its own). On the way out, after a fallback to one by one inside
+    the block, each OnceReq is marked used (one operation per OnceReq)."""
+    first = units[0]
+    security.PEER.set(first.peer)
+    once = first.once
+    key = applied_ops.OnceKey(once.client_id, 0, once.done_below, used=True) if once is not None else None
+    token = applied_ops.once.set(key) if key is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            applied_ops.once.reset(token)
+        for unit in units:
+            if unit.once is not None:
+                unit.once.used = True
 
 
 def _runs(units: list[_Unit]) -> list[list[_Unit]]:
