@@ -99,17 +99,26 @@ SAMPLER_KW: dict = {}
 
 MODES = ("default", "dataset")  # the mount's modes: default (read-write, close-to-open) and -o dataset
 
-# issue 16 "Done when" (issue 4's targets): minimum ratio stripefs/local of the throughput
+# the goals: issue 29's table where it sets the row (the default mount first; a goal per mode where the
+# issue gives one), else issue 16's "Done when" (issue 4's targets). A floor is a ratio stripefs/local of
+# the throughput, or {mode: ratio}.
 TARGETS = [
-    ("decode_cold", 0.95, "JPEG decode, cold epoch"),
-    ("decode_warm", 0.95, "JPEG decode, warm epoch"),
-    ("raw_cold", 0.40, "raw reads, cold epoch"),
-    ("raw_warm", 0.40, "raw reads, warm epoch"),
-    ("prefetch_cold", 1.00, "raw reads with sampler-order prefetch, cold epoch"),
-    ("prefetch_warm", 0.80, "raw reads with sampler-order prefetch, warm epoch"),
-    ("tar_cold", 0.70, "tar-shard streaming, cold"),
-    ("seq_cold", 0.60, "1 GiB sequential read, cold"),
+    ("decode_cold", 0.95, "JPEG decode, cold epoch"),  # issue 29
+    ("decode_warm", 0.95, "JPEG decode, warm epoch"),  # issue 29
+    ("raw_cold", 0.40, "raw reads, cold epoch"),  # issue 29 (the dataset mount; issue 4: both)
+    ("raw_warm", {"default": 0.60, "dataset": 0.80}, "raw reads, warm epoch"),  # issue 29 (issue 4: 0.40x)
+    ("prefetch_cold", 1.00, "stripefs.torch (sampler-order prefetch), cold epoch"),  # issue 29
+    ("prefetch_warm", 0.90, "stripefs.torch (sampler-order prefetch), warm epoch"),  # issue 29 (issue 4: 0.80x)
+    ("tar_cold", 0.70, "tar-shard streaming, cold"),  # issue 4
+    ("seq_cold", 0.60, "1 GiB sequential read, cold"),  # issue 4
 ]
+
+
+def floor_of(floor: float | dict[str, float], mode: str) -> float:
+    """A target's floor for one mount mode."""
+    return floor[mode] if isinstance(floor, dict) else floor
+
+
 CPU_MAX = 2.0  # host CPU s/GiB at most 2x the local disk's
 RSS_SLACK = 200 * MiB  # the client's RSS never above its cache budget + 200 MiB
 
@@ -697,7 +706,8 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
     # the issue's table: each row's ratio to the local disk, default mount beside dataset mode
     lines.append(f"{'workload (ratio to the local disk, min-max over repeats)':58s} "
                  + " ".join(f"{m + ' mount':>18s}" for m in a.modes) + f"  {'goal':>10s}")
-    goals = {k: f">= {v:.2f}x" for k, v, _ in TARGETS}
+    goals = {k: ">= " + ("/".join(f"{floor_of(v, m):.2f}" for m in a.modes) if isinstance(v, dict) else f"{v:.2f}") + "x"
+             for k, v, _ in TARGETS}
 
     def cell(key: str, mode: str, field: str = "ratios") -> str:
         res = bench.results.get(f"{key}@{mode}")
@@ -768,11 +778,12 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
             res = bench.results.get(f"{key}@{mode}")
             if res is None:
                 continue
-            r = res.get("ratio")
-            ok = None if r is None else r >= floor
-            targets.append({"target": f"{key}@{mode}", "min_ratio": floor, "ratio": r, "pass": ok})
-            lines.append(f"{verdict(ok)} [{mode}] {label}: {'n/a' if r is None else f'{r:.2f}x'} local "
-                         f"(target >= {floor:.2f}x)")
+            r, need = res.get("ratio"), floor_of(floor, mode)
+            ok = None if r is None else r >= need
+            spread = f" (range {min(res['ratios']):.2f}-{max(res['ratios']):.2f}x)" if len(res.get("ratios") or ()) > 1 else ""
+            targets.append({"target": f"{key}@{mode}", "min_ratio": need, "ratio": r, "pass": ok})
+            lines.append(f"{verdict(ok)} [{mode}] {label}: {'n/a' if r is None else f'{r:.2f}x'} local{spread} "
+                         f"(target >= {need:.2f}x)")
     for key, res in bench.results.items():
         c = res.get("cpu_ratio")
         if "na" in res or c is None:
