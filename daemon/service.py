@@ -21,7 +21,9 @@ request waiting on the socket to ``Burst.run`` at once; the requests of
 ``BURST_KINDS`` run there without a task each, through ``operation`` (their
 ``_op_<tag>``: the operation and the reply built from its result, which their
 ``handle_<tag>`` runs too), in one hold of the lock and one commit (PostgreSQL: one transaction). The
-rest goes through ``handle`` in a task of its own.
+rest goes through ``handle`` in a task of its own. With SQLite a thread owns the
+ROUTER socket in front of ``serve()`` and answers lone reads that need nothing of
+trio itself (daemon/read_lane.py).
 
 Background tasks (all in ``run``'s nursery): the committer (daemon/txn.py),
 the health sweep, orphan sweeps, the garbage collector, the change feed's poll
@@ -55,7 +57,8 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, QuietError, StripefsError
 from ..common.layout import MAX_CHUNK_SIZE
-from ..common.transport import CONNECTION, connect, open_socket, serve
+from ..common.fast_lane import serve_with_fast_lane
+from ..common.transport import CONNECTION, connect, new_socket, open_socket, serve
 from ..common.keyring import check_private, server_keyring
 from ..common.security import current_peer
 from ..common.zap import run_zap
@@ -83,6 +86,7 @@ from .store import SqliteStore
 from .tiering import Tiering
 from .txn import Txn, acting_client, open_txn
 from .burst import Burst, Op
+from .read_lane import ReadLane
 from .callbacks import Callbacks
 from .inode_ranges import InodeRanges
 
@@ -158,6 +162,7 @@ class MetaService:
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
         self.burst: Burst | None = None  # the request path without a task per request, set by run()
+        self.lane: ReadLane | None = None  # lone reads on a thread of their own (SQLite), set by run()
         self._op_methods = {cls: getattr(self, f"_op_{cls.__struct_config__.tag}") for cls in BURST_KINDS}  # operation()
 
     # -- lifecycle -----------------------------------------------------------
@@ -300,7 +305,11 @@ class MetaService:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 await self._start_curve(stack)
-                sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
+                if self.store.group_commit:  # SQLite: the ROUTER goes to the read lane's thread (serve_requests)
+                    sock = new_socket(self.ctx, zmq.ROUTER, bind=self.config.listen)
+                    stack.callback(lambda: sock.closed or self.lane is not None or sock.close(linger=0))  # not handed over
+                else:
+                    sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
                 log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
                 self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring, daemon=self.boot_id)
                 # answers granted before this daemon logs its first change are as of the log's end, not
@@ -336,7 +345,7 @@ class MetaService:
                 )
                 await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
-                await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits(), burst=self._burst())
+                await self._serve_requests(sock)
         finally:
             with trio.CancelScope(shield=True):
                 await self.txn.commit_now()
@@ -348,6 +357,21 @@ class MetaService:
             if own_ctx:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_name())
+
+    async def _serve_requests(self, sock) -> None:
+        """Serve until cancelled: serve() with the burst path (daemon/burst.py); on SQLite behind
+        the read lane (daemon/read_lane.py), whose thread owns the ROUTER ``sock`` and answers
+        lone reads that need nothing of trio."""
+        burst = self._burst()
+        if not self.store.group_commit:
+            await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits(), burst=burst)
+            return
+        self.lane = ReadLane(self, self.db_path)
+        try:
+            await serve_with_fast_lane(self.ctx, sock, self.handle, self.lane.fast, name="meta", limits=self.config.serve_limits(),
+                                       ordered=True, concurrency=256, burst=burst)
+        finally:
+            self.lane.close()
 
     async def _close_feed(self) -> None:
         """On the way out: the batch still waiting for its group commit is committed, and so
