@@ -168,7 +168,8 @@ class ClientConfig(_Config):
     shm_size: Size = Size(512 << 20)  # most bytes of prefetched files waiting there
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
     hedge_after_s: float = 0.5  # a replica read not answered by then is also asked of the next replica; 0 = never
-    #: threads serving cold READs without trio (client/thread_reads.py); 0: every READ in trio (also -o read_threads=)
+    #: threads serving cold READs without trio (client/thread_reads.py); 0: every READ in trio (also -o read_threads=);
+    #: while > 0, GETATTR misses are asked on plain threads too (client/thread_meta.py)
     read_threads: int = 4
     curve_key: str = ""  # this mount's NAME.key_secret (also -o key=); the meta address names the daemon's key
     subdir: str = ""  # expose only this directory of the cluster (also -o subdir=/team-a)

@@ -87,6 +87,11 @@ class ReadLane:
     def fast(self, body: P.Msg, payloads: list, *, waiting: bool = False):
         kind = type(body)
         if kind is P.PingReq:
+            try:
+                if self.service.access.admit_now(body) is None:
+                    return None
+            except StripefsError as exc:  # a key no longer in the keyring, say: as MetaAccess.handle answers it
+                return _error(exc)
             self.answered += 1
             return self._ping()
         if (kind is not P.GetattrReq and kind is not P.LookupReq) or payloads:
