@@ -76,6 +76,9 @@ class MetaConfig(_ServerLimits, kw_only=True):
     max_sessions_per_key: int = 256
     group_commit_ms: float = 0.0  # extra wait before a commit; changes arriving during an fsync share the next one anyway
     events_listen: str = ""  # the change feed mounts subscribe to (PUB); default: listen's interface, a free port
+    # the read lane (daemon/read_lane.py: lone getattrs and lookups of the mounts' plain threads, SQLite
+    # only); default: listen's interface, a free port; "off": none
+    read_listen: str = ""
     chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
     stripe_count: int = 4
     redundancy: str = "replicas=2"
@@ -226,6 +229,7 @@ max_open_per_session = 262144        # inodes one mount's session may hold open 
 max_sessions_per_key = 256           # mounts (sessions) of one key at once; without CURVE, of all peers together
 group_commit_ms = 0.0                # extra wait before each commit; changes arriving during an fsync share the next one
 events_listen = "tcp://0.0.0.0:7102" # change feed (PUB) that keeps every mount's kernel cache true; default: a free port
+read_listen = "tcp://0.0.0.0:7103"   # read lane: the mounts' plain threads' getattrs (SQLite); default: a free port; "off"
 # layout of the root directory; new directories inherit their parent's
 chunk_size = "4M"
 stripe_count = 4

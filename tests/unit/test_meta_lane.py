@@ -34,6 +34,12 @@ def ctx():
     c.term()
 
 
+def _lane(service) -> str:
+    """The daemon's read lane (PingRsp.read_port)."""
+    assert service.read_port
+    return service.config.listen.rsplit(":", 1)[0] + f":{service.read_port}"
+
+
 def _blocking(ctx, address: str, timeout: float = 5.0) -> BlockingMetaClient:
     return BlockingMetaClient(ctx, MetaClient(ctx, [address], timeout=timeout), timeout=timeout)
 
@@ -46,7 +52,7 @@ async def test_the_lane_answers_lone_reads_as_the_task_path_does(tmp_path, ctx):
         await service.txn.commit_now()
         expected = [await service.handle(body, []) for body in (P.GetattrReq(ino=d), P.LookupReq(parent=d, name=b"f"))]
         answered = service.lane.answered
-        async with connect(ctx, service.config.listen) as client:
+        async with connect(ctx, _lane(service)) as client:
             got = [(await client.call(body))[0] for body in (P.GetattrReq(ino=d), P.LookupReq(parent=d, name=b"f"))]
             ping, _ = await client.call(P.PingReq())
             with pytest.raises(StripefsError) as missing:
@@ -57,6 +63,10 @@ async def test_the_lane_answers_lone_reads_as_the_task_path_does(tmp_path, ctx):
         assert ping.role == "meta" and ping.boot_id == service.boot_id
         assert missing.value.code == ErrorCode.NOT_FOUND and not_dir.value.code == ErrorCode.NOT_DIR
         assert service.lane.answered == answered + 5  # all on the lane's thread
+        async with connect(ctx, service.config.listen) as client:  # the main socket: trio's, as before
+            ping, _ = await client.call(P.PingReq())
+            assert (await client.call(P.GetattrReq(ino=d)))[0] == expected[0]
+        assert ping.read_port == service.read_port and service.lane.answered == answered + 5
         nursery.cancel_scope.cancel()
 
 
@@ -67,7 +77,7 @@ async def test_a_lookup_that_carries_a_grant_or_opens_takes_the_task_path(tmp_pa
         await service.handle(_create(b"f"), [])
         await service.txn.commit_now()
         answered = service.lane.answered
-        async with connect(ctx, service.config.listen) as client:
+        async with connect(ctx, _lane(service)) as client:
             granted, _ = await client.call(P.LookupReq(parent=ROOT, name=b"f", callback=True, session_id=sid))
             opened, _ = await client.call(P.LookupReq(parent=ROOT, name=b"f", open_info=True, session_id=sid))
         assert granted.callback >= 0 and service.callbacks.held(granted.attr.ino)  # recorded as the task path does
@@ -83,14 +93,16 @@ async def test_a_read_while_a_change_waits_for_its_commit_sees_it_as_the_task_pa
     path, which sees it."""
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
+        service.txn.group_commit_ms = 60_000  # nothing commits behind the test's back (the committer waits)
+        await trio.sleep(0.1)  # (a commit under way ends first)
         async with service.txn.lock:  # as a burst runs its operations, its commit still to come
             service.txn.write_locked(service.ns.mkdir, ROOT, b"pending", 0o40755, 0, 0, wake=False)
         passed = service.lane.passed
-        async with connect(ctx, service.config.listen) as client:
+        async with connect(ctx, _lane(service)) as client:
             found, _ = await client.call(P.LookupReq(parent=ROOT, name=b"pending"))
         assert found.attr.ino > ROOT and service.lane.passed == passed + 1
         await service.txn.commit_now()
-        async with connect(ctx, service.config.listen) as client:  # committed: the lane answers
+        async with connect(ctx, _lane(service)) as client:  # committed: the lane answers
             assert (await client.call(P.LookupReq(parent=ROOT, name=b"pending")))[0] == found
         assert service.lane.passed == passed + 1
         nursery.cancel_scope.cancel()
@@ -99,7 +111,7 @@ async def test_a_read_while_a_change_waits_for_its_commit_sees_it_as_the_task_pa
 async def test_the_lane_never_overtakes_a_connections_earlier_request(tmp_path, ctx):
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
-        async with open_socket(ctx, zmq.DEALER, connect=service.config.listen) as sock:
+        async with open_socket(ctx, zmq.DEALER, connect=_lane(service)) as sock:
             for i in range(50):  # a create and, pipelined behind it, a lookup of its name
                 name = b"p%d" % i
                 sock.raw.send_multipart([P.encode(2 * i + 1, _create(name))])
@@ -192,7 +204,9 @@ async def test_the_blocking_client_maps_errors_and_subtree_replies_as_the_trio_c
             finally:
                 client.close()
 
+        answered = service.lane.answered
         getattr_rsp, lookup_rsp, *codes = await trio.to_thread.run_sync(calls)
+        assert service.lane.answered == answered + 5  # it found the lane (PingRsp.read_port) and asked there
         assert getattr_rsp.attr == lookup_rsp.attr == (await service.handle(P.GetattrReq(ino=d), [])).attr
         assert codes == [ErrorCode.NOT_FOUND, ErrorCode.NOT_FOUND, ErrorCode.INVALID]
         nursery.cancel_scope.cancel()
@@ -218,11 +232,14 @@ def test_a_reply_that_comes_after_its_timeout_is_not_taken_for_the_next_one(ctx)
     seen: list[int] = []
 
     def server() -> None:
-        for delay in (0.5, 0.0):
+        while 8 not in seen:
             identity, header = router.recv_multipart()
             request_id, body = P.decode_request(header)
+            if isinstance(body, P.PingReq):  # where the read lane is: none here (read_port 0)
+                router.send_multipart([identity, P.encode(request_id, P.PingRsp(role="meta"))])
+                continue
             seen.append(body.ino)
-            time.sleep(delay)
+            time.sleep(0.5 if body.ino == 7 else 0.0)
             router.send_multipart([identity, P.encode(request_id, P.PingRsp(role=str(body.ino)))])
 
     thread = threading.Thread(target=server)
