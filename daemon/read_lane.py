@@ -19,8 +19,8 @@ and ``serve()`` answers it as before):
 
 * ``PingReq``: the feed's position, read from memory.
 * ``GetattrReq`` and ``LookupReq`` (bare, from a key without a subtree), when
-  the daemon holds no change whose commit is pending (the service lock free
-  and the batch clean, ``_settled``), is past the grace after a restart, and
+  the daemon holds no change whose commit is pending (the batch clean and no
+  COMMIT under way, ``SqliteTxn.pending``), is past the grace after a restart, and
   the read needs no recall (another session's directory held for
   asynchronous creates, or a write mark on the file: daemon/callbacks.py), a
   lookup without ``open_info`` (it opens the file for the session: trio's
@@ -36,7 +36,9 @@ client has seen a change its next read must not go back to the committed state
 before it; a read the lane takes while the lock is free and the batch clean
 starts after every change made so far is committed, and a change made after
 the check is made after the request arrived (it may or may not be seen, as on
-the task path). Whatever the lane reads is committed, and the change feed
+the task path). A change is marked in the batch in the same synchronous step
+that makes it (before any reply can show it), and a COMMIT is marked before its
+batch is swapped out and until it returned. Whatever the lane reads is committed, and the change feed
 publishes a change only after its commit: a mount that heard of a change sees
 it here too.
 
@@ -44,8 +46,8 @@ Order per connection: the lane never answers a request of a connection that
 has requests with ``serve()`` still unanswered (the fast lane's ``ordered``):
 a getattr pipelined behind a create of the same mount sees the create.
 
-Thread-safety rule: the lane thread reads trio's in-memory state (the lock's
-holder, the batch's flag, the callbacks' and inode ranges' dicts, the
+Thread-safety rule: the lane thread reads trio's in-memory state (the batch's
+and the committer's flags, the callbacks' and inode ranges' dicts, the
 sessions) without locks, under the GIL, and never writes any of it. A dict
 changed while the lane iterates it raises RuntimeError: that read goes to
 ``serve()``. Its SQL runs only on its own connection.
@@ -119,9 +121,9 @@ class ReadLane:
                          read_port=service.read_port)
 
     def _settled(self) -> bool:
-        """No change made so far waits for its commit: the lock free and the batch clean."""
-        txn = self.service.txn
-        return not txn._batch.dirty and not txn.lock.locked()
+        """No change made so far waits for its commit (``SqliteTxn.pending``: the batch clean and no
+        COMMIT under way). A task holding the lock to read (the healer, say) does not stop the lane."""
+        return not self.service.txn.pending
 
     def _read(self, body: P.Msg):
         service = self.service

@@ -108,6 +108,66 @@ async def test_a_read_while_a_change_waits_for_its_commit_sees_it_as_the_task_pa
         nursery.cancel_scope.cancel()
 
 
+async def test_a_read_while_a_commit_is_under_way_waits_for_it(tmp_path, ctx):
+    """A COMMIT swaps its batch out first and returns an fsync later: meanwhile the change is
+    neither in a dirty batch nor committed, and the lane leaves reads to the task path."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        service.txn.group_commit_ms = 60_000  # only the test commits
+        await trio.sleep(0.1)
+        async with service.txn.lock:
+            service.txn.write_locked(service.ns.mkdir, ROOT, b"committing", 0o40755, 0, 0, wake=False)
+        entered, go = threading.Event(), threading.Event()
+        real = service.store.commit
+
+        def slow_commit():
+            entered.set()
+            go.wait(10)
+            real()
+
+        service.store.commit = slow_commit
+        nursery.start_soon(service.txn.commit_now)
+        await trio.to_thread.run_sync(entered.wait, 10)
+        passed, result = service.lane.passed, []
+
+        def ask():
+            try:
+                result.append(_one_call(ctx, service, P.LookupReq(parent=ROOT, name=b"committing")))
+            except StripefsError as exc:
+                result.append(exc)
+
+        thread = threading.Thread(target=ask)
+        thread.start()
+        with trio.fail_after(10):
+            while service.lane.passed == passed and thread.is_alive():
+                await trio.sleep(0.01)
+        go.set()
+        await trio.to_thread.run_sync(thread.join, 10)
+        assert isinstance(result[0], P.AttrRsp) and result[0].attr.ino > ROOT, result
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_task_holding_the_lock_to_read_does_not_stop_the_lane(tmp_path, ctx):
+    """The healer and the operator requests hold the service lock across awaits while they read:
+    the lane answers meanwhile (its rule is "no change waits for its commit", not "the lock free")."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        await service.txn.commit_now()
+        answered = service.lane.answered
+        async with service.txn.lock:
+            rsp = await trio.to_thread.run_sync(lambda: _one_call(ctx, service, P.GetattrReq(ino=ROOT)))
+        assert rsp.attr.ino == ROOT and service.lane.answered == answered + 1
+        nursery.cancel_scope.cancel()
+
+
+def _one_call(ctx, service, request):
+    client = _blocking(ctx, service.config.listen, timeout=5.0)
+    try:
+        return client.call(request)
+    finally:
+        client.close()
+
+
 async def test_the_lane_never_overtakes_a_connections_earlier_request(tmp_path, ctx):
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
