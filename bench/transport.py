@@ -13,11 +13,11 @@ N sequential requests, one in flight, timed one by one (perf_counter):
   client's part of a round trip, with a server as cheap as Python allows.
 - daemon: the same client against the cluster's metadata daemon, idle:
   ``PingReq`` (dispatch only), ``GetattrReq`` of the root and ``LookupReq`` of
-  a directory (a SQLite daemon's read lane, daemon/read_lane.py; else the
-  burst path, daemon/burst.py).
+  a directory (the daemon's burst path, daemon/burst.py).
 - blocking client: the mount's client for plain threads
-  (client/meta_blocking.py, what a worker thread asks a getattr or lookup
-  miss with) against the same daemon: ``GetattrReq`` and ``LookupReq`` (issue
+  (client/meta_blocking.py, what the mount's worker threads ask a GETATTR
+  miss with: client/thread_meta.py) against the same daemon, which it asks on
+  its read lane (daemon/read_lane.py): ``GetattrReq`` and ``LookupReq`` (issue
   30: <= 0.15 ms median, <= 1 ms p99, for the client the mount uses).
 - creates straight to the daemon (no mount), 64 CreateReq in flight, and
   BatchReq of 64 creates: creates/s and the daemon's CPU per create (issue 30).

@@ -229,7 +229,7 @@ max_open_per_session = 262144        # inodes one mount's session may hold open 
 max_sessions_per_key = 256           # mounts (sessions) of one key at once; without CURVE, of all peers together
 group_commit_ms = 0.0                # extra wait before each commit; changes arriving during an fsync share the next one
 events_listen = "tcp://0.0.0.0:7102" # change feed (PUB) that keeps every mount's kernel cache true; default: a free port
-read_listen = "tcp://0.0.0.0:7103"   # read lane: the mounts' plain threads' getattrs (SQLite); default: a free port; "off"
+read_listen = "tcp://0.0.0.0:7099"   # read lane: the mounts' plain threads' getattrs (SQLite); default: a free port; "off"
 # layout of the root directory; new directories inherit their parent's
 chunk_size = "4M"
 stripe_count = 4
