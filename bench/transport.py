@@ -12,8 +12,13 @@ N sequential requests, one in flight, timed one by one (perf_counter):
   decodes each request and answers a PingRsp (common/protocol.py): the
   client's part of a round trip, with a server as cheap as Python allows.
 - daemon: the same client against the cluster's metadata daemon, idle:
-  ``PingReq`` (dispatch only) and ``GetattrReq`` of the root (the daemon's
-  burst path, daemon/burst.py).
+  ``PingReq`` (dispatch only), ``GetattrReq`` of the root and ``LookupReq`` of
+  a directory (the daemon's burst path, daemon/burst.py).
+- blocking client: the mount's client for plain threads
+  (client/meta_blocking.py, what the mount's worker threads ask a GETATTR
+  miss with: client/thread_meta.py) against the same daemon, which it asks on
+  its read lane (daemon/read_lane.py): ``GetattrReq`` and ``LookupReq`` (issue
+  30: <= 0.15 ms median, <= 1 ms p99, for the client the mount uses).
 - creates straight to the daemon (no mount), 64 CreateReq in flight, and
   BatchReq of 64 creates: creates/s and the daemon's CPU per create (issue 30).
 
@@ -104,6 +109,46 @@ def rpc(address: str, n: int, request) -> dict:
     return _summary(trio.run(go))
 
 
+def blocking(address: str, n: int, request) -> dict:
+    """The mount's blocking client for plain threads (client/meta_blocking.py): n sequential
+    calls of ``request`` to ``address``."""
+    from stripefs.client.meta_blocking import BlockingMetaClient
+    from stripefs.client.meta_rpc import MetaClient
+
+    ctx = zmq.Context()
+    client = BlockingMetaClient(ctx, MetaClient(ctx, [address], timeout=10.0), timeout=10.0)
+    try:
+        times = []
+        for _ in range(WARMUP + n):
+            t = time.perf_counter()
+            client.call(request)
+            times.append(time.perf_counter() - t)
+        return _summary(times[WARMUP:])
+    finally:
+        client.close()
+        ctx.destroy(linger=0)
+
+
+def _mkdir(address: str) -> bytes:
+    """A directory in the root for the lookups to find: its name."""
+    from stripefs.common import protocol as p
+
+    name = b"bench-lookup-%d" % time.time_ns()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send(p.encode(1, p.MkdirReq(parent=1, name=name, mode=0o40755, uid=0, gid=0)))
+        _, body = p.decode_reply(sock.recv_multipart()[0])
+        if isinstance(body, p.ErrorRsp):
+            raise RuntimeError(f"the daemon refused a mkdir: {body.message}")
+        return name
+    finally:
+        sock.close()
+        ctx.term()
+
+
 def client_share(n: int, children=None) -> dict:
     """RpcClient -> a blocking ROUTER in another process answering PingRsp."""
     from stripefs.common import protocol as p
@@ -180,6 +225,10 @@ def measure(meta_address: str, n: int, children=None, daemon_cpu=None) -> dict:
 
     out = {"floor": floor(n, children), "client_share": client_share(n, children),
            "ping": rpc(meta_address, n, p.PingReq()), "getattr": rpc(meta_address, n, p.GetattrReq(ino=1))}
+    lookup = p.LookupReq(parent=1, name=_mkdir(meta_address))
+    out["lookup"] = rpc(meta_address, n, lookup)
+    out["blocking_getattr"] = blocking(meta_address, n, p.GetattrReq(ino=1))
+    out["blocking_lookup"] = blocking(meta_address, n, lookup)
     files = max(2000, n)
     out["creates_single"] = creates(meta_address, files, 1, 64, daemon_cpu)
     if hasattr(p, "BatchReq"):
@@ -228,7 +277,12 @@ def main(argv=None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     for key, label in (("floor", "bare pyzmq DEALER/ROUTER (the floor)"), ("client_share", "RpcClient -> minimal server"),
                        ("ping", "RpcClient -> metadata daemon, PingReq"),
-                       ("getattr", "RpcClient -> metadata daemon, GetattrReq /")):
+                       ("getattr", "RpcClient -> metadata daemon, GetattrReq /"),
+                       ("lookup", "RpcClient -> metadata daemon, LookupReq"),
+                       ("blocking_getattr", "blocking client -> daemon, GetattrReq /"),
+                       ("blocking_lookup", "blocking client -> daemon, LookupReq")):
+        if key not in res:
+            continue
         r = res[key]
         print(f"{label:44s} {r['mean_ms']:.3f} ms mean  {r['median_ms']:.3f} median  {r['p99_ms']:.3f} p99")
     for key in ("creates_single", "creates_batch64"):

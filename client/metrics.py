@@ -126,6 +126,12 @@ THREAD_READS = Counter(
     "trio's path after all (handed_back: a failure, a timeout, the mount stopping)",
     ["outcome"],
 )
+THREAD_META = Counter(
+    "stripefs_thread_meta_total",
+    "GETATTR misses taken by the plain-thread path (client/thread_meta.py): answered there (served), or handed to "
+    "trio's path after all (handed_back: no answer in time, no daemon, the mount stopping)",
+    ["outcome"],
+)
 EC_STRIPE_WRITES = Counter(
     "stripefs_ec_stripe_writes_total",
     "Erasure-coded stripe versions written, by how: delta (a partial write: only the changed columns of the "

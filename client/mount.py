@@ -46,6 +46,7 @@ from .fuse.session import DEFAULT_WANT, Options as SessionOptions, Session
 from .jobs import Jobs
 from .no_open_primer import NoOpenPrimer
 from .operations_bridge import OperationsBridge
+from .thread_meta import ThreadMeta
 from .thread_reads import ThreadReads
 from .kernel_cache import KernelCache
 from .operations import SERVED_IOCTLS, Operations
@@ -370,7 +371,11 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                                     hedge_after_s=data.hedge_after_s, workers=client_cfg.read_threads)
                 stack.callback(reads.close)  # (after the session's close below: nothing is taken any more)
                 data.thread_fetch = reads.fetch_soon  # a LOOKUP's fetch of a small file: where its READ looks
-            session = await _start_session(ops, mountpoint, options, client_cfg, nursery, reads)
+            metas = None
+            if client_cfg.read_threads > 0:  # GETATTR misses on plain threads too (client/thread_meta.py)
+                metas = ThreadMeta(ctx, meta)
+                stack.callback(metas.close)  # (after the session's close below: nothing is taken any more)
+            session = await _start_session(ops, mountpoint, options, client_cfg, nursery, reads, metas)
             if ops.passthrough is not None:
                 if session.connection.passthrough:
                     ops.passthrough.device = session.device
@@ -488,7 +493,7 @@ async def _signals(stop: trio.CancelScope) -> None:
 
 
 async def _start_session(ops: Operations, mountpoint: str, options: set[str], client_cfg: cfg.ClientConfig,
-                         nursery: trio.Nursery, reads: ThreadReads | None = None) -> Session:
+                         nursery: trio.Nursery, reads: ThreadReads | None = None, metas: ThreadMeta | None = None) -> Session:
     """Mount and answer INIT with the mount's FUSE session (client/fuse/), every request served by
     ``ops`` (client/operations_bridge.py); the calls the mount makes into its session go there too."""
     fsname = next((o.split("=", 1)[1] for o in options if o.startswith("fsname=")), "stripefs")
@@ -500,6 +505,7 @@ async def _start_session(ops: Operations, mountpoint: str, options: set[str], cl
     token = trio.lowlevel.current_trio_token()
     bridge = OperationsBridge(ops, token, nursery)
     bridge.thread_reads = reads
+    bridge.thread_meta = metas
     if ops.no_open and not ops.dataset:  # a created file's close then sends no RELEASE either
         bridge.primer = NoOpenPrimer(mountpoint, ops.kcache.path_of)
     # max_write 128 KiB, libfuse's default: with 1 MiB writes, a sequential writer

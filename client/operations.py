@@ -1776,6 +1776,24 @@ class Operations:
         self.kcache.remember(parent_inode, name, rsp.attr.ino)
         return self._entry(rsp.attr, held=held), self._created(fh, flags)
 
+    def thread_getattr(self, inode: int) -> int | None:
+        """(reader thread, under ``lock``) A GETATTR miss that a plain thread may ask the daemon
+        (client/thread_meta.py): the kernel cache's stamp to answer it against
+        (``thread_attr_out``), or None: ``getattr`` runs in trio. Only one whose handler would
+        send nothing but its GetattrReq: no create or commit here waiting for the daemon, nothing
+        of it in the write-back, the file not open here (its commit, replay and size are the
+        handler's)."""
+        d = self.dirops
+        if (d is not None and (d.unanswered or d.failed)) or (self.idle is not None and self.idle.pending()) \
+                or inode in self.files or (self.writeback is not None and (self.writeback.busy(inode) or self.writeback.holds(inode))):
+            return None
+        return self.kcache.stamp()
+
+    def thread_attr_out(self, stamp: int, attr: p.Attr) -> tuple[Attr, float]:
+        """(a worker thread, under ``lock``) GETATTR's answer for the daemon's ``attr``, as
+        ``_attr_reply`` makes it: held only if no change of it was applied since ``stamp``."""
+        return self._attr_out(attr, cacheable=not self.kcache.changed_since(stamp, attr.ino))
+
     def thread_read_file(self, fh: int, inode: int, ctx) -> OpenFile | None:
         """(reader thread, under ``lock``) The file a READ may be served from on a plain thread
         (client/thread_reads.py), or None: ``read``/``read_inode`` run in trio. Only what needs

@@ -32,6 +32,7 @@ from .fuse import abi, requests as rq
 from .fuse.dispatch import MISS, Opened
 from .fuse.replies import Attr, DirentBuffer, Entry, Failed, FuseError, Statfs
 from .operations import FAST_PATH_MISS
+from .thread_meta import ThreadMeta
 from .thread_reads import ThreadReads, plan_read
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class OperationsBridge:
         self.primer = None
         #: the real mount's (client/thread_reads.py): cold READs served on plain threads; None: all in trio
         self.thread_reads: ThreadReads | None = None
+        #: the real mount's (client/thread_meta.py): GETATTR misses asked on plain threads; None: all in trio
+        self.thread_meta: ThreadMeta | None = None
 
     # -- fast paths: Operations' _fast_* (what it answers from memory), counted as its handlers are
 
@@ -207,6 +210,32 @@ class OperationsBridge:
             args = (req.header.nodeid, req.offset, req.size, ctx) if req.fh == 0 else (req.fh, req.offset, req.size)
             account = (jobs, args, req.fh == 0)
         return plan_read(of, req.offset, req.size, self.ops.data, pool, reply, slow, started, account)
+
+    # -- GETATTR misses on plain threads (client/thread_meta.py): decided here, under Operations.lock
+
+    def take_getattr(self, req: rq.Getattr, reply, slow) -> bool:
+        pool = self.thread_meta
+        if pool is None:
+            return False
+        inode = req.header.nodeid
+        stamp = self.ops.thread_getattr(inode)
+        if stamp is None:
+            return False
+        started = time.perf_counter()
+        ops = self.ops
+
+        def answer(rsp: p.AttrRsp) -> None:
+            with ops.lock:  # the check and the answer against a change's invalidation (thread_meta.py)
+                attr, valid = ops.thread_attr_out(stamp, rsp.attr)
+                reply.attr(attr, valid)
+            client_metrics.observe("getattr", time.perf_counter() - started)
+
+        def fail(err: int) -> None:
+            if not reply.sent:
+                reply.error(err)
+            client_metrics.observe("getattr", time.perf_counter() - started, err)
+
+        return pool.getattr(p.GetattrReq(ino=inode, session_id=ops.meta.session_id), answer, fail, slow)
 
     # -- the handlers, in tasks
 

@@ -76,6 +76,9 @@ class MetaConfig(_ServerLimits, kw_only=True):
     max_sessions_per_key: int = 256
     group_commit_ms: float = 0.0  # extra wait before a commit; changes arriving during an fsync share the next one anyway
     events_listen: str = ""  # the change feed mounts subscribe to (PUB); default: listen's interface, a free port
+    # the read lane (daemon/read_lane.py: lone getattrs and lookups of the mounts' plain threads, SQLite
+    # only); default: listen's interface, a free port; "off": none
+    read_listen: str = ""
     chunk_size: Size = Size(4 << 20)  # layout of the root directory, inherited by new ones
     stripe_count: int = 4
     redundancy: str = "replicas=2"
@@ -168,7 +171,8 @@ class ClientConfig(_Config):
     shm_size: Size = Size(512 << 20)  # most bytes of prefetched files waiting there
     metrics: str = "127.0.0.1:0"  # Prometheus /metrics at HOST:PORT (port 0: any free port; "": off)
     hedge_after_s: float = 0.5  # a replica read not answered by then is also asked of the next replica; 0 = never
-    #: threads serving cold READs without trio (client/thread_reads.py); 0: every READ in trio (also -o read_threads=)
+    #: threads serving cold READs without trio (client/thread_reads.py); 0: every READ in trio (also -o read_threads=);
+    #: while > 0, GETATTR misses are asked on plain threads too (client/thread_meta.py)
     read_threads: int = 4
     curve_key: str = ""  # this mount's NAME.key_secret (also -o key=); the meta address names the daemon's key
     subdir: str = ""  # expose only this directory of the cluster (also -o subdir=/team-a)
@@ -225,6 +229,7 @@ max_open_per_session = 262144        # inodes one mount's session may hold open 
 max_sessions_per_key = 256           # mounts (sessions) of one key at once; without CURVE, of all peers together
 group_commit_ms = 0.0                # extra wait before each commit; changes arriving during an fsync share the next one
 events_listen = "tcp://0.0.0.0:7102" # change feed (PUB) that keeps every mount's kernel cache true; default: a free port
+read_listen = "tcp://0.0.0.0:7099"   # read lane: the mounts' plain threads' getattrs (SQLite); default: a free port; "off"
 # layout of the root directory; new directories inherit their parent's
 chunk_size = "4M"
 stripe_count = 4

@@ -56,7 +56,8 @@ _INNER_MAX_FRAME = max(limits.SERVER_MAX_FRAME, limits.CLIENT_MAX_FRAME)  # requ
 
 
 class _Lane:
-    def __init__(self, router: zmq.Socket, inner: zmq.Socket, fast: FastHandler, name: str, replies: ReplyQueues):
+    def __init__(self, router: zmq.Socket, inner: zmq.Socket, fast: FastHandler, name: str, replies: ReplyQueues,
+                 ordered: bool = False):
         self.router = router
         self.inner = inner
         self.fast = fast
@@ -64,6 +65,9 @@ class _Lane:
         self.replies = replies  # bytes sent to each peer and not yet taken by its connection
         self.secure = bool(router.curve_server)
         self.stopping = False
+        #: ``ordered``: requests forwarded to serve() and not answered yet, per connection; a
+        #: connection with any gets no fast answer (it would overtake them); None: not counted
+        self.forwarded: dict[bytes, int] | None = {} if ordered else None
 
     def run(self) -> None:
         poller = zmq.Poller()
@@ -76,7 +80,12 @@ class _Lane:
                         self._request(self.router.recv_multipart(copy=False))
                     else:
                         frames = self.inner.recv_multipart(copy=False)
-                        self._send(frames[0].bytes, frames)
+                        identity = frames[0].bytes
+                        if self.forwarded is not None:
+                            left = self.forwarded.pop(identity, 1) - 1
+                            if left > 0:
+                                self.forwarded[identity] = left
+                        self._send(identity, frames)
         except Exception:  # noqa: BLE001 - a bug: logged loudly; serve() stops getting requests
             log.exception("%s: the fast lane failed", self.name)
         finally:
@@ -85,12 +94,17 @@ class _Lane:
 
     def _request(self, frames: list[zmq.Frame]) -> None:
         peer = security.peer_of(frames[1]) if self.secure and len(frames) > 1 else None
-        if 2 <= len(frames) <= limits.MAX_REQUEST_FRAMES and not self.replies.over(frames[0].bytes) and self._answered(frames, peer):
+        identity = frames[0].bytes
+        if (2 <= len(frames) <= limits.MAX_REQUEST_FRAMES and not self.replies.over(identity)
+                and not (self.forwarded and identity in self.forwarded) and self._answered(frames, peer)):
             return
         try:
             self.inner.send_multipart([frames[0], (peer or "").encode(), *frames[1:]], zmq.NOBLOCK, copy=False)
         except zmq.Again:  # serve() is that far behind: as its own admission would say
             self._busy(frames)
+            return
+        if self.forwarded is not None:
+            self.forwarded[identity] = self.forwarded.get(identity, 0) + 1
 
     def _answered(self, frames: list[zmq.Frame], peer: str | None) -> bool:
         try:
@@ -137,31 +151,37 @@ class _Lane:
 
 async def serve_with_fast_lane(
     ctx: zmq.Context,
-    bind: str,
+    bind: str | zmq.Socket,
     handler: Handler,
     fast: FastHandler,
     *,
     name: str,
     limits: limits.ServeLimits = limits.ServeLimits(),
+    ordered: bool = False,
     task_status=trio.TASK_STATUS_IGNORED,
+    **serve_options,
 ) -> None:
-    """``serve()`` for a ROUTER bound at ``bind``, with ``fast(body, payloads, waiting=...)`` answered
-    on a lane thread (``waiting``: more requests are queued on the socket). Reports started once
-    bound; runs until cancelled, then stops the thread and closes both sockets."""
+    """``serve()`` for a ROUTER bound at ``bind`` (or ``bind`` itself: a ROUTER from ``new_socket``,
+    bound already; it is this function's from here on, closed at the end), with
+    ``fast(body, payloads, waiting=...)`` answered on a lane thread (``waiting``: more requests are
+    queued on the socket). ``ordered``: a connection's request is never answered fast while one
+    it sent before waits in serve() (a read must not overtake a change of the same peer).
+    ``serve_options``: serve()'s (``burst``, ``concurrency``). Reports started once bound; runs
+    until cancelled, then stops the thread and closes both sockets."""
     inner_address = f"inproc://stripefs-fast-lane-{next(_lanes)}"
-    router = new_socket(ctx, zmq.ROUTER, bind=bind)
+    router = bind if isinstance(bind, zmq.Socket) else new_socket(ctx, zmq.ROUTER, bind=bind)
     try:
         inner = new_socket(ctx, zmq.PAIR, bind=inner_address, hwm=100_000, max_frame=_INNER_MAX_FRAME)
     except BaseException:
         router.close(linger=0)
         raise
-    lane = _Lane(router, inner, fast, name, ReplyQueues(limits.per_peer_reply_bytes))
+    lane = _Lane(router, inner, fast, name, ReplyQueues(limits.per_peer_reply_bytes), ordered)
     thread = threading.Thread(target=lane.run, name=f"{name}-fast-lane", daemon=True)
     try:
         async with open_socket(ctx, zmq.PAIR, connect=inner_address, hwm=100_000, max_frame=_INNER_MAX_FRAME) as sock:
             thread.start()  # the thread owns router and inner from here on (libzmq: one thread per socket)
             task_status.started()
-            await serve(sock, handler, name=name, limits=limits, keyed=True, replies=lane.replies)
+            await serve(sock, handler, name=name, limits=limits, keyed=True, replies=lane.replies, **serve_options)
     finally:
         lane.stopping = True
         if thread.is_alive():

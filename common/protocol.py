@@ -243,6 +243,7 @@ class PingRsp(Msg, tag="ping_rsp"):
     events_port: int = 0  # meta: its change feed (PUB), on the host of its address; 0: none
     events_seq: int = 0  # meta: the last change event published before this reply
     events_log: str = ""  # meta: the change log's id, ChangeEvent.boot_id on its feed (daemon/change_log.py)
+    read_port: int = 0  # meta: its read lane (daemon/read_lane.py), on the host of its address; 0: none
 
 
 class OkRsp(Msg, tag="ok"):

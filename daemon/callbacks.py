@@ -122,6 +122,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Callable, Iterable
 
 import trio
@@ -166,6 +167,7 @@ class Callbacks:
         self._committing: dict[int, float] = {}  # session -> until when a change waits for it (AckReq.committing)
         self.marks = 0  # write marks held (keys ("w", ino)): none, and no read looks for one
         self._grace_until = 0.0
+        self._grace_until_mono = 0.0  # the same on time.monotonic(): read by the read lane's thread
         self.waits = 0  # changes that waited for another session
         self.timeouts = 0  # sessions that let a wait run out
         self.late = 0  # acknowledgements later than LATE_S
@@ -174,10 +176,15 @@ class Callbacks:
         """A restart on an existing database: changes wait ``GRACE_S`` (on the trio thread)."""
         if self.enabled:
             self._grace_until = trio.current_time() + GRACE_S
+            self._grace_until_mono = time.monotonic() + GRACE_S
 
     def in_grace(self) -> bool:
         """The grace after a restart is not over (on the trio thread)."""
         return bool(self._grace_until) and trio.current_time() < self._grace_until
+
+    def in_grace_now(self) -> bool:
+        """``in_grace`` on any thread (daemon/read_lane.py)."""
+        return bool(self._grace_until_mono) and time.monotonic() < self._grace_until_mono
 
     async def grace_over(self) -> None:
         """Return once the grace after a restart is over: a read of a file waits for it, since the

@@ -96,7 +96,8 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             raise QuietError(f"cannot create data_dir {config.data_dir}: {exc.strerror}") from None
         # CURVE settings checked before starting: a key, a keyring, loopback-only without them
-        server_keyring(None, config.curve_key, config.keyring, [config.listen, config.events_listen], source=args.config)
+        server_keyring(None, config.curve_key, config.keyring, [config.listen, config.events_listen,
+                       "" if config.read_listen == "off" else config.read_listen], source=args.config)
     except QuietError as exc:
         print(f"stripefs meta: {exc}", file=sys.stderr)
         return exc.exitcode

@@ -21,7 +21,10 @@ request waiting on the socket to ``Burst.run`` at once; the requests of
 ``BURST_KINDS`` run there without a task each, through ``operation`` (their
 ``_op_<tag>``: the operation and the reply built from its result, which their
 ``handle_<tag>`` runs too), in one hold of the lock and one commit (PostgreSQL: one transaction). The
-rest goes through ``handle`` in a task of its own.
+rest goes through ``handle`` in a task of its own. With SQLite a second socket, the
+read lane (daemon/read_lane.py, its port told in PingRsp.read_port), is served by a
+thread of its own, which answers lone reads that need nothing of trio itself: what
+the mounts' plain threads ask (client/meta_blocking.py).
 
 Background tasks (all in ``run``'s nursery): the committer (daemon/txn.py),
 the health sweep, orphan sweeps, the garbage collector, the change feed's poll
@@ -55,7 +58,8 @@ from ..common import protocol as P
 from ..common.config import MetaConfig
 from ..common.errors import ErrorCode, QuietError, StripefsError
 from ..common.layout import MAX_CHUNK_SIZE
-from ..common.transport import CONNECTION, connect, open_socket, serve
+from ..common.fast_lane import serve_with_fast_lane
+from ..common.transport import CONNECTION, connect, new_socket, open_socket, serve
 from ..common.keyring import check_private, server_keyring
 from ..common.security import current_peer
 from ..common.zap import run_zap
@@ -83,6 +87,7 @@ from .store import SqliteStore
 from .tiering import Tiering
 from .txn import Txn, acting_client, open_txn
 from .burst import Burst, Op
+from .read_lane import ReadLane
 from .callbacks import Callbacks
 from .inode_ranges import InodeRanges
 
@@ -158,6 +163,8 @@ class MetaService:
         self.feed: ChangeFeed | None = None
         self.duties: Duties | None = None  # set by open(): whether this daemon runs the cluster duties
         self.burst: Burst | None = None  # the request path without a task per request, set by run()
+        self.lane: ReadLane | None = None  # lone reads on a thread of their own (SQLite), set by run()
+        self.read_port = 0  # the read lane's port (PingRsp.read_port), set by run(); 0: none
         self._op_methods = {cls: getattr(self, f"_op_{cls.__struct_config__.tag}") for cls in BURST_KINDS}  # operation()
 
     # -- lifecycle -----------------------------------------------------------
@@ -301,6 +308,11 @@ class MetaService:
             async with contextlib.AsyncExitStack() as stack:
                 await self._start_curve(stack)
                 sock = await stack.enter_async_context(open_socket(self.ctx, zmq.ROUTER, bind=self.config.listen))
+                read_sock = None
+                if self.store.group_commit and self.config.read_listen != "off":  # SQLite: the read lane's (_serve_requests)
+                    read_sock = new_socket(self.ctx, zmq.ROUTER, bind=self._read_address())
+                    stack.callback(lambda: read_sock.closed or self.lane is not None or read_sock.close(linger=0))  # not handed over
+                    self.read_port = int(read_sock.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
                 log_id, last_seq = self.store.get_meta("change_log_id"), self.store.last_change_seq()
                 self.feed = ChangeFeed(self.ctx, self._events_address(), log_id, last_seq, self.access.keyring, daemon=self.boot_id)
                 # answers granted before this daemon logs its first change are as of the log's end, not
@@ -336,7 +348,7 @@ class MetaService:
                 )
                 await nursery.start(self.healer.run, name="meta-repair")
                 task_status.started()
-                await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits(), burst=self._burst())
+                await self._serve_requests(sock, read_sock)
         finally:
             with trio.CancelScope(shield=True):
                 await self.txn.commit_now()
@@ -349,6 +361,25 @@ class MetaService:
                 self.ctx.term()
             log.info("metadata daemon stopped; database %s closed", self.db_name())
 
+    async def _serve_requests(self, sock, read_sock) -> None:
+        """Serve until cancelled: serve() with the burst path (daemon/burst.py) on ``sock``; on
+        SQLite also the read lane (daemon/read_lane.py) on ``read_sock``, whose thread answers lone
+        reads that need nothing of trio, the rest as the main socket's (rare: a change waits for its
+        commit, a recall, a grant)."""
+        burst = self._burst()
+        async with trio.open_nursery() as nursery:
+            if read_sock is not None:
+                self.lane = ReadLane(self, self.db_path)
+                nursery.start_soon(self._serve_read_lane, read_sock, burst)
+            await serve(sock, self.handle, concurrency=256, name="meta", limits=self.config.serve_limits(), burst=burst)
+
+    async def _serve_read_lane(self, read_sock, burst) -> None:
+        try:  # what the lane forwards takes the burst path too: a connection's requests in order, as on the main socket
+            await serve_with_fast_lane(self.ctx, read_sock, self.handle, self.lane.fast, name="meta-read",
+                                       limits=self.config.serve_limits(), ordered=True, concurrency=64, burst=burst)
+        finally:
+            self.lane.close()
+
     async def _close_feed(self) -> None:
         """On the way out: the batch still waiting for its group commit is committed, and so
         published, while the feed can still tell the mounts; then the feed closes (a commit after
@@ -360,13 +391,20 @@ class MetaService:
 
     async def _start_curve(self, stack: contextlib.AsyncExitStack) -> None:
         """With curve_key/keyring: this daemon's key on every socket, and ZAP admitting the keyring's keys."""
-        listen = [self.config.listen, self._events_address()]
+        listen = [self.config.listen, self._events_address(), "" if self.config.read_listen == "off" else self._read_address()]
         self.access.keyring = server_keyring(self.ctx, self.config.curve_key, self.config.keyring, listen)
         self.access.caps = capability.load(self.config.cap_secret, self.config.cap_ttl_s)  # subtree keys' capabilities
         if self.access.keyring is not None:
             zap = await stack.enter_async_context(trio.open_nursery())
             stack.callback(zap.cancel_scope.cancel)
             await zap.start(run_zap, self.ctx, self.access.keyring.accepts)
+
+    def _read_address(self) -> str:
+        """Where the read lane listens (daemon/read_lane.py): ``read_listen``, else the interface of
+        ``listen`` on a free port (told to mounts in PingRsp.read_port)."""
+        if self.config.read_listen:
+            return self.config.read_listen
+        return self.config.listen.rsplit(":", 1)[0] + ":0"
 
     def _events_address(self) -> str:
         if self.config.events_listen:
@@ -449,6 +487,7 @@ class MetaService:
             events_port=self.feed.port if self.feed else 0,
             events_seq=self.feed.seq if self.feed else 0,
             events_log=self.feed.boot_id if self.feed else "",
+            read_port=self.read_port,
         )
 
     async def handle_once(self, req: P.OnceReq) -> P.Msg:

@@ -209,6 +209,15 @@ class SqliteTxn(Txn):
         self._batch = Batch()
         self._wake_committer = trio.Event()
         self._epoch_batch: Batch | None = None  # the batch raising the epoch high-water mark
+        #: a COMMIT is under way (set before its batch is swapped out, cleared once it returned): with
+        #: ``pending``, what the read lane's thread reads (daemon/read_lane.py)
+        self.committing = False
+
+    @property
+    def pending(self) -> bool:
+        """(any thread) A change made on the database's connection may not be committed yet: the
+        batch is dirty or a COMMIT is under way. False: every change made so far is committed."""
+        return self.committing or self._batch.dirty
 
     async def read(self, fn: Callable[..., T], *args, **kwargs) -> T:
         async with self.lock:
@@ -285,14 +294,18 @@ class SqliteTxn(Txn):
 
     async def commit_now(self) -> None:
         async with self.lock:
-            batch, self._batch = self._batch, Batch()
-            if batch.dirty:
-                try:
-                    await trio.to_thread.run_sync(self.store.commit)
-                except sqlite3.Error as exc:
-                    self._rolled_back(batch, exc)
-                else:
-                    self.on_commit()  # durable now: tell the mounts before the replies go
+            self.committing = True  # before the swap: ``pending`` is never False while the batch commits
+            try:
+                batch, self._batch = self._batch, Batch()
+                if batch.dirty:
+                    try:
+                        await trio.to_thread.run_sync(self.store.commit)
+                    except sqlite3.Error as exc:
+                        self._rolled_back(batch, exc)
+                    else:
+                        self.on_commit()  # durable now: tell the mounts before the replies go
+            finally:
+                self.committing = False
             batch.done.set()
 
     def commit_blocking(self) -> bool:
@@ -304,6 +317,7 @@ class SqliteTxn(Txn):
         if self.group_commit_ms or self.lock.locked():
             return False
         self.lock.acquire_nowait()
+        self.committing = True  # (``commit_now``)
         try:
             batch, self._batch = self._batch, Batch()
             if batch.dirty:
@@ -315,6 +329,7 @@ class SqliteTxn(Txn):
                     self.on_commit()
             batch.done.set()
         finally:
+            self.committing = False
             self.lock.release()
         return True
 

@@ -171,7 +171,7 @@ def test_meta_and_storage_units_start_and_send_ready(tmp_path):
     meta_cfg = msgspec.structs.replace(
         cfg.loads(cfg.example("meta"), cfg.MetaConfig),
         listen=f"tcp://127.0.0.1:{meta_port}", data_dir=str(tmp_path / "meta"), metrics="127.0.0.1:0",
-        stripe_count=1, redundancy="replicas=1", events_listen="", curve_key="", keyring="", cap_secret="",  # CURVE: test_secure_cluster.py
+        stripe_count=1, redundancy="replicas=1", events_listen="", read_listen="", curve_key="", keyring="", cap_secret="",  # CURVE: test_secure_cluster.py
     )
     (etc / "metad.toml").write_text(cfg.dumps(meta_cfg))
     node_cfg = msgspec.structs.replace(

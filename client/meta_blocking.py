@@ -1,0 +1,196 @@
+"""Metadata reads from plain threads: a blocking DEALER per thread, no trio.
+
+The mount's ``MetaClient`` (client/meta_rpc.py) runs under trio: a request
+costs the mount a task switch, the socket adapter's bookkeeping and a wake-up
+of the waiting task when the reply comes (issue 30: an RpcClient round trip
+to a server that does nothing costs 0.18-0.26 ms here, a bare blocking pyzmq
+one 0.06-0.14 ms). A thread that already runs outside trio (the mount's
+worker threads, client/thread_reads.py) asks with this client instead: its own
+DEALER socket (libzmq sockets are one thread's each), the same CURVE keys and
+context as the MetaClient it stands beside, the same encoding
+(``MetaClient._wire``: root squash, the subtree's inode mapping) and the same
+error mapping (an ErrorRsp raises StripefsError with its code).
+
+Where it asks: the daemon's read lane (daemon/read_lane.py), a socket of its
+own served by a plain thread there too, on the host of the MetaClient's
+current address and the port a PingReq to that address tells
+(``PingRsp.read_port``, asked once per address and asked again after a failure:
+a restarted daemon's lane may be on another port); a daemon without one (0:
+PostgreSQL, ``read_listen = "off"``) is asked at its address.
+
+Only requests that read and need nothing applied once go here
+(``READS``: a GetattrReq, a LookupReq without open information, a PingReq);
+anything else is the MetaClient's. No retry and no failover: a request that
+times out or finds the daemon gone raises TIMEOUT or UNAVAILABLE after
+``timeout``, and the caller takes the trio path, which retries across a
+restart and moves to the next daemon (``MetaClient._call``). A reply that
+comes after its request timed out is dropped by its request id.
+
+Closing: ``close()`` closes every thread's socket; the caller stops its
+threads first (a socket must not be used while another thread closes it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import zmq
+
+from ..common import protocol as p
+from ..common.errors import ErrorCode, StripefsError
+from ..common.security import split_address, with_key
+from ..common.transport import _observe_rpc, new_socket
+
+#: what may be asked from a plain thread: reads, nothing applied once, no trio state to keep
+READS = frozenset({p.GetattrReq, p.LookupReq, p.PingReq})
+
+_ids = itertools.count(1 << 48)  # apart from RpcClient's ids: easier log reading
+
+
+class _Line:
+    """One thread's socket to one daemon address."""
+
+    __slots__ = ("sock", "address", "daemon", "poller")
+
+    def __init__(self, sock: zmq.Socket, address: str, daemon: str):
+        self.sock = sock
+        self.address = address  # where it is connected (the daemon's read lane, or the daemon)
+        self.daemon = daemon  # the daemon's address (MetaClient.addresses)
+        self.poller = zmq.Poller()
+        self.poller.register(sock, zmq.POLLIN)
+
+
+class BlockingMetaClient:
+    """``call`` from any plain thread (module docstring); ``meta``: the mount's MetaClient, whose
+    current address, session and request mapping it follows."""
+
+    def __init__(self, ctx: zmq.Context, meta, *, timeout: float):
+        if not timeout > 0:
+            raise ValueError(f"a BlockingMetaClient needs a positive timeout, not {timeout!r}")
+        self.ctx = ctx
+        self.meta = meta
+        self.timeout = timeout
+        self._local = threading.local()
+        self._lines: list[_Line] = []  # every thread's, for close()
+        self._lanes: dict[str, str] = {}  # a daemon's address -> where its read lane is (its address: none)
+        self._lock = threading.Lock()
+        self.closed = False
+        self.calls = 0  # figures for tests (client/metrics.py counts them too)
+
+    def _line(self, deadline: float) -> _Line:
+        daemon = self.meta.addresses[self.meta._current]  # the daemon the mount talks to now
+        address = self._lanes.get(daemon)
+        line = getattr(self._local, "line", None)
+        if line is not None and address is not None and line.address == address:
+            return line
+        if address is None:
+            address = self._lane_of(daemon, line, deadline)
+        with self._lock:
+            if self.closed:
+                raise StripefsError(ErrorCode.UNAVAILABLE, "the mount's metadata connection is closed")
+            if line is not None and line in self._lines:  # the lane moved, or the mount to another daemon
+                self._lines.remove(line)
+                line.sock.close(linger=0)
+            line = _Line(new_socket(self.ctx, zmq.DEALER, connect=address), address, daemon)
+            self._lines.append(line)
+        self._local.line = line
+        return line
+
+    def _lane_of(self, daemon: str, line: "_Line | None", deadline: float) -> str:
+        """Where ``daemon``'s read lane is: a PingReq to it, on this thread's socket to it (kept for
+        the calls when it has none)."""
+        with self._lock:
+            if line is not None and line.address == daemon:
+                sock = line.sock
+            else:
+                sock = None
+        made = sock is None
+        if made:
+            sock = new_socket(self.ctx, zmq.DEALER, connect=daemon)
+        try:
+            request_id = next(_ids)
+            rsp = self._round_trip(_Line(sock, daemon, daemon), request_id, p.encode(request_id, p.PingReq()), deadline)
+        finally:
+            if made:
+                sock.close(linger=0)
+        if rsp is None:
+            raise StripefsError(ErrorCode.TIMEOUT, f"PingReq to {daemon} got no reply")
+        if isinstance(rsp, p.ErrorRsp):
+            raise StripefsError(rsp.code, rsp.message)
+        port = getattr(rsp, "read_port", 0)
+        if port:
+            endpoint, key = split_address(daemon)
+            address = with_key(f"{endpoint.rsplit(':', 1)[0]}:{port}", key)
+        else:
+            address = daemon
+        self._lanes[daemon] = address
+        return address
+
+    def call(self, request: p.Msg, *, timeout: float | None = None) -> p.Msg:
+        """One read from the metadata daemon, waiting at most ``timeout`` (default: the client's);
+        an ErrorRsp raises StripefsError with its code, no answer TIMEOUT or UNAVAILABLE."""
+        if type(request) not in READS or getattr(request, "open_info", False):
+            raise ValueError(f"{type(request).__name__} is not a read a plain thread may send (meta_blocking.READS)")
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        line = self._line(deadline)
+        request_id = next(_ids)
+        started = time.perf_counter()
+        body = None
+        try:
+            header = p.encode(request_id, self.meta._wire(request))
+            body = self._round_trip(line, request_id, header, deadline)
+        except StripefsError:
+            self._lanes.pop(line.daemon, None)  # asked again next time: a restarted daemon's lane may have moved
+            raise
+        finally:
+            _observe_rpc(line.address, request, body, time.perf_counter() - started)
+        self.calls += 1
+        if body is None:
+            self._lanes.pop(line.daemon, None)
+            raise StripefsError(ErrorCode.TIMEOUT, f"{p.kind(request)} to {line.address} got no reply within {wait:.1f}s")
+        if isinstance(body, p.ErrorRsp):
+            raise StripefsError(body.code, body.message)
+        subtree = self.meta.subtree
+        return body if subtree is None else subtree.reply(body)
+
+    def _round_trip(self, line: _Line, request_id: int, header: bytes, deadline: float) -> p.Msg | None:
+        sock = line.sock
+        try:
+            while True:
+                try:
+                    sock.send(header, zmq.NOBLOCK)  # ZMQ_IMMEDIATE: Again while no connection takes it
+                    break
+                except zmq.Again:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLOUT):
+                        if time.monotonic() >= deadline:
+                            raise StripefsError(ErrorCode.UNAVAILABLE, f"no connection to {line.address}") from None
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not line.poller.poll(max(1, int(left * 1000) + 1)):
+                    if time.monotonic() >= deadline:
+                        return None
+                    continue
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+                try:
+                    reply_id, body = p.decode_reply(frames[0])
+                except p.ProtocolError:
+                    continue  # as RpcClient: an undecodable reply is dropped
+                if reply_id == request_id:
+                    return body
+                # a reply to a request that timed out before: dropped
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.ENOTSOCK or sock.closed:
+                raise StripefsError(ErrorCode.UNAVAILABLE, f"the connection to {line.address} is closed") from None
+            raise
+
+    def close(self) -> None:
+        """Close every thread's socket (the threads stopped first: module docstring)."""
+        with self._lock:
+            self.closed = True
+            lines, self._lines = self._lines, []
+        for line in lines:
+            line.sock.close(linger=0)
