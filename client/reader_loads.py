@@ -62,7 +62,10 @@ class ReaderLoads:
         self._ids = pool.ids
         self._sockets: dict[str, zmq.Socket] = {}  # address -> a DEALER connected (or connecting) there
         self._poller = zmq.Poller()
-        self._by_id: dict[int, _Under] = {}  # request id -> its load
+        self._by_id: dict[int, tuple[_Under, zmq.Socket]] = {}  # request id -> its load, the socket asked on
+        #: sockets with a request not answered yet, and how many: only those are polled (each socket
+        #: polled costs libzmq an event check, and a getpid, per poll)
+        self._asking: dict[zmq.Socket, int] = {}
         self._under: set[_Under] = set()
         self._fd: int | None = None
         self.owner: int | None = None  # the reader thread's ident, once ``begin`` ran
@@ -122,6 +125,7 @@ class ReaderLoads:
         """(the reader thread, its loop ended) What is under way to trio's path; the sockets closed."""
         under, self._under = list(self._under), set()
         self._by_id.clear()
+        self._asking.clear()
         for u in under:
             self.pool.loaded(u.load, None)
         for sock in self._sockets.values():
@@ -137,7 +141,6 @@ class ReaderLoads:
         sock = self._sockets.get(address)
         if sock is None:
             sock = self._sockets[address] = new_socket(self.pool.ctx, zmq.DEALER, connect=address)
-            self._poller.register(sock, zmq.POLLIN)
         return sock
 
     def _send(self, under: _Under, node_id: int) -> bool:
@@ -150,8 +153,21 @@ class ReaderLoads:
         except zmq.Again:
             return False  # IMMEDIATE: no live connection (yet): a worker waits for one
         under.asked[request_id] = node_id
-        self._by_id[request_id] = under
+        self._by_id[request_id] = (under, sock)
+        n = self._asking.get(sock, 0)
+        if not n:
+            self._poller.register(sock, zmq.POLLIN)
+        self._asking[sock] = n + 1
         return True
+
+    def _answered(self, sock: zmq.Socket) -> None:
+        """One request asked on ``sock`` needs no answer any more (answered, or given up)."""
+        n = self._asking.get(sock, 0) - 1
+        if n > 0:
+            self._asking[sock] = n
+        elif n == 0:
+            del self._asking[sock]
+            self._poller.unregister(sock)  # (a late answer waits there, dropped when next polled)
 
     def _receive(self, sock: zmq.Socket) -> None:
         while True:
@@ -163,9 +179,11 @@ class ReaderLoads:
             if decoded is None:
                 continue
             request_id, body = decoded
-            under = self._by_id.pop(request_id, None)
-            if under is None:
+            held = self._by_id.pop(request_id, None)
+            if held is None:
                 continue  # a late answer to a hedge already beaten: dropped
+            under = held[0]
+            self._answered(held[1])
             node_id = under.asked.pop(request_id)
             outcome = self.pool.checked(body, frames, under.load, node_id)
             if outcome is not False:
@@ -197,7 +215,9 @@ class ReaderLoads:
     def _finish(self, under: _Under) -> None:
         self._under.discard(under)
         for request_id in under.asked:
-            self._by_id.pop(request_id, None)
+            held = self._by_id.pop(request_id, None)
+            if held is not None:
+                self._answered(held[1])
 
     def _hand_over(self, under: _Under) -> None:
         """The replicas not asked yet, to a worker; none left: to trio's path."""
