@@ -100,7 +100,26 @@ class ReaderLoads:
     def wait(self, device: bool = True) -> bool:
         """Wait for the device (``device``: else only for the replies: the session has no room for
         another request) or a reply, at most until the next hedge or deadline; handle the replies
-        and the timers. True: the device is readable (or broken: its read says how)."""
+        and the timers. True: the device is readable (or broken: its read says how). A failure
+        here (a bug) must not end the session: it is logged, and what is under way goes to
+        trio's path."""
+        try:
+            return self._wait(device)
+        except Exception:  # noqa: BLE001 - logged loudly; the READs are answered by trio's path
+            log.exception("the reader thread's cold loads failed; their READs go to trio's path")
+            self._give_up()
+            return device
+
+    def _give_up(self) -> None:
+        under, self._under = list(self._under), set()
+        for u in under:
+            self._finish(u)
+            try:
+                self.pool.loaded(u.load, None)
+            except Exception:  # noqa: BLE001
+                log.exception("handing the READs of chunk %s to trio failed", u.load.request.chunk)
+
+    def _wait(self, device: bool) -> bool:
         now = time.monotonic()
         until = min((min(u.deadline, u.hedge_at if u.order else u.deadline) for u in self._under), default=now)
         wait_ms = max(0, int(min(until - now, _POLL_STOP_S) * 1000 + 0.999))
@@ -123,11 +142,7 @@ class ReaderLoads:
 
     def end(self) -> None:
         """(the reader thread, its loop ended) What is under way to trio's path; the sockets closed."""
-        under, self._under = list(self._under), set()
-        self._by_id.clear()
-        self._asking.clear()
-        for u in under:
-            self.pool.loaded(u.load, None)
+        self._give_up()
         for sock in self._sockets.values():
             sock.close(linger=0)
         self._sockets.clear()

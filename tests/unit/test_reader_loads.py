@@ -212,3 +212,24 @@ def test_waiting_without_the_device_answers_replies_and_ignores_it(ctx, nodes, d
         assert pool.done[0][1] == b"x" * 1000
     finally:
         loads.end()
+
+
+def test_a_failure_while_waiting_hands_the_reads_to_trio_and_keeps_the_session(ctx, nodes, device):
+    pool = _Pool(ctx, {1: nodes[0][1]})
+    loads = _started(pool, device, [1])
+    try:
+        assert loads.start(_load([1]))
+
+        def broken(*args):
+            raise RuntimeError("a bug")
+
+        loads._receive = broken
+        ident, rid = _request(nodes[0][0])
+        _answer(nodes[0][0], ident, rid)
+        said = []
+        while loads.pending:
+            said.append(loads.wait())
+        assert said[-1] is True  # the session goes on reading the device
+        assert [d for _, d in pool.done] == [None]
+    finally:
+        loads.end()
