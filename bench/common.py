@@ -93,6 +93,22 @@ def proc_cpu(pid: int) -> float | None:
     return sum(int(x) for x in fields[11:15]) / CLK_TCK
 
 
+def proc_switches(pid: int) -> int | None:
+    """Context switches of every thread of process ``pid`` (/proc/PID/task/*/status), or None if it is gone."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += sum(int(ln.split()[1]) for ln in f if "ctxt_switches" in ln)
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
 def self_cpu() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
@@ -217,6 +233,16 @@ class Cluster:
             if c is None:
                 raise BenchError(f"stripefs {name} (pid {pid}) is gone; see {self.state / 'logs'}")
             out[name] = c
+        return out
+
+    def switches(self) -> dict[str, int]:
+        """Context switches (voluntary and not) of every thread of each process so far: each is a
+        thread hop or a wait, what a chain of per-file latencies is made of (processes gone: left out)."""
+        out = {}
+        for name, pid in self.pids.items():
+            n = proc_switches(pid)
+            if n is not None:
+                out[name] = n
         return out
 
     def log_problems(self, limit: int = 12) -> list[str]:

@@ -14,11 +14,19 @@ bytes from before the change, under the same key. So ``drop_inode`` also marks
 the inode's loads in flight as stale: their result is handed to the task that
 started them (its read began before the change) but never stored, and tasks
 waiting for it load again.
+
+Threads: the cache is trio's, and also the cold-read workers' (client/thread_reads.py), which
+store what they loaded (``keep``) and touch what the reader thread answered from it (``touch``)
+themselves rather than through a callback on the trio thread (a wake-up of the event loop per
+cold READ). So every method that changes the cache takes ``_lock``, a plain lock held only for
+dict work, never across an await or anything that waits; ``peek``, ``loading`` and ``in`` are
+single dict lookups, atomic under the GIL.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from typing import Awaitable, Callable
@@ -41,6 +49,7 @@ class ChunkCache:
         self._prefetched: set[Key] = set()  # prefetched, not read yet
         self._stale_loads: set[Key] = set()  # in flight across a drop_inode: not to be stored
         self._by_ino: dict[int, set[Key]] = {}  # the cached keys of each inode (drop_inode without a scan)
+        self._lock = threading.Lock()  # trio's thread and the cold-read workers (module docstring)
 
     def __contains__(self, key: Key) -> bool:
         return key in self._entries or key in self._inflight
@@ -54,22 +63,40 @@ class ChunkCache:
         """(any thread) A load of ``key`` is in flight."""
         return key in self._inflight
 
-    def note_prefetched(self, key: Key) -> None:
-        """``key`` was just put by a fetch ahead of its read (client/thread_reads.py): read-ahead accounting."""
-        if key in self._entries:
-            self._prefetched.add(key)
-            metrics.READAHEAD.labels("fetched").inc()
+    def keep(self, key: Key, data: bytes, *, ahead: bool = False) -> bool:
+        """(any thread) Store a chunk loaded outside ``fetch`` (client/thread_reads.py), unless it is
+        held or a ``fetch`` of it is in flight (that load stores it); ``ahead``: fetched before any
+        read asked (read-ahead accounting). True if stored. A committed version never changes, so
+        storing it late is never wrong."""
+        with self._lock:
+            if key in self._entries or key in self._inflight:
+                return False
+            self._put(key, data)
+            if ahead and key in self._entries:
+                self._prefetched.add(key)
+                metrics.READAHEAD.labels("fetched").inc()
+            return True
+
+    def touch(self, key: Key) -> bool:
+        """(any thread) A read answered from ``key`` outside ``fetch``: its LRU place and read-ahead
+        accounting, as ``get`` does; False if it is no longer held."""
+        return self.get(key) is not None
 
     def get(self, key: Key) -> bytes | None:
-        data = self._entries.get(key)
-        if data is not None:
-            self._entries.move_to_end(key)
-            if key in self._prefetched:
-                self._prefetched.discard(key)
-                metrics.READAHEAD.labels("used").inc()
-        return data
+        with self._lock:
+            data = self._entries.get(key)
+            if data is not None:
+                self._entries.move_to_end(key)
+                if key in self._prefetched:
+                    self._prefetched.discard(key)
+                    metrics.READAHEAD.labels("used").inc()
+            return data
 
     def put(self, key: Key, data: bytes) -> None:
+        with self._lock:
+            self._put(key, data)
+
+    def _put(self, key: Key, data: bytes) -> None:
         if len(data) > self.budget:
             return
         old = self._entries.pop(key, None)
@@ -97,12 +124,13 @@ class ChunkCache:
         def dropped(key: Key) -> bool:
             return key[0] == ino and key[1] >= from_index and (until is None or key[1] < until)
 
-        for key in [k for k in self._by_ino.get(ino, ()) if dropped(k)]:
-            self._unindex(key)
-            self.used -= len(self._entries.pop(key))
-            self._forget_prefetched(key)
-        if self._inflight:
-            self._stale_loads.update(k for k in self._inflight if dropped(k))
+        with self._lock:
+            for key in [k for k in self._by_ino.get(ino, ()) if dropped(k)]:
+                self._unindex(key)
+                self.used -= len(self._entries.pop(key))
+                self._forget_prefetched(key)
+            if self._inflight:
+                self._stale_loads.update(k for k in self._inflight if dropped(k))
 
     def drop_chunk(self, ino: int, index: int) -> None:
         """``drop_inode`` for one chunk (every version, every EC fragment)."""
@@ -131,10 +159,11 @@ class ChunkCache:
             data = await load()
             if key in self._stale_loads:
                 return data  # loaded across a change of the chunk: good for this reader only
-            self.put(key, data)
-            if prefetch and key in self._entries:  # before any reader can see it: read-ahead accounting
-                self._prefetched.add(key)
-                metrics.READAHEAD.labels("fetched").inc()
+            with self._lock:
+                self._put(key, data)
+                if prefetch and key in self._entries:  # before any reader can see it: read-ahead accounting
+                    self._prefetched.add(key)
+                    metrics.READAHEAD.labels("fetched").inc()
             return data
         finally:
             metrics.network_wait(time.perf_counter() - waited)

@@ -123,7 +123,8 @@ CACHE_MISSES = Counter("stripefs_cache_misses_total", "Chunk lookups that had to
 THREAD_READS = Counter(
     "stripefs_thread_reads_total",
     "Cold READs taken by the plain-thread path (client/thread_reads.py): answered there (served), or handed to "
-    "trio's path after all (handed_back: a failure, a timeout, the mount stopping)",
+    "trio's path after all (handed_back: a failure, a timeout, the mount stopping); and the loads the FUSE reader "
+    "thread sent itself (reader: client/reader_loads.py), whose READs count as served too",
     ["outcome"],
 )
 THREAD_META = Counter(

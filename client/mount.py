@@ -523,6 +523,8 @@ async def _start_session(ops: Operations, mountpoint: str, options: set[str], cl
                               ioctls=SERVED_IOCTLS)
     dev = Device(m.fd)
     session = Session(dev, Dispatcher(bridge, token, nursery), options_, on_close=lambda: fuse_mount.unmount(m, dev))
+    if reads is not None:
+        session.side = reads.reader  # cold READs loaded by the reader thread itself (client/reader_loads.py)
     try:
         await trio.to_thread.run_sync(session.start)
     except BaseException:

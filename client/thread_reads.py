@@ -8,13 +8,16 @@ its wake-ups: about as much CPU as the rest of the request together (bench/datal
 threads sends a ReadChunkReq on its own blocking DEALER to the replica a trio read would ask first,
 waits with ``zmq.Poller`` (a replica that has not answered within ``hedge_after_s`` is joined by
 the next one, as ``DataPath._hedged_read`` does; the first good answer wins), checks the payload's
-xxh3, writes the FUSE reply itself, and gives the chunk to the chunk cache through trio.
+xxh3, writes the FUSE reply itself, and stores the chunk in the chunk cache (``ChunkCache.keep``,
+under the cache's own lock: no wake-up of the trio thread). A load the reader thread starts is
+sent by the reader thread itself where it can be without waiting (client/reader_loads.py); the
+workers take the rest.
 
 What a worker may touch, and what it hands to trio (``TrioToken.run_sync_soon``, no lock held
 across a network wait): it reads the load (made on the reader thread from state it may read under
 the lock, or on the trio thread), ``NodePool.addresses`` and the suspect times (plain dict reads), and owns its sockets;
-the chunk cache, the suspect marks and anything else trio's tasks change are changed by a callback
-on the trio thread. A committed chunk version never changes, so storing it late is never wrong.
+the suspect marks and anything else trio's tasks change are changed by a callback on the trio
+thread; the chunk cache, which has a lock of its own, directly. A committed chunk version never changes, so storing it late is never wrong.
 
 Anything not plain goes back to trio's path (``slow()``), which answers with the same result as
 before: an error answer or a corrupt payload from every replica, no answer within ``read_timeout``
@@ -45,6 +48,7 @@ from . import metrics
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .placements import is_cold
+from .reader_loads import ReaderLoads
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +128,15 @@ def plan_read(of, offset: int, size: int, data, pool: "ThreadReads", reply, slow
     return pool.read(key, waiter, lambda: chunk_request(pool, of.ino, ref, cs), pool.order(ref.nodes, of.ino + index))
 
 
+def decode_reply(frames) -> tuple[int, object] | None:
+    """(request id, body) of a received reply; None (logged) if it cannot be decoded."""
+    try:
+        return p.decode_reply(frames[0].bytes)
+    except p.ProtocolError as exc:
+        log.warning("undecodable reply to a thread read: %s", exc)
+        return None
+
+
 def _logged(fn, *args) -> None:
     """(trio thread) ``fn(*args)``, an exception logged: one raised by a run_sync_soon callback
     would end trio's run, and the mount with it."""
@@ -150,7 +163,7 @@ class ThreadReads:
     """The worker threads and their queue (see the module docstring)."""
 
     def __init__(self, ctx: zmq.Context, nodes: NodePool, cache: ChunkCache, token: trio.lowlevel.TrioToken, *,
-                 hedge_after_s: float, workers: int = WORKERS):
+                 hedge_after_s: float, workers: int = WORKERS, reader_loads: bool = True):
         self._ctx = ctx
         self.nodes = nodes
         self.cache = cache
@@ -162,13 +175,30 @@ class ThreadReads:
         self._queue: queue.SimpleQueue[Load | None] = queue.SimpleQueue()
         self._lock = threading.Lock()  # around _loading and _done (reader thread, trio thread, workers)
         self._loading: dict[tuple, Load] = {}  # key -> its load, queued or under way
-        self._done: dict[tuple, memoryview] = {}  # key -> its bytes, until trio has put them in the chunk cache
+        self._done: dict[tuple, memoryview] = {}  # key -> its bytes, until they are in the chunk cache
         self._threads = [threading.Thread(target=self._work, name=f"thread-reads-{i}", daemon=True) for i in range(workers)]
         self._closing = False
         self._served, self._handed_back = metrics.THREAD_READS.labels("served"), metrics.THREAD_READS.labels("handed_back")
         self._fetched = metrics.THREAD_READS.labels("fetched")
+        self.ids = _ids
+        #: the FUSE reader thread's own loads (client/reader_loads.py: ``Session.side``), or None
+        self.reader = ReaderLoads(self) if reader_loads else None
         for t in self._threads:
             t.start()
+
+    @property
+    def ctx(self) -> zmq.Context:
+        return self._ctx
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    decode = staticmethod(decode_reply)
+
+    def queue(self, load: Load) -> None:
+        """(the reader thread) A load the reader thread began, for a worker to go on with."""
+        self._queue.put(load)
 
     # -- the reader thread's side
 
@@ -190,10 +220,8 @@ class ThreadReads:
         ReadChunkReq). False: trio's path (the request could not be made, or the pool is full)."""
         data = self.cache.peek(key)
         if data is not None:
-            try:
-                self._token.run_sync_soon(_logged, self._touch, key)
-            except trio.RunFinishedError:
-                return False
+            if self.cache.touch(key):  # as ChunkCache.fetch counts a hit
+                metrics.CACHE_HITS.inc()
             self._answer(waiter, data, cached=True)
             return True
         with self._lock:
@@ -217,7 +245,9 @@ class ThreadReads:
                 self._loading[key].waiters.append(waiter)
                 return True
             self._loading[key] = load
-        self._queue.put(load)
+        reader = self.reader
+        if reader is None or reader.owner != threading.get_ident() or not reader.start(load):
+            self._queue.put(load)
         return True
 
     # -- the trio thread's side
@@ -275,14 +305,14 @@ class ThreadReads:
                     except Exception:  # a bug here: trio's path answers
                         log.exception("a thread read of chunk %s failed", load.request.chunk)
                 try:
-                    self._loaded(load, data)
+                    self.loaded(load, data)
                 except Exception:  # a bug: logged; the worker goes on (its waiters' answers may be lost)
                     log.exception("answering the reads of chunk %s failed", load.request.chunk)
         finally:
             for sock, _ in sockets.values():
                 sock.close(linger=0)
 
-    def _loaded(self, load: Load, data: memoryview | None) -> None:
+    def loaded(self, load: Load, data: memoryview | None) -> None:
         """A load ended (``data`` None: it failed): its waiters answered, or given to trio's path."""
         with self._lock:
             del self._loading[load.key]
@@ -291,13 +321,17 @@ class ThreadReads:
             waiters = load.waiters
         if data is not None:
             try:
-                self._token.run_sync_soon(_logged, self._keep, load, data)
-            except trio.RunFinishedError:
-                self._done.pop(load.key, None)
+                for w in waiters:
+                    self._answer(w, data)
+            finally:
+                # into the chunk cache here, not by a callback on the trio thread (a wake-up of the
+                # event loop per load): ChunkCache.keep takes the cache's own lock
+                metrics.CACHE_MISSES.inc()
+                self.cache.keep(load.key, data, ahead=load.ahead and not waiters)
+                with self._lock:
+                    self._done.pop(load.key, None)
             if not waiters:
                 self._fetched.inc()
-            for w in waiters:
-                self._answer(w, data)
             return
         for w in waiters:
             self._handed_back.inc()
@@ -321,22 +355,6 @@ class ThreadReads:
                 self._token.run_sync_soon(_logged, _account, w.account, piece, elapsed, 0.0 if cached else elapsed)
             except trio.RunFinishedError:
                 pass
-
-    def _touch(self, key) -> None:
-        """(trio thread) A chunk read from the cache on the reader thread: as ChunkCache.fetch counts a hit."""
-        if self.cache.get(key) is not None:
-            metrics.CACHE_HITS.inc()
-
-    def _keep(self, load: Load, data) -> None:
-        """(trio thread) The chunk into the cache, as a trio load puts it (a committed version never
-        changes: storing it late is never wrong)."""
-        metrics.CACHE_MISSES.inc()
-        if load.key not in self.cache:
-            self.cache.put(load.key, data)
-            if load.ahead and not load.waiters:
-                self.cache.note_prefetched(load.key)
-        with self._lock:
-            self._done.pop(load.key, None)
 
     def _socket(self, address: str, sockets: dict) -> tuple[zmq.Socket, float]:
         held = sockets.get(address)
@@ -386,7 +404,7 @@ class ThreadReads:
                 now = time.monotonic()
                 if now >= deadline or self._closing:
                     # nobody answered in time: those asked are suspect (trio's retry asks the others first)
-                    self._mark([n for _, n in asked.values()], StripefsError(ErrorCode.TIMEOUT, "no reply to a thread read"))
+                    self.mark([n for _, n in asked.values()], StripefsError(ErrorCode.TIMEOUT, "no reply to a thread read"))
                     return None
                 if order and now >= hedge_at:
                     ask_next()  # the replica asked has not answered: the next is asked too, the first answer wins
@@ -404,7 +422,7 @@ class ThreadReads:
                             continue  # a late answer to an earlier job's hedge: dropped
                         if outcome is not False:
                             if asked:  # beaten by a hedge: asked last for a while (NodePool.note_slow)
-                                self._mark([n for _, n in asked.values()], None)
+                                self.mark([n for _, n in asked.values()], None)
                             return outcome
                         ask_next()  # an error or a corrupt copy: the next replica at once
             return None  # every replica failed: trio's path retries, follows a moved chunk, reports
@@ -414,15 +432,18 @@ class ThreadReads:
 
     def _reply(self, frames, load: Load, asked: dict):
         """A received reply: the chunk's bytes (good), False (this replica failed), None (not ours)."""
-        try:
-            request_id, body = p.decode_reply(frames[0].bytes)
-        except p.ProtocolError as exc:
-            log.warning("undecodable reply to a thread read: %s", exc)
+        decoded = decode_reply(frames)
+        if decoded is None:
             return None
+        request_id, body = decoded
         held = asked.pop(request_id, None)
         if held is None:
             return None
-        node_id = held[1]
+        return self.checked(body, frames, load, held[1])
+
+    def checked(self, body, frames, load: Load, node_id: int):
+        """Node ``node_id``'s reply ``body`` (with ``frames``) to ``load``'s request: the chunk's bytes
+        (good) or False (this replica failed: an error, a version not the key's, a corrupt payload)."""
         if isinstance(body, p.ErrorRsp):
             log.debug("thread read of chunk %s: node %d answered %s", load.request.chunk, node_id, body.message)
             return False
@@ -436,7 +457,7 @@ class ThreadReads:
             return False
         return data
 
-    def _mark(self, node_ids: list[int], exc: StripefsError | None) -> None:
+    def mark(self, node_ids: list[int], exc: StripefsError | None) -> None:
         def mark() -> None:
             for n in node_ids:
                 if exc is None:

@@ -16,6 +16,9 @@ Threads and order:
    it returns (the hot path: from memory, on this thread, no other thread woken) or keeps the
    reply and answers later from another thread (dispatch hands it to trio); only then is the
    request put in flight (where an INTERRUPT finds it). A handler that raises answers EIO.
+   While the session's ``side`` work has something under way (the reader thread's own cold
+   loads: client/reader_loads.py), the reader waits for the device and that work's sockets in
+   one poll instead of the blocking read, and handles the work's events between requests.
 3. Replies and notifications are written from any thread, each with one ``writev``.
 4. The loop ends when the device says the connection is gone (unmounted, aborted: ENODEV), on
    DESTROY, or on a header that cannot be a request. :meth:`Session.close` then unmounts (if the
@@ -206,6 +209,12 @@ class Session:
         self._retrieves: dict[int, list] = {}
         self._next_retrieve = 1
         self._lock = threading.Lock()
+        #: work the reader thread does between requests (client/reader_loads.py), or None: an object
+        #: with ``begin(fd, ident)`` (on the reader thread, before its first read), ``pending`` (true
+        #: while it waits for something besides the device), ``wait(device=True)`` (waits for the
+        #: device or its own events, handles the latter; True when the device is readable;
+        #: ``device=False``: its own events only) and ``end()`` (the loop ended). Set before ``start``.
+        self.side = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._closed = False
@@ -259,8 +268,13 @@ class Session:
         fd, bufs, readv = self.device.fd, (buf,), os.readv
         read, parse, ctx, handle, counts = self.device.read_into, rq.parse, self._ctx, self._handle, self.counts
         n_counts, in_flight, cap = len(counts), self._in_flight, self.options.max_in_flight
+        side = self.side
         try:
+            if side is not None:
+                side.begin(fd, threading.get_ident())
             while not self._stopping:
+                if side is not None and side.pending and not side.wait():
+                    continue  # its own events handled; the device has nothing yet
                 try:
                     n = readv(fd, bufs)  # the hot path: one call, no wrapper
                     if n == 0:
@@ -286,6 +300,11 @@ class Session:
             self.error = e
         finally:
             self._stopping = True
+            if side is not None:
+                try:
+                    side.end()
+                except Exception:
+                    log.exception("ending the reader thread's side work failed")
 
     def _handle(self, req) -> None:
         kind = type(req)
@@ -380,8 +399,12 @@ class Session:
     def _wait_for_room(self) -> None:
         self._room.clear()
         self._full = True
+        side = self.side
         while len(self._in_flight) >= self.options.max_in_flight and not self._stopping:
-            self._room.wait(0.5)
+            if side is not None and side.pending:
+                side.wait(device=False)  # some of those in flight may be this thread's to answer
+            else:
+                self._room.wait(0.5)
         self._full = False
 
     # -- writing -------------------------------------------------------------------------------

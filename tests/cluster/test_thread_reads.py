@@ -10,6 +10,7 @@ between reads must change neither the bytes nor the mount's answering.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 
 import pytest
@@ -22,7 +23,7 @@ from test_ops import scrape, total
 
 def _thread_reads(mountpoint) -> dict[str, float]:
     samples = scrape(f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics")
-    return {o: total(samples, "stripefs_thread_reads_total", outcome=o) for o in ("served", "handed_back")}
+    return {o: total(samples, "stripefs_thread_reads_total", outcome=o) for o in ("served", "handed_back", "reader")}
 
 
 def _populate(d, n: int, seed: int) -> dict[str, str]:
@@ -57,6 +58,25 @@ def test_a_cold_read_of_a_small_file_is_served_on_a_thread(cluster, mnt, options
         # again, from the chunk cache (the page cache dropped): the same bytes
         drop_caches()
         _check(theirs, sorted(sums), sums)
+    finally:
+        cluster.unmount(reader)
+
+
+@pytest.mark.parametrize("options", ["", "dataset"])
+def test_a_listed_directory_s_cold_reads_are_loaded_by_the_fuse_reader_thread(cluster, mnt, options):
+    """A READ that finds no load under way (the names came with a listing, so no LOOKUP fetched the
+    file ahead) is sent by the FUSE reader thread itself (client/reader_loads.py)."""
+    sums = _populate(mnt / "listed", 40, seed=2930) if (mnt / "listed").mkdir() is None else {}
+    reader = cluster.mount_again(f"reader_loads_{options or 'default'}", options)
+    try:
+        theirs = reader / mnt.name / "listed"
+        drop_caches()
+        assert len(list(os.scandir(theirs))) == 40  # READDIRPLUS: the kernel holds the names
+        before = _thread_reads(reader)
+        _check(theirs, sorted(sums), sums)
+        after = _thread_reads(reader)
+        assert after["reader"] - before["reader"] >= 10, (before, after)
+        assert after["served"] - before["served"] >= after["reader"] - before["reader"], (before, after)
     finally:
         cluster.unmount(reader)
 

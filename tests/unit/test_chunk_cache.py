@@ -60,3 +60,50 @@ def test_drop_inode_forgets_a_range_of_chunks():
     assert [k for k in [(5, i, 1) for i in range(5)] if cache.get(k)] == [(5, 0, 1), (5, 3, 1), (5, 4, 1)]
     assert cache.get((5, 2, 1, 3)) is None
     assert cache.used == 3
+
+
+async def test_keep_from_a_worker_thread_stores_unless_held_or_being_loaded():
+    """ChunkCache.keep: what the cold-read threads store themselves (client/thread_reads.py), from
+    another thread, without a callback on the trio thread; a trio load in flight stores its own."""
+    cache = ChunkCache(1 << 20)
+    release = trio.Event()
+
+    async def trio_bytes():
+        await release.wait()
+        return b"trio"
+
+    async def read():
+        await cache.fetch((1, 0, 1), trio_bytes)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read)
+        await trio.testing.wait_all_tasks_blocked()
+        kept = await trio.to_thread.run_sync(lambda: [cache.keep((1, 0, 1), b"thread"), cache.keep((2, 0, 1), b"two", ahead=True)])
+        release.set()
+    assert kept == [False, True]
+    assert cache.get((1, 0, 1)) == b"trio" and cache.peek((2, 0, 1)) == b"two"
+    assert not cache.keep((2, 0, 1), b"again")  # held: left as it is
+    assert (2, 0, 1) in cache._prefetched  # fetched ahead, not read yet ...
+    assert cache.touch((2, 0, 1)) and (2, 0, 1) not in cache._prefetched  # ... until a read touches it
+    assert not cache.touch((3, 0, 1))
+
+
+def test_many_threads_keeping_and_a_drop_leave_the_accounting_exact():
+    import threading
+
+    cache = ChunkCache(64 * 1000)  # room for 64 chunks of 1,000 bytes: keeps evict
+
+    def work(t):
+        for i in range(2000):
+            cache.keep((t, i, 1), bytes(1000))
+            cache.touch((t, i // 2, 1))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for _ in range(200):
+        cache.drop_inode(1)
+    for th in threads:
+        th.join()
+    assert cache.used == sum(len(v) for v in cache._entries.values()) <= cache.budget
+    assert {k for keys in cache._by_ino.values() for k in keys} == set(cache._entries)
