@@ -19,7 +19,8 @@ The rules
 * A file created here asynchronously (client/async_dirops.py) does not wait for
   its create's answer at its first write any more: while the create is not sent,
   up to ``operations.EARLY_MAX`` of writes are kept as they came
-  (``OpenFile.early``); a close then queues the file with its create pending,
+  (``OpenFile.early``), on the FUSE session's reader thread
+  (``Operations._write_here``: no trio task per WRITE); a close then queues the file with its create pending,
   and the batch sends the creates (one BatchReq), applies the kept writes with
   the layout and placement the answers give (``Operations._replay``), then
   sends the data and the commits. A request that must see the file first
