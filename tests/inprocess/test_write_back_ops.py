@@ -406,3 +406,26 @@ async def test_a_write_to_a_file_whose_create_is_not_sent_is_answered_on_the_rea
     await mine.close(fh)
     await _closed(mine)
     assert await mine.read_file(mine.dir, b"sent first") == data[0]
+
+
+async def test_a_file_written_again_while_queued_keeps_one_entry(mine, no_timer):
+    """Found measuring issue 31: a file written again after its close, its create still not sent
+    (no-open: the kernel's WRITE names the inode, no LOOKUP settles it first), is queued again by
+    its idle commit. The queue kept one entry but counted the file's directory twice and its bytes
+    twice, and its send took one of each back: the directory stayed ``busy`` for good (every
+    lookup there then went to trio to send nothing) and the bytes counted toward the backpressure
+    bound (MAX_QUEUED_BYTES) grew with each such file. Now a file queued again is counted once."""
+    fh, ino = await mine.create(mine.dir, b"twice")
+    await mine.write(fh, 0, b"a" * 100)
+    await mine.close(fh)
+    await _closed(mine)
+    wb = mine.ops.writeback
+    assert wb.holds(ino)
+    assert mine.ops.dirops.pending(ino)  # its create is not sent: the next write is kept, as the first
+    await mine.write(fh, 100, b"b" * 100)  # the kernel's WRITE by inode, no OPEN nor LOOKUP (its dentry kept)
+    await _closed(mine)  # its idle commit queues it again
+    assert wb.holds(ino)
+    await wb.flush()
+    assert not wb.holds(ino) and not wb.busy(mine.dir)
+    assert wb._queued_bytes == 0
+    assert await mine.read_file(mine.dir, b"twice") == b"a" * 100 + b"b" * 100
