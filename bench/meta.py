@@ -32,7 +32,9 @@ Groups (--only), each timing what a user's program does:
              and the daemons' CPU per create (issue 30's PostgreSQL rows),
              beside the local disk creating as many files, a thread per
              daemon. Every configuration.
-  ingest     bench/tree.py: `cp -r` of a tree of small files plus `sync -f`;
+  ingest     bench/tree.py: `cp -r` of a tree of small files plus `sync -f`, and
+             (untimed) the copy settled: the CPU per file of cp, sync and every
+             process of the cluster (issue 31's "CPU per 110 KiB file ingested");
              ImageFolder's index walk of the copy, cold (drop_caches 3) and
              warm, on the default mount and on a dataset-mode mount
              (`-o dataset`, remounted as bench/dataloader.py does); `rm -rf`.
@@ -269,8 +271,14 @@ class MetaBench:
         dst = {"local": self.work / f"local-ingest-{key}", "stripefs": mounts[0] / "ingest"}
         for side in ("local", "stripefs"):
             self.set_phase(f"{side}: cp -r + sync -f of {files:,} files")
+            cpu = self.ingest_cpu(side)
             s = tree.ingest(self.children, src, dst[side], a.phase_timeout)
             out.setdefault("cp", {})[side] = {"s": round(s, 4), "rate": files / s}
+            self.set_phase(f"{side}: the copy settled (untimed: the write-back sent, FSYNCDIR of each directory)")
+            tree.settle(dst[side])
+            after = self.ingest_cpu(side)
+            out.setdefault("cpu_per_file_ms", {})[side] = {k: round(1e3 * (v - cpu.get(k, 0.0)) / files, 4)
+                                                           for k, v in after.items()}
         self.set_phase("stripefs: checking the copy, file by file")
         tree.verify(dst["stripefs"], self.manifest)
         self.walks("default", dst, out["walk"])
@@ -288,6 +296,14 @@ class MetaBench:
             self.set_phase(f"{side}: rm -rf of {files:,} files")
             s = tree.remove(self.children, dst[side], a.phase_timeout)
             out.setdefault("rm", {})[side] = {"s": round(s, 4), "rate": files / s}
+
+    def ingest_cpu(self, side: str) -> dict[str, float]:
+        """CPU seconds so far of what an ingest runs: ``cp`` and ``sync`` (children of this process)
+        and, for stripefs, every process of the cluster (the mount, the daemon, the storage nodes)."""
+        out = {"cp": tree.children_cpu()}
+        if side == "stripefs":
+            out.update(self.cluster.cpu())
+        return out
 
     def walks(self, mode: str, dst: dict[str, Path], out: dict) -> None:
         """Cold and warm index walks of both sides after one cold cycle: drop_caches 3 on the default mount;

@@ -56,6 +56,7 @@ GOALS = {
     ("i31 rm -rf", "sqlite"): ("ratio", 1.0),
     ("i31 stat written", "sqlite"): ("ratio", 0.3),
     ("i31 cp -r", "sqlite"): ("ratio", 0.3),
+    ("i31 cpu ingest", "sqlite"): ("max", 1.5),
     ("i31 mdtest create", "sqlite"): ("min", 5000),
     ("i31 mdtest stat", "sqlite"): ("min", 20000),
     ("i31 mdtest remove", "sqlite"): ("min", 5000),
@@ -174,6 +175,10 @@ def _issue31_rows(res: dict, add) -> None:
         add("i31 cp -r", "issue 31: cp -r 110 KiB files + sync -f", ing["cp"]["stripefs"]["rate"], ing["cp"]["local"]["rate"],
             "files/s")
         add("i31 rm -rf", "issue 31: rm -rf of that tree", ing["rm"]["stripefs"]["rate"], ing["rm"]["local"]["rate"], "files/s")
+        cpu = ing.get("cpu_per_file_ms")
+        if cpu:
+            add("i31 cpu ingest", "issue 31: CPU per 110 KiB file ingested, all processes", sum(cpu["stripefs"].values()),
+                sum(cpu["local"].values()), "ms")
     md = res.get("mdtest")
     if md:
         for phase in ("create", "stat", "remove"):
@@ -270,6 +275,11 @@ def _notes(results: dict, args) -> list[str]:
         if cpu:
             out.append(f"  [{key}] CPU s in the create phase: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items()))
                        + (" (postgres: the server and its backends; not in the daemon's figure)" if "postgres" in cpu else ""))
+        ing_cpu = (res.get("ingest") or {}).get("cpu_per_file_ms")
+        if ing_cpu:
+            out.append(f"  [{key}] CPU ms per file ingested (cp -r + sync -f, then the write-back settled), by process: "
+                       + "; ".join(f"{side}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(c.items()))
+                                   for side, c in ing_cpu.items()))
         for walk, w in (res.get("ingest") or {}).get("walk", {}).items():
             counts = w.get("requests_per_file")
             if counts is not None:

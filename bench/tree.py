@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import time
 import urllib.request
 from pathlib import Path
@@ -44,12 +45,41 @@ def make_source(root: Path, files: int, classes: int, seed: int = 15) -> dict[st
     return manifest
 
 
+#: ``settle``: longer than the mount's idle commit (50 ms) and write-back (100 ms) bounds together
+SETTLE_WAIT_S = 0.5
+
+
 def ingest(children, src: Path, dst: Path, timeout: float) -> float:
     """Seconds for `cp -r src dst` and `sync -f dst`."""
     t = time.perf_counter()
     children.run(["cp", "-r", str(src), str(dst)], timeout)
     children.run(["sync", "-f", str(dst)], timeout)
     return time.perf_counter() - t
+
+
+def settle(root: Path, wait_s: float = SETTLE_WAIT_S) -> None:
+    """Untimed, after ``ingest``: whatever the copy left for later is done. ``sync -f`` does not reach
+    a FUSE mount (the kernel sends no SYNCFS but to virtiofs), so a stripefs mount may still hold
+    files in its write-back (client/write_back.py: committed within 100 ms of their close, or 50 ms
+    after their last write, client/idle_commits.py); after ``wait_s`` an fsync of every directory
+    of the copy (FSYNCDIR) sends what is left. The CPU figure read after it then counts every file's
+    whole path to the nodes and the daemon (issue 31's "CPU per 110 KiB file ingested")."""
+    time.sleep(wait_s)
+    dirs = [root] + [Path(e.path) for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    for d in dirs:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's waited-for children so far: ``cp`` and ``sync``
+    (the kernel's work on their side of the mount included; a stripefs cluster's processes are not
+    children: `stripefs local up` starts them detached)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def verify(root: Path, manifest: dict[str, tuple[int, int]]) -> None:

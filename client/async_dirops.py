@@ -149,10 +149,10 @@ class AsyncDirops:
         if (not ranges or ranges[0][1] - ranges[0][0] < LOW) and self.left() < LOW and not self._asking \
                 and self.nursery is not None:
             self._asking = True
-            self._in_trio(self.nursery.start_soon, self._ask_numbers)
+            self.in_trio(self.nursery.start_soon, self._ask_numbers)
         return ino
 
-    def _in_trio(self, fn, *args) -> None:
+    def in_trio(self, fn, *args) -> None:
         """``fn(*args)`` on the trio thread: now if this is it, else soon (the reader thread)."""
         if threading.get_ident() == self._trio_thread or self._token is None:
             fn(*args)
@@ -193,7 +193,7 @@ class AsyncDirops:
             if first:
                 self._first_at = time.monotonic()  # the flusher's delay counts from here (``run``)
         if first or full:
-            self._in_trio(self._poke, full)
+            self.in_trio(self._poke, full)
 
     def _poke(self, full: bool) -> None:
         self._timer.queued(first=True, full=full)

@@ -1851,6 +1851,30 @@ class Operations:
         of, stream = await self._inode_file(inode, ctx)
         return await self.data.read(of, off, size, stream)  # (counted and timed as a read: client/metrics.py)
 
+    def _write_here(self, inode: int, fh: int, off: int, buf) -> int | object:
+        """WRITE on the FUSE session's reader thread (under ``lock``): a write to a file whose create
+        this mount answered and has not sent (``_early``) is kept as it comes, which needs nothing of
+        trio (the write-back sends the create, the data and the commit together); anything else is
+        ``_SLOW``. The trio task, its hand-off and its reply cost a copied small file more than the
+        keeping itself (docs/design.md, "What a copied file costs"). Ordering: the kernel sends the
+        next WRITE of an inode only after this one's answer (the inode lock of the write path), and
+        ``_early`` cannot become true again once false, so a slow write is never overtaken. The idle
+        commit's timer is set on the trio thread, queued before any later request's slow path."""
+        if self.dataset:
+            return _SLOW  # (the slow path answers EROFS)
+        if fh:
+            of = self.handles.get(fh)
+        else:
+            of = self.files.get(inode)
+            if of is not None and inode not in self._inode_handles:
+                of = None
+        if of is None or not self._early(of, len(buf)):
+            return _SLOW
+        n = self._keep_early(of, off, buf)
+        if not fh and self.idle is not None:
+            self.dirops.in_trio(self.idle.touched, inode)  # (``_early``: dirops is there)
+        return n
+
     async def write_inode(self, inode, off, buf, ctx):
         """WRITE with no OPEN sent (no-open on the default mount): into the inode's one state; the
         first write of a write session asks for the open information for writing (``_inode_file``)."""
@@ -2082,7 +2106,8 @@ class Operations:
         refused create or a quota's cut fails the write session: its next close or fsync reports it."""
         if not of.early:
             return
-        early, of.early, of.early_bytes = of.early, (), 0
+        with self.lock:  # the reader thread keeps early writes too (``_write_here``)
+            early, of.early, of.early_bytes = of.early, (), 0
         d = self.dirops
         refused = d.failed.get(of.ino) if d is not None else None
         if refused is not None or of.layout is _PENDING_LAYOUT:

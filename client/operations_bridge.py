@@ -183,6 +183,12 @@ class OperationsBridge:
     def fast_mkdir(self, req):
         return self._fast("mkdir", self.ops._fast_mkdir, req.header.nodeid, req.name, req.mode, _Ctx(req.header, req.umask))
 
+    def fast_write(self, req: rq.Write):
+        n = self._fast("write", self.ops._write_here, req.header.nodeid, req.fh, req.offset, req.data)
+        if n is not MISS:
+            client_metrics.WRITE_BYTES.inc(n)
+        return n
+
     def fast_unlink(self, req: rq.Unlink):
         return self._fast("unlink", self.ops._fast_unlink, req.header.nodeid, req.name, _Ctx(req.header))
 

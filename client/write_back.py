@@ -19,7 +19,8 @@ The rules
 * A file created here asynchronously (client/async_dirops.py) does not wait for
   its create's answer at its first write any more: while the create is not sent,
   up to ``operations.EARLY_MAX`` of writes are kept as they came
-  (``OpenFile.early``); a close then queues the file with its create pending,
+  (``OpenFile.early``), on the FUSE session's reader thread
+  (``Operations._write_here``: no trio task per WRITE); a close then queues the file with its create pending,
   and the batch sends the creates (one BatchReq), applies the kept writes with
   the layout and placement the answers give (``Operations._replay``), then
   sends the data and the commits. A request that must see the file first
@@ -103,6 +104,7 @@ class WriteBack:
         #: answered: a stat meanwhile is answered with them (``attr_of``)
         self._closed_attrs: dict[int, tuple[OpenFile, p.Attr]] = {}
         self._queued_bytes = 0
+        self._counted: dict[int, int] = {}  # ino -> the bytes its queue entry counts in _queued_bytes
         self._parents: dict[int, int] = {}  # directory -> its files queued or being sent
         self._send_lock = trio.Lock()
         self._timer = FlushTimer()
@@ -124,14 +126,21 @@ class WriteBack:
         return ref is not None and ref.version == 0 and bool(ref.nodes) and len(of.chunks) == 1 and of.dirty[0].hi <= of.chunk_size
 
     def add(self, of: OpenFile) -> None:
-        """Queue a closed file (``eligible``); sent within DELAY_S, or sooner."""
+        """Queue a closed file (``eligible``); sent within DELAY_S, or sooner. A file queued already
+        (written again after its close while its create was not sent: its idle commit queues it
+        again) keeps its one entry: its bytes counted anew, its directory once."""
+        again = of.ino in self._queue
+        if again:
+            self._queued_bytes -= self._counted[of.ino]
         self._queue[of.ino] = of
+        self._counted[of.ino] = of.size
         if of.mtime_ns:
             attr = msgspec.structs.replace(of.attr, size=of.size, mtime_ns=of.mtime_ns,
                                            ctime_ns=max(of.attr.ctime_ns, of.mtime_ns))
             self._closed_attrs[of.ino] = (of, attr)
         self._queued_bytes += of.size
-        self._parents[of.parent] = self._parents.get(of.parent, 0) + 1
+        if not again:
+            self._parents[of.parent] = self._parents.get(of.parent, 0) + 1
         self._timer.queued(first=len(self._queue) == 1, full=len(self._queue) >= BATCH)
 
     def attr_of(self, ino: int) -> p.Attr | None:
@@ -175,7 +184,7 @@ class WriteBack:
                 batch = list(self._queue.values())[:BATCH]
                 for of in batch:
                     del self._queue[of.ino]
-                    self._queued_bytes -= of.size
+                    self._queued_bytes -= self._counted.pop(of.ino)
                     self._sending.add(of.ino)
                 try:
                     await self._send(batch, sync)

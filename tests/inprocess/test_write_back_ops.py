@@ -367,3 +367,65 @@ async def test_a_stat_while_the_mount_commits_a_file_answers_what_the_commit_rec
         go.set()
     committed = (await mine.ops.meta.call(P.GetattrReq(ino=ino, session_id=0))).attr
     assert answered[0].mtime_ns == committed.mtime_ns > before.mtime_ns
+
+
+async def _write_here(fs, ino: int, fh: int, offset: int, data: bytes):
+    """A WRITE's fast path as the FUSE session's reader thread runs it: on a thread of its own,
+    under the lock the dispatcher holds around fast paths (client/fuse/dispatch.py)."""
+    def on_reader():
+        with fs.ops.lock:
+            return fs.ops._write_here(ino, 0 if fh < 0 else fh, offset, data)
+    return await trio.to_thread.run_sync(on_reader)
+
+
+async def test_a_write_to_a_file_whose_create_is_not_sent_is_answered_on_the_reader_thread(mine, rig, monkeypatch, no_timer):
+    """`cp -r` (issue 31): each copied file's WRITE went to a trio task (a hand-off, a task, a reply
+    from the trio thread) only to be kept until the create is sent. Now the reader thread keeps it:
+    no request to the daemon or the nodes, the idle commit queues the file in the write-back as
+    before, and another mount reads it whole; a write after the create was sent is the slow path's."""
+    calls = _counting(mine)
+    data = [os.urandom(40 * K), os.urandom(30 * K)]
+    fh, ino = await mine.create(mine.dir, b"copied")
+    assert mine.ops.dirops.pending(ino)  # its create answered here, not sent
+    assert await _write_here(mine, ino, fh, 0, data[0]) == len(data[0])
+    assert await _write_here(mine, ino, fh, len(data[0]), data[1]) == len(data[1])
+    assert calls == []  # kept: no round trip
+    of = mine.ops.files[ino]
+    assert of.size == sum(map(len, data)) and of.early_bytes == of.size
+    await mine.close(fh)
+    await _closed(mine)  # the idle commit, its timer set from the reader thread, queued the file
+    assert mine.ops.writeback.holds(ino), _why_not_held(mine, of)
+    assert calls == []
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:  # its lookup waits for this mount's write-back
+        assert await other.read_file(mine.dir, b"copied") == b"".join(data)
+    assert calls.count("batch:CreateReq") == 1 and calls.count("batch:CommitReq") == 1
+    fh, ino = await mine.create(mine.dir, b"sent first")
+    await mine.ops.dirops.flush()  # its create is sent: a write needs its layout, in trio
+    assert await _write_here(mine, ino, fh, 0, data[0]) is FAST_PATH_MISS
+    assert await mine.write(fh, 0, data[0]) == len(data[0])
+    await mine.close(fh)
+    await _closed(mine)
+    assert await mine.read_file(mine.dir, b"sent first") == data[0]
+
+
+async def test_a_file_written_again_while_queued_keeps_one_entry(mine, no_timer):
+    """Found measuring issue 31: a file written again after its close, its create still not sent
+    (no-open: the kernel's WRITE names the inode, no LOOKUP settles it first), is queued again by
+    its idle commit. The queue kept one entry but counted the file's directory twice and its bytes
+    twice, and its send took one of each back: the directory stayed ``busy`` for good (every
+    lookup there then went to trio to send nothing) and the bytes counted toward the backpressure
+    bound (MAX_QUEUED_BYTES) grew with each such file. Now a file queued again is counted once."""
+    fh, ino = await mine.create(mine.dir, b"twice")
+    await mine.write(fh, 0, b"a" * 100)
+    await mine.close(fh)
+    await _closed(mine)
+    wb = mine.ops.writeback
+    assert wb.holds(ino)
+    assert mine.ops.dirops.pending(ino)  # its create is not sent: the next write is kept, as the first
+    await mine.write(fh, 100, b"b" * 100)  # the kernel's WRITE by inode, no OPEN nor LOOKUP (its dentry kept)
+    await _closed(mine)  # its idle commit queues it again
+    assert wb.holds(ino)
+    await wb.flush()
+    assert not wb.holds(ino) and not wb.busy(mine.dir)
+    assert wb._queued_bytes == 0
+    assert await mine.read_file(mine.dir, b"twice") == b"a" * 100 + b"b" * 100
