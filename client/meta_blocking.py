@@ -41,7 +41,7 @@ import zmq
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from ..common.security import split_address, with_key
-from ..common.transport import _observe_rpc, new_socket
+from ..common.transport import observe_rpc, new_socket
 
 #: what may be asked from a plain thread: reads, nothing applied once, no trio state to keep
 READS = frozenset({p.GetattrReq, p.LookupReq, p.PingReq})
@@ -146,7 +146,7 @@ class BlockingMetaClient:
             self._lanes.pop(line.daemon, None)  # asked again next time: a restarted daemon's lane may have moved
             raise
         finally:
-            _observe_rpc(line.address, request, body, time.perf_counter() - started)
+            observe_rpc(line.address, request, body, time.perf_counter() - started)
         self.calls += 1
         if body is None:
             self._lanes.pop(line.daemon, None)

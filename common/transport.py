@@ -303,7 +303,7 @@ class RpcClient:
         finally:
             self._pending.pop(request_id, None)
         body = slot.body
-        _observe_rpc(self.address, request, body, time.perf_counter() - started)
+        observe_rpc(self.address, request, body, time.perf_counter() - started)
         if body is None:
             raise StripefsError(
                 ErrorCode.TIMEOUT,
@@ -675,7 +675,9 @@ def _child(metric, *labels):
     return child
 
 
-def _observe_rpc(peer: str, request: protocol.Msg, body: protocol.Msg | None, seconds: float) -> None:
+def observe_rpc(peer: str, request: protocol.Msg, body: protocol.Msg | None, seconds: float) -> None:
+    """Count one call to ``peer`` in the client's RPC metrics (its time; a timeout or error reply by code):
+    RpcClient's and the blocking metadata client's (client/meta_blocking.py) calls alike."""
     kind = protocol.kind(request)
     _child(metrics.RPC_SECONDS, peer, kind).observe(seconds)
     if body is None:
