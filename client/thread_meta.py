@@ -32,14 +32,13 @@ from __future__ import annotations
 import logging
 import queue
 import errno
-import threading
 from typing import Callable
 
 import zmq
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
-from . import metrics
+from . import metrics, worker_threads
 from .meta_blocking import BlockingMetaClient
 
 log = logging.getLogger(__name__)
@@ -63,9 +62,7 @@ class ThreadMeta:
         self._closing = False
         self._served = metrics.THREAD_META.labels("served")
         self._handed_back = metrics.THREAD_META.labels("handed_back")
-        self._threads = [threading.Thread(target=self._work, name=f"thread-meta-{i}", daemon=True) for i in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._threads = worker_threads.start(self._work, "thread-meta", workers)
 
     def getattr(self, request: p.GetattrReq, answer: Callable[[p.AttrRsp], None], fail: Callable[[int], None],
                 slow: Callable[[], None]) -> bool:
@@ -79,12 +76,7 @@ class ThreadMeta:
     def close(self) -> None:
         """Stop the workers (what is queued goes to trio's path) and close their sockets."""
         self._closing = True
-        for _ in self._threads:
-            self._queue.put(None)
-        for t in self._threads:
-            t.join(10)
-            if t.is_alive():
-                log.warning("%s did not stop within 10 s", t.name)
+        worker_threads.stop(self._queue, self._threads)
         self.client.close()
 
     def _work(self) -> None:

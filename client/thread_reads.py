@@ -44,7 +44,7 @@ from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import is_ec, replica_part
 from ..common.transport import new_socket
-from . import metrics
+from . import metrics, worker_threads
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .placements import is_cold
@@ -176,15 +176,13 @@ class ThreadReads:
         self._lock = threading.Lock()  # around _loading and _done (reader thread, trio thread, workers)
         self._loading: dict[tuple, Load] = {}  # key -> its load, queued or under way
         self._done: dict[tuple, memoryview] = {}  # key -> its bytes, until they are in the chunk cache
-        self._threads = [threading.Thread(target=self._work, name=f"thread-reads-{i}", daemon=True) for i in range(workers)]
         self._closing = False
         self._served, self._handed_back = metrics.THREAD_READS.labels("served"), metrics.THREAD_READS.labels("handed_back")
         self._fetched = metrics.THREAD_READS.labels("fetched")
         self.ids = _ids
         #: the FUSE reader thread's own loads (client/reader_loads.py: ``Session.side``), or None
         self.reader = ReaderLoads(self) if reader_loads else None
-        for t in self._threads:
-            t.start()
+        self._threads = worker_threads.start(self._work, "thread-reads", workers)
 
     @property
     def ctx(self) -> zmq.Context:
@@ -281,12 +279,7 @@ class ThreadReads:
         """Stop the workers (what is queued goes to trio's path, which answers or finds the
         connection gone) and wait for them; each closes its own sockets."""
         self._closing = True
-        for _ in self._threads:
-            self._queue.put(None)
-        for t in self._threads:
-            t.join(10)
-            if t.is_alive():
-                log.warning("%s did not stop within 10 s", t.name)
+        worker_threads.stop(self._queue, self._threads)
 
     # -- a worker
 

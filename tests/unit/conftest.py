@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+import zmq
 
 from util import configure, free_port
 from stripefs.local_postgres import LocalPostgres, choose_dir
@@ -43,3 +44,12 @@ def pg_dsn(pg_server) -> str:
     with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     return f"{pg_server.dsn} options='-csearch_path={schema}'"
+
+
+@pytest.fixture
+def ctx():
+    """A ZeroMQ context for a test's sockets, terminated after it (a test that leaves a socket open
+    hangs here: what its teardown forgot)."""
+    c = zmq.Context()
+    yield c
+    c.term()

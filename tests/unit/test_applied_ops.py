@@ -20,7 +20,7 @@ from stripefs.daemon.db import open_database
 from stripefs.daemon.pg_store import open_pg_store
 from stripefs.daemon.store import SqliteStore
 
-from test_meta_service import ROOT, _call, ctx, daemon  # noqa: F401  (ctx, daemon: its fixtures)
+from test_meta_service import ROOT, _call, daemon  # noqa: F401  (daemon: its fixture)
 
 
 LAYOUT = P.Layout(1 << 20, 1, "replicas=1")

@@ -11,7 +11,7 @@ import trio
 
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode
-from test_meta_burst import _Commits, _create, _service, ctx  # noqa: F401 - ctx: the fixture
+from test_meta_burst import _Commits, _create, _service
 from test_security import ROOT
 
 

@@ -13,7 +13,7 @@ import trio
 
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode
-from test_meta_burst import _create, _register, ctx  # noqa: F401 - ctx: the fixture
+from test_meta_burst import _create, _register
 from test_security import ROOT
 from util import free_address
 

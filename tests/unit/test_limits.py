@@ -15,13 +15,6 @@ from stripefs.common.transport import RpcClient, connect, open_socket, serve
 from util import free_address as _free_address
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.term()
-
-
 def test_peer_queues_admit_queue_refuse_in_order():
     q = PeerQueues(ServeLimits(per_peer_inflight=2, per_peer_queue=2, max_queued=3, max_queued_bytes=1000))
     assert [q.offer(b"a", i, 10) for i in range(5)] == [START, START, QUEUED, QUEUED, REFUSED]

@@ -26,13 +26,6 @@ from test_security import ROOT, _code, secure_cluster
 from util import free_address
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.term()
-
-
 def _register(node_id: int = 1) -> P.RegisterNodeReq:
     return P.RegisterNodeReq(node_id=node_id, address="tcp://127.0.0.1:1", host="h", capacity_bytes=1 << 40,
                              free_bytes=1 << 39, used_bytes=0, chunks=0)

@@ -27,13 +27,6 @@ from test_security import ROOT
 from util import free_address
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.term()
-
-
 def _lane(service) -> str:
     """The daemon's read lane (PingRsp.read_port)."""
     assert service.read_port

@@ -74,13 +74,6 @@ class Daemon:
 
 
 @pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.term()
-
-
-@pytest.fixture
 def daemon(tmp_path):
     d = Daemon(tmp_path)
     d.start()

@@ -14,9 +14,7 @@ from __future__ import annotations
 import logging
 
 import psycopg
-import pytest
 import trio
-import zmq
 
 from stripefs.common import protocol as P
 from stripefs.common.config import MetaConfig
@@ -25,13 +23,6 @@ from stripefs.daemon.service import MetaService
 from test_meta_burst import _create, _register, batches_past_the_bound
 from test_security import ROOT
 from util import free_address
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.term()
 
 
 class _Transactions:

@@ -11,7 +11,7 @@ import pytest
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
 from stripefs.common.transport import connect
-from test_meta_service import ROOT, _call, _register, ctx, daemon  # noqa: F401 (ctx, daemon: fixtures)
+from test_meta_service import ROOT, _call, _register, daemon  # noqa: F401 (daemon: a fixture)
 
 
 async def _code(client, req) -> ErrorCode:

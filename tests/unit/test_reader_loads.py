@@ -52,13 +52,6 @@ class _Pool:
 
 
 @pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.term()
-
-
-@pytest.fixture
 def nodes(ctx):
     socks = []
     for _ in range(3):

@@ -42,13 +42,6 @@ async def _echo_server(ctx, address, task_status=trio.TASK_STATUS_IGNORED):
         await server.__aexit__(None, None, None)
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.term()
-
-
 async def _until_bindable(address: str, timeout: float = 5.0) -> None:
     import socket
 
