@@ -1794,13 +1794,13 @@ class Operations:
         (client/thread_meta.py): the kernel cache's stamp to answer it against
         (``thread_entry_out``), or None: ``lookup`` runs in trio. Only one whose LookupReq carries
         neither a callback nor ``open_info`` (no grant to record in trio's state, no open
-        information to keep, no hint or prefetch to start): a dataset mount's (or a mount whose
-        feed cannot hold callbacks now), asked by a process that did not open what it looked up
-        last, with nothing of this mount's own to settle first (as ``thread_getattr``: no change
+        information to keep, no hint or prefetch to start): a dataset mount's, asked by a
+        process that did not open what it looked up last, with nothing of this mount's own to settle first (as ``thread_getattr``: no change
         answered here waits for the daemon, so none of this very name; no files closed here wait
         in the directory).
-        The default mount's lookups ask for a callback on a regular file: trio's, as before."""
-        if not self.dataset and self.kcache.callbacks_possible:
+        The default mount's lookups ask for a callback on a regular file: trio's, as before, and
+        so do its lookups while its feed cannot hold callbacks (not measured: kept out)."""
+        if not self.dataset:
             return None
         previous = self._last_lookup.get(pid)
         if previous is None or previous[1]:

@@ -21,8 +21,8 @@ kernel before the change's invalidation or is made knowing of it. A GetattrReq
 carries no callback grant, so nothing is recorded on the trio side.
 
 LOOKUP misses likewise (``Operations.thread_lookup``), only those whose LookupReq
-asks neither a callback nor open information: a dataset mount's (or one whose feed
-cannot hold callbacks now), from a process that did not open what it looked up
+asks neither a callback nor open information: a dataset mount's, from a process
+that did not open what it looked up
 last. Their reply carries no grant, so here too nothing is recorded on the trio
 side; the answer (``Operations.thread_entry_out``) records what ``lookup`` records
 of a bare AttrRsp, under ``Operations.lock``, cached only if neither the directory
