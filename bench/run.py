@@ -256,6 +256,8 @@ class Bench:
         self.phase = (name, time.monotonic(), self.args.phase_timeout)
 
     def cold(self, side: str) -> None:
+        # --mount-option: every `local up` of a cold cycle (the writes come first: a dataset mount is read-only)
+        self.cluster.options = list(self.args.mount_option)
         self.cold_ok &= cold_cycle(self.cluster, side)
 
     def measure(self, key: str, label: str, fn, side: str) -> dict:
@@ -423,6 +425,8 @@ def main(argv=None) -> int:
                     help="where the run's tmp dir (cluster state, mountpoint, local dir) goes; must be a real disk, "
                          "not tmpfs (default /var/tmp)")
     ap.add_argument("--secure", action="store_true", help="CURVE on every socket (local up --secure): its cost on the data path")
+    ap.add_argument("--mount-option", action="append", default=[], metavar="OPT",
+                    help="an -o option for the mount from the first cold cycle on (repeatable), e.g. dataset")
     ap.add_argument("--keep", action="store_true", help="keep the tmp dir (state, logs, data) afterwards")
     ap.add_argument("--seed", type=int, default=1, help="random seed for sizes, content and shuffles")
     ap.add_argument("--phase-timeout", type=float, default=600,

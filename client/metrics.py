@@ -129,8 +129,9 @@ THREAD_READS = Counter(
 )
 THREAD_META = Counter(
     "stripefs_thread_meta_total",
-    "GETATTR misses taken by the plain-thread path (client/thread_meta.py): answered there (served), or handed to "
-    "trio's path after all (handed_back: no answer in time, no daemon, the mount stopping)",
+    "GETATTR and LOOKUP misses taken by the plain-thread path (client/thread_meta.py): answered there (served, "
+    "lookup_served), or handed to trio's path after all (handed_back, lookup_handed_back: no answer in time, no "
+    "daemon, the mount stopping, a lookup's name not found)",
     ["outcome"],
 )
 EC_STRIPE_WRITES = Counter(

@@ -1789,6 +1789,52 @@ class Operations:
             return None
         return self.kcache.stamp()
 
+    def thread_lookup(self, parent_inode: int, name: bytes, pid: int) -> int | None:
+        """(reader thread, under ``lock``) A LOOKUP miss that a plain thread may ask the daemon
+        (client/thread_meta.py): the kernel cache's stamp to answer it against
+        (``thread_entry_out``), or None: ``lookup`` runs in trio. Only one whose LookupReq carries
+        neither a callback nor ``open_info`` (no grant to record in trio's state, no open
+        information to keep, no hint or prefetch to start): a dataset mount's, asked by a
+        process that did not open what it looked up last, with nothing of this mount's own to settle first (as ``thread_getattr``: no change
+        answered here waits for the daemon, so none of this very name; no files closed here wait
+        in the directory).
+        The default mount's lookups ask for a callback on a regular file: trio's, as before, and
+        so do its lookups while its feed cannot hold callbacks (not measured: kept out)."""
+        if not self.dataset:
+            return None
+        previous = self._last_lookup.get(pid)
+        if previous is None or previous[1]:
+            return None  # ``lookup`` asks open information for it (and may prefetch)
+        d = self.dirops
+        if (d is not None and (d.unanswered or d.failed)) \
+                or (self.idle is not None and self.idle.pending()) \
+                or (self.writeback is not None and self.writeback.busy(parent_inode)):
+            return None
+        return self.kcache.stamp()
+
+    def thread_entry_out(self, stamp: int, parent_inode: int, name: bytes, pid: int, attr: p.Attr) -> Entry:
+        """(a worker thread, under ``lock``) LOOKUP's answer for the daemon's ``attr`` (a reply with
+        no grant and no open information), recorded as ``lookup`` records it: cached only if no
+        change of the directory or the file was applied since ``stamp``."""
+        ino = attr.ino
+        cacheable = not self.kcache.changed_since(stamp, parent_inode, ino)
+        if len(self._last_lookup) > 4096:
+            self._last_lookup.clear()
+        self._last_lookup[pid] = (ino, False)
+        self._open_info.pop(ino, None)
+        if self.prefetcher is not None and self.prefetcher.shm is not None:
+            now = time.monotonic()
+            self._looked_up.pop(ino, None)
+            self._looked_up[ino] = (now, attr)
+            while next(iter(self._looked_up.values()))[0] < now - OPEN_INFO_FRESH_S:
+                self._looked_up.popitem(last=False)
+        self._held_info.pop(ino, None)
+        of = self.files.get(ino) if self.per_inode else None
+        if of is not None and of.attr != attr:
+            of.stale = True  # no OPEN will refresh it (close-to-open): its next READ or WRITE does
+        self.kcache.remember(parent_inode, name, ino)
+        return self._entry(attr, cacheable=cacheable)
+
     def thread_attr_out(self, stamp: int, attr: p.Attr) -> tuple[Attr, float]:
         """(a worker thread, under ``lock``) GETATTR's answer for the daemon's ``attr``, as
         ``_attr_reply`` makes it: held only if no change of it was applied since ``stamp``."""

@@ -243,6 +243,32 @@ class OperationsBridge:
 
         return pool.getattr(p.GetattrReq(ino=inode, session_id=ops.meta.session_id), answer, fail, slow)
 
+    # -- LOOKUP misses with no grant on plain threads (client/thread_meta.py): decided here, under Operations.lock
+
+    def take_lookup(self, req: rq.Lookup, reply, slow) -> bool:
+        pool = self.thread_meta
+        if pool is None:
+            return False
+        parent, name, pid = req.header.nodeid, req.name, req.header.pid
+        ops = self.ops
+        stamp = ops.thread_lookup(parent, name, pid)
+        if stamp is None:
+            return False
+        started = time.perf_counter()
+
+        def answer(rsp: p.AttrRsp) -> None:
+            with ops.lock:  # the check and the answer against a change's invalidation (thread_meta.py)
+                reply.entry(ops.thread_entry_out(stamp, parent, name, pid, rsp.attr))
+            client_metrics.observe("lookup", time.perf_counter() - started)
+
+        def fail(err: int) -> None:
+            if not reply.sent:
+                reply.error(err)
+            client_metrics.observe("lookup", time.perf_counter() - started, err)
+
+        request = p.LookupReq(parent=parent, name=name, open_info=False, session_id=ops.meta.session_id, callback=False)
+        return pool.lookup(request, answer, fail, slow)
+
     # -- the handlers, in tasks
 
     async def lookup(self, req: rq.Lookup) -> Entry:

@@ -1,4 +1,4 @@
-"""GETATTR misses asked on plain threads: no trio task, no event-loop wake-up, per request.
+"""GETATTR and LOOKUP misses asked on plain threads: no trio task, no event-loop wake-up, per request.
 
 A GETATTR the mount cannot answer from memory used to cross to trio (a task, the
 handler's cancel scope, the MetaClient's RpcClient and its wake-up per reply)
@@ -19,6 +19,17 @@ answer to the kernel are made holding ``Operations.lock``, which every change
 takes while it drops what the kernel may hold, so the answer either reaches the
 kernel before the change's invalidation or is made knowing of it. A GetattrReq
 carries no callback grant, so nothing is recorded on the trio side.
+
+LOOKUP misses likewise (``Operations.thread_lookup``), only those whose LookupReq
+asks neither a callback nor open information: a dataset mount's, from a process
+that did not open what it looked up
+last. Their reply carries no grant, so here too nothing is recorded on the trio
+side; the answer (``Operations.thread_entry_out``) records what ``lookup`` records
+of a bare AttrRsp, under ``Operations.lock``, cached only if neither the directory
+nor the file changed since the stamp. A name the daemon does not have goes to
+trio's path (ENOENT there forgets the directory's hint, trio state). The default
+mount's lookups of regular files ask for a callback grant, which stays trio's
+(docs/design.md, "The read lane").
 
 Anything unusual goes to trio's path (``slow()``), which answers as before:
 no answer within the blocking client's timeout or no daemon (trio's path
@@ -60,14 +71,25 @@ class ThreadMeta:
         self.client = BlockingMetaClient(ctx, meta, timeout=timeout)
         self._queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._closing = False
-        self._served = metrics.THREAD_META.labels("served")
-        self._handed_back = metrics.THREAD_META.labels("handed_back")
+        self._counts = {p.GetattrReq: (metrics.THREAD_META.labels("served"), metrics.THREAD_META.labels("handed_back")),
+                        p.LookupReq: (metrics.THREAD_META.labels("lookup_served"),
+                                      metrics.THREAD_META.labels("lookup_handed_back"))}
         self._threads = worker_threads.start(self._work, "thread-meta", workers)
 
     def getattr(self, request: p.GetattrReq, answer: Callable[[p.AttrRsp], None], fail: Callable[[int], None],
                 slow: Callable[[], None]) -> bool:
         """(reader thread) Queue ``request``; a worker then calls ``answer(reply)``, ``fail(errno)`` or
         ``slow()``. False: not taken (trio's path, now)."""
+        return self._put(request, answer, fail, slow)
+
+    def lookup(self, request: p.LookupReq, answer: Callable[[p.AttrRsp], None], fail: Callable[[int], None],
+               slow: Callable[[], None]) -> bool:
+        """(reader thread) As ``getattr``, for a LookupReq with no ``callback`` and no ``open_info``
+        (module docstring): a NOT_FOUND, or a reply that is not a bare AttrRsp, goes to ``slow()``."""
+        assert not request.callback and not request.open_info, request
+        return self._put(request, answer, fail, slow)
+
+    def _put(self, request, answer, fail, slow) -> bool:
         if self._closing or self._queue.qsize() >= MAX_QUEUED:
             return False
         self._queue.put((request, answer, fail, slow))
@@ -85,29 +107,40 @@ class ThreadMeta:
             if job is None:
                 return
             request, answer, fail, slow = job
+            served, handed_back = self._counts[type(request)]
+            what = f"{type(request).__name__} {_subject(request)}"
             if self._closing:
-                self._handed_back.inc()
+                handed_back.inc()
                 slow()
                 continue
             try:
                 reply = self.client.call(request)
             except StripefsError as exc:
-                if exc.code in _RETRYABLE:
-                    log.debug("thread getattr of inode %d: %s; trio's path retries", request.ino, exc.message)
-                    self._handed_back.inc()
+                if exc.code in _RETRYABLE or (exc.code == ErrorCode.NOT_FOUND and type(request) is p.LookupReq):
+                    log.debug("thread %s: %s; trio's path answers", what, exc.message)
+                    handed_back.inc()
                     slow()
                 else:
-                    self._served.inc()
+                    served.inc()
                     fail(exc.errno)
                 continue
             except Exception:  # noqa: BLE001 - a bug: logged, trio's path answers
-                log.exception("a thread getattr of inode %d failed", request.ino)
-                self._handed_back.inc()
+                log.exception("a thread %s failed", what)
+                handed_back.inc()
+                slow()
+                continue
+            if type(reply) is not p.AttrRsp or (type(request) is p.LookupReq and reply.callback >= 0):
+                log.warning("thread %s: unexpected %s; trio's path answers", what, type(reply).__name__)
+                handed_back.inc()
                 slow()
                 continue
             try:
                 answer(reply)
-                self._served.inc()
+                served.inc()
             except Exception:  # noqa: BLE001 - a bug: logged; the request is answered EIO if it was not
-                log.exception("answering a thread getattr of inode %d failed", request.ino)
+                log.exception("answering a thread %s failed", what)
                 fail(errno.EIO)
+
+
+def _subject(request) -> str:
+    return f"of inode {request.ino}" if type(request) is p.GetattrReq else f"of {request.name!r} in {request.parent}"

@@ -42,7 +42,7 @@ setlk (SETLK, SETLKW), fallocate, syncfs
 Any result may instead be a ``replies.Encoded``: the reply body already in its wire form, sent as is;
 or a ``replies.Failed``: the errno to answer, as a raised ``OSError`` would be (no exception on a hot path).
 
-* ``take_<op>(req, reply, slow)`` (only ``take_read`` and ``take_getattr`` are looked for): called on the reader thread,
+* ``take_<op>(req, reply, slow)`` (only ``take_read``, ``take_getattr`` and ``take_lookup`` are looked for): called on the reader thread,
   under ``fast_lock``, when the fast path answered MISS. It returns True when it took the request:
   it answers ``reply`` later from a thread of its own (never trio's), or calls ``slow()`` (any
   thread) to hand the request to the slow path in trio after all; False: the slow path runs now.
@@ -197,7 +197,7 @@ OPERATIONS: dict[int, tuple[str, Callable[[Reply, Any, Any], None]]] = {
 }
 _DIR_OPS = {Opcode.READDIR, Opcode.READDIRPLUS}
 #: operations a file system may take off the reader thread without trio (``take_<op>``)
-_TAKEN = {"read", "getattr"}
+_TAKEN = {"read", "getattr", "lookup"}
 
 
 class _Op(NamedTuple):

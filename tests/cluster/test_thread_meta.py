@@ -5,6 +5,8 @@ feed (its kernel drops the directory's attributes), so its next stat is a GETATT
 its worker threads ask the daemon with the blocking client (client/meta_blocking.py;
 ``stripefs_thread_meta_total``) and which must give what the writer's mount sees. A metadata
 daemon killed and restarted between stats changes neither the answers nor the mount's answering.
+A dataset mount's cold LOOKUPs (no callback grant, no open information asked) are asked on the
+threads too, and a name another mount renames or removes is seen there as the writer sees it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from test_ops import scrape, total
 
 def _thread_meta(mountpoint) -> dict[str, float]:
     samples = scrape(f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics")
-    return {o: total(samples, "stripefs_thread_meta_total", outcome=o) for o in ("served", "handed_back")}
+    return {o: total(samples, "stripefs_thread_meta_total", outcome=o)
+            for o in ("served", "handed_back", "lookup_served", "lookup_handed_back")}
 
 
 def _seen(path, nlink: int, within_s: float = 10.0) -> os.stat_result:
@@ -77,3 +80,46 @@ def test_a_daemon_restart_between_getattrs_falls_back_and_recovers(cluster, mnt)
         assert after["served"] > before["served"], (before, after)  # the threads answer again
     finally:
         cluster.unmount(other)
+
+
+def _eventually(check, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_lookup_miss_with_no_grant_is_asked_on_a_thread_and_sees_another_mounts_rename_and_unlink(cluster, mnt):
+    d = mnt / "looked_up"
+    d.mkdir()
+    for i in range(8):
+        with open(d / f"f{i}", "wb") as f:
+            f.write(b"x" * (i + 1))  # (an empty file's mtime differs by microseconds at its writer: left alone)
+            os.fsync(f.fileno())  # committed: the writer's own stat no longer answers from its write-back
+    (d / "sub").mkdir()
+    reader = cluster.mount_again("thread_meta_lookup", "dataset")  # its lookups ask no callback
+    try:
+        theirs = reader / mnt.name / "looked_up"
+        os.stat(theirs)  # this process's first lookup there asks open information: trio's
+        before = _thread_meta(reader)
+        for i in range(8):
+            st = os.stat(theirs / f"f{i}")  # a cold lookup: asked by a worker thread
+            assert _same(st, os.stat(d / f"f{i}")) and st.st_size == i + 1, (i, st)
+        assert _same(os.stat(theirs / "sub"), os.stat(d / "sub"))
+        after = _thread_meta(reader)
+        assert after["lookup_served"] - before["lookup_served"] >= 9, (before, after)
+
+        moved_ino = os.stat(d / "f0").st_ino
+        os.rename(d / "f0", d / "moved")  # another mount's changes: the feed drops the reader's entries
+        (d / "f1").unlink()
+        assert _eventually(lambda: not os.path.exists(theirs / "f0") and not os.path.exists(theirs / "f1"))
+        st = os.stat(theirs / "moved")
+        assert st.st_ino == moved_ino and _same(st, os.stat(d / "moved"))
+        os.rename(d / "f2", d / "moved")  # replaces it: the reader's entry for "moved" is dropped again
+        assert _eventually(lambda: os.stat(theirs / "moved").st_ino != moved_ino)
+        assert _same(os.stat(theirs / "moved"), os.stat(d / "moved"))
+        assert _thread_meta(reader)["lookup_served"] > after["lookup_served"]
+    finally:
+        cluster.unmount(reader)
