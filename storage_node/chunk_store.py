@@ -346,13 +346,15 @@ class ChunkStore:
 
     def _read_blocks(
         self, fd: int, chunk: ChunkId, hdr: Header, head: bytes, start: int, end: int, nowait: bool = False
-    ) -> tuple[bytes, int]:
+    ) -> tuple[bytes | memoryview, int]:
         """Verified data of the blocks covering [start, end); returns (bytes, offset of its first byte)."""
         bs = hdr.block_size
         first, last = start // bs, (end - 1) // bs
         span_start, span_end = first * bs, min((last + 1) * bs, hdr.length)
         if hdr.data_start + span_end <= len(head):  # small chunk: already read with the header
-            span = head[hdr.data_start + span_start : hdr.data_start + span_end]
+            # a view, not a copy: a copy of a small file's bytes (and the fresh pages it faults in)
+            # was ~8% of a storage node's CPU in a cold prefetch epoch (perf, issue 29)
+            span = memoryview(head)[hdr.data_start + span_start : hdr.data_start + span_end]
         else:
             file_size = hdr.data_start + hdr.length
             span = _pread(fd, span_end - span_start, hdr.data_start + span_start, file_size, nowait)
@@ -374,8 +376,9 @@ class ChunkStore:
         *,
         nowait: bool = False,
         max_bytes: int | None = None,
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes | bytearray | memoryview]:
         """``(version, data)`` for ``length`` bytes at ``offset``; short or empty past the stored length.
+        ``data`` is a bytes-like object (a view into the file's read buffer for a small chunk: no copy).
 
         NOT_FOUND: no copy. STALE: the copy is older than ``min_version``.
         CORRUPT: the header or a block in the range failed its checksum.

@@ -578,3 +578,15 @@ def test_kill_9_during_a_batch_leaves_each_chunk_old_or_new(tmp_path):
                 assert not [n for n in os.listdir(s.path(c).parent) if n.endswith(".tmp")]
             assert s.usage().chunks == len(chunks)
     assert seen == {b"A", b"B"}  # the kills landed between batches' writes, not only before the first
+
+
+def test_a_small_chunk_is_read_without_a_copy(store):
+    """A small chunk comes back as a view into the one pread of its file (header, table and data),
+    not a copy of its bytes: the copy was a storage node's per-file cost in a cold prefetch epoch."""
+    data = _pattern(3 * BS + 100)
+    store.write(C, 1, 0, 0, data)
+    version, got = store.read(C, 0, 0, 1 << 20)
+    assert version == 1 and bytes(got) == data
+    assert isinstance(got, memoryview) and len(got.obj) > len(data)  # the file's whole buffer: no copy
+    _, part = store.read(C, 0, BS + 5, 10)  # a range inside: sliced from the view, still the data
+    assert bytes(part) == data[BS + 5 : BS + 15]
