@@ -87,17 +87,24 @@ class SqlStore:
         return self.conn.execute(self.dialect.sql(sql), params)
 
     def _xm(self, sql: str, rows: Iterable[Sequence]) -> None:
-        """``sql`` for each of ``rows``. On a shared database an INSERT of several rows is one
-        statement of them all (``INSERT_PARAMS`` at most): psycopg's executemany runs in a pipeline of
-        its own, and when the transaction's serialization failure (SQLSTATE 40001, which the store
-        retries) comes inside it, psycopg logs "error ignored terminating Pipeline: pipeline aborted"
-        as it leaves (tests/unit/test_pg_burst.py: two daemons' bursts creating in one directory)."""
+        """``sql`` for each of ``rows``. On a shared database psycopg's executemany is never used:
+        it runs in a pipeline of its own, and when the transaction's serialization failure (SQLSTATE
+        40001, which the store retries) comes inside it, psycopg logs "error ignored terminating
+        Pipeline: pipeline aborted" as it leaves (tests/unit/test_pg_burst.py: two daemons' bursts
+        creating in one directory; the pg2 bench's shared directory holds, whose DELETE and UPDATE
+        conflict by design). An INSERT of several rows is one statement of them all
+        (``INSERT_PARAMS`` at most); any other statement runs once per row (an UPDATE or DELETE
+        here names a few rows: a sequencer run's changes, a session's directory holds)."""
         rows = list(rows)
         if not rows:
             return
-        one_row = _ONE_ROW_INSERT.match(sql) if len(rows) > 1 and self.dialect is not SQLITE else None
-        if one_row is None:
+        if self.dialect is SQLITE:
             self.conn.cursor().executemany(self.dialect.sql(sql), rows)
+            return
+        one_row = _ONE_ROW_INSERT.match(sql) if len(rows) > 1 else None
+        if one_row is None:
+            for r in rows:
+                self._x(sql, r)
             return
         head, row, tail = one_row.groups()
         per = max(1, INSERT_PARAMS // max(1, len(rows[0])))
@@ -579,7 +586,15 @@ class SqlStore:
             return 0
         first = self.last_change_seq() + 1
         self._x("UPDATE counters SET value = value + ? WHERE name = 'change_seq'", (len(ids),))
-        self._xm("UPDATE change_log SET seq = ? WHERE id = ?", ((first + i, row_id) for i, row_id in enumerate(ids)))
+        numbered = [(first + i, row_id) for i, row_id in enumerate(ids)]
+        if self.dialect is SQLITE:
+            self._xm("UPDATE change_log SET seq = ? WHERE id = ?", numbered)
+        else:  # one statement per INSERT_PARAMS values, not a row each (_xm: no executemany here)
+            per = INSERT_PARAMS // 2
+            for i in range(0, len(numbered), per):
+                part = numbered[i : i + per]
+                self._x("UPDATE change_log SET seq = v.seq FROM (VALUES " + ",".join(["(?::bigint, ?::bigint)"] * len(part))
+                        + ") AS v(seq, id) WHERE change_log.id = v.id", [x for pair in part for x in pair])
         return len(ids)
 
     def feed_behind(self, seq: int) -> bool:

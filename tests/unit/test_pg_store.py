@@ -281,3 +281,35 @@ def test_a_grant_and_a_change_that_miss_each_other_conflict(two):
         created.set()
         granted.result(20)
     assert listings[0] == [] and listings[-1] == [b"new"], listings
+
+
+def test_statements_of_several_rows_never_use_psycopg_s_executemany(two):
+    """psycopg's executemany runs in a pipeline of its own, whose abort on a serialization failure
+    psycopg logs as a warning ("pipeline aborted"): an UPDATE or DELETE of several rows on the shared
+    database runs row by row instead, an INSERT as one statement (daemon/store.py ``_xm``)."""
+    store = two[0].store
+
+    def rows_left():
+        conn = store.conn
+        real = conn.cursor
+
+        class NoExecutemany:
+            def __init__(self, cur):
+                self._cur = cur
+
+            def executemany(self, *a, **kw):
+                raise AssertionError("executemany on the shared database")
+
+            def __getattr__(self, name):
+                return getattr(self._cur, name)
+
+        conn.cursor = lambda *a, **kw: NoExecutemany(real(*a, **kw))
+        try:
+            store.insert_rows("garbage", "node_id, ino, idx, part, max_version", [(1, 10, 0, 0, 1), (2, 10, 0, 0, 1)])
+            ids = [r[0] for r in store._x("SELECT id FROM garbage WHERE ino = 10")]
+            store._xm("DELETE FROM garbage WHERE id=?", [(i,) for i in ids])
+            return [r[0] for r in store._x("SELECT id FROM garbage WHERE ino = 10")]
+        finally:
+            conn.cursor = real
+
+    assert store.run(rows_left) == []
