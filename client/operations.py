@@ -994,24 +994,10 @@ class Operations:
         if rsp.callback >= 0:
             self.kcache.granted(ino, parent_inode, name, rsp.callback)
             held = cacheable and self.kcache.healthy
-        if len(self._last_lookup) > 4096:
-            self._last_lookup.clear()
-        self._last_lookup[ctx.pid] = (ino, False)
         with self.lock:  # what the reader thread's fast paths read
-            # only the newest lookup's answer may stand in for an OpenReq
-            self._open_info.pop(ino, None)
-            if self.prefetcher is not None and self.prefetcher.shm is not None:
-                now = time.monotonic()
-                self._looked_up.pop(ino, None)
-                self._looked_up[ino] = (now, rsp.attr)
-                while next(iter(self._looked_up.values()))[0] < now - OPEN_INFO_FRESH_S:
-                    self._looked_up.popitem(last=False)
-            self._held_info.pop(ino, None)
+            self._record_lookup(ctx.pid, ino, rsp.attr)
             if held:
                 self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
-            of = self.files.get(ino) if self.per_inode else None
-            if of is not None and of.attr != rsp.attr:
-                of.stale = True  # no OPEN will refresh it (close-to-open): its next READ or WRITE does
             if isinstance(rsp, p.OpenRsp):
                 if not self.kcache.changed_since(stamp, ino, as_of=rsp.callback):  # else it may predate a commit here (_ask_open)
                     self._open_info[ino] = (time.monotonic(), rsp)
@@ -1818,6 +1804,15 @@ class Operations:
         change of the directory or the file was applied since ``stamp``."""
         ino = attr.ino
         cacheable = not self.kcache.changed_since(stamp, parent_inode, ino)
+        self._record_lookup(pid, ino, attr)
+        self.kcache.remember(parent_inode, name, ino)
+        return self._entry(attr, cacheable=cacheable)
+
+    def _record_lookup(self, pid: int, ino: int, attr: p.Attr) -> None:
+        """(under ``lock``) What every daemon answer to a LOOKUP leaves, in ``lookup`` and on a worker
+        thread (``thread_entry_out``) alike: the asking process's last lookup (not opened yet); the
+        inode's open and held information dropped (only the newest lookup's answer may stand in for
+        an OpenReq); the lookup kept for the shared-memory prefetches; an open file marked stale."""
         if len(self._last_lookup) > 4096:
             self._last_lookup.clear()
         self._last_lookup[pid] = (ino, False)
@@ -1832,8 +1827,6 @@ class Operations:
         of = self.files.get(ino) if self.per_inode else None
         if of is not None and of.attr != attr:
             of.stale = True  # no OPEN will refresh it (close-to-open): its next READ or WRITE does
-        self.kcache.remember(parent_inode, name, ino)
-        return self._entry(attr, cacheable=cacheable)
 
     def thread_attr_out(self, stamp: int, attr: p.Attr) -> tuple[Attr, float]:
         """(a worker thread, under ``lock``) GETATTR's answer for the daemon's ``attr``, as

@@ -217,57 +217,46 @@ class OperationsBridge:
             account = (jobs, args, req.fh == 0)
         return plan_read(of, req.offset, req.size, self.ops.data, pool, reply, slow, started, account)
 
-    # -- GETATTR misses on plain threads (client/thread_meta.py): decided here, under Operations.lock
+    # -- GETATTR and LOOKUP misses on plain threads (client/thread_meta.py): decided here, under Operations.lock
 
     def take_getattr(self, req: rq.Getattr, reply, slow) -> bool:
-        pool = self.thread_meta
-        if pool is None:
-            return False
+        pool, ops = self.thread_meta, self.ops
         inode = req.header.nodeid
-        stamp = self.ops.thread_getattr(inode)
+        stamp = ops.thread_getattr(inode) if pool is not None else None
         if stamp is None:
             return False
-        started = time.perf_counter()
-        ops = self.ops
-
-        def answer(rsp: p.AttrRsp) -> None:
-            with ops.lock:  # the check and the answer against a change's invalidation (thread_meta.py)
-                attr, valid = ops.thread_attr_out(stamp, rsp.attr)
-                reply.attr(attr, valid)
-            client_metrics.observe("getattr", time.perf_counter() - started)
-
-        def fail(err: int) -> None:
-            if not reply.sent:
-                reply.error(err)
-            client_metrics.observe("getattr", time.perf_counter() - started, err)
-
-        return pool.getattr(p.GetattrReq(ino=inode, session_id=ops.meta.session_id), answer, fail, slow)
-
-    # -- LOOKUP misses with no grant on plain threads (client/thread_meta.py): decided here, under Operations.lock
+        return self._take_meta("getattr", pool.getattr, p.GetattrReq(ino=inode, session_id=ops.meta.session_id),
+                               lambda rsp: reply.attr(*ops.thread_attr_out(stamp, rsp.attr)), reply, slow)
 
     def take_lookup(self, req: rq.Lookup, reply, slow) -> bool:
-        pool = self.thread_meta
-        if pool is None:
-            return False
+        """Only those with no grant to ask (``Operations.thread_lookup``)."""
+        pool, ops = self.thread_meta, self.ops
         parent, name, pid = req.header.nodeid, req.name, req.header.pid
-        ops = self.ops
-        stamp = ops.thread_lookup(parent, name, pid)
+        stamp = ops.thread_lookup(parent, name, pid) if pool is not None else None
         if stamp is None:
             return False
+        request = p.LookupReq(parent=parent, name=name, open_info=False, session_id=ops.meta.session_id, callback=False)
+        return self._take_meta("lookup", pool.lookup, request,
+                               lambda rsp: reply.entry(ops.thread_entry_out(stamp, parent, name, pid, rsp.attr)), reply, slow)
+
+    def _take_meta(self, op: str, submit, request: p.Msg, answer_locked, reply, slow) -> bool:
+        """Hand ``request`` to the worker threads (``submit``: ThreadMeta.getattr or .lookup). A worker
+        answers the daemon's reply with ``answer_locked(rsp)`` under Operations.lock (the check and
+        the answer against a change's invalidation: thread_meta.py), an error as the handler would."""
         started = time.perf_counter()
+        ops = self.ops
 
         def answer(rsp: p.AttrRsp) -> None:
-            with ops.lock:  # the check and the answer against a change's invalidation (thread_meta.py)
-                reply.entry(ops.thread_entry_out(stamp, parent, name, pid, rsp.attr))
-            client_metrics.observe("lookup", time.perf_counter() - started)
+            with ops.lock:
+                answer_locked(rsp)
+            client_metrics.observe(op, time.perf_counter() - started)
 
         def fail(err: int) -> None:
             if not reply.sent:
                 reply.error(err)
-            client_metrics.observe("lookup", time.perf_counter() - started, err)
+            client_metrics.observe(op, time.perf_counter() - started, err)
 
-        request = p.LookupReq(parent=parent, name=name, open_info=False, session_id=ops.meta.session_id, callback=False)
-        return pool.lookup(request, answer, fail, slow)
+        return submit(request, answer, fail, slow)
 
     # -- the handlers, in tasks
 
