@@ -421,8 +421,12 @@ class KernelCache:
 
     async def flush_pending(self) -> None:
         """Send the queued invalidations to the kernel, all in one worker-thread hop; then
-        acknowledge the events that ended grants (the daemon holds their changes' replies)."""
-        self._pending = trio.Event()
+        acknowledge the events that ended grants (the daemon holds their changes' replies).
+
+        The flusher calls this when woken; a caller that needs the kernel told now may too. It
+        leaves the flusher's wake-up alone: replacing it here once left the flusher waiting on an
+        event nobody would set again, so the mount stopped acknowledging (the daemon waited 4 s
+        per change for it, then took its callbacks away)."""
         inodes, names = list(self._pending_inodes), list(self._pending_names)
         self._pending_inodes.clear()
         self._pending_names.clear()
@@ -445,6 +449,7 @@ class KernelCache:
     async def _flusher(self) -> None:
         while True:
             await self._pending.wait()
+            self._pending = trio.Event()  # what is queued from here on wakes it again
             await self.flush_pending()
 
     async def drop_all(self, why: str, floor: int | None = None) -> None:

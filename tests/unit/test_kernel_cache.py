@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import trio
+import trio.testing
 import zmq
 
 from stripefs.client import kernel_cache as kc
@@ -336,3 +337,31 @@ def test_the_primers_own_flush_is_known_by_its_threads_id(tmp_path):
             thread.join(10)
     assert seen == {"own": True, "process": False}
     assert primer.tries == 1 and not primer.own_flush(0)
+
+
+async def test_the_flusher_still_acknowledges_after_someone_else_flushed(monkeypatch):
+    """A direct ``flush_pending`` (a test, a caller that needs the kernel told now) while the flusher
+    waits once replaced the event the flusher waited on: nothing woke it again, the mount never
+    acknowledged another change, and the daemon waited 4 s for each before taking its callbacks
+    away (tests/inprocess/test_async_dirops_ops.py's rename-then-unlink test took 4 s for that)."""
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: None)
+    acked = trio.Event()
+    acks = []
+
+    async def send_ack(seq, everything, opened):
+        acks.append(seq)
+        acked.set()
+
+    cache = kc.KernelCache()
+    cache.send_ack, cache.own_writer = send_ack, 77
+    cache.remember(1, b"f", 10)
+    cache.granted(10, 1, b"f", seq=5)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cache._flusher)
+        await trio.testing.wait_all_tasks_blocked()  # the flusher waits for work
+        await cache.flush_pending()  # nothing queued: someone else's flush
+        cache.apply([10], [(1, b"f")], seq=6, writer=99)  # another mount's change of the held file
+        with trio.fail_after(2):
+            await acked.wait()
+        nursery.cancel_scope.cancel()
+    assert acks == [6]
