@@ -1031,6 +1031,18 @@ class Operations:
                 return written
         return _SLOW
 
+    def _lane_getattr(self, inode: int) -> bytes | None:
+        """(reader thread, under ``lock``) GETATTR's reply body for the session's GETATTR lane
+        (client/fuse/session.py): ``_fast_getattr``'s first answer, the attributes held long in
+        their wire form, or None (every other answer, and a refused create's error, take the
+        ordinary way). The warm file's one request on the default mount (docs/design.md, "What a
+        warm sample still sends on the default mount")."""
+        d = self.dirops
+        if not self.kcache.healthy or (d is not None and d.failed):
+            return None
+        attr = self._held_long(inode)
+        return None if attr is None else self._encoded(attr, self._attr_bytes, _attr_out_bytes)
+
     def _written_attr(self, inode: int) -> tuple[Attr, float] | None:
         """(Closes that send nothing) GETATTR's answer for a file written here, its session not
         committed yet: its size and the time of its last write, as its commit will record them, held
