@@ -75,6 +75,7 @@ import stat
 import struct
 import time
 from collections import OrderedDict
+from typing import NamedTuple
 
 import msgspec
 import trio
@@ -84,11 +85,11 @@ from ..common.errors import ErrorCode, StripefsError
 from . import fuse_backend, idle_commits
 from .async_dirops import AsyncDirops, Pending
 from .dir_hints import DirHints
-from .dir_listings import CONTINUE_S, KeptListings, Listing
+from .dir_listings import CONTINUE_S, PAGES_KEPT, KeptListings, Listing
 from .fetch import Fetch
-from .fuse.abi import OpenFlag
+from .fuse.abi import ENTRY_OUT_SIZE, OpenFlag
 from .fuse.dispatch import Opened
-from .fuse.replies import Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry
+from .fuse.replies import ZERO_ENTRY, Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry
 from .idle_commits import IdleCommits
 from .jobs import Jobs
 from .kernel_cache import KernelCache
@@ -1279,25 +1280,80 @@ class Operations:
                 if not add(records[k]):
                     return
             return
-        healthy = self.kcache.healthy
+        if first >= len(records):
+            return  # the end: an empty page (the kernel's EOF)
+        if self.kcache.healthy and self._fill_again(fh, listing, first, buf):
+            return
+        # READDIRPLUS: each entry's answer and record gathered, fitted to the buffer here, joined
+        # once, and the names the kernel now holds remembered under one lock
+        room = buf.room()
+        key, parts, keys, named = (first, room), [], [], []
+        add, size = parts.append, ENTRY_OUT_SIZE
+        if not self.kcache.healthy:  # nothing known true: every name a zero entry
+            for k in range(first, len(records)):
+                record = records[k]
+                room -= size + len(record)
+                if room < 0:
+                    break
+                add(ZERO_ENTRY)
+                add(record)
+            buf.extend(parts)
+            return
+        plus, held_long, encoded, is_dir = listing.plus, self._held_long, self._encoded, stat.S_ISDIR
+        inos, dirs = [], False
         for k in range(first, len(records)):
+            record = records[k]
+            room -= size + len(record)
+            if room < 0:
+                break
             entry = entries[k]
-            ino = entry.attr.ino
-            answer = None
-            if healthy:
-                if stat.S_ISDIR(entry.attr.mode):
-                    attr = self.kcache.dir_attrs.get(ino)
-                    if attr is None and not (self.kcache.changed_since(listing.stamp, ino)
-                                             or self.listings.changed_here_since(listing, ino)):
-                        attr = entry.attr
-                else:
-                    attr = self._held_long(ino)
-                if attr is not None:
-                    answer = self._encoded(attr, listing.plus, encode_entry)
-            if not buf.add_record(records[k], answer):
-                return
-            if answer is not None:
-                self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
+            attr = entry.attr
+            ino = attr.ino
+            inos.append(ino)
+            if is_dir(attr.mode):
+                dirs = True
+                attr = self.kcache.dir_attrs.get(ino)
+                if attr is None and not (self.kcache.changed_since(listing.stamp, ino)
+                                         or self.listings.changed_here_since(listing, ino)):
+                    attr = entry.attr
+            else:
+                attr = held_long(ino)
+            if attr is None:
+                add(ZERO_ENTRY)
+            else:
+                add(encoded(attr, plus, encode_entry))
+                keys.append((fh, entry.name))
+                named.append(ino)
+            add(record)
+        data = b"".join(parts)
+        buf.extend((data,))
+        if named:
+            self.kcache.remember_all(keys, named)  # readdirplus: the kernel now holds these names
+        if not dirs and inos and (key in listing.pages or len(listing.pages) < PAGES_KEPT):
+            held = (self._dataset_info if self.dataset else self._held_info).get
+            listing.pages[key] = _PlusPage(inos, list(map(held, inos)), data, keys, named)
+
+    def _fill_again(self, fh: int, listing: Listing, first: int, buf) -> bool:
+        """(Feed healthy) Answer a READDIRPLUS page of files answered before (``Listing.pages``) with
+        its bytes as they were, if every answer in it would be made the same now: what the mount
+        holds of each file is the same (equal, one pass in C) and none of them is open here or
+        waits in the write-back (what ``_held_long`` and ``_size_here`` would look at). A cold
+        walk's page of 100 held files then costs a few checks in C, not an answer made per entry
+        (bench/fuse_session_cpu.py --only-hot-path, "readdirplus" rows). False: made anew."""
+        page = listing.pages.get((first, buf.room()))
+        if page is None:
+            return False
+        inos = page.inos
+        held = (self._dataset_info if self.dataset else self._held_info).get
+        if list(map(held, inos)) != page.held:
+            return False
+        wb = self.writeback
+        if any(map(self.files.__contains__, inos)) or (wb is not None and any(map(wb.holds, inos))):
+            return False
+        buf.extend((page.data,))
+        if page.named:
+            self.kcache.remember_all(page.keys, page.named)
+        return True
 
     async def readdir(self, fh, start_id, buf):
         """Entries of directory ``fh`` (its inode) after cookie ``start_id`` into ``buf`` (a
@@ -2314,6 +2370,16 @@ class Operations:
 def _written(of: OpenFile) -> bool:
     """``of`` holds writes (or a size) its daemon has not committed, or an error to report."""
     return of.has_unflushed or of.size != of.attr.size
+
+
+class _PlusPage(NamedTuple):
+    """A READDIRPLUS page of files answered whole (``Operations._fill``), kept with its listing."""
+
+    inos: list  # its entries' inodes, in order
+    held: list  # what the mount held of each when it was made (_held_info's or _dataset_info's)
+    data: bytes  # the page as answered
+    keys: list  # (directory, name) of the entries answered with an inode (the kernel holds them)
+    named: list  # their inodes
 
 
 def _attr_out_bytes(e: Entry) -> bytes:
