@@ -74,7 +74,7 @@ import os
 import stat
 import struct
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import NamedTuple
 
 import msgspec
@@ -265,6 +265,10 @@ class Operations:
         # GETATTR's and LOOKUP's answers, encoded once per Attr (_encoded); dropped with what they
         # were made from
         self._attr_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
+        #: dataset mount: directories being listed ahead of the kernel (``_list_subdirs_ahead``), and
+        #: those waiting for their turn
+        self._listing_ahead: dict[int, trio.Event] = {}
+        self._ahead_queue: deque[int] = deque()
         self._entry_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
         # ino -> (when, OpenRsp) from LOOKUPs, oldest first; see the module docstring
         self._open_info: OrderedDict[int, tuple[float, p.OpenRsp]] = OrderedDict()
@@ -1361,44 +1365,18 @@ class Operations:
         Each answer of the daemon (up to 1,000 entries) is kept (``self.listings``): the next pages
         of this listing are answered from it (``_fast_readdir``)."""
         await self._settle(fh)
+        ahead = self._listing_ahead.get(fh) if not start_id else None
+        if ahead is not None:  # being listed ahead (``_list_ahead``): its answer, not a second ReaddirReq
+            with trio.move_on_after(self.op_timeout):
+                await ahead.wait()
+            with self.lock:
+                if self._fast_readdir(fh, start_id, buf) is not _SLOW:
+                    return
         after = start_id
         while True:
-            stamp, generation, since = self.kcache.stamp(), self.listings.generation, self.kcache.dir_attrs.stamp()
-            callback = not self.dataset and self.kcache.callbacks_possible
-            # open information with the listing: a dataset mount's for every file; the default
-            # mount's for its small files (one chunk: a data set's samples), kept while it holds them
-            # under the callback the listing asks, so the first read of a listed file needs no OpenReq
-            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset or callback,
-                                                    small_only=not self.dataset,
-                                                    session_id=self.meta.session_id, callback=callback))
-            stale_dir = self.kcache.changed_since(stamp, fh)
-            opened = {}
-            for info in rsp.files:  # opens of listed files need no round trip
-                if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
-                    if self.dataset:
-                        self._keep_dataset_info(info)
-                    else:
-                        opened[info.attr.ino] = info
-            if rsp.callback >= 0:  # granted on every file listed, also those the kernel has no room for now
-                for entry in rsp.entries:
-                    if stat.S_ISREG(entry.attr.mode):
-                        self.kcache.granted(entry.attr.ino, fh, entry.name, rsp.callback)
-            if rsp.dir_callback >= 0:  # the whole directory: lookups of other names need not ask
-                self._all_names(fh, (e.name for e in rsp.entries), rsp.dir_callback)
-            held_ok = rsp.callback >= 0 and self.kcache.healthy
-            at = rsp.callback if rsp.callback >= 0 else rsp.dir_callback  # the listing's position (-1: none)
-            with self.lock:  # what the reader thread's fast paths read
-                if at > 0 and not stale_dir and self.kcache.healthy:  # its directories' GETATTRs answered here
-                    self.kcache.dir_attrs.listed((e.attr for e in rsp.entries if stat.S_ISDIR(e.attr.mode)
-                                                  and not self.kcache.changed_since(stamp, e.attr.ino)), at, since)
-                for entry in rsp.entries:
-                    ino = entry.attr.ino
-                    if held_ok and stat.S_ISREG(entry.attr.mode) and not (stale_dir or self.kcache.changed_since(stamp, ino)):
-                        self._keep_held(ino, opened.get(ino) or entry.attr)
-                if not stale_dir and (rsp.entries or not after):  # (an empty tail keeps what it follows)
-                    self.listings.keep(fh, Listing(after, list(rsp.entries), not rsp.more, stamp, rsp.dir_callback),
-                                       generation)
-
+            rsp, stamp, stale_dir, held_ok = await self._list(fh, after)
+            if self.dataset and not after:
+                self._list_subdirs_ahead(rsp)
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
@@ -1410,6 +1388,89 @@ class Operations:
             if not rsp.more or not rsp.entries:
                 return
             after = rsp.entries[-1].cookie
+
+    async def _list(self, fh: int, after: int):
+        """One ``ReaddirReq`` of directory ``fh`` after cookie ``after``, and what its answer leaves
+        in the mount (open information, callbacks, held files, directory attributes, the listing
+        kept): ``(rsp, stamp, stale_dir, held_ok)``, the stamp it was asked at, whether the feed
+        reported a change of the directory meanwhile, whether its files are held."""
+        stamp, generation, since = self.kcache.stamp(), self.listings.generation, self.kcache.dir_attrs.stamp()
+        callback = not self.dataset and self.kcache.callbacks_possible
+        # open information with the listing: a dataset mount's for every file; the default
+        # mount's for its small files (one chunk: a data set's samples), kept while it holds them
+        # under the callback the listing asks, so the first read of a listed file needs no OpenReq
+        rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset or callback,
+                                                small_only=not self.dataset,
+                                                session_id=self.meta.session_id, callback=callback))
+        stale_dir = self.kcache.changed_since(stamp, fh)
+        opened = {}
+        for info in rsp.files:  # opens of listed files need no round trip
+            if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
+                if self.dataset:
+                    self._keep_dataset_info(info)
+                else:
+                    opened[info.attr.ino] = info
+        if rsp.callback >= 0:  # granted on every file listed, also those the kernel has no room for now
+            for entry in rsp.entries:
+                if stat.S_ISREG(entry.attr.mode):
+                    self.kcache.granted(entry.attr.ino, fh, entry.name, rsp.callback)
+        if rsp.dir_callback >= 0:  # the whole directory: lookups of other names need not ask
+            self._all_names(fh, (e.name for e in rsp.entries), rsp.dir_callback)
+        held_ok = rsp.callback >= 0 and self.kcache.healthy
+        at = rsp.callback if rsp.callback >= 0 else rsp.dir_callback  # the listing's position (-1: none)
+        with self.lock:  # what the reader thread's fast paths read
+            if at > 0 and not stale_dir and self.kcache.healthy:  # its directories' GETATTRs answered here
+                self.kcache.dir_attrs.listed((e.attr for e in rsp.entries if stat.S_ISDIR(e.attr.mode)
+                                              and not self.kcache.changed_since(stamp, e.attr.ino)), at, since)
+            for entry in rsp.entries:
+                ino = entry.attr.ino
+                if held_ok and stat.S_ISREG(entry.attr.mode) and not (stale_dir or self.kcache.changed_since(stamp, ino)):
+                    self._keep_held(ino, opened.get(ino) or entry.attr)
+            if not stale_dir and (rsp.entries or not after):  # (an empty tail keeps what it follows)
+                self.listings.keep(fh, Listing(after, list(rsp.entries), not rsp.more, stamp, rsp.dir_callback),
+                                   generation)
+        return rsp, stamp, stale_dir, held_ok
+
+    def _list_subdirs_ahead(self, rsp: p.ReaddirRsp) -> None:
+        """(Dataset mount) The subdirectories of a directory just listed from its start are listed
+        too, ahead of the kernel asking (an index walk: ImageFolder's class folders), ``LIST_AHEAD``
+        at a time in their listing's order, at most ``AHEAD_QUEUED`` waiting, each kept as the
+        kernel's own READDIR would keep it; the walk's READDIRPLUS of each is then a page from
+        memory on the reader thread, or waits for the listing already asked (``readdir``). A fresh
+        dataset mount's cold walk was one ReaddirReq round trip in series per directory. Only
+        subdirectories with no listing kept."""
+        queue, asking = self._ahead_queue, self._listing_ahead
+        for entry in rsp.entries:
+            ino = entry.attr.ino
+            if len(queue) >= AHEAD_QUEUED:
+                break
+            if stat.S_ISDIR(entry.attr.mode) and ino not in asking and self.listings.get(ino) is None:
+                queue.append(ino)
+        self._start_ahead()
+
+    def _start_ahead(self) -> None:
+        queue, asking = self._ahead_queue, self._listing_ahead
+        while queue and len(asking) < LIST_AHEAD:
+            ino = queue.popleft()
+            if ino in asking or self.listings.get(ino) is not None:
+                continue  # the kernel asked it meanwhile, or it is being listed
+            asking[ino] = trio.Event()
+            try:
+                self.data.nursery.start_soon(self._list_ahead, ino, name=f"list-ahead-{ino}")
+            except RuntimeError:  # the nursery is closed: the mount is stopping
+                asking.pop(ino).set()
+                queue.clear()
+                return
+
+    async def _list_ahead(self, ino: int) -> None:
+        try:
+            with trio.move_on_after(self.op_timeout):
+                await self._list(ino, 0)
+        except Exception as exc:  # the kernel's own READDIR asks again and reports it
+            log.debug("listing directory %d ahead failed: %s", ino, exc)
+        finally:
+            self._listing_ahead.pop(ino).set()
+            self._start_ahead()
 
     async def releasedir(self, fh):
         pass
@@ -2370,6 +2431,12 @@ class Operations:
 def _written(of: OpenFile) -> bool:
     """``of`` holds writes (or a size) its daemon has not committed, or an error to report."""
     return of.has_unflushed or of.size != of.attr.size
+
+
+#: a dataset mount's subdirectories listed ahead of the kernel at once (``_list_subdirs_ahead``),
+#: and at most waiting for their turn (half the listings kept: client/dir_listings.py)
+LIST_AHEAD = 16
+AHEAD_QUEUED = 512
 
 
 class _PlusPage(NamedTuple):
