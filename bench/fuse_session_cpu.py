@@ -13,7 +13,9 @@ machine, pyfuse3 27-31 us).
 
 Servers: ``floor``: a bare loop on the device answering from prepacked bytes (what the
 interpreter costs at the least, on this machine today); ``own``: client.fuse's session, the GETATTR answered on its reader thread (fast path);
-``own-prepacked``: the same, the attributes kept encoded (``replies.Encoded``);
+``own-prepacked``: the same, the attributes kept encoded (``replies.Encoded``); ``own-lane``: the
+same bytes answered by the session's GETATTR lane (from the header alone: no request object, no
+dispatch; client/fuse/session.py);
 ``pyfuse3``: pyfuse3's loop under trio with an async ``getattr``, as the stripefs mount today.
 Each runs in a process of its own (``--serve KIND MOUNTPOINT``), mounted in a temporary directory.
 
@@ -21,9 +23,11 @@ Then (``--hot-path``, or ``--only-hot-path`` alone) the mount's own hot requests
 this process: the request bytes parsed and served by the session's ``_handle``, the dispatcher,
 client/operations_bridge.py and the real ``Operations`` (a file held under a callback, the feed in
 order), the answer written to a device that keeps it; no kernel, no syscall. Per request kind, the
-best and worst of 5 runs: GETATTR of the held file, IOCTL TCGETS (a buffered open's isatty(),
+best and worst of 5 runs: GETATTR of the held file (through ``_handle``, and as the session's
+GETATTR lane answers it), IOCTL TCGETS (a buffered open's isatty(),
 answered by the session itself: ``Options.ioctls``), an OPEN + RELEASE pair (the default
-mount's warm file), and an empty file's create on the default (no-open) mount in a directory it
+mount's warm file), a READDIRPLUS page of 100 held files (a cold index walk's, also right after
+the kernel forgot them: drop_caches), and an empty file's create on the default (no-open) mount in a directory it
 holds whole, per file: the four requests the kernel sends (LOOKUP of the new name, CREATE, the
 close's FLUSH, the directory's GETATTR), answered on the reader thread (client/async_dirops.py;
 the batch is never sent). What the session and the handlers cost, without the kernel's part.
@@ -46,7 +50,7 @@ NAME = b"f"
 DATA = b"x" * 4096
 
 
-def _serve_own(mnt: str, prepacked: bool = False) -> None:
+def _serve_own(mnt: str, prepacked: bool = False, lane: bool = False) -> None:
     from stripefs.client.fuse import abi
     from stripefs.client.fuse.device import Device
     from stripefs.client.fuse.dispatch import Dispatcher
@@ -68,6 +72,10 @@ def _serve_own(mnt: str, prepacked: bool = False) -> None:
             if req.header.nodeid == abi.ROOT_ID:
                 return root, 3600.0
             return f_packed if prepacked else (f, 0.0)
+
+        if lane:
+            def lane_getattr(self, nodeid):
+                return f_packed if nodeid == 2 else None
 
     m = mount(mnt, ["default_permissions"], fsname="bench", subtype="bench")
     dev = Device(m.fd)
@@ -229,7 +237,7 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
             self.last = parts
             return True
 
-    ops = Operations(SimpleNamespace(writer=0, session_id=1), SimpleNamespace(nodes=SimpleNamespace(learn=lambda n: None)),
+    ops = Operations(SimpleNamespace(writer=0, session_id=1, callbacks=True), SimpleNamespace(nodes=SimpleNamespace(learn=lambda n: None)),
                      attr_timeout=1.0, entry_timeout=1.0, cache_timeout=30.0)
     ops.kcache.healthy = True  # the change feed is followed
     attr = p.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=0, gid=0, rdev=0, size=len(DATA), atime_ns=1,
@@ -255,6 +263,19 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
             handle(parse(buf, n, ctx))
         return (time.perf_counter() - t) / requests * 1e6
 
+    from stripefs.client.fuse import session as session_mod
+    lane, lane_lock = session.handler.lane_getattr, session.handler.lane_lock
+    lane_head, out_head = session_mod._HEAD_LANE.unpack_from, session_mod._OUT_HEAD.pack
+
+    def lane_one(buf: bytearray) -> float:
+        """A GETATTR as the reader thread's loop takes it when the lane answers (session.py _serve)."""
+        n, t = len(buf), time.perf_counter()
+        for _ in range(requests):
+            length, opcode, unique, nodeid = lane_head(buf)
+            if not (opcode == abi.Opcode.GETATTR and length == n and session._lane(lane, lane_lock, out_head, unique, nodeid)):
+                raise SystemExit("the GETATTR lane did not answer the held file")
+        return (time.perf_counter() - t) / requests * 1e6
+
     def pair() -> float:
         no, nr, t = len(open_), len(release), time.perf_counter()
         for _ in range(requests):
@@ -266,7 +287,7 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
     # an empty file created in a directory the mount holds whole (client/async_dirops.py), as the
     # kernel asks it: LOOKUP (the new name), CREATE, FLUSH (the close), GETATTR of the directory
     # (default_permissions, after fuse_dir_changed); numbers delegated, the batch never sent
-    ops = Operations(SimpleNamespace(writer=0, session_id=1), SimpleNamespace(nodes=SimpleNamespace(learn=lambda n: None)),
+    ops = Operations(SimpleNamespace(writer=0, session_id=1, callbacks=True), SimpleNamespace(nodes=SimpleNamespace(learn=lambda n: None)),
                      attr_timeout=1.0, entry_timeout=1.0, cache_timeout=30.0, per_open_handles=False)  # the default mount
     ops.kcache.healthy = True
     dev2 = Kept()
@@ -308,11 +329,47 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
             handle2(parse(dir_getattr, ng, ctx))
         return (time.perf_counter() - t) / requests * 1e6
 
-    times: dict[str, list[float]] = {"getattr": [], "ioctl (TCGETS)": [], "open + release": [],
+    # a cold index walk's page: READDIRPLUS (128 KiB: the kernel asks max_pages pages) of a directory of 100
+    # files the default (no-open) mount holds whole under its callback, its listing kept (client/dir_listings.py),
+    # answered again and after the kernel FORGOT every inode (drop_caches 3)
+    from stripefs.client.dir_listings import Listing
+
+    rd = 6
+    listed = []
+    for i in range(100):
+        a = p.Attr(ino=50_000 + i, mode=stat.S_IFREG | 0o644, nlink=1, uid=0, gid=0, rdev=0, size=110_000,
+                   atime_ns=1, mtime_ns=2, ctime_ns=3)
+        listed.append(p.DirEntry(name=b"img_%06d.jpg" % i, attr=a, cookie=i + 1))
+        ops._keep_held(a.ino, a)
+    ops.kcache.granted_dir(rd, 1)
+    ops._names_complete[rd] = {e.name for e in listed}
+    ops.listings.keep(rd, Listing(0, listed, True, ops.kcache.stamp(), dir_grant=1), ops.listings.generation)
+    rdplus = bytearray(head.pack(head.size + abi.FUSE_READ_IN.size, abi.Opcode.READDIRPLUS, 7, rd, 0, 0, 1, 0, 0)
+                       + abi.FUSE_READ_IN.pack(0, 0, 131072, 0, 0, 0, 0))
+    forgets = [(e.attr.ino, 1) for e in listed]
+
+    def pages(forget: bool) -> float:
+        n, spent = len(rdplus), 0.0
+        handle2(parse(rdplus, n, ctx))
+        if sum(map(len, dev2.last)) < 100 * 150:
+            raise SystemExit("the READDIRPLUS of the held directory was not answered from memory")
+        for _ in range(requests // 20):
+            if forget:
+                ops.forget_now(forgets)
+            t = time.perf_counter()
+            handle2(parse(rdplus, n, ctx))
+            spent += time.perf_counter() - t
+        return spent / (requests // 20) * 1e6
+
+    times: dict[str, list[float]] = {"getattr": [], "getattr (lane)": [], "ioctl (TCGETS)": [],
+                                     "readdirplus, 100 held files": [], "  the same after FORGET of each": [], "open + release": [],
                                      "empty create (4 requests)": []}
     for _ in range(runs):
         times["getattr"].append(one(getattr_))
+        times["getattr (lane)"].append(lane_one(getattr_))
         times["ioctl (TCGETS)"].append(one(ioctl))
+        times["readdirplus, 100 held files"].append(pages(False))
+        times["  the same after FORGET of each"].append(pages(True))
         times["open + release"].append(pair())
         times["empty create (4 requests)"].append(creates())
     return {kind: (min(t), max(t)) for kind, t in times.items()}
@@ -327,10 +384,11 @@ def main(argv=None) -> int:
     a = parser.parse_args(argv)
     if a.serve:
         {"own": _serve_own, "own-prepacked": lambda mnt: _serve_own(mnt, prepacked=True),
+         "own-lane": lambda mnt: _serve_own(mnt, prepacked=True, lane=True),
          "pyfuse3": _serve_pyfuse3, "floor": _serve_floor}[a.serve[0]](a.serve[1])
         return 0
     if not a.only_hot_path:
-        rows = [measure(kind, a.requests) for kind in ("floor", "own", "own-prepacked", "pyfuse3")]
+        rows = [measure(kind, a.requests) for kind in ("floor", "own", "own-prepacked", "own-lane", "pyfuse3")]
         print(f"{'server':14} {'GETATTRs':>10} {'server CPU us/request':>22} {'(user':>7} {'system)':>8} {'wall us/stat':>13}")
         for r in rows:
             print(f"{r['server']:14} {r['getattr_served']:>10} {r['server_cpu_us_per_request']:>22.1f} "
@@ -340,7 +398,7 @@ def main(argv=None) -> int:
         print(f"the mount's hot requests above the device (no kernel), us per request, best-worst of 5 x "
               f"{min(a.requests, 20_000):,}; load {os.getloadavg()[0]:.1f}:")
         for kind, (best, worst) in hot_path(min(a.requests, 20_000)).items():
-            print(f"  {kind:16} {best:6.1f} - {worst:6.1f}")
+            print(f"  {kind:32} {best:6.1f} - {worst:6.1f}")
     return 0
 
 

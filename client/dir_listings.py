@@ -28,6 +28,8 @@ from .fuse.replies import dirent_record
 KEPT_DIRS = 1024
 #: a later page of a listing is answered from memory this long after the listing was asked
 CONTINUE_S = 5.0
+#: READDIRPLUS pages kept whole per listing (``Listing.pages``)
+PAGES_KEPT = 2
 #: directories whose last change here is remembered (``changed_here_since``); older ones: "changed"
 TOUCHED_DIRS = 65_536
 
@@ -38,7 +40,7 @@ class Listing:
     cache model's clock, kernel_cache.py); ``complete``: nothing follows the last one."""
 
     __slots__ = ("after", "entries", "cookies", "complete", "stamp", "dir_grant", "asked", "generation", "_records",
-                 "plus")
+                 "plus", "pages")
 
     def __init__(self, after: int, entries: list, complete: bool, stamp: int, dir_grant: int = -1):
         self.after, self.entries, self.complete, self.stamp = after, entries, complete, stamp
@@ -52,6 +54,10 @@ class Listing:
         #: not with the kernel's inode, so a cold walk after drop_caches (which FORGETs every inode)
         #: encodes nothing again (a fifth of a cold walk's mount CPU was encoding)
         self.plus: dict = {}
+        #: READDIRPLUS pages answered whole, by (first entry, buffer size): Operations._fill's
+        #: ``PlusPage``, answered again as they are while what each entry's answer was made of is
+        #: the same (at most ``PAGES_KEPT``: a walk asks the same pages each time)
+        self.pages: dict = {}
 
     def records(self) -> list[bytes]:
         """Each entry's ``fuse_dirent`` in its wire form (replies.dirent_record), made once."""

@@ -74,7 +74,8 @@ import os
 import stat
 import struct
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from typing import NamedTuple
 
 import msgspec
 import trio
@@ -84,11 +85,11 @@ from ..common.errors import ErrorCode, StripefsError
 from . import fuse_backend, idle_commits
 from .async_dirops import AsyncDirops, Pending
 from .dir_hints import DirHints
-from .dir_listings import CONTINUE_S, KeptListings, Listing
+from .dir_listings import CONTINUE_S, PAGES_KEPT, KeptListings, Listing
 from .fetch import Fetch
-from .fuse.abi import OpenFlag
+from .fuse.abi import ENTRY_OUT_SIZE, OpenFlag
 from .fuse.dispatch import Opened
-from .fuse.replies import Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry
+from .fuse.replies import ZERO_ENTRY, Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry
 from .idle_commits import IdleCommits
 from .jobs import Jobs
 from .kernel_cache import KernelCache
@@ -264,6 +265,10 @@ class Operations:
         # GETATTR's and LOOKUP's answers, encoded once per Attr (_encoded); dropped with what they
         # were made from
         self._attr_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
+        #: dataset mount: directories being listed ahead of the kernel (``_list_subdirs_ahead``), and
+        #: those waiting for their turn
+        self._listing_ahead: dict[int, trio.Event] = {}
+        self._ahead_queue: deque[int] = deque()
         self._entry_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
         # ino -> (when, OpenRsp) from LOOKUPs, oldest first; see the module docstring
         self._open_info: OrderedDict[int, tuple[float, p.OpenRsp]] = OrderedDict()
@@ -1031,6 +1036,18 @@ class Operations:
                 return written
         return _SLOW
 
+    def _lane_getattr(self, inode: int) -> bytes | None:
+        """(reader thread, under ``lock``) GETATTR's reply body for the session's GETATTR lane
+        (client/fuse/session.py): ``_fast_getattr``'s first answer, the attributes held long in
+        their wire form, or None (every other answer, and a refused create's error, take the
+        ordinary way). The warm file's one request on the default mount (docs/design.md, "What a
+        warm sample still sends on the default mount")."""
+        d = self.dirops
+        if not self.kcache.healthy or (d is not None and d.failed):
+            return None
+        attr = self._held_long(inode)
+        return None if attr is None else self._encoded(attr, self._attr_bytes, _attr_out_bytes)
+
     def _written_attr(self, inode: int) -> tuple[Attr, float] | None:
         """(Closes that send nothing) GETATTR's answer for a file written here, its session not
         committed yet: its size and the time of its last write, as its commit will record them, held
@@ -1267,25 +1284,80 @@ class Operations:
                 if not add(records[k]):
                     return
             return
-        healthy = self.kcache.healthy
+        if first >= len(records):
+            return  # the end: an empty page (the kernel's EOF)
+        if self.kcache.healthy and self._fill_again(fh, listing, first, buf):
+            return
+        # READDIRPLUS: each entry's answer and record gathered, fitted to the buffer here, joined
+        # once, and the names the kernel now holds remembered under one lock
+        room = buf.room()
+        key, parts, keys, named = (first, room), [], [], []
+        add, size = parts.append, ENTRY_OUT_SIZE
+        if not self.kcache.healthy:  # nothing known true: every name a zero entry
+            for k in range(first, len(records)):
+                record = records[k]
+                room -= size + len(record)
+                if room < 0:
+                    break
+                add(ZERO_ENTRY)
+                add(record)
+            buf.extend(parts)
+            return
+        plus, held_long, encoded, is_dir = listing.plus, self._held_long, self._encoded, stat.S_ISDIR
+        inos, dirs = [], False
         for k in range(first, len(records)):
+            record = records[k]
+            room -= size + len(record)
+            if room < 0:
+                break
             entry = entries[k]
-            ino = entry.attr.ino
-            answer = None
-            if healthy:
-                if stat.S_ISDIR(entry.attr.mode):
-                    attr = self.kcache.dir_attrs.get(ino)
-                    if attr is None and not (self.kcache.changed_since(listing.stamp, ino)
-                                             or self.listings.changed_here_since(listing, ino)):
-                        attr = entry.attr
-                else:
-                    attr = self._held_long(ino)
-                if attr is not None:
-                    answer = self._encoded(attr, listing.plus, encode_entry)
-            if not buf.add_record(records[k], answer):
-                return
-            if answer is not None:
-                self.kcache.remember(fh, entry.name, ino)  # readdirplus: the kernel now holds this name
+            attr = entry.attr
+            ino = attr.ino
+            inos.append(ino)
+            if is_dir(attr.mode):
+                dirs = True
+                attr = self.kcache.dir_attrs.get(ino)
+                if attr is None and not (self.kcache.changed_since(listing.stamp, ino)
+                                         or self.listings.changed_here_since(listing, ino)):
+                    attr = entry.attr
+            else:
+                attr = held_long(ino)
+            if attr is None:
+                add(ZERO_ENTRY)
+            else:
+                add(encoded(attr, plus, encode_entry))
+                keys.append((fh, entry.name))
+                named.append(ino)
+            add(record)
+        data = b"".join(parts)
+        buf.extend((data,))
+        if named:
+            self.kcache.remember_all(keys, named)  # readdirplus: the kernel now holds these names
+        if not dirs and inos and (key in listing.pages or len(listing.pages) < PAGES_KEPT):
+            held = (self._dataset_info if self.dataset else self._held_info).get
+            listing.pages[key] = _PlusPage(inos, list(map(held, inos)), data, keys, named)
+
+    def _fill_again(self, fh: int, listing: Listing, first: int, buf) -> bool:
+        """(Feed healthy) Answer a READDIRPLUS page of files answered before (``Listing.pages``) with
+        its bytes as they were, if every answer in it would be made the same now: what the mount
+        holds of each file is the same (equal, one pass in C) and none of them is open here or
+        waits in the write-back (what ``_held_long`` and ``_size_here`` would look at). A cold
+        walk's page of 100 held files then costs a few checks in C, not an answer made per entry
+        (bench/fuse_session_cpu.py --only-hot-path, "readdirplus" rows). False: made anew."""
+        page = listing.pages.get((first, buf.room()))
+        if page is None:
+            return False
+        inos = page.inos
+        held = (self._dataset_info if self.dataset else self._held_info).get
+        if list(map(held, inos)) != page.held:
+            return False
+        wb = self.writeback
+        if any(map(self.files.__contains__, inos)) or (wb is not None and any(map(wb.holds, inos))):
+            return False
+        buf.extend((page.data,))
+        if page.named:
+            self.kcache.remember_all(page.keys, page.named)
+        return True
 
     async def readdir(self, fh, start_id, buf):
         """Entries of directory ``fh`` (its inode) after cookie ``start_id`` into ``buf`` (a
@@ -1293,44 +1365,18 @@ class Operations:
         Each answer of the daemon (up to 1,000 entries) is kept (``self.listings``): the next pages
         of this listing are answered from it (``_fast_readdir``)."""
         await self._settle(fh)
+        ahead = self._listing_ahead.get(fh) if not start_id else None
+        if ahead is not None:  # being listed ahead (``_list_ahead``): its answer, not a second ReaddirReq
+            with trio.move_on_after(self.op_timeout):
+                await ahead.wait()
+            with self.lock:
+                if self._fast_readdir(fh, start_id, buf) is not _SLOW:
+                    return
         after = start_id
         while True:
-            stamp, generation, since = self.kcache.stamp(), self.listings.generation, self.kcache.dir_attrs.stamp()
-            callback = not self.dataset and self.kcache.callbacks_possible
-            # open information with the listing: a dataset mount's for every file; the default
-            # mount's for its small files (one chunk: a data set's samples), kept while it holds them
-            # under the callback the listing asks, so the first read of a listed file needs no OpenReq
-            rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset or callback,
-                                                    small_only=not self.dataset,
-                                                    session_id=self.meta.session_id, callback=callback))
-            stale_dir = self.kcache.changed_since(stamp, fh)
-            opened = {}
-            for info in rsp.files:  # opens of listed files need no round trip
-                if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
-                    if self.dataset:
-                        self._keep_dataset_info(info)
-                    else:
-                        opened[info.attr.ino] = info
-            if rsp.callback >= 0:  # granted on every file listed, also those the kernel has no room for now
-                for entry in rsp.entries:
-                    if stat.S_ISREG(entry.attr.mode):
-                        self.kcache.granted(entry.attr.ino, fh, entry.name, rsp.callback)
-            if rsp.dir_callback >= 0:  # the whole directory: lookups of other names need not ask
-                self._all_names(fh, (e.name for e in rsp.entries), rsp.dir_callback)
-            held_ok = rsp.callback >= 0 and self.kcache.healthy
-            at = rsp.callback if rsp.callback >= 0 else rsp.dir_callback  # the listing's position (-1: none)
-            with self.lock:  # what the reader thread's fast paths read
-                if at > 0 and not stale_dir and self.kcache.healthy:  # its directories' GETATTRs answered here
-                    self.kcache.dir_attrs.listed((e.attr for e in rsp.entries if stat.S_ISDIR(e.attr.mode)
-                                                  and not self.kcache.changed_since(stamp, e.attr.ino)), at, since)
-                for entry in rsp.entries:
-                    ino = entry.attr.ino
-                    if held_ok and stat.S_ISREG(entry.attr.mode) and not (stale_dir or self.kcache.changed_since(stamp, ino)):
-                        self._keep_held(ino, opened.get(ino) or entry.attr)
-                if not stale_dir and (rsp.entries or not after):  # (an empty tail keeps what it follows)
-                    self.listings.keep(fh, Listing(after, list(rsp.entries), not rsp.more, stamp, rsp.dir_callback),
-                                       generation)
-
+            rsp, stamp, stale_dir, held_ok = await self._list(fh, after)
+            if self.dataset and not after:
+                self._list_subdirs_ahead(rsp)
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
@@ -1342,6 +1388,89 @@ class Operations:
             if not rsp.more or not rsp.entries:
                 return
             after = rsp.entries[-1].cookie
+
+    async def _list(self, fh: int, after: int):
+        """One ``ReaddirReq`` of directory ``fh`` after cookie ``after``, and what its answer leaves
+        in the mount (open information, callbacks, held files, directory attributes, the listing
+        kept): ``(rsp, stamp, stale_dir, held_ok)``, the stamp it was asked at, whether the feed
+        reported a change of the directory meanwhile, whether its files are held."""
+        stamp, generation, since = self.kcache.stamp(), self.listings.generation, self.kcache.dir_attrs.stamp()
+        callback = not self.dataset and self.kcache.callbacks_possible
+        # open information with the listing: a dataset mount's for every file; the default
+        # mount's for its small files (one chunk: a data set's samples), kept while it holds them
+        # under the callback the listing asks, so the first read of a listed file needs no OpenReq
+        rsp = await self.meta.call(p.ReaddirReq(ino=fh, after=after, limit=1000, open_info=self.dataset or callback,
+                                                small_only=not self.dataset,
+                                                session_id=self.meta.session_id, callback=callback))
+        stale_dir = self.kcache.changed_since(stamp, fh)
+        opened = {}
+        for info in rsp.files:  # opens of listed files need no round trip
+            if not (stale_dir or self.kcache.changed_since(stamp, info.attr.ino)):
+                if self.dataset:
+                    self._keep_dataset_info(info)
+                else:
+                    opened[info.attr.ino] = info
+        if rsp.callback >= 0:  # granted on every file listed, also those the kernel has no room for now
+            for entry in rsp.entries:
+                if stat.S_ISREG(entry.attr.mode):
+                    self.kcache.granted(entry.attr.ino, fh, entry.name, rsp.callback)
+        if rsp.dir_callback >= 0:  # the whole directory: lookups of other names need not ask
+            self._all_names(fh, (e.name for e in rsp.entries), rsp.dir_callback)
+        held_ok = rsp.callback >= 0 and self.kcache.healthy
+        at = rsp.callback if rsp.callback >= 0 else rsp.dir_callback  # the listing's position (-1: none)
+        with self.lock:  # what the reader thread's fast paths read
+            if at > 0 and not stale_dir and self.kcache.healthy:  # its directories' GETATTRs answered here
+                self.kcache.dir_attrs.listed((e.attr for e in rsp.entries if stat.S_ISDIR(e.attr.mode)
+                                              and not self.kcache.changed_since(stamp, e.attr.ino)), at, since)
+            for entry in rsp.entries:
+                ino = entry.attr.ino
+                if held_ok and stat.S_ISREG(entry.attr.mode) and not (stale_dir or self.kcache.changed_since(stamp, ino)):
+                    self._keep_held(ino, opened.get(ino) or entry.attr)
+            if not stale_dir and (rsp.entries or not after):  # (an empty tail keeps what it follows)
+                self.listings.keep(fh, Listing(after, list(rsp.entries), not rsp.more, stamp, rsp.dir_callback),
+                                   generation)
+        return rsp, stamp, stale_dir, held_ok
+
+    def _list_subdirs_ahead(self, rsp: p.ReaddirRsp) -> None:
+        """(Dataset mount) The subdirectories of a directory just listed from its start are listed
+        too, ahead of the kernel asking (an index walk: ImageFolder's class folders), ``LIST_AHEAD``
+        at a time in their listing's order, at most ``AHEAD_QUEUED`` waiting, each kept as the
+        kernel's own READDIR would keep it; the walk's READDIRPLUS of each is then a page from
+        memory on the reader thread, or waits for the listing already asked (``readdir``). A fresh
+        dataset mount's cold walk was one ReaddirReq round trip in series per directory. Only
+        subdirectories with no listing kept."""
+        queue, asking = self._ahead_queue, self._listing_ahead
+        for entry in rsp.entries:
+            ino = entry.attr.ino
+            if len(queue) >= AHEAD_QUEUED:
+                break
+            if stat.S_ISDIR(entry.attr.mode) and ino not in asking and self.listings.get(ino) is None:
+                queue.append(ino)
+        self._start_ahead()
+
+    def _start_ahead(self) -> None:
+        queue, asking = self._ahead_queue, self._listing_ahead
+        while queue and len(asking) < LIST_AHEAD:
+            ino = queue.popleft()
+            if ino in asking or self.listings.get(ino) is not None:
+                continue  # the kernel asked it meanwhile, or it is being listed
+            asking[ino] = trio.Event()
+            try:
+                self.data.nursery.start_soon(self._list_ahead, ino, name=f"list-ahead-{ino}")
+            except RuntimeError:  # the nursery is closed: the mount is stopping
+                asking.pop(ino).set()
+                queue.clear()
+                return
+
+    async def _list_ahead(self, ino: int) -> None:
+        try:
+            with trio.move_on_after(self.op_timeout):
+                await self._list(ino, 0)
+        except Exception as exc:  # the kernel's own READDIR asks again and reports it
+            log.debug("listing directory %d ahead failed: %s", ino, exc)
+        finally:
+            self._listing_ahead.pop(ino).set()
+            self._start_ahead()
 
     async def releasedir(self, fh):
         pass
@@ -2302,6 +2431,22 @@ class Operations:
 def _written(of: OpenFile) -> bool:
     """``of`` holds writes (or a size) its daemon has not committed, or an error to report."""
     return of.has_unflushed or of.size != of.attr.size
+
+
+#: a dataset mount's subdirectories listed ahead of the kernel at once (``_list_subdirs_ahead``),
+#: and at most waiting for their turn (half the listings kept: client/dir_listings.py)
+LIST_AHEAD = 16
+AHEAD_QUEUED = 512
+
+
+class _PlusPage(NamedTuple):
+    """A READDIRPLUS page of files answered whole (``Operations._fill``), kept with its listing."""
+
+    inos: list  # its entries' inodes, in order
+    held: list  # what the mount held of each when it was made (_held_info's or _dataset_info's)
+    data: bytes  # the page as answered
+    keys: list  # (directory, name) of the entries answered with an inode (the kernel holds them)
+    named: list  # their inodes
 
 
 def _attr_out_bytes(e: Entry) -> bytes:

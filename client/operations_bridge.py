@@ -121,6 +121,15 @@ class OperationsBridge:
     def fast_getattr(self, req: rq.Getattr):
         return self._fast("getattr", self.ops._fast_getattr, req.header.nodeid)
 
+    def lane_getattr(self, nodeid: int) -> bytes | None:
+        """The session's GETATTR lane (client/fuse/session.py): the reply body held for ``nodeid``
+        or None, counted as fast_getattr's answers are."""
+        started = time.perf_counter()
+        body = self.ops._lane_getattr(nodeid)
+        if body is not None:
+            client_metrics.observe("getattr", time.perf_counter() - started)
+        return body
+
     def fast_getxattr(self, req: rq.Getxattr):
         if req.name.startswith(p.JOB_XATTR):
             return MISS  # a training job's report changes client/jobs.py's state, which lives in trio

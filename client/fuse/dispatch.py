@@ -53,6 +53,11 @@ on the reader thread and the writing of its answer, so a change that the file sy
 makes under the same lock (dropping what a fast path answers from, then telling the kernel) either
 comes after the answer reached the kernel or is seen by it.
 
+``lane_getattr(nodeid)``, if the file system has it: a GETATTR's whole reply body (bytes) where it
+holds the attributes long, else None; the session calls it on the reader thread from the request's
+header alone, before the request is parsed or dispatched (session.py, "The GETATTR lane"), under
+``fast_lock``. It must be what ``fast_getattr`` would answer, or None.
+
 ``forget(pairs)`` (``(nodeid, nlookup)`` pairs) and ``destroy()`` are called on the reader thread.
 Each READDIRPLUS entry with a nonzero nodeid counts as one lookup of it, as LOOKUP does.
 """
@@ -234,6 +239,11 @@ class Dispatcher:
         self._fast_lock = getattr(fs, "fast_lock", None)
         self._forget = getattr(fs, "forget", None)
         self._destroy = getattr(fs, "destroy", None)
+        #: the session's GETATTR lane (session.py): ``fs.lane_getattr(nodeid)``, the reply body in its
+        #: wire form or None, run on the reader thread under ``lane_lock``; not for a file system
+        #: whose fast paths run on the trio thread
+        self.lane_getattr = None if self._fast_in_trio else getattr(fs, "lane_getattr", None)
+        self.lane_lock = self._fast_lock
 
     def handle(self, req, reply: Reply) -> None:
         op = self._ops[req.header.opcode]

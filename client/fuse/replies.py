@@ -178,6 +178,8 @@ def dirent_type(mode: int) -> int:
 
 
 _ZERO_ENTRY = bytes(abi.ENTRY_OUT_SIZE)
+#: READDIRPLUS's answer for a name whose attributes are not known true (nodeid 0: listed, no inode)
+ZERO_ENTRY = _ZERO_ENTRY
 
 
 def dirent_record(name: bytes, off: int, ino: int, mode: int) -> bytes:
@@ -225,6 +227,15 @@ class DirentBuffer:
             self._buf += entry if entry is not None else _ZERO_ENTRY
         self._buf += record
         return True
+
+    def room(self) -> int:
+        """Bytes still free."""
+        return self.size - len(self._buf)
+
+    def extend(self, parts: list[bytes]) -> None:
+        """Append ``parts``, whole entries already in wire form (READDIRPLUS: each entry's
+        ``fuse_entry_out`` then its record) that the caller fitted into ``room()``."""
+        self._buf += b"".join(parts)
 
     def __len__(self) -> int:
         return len(self._buf)

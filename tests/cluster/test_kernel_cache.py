@@ -1143,3 +1143,44 @@ def test_a_listing_of_a_directory_not_held_is_kept_by_the_kernel_and_follows_cha
     names = sorted(set(names) - {"f0000"} | {"made-here"})
     assert sorted(os.listdir(mine)) == names  # at once
     assert sorted(os.listdir(theirs)) == names
+
+
+def _readdir_reqs(mountpoint) -> float:
+    """ReaddirReqs the mount has sent so far (stripefs_rpc_seconds_count, every label set of the type)."""
+    url = f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as rsp:
+        text = rsp.read().decode()
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "stripefs_rpc_seconds_count" and s.labels.get("type") == "ReaddirReq")
+
+
+def test_a_dataset_mount_lists_the_subdirectories_of_a_listing_ahead(cluster, mnt, dataset):
+    """A dataset mount that lists a directory from its start lists its subdirectories too, ahead
+    of the kernel (Operations._list_subdirs_ahead): an index walk's READDIRPLUS of each class folder
+    is then answered from memory, with no ReaddirReq of its own, and says what the folder holds."""
+    writer = cluster.mount_again("ahead_writer")  # gone before the walk: no mount holds these folders
+    try:
+        top = writer / mnt.name / "ahead"
+        for k in range(4):
+            (top / f"class{k}").mkdir(parents=True)
+            for i in range(3):
+                (top / f"class{k}" / f"s{i}").write_bytes(b"x" * (k + 1))
+        os.sync()
+    finally:
+        cluster.unmount(writer)
+        cluster.extra_mounts.remove(writer)
+    theirs = dataset / mnt.name / "ahead"
+    _eventually(lambda: (theirs / "class3" / "s2").exists())  # lookups: nothing listed yet
+    # the feed's events of these changes reach the dataset mount within the bound; one arriving after
+    # a listing was asked makes the next READDIR ask again (its directory changed since): let them pass
+    time.sleep(BOUND_S)
+    with caches_kept():
+        before = _readdir_reqs(dataset)
+        assert sorted(os.listdir(theirs)) == [f"class{k}" for k in range(4)]
+        _eventually(lambda: _readdir_reqs(dataset) >= before + 5, within=10)  # the folder and its 4 subfolders
+        listed = _readdir_reqs(dataset)
+        for k in range(4):
+            with os.scandir(theirs / f"class{k}") as it:
+                assert sorted((e.name, e.is_file()) for e in it) == [(f"s{i}", True) for i in range(3)]
+        assert _readdir_reqs(dataset) == listed == before + 5
+        assert (theirs / "class2" / "s1").read_bytes() == b"xxx"

@@ -101,6 +101,20 @@ class DirBuffer(list):
         self.append((name, entry, off))
         return True
 
+    def room(self) -> int:
+        """Bytes free, as ``DirentBuffer.room``: a page answered from a kept listing (Operations._fill)."""
+        return (READDIR_BUFFER - len(self)) * (abi.ENTRY_OUT_SIZE + abi.dirent_size(255, abi.FUSE_DIRENT.size))
+
+    def extend(self, parts) -> None:
+        """Entries in their READDIRPLUS wire form (``DirentBuffer.extend``), recorded as ``(name, None,
+        cookie)`` (the entry's bytes are the kernel's to read)."""
+        data, pos = b"".join(parts), 0
+        while pos < len(data):
+            ino, off, namelen, _ = abi.FUSE_DIRENT.unpack_from(data, pos + abi.ENTRY_OUT_SIZE)
+            start = pos + abi.DIRENTPLUS_HEAD
+            list.append(self, (data[start:start + namelen], None, off))
+            pos += abi.ENTRY_OUT_SIZE + abi.dirent_size(namelen, abi.FUSE_DIRENT.size)
+
 
 #: fuse_attr_out as the kernel reads it
 _ATTR_OUT = struct.Struct(abi.FUSE_ATTR_OUT_HEAD.format + abi.FUSE_ATTR.format[1:])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import stat
 
+import pytest
+
 from stripefs.client.dir_listings import KeptListings, Listing
 from stripefs.client.fuse.replies import DirentBuffer, dirent_record
 from stripefs.common import protocol as p
@@ -78,3 +80,96 @@ def test_a_record_is_what_the_buffer_would_encode():
     assert full.add_record(dirent_record(b"a", 1, 1, stat.S_IFREG))
     assert not full.add_record(dirent_record(b"b", 2, 2, stat.S_IFREG))  # nothing appended past the size
     assert len(full) == len(dirent_record(b"a", 1, 1, stat.S_IFREG))
+
+
+def _held_dir(files: int = 100, dataset: bool = False):
+    """An Operations holding directory 5 whole (default mount: under its callback; dataset: the
+    feed's) and each of its ``files`` files, its listing kept; and the READDIRPLUS of its first page."""
+    from types import SimpleNamespace
+
+    from stripefs.client.dir_listings import Listing
+    from stripefs.client.fuse import requests as rq
+    from stripefs.client.fuse.abi import Opcode
+    from stripefs.client.operations import Operations
+    from stripefs.client.operations_bridge import OperationsBridge
+    from stripefs.common import protocol as p
+
+    from test_fuse_wire import request, u32, u64
+
+    ops = Operations(SimpleNamespace(writer=0, session_id=1, callbacks=True),
+                     SimpleNamespace(nodes=SimpleNamespace(learn=lambda n: None)), attr_timeout=1.0,
+                     entry_timeout=1.0, cache_timeout=30.0, dataset=dataset)
+    ops.kcache.healthy = True
+    entries = []
+    for i in range(files):
+        a = p.Attr(ino=1000 + i, mode=stat.S_IFREG | 0o644, nlink=1, uid=0, gid=0, rdev=0, size=100 + i,
+                   atime_ns=1, mtime_ns=2, ctime_ns=3)
+        entries.append(p.DirEntry(name=b"f%04d" % i, attr=a, cookie=i + 1))
+        if dataset:
+            ops._dataset_info[a.ino] = p.OpenRsp(attr=a, layout=p.Layout(chunk_size=1 << 22, stripe_count=1,
+                                                                         redundancy="replicas=1"), chunks=[], nodes=[])
+        else:
+            ops._keep_held(a.ino, a)
+    ops.kcache.granted_dir(5, 1)
+    ops._names_complete[5] = {e.name for e in entries}
+    ops.listings.keep(5, Listing(0, entries, True, ops.kcache.stamp(), dir_grant=1), ops.listings.generation)
+    data = request(Opcode.READDIRPLUS, u64(0) + u64(0) + u32(32768) + u32(0) + u64(0) + u32(0) + u32(0), nodeid=5)
+    return ops, OperationsBridge(ops, None, None), rq.parse(data, len(data)), entries
+
+
+def _page(bridge, req) -> bytes:
+    from stripefs.client.fuse.replies import DirentBuffer
+
+    buf = DirentBuffer(req.size, True)
+    assert bridge.fast_readdir(req, buf) is None
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("dataset", [False, True])
+def test_a_readdirplus_page_of_held_files_is_answered_again_whole_and_never_with_old_attributes(dataset):
+    """A READDIRPLUS page of files the mount holds is made once and answered again as it is (no
+    answer made per entry), the names remembered again after the kernel forgot them; a file whose
+    attributes changed since (what a lookup or the feed leaves), or that is open here, makes the
+    page anew: its new size is answered, never the old bytes; with the feed broken every entry is
+    a zero entry."""
+    from unittest import mock
+
+    from stripefs.client.fuse.dispatch import MISS
+
+    from stripefs.common import protocol as p
+
+    ops, bridge, req, entries = _held_dir(dataset=dataset)
+    first = _page(bridge, req)
+    assert len(first) > 100 * 150 and (5, b"f0007") in ops.kcache._names
+    if not dataset:  # (a dataset mount's FORGET drops what it held of the file: the page is made anew)
+        ops.forget_now([(e.attr.ino, 1) for e in entries])  # drop_caches: the kernel forgets every inode
+        assert (5, b"f0007") not in ops.kcache._names
+    with mock.patch.object(ops, "_held_long", side_effect=AssertionError("an answer made per entry")):
+        assert _page(bridge, req) == first
+    assert ops.kcache._names[(5, b"f0007")] == 1007  # the kernel holds the names (again)
+    new = p.Attr(ino=1007, mode=stat.S_IFREG | 0o644, nlink=1, uid=0, gid=0, rdev=0, size=77_777, atime_ns=1,
+                 mtime_ns=9_000_000_000, ctime_ns=9_000_000_000)
+    if dataset:
+        ops._dataset_info[1007] = p.OpenRsp(attr=new, layout=ops._dataset_info[1006].layout, chunks=[], nodes=[])
+    else:
+        ops._keep_held(1007, new)
+    changed = _page(bridge, req)
+    assert changed != first and (77_777).to_bytes(8, "little") in changed
+    assert _page(bridge, req) == changed
+    from stripefs.client.open_files import OpenFile
+
+    held = entries[8].attr
+    of = ops.files[1008] = OpenFile(1008, held, p.Layout(chunk_size=1 << 22, stripe_count=1, redundancy="replicas=1"), {})
+    of.size = held.size + 5  # written here, not committed: the page may not say what the mount held
+    with mock.patch.object(ops, "_held_long", wraps=ops._held_long) as made:
+        written = _page(bridge, req)
+    assert made.call_count == 100 and written != changed
+    del ops.files[1008]
+    ops.kcache.healthy = False  # the feed broke: the daemon is asked, whose answer is filled in as zero entries
+    from stripefs.client.fuse.replies import DirentBuffer
+
+    assert bridge.fast_readdir(req, DirentBuffer(req.size, True)) is MISS
+    buf = DirentBuffer(req.size, True)
+    ops._fill(5, ops.listings.get(5), 0, buf)
+    broken = buf.getvalue()
+    assert len(broken) == len(changed) and (77_777).to_bytes(8, "little") not in broken

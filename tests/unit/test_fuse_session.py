@@ -586,3 +586,44 @@ async def test_a_read_taken_off_the_reader_thread_is_answered_from_another_threa
         assert await kernel.answer_async() == (12, 0, b"from trio")
         await trio.to_thread.run_sync(stop, kernel, session)
     assert taken == [1, 2] and slow_runs == [2, 0]
+
+
+def test_the_getattr_lane_answers_from_the_header_under_the_fast_lock(pair, caplog):
+    """A file system with ``lane_getattr``: a GETATTR it holds is answered by the session from the
+    request's header (its bytes as they are, counted, under the fast lock, no fast path run); one
+    it does not hold (None), or whose lane fails, takes the ordinary way (fast_getattr)."""
+    lock = threading.RLock()
+    held = encode_attr_out(ATTR, 2.0)
+    lanes, fast = [], []
+
+    class LaneFS:
+        fast_lock = lock
+
+        def lane_getattr(self, nodeid):
+            lanes.append((nodeid, lock._is_owned()))
+            if nodeid == 666:
+                raise RuntimeError("a bug in a lane")
+            return held if nodeid == 2 else None
+
+        def fast_getattr(self, req):
+            fast.append(req.header.nodeid)
+            return Attr(ino=req.header.nodeid, mode=stat.S_IFREG | 0o644, size=7), 1.0
+
+    kernel, session = started(pair, Dispatcher(LaneFS()))
+    with lock:  # another thread is changing what the lane reads: no answer meanwhile
+        kernel.send(Opcode.GETATTR, getattr_args(), unique=10, nodeid=2)
+        assert kernel.nothing(0.2)
+    assert kernel.answer() == (10, 0, held)
+    assert lanes == [(2, True)] and fast == []
+    kernel.send(Opcode.GETATTR, getattr_args(), unique=11, nodeid=3)
+    unique, error, body = kernel.answer()
+    assert (unique, error, len(body)) == (11, 0, abi.ATTR_OUT_SIZE) and body != held and fast == [3]
+    with caplog.at_level(logging.ERROR):
+        kernel.send(Opcode.GETATTR, getattr_args(), unique=12, nodeid=666)
+        assert kernel.answer()[:2] == (12, 0)
+    assert fast == [3, 666] and "GETATTR lane failed" in caplog.text
+    kernel.send(Opcode.GETATTR, getattr_args()[:8], unique=13, nodeid=2)  # short: not the lane's
+    assert kernel.answer()[:2] == (13, -errno.EIO) and len(lanes) == 3
+    assert session.counts[Opcode.GETATTR] == 4
+    assert not lock._is_owned()
+    stop(kernel, session)

@@ -382,3 +382,40 @@ def test_a_later_epochs_announcement_of_a_file_the_kernel_holds_is_answered_from
     assert ops.path_in_page_cache(1, b"d/f")
     ops.forget_now([(9, 1)])  # the kernel forgot the inode, and its pages with it
     assert not ops.in_page_cache(rsp) and not ops.path_in_page_cache(1, b"d/f")
+
+
+def test_the_getattr_lane_answers_only_what_fast_getattr_answers_from_held_bytes():
+    """The session's GETATTR lane (lane_getattr): the bytes fast_getattr answers for a file the mount
+    holds long, the new ones once its attributes change, and None wherever fast_getattr answers
+    otherwise (nothing held, the feed broken, a directory's attributes this mount's change left):
+    those take the ordinary way. Counted as fast_getattr's answers are."""
+    from types import SimpleNamespace
+
+    from stripefs.client import metrics as client_metrics
+    from stripefs.client.operations import Operations
+    from stripefs.common import protocol as P
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0)
+    ops.kcache.healthy = True
+    bridge = OperationsBridge(ops, None, None)
+    getattr_ = parse(Opcode.GETATTR, bytes(16), nodeid=9)
+    assert bridge.lane_getattr(9) is None and bridge.fast_getattr(getattr_) is MISS
+    old = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=10, atime_ns=1,
+                 mtime_ns=2_000_000_001, ctime_ns=3)
+    ops._keep_held(9, old)
+    counted = client_metrics.fast("getattr")[0]
+    assert bridge.lane_getattr(9) == bridge.fast_getattr(getattr_)
+    assert client_metrics.fast("getattr")[0] == counted + 2
+    new = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=5000, atime_ns=1,
+                 mtime_ns=4_000_000_000, ctime_ns=4_000_000_000)
+    ops._keep_held(9, new)
+    assert bridge.lane_getattr(9) == bridge.fast_getattr(getattr_)
+    assert b"\x88\x13" in bridge.lane_getattr(9)  # size 5000, not the old bytes
+    dir_attr = P.Attr(ino=4, mode=stat.S_IFDIR | 0o755, nlink=2, uid=0, gid=0, rdev=0, size=0, atime_ns=1,
+                      mtime_ns=2, ctime_ns=3)
+    ops.kcache.dir_attrs.keep_new(dir_attr)
+    assert bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=4)) is not MISS
+    assert bridge.lane_getattr(4) is None  # answered, but not from held bytes: the ordinary way
+    ops.kcache.healthy = False  # the feed broke: nothing held is known true
+    assert bridge.lane_getattr(9) is None and bridge.fast_getattr(getattr_) is MISS
