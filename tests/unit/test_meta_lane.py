@@ -21,6 +21,7 @@ from stripefs.client.meta_blocking import BlockingMetaClient
 from stripefs.client.meta_rpc import MetaClient
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.fast_lane import recv_frames, send_frames
 from stripefs.common.transport import connect, open_socket
 from test_meta_burst import _create, _service
 from test_security import ROOT
@@ -61,6 +62,45 @@ async def test_the_lane_answers_lone_reads_as_the_task_path_does(tmp_path, ctx):
             assert (await client.call(P.GetattrReq(ino=d)))[0] == expected[0]
         assert ping.read_port == service.read_port and service.lane.answered == answered + 5
         nursery.cancel_scope.cancel()
+
+
+async def test_a_getattr_of_an_inode_that_is_not_there_is_answered_on_the_lane_as_on_the_task_path(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        await service.txn.commit_now()
+        expected = await service.handle(P.GetattrReq(ino=ROOT), [])
+        with pytest.raises(StripefsError) as task_path:
+            await service.handle(P.GetattrReq(ino=987654), [])
+        answered = service.lane.answered
+        async with connect(ctx, _lane(service)) as client:
+            got, _ = await client.call(P.GetattrReq(ino=ROOT))
+            with pytest.raises(StripefsError) as lane:
+                await client.call(P.GetattrReq(ino=987654))
+        assert got == expected and service.lane.answered == answered + 2
+        assert (lane.value.code, lane.value.message) == (task_path.value.code, task_path.value.message)
+        nursery.cancel_scope.cancel()
+
+
+def test_frames_go_and_come_as_with_pyzmq_s_multipart_calls(ctx):
+    """fast_lane's recv_frames and send_frames (the lane's and the blocking client's, without
+    pyzmq's per-frame sugar) carry a message of several parts, a tracked frame (limits.ReplyQueues)
+    among them."""
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://test-frames")
+        b.connect("inproc://test-frames")
+        tracked = zmq.Frame(b"last" * 100, copy=False, track=True)
+        send_frames(a, [b"id", memoryview(b"header"), tracked])
+        frames = recv_frames(b)
+        assert [f.bytes for f in frames] == [b"id", b"header", b"last" * 100]
+        assert not frames[-1].more and all(f.more for f in frames[:-1])
+        send_frames(b, [b"one"])
+        assert [f.bytes for f in recv_frames(a, zmq.NOBLOCK)] == [b"one"]
+        with pytest.raises(zmq.Again):
+            recv_frames(a, zmq.NOBLOCK)
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
 
 
 async def test_a_lookup_that_carries_a_grant_or_opens_takes_the_task_path(tmp_path, ctx):
