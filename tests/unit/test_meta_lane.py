@@ -305,6 +305,32 @@ async def test_the_blocking_client_maps_errors_and_subtree_replies_as_the_trio_c
         nursery.cancel_scope.cancel()
 
 
+async def test_the_blocking_client_asks_a_lookup_with_a_callback_at_the_daemon_s_address(tmp_path, ctx):
+    """A default mount's worker threads ask its cold lookups with a callback (client/thread_meta.py):
+    such a LookupReq goes to the main socket, where trio records the grant with the read, not to
+    the lane, which would only forward it there through its thread; the next read goes to the lane."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+        await service.handle(_create(b"f"), [])
+        await service.txn.commit_now()
+
+        def calls():
+            client = _blocking(ctx, service.config.listen)
+            try:
+                return (client.call(P.LookupReq(parent=ROOT, name=b"f", callback=True, session_id=sid)),
+                        client.call(P.GetattrReq(ino=ROOT)), client.call(P.LookupReq(parent=ROOT, name=b"f", callback=True, session_id=sid)))
+            finally:
+                client.close()
+
+        answered, passed = service.lane.answered, service.lane.passed
+        granted, attr, again = await trio.to_thread.run_sync(calls)
+        assert granted.callback >= 0 and again.callback >= 0 and service.callbacks.held(granted.attr.ino)
+        assert isinstance(attr, P.AttrRsp) and attr.attr.ino == ROOT
+        assert service.lane.passed == passed and service.lane.answered == answered + 1  # only the getattr was the lane's
+        nursery.cancel_scope.cancel()
+
+
 def test_a_daemon_that_is_not_there_is_a_clean_error_after_the_timeout(ctx):
     client = _blocking(ctx, free_address(), timeout=0.3)
     try:
