@@ -31,8 +31,12 @@ under ``Operations.lock``, which every change applied takes, and the
 acknowledgement it may owe handed to trio (``to_trio``: it wakes trio's
 flusher). The daemon's read lane leaves a grant to its trio side (it forwards
 such a LookupReq to ``serve()``, which records the grant with the read:
-daemon/read_lane.py). A name the daemon does not have goes to trio's path
-(ENOENT there forgets the directory's hint, trio state).
+daemon/read_lane.py). A name the daemon does not have is answered ENOENT here,
+and what trio's ENOENT does beside it (``missing``: the directory's hint of the
+name forgotten, client/dir_hints.py) is handed to trio; handing the lookup
+itself back, as before, cost a default mount's stat of a missing name (an
+import's path probes, a shell's PATH search) a second round trip through trio.
+Without ``missing`` it is handed back.
 
 Anything unusual goes to trio's path (``slow()``), which answers as before:
 no answer within the blocking client's timeout or no daemon (trio's path
@@ -72,8 +76,10 @@ _RETRYABLE = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
 class ThreadMeta:
     """The worker threads, their queue and their blocking client (module docstring)."""
 
-    def __init__(self, ctx: zmq.Context, meta, *, workers: int = WORKERS, timeout: float = TIMEOUT_S):
+    def __init__(self, ctx: zmq.Context, meta, *, workers: int = WORKERS, timeout: float = TIMEOUT_S,
+                 missing: Callable[[int, bytes], None] | None = None):
         self.client = BlockingMetaClient(ctx, meta, timeout=timeout)
+        self.missing = missing  # (trio thread) what a LOOKUP's NOT_FOUND does beside the ENOENT (module docstring)
         self._token = trio.lowlevel.current_trio_token()  # made on the trio thread (client/mount.py)
         self._queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._closing = False
@@ -131,11 +137,14 @@ class ThreadMeta:
             try:
                 reply = self.client.call(request)
             except StripefsError as exc:
-                if exc.code in _RETRYABLE or (exc.code == ErrorCode.NOT_FOUND and type(request) is p.LookupReq):
+                missing = exc.code == ErrorCode.NOT_FOUND and type(request) is p.LookupReq
+                if exc.code in _RETRYABLE or (missing and self.missing is None):
                     log.debug("thread %s: %s; trio's path answers", what, exc.message)
                     handed_back.inc()
                     slow()
                 else:
+                    if missing:
+                        self.to_trio(self.missing, request.parent, request.name)
                     served.inc()
                     fail(exc.errno)
                 continue

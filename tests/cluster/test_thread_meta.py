@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from stripefs.client import metrics as client_metrics
 
 from test_ops import scrape, total
@@ -164,5 +166,31 @@ def test_a_default_mounts_cold_lookups_on_a_thread_hold_their_files_under_callba
         (d / "f1").unlink()
         assert not os.path.exists(theirs / "f1")
         assert os.stat(theirs / "moved").st_size == 2
+    finally:
+        cluster.unmount(reader)
+
+
+def test_a_default_mounts_lookup_of_a_missing_name_is_answered_on_a_thread(cluster, mnt):
+    """A stat of a name that is not there (an import's path probes, a shell's PATH search), from a
+    process that did not open what it looked up last: ENOENT answered on the worker thread, one
+    round trip, not handed back to trio to be asked again; a name made elsewhere afterwards is found
+    (no negative entry kept)."""
+    d = mnt / "probed"
+    d.mkdir()
+    (d / "there").write_bytes(b"x")
+    reader = cluster.mount_again("thread_meta_missing")  # it did not make the directory: no names held
+    try:
+        theirs = reader / mnt.name / "probed"
+        os.stat(theirs)  # this process's first lookup there asks open information: trio's
+        assert os.stat(theirs / "there").st_size == 1
+        before = _thread_meta(reader)
+        for i in range(8):
+            with pytest.raises(FileNotFoundError):
+                os.stat(theirs / f"missing{i}")
+        after = _thread_meta(reader)
+        assert after["lookup_served"] - before["lookup_served"] >= 8, (before, after)
+        assert after["lookup_handed_back"] == before["lookup_handed_back"], (before, after)
+        (d / "missing3").write_bytes(b"yy")
+        assert os.stat(theirs / "missing3").st_size == 2
     finally:
         cluster.unmount(reader)
