@@ -229,19 +229,31 @@ class KernelCache:
         return self.healthy and self.callbacks_wanted and self.send_ack is not None
 
     def granted(self, ino: int, parent: int, name: bytes, seq: int) -> None:
-        """The daemon granted a callback on ``ino`` and its name, as of change ``seq``. Kept even
-        when the answer raced a change (then not cached long): the daemon holds the grant, so an
-        event above ``seq`` touching it must be acknowledged; one at or below does not end it."""
-        self.grants[ino] = seq
-        self.grants[(parent, name)] = seq
-        self._granted_as_of(seq)
+        """(trio thread) The daemon granted a callback on ``ino`` and its name, as of change ``seq``.
+        Kept even when the answer raced a change (then not cached long): the daemon holds the grant,
+        so an event above ``seq`` touching it must be acknowledged; one at or below does not end it."""
+        if self.record_grant(ino, parent, name, seq):
+            self.granted_as_of(seq)
+
+    def record_grant(self, ino: int, parent: int, name: bytes, seq: int) -> bool:
+        """(any thread) ``granted``'s first half: the grant recorded under ``state_lock``, which every
+        change applied takes (``apply``, ``drop_all``), so the change is applied wholly before it (and
+        ``changed_since`` says so, and ``granted_as_of`` owes an acknowledgement) or after it (and ends
+        it). True: an event of another mount above ``seq`` was applied already, so the second half,
+        ``granted_as_of(seq)``, is owed; it wakes the flusher, a trio event, so a worker thread
+        (client/thread_meta.py) hands it to trio, where it runs a moment later (it only ever
+        acknowledges more, never less: ``_others_seq`` and ``_seq`` only grow)."""
+        with self.state_lock:
+            self.grants[ino] = seq
+            self.grants[(parent, name)] = seq
+            return seq < self._others_seq
 
     def marked(self, ino: int, seq: int) -> None:
         """The daemon recorded this mount's write mark on ``ino`` as of ``seq`` (daemon/callbacks.py):
         another mount's change of the file waits for this one as for a held file, so it is one."""
         held = self.grants.get(ino)
         self.grants[ino] = seq if held is None else min(held, seq)
-        self._granted_as_of(seq)
+        self.granted_as_of(seq)
 
     def held_here(self, ino: int, parent: int, name: bytes, whole: bool = False) -> None:
         """A file (``whole``: a directory, every name of it) this mount made and answered itself
@@ -258,9 +270,10 @@ class KernelCache:
     def granted_dir(self, ino: int, seq: int) -> None:
         """The daemon granted a callback on every name of directory ``ino``, as of change ``seq``."""
         self.grants[("dir", ino)] = seq
-        self._granted_as_of(seq)
+        self.granted_as_of(seq)
 
-    def _granted_as_of(self, seq: int) -> None:
+    def granted_as_of(self, seq: int) -> None:
+        """(trio thread) A grant as of ``seq`` was recorded: acknowledge what was applied since."""
         if seq < self._others_seq:
             # events of other mounts above the grant were applied before its answer came: one may
             # have touched these keys (the daemon then waits for this mount), so acknowledge what

@@ -373,7 +373,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
                 data.thread_fetch = reads.fetch_soon  # a LOOKUP's fetch of a small file: where its READ looks
             metas = None
             if client_cfg.read_threads > 0:  # GETATTR misses on plain threads too (client/thread_meta.py)
-                metas = ThreadMeta(ctx, meta)
+                metas = ThreadMeta(ctx, meta, missing=ops.hints.forget)  # (a LOOKUP's ENOENT: Operations.lookup)
                 stack.callback(metas.close)  # (after the session's close below: nothing is taken any more)
             session = await _start_session(ops, mountpoint, options, client_cfg, nursery, reads, metas)
             if ops.passthrough is not None:

@@ -75,7 +75,7 @@ import stat
 import struct
 import time
 from collections import OrderedDict, deque
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import msgspec
 import trio
@@ -993,16 +993,9 @@ class Operations:
                 self.hints.forget(parent_inode, name)
             raise
         ino = rsp.attr.ino
-        # a change that came meanwhile is in the answer already if the grant is as of it or later
-        cacheable = not self.kcache.changed_since(stamp, parent_inode, ino, as_of=rsp.callback)
-        held = False
-        if rsp.callback >= 0:
-            self.kcache.granted(ino, parent_inode, name, rsp.callback)
-            held = cacheable and self.kcache.healthy
         with self.lock:  # what the reader thread's fast paths read
             self._record_lookup(ctx.pid, ino, rsp.attr)
-            if held:
-                self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
+            cacheable, held = self._lookup_held(stamp, parent_inode, name, rsp, _call_now)
             if isinstance(rsp, p.OpenRsp):
                 if not self.kcache.changed_since(stamp, ino, as_of=rsp.callback):  # else it may predate a commit here (_ask_open)
                     self._open_info[ino] = (time.monotonic(), rsp)
@@ -1904,19 +1897,16 @@ class Operations:
             return None
         return self.kcache.stamp()
 
-    def thread_lookup(self, parent_inode: int, name: bytes, pid: int) -> int | None:
+    def thread_lookup(self, parent_inode: int, name: bytes, pid: int) -> tuple[int, bool] | None:
         """(reader thread, under ``lock``) A LOOKUP miss that a plain thread may ask the daemon
-        (client/thread_meta.py): the kernel cache's stamp to answer it against
-        (``thread_entry_out``), or None: ``lookup`` runs in trio. Only one whose LookupReq carries
-        neither a callback nor ``open_info`` (no grant to record in trio's state, no open
-        information to keep, no hint or prefetch to start): a dataset mount's, asked by a
-        process that did not open what it looked up last, with nothing of this mount's own to settle first (as ``thread_getattr``: no change
-        answered here waits for the daemon, so none of this very name; no files closed here wait
-        in the directory).
-        The default mount's lookups ask for a callback on a regular file: trio's, as before, and
-        so do its lookups while its feed cannot hold callbacks (not measured: kept out)."""
-        if not self.dataset:
-            return None
+        (client/thread_meta.py): (the kernel cache's stamp to answer it against, whether its
+        LookupReq asks a callback: ``lookup``'s rule), or None: ``lookup`` runs in trio. Only one
+        whose LookupReq asks no ``open_info`` (no open information to keep, no hint or prefetch to
+        start): asked by a process that did not open what it looked up last (``stat``, ``ls -l``,
+        ``du``, ``find``), with nothing of this mount's own to settle first (as ``thread_getattr``:
+        no change answered here waits for the daemon, so none of this very name; no files closed
+        here wait in the directory). A default mount's asks a callback: the grant that comes back
+        is recorded by ``thread_entry_out`` as ``lookup`` records it (``_lookup_held``)."""
         previous = self._last_lookup.get(pid)
         if previous is None or previous[1]:
             return None  # ``lookup`` asks open information for it (and may prefetch)
@@ -1925,17 +1915,40 @@ class Operations:
                 or (self.idle is not None and self.idle.pending()) \
                 or (self.writeback is not None and self.writeback.busy(parent_inode)):
             return None
-        return self.kcache.stamp()
+        return self.kcache.stamp(), not self.dataset and self.kcache.callbacks_possible
 
-    def thread_entry_out(self, stamp: int, parent_inode: int, name: bytes, pid: int, attr: p.Attr) -> Entry:
-        """(a worker thread, under ``lock``) LOOKUP's answer for the daemon's ``attr`` (a reply with
-        no grant and no open information), recorded as ``lookup`` records it: cached only if no
-        change of the directory or the file was applied since ``stamp``."""
-        ino = attr.ino
-        cacheable = not self.kcache.changed_since(stamp, parent_inode, ino)
-        self._record_lookup(pid, ino, attr)
+    def thread_entry_out(self, stamp: int, parent_inode: int, name: bytes, pid: int, rsp: p.AttrRsp,
+                         to_trio: Callable) -> Entry:
+        """(a worker thread, under ``lock``) LOOKUP's answer for the daemon's ``rsp`` (an AttrRsp: no
+        open information), recorded as ``lookup`` records it: cached only if no change of the
+        directory or the file was applied since ``stamp``, a grant recorded (``_lookup_held``;
+        ``to_trio(fn, *args)``: runs what must run in trio there, soon)."""
+        ino = rsp.attr.ino
+        self._record_lookup(pid, ino, rsp.attr)
+        cacheable, held = self._lookup_held(stamp, parent_inode, name, rsp, to_trio)
         self.kcache.remember(parent_inode, name, ino)
-        return self._entry(attr, cacheable=cacheable)
+        return self._entry(rsp.attr, cacheable=cacheable, held=held)
+
+    def _lookup_held(self, stamp: int, parent_inode: int, name: bytes, rsp: p.AttrRsp | p.OpenRsp,
+                     to_trio: Callable) -> tuple[bool, bool]:
+        """(under ``lock``, after ``_record_lookup``) Whether a LOOKUP answer may be cached, and held
+        long under the callback it carries, in ``lookup`` and on a worker thread alike: cacheable
+        unless a change of the directory or the file was applied since ``stamp`` that the answer
+        does not include (one numbered at or below its grant is in it); a grant recorded even when
+        not cacheable (the daemon holds it: KernelCache.record_grant), its acknowledgement part run
+        in trio (``to_trio``: at once in trio, handed over from a worker thread). Under ``lock``,
+        which every change applied takes, so a change is applied wholly before this (seen here) or
+        after it (it ends the grant and drops the kernel's entry, which this answer reached first)."""
+        ino = rsp.attr.ino
+        cacheable = not self.kcache.changed_since(stamp, parent_inode, ino, as_of=rsp.callback)
+        if rsp.callback < 0:
+            return cacheable, False
+        if self.kcache.record_grant(ino, parent_inode, name, rsp.callback):
+            to_trio(self.kcache.granted_as_of, rsp.callback)
+        held = cacheable and self.kcache.healthy
+        if held:
+            self._keep_held(ino, rsp if isinstance(rsp, p.OpenRsp) else rsp.attr)
+        return cacheable, held
 
     def _record_lookup(self, pid: int, ino: int, attr: p.Attr) -> None:
         """(under ``lock``) What every daemon answer to a LOOKUP leaves, in ``lookup`` and on a worker
@@ -2426,6 +2439,11 @@ class Operations:
                 self._attr_bytes.pop(ino, None)
                 self._entry_bytes.pop(ino, None)
                 self.kcache.forget(ino)
+
+
+def _call_now(fn, *args) -> None:
+    """``to_trio`` for what runs in trio already (Operations._lookup_held)."""
+    fn(*args)
 
 
 def _written(of: OpenFile) -> bool:

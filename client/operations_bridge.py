@@ -238,15 +238,16 @@ class OperationsBridge:
                                lambda rsp: reply.attr(*ops.thread_attr_out(stamp, rsp.attr)), reply, slow)
 
     def take_lookup(self, req: rq.Lookup, reply, slow) -> bool:
-        """Only those with no grant to ask (``Operations.thread_lookup``)."""
+        """Only those with no open information to ask (``Operations.thread_lookup``)."""
         pool, ops = self.thread_meta, self.ops
         parent, name, pid = req.header.nodeid, req.name, req.header.pid
-        stamp = ops.thread_lookup(parent, name, pid) if pool is not None else None
-        if stamp is None:
+        taken = ops.thread_lookup(parent, name, pid) if pool is not None else None
+        if taken is None:
             return False
-        request = p.LookupReq(parent=parent, name=name, open_info=False, session_id=ops.meta.session_id, callback=False)
+        stamp, callback = taken
+        request = p.LookupReq(parent=parent, name=name, open_info=False, session_id=ops.meta.session_id, callback=callback)
         return self._take_meta("lookup", pool.lookup, request,
-                               lambda rsp: reply.entry(ops.thread_entry_out(stamp, parent, name, pid, rsp.attr)), reply, slow)
+                               lambda rsp: reply.entry(ops.thread_entry_out(stamp, parent, name, pid, rsp, pool.to_trio)), reply, slow)
 
     def _take_meta(self, op: str, submit, request: p.Msg, answer_locked, reply, slow) -> bool:
         """Hand ``request`` to the worker threads (``submit``: ThreadMeta.getattr or .lookup). A worker

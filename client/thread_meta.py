@@ -20,16 +20,23 @@ takes while it drops what the kernel may hold, so the answer either reaches the
 kernel before the change's invalidation or is made knowing of it. A GetattrReq
 carries no callback grant, so nothing is recorded on the trio side.
 
-LOOKUP misses likewise (``Operations.thread_lookup``), only those whose LookupReq
-asks neither a callback nor open information: a dataset mount's, from a process
-that did not open what it looked up
-last. Their reply carries no grant, so here too nothing is recorded on the trio
-side; the answer (``Operations.thread_entry_out``) records what ``lookup`` records
-of a bare AttrRsp, under ``Operations.lock``, cached only if neither the directory
-nor the file changed since the stamp. A name the daemon does not have goes to
-trio's path (ENOENT there forgets the directory's hint, trio state). The default
-mount's lookups of regular files ask for a callback grant, which stays trio's
-(docs/design.md, "The read lane").
+LOOKUP misses likewise (``Operations.thread_lookup``), those whose LookupReq asks
+no open information: from a process that did not open what it looked up last
+(``stat``, ``ls -l``, ``find``). The answer (``Operations.thread_entry_out``)
+records what ``lookup`` records, under ``Operations.lock``, cached only if
+neither the directory nor the file changed since the stamp; a default mount's
+LookupReq asks a callback, and the grant its reply carries (a regular file's) is
+recorded there as ``lookup`` records it (``Operations._lookup_held``): the grants
+under ``Operations.lock``, which every change applied takes, and the
+acknowledgement it may owe handed to trio (``to_trio``: it wakes trio's
+flusher). The daemon's read lane leaves a grant to its trio side (it forwards
+such a LookupReq to ``serve()``, which records the grant with the read:
+daemon/read_lane.py). A name the daemon does not have is answered ENOENT here,
+and what trio's ENOENT does beside it (``missing``: the directory's hint of the
+name forgotten, client/dir_hints.py) is handed to trio; handing the lookup
+itself back, as before, cost a default mount's stat of a missing name (an
+import's path probes, a shell's PATH search) a second round trip through trio.
+Without ``missing`` it is handed back.
 
 Anything unusual goes to trio's path (``slow()``), which answers as before:
 no answer within the blocking client's timeout or no daemon (trio's path
@@ -45,12 +52,14 @@ import queue
 import errno
 from typing import Callable
 
+import trio
 import zmq
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from . import metrics, worker_threads
 from .meta_blocking import BlockingMetaClient
+from .thread_reads import _logged
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +76,11 @@ _RETRYABLE = (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE)
 class ThreadMeta:
     """The worker threads, their queue and their blocking client (module docstring)."""
 
-    def __init__(self, ctx: zmq.Context, meta, *, workers: int = WORKERS, timeout: float = TIMEOUT_S):
+    def __init__(self, ctx: zmq.Context, meta, *, workers: int = WORKERS, timeout: float = TIMEOUT_S,
+                 missing: Callable[[int, bytes], None] | None = None):
         self.client = BlockingMetaClient(ctx, meta, timeout=timeout)
+        self.missing = missing  # (trio thread) what a LOOKUP's NOT_FOUND does beside the ENOENT (module docstring)
+        self._token = trio.lowlevel.current_trio_token()  # made on the trio thread (client/mount.py)
         self._queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._closing = False
         self._counts = {p.GetattrReq: (metrics.THREAD_META.labels("served"), metrics.THREAD_META.labels("handed_back")),
@@ -84,10 +96,19 @@ class ThreadMeta:
 
     def lookup(self, request: p.LookupReq, answer: Callable[[p.AttrRsp], None], fail: Callable[[int], None],
                slow: Callable[[], None]) -> bool:
-        """(reader thread) As ``getattr``, for a LookupReq with no ``callback`` and no ``open_info``
-        (module docstring): a NOT_FOUND, or a reply that is not a bare AttrRsp, goes to ``slow()``."""
-        assert not request.callback and not request.open_info, request
+        """(reader thread) As ``getattr``, for a LookupReq with no ``open_info`` (module docstring): a
+        NOT_FOUND, a reply that is not an AttrRsp, or one with a grant that was not asked, goes to
+        ``slow()``."""
+        assert not request.open_info, request
         return self._put(request, answer, fail, slow)
+
+    def to_trio(self, fn: Callable, *args) -> None:
+        """(a worker thread) ``fn(*args)`` on the trio thread, soon (an exception logged there); nothing
+        once trio's run is over (the mount is closing: what it owed ends with its session)."""
+        try:
+            self._token.run_sync_soon(_logged, fn, *args)
+        except trio.RunFinishedError:
+            pass
 
     def _put(self, request, answer, fail, slow) -> bool:
         if self._closing or self._queue.qsize() >= MAX_QUEUED:
@@ -116,11 +137,14 @@ class ThreadMeta:
             try:
                 reply = self.client.call(request)
             except StripefsError as exc:
-                if exc.code in _RETRYABLE or (exc.code == ErrorCode.NOT_FOUND and type(request) is p.LookupReq):
+                missing = exc.code == ErrorCode.NOT_FOUND and type(request) is p.LookupReq
+                if exc.code in _RETRYABLE or (missing and self.missing is None):
                     log.debug("thread %s: %s; trio's path answers", what, exc.message)
                     handed_back.inc()
                     slow()
                 else:
+                    if missing:
+                        self.to_trio(self.missing, request.parent, request.name)
                     served.inc()
                     fail(exc.errno)
                 continue
@@ -129,7 +153,7 @@ class ThreadMeta:
                 handed_back.inc()
                 slow()
                 continue
-            if type(reply) is not p.AttrRsp or (type(request) is p.LookupReq and reply.callback >= 0):
+            if type(reply) is not p.AttrRsp or (type(request) is p.LookupReq and reply.callback >= 0 and not request.callback):
                 log.warning("thread %s: unexpected %s; trio's path answers", what, type(reply).__name__)
                 handed_back.inc()
                 slow()

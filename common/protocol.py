@@ -1641,6 +1641,24 @@ _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 
 
+class _RequestHeader(msgspec.Struct, array_like=True):
+    """A whole request header in one pass (``_decode``'s fast path)."""
+
+    version: int
+    request_id: Annotated[int, msgspec.Meta(ge=0)]
+    body: Request
+
+
+class _ReplyHeader(msgspec.Struct, array_like=True):
+    version: int
+    request_id: Annotated[int, msgspec.Meta(ge=0)]
+    body: Reply
+
+
+_whole_request_decoder = msgspec.msgpack.Decoder(_RequestHeader)
+_whole_reply_decoder = msgspec.msgpack.Decoder(_ReplyHeader)
+
+
 class ProtocolError(Exception):
     """A frame that is not a valid stripefs message; ``code`` says why."""
 
@@ -1655,7 +1673,25 @@ def encode(request_id: int, body: Msg) -> bytes:
     return _encoder.encode((PROTOCOL_VERSION, request_id, body))
 
 
-def _decode(frame: bytes, decoder: msgspec.msgpack.Decoder, max_bytes: int) -> tuple[int, Msg]:
+def _decode(frame: bytes, decoder: msgspec.msgpack.Decoder, max_bytes: int, whole: msgspec.msgpack.Decoder) -> tuple[int, Msg]:
+    """The request id and body of a header frame, or ProtocolError saying what is wrong with it.
+
+    Every frame is first decoded in one pass (``whole``: version, id and body at once, a few
+    tenths of a microsecond; the three passes below cost 2-2.5 us, paid by every request and
+    reply, issue 30); only a frame that pass refuses, or of another version, takes the passes
+    that find out what is wrong, in the order that words the error (the version first)."""
+    if len(frame) <= max_bytes:
+        try:
+            header = whole.decode(frame)
+        except (msgspec.DecodeError, TypeError):
+            pass
+        else:
+            if header.version == PROTOCOL_VERSION:
+                return header.request_id, header.body
+    return _decode_carefully(frame, decoder, max_bytes)
+
+
+def _decode_carefully(frame: bytes, decoder: msgspec.msgpack.Decoder, max_bytes: int) -> tuple[int, Msg]:
     from .errors import ErrorCode  # local: keeps this module importable alone
 
     if len(frame) > max_bytes:
@@ -1705,8 +1741,8 @@ def _unknown_tag(body: msgspec.Raw) -> bool:
 
 
 def decode_request(frame: bytes) -> tuple[int, Msg]:
-    return _decode(frame, _request_decoder, MAX_HEADER_BYTES)
+    return _decode(frame, _request_decoder, MAX_HEADER_BYTES, _whole_request_decoder)
 
 
 def decode_reply(frame: bytes) -> tuple[int, Msg]:
-    return _decode(frame, _reply_decoder, MAX_REPLY_HEADER_BYTES)
+    return _decode(frame, _reply_decoder, MAX_REPLY_HEADER_BYTES, _whole_reply_decoder)

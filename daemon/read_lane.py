@@ -82,6 +82,11 @@ class ReadLane:
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA query_only=ON")
         self.store = SqliteStore(conn)
+        # a getattr's row as a tuple in Attr's order: Attr(*row), no sqlite3.Row and no name lookups
+        # (to_attr's eleven), a few us less on the round trip's critical path (issue 30)
+        self._attr_cursor = conn.cursor()
+        self._attr_cursor.row_factory = None
+        self._attr_sql = f"SELECT {', '.join(P.Attr.__struct_fields__)} FROM inodes WHERE ino=?"
         # the namespace's reads over this connection: lookup and getattr use only ``store``
         self.ns = copy.copy(service.ns)
         self.ns.store = self.store
@@ -144,7 +149,8 @@ class ReadLane:
                 ino = admitted.ino
                 if callbacks.recall_needed(admitted.session_id, ino, holds) or callbacks.written_elsewhere(admitted.session_id, ino):
                     return None
-                return P.AttrRsp(attr=self.ns.getattr(ino))
+                row = self._attr_cursor.execute(self._attr_sql, (ino,)).fetchone()
+                return P.AttrRsp(attr=P.Attr(*row) if row is not None else self.ns.getattr(ino))  # none: its error
             if admitted.open_info or callbacks.recall_needed(admitted.session_id, admitted.parent, holds):
                 return None
             row = self.ns.lookup_row(admitted.parent, admitted.name)

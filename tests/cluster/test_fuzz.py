@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode
+from stripefs.common.security import split_address, with_key
 
 from conftest import Cluster, cluster_root, run_cli, run_cluster
 
@@ -376,6 +377,26 @@ def test_metadata_daemon_survives_hostile_input(fuzz_cluster):
         peer.close()
     finally:
         ctx.term()
+    _assert_dataset_unchanged(c)
+
+
+def test_metadata_read_lane_survives_hostile_input(fuzz_cluster):
+    """The daemon's read lane (daemon/read_lane.py: a socket and thread of its own, common/fast_lane.py)
+    answers lone reads itself and forwards everything else to serve(): hostile frames there too."""
+    c = fuzz_cluster
+    ctx = zmq.Context()
+    try:
+        peer = Peer(ctx, c.meta_address)
+        port = peer.ping().read_port
+        peer.close()
+    finally:
+        ctx.term()
+    if not port:
+        pytest.skip("this daemon has no read lane (PostgreSQL)")
+    endpoint, key = split_address(c.meta_address)
+    lane = with_key(f"{endpoint.rsplit(':', 1)[0]}:{port}", key)
+    tags = sorted(t for t in REQUESTS if t not in META_SKIP)
+    _fuzz_endpoint(c, lane, c.pids()["meta"], tags, examples=1000)
     _assert_dataset_unchanged(c)
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from stripefs.client import metrics as client_metrics
 
 from test_ops import scrape, total
@@ -121,5 +123,74 @@ def test_a_lookup_miss_with_no_grant_is_asked_on_a_thread_and_sees_another_mount
         assert _eventually(lambda: os.stat(theirs / "moved").st_ino != moved_ino)
         assert _same(os.stat(theirs / "moved"), os.stat(d / "moved"))
         assert _thread_meta(reader)["lookup_served"] > after["lookup_served"]
+    finally:
+        cluster.unmount(reader)
+
+
+def _lookups_asked(mountpoint) -> float:
+    """LookupReqs the mount sent, its trio client's and its worker threads' alike (RPC metrics)."""
+    samples = scrape(f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics")
+    return total(samples, "stripefs_rpc_seconds_count", type="LookupReq")
+
+
+def test_a_default_mounts_cold_lookups_on_a_thread_hold_their_files_under_callbacks(cluster, mnt):
+    """Issue 30: a default mount's cold LOOKUP (``stat``, from a process that did not open what it
+    looked up last) asks a callback; asked on a worker thread, the grant that comes back is recorded
+    as trio's ``lookup`` records it: the file is held (stats ask nothing more), and a change closed
+    on another mount is seen by the very next stat, since that close waited for this mount to drop
+    it (a grant the mount did not record, or the daemon did not, would show the old size)."""
+    d = mnt / "held_on_threads"
+    d.mkdir()
+    for i in range(8):
+        (d / f"f{i}").write_bytes(b"x" * (i + 1))
+    reader = cluster.mount_again("thread_meta_grants")  # a default mount: its lookups ask callbacks
+    try:
+        theirs = reader / mnt.name / "held_on_threads"
+        os.stat(theirs)  # this process's first lookup there asks open information: trio's
+        before = _thread_meta(reader)
+        for i in range(8):
+            assert os.stat(theirs / f"f{i}").st_size == i + 1  # a cold lookup: asked by a worker thread
+        after = _thread_meta(reader)
+        assert after["lookup_served"] - before["lookup_served"] >= 8, (before, after)
+        asked = _lookups_asked(reader)
+        for _ in range(3):
+            for i in range(8):
+                assert os.stat(theirs / f"f{i}").st_size == i + 1  # held: the kernel answers
+        assert _lookups_asked(reader) == asked, "a held file's stat should ask nothing"
+        for i in range(8):
+            with open(d / f"f{i}", "ab") as f:
+                f.write(b"w")
+            assert os.stat(theirs / f"f{i}").st_size == i + 2, f"file {i}: an old size after a close elsewhere"
+        os.rename(d / "f0", d / "moved")
+        assert not os.path.exists(theirs / "f0")  # the name was held too
+        (d / "f1").unlink()
+        assert not os.path.exists(theirs / "f1")
+        assert os.stat(theirs / "moved").st_size == 2
+    finally:
+        cluster.unmount(reader)
+
+
+def test_a_default_mounts_lookup_of_a_missing_name_is_answered_on_a_thread(cluster, mnt):
+    """A stat of a name that is not there (an import's path probes, a shell's PATH search), from a
+    process that did not open what it looked up last: ENOENT answered on the worker thread, one
+    round trip, not handed back to trio to be asked again; a name made elsewhere afterwards is found
+    (no negative entry kept)."""
+    d = mnt / "probed"
+    d.mkdir()
+    (d / "there").write_bytes(b"x")
+    reader = cluster.mount_again("thread_meta_missing")  # it did not make the directory: no names held
+    try:
+        theirs = reader / mnt.name / "probed"
+        os.stat(theirs)  # this process's first lookup there asks open information: trio's
+        assert os.stat(theirs / "there").st_size == 1
+        before = _thread_meta(reader)
+        for i in range(8):
+            with pytest.raises(FileNotFoundError):
+                os.stat(theirs / f"missing{i}")
+        after = _thread_meta(reader)
+        assert after["lookup_served"] - before["lookup_served"] >= 8, (before, after)
+        assert after["lookup_handed_back"] == before["lookup_handed_back"], (before, after)
+        (d / "missing3").write_bytes(b"yy")
+        assert os.stat(theirs / "missing3").st_size == 2
     finally:
         cluster.unmount(reader)

@@ -305,6 +305,34 @@ async def test_a_grant_older_than_this_mounts_own_changes_owes_no_acknowledgemen
     assert acks == [4]
 
 
+async def test_a_grant_recorded_on_a_worker_thread_owes_what_trio_s_would(monkeypatch):
+    """Issue 30: a default mount's cold LOOKUP answered on a worker thread records its grant there
+    (``record_grant``, under state_lock) and hands the acknowledgement part (``granted_as_of``: it
+    wakes the flusher, a trio event) to trio only when an event of another mount above the grant
+    was applied already: the same AckReqs as ``granted`` in trio."""
+    monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: None)
+    acks = []
+
+    async def send_ack(seq, everything, opened):
+        acks.append(seq)
+
+    cache = kc.KernelCache()
+    cache.send_ack, cache.own_writer = send_ack, 77
+    cache.apply([1], [(1, b"theirs")], seq=4, writer=99)  # another mount's change
+    owed = await trio.to_thread.run_sync(cache.record_grant, 10, 1, b"f", 5)  # answered after it
+    assert owed is False and cache.grants[10] == 5 and cache.grants[(1, b"f")] == 5
+    owed = await trio.to_thread.run_sync(cache.record_grant, 11, 1, b"g", 3)  # before it: 4 may wait here
+    assert owed is True and cache.grants[11] == 3
+    await cache.flush_pending()
+    assert acks == []  # nothing owed until trio runs the second half
+    cache.granted_as_of(3)
+    await cache.flush_pending()
+    assert acks == [4]
+    cache.apply([10], [], seq=6, writer=99)  # a change of the file granted on the thread ends it
+    await cache.flush_pending()
+    assert acks == [4, 6] and 10 not in cache.grants
+
+
 def test_path_of_walks_the_names_the_kernel_knows_up_to_the_root():
     """The no-open primer opens a created file through the mountpoint (client/no_open_primer.py):
     its path is built from the names the kernel was given; a name missing on the way gives None."""

@@ -21,6 +21,7 @@ from stripefs.client.meta_blocking import BlockingMetaClient
 from stripefs.client.meta_rpc import MetaClient
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode, StripefsError
+from stripefs.common.fast_lane import recv_frames, send_frames
 from stripefs.common.transport import connect, open_socket
 from test_meta_burst import _create, _service
 from test_security import ROOT
@@ -61,6 +62,45 @@ async def test_the_lane_answers_lone_reads_as_the_task_path_does(tmp_path, ctx):
             assert (await client.call(P.GetattrReq(ino=d)))[0] == expected[0]
         assert ping.read_port == service.read_port and service.lane.answered == answered + 5
         nursery.cancel_scope.cancel()
+
+
+async def test_a_getattr_of_an_inode_that_is_not_there_is_answered_on_the_lane_as_on_the_task_path(tmp_path, ctx):
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        await service.txn.commit_now()
+        expected = await service.handle(P.GetattrReq(ino=ROOT), [])
+        with pytest.raises(StripefsError) as task_path:
+            await service.handle(P.GetattrReq(ino=987654), [])
+        answered = service.lane.answered
+        async with connect(ctx, _lane(service)) as client:
+            got, _ = await client.call(P.GetattrReq(ino=ROOT))
+            with pytest.raises(StripefsError) as lane:
+                await client.call(P.GetattrReq(ino=987654))
+        assert got == expected and service.lane.answered == answered + 2
+        assert (lane.value.code, lane.value.message) == (task_path.value.code, task_path.value.message)
+        nursery.cancel_scope.cancel()
+
+
+def test_frames_go_and_come_as_with_pyzmq_s_multipart_calls(ctx):
+    """fast_lane's recv_frames and send_frames (the lane's and the blocking client's, without
+    pyzmq's per-frame sugar) carry a message of several parts, a tracked frame (limits.ReplyQueues)
+    among them."""
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://test-frames")
+        b.connect("inproc://test-frames")
+        tracked = zmq.Frame(b"last" * 100, copy=False, track=True)
+        send_frames(a, [b"id", memoryview(b"header"), tracked])
+        frames = recv_frames(b)
+        assert [f.bytes for f in frames] == [b"id", b"header", b"last" * 100]
+        assert not frames[-1].more and all(f.more for f in frames[:-1])
+        send_frames(b, [b"one"])
+        assert [f.bytes for f in recv_frames(a, zmq.NOBLOCK)] == [b"one"]
+        with pytest.raises(zmq.Again):
+            recv_frames(a, zmq.NOBLOCK)
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
 
 
 async def test_a_lookup_that_carries_a_grant_or_opens_takes_the_task_path(tmp_path, ctx):
@@ -262,6 +302,32 @@ async def test_the_blocking_client_maps_errors_and_subtree_replies_as_the_trio_c
         assert service.lane.answered == answered + 5  # it found the lane (PingRsp.read_port) and asked there
         assert getattr_rsp.attr == lookup_rsp.attr == (await service.handle(P.GetattrReq(ino=d), [])).attr
         assert codes == [ErrorCode.NOT_FOUND, ErrorCode.NOT_FOUND, ErrorCode.INVALID]
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_blocking_client_asks_a_lookup_with_a_callback_at_the_daemon_s_address(tmp_path, ctx):
+    """A default mount's worker threads ask its cold lookups with a callback (client/thread_meta.py):
+    such a LookupReq goes to the main socket, where trio records the grant with the read, not to
+    the lane, which would only forward it there through its thread; the next read goes to the lane."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+        await service.handle(_create(b"f"), [])
+        await service.txn.commit_now()
+
+        def calls():
+            client = _blocking(ctx, service.config.listen)
+            try:
+                return (client.call(P.LookupReq(parent=ROOT, name=b"f", callback=True, session_id=sid)),
+                        client.call(P.GetattrReq(ino=ROOT)), client.call(P.LookupReq(parent=ROOT, name=b"f", callback=True, session_id=sid)))
+            finally:
+                client.close()
+
+        answered, passed = service.lane.answered, service.lane.passed
+        granted, attr, again = await trio.to_thread.run_sync(calls)
+        assert granted.callback >= 0 and again.callback >= 0 and service.callbacks.held(granted.attr.ino)
+        assert isinstance(attr, P.AttrRsp) and attr.attr.ino == ROOT
+        assert service.lane.passed == passed and service.lane.answered == answered + 1  # only the getattr was the lane's
         nursery.cancel_scope.cancel()
 
 
