@@ -204,7 +204,7 @@ class NodePool:
             request = p.WriteChunksReq(writes=[w for w, _ in batch], sync=sync)
             timeout = self.timeout + sum(len(d) for _, d in batch) / (64 << 20)  # a slow disk gets 1 s per 64 MiB more
             try:
-                rsp, _ = await self._call_with_caps(client, request, [d for _, d in batch], timeout=timeout, expect=p.WriteChunksRsp)
+                rsp, _ = await self._call_with_caps(client, request, shared_frames(batch), timeout=timeout, expect=p.WriteChunksRsp)
             except StripefsError as exc:
                 self.suspect(node_id, exc)
                 raise
@@ -250,6 +250,20 @@ def _inodes(request: p.Msg) -> list[int]:
         return [w.chunk.ino for w in request.writes]
     chunk = getattr(request, "chunk", None)
     return [chunk.ino] if chunk is not None else []
+
+
+def shared_frames(batch: list[tuple[p.WriteChunkReq, bytes | memoryview]]) -> list[zmq.Frame]:
+    """A batch's payloads as frames libzmq sends from the caller's memory (zero-copy), below
+    common/transport.py's ``COPY_THRESHOLD`` too. That threshold copies a lone small frame (one
+    reply: cheaper than zero-copy's hand-back through pyzmq's garbage-collector thread), but a
+    WriteChunksReq carries up to 64 of them: copied, each 110 KiB frame cost the sending (trio)
+    thread ~76 us (libzmq's fresh buffer: allocation, page faults, memcpy), zero-copy ~6 us,
+    and the whole process ~125 against ~57 us with pyzmq's collector thread counted (64 x 110 KiB
+    frames a message, tcp, bench figures in bench/README.md "Transport measurements"). The
+    caller's buffers are not changed while libzmq may hold them: a write-back's taken
+    ``DirtyChunk`` is never merged into again (client/write_back.py), and a retry sends the same
+    bytes."""
+    return [zmq.Frame(d, copy=False) for _, d in batch]
 
 
 def _batches(writes: list[tuple[p.WriteChunkReq, bytes | memoryview]]):

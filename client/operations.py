@@ -2270,7 +2270,7 @@ class Operations:
     def _keep_early(of: OpenFile, off: int, buf) -> int:
         """A write to a file whose create is not sent yet: kept until it is (the write-back sends
         both), no round trip here."""
-        of.keep_early(off, bytes(buf))
+        of.keep_early(off, bytearray(buf))  # (the one copy: ``_replay`` adopts it as the chunk's buffer)
         of.size = max(of.size, off + len(buf))
         of.mtime_ns = time.time_ns()
         return len(buf)
@@ -2296,6 +2296,8 @@ class Operations:
             of.size = of.attr.size
             return
         try:
+            if len(early) == 1 and early[0][0] == 0 and self.data.adopt(of, early[0][1]):
+                return  # a small file's one write: its buffer becomes the chunk's, not copied again
             for off, data in early:
                 if await self.data.write(of, off, data) < len(data):
                     raise StripefsError(ErrorCode.QUOTA_EXCEEDED, f"inode {of.ino}: a directory quota cut what was written")

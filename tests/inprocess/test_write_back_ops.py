@@ -429,3 +429,24 @@ async def test_a_file_written_again_while_queued_keeps_one_entry(mine, no_timer)
     assert not wb.holds(ino) and not wb.busy(mine.dir)
     assert wb._queued_bytes == 0
     assert await mine.read_file(mine.dir, b"twice") == b"a" * 100 + b"b" * 100
+
+
+async def test_a_small_file_s_kept_write_is_sent_from_the_buffer_it_was_copied_into(mine, rig, monkeypatch, no_timer):
+    """`cp -r` (issue 31): a copied file's one WRITE is copied once out of the FUSE request into what
+    the file keeps until its create is sent (``OpenFile.early``); applying it then (``_replay``)
+    copied it again into the chunk's buffer. Now that buffer is the kept one (``DataPath.adopt``):
+    the write-back hands the nodes that very memory, and another mount reads the file whole."""
+    nodes = mine.ops.data.nodes
+    real_many, sent = nodes.write_many, []
+    nodes.write_many = lambda node, writes, **kw: (sent.extend(d for _, d in writes), real_many(node, writes, **kw))[1]
+    data = os.urandom(110 * K)
+    fh, ino = await mine.create(mine.dir, b"copied once")
+    assert await _write_here(mine, ino, fh, 0, data) == len(data)
+    (kept,) = [buf for _, buf in mine.ops.files[ino].early]
+    await mine.close(fh)
+    await _closed(mine)
+    assert mine.ops.writeback.holds(ino), _why_not_held(mine, mine.ops.files[ino])
+    await mine.ops.writeback.flush()
+    assert sent and all(payload.obj is kept for payload in sent)  # every replica's payload: the kept buffer, not a copy
+    async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+        assert await other.read_file(mine.dir, b"copied once") == data
