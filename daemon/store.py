@@ -24,7 +24,6 @@ import re
 import sqlite3
 from typing import Callable, Iterable, Iterator, Sequence
 
-from ..common.protocol import Attr
 from .dialect import SQLITE, Dialect
 
 log = logging.getLogger(__name__)
@@ -205,11 +204,8 @@ class SqlStore:
         ]
 
     def nameless_in(self, inos: Sequence[int]) -> list[int]:
-        """Those of ``inos`` with no name left (nlink 0) that the trash does not hold: the orphans
-        among files sessions let go. A trashed file is freed by the trash's purge, never here (an
-        ``rm -rf`` with the trash on settles thousands of them: they cost no reclaim attempt each)."""
-        return [r[0] for r in self._select_in(
-            "SELECT ino FROM inodes WHERE nlink=0 AND ino IN ({}) AND ino NOT IN (SELECT ino FROM trash)", (), inos)]
+        """Those of ``inos`` with no name left (nlink 0): the orphans among files sessions let go."""
+        return [r[0] for r in self._select_in("SELECT ino FROM inodes WHERE nlink=0 AND ino IN ({})", (), inos)]
 
     def counts(self) -> dict[str, int]:
         """files, directories and logical bytes of regular files (live ones: not a snapshot's), all inodes."""
@@ -235,14 +231,6 @@ class SqlStore:
         return self._x(
             "SELECT dentries.cookie AS cookie, inodes.* FROM dentries JOIN inodes ON inodes.ino = dentries.ino"
             " WHERE dentries.parent=? AND dentries.name=?", (parent, name)).fetchone()
-
-    def entry_inodes_in(self, parent: int, names: Sequence[bytes]) -> dict[bytes, sqlite3.Row]:
-        """``entry_inode`` of each of ``names`` in ``parent`` that exists, by name, in one statement
-        per ``IN_PART`` names (a run of unlinks, daemon/namespace_bulk.py ``unlink_many``)."""
-        rows = self._select_in(
-            "SELECT dentries.name AS name, dentries.cookie AS cookie, inodes.* FROM dentries JOIN inodes ON inodes.ino = dentries.ino"
-            " WHERE dentries.parent=? AND dentries.name IN ({})", (parent,), list(dict.fromkeys(names)))
-        return {bytes(r["name"]): r for r in rows}
 
     def get_dentry(self, parent: int, name: bytes) -> sqlite3.Row | None:
         return self._x("SELECT * FROM dentries WHERE parent=? AND name=?", (parent, name)).fetchone()
@@ -314,20 +302,6 @@ class SqlStore:
             (parent, after, limit),
         ).fetchall()
 
-    #: ``list_dentries_open``'s columns: cookie, name, Attr's fields in order, the layout's, snapshot
-    OPEN_COLUMNS = ("d.cookie, d.name, " + ", ".join(f"i.{f}" for f in Attr.__struct_fields__)
-                    + ", i.chunk_size, i.stripe_count, i.redundancy, i.snapshot")
-
-    def list_dentries_open(self, parent: int, after: int, limit: int) -> list:
-        """``list_dentries`` with the columns of ``OPEN_COLUMNS`` in that order, read by position: a
-        listing with open information builds each entry's Attr and Layout from slices of its row
-        (``Attr(*row[2:13])``), not eleven lookups by name (issue 30: a dataset mount's cold walk)."""
-        return self._x(
-            f"SELECT {self.OPEN_COLUMNS} FROM dentries d JOIN inodes i ON i.ino = d.ino"
-            " WHERE d.parent=? AND d.cookie>? ORDER BY d.cookie LIMIT ?",
-            (parent, after, limit),
-        ).fetchall()
-
     # -- symlinks and xattrs -----------------------------------------------
 
     def insert_symlink(self, ino: int, target: bytes) -> None:
@@ -367,11 +341,6 @@ class SqlStore:
         for r in self._select_in("SELECT ino, idx, version, nodes FROM chunks WHERE ino IN ({}) ORDER BY ino, idx", (), inos):
             out.setdefault(r[0], {})[r[1]] = (r[2], decode_nodes(r[3]))
         return out
-
-    def chunk_maps_of(self, inos: Sequence[int]) -> list:
-        """The chunk rows ``(ino, idx, version, nodes)`` of many files, by ino and index, their nodes
-        as stored (text: ``decode_nodes``): a listing decodes each distinct node list once."""
-        return self._select_in("SELECT ino, idx, version, nodes FROM chunks WHERE ino IN ({}) ORDER BY ino, idx", (), inos)
 
     def put_new_chunks(self, rows: Iterable[tuple[int, int, int, Sequence[int]]]) -> None:
         """Chunk rows (ino, idx, version, nodes) of files created in this transaction (``put_chunk``
@@ -773,20 +742,6 @@ class SqlStore:
             "INSERT INTO trash (ino, parent, name, deleted_ns, roots) VALUES (?,?,?,?,?)",
             (ino, parent, name, deleted_ns, _encode_nodes(roots)),
         )
-
-    def trash_many(self, taken: Sequence[tuple[int, int, bytes, int, Sequence[int]]]) -> None:
-        """``put_trash`` of each (ino, parent, name, deleted_ns, roots) and its inode's nlink 0 and
-        ctime set, as ``Trash.take`` writes them one by one: one executemany per table
-        (``Trash.take_many``, which deletes the entries first)."""
-        if self._dirs is not None:
-            for t in taken:
-                self._dirs.pop(t[0], None)
-        self._xm("UPDATE inodes SET nlink=0, ctime_ns=? WHERE ino=?", [(t[3], t[0]) for t in taken])
-        self._xm("INSERT INTO trash (ino, parent, name, deleted_ns, roots) VALUES (?,?,?,?,?)",
-                 [(t[0], t[1], t[2], t[3], _encode_nodes(t[4])) for t in taken])
-
-    def delete_dentries(self, cookies: Sequence[int]) -> None:
-        self._xm("DELETE FROM dentries WHERE cookie=?", [(c,) for c in cookies])
 
     def get_trash(self, ino: int):
         """(ino, parent, name, deleted_ns, roots) of a trashed inode, or None."""
