@@ -59,7 +59,6 @@ from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from . import metrics, worker_threads
 from .meta_blocking import BlockingMetaClient
-from .thread_reads import _logged
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ class ThreadMeta:
         """(a worker thread) ``fn(*args)`` on the trio thread, soon (an exception logged there); nothing
         once trio's run is over (the mount is closing: what it owed ends with its session)."""
         try:
-            self._token.run_sync_soon(_logged, fn, *args)
+            self._token.run_sync_soon(worker_threads.logged_callback, fn, *args)
         except trio.RunFinishedError:
             pass
 

@@ -137,15 +137,6 @@ def decode_reply(frames) -> tuple[int, object] | None:
         return None
 
 
-def _logged(fn, *args) -> None:
-    """(trio thread) ``fn(*args)``, an exception logged: one raised by a run_sync_soon callback
-    would end trio's run, and the mount with it."""
-    try:
-        fn(*args)
-    except Exception:  # noqa: BLE001 - a bug: logged loudly, the mount goes on
-        log.exception("a thread read's callback on the trio thread failed")
-
-
 def _account(account: tuple, piece, seconds: float, network: float) -> None:
     """(trio thread) A READ answered here, attributed to its training job (Jobs.account)."""
     jobs, args, by_inode = account
@@ -345,7 +336,7 @@ class ThreadReads:
         metrics.READ_BYTES.inc(len(piece))
         if w.account is not None:
             try:
-                self._token.run_sync_soon(_logged, _account, w.account, piece, elapsed, 0.0 if cached else elapsed)
+                self._token.run_sync_soon(worker_threads.logged_callback, _account, w.account, piece, elapsed, 0.0 if cached else elapsed)
             except trio.RunFinishedError:
                 pass
 
@@ -459,6 +450,6 @@ class ThreadReads:
                     self.nodes.suspect(n, exc)
 
         try:
-            self._token.run_sync_soon(_logged, mark)
+            self._token.run_sync_soon(worker_threads.logged_callback, mark)
         except trio.RunFinishedError:
             pass

@@ -18,6 +18,15 @@ log = logging.getLogger(__name__)
 STOP_WAIT_S = 10.0
 
 
+def logged_callback(fn, *args) -> None:
+    """(trio thread) ``fn(*args)`` for a worker's ``run_sync_soon``, an exception logged: one raised
+    by a run_sync_soon callback would end trio's run, and the mount with it."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - a bug: logged loudly, the mount goes on
+        log.exception("a worker thread's callback on the trio thread failed")
+
+
 def start(work: Callable[[], None], name: str, count: int) -> list[threading.Thread]:
     """``count`` daemon threads running ``work``, named ``name-0``, ``name-1``..., started."""
     threads = [threading.Thread(target=work, name=f"{name}-{i}", daemon=True) for i in range(count)]

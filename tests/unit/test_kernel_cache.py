@@ -36,6 +36,18 @@ def _logged_feed(ctx, tmp_path):
     return feed, store, changed
 
 
+def _acking_cache() -> tuple[kc.KernelCache, list[int]]:
+    """A cache of mount 77 whose acknowledgements are recorded: (the cache, the acknowledged seqs)."""
+    acks: list[int] = []
+
+    async def send_ack(seq, everything, opened):
+        acks.append(seq)
+
+    cache = kc.KernelCache()
+    cache.send_ack, cache.own_writer = send_ack, 77
+    return cache, acks
+
+
 def test_names_are_remembered_and_forgotten():
     cache = kc.KernelCache()
     cache.remember(1, b"a", 10)
@@ -202,13 +214,7 @@ async def test_a_mounts_own_commit_keeps_its_grant_and_its_create_keeps_the_new_
     of that change or later; another mount's change still ends the grant and drops the name."""
     calls = []
     monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), sorted(names))))
-    acks = []
-
-    async def send_ack(seq, everything, opened):
-        acks.append(seq)
-
-    cache = kc.KernelCache()
-    cache.send_ack, cache.own_writer = send_ack, 77
+    cache, acks = _acking_cache()
     cache.remember(1, b"new", 10)
     cache.granted(10, 1, b"new", seq=5)  # the create's reply, as of its own change 5
     cache.apply([1], [(1, b"new")], seq=5, writer=77)  # the create's event
@@ -287,13 +293,7 @@ async def test_a_grant_older_than_this_mounts_own_changes_owes_no_acknowledgemen
     """Issue 31: during an rm -rf each lookup's grant is older than the mount's own latest unlinks;
     only changes of other mounts can be waiting for this one, so only they call for an AckReq."""
     monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: None)
-    acks = []
-
-    async def send_ack(seq, everything, opened):
-        acks.append(seq)
-
-    cache = kc.KernelCache()
-    cache.send_ack, cache.own_writer = send_ack, 77
+    cache, acks = _acking_cache()
     for seq in (1, 2, 3):
         cache.apply([1], [(1, b"gone%d" % seq)], seq=seq, writer=77)  # this mount's own unlinks
     cache.granted(10, 1, b"f", seq=1)  # a lookup answered as of change 1
@@ -311,13 +311,7 @@ async def test_a_grant_recorded_on_a_worker_thread_owes_what_trio_s_would(monkey
     wakes the flusher, a trio event) to trio only when an event of another mount above the grant
     was applied already: the same AckReqs as ``granted`` in trio."""
     monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: None)
-    acks = []
-
-    async def send_ack(seq, everything, opened):
-        acks.append(seq)
-
-    cache = kc.KernelCache()
-    cache.send_ack, cache.own_writer = send_ack, 77
+    cache, acks = _acking_cache()
     cache.apply([1], [(1, b"theirs")], seq=4, writer=99)  # another mount's change
     owed = await trio.to_thread.run_sync(cache.record_grant, 10, 1, b"f", 5)  # answered after it
     assert owed is False and cache.grants[10] == 5 and cache.grants[(1, b"f")] == 5
