@@ -1327,8 +1327,12 @@ class Operations:
         if named:
             self.kcache.remember_all(keys, named)  # readdirplus: the kernel now holds these names
         if not dirs and inos and (key in listing.pages or len(listing.pages) < PAGES_KEPT):
-            held = (self._dataset_info if self.dataset else self._held_info).get
+            held = self._held_map().get
             listing.pages[key] = _PlusPage(inos, list(map(held, inos)), data, keys, named)
+
+    def _held_map(self) -> OrderedDict:
+        """What the mount holds of files, as a kept READDIRPLUS page compares it (``_fill_again``)."""
+        return self._dataset_info if self.dataset else self._held_info
 
     def _fill_again(self, fh: int, listing: Listing, first: int, buf) -> bool:
         """(Feed healthy) Answer a READDIRPLUS page of files answered before (``Listing.pages``) with
@@ -1341,7 +1345,7 @@ class Operations:
         if page is None:
             return False
         inos = page.inos
-        held = (self._dataset_info if self.dataset else self._held_info).get
+        held = self._held_map().get
         if list(map(held, inos)) != page.held:
             return False
         wb = self.writeback

@@ -96,8 +96,8 @@ class ThreadMeta:
     def lookup(self, request: p.LookupReq, answer: Callable[[p.AttrRsp], None], fail: Callable[[int], None],
                slow: Callable[[], None]) -> bool:
         """(reader thread) As ``getattr``, for a LookupReq with no ``open_info`` (module docstring): a
-        NOT_FOUND, a reply that is not an AttrRsp, or one with a grant that was not asked, goes to
-        ``slow()``."""
+        NOT_FOUND is answered ENOENT when ``missing`` is set (else it goes to ``slow()``, as does a
+        reply that is not an AttrRsp, or one with a grant that was not asked)."""
         assert not request.open_info, request
         return self._put(request, answer, fail, slow)
 
@@ -128,7 +128,6 @@ class ThreadMeta:
                 return
             request, answer, fail, slow = job
             served, handed_back = self._counts[type(request)]
-            what = f"{type(request).__name__} {_subject(request)}"
             if self._closing:
                 handed_back.inc()
                 slow()
@@ -138,7 +137,7 @@ class ThreadMeta:
             except StripefsError as exc:
                 missing = exc.code == ErrorCode.NOT_FOUND and type(request) is p.LookupReq
                 if exc.code in _RETRYABLE or (missing and self.missing is None):
-                    log.debug("thread %s: %s; trio's path answers", what, exc.message)
+                    log.debug("thread %s: %s; trio's path answers", _what(request), exc.message)
                     handed_back.inc()
                     slow()
                 else:
@@ -148,12 +147,12 @@ class ThreadMeta:
                     fail(exc.errno)
                 continue
             except Exception:  # noqa: BLE001 - a bug: logged, trio's path answers
-                log.exception("a thread %s failed", what)
+                log.exception("a thread %s failed", _what(request))
                 handed_back.inc()
                 slow()
                 continue
             if type(reply) is not p.AttrRsp or (type(request) is p.LookupReq and reply.callback >= 0 and not request.callback):
-                log.warning("thread %s: unexpected %s; trio's path answers", what, type(reply).__name__)
+                log.warning("thread %s: unexpected %s; trio's path answers", _what(request), type(reply).__name__)
                 handed_back.inc()
                 slow()
                 continue
@@ -161,9 +160,11 @@ class ThreadMeta:
                 answer(reply)
                 served.inc()
             except Exception:  # noqa: BLE001 - a bug: logged; the request is answered EIO if it was not
-                log.exception("answering a thread %s failed", what)
+                log.exception("answering a thread %s failed", _what(request))
                 fail(errno.EIO)
 
 
-def _subject(request) -> str:
-    return f"of inode {request.ino}" if type(request) is p.GetattrReq else f"of {request.name!r} in {request.parent}"
+def _what(request) -> str:
+    """A request as its log lines name it (made only when one is written: not per request)."""
+    subject = f"of inode {request.ino}" if type(request) is p.GetattrReq else f"of {request.name!r} in {request.parent}"
+    return f"{type(request).__name__} {subject}"

@@ -177,9 +177,8 @@ def dirent_type(mode: int) -> int:
     return stat.S_IFMT(mode) >> 12
 
 
-_ZERO_ENTRY = bytes(abi.ENTRY_OUT_SIZE)
 #: READDIRPLUS's answer for a name whose attributes are not known true (nodeid 0: listed, no inode)
-ZERO_ENTRY = _ZERO_ENTRY
+ZERO_ENTRY = bytes(abi.ENTRY_OUT_SIZE)
 
 
 def dirent_record(name: bytes, off: int, ino: int, mode: int) -> bytes:
@@ -224,7 +223,7 @@ class DirentBuffer:
         if len(self._buf) + total > self.size:
             return False
         if self.plus:
-            self._buf += entry if entry is not None else _ZERO_ENTRY
+            self._buf += entry if entry is not None else ZERO_ENTRY
         self._buf += record
         return True
 
