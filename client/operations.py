@@ -788,8 +788,13 @@ class Operations:
                     self.kcache.granted(q.ino, q.parent, q.name, rsp.callback)
                     self._keep_held(q.ino, rsp.attr)
                 else:
+                    # no callback (the session is penalised or at its bound, the feed fell behind):
+                    # nothing will wait for this mount when another changes the name, which the
+                    # kernel was told to keep as long as a held one (``_entry``): it forgets it, and
+                    # the next lookup caches it as any unheld file's name
                     self.kcache.let_go(q.ino, q.parent, q.name)
                     self._held_info.pop(q.ino, None)
+                    self.kcache.drop_name(q.parent, q.name)
         if isinstance(rsp, p.ErrorRsp):
             self.kcache.drop_name(q.parent, q.name)
             self.kcache.drop_inode(q.ino)

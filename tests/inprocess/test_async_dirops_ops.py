@@ -320,3 +320,34 @@ async def test_a_rename_refused_after_the_answer_drops_both_names_and_fails_the_
             await mine.ops.meta.call(P.QuotaSetReq(ino=d2, max_inodes=0))
 
     await in_held_directory(mine, body)
+
+
+async def test_a_create_answered_here_but_granted_no_callback_is_forgotten_by_the_kernel(mine, rig, monkeypatch):
+    """A create answered here gives the kernel its name for as long as a held name. When the daemon's
+    answer then grants no callback (here: the session was penalised for a wait that ran out), no
+    change elsewhere waits for this mount any more, so the kernel must forget the name: else a file
+    converted or renamed over by another client keeps its old inode here until the entry times out
+    (a `layout convert` seen as not done, once, in CI)."""
+    await delegated_numbers(mine)
+    elsewhere = await mine.mkdir(ROOT_ID, b"%s_elsewhere" % mine.ops.kcache.own_writer.to_bytes(8, "big").hex().encode())
+    fh, held = await mine.create(elsewhere, b"held")
+    await mine.close(fh)
+    await mine.ops.dirops.flush()
+
+    async def never_acknowledge(*_args):
+        pass
+
+    monkeypatch.setattr(mine.ops.kcache, "send_ack", never_acknowledge)
+    with pytest.MonkeyPatch.context() as theirs_patch:  # (their kernel's invalidations are theirs: undone after)
+        async with open_fs(rig, Kernel(theirs_patch), "theirs") as theirs:
+            # a change of a file this mount holds waits for its acknowledgement, runs out (WAIT_S),
+            # and the daemon penalises the session: no callback for it from then on
+            with trio.fail_after(30):
+                await theirs.setattr(held, st_mode=0o100600)
+    fh, ino = await mine.create(mine.dir, b"after")  # the directory is still held here: answered here
+    await mine.close(fh)
+    assert mine.ops.dirops.pending(ino)
+    await mine.ops.dirops.flush()
+    await mine.ops.kcache.flush_pending()
+    assert ino not in mine.ops.kcache.grants and (mine.dir, b"after") not in mine.ops.kcache.grants
+    assert (mine.dir, b"after") in mine.kernel.invalidated_entries
