@@ -115,7 +115,10 @@ def test_status_json_matches_the_cluster_after_a_node_is_killed(cluster, mnt):
     (mnt / "striped").write_bytes(os.urandom(320 * MiB))
     # a node's chunk count comes with its heartbeat (every second): wait for the one after the write
     before = _wait_status(cluster, lambda s: all(n["chunks"] > 0 for n in s["nodes"]), "nodes never reported their chunks", timeout=10)
-    assert before["health"] == "ok" and before["nodes_up"] == before["nodes_total"] == 4
+    # (what made it degraded, if it is: once seen in CI, cause unknown)
+    why = {k: before[k] for k in ("nodes_up", "degraded_chunks", "under_replicated", "repair")}
+    why["states"] = {n["node_id"]: (n["state"], n["last_heartbeat_age_s"]) for n in before["nodes"]}
+    assert before["health"] == "ok" and before["nodes_up"] == before["nodes_total"] == 4, why
     assert before["degraded_chunks"] == 0
     assert before["leader"] and before["leader"] == before["daemon"]  # one daemon (SQLite): it leads
     on_node4 = next(n for n in before["nodes"] if n["node_id"] == 4)["chunks"]
