@@ -75,7 +75,7 @@ import stat
 import struct
 import time
 from collections import OrderedDict, deque
-from typing import Callable, NamedTuple
+from typing import Awaitable, Callable, NamedTuple
 
 import msgspec
 import trio
@@ -310,45 +310,58 @@ class Operations:
     async def _before_ack(self, touched: set[int] | None) -> None:
         """Before this mount acknowledges another's change or read (client/kernel_cache.py): what it
         answered and has not sent yet goes first, creates before the files written back; with closes
-        that send nothing, the write sessions of what the change touched too (``_commit_written``)."""
+        that send nothing, the write sessions of what the change touched too (``_commit_written``).
+        Only the write-back of what the change touched is waited for (``WriteBack.busy``: the files,
+        or files in the directories, whose grants it ended; anything, after a full drop): an
+        acknowledgement that waited for every small file queued here (up to MAX_QUEUED_BYTES on
+        their way to the nodes) ran past the daemon's ``WAIT_S`` on a loaded machine, and the mount
+        was penalised (no callbacks for a minute, every later change elsewhere seen only once its
+        event arrives)."""
         await self.dirops.flush()
-        if self.silent_close:
-            await self._commit_written(touched)
-        if self.writeback is not None:
-            await self.writeback.flush()
+        work = self._commits_written(touched) if self.silent_close else []
+        if self.writeback is not None and self.writeback.busy(*(touched or ())):
+            work.append(self.writeback.flush)
+        await self._finish_before_ack(work)
 
     async def _commit_written(self, touched: set[int] | None) -> None:
+        """Commit the write sessions of ``touched`` (``_commits_written``), as before an acknowledgement."""
+        await self._finish_before_ack(self._commits_written(touched))
+
+    def _commits_written(self, touched: set[int] | None) -> list[Callable[[], Awaitable[None]]]:
         """Before this mount acknowledges changes that ended its grants on ``touched`` (files, and
         directories it created files in; None: anything): the write sessions of those files are
         committed, since the acknowledgement ends their write marks (or the directory's hold that
         covered them) and a read elsewhere follows it. Their marks are dropped first, so a WRITE from
-        here on marks its file again before it is answered (``_mark``). A commit that takes long (a
-        storage node that died under the write: its request timeouts) is told to the daemon every
-        ``COMMITTING_S / 4`` (AckReq.committing), which then waits on for this mount past its usual
-        ``WAIT_S``; past ``ACK_COMMIT_S`` the acknowledgement goes without the commit, which goes on,
-        and the reader sees what was last committed until it lands."""
+        here on marks its file again before it is answered (``_mark``). The commits, to run."""
         with self.lock:
             files = [of for of in self.files.values() if touched is None or of.ino in touched or of.parent in touched]
         for of in files:
             of.marked = False
-        dirty = [of for of in files if _written(of)]
-        if not dirty:
+        return [functools.partial(self._commit_quietly, of) for of in files if _written(of)]
+
+    async def _finish_before_ack(self, work: list[Callable[[], Awaitable[None]]]) -> None:
+        """Run ``work`` (commits, the write-back's flush) before an acknowledgement. Work that takes
+        long (a storage node that died under the write: its request timeouts) is told to the daemon
+        every ``COMMITTING_S / 4`` (AckReq.committing), which then waits on for this mount past its
+        usual ``WAIT_S``; past ``ACK_COMMIT_S`` the acknowledgement goes without it, it goes on, and
+        the reader sees what was last committed until it lands."""
+        if not work:
             return
-        # each commit in a task of its own, waited for at most ACK_COMMIT_S: a commit cut short would
+        # each in a task of its own, waited for at most ACK_COMMIT_S: a commit cut short would
         # throw its write session away (client/striping.py), so one that takes longer goes on after
         # the acknowledgement instead
-        done, left = trio.Event(), [len(dirty)]
+        done, left = trio.Event(), [len(work)]
 
-        async def commit(of: OpenFile) -> None:
+        async def run(job) -> None:
             try:
-                await self._commit_quietly(of)
+                await job()
             finally:
                 left[0] -= 1
                 if not left[0]:
                     done.set()
 
-        for of in dirty:
-            self.data.nursery.start_soon(commit, of, name=f"commit-before-ack-{of.ino}")
+        for job in work:
+            self.data.nursery.start_soon(run, job, name="before-ack")
         give_up = trio.current_time() + ACK_COMMIT_S
         while True:
             with trio.move_on_after(p.COMMITTING_S / 4):

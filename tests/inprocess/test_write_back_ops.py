@@ -450,3 +450,20 @@ async def test_a_small_file_s_kept_write_is_sent_from_the_buffer_it_was_copied_i
     assert sent and all(payload.obj is kept for payload in sent)  # every replica's payload: the kept buffer, not a copy
     async with open_fs(rig, Kernel(monkeypatch), "other") as other:
         assert await other.read_file(mine.dir, b"copied once") == data
+
+
+async def test_an_acknowledgement_waits_only_for_the_write_back_of_what_the_change_touched(mine, rig, monkeypatch, no_timer):
+    """Another mount's change of a file this mount holds waits for its acknowledgement. The
+    acknowledgement sends first what the change must see (the files, or files in directories, whose
+    grants it ended) but not every small file queued here: up to MAX_QUEUED_BYTES on their way to the
+    nodes made it run past the daemon's wait on a loaded machine, and the mount was penalised."""
+    (elsewhere,) = await _write_files(mine, [(b"elsewhere", b"e" * 100)], held=False)
+    await mine.ops.writeback.flush()  # committed: held here, nothing of it waits
+    queued = await _write_files(mine, [(b"q%d" % i, os.urandom(5000)) for i in range(3)])
+    with pytest.MonkeyPatch.context() as theirs_patch:  # (their kernel's invalidations are theirs: undone after)
+        async with open_fs(rig, Kernel(theirs_patch), "theirs") as theirs:
+            with trio.fail_after(10):  # their change of a file this mount holds: waits for its acknowledgement
+                await theirs.setattr(elsewhere, st_mode=0o100600)
+            assert all(mine.ops.writeback.holds(ino) for ino in queued)  # not what the change touched
+            assert await theirs.read_file(mine.dir, b"q1") == (await mine.read_file(mine.dir, b"q1"))
+    assert not any(mine.ops.writeback.holds(ino) for ino in queued)
