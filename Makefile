@@ -105,9 +105,10 @@ cluster: install
 # (replicas=2 and ec=4+2) and mmap mode (with and without: 2x that per layout), the four runs at once on a
 # cluster each, random seeds (printed, with the line that replays a failure), a storage node kill -9ed and
 # restarted every FUZZ_DATAPATH_KILL_EVERY operations, the directory snapshotted every FUZZ_DATAPATH_SNAPSHOT_EVERY
-# operations and each snapshot checked against the models' history. About 2.3-2.7 h on 2 cores at a load of 3-8
-# (timed at 3,000-6,000 operations per run: the slowest run, EC, 51-60 ops/s), ~3.9 h at a load of 9-14 (10,000
-# per run, 36 ops/s: docs/design.md, "The storage node's write path"); each run saves a checkpoint
+# operations and each snapshot checked against the models' history. About 3.0 h on 2 cores at a load of 5-12
+# (timed at 6,000 operations per run: the slowest run, EC with mmap, 47 ops/s), ~3.8 h at a load of 9-12 (10,000
+# per run with a kill every 5,000, 37 ops/s), 2.3-2.7 h at a load of 3-8 in earlier rounds (docs/design.md, "The storage node's
+# write path", fifth round); each run saves a checkpoint
 # in FUZZ_CHECKPOINTS every 10,000 operations, and `make fuzz-resume` finishes a run that was stopped.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_DATAPATH_OPS ?= 500000

@@ -192,7 +192,7 @@ class EcPath:
 
     async def _prefetch(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> None:
         try:
-            await self._fragment(ino, c, ref, part)
+            await self._fragment(ino, c, ref, part, ahead=True)
         except StripefsError as exc:
             # a degraded stripe, or the file changed meanwhile: the real read will decode or say so
             log.debug("prefetch of fragment %d of stripe %d:%d failed: %s", part, ino, ref.index, exc)
@@ -254,8 +254,9 @@ class EcPath:
                 await wake.wait()
         return dict(results), dict(failures)
 
-    async def _fragment(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int) -> bytes | memoryview:
-        """Data fragment ``part``'s stored payload (maybe shorter than fps: the rest is zeros), cached."""
+    async def _fragment(self, ino: int, c: StripeCodec, ref: p.ChunkRef, part: int, *, ahead: bool = False) -> bytes | memoryview:
+        """Data fragment ``part``'s stored payload (maybe shorter than fps: the rest is zeros), cached;
+        ``ahead``: fetched before any read asked (the cache's read-ahead accounting)."""
         nodes = self.nodes
 
         async def load():
@@ -268,7 +269,7 @@ class EcPath:
             _, data = await nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
             return data
 
-        return await self.cache.fetch((ino, ref.index, ref.version, 1 + part), load)
+        return await self.cache.fetch((ino, ref.index, ref.version, 1 + part), load, prefetch=ahead)
 
     async def stripe(self, ino: int, c: StripeCodec, ref: p.ChunkRef, *, quiet: bool = False) -> bytes | memoryview:
         """The whole stripe (chunk_size bytes), cached: from the data fragments, or decoded."""
