@@ -19,6 +19,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
+
+from stripefs import page_cache
 from typing import Callable
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -70,10 +72,10 @@ def syncfs(path: Path) -> None:
 
 
 def drop_caches() -> bool:
-    os.sync()
+    """sync + drop the page cache, dentries and inodes, once no test on this machine keeps them
+    (stripefs/page_cache.py: a drop inside a warm test fails it)."""
     try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        page_cache.drop("3", note=progress)
         return True
     except OSError as exc:
         progress(f"WARNING: cannot drop the page cache ({exc}); 'cold' reads may be warm")

@@ -91,6 +91,8 @@ from pathlib import Path
 
 import xxhash
 
+from stripefs import page_cache
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import profiling  # noqa: E402
 from common import (BENCH_DIR, CLK_TCK, KiB, MiB, RESULTS, BenchError, Cluster, check_workdir,  # noqa: E402
@@ -167,10 +169,8 @@ def read_calls(pid: int) -> int:
         return int(next(line for line in f if line.startswith("syscr:")).split()[1])
 
 
-def cache_drops() -> int:
-    """How often anyone wrote /proc/sys/vm/drop_caches (the page cache, or dentries and inodes)."""
-    with open("/proc/vmstat") as f:
-        return sum(int(line.split()[1]) for line in f if line.startswith(("drop_pagecache ", "drop_slab ")))
+#: how often anyone wrote /proc/sys/vm/drop_caches (the page cache, or dentries and inodes)
+cache_drops = page_cache.drops
 
 
 def free_port() -> int:

@@ -44,6 +44,8 @@ import threading
 import time
 from pathlib import Path
 
+from stripefs import page_cache
+
 BENCH = Path(__file__).resolve().parent
 MiB, GiB = 1 << 20, 1 << 30
 FILE = 64 * MiB
@@ -61,9 +63,8 @@ def status(state: Path) -> dict:
 
 
 def drop_caches() -> None:
-    os.sync()  # the storage nodes' dirty chunk files first: their writeback would slow the next reader
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    try:  # (synced first: the storage nodes' dirty chunk files' writeback would slow the next reader)
+        page_cache.drop("3")  # once no test keeps the caches (stripefs/page_cache.py)
     except OSError:
         pass
 

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from stripefs import page_cache
+
 from common import BenchError, progress
 
 DIRS = 4
@@ -41,9 +43,8 @@ WRITTEN_BYTES = 4096  # stat written: each file gets this much, written and clos
 
 
 def _drop_dentries() -> None:
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("2\n")  # dentries and inodes: FUSE forgets them, the next stat is a LOOKUP
+    try:  # dentries and inodes: FUSE forgets them, the next stat is a LOOKUP (once no test keeps them)
+        page_cache.drop("2", note=progress, sync=False)
     except OSError as exc:
         progress(f"WARNING: cannot drop dentries ({exc}): stat rates are kernel cache hits")
 

@@ -40,6 +40,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from stripefs import page_cache
+
 from common import BenchError, Cluster, check_workdir, proc_cpu, progress
 
 #: what drop_caches drops before each timed epoch (--drop): 3, pages, dentries and inodes; 1, pages only
@@ -47,9 +49,7 @@ DROP = "3"
 
 
 def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write(DROP + "\n")
+    page_cache.drop(DROP, note=progress)  # synced first, once no test keeps the caches (stripefs/page_cache.py)
 
 GOAL = 0.7
 GOAL_ROW = "passthrough"

@@ -37,6 +37,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from stripefs import page_cache
+
 BENCH = Path(__file__).resolve().parent
 MiB = 1 << 20
 CHUNK = 4 * MiB
@@ -52,9 +54,8 @@ def cli(*args: str, timeout: float = 900) -> str:
 
 
 def drop_caches() -> None:
-    os.sync()
     try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        page_cache.drop("3")  # synced first, once no test keeps the caches (stripefs/page_cache.py)
     except OSError:
         print("WARNING: cannot drop caches (not root): the read-triggered recall may be served by the page cache",
               file=sys.stderr)

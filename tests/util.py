@@ -14,7 +14,8 @@ share are kept apart here:
   cannot pick the same port;
 * the kernel's page cache, dentries and inodes, which are the machine's: ``drop_caches()``
   waits for tests that need theirs kept (``caches_kept()``, the ``warm_caches`` mark) and
-  they wait for it, across workers and test runs (a lock file in the temp dir).
+  they wait for it, across workers and test runs, and so do the benches' drops (the lock of
+  stripefs/page_cache.py, a file in the temp dir).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
@@ -30,9 +30,10 @@ from typing import Callable, Iterator, TypeVar
 import pytest
 import trio
 
+from stripefs import page_cache
 from stripefs.local_cluster import PORTS_ENV, free_port, port_range
 
-__all__ = ["free_port", "free_address", "drop_caches", "caches_kept", "eventually", "eventually_async", "configure"]
+__all__ = ["free_port", "free_address", "drop_caches", "caches_kept", "cache_drops", "eventually", "eventually_async", "configure"]
 
 T = TypeVar("T")
 
@@ -58,23 +59,16 @@ def worker_ports() -> None:
 
 # -- the page cache ------------------------------------------------------------------------------
 
-#: one lock for every test process on the machine: the caches it guards are the machine's
-_CACHE_LOCK = os.path.join(tempfile.gettempdir(), "stripefs-tests-page-cache.lock")
-_cache_fd: int | None = None
 _kept = 0  # caches_kept() sections open in this process
-
-
-def _lock_fd() -> int:
-    global _cache_fd
-    if _cache_fd is None:
-        _cache_fd = os.open(_CACHE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    return _cache_fd
+_lock_fd = page_cache.lock_fd  # one lock for every test and bench process on the machine (stripefs/page_cache.py)
 
 
 @contextmanager
 def caches_kept() -> Iterator[None]:
-    """While inside, no test process on this machine drops the kernel's caches (``drop_caches`` waits):
-    for a test that asserts what is in the page cache, or counts the requests a warm kernel spares."""
+    """While inside, no test process on this machine drops the kernel's caches (``drop_caches`` waits),
+    nor does a bench (stripefs/page_cache.py ``drop``, for up to a minute): for a test that asserts
+    what is in the page cache, or counts the requests a warm kernel spares. ``cache_drops()`` tells
+    whether one happened anyway (a program that knows nothing of the lock)."""
     global _kept
     if _kept == 0:
         fcntl.flock(_lock_fd(), fcntl.LOCK_SH)
@@ -87,6 +81,11 @@ def caches_kept() -> Iterator[None]:
             fcntl.flock(_lock_fd(), fcntl.LOCK_UN)
 
 
+def cache_drops() -> int:
+    """Drops of the page cache or of dentries and inodes on this machine so far, by anyone (/proc/vmstat)."""
+    return page_cache.drops()
+
+
 def drop_caches() -> None:
     """Write dirty pages back (``sync``), then drop the page cache, dentries and inodes:
     the next read goes to the mount. Raises when the kernel does not take the write
@@ -97,10 +96,8 @@ def drop_caches() -> None:
     fd = _lock_fd()
     fcntl.flock(fd, fcntl.LOCK_EX)  # converts this process's shared lock, if it holds one
     try:
-        os.sync()
         try:
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3\n")
+            page_cache.write_drop("3")
         except OSError as exc:
             raise AssertionError(f"cannot drop the kernel's caches, so this read would not be cold: {exc}") from exc
     finally:

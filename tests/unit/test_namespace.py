@@ -481,3 +481,53 @@ def test_statfs_counts_a_shared_file_system_once_and_used_as_what_is_stored(w):
                                              chunks=1, filesystem=fs))
     total, free, used, _ = w.ns.statfs()
     assert total == 2 << 40 and free == 2 << 39 and used == 13 << 30
+
+
+def test_listing_open_info_is_each_files_open_info(w):
+    """``readdir_open_info`` builds a page's entries from row positions and shares a page's layouts
+    and node lists among its files (issue 30): what it says of each file is what ``readdir`` and
+    ``open_info`` say, for files of two layouts, of one chunk, several (their nodes' union), none,
+    with a lost copy (node 0), in a snapshot (chunks read under the live file's ids), page by page
+    and with a filter."""
+    d = w.ns.mkdir(ROOT, b"d", 0o755, 0, 0).ino
+    inos = [w.ns.create(d, b"a%d" % i, 0o644, 0, 0)[0] for i in range(4)]
+    w.ns.set_layout(d, chunk_size=1 << 16, stripe_count=3, redundancy="replicas=1")
+    inos += [w.ns.create(d, b"b%d" % i, 0o644, 0, 0)[0] for i in range(3)]
+    w.ns.mkdir(d, b"sub", 0o755, 0, 0)
+    bare = w.ns.mknod(d, b"bare", stat.S_IFREG | 0o644, 0, 0, 0).ino  # no chunk
+    w.ns.symlink(d, b"link", b"a0", 0, 0)
+    version = w.ns.alloc_epoch()[0]
+    refs, _ = w.ns.alloc_chunks(inos[1], [0, 1, 2, 3, 4])  # several chunks, several placements
+    w.ns.commit(inos[1], 5 << 20, 1, [P.ChunkRef(index=r.index, version=version, nodes=r.nodes) for r in refs])
+    w.atomically(lambda: w.store.put_chunk(inos[2], 0, version, [0, 2], fresh=False))  # a lost copy
+    snap = w.ns.snapshots.create(d, b"s")[1]
+
+    def check(ino, limit, wanted=lambda attr, layout: True):
+        after, names, files = 0, [], []
+        while True:
+            entries, more, infos = w.ns.readdir_open_info(ino, after, limit, wanted)
+            listed, more_too = w.ns.readdir(ino, after, limit)
+            assert (entries, more) == (listed, more_too)
+            names += [e.name for e in entries]
+            files += infos
+            if not more:
+                return names, files
+            after = entries[-1].cookie
+
+    for ino in (d, snap):
+        for limit in (1, 3, 1000):
+            names, files = check(ino, limit)
+            regular = [w.ns.lookup(ino, n) for n in names if stat.S_ISREG(w.ns.lookup(ino, n).mode)]
+            assert [f[0] for f in files] == regular and len(regular) == 8
+            for attr, layout, chunks, nodes in files:
+                assert (attr, layout, chunks, nodes) == tuple(w.ns.open_info(attr.ino))
+        by_ino = {f[0].ino: f for f in check(ino, 1000)[1]}
+        assert len({f[1] for f in by_ino.values()}) == 2  # two layouts
+        assert {c.data_ino for c in by_ino[w.ns.lookup(ino, b"a1").ino][2]} == ({0} if ino == d else {inos[1]})
+    files = check(d, 1000)[1]
+    by_ino = {f[0].ino: f for f in files}
+    assert len(by_ino[inos[1]][2]) == 5 and len(by_ino[inos[1]][3]) == 3  # the union of its chunks' nodes
+    assert by_ino[inos[2]][2][0].nodes == [0, 2] and [a.node_id for a in by_ino[inos[2]][3]] == [2]
+    assert by_ino[bare][2:] == ([], [])
+    small = check(d, 2, lambda attr, layout: layout.chunk_size == 1 << 16)[1]
+    assert sorted(f[0].ino for f in small) == sorted(inos[4:] + [bare])  # bare: made after set_layout
