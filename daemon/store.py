@@ -204,8 +204,11 @@ class SqlStore:
         ]
 
     def nameless_in(self, inos: Sequence[int]) -> list[int]:
-        """Those of ``inos`` with no name left (nlink 0): the orphans among files sessions let go."""
-        return [r[0] for r in self._select_in("SELECT ino FROM inodes WHERE nlink=0 AND ino IN ({})", (), inos)]
+        """Those of ``inos`` with no name left (nlink 0) that the trash does not hold: the orphans
+        among files sessions let go. A trashed file is freed by the trash's purge, never here (an
+        ``rm -rf`` with the trash on settles thousands of them: they cost no reclaim attempt each)."""
+        return [r[0] for r in self._select_in(
+            "SELECT ino FROM inodes WHERE nlink=0 AND ino IN ({}) AND ino NOT IN (SELECT ino FROM trash)", (), inos)]
 
     def counts(self) -> dict[str, int]:
         """files, directories and logical bytes of regular files (live ones: not a snapshot's), all inodes."""
