@@ -755,8 +755,9 @@ class SqlStore:
         )
 
     def trash_many(self, taken: Sequence[tuple[int, int, bytes, int, Sequence[int]]]) -> None:
-        """``put_trash`` of each (ino, parent, name, deleted_ns, roots), its entry (by cookie) deleted
-        and its inode's nlink 0 and ctime set, as ``Trash.take`` one by one (``Trash.take_many``)."""
+        """``put_trash`` of each (ino, parent, name, deleted_ns, roots) and its inode's nlink 0 and
+        ctime set, as ``Trash.take`` writes them one by one: one executemany per table
+        (``Trash.take_many``, which deletes the entries first)."""
         if self._dirs is not None:
             for t in taken:
                 self._dirs.pop(t[0], None)
