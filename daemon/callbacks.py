@@ -167,7 +167,8 @@ class Callbacks:
         self._client: dict[int, int] = {}  # session -> its OnceReq client id
         self._penalty: dict[tuple, float] = {}  # offender (_offender) -> until when it gets no callback
         self._last_penalty: dict[tuple, float] = {}  # offender -> its last penalty's length (doubled next time)
-        self._heard = trio.Event()  # set (and replaced) on every acknowledgement
+        self._heard = trio.Event()  # set (and replaced) on every acknowledgement, while a change waits
+        self._waiting = 0  # changes waiting in ``settle`` (none: nobody to wake, no Event made per revoke)
         self._committing: dict[int, float] = {}  # session -> until when a change waits for it (AckReq.committing)
         self.marks = 0  # write marks held (keys ("w", ino)): none, and no read looks for one
         self._grace_until = 0.0
@@ -299,28 +300,38 @@ class Callbacks:
         freed: list[int] = []
         if waiting:
             self.waits += 1
-            start = trio.current_time()
-            late: set[int] = set()
-            while True:
-                still = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and self._holds(sid, keys, seq)}
-                if trio.current_time() - start > LATE_S:  # (a plain socket's peers are trusted: slow, not hostile)
-                    late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq and self.owner(sid) is not None
-                             and self._committing.get(sid, -math.inf) < start}  # (one that said it commits is not late)
-                waiting = still
-                if not waiting:
-                    break
-                heard = self._heard
-                with trio.move_on_at(self._deadline(waiting, start)):
-                    await heard.wait()
-                    continue
-                for sid in waiting:
-                    self.timeouts += 1
-                    freed += self._penalize(sid, f"did not acknowledge change {seq} within {WAIT_S:.0f}s (answered without it)")
-                break
-            for sid in late:
-                self.late += 1
-                freed += self._penalize(sid, f"acknowledged change {seq} after more than {LATE_S:.0f}s")
+            self._waiting += 1
+            try:
+                freed += await self._wait_for(seq, keys, waiting)
+            finally:
+                self._waiting -= 1
         return freed + self._revoke(keys, seq, mine, files_too=not entries)
+
+    async def _wait_for(self, seq: int, keys: list, waiting: set[int]) -> list[int]:
+        """``settle``'s wait for ``waiting`` (the rules above): the inodes penalties freed."""
+        freed: list[int] = []
+        start = trio.current_time()
+        late: set[int] = set()
+        while True:
+            still = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and self._holds(sid, keys, seq)}
+            if trio.current_time() - start > LATE_S:  # (a plain socket's peers are trusted: slow, not hostile)
+                late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq and self.owner(sid) is not None
+                         and self._committing.get(sid, -math.inf) < start}  # (one that said it commits is not late)
+            waiting = still
+            if not waiting:
+                break
+            heard = self._heard
+            with trio.move_on_at(self._deadline(waiting, start)):
+                await heard.wait()
+                continue
+            for sid in waiting:
+                self.timeouts += 1
+                freed += self._penalize(sid, f"did not acknowledge change {seq} within {WAIT_S:.0f}s (answered without it)")
+            break
+        for sid in late:
+            self.late += 1
+            freed += self._penalize(sid, f"acknowledged change {seq} after more than {LATE_S:.0f}s")
+        return freed
 
     def _holds(self, session: int, keys, seq: int) -> bool:
         """``session`` still holds one of ``keys`` granted before change ``seq``. One it held no
@@ -331,9 +342,10 @@ class Callbacks:
 
     def _wake(self) -> None:
         """Every waiting change looks again at who it waits for (an acknowledgement came, or a
-        holding ended)."""
-        self._heard.set()
-        self._heard = trio.Event()
+        holding ended); nothing to do while none waits (a revoke per unlink of an ``rm -rf``)."""
+        if self._waiting:
+            self._heard.set()
+            self._heard = trio.Event()
 
     def _deadline(self, waiting: set[int], start: float) -> float:
         """Until when a change that began waiting at ``start`` waits for ``waiting``: ``WAIT_S``, or
@@ -377,7 +389,9 @@ class Callbacks:
         writer tag (``protocol.writer_tag``), not a client id."""
         entries = [tuple(e) for e in entries]
         inodes = list(inodes)
-        keys = [*inodes, *(("w", ino) for ino in inodes), *entries, *{("dir", parent) for parent, _ in entries}]
+        keys = [*inodes, *(("w", ino) for ino in inodes)] if self.marks else inodes  # (no mark held: no ("w", ino) key)
+        keys += entries
+        keys += {("dir", parent) for parent, _ in entries}
         waiting: set[int] = set()
         mine: set[int] = set()
         for key in keys:
