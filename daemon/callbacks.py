@@ -23,7 +23,11 @@ The rules
   ``WAIT_S`` passed. Then those holdings are gone, on both sides: the mount
   forgets a key when it applies an event ``n > g`` touching it, the daemon
   when it settled such a change. A holding granted at ``g >= n`` already saw
-  the change and stays.
+  the change and stays. A change waits only for sessions that still hold one
+  of its keys (``_holds``): one whose holdings of them an earlier change ended
+  (it acknowledged that one) or a penalty took owes no acknowledgement, since
+  its mount acknowledges only events that end a grant it has, and every
+  holding that ends wakes the waiting changes to look again.
 * The session that made the change (its OnceReq ``client_id``, told at
   HelloReq) never waits for itself and keeps its holdings of names and
   directories: its own reply tells it, and the feed names the writer
@@ -163,7 +167,8 @@ class Callbacks:
         self._client: dict[int, int] = {}  # session -> its OnceReq client id
         self._penalty: dict[tuple, float] = {}  # offender (_offender) -> until when it gets no callback
         self._last_penalty: dict[tuple, float] = {}  # offender -> its last penalty's length (doubled next time)
-        self._heard = trio.Event()  # set (and replaced) on every acknowledgement
+        self._heard = trio.Event()  # set (and replaced) on every acknowledgement, while a change waits
+        self._waiting = 0  # changes waiting in ``settle`` (none: nobody to wake, no Event made per revoke)
         self._committing: dict[int, float] = {}  # session -> until when a change waits for it (AckReq.committing)
         self.marks = 0  # write marks held (keys ("w", ino)): none, and no read looks for one
         self._grace_until = 0.0
@@ -295,28 +300,52 @@ class Callbacks:
         freed: list[int] = []
         if waiting:
             self.waits += 1
-            start = trio.current_time()
-            late: set[int] = set()
-            while True:
-                still = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and sid in self._held}
-                if trio.current_time() - start > LATE_S:  # (a plain socket's peers are trusted: slow, not hostile)
-                    late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq and self.owner(sid) is not None
-                             and self._committing.get(sid, -math.inf) < start}  # (one that said it commits is not late)
-                waiting = still
-                if not waiting:
-                    break
-                heard = self._heard
-                with trio.move_on_at(self._deadline(waiting, start)):
-                    await heard.wait()
-                    continue
-                for sid in waiting:
-                    self.timeouts += 1
-                    freed += self._penalize(sid, f"did not acknowledge change {seq} within {WAIT_S:.0f}s (answered without it)")
-                break
-            for sid in late:
-                self.late += 1
-                freed += self._penalize(sid, f"acknowledged change {seq} after more than {LATE_S:.0f}s")
+            self._waiting += 1
+            try:
+                freed += await self._wait_for(seq, keys, waiting)
+            finally:
+                self._waiting -= 1
         return freed + self._revoke(keys, seq, mine, files_too=not entries)
+
+    async def _wait_for(self, seq: int, keys: list, waiting: set[int]) -> list[int]:
+        """``settle``'s wait for ``waiting`` (the rules above): the inodes penalties freed."""
+        freed: list[int] = []
+        start = trio.current_time()
+        late: set[int] = set()
+        while True:
+            still = {sid for sid in waiting if self._acked.get(sid, 0) < seq and self.alive(sid) and self._holds(sid, keys, seq)}
+            if trio.current_time() - start > LATE_S:  # (a plain socket's peers are trusted: slow, not hostile)
+                late |= {sid for sid in waiting - still if self._acked.get(sid, 0) >= seq and self.owner(sid) is not None
+                         and self._committing.get(sid, -math.inf) < start}  # (one that said it commits is not late)
+            waiting = still
+            if not waiting:
+                break
+            heard = self._heard
+            with trio.move_on_at(self._deadline(waiting, start)):
+                await heard.wait()
+                continue
+            for sid in waiting:
+                self.timeouts += 1
+                freed += self._penalize(sid, f"did not acknowledge change {seq} within {WAIT_S:.0f}s (answered without it)")
+            break
+        for sid in late:
+            self.late += 1
+            freed += self._penalize(sid, f"acknowledged change {seq} after more than {LATE_S:.0f}s")
+        return freed
+
+    def _holds(self, session: int, keys, seq: int) -> bool:
+        """``session`` still holds one of ``keys`` granted before change ``seq``. One it held no
+        more was ended by an earlier change it acknowledged, or by a penalty: its mount dropped the
+        key at that earlier change's event, so it owes this change no acknowledgement (it sends
+        one only for an event that ends a grant it has: client/kernel_cache.py)."""
+        return any(self._holders.get(key, {}).get(session, seq) < seq for key in keys)
+
+    def _wake(self) -> None:
+        """Every waiting change looks again at who it waits for (an acknowledgement came, or a
+        holding ended); nothing to do while none waits (a revoke per unlink of an ``rm -rf``)."""
+        if self._waiting:
+            self._heard.set()
+            self._heard = trio.Event()
 
     def _deadline(self, waiting: set[int], start: float) -> float:
         """Until when a change that began waiting at ``start`` waits for ``waiting``: ``WAIT_S``, or
@@ -333,8 +362,7 @@ class Callbacks:
         let the reader in before the data, with the writer penalised."""
         if session in self._held:
             self._committing[session] = trio.current_time() + P.COMMITTING_S
-            self._heard.set()
-            self._heard = trio.Event()
+            self._wake()
 
     def settle_now(self, seq: int, inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0) -> list[int] | None:
         """``settle`` when it has nobody to wait for (the request path without a task,
@@ -361,7 +389,9 @@ class Callbacks:
         writer tag (``protocol.writer_tag``), not a client id."""
         entries = [tuple(e) for e in entries]
         inodes = list(inodes)
-        keys = [*inodes, *(("w", ino) for ino in inodes), *entries, *{("dir", parent) for parent, _ in entries}]
+        keys = [*inodes, *(("w", ino) for ino in inodes)] if self.marks else inodes  # (no mark held: no ("w", ino) key)
+        keys += entries
+        keys += {("dir", parent) for parent, _ in entries}
         waiting: set[int] = set()
         mine: set[int] = set()
         for key in keys:
@@ -412,6 +442,7 @@ class Callbacks:
         entry: a commit or setattr; a file it unlinked or renamed over is not spared, nor by its
         mount); the inodes nobody holds after that."""
         freed = []
+        ended = False
         for key in keys:
             holders = self._holders.get(key)
             if not holders:
@@ -419,12 +450,15 @@ class Callbacks:
             keep = spare if files_too or not isinstance(key, int) else ()
             for sid in [sid for sid, granted in holders.items() if granted < seq and sid not in keep]:
                 del holders[sid]
+                ended = True
                 held = self._held.get(sid)
                 if held is not None:
                     held.discard(key)
                 self._dir_dropped(key, sid)
             if not holders:
                 self._unheld(key, freed)
+        if ended:  # a later change waiting for these holders of these keys waits no more (``_holds``)
+            self._wake()
         return freed
 
     def _dir_dropped(self, key, session: int) -> None:
@@ -450,8 +484,7 @@ class Callbacks:
         if seq > self._acked.get(session, 0):
             self._acked[session] = seq
         freed = self._drop(session, self._held.get(session, set())) if everything else []
-        self._heard.set()
-        self._heard = trio.Event()
+        self._wake()
         return freed
 
     def forget_dead(self) -> list[int]:
@@ -470,8 +503,7 @@ class Callbacks:
         self._client.pop(session, None)
         self._penalty.pop(("session", session), None)  # a key's penalty outlives its sessions
         self._last_penalty.pop(("session", session), None)
-        self._heard.set()
-        self._heard = trio.Event()
+        self._wake()
         return freed
 
     def _drop(self, session: int, keys) -> list[int]:
@@ -483,8 +515,9 @@ class Callbacks:
                     self._dir_dropped(key, session)
                 if not holders:
                     self._unheld(key, freed)
-        if session in self._held:
+        if self._held.get(session):
             self._held[session] = set()
+            self._wake()  # (a penalty's drop: the changes waiting for this session wait no more)
         return freed
 
     def counts(self) -> dict[str, int]:

@@ -434,9 +434,13 @@ class Namespace(FileData):
         self.unlink_row(parent, name, row, now)
         self._touch_dir(parent, now)
 
-    def unlink_checked(self, parent: int, name: bytes):
-        """``unlink``'s checks, nothing written: the entry's row, or the StripefsError it fails with."""
-        row = self._entry_row(parent, name)
+    def unlink_checked(self, parent: int, name: bytes, row=None):
+        """``unlink``'s checks, nothing written: the entry's row, or the StripefsError it fails with.
+        ``row``: the entry's row read already (``entry_inode``'s, daemon/namespace_bulk.py)."""
+        if row is None:
+            row = self._entry_row(parent, name)
+        else:
+            check_name(name)
         check_writable(row)
         if stat.S_ISDIR(row["mode"]):
             raise StripefsError(ErrorCode.IS_DIR, f"{name!r} in directory {parent} is a directory")

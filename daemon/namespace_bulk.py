@@ -34,7 +34,11 @@ unlink keeps its own checks, writes and change log row (the events the
 mounts get are those of the unlinks one by one), but the run shares one
 savepoint, one look-up and one insert of its OnceReq records
 (daemon/burst.py ``_unlinks``), one change of the directory's times and one
-report of its attributes, after the last. SQLite only.
+report of its attributes, after the last. SQLite only. Its reads and writes go by
+the run too: the entries of all its names in one statement (``entry_inodes_in``;
+a name sent twice, a missing one or a file with hard links is read again on its
+own), and the trash's writes of all of it (entries deleted, nlink 0, the trash
+rows: ``Trash.take_many``) one statement per table, after the last check.
 """
 
 from __future__ import annotations
@@ -133,16 +137,29 @@ def unlink_many(ns: Namespace, parent: int, names: Sequence[bytes], log_change: 
         raise ManyNotHere("directory quotas are charged unlink by unlink")
     out: list[tuple | StripefsError] = []
     now = 0
+    found = ns.store.entry_inodes_in(parent, names)  # every name's row in one statement
+    trashed: list[tuple] = []  # (parent, name, row, now) going to the trash, written at once
     for name in names:
         ns.unlinked = []
+        row = found.pop(name, None)  # popped: a name sent twice is read again (NOT_FOUND)
         try:
-            row = ns.unlink_checked(parent, name)
+            if row is not None and row["nlink"] <= 1:  # its one name: nothing else in the run changes it
+                ns.unlink_checked(parent, name, row)
+            else:  # absent (the precise error), or hard links (the run may change its nlink)
+                ns.trash.take_many(trashed)
+                trashed = []
+                row = ns.unlink_checked(parent, name)
         except StripefsError as exc:
             out.append(exc)
             continue
         now = ns.clock()
-        ns.unlink_row(parent, name, row, now)
+        if row["nlink"] <= 1 and ns.trash.keep_ns:
+            ns.unlinked.append(row["ino"])  # nlink changed, as in Namespace.unlink_row
+            trashed.append((parent, name, row, now))
+        else:
+            ns.unlink_row(parent, name, row, now)
         out.append(log_change([parent, *ns.take_unlinked()], [(parent, name)]))
+    ns.trash.take_many(trashed)
     if now:
         ns.store.touch_dir(parent, now)
     return out

@@ -74,3 +74,45 @@ def test_more_numbers_are_asked_for_once_fewer_than_low_are_left_in_all_ranges()
     assert d.take_ino() == 1 and not Nursery.started
     d = dirops_with([(1, 10), (100, 100 + LOW - 20)])  # two ranges, fewer than LOW together
     assert d.take_ino() == 1 and len(Nursery.started) == 1
+
+
+async def test_the_flushers_turn_sends_at_once_what_piled_up_past_half_a_batch_and_a_small_remainder_rides_along():
+    """An ``rm -rf`` answers unlinks faster than a loaded daemon takes a batch: what piled up during
+    the flusher's round trip waited for the next full batch (or the delay), the daemon idle
+    meanwhile. The flusher's own turn (``drain``) now sends it at once when at least ``DRAIN`` piled
+    up; fewer wait as before (a steady stream of creates is not cut into small batches); and a
+    flush of a whole batch and a few sends them as one BatchReq, not a second tiny one."""
+    from stripefs.client.async_dirops import BATCH, DRAIN
+
+    daemon = _Daemon()
+    dirops = AsyncDirops(daemon)
+    for i in range(BATCH + 3):
+        dirops.add(_create(i))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: dirops.flush(drain=True))
+        while not daemon.batches:
+            await trio.sleep(0.001)
+        for i in range(BATCH + 3, BATCH + 3 + DRAIN):
+            dirops.add(_create(i))  # piled up while the first batch is at the daemon
+        daemon.release.set()
+    assert daemon.batches == [BATCH + 3, DRAIN] and not dirops.unanswered
+    daemon.release = trio.Event()
+    daemon.batches.clear()
+    async with trio.open_nursery() as nursery:
+        start = BATCH + 3 + DRAIN
+        dirops.add(_create(start))
+        nursery.start_soon(lambda: dirops.flush(drain=True))
+        while not daemon.batches:
+            await trio.sleep(0.001)
+        for i in range(start + 1, start + DRAIN):
+            dirops.add(_create(i))  # fewer than DRAIN: the next turn's
+        daemon.release.set()
+    assert daemon.batches == [1] and dirops.pending(100 + start + 1)
+    await dirops.flush()
+    assert daemon.batches == [1, DRAIN - 1] and not dirops.unanswered
+    big = BATCH * 2 + 3
+    daemon.batches.clear()
+    for i in range(big):
+        dirops.add(_create(10_000 + i))
+    await dirops.flush()
+    assert daemon.batches == [BATCH, BATCH + 3]  # never past BATCH + DRAIN, never a small last one

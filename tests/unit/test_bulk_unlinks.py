@@ -61,7 +61,13 @@ async def test_a_run_of_unlinks_with_successes_and_failures_answers_each_its_own
             unlinked.append(name)
             return real(parent, name, row, now)
 
-        service.ns.unlink_row = counted
+        real_many = service.ns.trash.take_many
+
+        def counted_many(taken):  # with the trash on, the run's unlinks are written at once
+            unlinked.extend(name for _, name, _, _ in taken)
+            return real_many(taken)
+
+        service.ns.unlink_row, service.ns.trash.take_many = counted, counted_many
         items = [_unlink(d, b"a"), _unlink(d, b"nope"), _unlink(d, b"sub"), _unlink(d, b"a"), _unlink(d, b"b"), _unlink(d, b"c")]
         r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
         assert [type(x).__name__ for x in r] == ["ChangedRsp", "ErrorRsp", "ErrorRsp", "ErrorRsp", "ChangedRsp", "ChangedRsp"]
@@ -109,22 +115,54 @@ async def test_an_error_past_the_checks_undoes_the_run_and_each_unlink_runs_alon
         service = await _service(nursery, ctx, tmp_path, 86400.0)
         d, inos = await _tree(service, [b"a", b"b", b"c"])
         calls = []
-        real = service.store.put_trash
+        real, real_many = service.store.put_trash, service.store.trash_many
 
-        def failing_once(ino, *args):
+        def one(ino, *args):
             calls.append(ino)
-            if len(calls) == 2:
-                raise sqlite3.IntegrityError("a constraint, once")
             return real(ino, *args)
 
-        service.store.put_trash = failing_once
+        def failing_many(taken):  # the run's trash rows, written at once after its checks
+            calls.append([t[0] for t in taken])
+            real_many(taken)  # its rows written, then undone with the run
+            raise sqlite3.IntegrityError("a constraint, once")
+
+        service.store.put_trash, service.store.trash_many = one, failing_many
         items = [_unlink(d, b"a"), _unlink(d, b"b"), _unlink(d, b"c")]
         a, b, c = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
         assert all(isinstance(x, P.ChangedRsp) for x in (a, b, c))
-        assert calls == [inos[b"a"], inos[b"b"], inos[b"a"], inos[b"b"], inos[b"c"]]  # the run, then one by one
+        assert calls == [[inos[b"a"], inos[b"b"], inos[b"c"]], inos[b"a"], inos[b"b"], inos[b"c"]]  # the run, then one by one
         assert a.dir_attrs and b.dir_attrs and c.dir_attrs and a.seq < b.seq < c.seq  # each on its own
         with sqlite3.connect(tmp_path / "meta.sqlite3") as disk:  # the undone run left nothing twice
             assert disk.execute("SELECT count(*) FROM trash").fetchone()[0] == 3
+        listing = (await service.handle(P.ReaddirReq(ino=d), [])).entries
+        assert [e.name for e in listing] == [b"sub"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_run_reads_its_names_at_once_and_a_file_with_hard_links_again(tmp_path, ctx):  # noqa: F811
+    """The run's entries come from one read (``entry_inodes_in``); a file with hard links is read
+    again before its unlink (an earlier unlink of the run changed its nlink), so the last of its
+    names unlinked in the run sends it to the trash, as unlinks one by one do."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path, 86400.0)
+        d, inos = await _tree(service, [b"a", b"l1", b"b"])
+        await service.handle(P.LinkReq(ino=inos[b"l1"], new_parent=d, new_name=b"l2"), [])
+        reads = []
+        real = service.store.entry_inode
+
+        def counted(parent, name):
+            reads.append(name)
+            return real(parent, name)
+
+        service.store.entry_inode = counted
+        items = [_unlink(d, b"a"), _unlink(d, b"l1"), _unlink(d, b"l2"), _unlink(d, b"b")]
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert all(isinstance(x, P.ChangedRsp) for x in r)
+        assert reads == [b"l1", b"l2"]  # a and b from the run's one read
+        with sqlite3.connect(tmp_path / "meta.sqlite3") as disk:
+            trashed = {row[0] for row in disk.execute("SELECT ino FROM trash")}
+            nlinks = dict(disk.execute("SELECT ino, nlink FROM inodes WHERE ino IN (?,?,?)", list(inos.values())))
+        assert trashed == set(inos.values()) and set(nlinks.values()) == {0}
         listing = (await service.handle(P.ReaddirReq(ino=d), [])).entries
         assert [e.name for e in listing] == [b"sub"]
         nursery.cancel_scope.cancel()

@@ -151,6 +151,19 @@ def test_expiry_frees_what_is_due_and_an_open_file_stays_until_let_go(w):
     assert w.store.count_garbage() == 4
 
 
+def test_the_orphans_a_release_looks_at_leave_out_what_the_trash_holds(w):
+    """A session letting go of files it unlinked (an rm -rf with the trash on) costs no reclaim
+    attempt per trashed file (daemon/housekeeping.py ``release``): only true orphans are named."""
+    w.raw.trash.keep_ns = DAY_NS
+    trashed, orphan, named = _file(w, ROOT, b"t", 10), _file(w, ROOT, b"o", 10), _file(w, ROOT, b"n", 10)
+    w.ns.unlink(ROOT, b"t")
+    w.raw.trash.keep_ns = 0
+    w.raw.is_open = lambda ino: ino == orphan
+    w.ns.unlink(ROOT, b"o")  # open: kept as an orphan, not trashed
+    assert w.ns.getattr(trashed).nlink == 0 and w.ns.getattr(orphan).nlink == 0
+    assert w.store.nameless_in([trashed, orphan, named]) == [orphan]
+
+
 def test_with_the_trash_off_nothing_is_kept(w):
     f = _file(w, ROOT, b"f", 10)
     w.ns.unlink(ROOT, b"f")
