@@ -322,22 +322,35 @@ async def test_a_rename_refused_after_the_answer_drops_both_names_and_fails_the_
     await in_held_directory(mine, body)
 
 
-async def test_a_create_answered_here_but_granted_no_callback_is_forgotten_by_the_kernel(mine, rig, monkeypatch):
+async def test_a_create_answered_here_but_granted_no_callback_is_forgotten_by_the_kernel(rig, monkeypatch, request):
     """A create answered here gives the kernel its name for as long as a held name. When the daemon's
     answer then grants no callback (here: the session was penalised for a wait that ran out), no
     change elsewhere waits for this mount any more, so the kernel must forget the name: else a file
     converted or renamed over by another client keeps its old inode here until the entry times out
-    (a `layout convert` seen as not done, once, in CI)."""
+    (a `layout convert` seen as not done, once, in CI). The penalty takes a 4 s wait, in which a
+    loaded machine's feed may fall silent and rightly drop every hold (then the create is asked of
+    the daemon, and there is nothing to test): such a round runs again with a new client, at most 3."""
+    for attempt in range(3):
+        name = f"inprocess:{request.node.name}:{attempt}"
+        async with open_fs(rig, Kernel(monkeypatch), name, follow=True) as mine:
+            if await _penalised_create(mine, rig, attempt):
+                return
+    pytest.fail("the change feed dropped the mount's cache in each of 3 rounds")
+
+
+async def _penalised_create(mine, rig, attempt: int) -> bool:
+    """One round of the test above; False: the feed dropped the holds meanwhile (run it again)."""
     await delegated_numbers(mine)
-    elsewhere = await mine.mkdir(ROOT_ID, b"%s_elsewhere" % mine.ops.kcache.own_writer.to_bytes(8, "big").hex().encode())
-    fh, held = await mine.create(elsewhere, b"held")
+    held_dir = await mine.mkdir(ROOT_ID, b"%s_%d" % (mine.ops.kcache.own_writer.to_bytes(8, "big").hex().encode(), attempt))
+    fh, held = await mine.create(held_dir, b"held")
     await mine.close(fh)
     await mine.ops.dirops.flush()
+    kc, drops = mine.ops.kcache, mine.ops.kcache.drops
 
     async def never_acknowledge(*_args):
         pass
 
-    monkeypatch.setattr(mine.ops.kcache, "send_ack", never_acknowledge)
+    kc.send_ack = never_acknowledge
     with pytest.MonkeyPatch.context() as theirs_patch:  # (their kernel's invalidations are theirs: undone after)
         async with open_fs(rig, Kernel(theirs_patch), "theirs") as theirs:
             # a change of a file this mount holds waits for its acknowledgement, runs out (WAIT_S),
@@ -345,10 +358,14 @@ async def test_a_create_answered_here_but_granted_no_callback_is_forgotten_by_th
             with trio.fail_after(30):
                 await theirs.setattr(held, st_mode=0o100600)
     calls = _counting(mine)
-    fh, ino = await mine.create(mine.dir, b"after")  # the directory is still held here: answered here
+    fh, ino = await mine.create(held_dir, b"after")  # the directory is still held here: answered here
     await mine.close(fh)
-    assert "CreateReq" not in calls  # (sent in a batch: now, or already with the late event's acknowledgement)
+    if kc.drops != drops or not kc.healthy:
+        return False
+    why = f"dir_held={mine.ops._names_of_dir(held_dir) is not None} numbers_left={mine.ops.dirops.left()} grants={len(kc.grants)}"
+    assert "CreateReq" not in calls, why  # (sent in a batch: now, or with the late event's acknowledgement)
     await mine.ops.dirops.flush()
-    await mine.ops.kcache.flush_pending()
-    assert ino not in mine.ops.kcache.grants and (mine.dir, b"after") not in mine.ops.kcache.grants
-    assert (mine.dir, b"after") in mine.kernel.invalidated_entries
+    await kc.flush_pending()
+    assert ino not in kc.grants and (held_dir, b"after") not in kc.grants
+    assert (held_dir, b"after") in mine.kernel.invalidated_entries
+    return True
