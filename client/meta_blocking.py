@@ -29,7 +29,10 @@ anything else is the MetaClient's. No retry and no failover: a request that
 times out or finds the daemon gone raises TIMEOUT or UNAVAILABLE after
 ``timeout``, and the caller takes the trio path, which retries across a
 restart and moves to the next daemon (``MetaClient._call``). A reply that
-comes after its request timed out is dropped by its request id.
+comes after its request timed out is dropped by its request id, unless the
+caller asked ``detach``: then a request sent and not answered in time is
+returned as a ``Late`` holding its socket, whose reply another thread waits
+for (client/thread_meta.py: the daemon may hold a read for a recall).
 
 Closing: ``close()`` closes every thread's socket; the caller stops its
 threads first (a socket must not be used while another thread closes it).
@@ -138,9 +141,14 @@ class BlockingMetaClient:
         self._lanes[daemon] = address
         return address
 
-    def call(self, request: p.Msg, *, timeout: float | None = None) -> p.Msg:
+    def call(self, request: p.Msg, *, timeout: float | None = None, detach: bool = False) -> "p.Msg | Late":
         """One read from the metadata daemon, waiting at most ``timeout`` (default: the client's);
-        an ErrorRsp raises StripefsError with its code, no answer TIMEOUT or UNAVAILABLE."""
+        an ErrorRsp raises StripefsError with its code, no answer TIMEOUT or UNAVAILABLE.
+
+        ``detach``: a request sent but not answered within ``timeout`` is not given up: its socket
+        leaves this thread in a ``Late``, returned instead of a reply, whose ``wait`` another thread
+        continues (the daemon may legitimately hold a read: a recall, daemon/callbacks.py; asking
+        again would only make it a second request waiting for the same holder)."""
         if type(request) not in READS or getattr(request, "open_info", False):
             raise ValueError(f"{type(request).__name__} is not a read a plain thread may send (meta_blocking.READS)")
         wait = self.timeout if timeout is None else timeout
@@ -148,15 +156,23 @@ class BlockingMetaClient:
         line = self._line(deadline, main=type(request) is p.LookupReq and bool(request.callback))
         request_id = next(_ids)
         started = time.perf_counter()
-        body = None
+        body = late = None
         try:
             header = p.encode(request_id, self.meta._wire(request))
-            body = self._round_trip(line, request_id, header, deadline)
+            body = self._round_trip(line, request_id, header, deadline)  # (None: sent, not answered yet)
+            if body is None and detach:
+                late = self._detach(line, request, request_id, started)
+                return late
         except StripefsError:
             self._lanes.pop(line.daemon, None)  # asked again next time: a restarted daemon's lane may have moved
             raise
         finally:
-            observe_rpc(line.address, request, body, time.perf_counter() - started)
+            if late is None:
+                observe_rpc(line.address, request, body, time.perf_counter() - started)
+        return self._reply(line, request, body, wait)
+
+    def _reply(self, line: _Line, request: p.Msg, body: p.Msg | None, wait: float) -> p.Msg:
+        """``call``'s answer from the reply ``body`` (None: none came within ``wait``)."""
         self.calls += 1
         if body is None:
             self._lanes.pop(line.daemon, None)
@@ -166,10 +182,25 @@ class BlockingMetaClient:
         subtree = self.meta.subtree
         return body if subtree is None else subtree.reply(body)
 
-    def _round_trip(self, line: _Line, request_id: int, header: bytes, deadline: float) -> p.Msg | None:
+    def _detach(self, line: _Line, request: p.Msg, request_id: int, started: float) -> "Late":
+        """``line`` no more this thread's (its next call connects a new one): a ``Late``'s."""
+        with self._lock:
+            if self.closed:
+                raise StripefsError(ErrorCode.UNAVAILABLE, "the mount's metadata connection is closed")
+            if line in self._lines:
+                self._lines.remove(line)
+        lines = self._local.lines
+        for key, held in list(lines.items()):
+            if held is line:
+                del lines[key]
+        return Late(self, line, request, request_id, started)
+
+    def _round_trip(self, line: _Line, request_id: int, header: bytes, deadline: float, sent: bool = False) -> p.Msg | None:
+        """Send ``header`` (not when ``sent``: only wait) and wait for the reply to ``request_id`` until
+        ``deadline``: the reply, or None once it passed; UNAVAILABLE if it could not be sent by then."""
         sock = line.sock
         try:
-            while True:
+            while not sent:
                 try:
                     sock.send(header, zmq.NOBLOCK)  # ZMQ_IMMEDIATE: Again while no connection takes it
                     break
@@ -198,9 +229,40 @@ class BlockingMetaClient:
             raise
 
     def close(self) -> None:
-        """Close every thread's socket (the threads stopped first: module docstring)."""
+        """Close every thread's socket (the threads stopped first: module docstring; a ``Late``
+        closes its own)."""
         with self._lock:
             self.closed = True
             lines, self._lines = self._lines, []
         for line in lines:
             line.sock.close(linger=0)
+
+
+class Late:
+    """A request sent by ``call(detach=True)`` and not answered in its time: the socket it went on,
+    now this object's alone (a libzmq socket may move between threads, used by one at a time)."""
+
+    __slots__ = ("client", "line", "request", "request_id", "started")
+
+    def __init__(self, client: BlockingMetaClient, line: _Line, request: p.Msg, request_id: int, started: float):
+        self.client = client
+        self.line = line
+        self.request = request
+        self.request_id = request_id
+        self.started = started  # time.perf_counter() at the send
+
+    def wait(self, seconds: float, stop) -> p.Msg:
+        """(any one thread) The reply, waiting until ``seconds`` after the send at most, as ``call``
+        answers it (ErrorRsp raised, no reply TIMEOUT); ``stop()``, looked at every 0.1 s, true ends
+        the wait as a TIMEOUT at once. The socket is closed after."""
+        line, body = self.line, None
+        try:
+            while body is None and not stop():
+                left = self.started + seconds - time.perf_counter()
+                if left <= 0:
+                    break
+                body = self.client._round_trip(line, self.request_id, b"", time.monotonic() + min(left, 0.1), sent=True)
+        finally:
+            line.sock.close(linger=0)
+            observe_rpc(line.address, self.request, body, time.perf_counter() - self.started)
+        return self.client._reply(line, self.request, body, time.perf_counter() - self.started)

@@ -131,7 +131,8 @@ THREAD_META = Counter(
     "stripefs_thread_meta_total",
     "GETATTR and LOOKUP misses taken by the plain-thread path (client/thread_meta.py): answered there (served, "
     "lookup_served), or handed to trio's path after all (handed_back, lookup_handed_back: no answer in time, no "
-    "daemon, the mount stopping, a lookup's name not found)",
+    "daemon, the mount stopping, a lookup's name not found); held: a request the daemon held past the threads' "
+    "2 s, then waited for without a worker (no second request), counted again as served or handed back",
     ["outcome"],
 )
 EC_STRIPE_WRITES = Counter(

@@ -39,17 +39,30 @@ import's path probes, a shell's PATH search) a second round trip through trio.
 Without ``missing`` it is handed back.
 
 Anything unusual goes to trio's path (``slow()``), which answers as before:
-no answer within the blocking client's timeout or no daemon (trio's path
+no daemon taking the request within the blocking client's timeout (trio's path
 retries across a restart and moves to the next daemon), a queue that is too
-far behind, the pool closing. An error the daemon answers (ENOENT, say) is
+far behind, the pool closing.
+
+Held: a request sent but not answered within that timeout is not asked again.
+The daemon may hold a lookup legitimately (a recall waits for a holder up to
+``WAIT_S``, longer while a writer commits: daemon/callbacks.py); handing it to
+trio's path sent a second LookupReq, which logged a second change naming the
+file and waited for the same holder, the first answer thrown away. Its socket
+leaves the worker (a ``Late``, client/meta_blocking.py) for a thread of its own
+(``_wait_late``) that waits for the reply until trio's client would have given
+up on one request (``MetaClient.timeout``, from the send) and answers it as the
+worker would; no reply by then, the pool closing or the mount moving to another
+daemon: trio's path. So the bound stays (no FUSE request waits forever on a
+stuck lane or a dead daemon) and a held request keeps no worker from the next. An error the daemon answers (ENOENT, say) is
 answered here with the errno trio's handler gives it.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import errno
+import queue
+import threading
 from typing import Callable
 
 import trio
@@ -58,7 +71,7 @@ import zmq
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
 from . import metrics, worker_threads
-from .meta_blocking import BlockingMetaClient
+from .meta_blocking import BlockingMetaClient, Late
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +95,8 @@ class ThreadMeta:
         self._token = trio.lowlevel.current_trio_token()  # made on the trio thread (client/mount.py)
         self._queue: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
         self._closing = False
+        self._lock = threading.Lock()
+        self._late: set[threading.Thread] = set()  # the threads waiting for held requests (_wait_late)
         self._counts = {p.GetattrReq: (metrics.THREAD_META.labels("served"), metrics.THREAD_META.labels("handed_back")),
                         p.LookupReq: (metrics.THREAD_META.labels("lookup_served"),
                                       metrics.THREAD_META.labels("lookup_handed_back"))}
@@ -116,9 +131,14 @@ class ThreadMeta:
         return True
 
     def close(self) -> None:
-        """Stop the workers (what is queued goes to trio's path) and close their sockets."""
-        self._closing = True
+        """Stop the workers (what is queued or held goes to trio's path) and close their sockets."""
+        with self._lock:
+            self._closing = True
         worker_threads.stop(self._queue, self._threads)
+        with self._lock:
+            held = list(self._late)
+        for thread in held:  # each sees _closing within 0.1 s and closes its own socket
+            thread.join(worker_threads.STOP_WAIT_S)
         self.client.close()
 
     def _work(self) -> None:
@@ -126,42 +146,84 @@ class ThreadMeta:
             job = self._queue.get()
             if job is None:
                 return
-            request, answer, fail, slow = job
-            served, handed_back = self._counts[type(request)]
+            request = job[0]
             if self._closing:
-                handed_back.inc()
-                slow()
+                self._counts[type(request)][1].inc()
+                job[3]()  # slow()
                 continue
             try:
-                reply = self.client.call(request)
-            except StripefsError as exc:
-                missing = exc.code == ErrorCode.NOT_FOUND and type(request) is p.LookupReq
-                if exc.code in _RETRYABLE or (missing and self.missing is None):
-                    log.debug("thread %s: %s; trio's path answers", _what(request), exc.message)
-                    handed_back.inc()
-                    slow()
-                else:
-                    if missing:
-                        self.to_trio(self.missing, request.parent, request.name)
-                    served.inc()
-                    fail(exc.errno)
+                reply = self.client.call(request, detach=True)
+            except Exception as exc:  # noqa: BLE001 - answered by _finish as the call's outcome
+                self._finish(job, exc)
                 continue
-            except Exception:  # noqa: BLE001 - a bug: logged, trio's path answers
-                log.exception("a thread %s failed", _what(request))
-                handed_back.inc()
-                slow()
-                continue
-            if type(reply) is not p.AttrRsp or (type(request) is p.LookupReq and reply.callback >= 0 and not request.callback):
-                log.warning("thread %s: unexpected %s; trio's path answers", _what(request), type(reply).__name__)
-                handed_back.inc()
-                slow()
-                continue
+            if isinstance(reply, Late):  # held at the daemon past TIMEOUT_S: waited for on a thread of its own
+                self._wait_late(reply, job)
+            else:
+                self._finish(job, reply)
+
+    def _wait_late(self, late: Late, job: tuple) -> None:
+        """The request's reply, waited for without a worker (module docstring: "held"), until the
+        trio client's own wait for one request (``MetaClient.timeout``) since the send; cut short
+        by close() or the mount moving to another daemon (trio's path then asks that one)."""
+        meta = self.client.meta
+        daemon = meta._current
+        seconds = max(getattr(meta, "timeout", 0.0), self.client.timeout)
+        metrics.THREAD_META.labels("held").inc()
+
+        def wait() -> None:
             try:
-                answer(reply)
+                reply = late.wait(seconds, lambda: self._closing or meta._current != daemon)
+            except Exception as exc:  # noqa: BLE001 - answered by _finish as the call's outcome
+                reply = exc
+            finally:
+                with self._lock:
+                    self._late.discard(thread)
+            self._finish(job, reply)
+
+        thread = threading.Thread(target=wait, name="thread-meta-held", daemon=True)
+        with self._lock:
+            closing = self._closing  # (close() joins only the threads it finds in _late)
+            if not closing:
+                self._late.add(thread)
+        if closing:
+            late.line.sock.close(linger=0)
+            self._finish(job, StripefsError(ErrorCode.UNAVAILABLE, "the mount is closing"))
+        else:
+            thread.start()
+
+    def _finish(self, job: tuple, reply) -> None:
+        """Answer ``job`` from its call's outcome ``reply`` (an exception: what the call raised)."""
+        request, answer, fail, slow = job
+        served, handed_back = self._counts[type(request)]
+        if isinstance(reply, StripefsError):
+            exc = reply
+            missing = exc.code == ErrorCode.NOT_FOUND and type(request) is p.LookupReq
+            if exc.code in _RETRYABLE or (missing and self.missing is None):
+                log.debug("thread %s: %s; trio's path answers", _what(request), exc.message)
+                handed_back.inc()
+                slow()
+            else:
+                if missing:
+                    self.to_trio(self.missing, request.parent, request.name)
                 served.inc()
-            except Exception:  # noqa: BLE001 - a bug: logged; the request is answered EIO if it was not
-                log.exception("answering a thread %s failed", _what(request))
-                fail(errno.EIO)
+                fail(exc.errno)
+            return
+        if isinstance(reply, BaseException):  # a bug: logged, trio's path answers
+            log.error("a thread %s failed", _what(request), exc_info=reply)
+            handed_back.inc()
+            slow()
+            return
+        if type(reply) is not p.AttrRsp or (type(request) is p.LookupReq and reply.callback >= 0 and not request.callback):
+            log.warning("thread %s: unexpected %s; trio's path answers", _what(request), type(reply).__name__)
+            handed_back.inc()
+            slow()
+            return
+        try:
+            answer(reply)
+            served.inc()
+        except Exception:  # noqa: BLE001 - a bug: logged; the request is answered EIO if it was not
+            log.exception("answering a thread %s failed", _what(request))
+            fail(errno.EIO)
 
 
 def _what(request) -> str:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import random
+import subprocess
 import time
 
 import msgspec
@@ -180,6 +181,56 @@ def test_a_commit_held_up_by_a_stopped_storage_node_is_waited_for_by_the_next_op
             os.kill(stopped, signal.SIGCONT)
         cluster.unmount(slow)
         cluster.extra_mounts.remove(slow)
+
+
+def test_a_lookup_held_up_past_the_worker_threads_timeout_is_asked_once(cluster, mnt):
+    """client/thread_meta.py, "held": a default mount's cold LOOKUP, asked on its worker threads
+    with a callback, waits at the daemon while a writer elsewhere commits (held up by a stopped
+    storage node, past the threads' 2 s). It used to be handed to trio's path after 2 s, which
+    asked it again: a second change naming the file, waiting for the same writer. Now the mount
+    sends one LookupReq per name of the path and takes the held one's answer."""
+    import signal
+
+    from conftest import client_config
+
+    cluster.expect_log(r"not answering", r"failed", r"no reply", r"timed out", r"suspect", r"could not")
+    toml = client_config(cluster.state / "heldwriter.toml", rpc_timeout_s=6.0)
+    slow = cluster.mount_again("heldwriter", f"config={toml}")
+    reader = cluster.mount_again("heldreader")
+    stopped = 0
+    try:
+        old = os.urandom(100_000)
+        (mnt / "f").write_bytes(old)
+        assert (slow / mnt.name / "f").read_bytes() == old
+        copy = _copies_of(cluster, os.stat(mnt / "f").st_ino)[0]
+        node = copy.relative_to(cluster.state).parts[0].removeprefix("storage-")
+        stopped = cluster.pids()["storage"][node]
+        os.kill(stopped, signal.SIGSTOP)
+        with open(slow / mnt.name / "f", "r+b", buffering=0) as f:
+            f.write(b"new bytes")  # its commit waits for the stopped node's timeout
+        before = _lookups_sent(reader)
+        start = time.monotonic()
+        size = subprocess.run(["stat", "-c", "%s", str(reader / mnt.name / "f")], capture_output=True, text=True,
+                              check=True, timeout=120).stdout.strip()  # a fresh process: its LOOKUPs go to the threads
+        waited = time.monotonic() - start
+        sent = _lookups_sent(reader) - before
+        assert size == str(len(old)), (size, waited)
+        assert sent == 2, (sent, waited)  # the directory's and the file's, each once
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        for m in (reader, slow):
+            cluster.unmount(m)
+            cluster.extra_mounts.remove(m)
+
+
+def _lookups_sent(mountpoint) -> float:
+    """The LookupReqs a mount sent so far (its worker threads' and trio's: stripefs_rpc_seconds)."""
+    from stripefs.client import metrics as client_metrics
+    from test_ops import scrape, total
+
+    samples = scrape(f"http://{client_metrics.find_state(mountpoint)['metrics']}/metrics")
+    return total(samples, "stripefs_rpc_seconds_count", type="LookupReq")
 
 
 def _wait_listening(address: str, timeout: float = 60.0) -> None:
