@@ -1395,6 +1395,28 @@ def encode_event(event: ChangeEvent) -> bytes:
     return msgspec.msgpack.encode((PROTOCOL_VERSION, event))
 
 
+class _EventOfRaw(msgspec.Struct, frozen=True, array_like=True):
+    """``ChangeEvent``'s wire form with its lists as msgpack already made (``encode_event_raw``)."""
+
+    boot_id: str
+    seq: int
+    inodes: msgspec.Raw
+    entries: msgspec.Raw
+    daemon: str
+    writer: int
+
+
+_event_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_event_raw(boot_id: str, seq: int, inodes: msgspec.Raw, entries: msgspec.Raw, daemon: str, writer: int) -> bytes:
+    """``encode_event(ChangeEvent(boot_id, seq, inodes, entries, daemon, writer))``, the same bytes,
+    from ``inodes`` and ``entries`` as msgpack (a change log row's, daemon/change_log.py
+    ``decode_raw``): the feed publishes a row per change without decoding its lists and making
+    them again (daemon/events.py)."""
+    return _event_encoder.encode((PROTOCOL_VERSION, _EventOfRaw(boot_id, seq, inodes, entries, daemon, writer)))
+
+
 def decode_event(frame: bytes) -> ChangeEvent:
     """Raises ProtocolError on anything but a ChangeEvent of this protocol version."""
     from .errors import ErrorCode

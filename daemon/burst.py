@@ -161,7 +161,7 @@ class Burst:
         self.redo = redo  # await redo(request): the task path's reply (an operation that must wait on storage nodes)
         self.defer = defer  # an admitted request left to its handler's task (a lookup that recalls its directory)
         self.create_many = create_many  # (CreateReqs of one directory) -> each one's result or StripefsError (``_many``)
-        self.unlink_many = unlink_many  # (parent, names, log_change) -> each one's change or StripefsError (``_unlinks``)
+        self.unlink_many = unlink_many  # (parent, names, log_changes) -> each one's change or StripefsError (``_unlinks``)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
@@ -473,7 +473,7 @@ class Burst:
                 fresh.append(unit)
         made = []
         names = [u.body.name for u in fresh]
-        for unit, outcome in zip(fresh, self.unlink_many(units[0].body.parent, names, self.txn.log_in_run) if fresh else ()):
+        for unit, outcome in zip(fresh, self.unlink_many(units[0].body.parent, names, self.txn.log_many_in_run) if fresh else ()):
             if isinstance(outcome, StripefsError):
                 unit.error = _error(outcome)
             else:

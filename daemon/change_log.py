@@ -56,7 +56,14 @@ class _Row(msgspec.Struct, array_like=True):
     writer: int = 0
 
 
+class _RawRow(msgspec.Struct, array_like=True):
+    inodes: msgspec.Raw
+    entries: msgspec.Raw
+    writer: int = 0
+
+
 _decoder = msgspec.msgpack.Decoder(_Row)
+_raw_decoder = msgspec.msgpack.Decoder(_RawRow)
 
 
 def encode(inodes: Iterable[int], entries: Iterable[tuple[int, bytes]], writer: int = 0) -> bytes:
@@ -72,4 +79,11 @@ def decode(blob: bytes) -> tuple[list[int], list[tuple[int, bytes]]]:
 def decode_writer(blob: bytes) -> tuple[list[int], list[tuple[int, bytes]], int]:
     """``decode``, and the writer's tag."""
     row = _decoder.decode(blob)
+    return row.inodes, row.entries, row.writer
+
+
+def decode_raw(blob: bytes) -> tuple[msgspec.Raw, msgspec.Raw, int]:
+    """``decode_writer`` with the lists left as msgpack (what the plain feed sends on as they are:
+    ``protocol.encode_event_raw``)."""
+    row = _raw_decoder.decode(blob)
     return row.inodes, row.entries, row.writer

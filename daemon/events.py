@@ -17,7 +17,10 @@ to another daemon (failover) hears silence on the old feed and drops its cache
 once.
 
 Events are published from committed rows only, so a mount never invalidates
-toward a state that a crash could undo.
+toward a state that a crash could undo. A plain feed sends a row's lists as
+the row stores them (msgpack, ``protocol.encode_event_raw``: the same bytes
+as the event encoded anew), not decoded and made again: an ``rm -rf``
+publishes one row per unlink, and that was about half of the feed's CPU.
 
 Who hears what (CURVE on)
 -------------------------
@@ -115,15 +118,24 @@ class ChangeFeed:
     def publish(self, rows: list[tuple[int, bytes]], views: dict[str, View] | None = None) -> None:
         """Publish change-log rows read after ``seq`` (on the trio thread); ``views``: each
         subscribed subtree's view of them (a secure feed sends a subtree key nothing else)."""
+        if self.keyring is None:  # every subscriber hears every event as the row has it
+            send, boot_id, daemon = self._sock.send, self.boot_id, self.daemon
+            for seq, blob in rows:
+                if seq <= self.seq:  # read twice (two readers raced): already out
+                    continue
+                self.seq = seq
+                inodes, entries, writer = change_log.decode_raw(blob)
+                try:  # the row's lists as stored, not decoded and made again (an rm -rf: one row per unlink)
+                    send(P.encode_event_raw(boot_id, seq, inodes, entries, daemon, writer), zmq.NOBLOCK)
+                except zmq.Again:  # PUB drops rather than blocks; subscribers see the gap
+                    pass
+            return
         targets = self._targets()
         for seq, blob in rows:
             if seq <= self.seq:  # read twice (two readers raced): already out
                 continue
             inodes, entries, writer = change_log.decode_writer(blob)
             self.seq = seq
-            if self.keyring is None:
-                self._send_frames([P.encode_event(P.ChangeEvent(self.boot_id, seq, inodes, entries, self.daemon, writer))])
-                continue
             frames: dict[str, bytes] = {}
             for topic, subdir in targets:
                 if subdir not in frames:

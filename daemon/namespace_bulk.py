@@ -31,7 +31,9 @@ transaction (daemon/burst.py ``_transaction``).
 ``unlink_many`` does the same for a run of unlinks in one directory (a
 mount's ``rm -rf`` answered by the mount arrives as BatchReqs of them): each
 unlink keeps its own checks, writes and change log row (the events the
-mounts get are those of the unlinks one by one), but the run shares one
+mounts get are those of the unlinks one by one; the rows are written at once
+after the last unlink, ``Txn.log_many_in_run``: the change counter moved once
+for the run, its numbers consecutive in the order of the unlinks), but the run shares one
 savepoint, one look-up and one insert of its OnceReq records
 (daemon/burst.py ``_unlinks``), one change of the directory's times and one
 report of its attributes, after the last. SQLite only. Its reads and writes go by
@@ -126,16 +128,19 @@ def create_many(ns: Namespace, parent: int, files: Sequence[NewFile]) -> list[Ma
     return out
 
 
-def unlink_many(ns: Namespace, parent: int, names: Sequence[bytes], log_change: Callable[[list, list], tuple]) -> list[tuple | StripefsError]:
+def unlink_many(ns: Namespace, parent: int, names: Sequence[bytes],
+                log_changes: Callable[[list[tuple[list, list]]], list[tuple]]) -> list[tuple | StripefsError]:
     """Unlink ``names`` of directory ``parent`` in order, in the caller's one savepoint: each one's
-    change as ``log_change(inodes, entries)`` logged it (after_change's arguments), or the error
-    its checks failed with (``Namespace.unlink_checked``: nothing of it written). The directory's
-    times change once, after the last. An error past an unlink's checks is raised: the caller
+    change as ``log_changes([(inodes, entries), ...])`` logged it (after_change's arguments; the
+    run's rows at once, after the last unlink, each its own number in the order of the unlinks),
+    or the error its checks failed with (``Namespace.unlink_checked``: nothing of it written).
+    The directory's times change once, after the last. An error past an unlink's checks is raised: the caller
     undoes the run and unlinks one by one. A directory under a quota is not done here
     (``ManyNotHere``: each unlink is charged on its own, daemon/quota.py)."""
     if ns.quotas.roots:
         raise ManyNotHere("directory quotas are charged unlink by unlink")
-    out: list[tuple | StripefsError] = []
+    out: list[tuple | StripefsError | None] = []
+    changes: list[tuple[list, list]] = []  # the unlinks' changes, in order: logged at once, after the last
     now = 0
     found = ns.store.entry_inodes_in(parent, names)  # every name's row in one statement
     trashed: list[tuple] = []  # (parent, name, row, now) going to the trash, written at once
@@ -158,8 +163,10 @@ def unlink_many(ns: Namespace, parent: int, names: Sequence[bytes], log_change: 
             trashed.append((parent, name, row, now))
         else:
             ns.unlink_row(parent, name, row, now)
-        out.append(log_change([parent, *ns.take_unlinked()], [(parent, name)]))
+        changes.append(([parent, *ns.take_unlinked()], [(parent, name)]))
+        out.append(None)
     ns.trash.take_many(trashed)
     if now:
         ns.store.touch_dir(parent, now)
-    return out
+    logged = iter(log_changes(changes) if changes else ())
+    return [next(logged) if outcome is None else outcome for outcome in out]

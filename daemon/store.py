@@ -603,6 +603,24 @@ class SqlStore:
         self._x("INSERT INTO change_log (seq, created_ns, event) VALUES (?, ?, ?)", (seq, created_ns, event))
         return seq
 
+    def log_changes(self, created_ns: int, events: Sequence[bytes]) -> list[int | None]:
+        """``log_change`` of each of ``events``, in order: the counter moved once for all of them
+        (each keeps its own number, consecutive, as one by one) and one executemany of the rows (a run of unlinks, daemon/namespace_bulk.py ``unlink_many``)."""
+        if not events:
+            return []
+        if not self.group_commit:
+            self._xm("INSERT INTO change_log (created_ns, event) VALUES (?, ?)", [(created_ns, e) for e in events])
+            return [None] * len(events)
+        last = self._next_change_seqs(len(events))
+        seqs = list(range(last - len(events) + 1, last + 1))
+        self._xm("INSERT INTO change_log (seq, created_ns, event) VALUES (?, ?, ?)",
+                 [(seq, created_ns, e) for seq, e in zip(seqs, events)])
+        return seqs
+
+    def _next_change_seqs(self, count: int) -> int:
+        """``count`` numbers off the counter: the last of them."""
+        return self._x("UPDATE counters SET value = value + ? WHERE name = 'change_seq' RETURNING value", (count,)).fetchone()[0]
+
     def _next_change_seq(self) -> int:
         return self._x("UPDATE counters SET value = value + 1 WHERE name = 'change_seq' RETURNING value").fetchone()[0]
 
@@ -1144,6 +1162,15 @@ class SqliteStore(SqlStore):
         if self._seq is None:
             self._seq = self._seq_stored = super().last_change_seq()
         self._seq += 1
+        return self._seq
+
+    def _next_change_seqs(self, count: int) -> int:
+        if not self.conn.in_transaction:
+            self._seq = self._seq_stored = None
+            return super()._next_change_seqs(count)
+        if self._seq is None:
+            self._seq = self._seq_stored = super().last_change_seq()
+        self._seq += count
         return self._seq
 
     def last_change_seq(self) -> int:

@@ -147,6 +147,16 @@ class Txn:
         writer = P.writer_tag(client_id) if client_id else 0
         return (self.store.log_change(time.time_ns(), change_log.encode(inodes, entries, writer)) or 0, inodes, entries, client_id)
 
+    def log_many_in_run(self, changes: list[tuple[list, list]]) -> list[tuple]:
+        """``log_in_run`` of each (inodes, entries) of ``changes``, in order: each its own row and
+        number, the rows written at once (``store.log_changes``: the counter moved once, one
+        executemany), for a run of unlinks in one savepoint (daemon/namespace_bulk.py ``unlink_many``)."""
+        once = applied_ops.once.get()
+        client_id = once.client_id if once is not None else acting_client.get()
+        writer = P.writer_tag(client_id) if client_id else 0
+        seqs = self.store.log_changes(time.time_ns(), [change_log.encode(i, e, writer) for i, e in changes])
+        return [(seq or 0, i, e, client_id) for seq, (i, e) in zip(seqs, changes)]
+
     def note_logged(self, seq: int) -> None:
         """Changes up to ``seq`` are logged by this daemon (SQLite)."""
         self.last_seq = max(self.last_seq, seq)
@@ -385,6 +395,10 @@ class PgTxn(Txn):
     def _operation(self, fn, change, *args, **kwargs):
         self._local.logged = None
         return super()._operation(fn, change, *args, **kwargs)
+
+    def log_many_in_run(self, changes: list[tuple[list, list]]) -> list[tuple]:
+        """One by one: each change's row reads its directories' holds (``log_in_run``)."""
+        return [self.log_in_run(i, e) for i, e in changes]
 
     def log_in_run(self, inodes: list, entries: list) -> tuple:
         """``Txn.log_in_run``, the row unnumbered (the sequencer's), and a fifth argument of

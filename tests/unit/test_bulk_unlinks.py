@@ -13,6 +13,7 @@ import trio
 
 from stripefs.common import protocol as P
 from stripefs.common.errors import ErrorCode
+from stripefs.daemon import change_log
 from test_meta_burst import _create, _register
 from test_security import ROOT
 from util import free_address
@@ -165,4 +166,39 @@ async def test_a_run_reads_its_names_at_once_and_a_file_with_hard_links_again(tm
         assert trashed == set(inos.values()) and set(nlinks.values()) == {0}
         listing = (await service.handle(P.ReaddirReq(ino=d), [])).entries
         assert [e.name for e in listing] == [b"sub"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_runs_change_rows_are_written_at_once_each_its_own_number_and_event(tmp_path, ctx):  # noqa: F811
+    """The run's change log rows go in together after the last unlink (``Txn.log_many_in_run``:
+    the counter moved once, one executemany), yet each unlink keeps its own number, in the order
+    of the unlinks, with no hole, and its own event (what the feed and the callbacks read)."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path, 86400.0)
+        names = [b"f%d" % i for i in range(6)]
+        d, inos = await _tree(service, names)
+        one, many = [], []
+        real_one, real_many = service.store.log_change, getattr(service.store, "log_changes", None)
+
+        def counted_one(created_ns, event):
+            one.append(event)
+            return real_one(created_ns, event)
+
+        def counted_many(created_ns, events):
+            many.append(len(events))
+            return real_many(created_ns, events)
+
+        service.store.log_change, service.store.log_changes = counted_one, counted_many
+        items = [_unlink(d, b"f0"), _unlink(d, b"f1"), _unlink(d, b"nope"), *(_unlink(d, n) for n in names[2:])]
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert r[2].code == ErrorCode.NOT_FOUND
+        seqs = [x.seq for i, x in enumerate(r) if i != 2]
+        assert seqs == list(range(seqs[0], seqs[0] + 6))
+        assert (one, many) == ([], [6])  # one by one: a log_change per unlink
+        with sqlite3.connect(tmp_path / "meta.sqlite3") as disk:
+            rows = disk.execute("SELECT seq, event FROM change_log WHERE seq >= ? ORDER BY seq", (seqs[0],)).fetchall()
+        assert [seq for seq, _ in rows] == seqs
+        for (_, event), name in zip(rows, names):
+            inodes, entries = change_log.decode(bytes(event))
+            assert entries == [(d, name)] and inodes == sorted({d, inos[name]})
         nursery.cancel_scope.cancel()

@@ -168,3 +168,37 @@ def test_a_row_names_its_writer_and_rows_without_one_still_decode():
     assert change_log.decode_writer(change_log.encode([3, 1], [(1, b"x")], tag)) == ([1, 3], [(1, b"x")], tag)
     assert change_log.decode(change_log.encode([3], [], tag)) == ([3], [])
     assert change_log.decode_writer(change_log.encode([3], [])) == ([3], [], 0)  # as written before writers
+
+
+def test_the_plain_feed_sends_each_rows_lists_as_stored_the_same_frames_as_encoded_anew(monkeypatch):
+    """The plain feed builds each event from its row's msgpack lists as stored
+    (``protocol.encode_event_raw``): the same bytes as ``encode_event`` of the decoded row, with a
+    writer and without, empty lists, large numbers and any bytes in a name; no row decoded into
+    lists (an rm -rf publishes one row per unlink)."""
+    rows = [(5, change_log.encode([7, 2], [(2, b"a")], 12345)), (6, change_log.encode([], [])),
+            (7, change_log.encode([2**63 - 1, 1], [(1, bytes(range(256))), (2**40, b"")], 2**64 - 1))]
+    expected = [P.encode_event(P.ChangeEvent("log-1", seq, *change_log.decode_writer(blob)[:2], "boot-9",
+                                             change_log.decode_writer(blob)[2])) for seq, blob in rows]
+    monkeypatch.setattr(change_log, "decode_writer", lambda blob: pytest.fail("the row's lists decoded"))
+    ctx = zmq.Context()
+    feed = ChangeFeed(ctx, "tcp://127.0.0.1:0", "log-1", 4, daemon="boot-9")
+    sub = ctx.socket(zmq.SUB)
+    try:
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://127.0.0.1:{feed.port}")
+        for _ in range(100):  # until the subscription is in place (PUB drops before it)
+            feed.seq = 4
+            feed.publish(rows)
+            if sub.poll(100):
+                break
+        while sub.poll(100):  # what the tries left
+            sub.recv()
+        feed.seq = 4
+        feed.publish(rows)
+        heard = [sub.recv() for _ in rows]
+        assert heard == expected and feed.seq == 7
+        assert [P.decode_event(f).seq for f in heard] == [5, 6, 7]
+    finally:
+        sub.close(linger=0)
+        feed.close()
+        ctx.term()
