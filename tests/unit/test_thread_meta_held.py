@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import asynccontextmanager
 
 import trio
 import zmq
@@ -94,14 +95,21 @@ def _ask(pool: ThreadMeta, request) -> _Job:
     return job
 
 
-async def _pool(ctx, daemon: _Daemon, trio_timeout: float) -> ThreadMeta:
-    return ThreadMeta(ctx, MetaClient(ctx, [daemon.address], timeout=trio_timeout), timeout=0.3, missing=lambda *a: None)
+@asynccontextmanager
+async def _pool(ctx, hold: float | None, trio_timeout: float):
+    """A daemon holding each request ``hold`` seconds (None: never answering) and a pool asking it;
+    both closed on the way out."""
+    daemon = _Daemon(ctx, hold=hold)
+    pool = ThreadMeta(ctx, MetaClient(ctx, [daemon.address], timeout=trio_timeout), timeout=0.3, missing=lambda *a: None)
+    try:
+        yield daemon, pool
+    finally:
+        await trio.to_thread.run_sync(pool.close)
+        daemon.close()
 
 
 async def test_a_lookup_held_past_the_threads_timeout_is_asked_once_and_its_late_answer_given(ctx):
-    daemon = _Daemon(ctx, hold=1.0)  # past the pool's 0.3 s, within the trio client's 10 s
-    pool = await _pool(ctx, daemon, 10.0)
-    try:
+    async with _pool(ctx, 1.0, 10.0) as (daemon, pool):  # held past the pool's 0.3 s, within the trio client's 10 s
         lookup = _ask(pool, P.LookupReq(parent=ROOT, name=b"f", callback=True))
         await trio.sleep(0.5)  # the lookup is held: a worker answers a getattr meanwhile
         getattr_job = _ask(pool, P.GetattrReq(ino=7))
@@ -110,33 +118,21 @@ async def test_a_lookup_held_past_the_threads_timeout_is_asked_once_and_its_late
         assert await trio.to_thread.run_sync(lookup.done.wait, 10.0)
         assert lookup.outcomes == [("answer", 5)]  # the held request's own answer, not trio's path
         assert daemon.seen.count("LookupReq") == 1, daemon.seen
-    finally:
-        await trio.to_thread.run_sync(pool.close)
-        daemon.close()
 
 
 async def test_a_held_request_with_no_answer_goes_to_trio_s_path_after_the_trio_client_s_wait(ctx):
-    daemon = _Daemon(ctx, hold=None)
-    pool = await _pool(ctx, daemon, 1.0)
-    try:
+    async with _pool(ctx, None, 1.0) as (daemon, pool):
         started = time.monotonic()
         lookup = _ask(pool, P.LookupReq(parent=ROOT, name=b"f", callback=True))
         assert await trio.to_thread.run_sync(lookup.done.wait, 30.0)  # (bounded loosely: a shared machine)
         assert lookup.outcomes == [("slow",)] and time.monotonic() - started >= 1.0
         assert daemon.seen == ["LookupReq"]
-    finally:
-        await trio.to_thread.run_sync(pool.close)
-        daemon.close()
 
 
 async def test_a_held_request_goes_to_trio_s_path_when_the_pool_closes(ctx):
-    daemon = _Daemon(ctx, hold=None)
-    pool = await _pool(ctx, daemon, 60.0)
-    try:
+    async with _pool(ctx, None, 60.0) as (daemon, pool):
         lookup = _ask(pool, P.LookupReq(parent=ROOT, name=b"f", callback=True))
         while not pool._late:  # held: its own thread waits for it
             await trio.sleep(0.05)
-    finally:
-        await trio.to_thread.run_sync(pool.close)  # not 60 s: the held thread sees the close
-        daemon.close()
+    # (the close was not 60 s: the held thread sees it)
     assert lookup.outcomes == [("slow",)]
