@@ -19,9 +19,9 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Callable
 
 from stripefs import page_cache
-from typing import Callable
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

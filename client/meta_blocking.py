@@ -90,7 +90,7 @@ class BlockingMetaClient:
 
     def _line(self, deadline: float, main: bool = False) -> _Line:
         """This thread's socket to the current daemon's read lane, or (``main``) to its address."""
-        daemon = self.meta.addresses[self.meta._current]  # the daemon the mount talks to now
+        daemon = self.meta.current_address  # the daemon the mount talks to now
         address = daemon if main else self._lanes.get(daemon)
         lines = getattr(self._local, "lines", None)
         if lines is None:

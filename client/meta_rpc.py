@@ -104,6 +104,11 @@ class MetaClient:
         finally:
             self._unanswered.difference_update(ops)
 
+    @property
+    def current_address(self) -> str:
+        """The daemon this client talks to now (it moves on at a failure: ``_call``)."""
+        return self.addresses[self._current]
+
     def _wire(self, request: p.Msg, once: tuple[int, int] | None = None) -> p.Msg:
         """``request`` as sent: squashed, mapped into the subtree, in its OnceReq (``once``: op id,
         done below) when it must be applied once."""

@@ -166,13 +166,13 @@ class ThreadMeta:
         trio client's own wait for one request (``MetaClient.timeout``) since the send; cut short
         by close() or the mount moving to another daemon (trio's path then asks that one)."""
         meta = self.client.meta
-        daemon = meta._current
+        daemon = meta.current_address
         seconds = max(getattr(meta, "timeout", 0.0), self.client.timeout)
         metrics.THREAD_META.labels("held").inc()
 
         def wait() -> None:
             try:
-                reply = late.wait(seconds, lambda: self._closing or meta._current != daemon)
+                reply = late.wait(seconds, lambda: self._closing or meta.current_address != daemon)
             except Exception as exc:  # noqa: BLE001 - answered by _finish as the call's outcome
                 reply = exc
             finally:
