@@ -155,7 +155,7 @@ def _per_open_reads(mnt) -> None:
     with caches_kept():
         _read(path)
         _read(path)
-        before = _requests_at(url=url)
+        before = _all_released(url=url)  # the warm-up reads' RELEASEs may still be on their way
         for _ in range(3):
             with open(path, "rb", buffering=0) as f:
                 assert f.read() == data
@@ -184,6 +184,19 @@ def _releases_in(url: str, before: dict, n: int) -> dict:
         return counts.get("release", 0) - before.get("release", 0) >= n
 
     _eventually(arrived)
+    return counts
+
+
+def _all_released(mountpoint=None, url: str = "") -> dict:
+    """The request counts once every OPEN and CREATE so far has had its RELEASE (a close's RELEASE
+    comes after close() returned, as in ``_releases_in``): a baseline no late RELEASE can move."""
+    counts = {}
+
+    def settled():
+        counts.update(_requests_at(mountpoint, url))
+        return counts.get("release", 0) >= counts.get("open", 0) + counts.get("create", 0)
+
+    _eventually(settled)
     return counts
 
 
