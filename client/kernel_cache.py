@@ -65,6 +65,7 @@ from ..common.transport import open_socket
 from . import fuse_backend
 from .dir_attrs import DirAttrs
 from .fuse.abi import ROOT_ID
+from .metrics import KERNEL_CACHE_DROPS
 
 log = logging.getLogger(__name__)
 
@@ -481,9 +482,10 @@ class KernelCache:
             self._pending = trio.Event()  # what is queued from here on wakes it again
             await self.flush_pending()
 
-    async def drop_all(self, why: str, floor: int | None = None) -> None:
+    async def drop_all(self, why: str, floor: int | None = None, cause: str = "other") -> None:
         """Drop everything told to the kernel; ``floor``: the change log position from which
-        the feed is followed again in order (None: not known yet)."""
+        the feed is followed again in order (None: not known yet); ``cause``: the metric's label."""
+        KERNEL_CACHE_DROPS.labels(cause).inc()
         with self.state_lock:
             self.drops += 1
             self.dir_attrs.clear(floor)
@@ -568,7 +570,7 @@ class KernelCache:
             if silence.cancelled_caught:
                 if self.healthy:
                     self.healthy = False
-                    await self.drop_all(f"nothing heard for {p.EVENTS_SILENCE_S:.0f}s")
+                    await self.drop_all(f"nothing heard for {p.EVENTS_SILENCE_S:.0f}s", cause="silence")
                 return heard
             heard = True
             self.events_heard += len(burst)
@@ -582,7 +584,7 @@ class KernelCache:
                     log.warning("change feed: %s", exc)
                     own = self._apply_own_run(own)
                     self.healthy = False
-                    await self.drop_all("undecodable event", seq + 1)
+                    await self.drop_all("undecodable event", seq + 1, cause="undecodable")
                     continue
                 if event.boot_id == boot and event.seq == seq + 1 and event.daemon == self._daemon \
                         and event.writer and event.writer == self.own_writer:
@@ -593,7 +595,7 @@ class KernelCache:
                 own = self._apply_own_run(own)
                 if event.daemon != self._daemon:
                     if self._daemon and self.grants:  # it knows none of the callbacks granted before
-                        await self.drop_all(f"another metadata daemon ({event.daemon[:8]}) publishes the feed", seq)
+                        await self.drop_all(f"another metadata daemon ({event.daemon[:8]}) publishes the feed", seq, cause="daemon")
                     self._daemon = event.daemon
                 if event.boot_id == boot and event.seq == seq and not (event.inodes or event.entries):
                     self.healthy = True  # a heartbeat: nothing missed
@@ -602,9 +604,12 @@ class KernelCache:
                     self.apply(*self.map_event(event.inodes, event.entries), seq, event.writer)
                     self.healthy = True
                 else:
-                    why = "another change log (a restored database?)" if event.boot_id != boot else f"missed changes {seq + 1}..{event.seq - 1}"
+                    if event.boot_id != boot:
+                        why, cause = "another change log (a restored database?)", "change_log"
+                    else:
+                        why, cause = f"missed changes {seq + 1}..{event.seq - 1}", "gap"
                     boot, seq = event.boot_id, event.seq
-                    await self.drop_all(why, seq)  # covers this event's changes too
+                    await self.drop_all(why, seq, cause)  # covers this event's changes too
                     self.healthy = True
             self._apply_own_run(own)
 

@@ -39,7 +39,7 @@ import stat
 import time
 from pathlib import Path
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from ..common.metrics import LATENCY_BUCKETS
 from .fuse.replies import FuseError
@@ -117,6 +117,20 @@ READ_SECONDS = Counter(
 ASYNC_CREATES = Counter("stripefs_async_creates_total", "Creates answered by the mount and sent to the daemon after (client/async_dirops.py)")
 ASYNC_REFUSED = Counter(
     "stripefs_async_refused_total", "Creates answered by the mount that the daemon then refused (their next operation fails)"
+)
+KERNEL_CACHE_DROPS = Counter(
+    "stripefs_kernel_cache_drops_total",
+    "Times the mount dropped everything it had told the kernel to keep, and every callback it held "
+    "(client/kernel_cache.py drop_all), by cause: silence (the change feed said nothing for "
+    "EVENTS_SILENCE_S), gap (a change number missed), change_log (another change log: a restored database, "
+    "a new daemon's first event), undecodable, daemon (another daemon publishes the feed); until it "
+    "follows the feed again the kernel asks about every name",
+    ["cause"],
+)
+FEED_HEALTHY = Gauge(
+    "stripefs_change_feed_healthy",
+    "1 while the mount follows the change feed in order (names, attributes and callbacks may be kept long in the "
+    "kernel), 0 before it has subscribed and after a silence, until it follows again (client/kernel_cache.py)",
 )
 CACHE_HITS = Counter("stripefs_cache_hits_total", "Chunk lookups answered from the client's chunk cache")
 CACHE_MISSES = Counter("stripefs_cache_misses_total", "Chunk lookups that had to fetch from a storage node")

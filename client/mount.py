@@ -321,6 +321,7 @@ async def _run(addresses, mountpoint: str, options: set[str], client_cfg: cfg.Cl
             client = await open_client(ctx, stack, nursery, client_cfg, addresses, name=mountpoint)
             meta, data = client.meta, client.data
             kcache = KernelCache()
+            client_metrics.FEED_HEALTHY.set_function(lambda: kcache.healthy)
             if meta.subtree is not None:  # a subdir mount: the kernel's root is that directory
                 kcache.map_event = meta.subtree.event
                 kcache.callbacks_wanted = False  # its feed is a view (client/kernel_cache.py)

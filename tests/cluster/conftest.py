@@ -29,12 +29,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from stripefs.client import metrics as client_metrics
 from stripefs.common import config as cfg
 from stripefs.local_cluster import LocalCluster, _alive, _is_mounted
 from util import configure, drop_caches  # noqa: F401  (the tests import drop_caches from here too)
@@ -47,6 +49,26 @@ def run_cli(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess
     if check and res.returncode:
         raise AssertionError(f"stripefs {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}")
     return res
+
+
+def _feed_followed(mnt: Path, within: float = 20.0) -> None:
+    """Return once the mount at ``mnt`` follows the change feed (``stripefs_change_feed_healthy``), or
+    after ``within``. Until then it keeps nothing long in the kernel and asks no callbacks
+    (client/kernel_cache.py), so a test counting requests from its first stat would count the ones a
+    late subscription costs. The mount waits 2 s for it itself (client/mount.py); a loaded machine
+    can take longer. A mount with no metrics address, or one that never follows, is left as it is."""
+    state = client_metrics.find_state(mnt)
+    if not state or not state.get("metrics"):
+        return
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{state['metrics']}/metrics", timeout=5) as rsp:
+                if re.search(rb"^stripefs_change_feed_healthy 1(\.0)?$", rsp.read(), re.M):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
 
 
 def _env_mount_options() -> list[str]:
@@ -119,6 +141,7 @@ class Cluster:
                 "--pidfile", str(self.state / f"{name}.pid"),
                 *_env_mount_options(), "-o", ",".join(filter(None, ["allow_other", options])))  # (the test's win)
         self.extra_mounts.append(mnt)
+        _feed_followed(mnt)
         return mnt
 
     def unmount(self, mnt: Path) -> None:

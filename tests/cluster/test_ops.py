@@ -72,6 +72,7 @@ def test_every_process_serves_metrics_with_nonzero_values_after_io(cluster, mnt)
     ]:
         assert total(mount, name, **labels) > 0, (name, labels)
     assert total(mount, "stripefs_read_bytes_total") >= len(data)
+    assert total(mount, "stripefs_change_feed_healthy") == 1  # (the tests' mount_again waits for it)
     assert total(mount, "stripefs_write_bytes_total") >= len(data)
 
     (meta,) = by_role["meta"]
