@@ -106,6 +106,9 @@ class KernelCache:
         self._pending_inodes: set[int] = set()  # invalidations noted, not yet sent to the kernel
         self._pending_names: set[tuple[int, bytes]] = set()
         self._pending = trio.Event()
+        #: held while queued invalidations are taken and sent: a caller of ``flush_pending`` returns
+        #: only once the flusher's invalidations in flight are in the kernel too, not beside them
+        self._invalidating = trio.Lock()
         self._subscribed = 0  # subscriptions made so far
         self.dir_attrs = DirAttrs()  # directory attributes from this mount's change replies (client/dir_attrs.py)
         self.dir_attrs.clear()  # none kept until the feed is followed
@@ -457,14 +460,15 @@ class KernelCache:
         leaves the flusher's wake-up alone: replacing it here once left the flusher waiting on an
         event nobody would set again, so the mount stopped acknowledging (the daemon waited 4 s
         per change for it, then took its callbacks away)."""
-        inodes, names = list(self._pending_inodes), list(self._pending_names)
-        self._pending_inodes.clear()
-        self._pending_names.clear()
-        ack, everything, opened = self._ack_seq, self._ack_all, sorted(self._ack_open)
-        self._ack_all = False
-        self._ack_open.clear()
-        if inodes or names:
-            await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
+        async with self._invalidating:
+            inodes, names = list(self._pending_inodes), list(self._pending_names)
+            self._pending_inodes.clear()
+            self._pending_names.clear()
+            ack, everything, opened = self._ack_seq, self._ack_all, sorted(self._ack_open)
+            self._ack_all = False
+            self._ack_open.clear()
+            if inodes or names:
+                await trio.to_thread.run_sync(_invalidate, inodes, names, self.kernel_lock)
         if (ack > self._acked or everything) and self.send_ack is not None:
             # the change waiting for this acknowledgement may be another mount's in a directory
             # where creates answered here are not sent yet: they go first (client/async_dirops.py)

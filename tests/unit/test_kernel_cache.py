@@ -112,6 +112,36 @@ async def test_a_reply_that_raced_a_change_is_not_cached_long(monkeypatch):
     assert cache.changed_since(before, 999)  # after a full drop nothing older may be trusted
 
 
+async def test_a_flush_returns_only_once_the_flushers_invalidations_in_flight_are_sent(monkeypatch):
+    """A caller that needs the kernel told now (``flush_pending``) while the flusher's own hop to the
+    kernel is under way waits for it: it found nothing queued, but the names it wants dropped are in
+    that hop (an in-process test saw the refused rename's names not dropped yet)."""
+    sent, release = [], threading.Event()
+
+    def slow(inodes, names, lock):
+        release.wait(10)
+        sent.extend(names)
+
+    monkeypatch.setattr(kc, "_invalidate", slow)
+    cache = kc.KernelCache()
+    cache.drop_name(1, b"f")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cache.flush_pending)  # the flusher's: takes the name, then waits in its thread
+        await trio.testing.wait_all_tasks_blocked()
+        flushed = trio.Event()
+
+        async def caller():
+            await cache.flush_pending()
+            flushed.set()
+
+        nursery.start_soon(caller)
+        await trio.sleep(0.2)
+        assert not flushed.is_set() and sent == []  # nothing queued, but the hop in flight is not done
+        release.set()
+        await flushed.wait()
+        assert sent == [(1, b"f")]
+
+
 async def test_follower_applies_in_order_and_drops_everything_on_a_gap(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(kc, "_invalidate", lambda inodes, names, lock: calls.append((sorted(inodes), list(names))))
