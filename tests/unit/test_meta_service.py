@@ -50,7 +50,9 @@ class Daemon:
                 stdout=log, stderr=subprocess.STDOUT,
             )
 
-    async def wait_ready(self, ctx, timeout=20.0) -> P.PingRsp:
+    async def wait_ready(self, ctx, timeout=60.0) -> P.PingRsp:
+        # (60 s: a clean-clone run beside other work took 20 s from a kill -9 to the restarted
+        # daemon's first log line, its interpreter starting and importing; no failure waits this long)
         deadline = time.monotonic() + timeout
         async with connect(ctx, self.address, timeout=0.5) as client:
             while True:
