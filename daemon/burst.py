@@ -237,6 +237,8 @@ class Burst:
             return unit
         except StripefsError as exc:
             return _error(exc)
+        except OverflowError as exc:  # ``defer`` read a row by a number SQLite cannot bind: this request's error alone
+            return _error(_overflow(body, exc))
 
     def _plan_batch(self, batch: P.BatchReq, peer: str | None):
         try:
@@ -261,6 +263,8 @@ class Burst:
                 units[-1].request = item
             except StripefsError as exc:
                 units.append(_Unit(None, None, peer, _error(exc)))
+            except OverflowError as exc:
+                units.append(_Unit(None, None, peer, _error(_overflow(item, exc))))
         for unit in units:
             self._may_share(unit, peer)
         return units

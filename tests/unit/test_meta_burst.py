@@ -131,6 +131,33 @@ async def test_a_read_in_a_burst_is_answered_before_the_commit_of_the_writes_bes
         nursery.cancel_scope.cancel()
 
 
+async def test_a_number_out_of_range_in_a_burst_is_refused_alone(tmp_path, ctx):
+    """A lookup naming a parent past SQLite's signed 64 bits (the fuzzer's): refused (not INTERNAL),
+    and the requests received with it answered as if it were not there."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        await service.handle(_create(b"old"), [])
+        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+        other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
+        await service.handle(P.DelegateInodesReq(session_id=other, count=100), [])  # a lookup then reads the name first
+        huge = (1 << 64) - 1
+        hostile = [P.LookupReq(parent=huge, name=b"x"), P.LookupReq(parent=huge, name=b"p" + b"z" * 272, session_id=7412),
+                   P.LookupReq(parent=huge, name=b"x", session_id=sid, callback=True), P.GetattrReq(ino=huge),
+                   P.BatchReq(items=[_create(b"in-batch"), P.UnlinkReq(parent=huge, name=b"x")])]
+        async with open_socket(ctx, zmq.DEALER, connect=service.config.listen) as sock:
+            for i, bad in enumerate(hostile):
+                items = [_create(b"new%d" % i), bad, P.LookupReq(parent=ROOT, name=b"old")]
+                for k, body in enumerate(items):  # no await between them: one burst
+                    sock.raw.send_multipart([P.encode(k + 1, body)])
+                with trio.fail_after(20):
+                    replies = dict([P.decode_reply((await sock.recv_multipart())[0].bytes) for _ in items])
+                assert isinstance(replies[1], P.OpenRsp) and isinstance(replies[3], P.AttrRsp), (bad, replies)
+                flat = replies[2].results if isinstance(replies[2], P.BatchRsp) else [replies[2]]
+                assert any(isinstance(r, P.ErrorRsp) for r in flat), (bad, flat)
+                assert not any(isinstance(r, P.ErrorRsp) and r.code == ErrorCode.INTERNAL for r in flat), (bad, flat)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_directory_read_once_per_burst_is_reported_as_the_database_has_it(tmp_path, ctx, monkeypatch):
     """The burst keeps the directory rows it read (daemon/store.py dir_cache): what each reply
     reports of the directory is what the database holds after its operation, through a
