@@ -290,9 +290,18 @@ async def test_in_process_group_commit_gc_and_health(tmp_path, ctx):
         with trio.fail_after(10):
             while service.nodes.is_up(1) or len(service.sessions):
                 await trio.sleep(0.1)
-        with pytest.raises(StripefsError) as info:
-            await service.handle(P.GetattrReq(ino=f1), [])
-        assert info.value.code == ErrorCode.NOT_FOUND
+
+        async def released() -> bool:  # (the expired session's orphans are released after it is gone)
+            try:
+                await service.handle(P.GetattrReq(ino=f1), [])
+            except StripefsError as exc:
+                assert exc.code == ErrorCode.NOT_FOUND
+                return True
+            return False
+
+        with trio.fail_after(10):
+            while not await released():
+                await trio.sleep(0.1)
         with pytest.raises(StripefsError) as info:
             await service.handle(P.AllocChunksReq(ino=(await service.handle(
                 P.LookupReq(parent=ROOT, name=b"f2"), [])).attr.ino, indices=[1]), [])
