@@ -265,6 +265,12 @@ class Operations:
         # GETATTR's and LOOKUP's answers, encoded once per Attr (_encoded); dropped with what they
         # were made from
         self._attr_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
+        #: ino -> state of every file that may hold a write mark or writes not committed
+        #: (``_may_hold_writes``): what an acknowledgement or a settle looks through
+        #: (``_marked_or_written``), not ``files``, which on a no-open mount keeps a state per
+        #: inode the kernel knows (40,000 after as many creates, each acknowledgement scanning
+        #: them all under ``lock``: ~30% of the trio thread; docs/design.md, issue 30 round b)
+        self._unclean: dict[int, OpenFile] = {}
         #: dataset mount: directories being listed ahead of the kernel (``_list_subdirs_ahead``), and
         #: those waiting for their turn
         self._listing_ahead: dict[int, trio.Event] = {}
@@ -334,9 +340,11 @@ class Operations:
         covered them) and a read elsewhere follows it. Their marks are dropped first, so a WRITE from
         here on marks its file again before it is answered (``_mark``). The commits, to run."""
         with self.lock:
-            files = [of for of in self.files.values() if touched is None or of.ino in touched or of.parent in touched]
-        for of in files:
-            of.marked = False
+            files = [of for of in self._marked_or_written() if touched is None or of.ino in touched or of.parent in touched]
+            for of in files:
+                of.marked = False
+                if not (_written(of) or of.committing):
+                    del self._unclean[of.ino]  # neither marked nor written now (``_may_hold_writes``)
         return [functools.partial(self._commit_quietly, of) for of in files if _written(of)]
 
     async def _finish_before_ack(self, work: list[Callable[[], Awaitable[None]]]) -> None:
@@ -615,9 +623,28 @@ class Operations:
         wrote since their last commit are committed now (as if closed: with a FLUSH their close would
         have queued them), so a listing, a lookup or a change there finds them as written."""
         with self.lock:
-            files = [of for of in self.files.values() if _written(of) and (dirs is None or (of.parent and of.parent in dirs))]
+            files = [of for of in self._marked_or_written() if _written(of) and (dirs is None or (of.parent and of.parent in dirs))]
         for of in files:
             await self._commit_quietly(of)
+
+    def _may_hold_writes(self, of: OpenFile) -> None:
+        """``of`` is marked, or written to: ``_marked_or_written`` finds it. Called wherever a mark is
+        set (``_create_here``, ``_marked``) and wherever a write lands without one being set just
+        before (an early write, ``_keep_early``; a WRITE whose mark an acknowledgement dropped while
+        it was sent, ``write_inode``): a file neither marked nor written becomes either only there."""
+        self._unclean[of.ino] = of
+
+    def _marked_or_written(self) -> list[OpenFile]:
+        """(under ``lock``, or on the trio thread with no await) The files of ``files`` that are marked,
+        hold writes not committed or are committing: every such file (``_may_hold_writes``). Those
+        that are none of these any more, or that ``files`` no longer holds, leave the index here."""
+        out = []
+        for ino, of in list(self._unclean.items()):
+            if self.files.get(ino) is of and (of.marked or _written(of) or of.committing):
+                out.append(of)
+            else:
+                del self._unclean[ino]
+        return out
 
     def _fast_failed(self, ino: int) -> None:
         """(reader thread) A fast answer about ``ino`` is the error its refused create left, once."""
@@ -677,6 +704,7 @@ class Operations:
         with self.lock:
             of = self.files[ino] = OpenFile(ino, attr, _PENDING_LAYOUT, {}, parent=parent)
             of.marked = True  # the directory's hold covers it: another's lookup there recalls this mount first
+            self._unclean[ino] = of  # (``_may_hold_writes``)
             self.kcache.held_here(ino, parent, name)
             self._keep_held(ino, attr)
         fh = self._new_handle(of)
@@ -2090,7 +2118,9 @@ class Operations:
         await self._settle(inode)  # a file created here: its layout and chunk map are the daemon's answer
         of, _ = await self._inode_file(inode, ctx, write=True)
         of.mtime_ns = time.time_ns()
+        self._may_hold_writes(of)
         n = await self.data.write(of, off, buf)
+        self._may_hold_writes(of)  # (again: an acknowledgement during the write may have let it go)
         if self.silent_close and not of.marked:
             await self._mark(of)  # (an acknowledgement while it was written dropped the mark)
         return n
@@ -2110,6 +2140,7 @@ class Operations:
                      "here may be seen elsewhere up to %.0f ms late", 1000 * idle_commits.IDLE_S)
         # raced: another mount's change of the file came meanwhile, which may have ended the mark
         of.marked = rsp.callback < 0 or not raced
+        self._may_hold_writes(of)  # (marked, or about to be written: a WRITE asks a mark first)
         if rsp.callback >= 0:
             self.kcache.marked(of.ino, rsp.callback)
 
@@ -2286,12 +2317,16 @@ class Operations:
             return self._keep_early(of, off, buf)
         await self._settle(of.ino)  # a file created here: its layout and chunk map are the daemon's answer
         of.mtime_ns = time.time_ns()
-        return await self.data.write(of, off, buf)  # short at a directory quota's limit
+        self._may_hold_writes(of)  # (a file created here writes through its CREATE's handle)
+        try:
+            return await self.data.write(of, off, buf)  # short at a directory quota's limit
+        finally:
+            self._may_hold_writes(of)
 
-    @staticmethod
-    def _keep_early(of: OpenFile, off: int, buf) -> int:
+    def _keep_early(self, of: OpenFile, off: int, buf) -> int:
         """A write to a file whose create is not sent yet: kept until it is (the write-back sends
         both), no round trip here."""
+        self._may_hold_writes(of)
         of.keep_early(off, bytearray(buf))  # (the one copy: ``_replay`` adopts it as the chunk's buffer)
         of.size = max(of.size, off + len(buf))
         of.mtime_ns = time.time_ns()

@@ -13,7 +13,7 @@ import re
 import pytest
 import trio
 
-from stripefs.client import async_dirops, write_back
+from stripefs.client import async_dirops, idle_commits, write_back
 from stripefs.client.operations import FAST_PATH_MISS
 from stripefs.client.fuse.abi import ROOT_ID
 from stripefs.common import protocol as P
@@ -467,3 +467,33 @@ async def test_an_acknowledgement_waits_only_for_the_write_back_of_what_the_chan
             assert all(mine.ops.writeback.holds(ino) for ino in queued)  # not what the change touched
             assert await theirs.read_file(mine.dir, b"q1") == (await mine.read_file(mine.dir, b"q1"))
     assert not any(mine.ops.writeback.holds(ino) for ino in queued)
+
+
+async def test_an_acknowledgement_looks_only_at_files_marked_or_written(mine, rig, monkeypatch, no_timer):
+    """A no-open mount keeps a state per inode the kernel knows (every file it created, until FORGET),
+    and an acknowledgement commits the write sessions of what the change touched. It looks through the
+    files that may be marked or written (``Operations._unclean``), not every state: 40,000 created
+    files made each acknowledgement a scan of them all under the mount's lock. Created files found
+    clean and unmarked leave that index, their states stay; a file written after that is back in it,
+    and the next acknowledgement still commits it before another mount reads it."""
+    monkeypatch.setattr(idle_commits, "IDLE_S", 600)  # only the acknowledgement commits the write below
+    ops = mine.ops
+    made = []
+    for i in range(20):
+        fh, ino = await mine.create(mine.dir, b"e%d" % i)
+        await mine.close(fh)
+        made.append(ino)
+    assert set(made) <= set(ops._unclean)  # marked: created in a directory held whole
+    with pytest.MonkeyPatch.context() as theirs_patch:  # (their kernel's invalidations are theirs: undone after)
+        async with open_fs(rig, Kernel(theirs_patch), "theirs") as theirs:
+            with trio.fail_after(10):  # their listing of the directory waits for this mount's acknowledgement
+                assert set(await theirs.listdir(mine.dir)) >= {b"e%d" % i for i in range(20)}
+            assert not set(made) & set(ops._unclean), "clean files stayed in the index"
+            assert set(made) <= set(ops.files)  # (the states themselves stay: the kernel did not forget them)
+            fh = await mine.open(made[0], os.O_WRONLY)
+            data = os.urandom(300 * K)
+            assert await mine.write(fh, 0, data) == len(data)
+            assert made[0] in ops._unclean
+            with trio.fail_after(10):  # their read waits for the acknowledgement, which commits it first
+                assert await theirs.read_file(mine.dir, b"e0") == data
+            await mine.close(fh)
