@@ -271,6 +271,7 @@ class Operations:
         #: inode the kernel knows (40,000 after as many creates, each acknowledgement scanning
         #: them all under ``lock``: ~30% of the trio thread; docs/design.md, issue 30 round b)
         self._unclean: dict[int, OpenFile] = {}
+        self._unclean_bound = 1024  # past this many, the next look through prunes it all (``_marked_or_written``)
         #: dataset mount: directories being listed ahead of the kernel (``_list_subdirs_ahead``), and
         #: those waiting for their turn
         self._listing_ahead: dict[int, trio.Event] = {}
@@ -340,7 +341,7 @@ class Operations:
         covered them) and a read elsewhere follows it. Their marks are dropped first, so a WRITE from
         here on marks its file again before it is answered (``_mark``). The commits, to run."""
         with self.lock:
-            files = [of for of in self._marked_or_written() if touched is None or of.ino in touched or of.parent in touched]
+            files = self._marked_or_written(touched, by_ino=True)
             for of in files:
                 of.marked = False
                 if not (_written(of) or of.committing):
@@ -622,8 +623,10 @@ class Operations:
         """Closes that send nothing: the files this mount created in ``dirs`` (None: every file) and
         wrote since their last commit are committed now (as if closed: with a FLUSH their close would
         have queued them), so a listing, a lookup or a change there finds them as written."""
+        if dirs is not None and not dirs:
+            return  # (a settle naming nothing: no file of a directory named)
         with self.lock:
-            files = [of for of in self._marked_or_written() if _written(of) and (dirs is None or (of.parent and of.parent in dirs))]
+            files = [of for of in self._marked_or_written(dirs) if _written(of)]
         for of in files:
             await self._commit_quietly(of)
 
@@ -634,17 +637,33 @@ class Operations:
         it was sent, ``write_inode``): a file neither marked nor written becomes either only there."""
         self._unclean[of.ino] = of
 
-    def _marked_or_written(self) -> list[OpenFile]:
+    def _marked_or_written(self, touched=None, *, by_ino: bool = False) -> list[OpenFile]:
         """(under ``lock``, or on the trio thread with no await) The files of ``files`` that are marked,
-        hold writes not committed or are committing: every such file (``_may_hold_writes``). Those
-        that are none of these any more, or that ``files`` no longer holds, leave the index here."""
-        out = []
-        for ino, of in list(self._unclean.items()):
-            if self.files.get(ino) is of and (of.marked or _written(of) or of.committing):
-                out.append(of)
-            else:
-                del self._unclean[ino]
-        return out
+        hold writes not committed or are committing, among those created in a directory ``touched``
+        names (with ``by_ino``, also those it names; None: all): every such file is in ``_unclean``
+        (``_may_hold_writes``). A file looked at that is none of these, or that ``files`` no longer
+        holds, leaves the index; the whole index is looked through once it doubled since the last
+        time, so that states the kernel forgot do not pile up in it. ``touched`` is checked first:
+        a settle's scan costs one membership test per file still marked here (a ``cp -r`` marks
+        every file it creates, and no acknowledgement comes to drop the marks)."""
+        index = self._unclean
+        if touched is None or len(index) > self._unclean_bound:
+            for of in list(index.values()):
+                self._still_unclean(of)
+            self._unclean_bound = 2 * len(index) + 1024
+            if touched is None:
+                return list(index.values())
+        if by_ino:
+            return [of for of in list(index.values()) if (of.ino in touched or of.parent in touched) and self._still_unclean(of)]
+        return [of for of in list(index.values()) if of.parent and of.parent in touched and self._still_unclean(of)]
+
+    def _still_unclean(self, of: OpenFile) -> bool:
+        """(``_marked_or_written``) Whether ``of`` is still one of ``files`` marked or written; if not, it leaves the index."""
+        if self.files.get(of.ino) is of and (of.marked or of.committing or _written(of)):
+            return True
+        if self._unclean.get(of.ino) is of:
+            del self._unclean[of.ino]
+        return False
 
     def _fast_failed(self, ino: int) -> None:
         """(reader thread) A fast answer about ``ino`` is the error its refused create left, once."""
