@@ -265,8 +265,9 @@ class EcPath:
                 raise StripefsError(ErrorCode.UNAVAILABLE, f"fragment {part} of stripe {ino}:{ref.index} has no node")
             if nodes.is_suspect(node):
                 raise StripefsError(ErrorCode.UNAVAILABLE, f"node {node} holding fragment {part} is suspect")
-            chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(part, ref.version))
-            _, data = await nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
+            version = ref.fragment_version(part)  # its own: a delta may have left it at an older one
+            chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(part, version))
+            _, data = await nodes.read_versioned(node, chunk, version, 0, c.fps, last_try=False)
             return data
 
         return await self.cache.fetch((ino, ref.index, ref.version, 1 + part), load, prefetch=ahead)
@@ -280,15 +281,16 @@ class EcPath:
         if held is not None:
             return held
         got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
-        if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
-            return c.decode({j: d for j, (_, d) in got.items()})
+        frags = self._decodable(c, ref, got) if len(got) == c.k else None
+        if frags is not None:
+            return c.decode(frags)
         # degraded: the other fragments too, until one version has K of them
         frags = None
         for suspects in (False, True):  # nodes we suspect may be back: asked last
             rest = self._part_reads(ino, c, ref, [j for j in range(c.n) if j not in got], suspects=suspects)
-            more, _ = await self._gather(rest, enough=lambda r: self._decodable(c, {**got, **r}) is not None)
+            more, _ = await self._gather(rest, enough=lambda r: self._decodable(c, ref, {**got, **r}) is not None)
             got.update(more)
-            frags = self._decodable(c, got)
+            frags = self._decodable(c, ref, got)
             if frags is not None:
                 break
         if frags is not None:
@@ -313,13 +315,18 @@ class EcPath:
         """Stripe ``ref``'s fragments where the daemon has them now, when that differs from ``ref``
         (same version: a newer one's fragments are in the other slot); else None."""
         now = await placements.current(self.meta, self.nodes, ino, ref.index)
-        if now is None or now.version != ref.version or list(now.nodes) == list(ref.nodes):
+        if now is None or now.version != ref.version or now.fversions != ref.fversions or list(now.nodes) == list(ref.nodes):
             return None
         return now
 
     @staticmethod
-    def _decodable(c: StripeCodec, got: dict[int, tuple[int, memoryview]]) -> dict[int, memoryview] | None:
-        """The payloads of the newest version that has K fragments, if any."""
+    def _decodable(c: StripeCodec, ref: p.ChunkRef, got: dict[int, tuple[int, memoryview]]) -> dict[int, memoryview] | None:
+        """K or more payloads that belong to one stripe, if ``got`` (part -> (version, payload)) has
+        them: the fragments at their own version in ``ref`` (``fragment_version``: not all need
+        share one), else the newest version that K fragments share (a stripe written whole since)."""
+        current = {j: data for j, (version, data) in got.items() if version == ref.fragment_version(j)}
+        if len(current) >= c.k:
+            return current
         by_version: dict[int, dict[int, memoryview]] = defaultdict(dict)
         for j, (version, data) in got.items():
             by_version[version][j] = data
@@ -340,13 +347,14 @@ class EcPath:
         return calls
 
     async def _read_part(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, node: int) -> tuple[int, memoryview]:
-        chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(j, ref.version))  # a snapshot may share the live fragments
+        version = ref.fragment_version(j)
+        chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(j, version))  # a snapshot may share the live fragments
         try:
-            return await self.nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
+            return await self.nodes.read_versioned(node, chunk, version, 0, c.fps, last_try=False)
         except StripefsError as exc:
             log.log(
                 logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
-                "fragment %s v%d on node %d unreadable: %s", chunk, ref.version, node, exc,
+                "fragment %s v%d on node %d unreadable: %s", chunk, version, node, exc,
             )
             raise
 
@@ -428,7 +436,7 @@ class EcPath:
         payloads: dict[int, tuple[int, bytes]] = {j: (0, b"") for j in range(c.k)}  # untouched: copied by its node
         payloads.update({j: (a, new) for j, (_, new) in changes.items()})
         payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
-        errors = await self._write_columns(of, ref, version, ref.version, payloads, sync)
+        errors = await self._write_columns(of, ref, version, None, payloads, sync)  # each on its committed fragment
         if errors:
             log.info("stripe %d:%d: a delta write failed on fragment(s) %s (%s); writing the stripe whole",
                      of.ino, ref.index, sorted(errors), next(iter(errors.values())))
@@ -456,10 +464,11 @@ class EcPath:
             held = self.cache.get((ino, ref.index, ref.version, 1 + j))
             if held is not None:
                 return _piece(held, a, w)
-        chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
-        got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, ref.version, a, w, last_try=False)
-        if got_version != ref.version:
-            raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{ref.version}")
+        version = ref.fragment_version(j)
+        chunk = p.ChunkId(ino, ref.index, fragment_part(j, version))
+        got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, version, a, w, last_try=False)
+        if got_version != version:
+            raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{version}")
         return _piece(data, 0, w)
 
     @staticmethod
@@ -530,16 +539,18 @@ class EcPath:
         metrics.EC_STRIPE_WRITES.labels("columns").inc()
         return True
 
-    async def _write_columns(self, of: OpenFile, ref: p.ChunkRef, version: int, base_version: int,
+    async def _write_columns(self, of: OpenFile, ref: p.ChunkRef, version: int, base_version: int | None,
                             payloads: dict[int, tuple[int, bytes]], sync: bool) -> dict[int, StripefsError]:
         """Write fragment ``j``'s bytes at its offset for each ``j: (offset, data)`` of ``payloads``, all at
-        once, as ``version`` built on ``base_version``; the errors by fragment (empty: all written)."""
+        once, as ``version`` built on ``base_version`` (None: on each fragment's own version in ``ref``,
+        ChunkRef.fragment_version); the errors by fragment (empty: all written)."""
         errors: dict[int, StripefsError] = {}
 
         async def one(j: int) -> None:
             offset, data = payloads[j]
+            base = ref.fragment_version(j) if base_version is None else base_version
             request = p.WriteChunkReq(
-                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=base_version,
+                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=base,
                 offset=offset, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
             )
             try:
@@ -711,4 +722,5 @@ class EcPath:
                 of.ino, index, sorted(parts), "; ".join(f"node {n}: {e}" for n, e in failed.items()), durable, c.n,
             )
             if index in of.uncommitted:
-                of.record(p.ChunkRef(index=index, version=ref.version, nodes=[MISSING if j in parts else n for j, n in enumerate(ref.nodes)]))
+                of.record(p.ChunkRef(index=index, version=ref.version, nodes=[MISSING if j in parts else n for j, n in enumerate(ref.nodes)],
+                                     fversions=ref.fversions))
