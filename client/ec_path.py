@@ -119,6 +119,14 @@ def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memory
     return bytes(piece) + bytes(length - len(piece))
 
 
+def _written(ref: p.ChunkRef, versions: list[int], payloads) -> p.ChunkRef:
+    """Stripe ``ref`` after a write of the fragments in ``payloads``, each at ``versions[j]``; the
+    others keep the version they have in ``ref`` (ChunkRef ``fversions``)."""
+    fversions = [versions[j] if j in payloads else ref.fragment_version(j) for j in range(len(ref.nodes))]
+    version = max(fversions)
+    return p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes), fversions=p.uniform_fversions(version, fversions))
+
+
 class EcPath:
     def __init__(self, meta: MetaClient, nodes: NodePool, cache: ChunkCache, nursery: trio.Nursery, *, min_extra: int = 1):
         self.meta = meta
@@ -372,14 +380,14 @@ class EcPath:
         epoch = await session_epoch(self.meta, of)
         ref = await placement(self.meta, self.nodes, of, dc.index)
         mine = of.uncommitted.get(dc.index)
-        version = mine.version if mine is not None else await slot_version(self.meta, of, epoch, ref.version)
+        versions = await self._session_versions(of, epoch, ref, mine, c.n)
         cs = of.chunk_size
         if dc.contiguous and dc.lo == 0 and dc.hi >= cs:
             stripe: bytes | bytearray | memoryview = memoryview(dc.buf)[:cs]
         else:
-            if mine is None and ref.version and await self._send_delta(of, c, ref, version, dc, sync=sync):
+            if mine is None and ref.version and await self._send_delta(of, c, ref, versions, dc, sync=sync):
                 return
-            if mine is not None and mine.version == ref.version and await self._rewrite_columns(of, c, ref, dc, sync=sync):
+            if mine is not None and mine.version == ref.version and await self._rewrite_columns(of, c, ref, versions, dc, sync=sync):
                 return
             stripe = bytearray(cs)
             if ref.version:
@@ -391,9 +399,27 @@ class EcPath:
         # a stripe read for this write (read-modify-write: the file is written in pieces) is kept as
         # written, so the next piece and the reads after it need no fragment reads (write-through);
         # a whole-chunk write (a streaming writer) is not, to keep its readers' cache
-        await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=isinstance(stripe, bytearray))
+        await self._write_stripe(of, c, ref, versions, stripe, sync=sync, keep=isinstance(stripe, bytearray))
 
-    async def _send_delta(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, *, sync: bool) -> bool:
+    async def _session_versions(self, of: OpenFile, epoch: int, ref: p.ChunkRef, mine: p.ChunkRef | None, n: int) -> list[int]:
+        """The version each fragment of stripe ``ref`` is written at in this write session: a fragment
+        the session wrote already keeps its version (rewritten in its slot, as before); any other
+        one takes a version newer than its committed one and of the other parity (``slot_version``:
+        the committed fragment stays in its slot until the commit). A stripe's fragments need not
+        share a committed version (ChunkRef ``fversions``: a parity delta leaves the untouched data
+        fragments where they are), so the numbers may be the two of the session's epoch pair."""
+        committed = of.before_session.get(ref.index) if mine is not None else ref
+        out = []
+        for j in range(n):
+            base = committed.fragment_version(j) if committed is not None else 0
+            if mine is not None and mine.fragment_version(j) != base:
+                out.append(mine.fragment_version(j))  # the session's own
+            else:
+                out.append(await slot_version(self.meta, of, epoch, base))
+        return out
+
+    async def _send_delta(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, versions: list[int], dc: DirtyChunk, *,
+                          sync: bool) -> bool:
         """A partial write of a committed stripe as a parity delta; False when it is not worth it
         (most of the stripe changes), not possible (a fragment missing or on a suspect node), or
         failed (then nothing of the committed slot changed and the caller writes the stripe whole).
@@ -401,11 +427,12 @@ class EcPath:
         Only the columns ``[a, b)`` that the dirty ranges touch, in any data fragment, are read:
         the touched data fragments' and every parity fragment's, at the committed version. New
         parity = old parity + coefficient x (new data - old data) (StripeCodec.parity_delta_job).
-        The new version goes to the other slot, as a whole stripe would: the touched data
-        fragments and the parity fragments as partial writes of those columns, the untouched data
-        fragments as empty ones; each node builds its fragment of the new version from its
-        committed one (storage_node/chunk_store.py ``_merge``), so the unchanged bytes never
-        cross the network and the committed slot stays whole until the commit."""
+        The touched data fragments and the parity fragments go to the other slot (``versions``),
+        as partial writes of those columns: each node builds its fragment of the new version from
+        its committed one (storage_node/chunk_store.py ``_merge``), so the unchanged bytes never
+        cross the network and the committed slot stays whole until the commit. The untouched data
+        fragments are not written at all: they keep their committed version (ChunkRef
+        ``fversions``; counted in stripefs_ec_fragments_kept_total)."""
         touched, a, b = self._touched(c, dc, of.chunk_size)
         if not self._columns_pay(c, ref, touched, a, b):
             return False
@@ -433,21 +460,22 @@ class EcPath:
                 changes[j] = (old[j], bytes(new))
             deltas = await self._run(c.parity_delta_job(changes, a, b))
             parity = [xor(old[c.k + i], deltas[i]) for i in range(c.m)]
-        payloads: dict[int, tuple[int, bytes]] = {j: (0, b"") for j in range(c.k)}  # untouched: copied by its node
-        payloads.update({j: (a, new) for j, (_, new) in changes.items()})
+        payloads: dict[int, tuple[int, bytes]] = {j: (a, new) for j, (_, new) in changes.items()}
         payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
-        errors = await self._write_columns(of, ref, version, None, payloads, sync)  # each on its committed fragment
+        errors = await self._write_columns(of, ref, versions, payloads, sync)  # each on its committed fragment
         if errors:
             log.info("stripe %d:%d: a delta write failed on fragment(s) %s (%s); writing the stripe whole",
                      of.ino, ref.index, sorted(errors), next(iter(errors.values())))
             metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
             return False
-        kept = self._delta_kept(of.ino, c, ref, version, dc, changes, a, b)
+        new_ref = _written(ref, versions, payloads)
+        kept = self._delta_kept(of.ino, c, ref, new_ref.version, dc, changes, a, b)
         self.cache.drop_chunk(of.ino, ref.index)  # as _write_stripe: what the cache holds of the stripe is old now
-        of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
+        of.record(new_ref)
         for key, data in kept.items():  # no await since the drop: no load can have started in between
             self.cache.put(key, data)
         metrics.EC_STRIPE_WRITES.labels("delta").inc()
+        metrics.EC_FRAGMENTS_KEPT.inc(c.k - len(changes))
         return True
 
     def _held(self, ino: int, c: StripeCodec, ref: p.ChunkRef) -> bytes | memoryview | None:
@@ -504,14 +532,17 @@ class EcPath:
         parity = await self._run(c.parity_delta_job({j: (bytes(w), cols[j]) for j in range(c.k)}, a, b))
         return stripe, cols, parity
 
-    async def _rewrite_columns(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, dc: DirtyChunk, *, sync: bool) -> bool:
+    async def _rewrite_columns(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, versions: list[int], dc: DirtyChunk, *,
+                               sync: bool) -> bool:
         """A later piece of a stripe this session wrote already (``ref``: the session's version, not
         committed) as a write of the touched columns only, when the mount holds that stripe (the
         write-through cache): the touched data fragments' and the parity fragments' columns
         ``[a, b)`` are written over the session's own fragments (each node merges the range into its
         copy of that version: ``base_version`` is the session's, so a node without it answers STALE
-        rather than build on the committed slot), the parity coded from the stripe held, so nothing
-        is read and the untouched data fragments are not written at all. The committed slot is not
+        rather than build on the committed slot), or, for a data fragment an earlier delta of the
+        session left at its committed version, to the other slot on that one (``versions``), the
+        parity coded from the stripe held, so nothing is read and the untouched data fragments are
+        not written at all. The committed slot is not
         touched, so copy-on-write is as for a whole stripe. A fragment write that fails leaves the
         session's version torn: the stripe is then written whole (every fragment replaced) from the
         stripe held. False when not worth it or not possible (not held, a fragment missing or on a
@@ -525,32 +556,33 @@ class EcPath:
         stripe, new, parity = await self._coded_columns(c, old, dc, of.chunk_size, a, b)
         payloads = {j: (a, new[j]) for j in touched}
         payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
-        version = ref.version
-        errors = await self._write_columns(of, ref, version, version, payloads, sync)  # based on the session's own copy
+        errors = await self._write_columns(of, ref, versions, payloads, sync)  # based on the session's own copy
         if errors:
             log.info("stripe %d:%d: a column write failed on fragment(s) %s (%s); writing the stripe whole",
                      of.ino, ref.index, sorted(errors), next(iter(errors.values())))
             metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
-            await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=True)
+            await self._write_stripe(of, c, ref, versions, stripe, sync=sync, keep=True)
             return True
+        new_ref = _written(ref, versions, payloads)
         self.cache.drop_chunk(of.ino, ref.index)
-        of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
-        self.cache.put((of.ino, ref.index, version), bytes(stripe))  # no await since the drop
+        of.record(new_ref)
+        self.cache.put((of.ino, ref.index, new_ref.version), bytes(stripe))  # no await since the drop
         metrics.EC_STRIPE_WRITES.labels("columns").inc()
         return True
 
-    async def _write_columns(self, of: OpenFile, ref: p.ChunkRef, version: int, base_version: int | None,
+    async def _write_columns(self, of: OpenFile, ref: p.ChunkRef, versions: list[int],
                             payloads: dict[int, tuple[int, bytes]], sync: bool) -> dict[int, StripefsError]:
         """Write fragment ``j``'s bytes at its offset for each ``j: (offset, data)`` of ``payloads``, all at
-        once, as ``version`` built on ``base_version`` (None: on each fragment's own version in ``ref``,
-        ChunkRef.fragment_version); the errors by fragment (empty: all written)."""
+        once, as ``versions[j]`` built on the fragment's version in ``ref`` (ChunkRef.fragment_version:
+        the committed one's, in the other slot, or the session's own, in place); the errors by
+        fragment (empty: all written)."""
         errors: dict[int, StripefsError] = {}
 
         async def one(j: int) -> None:
             offset, data = payloads[j]
-            base = ref.fragment_version(j) if base_version is None else base_version
+            version = versions[j]
             request = p.WriteChunkReq(
-                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=base,
+                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=ref.fragment_version(j),
                 offset=offset, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
             )
             try:
@@ -564,7 +596,7 @@ class EcPath:
         if not errors and not sync:  # the next fsync syncs them
             pending = self._unsynced.setdefault(of.ino, {})
             for j in payloads:
-                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
+                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, versions[j])))
         return errors
 
     def _delta_kept(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, changes: dict, a: int, b: int) -> dict:
@@ -594,18 +626,21 @@ class EcPath:
     async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
         """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
         c = layout_codec(of.layout)
-        version = await slot_version(self.meta, of, await fresh_epoch(self.meta, of), ref.version)
+        epoch = await fresh_epoch(self.meta, of)
+        versions = [await slot_version(self.meta, of, epoch, ref.fragment_version(j)) for j in range(c.n)]
         old = await self.stripe(of.ino, c, ref)
-        return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
+        return await self._write_stripe(of, c, ref, versions, memoryview(old)[:inner], sync=False, record=False)
 
-    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True,
-                            keep: bool = False) -> p.ChunkRef:
-        """Code and write ``stripe`` (chunk_size bytes) as version ``version``; ``keep``: and cache it
-        under that version (``record`` only: the version this session's reads then ask for)."""
+    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, versions: list[int], stripe, *, sync: bool,
+                            record: bool = True, keep: bool = False) -> p.ChunkRef:
+        """Code and write ``stripe`` (chunk_size bytes), fragment j as version ``versions[j]``; ``keep``:
+        and cache it under the new stripe version (``record`` only: the version this session's reads
+        then ask for)."""
         used = len(bytes(stripe).rstrip(b"\0"))  # trailing zeros need not be stored (common/erasure.py)
         frags = await self._run(c.encode_job(stripe, used))
-        nodes = await self._write_fragments(of.ino, c, ref, version, frags, sync)
-        new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes)
+        nodes = await self._write_fragments(of.ino, c, ref, versions, frags, sync)
+        version = max(versions)
+        new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes, fversions=p.uniform_fversions(version, versions))
         # the cache may hold what this stripe version held before this write (a rewrite in one
         # session), and reads in flight may bring it back: both are dropped (chunk_cache.py)
         self.cache.drop_chunk(of.ino, ref.index)
@@ -615,7 +650,8 @@ class EcPath:
                 self.cache.put((of.ino, ref.index, version), bytes(stripe))
         return new_ref
 
-    async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, frags: list[bytes], sync: bool) -> list[int]:
+    async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, versions: list[int], frags: list[bytes],
+                               sync: bool) -> list[int]:
         """Write every fragment, moving the ones whose node fails; the placement, MISSING where none took it."""
         nodes = list(ref.nodes) + [MISSING] * (c.n - len(ref.nodes))
         stored = [False] * c.n
@@ -623,6 +659,7 @@ class EcPath:
 
         async def one(j: int) -> None:
             node = nodes[j]
+            version = versions[j]
             chunk = p.ChunkId(ino, ref.index, fragment_part(j, version))
             request = p.WriteChunkReq(
                 chunk=chunk, version=version, base_version=0, offset=0, xxh3=xxhash.xxh3_64_intdigest(frags[j]), replace=True, sync=sync
@@ -673,14 +710,14 @@ class EcPath:
                 f"too few storage nodes are up for {c.k}+{c.m}",
             )
         if count < c.n:
-            log.warning("stripe %d:%d v%d written with %d of %d fragments (degraded): %s", ino, ref.index, version, count, c.n, errors)
+            log.warning("stripe %d:%d v%d written with %d of %d fragments (degraded): %s", ino, ref.index, max(versions), count, c.n, errors)
         if not sync:
             if len(self._unsynced) > 4096:  # files closed without fsync: forget the oldest
                 del self._unsynced[next(iter(self._unsynced))]
             pending = self._unsynced.setdefault(ino, {})
             for j, node in enumerate(nodes):
                 if stored[j]:
-                    pending.setdefault(node, set()).add(p.ChunkId(ino, ref.index, fragment_part(j, version)))
+                    pending.setdefault(node, set()).add(p.ChunkId(ino, ref.index, fragment_part(j, versions[j])))
         return [n if stored[j] else MISSING for j, n in enumerate(nodes)]
 
     def forget_unsynced(self, ino: int) -> None:
