@@ -469,6 +469,13 @@ class EcPath:
             metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
             return False
         new_ref = _written(ref, versions, payloads)
+        # the fragments left where they are become part of this version: the next fsync makes them
+        # durable too, as it did their copies when every fragment was written (a commit without fsync
+        # did not sync them)
+        pending = self._unsynced.setdefault(of.ino, {})
+        for j in range(c.k):
+            if j not in changes:
+                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, ref.fragment_version(j))))
         kept = self._delta_kept(of.ino, c, ref, new_ref.version, dc, changes, a, b)
         self.cache.drop_chunk(of.ino, ref.index)  # as _write_stripe: what the cache holds of the stripe is old now
         of.record(new_ref)

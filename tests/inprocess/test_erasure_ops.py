@@ -393,3 +393,30 @@ async def test_a_stripe_with_fragments_at_different_versions_decodes_rewrites_an
     await reads_right("cut")
     await session(0, rng.randbytes(CHUNK - 1000))  # the whole stripe anew
     await reads_right("whole")
+
+
+async def test_an_fsync_after_a_delta_syncs_the_fragments_it_left_behind(fs, monkeypatch):
+    """The data fragments a parity delta does not write stay part of the new version, so an fsync
+    makes them durable as it makes the written ones (the commit that made them did not sync them)."""
+    from stripefs.common.erasure import fragment_part
+
+    ino = await fs.write_file(fs.dir, b"synced", os.urandom(CHUNK))
+    (ref,) = (await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))).chunks
+    ec = fs.ops.data.ec
+    synced: list[tuple[int, P.ChunkId]] = []
+    real = ec.nodes.sync_each
+
+    async def sync_each(by_node):
+        synced.extend((node, c) for node, chunks in by_node.items() for c in chunks)
+        return await real(by_node)
+
+    monkeypatch.setattr(ec.nodes, "sync_each", sync_each)
+    ec.forget_unsynced(ino)  # the first write's fragments (never fsynced): only the delta's count here
+    fh, _ = await fs.open_path(fs.dir, b"synced", os.O_WRONLY)
+    try:
+        await fs.write(fh, 100, b"x" * 10)  # data fragment 0 only
+        await fs.fsync(fh)
+    finally:
+        await fs.close(fh)
+    kept = {(ref.nodes[j], P.ChunkId(ino, 0, fragment_part(j, ref.version))) for j in (1, 2, 3)}
+    assert kept <= set(synced)
