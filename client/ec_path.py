@@ -119,6 +119,14 @@ def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memory
     return bytes(piece) + bytes(length - len(piece))
 
 
+def _written(ref: p.ChunkRef, versions: list[int], payloads) -> p.ChunkRef:
+    """Stripe ``ref`` after a write of the fragments in ``payloads``, each at ``versions[j]``; the
+    others keep the version they have in ``ref`` (ChunkRef ``fversions``)."""
+    fversions = [versions[j] if j in payloads else ref.fragment_version(j) for j in range(len(ref.nodes))]
+    version = max(fversions)
+    return p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes), fversions=p.uniform_fversions(version, fversions))
+
+
 class EcPath:
     def __init__(self, meta: MetaClient, nodes: NodePool, cache: ChunkCache, nursery: trio.Nursery, *, min_extra: int = 1):
         self.meta = meta
@@ -265,8 +273,9 @@ class EcPath:
                 raise StripefsError(ErrorCode.UNAVAILABLE, f"fragment {part} of stripe {ino}:{ref.index} has no node")
             if nodes.is_suspect(node):
                 raise StripefsError(ErrorCode.UNAVAILABLE, f"node {node} holding fragment {part} is suspect")
-            chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(part, ref.version))
-            _, data = await nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
+            version = ref.fragment_version(part)  # its own: a delta may have left it at an older one
+            chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(part, version))
+            _, data = await nodes.read_versioned(node, chunk, version, 0, c.fps, last_try=False)
             return data
 
         return await self.cache.fetch((ino, ref.index, ref.version, 1 + part), load, prefetch=ahead)
@@ -280,15 +289,16 @@ class EcPath:
         if held is not None:
             return held
         got, _ = await self._gather(self._part_reads(ino, c, ref, range(c.k)), deadline=self.read_deadline_s)
-        if len(got) == c.k and len({v for v, _ in got.values()}) == 1:
-            return c.decode({j: d for j, (_, d) in got.items()})
+        frags = self._decodable(c, ref, got) if len(got) == c.k else None
+        if frags is not None:
+            return c.decode(frags)
         # degraded: the other fragments too, until one version has K of them
         frags = None
         for suspects in (False, True):  # nodes we suspect may be back: asked last
             rest = self._part_reads(ino, c, ref, [j for j in range(c.n) if j not in got], suspects=suspects)
-            more, _ = await self._gather(rest, enough=lambda r: self._decodable(c, {**got, **r}) is not None)
+            more, _ = await self._gather(rest, enough=lambda r: self._decodable(c, ref, {**got, **r}) is not None)
             got.update(more)
-            frags = self._decodable(c, got)
+            frags = self._decodable(c, ref, got)
             if frags is not None:
                 break
         if frags is not None:
@@ -313,13 +323,18 @@ class EcPath:
         """Stripe ``ref``'s fragments where the daemon has them now, when that differs from ``ref``
         (same version: a newer one's fragments are in the other slot); else None."""
         now = await placements.current(self.meta, self.nodes, ino, ref.index)
-        if now is None or now.version != ref.version or list(now.nodes) == list(ref.nodes):
+        if now is None or now.version != ref.version or now.fversions != ref.fversions or list(now.nodes) == list(ref.nodes):
             return None
         return now
 
     @staticmethod
-    def _decodable(c: StripeCodec, got: dict[int, tuple[int, memoryview]]) -> dict[int, memoryview] | None:
-        """The payloads of the newest version that has K fragments, if any."""
+    def _decodable(c: StripeCodec, ref: p.ChunkRef, got: dict[int, tuple[int, memoryview]]) -> dict[int, memoryview] | None:
+        """K or more payloads that belong to one stripe, if ``got`` (part -> (version, payload)) has
+        them: the fragments at their own version in ``ref`` (``fragment_version``: not all need
+        share one), else the newest version that K fragments share (a stripe written whole since)."""
+        current = {j: data for j, (version, data) in got.items() if version == ref.fragment_version(j)}
+        if len(current) >= c.k:
+            return current
         by_version: dict[int, dict[int, memoryview]] = defaultdict(dict)
         for j, (version, data) in got.items():
             by_version[version][j] = data
@@ -340,13 +355,14 @@ class EcPath:
         return calls
 
     async def _read_part(self, ino: int, c: StripeCodec, ref: p.ChunkRef, j: int, node: int) -> tuple[int, memoryview]:
-        chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(j, ref.version))  # a snapshot may share the live fragments
+        version = ref.fragment_version(j)
+        chunk = p.ChunkId(p.data_ino(ino, ref), ref.index, fragment_part(j, version))  # a snapshot may share the live fragments
         try:
-            return await self.nodes.read_versioned(node, chunk, ref.version, 0, c.fps, last_try=False)
+            return await self.nodes.read_versioned(node, chunk, version, 0, c.fps, last_try=False)
         except StripefsError as exc:
             log.log(
                 logging.WARNING if exc.code == ErrorCode.CORRUPT else logging.INFO,
-                "fragment %s v%d on node %d unreadable: %s", chunk, ref.version, node, exc,
+                "fragment %s v%d on node %d unreadable: %s", chunk, version, node, exc,
             )
             raise
 
@@ -364,14 +380,14 @@ class EcPath:
         epoch = await session_epoch(self.meta, of)
         ref = await placement(self.meta, self.nodes, of, dc.index)
         mine = of.uncommitted.get(dc.index)
-        version = mine.version if mine is not None else await slot_version(self.meta, of, epoch, ref.version)
+        versions = await self._session_versions(of, epoch, ref, mine, c.n)
         cs = of.chunk_size
         if dc.contiguous and dc.lo == 0 and dc.hi >= cs:
             stripe: bytes | bytearray | memoryview = memoryview(dc.buf)[:cs]
         else:
-            if mine is None and ref.version and await self._send_delta(of, c, ref, version, dc, sync=sync):
+            if mine is None and ref.version and await self._send_delta(of, c, ref, versions, dc, sync=sync):
                 return
-            if mine is not None and mine.version == ref.version and await self._rewrite_columns(of, c, ref, dc, sync=sync):
+            if mine is not None and mine.version == ref.version and await self._rewrite_columns(of, c, ref, versions, dc, sync=sync):
                 return
             stripe = bytearray(cs)
             if ref.version:
@@ -383,9 +399,27 @@ class EcPath:
         # a stripe read for this write (read-modify-write: the file is written in pieces) is kept as
         # written, so the next piece and the reads after it need no fragment reads (write-through);
         # a whole-chunk write (a streaming writer) is not, to keep its readers' cache
-        await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=isinstance(stripe, bytearray))
+        await self._write_stripe(of, c, ref, versions, stripe, sync=sync, keep=isinstance(stripe, bytearray))
 
-    async def _send_delta(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, *, sync: bool) -> bool:
+    async def _session_versions(self, of: OpenFile, epoch: int, ref: p.ChunkRef, mine: p.ChunkRef | None, n: int) -> list[int]:
+        """The version each fragment of stripe ``ref`` is written at in this write session: a fragment
+        the session wrote already keeps its version (rewritten in its slot, as before); any other
+        one takes a version newer than its committed one and of the other parity (``slot_version``:
+        the committed fragment stays in its slot until the commit). A stripe's fragments need not
+        share a committed version (ChunkRef ``fversions``: a parity delta leaves the untouched data
+        fragments where they are), so the numbers may be the two of the session's epoch pair."""
+        committed = of.before_session.get(ref.index) if mine is not None else ref
+        out = []
+        for j in range(n):
+            base = committed.fragment_version(j) if committed is not None else 0
+            if mine is not None and mine.fragment_version(j) != base:
+                out.append(mine.fragment_version(j))  # the session's own
+            else:
+                out.append(await slot_version(self.meta, of, epoch, base))
+        return out
+
+    async def _send_delta(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, versions: list[int], dc: DirtyChunk, *,
+                          sync: bool) -> bool:
         """A partial write of a committed stripe as a parity delta; False when it is not worth it
         (most of the stripe changes), not possible (a fragment missing or on a suspect node), or
         failed (then nothing of the committed slot changed and the caller writes the stripe whole).
@@ -393,11 +427,12 @@ class EcPath:
         Only the columns ``[a, b)`` that the dirty ranges touch, in any data fragment, are read:
         the touched data fragments' and every parity fragment's, at the committed version. New
         parity = old parity + coefficient x (new data - old data) (StripeCodec.parity_delta_job).
-        The new version goes to the other slot, as a whole stripe would: the touched data
-        fragments and the parity fragments as partial writes of those columns, the untouched data
-        fragments as empty ones; each node builds its fragment of the new version from its
-        committed one (storage_node/chunk_store.py ``_merge``), so the unchanged bytes never
-        cross the network and the committed slot stays whole until the commit."""
+        The touched data fragments and the parity fragments go to the other slot (``versions``),
+        as partial writes of those columns: each node builds its fragment of the new version from
+        its committed one (storage_node/chunk_store.py ``_merge``), so the unchanged bytes never
+        cross the network and the committed slot stays whole until the commit. The untouched data
+        fragments are not written at all: they keep their committed version (ChunkRef
+        ``fversions``; counted in stripefs_ec_fragments_kept_total)."""
         touched, a, b = self._touched(c, dc, of.chunk_size)
         if not self._columns_pay(c, ref, touched, a, b):
             return False
@@ -425,21 +460,29 @@ class EcPath:
                 changes[j] = (old[j], bytes(new))
             deltas = await self._run(c.parity_delta_job(changes, a, b))
             parity = [xor(old[c.k + i], deltas[i]) for i in range(c.m)]
-        payloads: dict[int, tuple[int, bytes]] = {j: (0, b"") for j in range(c.k)}  # untouched: copied by its node
-        payloads.update({j: (a, new) for j, (_, new) in changes.items()})
+        payloads: dict[int, tuple[int, bytes]] = {j: (a, new) for j, (_, new) in changes.items()}
         payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
-        errors = await self._write_columns(of, ref, version, ref.version, payloads, sync)
+        errors = await self._write_columns(of, ref, versions, payloads, sync)  # each on its committed fragment
         if errors:
             log.info("stripe %d:%d: a delta write failed on fragment(s) %s (%s); writing the stripe whole",
                      of.ino, ref.index, sorted(errors), next(iter(errors.values())))
             metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
             return False
-        kept = self._delta_kept(of.ino, c, ref, version, dc, changes, a, b)
+        new_ref = _written(ref, versions, payloads)
+        # the fragments left where they are become part of this version: the next fsync makes them
+        # durable too, as it did their copies when every fragment was written (a commit without fsync
+        # did not sync them)
+        pending = self._unsynced.setdefault(of.ino, {})
+        for j in range(c.k):
+            if j not in changes:
+                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, ref.fragment_version(j))))
+        kept = self._delta_kept(of.ino, c, ref, new_ref.version, dc, changes, a, b)
         self.cache.drop_chunk(of.ino, ref.index)  # as _write_stripe: what the cache holds of the stripe is old now
-        of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
+        of.record(new_ref)
         for key, data in kept.items():  # no await since the drop: no load can have started in between
             self.cache.put(key, data)
         metrics.EC_STRIPE_WRITES.labels("delta").inc()
+        metrics.EC_FRAGMENTS_KEPT.inc(c.k - len(changes))
         return True
 
     def _held(self, ino: int, c: StripeCodec, ref: p.ChunkRef) -> bytes | memoryview | None:
@@ -456,10 +499,11 @@ class EcPath:
             held = self.cache.get((ino, ref.index, ref.version, 1 + j))
             if held is not None:
                 return _piece(held, a, w)
-        chunk = p.ChunkId(ino, ref.index, fragment_part(j, ref.version))
-        got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, ref.version, a, w, last_try=False)
-        if got_version != ref.version:
-            raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{ref.version}")
+        version = ref.fragment_version(j)
+        chunk = p.ChunkId(ino, ref.index, fragment_part(j, version))
+        got_version, data = await self.nodes.read_versioned(ref.nodes[j], chunk, version, a, w, last_try=False)
+        if got_version != version:
+            raise StripefsError(ErrorCode.STALE, f"fragment {chunk} is v{got_version}, not the committed v{version}")
         return _piece(data, 0, w)
 
     @staticmethod
@@ -495,14 +539,17 @@ class EcPath:
         parity = await self._run(c.parity_delta_job({j: (bytes(w), cols[j]) for j in range(c.k)}, a, b))
         return stripe, cols, parity
 
-    async def _rewrite_columns(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, dc: DirtyChunk, *, sync: bool) -> bool:
+    async def _rewrite_columns(self, of: OpenFile, c: StripeCodec, ref: p.ChunkRef, versions: list[int], dc: DirtyChunk, *,
+                               sync: bool) -> bool:
         """A later piece of a stripe this session wrote already (``ref``: the session's version, not
         committed) as a write of the touched columns only, when the mount holds that stripe (the
         write-through cache): the touched data fragments' and the parity fragments' columns
         ``[a, b)`` are written over the session's own fragments (each node merges the range into its
         copy of that version: ``base_version`` is the session's, so a node without it answers STALE
-        rather than build on the committed slot), the parity coded from the stripe held, so nothing
-        is read and the untouched data fragments are not written at all. The committed slot is not
+        rather than build on the committed slot), or, for a data fragment an earlier delta of the
+        session left at its committed version, to the other slot on that one (``versions``), the
+        parity coded from the stripe held, so nothing is read and the untouched data fragments are
+        not written at all. The committed slot is not
         touched, so copy-on-write is as for a whole stripe. A fragment write that fails leaves the
         session's version torn: the stripe is then written whole (every fragment replaced) from the
         stripe held. False when not worth it or not possible (not held, a fragment missing or on a
@@ -516,30 +563,33 @@ class EcPath:
         stripe, new, parity = await self._coded_columns(c, old, dc, of.chunk_size, a, b)
         payloads = {j: (a, new[j]) for j in touched}
         payloads.update({c.k + i: (a, parity[i]) for i in range(c.m)})
-        version = ref.version
-        errors = await self._write_columns(of, ref, version, version, payloads, sync)  # based on the session's own copy
+        errors = await self._write_columns(of, ref, versions, payloads, sync)  # based on the session's own copy
         if errors:
             log.info("stripe %d:%d: a column write failed on fragment(s) %s (%s); writing the stripe whole",
                      of.ino, ref.index, sorted(errors), next(iter(errors.values())))
             metrics.EC_STRIPE_WRITES.labels("delta_fallback").inc()
-            await self._write_stripe(of, c, ref, version, stripe, sync=sync, keep=True)
+            await self._write_stripe(of, c, ref, versions, stripe, sync=sync, keep=True)
             return True
+        new_ref = _written(ref, versions, payloads)
         self.cache.drop_chunk(of.ino, ref.index)
-        of.record(p.ChunkRef(index=ref.index, version=version, nodes=list(ref.nodes)))
-        self.cache.put((of.ino, ref.index, version), bytes(stripe))  # no await since the drop
+        of.record(new_ref)
+        self.cache.put((of.ino, ref.index, new_ref.version), bytes(stripe))  # no await since the drop
         metrics.EC_STRIPE_WRITES.labels("columns").inc()
         return True
 
-    async def _write_columns(self, of: OpenFile, ref: p.ChunkRef, version: int, base_version: int,
+    async def _write_columns(self, of: OpenFile, ref: p.ChunkRef, versions: list[int],
                             payloads: dict[int, tuple[int, bytes]], sync: bool) -> dict[int, StripefsError]:
         """Write fragment ``j``'s bytes at its offset for each ``j: (offset, data)`` of ``payloads``, all at
-        once, as ``version`` built on ``base_version``; the errors by fragment (empty: all written)."""
+        once, as ``versions[j]`` built on the fragment's version in ``ref`` (ChunkRef.fragment_version:
+        the committed one's, in the other slot, or the session's own, in place); the errors by
+        fragment (empty: all written)."""
         errors: dict[int, StripefsError] = {}
 
         async def one(j: int) -> None:
             offset, data = payloads[j]
+            version = versions[j]
             request = p.WriteChunkReq(
-                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=base_version,
+                chunk=p.ChunkId(of.ino, ref.index, fragment_part(j, version)), version=version, base_version=ref.fragment_version(j),
                 offset=offset, xxh3=xxhash.xxh3_64_intdigest(data), sync=sync,
             )
             try:
@@ -553,7 +603,7 @@ class EcPath:
         if not errors and not sync:  # the next fsync syncs them
             pending = self._unsynced.setdefault(of.ino, {})
             for j in payloads:
-                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, version)))
+                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, versions[j])))
         return errors
 
     def _delta_kept(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, dc: DirtyChunk, changes: dict, a: int, b: int) -> dict:
@@ -583,18 +633,21 @@ class EcPath:
     async def cut_stripe(self, of: OpenFile, ref: p.ChunkRef, inner: int) -> p.ChunkRef:
         """The boundary stripe of a truncate, cut to ``inner`` bytes as a new version; its ref for SetattrReq."""
         c = layout_codec(of.layout)
-        version = await slot_version(self.meta, of, await fresh_epoch(self.meta, of), ref.version)
+        epoch = await fresh_epoch(self.meta, of)
+        versions = [await slot_version(self.meta, of, epoch, ref.fragment_version(j)) for j in range(c.n)]
         old = await self.stripe(of.ino, c, ref)
-        return await self._write_stripe(of, c, ref, version, memoryview(old)[:inner], sync=False, record=False)
+        return await self._write_stripe(of, c, ref, versions, memoryview(old)[:inner], sync=False, record=False)
 
-    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, version: int, stripe, *, sync: bool, record: bool = True,
-                            keep: bool = False) -> p.ChunkRef:
-        """Code and write ``stripe`` (chunk_size bytes) as version ``version``; ``keep``: and cache it
-        under that version (``record`` only: the version this session's reads then ask for)."""
+    async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, versions: list[int], stripe, *, sync: bool,
+                            record: bool = True, keep: bool = False) -> p.ChunkRef:
+        """Code and write ``stripe`` (chunk_size bytes), fragment j as version ``versions[j]``; ``keep``:
+        and cache it under the new stripe version (``record`` only: the version this session's reads
+        then ask for)."""
         used = len(bytes(stripe).rstrip(b"\0"))  # trailing zeros need not be stored (common/erasure.py)
         frags = await self._run(c.encode_job(stripe, used))
-        nodes = await self._write_fragments(of.ino, c, ref, version, frags, sync)
-        new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes)
+        nodes = await self._write_fragments(of.ino, c, ref, versions, frags, sync)
+        version = max(versions)
+        new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes, fversions=p.uniform_fversions(version, versions))
         # the cache may hold what this stripe version held before this write (a rewrite in one
         # session), and reads in flight may bring it back: both are dropped (chunk_cache.py)
         self.cache.drop_chunk(of.ino, ref.index)
@@ -604,7 +657,8 @@ class EcPath:
                 self.cache.put((of.ino, ref.index, version), bytes(stripe))
         return new_ref
 
-    async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, version: int, frags: list[bytes], sync: bool) -> list[int]:
+    async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, versions: list[int], frags: list[bytes],
+                               sync: bool) -> list[int]:
         """Write every fragment, moving the ones whose node fails; the placement, MISSING where none took it."""
         nodes = list(ref.nodes) + [MISSING] * (c.n - len(ref.nodes))
         stored = [False] * c.n
@@ -612,6 +666,7 @@ class EcPath:
 
         async def one(j: int) -> None:
             node = nodes[j]
+            version = versions[j]
             chunk = p.ChunkId(ino, ref.index, fragment_part(j, version))
             request = p.WriteChunkReq(
                 chunk=chunk, version=version, base_version=0, offset=0, xxh3=xxhash.xxh3_64_intdigest(frags[j]), replace=True, sync=sync
@@ -662,14 +717,14 @@ class EcPath:
                 f"too few storage nodes are up for {c.k}+{c.m}",
             )
         if count < c.n:
-            log.warning("stripe %d:%d v%d written with %d of %d fragments (degraded): %s", ino, ref.index, version, count, c.n, errors)
+            log.warning("stripe %d:%d v%d written with %d of %d fragments (degraded): %s", ino, ref.index, max(versions), count, c.n, errors)
         if not sync:
             if len(self._unsynced) > 4096:  # files closed without fsync: forget the oldest
                 del self._unsynced[next(iter(self._unsynced))]
             pending = self._unsynced.setdefault(ino, {})
             for j, node in enumerate(nodes):
                 if stored[j]:
-                    pending.setdefault(node, set()).add(p.ChunkId(ino, ref.index, fragment_part(j, version)))
+                    pending.setdefault(node, set()).add(p.ChunkId(ino, ref.index, fragment_part(j, versions[j])))
         return [n if stored[j] else MISSING for j, n in enumerate(nodes)]
 
     def forget_unsynced(self, ino: int) -> None:
@@ -711,4 +766,5 @@ class EcPath:
                 of.ino, index, sorted(parts), "; ".join(f"node {n}: {e}" for n, e in failed.items()), durable, c.n,
             )
             if index in of.uncommitted:
-                of.record(p.ChunkRef(index=index, version=ref.version, nodes=[MISSING if j in parts else n for j, n in enumerate(ref.nodes)]))
+                of.record(p.ChunkRef(index=index, version=ref.version, nodes=[MISSING if j in parts else n for j, n in enumerate(ref.nodes)],
+                                     fversions=ref.fversions))

@@ -159,6 +159,11 @@ EC_STRIPE_WRITES = Counter(
     "fragment and was written full instead)",
     ["path"],
 )
+EC_FRAGMENTS_KEPT = Counter(
+    "stripefs_ec_fragments_kept_total",
+    "Data fragments a parity delta did not touch and left at their committed version (common/protocol.ChunkRef "
+    "fversions): each an empty copy-on-write write not sent",
+)
 READAHEAD = Counter(
     "stripefs_readahead_chunks_total",
     "Chunks prefetched (fetched), later read (used), or evicted or dropped unread (wasted)",

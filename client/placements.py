@@ -188,7 +188,7 @@ async def refresh(meta: MetaClient, nodes: NodePool, of: OpenFile) -> None:
         if mine is None or now.index in of.uncommitted or not now.nodes or now.version < mine.version:
             continue
         if list(now.nodes) != list(mine.nodes):
-            of.chunks[now.index] = p.ChunkRef(index=now.index, version=mine.version, nodes=list(now.nodes))
+            of.chunks[now.index] = p.ChunkRef(index=now.index, version=mine.version, nodes=list(now.nodes), fversions=mine.fversions)
 
 
 async def current(meta: MetaClient, nodes: NodePool, ino: int, index: int) -> p.ChunkRef | None:

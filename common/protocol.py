@@ -159,7 +159,14 @@ class Attr(msgspec.Struct, frozen=True, array_like=True):
 
 
 class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
-    """Where one chunk of a file lives, and its committed version (0: never written)."""
+    """Where one chunk of a file lives, and its committed version (0: never written).
+
+    ``fversions``: an erasure-coded stripe's version per fragment (position j's fragment is
+    stored at ``fragment_part(j, fversions[j])``), for a stripe whose fragments did not all
+    move with the last write; empty (the usual case, and every replicated chunk): every fragment
+    is at ``version``. ``version`` is the stripe's newest (the last commit's); a fragment's own
+    is never newer. Read it with ``fragment_version``, never from ``version`` alone.
+    """
 
     index: int
     version: int
@@ -167,6 +174,22 @@ class ChunkRef(msgspec.Struct, frozen=True, array_like=True):
     #: a snapshot's chunk still shared with the live file (daemon/snapshots.py): its bytes are the
     #: copies stored under this inode's chunk ids (``data_ino(ino, ref)``); 0: under the file's own
     data_ino: int = 0
+    fversions: Annotated[list[int], msgspec.Meta(max_length=MAX_CHUNK_NODES)] = []
+
+    def fragment_version(self, j: int) -> int:
+        """The version fragment (or copy) ``j`` of this chunk is stored at."""
+        return fragment_version(self.version, self.fversions, j)
+
+
+def fragment_version(version: int, fversions, j: int) -> int:
+    """Fragment ``j``'s own version in a chunk row of ``version`` with ``fversions`` (ChunkRef):
+    its entry, or the row's version where the row lists none (every fragment moved together)."""
+    return fversions[j] if j < len(fversions) else version
+
+
+def uniform_fversions(version: int, fversions) -> list[int]:
+    """``fversions`` as stored: empty when every fragment is at ``version`` (the common case costs nothing)."""
+    return [] if all(v == version for v in fversions) else list(fversions)
 
 
 def data_ino(ino: int, ref: ChunkRef) -> int:
@@ -980,12 +1003,14 @@ class FragmentSource(msgspec.Struct, frozen=True, array_like=True):
     index: int  # fragment number j of the stripe
     part: int  # the chunk part holding it (common/erasure.fragment_part)
     address: str  # the storage node holding it
+    version: int = 0  # the version it is stored at (ChunkRef ``fversions``); 0: the request's ``version``
 
 
 class ReconstructFragmentReq(Msg, tag="reconstruct_fragment"):
     """Metadata daemon -> the node that must gain fragment ``fragment`` of an EC stripe.
 
-    The node reads at least K fragments of ``version`` exactly from ``sources``,
+    The node reads at least K fragments from ``sources``, each at its ``version`` exactly
+    (a source's 0: ``version``; a stripe's fragments need not share one, ChunkRef ``fversions``),
     decodes the stripe (common/erasure.py, ``k``+``m``, ``chunk_size``), codes
     fragment ``fragment`` for a stripe whose first ``used`` bytes may be nonzero,
     and stores it as ``chunk`` like CopyChunkReq stores a copy (durable, never

@@ -104,6 +104,11 @@ Tables
     ``chunks_pins(data_ino, idx)`` over the nonzero ones, ``inodes_snapshot``
     over snapshot inodes.
 
+``chunks.fversions``
+    (schema version 10) An erasure-coded stripe's version per fragment, comma-separated
+    by position (common/protocol.ChunkRef ``fversions``); '' (every row the migration
+    found, and every row whose fragments all moved together): each at the row's version.
+
 ``inode_ranges(session TEXT, first, last)``
     (schema version 8) Inode numbers delegated to a mount's session
     (daemon/inode_ranges.py): its creates may name them; gone with the session.
@@ -371,10 +376,17 @@ def _migrate_9_dir_holds(db, root_layout: Layout) -> None:
         db.execute("CREATE SEQUENCE inode_blocks INCREMENT BY 65536 START WITH 1099511627776")
 
 
+def _migrate_10_fragment_versions(db, root_layout: Layout) -> None:
+    """An erasure-coded stripe's version per fragment (common/protocol.ChunkRef ``fversions``):
+    '' (every existing row) means every fragment is at the row's version, as before."""
+    db.execute("ALTER TABLE chunks ADD COLUMN fversions TEXT NOT NULL DEFAULT ''")
+
+
 #: ``(db, root_layout)`` functions, see the module docstring; append, never edit a released one
 MIGRATIONS: list[Callable[..., None]] = [
     _migrate_1, _migrate_2_quotas, _migrate_3_open_holds, _migrate_4_several_daemons, _migrate_5_tiers,
     _migrate_6_trash, _migrate_7_snapshots, _migrate_8_inode_ranges, _migrate_9_dir_holds,
+    _migrate_10_fragment_versions,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -36,7 +36,7 @@ from typing import Callable, Protocol, Sequence
 from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_count, parse_redundancy, replica_part
-from ..common.protocol import Attr, ChunkRef, NodeAddr
+from ..common.protocol import Attr, ChunkRef, NodeAddr, fragment_version, uniform_fversions
 from . import placement, redundancy
 from . import redundancy as _redundancy
 from .quota import Quotas
@@ -52,6 +52,22 @@ def _is_replicated(store: SqliteStore, ino: int) -> bool:
     """True for a replicated file (positional EC fragments are left to their own rules)."""
     row = store.get_inode(ino)
     return row is not None and not parse_redundancy(row["redundancy"]).is_ec
+
+
+def _replaced_slots(ino: int, ref: ChunkRef, old_version: int, old_nodes: list[int], old_fv: list[int], is_ec: bool) -> list:
+    """Garbage rows (node, ino, idx, part, bound) for the committed copies a commit of ``ref`` (newer
+    than the row's ``old_version``) leaves behind: each fragment whose new version has the other
+    parity than its committed one (the new one went to the other slot), bounded by its own old
+    version; a fragment left at its version (a parity delta's untouched one) keeps its slot."""
+    rows = []
+    for j, node in enumerate(old_nodes):
+        if node == redundancy.MISSING:
+            continue
+        old = fragment_version(old_version, old_fv, j) if is_ec else old_version
+        new = ref.fragment_version(j) if is_ec else ref.version
+        if old and new > old and (old & 1) != (new & 1):
+            rows.append((node, ino, ref.index, fragment_part(j, old) if is_ec else replica_part(old), old))
+    return rows
 
 
 class NodeSource(Protocol):
@@ -79,10 +95,11 @@ class FileData:
         # epochs in [_epoch_next, _epoch_limit) may be handed out without a write
         self._epoch_next = self._epoch_limit = int(store.get_meta("epoch_hwm", 1))
 
-    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int]]], addrs: dict[int, NodeAddr] | None = None
+    def _chunk_map(self, ino: int, chunks: dict[int, tuple[int, list[int], list[int]]], addrs: dict[int, NodeAddr] | None = None
                    ) -> tuple[list[ChunkRef], list[NodeAddr]]:
-        """``chunks`` as readers get them; ``addrs``: NodeAddrs made so far, shared (many maps at once)."""
-        refs = [ChunkRef(index=i, version=v, nodes=n) for i, (v, n) in sorted(chunks.items())]
+        """``chunks`` (store.get_chunks) as readers get them; ``addrs``: NodeAddrs made so far, shared
+        (many maps at once)."""
+        refs = [ChunkRef(index=i, version=v, nodes=n, fversions=fv) for i, (v, n, fv) in sorted(chunks.items())]
         ids = sorted({n for ref in refs for n in ref.nodes} - {redundancy.MISSING})
         if addrs is None:
             return refs, [NodeAddr(node_id=i, address=self.nodes.address(i)) for i in ids]
@@ -156,7 +173,7 @@ class FileData:
         for nodes in placed:
             key = tuple(nodes)
             if key not in maps:
-                maps[key] = self._chunk_map(0, {0: (0, nodes)}, addrs)[1]
+                maps[key] = self._chunk_map(0, {0: (0, nodes, [])}, addrs)[1]
             out.append(([ChunkRef(index=0, version=0, nodes=nodes)], maps[key]))
         return out
 
@@ -170,7 +187,7 @@ class FileData:
             for index, nodes in placed.items():
                 nodes = placed[index] = redundancy.pad_fragments(nodes, red)
                 self.store.put_chunk(ino, index, 0, nodes, fresh=fresh)
-                existing[index] = (0, nodes)
+                existing[index] = (0, nodes, [])
             log.debug("inode %d: placed chunk(s) %s", ino, placed)
         return self._chunk_map(ino, existing)
 
@@ -192,7 +209,7 @@ class FileData:
         current = self.store.get_chunks(ino, [index]).get(index)
         if current is None:
             raise StripefsError(ErrorCode.NOT_FOUND, f"chunk {ino}:{index} has no placement")
-        version, nodes = current
+        version, nodes, fversions = current
         position = redundancy.fragment_position(nodes, failed_node, part)
         if position is None:
             # already replaced (a retry, or another writer did it): answer the current placement
@@ -214,13 +231,14 @@ class FileData:
             raise
         nodes = list(nodes)
         nodes[position] = new
-        self.store.put_chunk(ino, index, version, nodes)
+        self.store.put_chunk(ino, index, version, nodes, fversions)
         is_ec = parse_redundancy(row["redundancy"]).is_ec
         if failed_node != redundancy.MISSING:
-            part = fragment_part(position, version) if is_ec else replica_part(version)  # every part goes (all_parts)
+            # every part goes (all_parts): the fragment's own slot named only for the node's bookkeeping
+            part = fragment_part(position, fragment_version(version, fversions, position)) if is_ec else replica_part(version)
             self.store.add_garbage([(failed_node, ino, index, part, self.last_epoch())])
         log.info("chunk %d:%d: copy on node %d moved to node %d", ino, index, failed_node, new)
-        refs, addrs = self._chunk_map(ino, {index: (version, nodes)})
+        refs, addrs = self._chunk_map(ino, {index: (version, nodes, fversions)})
         return refs[0], addrs
 
     def _record_chunks(self, ino: int, chunks: Sequence[ChunkRef]) -> None:
@@ -231,23 +249,25 @@ class FileData:
         for ref in chunks:
             if ref.index < 0 or ref.version < 0:
                 raise StripefsError(ErrorCode.INVALID, f"bad chunk ref {ref} for inode {ino}")
-            old_version, old_nodes = existing.get(ref.index, (0, []))
+            old_version, old_nodes, old_fv = existing.get(ref.index, (0, [], []))
             nodes = list(ref.nodes) or old_nodes
             if not nodes:
                 raise StripefsError(ErrorCode.INVALID, f"chunk {ino}:{ref.index} has no placement and no nodes given")
+            if any(v < 0 or v > ref.version for v in ref.fversions) or (ref.fversions and len(ref.fversions) != len(nodes)):
+                raise StripefsError(ErrorCode.INVALID, f"bad fragment versions in chunk ref {ref} for inode {ino}")
             dropped = [n for n in old_nodes if n not in nodes]
             if dropped and not _is_replicated(self.store, ino):
                 dropped = []
             # a copy the writer did not write (a repair or drain moved the row meanwhile) is now stale: garbage
             self.store.add_garbage((n, ino, ref.index, 0, max(old_version, ref.version)) for n in dropped)
-            self.store.put_chunk(ino, ref.index, max(old_version, ref.version), nodes)
-            if old_version and ref.version > old_version and (old_version & 1) != (ref.version & 1):
-                # the new version went to the other slot (copy-on-write, common/layout.py "Slots"):
-                # the committed one's copies or fragments are garbage now
-                self.store.add_garbage(
-                    (node, ino, ref.index, fragment_part(j, old_version) if is_ec else replica_part(old_version), old_version)
-                    for j, node in enumerate(old_nodes) if node != redundancy.MISSING
-                )
+            if ref.version >= old_version:
+                self.store.put_chunk(ino, ref.index, ref.version, nodes, uniform_fversions(ref.version, ref.fversions))
+            else:  # an older version than the row's (never sent by a writer): the row's versions stay
+                self.store.put_chunk(ino, ref.index, old_version, nodes)
+            if old_version and ref.version > old_version:
+                # each fragment whose new version went to the other slot (copy-on-write, common/layout.py
+                # "Slots"): the committed one's copy or fragment is garbage now, bounded by its own version
+                self.store.add_garbage(_replaced_slots(ino, ref, old_version, old_nodes, old_fv, is_ec))
             if redundancy.MISSING in nodes:
                 log.warning(
                     "stripe %d:%d v%d committed with %d of %d fragments: queued for reconstruction",
@@ -315,7 +335,7 @@ class FileData:
         srow = self.regular_file(shadow)
         if srow["nlink"] != 0:
             raise StripefsError(ErrorCode.INVALID, f"inode {shadow} is not a conversion shadow")
-        versions = {i: v for i, (v, _) in self.store.get_chunks(ino).items() if v}
+        versions = {i: v for i, (v, _, _) in self.store.get_chunks(ino).items() if v}
         copied = {c.index: c.version for c in chunks if c.version}
         if row["size"] != size or row["mtime_ns"] != mtime_ns or versions != copied:
             raise StripefsError(ErrorCode.BUSY, f"inode {ino} changed while it was being converted")

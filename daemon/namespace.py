@@ -58,7 +58,7 @@ from .db import ROOT_INO
 from .file_data import FileData, NodeSource
 from .quota import Quotas
 from .snapshots import Snapshots, check_writable
-from .store import SqliteStore, decode_nodes
+from .store import SqliteStore, decode_fversions, decode_nodes
 from .trash import Trash
 
 log = logging.getLogger(__name__)
@@ -325,13 +325,13 @@ class Namespace(FileData):
         addrs: dict[int, NodeAddr] = {}
         refs_of: dict[int, list[ChunkRef]] = {}
         lists_of: dict[int, list] = {}  # ino -> the stored node lists of its chunks
-        for file_ino, idx, version, text in self.store.chunk_maps_of([a.ino for a, _, _ in regular]):
+        for file_ino, idx, version, text, fv in self.store.chunk_maps_of([a.ino for a, _, _ in regular]):
             known = placed.get(text)
             if known is None:
                 nodes = decode_nodes(text)
                 ids = sorted(set(nodes) - {_redundancy.MISSING})
                 known = placed[text] = (nodes, [addrs.get(i) or addrs.setdefault(i, NodeAddr(node_id=i, address=self.nodes.address(i))) for i in ids])
-            ref = ChunkRef(index=idx, version=version, nodes=known[0])
+            ref = ChunkRef(index=idx, version=version, nodes=known[0], fversions=decode_fversions(fv) if fv else [])
             if file_ino in refs_of:
                 refs_of[file_ino].append(ref)
                 lists_of[file_ino].append(known)
@@ -711,7 +711,7 @@ class Namespace(FileData):
         refs, addrs = self.chunk_map_of(row, self.store.get_chunks(row["ino"]))
         return to_attr(row), to_layout(row), refs, addrs
 
-    def chunk_map_of(self, row, chunks: dict[int, tuple[int, list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
+    def chunk_map_of(self, row, chunks: dict[int, tuple[int, list[int], list[int]]]) -> tuple[list[ChunkRef], list[NodeAddr]]:
         """The chunk map of inode ``row`` for ``chunks`` (store.get_chunks), as readers get it: a
         snapshot's file says which chunks it reads under its live file's ids (daemon/snapshots.py)."""
         refs, addrs = self._chunk_map(row["ino"], chunks)

@@ -434,7 +434,7 @@ class Healer:
             return
         chunk = P.ChunkId(task.chunk_ino, task.idx, task.part)  # a snapshot row: the copies it shares
         timeout = COPY_TIMEOUT_S + task.length / (1 << 20)
-        request = P.CopyChunkReq(chunk=chunk, min_version=task.version, sources=sources, length=task.length, deadline_s=timeout / 2)
+        request = P.CopyChunkReq(chunk=chunk, min_version=task.slot_version, sources=sources, length=task.length, deadline_s=timeout / 2)
         recorded, rsp = await self._store_on(task, target, target_address, request, timeout)
         if recorded:
             log.info(
@@ -479,15 +479,16 @@ class Healer:
                 return
             red = parse_redundancy(inode["redundancy"])
             used = max(0, min(task.length, inode["size"] - task.idx * task.length))
+            # each source and the rebuilt fragment at its own version (common/protocol.ChunkRef ``fversions``)
             sources = [
-                P.FragmentSource(i, fragment_part(i, task.version), self.nodes.address(n))
+                P.FragmentSource(i, fragment_part(i, task.fragment_version(i)), self.nodes.address(n), task.fragment_version(i))
                 for i, n in enumerate(task.nodes)
                 if i != task.slot and self.nodes.is_up(n)
             ]
         chunk = P.ChunkId(task.chunk_ino, task.idx, task.part)  # a snapshot row: the copies it shares
         timeout = COPY_TIMEOUT_S + 2 * task.length / (1 << 20)
         request = P.ReconstructFragmentReq(
-            chunk=chunk, version=task.version, k=red.ec_k, m=red.ec_m, chunk_size=task.length,
+            chunk=chunk, version=task.slot_version, k=red.ec_k, m=red.ec_m, chunk_size=task.length,
             used=used, fragment=task.slot, sources=sources, deadline_s=timeout / 2,
         )
         recorded, rsp = await self._store_on(task, target, target_address, request, timeout)
@@ -525,12 +526,16 @@ class Healer:
             if task.kind != "move_empty":
                 store.add_garbage(garbage)
             return False
-        cur_version, nodes = cur
+        cur_version, nodes, cur_fv = cur
         if cur_version > 0 and not nodes:  # moved to a tier meanwhile (daemon/tiering.py): never made hot again here
             if task.kind != "move_empty":
                 store.add_garbage(garbage)
             return False
-        if task.kind != "move_empty" and (cur_version > version or (task.ec and cur_version != version)):
+        if task.ec:  # the stripe as planned, and the new fragment at the version its slot holds
+            stale = cur_version != task.version or tuple(cur_fv) != task.fversions or version != task.slot_version
+        else:
+            stale = cur_version > version
+        if task.kind != "move_empty" and stale:
             store.add_garbage(garbage)  # a writer committed a newer version meanwhile
             return False
         if target in nodes:
@@ -552,7 +557,8 @@ class Healer:
                 store.add_garbage(garbage)
                 return False
             new = nodes + [target]
-        store.put_chunk(task.ino, task.idx, cur_version, new)
+        fv = list(cur_fv) + [cur_version] * (len(new) - len(cur_fv)) if cur_fv else []
+        store.put_chunk(task.ino, task.idx, cur_version, new, fv)
         return True
 
     async def _forget_copy_at(self, task: Task, target: int, when: float) -> None:
@@ -591,10 +597,10 @@ class Healer:
                 store.add_garbage([(node_id, c.ino, c.index, c.part, bound)])
                 dropped += 1
                 continue
-            version, holders = cur
+            version, holders, fversions = cur
             red = parse_redundancy(store.get_inode(c.ino)["redundancy"])
             if red.is_ec:
-                dropped += self._drop_bad_fragment(c, node_id, version, holders, red.ec_k, why)
+                dropped += self._drop_bad_fragment(c, node_id, version, holders, fversions, red.ec_k, why)
                 continue
             if c.part != replica_part(version):
                 # another version's slot (a writer's uncommitted copy, or an old one not collected
@@ -613,14 +619,15 @@ class Healer:
             self.poke()
         return dropped
 
-    def _drop_bad_fragment(self, c: P.ChunkId, node_id: int, version: int, holders: list[int], k: int, why: str) -> int:
+    def _drop_bad_fragment(self, c: P.ChunkId, node_id: int, version: int, holders: list[int], fversions: list[int], k: int,
+                           why: str) -> int:
         """An EC fragment that is bad or missing on ``node_id`` becomes MISSING in its stripe's row
         (daemon/redundancy.py), so the next scan reconstructs it elsewhere from K others, and its
         copy is deleted; 1 if so. Kept as it is (0) while fewer than K other fragments are live
         (the stripe could not be rebuilt without it either) or when the report is of another
         version's slot (a writer committed since the copy was verified)."""
         pos = c.part % SLOT_STRIDE
-        if pos >= len(holders) or holders[pos] != node_id or fragment_part(pos, version) != c.part:
+        if pos >= len(holders) or holders[pos] != node_id or fragment_part(pos, P.fragment_version(version, fversions, pos)) != c.part:
             log.info("chunk %s: report of a bad fragment on node %d is not of the committed v%d: ignored", c, node_id, version)
             return 0
         others = {n for j, n in enumerate(holders) if j != pos and n != MISSING and self.nodes.state(n) in LIVE_STATES}
@@ -648,7 +655,9 @@ class Healer:
         Chunks it allocated and never committed are dropped; of the committed chunks, the slot
         the committed version does not use (common/layout.py "Slots": where a write session
         puts its new versions, copy-on-write) is deleted on each node, that part only: a writer
-        that died mid-session left its copies there. Both up to the newest epoch handed out so
+        that died mid-session left its copies there. For a stripe that slot is each fragment's
+        own: a fragment left at an older version of the other parity (``fversions``) is stored
+        in the slot of ``version + 1``, and deleting that would lose it. Both up to the newest epoch handed out so
         far, and that epoch becomes the file's *fence* (``Sessions.fence``, daemon/health.py):
         a commit of chunks written at or below it is refused.
         """
@@ -660,10 +669,11 @@ class Healer:
                 continue
             n = store.drop_uncommitted_chunks(ino, bound)
             if parse_redundancy(row["redundancy"]).is_ec:
-                def other_slots(version: int, nodes: list[int]) -> list[tuple[int, int]]:
-                    return [(node, fragment_part(j, version + 1)) for j, node in enumerate(nodes) if node != MISSING]
+                def other_slots(version: int, nodes: list[int], fv: list[int]) -> list[tuple[int, int]]:
+                    return [(node, fragment_part(j, P.fragment_version(version, fv, j) + 1))
+                            for j, node in enumerate(nodes) if node != MISSING]
             else:
-                def other_slots(version: int, nodes: list[int]) -> list[tuple[int, int]]:
+                def other_slots(version: int, nodes: list[int], fv: list[int]) -> list[tuple[int, int]]:
                     return [(node, replica_part(version + 1)) for node in nodes]
             slots = store.abandoned_slots(ino, bound, other_slots)
             if n or slots:

@@ -22,7 +22,7 @@ import trio
 
 from ..common import protocol as P
 from ..common.errors import ErrorCode, StripefsError
-from ..common.erasure import fragment_part
+from ..common.erasure import SLOT_STRIDE, fragment_part
 from ..common.layout import parse_redundancy, replica_part
 from .health import LIVE_STATES, NodeRegistry
 from .repair import SCAN_PAGE, Healer
@@ -175,7 +175,8 @@ class OperatorRequests:
                     replicated[(row.ino, row.idx)] = row
                 for pos, n in enumerate(row.nodes):
                     if self.nodes.is_up(n):
-                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, row.version) if ec else replica_part(row.version)), row.version))
+                        v = row.fragment_version(pos) if ec else row.version  # a fragment's own (ChunkRow.fversions)
+                        by_node[n].append((P.ChunkId(row.ino, row.idx, fragment_part(pos, v) if ec else replica_part(v)), v))
             addresses = {n: self.nodes.address(n) for n in by_node}
         totals = collections.Counter()
         seen: dict[tuple[int, int], dict[int, _Seen]] = collections.defaultdict(dict)  # (ino, idx) -> node -> its copy
@@ -281,8 +282,10 @@ class OperatorRequests:
         for row in await self._all_rows():
             if node_id in row.nodes and not (row.version == 0 and self.healer.abandoned(row.ino)):  # an abandoned write's: orphans
                 ec = parse_redundancy(row.redundancy).is_ec
-                part = fragment_part(row.nodes.index(node_id), row.version) if ec else replica_part(row.version)
-                expected[(row.data_ino or row.ino, row.idx, part)] = row.version  # a snapshot's shared copy is referenced
+                pos = row.nodes.index(node_id)
+                v = row.fragment_version(pos) if ec else row.version  # a fragment's own (ChunkRow.fversions)
+                part = fragment_part(pos, v) if ec else replica_part(v)
+                expected[(row.data_ino or row.ino, row.idx, part)] = v  # a snapshot's shared copy is referenced
         client = await (await self.healer.clients()).get(address)
         inventory: dict[tuple[int, int, int], int] = {}
         start = 0
@@ -340,7 +343,8 @@ class OperatorRequests:
         still = []
         for ino, idx, part in missing:
             cur = store.get_chunks(ino, [idx]).get(idx)
-            if cur is not None and node_id in cur[1] and cur[0] == expected[(ino, idx, part)]:
+            # the copy's own version in the row now (a replica's, or that fragment's: ChunkRef ``fversions``)
+            if cur is not None and node_id in cur[1] and P.fragment_version(cur[0], cur[2], part % SLOT_STRIDE) == expected[(ino, idx, part)]:
                 still.append(P.ChunkId(ino, idx, part))
         fixed = self.healer.mark_bad(node_id, still, "is missing or stale (fsck)")
         repaired += fixed + (len(missing) - len(still))  # the others were rewritten or moved meanwhile

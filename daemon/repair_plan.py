@@ -31,8 +31,9 @@ from typing import Container, Iterable
 
 from ..common.erasure import fragment_part
 from ..common.layout import parse_redundancy, replica_part
+from ..common.protocol import fragment_version
 from .health import LIVE_STATES, PLACEABLE_STATES
-from .store import decode_nodes
+from .store import decode_fversions, decode_nodes
 
 MOVABLE_PER_NODE = 2000  # rebalance candidates remembered per node and scan
 _KIND_ORDER = {"repair": 0, "reconstruct": 1, "move_empty": 2, "drain": 3, "rebalance": 4}
@@ -48,10 +49,16 @@ class ChunkRow:
     chunk_size: int
     size: int = -1  # the file's size (-1: unknown): what a copy of a small file's chunk really holds
     data_ino: int = 0  # a snapshot's row sharing this inode's copies (daemon/snapshots.py): their chunk ids are its
+    fversions: tuple[int, ...] = ()  # each fragment's version (common/protocol.ChunkRef); empty: all at ``version``
 
     @classmethod
     def from_sql(cls, row) -> ChunkRow:
-        return cls(row[0], row[1], row[2], tuple(decode_nodes(row[3])), row[4], row[5], *row[6:8])
+        """A row of store.chunk_rows_page / chunk_rows_of."""
+        return cls(row[0], row[1], row[2], tuple(decode_nodes(row[3])), row[4], row[5], *row[6:8],
+                   fversions=tuple(decode_fversions(row[8])) if len(row) > 8 else ())
+
+    def fragment_version(self, j: int) -> int:
+        return fragment_version(self.version, self.fversions, j)
 
     def copy_bytes(self, ec_k: int = 0) -> int:
         """Bytes one copy (one fragment of ``ec=K+M``) of this chunk holds: the file's bytes in it, not
@@ -77,6 +84,11 @@ class Task:
     target: int = 0  # rebalance: the node chosen to receive it (0: placement chooses)
     nbytes: int = -1  # bytes the copy will hold (ChunkRow.copy_bytes; -1: ``length``): backlog figures only
     data_ino: int = 0  # the copies' chunk ids are this inode's (a snapshot's shared row), not ``ino``'s
+    fversions: tuple[int, ...] = ()  # an EC row's version per fragment (ChunkRow.fversions)
+
+    def fragment_version(self, j: int) -> int:
+        """The version fragment ``j`` of the row as planned is stored at (``version`` for a replica)."""
+        return fragment_version(self.version, self.fversions, j) if self.ec else self.version
 
     @property
     def chunk_ino(self) -> int:
@@ -92,8 +104,15 @@ class Task:
         return self.nodes[self.slot] if self.slot >= 0 else None
 
     @property
+    def slot_version(self) -> int:
+        """The version the copy made for ``slot`` is stored at (an appended one: ``version``)."""
+        return self.fragment_version(self.slot) if self.slot >= 0 else self.version
+
+    @property
     def part(self) -> int:
-        return fragment_part(self.slot, self.version) if self.ec and self.slot >= 0 else replica_part(self.version)
+        if self.ec and self.slot >= 0:
+            return fragment_part(self.slot, self.fragment_version(self.slot))
+        return replica_part(self.version)
 
 
 @dataclass
@@ -143,12 +162,12 @@ def plan(rows: Iterable[ChunkRow], states: dict[int, str], into: Plan | None = N
                 slot = missing_slots[0] if missing_slots[0] < len(row.nodes) else -1
                 nbytes = row.copy_bytes(red.ec_k)
                 out.tasks.append(Task("reconstruct", row.ino, row.idx, row.version, row.nodes, sources, slot, len(live), row.chunk_size, True,
-                                      nbytes=nbytes, data_ino=row.data_ino))
+                                      nbytes=nbytes, data_ino=row.data_ino, fversions=row.fversions))
                 out.backlog_bytes += nbytes
             elif draining:
                 nbytes = row.copy_bytes(red.ec_k)
                 out.tasks.append(Task("drain", row.ino, row.idx, row.version, row.nodes, sources, draining[0], len(live), row.chunk_size, True,
-                                      nbytes=nbytes, data_ino=row.data_ino))
+                                      nbytes=nbytes, data_ino=row.data_ino, fversions=row.fversions))
                 out.backlog_bytes += nbytes
             continue
         if len(set(row.nodes[i] for i in live)) > copies:
@@ -222,7 +241,8 @@ def plan_rebalance(
             slot = row.nodes.index(giver)
             red = parse_redundancy(row.redundancy)
             tasks.append(Task("rebalance", row.ino, row.idx, row.version, row.nodes, row.nodes, slot, len(row.nodes),
-                              size, red.is_ec, target=taker, nbytes=row.copy_bytes(red.ec_k if red.is_ec else 0)))
+                              size, red.is_ec, target=taker, nbytes=row.copy_bytes(red.ec_k if red.is_ec else 0),
+                              fversions=row.fversions))
             moved.add((row.ino, row.idx))
             used[giver] -= size
             used[taker] += size

@@ -108,13 +108,13 @@ class SnapshotService:
         failed: list[str] = []
         skipped: list[tuple[int, int, int]] = []  # (ino, idx, node) of copies a down node could not make
 
-        async def one(pin, node: int, part: int) -> None:
+        async def one(pin, node: int, part: int, version: int) -> None:
             if not self.nodes.is_up(node):
                 log.warning("snapshot chunk %d:%d: node %d is down, its copy is left to repair", pin.ino, pin.idx, node)
                 skipped.append((pin.ino, pin.idx, node))
                 return
             request = P.CopyChunkReq(
-                chunk=P.ChunkId(pin.ino, pin.idx, part), min_version=pin.version, sources=[], length=need.chunk_size,
+                chunk=P.ChunkId(pin.ino, pin.idx, part), min_version=version, sources=[], length=need.chunk_size,
                 source=P.ChunkId(pin.data_ino, pin.idx, part),
             )
             try:
@@ -126,8 +126,8 @@ class SnapshotService:
 
         async with trio.open_nursery() as nursery:
             for pin in need.pins:
-                for node, part in pin.parts:
-                    nursery.start_soon(one, pin, node, part)
+                for node, part, version in pin.parts:
+                    nursery.start_soon(one, pin, node, part, version)
         for pin in need.pins:
             missed = sum(1 for ino, idx, _ in skipped if (ino, idx) == (pin.ino, pin.idx))
             if len(pin.parts) - missed < pin.needed:

@@ -45,8 +45,8 @@ from typing import Iterable, NamedTuple
 from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import parse_redundancy, replica_part
-from ..common.protocol import SnapshotInfo
-from .store import EXACT_PART, decode_nodes
+from ..common.protocol import SnapshotInfo, fragment_version
+from .store import EXACT_PART, decode_fversions, decode_nodes
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Pin(NamedTuple):
     version: int
     nodes: list[int]
     data_ino: int
-    parts: list[tuple[int, int]]  # (node, chunk part) of each copy or fragment to copy out
+    parts: list[tuple[int, int, int]]  # (node, chunk part, its version) of each copy or fragment to copy out
     needed: int = 1  # copies that must be made for the row to stay readable (K of an EC stripe)
 
 
@@ -155,11 +155,11 @@ class Snapshots:
         store.insert_rows("xattrs", "ino,name,value", ((new[r[0]], r[1], r[2]) for r in store.rows_in("xattrs", "ino,name,value", inos)))
         files = [i for i in inos if stat.S_ISREG(rows[i][1])]
         chunks = [
-            (new[r[0]], r[1], r[2], r[3], r[4] or r[0])
-            for r in store.rows_in("chunks", "ino,idx,version,nodes,data_ino", files)
+            (new[r[0]], r[1], r[2], r[3], r[4] or r[0], r[5])
+            for r in store.rows_in("chunks", "ino,idx,version,nodes,data_ino,fversions", files)
             if r[2] > 0  # committed: a placement never written holds no bytes
         ]
-        store.insert_rows("chunks", "ino,idx,version,nodes,data_ino", chunks)
+        store.insert_rows("chunks", "ino,idx,version,nodes,data_ino,fversions", chunks)
         store.touch_dir(holder, now, 1)
         if self.count is not None:  # at once: the next commit under the lock must see the pins
             self.count += 1
@@ -207,11 +207,13 @@ class Snapshots:
         that slot only (``EXACT_PART``), bounded by the version. Another snapshot still naming one
         keeps it (``store.garbage_for_node``)."""
         rows = []
-        for data_ino, idx, version, nodes, redundancy, live_nodes in self.store.shared_rows(snap_id):
+        for data_ino, idx, version, nodes, redundancy, live_nodes, fv in self.store.shared_rows(snap_id):
             ec = parse_redundancy(redundancy).is_ec
             keep = set(decode_nodes(live_nodes)) if live_nodes is not None else set()
+            fv = decode_fversions(fv)
             rows += [
-                (n, data_ino, idx, (fragment_part(j, version) if ec else replica_part(version)) | EXACT_PART, version)
+                (n, data_ino, idx, (fragment_part(j, fragment_version(version, fv, j)) if ec else replica_part(version)) | EXACT_PART,
+                 version)
                 for j, n in enumerate(decode_nodes(nodes)) if n and n not in keep
             ]
         return rows
@@ -237,9 +239,13 @@ class Snapshots:
         red = parse_redundancy(row["redundancy"])
         ec = red.is_ec
         found = []
-        for s_ino, idx, version, nodes in pins:
-            nodes = decode_nodes(nodes)
-            parts = [(n, fragment_part(j, version) if ec else replica_part(version)) for j, n in enumerate(nodes) if n]
+        for s_ino, idx, version, nodes, fv in pins:
+            nodes, fv = decode_nodes(nodes), decode_fversions(fv)
+            parts = []
+            for j, n in enumerate(nodes):
+                if n:
+                    v = fragment_version(version, fv, j) if ec else version
+                    parts.append((n, fragment_part(j, v) if ec else replica_part(v), v))
             found.append(Pin(s_ino, idx, version, nodes, ino, parts, red.ec_k if ec else 1))
         raise CopyOutNeeded(found, row["chunk_size"])
 

@@ -57,6 +57,12 @@ def decode_nodes(text: str) -> list[int]:
     return [int(n) for n in text.split(",") if n]
 
 
+#: a stored ``chunks.fversions``: a fragment version per position, '' when all are at the row's
+#: version (common/protocol.ChunkRef ``fversions``); the same text form as a node list
+encode_fversions = _encode_nodes
+decode_fversions = decode_nodes
+
+
 class SqlStore:
     """The SQL of every engine; subclasses give ``conn`` and the transaction methods."""
 
@@ -352,26 +358,30 @@ class SqlStore:
 
     # -- chunks and garbage ------------------------------------------------
 
-    def get_chunks(self, ino: int, indices: Iterable[int] | None = None) -> dict[int, tuple[int, list[int]]]:
-        """index -> (version, nodes), for all chunks of ``ino`` or only ``indices``."""
+    def get_chunks(self, ino: int, indices: Iterable[int] | None = None) -> dict[int, tuple[int, list[int], list[int]]]:
+        """index -> (version, nodes, fversions), for all chunks of ``ino`` or only ``indices``
+        (``fversions``: each fragment's version, empty when all are at ``version``)."""
         if indices is None:
-            rows = self._x("SELECT idx, version, nodes FROM chunks WHERE ino=? ORDER BY idx", (ino,))
+            rows = self._x("SELECT idx, version, nodes, fversions FROM chunks WHERE ino=? ORDER BY idx", (ino,))
         else:
-            rows = self._select_in("SELECT idx, version, nodes FROM chunks WHERE ino=? AND idx IN ({})", (ino,), sorted(set(indices)))
-        return {r[0]: (r[1], decode_nodes(r[2])) for r in rows}
+            rows = self._select_in(
+                "SELECT idx, version, nodes, fversions FROM chunks WHERE ino=? AND idx IN ({})", (ino,), sorted(set(indices))
+            )
+        return {r[0]: (r[1], decode_nodes(r[2]), decode_fversions(r[3])) for r in rows}
 
-    def chunks_of(self, inos: Sequence[int]) -> dict[int, dict[int, tuple[int, list[int]]]]:
+    def chunks_of(self, inos: Sequence[int]) -> dict[int, dict[int, tuple[int, list[int], list[int]]]]:
         """``get_chunks`` of many files in one statement per ``IN_PART`` of them (a listing's open
-        information): ino -> index -> (version, nodes); a file without chunks is absent."""
-        out: dict[int, dict[int, tuple[int, list[int]]]] = {}
-        for r in self._select_in("SELECT ino, idx, version, nodes FROM chunks WHERE ino IN ({}) ORDER BY ino, idx", (), inos):
-            out.setdefault(r[0], {})[r[1]] = (r[2], decode_nodes(r[3]))
+        information): ino -> index -> (version, nodes, fversions); a file without chunks is absent."""
+        out: dict[int, dict[int, tuple[int, list[int], list[int]]]] = {}
+        for r in self._select_in("SELECT ino, idx, version, nodes, fversions FROM chunks WHERE ino IN ({}) ORDER BY ino, idx", (), inos):
+            out.setdefault(r[0], {})[r[1]] = (r[2], decode_nodes(r[3]), decode_fversions(r[4]))
         return out
 
     def chunk_maps_of(self, inos: Sequence[int]) -> list:
-        """The chunk rows ``(ino, idx, version, nodes)`` of many files, by ino and index, their nodes
-        as stored (text: ``decode_nodes``): a listing decodes each distinct node list once."""
-        return self._select_in("SELECT ino, idx, version, nodes FROM chunks WHERE ino IN ({}) ORDER BY ino, idx", (), inos)
+        """The chunk rows ``(ino, idx, version, nodes, fversions)`` of many files, by ino and index,
+        their nodes and fragment versions as stored (text: ``decode_nodes``, ``decode_fversions``):
+        a listing decodes each distinct node list once."""
+        return self._select_in("SELECT ino, idx, version, nodes, fversions FROM chunks WHERE ino IN ({}) ORDER BY ino, idx", (), inos)
 
     def put_new_chunks(self, rows: Iterable[tuple[int, int, int, Sequence[int]]]) -> None:
         """Chunk rows (ino, idx, version, nodes) of files created in this transaction (``put_chunk``
@@ -379,17 +389,24 @@ class SqlStore:
         self._xm("INSERT INTO chunks (ino, idx, version, nodes) VALUES (?,?,?,?)",
                  ((ino, idx, version, _encode_nodes(nodes)) for ino, idx, version, nodes in rows))
 
-    def put_chunk(self, ino: int, idx: int, version: int, nodes: Sequence[int], *, fresh: bool = False) -> None:
+    def put_chunk(self, ino: int, idx: int, version: int, nodes: Sequence[int], fversions: Sequence[int] | None = None,
+                  *, fresh: bool = False) -> None:
         """Insert or replace a chunk row; its nodes' pending deletions of this chunk are cancelled.
-        ``fresh``: the file was created in this transaction (an inode number is never reused,
-        daemon/db.py), so no deletion of it can be pending."""
+        ``fversions``: the fragments' versions (empty: all at ``version``); None keeps the stored
+        ones (only a node changed: a repair, a move), which a caller changing ``version`` never
+        passes. ``fresh``: the file was created in this transaction (an inode number is never
+        reused, daemon/db.py), so no deletion of it can be pending."""
+        fv = encode_fversions(fversions or ())
         if fresh:
-            self._x("INSERT INTO chunks (ino, idx, version, nodes) VALUES (?,?,?,?)", (ino, idx, version, _encode_nodes(nodes)))
+            self._x("INSERT INTO chunks (ino, idx, version, nodes, fversions) VALUES (?,?,?,?,?)",
+                    (ino, idx, version, _encode_nodes(nodes), fv))
             return
+        keep = fversions is None
         self._x(
-            "INSERT INTO chunks (ino, idx, version, nodes) VALUES (?,?,?,?)"
-            " ON CONFLICT (ino, idx) DO UPDATE SET version=excluded.version, nodes=excluded.nodes",
-            (ino, idx, version, _encode_nodes(nodes)),
+            "INSERT INTO chunks (ino, idx, version, nodes, fversions) VALUES (?,?,?,?,?)"
+            " ON CONFLICT (ino, idx) DO UPDATE SET version=excluded.version, nodes=excluded.nodes"
+            + ("" if keep else ", fversions=excluded.fversions"),
+            (ino, idx, version, _encode_nodes(nodes), fv),
         )
         if nodes:
             self._x(
@@ -462,18 +479,19 @@ class SqlStore:
         return self._x(f"SELECT count(*) FROM chunks WHERE {match}", [f"%,{n},%" for n in ids]).fetchone()[0]
     # -- self-healing (daemon/repair.py) -----------------------------------
 
-    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int, int, int]]:
-        """(ino, idx, version, nodes, redundancy, chunk_size, file size, data_ino) of chunks after ``after`` = (ino, idx), in order."""
+    def chunk_rows_page(self, after: tuple[int, int], limit: int) -> list[tuple[int, int, int, str, str, int, int, int, str]]:
+        """(ino, idx, version, nodes, redundancy, chunk_size, file size, data_ino, fversions) of chunks after
+        ``after`` = (ino, idx), in order (daemon/repair_plan.ChunkRow.from_sql)."""
         return self._x(
-            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino FROM chunks c"
+            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino, c.fversions FROM chunks c"
             " JOIN inodes i ON i.ino = c.ino WHERE (c.ino, c.idx) > (?, ?) ORDER BY c.ino, c.idx LIMIT ?",
             (after[0], after[1], limit),
         ).fetchall()
 
-    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int, int, int]]:
+    def chunk_rows_of(self, inos: Sequence[int]) -> list[tuple[int, int, int, str, str, int, int, int, str]]:
         """The same rows for the chunks of some files (in order within each part of ``IN_PART`` files)."""
         return self._select_in(
-            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino FROM chunks c"
+            "SELECT c.ino, c.idx, c.version, c.nodes, i.redundancy, i.chunk_size, i.size, c.data_ino, c.fversions FROM chunks c"
             " JOIN inodes i ON i.ino = c.ino WHERE c.ino IN ({}) ORDER BY c.ino, c.idx", (), inos,
         )
 
@@ -506,14 +524,18 @@ class SqlStore:
             for part in (wanted[i : i + IN_PART] for i in range(0, len(wanted), IN_PART))
         )
 
-    def abandoned_slots(self, ino: int, max_version: int, slot_parts: Callable[[int, list[int]], list[tuple[int, int]]]) -> int:
+    def abandoned_slots(self, ino: int, max_version: int,
+                        slot_parts: Callable[[int, list[int], list[int]], list[tuple[int, int]]]) -> int:
         """Queue the slot each committed chunk of ``ino`` does not use, on each of its nodes, for
         deletion up to ``max_version`` (that part only, ``EXACT_PART``): a write session that never
-        committed left its copies there (common/layout.py "Slots"). ``slot_parts(version, nodes)``
-        names the (node, part) pairs. The number of rows queued."""
+        committed left its copies there (common/layout.py "Slots"). ``slot_parts(version, nodes,
+        fversions)`` names the (node, part) pairs. The number of rows queued."""
         rows = []
-        for idx, version, nodes in self._x("SELECT idx, version, nodes FROM chunks WHERE ino=? AND version>0", (ino,)).fetchall():
-            rows += [(node, ino, idx, part | EXACT_PART, max_version) for node, part in slot_parts(version, decode_nodes(nodes))]
+        for idx, version, nodes, fv in self._x(
+            "SELECT idx, version, nodes, fversions FROM chunks WHERE ino=? AND version>0", (ino,)
+        ).fetchall():
+            rows += [(node, ino, idx, part | EXACT_PART, max_version)
+                     for node, part in slot_parts(version, decode_nodes(nodes), decode_fversions(fv))]
         self.add_garbage(rows)
         return len(rows)
 
@@ -896,17 +918,19 @@ class SqlStore:
         return count, int(held)
 
     def snapshot_chunks(self, snap_id: int) -> list[tuple[int, int, int, str]]:
-        """(ino, idx, version, nodes) of the chunk rows of a snapshot that read their own copies."""
+        """(ino, idx, version, nodes) of the chunk rows of a snapshot that read their own copies
+        (their garbage is every part, bounded by ``version``: the fragments' own are never newer)."""
         return self._x(
             "SELECT c.ino, c.idx, c.version, c.nodes FROM chunks c JOIN inodes i ON i.ino = c.ino"
             " WHERE i.snapshot=? AND c.data_ino=0", (snap_id,)
         ).fetchall()
 
     def shared_rows(self, snap_id: int) -> list[tuple]:
-        """(data_ino, idx, version, nodes, redundancy, the live row's nodes or None) of a snapshot's
-        chunk rows that read another inode's copies."""
+        """(data_ino, idx, version, nodes, redundancy, the live row's nodes or None, fversions) of a
+        snapshot's chunk rows that read another inode's copies."""
         return self._x(
-            "SELECT s.data_ino, s.idx, s.version, s.nodes, i.redundancy, l.nodes FROM chunks s JOIN inodes i ON i.ino = s.ino"
+            "SELECT s.data_ino, s.idx, s.version, s.nodes, i.redundancy, l.nodes, s.fversions FROM chunks s"
+            " JOIN inodes i ON i.ino = s.ino"
             " LEFT JOIN chunks l ON l.ino = s.data_ino AND l.idx = s.idx WHERE i.snapshot=? AND s.data_ino<>0", (snap_id,)
         ).fetchall()
 
@@ -917,14 +941,15 @@ class SqlStore:
         self._x("DELETE FROM inodes WHERE snapshot=?", (snap_id,))
 
     def pins(self, data_ino: int, indices: Iterable[int] | None = None, from_index: int = 0) -> list[tuple[int, int, int, str]]:
-        """(ino, idx, version, nodes) of the chunk rows sharing copies of file ``data_ino``: at
+        """(ino, idx, version, nodes, fversions) of the chunk rows sharing copies of file ``data_ino``: at
         ``indices``, or at every index from ``from_index`` (index ``chunks_pins``)."""
         if indices is None:
             return self._x(
-                "SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx>=?", (data_ino, from_index)
+                "SELECT ino, idx, version, nodes, fversions FROM chunks WHERE data_ino=? AND idx>=?", (data_ino, from_index)
             ).fetchall()
         return self._select_in(
-            "SELECT ino, idx, version, nodes FROM chunks WHERE data_ino=? AND idx IN ({})", (data_ino,), sorted(set(indices))
+            "SELECT ino, idx, version, nodes, fversions FROM chunks WHERE data_ino=? AND idx IN ({})", (data_ino,),
+            sorted(set(indices)),
         )
 
     def pinned_by(self, data_ino: int, limit: int = 8) -> list[int]:

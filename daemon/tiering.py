@@ -228,7 +228,7 @@ class Tiering:
                 if tier_id is None:
                     raise StripefsError(ErrorCode.INVALID, "no policy applies to this file: name the tier (--to NAME)")
             chunks = self.store.get_chunks(req.ino)
-            todo = [(req.ino, i, v, tier_id, time.time_ns()) for i, (v, n) in sorted(chunks.items()) if v > 0 and n]
+            todo = [(req.ino, i, v, tier_id, time.time_ns()) for i, (v, n, _) in sorted(chunks.items()) if v > 0 and n]
             self.store.add_tier_objects(todo)
             return [(ino, i, v, t) for ino, i, v, t, _ in todo]
 
@@ -255,8 +255,8 @@ class Tiering:
 
     def _file_counts(self, ino: int) -> tuple[int, int]:
         chunks = self.store.get_chunks(ino)
-        cold = sum(1 for v, n in chunks.values() if is_cold(v, n))
-        hot = sum(1 for v, n in chunks.values() if v > 0 and n)
+        cold = sum(1 for v, n, _ in chunks.values() if is_cold(v, n))
+        hot = sum(1 for v, n, _ in chunks.values() if v > 0 and n)
         return cold, hot
 
     async def handle_tier_recall(self, req: P.TierRecallReq) -> P.Msg:
@@ -264,7 +264,7 @@ class Tiering:
             if self.store.get_inode(req.ino) is None:
                 raise StripefsError(ErrorCode.NOT_FOUND, f"no inode {req.ino}")
             chunks = self.store.get_chunks(req.ino, req.indices or None)
-            return [i for i, (v, n) in sorted(chunks.items()) if is_cold(v, n)]
+            return [i for i, (v, n, _) in sorted(chunks.items()) if is_cold(v, n)]
 
         todo = await self.txn.read(cold_indices)
         if todo:
@@ -323,12 +323,12 @@ class Tiering:
                 # written, cut, deleted meanwhile (or already cold): the intent goes, its object if any too
                 self.txn.write_locked(self._drop_intent, ino, idx, version, tier_id, name)
                 return 0
-            nodes = list(cur[1])
+            nodes, fversions = list(cur[1]), cur[2]
             red = parse_redundancy(inode["redundancy"])
             chunk_size = inode["chunk_size"]
             addresses = {n: self.nodes.address(n) for n in nodes if n != redundancy.MISSING and self.nodes.is_up(n)}
         if red.is_ec:
-            data = await self._read_stripe(ino, idx, version, nodes, addresses, red, chunk_size)
+            data = await self._read_stripe(ino, idx, version, nodes, fversions, addresses, red, chunk_size)
         else:
             data = await self._read_replica(ino, idx, version, nodes, addresses, chunk_size)
         if throttled:
@@ -369,7 +369,7 @@ class Tiering:
         if cur is None or cur[0] != version or not cur[1]:
             self._drop_intent(ino, idx, version, tier_id, name)
             return False
-        self.store.put_chunk(ino, idx, version, [])
+        self.store.put_chunk(ino, idx, version, [], [])  # cold: the object holds the stripe whole
         self.store.add_garbage((n, ino, idx, 0, version) for n in cur[1] if n != redundancy.MISSING)
         self.store.set_object_stored(ino, idx, version, length, to_signed(xxh3))
         return True
@@ -399,9 +399,10 @@ class Tiering:
                 errors.append(f"node {n}: {exc}")
         raise StripefsError(ErrorCode.UNAVAILABLE, f"chunk {ino}:{idx} v{version}: no copy readable ({'; '.join(errors)})")
 
-    async def _read_stripe(self, ino, idx, version, nodes, addresses, red, chunk_size) -> bytes:
+    async def _read_stripe(self, ino, idx, version, nodes, fversions, addresses, red, chunk_size) -> bytes:
         """The stripe's content: its K data fragments read at once (a healthy stripe decodes nothing
-        costly), then the parity ones if some failed; decoded, without its trailing zeros."""
+        costly), then the parity ones if some failed, each at its own version (``fversions``,
+        common/protocol.ChunkRef); decoded, without its trailing zeros."""
         c = codec(red.ec_k, red.ec_m, chunk_size)
         got: dict[int, bytes] = {}
         errors: list[str] = []
@@ -409,10 +410,11 @@ class Tiering:
         async def read(j: int, n: int) -> None:
             try:
                 client = await self._node(addresses[n])
-                req = P.ReadChunkReq(chunk=P.ChunkId(ino, idx, fragment_part(j, version)), min_version=version, offset=0, length=c.fps)
+                fv = P.fragment_version(version, fversions, j)
+                req = P.ReadChunkReq(chunk=P.ChunkId(ino, idx, fragment_part(j, fv)), min_version=fv, offset=0, length=c.fps)
                 rsp, payloads = await client.call(req, timeout=NODE_TIMEOUT_S + c.fps / (1 << 20), expect=P.ReadChunkRsp)
                 data = bytes(payloads[0]) if payloads else b""
-                if rsp.version != version or checksum(data) != rsp.xxh3:
+                if rsp.version != fv or checksum(data) != rsp.xxh3:
                     raise StripefsError(ErrorCode.STALE, f"version {rsp.version} or a bad checksum")
                 got[j] = data
             except StripefsError as exc:
@@ -455,7 +457,7 @@ class Tiering:
             async with self.txn.lock:
                 cur = self.store.get_chunks(ino, [idx]).get(idx)
                 inode = self.store.get_inode(ino)
-                if cur is None or inode is None or not is_cold(*cur):
+                if cur is None or inode is None or not is_cold(cur[0], cur[1]):
                     return
                 version = cur[0]
                 # a snapshot's row may read its live file's object (daemon/snapshots.py): recalled
@@ -546,7 +548,7 @@ class Tiering:
         if cur is None or cur[0] != version or cur[1]:  # deleted, rewritten, or recalled by another daemon
             self._forget_copies(ino, idx, version, nodes)
             return False
-        self.store.put_chunk(ino, idx, version, nodes)
+        self.store.put_chunk(ino, idx, version, nodes, [])  # every fragment written at ``version``
         if src != ino:
             self.store.unpin(ino, idx, src, version)  # its own copies now
         if not self.store.cold_readers(src, idx, version):  # else the collector takes it once none is left
@@ -630,7 +632,7 @@ class Tiering:
                     # (files mounts hold open or cached are not skipped: under callbacks a data set a
                     # mount caches is "open" for as long as it is cached; the compare-and-swap at the
                     # switch and the version-bounded release keep concurrent writers' data: tiering.md)
-                    rows += [(ino, i, v, tier_id, now) for i, (v, n) in sorted(self.store.get_chunks(ino).items()) if v > 0 and n]
+                    rows += [(ino, i, v, tier_id, now) for i, (v, n, _) in sorted(self.store.get_chunks(ino).items()) if v > 0 and n]
                 self.store.add_tier_objects(rows[:free])
                 return len(rows[:free])
 

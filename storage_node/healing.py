@@ -174,14 +174,15 @@ class Healing:
         errors: list[str] = []
 
         async def fetch(src: p.FragmentSource) -> None:
+            want = src.version or req.version  # a fragment's own version (common/protocol.ChunkRef ``fversions``)
             try:
                 client = await self._peer(src.address)
                 rsp, frames = await client.call(
-                    p.ReadChunkReq(chunk=p.ChunkId(req.chunk.ino, req.chunk.index, src.part), min_version=req.version,
+                    p.ReadChunkReq(chunk=p.ChunkId(req.chunk.ino, req.chunk.index, src.part), min_version=want,
                                    offset=0, length=coder.fragment_size)
                 )
-                if rsp.version != req.version:
-                    raise StripefsError(ErrorCode.STALE, f"fragment {src.index} is version {rsp.version}, not {req.version}")
+                if rsp.version != want:
+                    raise StripefsError(ErrorCode.STALE, f"fragment {src.index} is version {rsp.version}, not {want}")
                 if len(frames) != 1 or xxhash.xxh3_64_intdigest(frames[0]) != rsp.xxh3:
                     raise StripefsError(ErrorCode.CORRUPT, "payload failed its checksum in transit")
                 got[src.index] = frames[0]

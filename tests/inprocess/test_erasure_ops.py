@@ -184,8 +184,10 @@ async def test_fsync_and_rewrite_same_session(fs, monkeypatch):
 
 async def test_small_writes_update_parity_by_delta_and_every_fragment_matches_a_full_encode(fs, monkeypatch):
     """Partial-stripe writes, each its own session (open, write, close), go the delta path (counted
-    in stripefs_ec_stripe_writes_total), and afterwards every fragment on its node is exactly what
-    coding the whole new stripe gives, in the committed version's slot."""
+    in stripefs_ec_stripe_writes_total), the data fragments a delta does not touch are not written
+    and keep their version (ChunkRef ``fversions``, counted in stripefs_ec_fragments_kept_total),
+    and afterwards every fragment on its node is exactly what coding the whole new stripe gives,
+    in the slot of its own committed version."""
     from stripefs.client import metrics
     from stripefs.common.erasure import codec, fragment_part
     from stripefs.common.transport import connect
@@ -196,6 +198,7 @@ async def test_small_writes_update_parity_by_delta_and_every_fragment_matches_a_
     await fs.write_file(fs.dir, b"d", bytes(want))
     delta, full = metrics.EC_STRIPE_WRITES.labels("delta"), metrics.EC_STRIPE_WRITES.labels("full")
     before = delta._value.get(), full._value.get()
+    kept_before = metrics.EC_FRAGMENTS_KEPT._value.get()
     # across two stripes, across two data fragments, past the end of the file, in a data fragment's trimmed tail
     writes = [(0, 1), (CHUNK - 3, 7), (CHUNK // 4 - 10, 20), (2 * CHUNK + 290_000, 20_000), (5, 200_000)]
     writes += [(rng.randrange(len(want)), rng.randrange(1, 5000)) for _ in range(8)]
@@ -209,19 +212,23 @@ async def test_small_writes_update_parity_by_delta_and_every_fragment_matches_a_
         want[offset : offset + n] = data
     stripes = sum(len(range(o // CHUNK, (o + n - 1) // CHUNK + 1)) for o, n in writes)
     assert (delta._value.get() - before[0], full._value.get() - before[1]) == (stripes, 0)  # every stripe by delta
+    # a delta touching one data fragment of four leaves three where they are: no empty copy-on-write write
+    assert metrics.EC_FRAGMENTS_KEPT._value.get() - kept_before >= 2 * stripes
 
     c = codec(4, 2, CHUNK)
     info = await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))
     ctx = zmq.Context()
+    assert all(len(set(ref.fversions)) > 1 for ref in info.chunks)  # every stripe has a fragment left behind
     try:
         for ref in info.chunks:
             expected = c.encode(bytes(want[ref.index * CHUNK : (ref.index + 1) * CHUNK]))
             for j, node in enumerate(ref.nodes):
+                version = ref.fragment_version(j)
                 async with connect(ctx, fs.rig.node_addresses[node], timeout=10) as client:
                     rsp, frames = await client.call(P.ReadChunkReq(
-                        chunk=P.ChunkId(ino, ref.index, fragment_part(j, ref.version)), min_version=ref.version, offset=0, length=CHUNK))
+                        chunk=P.ChunkId(ino, ref.index, fragment_part(j, version)), min_version=version, offset=0, length=CHUNK))
                 stored = b"".join(bytes(f) for f in frames)
-                assert rsp.version == ref.version
+                assert rsp.version == version
                 assert stored.ljust(c.fps, b"\0") == expected[j].ljust(c.fps, b"\0"), (ref.index, j)
     finally:
         ctx.destroy(linger=0)
@@ -300,8 +307,9 @@ async def test_later_pieces_of_a_session_write_only_their_columns_and_every_frag
         for j, node in enumerate(ref.nodes):
             async with connect(ctx, fs.rig.node_addresses[node], timeout=10) as client:
                 rsp, frames = await client.call(P.ReadChunkReq(
-                    chunk=P.ChunkId(ino, 0, fragment_part(j, ref.version)), min_version=ref.version, offset=0, length=CHUNK))
-            assert rsp.version == ref.version
+                    chunk=P.ChunkId(ino, 0, fragment_part(j, ref.fragment_version(j))), min_version=ref.fragment_version(j), offset=0,
+                    length=CHUNK))
+            assert rsp.version == ref.fragment_version(j)
             assert b"".join(bytes(f) for f in frames).ljust(c.fps, b"\0") == expected[j].ljust(c.fps, b"\0"), j
     finally:
         ctx.destroy(linger=0)
@@ -338,3 +346,77 @@ async def test_a_columns_write_that_fails_writes_the_stripe_whole(fs, monkeypatc
         await fs.rig.restart()
     async with fresh(fs, monkeypatch) as other:
         assert await other.read_file(fs.dir, b"torn") == bytes(want)
+
+
+async def test_a_stripe_with_fragments_at_different_versions_decodes_rewrites_and_cuts(fs, monkeypatch):
+    """A parity delta leaves the untouched data fragments at their version (ChunkRef ``fversions``):
+    such a stripe takes a delta on a fragment left behind (its new version of the other parity than
+    its own: the slot its own version does not use), decodes from fragments of three versions with
+    two nodes dead, takes a truncate's cut and a whole rewrite, and reads right after each."""
+
+    async def session(offset: int, data: bytes) -> None:
+        fh, _ = await fs.open_path(fs.dir, b"mixed", os.O_WRONLY)
+        try:
+            await fs.write(fh, offset, data)
+        finally:
+            await fs.close(fh)
+        want[offset : offset + len(data)] = data
+
+    async def current() -> P.ChunkRef:
+        info = await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))
+        return info.chunks[0]
+
+    async def reads_right(name: str) -> None:
+        async with fresh(fs, monkeypatch, name) as other:
+            assert await other.read_file(fs.dir, b"mixed") == bytes(want)
+
+    rng = random.Random(3535)
+    want = bytearray(rng.randbytes(CHUNK))
+    ino = await fs.write_file(fs.dir, b"mixed", bytes(want))
+    first = await current()
+    await session(100, rng.randbytes(50))  # fragment 0 and the parity move; 1, 2, 3 stay
+    ref = await current()
+    assert [ref.fragment_version(j) for j in range(6)] == [ref.version] + [first.version] * 3 + [ref.version] * 2
+    await session(CHUNK // 4 + 10, rng.randbytes(30))  # fragment 1, left at the older version, moves now
+    again = await current()
+    assert again.fragment_version(1) > ref.version and again.fragment_version(2) == first.version
+    assert (again.fragment_version(1) & 1) != (first.version & 1) and (again.fragment_version(4) & 1) != (ref.version & 1)
+    await reads_right("second-delta")
+    fs.rig.kill_node(again.nodes[1])  # fragments of all three versions left: 0, 2 or 3, the parity
+    fs.rig.kill_node(again.nodes[3])
+    try:
+        await reads_right("degraded")
+    finally:
+        await fs.rig.restart()
+    await fs.setattr(ino, st_size=CHUNK - 1000)  # the cut: every fragment to the slot its own version does not use
+    del want[CHUNK - 1000 :]
+    await reads_right("cut")
+    await session(0, rng.randbytes(CHUNK - 1000))  # the whole stripe anew
+    await reads_right("whole")
+
+
+async def test_an_fsync_after_a_delta_syncs_the_fragments_it_left_behind(fs, monkeypatch):
+    """The data fragments a parity delta does not write stay part of the new version, so an fsync
+    makes them durable as it makes the written ones (the commit that made them did not sync them)."""
+    from stripefs.common.erasure import fragment_part
+
+    ino = await fs.write_file(fs.dir, b"synced", os.urandom(CHUNK))
+    (ref,) = (await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))).chunks
+    ec = fs.ops.data.ec
+    synced: list[tuple[int, P.ChunkId]] = []
+    real = ec.nodes.sync_each
+
+    async def sync_each(by_node):
+        synced.extend((node, c) for node, chunks in by_node.items() for c in chunks)
+        return await real(by_node)
+
+    monkeypatch.setattr(ec.nodes, "sync_each", sync_each)
+    ec.forget_unsynced(ino)  # the first write's fragments (never fsynced): only the delta's count here
+    fh, _ = await fs.open_path(fs.dir, b"synced", os.O_WRONLY)
+    try:
+        await fs.write(fh, 100, b"x" * 10)  # data fragment 0 only
+        await fs.fsync(fh)
+    finally:
+        await fs.close(fh)
+    kept = {(ref.nodes[j], P.ChunkId(ino, 0, fragment_part(j, ref.version))) for j in (1, 2, 3)}
+    assert kept <= set(synced)

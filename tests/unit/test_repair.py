@@ -266,32 +266,32 @@ def test_record_is_a_compare_and_swap(svc):
     task = Task("repair", ino, 0, 5, (1, 2), (1,), 1, 1, 1 << 20)
     with svc.store.savepoint():
         assert svc.healer._record(task, 3, 5)
-    assert svc.store.get_chunks(ino)[0] == (5, [1, 3])
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 3], [])
     assert _garbage(svc) == [(2, ino, 0, 5)]  # the replaced copy goes, bounded by the chunk's version
     with svc.store.savepoint():  # the same task again: node 2 is no longer in the row, the new copy is garbage
         assert not svc.healer._record(task, 4, 5)
-    assert (4, ino, 0, 5) in _garbage(svc) and svc.store.get_chunks(ino)[0] == (5, [1, 3])
+    assert (4, ino, 0, 5) in _garbage(svc) and svc.store.get_chunks(ino)[0] == (5, [1, 3], [])
     svc.store.put_chunk(ino, 0, 9, [1, 3])  # a writer committed version 9 meanwhile
     with svc.store.savepoint():
         assert not svc.healer._record(Task("drain", ino, 0, 5, (1, 3), (1, 3), 0, 2, 1 << 20), 2, 5)
-    assert svc.store.get_chunks(ino)[0] == (9, [1, 3])
+    assert svc.store.get_chunks(ino)[0] == (9, [1, 3], [])
     svc.store.put_chunk(ino, 0, 9, [])  # moved to a tier while a copy was made: the copy never makes it hot
     with svc.store.savepoint():
         assert not svc.healer._record(Task("repair", ino, 0, 9, (1, 3), (1,), -1, 2, 1 << 20), 4, 9)
-    assert svc.store.get_chunks(ino)[0] == (9, []) and (4, ino, 0, 9) in _garbage(svc)
+    assert svc.store.get_chunks(ino)[0] == (9, [], []) and (4, ino, 0, 9) in _garbage(svc)
 
 
 def test_bad_copies_are_dropped_but_never_the_last(svc, caplog):
     ino = _file(svc, chunks=((0, 5, [1, 2]), (1, 5, [3])))
     with svc.store.savepoint():  # a report of another slot (a writer's copy, garbage) is not of the committed copy
         assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, 0)]) == 0
-    assert svc.store.get_chunks(ino)[0] == (5, [1, 2])
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 2], [])
     with svc.store.savepoint():  # v5 lives in slot part 32 (common/layout.py "Slots")
         assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, replica_part(5))]) == 1
-    assert svc.store.get_chunks(ino)[0] == (5, [1]) and (2, ino, 0, 5) in _garbage(svc)
+    assert svc.store.get_chunks(ino)[0] == (5, [1], []) and (2, ino, 0, 5) in _garbage(svc)
     with svc.store.savepoint():
         assert svc.healer.mark_bad(3, [p.ChunkId(ino, 1, replica_part(5))]) == 0
-    assert svc.store.get_chunks(ino)[1] == (5, [3])
+    assert svc.store.get_chunks(ino)[1] == (5, [3], [])
     assert any("only live copy" in r.message for r in caplog.records)
 
 
@@ -303,7 +303,7 @@ def test_remove_refuses_only_copies(svc):
     assert svc.nodes.state(3) == "up"
     with svc.store.savepoint():
         svc.operator.remove_node(2)
-    assert svc.nodes.state(2) == "removed" and svc.store.get_chunks(ino)[0] == (5, [1])
+    assert svc.nodes.state(2) == "removed" and svc.store.get_chunks(ino)[0] == (5, [1], [])
 
 
 def test_expired_sessions_uncommitted_chunks_go_and_late_commits_are_fenced(svc):
@@ -325,7 +325,7 @@ def test_a_commit_that_drops_a_node_queues_its_copy(svc):
     ino = _file(svc, chunks=((0, 5, [1, 3]),))  # a drain moved 2 -> 3 while a writer wrote to [1, 2]
     with svc.store.savepoint():
         svc.ns.commit(ino, 100, 0, [p.ChunkRef(index=0, version=7, nodes=[1, 2])])
-    assert svc.store.get_chunks(ino)[0] == (7, [1, 2]) and (3, ino, 0, 7) in _garbage(svc)
+    assert svc.store.get_chunks(ino)[0] == (7, [1, 2], []) and (3, ino, 0, 7) in _garbage(svc)
 
 
 def test_rebalance_postpones_chunks_of_files_open_for_writing(svc):
@@ -343,20 +343,20 @@ def test_rebalance_postpones_chunks_of_files_open_for_writing(svc):
     assert svc.sessions.writing_inodes() == set()
     with svc.store.savepoint():
         assert svc.healer._record(Task("rebalance", idle, 0, 5, (1, 2), (1, 2), 0, 2, 1 << 20, target=4), 4, 5)
-    assert svc.store.get_chunks(idle)[0] == (5, [4, 2])
+    assert svc.store.get_chunks(idle)[0] == (5, [4, 2], [])
     svc.sessions.open(sid, held, write=True)
     assert svc.sessions.writing_inodes() == {held}
     move = Task("rebalance", held, 0, 5, (1, 2), (1, 2), 0, 2, 1 << 20, target=3)
     with svc.store.savepoint():
         assert not svc.healer._record(move, 3, 5)  # opened for writing while it was copied: the copy is garbage
-    assert svc.store.get_chunks(held)[0] == (5, [1, 2]) and (3, held, 0, 5) in _garbage(svc)
+    assert svc.store.get_chunks(held)[0] == (5, [1, 2], []) and (3, held, 0, 5) in _garbage(svc)
     with svc.store.savepoint():
         assert svc.healer._record(Task("drain", held, 0, 5, (1, 2), (1, 2), 0, 2, 1 << 20), 4, 5)
-    assert svc.store.get_chunks(held)[0] == (5, [4, 2])
+    assert svc.store.get_chunks(held)[0] == (5, [4, 2], [])
     svc.sessions.close(sid, held)
     with svc.store.savepoint():
         assert svc.healer._record(Task("rebalance", held, 0, 5, (4, 2), (4, 2), 1, 2, 1 << 20, target=3), 3, 5)
-    assert svc.store.get_chunks(held)[0] == (5, [4, 3])
+    assert svc.store.get_chunks(held)[0] == (5, [4, 3], [])
 
 
 def test_the_backlog_counts_the_bytes_small_files_hold(svc):
@@ -432,17 +432,17 @@ def test_a_bad_fragment_is_reconstructed_unless_too_few_others_are_live(svc, cap
     svc.store.conn.execute("UPDATE inodes SET redundancy='ec=2+1' WHERE ino=?", (ino,))
     with svc.store.savepoint():  # a report of the other version's slot (a writer moved on): ignored
         assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, fragment_part(1, 6))]) == 0
-    assert svc.store.get_chunks(ino)[0] == (5, [1, 2, 3])
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 2, 3], [])
     with svc.store.savepoint():
         assert svc.healer.mark_bad(2, [p.ChunkId(ino, 0, fragment_part(1, 5))]) == 1
-    assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3])
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3], [])
     assert (2, ino, 0, 5) in _garbage(svc)
     tasks = plan([ChunkRow(ino, 0, 5, (1, 0, 3), "ec=2+1", 1 << 20)], {n: "up" for n in (1, 2, 3, 4)}).tasks
     assert [(t.kind, t.slot, t.replace, t.part) for t in tasks] == [("reconstruct", 1, 0, fragment_part(1, 5))]
     # fragment 0 bad too: only one other (node 3) is live, K=2: kept, and said
     with svc.store.savepoint():
         assert svc.healer.mark_bad(1, [p.ChunkId(ino, 0, fragment_part(0, 5))]) == 0
-    assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3])
+    assert svc.store.get_chunks(ino)[0] == (5, [1, 0, 3], [])
     assert any("other fragments are live" in r.message for r in caplog.records)
 
 
@@ -466,7 +466,7 @@ async def test_an_expired_session_s_abandoned_slots_are_collected_that_part_only
         (1, ec, 0, fragment_part(0, 9) | EXACT_PART, bound), (2, ec, 0, fragment_part(1, 9) | EXACT_PART, bound),
         (3, ec, 0, fragment_part(3, 9) | EXACT_PART, bound),
     ])
-    assert svc.store.get_chunks(rep) == {0: (5, [1, 2])}
+    assert svc.store.get_chunks(rep) == {0: (5, [1, 2], [])}
 
     sent = []
 

@@ -122,13 +122,13 @@ def test_migration_switches_only_the_row_it_read(svc):
     svc.store.add_tier_objects([(ino, 0, 5, 1, 11), (ino, 1, 5, 1, 12)])
     with svc.store.savepoint():
         assert t._switch_cold(ino, 0, 5, 1, "n0", 100, 1 << 63)
-    assert svc.store.get_chunks(ino)[0] == (5, [])  # cold: no nodes
+    assert svc.store.get_chunks(ino)[0] == (5, [], [])  # cold: no nodes
     assert _garbage(svc) == [(1, ino, 0, 5), (2, ino, 0, 5)]  # the copies go, bounded by the version
     assert _objects(svc)[(ino, 0, 5)] == "stored"
     svc.store.put_chunk(ino, 1, 9, [3, 4])  # a writer committed version 9 during the upload
     with svc.store.savepoint():
         assert not t._switch_cold(ino, 1, 5, 1, "n1", 100, 7)
-    assert svc.store.get_chunks(ino)[1] == (9, [3, 4])
+    assert svc.store.get_chunks(ino)[1] == (9, [3, 4], [])
     assert (ino, 1, 5) not in _objects(svc) and _tier_garbage(svc) == ["n1"]  # the upload is garbage
 
 
@@ -141,7 +141,7 @@ def test_migration_releases_the_copies_the_row_names_at_the_switch(svc):
     svc.store.put_chunk(ino, 0, 5, [1, 3])  # node 2's copy re-replicated onto node 3
     with svc.store.savepoint():
         assert t._switch_cold(ino, 0, 5, 1, "n0", 100, 7)
-    assert svc.store.get_chunks(ino)[0] == (5, [])
+    assert svc.store.get_chunks(ino)[0] == (5, [], [])
     assert _garbage(svc) == [(1, ino, 0, 5), (3, ino, 0, 5)]
     assert _objects(svc)[(ino, 0, 5)] == "stored"
 
@@ -154,13 +154,13 @@ def test_recall_switches_back_and_queues_the_object(svc):
         t._switch_cold(ino, 0, 5, 1, "n0", 100, 7)
     with svc.store.savepoint():
         assert t._switch_hot(ino, 0, 5, [3, 4], 1, "n0")
-    assert svc.store.get_chunks(ino)[0] == (5, [3, 4])
+    assert svc.store.get_chunks(ino)[0] == (5, [3, 4], [])
     assert _objects(svc) == {} and _tier_garbage(svc) == ["n0"]
     svc.store.conn.execute("DELETE FROM garbage")
     with svc.store.savepoint():  # a second recall (another daemon) lost the race: its copies go, never the row's
         assert not t._switch_hot(ino, 0, 5, [4, 1], 1, "n0")
     assert _garbage(svc) == [(1, ino, 0, 5)]  # node 4 holds the row's copy: not deleted
-    assert svc.store.get_chunks(ino)[0] == (5, [3, 4])
+    assert svc.store.get_chunks(ino)[0] == (5, [3, 4], [])
 
 
 def test_objects_of_deleted_truncated_or_rewritten_chunks_are_orphans(svc):
@@ -348,20 +348,20 @@ async def test_migrate_and_recall_replicated_and_ec_through_real_nodes(tmp_path)
             bucket.fail = True
             with pytest.raises(StripefsError):
                 await t.handle_tier_migrate(p.TierMigrateReq(ino=rep, tier="cold"))
-            assert svc.store.get_chunks(rep)[0] == (5, [1, 2]) and _objects(svc) == {(rep, 0, 5): "uploading"}
+            assert svc.store.get_chunks(rep)[0] == (5, [1, 2], []) and _objects(svc) == {(rep, 0, 5): "uploading"}
             bucket.fail = False
 
             for ino, data in ((rep, rep_data), (ec, ec_data)):
                 rsp = await t.handle_tier_migrate(p.TierMigrateReq(ino=ino, tier="cold"))
                 assert (rsp.chunks, rsp.cold, rsp.hot) == (1, 1, 0)
-                assert is_cold(*svc.store.get_chunks(ino)[0])
+                assert is_cold(*svc.store.get_chunks(ino)[0][:2])
                 (name,) = [n for n in bucket.objects if f"/{ino}/0." in n]
                 assert bucket.objects[name] == data  # EC: the decoded stripe, one object
             # recalls: back on nodes with the chunk's own version, the object queued for deletion
             bucket.fail = True
             with pytest.raises(StripefsError):
                 await t.handle_tier_recall(p.TierRecallReq(ino=rep))
-            assert is_cold(*svc.store.get_chunks(rep)[0])  # still cold, still recorded
+            assert is_cold(*svc.store.get_chunks(rep)[0][:2])  # still cold, still recorded
             bucket.fail = False
             rsp = await t.handle_tier_recall(p.TierRecallReq(ino=rep))
             (ref,) = rsp.chunks
@@ -398,5 +398,5 @@ def test_a_snapshots_cold_row_keeps_the_object_through_the_live_recall_and_is_re
     assert _objects(svc) == {(ino, 0, 5): "stored"} and _tier_garbage(svc) == []
     with svc.store.savepoint():  # the snapshot's chunk comes back under its own ids: the object may go now
         assert t._switch_hot(snap, 0, 5, [1, 3], 1, "n0", ino)
-    assert svc.store.get_chunks(snap)[0] == (5, [1, 3]) and svc.store.data_inos(snap) == {}
+    assert svc.store.get_chunks(snap)[0] == (5, [1, 3], []) and svc.store.data_inos(snap) == {}
     assert _objects(svc) == {} and _tier_garbage(svc) == ["n0"]
