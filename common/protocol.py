@@ -52,6 +52,10 @@ Versions
   new message type (an old server answers ``UNKNOWN_MESSAGE``) and a new
   field with a default at the end of a message (old peers ignore unknown
   fields; new peers fill the default).
+* Version 2 (issue 35, per-fragment versions): ``ChunkRef.version`` of an
+  erasure-coded stripe became the stripe's newest, with ``fversions`` giving
+  each fragment's own; a version-1 peer would read every fragment at
+  ``version``, so the two do not talk.
 * Chunk versions: every write session gets a fresh, cluster-wide increasing
   *epoch* from the metadata daemon (``AllocEpochReq``); data written in that
   session carries the epoch as its chunk version. The metadata daemon records
@@ -78,7 +82,7 @@ from typing import Annotated, TypeVar, Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 #: requests larger than this (header frame) are refused before decoding
 MAX_HEADER_BYTES = 1 << 20

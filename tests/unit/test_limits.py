@@ -51,11 +51,11 @@ def _raw(request_id, body) -> bytes:
 @pytest.mark.parametrize(
     "frame, code, request_id",
     [
-        (msgspec.msgpack.encode([2, "a newer header shape", {"t": "ping"}, "more"]), ErrorCode.VERSION_MISMATCH, 0),
-        (msgspec.msgpack.encode([2, 77, {"t": "ping"}]), ErrorCode.VERSION_MISMATCH, 77),
+        (msgspec.msgpack.encode([protocol.PROTOCOL_VERSION + 1, "a newer header shape", {"t": "ping"}, "more"]), ErrorCode.VERSION_MISMATCH, 0),
+        (msgspec.msgpack.encode([protocol.PROTOCOL_VERSION + 1, 77, {"t": "ping"}]), ErrorCode.VERSION_MISMATCH, 77),
         (msgspec.msgpack.encode([0, 5]), ErrorCode.VERSION_MISMATCH, 5),
         (msgspec.msgpack.encode(["1", 5, {"t": "ping"}]), ErrorCode.BAD_REQUEST, 0),
-        (msgspec.msgpack.encode([1, -5, {"t": "ping"}]), ErrorCode.BAD_REQUEST, 0),
+        (msgspec.msgpack.encode([protocol.PROTOCOL_VERSION, -5, {"t": "ping"}]), ErrorCode.BAD_REQUEST, 0),
         (_raw(3, {"t": "from_the_future"}), ErrorCode.UNKNOWN_MESSAGE, 3),
         (_raw(4, {"t": "read_chunks", "reads": [[[1, 0, 0], 0, 0, 1]] * (protocol.MAX_BATCH_READS + 1)}), ErrorCode.BAD_REQUEST, 4),
         (_raw(5, {"t": "session_heartbeat", "session_id": 1, "open_inodes": [1] * (4 * protocol.MAX_LIST + 1)}), ErrorCode.BAD_REQUEST, 5),
@@ -85,7 +85,7 @@ def test_a_well_formed_header_is_decoded_in_one_pass(monkeypatch):
 
 
 def test_change_events_of_another_version_are_refused():
-    frame = msgspec.msgpack.encode([2, {"a": "newer event shape"}])
+    frame = msgspec.msgpack.encode([protocol.PROTOCOL_VERSION + 1, {"a": "newer event shape"}])
     with pytest.raises(protocol.ProtocolError) as exc:
         protocol.decode_event(frame)
     assert exc.value.code == ErrorCode.VERSION_MISMATCH

@@ -330,13 +330,13 @@ _BAD_INPUT = {
     "oversized header": ([b"\x00" * ((1 << 20) + 1)], {ErrorCode.BAD_REQUEST}),
     "wrong protocol version": ([_raw(99, 11, p.PingReq())], {ErrorCode.VERSION_MISMATCH}),
     # common/protocol.py's decoder answers an unregistered tag BAD_REQUEST (its docstring says UNKNOWN_MESSAGE)
-    "unknown message type": ([_raw(1, 12, {"t": "frobnicate"})], {ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_MESSAGE}),
+    "unknown message type": ([_raw(p.PROTOCOL_VERSION, 12, {"t": "frobnicate"})], {ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_MESSAGE}),
     "a metadata request": ([p.encode(13, p.LookupReq(parent=1, name=b"x"))], {ErrorCode.UNKNOWN_MESSAGE}),
     "wrong field type": (
-        [_raw(1, 14, {"t": "read_chunk", "chunk": [1, 0, 0], "min_version": "new", "offset": 0, "length": 1})],
+        [_raw(p.PROTOCOL_VERSION, 14, {"t": "read_chunk", "chunk": [1, 0, 0], "min_version": "new", "offset": 0, "length": 1})],
         {ErrorCode.BAD_REQUEST},
     ),
-    "missing field": ([_raw(1, 15, {"t": "stat_chunk"})], {ErrorCode.BAD_REQUEST}),
+    "missing field": ([_raw(p.PROTOCOL_VERSION, 15, {"t": "stat_chunk"})], {ErrorCode.BAD_REQUEST}),
     "write without payload": ([p.encode(16, _GOOD_WRITE)], {ErrorCode.BAD_REQUEST}),
     "write with two payloads": ([p.encode(17, _GOOD_WRITE), b"", b""], {ErrorCode.BAD_REQUEST}),
     "read with a payload": (
@@ -350,7 +350,7 @@ _BAD_INPUT = {
     "negative chunk id": ([p.encode(20, p.StatChunkReq(chunk=p.ChunkId(-1, 0, 0)))], {ErrorCode.BAD_REQUEST}),
     "batch of writes without payloads": ([p.encode(22, p.WriteChunksReq(writes=[_GOOD_WRITE]))], {ErrorCode.BAD_REQUEST}),
     "batch of writes with a wrong field": (
-        [_raw(1, 23, {"t": "write_chunks", "writes": [{"chunk": "x"}]}), b""], {ErrorCode.BAD_REQUEST},
+        [_raw(p.PROTOCOL_VERSION, 23, {"t": "write_chunks", "writes": [{"chunk": "x"}]}), b""], {ErrorCode.BAD_REQUEST},
     ),
     "write past 64 MiB": (
         [p.encode(21, p.WriteChunkReq(chunk=p.ChunkId(3, 0, 0), version=1, base_version=0, offset=64 << 20, xxh3=_h(b"x"))), b"x"],
