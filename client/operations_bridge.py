@@ -224,7 +224,8 @@ class OperationsBridge:
             ctx = _Ctx(req.header)
             args = (req.header.nodeid, req.offset, req.size, ctx) if req.fh == 0 else (req.fh, req.offset, req.size)
             account = (jobs, args, req.fh == 0)
-        return plan_read(of, req.offset, req.size, self.ops.data, pool, reply, slow, started, account)
+        return plan_read(of, req.offset, req.size, self.ops.data, pool, reply, slow, started, account,
+                         cached=not req.flags & os.O_DIRECT)
 
     # -- GETATTR and LOOKUP misses on plain threads (client/thread_meta.py): decided here, under Operations.lock
 

@@ -33,12 +33,14 @@ import zmq
 
 from ..common import protocol as p
 from ..common.errors import ErrorCode, StripefsError
+from ..common.fast_lane import recv_frames
 from ..common.transport import new_socket
 from . import metrics
 
 log = logging.getLogger(__name__)
 
 _POLL_STOP_S = 0.2  # the longest poll: how soon the reader notices the session is stopping
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class _Under:
@@ -187,7 +189,7 @@ class ReaderLoads:
     def _receive(self, sock: zmq.Socket) -> None:
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = recv_frames(sock, _NOBLOCK)  # (without pyzmq's RCVMORE getsockopt per frame)
             except zmq.Again:
                 return
             decoded = self.pool.decode(frames)

@@ -74,6 +74,9 @@ class Waiter(NamedTuple):
     #: (Jobs, the handler's arguments, by inode) while training jobs report (client/jobs.py): the READ
     #: is attributed to its job on the trio thread, as client/metrics.py's wrapper does
     account: tuple | None = None
+    #: the kernel keeps what this READ is answered in its page cache (False: the file was opened
+    #: O_DIRECT, whose reads bypass it)
+    cached: bool = True
 
 
 class Load:
@@ -103,7 +106,7 @@ def chunk_request(pool: "ThreadReads", ino: int, ref: p.ChunkRef, length: int) -
 
 
 def plan_read(of, offset: int, size: int, data, pool: "ThreadReads", reply, slow, started: float,
-              account: tuple | None = None) -> bool:
+              account: tuple | None = None, cached: bool = True) -> bool:
     """(reader thread, under Operations.lock) Take a READ of ``of`` (an OpenFile with nothing of
     this mount's own: Operations.thread_read_file), or False: trio's path. Taken: a read within
     one chunk of a replicated file, that chunk the file's last (so the read-ahead window, which is
@@ -124,7 +127,7 @@ def plan_read(of, offset: int, size: int, data, pool: "ThreadReads", reply, slow
     key = (of.ino, index, ref.version)
     if data.cache.loading(key):
         return False
-    waiter = Waiter(reply, slow, offset - index * cs, end - offset, started, account)
+    waiter = Waiter(reply, slow, offset - index * cs, end - offset, started, account, cached)
     return pool.read(key, waiter, lambda: chunk_request(pool, of.ino, ref, cs), pool.order(ref.nodes, of.ino + index))
 
 
@@ -141,6 +144,20 @@ def _account(account: tuple, piece, seconds: float, network: float) -> None:
     """(trio thread) A READ answered here, attributed to its training job (Jobs.account)."""
     jobs, args, by_inode = account
     jobs.account("read", args, piece, seconds, network, by_inode)
+
+
+def kernel_holds_all(waiters: list[Waiter], data) -> bool:
+    """Whether answering ``waiters`` put every stored byte of the chunk ``data`` in the kernel's page
+    cache: one of them read it from its start to its stored end, for a file the kernel caches.
+
+    Such a chunk is not kept in the chunk cache (``ThreadReads.loaded``): the kernel answers the
+    file's next reads itself, so a second copy in the mount would only be memory, and memory the
+    mount keeps is memory libzmq cannot reuse: each received reply then lands in fresh pages (28
+    page faults and their zeroing per 110 KiB on libzmq's I/O thread, about as much of the mount's
+    CPU as the whole READ's Python; docs/design.md, "The cold small-file read: where the CPU
+    goes"). A partial read keeps it (the next READ of the chunk needs it), as does an O_DIRECT one."""
+    stored = len(data)
+    return any(w.cached and w.offset == 0 and w.length >= stored for w in waiters)
 
 
 def _piece(data, offset: int, length: int):
@@ -170,6 +187,10 @@ class ThreadReads:
         self._closing = False
         self._served, self._handed_back = metrics.THREAD_READS.labels("served"), metrics.THREAD_READS.labels("handed_back")
         self._fetched = metrics.THREAD_READS.labels("fetched")
+        # label children resolved once: ``labels()`` takes a lock and hashes on every call (about
+        # 2.5 us each here, three per READ answered)
+        self._read_ops, self._read_latency = metrics.FUSE_OPS.labels("read"), metrics.FUSE_SECONDS.labels("read")
+        self._read_network, self._read_cached = metrics.READ_SECONDS.labels("network"), metrics.READ_SECONDS.labels("cache")
         self.ids = _ids
         #: the FUSE reader thread's own loads (client/reader_loads.py: ``Session.side``), or None
         self.reader = ReaderLoads(self) if reader_loads else None
@@ -309,9 +330,11 @@ class ThreadReads:
                     self._answer(w, data)
             finally:
                 # into the chunk cache here, not by a callback on the trio thread (a wake-up of the
-                # event loop per load): ChunkCache.keep takes the cache's own lock
+                # event loop per load): ChunkCache.keep takes the cache's own lock; not at all when
+                # the kernel's page cache now holds all of it (kernel_holds_all)
                 metrics.CACHE_MISSES.inc()
-                self.cache.keep(load.key, data, ahead=load.ahead and not waiters)
+                if not kernel_holds_all(waiters, data):
+                    self.cache.keep(load.key, data, ahead=load.ahead and not waiters)
                 with self._lock:
                     self._done.pop(load.key, None)
             if not waiters:
@@ -327,12 +350,12 @@ class ThreadReads:
         elapsed = time.perf_counter() - w.started
         if cached:  # (the reader thread's plain counters, as for its other answers from memory)
             metrics.observe("read", elapsed)
-            metrics.READ_SECONDS.labels("cache").inc(elapsed)
+            self._read_cached.inc(elapsed)
         else:
             self._served.inc()
-            metrics.FUSE_OPS.labels("read").inc()
-            metrics.FUSE_SECONDS.labels("read").observe(elapsed)
-            metrics.READ_SECONDS.labels("network").inc(elapsed)
+            self._read_ops.inc()
+            self._read_latency.observe(elapsed)
+            self._read_network.inc(elapsed)
         metrics.READ_BYTES.inc(len(piece))
         if w.account is not None:
             try:

@@ -79,6 +79,7 @@ from .direct_io import DirectWriter
 log = logging.getLogger(__name__)
 
 _FIRST_READ = 4096  # header + 504 checksums: the whole table of a 31.5 MiB chunk at 64 KiB blocks
+_DIR_NAMES_KEPT = 4096  # fan-out directory names kept by ChunkStore._file (of at most 65,536)
 _WHOLE_READ_MAX = 1 << 20  # a read from the start of a file this small takes all of it in one pread
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
@@ -154,6 +155,7 @@ class ChunkStore:
         self.reserved_space = reserved_space
         self.node_id = node_id
         self._chunks_dir = self.data_dir / "chunks"
+        self._dir_names: dict[int, str] = {}  # fan-out directory number -> its path and a "/" (``_file``)
         self._locks: dict[ChunkId, list] = {}  # chunk -> [lock, users]
         self._locks_guard = threading.Lock()
         self._usage_guard = threading.Lock()
@@ -279,7 +281,18 @@ class ChunkStore:
 
     def path(self, chunk: ChunkId) -> Path:
         """The file holding ``chunk`` (tests corrupt it on purpose)."""
-        return self._dir(chunk.ino, chunk.index) / file_name(chunk)
+        return Path(self._file(chunk))
+
+    def _file(self, chunk: ChunkId) -> str:
+        """``path(chunk)`` as a string, its directory's string kept: the reads' hot path (pathlib's
+        three joins cost ~7 us of a storage node's ~50 us for a small read from the page cache)."""
+        d = self._dir_number(chunk.ino, chunk.index)
+        prefix = self._dir_names.get(d)
+        if prefix is None:
+            if len(self._dir_names) >= _DIR_NAMES_KEPT:
+                self._dir_names.clear()
+            prefix = self._dir_names[d] = f"{fanout_dir(self._chunks_dir, d)}/"
+        return prefix + file_name(chunk)
 
     @contextmanager
     def _chunk_lock(self, chunk: ChunkId, wait: bool = True) -> Iterator[None]:
@@ -408,7 +421,7 @@ class ChunkStore:
     @contextmanager
     def _open(self, chunk: ChunkId) -> Iterator[int]:
         try:
-            fd = os.open(self.path(chunk), os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self._file(chunk), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise StripefsError(ErrorCode.NOT_FOUND, f"no copy of chunk {chunk}") from None
         except OSError as exc:

@@ -10,6 +10,7 @@ between reads must change neither the bytes nor the mount's answering.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import random
 
@@ -103,5 +104,56 @@ def test_a_node_killed_mid_epoch_falls_back_and_every_file_reads_right(cluster, 
             cluster.restart()
         drop_caches()
         _check(theirs, names, sums)
+    finally:
+        cluster.unmount(reader)
+
+
+def test_a_chunk_read_whole_is_left_to_the_kernel_s_page_cache(cluster, mnt):
+    """A cold READ that gives the kernel all of a chunk leaves it to the kernel's page cache, not the
+    chunk cache (thread_reads.kernel_holds_all: memory the mount keeps is memory libzmq cannot reuse
+    for the next reply): with the page cache dropped, the next read loads it from a node again. A
+    read of a file opened O_DIRECT bypasses the page cache, so its chunk is kept: read again, it
+    loads nothing."""
+    d = mnt / "whole"
+    d.mkdir()
+    rng = random.Random(2931)
+    sums = {}
+    for i in range(30):
+        data = rng.randbytes(110_000)
+        (d / f"f{i}").write_bytes(data)
+        sums[f"f{i}"] = hashlib.sha256(data).hexdigest()
+    names = sorted(sums)
+    reader = cluster.mount_again("thread_reads_whole")
+    try:
+        theirs = reader / mnt.name / "whole"
+        for _ in range(2):
+            drop_caches()
+            assert len(list(os.scandir(theirs))) == 30  # READDIRPLUS: the kernel holds the names
+            before = _thread_reads(reader)
+            _check(theirs, names, sums)
+            after = _thread_reads(reader)
+            # the second time too: loaded again, not answered from the chunk cache
+            assert after["reader"] - before["reader"] >= 10, (before, after)
+        direct = names[:10]
+        drop_caches()
+        assert len(list(os.scandir(theirs))) == 30
+
+        def read_direct() -> None:
+            buf = mmap.mmap(-1, 1 << 17)  # page-aligned, as O_DIRECT may want
+            for name in direct:
+                fd = os.open(theirs / name, os.O_RDONLY | os.O_DIRECT)
+                try:
+                    n = os.readv(fd, [buf])
+                finally:
+                    os.close(fd)
+                assert hashlib.sha256(buf[:n]).hexdigest() == sums[name], name
+
+        before = _thread_reads(reader)
+        read_direct()
+        middle = _thread_reads(reader)
+        read_direct()
+        after = _thread_reads(reader)
+        assert middle["served"] - before["served"] >= 5, (before, middle)  # loaded, on a thread
+        assert after["served"] == middle["served"] and after["handed_back"] == middle["handed_back"], (middle, after)
     finally:
         cluster.unmount(reader)
