@@ -526,7 +526,9 @@ def test_listing_open_info_is_each_files_open_info(w):
         assert {c.data_ino for c in by_ino[w.ns.lookup(ino, b"a1").ino][2]} == ({0} if ino == d else {inos[1]})
     files = check(d, 1000)[1]
     by_ino = {f[0].ino: f for f in files}
-    assert len(by_ino[inos[1]][2]) == 5 and len(by_ino[inos[1]][3]) == 3  # the union of its chunks' nodes
+    # the union of its chunks' nodes (placement is seeded at random per file: 2 or 3 of the 3 nodes)
+    placed = {n for r in refs for n in r.nodes}
+    assert len(by_ino[inos[1]][2]) == 5 and {a.node_id for a in by_ino[inos[1]][3]} == placed and len(placed) >= 2
     assert by_ino[inos[2]][2][0].nodes == [0, 2] and [a.node_id for a in by_ino[inos[2]][3]] == [2]
     assert by_ino[bare][2:] == ([], [])
     small = check(d, 2, lambda attr, layout: layout.chunk_size == 1 << 16)[1]
