@@ -159,11 +159,11 @@ def _per_open_reads(mnt) -> None:
         for _ in range(3):
             with open(path, "rb", buffering=0) as f:
                 assert f.read() == data
-        after = _releases_in(url, before, 3)
+        after = _all_released(url=url)
         handled = _requests_at(url=url, name="stripefs_fuse_ops_total", label="op")
         for _ in range(3):
             assert _read(path) == data  # buffered
-        buffered = _releases_in(url, after, 3)
+        buffered = _all_released(url=url)
         handled_buffered = _requests_at(url=url, name="stripefs_fuse_ops_total", label="op")
     sent = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
     assert sent.get("open") == 3 and sent.get("release") == 3, sent
@@ -174,22 +174,10 @@ def _per_open_reads(mnt) -> None:
     assert handled_buffered.get("ioctl", 0) == handled.get("ioctl", 0)  # answered by the session alone
 
 
-def _releases_in(url: str, before: dict, n: int) -> dict:
-    """The request counts once ``n`` RELEASEs more than ``before`` came: the kernel sends a close's
-    RELEASE after close() returned (fs/fuse/file.c fuse_file_put), so the last may still be on its way."""
-    counts = {}
-
-    def arrived():
-        counts.update(_requests_at(url=url))
-        return counts.get("release", 0) - before.get("release", 0) >= n
-
-    _eventually(arrived)
-    return counts
-
-
 def _all_released(mountpoint=None, url: str = "") -> dict:
-    """The request counts once every OPEN and CREATE so far has had its RELEASE (a close's RELEASE
-    comes after close() returned, as in ``_releases_in``): a baseline no late RELEASE can move."""
+    """The request counts once every OPEN and CREATE so far has had its RELEASE: the kernel sends a
+    close's RELEASE after close() returned (fs/fuse/file.c fuse_file_put), so without this wait a
+    count could miss the last one or a later count take in an earlier one."""
     counts = {}
 
     def settled():
