@@ -433,7 +433,8 @@ async def test_an_fsync_after_a_delta_syncs_the_fragments_it_left_behind(fs, mon
 async def test_a_whole_stripe_write_leaves_the_data_fragments_it_does_not_change(fs, monkeypatch):
     """A truncate's cut and a read-modify-write (a partial write of more than half a stripe: no delta)
     code the stripe whole, but a data fragment whose bytes they do not change is not written: it keeps
-    its version (ChunkRef ``fversions``, counted in stripefs_ec_fragments_unchanged_total), and every
+    its version (ChunkRef ``fversions``, counted in stripefs_ec_fragments_unchanged_total), the data
+    fragments the write covers whole are not read (stripefs_ec_fragment_reads_spared_total), and every
     fragment on its node is still what coding the whole new stripe gives."""
     from stripefs.client import metrics
 
@@ -442,7 +443,7 @@ async def test_a_whole_stripe_write_leaves_the_data_fragments_it_does_not_change
     want = bytearray(rng.randbytes(CHUNK))
     ino = await fs.write_file(fs.dir, b"kept", bytes(want))
     (first,) = (await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))).chunks
-    before = unchanged._value.get()
+    before, spared = unchanged._value.get(), metrics.EC_FRAGMENT_READS_SPARED._value.get()
     await fs.setattr(ino, st_size=CHUNK // 4 + 100)  # the cut: fragment 0 as it was, 1-3 change (zeros), the parity
     del want[CHUNK // 4 + 100 :]
     assert unchanged._value.get() - before == 1
@@ -457,6 +458,7 @@ async def test_a_whole_stripe_write_leaves_the_data_fragments_it_does_not_change
         await fs.close(fh)
     want[CHUNK // 4 : CHUNK // 4 + len(data)] = data
     assert unchanged._value.get() - before == 2
+    assert metrics.EC_FRAGMENT_READS_SPARED._value.get() - spared == 2  # 1 and 2, written over whole: not read
     info = await _fragments_match_a_full_encode(fs, ino, want)
     (ref,) = info.chunks
     assert ref.fragment_version(0) == first.version and ref.fragment_version(1) > cut.fragment_version(1)
