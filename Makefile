@@ -108,7 +108,10 @@ cluster: install
 # operations and each snapshot checked against the models' history. About 3.0 h on 2 cores at a load of 5-12
 # (timed at 6,000 operations per run: the slowest run, EC with mmap, 47 ops/s), ~3.8 h at a load of 9-12 (10,000
 # per run with a kill every 5,000, 37 ops/s), 2.3-2.7 h at a load of 3-8 in earlier rounds (docs/design.md, "The storage node's
-# write path", fifth round); each run saves a checkpoint
+# write path", fifth round). Issue 35's third round (6,000 per run, a kill every 3,000, seed 3510, load 7-16 from
+# three other engineers' work): 255-286 s, the slowest run 27-33 ops/s (~4.2-5.1 h at that load); the clusters'
+# CPU per operation rep 5.1-6.9 ms, EC 7.8-10.5, i.e. ~2.1-2.2 h of two idle cores for the 2,000,000 operations, so
+# on this machine the two hours need a quiet machine and a little less CPU still; each run saves a checkpoint
 # in FUZZ_CHECKPOINTS every 10,000 operations, and `make fuzz-resume` finishes a run that was stopped.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_DATAPATH_OPS ?= 500000

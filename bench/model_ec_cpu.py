@@ -39,7 +39,7 @@ def _scrape(url: str | None) -> str:
 
 
 def counters(cluster) -> dict[str, float]:
-    """``ec:PATH``, ``ec:fragments_kept`` and ``readahead:OUTCOME`` (fetched, used, wasted) from the mount, ``node:TYPE`` (request counts summed over the storage nodes),
+    """``ec:PATH``, ``ec:fragments_kept``, ``ec:fragments_unchanged``, ``ec:fragment_reads_spared`` and ``readahead:OUTCOME`` (fetched, used, wasted) from the mount, ``node:TYPE`` (request counts summed over the storage nodes),
     ``meta:TYPE`` (the requests the metadata daemon answered)."""
     out: dict[str, float] = {}
     for proc in cluster.local.status()["processes"]:
@@ -49,6 +49,10 @@ def counters(cluster) -> dict[str, float]:
                 key = "ec:" + line.split('path="', 1)[1].split('"', 1)[0]
             elif proc["role"] == "mount" and line.startswith("stripefs_ec_fragments_kept_total "):
                 key = "ec:fragments_kept"  # a delta's untouched data fragments, not written (per-fragment versions)
+            elif proc["role"] == "mount" and line.startswith("stripefs_ec_fragments_unchanged_total "):
+                key = "ec:fragments_unchanged"  # a whole-stripe write's data fragments it did not change, not written
+            elif proc["role"] == "mount" and line.startswith("stripefs_ec_fragment_reads_spared_total "):
+                key = "ec:fragment_reads_spared"  # a read-modify-write's data fragments covered whole, not read
             elif proc["role"] == "mount" and line.startswith("stripefs_readahead_chunks_total{"):
                 key = "readahead:" + line.split('outcome="', 1)[1].split('"', 1)[0]
             elif proc["role"] in ("storage", "meta") and line.startswith("stripefs_requests_seconds_count{"):

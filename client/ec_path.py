@@ -83,6 +83,7 @@ import functools
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 
 import trio
 import xxhash
@@ -119,6 +120,16 @@ def _piece(data: bytes | memoryview, offset: int, length: int) -> bytes | memory
     return bytes(piece) + bytes(length - len(piece))
 
 
+def _covers(ranges, a: int, b: int) -> bool:
+    """Whether the sorted, disjoint ``ranges`` (lo, hi) cover ``[a, b)`` whole."""
+    for lo, hi in ranges:
+        if lo <= a < hi:
+            a = hi
+        if a >= b:
+            return True
+    return False
+
+
 def _written(ref: p.ChunkRef, versions: list[int], payloads) -> p.ChunkRef:
     """Stripe ``ref`` after a write of the fragments in ``payloads``, each at ``versions[j]``; the
     others keep the version they have in ``ref`` (ChunkRef ``fversions``)."""
@@ -139,6 +150,9 @@ class EcPath:
         self.coding = trio.CapacityLimiter(1)
         #: ino -> fragments written without fsync: node -> chunk ids
         self._unsynced: dict[int, dict[int, set[p.ChunkId]]] = {}
+        #: stripe versions (ino, index, version) loaded by decoding: a data fragment that was not read
+        #: may be missing or bad on its node, so a write of such a stripe keeps none (``_unchanged``)
+        self._decoded: set[tuple[int, int, int]] = set()
 
     # ------------------------------------------------------------------ reads
 
@@ -303,6 +317,9 @@ class EcPath:
                 break
         if frags is not None:
             log.info("stripe %d:%d v%d: decoding from fragments %s", ino, ref.index, ref.version, sorted(frags))
+            if len(self._decoded) >= 4096:
+                self._decoded.clear()
+            self._decoded.add((ino, ref.index, ref.version))
             return await self._run(c.decode_job(frags))
         if not refreshed:
             now = await self._where_now(ino, ref)
@@ -367,7 +384,11 @@ class EcPath:
             raise
 
     async def _run(self, job):
-        """Run a coding job's steps in worker threads, one at a time: the loop gets the GIL back between steps."""
+        """Run a coding job's steps in worker threads, one at a time: the loop gets the GIL back between
+        steps. A small job (a 64 KiB stripe: ``Job.small``) runs here: coding it costs less than the
+        two thread hand-offs, and it holds the GIL either way (common/erasure.py)."""
+        if job.small:
+            return job.run()
         for step in job.steps:
             await trio.to_thread.run_sync(step, limiter=self.coding)
         return job.result()
@@ -382,8 +403,11 @@ class EcPath:
         mine = of.uncommitted.get(dc.index)
         versions = await self._session_versions(of, epoch, ref, mine, c.n)
         cs = of.chunk_size
+        old = known = None  # the stripe this write changes, when known: its unchanged data fragments are kept
         if dc.contiguous and dc.lo == 0 and dc.hi >= cs:
             stripe: bytes | bytearray | memoryview = memoryview(dc.buf)[:cs]
+            if ref.version:
+                old = self.cache.get((of.ino, ref.index, ref.version))
         else:
             if mine is None and ref.version and await self._send_delta(of, c, ref, versions, dc, sync=sync):
                 return
@@ -391,7 +415,7 @@ class EcPath:
                 return
             stripe = bytearray(cs)
             if ref.version:
-                old = await self.stripe(of.ino, c, ref)
+                old, known = await self._base(of.ino, c, ref, dc)
                 stripe[: len(old)] = old
             for lo, hi in dc.ranges:
                 stripe[lo:hi] = memoryview(dc.buf)[lo:hi]
@@ -399,7 +423,34 @@ class EcPath:
         # a stripe read for this write (read-modify-write: the file is written in pieces) is kept as
         # written, so the next piece and the reads after it need no fragment reads (write-through);
         # a whole-chunk write (a streaming writer) is not, to keep its readers' cache
-        await self._write_stripe(of, c, ref, versions, stripe, sync=sync, keep=isinstance(stripe, bytearray))
+        await self._write_stripe(of, c, ref, versions, stripe, sync=sync, keep=isinstance(stripe, bytearray), old=old, known=known)
+
+    async def _base(self, ino: int, c: StripeCodec, ref: p.ChunkRef, dc: DirtyChunk) -> tuple[bytes | bytearray | memoryview, set[int] | None]:
+        """What a read-modify-write of committed stripe ``ref`` needs of it: the stripe, when cached;
+        else only the data fragments the dirty ranges do not cover whole (a fragment written over
+        entirely is neither read nor coded from its old bytes), zeros in place of the others, and
+        the set of fragments read. When one of those cannot be read, the whole stripe (decoded)."""
+        whole = self.cache.get((ino, ref.index, ref.version))
+        if whole is not None:
+            return whole, None
+        fps, cs = c.fps, c.chunk_size
+        covered = []
+        for j in range(c.k):
+            a, b = j * fps, min((j + 1) * fps, cs)
+            if a < b and _covers(dc.ranges, a, b):
+                covered.append(j)
+        if not covered:
+            return await self.stripe(ino, c, ref), None
+        need = [j for j in range(c.k) if j not in covered]
+        got, _ = await self._gather({j: functools.partial(self._fragment, ino, c, ref, j) for j in need}, deadline=self.read_deadline_s)
+        if len(got) != len(need):
+            return await self.stripe(ino, c, ref), None
+        old = bytearray(cs)
+        for j, data in got.items():
+            data = memoryview(data)[: max(0, min(fps, cs - j * fps))]
+            old[j * fps : j * fps + len(data)] = data
+        metrics.EC_FRAGMENT_READS_SPARED.inc(len(covered))
+        return old, set(need)
 
     async def _session_versions(self, of: OpenFile, epoch: int, ref: p.ChunkRef, mine: p.ChunkRef | None, n: int) -> list[int]:
         """The version each fragment of stripe ``ref`` is written at in this write session: a fragment
@@ -636,16 +687,48 @@ class EcPath:
         epoch = await fresh_epoch(self.meta, of)
         versions = [await slot_version(self.meta, of, epoch, ref.fragment_version(j)) for j in range(c.n)]
         old = await self.stripe(of.ino, c, ref)
-        return await self._write_stripe(of, c, ref, versions, memoryview(old)[:inner], sync=False, record=False)
+        return await self._write_stripe(of, c, ref, versions, memoryview(old)[:inner], sync=False, record=False, old=old)
+
+    def _unchanged(self, ino: int, c: StripeCodec, ref: p.ChunkRef, old, stripe, known: set[int] | None = None) -> list[int]:
+        """The data fragments of ``stripe`` whose bytes equal those of ``old``, stripe ``ref`` as read
+        (zeros past either's end), on a node not suspect: a whole-stripe write leaves each at its
+        version in ``ref`` and does not send it, as a parity delta leaves the fragments it does not
+        touch (ChunkRef ``fversions``; the parity, coded from every data fragment, is the same as if
+        it were rewritten). None of a stripe that was decoded (a fragment not read may be bad), and
+        none without ``old`` (a first write of a stripe: nothing stored to keep); with ``known``, only
+        those fragments of ``old`` are its bytes (``_base``: the others were not read)."""
+        if old is None or not ref.version or (ino, ref.index, ref.version) in self._decoded:
+            return []
+        o, s, fps = memoryview(old), memoryview(stripe), c.fps
+        out = []
+        for j in range(c.k):
+            if self._unreachable(ref, j) or not ref.fragment_version(j) or (known is not None and j not in known):
+                continue
+            a, b = j * fps, (j + 1) * fps
+            if bytes(o[a:b]).ljust(fps, b"\0") == bytes(s[a:b]).ljust(fps, b"\0"):
+                out.append(j)
+        return out
 
     async def _write_stripe(self, of, c: StripeCodec, ref: p.ChunkRef, versions: list[int], stripe, *, sync: bool,
-                            record: bool = True, keep: bool = False) -> p.ChunkRef:
+                            record: bool = True, keep: bool = False, old=None, known: set[int] | None = None) -> p.ChunkRef:
         """Code and write ``stripe`` (chunk_size bytes), fragment j as version ``versions[j]``; ``keep``:
         and cache it under the new stripe version (``record`` only: the version this session's reads
-        then ask for)."""
+        then ask for). ``old``: stripe ``ref``'s bytes that ``stripe`` was made from, if known: the data
+        fragments it does not change are not written (``_unchanged``)."""
         used = len(bytes(stripe).rstrip(b"\0"))  # trailing zeros need not be stored (common/erasure.py)
         frags = await self._run(c.encode_job(stripe, used))
-        nodes = await self._write_fragments(of.ino, c, ref, versions, frags, sync)
+        same = self._unchanged(of.ino, c, ref, old, stripe, known)
+        if same:
+            versions = list(versions)
+            for j in same:
+                versions[j] = ref.fragment_version(j)
+        nodes = await self._write_fragments(of.ino, c, ref, versions, frags, sync, same)
+        if same:
+            # part of this version now: the next fsync makes them durable too (as after a delta)
+            pending = self._unsynced.setdefault(of.ino, {})
+            for j in same:
+                pending.setdefault(ref.nodes[j], set()).add(p.ChunkId(of.ino, ref.index, fragment_part(j, versions[j])))
+            metrics.EC_FRAGMENTS_UNCHANGED.inc(len(same))
         version = max(versions)
         new_ref = p.ChunkRef(index=ref.index, version=version, nodes=nodes, fversions=p.uniform_fversions(version, versions))
         # the cache may hold what this stripe version held before this write (a rewrite in one
@@ -658,10 +741,11 @@ class EcPath:
         return new_ref
 
     async def _write_fragments(self, ino: int, c: StripeCodec, ref: p.ChunkRef, versions: list[int], frags: list[bytes],
-                               sync: bool) -> list[int]:
-        """Write every fragment, moving the ones whose node fails; the placement, MISSING where none took it."""
+                               sync: bool, same: Sequence[int] = ()) -> list[int]:
+        """Write every fragment but ``same`` (stored already at ``versions[j]`` on its node in ``ref``),
+        moving the ones whose node fails; the placement, MISSING where none took it."""
         nodes = list(ref.nodes) + [MISSING] * (c.n - len(ref.nodes))
-        stored = [False] * c.n
+        stored = [j in same for j in range(c.n)]
         errors: dict[int, str] = {}
 
         async def one(j: int) -> None:
@@ -703,7 +787,8 @@ class EcPath:
 
         async with trio.open_nursery() as nursery:
             for j in range(c.n):
-                nursery.start_soon(one, j)
+                if j not in same:
+                    nursery.start_soon(one, j)
         count = sum(stored)
         need = min(c.n, c.k + max(0, self.min_extra))  # never fewer than K: that would lose the stripe
         if count < need:

@@ -164,6 +164,15 @@ EC_FRAGMENTS_KEPT = Counter(
     "Data fragments a parity delta did not touch and left at their committed version (common/protocol.ChunkRef "
     "fversions): each an empty copy-on-write write not sent",
 )
+EC_FRAGMENT_READS_SPARED = Counter(
+    "stripefs_ec_fragment_reads_spared_total",
+    "Data fragments a read-modify-write of a stripe did not read: its dirty ranges cover them whole",
+)
+EC_FRAGMENTS_UNCHANGED = Counter(
+    "stripefs_ec_fragments_unchanged_total",
+    "Data fragments of a whole-stripe write (read-modify-write, a truncate's cut, a rewrite of a held stripe) "
+    "whose bytes the write did not change: left at their version (ChunkRef fversions), not sent",
+)
 READAHEAD = Counter(
     "stripefs_readahead_chunks_total",
     "Chunks prefetched (fetched), later read (used), or evicted or dropped unread (wasted)",

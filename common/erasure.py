@@ -97,12 +97,19 @@ def _driver(k: int, m: int):
 SLICE_BYTES = 1 << 20
 
 
-class Job:
-    """A coding job cut into steps; run each step (a worker thread may), then take ``result()``."""
+#: a job coding at most this many bytes of stripe is run where it is asked (``Job.small``): ~20-80 us
+#: of coding, about what handing it to a worker thread and back costs the process (issue 35)
+INLINE_BYTES = 256 << 10
 
-    def __init__(self, steps: list[Callable[[], None]], result: Callable[[], object]):
+
+class Job:
+    """A coding job cut into steps; run each step (a worker thread may), then take ``result()``.
+    ``nbytes``: the bytes of stripe (data columns) it codes; ``small``: worth no worker thread."""
+
+    def __init__(self, steps: list[Callable[[], None]], result: Callable[[], object], nbytes: int = 0):
         self.steps = steps
         self.result = result
+        self.small = nbytes <= INLINE_BYTES
 
     def run(self):
         for step in self.steps:
@@ -209,7 +216,7 @@ class StripeCodec:
             return [bytes(d) for d in data] + [b"".join(parity[i]) for i in range(m)]
 
         steps = [functools.partial(step, a, min(a + self.slice, n)) for a in range(0, n, self.slice)]
-        return Job(steps, result)
+        return Job(steps, result, n * k)
 
     def parity_delta_job(self, changes: Mapping[int, tuple[bytes | memoryview, bytes | memoryview]], a: int, b: int) -> Job:
         """The change of every parity fragment's columns ``[a, b)`` when data fragments change there.
@@ -243,7 +250,7 @@ class StripeCodec:
             return [b"".join(parity[i]) for i in range(m)]
 
         steps = [functools.partial(step, x, min(x + self.slice, b)) for x in range(a, b, self.slice)]
-        return Job(steps, result)
+        return Job(steps, result, (b - a) * self.k)
 
     def decode_job(self, payloads: Mapping[int, bytes | memoryview]) -> Job:
         """Rebuild a stripe (``chunk_size`` bytes) in steps from the payloads of at least K fragments.
@@ -286,7 +293,7 @@ class StripeCodec:
             return b"".join(b"".join(data[j]).ljust(fps, b"\0") for j in range(k))[: self.chunk_size]
 
         steps = [functools.partial(step, a, min(a + self.slice, n)) for a in range(0, n, self.slice)]
-        return Job(steps, result)
+        return Job(steps, result, n * self.k)
 
     def _headers_for(self, width: int) -> tuple[bytes, ...]:
         """Fragment headers of a stripe of K*width bytes (they depend on the size only)."""

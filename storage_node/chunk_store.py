@@ -488,7 +488,7 @@ class ChunkStore:
             raise _bad_request(f"write of chunk {chunk}: truncate {truncate} outside -1..{MAX_CHUNK_SIZE}")
         if max_bytes is not None and max(offset + len(data), truncate) > max_bytes:
             raise BlockingIOError("a large write: for a worker thread")
-        path = self.path(chunk)
+        path = self._file(chunk)
         with self._chunk_lock(chunk, wait):
             try:
                 old_size = os.stat(path).st_size
@@ -600,8 +600,9 @@ class ChunkStore:
         st = os.statvfs(self._chunks_dir)
         return st.f_bavail * st.f_frsize
 
-    def _replace_file(self, chunk: ChunkId, path: Path, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> None:
-        tmp = path.with_name(path.name + ".tmp")
+    def _replace_file(self, chunk: ChunkId, path: str, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> None:
+        """Write ``path`` (a string: ``_file``) as a new file renamed over the old one."""
+        tmp = path + ".tmp"
         try:
             fd = self._write_new(tmp, parts, sync)
             try:
@@ -611,7 +612,7 @@ class ChunkStore:
                 os.close(fd)
             os.rename(tmp, path)
             if sync:
-                _fsync_dir(path.parent)
+                _fsync_dir(os.path.dirname(path))
         except OSError as exc:
             _unlink_quietly(tmp)
             if exc.errno in _NO_SPACE_ERRNOS:
@@ -622,7 +623,7 @@ class ChunkStore:
             _unlink_quietly(tmp)
             raise
 
-    def _write_new(self, tmp: Path, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> int:
+    def _write_new(self, tmp: str, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> int:
         """Create ``tmp`` holding ``parts``; its open fd. Large files with O_DIRECT (direct_io.py)."""
         for attempt in range(2):
             try:
@@ -634,7 +635,7 @@ class ChunkStore:
             except FileNotFoundError:
                 if attempt:
                     raise
-                self._make_dirs(tmp.parent, sync)
+                self._make_dirs(Path(tmp).parent, sync)
                 continue
             try:
                 _write_all(fd, parts)
@@ -731,7 +732,7 @@ class ChunkStore:
             if all_parts:
                 prefix = f"{chunk.ino}-{chunk.index}-"
                 try:
-                    names = os.listdir(self._dir(chunk.ino, chunk.index))
+                    names = os.listdir(os.path.dirname(self._file(chunk)))
                 except FileNotFoundError:
                     continue
                 targets = [
@@ -746,7 +747,7 @@ class ChunkStore:
         return deleted
 
     def _delete_one(self, chunk: ChunkId, bound: int | None = None) -> int:
-        path = self.path(chunk)
+        path = self._file(chunk)
         with self._chunk_lock(chunk):
             try:
                 if bound is not None:

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import fcntl
 import json
 import mmap
@@ -416,8 +417,7 @@ class Engine:
         self.desc = f"mmap write f{i} {off:#x}+{n:#x}, msync, munmap"
         m, at = self._map(f, off, n)
         try:
-            m[at:at + n] = data
-            m.flush()
+            _store_and_msync(m, at, data)
         finally:
             m.close()
         self._put(f.model, off, data)
@@ -431,7 +431,7 @@ class Engine:
         self.desc = f"mmap read f{i} {off:#x}+{n:#x}"
         m, at = self._map(f, off, n)
         try:
-            got = m[at:at + n]
+            got = _load(m, at, n)
         finally:
             m.close()
         self._compare(f, off, got, n, "mmap read")
@@ -656,6 +656,34 @@ def _verdict(again: bytes | str, want: bytes, got: bytes) -> str:
     if isinstance(again, str):
         return again  # the read failed: why
     return "matches the model" if again == want else "the same wrong bytes" if again == got else "other wrong bytes"
+
+
+# The mmap operations' copies and msync with the GIL released. CPython's mmap slice assignment and
+# slice read hold the GIL while the copy faults the pages in through the mount (FUSE reads), and
+# mmap.flush() holds it through msync(MS_SYNC) (the mount's writes, commit and node syncs: 60-90 ms
+# under load): with --parallel the runs are threads of one process, and each mmap write stopped the
+# three other runs for that long (a py-spy --gil profile of the CLI during the four-run command: 90% of
+# its GIL samples in those two lines). ctypes' memmove and a CDLL call release it; the same copy,
+# page faults and msync(MS_SYNC) of the whole mapping happen as before.
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MS_SYNC = 4  # Linux's; what mmap.flush() passes
+
+
+def _store_and_msync(m: mmap.mmap, at: int, data: bytes) -> None:
+    """``m[at:at + len(data)] = data; m.flush()`` without the GIL (the note above)."""
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))  # the export ends with the temporary
+    ctypes.memmove(base + at, data, len(data))
+    if _libc.msync(base, len(m), _MS_SYNC) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"msync: {os.strerror(err)}")
+
+
+def _load(m: mmap.mmap, at: int, n: int) -> bytes:
+    """``m[at:at + n]`` without the GIL (the note above)."""
+    out = ctypes.create_string_buffer(n)
+    ctypes.memmove(out, ctypes.addressof(ctypes.c_char.from_buffer(m)) + at, n)
+    return out.raw
 
 
 def _read_cached(f: FileState, off: int, n: int) -> bytes | str:

@@ -60,6 +60,32 @@ def _fragment_files(rig, ino: int, index: int):
     return sorted(rig.root.glob(f"storage-*/data/chunks/*/*/{ino}-{index}-*.chunk"))
 
 
+async def _fragments_match_a_full_encode(fs, ino: int, want: bytes | bytearray):
+    """Every fragment of file ``ino`` on its node, read at its own version (ChunkRef ``fversions``) in
+    that version's slot, is exactly what coding the whole stripe of ``want`` gives; the file's OpenRsp."""
+    from stripefs.common.erasure import codec, fragment_part
+    from stripefs.common.transport import connect
+    import zmq
+
+    c = codec(4, 2, CHUNK)
+    info = await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))
+    ctx = zmq.Context()
+    try:
+        for ref in info.chunks:
+            expected = c.encode(bytes(want[ref.index * CHUNK : (ref.index + 1) * CHUNK]))
+            for j, node in enumerate(ref.nodes):
+                version = ref.fragment_version(j)
+                async with connect(ctx, fs.rig.node_addresses[node], timeout=10) as client:
+                    rsp, frames = await client.call(P.ReadChunkReq(
+                        chunk=P.ChunkId(ino, ref.index, fragment_part(j, version)), min_version=version, offset=0, length=CHUNK))
+                stored = b"".join(bytes(f) for f in frames)
+                assert rsp.version == version
+                assert stored.ljust(c.fps, b"\0") == expected[j].ljust(c.fps, b"\0"), (ref.index, j)
+    finally:
+        ctx.destroy(linger=0)
+    return info
+
+
 def fresh(fs, monkeypatch, name: str = "fresh"):
     """Another client of the rig: nothing in its memory cache."""
     return open_fs(fs.rig, Kernel(monkeypatch), name)
@@ -189,9 +215,6 @@ async def test_small_writes_update_parity_by_delta_and_every_fragment_matches_a_
     and afterwards every fragment on its node is exactly what coding the whole new stripe gives,
     in the slot of its own committed version."""
     from stripefs.client import metrics
-    from stripefs.common.erasure import codec, fragment_part
-    from stripefs.common.transport import connect
-    import zmq
 
     rng = random.Random(35)
     want = bytearray(rng.randbytes(2 * CHUNK + 300_000))
@@ -215,23 +238,8 @@ async def test_small_writes_update_parity_by_delta_and_every_fragment_matches_a_
     # a delta touching one data fragment of four leaves three where they are: no empty copy-on-write write
     assert metrics.EC_FRAGMENTS_KEPT._value.get() - kept_before >= 2 * stripes
 
-    c = codec(4, 2, CHUNK)
-    info = await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))
-    ctx = zmq.Context()
+    info = await _fragments_match_a_full_encode(fs, ino, want)
     assert all(len(set(ref.fversions)) > 1 for ref in info.chunks)  # every stripe has a fragment left behind
-    try:
-        for ref in info.chunks:
-            expected = c.encode(bytes(want[ref.index * CHUNK : (ref.index + 1) * CHUNK]))
-            for j, node in enumerate(ref.nodes):
-                version = ref.fragment_version(j)
-                async with connect(ctx, fs.rig.node_addresses[node], timeout=10) as client:
-                    rsp, frames = await client.call(P.ReadChunkReq(
-                        chunk=P.ChunkId(ino, ref.index, fragment_part(j, version)), min_version=version, offset=0, length=CHUNK))
-                stored = b"".join(bytes(f) for f in frames)
-                assert rsp.version == version
-                assert stored.ljust(c.fps, b"\0") == expected[j].ljust(c.fps, b"\0"), (ref.index, j)
-    finally:
-        ctx.destroy(linger=0)
     async with fresh(fs, monkeypatch) as other:
         assert await other.read_file(fs.dir, b"d") == bytes(want)
 
@@ -388,7 +396,7 @@ async def test_a_stripe_with_fragments_at_different_versions_decodes_rewrites_an
         await reads_right("degraded")
     finally:
         await fs.rig.restart()
-    await fs.setattr(ino, st_size=CHUNK - 1000)  # the cut: every fragment to the slot its own version does not use
+    await fs.setattr(ino, st_size=CHUNK - 1000)  # the cut: fragment 3 and the parity change, 0-2 stay where they are
     del want[CHUNK - 1000 :]
     await reads_right("cut")
     await session(0, rng.randbytes(CHUNK - 1000))  # the whole stripe anew
@@ -420,3 +428,39 @@ async def test_an_fsync_after_a_delta_syncs_the_fragments_it_left_behind(fs, mon
         await fs.close(fh)
     kept = {(ref.nodes[j], P.ChunkId(ino, 0, fragment_part(j, ref.version))) for j in (1, 2, 3)}
     assert kept <= set(synced)
+
+
+async def test_a_whole_stripe_write_leaves_the_data_fragments_it_does_not_change(fs, monkeypatch):
+    """A truncate's cut and a read-modify-write (a partial write of more than half a stripe: no delta)
+    code the stripe whole, but a data fragment whose bytes they do not change is not written: it keeps
+    its version (ChunkRef ``fversions``, counted in stripefs_ec_fragments_unchanged_total), the data
+    fragments the write covers whole are not read (stripefs_ec_fragment_reads_spared_total), and every
+    fragment on its node is still what coding the whole new stripe gives."""
+    from stripefs.client import metrics
+
+    unchanged = metrics.EC_FRAGMENTS_UNCHANGED
+    rng = random.Random(3536)
+    want = bytearray(rng.randbytes(CHUNK))
+    ino = await fs.write_file(fs.dir, b"kept", bytes(want))
+    (first,) = (await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))).chunks
+    before, spared = unchanged._value.get(), metrics.EC_FRAGMENT_READS_SPARED._value.get()
+    await fs.setattr(ino, st_size=CHUNK // 4 + 100)  # the cut: fragment 0 as it was, 1-3 change (zeros), the parity
+    del want[CHUNK // 4 + 100 :]
+    assert unchanged._value.get() - before == 1
+    (cut,) = (await fs.ops.meta.call(P.OpenReq(ino=ino, session_id=fs.ops.meta.session_id))).chunks
+    assert cut.fragment_version(0) == first.version and all(cut.fragment_version(j) > first.version for j in range(1, 6))
+
+    data = rng.randbytes(CHUNK * 5 // 8)  # fragments 1, 2 and part of 3: fragment 0 and the rest of 3 read
+    fh, _ = await fs.open_path(fs.dir, b"kept", os.O_WRONLY)
+    try:
+        await fs.write(fh, CHUNK // 4, data)
+    finally:
+        await fs.close(fh)
+    want[CHUNK // 4 : CHUNK // 4 + len(data)] = data
+    assert unchanged._value.get() - before == 2
+    assert metrics.EC_FRAGMENT_READS_SPARED._value.get() - spared == 2  # 1 and 2, written over whole: not read
+    info = await _fragments_match_a_full_encode(fs, ino, want)
+    (ref,) = info.chunks
+    assert ref.fragment_version(0) == first.version and ref.fragment_version(1) > cut.fragment_version(1)
+    async with fresh(fs, monkeypatch, "kept") as other:
+        assert await other.read_file(fs.dir, b"kept") == bytes(want)

@@ -119,6 +119,19 @@ def test_sliced_coding_gives_the_same_bytes(k, m):
             assert c.decode(have) == stripe + bytes(64 * KiB - used), (used, lost)
 
 
+def test_small_coding_jobs_run_inline_large_ones_in_steps():
+    """A job coding a 64 KiB stripe (the data-path model's) is ``small``: the mount codes it on its loop
+    rather than hand it to a worker thread and back (client/ec_path.py ``_run``); a 4 MiB stripe's is
+    not, and a parity delta is sized by the columns it codes."""
+    small, large = StripeCodec(4, 2, 64 * KiB), StripeCodec(4, 2, 4096 * KiB)
+    assert small.encode_job(os.urandom(64 * KiB)).small
+    assert small.decode_job({j: f for j, f in enumerate(small.encode(os.urandom(64 * KiB))) if j != 1}).small
+    assert not large.encode_job(os.urandom(4096 * KiB)).small
+    assert large.encode_job(os.urandom(40 * KiB)).small  # trimmed: only the columns that can be nonzero
+    assert large.parity_delta_job({0: (bytes(4096), os.urandom(4096))}, 0, 4096).small
+    assert not large.parity_delta_job({0: (bytes(large.fps), os.urandom(large.fps))}, 0, large.fps).small
+
+
 @pytest.mark.parametrize("k,m", [(4, 2), (2, 1), (6, 3), (10, 4)])
 def test_parity_delta_updates_equal_a_full_re_encode(k, m):
     """new parity = old parity + coefficient x (new data - old data): every stripe after a run of
