@@ -274,6 +274,8 @@ class Namespace(FileData):
     def getattr(self, ino: int) -> Attr:
         return to_attr(self.inode(ino))
 
+    attr_of = staticmethod(to_attr)  # (an inode row read already: daemon/file_data.py's commit)
+
     def readlink(self, ino: int) -> bytes:
         row = self.inode(ino)
         target = self.store.get_symlink(ino)

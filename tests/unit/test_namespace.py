@@ -337,6 +337,24 @@ def test_a_commit_grows_a_file_only_with_the_chunk_of_its_new_last_byte(w):
     assert w.ns.commit(ino, 10, 0, []).size == (1 << 20) + 1  # not growing: nothing to carry
 
 
+def test_a_commit_reads_the_inode_row_once_and_answers_what_a_getattr_reads_after(w):
+    """The commit's answer is the row it read with its own update applied (no second and third
+    read of the row: issue 31's `cp -r`, ~11 statements a commit); it is what the database holds."""
+    ino, _ = w.ns.create(ROOT, b"once", 0o644, 3, 4)
+    w.ns.alloc_chunks(ino, [0, 1])
+    reads = []
+    get_inode = w.store.get_inode
+    w.store.get_inode = lambda i: (reads.append(i), get_inode(i))[1]
+    try:
+        attr = w.ns.commit(ino, (1 << 20) + 5, 777, [P.ChunkRef(index=i, version=7, nodes=[]) for i in range(2)])
+        again = w.ns.commit(ino, 10, 0, [P.ChunkRef(index=0, version=8, nodes=[])])  # smaller: the size stays
+    finally:
+        w.store.get_inode = get_inode
+    assert reads == [ino, ino]
+    assert attr.size == (1 << 20) + 5 and attr.mtime_ns == 777 and attr.uid == 3
+    assert again == w.ns.getattr(ino) and again.size == (1 << 20) + 5 and again.mtime_ns >= again.ctime_ns - 10**9
+
+
 def test_setattr_and_truncate(w):
     ino, _ = w.ns.create(ROOT, b"f", 0o644, 0, 0)
     w.ns.alloc_chunks(ino, [0, 1, 2, 3])
