@@ -47,6 +47,8 @@ local = this process and its children. Mount RSS = VmHWM of the mount process
 (/proc/PID/status; a fresh process per cold cycle), against its cache budget.
 Context switches per sample, by stripefs process (voluntary and not, every
 thread, /proc/PID/task/*/status): the thread hops and waits a cold file costs.
+Page faults per sample, by stripefs process (minor and major, /proc/PID/stat): a
+received message that lands in fresh memory costs a fault per page.
 
 Every sample is checked, outside the timed epochs: what a timed epoch saw
 (every sample once, every length, decoded shapes) after it, and each group's
@@ -320,6 +322,7 @@ class Bench:
         before_ops = mount_counters(url)
         before_p = self.cluster.cpu()  # on the local side: what the idle cluster burns meanwhile (not counted)
         before_x = self.cluster.switches()
+        before_f = self.cluster.faults()
         before_s = bench_cpu()
         t = time.perf_counter()
         out, check = fn()
@@ -327,6 +330,7 @@ class Bench:
         cpu_self = bench_cpu() - before_s
         after_p = self.cluster.cpu()
         after_x = self.cluster.switches()
+        after_f = self.cluster.faults()
         after_ops = mount_counters(url)
         try:
             check()  # what the epoch saw: outside the timing
@@ -345,6 +349,8 @@ class Bench:
             r["cpu_by_process_s"] = cpu_procs
             # thread hops and waits: a cold epoch is a chain of them per file
             r["switches_by_process"] = {k: after_x[k] - before_x[k] for k in after_x if k in before_x}
+            # fresh pages: each received message that lands in new memory costs its page faults
+            r["faults_by_process"] = {k: after_f[k] - before_f[k] for k in after_f if k in before_f}
         if idle_cluster is not None:
             r["cpu_idle_cluster_s"] = idle_cluster  # competes with the local epoch for the CPUs
         r["loadavg_1m"] = os.getloadavg()[0]  # other users' load: context for noisy figures
@@ -753,6 +759,15 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         stor = sum(v for k, v in sw.items() if k.startswith("storage"))
         lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {'':25s}{sw.get('mount', 0) / n:7.1f} "
                      f"{sw.get('meta', 0) / n:7.1f} {stor / n:8.1f}")
+    lines.append(f"stripefs page faults per sample, by process (every thread):       {'mount':>7s} {'meta':>7s} {'storage':>8s}")
+    for key, res in bench.results.items():
+        if "na" in res or not res["stripefs"].get("samples"):
+            continue
+        s = res["stripefs"]
+        pf, n = s.get("faults_by_process", {}), s["samples"]
+        stor = sum(v for k, v in pf.items() if k.startswith("storage"))
+        lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {'':25s}{pf.get('mount', 0) / n:7.1f} "
+                     f"{pf.get('meta', 0) / n:7.1f} {stor / n:8.1f}")
     if any(k.startswith("prefetch_cold@") and "na" not in r for k, r in bench.results.items()):
         how = ("plain reads through the mount (page cache)" if not bench.read_file_used
                else "stripefs.torch.read_file(shm=True) (shared memory, falls back to the mount)" if SHM
