@@ -66,6 +66,7 @@ cluster is always stopped and unmounted (Ctrl-C, SIGTERM, a phase past
 from __future__ import annotations
 
 import argparse
+import fcntl
 import datetime as _dt
 import functools
 import os
@@ -80,6 +81,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import profiling
+
+from stripefs import page_cache
 from common import (GiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fs_of, git_commit, human_size,
                     proc_cpu, progress, self_cpu, supervise, write_results)
 
@@ -324,9 +327,17 @@ class Bench:
         before_x = self.cluster.switches()
         before_f = self.cluster.faults()
         before_s = bench_cpu()
-        t = time.perf_counter()
-        out, check = fn()
-        wall = time.perf_counter() - t
+        # no test on this machine drops the kernel's caches meanwhile (they wait: stripefs/page_cache.py);
+        # a program that knows nothing of the lock still can, and is counted
+        drops = page_cache.drops()
+        fcntl.flock(page_cache.lock_fd(), fcntl.LOCK_SH)
+        try:
+            t = time.perf_counter()
+            out, check = fn()
+            wall = time.perf_counter() - t
+        finally:
+            fcntl.flock(page_cache.lock_fd(), fcntl.LOCK_UN)
+        drops = page_cache.drops() - drops
         cpu_self = bench_cpu() - before_s
         after_p = self.cluster.cpu()
         after_x = self.cluster.switches()
@@ -353,6 +364,9 @@ class Bench:
             r["faults_by_process"] = {k: after_f[k] - before_f[k] for k in after_f if k in before_f}
         if idle_cluster is not None:
             r["cpu_idle_cluster_s"] = idle_cluster  # competes with the local epoch for the CPUs
+        if drops:
+            r["cache_drops"] = drops  # the kernel's names and pages went mid-epoch: its figures are not this code's
+            progress(f"  WARNING: {drops} drop(s) of the machine's page cache or dentries during {side} [{self.mode}] {label}")
         r["loadavg_1m"] = os.getloadavg()[0]  # other users' load: context for noisy figures
         ops = {k: int(v - before_ops.get(k, 0)) for k, v in after_ops.items() if v - before_ops.get(k, 0) >= 1}
         if ops:
