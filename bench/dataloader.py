@@ -47,6 +47,8 @@ local = this process and its children. Mount RSS = VmHWM of the mount process
 (/proc/PID/status; a fresh process per cold cycle), against its cache budget.
 Context switches per sample, by stripefs process (voluntary and not, every
 thread, /proc/PID/task/*/status): the thread hops and waits a cold file costs.
+Page faults per sample, by stripefs process (minor and major, /proc/PID/stat): a
+received message that lands in fresh memory costs a fault per page.
 
 Every sample is checked, outside the timed epochs: what a timed epoch saw
 (every sample once, every length, decoded shapes) after it, and each group's
@@ -64,6 +66,7 @@ cluster is always stopped and unmounted (Ctrl-C, SIGTERM, a phase past
 from __future__ import annotations
 
 import argparse
+import fcntl
 import datetime as _dt
 import functools
 import os
@@ -78,6 +81,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import profiling
+
+from stripefs import page_cache
 from common import (GiB, MiB, RESULTS, BenchError, Cluster, check_workdir, cold_cycle, fs_of, git_commit, human_size,
                     proc_cpu, progress, self_cpu, supervise, write_results)
 
@@ -320,13 +325,23 @@ class Bench:
         before_ops = mount_counters(url)
         before_p = self.cluster.cpu()  # on the local side: what the idle cluster burns meanwhile (not counted)
         before_x = self.cluster.switches()
+        before_f = self.cluster.faults()
         before_s = bench_cpu()
-        t = time.perf_counter()
-        out, check = fn()
-        wall = time.perf_counter() - t
+        # no test on this machine drops the kernel's caches meanwhile (they wait: stripefs/page_cache.py);
+        # a program that knows nothing of the lock still can, and is counted
+        drops = page_cache.drops()
+        fcntl.flock(page_cache.lock_fd(), fcntl.LOCK_SH)
+        try:
+            t = time.perf_counter()
+            out, check = fn()
+            wall = time.perf_counter() - t
+        finally:
+            fcntl.flock(page_cache.lock_fd(), fcntl.LOCK_UN)
+        drops = page_cache.drops() - drops
         cpu_self = bench_cpu() - before_s
         after_p = self.cluster.cpu()
         after_x = self.cluster.switches()
+        after_f = self.cluster.faults()
         after_ops = mount_counters(url)
         try:
             check()  # what the epoch saw: outside the timing
@@ -345,8 +360,13 @@ class Bench:
             r["cpu_by_process_s"] = cpu_procs
             # thread hops and waits: a cold epoch is a chain of them per file
             r["switches_by_process"] = {k: after_x[k] - before_x[k] for k in after_x if k in before_x}
+            # fresh pages: each received message that lands in new memory costs its page faults
+            r["faults_by_process"] = {k: after_f[k] - before_f[k] for k in after_f if k in before_f}
         if idle_cluster is not None:
             r["cpu_idle_cluster_s"] = idle_cluster  # competes with the local epoch for the CPUs
+        if drops:
+            r["cache_drops"] = drops  # the kernel's names and pages went mid-epoch: its figures are not this code's
+            progress(f"  WARNING: {drops} drop(s) of the machine's page cache or dentries during {side} [{self.mode}] {label}")
         r["loadavg_1m"] = os.getloadavg()[0]  # other users' load: context for noisy figures
         ops = {k: int(v - before_ops.get(k, 0)) for k, v in after_ops.items() if v - before_ops.get(k, 0) >= 1}
         if ops:
@@ -753,6 +773,15 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         stor = sum(v for k, v in sw.items() if k.startswith("storage"))
         lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {'':25s}{sw.get('mount', 0) / n:7.1f} "
                      f"{sw.get('meta', 0) / n:7.1f} {stor / n:8.1f}")
+    lines.append(f"stripefs page faults per sample, by process (every thread):       {'mount':>7s} {'meta':>7s} {'storage':>8s}")
+    for key, res in bench.results.items():
+        if "na" in res or not res["stripefs"].get("samples"):
+            continue
+        s = res["stripefs"]
+        pf, n = s.get("faults_by_process", {}), s["samples"]
+        stor = sum(v for k, v in pf.items() if k.startswith("storage"))
+        lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {'':25s}{pf.get('mount', 0) / n:7.1f} "
+                     f"{pf.get('meta', 0) / n:7.1f} {stor / n:8.1f}")
     if any(k.startswith("prefetch_cold@") and "na" not in r for k, r in bench.results.items()):
         how = ("plain reads through the mount (page cache)" if not bench.read_file_used
                else "stripefs.torch.read_file(shm=True) (shared memory, falls back to the mount)" if SHM

@@ -117,6 +117,24 @@ class ChunkCache:
         if not keys:
             del self._by_ino[key[0]]
 
+    def release(self, keys) -> int:
+        """(any thread) Let go of ``keys`` held (a load in flight is left alone): the kernel's page
+        cache holds their bytes now, so keeping them would only be memory, and memory kept is memory
+        libzmq cannot reuse for the next reply (each then lands in fresh pages: docs/design.md,
+        "Where a cold file's CPU goes"). Not a change of the chunk: nothing is marked stale. Returns
+        how many were held."""
+        released = 0
+        with self._lock:
+            for key in keys:
+                data = self._entries.pop(key, None)
+                if data is None:
+                    continue
+                released += 1
+                self._unindex(key)
+                self.used -= len(data)
+                self._prefetched.discard(key)  # read or not: the kernel answers its reads now
+        return released
+
     def drop_inode(self, ino: int, from_index: int = 0, until: int | None = None) -> None:
         """Forget every cached chunk of ``ino`` from ``from_index`` on (to ``until``, exclusive),
         and make the loads of those chunks in flight store nothing."""

@@ -13,8 +13,10 @@ of the readers, a few at a time, for all DataLoader workers at once:
 3. push the bytes into the kernel's page cache (``notify_store``, client/fuse_backend.py) when
    the kernel knows the inode (a dataset that was listed, as ImageFolder does),
    so the worker's open+read is answered by the kernel alone (the open keeps
-   the page cache: ``Operations.prefetched``). Otherwise the bytes wait in the
-   chunk cache, where the read finds them.
+   the page cache: ``Operations.prefetched``), and the chunk cache lets the
+   file's chunks go (``ChunkCache.release``: a second copy would only be memory,
+   which libzmq then cannot reuse for the next reply). Otherwise the bytes wait
+   in the chunk cache, where the read finds them.
 
 A later epoch announces the same files again: one whose pushed version the
 kernel still holds is skipped (``kept``), from what the mount knows when it can
@@ -236,6 +238,10 @@ class Prefetcher:
             shared = [(info, data, shm) for info, shm, _, data in batch if shm is not None]
             stored = set(await trio.to_thread.run_sync(_store, known, shared, self.shm, self.kcache)) if known or shared else set()
             self.stored += len(stored)
+            # the kernel holds every byte of these now: the chunk cache lets them go (libzmq's
+            # fresh pages: ChunkCache.release), as a cold READ that gave the kernel a whole chunk does
+            self.data.cache.release([(info.attr.ino, c.index, c.version) for info, _, _, _ in batch
+                                     if info.attr.ino in stored for c in info.chunks])
             for info, _, _, _ in batch:
                 self.on_fetched(info, info.attr.ino in stored)
             self._busy -= len(batch)

@@ -21,6 +21,7 @@ from ..common.keyring import server_keyring
 from ..common import metrics
 from ..common.config import StorageConfig, load
 from ..common.errors import QuietError
+from ..common.malloc_tuning import keep_freed_memory
 from ..common.logs import add_debug_argument, debug_setting, setup_logging
 from ..common.systemd import notify
 
@@ -71,6 +72,7 @@ def main(argv: list[str]) -> int:
     except QuietError as exc:
         print(f"stripefs storage: {exc}", file=sys.stderr)
         return exc.exitcode
+    keep_freed_memory()  # a batch's replies reuse the last batch's memory (common/malloc_tuning.py)
     ctx = zmq.Context()
     try:
         return trio.run(_run, config, store, ctx)

@@ -200,7 +200,15 @@ class StorageService:
         return p.ReadChunkRsp(version=version, xxh3=digest), [data]
 
     async def handle_read_chunks(self, req: p.ReadChunksReq, payloads: list[memoryview]):
-        done = [_outcome(functools.partial(self._read_inline, alone=False), read) for read in req.reads]  # None: needs the disk
+        # from the page cache on the event loop, until one needs the disk (None): then that one and the
+        # rest go to a worker thread in one hop. A prefetcher's batch is cold or warm as a whole, and each
+        # failed try costs an open (a cold inode: a disk read on the event loop), a header read and a close
+        done: list[tuple[p.ChunkRead, bytes] | None] = [None] * len(req.reads)
+        inline = functools.partial(self._read_inline, alone=False)
+        for i, read in enumerate(req.reads):
+            done[i] = _outcome(inline, read)
+            if done[i] is None:
+                break
         rest = [i for i, d in enumerate(done) if d is None]
         if rest:  # the others in one worker-thread hop
 

@@ -13,6 +13,7 @@ import hashlib
 import mmap
 import os
 import random
+import time
 
 import pytest
 
@@ -155,5 +156,51 @@ def test_a_chunk_read_whole_is_left_to_the_kernel_s_page_cache(cluster, mnt):
         after = _thread_reads(reader)
         assert middle["served"] - before["served"] >= 5, (before, middle)  # loaded, on a thread
         assert after["served"] == middle["served"] and after["handed_back"] == middle["handed_back"], (middle, after)
+    finally:
+        cluster.unmount(reader)
+
+
+def test_a_prefetched_file_pushed_into_the_page_cache_leaves_the_chunk_cache(cluster, mnt):
+    """The prefetcher's chunks, once pushed whole into the kernel's page cache (NOTIFY_STORE), are let
+    go by the chunk cache (ChunkCache.release: a second copy is memory libzmq cannot reuse for the next
+    reply, so each lands in fresh pages): with the page cache dropped, the next read loads each file
+    from a node again, not from the mount's memory. Its bytes are the file's either way."""
+    from stripefs.torch import PrefetchSampler
+
+    d = mnt / "pushed"
+    d.mkdir()
+    rng = random.Random(2932)
+    sums = {}
+    for i in range(30):
+        data = rng.randbytes(110_000 + i)
+        (d / f"f{i}").write_bytes(data)
+        sums[f"f{i}"] = hashlib.sha256(data).hexdigest()
+    names = sorted(sums)
+    reader = cluster.mount_again("prefetch_release")
+    try:
+        theirs = reader / mnt.name / "pushed"
+
+        def report() -> dict[str, int]:
+            text = os.getxattr(reader, "user.stripefs.prefetch").decode()
+            return {k: int(v) for k, v in (item.split("=") for item in text.split())}
+
+        drop_caches()
+        assert len(list(os.scandir(theirs))) == 30  # READDIRPLUS: the kernel knows the inodes, pages can be pushed
+        before = report()
+        paths = [theirs / name for name in names]
+        next(iter(PrefetchSampler(range(len(paths)), paths=paths, lookahead=len(paths), batch=7)))
+        deadline = time.monotonic() + 60
+        while report()["pending"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pushed = report()
+        assert pushed["pending"] == 0 and pushed["stored"] - before["stored"] == 30, (before, pushed)
+
+        drop_caches()  # the pushed pages go; the mount's chunk cache is not touched by that
+        assert len(list(os.scandir(theirs))) == 30
+        before = _thread_reads(reader)
+        _check(theirs, names, sums)
+        after = _thread_reads(reader)
+        # loaded from a node again (on the reader thread), not answered from the chunk cache
+        assert after["reader"] - before["reader"] >= 10, (before, after)
     finally:
         cluster.unmount(reader)

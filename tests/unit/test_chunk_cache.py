@@ -107,3 +107,27 @@ def test_many_threads_keeping_and_a_drop_leave_the_accounting_exact():
         th.join()
     assert cache.used == sum(len(v) for v in cache._entries.values()) <= cache.budget
     assert {k for keys in cache._by_ino.values() for k in keys} == set(cache._entries)
+
+
+async def test_release_lets_go_of_held_chunks_and_leaves_a_load_in_flight_alone():
+    """ChunkCache.release (the prefetcher's chunks once the kernel's page cache holds them): the held
+    keys go and their bytes leave the budget; a load in flight of a released key still stores what it
+    brings (a release is not a change of the chunk: nothing is stale)."""
+    cache = ChunkCache(1 << 20)
+    cache.put((1, 0, 3), b"a" * 100)
+    cache.put((2, 0, 3), b"b" * 50)
+    release = trio.Event()
+
+    async def later():
+        await release.wait()
+        return b"c" * 10
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cache.fetch, (3, 0, 3), later)
+        await trio.testing.wait_all_tasks_blocked()
+        assert cache.release([(1, 0, 3), (3, 0, 3), (9, 0, 1)]) == 1
+        release.set()
+    assert cache.peek((1, 0, 3)) is None and cache.peek((2, 0, 3)) == b"b" * 50
+    assert cache.peek((3, 0, 3)) == b"c" * 10
+    assert cache.used == 60
+    cache.drop_inode(1)  # its index no longer names the released key

@@ -501,3 +501,37 @@ async def test_a_client_that_never_reads_replies_cannot_grow_the_node(tmp_path, 
     finally:
         slow.close(linger=0)
         node.stop()
+
+
+async def test_a_batch_that_needs_the_disk_tries_the_page_cache_once(ctx, nursery, tmp_path, monkeypatch):
+    """A ReadChunksReq is read from the page cache on the event loop until one read needs the disk;
+    that one and the rest then go to a worker thread together, without a try each (an open, a header
+    read that fails, a close: a prefetcher's cold batch of 16 paid 16). Every read is answered."""
+    config = _config(tmp_path / "data")
+    os.makedirs(config.data_dir)
+    store = ChunkStore(config.data_dir, block_size=config.block_size, reserved_space=0, node_id=NODE_ID)
+    service = StorageService(config, store, ctx=ctx)
+    await nursery.start(service.run)
+    chunks = [p.ChunkId(10 + i, 0, 0) for i in range(8)]
+    contents = {}
+    async with connect(ctx, config.listen, timeout=10) as node:
+        for c in chunks:
+            contents[c] = os.urandom(5000)
+            await node.call(p.WriteChunkReq(chunk=c, version=1, base_version=0, offset=0, xxh3=_h(contents[c]), replace=True),
+                            [contents[c]])
+        tries = []
+        read = store.read
+
+        def cold(chunk, *args, nowait=False, **kwargs):
+            if nowait:  # as if none were in the page cache
+                tries.append(chunk)
+                raise BlockingIOError("needs the disk")
+            return read(chunk, *args, nowait=nowait, **kwargs)
+
+        monkeypatch.setattr(store, "read", cold)
+        reads = [p.ReadChunkReq(chunk=c, min_version=1, offset=0, length=1 << 20) for c in chunks]
+        rsp, payloads = await node.call(p.ReadChunksReq(reads=reads))
+        assert [r.code for r in rsp.results] == [0] * 8
+        assert [bytes(d) for d in payloads] == [contents[c] for c in chunks]
+        assert tries == chunks[:1]
+    store.close()
