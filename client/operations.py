@@ -90,7 +90,8 @@ from .dir_listings import CONTINUE_S, PAGES_KEPT, KeptListings, Listing
 from .fetch import Fetch
 from .fuse.abi import ENTRY_OUT_SIZE, OpenFlag
 from .fuse.dispatch import Opened
-from .fuse.replies import ZERO_ENTRY, Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry
+from .fuse.replies import (ZERO_ENTRY, Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry,
+                           encode_held_entry)
 from .idle_commits import IdleCommits
 from .jobs import Jobs
 from .kernel_cache import KernelCache
@@ -1160,7 +1161,10 @@ class Operations:
         hit = cache.get(attr.ino)
         if hit is not None and hit[0] is attr and hit[1] == size:
             return hit[2]
-        encoded = Encoded(encode(self._entry(attr, held=True)))
+        if encode is encode_entry and self.kcache.healthy:  # (both timeouts cache_timeout: one pack)
+            encoded = Encoded(encode_held_entry(attr, size, self.cache_timeout, BLKSIZE))
+        else:
+            encoded = Encoded(encode(self._entry(attr, held=True)))
         cache[attr.ino] = (attr, size, encoded)
         return encoded
 

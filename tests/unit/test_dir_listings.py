@@ -222,3 +222,22 @@ def test_a_listing_asked_of_the_daemon_leaves_its_first_readdirplus_page_made(da
     with mock.patch.object(ops2, "_held_long", side_effect=AssertionError("an answer made per entry")):
         assert _page(bridge2, req2) == first
     assert ops2.kcache._names[(5, b"f0007")] == 1007
+
+
+def test_a_held_entry_packed_at_once_is_the_entry_encoded_the_long_way():
+    """``encode_held_entry`` (READDIRPLUS pages, LOOKUPs answered from memory) gives the bytes
+    ``encode_entry`` gives for the entry ``Operations._entry(held=True)`` makes: sizes, times before
+    1970 and past 2038, nanoseconds, generations, directories."""
+    from stripefs.client.fuse.replies import encode_entry, encode_held_entry
+    from stripefs.client.operations import BLKSIZE
+
+    ops, _, _, _ = _held_dir(files=1)
+    cases = [p.Attr(7, stat.S_IFREG | 0o644, 1, 1000, 100, 0, 0, 1, 2, 3),
+             p.Attr(2**40, stat.S_IFREG | 0o600, 3, 0, 0, 0, 123_456_789_012, -1_500_000_001, 2**62, 17, generation=9),
+             p.Attr(12, stat.S_IFDIR | 0o755, 5, 1, 1, 0, 4096, 1_700_000_000_123_456_789, 0, 999_999_999)]
+    for attr in cases:
+        for valid in (30.0, 300.0, 0.25):
+            ops.cache_timeout = valid
+            assert encode_held_entry(attr, attr.size, valid, BLKSIZE) == encode_entry(ops._entry(attr, held=True))
+            ops._entry_bytes.clear()
+            assert ops._encoded(attr, ops._entry_bytes, encode_entry) == encode_entry(ops._entry(attr, held=True))
