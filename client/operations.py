@@ -1479,12 +1479,14 @@ class Operations:
             rsp, stamp, stale_dir, held_ok = await self._list(fh, after)
             if self.dataset and not after:
                 self._list_subdirs_ahead(rsp)
-            if after == start_id:
+            if after == start_id and not stale_dir:
                 # answered from the listing just kept where the reader thread would answer from it
                 # (the same entries; READDIRPLUS pages made and kept with it: ``_fill``), so a cold
                 # walk after drop_caches finds this page made (``_fill_again``), not every entry to encode
                 with self.lock:
-                    if self._fast_readdir(fh, start_id, buf) is not _SLOW:
+                    kept = self.listings.get(fh)
+                    if (kept is not None and kept.stamp == stamp and kept.after == after
+                            and self._fast_readdir(fh, start_id, buf) is not _SLOW):
                         return
             for entry in rsp.entries:
                 ino = entry.attr.ino
