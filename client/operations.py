@@ -1481,12 +1481,12 @@ class Operations:
                 self._list_subdirs_ahead(rsp)
             if after == start_id and not stale_dir:
                 # answered from the listing just kept where the reader thread would answer from it
-                # (the same entries; READDIRPLUS pages made and kept with it: ``_fill``), so a cold
+                # with the same entries (READDIRPLUS pages made and kept with it: ``_fill``), so a cold
                 # walk after drop_caches finds this page made (``_fill_again``), not every entry to encode
                 with self.lock:
                     kept = self.listings.get(fh)
                     if (kept is not None and kept.stamp == stamp and kept.after == after
-                            and self._fast_readdir(fh, start_id, buf) is not _SLOW):
+                            and self._held_whole(rsp, stamp) and self._fast_readdir(fh, start_id, buf) is not _SLOW):
                         return
             for entry in rsp.entries:
                 ino = entry.attr.ino
@@ -1499,6 +1499,20 @@ class Operations:
             if not rsp.more or not rsp.entries:
                 return
             after = rsp.entries[-1].cookie
+
+    def _held_whole(self, rsp: p.ReaddirRsp, stamp: int) -> bool:
+        """(Under ``lock``) Whether ``_fill`` answers every entry of ``rsp`` with its attributes, as
+        the loop of ``readdir`` does: none changed since ``stamp`` (the feed), every one not a
+        directory held (``_held_long``). Otherwise ``_fill`` would answer a zero entry (nodeid 0:
+        the kernel makes no inode, and an open of the name is a LOOKUP) where the loop gives the
+        entry for no time: a file changed while its listing was asked (cluster test_thread_reads's
+        listed directory on a loaded machine: each read then came after a LOOKUP's fetch ahead)."""
+        changed, held_long, is_dir = self.kcache.changed_since, self._held_long, stat.S_ISDIR
+        for entry in rsp.entries:
+            ino = entry.attr.ino
+            if changed(stamp, ino) or not (is_dir(entry.attr.mode) or held_long(ino) is not None):
+                return False
+        return True
 
     async def _list(self, fh: int, after: int):
         """One ``ReaddirReq`` of directory ``fh`` after cookie ``after``, and what its answer leaves

@@ -241,3 +241,38 @@ def test_a_held_entry_packed_at_once_is_the_entry_encoded_the_long_way():
             assert encode_held_entry(attr, attr.size, valid, BLKSIZE) == encode_entry(ops._entry(attr, held=True))
             ops._entry_bytes.clear()
             assert ops._encoded(attr, ops._entry_bytes, encode_entry) == encode_entry(ops._entry(attr, held=True))
+
+
+@pytest.mark.parametrize("dataset", [False, True])
+def test_a_listing_with_a_file_changed_while_asked_is_answered_with_every_entry(dataset):
+    """The READDIRPLUS that asks the daemon answers from the listing it kept only where that gives
+    every entry with its attributes: a file the feed reported changed while the listing was asked
+    (or not held) gets the daemon path's entry (its inode, for no time), not a zero entry, after
+    which the kernel would LOOKUP the name at its open."""
+    from unittest import mock
+
+    import trio
+
+    from stripefs.client.fuse.replies import DirentBuffer
+
+    ops, bridge, req, entries = _held_dir(files=3, dataset=dataset)
+    ops.listings.clear()
+    changed = entries[1].attr.ino
+
+    async def listed(fh, after):
+        stamp = ops.kcache.stamp()
+        ops.listings.keep(fh, Listing(0, list(entries), True, stamp, dir_grant=1), ops.listings.generation)
+        (ops._dataset_info if dataset else ops._held_info).pop(changed)  # (as _list keeps nothing of it)
+        return p.ReaddirRsp(entries=list(entries), more=False), stamp, False, True
+
+    async def settled(fh):
+        pass
+
+    with mock.patch.object(ops, "_list", listed), mock.patch.object(ops, "_settle", settled):
+        buf = DirentBuffer(req.size, True)
+        trio.run(ops.readdir, 5, 0, buf)
+    data = buf.getvalue()
+    assert data.count(changed.to_bytes(8, "little")) >= 2  # its entry's nodeid (and ino), not nodeid 0
+    from stripefs.client.fuse.replies import ZERO_ENTRY
+
+    assert ZERO_ENTRY not in data
