@@ -161,15 +161,24 @@ class KernelCache:
     def forget(self, ino: int) -> None:
         """The kernel forgot ``ino`` (FORGET with its lookup count at zero). Its names stay known
         (``lookup_kept``) while this mount holds the file and the name under callbacks."""
+        self.forget_all((ino,))
+
+    def forget_all(self, inos) -> None:
+        """``forget`` of each of ``inos`` (a BATCH_FORGET's), under one hold of the lock."""
         with self.state_lock:
-            held = ino in self.grants
-            for key in self._names_of.pop(ino, ()):
-                if self._names.get(key) == ino:
-                    del self._names[key]
-                    if held and self._name_held(key):
-                        self._kept[key] = ino
-            while len(self._kept) > _KEPT_NAMES:
-                self._kept.popitem(last=False)
+            names_of, names, grants, kept = self._names_of, self._names, self.grants, self._kept
+            for ino in inos:
+                keys = names_of.pop(ino, None)
+                if not keys:
+                    continue
+                held = ino in grants
+                for key in keys:
+                    if names.get(key) == ino:
+                        del names[key]
+                        if held and self._name_held(key):
+                            kept[key] = ino
+            while len(kept) > _KEPT_NAMES:
+                kept.popitem(last=False)
 
     def _name_held(self, key: tuple[int, bytes]) -> bool:
         return key in self.grants or ("dir", key[0]) in self.grants

@@ -75,6 +75,7 @@ import stat
 import struct
 import time
 from collections import OrderedDict, deque
+from itertools import repeat
 from typing import Awaitable, Callable, NamedTuple
 
 import msgspec
@@ -89,7 +90,8 @@ from .dir_listings import CONTINUE_S, PAGES_KEPT, KeptListings, Listing
 from .fetch import Fetch
 from .fuse.abi import ENTRY_OUT_SIZE, OpenFlag
 from .fuse.dispatch import Opened
-from .fuse.replies import ZERO_ENTRY, Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry
+from .fuse.replies import (ZERO_ENTRY, Attr, Encoded, Entry, Failed, FuseError, Statfs, encode_attr_out, encode_entry,
+                           encode_held_entry)
 from .idle_commits import IdleCommits
 from .jobs import Jobs
 from .kernel_cache import KernelCache
@@ -276,6 +278,9 @@ class Operations:
         #: those waiting for their turn
         self._listing_ahead: dict[int, trio.Event] = {}
         self._ahead_queue: deque[int] = deque()
+        #: the kernel's READDIRPLUS buffer at a listing's start (the connection's, the same each time;
+        #: 0: none seen yet): the page ``_page_ahead`` makes
+        self._plus_size = 0
         self._entry_bytes: dict[int, tuple[p.Attr, int, Encoded]] = {}
         # ino -> (when, OpenRsp) from LOOKUPs, oldest first; see the module docstring
         self._open_info: OrderedDict[int, tuple[float, p.OpenRsp]] = OrderedDict()
@@ -1156,7 +1161,10 @@ class Operations:
         hit = cache.get(attr.ino)
         if hit is not None and hit[0] is attr and hit[1] == size:
             return hit[2]
-        encoded = Encoded(encode(self._entry(attr, held=True)))
+        if encode is encode_entry and self.kcache.healthy:  # (both timeouts cache_timeout: one pack)
+            encoded = Encoded(encode_held_entry(attr, size, self.cache_timeout, BLKSIZE))
+        else:
+            encoded = Encoded(encode(self._entry(attr, held=True)))
         cache[attr.ino] = (attr, size, encoded)
         return encoded
 
@@ -1346,12 +1354,10 @@ class Operations:
             return  # the end: an empty page (the kernel's EOF)
         if self.kcache.healthy and self._fill_again(fh, listing, first, buf):
             return
-        # READDIRPLUS: each entry's answer and record gathered, fitted to the buffer here, joined
-        # once, and the names the kernel now holds remembered under one lock
         room = buf.room()
-        key, parts, keys, named = (first, room), [], [], []
-        add, size = parts.append, ENTRY_OUT_SIZE
         if not self.kcache.healthy:  # nothing known true: every name a zero entry
+            parts, size = [], ENTRY_OUT_SIZE
+            add = parts.append
             for k in range(first, len(records)):
                 record = records[k]
                 room -= size + len(record)
@@ -1361,6 +1367,22 @@ class Operations:
                 add(record)
             buf.extend(parts)
             return
+        if self._plus_size == 0 and first == 0:
+            self._plus_size = room  # the kernel's READDIRPLUS size (the same each time): ``_page_ahead``'s
+        page = self._plus_page(fh, listing, first, room)
+        buf.extend((page.data,))
+        if page.named:
+            self.kcache.remember_all(page.keys, page.named)  # readdirplus: the kernel now holds these names
+        if page.inos:
+            self._keep_page(listing, (first, room), page)
+
+    def _plus_page(self, fh: int, listing: Listing, first: int, room: int) -> _PlusPage:
+        """(Feed healthy, under ``lock``) The READDIRPLUS page of ``listing`` from index ``first`` that
+        fits ``room`` bytes: each entry's answer and record gathered, joined once. ``inos`` is empty
+        where the page may not be kept (it lists a directory, whose answer is not a held file's)."""
+        parts, keys, named = [], [], []
+        add, size = parts.append, ENTRY_OUT_SIZE
+        records, entries = listing.records(), listing.entries
         plus, held_long, encoded, is_dir = listing.plus, self._held_long, self._encoded, stat.S_ISDIR
         inos, dirs = [], False
         for k in range(first, len(records)):
@@ -1388,12 +1410,30 @@ class Operations:
                 named.append(ino)
             add(record)
         data = b"".join(parts)
-        buf.extend((data,))
-        if named:
-            self.kcache.remember_all(keys, named)  # readdirplus: the kernel now holds these names
-        if not dirs and inos and (key in listing.pages or len(listing.pages) < PAGES_KEPT):
-            held = self._held_map().get
-            listing.pages[key] = _PlusPage(inos, list(map(held, inos)), data, keys, named)
+        held = self._held_map().get
+        return _PlusPage([] if dirs else inos, [] if dirs else list(map(held, inos)), data, keys, named)
+
+    @staticmethod
+    def _keep_page(listing: Listing, key: tuple[int, int], page: _PlusPage) -> None:
+        if key in listing.pages or len(listing.pages) < PAGES_KEPT:
+            listing.pages[key] = page
+
+    def _page_ahead(self, fh: int) -> None:
+        """(Feed healthy) The first READDIRPLUS page of directory ``fh``'s listing, just kept, made
+        now and kept with it (not given to the kernel: no name is remembered), so the kernel's
+        READDIRPLUS of it is answered as it is on the reader thread (``_fill_again``, under the same
+        checks as any page kept: every file's held object the same, none open here or in the
+        write-back). A listing asked by the daemon path (``readdir``'s own, one listed ahead) left
+        no page, and a cold walk after drop_caches made every page anew on the reader thread (a
+        quarter of its CPU there)."""
+        size = self._plus_size
+        with self.lock:
+            listing = self.listings.get(fh)
+            if not size or listing is None or listing.after or not self.kcache.healthy or (0, size) in listing.pages:
+                return
+            page = self._plus_page(fh, listing, 0, size)
+            if page.inos:
+                self._keep_page(listing, (0, size), page)
 
     def _held_map(self) -> OrderedDict:
         """What the mount holds of files, as a kept READDIRPLUS page compares it (``_fill_again``)."""
@@ -1439,6 +1479,15 @@ class Operations:
             rsp, stamp, stale_dir, held_ok = await self._list(fh, after)
             if self.dataset and not after:
                 self._list_subdirs_ahead(rsp)
+            if after == start_id and not stale_dir:
+                # answered from the listing just kept where the reader thread would answer from it
+                # with the same entries (READDIRPLUS pages made and kept with it: ``_fill``), so a cold
+                # walk after drop_caches finds this page made (``_fill_again``), not every entry to encode
+                with self.lock:
+                    kept = self.listings.get(fh)
+                    if (kept is not None and kept.stamp == stamp and kept.after == after
+                            and self._held_whole(rsp, stamp) and self._fast_readdir(fh, start_id, buf) is not _SLOW):
+                        return
             for entry in rsp.entries:
                 ino = entry.attr.ino
                 cacheable = not (stale_dir or self.kcache.changed_since(stamp, ino))
@@ -1450,6 +1499,20 @@ class Operations:
             if not rsp.more or not rsp.entries:
                 return
             after = rsp.entries[-1].cookie
+
+    def _held_whole(self, rsp: p.ReaddirRsp, stamp: int) -> bool:
+        """(Under ``lock``) Whether ``_fill`` answers every entry of ``rsp`` with its attributes, as
+        the loop of ``readdir`` does: none changed since ``stamp`` (the feed), every one not a
+        directory held (``_held_long``). Otherwise ``_fill`` would answer a zero entry (nodeid 0:
+        the kernel makes no inode, and an open of the name is a LOOKUP) where the loop gives the
+        entry for no time: a file changed while its listing was asked (cluster test_thread_reads's
+        listed directory on a loaded machine: each read then came after a LOOKUP's fetch ahead)."""
+        changed, held_long, is_dir = self.kcache.changed_since, self._held_long, stat.S_ISDIR
+        for entry in rsp.entries:
+            ino = entry.attr.ino
+            if changed(stamp, ino) or not (is_dir(entry.attr.mode) or held_long(ino) is not None):
+                return False
+        return True
 
     async def _list(self, fh: int, after: int):
         """One ``ReaddirReq`` of directory ``fh`` after cookie ``after``, and what its answer leaves
@@ -1528,6 +1591,7 @@ class Operations:
         try:
             with trio.move_on_after(self.op_timeout):
                 await self._list(ino, 0)
+            self._page_ahead(ino)
         except Exception as exc:  # the kernel's own READDIR asks again and reports it
             log.debug("listing directory %d ahead failed: %s", ino, exc)
         finally:
@@ -2499,24 +2563,36 @@ class Operations:
 
     def forget_now(self, inode_list) -> None:
         """FORGET, synchronously: on the FUSE session's reader thread (client/operations_bridge.py),
-        under ``lock``."""
+        under ``lock``. A batch at once: drop_caches (or memory pressure) makes the kernel forget
+        every inode of a walked tree, thousands in a few BATCH_FORGETs that the kernel hands out
+        before any other request; the per-inode dict drops run in C (``_drop_each``), the kernel
+        cache's under one lock (``KernelCache.forget_all``). Where the reader thread dropped
+        them one by one, the forgets of a 2,000-file walk cost it 16-24 ms, two fifths of its
+        samples around a cold walk (docs/design.md, "What a cold walk costs")."""
+        inos = [ino for ino, _ in inode_list]
         with self.lock:
-            for ino, _ in inode_list:
-                if ino in self._inode_handles:
-                    self._drop_inode_handle(ino)
-                    of = self.files.get(ino)
-                    if of is not None and of.open_count == 0 and not self._uncommitted(of):
-                        # no open file is left to send what it holds (no-open: every close's FLUSH
-                        # committed it, or reported why not); one the write-back still holds stays
-                        # (it answers a stat until its commit: _held_long), and goes once sent, and so
-                        # does one whose writes are not committed yet (closes that send nothing: the
-                        # kernel may forget a file between its close and its commit, _commit_idle)
-                        del self.files[ino]
-                self._kernel_view.pop(ino, None)
-                self._dataset_info.pop(ino, None)
-                self._attr_bytes.pop(ino, None)
-                self._entry_bytes.pop(ino, None)
-                self.kcache.forget(ino)
+            handles = self._inode_handles
+            if handles:
+                for ino in inos:
+                    if ino in handles:
+                        self._drop_inode_handle(ino)
+                        of = self.files.get(ino)
+                        if of is not None and of.open_count == 0 and not self._uncommitted(of):
+                            # no open file is left to send what it holds (no-open: every close's FLUSH
+                            # committed it, or reported why not); one the write-back still holds stays
+                            # (it answers a stat until its commit: _held_long), and goes once sent, and so
+                            # does one whose writes are not committed yet (closes that send nothing: the
+                            # kernel may forget a file between its close and its commit, _commit_idle)
+                            del self.files[ino]
+            for kept in (self._kernel_view, self._dataset_info, self._attr_bytes, self._entry_bytes):
+                if kept:
+                    _drop_each(kept, inos)
+            self.kcache.forget_all(inos)
+
+
+def _drop_each(kept: dict, keys: list) -> None:
+    """Each of ``keys`` out of ``kept``, those it holds (the loop in C)."""
+    deque(map(kept.pop, keys, repeat(None, len(keys))), maxlen=0)
 
 
 def _call_now(fn, *args) -> None:

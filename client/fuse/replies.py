@@ -156,6 +156,21 @@ def encode_entry(e: Entry) -> bytes:
     return _ENTRY_OUT.pack(e.nodeid, e.generation, es, ats, ens, atns, *_attr_fields(e.attr))
 
 
+def encode_held_entry(a, size: int, valid: float, blksize: int) -> bytes:
+    """``encode_entry`` of the entry a file system answers for a name and attributes it holds
+    long (both valid for ``valid``): protocol attributes ``a`` (ino, mode, nlink, uid, gid, rdev,
+    the three times in ns, generation) with ``size`` (its blocks from it) and ``blksize``, packed
+    at once, without the ``Attr`` and ``Entry`` made on the way: the same bytes (a cold walk's
+    READDIRPLUS pages are one such entry per file)."""
+    s, ns = _split(valid)
+    asec, ansec = divmod(a.atime_ns, _NS)
+    msec, mnsec = divmod(a.mtime_ns, _NS)
+    csec, cnsec = divmod(a.ctime_ns, _NS)
+    return _ENTRY_OUT.pack(a.ino, a.generation, s, s, ns, ns, a.ino, size, (size + 511) // 512, asec & _U64,
+                           msec & _U64, csec & _U64, ansec, mnsec, cnsec, a.mode, a.nlink, a.uid, a.gid, a.rdev,
+                           blksize, 0)
+
+
 def encode_attr_out(a: Attr, valid: float) -> bytes:
     """``fuse_attr_out`` (104 bytes): GETATTR's and SETATTR's answer."""
     s, ns = _split(valid)

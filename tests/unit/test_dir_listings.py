@@ -173,3 +173,106 @@ def test_a_readdirplus_page_of_held_files_is_answered_again_whole_and_never_with
     ops._fill(5, ops.listings.get(5), 0, buf)
     broken = buf.getvalue()
     assert len(broken) == len(changed) and (77_777).to_bytes(8, "little") not in broken
+
+
+@pytest.mark.parametrize("dataset", [False, True])
+def test_a_listing_asked_of_the_daemon_leaves_its_first_readdirplus_page_made(dataset):
+    """The READDIRPLUS that asks the daemon (``Operations.readdir``: the first listing of a
+    directory) is answered from the listing it kept, as the reader thread answers it, and its page
+    is kept with it; a listing asked ahead (a dataset mount's subdirectories) has its first page made
+    too (``_page_ahead``), the names not remembered until the kernel is given the page. The cold walk
+    after drop_caches then answers each page as it is: no answer made per entry (before, the first
+    such walk made every page anew on the reader thread)."""
+    from unittest import mock
+
+    import trio
+
+    from stripefs.client.fuse.replies import DirentBuffer
+
+    ops, bridge, req, entries = _held_dir(dataset=dataset)
+    listing = ops.listings.get(5)
+    first = _page(bridge, req)  # what the reader thread answers from the listing (a page made per entry)
+    if not dataset:  # (a dataset mount's FORGET drops what it held: the mocked listing does not give it back)
+        ops.forget_now([(e.attr.ino, 1) for e in entries])  # (and the kernel forgot every name)
+    ops.kcache._names.clear()
+    ops.listings.clear()  # (memory pressure: the listing is gone too, so the READDIRPLUS asks the daemon)
+
+    async def listed(fh, after):  # the daemon's answer, kept as _list keeps it
+        ops.listings.keep(fh, Listing(0, list(entries), True, ops.kcache.stamp(), dir_grant=1), ops.listings.generation)
+        return p.ReaddirRsp(entries=list(entries), more=False), ops.kcache.stamp(), False, True
+
+    async def settled(fh):
+        pass
+
+    with mock.patch.object(ops, "_list", listed), mock.patch.object(ops, "_settle", settled):
+        buf = DirentBuffer(req.size, True)
+        trio.run(ops.readdir, 5, 0, buf)
+    assert buf.getvalue() == first and ops.kcache._names[(5, b"f0007")] == 1007
+    assert ops.listings.get(5) is not listing and ops.listings.get(5).pages  # made and kept with the new listing
+    ops.forget_now([(e.attr.ino, 1) for e in entries])
+    if not dataset:  # (a dataset mount's FORGET drops what it held of the file: its pages are made anew)
+        with mock.patch.object(ops, "_held_long", side_effect=AssertionError("an answer made per entry")):
+            assert _page(bridge, req) == first
+
+    # a listing asked ahead: its page made before the kernel asks, no name remembered for it
+    ops2, bridge2, req2, entries2 = _held_dir(dataset=dataset)
+    ops2._plus_size = req2.size  # (seen at the first READDIRPLUS of the connection)
+    ops2._page_ahead(5)
+    assert ops2.listings.get(5).pages and (5, b"f0007") not in ops2.kcache._names
+    with mock.patch.object(ops2, "_held_long", side_effect=AssertionError("an answer made per entry")):
+        assert _page(bridge2, req2) == first
+    assert ops2.kcache._names[(5, b"f0007")] == 1007
+
+
+def test_a_held_entry_packed_at_once_is_the_entry_encoded_the_long_way():
+    """``encode_held_entry`` (READDIRPLUS pages, LOOKUPs answered from memory) gives the bytes
+    ``encode_entry`` gives for the entry ``Operations._entry(held=True)`` makes: sizes, times before
+    1970 and past 2038, nanoseconds, generations, directories."""
+    from stripefs.client.fuse.replies import encode_entry, encode_held_entry
+    from stripefs.client.operations import BLKSIZE
+
+    ops, _, _, _ = _held_dir(files=1)
+    cases = [p.Attr(7, stat.S_IFREG | 0o644, 1, 1000, 100, 0, 0, 1, 2, 3),
+             p.Attr(2**40, stat.S_IFREG | 0o600, 3, 0, 0, 0, 123_456_789_012, -1_500_000_001, 2**62, 17, generation=9),
+             p.Attr(12, stat.S_IFDIR | 0o755, 5, 1, 1, 0, 4096, 1_700_000_000_123_456_789, 0, 999_999_999)]
+    for attr in cases:
+        for valid in (30.0, 300.0, 0.25):
+            ops.cache_timeout = valid
+            assert encode_held_entry(attr, attr.size, valid, BLKSIZE) == encode_entry(ops._entry(attr, held=True))
+            ops._entry_bytes.clear()
+            assert ops._encoded(attr, ops._entry_bytes, encode_entry) == encode_entry(ops._entry(attr, held=True))
+
+
+@pytest.mark.parametrize("dataset", [False, True])
+def test_a_listing_with_a_file_changed_while_asked_is_answered_with_every_entry(dataset):
+    """The READDIRPLUS that asks the daemon answers from the listing it kept only where that gives
+    every entry with its attributes: a file the feed reported changed while the listing was asked
+    (or not held) gets the daemon path's entry (its inode, for no time), not a zero entry, after
+    which the kernel would LOOKUP the name at its open."""
+    from unittest import mock
+
+    import trio
+
+    from stripefs.client.fuse.replies import DirentBuffer
+
+    ops, bridge, req, entries = _held_dir(files=3, dataset=dataset)
+    ops.listings.clear()
+    changed = entries[1].attr.ino
+
+    async def listed(fh, after):
+        stamp = ops.kcache.stamp()
+        ops.listings.keep(fh, Listing(0, list(entries), True, stamp, dir_grant=1), ops.listings.generation)
+        (ops._dataset_info if dataset else ops._held_info).pop(changed)  # (as _list keeps nothing of it)
+        return p.ReaddirRsp(entries=list(entries), more=False), stamp, False, True
+
+    async def settled(fh):
+        pass
+
+    with mock.patch.object(ops, "_list", listed), mock.patch.object(ops, "_settle", settled):
+        buf = DirentBuffer(req.size, True)
+        trio.run(ops.readdir, 5, 0, buf)
+    data = buf.getvalue()
+    assert data.count(changed.to_bytes(8, "little")) >= 2  # its entry's nodeid (and ino), not nodeid 0
+    from stripefs.client.fuse.replies import ZERO_ENTRY
+
+    assert ZERO_ENTRY not in data
