@@ -246,7 +246,12 @@ def test_mount_unit_starts_sends_ready_and_unmounts_on_sigterm(cluster, tmp_path
             except OSError:
                 pass  # the file system under it is gone
         assert (cluster.mnt / "open-at-stop").read_bytes() == payload
-        assert "flushing 1 file(s) still open" in (cluster.state / "logs" / "unit-mount.log").read_text()
+        # What stored it: the stop's flush of files still open ("flushing 1 file(s) still open") when
+        # the SIGTERM came within IDLE_S (50 ms, client/idle_commits.py) of the last WRITE, else the
+        # idle commit, before the stop or during it (ci66, load ~10: no flush line, payload whole).
+        # Either way nothing may be reported lost.
+        log_text = (cluster.state / "logs" / "unit-mount.log").read_text()
+        assert "could not be stored" not in log_text and "unflushed writes are lost" not in log_text, log_text
     finally:
         if proc.poll() is None:
             proc.kill()
