@@ -92,7 +92,7 @@ import trio
 from ..common import protocol as P
 from ..common import security
 from ..common.errors import ErrorCode, StripefsError
-from . import applied_ops
+from . import applied_ops, metrics
 from .namespace_bulk import ManyNotHere
 from .snapshots import CopyOutNeeded
 
@@ -520,6 +520,8 @@ class Burst:
         if made:  # the savepoint held: its numbers are given out for good
             self.txn.note_logged(made[-1].seq)
         self.commit_runs += 1
+        metrics.COMMIT_RUNS.inc()
+        metrics.COMMITS_IN_RUNS.inc(len(units))
         return True
 
     def _run_commits(self, units: list[_Unit]) -> list[_Unit]:
