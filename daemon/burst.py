@@ -69,6 +69,15 @@ reply, as of its number; the others carry their number alone). An error past
 an unlink's checks undoes the run, whose unlinks then run one by one. SQLite
 only.
 
+Commits next to each other of one client and key (a mount's write-back
+sends a ``cp -r``'s files' CommitReqs in BatchReqs) run in ONE savepoint
+(``_commits``, issue 31): each is ``FileData.commit`` as alone, in order, with
+its own change (own number and event, settled on its own; the rows written at
+once after the last); the run shares the OnceReq records' look-up and insert.
+Any error of one (a refusal, a snapshot's copy-out) undoes the run, and the
+commits run one by one (``_one``): a refused commit fails alone, answered in
+order. Not under a directory quota; SQLite only.
+
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
 would take the serving loop's burst past ``MOST`` operations (PostgreSQL:
