@@ -4,7 +4,8 @@ An in-process daemon on SQLite (no cluster, no timing): N files created in one d
 their commits (OnceReqs, one chunk each, as a mount's write-back sends them) in BatchReqs of
 ``--batch``; each ``SqlStore._x`` / ``_xm`` call counted by its statement's first words, and
 SQLite's own statement runs (the trace callback: an executemany's rows each). ``--singles`` runs
-the same commits as the daemon did before the runs (``Burst.commits_run`` off): the A/B.
+the same commits as the daemon did before the runs (``Burst.commits_run`` off): the A/B. The
+process's CPU per commit (the counting's own included) is printed too: load moves it.
 
     STRIPEFS_LOCAL_PORTS=... python bench/commit_sql_probe.py [--files 300] [--batch 30] [--singles]
 """
@@ -15,6 +16,7 @@ import argparse
 import collections
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import trio
@@ -63,6 +65,7 @@ async def main(args) -> None:
             store._x, store._xm = cx, cxm
             store.conn.set_trace_callback(lambda s: runs.__setitem__(0, runs[0] + 1))
             op = 1
+            cpu = time.process_time()
             for start in range(0, len(inos), args.batch):
                 items = []
                 for ino in inos[start:start + args.batch]:
@@ -71,10 +74,12 @@ async def main(args) -> None:
                     op += 1
                 replies = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
                 assert all(isinstance(r, P.AttrRsp) for r in replies), replies[:3]
+            cpu = time.process_time() - cpu
             store.conn.set_trace_callback(None)
             n = len(inos)
             print(f"{'singles' if args.singles else 'runs'}: {n} commits in batches of {args.batch}; "
-                  f"_x/_xm calls {sum(calls.values()) / n:.2f} a commit, SQLite statement runs {runs[0] / n:.2f} a commit")
+                  f"_x/_xm calls {sum(calls.values()) / n:.2f} a commit, SQLite statement runs {runs[0] / n:.2f} a commit; "
+                  f"process CPU {cpu * 1e6 / n:.0f} us a commit (with the counting)")
             for k, v in calls.most_common():
                 print(f"  {v / n:6.3f}  {k}")
             nursery.cancel_scope.cancel()
