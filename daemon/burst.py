@@ -69,6 +69,15 @@ reply, as of its number; the others carry their number alone). An error past
 an unlink's checks undoes the run, whose unlinks then run one by one. SQLite
 only.
 
+Commits next to each other of one client and key (a mount's write-back
+sends a ``cp -r``'s files' CommitReqs in BatchReqs) run in ONE savepoint
+(``_commits``, issue 31): each is ``FileData.commit`` as alone, in order, with
+its own change (own number and event, settled on its own; the rows written at
+once after the last); the run shares the OnceReq records' look-up and insert.
+Any error of one (a refusal, a snapshot's copy-out) undoes the run, and the
+commits run one by one (``_one``): a refused commit fails alone, answered in
+order. Not under a directory quota; SQLite only.
+
 A BatchReq (many changes of one client) is a burst of its own within the
 burst: each item admitted and run on its own, one BatchRsp for all. One that
 would take the serving loop's burst past ``MOST`` operations (PostgreSQL:
@@ -92,7 +101,7 @@ import trio
 from ..common import protocol as P
 from ..common import security
 from ..common.errors import ErrorCode, StripefsError
-from . import applied_ops
+from . import applied_ops, metrics
 from .namespace_bulk import ManyNotHere
 from .snapshots import CopyOutNeeded
 
@@ -150,7 +159,7 @@ class Burst:
 
     def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
                  redo=None, defer: Callable[[P.Msg], bool] = lambda body: False, create_many=None,
-                 unlink_many=None) -> None:
+                 unlink_many=None, commits_run: Callable[[], bool] | None = None) -> None:
         self.txn = txn  # daemon/txn.py SqliteTxn or PgTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
@@ -162,6 +171,8 @@ class Burst:
         self.defer = defer  # an admitted request left to its handler's task (a lookup that recalls its directory)
         self.create_many = create_many  # (CreateReqs of one directory) -> each one's result or StripefsError (``_many``)
         self.unlink_many = unlink_many  # (parent, names, log_changes) -> each one's change or StripefsError (``_unlinks``)
+        self.commits_run = commits_run  # () -> whether commits may run as one savepoint now (``_commits``; no quota)
+        self.commit_runs = 0  # runs of commits done in one savepoint (figures for tests and the bench)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
 
@@ -277,6 +288,9 @@ class Burst:
             unit.many = (body.parent, unit.once.client_id if unit.once is not None else None, peer)
         elif type(body) is P.UnlinkReq and unit.op is not None and self.unlink_many is not None and not self.txn.shared:
             unit.many = ("unlink", body.parent, unit.once.client_id if unit.once is not None else None, peer)
+        elif (type(body) is P.CommitReq and unit.op is not None and self.commits_run is not None and not self.txn.shared
+              and self.commits_run()):
+            unit.many = ("commit", unit.once.client_id if unit.once is not None else None, peer)
 
     def _unit(self, body: P.Msg, peer: str | None) -> _Unit:
         """The admitted ``body`` as a unit (a OnceReq: its body, under its bound key, as handle_once)."""
@@ -374,6 +388,8 @@ class Burst:
         whole, and they run one by one (``_one``). A run of unlinks: ``_unlinks``."""
         if type(units[0].body) is P.UnlinkReq:
             return self._unlinks(units)
+        if type(units[0].body) is P.CommitReq:
+            return self._commits(units)
         first = units[0]
         parent = first.body.parent
         with _one_client(units):
@@ -485,6 +501,59 @@ class Burst:
                 made.append(unit)
         if once is not None and made:
             applied_ops.record_many(store, [(u.once, u.result) for u in made])
+        return made
+
+    def _commits(self, units: list[_Unit]) -> bool:
+        """A run of commits of one client (and key) (``_runs``: a BatchReq's items, most often the
+        files of one directory a ``cp -r`` wrote) in ONE savepoint: each commit is the operation it
+        is alone (``FileData.commit``: its checks, quota, garbage, inode update), run in order, and
+        keeps its own change (its own number and event, settled on its own, the rows written at
+        once after the last: ``Txn.log_many_in_run``); the run shares the savepoint and one look-up
+        and one insert of its OnceReq records. Any error of a commit (a refusal, a snapshot's
+        copy-out, a constraint) undoes the run, and the commits run one by one (``_one``), each
+        with its own outcome, so a refused commit fails alone and is answered in order. Not under
+        a directory quota (``commits_run``: each commit charged on its own, as unlinks). SQLite only."""
+        with _one_client(units):
+            try:
+                made, batch = self.txn.write_locked(self._run_commits, units, wake=False)
+            except self.txn.reruns:
+                raise
+            except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
+                if not isinstance(exc, (ManyNotHere, StripefsError)):
+                    log.debug("commits one by one: %r", exc)
+                for unit in units:
+                    unit.result, unit.error, unit.logged, unit.seq = None, None, None, 0
+                return any([self._one(unit) for unit in units])
+        for unit in units:
+            unit.batch = batch
+        if made:  # the savepoint held: its numbers are given out for good
+            self.txn.note_logged(made[-1].seq)
+        self.commit_runs += 1
+        metrics.COMMIT_RUNS.inc()
+        metrics.COMMITS_IN_RUNS.inc(len(units))
+        return True
+
+    def _run_commits(self, units: list[_Unit]) -> list[_Unit]:
+        """``_commits``' operation, in its savepoint: the units committed now (OnceReqs applied
+        before are answered from their records, as ``applied_ops.run_once`` answers them)."""
+        if self.commits_run is None or not self.commits_run():
+            raise ManyNotHere("commits under a directory quota are charged one by one")
+        store = self.txn.store
+        once = units[0].once
+        done = applied_ops.recorded(store, once.client_id, [u.once.op_id for u in units]) if once is not None else {}
+        made = []
+        for unit in units:
+            unit.error, unit.logged, unit.seq, unit.attrs = None, None, 0, []
+            if done and unit.once.op_id in done:
+                unit.result = done[unit.once.op_id]
+                continue
+            unit.result = unit.op.fn()  # an error: raised, the run undone (``_commits``)
+            made.append(unit)
+        if made:
+            for unit, logged in zip(made, self.txn.log_many_in_run([unit.op.change for unit in made])):
+                unit.logged, unit.seq = logged, logged[0]
+            if once is not None:
+                applied_ops.record_many(store, [(u.once, u.result) for u in made])
         return made
 
     def _one(self, unit: _Unit) -> bool:

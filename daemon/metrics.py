@@ -54,6 +54,8 @@ REPAIR_COPIED = Gauge("stripefs_repair_copied_bytes", "Bytes copied by repair, d
 TIER_OBJECTS = Counter(
     "stripefs_tier_objects", "Chunk objects moved to a tier (migrated), back from one (recalled), or deleted there", ["direction"]
 )
+COMMIT_RUNS = Counter("stripefs_commit_runs", "Runs of a BatchReq's commits done in one savepoint (daemon/burst.py _commits)")
+COMMITS_IN_RUNS = Counter("stripefs_commits_in_runs", "Commits done in such runs (those answered from their OnceReq records too)")
 TIER_BYTES = Counter("stripefs_tier_bytes", "Bytes moved to a tier (migrated) and back from one (recalled)", ["direction"])
 TIER_RECALL_SECONDS = Histogram(
     "stripefs_tier_recall_seconds", "How long bringing one chunk back from its tier took (a reader waits that long)",
