@@ -172,6 +172,8 @@ class ChunkCache:
             pending = self._inflight.get(key)
             if pending is None:
                 break
+            if key in self._batch:
+                metrics.PREFETCH_RACE.labels("waited").inc()
             waited = time.perf_counter()
             await pending.wait()
             metrics.network_wait(time.perf_counter() - waited)
@@ -199,22 +201,32 @@ class ChunkCache:
     # -- the prefetcher's batches (client/prefetch.py, DataPath._fetch_from)
 
     def claim(self, keys) -> list[Key]:
-        """(trio thread) Note the loads of a prefetcher's batch, sent outside ``fetch``; returns those noted
-        (not held and not loading already)."""
+        """(trio thread) Register the loads of a prefetcher's batch (one ReadChunksReq, sent outside
+        ``fetch``) as loads in flight, so that a READ of one of its chunks meanwhile waits for the
+        batch's bytes (``fetch``; the thread path sees ``loading`` and hands the READ to trio) rather
+        than loading the chunk again from a node, which the push after would copy once more. Returns
+        the keys registered (not held and not loading already); each must be ``settle``d."""
         claimed = []
         with self._lock:
             for key in keys:
-                if key not in self._entries and key not in self._inflight and key not in self._batch:
+                if key not in self._entries and key not in self._inflight:
+                    self._inflight[key] = trio.Event()
                     self._batch.add(key)
                     claimed.append(key)
         return claimed
 
     def settle(self, key: Key, data) -> None:
-        """(trio thread) A claimed load ended: ``data`` stored (None: it failed)."""
+        """(trio thread) A claimed load ended: ``data`` stored (None: it failed, or was cancelled) unless
+        the chunk changed meanwhile (``drop_inode``: a stale version never serves), and the READs
+        waiting for it woken: they find the bytes, or load the chunk themselves."""
         with self._lock:
             self._batch.discard(key)
-            if data is not None:
+            done = self._inflight.pop(key)
+            stale = key in self._stale_loads
+            self._stale_loads.discard(key)
+            if data is not None and not stale:
                 self._put(key, data)
+        done.set()
 
     # -- read-ahead accounting (client.metrics): was a prefetched chunk ever read? --
 
