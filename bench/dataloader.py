@@ -194,9 +194,28 @@ def mount_counters(url: str | None) -> dict[str, float]:
             key = "fuse:" + line.split('opcode="', 1)[1].split('"', 1)[0]
         elif line.startswith("stripefs_rpc_seconds_count{"):
             key = "rpc:" + line.split('type="', 1)[1].split('"', 1)[0]
+        elif line.startswith("stripefs_prefetch_race_total{"):  # READs of a chunk a prefetch batch was fetching
+            key = "race:" + line.split('outcome="', 1)[1].split('"', 1)[0]
         else:
             continue
         out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def node_counters(urls: list[str]) -> dict[str, float]:
+    """Requests the storage nodes handled, by message type ("node:ReadChunksReq"), summed over
+    ``urls`` (their Prometheus endpoints)."""
+    out: dict[str, float] = {}
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as rsp:
+                text = rsp.read().decode(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("stripefs_requests_seconds_count{") and 'type="' in line:
+                key = "node:" + line.split('type="', 1)[1].split('"', 1)[0]
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -322,7 +341,8 @@ class Bench:
         """Time fn(); it returns (figures, check): check() runs after the timing."""
         self.set_phase(f"{side} [{self.mode}]: {label}")
         url = self.cluster.metrics.get("mount") if side == "stripefs" else None
-        before_ops = mount_counters(url)
+        node_urls = [u for n, u in self.cluster.metrics.items() if n.startswith("storage")] if side == "stripefs" else []
+        before_ops = {**mount_counters(url), **node_counters(node_urls)}
         before_p = self.cluster.cpu()  # on the local side: what the idle cluster burns meanwhile (not counted)
         before_x = self.cluster.switches()
         before_f = self.cluster.faults()
@@ -342,7 +362,7 @@ class Bench:
         after_p = self.cluster.cpu()
         after_x = self.cluster.switches()
         after_f = self.cluster.faults()
-        after_ops = mount_counters(url)
+        after_ops = {**mount_counters(url), **node_counters(node_urls)}
         try:
             check()  # what the epoch saw: outside the timing
         except ValueError as exc:  # run_epoch's verdict on the data
@@ -803,7 +823,11 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
                             if k.startswith("fuse:") and v / n >= 0.01)
             rpc = " ".join(f"{k[4:]} {v / n:.2f}" for k, v in sorted(s["mount_requests"].items(), key=lambda kv: -kv[1])
                            if k.startswith("rpc:") and v / n >= 0.01)
-            lines.append(f"  {label:40s} {fuse or '-'} | {rpc or '-'}")
+            race = " ".join(f"{k[5:]} {v / n:.3f}" for k, v in sorted(s["mount_requests"].items()) if k.startswith("race:"))
+            node = " ".join(f"{k[5:]} {v / n:.2f}" for k, v in sorted(s["mount_requests"].items(), key=lambda kv: -kv[1])
+                            if k.startswith("node:") and v / n >= 0.01)
+            lines.append(f"  {label:40s} {fuse or '-'} | {rpc or '-'}" + (f" | nodes handled: {node}" if node else "")
+                         + (f" | prefetch race: {race}" if race else ""))
     for group, sides in bench.scan.items():
         if "stripefs" in sides and "local" in sides:
             lines.append(f"tree scan before the cold {group} epoch ({sides['stripefs']['files']:,} files, "

@@ -48,6 +48,7 @@ class ChunkCache:
         self._inflight: dict[Key, trio.Event] = {}
         self._prefetched: set[Key] = set()  # prefetched, not read yet
         self._stale_loads: set[Key] = set()  # in flight across a drop_inode: not to be stored
+        self._batch: set[Key] = set()  # loads of the prefetcher's batches in flight (claim / settle)
         self._by_ino: dict[int, set[Key]] = {}  # the cached keys of each inode (drop_inode without a scan)
         self._lock = threading.Lock()  # trio's thread and the cold-read workers (module docstring)
 
@@ -62,6 +63,10 @@ class ChunkCache:
     def loading(self, key: Key) -> bool:
         """(any thread) A load of ``key`` is in flight."""
         return key in self._inflight
+
+    def prefetching(self, key: Key) -> bool:
+        """(any thread) The prefetcher's batch is fetching ``key`` now (metrics.PREFETCH_RACE)."""
+        return key in self._batch
 
     def keep(self, key: Key, data: bytes, *, ahead: bool = False) -> bool:
         """(any thread) Store a chunk loaded outside ``fetch`` (client/thread_reads.py), unless it is
@@ -167,10 +172,14 @@ class ChunkCache:
             pending = self._inflight.get(key)
             if pending is None:
                 break
+            if key in self._batch:
+                metrics.PREFETCH_RACE.labels("waited").inc()
             waited = time.perf_counter()
             await pending.wait()
             metrics.network_wait(time.perf_counter() - waited)
         metrics.CACHE_MISSES.inc()
+        if key in self._batch:
+            metrics.PREFETCH_RACE.labels("loaded_again").inc()
         done = self._inflight[key] = trio.Event()
         waited = time.perf_counter()
         try:
@@ -188,6 +197,36 @@ class ChunkCache:
             del self._inflight[key]
             self._stale_loads.discard(key)
             done.set()
+
+    # -- the prefetcher's batches (client/prefetch.py, DataPath._fetch_from)
+
+    def claim(self, keys) -> list[Key]:
+        """(trio thread) Register the loads of a prefetcher's batch (one ReadChunksReq, sent outside
+        ``fetch``) as loads in flight, so that a READ of one of its chunks meanwhile waits for the
+        batch's bytes (``fetch``; the thread path sees ``loading`` and hands the READ to trio) rather
+        than loading the chunk again from a node, which the push after would copy once more. Returns
+        the keys registered (not held and not loading already); each must be ``settle``d."""
+        claimed = []
+        with self._lock:
+            for key in keys:
+                if key not in self._entries and key not in self._inflight:
+                    self._inflight[key] = trio.Event()
+                    self._batch.add(key)
+                    claimed.append(key)
+        return claimed
+
+    def settle(self, key: Key, data) -> None:
+        """(trio thread) A claimed load ended: ``data`` stored (None: it failed, or was cancelled) unless
+        the chunk changed meanwhile (``drop_inode``: a stale version never serves), and the READs
+        waiting for it woken: they find the bytes, or load the chunk themselves."""
+        with self._lock:
+            self._batch.discard(key)
+            done = self._inflight.pop(key)
+            stale = key in self._stale_loads
+            self._stale_loads.discard(key)
+            if data is not None and not stale:
+                self._put(key, data)
+        done.set()
 
     # -- read-ahead accounting (client.metrics): was a prefetched chunk ever read? --
 

@@ -173,6 +173,13 @@ EC_FRAGMENTS_UNCHANGED = Counter(
     "Data fragments of a whole-stripe write (read-modify-write, a truncate's cut, a rewrite of a held stripe) "
     "whose bytes the write did not change: left at their version (ChunkRef fversions), not sent",
 )
+PREFETCH_RACE = Counter(
+    "stripefs_prefetch_race_total",
+    "READs of a chunk the prefetcher's batch (a ReadChunksReq, client/prefetch.py) was fetching at the time: "
+    "loaded_again (the READ sent a load of its own to a node), waited (it waited for the batch's bytes, "
+    "ChunkCache.claim)",
+    ["outcome"],
+)
 READAHEAD = Counter(
     "stripefs_readahead_chunks_total",
     "Chunks prefetched (fetched), later read (used), or evicted or dropped unread (wasted)",

@@ -7,7 +7,9 @@ of the readers, a few at a time, for all DataLoader workers at once:
 
 1. resolve a batch of paths with one ``LookupPathsReq`` (no per-file lookups);
 2. read each file whole: small replicated files 16 at a time from one node in
-   one ``ReadChunksReq`` (``DataPath.fetch`` with a node: into the chunk cache),
+   one ``ReadChunksReq`` (``DataPath.fetch`` with a node: into the chunk cache;
+   its loads registered there as in flight, ``ChunkCache.claim``, so a READ of one
+   of its files meanwhile waits for the batch rather than loading it again),
    anything else, and any read of a batch that fails, through ``DataPath.read``
    (replica failover, every layout); ``parallel`` requests in flight;
 3. push the bytes into the kernel's page cache (``notify_store``, client/fuse_backend.py) when

@@ -226,14 +226,21 @@ class DataPath:
 
     async def _fetch_from(self, node: int, wants: list[Fetch]) -> list[bytes | memoryview | StripefsError]:
         reads = [p.ReadChunkReq(chunk=p.ChunkId(p.data_ino(w.ino, w.ref), 0, replica_part(w.ref.version)), min_version=w.ref.version, offset=0, length=w.length) for w in wants]
+        keys = [(w.ino, 0, w.ref.version) for w in wants]
+        claimed = set(self.cache.claim(keys))
+        results: list = [None] * len(wants)
         try:
             results = await self.nodes.read_many(node, reads)
         except StripefsError as exc:
             log.debug("fetch of %d chunks from node %d failed: %s", len(wants), node, exc)
-            return [exc] * len(wants)
-        for want, result in zip(wants, results):
-            if not isinstance(result, StripefsError):
-                self.cache.put((want.ino, 0, want.ref.version), result)
+            results = [exc] * len(wants)
+        finally:
+            for key, result in zip(keys, results):
+                data = None if result is None or isinstance(result, StripefsError) else result
+                if key in claimed:
+                    self.cache.settle(key, data)
+                elif data is not None:
+                    self.cache.put(key, data)
         return results
 
     async def _read_exact(self, ino: int, ref: p.ChunkRef, length: int) -> memoryview:

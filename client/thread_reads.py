@@ -248,6 +248,8 @@ class ThreadReads:
         made = request()
         if made is None:
             return False
+        if self.cache.prefetching(key):
+            metrics.PREFETCH_RACE.labels("loaded_again").inc()
         load = Load(key, made, order)
         load.waiters.append(waiter)
         with self._lock:
