@@ -82,17 +82,22 @@ def drop_caches() -> bool:
         return False
 
 
-def proc_cpu(pid: int) -> float | None:
-    """utime+stime+cutime+cstime of pid in seconds, None if it is gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (fields[0] is the state, field 3), or None
+    if the process is gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    if fields[0] == "Z":
-        return None
-    # fields[0] is state (field 3); utime is field 14 -> index 11
-    return sum(int(x) for x in fields[11:15]) / CLK_TCK
+    return None if fields[0] == "Z" else fields
+
+
+def proc_cpu(pid: int) -> float | None:
+    """utime+stime+cutime+cstime of pid in seconds, None if it is gone."""
+    fields = _stat_fields(pid)
+    # utime is field 14 -> index 11
+    return None if fields is None else sum(int(x) for x in fields[11:15]) / CLK_TCK
 
 
 def proc_switches(pid: int) -> int | None:
@@ -114,14 +119,8 @@ def proc_switches(pid: int) -> int | None:
 def proc_faults(pid: int) -> int | None:
     """Page faults (minor and major) of every thread of process ``pid`` so far (/proc/PID/stat), or
     None if it is gone: each fresh page a received message or a new buffer lands in costs one."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    if fields[0] == "Z":
-        return None
-    return int(fields[7]) + int(fields[9])  # minflt (field 10), majflt (field 12)
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[7]) + int(fields[9])  # minflt (field 10), majflt (field 12)
 
 
 def self_cpu() -> float:

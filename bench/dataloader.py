@@ -784,24 +784,17 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
         stor = sum(v for k, v in by.items() if k.startswith("storage"))
         lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {s['cpu_bench_s']:13.2f} {by.get('mount', 0):7.2f} "
                      f"{by.get('meta', 0):7.2f} {stor:8.2f}   ({res['local'].get('cpu_idle_cluster_s', 0):.2f})")
-    lines.append(f"stripefs context switches per sample, by process (every thread): {'mount':>7s} {'meta':>7s} {'storage':>8s}")
-    for key, res in bench.results.items():
-        if "na" in res or not res["stripefs"].get("samples"):
-            continue
-        s = res["stripefs"]
-        sw, n = s.get("switches_by_process", {}), s["samples"]
-        stor = sum(v for k, v in sw.items() if k.startswith("storage"))
-        lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {'':25s}{sw.get('mount', 0) / n:7.1f} "
-                     f"{sw.get('meta', 0) / n:7.1f} {stor / n:8.1f}")
-    lines.append(f"stripefs page faults per sample, by process (every thread):       {'mount':>7s} {'meta':>7s} {'storage':>8s}")
-    for key, res in bench.results.items():
-        if "na" in res or not res["stripefs"].get("samples"):
-            continue
-        s = res["stripefs"]
-        pf, n = s.get("faults_by_process", {}), s["samples"]
-        stor = sum(v for k, v in pf.items() if k.startswith("storage"))
-        lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {'':25s}{pf.get('mount', 0) / n:7.1f} "
-                     f"{pf.get('meta', 0) / n:7.1f} {stor / n:8.1f}")
+    for title, field in (("context switches", "switches_by_process"), ("page faults", "faults_by_process")):
+        lines.append(f"{'stripefs ' + title + ' per sample, by process (every thread):':65s}"
+                     f"{'mount':>7s} {'meta':>7s} {'storage':>8s}")
+        for key, res in bench.results.items():
+            if "na" in res or not res["stripefs"].get("samples"):
+                continue
+            s = res["stripefs"]
+            by, n = s.get(field, {}), s["samples"]
+            stor = sum(v for k, v in by.items() if k.startswith("storage"))
+            lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {'':25s}{by.get('mount', 0) / n:7.1f} "
+                         f"{by.get('meta', 0) / n:7.1f} {stor / n:8.1f}")
     if any(k.startswith("prefetch_cold@") and "na" not in r for k, r in bench.results.items()):
         how = ("plain reads through the mount (page cache)" if not bench.read_file_used
                else "stripefs.torch.read_file(shm=True) (shared memory, falls back to the mount)" if SHM
