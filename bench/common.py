@@ -252,18 +252,17 @@ class Cluster:
     def switches(self) -> dict[str, int]:
         """Context switches (voluntary and not) of every thread of each process so far: each is a
         thread hop or a wait, what a chain of per-file latencies is made of (processes gone: left out)."""
-        out = {}
-        for name, pid in self.pids.items():
-            n = proc_switches(pid)
-            if n is not None:
-                out[name] = n
-        return out
+        return self._alive(proc_switches)
 
     def faults(self) -> dict[str, int]:
         """Page faults of each process so far (processes gone: left out)."""
+        return self._alive(proc_faults)
+
+    def _alive(self, read) -> dict[str, int]:
+        """``read(pid)`` of each process, those still there (``read`` returns None for one gone)."""
         out = {}
         for name, pid in self.pids.items():
-            n = proc_faults(pid)
+            n = read(pid)
             if n is not None:
                 out[name] = n
         return out
