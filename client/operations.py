@@ -962,6 +962,21 @@ class Operations:
             if self.prefetcher is not None and self.prefetcher.shm is not None:
                 self.prefetcher.shm.forget(ino)
 
+    def _attrs_changed_here(self, *inodes: int) -> None:
+        """A change the daemon answered changed these inodes' own attributes (a rename's ctime, a
+        replaced file's links): what this mount holds of them is dropped at its reply,
+        not at its change event, which may come later (the next GETATTR asks the daemon). Their
+        grants stay until that event, as for any change of this mount's own (``_changed_elsewhere``
+        drops the rest then). A clean-clone CI run caught the writer's own stat of a file renamed
+        over another answering the ctime from before the rename, the event not in yet."""
+        with self.lock:
+            for ino in inodes:
+                if ino:
+                    self._held_info.pop(ino, None)
+                    self._open_info.pop(ino, None)
+                    self._attr_bytes.pop(ino, None)
+                    self._entry_bytes.pop(ino, None)
+
     def _keep_dataset_info(self, rsp: p.OpenRsp) -> None:
         self._dataset_info[rsp.attr.ino] = rsp
         self._dataset_info.move_to_end(rsp.attr.ino)
@@ -1274,6 +1289,7 @@ class Operations:
         moved = (self.kcache.lookup_known(parent_inode_old, name_old) or 0, self.kcache.lookup_known(parent_inode_new, name_new) or 0)
         request = p.RenameReq(parent_old=parent_inode_old, name_old=name_old, parent_new=parent_inode_new, name_new=name_new, flags=flags)
         await self._change(request, (parent_inode_old, parent_inode_new, *moved))
+        self._attrs_changed_here(*moved)
         exchange = flags & RENAME_EXCHANGE_FLAG  # an exchange keeps both names
         if exchange:  # (each name now names the other inode)
             self.listings.drop(parent_inode_old)

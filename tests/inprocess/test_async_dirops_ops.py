@@ -291,6 +291,34 @@ async def test_a_rename_onto_an_existing_name_or_of_a_directory_asks_the_daemon(
     await in_held_directory(mine, body)
 
 
+async def test_a_rename_the_daemon_answered_is_seen_by_the_writers_next_stat_before_its_event(mine, rig, monkeypatch):
+    """A rename over an existing name goes to the daemon; the writer's next stat of the moved file
+    gives the daemon's new ctime even while the rename's own event has not come back on the feed
+    (held back here). A clean-clone CI run caught the writer's stat answering the ctime from
+    before the rename from what it held, the event not in yet."""
+    async def body(d):
+        moved, _ = await _files(mine, d, b"f2", b"moved")
+        before = await mine.getattr(moved)
+        assert mine.ops._held_long(moved) is not None  # held: a stat is answered here
+        kcache = mine.ops.kcache
+        held_back = []
+        kcache.apply = lambda *event: held_back.append((type(kcache).apply, event))
+        kcache.apply_own = lambda *events: held_back.append((type(kcache).apply_own, events))
+        try:
+            await mine.rename(d, b"f2", d, b"moved")
+            mine_now = await mine.getattr(moved)
+        finally:
+            del kcache.apply, kcache.apply_own
+            for apply, event in held_back:
+                apply(kcache, *event)
+        async with open_fs(rig, Kernel(monkeypatch), "other") as other:
+            daemons = await other.getattr(moved)
+        assert daemons.ctime_ns > before.ctime_ns
+        assert mine_now.ctime_ns == daemons.ctime_ns
+
+    await in_held_directory(mine, body)
+
+
 async def test_a_rename_refused_after_the_answer_drops_both_names_and_fails_the_next_operation_once(mine, rig, monkeypatch):
     """A quota on the target directory the mount does not know of: the daemon refuses the move after
     the kernel was answered (the CephFS rule, as for a create)."""
