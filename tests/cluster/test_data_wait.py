@@ -46,7 +46,10 @@ if __name__ == "__main__":
     paths = sorted(os.path.join(root, n) for n in os.listdir(root))
     figures = DataWait()
     with Pool(2) as pool:
-        for batch in watch(batches(pool, paths, per_batch, epochs), root, name="fake-train", figures=figures):
+        # reports 4 times a second, not once: the I/O-bound run lasts ~1.5 s, and top (every 0.5 s) once saw
+        # only its first report (no step yet) and its last (the job gone): a frame between them was missed
+        for batch in watch(batches(pool, paths, per_batch, epochs), root, name="fake-train", figures=figures,
+                           report_every=0.25):
             time.sleep(step_s)  # the step's compute
     print(json.dumps({"steps": figures.steps, "wait_s": figures.wait_s, "compute_s": figures.compute_s}))
 '''

@@ -206,18 +206,26 @@ def test_a_warm_file_of_a_no_open_default_mount_costs_no_request(cluster, mnt):
         with caches_kept():
             _read(path)
             _read(path)
-            before = _requests_at(theirs)
-            for _ in range(3):
-                with open(path, "rb", buffering=0) as f:
-                    assert f.read() == data
-            after = _requests_at(theirs)
+            rounds = []
+            for _ in range(3):  # (ci70: the first round once sent a GETATTR. The writer's own commit, made
+                # when the main mount's read recalled it, comes back on the feed and has the kernel drop
+                # the inode's attributes; on a loaded machine that event can land after the two reads
+                # above. Once applied, a round sends nothing)
+                before = _requests_at(theirs)
+                for _ in range(3):
+                    with open(path, "rb", buffering=0) as f:
+                        assert f.read() == data
+                after = _requests_at(theirs)
+                rounds.append(_sent(before, after))
+                if not rounds[-1]:
+                    break
             handled = _requests_at(theirs, name="stripefs_fuse_ops_total", label="op")
             for _ in range(3):
                 assert _read(path) == data  # buffered
             buffered = _requests_at(theirs)
             handled_buffered = _requests_at(theirs, name="stripefs_fuse_ops_total", label="op")
-        print("unbuffered, 3 warm reads:", _sent(before, after), "buffered:", _sent(after, buffered))
-        assert _sent(before, after) == {}
+        print("unbuffered, rounds of 3 warm reads:", rounds, "buffered:", _sent(after, buffered))
+        assert rounds[-1] == {} and all(set(r) <= {"getattr"} for r in rounds), rounds
         assert _sent(after, buffered) == {"ioctl": 3}
         # declined for good at the first that finds the feed followed (one before it may commit as before)
         assert buffered.get("flush", 0) <= 2, buffered
