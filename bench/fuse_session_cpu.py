@@ -289,7 +289,7 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
     # LOOKUP (the new name), CREATE and the directory's GETATTR (default_permissions, after
     # fuse_dir_changed; closes send nothing); a mkdir LOOKUP, MKDIR, GETATTR; an unlink UNLINK,
     # GETATTR, FORGET. Numbers delegated, the batch never sent. Served as the reader thread's loop
-    # does (session.py ``_serve``): a GETATTR the lane answers takes no request object. CPU of this
+    # does (session.py ``_serve``): a GETATTR or LOOKUP a lane answers takes no request object. CPU of this
     # thread (``time.thread_time``), not wall time: the figure load moves least.
     ops = Operations(SimpleNamespace(writer=0, session_id=1, callbacks=True), SimpleNamespace(nodes=SimpleNamespace(learn=lambda n: None)),
                      attr_timeout=1.0, entry_timeout=1.0, cache_timeout=30.0, per_open_handles=False)  # the default mount
@@ -322,11 +322,18 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
     create_in = abi.FUSE_CREATE_IN.pack(os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o100644, 0o022, 0)
     mkdir_in = abi.FUSE_MKDIR_IN.pack(0o755, 0o022)
 
+    lookup2 = getattr(session2.handler, "lane_lookup", None)  # (a session without it: the ordinary way)
+
     def serve(buf: bytearray) -> None:
         n = len(buf)
         if n == session_mod._GETATTR_SIZE:
             _, opcode, unique, nodeid = lane_head(buf)
             if opcode == abi.Opcode.GETATTR and session2._lane(lane2, lane2_lock, out_head, unique, nodeid):
+                return
+        elif lookup2 is not None and buf[4] == abi.Opcode.LOOKUP:
+            _, opcode, unique, nodeid = lane_head(buf)
+            nul = buf.find(0, head.size, n)
+            if session2._lane_lookup(lookup2, lane2_lock, out_head, unique, nodeid, bytes(buf[head.size:nul])):
                 return
         handle2(parse(buf, n, ctx))
 

@@ -426,3 +426,36 @@ def test_the_getattr_lane_answers_only_what_fast_getattr_answers_from_held_bytes
     assert struct.unpack_from("<Q", body, 16 + 32)[0] == 7 and struct.unpack_from("<I", body, 16 + 64)[0] == 3  # mtime s, nlink
     ops.kcache.healthy = False  # the feed broke: nothing held is known true
     assert bridge.lane_getattr(9) is None and bridge.fast_getattr(getattr_) is MISS
+
+
+def test_the_lookup_lane_answers_what_fast_lookup_answers_from_memory():
+    """The session's LOOKUP lane (lane_lookup): a new name in a directory the mount holds whole is
+    ENOENT (a create's or mkdir's LOOKUP of its name: answered without the daemon, as fast_lookup
+    does), a name held long its entry's bytes, anything else None (the ordinary way: the daemon is
+    asked). Counted as fast_lookup's answers are, the errno among them."""
+    from types import SimpleNamespace
+
+    from stripefs.client import metrics as client_metrics
+    from stripefs.client.operations import Operations
+    from stripefs.common import protocol as P
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0)
+    ops.kcache.healthy = True
+    bridge = OperationsBridge(ops, None, None)
+    assert bridge.lane_lookup(4, b"new") is None  # the directory is not held: asked
+    ops.kcache.granted_dir(4, 1)
+    ops._names_complete[4] = {b"old"}
+    counted, errs = client_metrics.fast("lookup")[0], client_metrics._fast_errnos.get(("lookup", errno.ENOENT), [0])[0]
+    assert bridge.lane_lookup(4, b"new") == errno.ENOENT == bridge.fast_lookup(parse(Opcode.LOOKUP, b"new\0", nodeid=4))
+    assert client_metrics.fast("lookup")[0] == counted + 2
+    assert client_metrics._fast_errnos[("lookup", errno.ENOENT)][0] == errs + 2
+    assert bridge.lane_lookup(4, b"old") is None  # there, not held long: asked
+    attr = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=10, atime_ns=1, mtime_ns=2,
+                  ctime_ns=3)
+    ops._keep_held(9, attr)
+    ops.kcache.remember(4, b"old", 9)
+    body = bridge.lane_lookup(4, b"old")
+    assert body == bridge.fast_lookup(parse(Opcode.LOOKUP, b"old\0", nodeid=4)) and struct.unpack_from("<Q", body)[0] == 9
+    ops.kcache.healthy = False  # the feed broke: nothing held is known true
+    assert bridge.lane_lookup(4, b"new") is None and bridge.lane_lookup(4, b"old") is None
