@@ -1107,7 +1107,7 @@ class Operations:
         warm sample still sends on the default mount"); and ``_fast_getattr``'s second answer, the
         attributes a change of a directory left (``dir_attrs``): the GETATTR the kernel sends of
         a directory after every create, mkdir or unlink in it (default_permissions, after
-        fuse_dir_changed; docs/design.md, "Eighth round"), encoded here each time (every change
+        fuse_dir_changed; docs/design.md, "Tenth round"), encoded here each time (every change
         made here replaces them)."""
         d = self.dirops
         if not self.kcache.healthy or (d is not None and d.failed):
