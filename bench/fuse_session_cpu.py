@@ -284,14 +284,20 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
             handle(parse(release, nr, ctx))
         return (time.perf_counter() - t) / requests * 1e6
 
-    # an empty file created in a directory the mount holds whole (client/async_dirops.py), as the
-    # kernel asks it: LOOKUP (the new name), CREATE, FLUSH (the close), GETATTR of the directory
-    # (default_permissions, after fuse_dir_changed); numbers delegated, the batch never sent
+    # namespace changes in a directory the mount holds whole (client/async_dirops.py), as the kernel
+    # asks them (bench/dirops_probe.py counts them through a real mount): an empty file's create is
+    # LOOKUP (the new name), CREATE and the directory's GETATTR (default_permissions, after
+    # fuse_dir_changed; closes send nothing); a mkdir LOOKUP, MKDIR, GETATTR; an unlink UNLINK,
+    # GETATTR, FORGET. Numbers delegated, the batch never sent. Served as the reader thread's loop
+    # does (session.py ``_serve``): a GETATTR or LOOKUP a lane answers takes no request object. CPU of this
+    # thread (``time.thread_time``), not wall time: the figure load moves least.
     ops = Operations(SimpleNamespace(writer=0, session_id=1, callbacks=True), SimpleNamespace(nodes=SimpleNamespace(learn=lambda n: None)),
                      attr_timeout=1.0, entry_timeout=1.0, cache_timeout=30.0, per_open_handles=False)  # the default mount
     ops.kcache.healthy = True
     dev2 = Kept()
-    handle2 = Session(dev2, Dispatcher(OperationsBridge(ops, None, None)), Options(switch_interval=None))._handle
+    session2 = Session(dev2, Dispatcher(OperationsBridge(ops, None, None)), Options(switch_interval=None))
+    handle2 = session2._handle
+    lane2, lane2_lock = session2.handler.lane_getattr, session2.handler.lane_lock
     d = 5
     dattr = p.Attr(ino=d, mode=stat.S_IFDIR | 0o755, nlink=2, uid=0, gid=0, rdev=0, size=0, atime_ns=1, mtime_ns=2,
                    ctime_ns=3)
@@ -307,27 +313,55 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
         dirops._ranges = [(1 << 20, 1 << 62)]
         dirops._queue.clear(), dirops._unanswered.clear(), dirops._inos.clear(), dirops._dirs.clear()
 
-    def create_in(name: bytes) -> tuple[bytearray, bytearray]:
-        lookup = bytearray(head.pack(head.size + len(name) + 1, abi.Opcode.LOOKUP, 7, d, 0, 0, 1, 0, 0) + name + b"\0")
-        args = abi.FUSE_CREATE_IN.pack(os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o100644, 0o022, 0) + name + b"\0"
-        create = bytearray(head.pack(head.size + len(args), abi.Opcode.CREATE, 7, d, 0, 0, 1, 0, 0) + args)
-        return lookup, create
+    def named(opcode: int, fixed: bytes, name: bytes) -> bytearray:
+        args = fixed + name + b"\0"
+        return bytearray(head.pack(head.size + len(args), opcode, 7, d, 0, 0, 1, 0, 0) + args)
 
-    flush = bytearray(head.pack(head.size + abi.FUSE_FLUSH_IN.size, abi.Opcode.FLUSH, 7, 0, 0, 0, 1, 0, 0) + bytes(24))
     dir_getattr = request(abi.Opcode.GETATTR, bytes(16))
     struct.pack_into("<Q", dir_getattr, 8 + 8, d)  # its nodeid
+    create_in = abi.FUSE_CREATE_IN.pack(os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o100644, 0o022, 0)
+    mkdir_in = abi.FUSE_MKDIR_IN.pack(0o755, 0o022)
 
-    def creates() -> float:
+    lookup2 = getattr(session2.handler, "lane_lookup", None)  # (a session without it: the ordinary way)
+
+    def serve(buf: bytearray) -> None:
+        n = len(buf)
+        if n == session_mod._GETATTR_SIZE:
+            _, opcode, unique, nodeid = lane_head(buf)
+            if opcode == abi.Opcode.GETATTR and session2._lane(lane2, lane2_lock, out_head, unique, nodeid):
+                return
+        elif lookup2 is not None and buf[4] == abi.Opcode.LOOKUP:
+            _, opcode, unique, nodeid = lane_head(buf)
+            nul = buf.find(0, head.size, n)
+            if session2._lane_lookup(lookup2, lane2_lock, out_head, unique, nodeid, bytes(buf[head.size:nul])):
+                return
+        handle2(parse(buf, n, ctx))
+
+    def forget_of(ino: int) -> bytearray:
+        return bytearray(head.pack(head.size + 8, abi.Opcode.FORGET, 0, ino, 0, 0, 1, 0, 0) + struct.pack("<Q", 1))
+
+    def changes(kind: str) -> float:
+        """us of this thread's CPU per operation of ``kind`` (create, mkdir, unlink of the files created)."""
         hold_dir()
-        made = [create_in(b"f%07d" % next(created)) for _ in range(requests)]
-        nf, ng, t = len(flush), len(dir_getattr), time.perf_counter()
-        for lookup, create in made:
-            handle2(parse(lookup, len(lookup), ctx))
-            handle2(parse(create, len(create), ctx))
-            struct.pack_into("<Q", flush, 8 + 8, struct.unpack_from("<Q", dev2.last[1])[0])  # the new inode
-            handle2(parse(flush, nf, ctx))
-            handle2(parse(dir_getattr, ng, ctx))
-        return (time.perf_counter() - t) / requests * 1e6
+        names = [b"f%07d" % next(created) for _ in range(requests)]
+        if kind == "unlink":
+            for name in names:
+                serve(named(abi.Opcode.LOOKUP, b"", name))
+                serve(named(abi.Opcode.CREATE, create_in, name))
+            inos = [ops.kcache.lookup_known(d, name) for name in names]
+            made = [(named(abi.Opcode.UNLINK, b"", name), dir_getattr, forget_of(ino)) for name, ino in zip(names, inos)]
+        else:
+            fixed, opcode = (create_in, abi.Opcode.CREATE) if kind == "create" else (mkdir_in, abi.Opcode.MKDIR)
+            made = [(named(abi.Opcode.LOOKUP, b"", name), named(opcode, fixed, name), dir_getattr) for name in names]
+        t = time.thread_time()
+        for bufs in made:
+            for buf in bufs:
+                serve(buf)
+        spent = time.thread_time() - t
+        last = dirops._queue[-1] if dirops._queue else None
+        if last is None or type(last.request).__name__ != {"create": "CreateReq", "mkdir": "MkdirReq"}.get(kind, "UnlinkReq"):
+            raise SystemExit(f"the {kind} was not answered on the reader thread")
+        return spent / requests * 1e6
 
     # a cold index walk's page: READDIRPLUS (128 KiB: the kernel asks max_pages pages) of a directory of 100
     # files the default (no-open) mount holds whole under its callback, its listing kept (client/dir_listings.py),
@@ -363,7 +397,8 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
 
     times: dict[str, list[float]] = {"getattr": [], "getattr (lane)": [], "ioctl (TCGETS)": [],
                                      "readdirplus, 100 held files": [], "  the same after FORGET of each": [], "open + release": [],
-                                     "empty create (4 requests)": []}
+                                     "empty create (LOOKUP CREATE GETATTR), CPU": [],
+                                     "mkdir (LOOKUP MKDIR GETATTR), CPU": [], "unlink (UNLINK GETATTR FORGET), CPU": []}
     for _ in range(runs):
         times["getattr"].append(one(getattr_))
         times["getattr (lane)"].append(lane_one(getattr_))
@@ -371,7 +406,9 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
         times["readdirplus, 100 held files"].append(pages(False))
         times["  the same after FORGET of each"].append(pages(True))
         times["open + release"].append(pair())
-        times["empty create (4 requests)"].append(creates())
+        times["empty create (LOOKUP CREATE GETATTR), CPU"].append(changes("create"))
+        times["mkdir (LOOKUP MKDIR GETATTR), CPU"].append(changes("mkdir"))
+        times["unlink (UNLINK GETATTR FORGET), CPU"].append(changes("unlink"))
     return {kind: (min(t), max(t)) for kind, t in times.items()}
 
 

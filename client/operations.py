@@ -1119,12 +1119,19 @@ class Operations:
         (client/fuse/session.py): ``_fast_getattr``'s first answer, the attributes held long in
         their wire form, or None (every other answer, and a refused create's error, take the
         ordinary way). The warm file's one request on the default mount (docs/design.md, "What a
-        warm sample still sends on the default mount")."""
+        warm sample still sends on the default mount"); and ``_fast_getattr``'s second answer, the
+        attributes a change of a directory left (``dir_attrs``): the GETATTR the kernel sends of
+        a directory after every create, mkdir or unlink in it (default_permissions, after
+        fuse_dir_changed; docs/design.md, "Tenth round"), encoded here each time (every change
+        made here replaces them)."""
         d = self.dirops
         if not self.kcache.healthy or (d is not None and d.failed):
             return None
         attr = self._held_long(inode)
-        return None if attr is None else self._encoded(attr, self._attr_bytes, _attr_out_bytes)
+        if attr is not None:
+            return self._encoded(attr, self._attr_bytes, _attr_out_bytes)
+        known = self.kcache.dir_attrs.get(inode)
+        return None if known is None else encode_attr_out(*self._attr_out(known))
 
     def _written_attr(self, inode: int) -> tuple[Attr, float] | None:
         """(Closes that send nothing) GETATTR's answer for a file written here, its session not

@@ -30,7 +30,7 @@ from ..common.errors import StripefsError
 from . import metrics as client_metrics
 from .fuse import abi, requests as rq
 from .fuse.dispatch import MISS, Opened
-from .fuse.replies import Attr, DirentBuffer, Entry, Failed, FuseError, Statfs
+from .fuse.replies import Attr, DirentBuffer, Encoded, Entry, Failed, FuseError, Statfs
 from .operations import FAST_PATH_MISS
 from .thread_meta import ThreadMeta
 from .thread_reads import ThreadReads, plan_read
@@ -129,6 +129,21 @@ class OperationsBridge:
         if body is not None:
             client_metrics.observe("getattr", time.perf_counter() - started)
         return body
+
+    def lane_lookup(self, nodeid: int, name: bytes) -> bytes | int | None:
+        """The session's LOOKUP lane (client/fuse/session.py): fast_lookup's answer from memory, the
+        entry's bytes or the errno (a new name in a directory held whole: ENOENT), or None,
+        counted as fast_lookup's answers are."""
+        started = time.perf_counter()
+        result = self.ops._fast_lookup(nodeid, name, None)
+        kind = result.__class__
+        if kind is Encoded:
+            client_metrics.observe("lookup", time.perf_counter() - started)
+            return result
+        if kind is Failed:
+            client_metrics.observe("lookup", time.perf_counter() - started, int(result))
+            return int(result)
+        return None
 
     def fast_getxattr(self, req: rq.Getxattr):
         if req.name.startswith(p.JOB_XATTR):

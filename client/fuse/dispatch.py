@@ -56,7 +56,8 @@ comes after the answer reached the kernel or is seen by it.
 ``lane_getattr(nodeid)``, if the file system has it: a GETATTR's whole reply body (bytes) where it
 holds the attributes long, else None; the session calls it on the reader thread from the request's
 header alone, before the request is parsed or dispatched (session.py, "The GETATTR lane"), under
-``fast_lock``. It must be what ``fast_getattr`` would answer, or None.
+``fast_lock``. It must be what ``fast_getattr`` would answer, or None. ``lane_lookup(nodeid, name)`` likewise for LOOKUP: the
+entry's bytes or an errno (``int``) where ``fast_lookup`` would answer them, else None.
 
 ``forget(pairs)`` (``(nodeid, nlookup)`` pairs) and ``destroy()`` are called on the reader thread.
 Each READDIRPLUS entry with a nonzero nodeid counts as one lookup of it, as LOOKUP does.
@@ -243,6 +244,8 @@ class Dispatcher:
         #: wire form or None, run on the reader thread under ``lane_lock``; not for a file system
         #: whose fast paths run on the trio thread
         self.lane_getattr = None if self._fast_in_trio else getattr(fs, "lane_getattr", None)
+        #: the same for LOOKUP: ``fs.lane_lookup(nodeid, name)``, the entry's bytes, an errno or None
+        self.lane_lookup = None if self._fast_in_trio else getattr(fs, "lane_lookup", None)
         self.lane_lock = self._fast_lock
 
     def handle(self, req, reply: Reply) -> None:

@@ -33,7 +33,12 @@ wire form, or None), the reader answers a GETATTR from the header alone, before 
 made of it: no request object, no :class:`~.replies.Reply`, no dispatch; under ``lane_lock`` (the
 dispatcher's fast lock, held around the answer's write as a fast path's is). None: the request
 takes the ordinary way. Server CPU per GETATTR (bench/fuse_session_cpu.py): 5.0 us, the bare
-loop's floor, against 7.3-7.7 us through the dispatcher.
+loop's floor, against 7.3-7.7 us through the dispatcher. The same for LOOKUP when the handler
+offers ``lane_lookup(nodeid, name)``: the entry's bytes, an errno (a positive ``int``: the
+answer is that error), or None; the name is read from the buffer as the parser reads it (up to
+its NUL). A create's or mkdir's LOOKUP of its new name in a directory the mount holds whole is
+answered ENOENT there, so of the three requests of such a create (LOOKUP, CREATE, the
+directory's GETATTR) only CREATE is parsed and dispatched.
 
 Requests in flight are bounded (``max_in_flight``): the reader waits before its next read when
 that many are unanswered, so a burst cannot queue without bound behind a slow cluster. Every
@@ -290,7 +295,9 @@ class Session:
         side = self.side
         lane = getattr(self.handler, "lane_getattr", None)
         lane_lock = getattr(self.handler, "lane_lock", None)
+        lookup_lane = getattr(self.handler, "lane_lookup", None)
         head, out_head, getattr_op, getattr_size = _HEAD_LANE.unpack_from, _OUT_HEAD.pack, Opcode.GETATTR, _GETATTR_SIZE
+        lookup_op, name_at = int(Opcode.LOOKUP), abi.FUSE_IN_HEADER.size
         try:
             if side is not None:
                 side.begin(fd, threading.get_ident())
@@ -311,6 +318,13 @@ class Session:
                 if lane is not None and n == getattr_size:
                     length, opcode, unique, nodeid = head(buf)
                     if opcode == getattr_op and length == n and self._lane(lane, lane_lock, out_head, unique, nodeid):
+                        counts[opcode] += 1
+                        continue
+                elif lookup_lane is not None and buf[4] == lookup_op and n > name_at:
+                    length, opcode, unique, nodeid = head(buf)
+                    nul = buf.find(0, name_at, n)
+                    if (opcode == lookup_op and length == n and nul >= 0
+                            and self._lane_lookup(lookup_lane, lane_lock, out_head, unique, nodeid, bytes(buf[name_at:nul]))):
                         counts[opcode] += 1
                         continue
                 req = parse(buf, n, ctx)
@@ -349,6 +363,31 @@ class Session:
             return True
         except Exception:
             log.exception("the GETATTR lane failed for inode %d: the request takes the ordinary way", nodeid)
+            return False
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _lane_lookup(self, lane, lock, out_head, unique: int, nodeid: int, name: bytes) -> bool:
+        """Answer LOOKUP ``unique`` of ``name`` in ``nodeid`` from ``lane`` (module docstring): its
+        entry's bytes, or the errno it fails with; False: no answer (or it failed), the request
+        takes the ordinary way."""
+        if lock is not None:
+            lock.acquire()
+        try:
+            answer = lane(nodeid, name)
+            if answer is None:
+                return False
+            try:
+                if isinstance(answer, int):
+                    self.device.writev((encode_error(unique, answer),))
+                else:
+                    self.device.writev((out_head(16 + len(answer), 0, unique), answer))
+            except Closed:
+                pass  # the connection is gone: the next read says so
+            return True
+        except Exception:
+            log.exception("the LOOKUP lane failed for %r in inode %d: the request takes the ordinary way", name, nodeid)
             return False
         finally:
             if lock is not None:

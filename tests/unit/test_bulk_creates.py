@@ -163,3 +163,71 @@ async def test_creates_sent_alone_share_one_operation_and_each_waits_for_the_mou
         assert sorted(a.attr.ino for a in answers) == sorted({a.attr.ino for a in answers}) and len(answers) == 2
         assert answers[0].seq == answers[1].seq > 0 and service.callbacks.timeouts == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_creates_and_unlinks_in_directories_in_turn_run_as_one_operation_per_directory(tmp_path, ctx):  # noqa: F811
+    """A BatchReq whose creates (and then unlinks) go to two directories in turn, as a program
+    spreading its files over directories sends them (daemon/burst.py ``_gathered``): one run per
+    directory and stretch, each item answered its own outcome in its place, each directory's own
+    order kept (a create, its unlink, the name made again); a mkdir bounds a stretch (nothing moves
+    across it). Under a directory quota, each runs alone in the order sent."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        d1 = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d1", mode=0o40755, uid=0, gid=0), [])).attr.ino
+        d2 = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d2", mode=0o40755, uid=0, gid=0), [])).attr.ino
+        changes = _changes(tmp_path)
+        items = [_create(b"a", parent=d1), _create(b"a", parent=d2), _create(b"b", parent=d1), _create(b"b", parent=d2),
+                 _create(b"a", parent=d1)]  # EXISTS: d1's own order (its first "a" came before)
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert all(isinstance(x, P.OpenRsp) for x in r[:4]) and r[4].code == ErrorCode.EXISTS
+        assert [x.dir_attrs[0].ino for x in r[:4]] == [d1, d2, d1, d2]  # answered in the items' places
+        assert r[0].seq == r[2].seq != r[1].seq == r[3].seq  # one change per directory
+        assert _changes(tmp_path) == changes + 2
+
+        unlinks = [P.UnlinkReq(parent=d1, name=b"a"), P.UnlinkReq(parent=d2, name=b"a"), _create(b"a", parent=d1),
+                   P.MkdirReq(parent=d2, name=b"sub", mode=0o40755, uid=0, gid=0),
+                   P.UnlinkReq(parent=d1, name=b"b"), P.UnlinkReq(parent=d2, name=b"b"), P.UnlinkReq(parent=d2, name=b"sub")]
+        changes = _changes(tmp_path)
+        u = (await service.burst.run([(P.BatchReq(items=unlinks), None)]))[0].results
+        assert [type(x).__name__ for x in u] == ["ChangedRsp", "ChangedRsp", "OpenRsp", "AttrRsp", "ChangedRsp", "ChangedRsp",
+                                                 "ErrorRsp"], u  # (sub is a directory: unlink refuses it)
+        assert u[0].seq < u[2].seq < u[1].seq  # d1's "a" removed, then made again (its order kept), then d2's
+        assert u[2].seq < u[3].seq < u[4].seq  # the mkdir bounds the stretches
+        assert sorted(e.name for e in (await service.handle(P.ReaddirReq(ino=d1), [])).entries) == [b"a"]
+        assert sorted(e.name for e in (await service.handle(P.ReaddirReq(ino=d2), [])).entries) == [b"sub"]
+
+        await service.handle(P.QuotaSetReq(ino=ROOT, max_inodes=1000), [])
+        changes = _changes(tmp_path)
+        items = [_create(b"q", parent=d1), _create(b"q", parent=d2), _create(b"r", parent=d1)]
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert r[0].seq < r[1].seq < r[2].seq and _changes(tmp_path) == changes + 3  # one by one, in order
+        nursery.cancel_scope.cancel()
+
+
+async def test_delegated_numbers_gathered_by_directory_are_never_refused(tmp_path, ctx):  # noqa: F811
+    """A mount's creates in directories in turn name its delegated numbers in order; the daemon
+    drops a range when its last number is used (daemon/inode_ranges.py ``spent``). Gathered by
+    directory only where the numbers lie inside one range short of its last: a batch that ends a
+    range keeps its order (had its last number gone first, the range's others would be refused)."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        sid = (await service.handle(P.HelloReq(host="m", pid=1, client_id=7), [])).session_id
+        d1 = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d1", mode=0o40755, uid=0, gid=0), [])).attr.ino
+        d2 = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d2", mode=0o40755, uid=0, gid=0), [])).attr.ino
+
+        def mine(parent: int, name: bytes, ino: int) -> P.CreateReq:
+            return P.CreateReq(parent=parent, name=name, mode=0o100644, uid=0, gid=0, session_id=sid, new_ino=ino)
+
+        first = (await service.handle(P.DelegateInodesReq(session_id=sid, count=3), [])).first
+        items = [mine(d1, b"a", first), mine(d2, b"a", first + 1), mine(d1, b"b", first + 2)]  # ends the range
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert all(isinstance(x, P.OpenRsp) for x in r), r
+        assert r[0].seq < r[1].seq < r[2].seq  # in the order sent
+
+        first = (await service.handle(P.DelegateInodesReq(session_id=sid, count=100), [])).first
+        items = [mine(d1, b"c", first), mine(d2, b"c", first + 1), mine(d1, b"d", first + 2), mine(d2, b"d", first + 3)]
+        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
+        assert all(isinstance(x, P.OpenRsp) for x in r), r
+        assert [x.attr.ino for x in r] == [first, first + 1, first + 2, first + 3]
+        assert r[0].seq == r[2].seq != r[1].seq == r[3].seq  # inside one range: one change per directory
+        nursery.cancel_scope.cancel()

@@ -588,6 +588,52 @@ async def test_a_read_taken_off_the_reader_thread_is_answered_from_another_threa
     assert taken == [1, 2] and slow_runs == [2, 0]
 
 
+def test_the_lookup_lane_answers_a_name_or_its_error_under_the_fast_lock(pair, caplog):
+    """A file system with ``lane_lookup``: a LOOKUP it can answer from memory is answered by the
+    session before the request is parsed or dispatched (the name read up to its NUL; an entry's
+    bytes as they are, or an errno as the error reply), counted, under the fast lock; None, or a
+    lane that fails, takes the ordinary way (fast_lookup)."""
+    from stripefs.client.fuse.replies import Entry, encode_entry
+
+    lock = threading.RLock()
+    held = encode_entry(Entry(9, Attr(ino=9, mode=stat.S_IFREG | 0o644, size=7), 30.0, 30.0, 0))
+    lanes, fast = [], []
+
+    class LaneFS:
+        fast_lock = lock
+
+        def lane_lookup(self, nodeid, name):
+            lanes.append((nodeid, name, lock._is_owned()))
+            if name == b"bug":
+                raise RuntimeError("a bug in a lane")
+            return {b"new": errno.ENOENT, b"held": held}.get(name)
+
+        def fast_lookup(self, req):
+            fast.append(req.name)
+            return Entry(10, Attr(ino=10, mode=stat.S_IFREG | 0o644, size=1), 1.0, 1.0, 0)
+
+    kernel, session = started(pair, Dispatcher(LaneFS()))
+    with lock:  # another thread is changing what the lane reads: no answer meanwhile
+        kernel.send(Opcode.LOOKUP, b"new\0", unique=10, nodeid=5)
+        assert kernel.nothing(0.2)
+    assert kernel.answer() == (10, -errno.ENOENT, b"")
+    kernel.send(Opcode.LOOKUP, b"held\0", unique=11, nodeid=5)
+    assert kernel.answer() == (11, 0, held)
+    assert lanes == [(5, b"new", True), (5, b"held", True)] and fast == []
+    kernel.send(Opcode.LOOKUP, b"other\0", unique=12, nodeid=5)
+    unique, error, body = kernel.answer()
+    assert (unique, error, len(body)) == (12, 0, abi.ENTRY_OUT_SIZE) and body != held and fast == [b"other"]
+    with caplog.at_level(logging.ERROR):
+        kernel.send(Opcode.LOOKUP, b"bug\0", unique=13, nodeid=5)
+        assert kernel.answer()[:2] == (13, 0)
+    assert fast == [b"other", b"bug"] and "LOOKUP lane failed" in caplog.text
+    kernel.send(Opcode.LOOKUP, b"held", unique=14, nodeid=5)  # no NUL: not the lane's (the parser's EIO)
+    assert kernel.answer()[:2] == (14, -errno.EIO) and len(lanes) == 4
+    assert session.counts[Opcode.LOOKUP] == 5
+    assert not lock._is_owned()
+    stop(kernel, session)
+
+
 def test_the_getattr_lane_answers_from_the_header_under_the_fast_lock(pair, caplog):
     """A file system with ``lane_getattr``: a GETATTR it holds is answered by the session from the
     request's header (its bytes as they are, counted, under the fast lock, no fast path run); one

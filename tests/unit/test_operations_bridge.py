@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 import threading
 
 import pytest
@@ -20,7 +21,7 @@ from stripefs.client import fuse_backend
 from stripefs.client.fuse import abi, requests as rq
 from stripefs.client.fuse.abi import Opcode
 from stripefs.client.fuse.dispatch import MISS, Opened
-from stripefs.client.fuse.replies import Attr, DirentBuffer, Entry, FuseError, Statfs
+from stripefs.client.fuse.replies import Attr, DirentBuffer, Entry, FuseError, Statfs, encode_attr_out
 from stripefs.client.operations import FAST_PATH_MISS, _opened
 from stripefs.client.operations_bridge import OperationsBridge
 
@@ -387,8 +388,10 @@ def test_a_later_epochs_announcement_of_a_file_the_kernel_holds_is_answered_from
 def test_the_getattr_lane_answers_only_what_fast_getattr_answers_from_held_bytes():
     """The session's GETATTR lane (lane_getattr): the bytes fast_getattr answers for a file the mount
     holds long, the new ones once its attributes change, and None wherever fast_getattr answers
-    otherwise (nothing held, the feed broken, a directory's attributes this mount's change left):
-    those take the ordinary way. Counted as fast_getattr's answers are."""
+    otherwise (nothing held, the feed broken):
+    those take the ordinary way); and a directory's attributes this mount's last change left
+    (dir_attrs: the GETATTR the kernel sends after every create, mkdir or unlink there), the same bytes
+    as the ordinary way's. Counted as fast_getattr's answers are."""
     from types import SimpleNamespace
 
     from stripefs.client import metrics as client_metrics
@@ -415,7 +418,44 @@ def test_the_getattr_lane_answers_only_what_fast_getattr_answers_from_held_bytes
     dir_attr = P.Attr(ino=4, mode=stat.S_IFDIR | 0o755, nlink=2, uid=0, gid=0, rdev=0, size=0, atime_ns=1,
                       mtime_ns=2, ctime_ns=3)
     ops.kcache.dir_attrs.keep_new(dir_attr)
-    assert bridge.fast_getattr(parse(Opcode.GETATTR, bytes(16), nodeid=4)) is not MISS
-    assert bridge.lane_getattr(4) is None  # answered, but not from held bytes: the ordinary way
+    dir_getattr = parse(Opcode.GETATTR, bytes(16), nodeid=4)
+    assert bridge.lane_getattr(4) == encode_attr_out(*bridge.fast_getattr(dir_getattr))  # (a directory's: not kept encoded)
+    ops.kcache.dir_attrs.made_here(4, 7_000_000_005, nlink=1)  # a mkdir answered here: new times, one more link
+    body = bridge.lane_getattr(4)
+    assert body == encode_attr_out(*bridge.fast_getattr(dir_getattr))
+    assert struct.unpack_from("<Q", body, 16 + 32)[0] == 7 and struct.unpack_from("<I", body, 16 + 64)[0] == 3  # mtime s, nlink
     ops.kcache.healthy = False  # the feed broke: nothing held is known true
     assert bridge.lane_getattr(9) is None and bridge.fast_getattr(getattr_) is MISS
+
+
+def test_the_lookup_lane_answers_what_fast_lookup_answers_from_memory():
+    """The session's LOOKUP lane (lane_lookup): a new name in a directory the mount holds whole is
+    ENOENT (a create's or mkdir's LOOKUP of its name: answered without the daemon, as fast_lookup
+    does), a name held long its entry's bytes, anything else None (the ordinary way: the daemon is
+    asked). Counted as fast_lookup's answers are, the errno among them."""
+    from types import SimpleNamespace
+
+    from stripefs.client import metrics as client_metrics
+    from stripefs.client.operations import Operations
+    from stripefs.common import protocol as P
+
+    ops = Operations(SimpleNamespace(writer=0), SimpleNamespace(), attr_timeout=1.0, entry_timeout=1.0,
+                     cache_timeout=30.0)
+    ops.kcache.healthy = True
+    bridge = OperationsBridge(ops, None, None)
+    assert bridge.lane_lookup(4, b"new") is None  # the directory is not held: asked
+    ops.kcache.granted_dir(4, 1)
+    ops._names_complete[4] = {b"old"}
+    counted, errs = client_metrics.fast("lookup")[0], client_metrics._fast_errnos.get(("lookup", errno.ENOENT), [0])[0]
+    assert bridge.lane_lookup(4, b"new") == errno.ENOENT == bridge.fast_lookup(parse(Opcode.LOOKUP, b"new\0", nodeid=4))
+    assert client_metrics.fast("lookup")[0] == counted + 2
+    assert client_metrics._fast_errnos[("lookup", errno.ENOENT)][0] == errs + 2
+    assert bridge.lane_lookup(4, b"old") is None  # there, not held long: asked
+    attr = P.Attr(ino=9, mode=stat.S_IFREG | 0o644, nlink=1, uid=7, gid=8, rdev=0, size=10, atime_ns=1, mtime_ns=2,
+                  ctime_ns=3)
+    ops._keep_held(9, attr)
+    ops.kcache.remember(4, b"old", 9)
+    body = bridge.lane_lookup(4, b"old")
+    assert body == bridge.fast_lookup(parse(Opcode.LOOKUP, b"old\0", nodeid=4)) and struct.unpack_from("<Q", body)[0] == 9
+    ops.kcache.healthy = False  # the feed broke: nothing held is known true
+    assert bridge.lane_lookup(4, b"new") is None and bridge.lane_lookup(4, b"old") is None
