@@ -184,17 +184,8 @@ class _Lane:
             return False
         if result is None:
             return False
+        seconds = time.perf_counter() - started
         reply, out = result if isinstance(result, tuple) else (result, ())
-        if isinstance(reply, protocol.ErrorRsp):  # an error answered here is counted as serve() counts it
-            log.debug("%s: %s (request %d) -> %s", self.name, protocol.kind(body), request_id, reply.message)
-            metrics.REQUEST_ERRORS.labels(self.name, protocol.kind(body), code_name(reply.code)).inc()
-        elif payloads or out or type(body) is protocol.OnceReq:
-            observe_served(self.name, body, payloads, result, time.perf_counter() - started)
-        else:  # a bare request without payloads (the read lane's): observe_served's one histogram, its child kept here
-            timer = self.timers.get(type(body))
-            if timer is None:
-                timer = self.timers[type(body)] = metrics.REQUEST_SECONDS.labels(self.name, protocol.kind(body)).observe
-            timer(time.perf_counter() - started)
         try:
             header = protocol.encode(request_id, reply)
         except (TypeError, ValueError, OverflowError) as exc:  # a value the wire cannot carry: a bug, as in serve()
@@ -205,6 +196,18 @@ class _Lane:
             send_frames(self.router, [frames[0], header])
         else:
             self._send(identity, [frames[0], header, *out])
+        # the metrics after the send: off the round trip's critical path (the send wakes libzmq's I/O
+        # thread, which takes the reply from here while this thread counts)
+        if isinstance(reply, protocol.ErrorRsp):  # an error answered here is counted as serve() counts it
+            log.debug("%s: %s (request %d) -> %s", self.name, protocol.kind(body), request_id, reply.message)
+            metrics.REQUEST_ERRORS.labels(self.name, protocol.kind(body), code_name(reply.code)).inc()
+        elif payloads or out or type(body) is protocol.OnceReq:
+            observe_served(self.name, body, payloads, result, seconds)
+        else:  # a bare request without payloads (the read lane's): observe_served's one histogram, its child kept here
+            timer = self.timers.get(type(body))
+            if timer is None:
+                timer = self.timers[type(body)] = metrics.REQUEST_SECONDS.labels(self.name, protocol.kind(body)).observe
+            timer(seconds)
         return True
 
     def _send(self, identity: bytes, frames: list) -> None:
