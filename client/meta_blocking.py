@@ -58,17 +58,24 @@ READS = frozenset({p.GetattrReq, p.LookupReq, p.PingReq})
 _ids = itertools.count(1 << 48)  # apart from RpcClient's ids: easier log reading
 
 
+#: a reply is waited for in a blocking receive (ZMQ_RCVTIMEO) of at most this long at a time,
+#: the deadline looked at between them: no zmq_poll and no setsockopt per request (issue 30,
+#: bench/getattr_probe.py: a zmq.Poller's poll and then a NOBLOCK receive cost the thread client
+#: 3 poll(2)s and ~7 us of Python more per request than the bare pyzmq client)
+_RECV_SLICE_MS = 100
+_RCVTIMEO = int(zmq.RCVTIMEO)
+
+
 class _Line:
     """One thread's socket to one daemon address."""
 
-    __slots__ = ("sock", "address", "daemon", "poller")
+    __slots__ = ("sock", "address", "daemon", "rcvtimeo")
 
     def __init__(self, sock: zmq.Socket, address: str, daemon: str):
         self.sock = sock
         self.address = address  # where it is connected (the daemon's read lane, or the daemon)
         self.daemon = daemon  # the daemon's address (MetaClient.addresses)
-        self.poller = zmq.Poller()
-        self.poller.register(sock, zmq.POLLIN)
+        self.rcvtimeo = -1  # ZMQ_RCVTIMEO as set on sock (-1: libzmq's default, block)
 
 
 class BlockingMetaClient:
@@ -211,11 +218,16 @@ class BlockingMetaClient:
                             raise StripefsError(ErrorCode.UNAVAILABLE, f"no connection to {line.address}") from None
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not line.poller.poll(max(1, int(left * 1000) + 1)):
-                    if time.monotonic() >= deadline:
-                        return None
+                if left <= 0:
+                    return None
+                wait_ms = min(_RECV_SLICE_MS, int(left * 1000) + 1)
+                if line.rcvtimeo != wait_ms:  # set again only at the end of a long wait, and after it
+                    sock.setsockopt(_RCVTIMEO, wait_ms)
+                    line.rcvtimeo = wait_ms
+                try:
+                    frames = recv_frames(sock)  # blocking, without pyzmq's sugar (common/fast_lane.py)
+                except zmq.Again:
                     continue
-                frames = recv_frames(sock, zmq.NOBLOCK)  # without pyzmq's sugar (common/fast_lane.py)
                 try:
                     reply_id, body = p.decode_reply(frames[0].buffer)
                 except p.ProtocolError:

@@ -57,6 +57,8 @@ _INNER_MAX_FRAME = max(limits.SERVER_MAX_FRAME, limits.CLIENT_MAX_FRAME)  # requ
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+_RCVTIMEO = int(zmq.RCVTIMEO)
 
 
 def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
@@ -83,7 +85,7 @@ def send_frames(sock: zmq.Socket, frames: list) -> None:
 
 class _Lane:
     def __init__(self, router: zmq.Socket, inner: zmq.Socket, fast: FastHandler, name: str, replies: ReplyQueues,
-                 ordered: bool = False):
+                 ordered: bool = False, tell_waiting: bool = True):
         self.router = router
         self.inner = inner
         self.fast = fast
@@ -94,29 +96,58 @@ class _Lane:
         #: ``ordered``: requests forwarded to serve() and not answered yet, per connection; a
         #: connection with any gets no fast answer (it would overtake them); None: not counted
         self.forwarded: dict[bytes, int] | None = {} if ordered else None
+        #: requests forwarded to serve() and not answered yet, all connections: while none, the
+        #: thread waits on the ROUTER alone (``run``)
+        self.outstanding = 0
+        #: whether ``fast`` is told ``waiting`` (a getsockopt of ZMQ_EVENTS per request, which
+        #: processes libzmq's commands: a poll(2) on the lane's critical path)
+        self.tell_waiting = tell_waiting
+        self.peer: str | None = None  # security.PEER as this thread last set it (its default: None)
+        self.timers: dict[type, object] = {}  # a request type -> its REQUEST_SECONDS child's observe
 
     def run(self) -> None:
+        """Serve until ``stopping``. While no forwarded request waits for serve()'s reply (nearly
+        always, on the metadata daemon's read lane), the thread blocks in a receive on the ROUTER
+        alone, as a bare pyzmq server does; else it polls both sockets. Counted per GetattrReq on
+        the read lane (bench/getattr_probe.py, issue 30): zmq_poll on two sockets costs 6 poll(2)s
+        and a Poller's Python where the blocking receive costs ~2 (lane thread: 11.2 -> ~5 poll(2)
+        per request). A reply of serve() that arrives while none is counted (none should) waits at
+        most ``_POLL_MS``: the inner socket is read at every receive timeout."""
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.inner, zmq.POLLIN)
+        self.router.setsockopt(_RCVTIMEO, _POLL_MS)
         try:
             while not self.stopping:
+                if self.outstanding <= 0:
+                    try:
+                        frames = recv_frames(self.router)
+                    except zmq.Again:  # _POLL_MS without a request: look at stopping, and at serve()'s socket
+                        while self.inner.poll(0):
+                            self._reply(recv_frames(self.inner))
+                        continue
+                    self._request(frames)
+                    continue
                 for sock, _ in poller.poll(_POLL_MS):
                     if sock is self.router:
-                        self._request(recv_frames(self.router))
+                        self._request(recv_frames(self.router, _NOBLOCK))
                     else:
-                        frames = recv_frames(self.inner)
-                        identity = frames[0].bytes
-                        if self.forwarded is not None:
-                            left = self.forwarded.pop(identity, 1) - 1
-                            if left > 0:
-                                self.forwarded[identity] = left
-                        self._send(identity, frames)
+                        self._reply(recv_frames(self.inner))
         except Exception:  # noqa: BLE001 - a bug: logged loudly; serve() stops getting requests
             log.exception("%s: the fast lane failed", self.name)
         finally:
             self.router.close(linger=0)
             self.inner.close(linger=0)
+
+    def _reply(self, frames: list[zmq.Frame]) -> None:
+        """serve()'s reply to a forwarded request: out on the ROUTER."""
+        identity = frames[0].bytes
+        self.outstanding -= 1
+        if self.forwarded is not None:
+            left = self.forwarded.pop(identity, 1) - 1
+            if left > 0:
+                self.forwarded[identity] = left
+        self._send(identity, frames)
 
     def _request(self, frames: list[zmq.Frame]) -> None:
         peer = security.peer_of(frames[1]) if self.secure and len(frames) > 1 else None
@@ -129,6 +160,7 @@ class _Lane:
         except zmq.Again:  # serve() is that far behind: as its own admission would say
             self._busy(frames)
             return
+        self.outstanding += 1
         if self.forwarded is not None:
             self.forwarded[identity] = self.forwarded.get(identity, 0) + 1
 
@@ -137,28 +169,45 @@ class _Lane:
             request_id, body = protocol.decode_request(frames[1].bytes)
         except protocol.ProtocolError:
             return False  # serve() answers what is wrong with it
-        payloads = [f.buffer for f in frames[2:]]
-        security.PEER.set(peer)  # this thread's context: what access checks read
+        payloads = [f.buffer for f in frames[2:]] if len(frames) > 2 else []
+        if peer != self.peer:  # this thread's context: what access checks read (set when it changes)
+            security.PEER.set(peer)
+            self.peer = peer
         started = time.perf_counter()
         try:
-            result = self.fast(body, payloads, waiting=bool(self.router.getsockopt(_EVENTS) & _POLLIN))
+            if self.tell_waiting:
+                result = self.fast(body, payloads, waiting=bool(self.router.getsockopt(_EVENTS) & _POLLIN))
+            else:
+                result = self.fast(body, payloads)
         except Exception:  # noqa: BLE001 - a bug in the fast path: the usual path answers
             log.exception("%s: fast path failed on %s; the usual path answers it", self.name, type(body).__name__)
             return False
         if result is None:
             return False
+        seconds = time.perf_counter() - started
         reply, out = result if isinstance(result, tuple) else (result, ())
-        if isinstance(reply, protocol.ErrorRsp):  # an error answered here is counted as serve() counts it
-            log.debug("%s: %s (request %d) -> %s", self.name, protocol.kind(body), request_id, reply.message)
-            metrics.REQUEST_ERRORS.labels(self.name, protocol.kind(body), code_name(reply.code)).inc()
-        else:
-            observe_served(self.name, body, payloads, result, time.perf_counter() - started)
         try:
             header = protocol.encode(request_id, reply)
         except (TypeError, ValueError, OverflowError) as exc:  # a value the wire cannot carry: a bug, as in serve()
             log.error("%s: cannot encode %s for request %d: %s", self.name, type(reply).__name__, request_id, exc)
             header, out = protocol.encode(request_id, protocol.ErrorRsp(code=ErrorCode.INTERNAL, message=f"unencodable reply: {exc}")), ()
-        self._send(frames[0].bytes, [frames[0], header, *out])
+        identity = frames[0].bytes
+        if not out and self.replies.add_small(identity, len(header)):  # one lock, no tracker (limits.ReplyQueues)
+            send_frames(self.router, [frames[0], header])
+        else:
+            self._send(identity, [frames[0], header, *out])
+        # the metrics after the send: off the round trip's critical path (the send wakes libzmq's I/O
+        # thread, which takes the reply from here while this thread counts)
+        if isinstance(reply, protocol.ErrorRsp):  # an error answered here is counted as serve() counts it
+            log.debug("%s: %s (request %d) -> %s", self.name, protocol.kind(body), request_id, reply.message)
+            metrics.REQUEST_ERRORS.labels(self.name, protocol.kind(body), code_name(reply.code)).inc()
+        elif payloads or out or type(body) is protocol.OnceReq:
+            observe_served(self.name, body, payloads, result, seconds)
+        else:  # a bare request without payloads (the read lane's): observe_served's one histogram, its child kept here
+            timer = self.timers.get(type(body))
+            if timer is None:
+                timer = self.timers[type(body)] = metrics.REQUEST_SECONDS.labels(self.name, protocol.kind(body)).observe
+            timer(seconds)
         return True
 
     def _send(self, identity: bytes, frames: list) -> None:
@@ -184,6 +233,7 @@ async def serve_with_fast_lane(
     name: str,
     limits: limits.ServeLimits = limits.ServeLimits(),
     ordered: bool = False,
+    tell_waiting: bool = True,
     task_status=trio.TASK_STATUS_IGNORED,
     **serve_options,
 ) -> None:
@@ -192,6 +242,8 @@ async def serve_with_fast_lane(
     ``fast(body, payloads, waiting=...)`` answered on a lane thread (``waiting``: more requests are
     queued on the socket). ``ordered``: a connection's request is never answered fast while one
     it sent before waits in serve() (a read must not overtake a change of the same peer).
+    ``tell_waiting`` False: ``fast(body, payloads)`` only (a handler that ignores ``waiting``
+    spares the lane a getsockopt per request).
     ``serve_options``: serve()'s (``burst``, ``concurrency``). Reports started once bound; runs
     until cancelled, then stops the thread and closes both sockets."""
     inner_address = f"inproc://stripefs-fast-lane-{next(_lanes)}"
@@ -201,7 +253,7 @@ async def serve_with_fast_lane(
     except BaseException:
         router.close(linger=0)
         raise
-    lane = _Lane(router, inner, fast, name, ReplyQueues(limits.per_peer_reply_bytes), ordered)
+    lane = _Lane(router, inner, fast, name, ReplyQueues(limits.per_peer_reply_bytes), ordered, tell_waiting)
     thread = threading.Thread(target=lane.run, name=f"{name}-fast-lane", daemon=True)
     try:
         async with open_socket(ctx, zmq.PAIR, connect=inner_address, hwm=100_000, max_frame=_INNER_MAX_FRAME) as sock:

@@ -204,6 +204,26 @@ class ReplyQueues:
         last = zmq.Frame(last.buffer if isinstance(last, zmq.Frame) else last, copy=False, track=True)
         return [*frames[:-1], last], nbytes, True
 
+    def add_small(self, peer: bytes, nbytes: int) -> bool:
+        """``outgoing`` and ``sent`` in one step for a reply that needs no tracking: True, and its
+        ``nbytes`` counted, when it and the untracked replies since the last tracked one stay under
+        ``track_every`` (send it as it is); False, nothing counted: ``outgoing``/``sent`` as usual.
+        One lock instead of two for a fast lane's small reply (issue 30: its thread's Python is on
+        a round trip's critical path); counted before the send, which only makes ``over`` say so
+        a moment sooner."""
+        with self._lock:
+            state = self._peers.get(peer)
+            if state is None:
+                if nbytes >= self.track_every:
+                    return False
+                if len(self._peers) >= self.MAX_PEERS:
+                    self._peers = {p: s for p, s in self._peers.items() if s.segments}
+                state = self._peers[peer] = _Sent()
+            elif state.open + nbytes >= self.track_every:
+                return False
+            state.open += nbytes
+            return True
+
     def sent(self, peer: bytes, nbytes: int, tracker=None) -> None:
         """A reply of ``nbytes`` went to libzmq for ``peer``; ``tracker``: it was tracked."""
         with self._lock:

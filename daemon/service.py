@@ -376,7 +376,8 @@ class MetaService:
     async def _serve_read_lane(self, read_sock, burst) -> None:
         try:  # what the lane forwards takes the burst path too: a connection's requests in order, as on the main socket
             await serve_with_fast_lane(self.ctx, read_sock, self.handle, self.lane.fast, name="meta-read",
-                                       limits=self.config.serve_limits(), ordered=True, concurrency=64, burst=burst)
+                                       limits=self.config.serve_limits(), ordered=True, tell_waiting=False,
+                                       concurrency=64, burst=burst)
         finally:
             self.lane.close()
 
