@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections import deque
 from typing import Awaitable, Callable
 
@@ -46,7 +47,7 @@ import trio
 from ..common import protocol as p
 from ..common.errors import StripefsError
 from ..common.layout import one_chunk
-from . import fuse_backend
+from . import fuse_backend, metrics
 from .fetch import Fetch
 from .kernel_cache import KernelCache
 from .meta_rpc import MetaClient
@@ -123,7 +124,7 @@ class Prefetcher:
 
     async def run(self) -> None:
         slots = trio.Semaphore(self.parallel)
-        fetched_send, fetched_recv = trio.open_memory_channel[tuple[p.OpenRsp, int | None, int, bytes | memoryview]](self.parallel * 4)
+        fetched_send, fetched_recv = trio.open_memory_channel[tuple[p.OpenRsp, int | None, int, bytes | memoryview, float]](self.parallel * 4)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._store_loop, fetched_recv, name="prefetch-store")
             while True:
@@ -197,13 +198,14 @@ class Prefetcher:
         retry = infos
         try:
             results = await self.data.fetch([Fetch.small_file(i) for i in infos], node=node)
+            landed = time.perf_counter()
             retry = []
             for info, result in zip(infos, results):
                 if isinstance(result, StripefsError):
                     retry.append(info)
                     continue
                 self.fetched += 1
-                await fetched.send((info, shm, stamp, result[: info.attr.size]))
+                await fetched.send((info, shm, stamp, result[: info.attr.size], landed))
         finally:
             slots.release()
         for info in retry:  # rare: a copy gone, stale or corrupt; the single path fails over to other copies
@@ -223,7 +225,7 @@ class Prefetcher:
                         "prefetch of inode %d failed: %s", info.attr.ino, exc)
                 return
             self.fetched += 1
-            await fetched.send((info, shm, stamp, data))  # the store loop is done with it after
+            await fetched.send((info, shm, stamp, data, time.perf_counter()))  # the store loop is done with it after
         finally:
             slots.release()
 
@@ -236,39 +238,54 @@ class Prefetcher:
                     batch.append(fetched.receive_nowait())
                 except trio.WouldBlock:
                     break
-            known = [(info, stamp, data) for info, _, stamp, data in batch if self.kcache.knows(info.attr.ino)]
-            shared = [(info, data, shm) for info, shm, _, data in batch if shm is not None]
-            stored = set(await trio.to_thread.run_sync(_store, known, shared, self.shm, self.kcache)) if known or shared else set()
+            took = time.perf_counter()
+            known = [(info, stamp, data, landed) for info, _, stamp, data, landed in batch if self.kcache.knows(info.attr.ino)]
+            shared = [(info, data, shm) for info, shm, _, data, _ in batch if shm is not None]
+            stored = set(await trio.to_thread.run_sync(_store, known, shared, self.shm, self.kcache, took)) if known or shared else set()
             self.stored += len(stored)
             # the kernel holds every byte of these now: the chunk cache lets them go (libzmq's
             # fresh pages: ChunkCache.release), as a cold READ that gave the kernel a whole chunk does
-            self.data.cache.release([(info.attr.ino, c.index, c.version) for info, _, _, _ in batch
+            self.data.cache.release([(info.attr.ino, c.index, c.version) for info, _, _, _, _ in batch
                                      if info.attr.ino in stored for c in info.chunks])
-            for info, _, _, _ in batch:
+            for info, _, _, _, _ in batch:
                 self.on_fetched(info, info.attr.ino in stored)
             self._busy -= len(batch)
 
 
-def _store(files: list, shared: list, shm: ShmCache | None, kcache: KernelCache) -> list[int]:
+def _store(files: list, shared: list, shm: ShmCache | None, kcache: KernelCache, took: float) -> list[int]:
     """notify_store each file whole (the inodes that made it); copy ``shared`` to shm. In a worker thread.
 
     A file that changed since its prefetch began is not pushed: under ``kernel_lock``
     a push either sees the change noted, or happens before the change's invalidation.
     Shared-memory copies need no such care: their names carry the version.
     """
+    began = time.perf_counter()
     for info, data, user in shared:
         shm.put(info, data, user)
     stored = []
+    waits = [0.0, 0.0, 0.0, 0.0]  # landed_to_loop, loop_to_thread, thread_to_push, push (metrics.PREFETCH_PUSH_SECONDS)
     with kcache.kernel_lock:
-        for info, stamp, data in files:
+        for info, stamp, data, landed in files:
             if kcache.changed_since(stamp, info.attr.ino):
                 continue
             try:
+                start = time.perf_counter()
                 fuse_backend.notify_store(info.attr.ino, 0, data)
                 stored.append(info.attr.ino)
+                end = time.perf_counter()
+                waits[0] += took - landed
+                waits[1] += began - took
+                waits[2] += start - began
+                waits[3] += end - start
             except OSError as exc:
                 if exc.errno != errno.ENOENT:  # ENOENT: the kernel forgot the inode meanwhile
                     log.debug("prefetch: cannot store inode %d in the page cache: %s", info.attr.ino, exc)
+    if files:
+        metrics.PREFETCH_PUSH.labels("hops").inc()
+    if stored:
+        metrics.PREFETCH_PUSH.labels("files").inc(len(stored))
+        for stage, seconds in zip(("landed_to_loop", "loop_to_thread", "thread_to_push", "push"), waits):
+            metrics.PREFETCH_PUSH_SECONDS.labels(stage).inc(seconds)
     return stored
 
 

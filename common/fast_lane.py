@@ -46,6 +46,7 @@ import zmq
 from . import limits, metrics, protocol, security
 from .errors import ErrorCode
 from .limits import ReplyQueues
+from .thread_names import name_os_thread
 from .transport import FastHandler, Handler, code_name, observe_served, new_socket, open_socket, serve
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class _Lane:
         self.forwarded: dict[bytes, int] | None = {} if ordered else None
 
     def run(self) -> None:
+        name_os_thread()
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.inner, zmq.POLLIN)

@@ -60,6 +60,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from ...common.thread_names import name_os_thread
 from . import abi, notify as _notify, requests as rq
 from .abi import InitFlag, Opcode
 from .device import Closed, Device
@@ -288,6 +289,7 @@ class Session:
         read, parse, ctx, handle, counts = self.device.read_into, rq.parse, self._ctx, self._handle, self.counts
         n_counts, in_flight, cap = len(counts), self._in_flight, self.options.max_in_flight
         side = self.side
+        name_os_thread()
         lane = getattr(self.handler, "lane_getattr", None)
         lane_lock = getattr(self.handler, "lane_lock", None)
         head, out_head, getattr_op, getattr_size = _HEAD_LANE.unpack_from, _OUT_HEAD.pack, Opcode.GETATTR, _GETATTR_SIZE
