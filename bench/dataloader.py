@@ -410,10 +410,11 @@ class Bench:
             r["switches_by_process"] = {k: after_x[k] - before_x[k] for k in after_x if k in before_x}
             # fresh pages: each received message that lands in new memory costs its page faults
             r["faults_by_process"] = {k: after_f[k] - before_f[k] for k in after_f if k in before_f}
-            # where each process's CPU went, by thread kind: [CPU s, times run] (bench/common.py proc_threads)
+            # where each process's CPU went, by thread kind: [CPU s, s waiting for a core, times run]
+            # (bench/common.py proc_threads)
             r["threads_by_process"] = {
-                k: {t: [round(c - before_t[k].get(t, (0.0, 0))[0], 4), n - before_t[k].get(t, (0.0, 0))[1]]
-                    for t, (c, n) in after_t[k].items()}
+                k: {t: [round(v - b, 4) for v, b in zip(vals, before_t[k].get(t, (0.0, 0.0, 0)))]
+                    for t, vals in after_t[k].items()}
                 for k in after_t if k in before_t}
         if idle_cluster is not None:
             r["cpu_idle_cluster_s"] = idle_cluster  # competes with the local epoch for the CPUs
@@ -847,19 +848,20 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
     thread_rows = [(f"{res['label']} [{res['mode']}]", res["stripefs"]) for res in bench.results.values()
                    if "na" not in res and res["stripefs"].get("threads_by_process") and res["stripefs"].get("samples")]
     if thread_rows:
-        lines.append("stripefs CPU per sample by thread (us on a core / times run), the mount | the storage nodes summed:")
+        lines.append("stripefs CPU per sample by thread (us on a core / us runnable, waiting for a core / times run), "
+                     "the mount | the storage nodes summed:")
         for label, s in thread_rows:
             n, by = s["samples"], s["threads_by_process"]
             nodes: dict[str, list[float]] = {}
             for proc, threads in by.items():
                 if proc.startswith("storage"):
-                    for t, (c, runs) in threads.items():
-                        acc = nodes.setdefault(t, [0.0, 0])
-                        acc[0] += c
-                        acc[1] += runs
+                    for t, vals in threads.items():
+                        acc = nodes.setdefault(t, [0.0, 0.0, 0])
+                        for i, v in enumerate(vals):
+                            acc[i] += v
 
             def cells(threads) -> str:
-                return " ".join(f"{t} {c / n * 1e6:.0f}/{runs / n:.1f}" for t, (c, runs)
+                return " ".join(f"{t} {c / n * 1e6:.0f}/{w / n * 1e6:.0f}/{runs / n:.1f}" for t, (c, w, runs)
                                 in sorted(threads.items(), key=lambda kv: -kv[1][0]) if c / n * 1e6 >= 1)
             lines.append(f"  {label:40s} {cells(by.get('mount', {})) or '-'} | {cells(nodes) or '-'}")
     for res in bench.results.values():
