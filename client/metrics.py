@@ -183,15 +183,15 @@ PREFETCH_RACE = Counter(
 PREFETCH_PUSH_SECONDS = Counter(
     "stripefs_prefetch_push_seconds",
     "Seconds from a prefetched file's bytes landing (its batch's reply) to its push into the page cache "
-    "(NOTIFY_STORE, client/prefetch.py), summed over the files pushed, by stage: landed_to_loop (until the "
-    "store loop took it), loop_to_thread (until the thread that pushes began its batch), thread_to_push (until "
-    "its own push began: the files before it, the kernel lock), push (its own writev)",
+    "(NOTIFY_STORE, client/prefetch.py), summed over the files pushed, by stage: landed_to_thread (until the "
+    "pushing thread took its batch: the batches queued before it), thread_to_push (until its own push began: "
+    "the files before it in its batch, the kernel lock), push (its own writev)",
     ["stage"],
 )
 PREFETCH_PUSH = Counter(
     "stripefs_prefetch_push",
-    "The prefetcher's pushes into the page cache: files pushed, and hops (hand-overs to the thread that "
-    "pushes, each with any number of files)",
+    "The prefetcher's pushes into the page cache: files pushed, and hops (the pushing thread's turns, each "
+    "with the batches queued, reported to the trio thread once)",
     ["what"],
 )
 READAHEAD = Counter(

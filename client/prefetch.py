@@ -269,8 +269,8 @@ class _Pusher:
 
     Measured before it (docs/design.md, "The prefetched cold epoch", sixth pass): a trio task took
     the fetched files from a channel and pushed them in a trio worker thread, one hop at a time; a
-    file waited 21-40 ms from its batch's reply to its push, most of it (15-30 ms) for the hop before
-    to come back and for the trio thread to take the next, while the DataLoader's workers, reading
+    file waited 12-107 ms from its batch's reply to its push (3 runs; in one at load 6, 21-40 ms, of
+    it 15-30 ms for the hop before to come back and for the trio thread to take the next), while the DataLoader's workers, reading
     a sample every ~0.4 ms, reached files fetched and not pushed (a READ to the mount each). Here a
     batch goes to a queue the moment it lands (``put``, on the trio thread, no checkpoint between),
     and this thread pushes whatever is queued in landing order, each landed batch under
