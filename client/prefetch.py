@@ -255,7 +255,8 @@ class Prefetcher:
         on the pushing thread right after its push: a READ the kernel sent before the pages were
         there (a worker got to the file first) may still wait in the device or in the reader's
         hands, and finds the bytes here in the time this report takes to reach the trio thread
-        (released at once, 0.000-0.051 READs a sample went to a node for them in 6 runs; 0.000 so in 4)."""
+        (released at once, 0.000-0.051 READs a sample went to a node for them in 6 runs; 0.000-0.009
+        so in 3: docs/design.md, "The prefetched cold epoch's push")."""
         self.data.cache.release([(info.attr.ino, c.index, c.version) for info, *_ in files
                                  if info.attr.ino in stored for c in info.chunks])
         self.stored += len(stored)
