@@ -123,6 +123,32 @@ def proc_faults(pid: int) -> int | None:
     return None if fields is None else int(fields[7]) + int(fields[9])  # minflt (field 10), majflt (field 12)
 
 
+def proc_threads(pid: int) -> dict[str, tuple[float, float, int]] | None:
+    """CPU seconds on a core, seconds runnable but waiting for a core, and times run (switched in),
+    by thread kind, of every thread of process
+    ``pid`` so far (/proc/PID/task/TID/schedstat and comm), or None if it is gone. A kind is the
+    thread's OS name less its number ("Trio thread 3" and "Trio thread 7" are "Trio thread";
+    common/thread_names.py names the mount's own); the process's first thread is "main". A thread
+    that ended meanwhile is not counted: figures over an epoch are of the threads alive at its end."""
+    out: dict[str, tuple[float, float, int]] = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                on_cpu_ns, waited_ns, runs = (int(x) for x in f.read().split()[:3])
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        kind = "main" if int(tid) == pid else name.rstrip("0123456789").rstrip(" -/_") or name
+        cpu, waited, n = out.get(kind, (0.0, 0.0, 0))
+        out[kind] = (cpu + on_cpu_ns / 1e9, waited + waited_ns / 1e9, n + runs)
+    return out
+
+
 def self_cpu() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
@@ -253,6 +279,10 @@ class Cluster:
         """Context switches (voluntary and not) of every thread of each process so far: each is a
         thread hop or a wait, what a chain of per-file latencies is made of (processes gone: left out)."""
         return self._alive(proc_switches)
+
+    def threads(self) -> dict[str, dict[str, tuple[float, float, int]]]:
+        """``proc_threads`` of each process (processes gone: left out)."""
+        return self._alive(proc_threads)
 
     def faults(self) -> dict[str, int]:
         """Page faults of each process so far (processes gone: left out)."""

@@ -71,6 +71,7 @@ import datetime as _dt
 import functools
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -196,6 +197,12 @@ def mount_counters(url: str | None) -> dict[str, float]:
             key = "rpc:" + line.split('type="', 1)[1].split('"', 1)[0]
         elif line.startswith("stripefs_prefetch_race_total{"):  # READs of a chunk a prefetch batch was fetching
             key = "race:" + line.split('outcome="', 1)[1].split('"', 1)[0]
+        elif line.startswith("stripefs_prefetch_push_seconds_total{"):  # from a batch's bytes to their push
+            key = "push_us:" + line.split('stage="', 1)[1].split('"', 1)[0]
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1]) * 1e6  # (deltas under 1 are left out)
+            continue
+        elif line.startswith("stripefs_prefetch_push_total{"):  # the pushes, and the files in them
+            key = "push:" + line.split('what="', 1)[1].split('"', 1)[0]
         else:
             continue
         out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
@@ -216,6 +223,20 @@ def node_counters(urls: list[str]) -> dict[str, float]:
             if line.startswith("stripefs_requests_seconds_count{") and 'type="' in line:
                 key = "node:" + line.split('type="', 1)[1].split('"', 1)[0]
                 out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def strace_table(path: Path) -> dict[str, list[int]]:
+    """{syscall: [calls, errors]} from an ``strace -c`` table ({} if it is not there)."""
+    out: dict[str, list[int]] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        f = line.split()
+        if len(f) in (5, 6) and f[-1] != "total" and f[3].isdigit():
+            out[f[-1]] = [int(f[3]), int(f[4]) if len(f) == 6 else 0]
     return out
 
 
@@ -346,22 +367,29 @@ class Bench:
         before_p = self.cluster.cpu()  # on the local side: what the idle cluster burns meanwhile (not counted)
         before_x = self.cluster.switches()
         before_f = self.cluster.faults()
+        before_t = self.cluster.threads()
         before_s = bench_cpu()
         # no test on this machine drops the kernel's caches meanwhile (they wait: stripefs/page_cache.py);
         # a program that knows nothing of the lock still can, and is counted
         drops = page_cache.drops()
         fcntl.flock(page_cache.lock_fd(), fcntl.LOCK_SH)
+        strace = self.strace_mount(key) if side == "stripefs" else None
         try:
             t = time.perf_counter()
             out, check = fn()
             wall = time.perf_counter() - t
         finally:
             fcntl.flock(page_cache.lock_fd(), fcntl.LOCK_UN)
+            if strace is not None:
+                strace.send_signal(signal.SIGINT)  # detaches and writes its table
+                strace.wait(30)
+                strace = strace_table(self.work / f"strace-{key}@{self.mode}.txt")
         drops = page_cache.drops() - drops
         cpu_self = bench_cpu() - before_s
         after_p = self.cluster.cpu()
         after_x = self.cluster.switches()
         after_f = self.cluster.faults()
+        after_t = self.cluster.threads()
         after_ops = {**mount_counters(url), **node_counters(node_urls)}
         try:
             check()  # what the epoch saw: outside the timing
@@ -382,6 +410,12 @@ class Bench:
             r["switches_by_process"] = {k: after_x[k] - before_x[k] for k in after_x if k in before_x}
             # fresh pages: each received message that lands in new memory costs its page faults
             r["faults_by_process"] = {k: after_f[k] - before_f[k] for k in after_f if k in before_f}
+            # where each process's CPU went, by thread kind: [CPU s, s waiting for a core, times run]
+            # (bench/common.py proc_threads)
+            r["threads_by_process"] = {
+                k: {t: [round(v - b, 4) for v, b in zip(vals, before_t[k].get(t, (0.0, 0.0, 0)))]
+                    for t, vals in after_t[k].items()}
+                for k in after_t if k in before_t}
         if idle_cluster is not None:
             r["cpu_idle_cluster_s"] = idle_cluster  # competes with the local epoch for the CPUs
         if drops:
@@ -391,6 +425,8 @@ class Bench:
         ops = {k: int(v - before_ops.get(k, 0)) for k, v in after_ops.items() if v - before_ops.get(k, 0) >= 1}
         if ops:
             r["mount_requests"] = ops  # FUSE operations and RPCs the mount handled during the epoch
+        if strace:
+            r["mount_syscalls"] = strace  # {syscall: [calls, errors]} under strace (--strace-mount)
         if side == "stripefs":
             st = proc_status(self.cluster.pids["mount"])
             r["mount_vmhwm"] = st.get("VmHWM")
@@ -399,6 +435,20 @@ class Bench:
         progress(f"  {side:8s} [{self.mode}] {label}: {rate}{r['mib_per_s']:.0f} MiB/s ({wall:.1f}s, cpu {cpu:.1f}s"
                  + (f", mount VmHWM {r['mount_vmhwm'] / MiB:.0f} MiB)" if r.get("mount_vmhwm") else ")"))
         return r
+
+    def strace_mount(self, key: str):
+        """``strace -c -f`` attached to the mount for the epochs ``--strace-mount`` names (not for a
+        timed comparison: strace slows every syscall), its table in the workdir; the process, or None."""
+        if key not in self.args.strace_mount.split(","):
+            return None
+        import subprocess
+
+        out = self.work / f"strace-{key}@{self.mode}.txt"
+        proc = subprocess.Popen(["strace", "-c", "-f", "-o", str(out), "-p", str(self.cluster.pids["mount"])],
+                                stderr=subprocess.DEVNULL)
+        time.sleep(1.0)  # attached to every thread before the epoch starts
+        progress(f"  strace -c -f of the mount during {key} [{self.mode}]: {out}")
+        return proc
 
     # -- setup
 
@@ -795,6 +845,32 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
             stor = sum(v for k, v in by.items() if k.startswith("storage"))
             lines.append(f"  {res['label'] + ' [' + res['mode'] + ']':40s} {'':25s}{by.get('mount', 0) / n:7.1f} "
                          f"{by.get('meta', 0) / n:7.1f} {stor / n:8.1f}")
+    thread_rows = [(f"{res['label']} [{res['mode']}]", res["stripefs"]) for res in bench.results.values()
+                   if "na" not in res and res["stripefs"].get("threads_by_process") and res["stripefs"].get("samples")]
+    if thread_rows:
+        lines.append("stripefs CPU per sample by thread (us on a core / us runnable, waiting for a core / times run), "
+                     "the mount | the storage nodes summed:")
+        for label, s in thread_rows:
+            n, by = s["samples"], s["threads_by_process"]
+            nodes: dict[str, list[float]] = {}
+            for proc, threads in by.items():
+                if proc.startswith("storage"):
+                    for t, vals in threads.items():
+                        acc = nodes.setdefault(t, [0.0, 0.0, 0])
+                        for i, v in enumerate(vals):
+                            acc[i] += v
+
+            def cells(threads) -> str:
+                return " ".join(f"{t} {c / n * 1e6:.0f}/{w / n * 1e6:.0f}/{runs / n:.1f}" for t, (c, w, runs)
+                                in sorted(threads.items(), key=lambda kv: -kv[1][0]) if c / n * 1e6 >= 1)
+            lines.append(f"  {label:40s} {cells(by.get('mount', {})) or '-'} | {cells(nodes) or '-'}")
+    for res in bench.results.values():
+        sc = res.get("stripefs", {}).get("mount_syscalls") if "na" not in res else None
+        if sc and res["stripefs"].get("samples"):
+            n = res["stripefs"]["samples"]
+            lines.append(f"mount syscalls per sample under strace -c -f, {res['label']} [{res['mode']}] (calls/failed): "
+                         + " ".join(f"{k} {c / n:.2f}/{e / n:.2f}" for k, (c, e)
+                                    in sorted(sc.items(), key=lambda kv: -kv[1][0]) if c / n >= 0.05))
     if any(k.startswith("prefetch_cold@") and "na" not in r for k, r in bench.results.items()):
         how = ("plain reads through the mount (page cache)" if not bench.read_file_used
                else "stripefs.torch.read_file(shm=True) (shared memory, falls back to the mount)" if SHM
@@ -817,10 +893,16 @@ def report(bench: Bench, total_s: float) -> tuple[str, dict]:
             rpc = " ".join(f"{k[4:]} {v / n:.2f}" for k, v in sorted(s["mount_requests"].items(), key=lambda kv: -kv[1])
                            if k.startswith("rpc:") and v / n >= 0.01)
             race = " ".join(f"{k[5:]} {v / n:.3f}" for k, v in sorted(s["mount_requests"].items()) if k.startswith("race:"))
+            pushes = s["mount_requests"].get("push:files", 0)
+            push = " ".join(f"{k[8:]} {v / pushes:.0f}" for k, v in s["mount_requests"].items()
+                            if k.startswith("push_us:")) if pushes else ""
+            if pushes:  # us per file pushed, by stage, from its batch's bytes landing to its push done
+                push = (f"{pushes / n:.2f} pushed a sample in {s['mount_requests'].get('push:hops', 0) / n:.3f} hops; "
+                        f"us a file pushed: {push}")
             node = " ".join(f"{k[5:]} {v / n:.2f}" for k, v in sorted(s["mount_requests"].items(), key=lambda kv: -kv[1])
                             if k.startswith("node:") and v / n >= 0.01)
             lines.append(f"  {label:40s} {fuse or '-'} | {rpc or '-'}" + (f" | nodes handled: {node}" if node else "")
-                         + (f" | prefetch race: {race}" if race else ""))
+                         + (f" | prefetch race: {race}" if race else "") + (f" | push: {push}" if push else ""))
     for group, sides in bench.scan.items():
         if "stripefs" in sides and "local" in sides:
             lines.append(f"tree scan before the cold {group} epoch ({sides['stripefs']['files']:,} files, "
@@ -940,6 +1022,9 @@ def main(argv=None) -> int:
     ap.add_argument("--py-spy", default=None, help="py-spy executable for --profile (default: py-spy on PATH)")
     ap.add_argument("--json", default=str(RESULTS / "dataloader-latest.json"),
                     help="results file (default bench/results/dataloader-latest.json)")
+    ap.add_argument("--strace-mount", default="", metavar="ROWS",
+                    help="attach strace -c -f to the mount during these rows' stripefs epochs (e.g. prefetch_cold; "
+                         "its syscall table lands in the workdir: --keep); their timings are not comparable")
     ap.add_argument("--strict", action="store_true", help="exit 2 if a target is not met")
     a = ap.parse_args(argv)
     global SHM, SAMPLER_KW

@@ -180,6 +180,20 @@ PREFETCH_RACE = Counter(
     "ChunkCache.claim)",
     ["outcome"],
 )
+PREFETCH_PUSH_SECONDS = Counter(
+    "stripefs_prefetch_push_seconds",
+    "Seconds from a prefetched file's bytes landing (its batch's reply) to its push into the page cache "
+    "(NOTIFY_STORE, client/prefetch.py), summed over the files pushed, by stage: landed_to_thread (until the "
+    "pushing thread took its batch: the batches queued before it), thread_to_push (until its own push began: "
+    "the files before it in its batch, the kernel lock), push (its own writev)",
+    ["stage"],
+)
+PREFETCH_PUSH = Counter(
+    "stripefs_prefetch_push",
+    "The prefetcher's pushes into the page cache: files pushed, and hops (the pushing thread's turns, each "
+    "with the batches queued, reported to the trio thread once)",
+    ["what"],
+)
 READAHEAD = Counter(
     "stripefs_readahead_chunks_total",
     "Chunks prefetched (fetched), later read (used), or evicted or dropped unread (wasted)",

@@ -12,6 +12,8 @@ import queue
 import threading
 from typing import Callable
 
+from ..common.thread_names import name_os_thread
+
 log = logging.getLogger(__name__)
 
 #: how long ``stop`` waits for each worker (one in a network wait finishes it first: its own timeout)
@@ -29,10 +31,15 @@ def logged_callback(fn, *args) -> None:
 
 def start(work: Callable[[], None], name: str, count: int) -> list[threading.Thread]:
     """``count`` daemon threads running ``work``, named ``name-0``, ``name-1``..., started."""
-    threads = [threading.Thread(target=work, name=f"{name}-{i}", daemon=True) for i in range(count)]
+    threads = [threading.Thread(target=_named, args=(work,), name=f"{name}-{i}", daemon=True) for i in range(count)]
     for t in threads:
         t.start()
     return threads
+
+
+def _named(work: Callable[[], None]) -> None:
+    name_os_thread()  # per-thread CPU figures tell the pools apart (common/thread_names.py)
+    work()
 
 
 def stop(jobs: queue.SimpleQueue, threads: list[threading.Thread]) -> None:

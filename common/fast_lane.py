@@ -46,6 +46,7 @@ import zmq
 from . import limits, metrics, protocol, security
 from .errors import ErrorCode
 from .limits import ReplyQueues
+from .thread_names import name_os_thread
 from .transport import FastHandler, Handler, code_name, observe_served, new_socket, open_socket, serve
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,7 @@ class _Lane:
         and a Poller's Python where the blocking receive costs ~2 (lane thread: 11.2 -> ~5 poll(2)
         per request). A reply of serve() that arrives while none is counted (none should) waits at
         most ``_POLL_MS``: the inner socket is read at every receive timeout."""
+        name_os_thread()
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.inner, zmq.POLLIN)

@@ -65,6 +65,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
+from ...common.thread_names import name_os_thread
 from . import abi, notify as _notify, requests as rq
 from .abi import InitFlag, Opcode
 from .device import Closed, Device
@@ -293,6 +294,7 @@ class Session:
         read, parse, ctx, handle, counts = self.device.read_into, rq.parse, self._ctx, self._handle, self.counts
         n_counts, in_flight, cap = len(counts), self._in_flight, self.options.max_in_flight
         side = self.side
+        name_os_thread()
         lane = getattr(self.handler, "lane_getattr", None)
         lane_lock = getattr(self.handler, "lane_lock", None)
         lookup_lane = getattr(self.handler, "lane_lookup", None)
