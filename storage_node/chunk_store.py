@@ -49,7 +49,16 @@ Space: ``used`` is the sum of the chunk file sizes, counted by a scan at
 startup and kept up to date by writes and deletes. A write is refused with
 NO_SPACE, leaving the stored copy intact, when it would take the store past
 ``capacity`` (if nonzero) or leave less than ``reserved_space`` free on the
-file system; a real ENOSPC/EDQUOT while writing is answered the same way.
+file system; a real ENOSPC/EDQUOT while writing is answered the same way. The
+file system's free space is asked (statvfs) at most once a second while a write
+leaves more than ``_FREE_MARGIN`` (256 MiB) over the reserve, and by every write
+nearer to it (``_fs_free``): another process filling the disk within that second
+is noticed at the next statvfs or as a real ENOSPC.
+
+File system calls per operation (issue 35; bench/node_write_syscalls.py counts
+them): a write opens the copy in its slot once (``_stored``: its size, version
+and, for a merge over it, its bytes), a merge reads a small source in one pread,
+a delete lists each fan-out directory once per request and opens each copy once.
 """
 
 from __future__ import annotations
