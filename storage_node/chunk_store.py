@@ -805,25 +805,21 @@ class ChunkStore:
 
         With ``max_versions`` (one per chunk), a copy newer than its bound is kept.
         """
+        for chunk in chunks:
+            _check_chunk_id(chunk)
+        parts_of: dict[str, list[int]] = {}  # "INO-INDEX-" -> the parts stored (all_parts)
+        if all_parts:
+            wanted: dict[str, set[str]] = {}  # a fan-out directory -> the prefixes asked in it
+            for chunk in chunks:
+                wanted.setdefault(os.path.dirname(self._file(chunk)), set()).add(f"{chunk.ino}-{chunk.index}-")
+            for directory, prefixes in wanted.items():
+                parts_of.update(_parts_in(directory, prefixes))
         deleted = 0
-        listings: dict[str, list[str]] = {}  # a directory's names, listed once per request (issue 35)
         for i, chunk in enumerate(chunks):
             bound = max_versions[i] if max_versions else None
-            _check_chunk_id(chunk)
             if all_parts:
-                prefix = f"{chunk.ino}-{chunk.index}-"
-                directory = os.path.dirname(self._file(chunk))
-                names = listings.get(directory)
-                if names is None:
-                    try:
-                        names = listings[directory] = os.listdir(directory)
-                    except FileNotFoundError:
-                        names = listings[directory] = []
-                targets = [
-                    ChunkId(chunk.ino, chunk.index, int(n[len(prefix) : -len(".chunk")]))
-                    for n in names
-                    if n.startswith(prefix) and n.endswith(".chunk") and n[len(prefix) : -len(".chunk")].isdigit()
-                ]
+                parts = parts_of.get(f"{chunk.ino}-{chunk.index}-", ())
+                targets = [ChunkId(chunk.ino, chunk.index, part) for part in parts]
             else:
                 targets = [chunk]
             for target in targets:
@@ -936,6 +932,23 @@ class ChunkStore:
             fs = filesystem_id(self._chunks_dir, own=f"node-{self.node_id}")
             return Usage(self.capacity, max(0, min(self.capacity - used, fs_free)), used, count, fs)
         return Usage(st.f_blocks * st.f_frsize, fs_free, used, count, filesystem_id(self._chunks_dir))
+
+
+def _parts_in(directory: str, prefixes: set[str]) -> dict[str, list[int]]:
+    """The parts stored in a fan-out directory of the chunks named by ``prefixes`` ("INO-INDEX-"),
+    by prefix: the directory listed once for a whole DeleteChunksReq (issue 35; it was listed and
+    every name matched once per chunk, and by-inode fan-out puts up to 4,096 chunks of a file, two
+    slots each, in one directory: a truncate's request of 64 chunks matched 64 x 8,192 names)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return {}
+    out: dict[str, list[int]] = {}
+    for name in names:
+        cut = name.rfind("-") + 1
+        if cut and name[:cut] in prefixes and name.endswith(".chunk") and name[cut:-6].isdigit():
+            out.setdefault(name[:cut], []).append(int(name[cut:-6]))
+    return out
 
 
 def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:

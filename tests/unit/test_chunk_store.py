@@ -680,3 +680,9 @@ def test_a_delete_lists_a_directory_once_per_request(store, monkeypatch):
         *chunks, ChunkId(9, 15, 32)]
     assert store.usage().chunks == 17
     assert store.usage().used_bytes == sum(os.path.getsize(store.path(c)) for c in [*chunks, ChunkId(9, 15, 32)])
+    # other chunks of the directory, and names that are not copies, are left alone
+    store.write(ChunkId(9, 100, 3), 1, 0, 0, b"other", replace=True)
+    (store.path(chunks[0]).parent / "9-0-x.chunk").write_bytes(b"not a copy")
+    assert store.delete(chunks[:2], all_parts=True) == 2
+    assert store.read(ChunkId(9, 100, 3), 1, 0, 10) == (1, b"other")
+    assert (store.path(chunks[0]).parent / "9-0-x.chunk").exists()
