@@ -49,7 +49,16 @@ Space: ``used`` is the sum of the chunk file sizes, counted by a scan at
 startup and kept up to date by writes and deletes. A write is refused with
 NO_SPACE, leaving the stored copy intact, when it would take the store past
 ``capacity`` (if nonzero) or leave less than ``reserved_space`` free on the
-file system; a real ENOSPC/EDQUOT while writing is answered the same way.
+file system; a real ENOSPC/EDQUOT while writing is answered the same way. The
+file system's free space is asked (statvfs) at most once a second while a write
+leaves more than ``_FREE_MARGIN`` (256 MiB) over the reserve, and by every write
+nearer to it (``_fs_free``): another process filling the disk within that second
+is noticed at the next statvfs or as a real ENOSPC.
+
+File system calls per operation (issue 35; bench/node_write_syscalls.py counts
+them): a write opens the copy in its slot once (``_stored``: its size, version
+and, for a merge over it, its bytes), a merge reads a small source in one pread,
+a delete lists each fan-out directory once per request and opens each copy once.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, NamedTuple, Sequence
@@ -84,6 +94,8 @@ _WHOLE_READ_MAX = 1 << 20  # a read from the start of a file this small takes al
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FREE_KEEP_S = 1.0  # a statvfs's free bytes are reused this long by the writes' space check (_fs_free)
+_FREE_MARGIN = 256 << 20  # ... while they leave at least this much over the reserve
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
@@ -115,6 +127,15 @@ class CopyCheck(NamedTuple):
     length: int
     digest: int  # xxh3_64 of the data
     written_ns: int  # the chunk file's mtime: when this copy was last written
+
+
+class _Stored(NamedTuple):
+    """The copy a write replaces, read once under the chunk's lock (``ChunkStore._stored``)."""
+
+    fd: int
+    size: int
+    hdr: Header | None  # None: the copy is corrupt (it has no version; it is replaced whole)
+    head: bytes
 
 
 class Usage(NamedTuple):
@@ -160,6 +181,7 @@ class ChunkStore:
         self._locks_guard = threading.Lock()
         self._usage_guard = threading.Lock()
         self._unsynced_dirs: set[Path] = set()  # parents of fan-out directories made by non-sync writes (_make_dirs)
+        self._free_seen = (float("-inf"), 0, 0)  # (monotonic time, free bytes, self._used) of the last statvfs (_fs_free)
         self._direct = DirectWriter(enabled=direct_io)  # large chunk files bypass the page cache (direct_io.py)
         self._lock_fd = self._lock_data_dir()
         try:
@@ -327,10 +349,14 @@ class ChunkStore:
         log.warning("chunk %s is corrupt: %s (%s)", chunk, what, self.path(chunk))
         return StripefsError(ErrorCode.CORRUPT, f"chunk {chunk}: {what}")
 
-    def _read_header(self, fd: int, chunk: ChunkId, nowait: bool = False, *, whole: bool = False) -> tuple[Header, bytes]:
+    def _read_header(
+        self, fd: int, chunk: ChunkId, nowait: bool = False, *, whole: bool = False, size: int = -1
+    ) -> tuple[Header, bytes]:
         """The verified header of an open chunk file, and the bytes read so far (``whole``: all of
-        a small file, so that reading a small chunk from its start costs one pread, not two)."""
-        size = os.fstat(fd).st_size
+        a small file, so that reading a small chunk from its start costs one pread, not two).
+        ``size``: the file's size when the caller has it already (its fstat), else -1."""
+        if size < 0:
+            size = os.fstat(fd).st_size
         head = _pread(fd, size if whole and size <= _WHOLE_READ_MAX else _FIRST_READ, 0, size, nowait)
         if len(head) < HEADER_SIZE:
             raise self._corrupt(chunk, f"file of {size} bytes is shorter than a header")
@@ -490,17 +516,19 @@ class ChunkStore:
             raise BlockingIOError("a large write: for a worker thread")
         path = self._file(chunk)
         with self._chunk_lock(chunk, wait):
+            stored = self._stored(chunk, path)
             try:
-                old_size = os.stat(path).st_size
-            except FileNotFoundError:
-                old_size = -1
-            if replace:
-                old_version = self._version_or_zero(chunk) if old_size >= 0 else 0
-                if if_newer and old_size >= 0 and old_version >= version:
-                    return self.stat(chunk)
-                content: memoryview | bytearray = data
-            else:
-                old_version, content = self._merge(chunk, version, base_version, offset, data, truncate, old_size >= 0, max_bytes)
+                old_size = stored.size if stored else -1
+                if replace:
+                    old_version = stored.hdr.version if stored and stored.hdr else 0
+                    if if_newer and stored and old_version >= version:
+                        return ChunkMeta(stored.hdr.version, stored.hdr.length) if stored.hdr else self.stat(chunk)
+                    content: memoryview | bytearray = data
+                else:
+                    old_version, content = self._merge(chunk, version, base_version, offset, data, truncate, stored, max_bytes)
+            finally:
+                if stored:
+                    os.close(stored.fd)
             if truncate >= 0 and len(content) != truncate:
                 if len(content) > truncate:
                     content = content[:truncate]
@@ -518,20 +546,36 @@ class ChunkStore:
         log.debug("chunk %s: wrote %d bytes at %d, now version %d length %d", chunk, len(data), offset, new_version, len(content))
         return ChunkMeta(new_version, len(content))
 
-    def _version_or_zero(self, chunk: ChunkId) -> int:
-        """The stored copy's version for a replace; a corrupt copy counts as none."""
+    def _stored(self, chunk: ChunkId, path: str) -> _Stored | None:
+        """The copy a write replaces, opened and its header read once (None: no copy): its size for
+        the space accounting, its version for the copy-on-write rules and, for a merge over it, its
+        bytes. Three file system calls where a stat, a second open and a second header read were
+        (issue 35, the node's write path). A corrupt copy has no version (``hdr`` None): it is
+        replaced whole, as before."""
         try:
-            return self.stat(chunk).version
-        except StripefsError as exc:
-            if exc.code == ErrorCode.CORRUPT:
-                return 0
-            if exc.code == ErrorCode.NOT_FOUND:  # deleted in between: impossible under the lock, harmless
-                return 0
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise self._io_error(chunk, "open", exc) from None
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                hdr, head = self._read_header(fd, chunk, size=size)
+            except StripefsError as exc:
+                if exc.code != ErrorCode.CORRUPT:
+                    raise
+                hdr, head = None, b""
+            return _Stored(fd, size, hdr, head)
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, OSError) and not isinstance(exc, BlockingIOError):
+                raise self._io_error(chunk, "read", exc) from None
             raise
 
     def _merge(
-        self, chunk: ChunkId, version: int, base_version: int, offset: int, data: memoryview, truncate: int, exists: bool,
-        max_bytes: int | None = None,
+        self, chunk: ChunkId, version: int, base_version: int, offset: int, data: memoryview, truncate: int,
+        stored: _Stored | None, max_bytes: int | None = None,
     ) -> tuple[int, memoryview | bytearray]:
         """The version the write builds on and the merged content of a partial write.
 
@@ -541,11 +585,12 @@ class ChunkStore:
         otherwise from the other slot, which holds the committed version the writer named.
         A copy in this slot of any other version is a failed or abandoned session's (or an old
         version's, garbage not collected yet): its bytes are never merged, it is replaced whole.
+        ``stored``: this slot's copy as ``write`` read it (``_stored``), used as it is.
         """
-        source = chunk if exists else None
-        if exists:
-            stored = self._version_or_zero(chunk)
-            if not (stored >= version or (base_version and stored == base_version)):
+        source = chunk if stored else None
+        if stored:
+            version_here = stored.hdr.version if stored.hdr else 0
+            if not (version_here >= version or (base_version and version_here == base_version)):
                 source = None
         if source is None and base_version > 0:
             sibling = sibling_part(chunk.part)
@@ -559,46 +604,81 @@ class ChunkStore:
             content = bytearray(offset)
             content += data
             return 0, content
+        end = offset + len(data)
         try:
-            with self._open(source) as fd:
-                hdr, head = self._read_header(fd, source)
-                if hdr.version < base_version:
-                    raise StripefsError(ErrorCode.STALE, f"chunk {source} is version {hdr.version} < base {base_version}")
-                base = hdr.version if source == chunk else 0  # a copy from the other slot keeps its own version
-                end = offset + len(data)
-                keep = hdr.length if truncate < 0 else min(hdr.length, truncate)
-                if offset == 0 and end >= keep:  # the old bytes that survive are all overwritten
-                    return base, data
-                if max_bytes is not None and keep > max_bytes:
-                    raise BlockingIOError("a merge into a large chunk: for a worker thread")
-                old = b""
-                if hdr.length:
-                    old, _ = self._read_blocks(fd, source, hdr, head, 0, hdr.length)
+            if source == chunk and stored.hdr is not None:
+                try:
+                    old = self._old_bytes(stored.fd, source, stored.hdr, stored.head, base_version, offset, end, truncate, max_bytes)
+                except BlockingIOError:
+                    raise
+                except OSError as exc:
+                    raise self._io_error(chunk, "read", exc) from None
+            else:
+                with self._open(source) as fd:
+                    # the whole file in one pread when its old bytes are likely wanted: a write
+                    # that starts at 0 and covers what it keeps (a replacing write) needs none
+                    whole = offset > 0 or truncate < 0 or end < truncate
+                    hdr, head = self._read_header(fd, source, whole=whole)
+                    old = self._old_bytes(fd, source, hdr, head, base_version, offset, end, truncate, max_bytes)
         except StripefsError as exc:
             if exc.code != ErrorCode.NOT_FOUND:
                 raise
             raise StripefsError(ErrorCode.STALE, f"no copy of chunk {chunk} at version {base_version} to write over") from None
-        content = bytearray(old)
+        base = old[0] if source == chunk else 0  # a copy from the other slot keeps its own version
+        if old[1] is None:  # the old bytes that survive are all overwritten
+            return base, data
+        content = bytearray(old[1])
         if len(content) < offset:
             content.extend(bytes(offset - len(content)))
         content[offset:end] = data
         return base, content
+
+    def _old_bytes(
+        self, fd: int, source: ChunkId, hdr: Header, head: bytes, base_version: int, offset: int, end: int,
+        truncate: int, max_bytes: int | None,
+    ) -> tuple[int, bytes | memoryview | None]:
+        """A merge's source copy's version and the old bytes it keeps (None: the write covers them all)."""
+        if hdr.version < base_version:
+            raise StripefsError(ErrorCode.STALE, f"chunk {source} is version {hdr.version} < base {base_version}")
+        keep = hdr.length if truncate < 0 else min(hdr.length, truncate)
+        if offset == 0 and end >= keep:
+            return hdr.version, None
+        if max_bytes is not None and keep > max_bytes:
+            raise BlockingIOError("a merge into a large chunk: for a worker thread")
+        old: bytes | memoryview = b""
+        if hdr.length:
+            old, _ = self._read_blocks(fd, source, hdr, head, 0, hdr.length)
+        return hdr.version, old
 
     def _check_space(self, chunk: ChunkId, old_size: int, new_size: int) -> None:
         if self.capacity and self._used - old_size + new_size > self.capacity:
             raise StripefsError(
                 ErrorCode.NO_SPACE, f"chunk {chunk}: {new_size} bytes would exceed the capacity of {self.capacity}"
             )
-        free = self._fs_free()
+        free = self._fs_free(new_size)
         if free - new_size < self.reserved_space:  # the temp file exists beside the old copy
             raise StripefsError(
                 ErrorCode.NO_SPACE,
                 f"chunk {chunk}: {new_size} bytes would leave less than the reserved {self.reserved_space} free",
             )
 
-    def _fs_free(self) -> int:
+    def _fs_free(self, new_size: int = 0) -> int:
+        """The file system's free bytes for a write's space check. A statvfs was one of a write's
+        ~10 file system calls (issue 35), so its answer is kept for ``_FREE_KEEP_S`` less what this
+        store has grown since; asked again when older, or when the estimate leaves less than
+        ``_FREE_MARGIN`` over the reserve after the write (near the reserve every write asks)."""
+        now = time.monotonic()
+        with self._usage_guard:
+            taken, free_then, used_then = self._free_seen
+            grown = self._used - used_then
+        estimate = free_then - max(grown, 0)
+        if now - taken < _FREE_KEEP_S and estimate - new_size >= self.reserved_space + _FREE_MARGIN:
+            return estimate
         st = os.statvfs(self._chunks_dir)
-        return st.f_bavail * st.f_frsize
+        free = st.f_bavail * st.f_frsize
+        with self._usage_guard:
+            self._free_seen = (now, free, self._used)
+        return free
 
     def _replace_file(self, chunk: ChunkId, path: str, parts: Sequence[bytes | bytearray | memoryview], sync: bool) -> None:
         """Write ``path`` (a string: ``_file``) as a new file renamed over the old one."""
@@ -725,21 +805,21 @@ class ChunkStore:
 
         With ``max_versions`` (one per chunk), a copy newer than its bound is kept.
         """
+        for chunk in chunks:
+            _check_chunk_id(chunk)
+        parts_of: dict[str, list[int]] = {}  # "INO-INDEX-" -> the parts stored (all_parts)
+        if all_parts:
+            wanted: dict[str, set[str]] = {}  # a fan-out directory -> the prefixes asked in it
+            for chunk in chunks:
+                wanted.setdefault(os.path.dirname(self._file(chunk)), set()).add(f"{chunk.ino}-{chunk.index}-")
+            for directory, prefixes in wanted.items():
+                parts_of.update(_parts_in(directory, prefixes))
         deleted = 0
         for i, chunk in enumerate(chunks):
             bound = max_versions[i] if max_versions else None
-            _check_chunk_id(chunk)
             if all_parts:
-                prefix = f"{chunk.ino}-{chunk.index}-"
-                try:
-                    names = os.listdir(os.path.dirname(self._file(chunk)))
-                except FileNotFoundError:
-                    continue
-                targets = [
-                    ChunkId(chunk.ino, chunk.index, int(n[len(prefix) : -len(".chunk")]))
-                    for n in names
-                    if n.startswith(prefix) and n.endswith(".chunk") and n[len(prefix) : -len(".chunk")].isdigit()
-                ]
+                parts = parts_of.get(f"{chunk.ino}-{chunk.index}-", ())
+                targets = [ChunkId(chunk.ino, chunk.index, part) for part in parts]
             else:
                 targets = [chunk]
             for target in targets:
@@ -747,25 +827,36 @@ class ChunkStore:
         return deleted
 
     def _delete_one(self, chunk: ChunkId, bound: int | None = None) -> int:
+        """Remove one copy, unless ``bound`` is given and the copy is newer. The copy is opened
+        once: its size (for the accounting) and, with a bound, its version from that one open
+        (a stat, an open and a header read each were, issue 35)."""
         path = self._file(chunk)
         with self._chunk_lock(chunk):
             try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return 0
+            except OSError as exc:
+                raise self._io_error(chunk, "delete", exc) from None
+            try:
+                size = os.fstat(fd).st_size
                 if bound is not None:
                     try:
-                        version = self.stat(chunk).version
+                        version = self._read_header(fd, chunk, size=size)[0].version
                     except StripefsError as exc:
-                        if exc.code == ErrorCode.NOT_FOUND:
-                            return 0
+                        if exc.code != ErrorCode.CORRUPT:
+                            raise
                         version = 0  # a corrupt copy is garbage whatever its version
                     if version > bound:
                         log.info("chunk %s: kept v%d, newer than the delete's bound v%d", chunk, version, bound)
                         return 0
-                size = os.stat(path).st_size
                 os.unlink(path)
             except FileNotFoundError:
                 return 0
             except OSError as exc:
                 raise self._io_error(chunk, "delete", exc) from None
+            finally:
+                os.close(fd)
             with self._usage_guard:
                 self._used -= size
                 self._count -= 1
@@ -841,6 +932,23 @@ class ChunkStore:
             fs = filesystem_id(self._chunks_dir, own=f"node-{self.node_id}")
             return Usage(self.capacity, max(0, min(self.capacity - used, fs_free)), used, count, fs)
         return Usage(st.f_blocks * st.f_frsize, fs_free, used, count, filesystem_id(self._chunks_dir))
+
+
+def _parts_in(directory: str, prefixes: set[str]) -> dict[str, list[int]]:
+    """The parts stored in a fan-out directory of the chunks named by ``prefixes`` ("INO-INDEX-"),
+    by prefix: the directory listed once for a whole DeleteChunksReq (issue 35; it was listed and
+    every name matched once per chunk, and by-inode fan-out puts up to 4,096 chunks of a file, two
+    slots each, in one directory: a truncate's request of 64 chunks matched 64 x 8,192 names)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return {}
+    out: dict[str, list[int]] = {}
+    for name in names:
+        cut = name.rfind("-") + 1
+        if cut and name[:cut] in prefixes and name.endswith(".chunk") and name[cut:-6].isdigit():
+            out.setdefault(name[:cut], []).append(int(name[cut:-6]))
+    return out
 
 
 def _write_all(fd: int, parts: Sequence[bytes | bytearray | memoryview]) -> None:

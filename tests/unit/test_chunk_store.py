@@ -590,3 +590,99 @@ def test_a_small_chunk_is_read_without_a_copy(store):
     assert isinstance(got, memoryview) and len(got.obj) > len(data)  # the file's whole buffer: no copy
     _, part = store.read(C, 0, BS + 5, 10)  # a range inside: sliced from the view, still the data
     assert bytes(part) == data[BS + 5 : BS + 15]
+
+
+def _count_calls(monkeypatch, name):
+    """Calls of ``os.<name>`` made through chunk_store, by their first argument (a path or fd)."""
+    calls = []
+    real = getattr(os, name)
+
+    def counted(*args, **kwargs):
+        calls.append(str(args[0]) if args else "")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cs.os, name, counted)
+    return calls
+
+
+def test_a_write_opens_the_copy_in_its_slot_once(store, monkeypatch):
+    """Issue 35 (the node's write path): the copy a write replaces is opened once, its size, version
+    and (a merge over it) its bytes read from that one open; no stat of it, no second open. The
+    copy-on-write rules are the ones above: an own copy (the session's version) is merged into, an
+    older one in the slot never is."""
+    committed, slot = ChunkId(5, 0, replica_part(4)), ChunkId(5, 0, replica_part(7))
+    base = _pattern(3 * BS, 2)
+    store.write(committed, 4, 0, 0, base)
+    store.write(slot, 3, 0, 0, _pattern(3 * BS, 3))  # an abandoned session's copy: garbage in the slot
+    opens, stats = _count_calls(monkeypatch, "open"), _count_calls(monkeypatch, "stat")
+    assert store.write(slot, 7, 4, 100, b"seven") == (7, 3 * BS)  # merged from the committed slot
+    target = str(store.path(slot))
+    assert opens.count(target) == 1 and target not in stats
+    opens.clear()
+    assert store.write(slot, 7, 4, 2 * BS, b"later") == (7, 3 * BS)  # the same session's second range
+    assert opens.count(target) == 1 and opens.count(str(store.path(committed))) == 0 and target not in stats
+    monkeypatch.undo()
+    expected = bytearray(base)
+    expected[100:105] = b"seven"
+    expected[2 * BS : 2 * BS + 5] = b"later"
+    assert store.read(slot, 7, 0, 3 * BS) == (7, expected)
+    assert store.read(committed, 4, 0, 3 * BS) == (4, base)
+    assert store.usage().used_bytes == sum(os.path.getsize(store.path(c)) for c in (committed, slot))
+    # a replacing write over a copy still keeps the newer version of the two (if_newer too)
+    assert store.write(slot, 5, 0, 0, b"older", replace=True, if_newer=True) == (7, 3 * BS)
+    assert store.write(slot, 5, 0, 0, b"older", replace=True) == (7, 5)
+
+
+def test_a_corrupt_copy_in_the_slot_is_replaced_whole(store):
+    committed, slot = ChunkId(5, 1, replica_part(4)), ChunkId(5, 1, replica_part(7))
+    base = _pattern(2 * BS, 4)
+    store.write(committed, 4, 0, 0, base)
+    store.write(slot, 7, 4, 0, b"x")
+    with open(store.path(slot), "r+b") as f:  # a torn or rotten copy of the session's version
+        f.seek(HEADER_SIZE + 20)
+        f.write(b"rot")
+    assert store.write(slot, 9, 4, 10, b"nine") == (9, 2 * BS)  # built on the committed slot
+    assert store.read(slot, 9, 0, 2 * BS)[1] == base[:10] + b"nine" + base[14:]
+
+
+def test_the_space_check_reuses_a_recent_statvfs_far_from_the_reserve(store, monkeypatch):
+    """A statvfs was one of a write's ~10 file system calls (issue 35): its answer serves the
+    writes of the next second, less what the store grew since, unless the write would come within
+    ``_FREE_MARGIN`` of the reserve; near the reserve every write asks the file system."""
+    statvfs = _count_calls(monkeypatch, "statvfs")
+    for i in range(20):
+        store.write(ChunkId(6, i, 0), 1, 0, 0, b"x" * 1000)
+    assert len(statvfs) == 1
+    store.reserved_space = store._fs_free() - (1 << 20)  # the file system is nearly at the reserve now
+    statvfs.clear()
+    store.write(ChunkId(6, 0, 0), 2, 0, 0, b"y" * 1000, replace=True)
+    assert len(statvfs) == 1
+    with pytest.raises(StripefsError) as e:  # 2 MiB would cross the reserve: refused at once
+        store.write(ChunkId(6, 1, 0), 2, 0, 0, b"z" * (2 << 20), replace=True)
+    assert _code(e) == ErrorCode.NO_SPACE
+    assert store.read(ChunkId(6, 1, 0), 1, 0, 2000) == (1, b"x" * 1000)
+
+
+def test_a_delete_lists_a_directory_once_per_request(store, monkeypatch):
+    """The collector's DeleteChunksReq names many chunks of one file, all in one fan-out directory:
+    it is listed once per request (it was once per chunk), and each copy is opened once for its
+    size and, with a bound, its version. A copy newer than the bound is kept, as before."""
+    chunks = [ChunkId(9, i, 0) for i in range(16)]
+    for c in chunks:
+        store.write(c, 4, 0, 0, b"committed", replace=True)
+        store.write(ChunkId(9, c.index, 32), 3, 0, 0, b"old", replace=True)
+    store.write(ChunkId(9, 15, 32), 5, 0, 0, b"newer", replace=True)
+    listings, stats = _count_calls(monkeypatch, "listdir"), _count_calls(monkeypatch, "stat")
+    assert store.delete(chunks, all_parts=True, max_versions=[3] * 16) == 15
+    assert len(listings) == 1 and not stats
+    monkeypatch.undo()
+    assert sorted(store.chunks_in_dir(store.existing_dirs()[0]), key=lambda c: (c.index, c.part)) == [
+        *chunks, ChunkId(9, 15, 32)]
+    assert store.usage().chunks == 17
+    assert store.usage().used_bytes == sum(os.path.getsize(store.path(c)) for c in [*chunks, ChunkId(9, 15, 32)])
+    # other chunks of the directory, and names that are not copies, are left alone
+    store.write(ChunkId(9, 100, 3), 1, 0, 0, b"other", replace=True)
+    (store.path(chunks[0]).parent / "9-0-x.chunk").write_bytes(b"not a copy")
+    assert store.delete(chunks[:2], all_parts=True) == 2
+    assert store.read(ChunkId(9, 100, 3), 1, 0, 10) == (1, b"other")
+    assert (store.path(chunks[0]).parent / "9-0-x.chunk").exists()
