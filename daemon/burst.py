@@ -159,8 +159,7 @@ class Burst:
 
     def __init__(self, *, txn, access, kinds: frozenset[type], operation: Callable[[P.Msg], Op], settle_now, settle, release,
                  redo=None, defer: Callable[[P.Msg], bool] = lambda body: False, create_many=None,
-                 unlink_many=None, commits_run: Callable[[], bool] | None = None,
-                 numbers_movable: Callable[[int, int, int], bool] | None = None) -> None:
+                 unlink_many=None, commits_run: Callable[[], bool] | None = None) -> None:
         self.txn = txn  # daemon/txn.py SqliteTxn or PgTxn
         self.access = access  # daemon/access.py MetaAccess
         self.kinds = kinds  # the requests served here (bare or in a OnceReq)
@@ -173,9 +172,6 @@ class Burst:
         self.create_many = create_many  # (CreateReqs of one directory) -> each one's result or StripefsError (``_many``)
         self.unlink_many = unlink_many  # (parent, names, log_changes) -> each one's change or StripefsError (``_unlinks``)
         self.commits_run = commits_run  # () -> whether commits may run as one savepoint now (``_commits``; no quota)
-        #: (session, lo, hi) -> whether creates naming delegated numbers lo..hi may run in any order
-        #: (daemon/inode_ranges.py ``inside_one``; ``_gathered``); None: never reordered
-        self.numbers_movable = numbers_movable
         self.commit_runs = 0  # runs of commits done in one savepoint (figures for tests and the bench)
         self.bursts = 0  # figures for tests and the bench
         self.requests = 0
@@ -357,7 +353,7 @@ class Burst:
                     lock.acquire_nowait()  # free: no scheduler pass
                 try:
                     with txn.store.dir_cache():  # a directory read once per slice (daemon/store.py)
-                        for run in _runs(units[start:start + SLICE], self._movable()):
+                        for run in _runs(units[start:start + SLICE], self._by_directory()):
                             wrote = (self._many(run) if len(run) > 1 else self._one(run[0])) or wrote
                 finally:
                     lock.release()
@@ -378,17 +374,14 @@ class Burst:
             if unit.once is not None:
                 unit.once.used = False
         with self.txn.store.dir_cache():  # a directory read once per transaction
-            for run in _runs(units, self._movable()):
+            for run in _runs(units, self._by_directory()):
                 wrote = (self._many(run) if len(run) > 1 else self._one(run[0])) or wrote
         return wrote
 
-    def _movable(self) -> Callable[[int, int, int], bool] | None:
-        """What ``_runs`` may gather a stretch's creates and unlinks by directory with: the check
-        of delegated numbers (``numbers_movable``), or None (not gathered): not under a directory
-        quota (``commits_run``), where each is charged on its own in the order sent."""
-        if self.commits_run is None or self.numbers_movable is None or not self.commits_run():
-            return None
-        return self.numbers_movable
+    def _by_directory(self) -> bool:
+        """Whether ``_runs`` may gather a stretch's creates and unlinks by directory: not under a
+        directory quota (``commits_run``), where each is charged on its own in the order sent."""
+        return self.commits_run is not None and self.commits_run()
 
     def _many(self, units: list[_Unit]) -> bool:
         """A run of creates of one client (and key) in one directory (``_runs``: a BatchReq's
@@ -686,13 +679,13 @@ def _one_client(units: list[_Unit]) -> Iterator[None]:
                 unit.once.used = True
 
 
-def _runs(units: list[_Unit], movable: Callable[[int, int, int], bool] | None = None) -> list[list[_Unit]]:
+def _runs(units: list[_Unit], by_directory: bool = False) -> list[list[_Unit]]:
     """``units`` cut into runs: creates one after another with one ``many`` key (one directory,
     one client, one key: a BatchReq's items or requests of their own) and distinct OnceReq
-    numbers (``Burst._many``), and single units. ``movable`` (``Burst._movable``): each stretch of
-    creates and unlinks is first gathered by directory (``_gathered``)."""
-    if movable is not None:
-        units = _gathered(units, movable)
+    numbers (``Burst._many``), and single units. ``by_directory``: each stretch of creates and
+    unlinks is first gathered by directory (``_gathered``)."""
+    if by_directory:
+        units = _gathered(units)
     runs: list[list[_Unit]] = []
     ids: set = set()
     for unit in units:
@@ -716,7 +709,7 @@ def _directory_of(unit: _Unit) -> int | None:
     return key[1] if key[0] == "unlink" else key[0]
 
 
-def _gathered(units: list[_Unit], movable: Callable[[int, int, int], bool]) -> list[_Unit]:
+def _gathered(units: list[_Unit]) -> list[_Unit]:
     """``units`` with each stretch of creates and unlinks (units with a ``many`` key naming a
     directory, one after another) ordered by directory, in the order each directory first comes,
     each directory's own units in their order; every other unit where it was.
@@ -731,37 +724,21 @@ def _gathered(units: list[_Unit], movable: Callable[[int, int, int], bool]) -> l
     in the units' order; a directory's own creates and unlinks keep their order, and any other
     request (a mkdir, a rename, a commit) bounds a stretch, so nothing moves across it. The change
     numbers follow the new order (still the order they are committed in). Not under a directory
-    quota (``Burst._movable``): which create a full quota refuses would then depend on it. A
-    mount's creates name numbers delegated to its session, taken in order, and the daemon drops a
-    range once its last number is used (daemon/inode_ranges.py ``spent``): a stretch whose
-    numbers of some session are not all inside one of its ranges short of the range's last
-    (``movable``) keeps its order."""
+    quota (``Burst._by_directory``): which create a full quota refuses would then depend on it."""
     out: list[_Unit] = []
-    stretch: list[_Unit] = []
+    stretch: dict[int, list[_Unit]] = {}
     for unit in units:
-        if _directory_of(unit) is None:
-            out += _by_directory(stretch, movable)
-            stretch = []
+        parent = _directory_of(unit)
+        if parent is None:
+            for group in stretch.values():
+                out += group
+            stretch.clear()
             out.append(unit)
         else:
-            stretch.append(unit)
-    out += _by_directory(stretch, movable)
+            stretch.setdefault(parent, []).append(unit)
+    for group in stretch.values():
+        out += group
     return out
-
-
-def _by_directory(stretch: list[_Unit], movable: Callable[[int, int, int], bool]) -> list[_Unit]:
-    """(``_gathered``) One stretch by directory, or as it is where its delegated numbers must keep their order."""
-    groups: dict[int, list[_Unit]] = {}
-    spans: dict[int, tuple[int, int]] = {}
-    for unit in stretch:
-        groups.setdefault(_directory_of(unit), []).append(unit)
-        body = unit.body
-        if type(body) is P.CreateReq and body.new_ino:
-            lo, hi = spans.get(body.session_id, (body.new_ino, body.new_ino))
-            spans[body.session_id] = (min(lo, body.new_ino), max(hi, body.new_ino))
-    if len(groups) < 2 or not all(movable(session, lo, hi) for session, (lo, hi) in spans.items()):
-        return stretch
-    return [unit for group in groups.values() for unit in group]
 
 
 def _overflow(body: P.Msg | None, exc: OverflowError) -> StripefsError:

@@ -67,14 +67,6 @@ class InodeRanges:
         bisect.insort(held, (first, first + count - 1))
         return first
 
-    def inside_one(self, session: int, lo: int, hi: int) -> bool:
-        """Numbers ``lo`` to ``hi`` all lie in one range of ``session``, short of its last number: used
-        in any order, none is refused and the range stays (``spent`` drops it at its last number;
-        daemon/burst.py ``_gathered`` reorders creates only then)."""
-        held = self._ranges.get(session, ())
-        i = bisect.bisect_right(held, (lo, float("inf"))) - 1
-        return i >= 0 and held[i][0] <= lo and hi < held[i][1]
-
     def holds(self, session: int) -> bool:
         """The session has numbers delegated: it may create asynchronously (daemon/callbacks.py recalls)."""
         return bool(self._ranges.get(session))

@@ -451,7 +451,6 @@ class MetaService:
             settle=self._settle if self.shared is None else self._settle_shared, release=self.housekeeping.release,
             redo=lambda request: self.handle(request, []), defer=self._must_recall, create_many=self._create_many,
             unlink_many=functools.partial(unlink_many, self.ns), commits_run=lambda: not self.ns.quotas.roots,
-            numbers_movable=self.inode_ranges.inside_one,
         )
         self._snapshots_changed()
         return self.burst.run

@@ -202,32 +202,3 @@ async def test_creates_and_unlinks_in_directories_in_turn_run_as_one_operation_p
         r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
         assert r[0].seq < r[1].seq < r[2].seq and _changes(tmp_path) == changes + 3  # one by one, in order
         nursery.cancel_scope.cancel()
-
-
-async def test_delegated_numbers_gathered_by_directory_are_never_refused(tmp_path, ctx):  # noqa: F811
-    """A mount's creates in directories in turn name its delegated numbers in order; the daemon
-    drops a range when its last number is used (daemon/inode_ranges.py ``spent``). Gathered by
-    directory only where the numbers lie inside one range short of its last: a batch that ends a
-    range keeps its order (had its last number gone first, the range's others would be refused)."""
-    async with trio.open_nursery() as nursery:
-        service = await _service(nursery, ctx, tmp_path)
-        sid = (await service.handle(P.HelloReq(host="m", pid=1, client_id=7), [])).session_id
-        d1 = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d1", mode=0o40755, uid=0, gid=0), [])).attr.ino
-        d2 = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d2", mode=0o40755, uid=0, gid=0), [])).attr.ino
-
-        def mine(parent: int, name: bytes, ino: int) -> P.CreateReq:
-            return P.CreateReq(parent=parent, name=name, mode=0o100644, uid=0, gid=0, session_id=sid, new_ino=ino)
-
-        first = (await service.handle(P.DelegateInodesReq(session_id=sid, count=3), [])).first
-        items = [mine(d1, b"a", first), mine(d2, b"a", first + 1), mine(d1, b"b", first + 2)]  # ends the range
-        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
-        assert all(isinstance(x, P.OpenRsp) for x in r), r
-        assert r[0].seq < r[1].seq < r[2].seq  # in the order sent
-
-        first = (await service.handle(P.DelegateInodesReq(session_id=sid, count=100), [])).first
-        items = [mine(d1, b"c", first), mine(d2, b"c", first + 1), mine(d1, b"d", first + 2), mine(d2, b"d", first + 3)]
-        r = (await service.burst.run([(P.BatchReq(items=items), None)]))[0].results
-        assert all(isinstance(x, P.OpenRsp) for x in r), r
-        assert [x.attr.ino for x in r] == [first, first + 1, first + 2, first + 3]
-        assert r[0].seq == r[2].seq != r[1].seq == r[3].seq  # inside one range: one change per directory
-        nursery.cancel_scope.cancel()
