@@ -353,7 +353,7 @@ class Burst:
                     lock.acquire_nowait()  # free: no scheduler pass
                 try:
                     with txn.store.dir_cache():  # a directory read once per slice (daemon/store.py)
-                        for run in _runs(units[start:start + SLICE], self._by_directory()):
+                        for run in _runs(units[start:start + SLICE]):
                             wrote = (self._many(run) if len(run) > 1 else self._one(run[0])) or wrote
                 finally:
                     lock.release()
@@ -374,14 +374,9 @@ class Burst:
             if unit.once is not None:
                 unit.once.used = False
         with self.txn.store.dir_cache():  # a directory read once per transaction
-            for run in _runs(units, self._by_directory()):
+            for run in _runs(units):
                 wrote = (self._many(run) if len(run) > 1 else self._one(run[0])) or wrote
         return wrote
-
-    def _by_directory(self) -> bool:
-        """Whether ``_runs`` may gather a stretch's creates and unlinks by directory: not under a
-        directory quota (``commits_run``), where each is charged on its own in the order sent."""
-        return self.commits_run is not None and self.commits_run()
 
     def _many(self, units: list[_Unit]) -> bool:
         """A run of creates of one client (and key) in one directory (``_runs``: a BatchReq's
@@ -679,13 +674,10 @@ def _one_client(units: list[_Unit]) -> Iterator[None]:
                 unit.once.used = True
 
 
-def _runs(units: list[_Unit], by_directory: bool = False) -> list[list[_Unit]]:
+def _runs(units: list[_Unit]) -> list[list[_Unit]]:
     """``units`` cut into runs: creates one after another with one ``many`` key (one directory,
     one client, one key: a BatchReq's items or requests of their own) and distinct OnceReq
-    numbers (``Burst._many``), and single units. ``by_directory``: each stretch of creates and
-    unlinks is first gathered by directory (``_gathered``)."""
-    if by_directory:
-        units = _gathered(units)
+    numbers (``Burst._many``), and single units."""
     runs: list[list[_Unit]] = []
     ids: set = set()
     for unit in units:
@@ -699,46 +691,6 @@ def _runs(units: list[_Unit], by_directory: bool = False) -> list[list[_Unit]]:
         if op_id is not None:
             ids.add(op_id)
     return runs
-
-
-def _directory_of(unit: _Unit) -> int | None:
-    """The directory a create's or unlink's ``many`` key names; None for any other unit."""
-    key = unit.many
-    if key is None or key[0] == "commit":
-        return None
-    return key[1] if key[0] == "unlink" else key[0]
-
-
-def _gathered(units: list[_Unit]) -> list[_Unit]:
-    """``units`` with each stretch of creates and unlinks (units with a ``many`` key naming a
-    directory, one after another) ordered by directory, in the order each directory first comes,
-    each directory's own units in their order; every other unit where it was.
-
-    Why: a program that creates (or removes) files in several directories in turn (bench/meta.py
-    spreads its files over 4; `tar x`, a training job's outputs) sends a BatchReq whose neighbours
-    are never in one directory, so every run was of one and ``_many``'s one statement per table
-    never applied. Why it is safe: such creates and unlinks of files in different directories
-    touch different rows (an entry, a new inode, that directory's times; an unlink's inode is
-    dropped whichever of its names goes last), they all run in this burst's one transaction
-    (nothing is seen, nor answered, before its commit), and each keeps its own outcome and reply
-    in the units' order; a directory's own creates and unlinks keep their order, and any other
-    request (a mkdir, a rename, a commit) bounds a stretch, so nothing moves across it. The change
-    numbers follow the new order (still the order they are committed in). Not under a directory
-    quota (``Burst._by_directory``): which create a full quota refuses would then depend on it."""
-    out: list[_Unit] = []
-    stretch: dict[int, list[_Unit]] = {}
-    for unit in units:
-        parent = _directory_of(unit)
-        if parent is None:
-            for group in stretch.values():
-                out += group
-            stretch.clear()
-            out.append(unit)
-        else:
-            stretch.setdefault(parent, []).append(unit)
-    for group in stretch.values():
-        out += group
-    return out
 
 
 def _overflow(body: P.Msg | None, exc: OverflowError) -> StripefsError:
