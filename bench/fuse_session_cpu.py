@@ -272,7 +272,7 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
         n, t = len(buf), time.perf_counter()
         for _ in range(requests):
             length, opcode, unique, nodeid = lane_head(buf)
-            if not (opcode == abi.Opcode.GETATTR and length == n and session._lane(lane, lane_lock, out_head, unique, nodeid)):
+            if not (opcode == abi.Opcode.GETATTR and length == n and session._on_lane("GETATTR", lane_lock, out_head, unique, lane, nodeid)):
                 raise SystemExit("the GETATTR lane did not answer the held file")
         return (time.perf_counter() - t) / requests * 1e6
 
@@ -328,12 +328,12 @@ def hot_path(requests: int, runs: int = 5) -> dict[str, tuple[float, float]]:
         n = len(buf)
         if n == session_mod._GETATTR_SIZE:
             _, opcode, unique, nodeid = lane_head(buf)
-            if opcode == abi.Opcode.GETATTR and session2._lane(lane2, lane2_lock, out_head, unique, nodeid):
+            if opcode == abi.Opcode.GETATTR and session2._on_lane("GETATTR", lane2_lock, out_head, unique, lane2, nodeid):
                 return
         elif lookup2 is not None and buf[4] == abi.Opcode.LOOKUP:
             _, opcode, unique, nodeid = lane_head(buf)
             nul = buf.find(0, head.size, n)
-            if session2._lane_lookup(lookup2, lane2_lock, out_head, unique, nodeid, bytes(buf[head.size:nul])):
+            if session2._on_lane("LOOKUP", lane2_lock, out_head, unique, lookup2, nodeid, bytes(buf[head.size:nul])):
                 return
         handle2(parse(buf, n, ctx))
 

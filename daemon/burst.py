@@ -453,6 +453,23 @@ class Burst:
             if unit.batch is not None and unit.batch.error is not None:
                 unit.error = P.ErrorRsp(code=ErrorCode.IO, message=f"metadata commit failed: {unit.batch.error}")
 
+    def _in_one_savepoint(self, units: list[_Unit], run, expected, what: str):
+        """``run(units)`` in ONE savepoint (``txn.write_locked``), as one client (``_one_client``):
+        (the units it changed, the batch). Any error undoes the whole, and the units run one by one
+        (``_one``), each finding its own outcome: then whether any wrote. ``expected``: the errors
+        not worth a debug line (a refusal, a run not allowed here); ``what``: the run, for it."""
+        with _one_client(units):
+            try:
+                return self.txn.write_locked(run, units, wake=False)
+            except self.txn.reruns:
+                raise
+            except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
+                if not isinstance(exc, expected):
+                    log.debug("%s one by one: %r", what, exc)
+                for unit in units:
+                    unit.result, unit.error, unit.logged, unit.seq = None, None, None, 0
+                return any([self._one(unit) for unit in units])
+
     def _unlinks(self, units: list[_Unit]) -> bool:
         """A run of unlinks of one client (and key) in one directory (``_runs``) in ONE savepoint
         (daemon/namespace_bulk.py ``unlink_many``): each its own checks, outcome and change log
@@ -460,17 +477,10 @@ class Burst:
         times, and its attributes after the run in the last one's reply. An error past an
         unlink's checks undoes the whole, and they run one by one (``_one``)."""
         first = units[0]
-        with _one_client(units):
-            try:
-                made, batch = self.txn.write_locked(self._run_unlinks, units, wake=False)
-            except self.txn.reruns:
-                raise
-            except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
-                if not isinstance(exc, ManyNotHere):
-                    log.debug("unlinks in directory %d one by one: %r", first.body.parent, exc)
-                for unit in units:
-                    unit.result, unit.error, unit.logged, unit.seq = None, None, None, 0
-                return any([self._one(unit) for unit in units])
+        ran = self._in_one_savepoint(units, self._run_unlinks, ManyNotHere, f"unlinks in directory {first.body.parent}")
+        if isinstance(ran, bool):
+            return ran
+        made, batch = ran
         for unit in units:
             if unit.error is None:
                 unit.batch = batch
@@ -513,17 +523,10 @@ class Burst:
         copy-out, a constraint) undoes the run, and the commits run one by one (``_one``), each
         with its own outcome, so a refused commit fails alone and is answered in order. Not under
         a directory quota (``commits_run``: each commit charged on its own, as unlinks). SQLite only."""
-        with _one_client(units):
-            try:
-                made, batch = self.txn.write_locked(self._run_commits, units, wake=False)
-            except self.txn.reruns:
-                raise
-            except Exception as exc:  # noqa: BLE001 - undone as a whole: one by one, each finds its own outcome
-                if not isinstance(exc, (ManyNotHere, StripefsError)):
-                    log.debug("commits one by one: %r", exc)
-                for unit in units:
-                    unit.result, unit.error, unit.logged, unit.seq = None, None, None, 0
-                return any([self._one(unit) for unit in units])
+        ran = self._in_one_savepoint(units, self._run_commits, (ManyNotHere, StripefsError), "commits")
+        if isinstance(ran, bool):
+            return ran
+        made, batch = ran
         for unit in units:
             unit.batch = batch
         if made:  # the savepoint held: its numbers are given out for good

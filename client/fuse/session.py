@@ -319,14 +319,14 @@ class Session:
                     break
                 if lane is not None and n == getattr_size:
                     length, opcode, unique, nodeid = head(buf)
-                    if opcode == getattr_op and length == n and self._lane(lane, lane_lock, out_head, unique, nodeid):
+                    if opcode == getattr_op and length == n and self._on_lane("GETATTR", lane_lock, out_head, unique, lane, nodeid):
                         counts[opcode] += 1
                         continue
                 elif lookup_lane is not None and buf[4] == lookup_op and n > name_at:
                     length, opcode, unique, nodeid = head(buf)
                     nul = buf.find(0, name_at, n)
                     if (opcode == lookup_op and length == n and nul >= 0
-                            and self._lane_lookup(lookup_lane, lane_lock, out_head, unique, nodeid, bytes(buf[name_at:nul]))):
+                            and self._on_lane("LOOKUP", lane_lock, out_head, unique, lookup_lane, nodeid, bytes(buf[name_at:nul]))):
                         counts[opcode] += 1
                         continue
                 req = parse(buf, n, ctx)
@@ -349,35 +349,14 @@ class Session:
                 except Exception:
                     log.exception("ending the reader thread's side work failed")
 
-    def _lane(self, lane, lock, out_head, unique: int, nodeid: int) -> bool:
-        """Answer GETATTR ``unique`` of ``nodeid`` from ``lane`` (module docstring); False: it had
-        no answer (or failed), the request takes the ordinary way."""
+    def _on_lane(self, what: str, lock, out_head, unique: int, ask, *args) -> bool:
+        """Answer request ``unique`` from a lane (module docstring: GETATTR's ``lane(nodeid)``,
+        LOOKUP's ``lane(nodeid, name)``): ``ask(*args)`` gives the reply's body, or the errno it
+        fails with; None (or a failure) and the request takes the ordinary way: False."""
         if lock is not None:
             lock.acquire()
         try:
-            body = lane(nodeid)
-            if body is None:
-                return False
-            try:
-                self.device.writev((out_head(16 + len(body), 0, unique), body))
-            except Closed:
-                pass  # the connection is gone: the next read says so
-            return True
-        except Exception:
-            log.exception("the GETATTR lane failed for inode %d: the request takes the ordinary way", nodeid)
-            return False
-        finally:
-            if lock is not None:
-                lock.release()
-
-    def _lane_lookup(self, lane, lock, out_head, unique: int, nodeid: int, name: bytes) -> bool:
-        """Answer LOOKUP ``unique`` of ``name`` in ``nodeid`` from ``lane`` (module docstring): its
-        entry's bytes, or the errno it fails with; False: no answer (or it failed), the request
-        takes the ordinary way."""
-        if lock is not None:
-            lock.acquire()
-        try:
-            answer = lane(nodeid, name)
+            answer = ask(*args)
             if answer is None:
                 return False
             try:
@@ -389,7 +368,7 @@ class Session:
                 pass  # the connection is gone: the next read says so
             return True
         except Exception:
-            log.exception("the LOOKUP lane failed for %r in inode %d: the request takes the ordinary way", name, nodeid)
+            log.exception("the %s lane failed for %r: the request takes the ordinary way", what, args)
             return False
         finally:
             if lock is not None:

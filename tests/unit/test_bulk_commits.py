@@ -53,12 +53,17 @@ def _commit(ino: int, size: int, version: int, op_id: int, extra=()) -> P.OnceRe
     return P.OnceReq(client_id=9, op_id=op_id, done_below=1, body=P.CommitReq(ino=ino, size=size, mtime_ns=5, chunks=chunks))
 
 
+async def _four_files(service: MetaService) -> list[int]:
+    """Four empty files made in a new directory ``d``: their inodes."""
+    d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
+    return [(await service.handle(_create(b"f%d" % i, parent=d), [])).attr.ino for i in range(4)]
+
+
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 async def test_a_run_of_commits_is_answered_as_singles_and_a_retry_applied_once(tmp_path, ctx, request, store):
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path, request, store)
-        d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
-        inos = [(await service.handle(_create(b"f%d" % i, parent=d), [])).attr.ino for i in range(4)]
+        inos = await _four_files(service)
         lookups = _Lookups(service)
         batch = P.BatchReq(items=[_commit(ino, 100 + i, 3, i + 1) for i, ino in enumerate(inos)])
         first = (await service.burst.run([(batch, None)]))[0].results
@@ -89,8 +94,7 @@ async def test_a_run_of_commits_is_answered_as_singles_and_a_retry_applied_once(
 async def test_a_refused_commit_in_a_run_fails_alone_and_is_answered_in_order(tmp_path, ctx, request, store):
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path, request, store)
-        d = (await service.handle(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0), [])).attr.ino
-        inos = [(await service.handle(_create(b"f%d" % i, parent=d), [])).attr.ino for i in range(4)]
+        inos = await _four_files(service)
         bad_chunk = P.ChunkRef(index=5, version=3, nodes=[])  # no placement and no nodes: INVALID after chunk 0's row
         items = [
             _commit(inos[0], 100, 3, 1),
