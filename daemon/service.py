@@ -641,20 +641,21 @@ class MetaService:
     async def handle_open(self, req: P.OpenReq) -> P.Msg:
         if req.session_id:  # sessions belong to their key (daemon/health.py): checked before any mark
             self.sessions.touch(req.session_id, owner=current_peer())
-        mark = as_of = -1
+        mark = None
         if req.mark and req.session_id:
-            mark, as_of = await self._mark_written(req.session_id, req.ino)
+            mark = await self._mark_written(req.session_id, req.ino)
         else:
             await self.callbacks.grace_over()
             await self._recall_writer(req.session_id, req.ino)
-        return await self._perform(self._op_open(req, mark, as_of))
+        return await self._perform(self._op_open(req, mark))
 
-    def _op_open(self, req: P.OpenReq, mark: int = -1, as_of: int = -1) -> Op:
-        """The open itself, once no writer must be recalled (``handle_open``; the burst takes an open
-        without ``mark`` when ``_must_recall`` says none must): the file's open information, the
-        session's hold on it and, to write, an epoch (last: a high-water mark it raises is committed
-        with the open, never rolled back under a handed-out epoch). A write open is a write (its
-        reply waits for the commit holding that mark); a read open a read."""
+    def _op_open(self, req: P.OpenReq, mark: tuple[int, int] | None = None) -> Op:
+        """The open itself: the file's open information, the session's hold on it and, to write,
+        an epoch (last: a high-water mark it raises is committed with the open, never rolled back
+        under a handed-out epoch). A write open is a write (its reply waits for the commit holding
+        that mark); a read open a read. ``mark``: the write mark ``handle_open`` got (seq, as of);
+        None with ``req.mark``: the burst's open, which grants it here (``_mark_now``), taken only
+        when nothing must be recalled or told first (``_must_recall``)."""
         owner = current_peer()
         if req.session_id:
             self.sessions.touch(req.session_id, owner=owner)
@@ -666,24 +667,19 @@ class MetaService:
                 check_writable(row)  # a snapshot's file (daemon/snapshots.py)
             info = self.ns.open_info_of(row)
             quota_max = self.ns.quotas.max_size(req.ino, info[0].size)
+            marked = mark
+            if marked is None and req.mark and req.session_id:
+                marked = self._mark_now(req.session_id, req.ino)
             if req.session_id:  # under the lock: no unlink can reclaim it in between
                 self.sessions.open(req.session_id, req.ino, owner=owner, write=req.write)
-            return *info, quota_max, self._epoch(pair) if req.write else 0
+            return *info, quota_max, marked or (-1, -1), self._epoch(pair) if req.write else 0
 
         def reply(result, _dirs, _seq):
-            attr, layout, chunks, nodes, quota_max, epoch = result
+            attr, layout, chunks, nodes, quota_max, (seq, as_of), epoch = result
             return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max,
-                             callback=mark, seq=max(as_of, 0), epoch_pair=pair)
+                             callback=seq, seq=max(as_of, 0), epoch_pair=pair)
 
         return Op(open_and_hold, bool(req.write), None, None, reply)
-
-    def _epoch(self, pair: bool = False) -> int:
-        """A fresh epoch, inside an operation (its last step: nothing after it may fail); a
-        high-water mark it raises is durable with the operation's commit (``txn.epoch_raised``)."""
-        epoch, raised = self.ns.alloc_epoch(pair=pair)
-        if raised:
-            self.txn.epoch_raised()
-        return epoch
 
     async def _mark_written(self, session: int, ino: int) -> tuple[int, int]:
         """A write mark on ``ino`` for ``session`` (daemon/callbacks.py): recorded first, so that any
@@ -695,6 +691,23 @@ class MetaService:
         if seq >= 0 and self.callbacks.held_elsewhere(session, ino):
             await self._change_for(session, ino)
         return seq, self.callbacks.last_seq()
+
+    def _mark_now(self, session: int, ino: int) -> tuple[int, int]:
+        """``_mark_written`` inside an operation (the burst's open, which ``_must_recall`` leaves to
+        ``handle_open`` when another session writes or caches the file). Another session that began
+        caching it since (earlier in the same burst) would need the change only a task can wait
+        for: then no mark (-1), and the mount commits as soon as it stops writing."""
+        if self.callbacks.held_elsewhere(session, ino):
+            return -1, self.callbacks.last_seq()
+        return self.callbacks.grant_write(session, ino), self.callbacks.last_seq()
+
+    def _epoch(self, pair: bool = False) -> int:
+        """A fresh epoch, inside an operation (its last step: nothing after it may fail); a
+        high-water mark it raises is durable with the operation's commit (``txn.epoch_raised``)."""
+        epoch, raised = self.ns.alloc_epoch(pair=pair)
+        if raised:
+            self.txn.epoch_raised()
+        return epoch
 
     async def _recall_writer(self, session: int, ino: int) -> None:
         """Another session writes ``ino`` with closes that send nothing: it commits before this read
@@ -749,9 +762,9 @@ class MetaService:
         writer first, waits the grace after a restart out (daemon/callbacks.py), or marks the file
         written (an open with ``mark``)."""
         kind = type(body)
-        if kind is P.OpenReq:  # a mark, or a writer to recall first: handle_open
-            return bool(body.mark and body.session_id) or self.callbacks.in_grace() \
-                or self.callbacks.written_elsewhere(body.session_id, body.ino)
+        if kind is P.OpenReq:  # a writer to recall, or (to mark it) a cache elsewhere to drop first: handle_open
+            return self.callbacks.in_grace() or self.callbacks.written_elsewhere(body.session_id, body.ino) \
+                or bool(body.mark and body.session_id and self.callbacks.held_elsewhere(body.session_id, body.ino))
         if kind is P.LookupReq:
             return self.callbacks.in_grace() or self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds) \
                 or bool(self._held_child(body))
