@@ -762,9 +762,11 @@ class MetaService:
         writer first, waits the grace after a restart out (daemon/callbacks.py), or marks the file
         written (an open with ``mark``)."""
         kind = type(body)
-        if kind is P.OpenReq:  # a writer to recall, or (to mark it) a cache elsewhere to drop first: handle_open
+        if kind is P.OpenReq:  # a writer to recall, or (to mark it) a cache elsewhere to drop first: handle_open;
+            # a shared database's marks too (its burst runs in a worker thread; the callbacks are trio's)
+            marking = bool(body.mark and body.session_id)
             return self.callbacks.in_grace() or self.callbacks.written_elsewhere(body.session_id, body.ino) \
-                or bool(body.mark and body.session_id and self.callbacks.held_elsewhere(body.session_id, body.ino))
+                or (marking and (self.shared is not None or self.callbacks.held_elsewhere(body.session_id, body.ino)))
         if kind is P.LookupReq:
             return self.callbacks.in_grace() or self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds) \
                 or bool(self._held_child(body))
