@@ -101,6 +101,9 @@ NODE_PING_TIMEOUT_S = 2.0
 BURST_KINDS = frozenset({
     P.LookupReq, P.GetattrReq, P.CreateReq, P.MknodReq, P.MkdirReq, P.SymlinkReq, P.LinkReq, P.UnlinkReq,
     P.RmdirReq, P.RenameReq, P.SetattrReq, P.CommitReq,
+    # a write session's bookkeeping (issue 35: a task each cost the daemon ~1 ms, ~0.5 of the model
+    # tester's requests per operation): an open, its epoch, its placements and their release
+    P.OpenReq, P.AllocEpochReq, P.AllocChunksReq, P.ReleaseChunksReq,
 })
 #: operations that may have to copy a snapshot's shared chunks out before they apply (daemon/snapshot_service.py)
 GATED_KINDS = frozenset({P.SetattrReq, P.CommitReq})
@@ -636,30 +639,47 @@ class MetaService:
         return P.OkRsp()
 
     async def handle_open(self, req: P.OpenReq) -> P.Msg:
-        owner = current_peer()  # sessions belong to their key (daemon/health.py)
-        if req.session_id:
-            self.sessions.touch(req.session_id, owner=owner)
-        mark = as_of = -1
+        if req.session_id:  # sessions belong to their key (daemon/health.py): checked before any mark
+            self.sessions.touch(req.session_id, owner=current_peer())
+        mark = None
         if req.mark and req.session_id:
-            mark, as_of = await self._mark_written(req.session_id, req.ino)
+            mark = await self._mark_written(req.session_id, req.ino)
         else:
             await self.callbacks.grace_over()
             await self._recall_writer(req.session_id, req.ino)
+        return await self._perform(self._op_open(req, mark))
+
+    def _op_open(self, req: P.OpenReq, mark: tuple[int, int] | None = None) -> Op:
+        """The open itself: the file's open information, the session's hold on it and, to write,
+        an epoch (last: a high-water mark it raises is committed with the open, never rolled back
+        under a handed-out epoch). A write open is a write (its reply waits for the commit holding
+        that mark); a read open a read. ``mark``: the write mark ``handle_open`` got (seq, as of);
+        None with ``req.mark``: the burst's open, which grants it here (``_mark_now``), taken only
+        when nothing must be recalled or told first (``_must_recall``)."""
+        owner = current_peer()
+        if req.session_id:
+            self.sessions.touch(req.session_id, owner=owner)
+        pair = bool(req.write and req.pair and self.ns.epoch_pairs)
 
         def open_and_hold():
             row = self.ns.inode(req.ino)
             if req.write:
                 check_writable(row)  # a snapshot's file (daemon/snapshots.py)
             info = self.ns.open_info_of(row)
+            quota_max = self.ns.quotas.max_size(req.ino, info[0].size)
+            marked = mark
+            if marked is None and req.mark and req.session_id:
+                marked = self._mark_now(req.session_id, req.ino)
             if req.session_id:  # under the lock: no unlink can reclaim it in between
                 self.sessions.open(req.session_id, req.ino, owner=owner, write=req.write)
-            return *info, self.ns.quotas.max_size(req.ino, info[0].size)
+            return *info, quota_max, marked or (-1, -1), self._epoch(pair) if req.write else 0
 
-        attr, layout, chunks, nodes, quota_max = await self.txn.read(open_and_hold)
-        pair = req.write and req.pair and self.ns.epoch_pairs
-        epoch = await self.txn.alloc_epoch(functools.partial(self.ns.alloc_epoch, pair=pair)) if req.write else 0
-        return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max,
-                         callback=mark, seq=max(as_of, 0), epoch_pair=pair)
+        def reply(result, _dirs, _seq):
+            attr, layout, chunks, nodes, quota_max, (seq, as_of), epoch = result
+            return P.OpenRsp(attr=attr, layout=layout, chunks=chunks, nodes=nodes, epoch=epoch, quota_max_size=quota_max,
+                             callback=seq, seq=max(as_of, 0), epoch_pair=pair)
+
+        return Op(open_and_hold, bool(req.write), None, None, reply)
 
     async def _mark_written(self, session: int, ino: int) -> tuple[int, int]:
         """A write mark on ``ino`` for ``session`` (daemon/callbacks.py): recorded first, so that any
@@ -671,6 +691,23 @@ class MetaService:
         if seq >= 0 and self.callbacks.held_elsewhere(session, ino):
             await self._change_for(session, ino)
         return seq, self.callbacks.last_seq()
+
+    def _mark_now(self, session: int, ino: int) -> tuple[int, int]:
+        """``_mark_written`` inside an operation (the burst's open, which ``_must_recall`` leaves to
+        ``handle_open`` when another session writes or caches the file). Another session that began
+        caching it since (earlier in the same burst) would need the change only a task can wait
+        for: then no mark (-1), and the mount commits as soon as it stops writing."""
+        if self.callbacks.held_elsewhere(session, ino):
+            return -1, self.callbacks.last_seq()
+        return self.callbacks.grant_write(session, ino), self.callbacks.last_seq()
+
+    def _epoch(self, pair: bool = False) -> int:
+        """A fresh epoch, inside an operation (its last step: nothing after it may fail); a
+        high-water mark it raises is durable with the operation's commit (``txn.epoch_raised``)."""
+        epoch, raised = self.ns.alloc_epoch(pair=pair)
+        if raised:
+            self.txn.epoch_raised()
+        return epoch
 
     async def _recall_writer(self, session: int, ino: int) -> None:
         """Another session writes ``ino`` with closes that send nothing: it commits before this read
@@ -721,9 +758,15 @@ class MetaService:
         return ino if self.callbacks.recall_needed(req.session_id, ino, self.inode_ranges.holds) else 0
 
     def _must_recall(self, body: P.Msg) -> bool:
-        """A lookup or getattr the burst must leave to its handler: it recalls a directory or a
-        writer first, or waits the grace after a restart out (daemon/callbacks.py)."""
+        """A lookup, getattr or open the burst must leave to its handler: it recalls a directory or a
+        writer first, waits the grace after a restart out (daemon/callbacks.py), or marks the file
+        written (an open with ``mark``)."""
         kind = type(body)
+        if kind is P.OpenReq:  # a writer to recall, or (to mark it) a cache elsewhere to drop first: handle_open;
+            # a shared database's marks too (its burst runs in a worker thread; the callbacks are trio's)
+            marking = bool(body.mark and body.session_id)
+            return self.callbacks.in_grace() or self.callbacks.written_elsewhere(body.session_id, body.ino) \
+                or (marking and (self.shared is not None or self.callbacks.held_elsewhere(body.session_id, body.ino)))
         if kind is P.LookupReq:
             return self.callbacks.in_grace() or self.callbacks.recall_needed(body.session_id, body.parent, self.inode_ranges.holds) \
                 or bool(self._held_child(body))
@@ -887,12 +930,7 @@ class MetaService:
         info = (*info, self.ns.quotas.max_size(ino, info[0].size, req.parent))
         if req.session_id:
             self.sessions.open(req.session_id, ino, owner=owner, write=True)
-        # last: nothing after it can fail, so the high-water mark it may raise is
-        # committed with the create, never rolled back under a handed-out epoch
-        epoch, raised = self.ns.alloc_epoch()
-        if raised:  # later epochs of this block are durable only with this batch
-            self.txn.epoch_raised()
-        return (*info, epoch)
+        return (*info, self._epoch())  # last: nothing after it can fail
 
     def _create_many(self, reqs: list[P.CreateReq]) -> list:
         """A run of exclusive CreateReqs of one directory as one operation (daemon/burst.py
@@ -1088,16 +1126,24 @@ class MetaService:
         return P.InodesRsp(first=first, count=req.count)
 
     async def handle_alloc_epoch(self, req: P.AllocEpochReq) -> P.Msg:
-        pair = req.pair and self.ns.epoch_pairs
-        return P.EpochRsp(epoch=await self.txn.alloc_epoch(functools.partial(self.ns.alloc_epoch, pair=pair)), pair=pair)
+        return await self._perform(self._op_alloc_epoch(req))
+
+    def _op_alloc_epoch(self, req: P.AllocEpochReq) -> Op:
+        pair = bool(req.pair and self.ns.epoch_pairs)
+        return Op(functools.partial(self._epoch, pair), True, None, None, lambda epoch, _, __: P.EpochRsp(epoch=epoch, pair=pair))
 
     async def handle_alloc_chunks(self, req: P.AllocChunksReq) -> P.Msg:
-        chunks, nodes = await self.txn.write(self.ns.alloc_chunks, req.ino, req.indices)
-        return P.ChunksRsp(chunks=chunks, nodes=nodes)
+        return await self._perform(self._op_alloc_chunks(req))
+
+    def _op_alloc_chunks(self, req: P.AllocChunksReq) -> Op:
+        return Op(functools.partial(self.ns.alloc_chunks, req.ino, req.indices), True, None, None,
+                  lambda placed, _, __: P.ChunksRsp(chunks=placed[0], nodes=placed[1]))
 
     async def handle_release_chunks(self, req: P.ReleaseChunksReq) -> P.Msg:
-        await self.txn.write(self.ns.release_chunks, req.ino, req.indices)
-        return P.OkRsp()
+        return await self._perform(self._op_release_chunks(req))
+
+    def _op_release_chunks(self, req: P.ReleaseChunksReq) -> Op:
+        return Op(functools.partial(self.ns.release_chunks, req.ino, req.indices), True, None, None, lambda *_: P.OkRsp())
 
     async def handle_replace_replica(self, req: P.ReplaceReplicaReq) -> P.Msg:
         chunk, nodes = await self.txn.write(self.ns.replace_replica, req.ino, req.index, req.failed_node, req.part)

@@ -385,3 +385,49 @@ async def test_a_oncereq_commit_that_needed_a_copy_out_is_recorded_once_applied(
         await service.handle(P.CommitReq(ino=f, size=30, mtime_ns=3, chunks=[P.ChunkRef(index=0, version=5, nodes=[1])]), [])
         assert (await service.handle(once, [])).attr.size == 20  # the first answer again, from applied_ops
         nursery.cancel_scope.cancel()
+
+
+async def test_a_write_sessions_bookkeeping_takes_the_burst_path_and_its_epochs_are_durable_first(tmp_path, ctx):
+    """Opens (a mark too), epochs, placements and their release (issue 35: a task each cost the
+    daemon ~1 ms) run in the burst: answered by it, one commit. The epochs it hands out are
+    distinct, increasing and all below the high-water mark on disk when the burst returns (a kill -9
+    right after never hands one out twice), across a raise of that mark in the burst. A mark on a
+    file another session caches is left to its handler (which has that cache dropped first)."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+        other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
+        ino = (await service.handle(_create(b"f", session_id=sid), [])).attr.ino
+        cached = (await service.handle(_create(b"g"), [])).attr.ino
+        held = await service.handle(P.LookupReq(parent=ROOT, name=b"g", callback=True, session_id=other), [])
+        assert held.callback >= 0  # the other mount caches g
+        for _ in range(2):  # ~960 epochs handed out: this test's burst raises the mark (EPOCH_BLOCK, 1,000)
+            await service.burst.run([(P.AllocEpochReq(pair=True), None)] * 240)
+        commits = _Commits(service)
+        disk = sqlite3.connect(tmp_path / "meta.sqlite3")  # sees only what is committed
+        epochs_asked = 100  # pairs: one slice of the burst (SLICE), across the raise
+        items = [
+            P.OpenReq(ino=ino, session_id=sid, write=True, mark=True, pair=True),
+            P.AllocChunksReq(ino=ino, indices=[0, 1, 2]),
+            P.ReleaseChunksReq(ino=ino, indices=[1, 2]),
+            P.OpenReq(ino=ino, session_id=sid),
+            P.OpenReq(ino=cached, session_id=sid, mark=True),  # cached elsewhere: handle_open's
+            *[P.AllocEpochReq(pair=True) for _ in range(epochs_asked)],
+        ]
+        results = await service.burst.run([(body, None) for body in items])
+
+        opened, placed, released, read_open, marked_elsewhere, *epochs = results
+        assert commits.n == 1
+        assert isinstance(opened, P.OpenRsp) and opened.epoch > 0 and opened.epoch_pair and opened.callback >= 0
+        assert service.callbacks.written_elsewhere(other, ino)  # the mark holds: another's read recalls it
+        assert isinstance(placed, P.ChunksRsp) and [c.index for c in placed.chunks] == [0, 1, 2]
+        assert isinstance(released, P.OkRsp)
+        assert isinstance(read_open, P.OpenRsp) and read_open.epoch == 0 and read_open.attr.ino == ino
+        assert marked_elsewhere is None  # not this path's
+        assert all(isinstance(e, P.EpochRsp) and e.pair for e in epochs)
+        handed = [opened.epoch, *(e.epoch for e in epochs)]
+        assert all(b >= a + 2 for a, b in zip(handed, handed[1:]))  # each a pair of its own
+        hwm = int(disk.execute("SELECT value FROM meta WHERE key='epoch_hwm'").fetchone()[0])
+        assert handed[0] < 1000 < handed[-1] < hwm - 1  # the raise in the burst, committed before any reply
+        disk.close()
+        nursery.cancel_scope.cancel()

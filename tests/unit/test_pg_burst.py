@@ -214,3 +214,30 @@ async def test_the_serving_loops_burst_on_postgresql_takes_fewer_operations_and_
         assert all(isinstance(r, P.OpenRsp) for r in rsp.results) and len(rsp.results) == half
         assert transactions.writes.count("Burst._transaction") == 1  # one transaction for the batch
         nursery.cancel_scope.cancel()
+
+
+async def test_a_write_sessions_bookkeeping_is_part_of_the_bursts_transaction_on_postgresql(tmp_path, ctx, pg_dsn):
+    """Opens, epochs (the database's sequence), placements and their release run in the burst's one
+    transaction; an open that marks the file written takes its handler (the callbacks are the trio
+    thread's, the transaction a worker thread's)."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path, pg_dsn)
+        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+        ino = (await service.handle(_create(b"f", session_id=sid), [])).attr.ino
+        transactions = _Transactions(service)
+        items = [
+            P.OpenReq(ino=ino, session_id=sid, write=True, pair=True),
+            P.AllocEpochReq(pair=True),
+            P.AllocChunksReq(ino=ino, indices=[0, 1]),
+            P.ReleaseChunksReq(ino=ino, indices=[1]),
+            P.OpenReq(ino=ino, session_id=sid),
+            P.OpenReq(ino=ino, session_id=sid, mark=True),
+        ]
+        opened, epoch, placed, released, read_open, marked = await service.burst.run([(body, None) for body in items])
+
+        assert transactions.writes.count("Burst._transaction") == 1, transactions.writes
+        assert isinstance(opened, P.OpenRsp) and isinstance(epoch, P.EpochRsp) and epoch.epoch > opened.epoch > 0
+        assert isinstance(placed, P.ChunksRsp) and [c.index for c in placed.chunks] == [0, 1]
+        assert isinstance(released, P.OkRsp) and isinstance(read_open, P.OpenRsp) and read_open.epoch == 0
+        assert marked is None
+        nursery.cancel_scope.cancel()
