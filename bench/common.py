@@ -100,13 +100,20 @@ def proc_cpu(pid: int) -> float | None:
     return None if fields is None else sum(int(x) for x in fields[11:15]) / CLK_TCK
 
 
-def proc_switches(pid: int) -> int | None:
-    """Context switches of every thread of process ``pid`` (/proc/PID/task/*/status), or None if it is gone."""
-    total = 0
+def _tasks(pid: int) -> list[str] | None:
+    """The thread ids of process ``pid`` (/proc/PID/task), or None if it is gone."""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        return os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
+
+
+def proc_switches(pid: int) -> int | None:
+    """Context switches of every thread of process ``pid`` (/proc/PID/task/*/status), or None if it is gone."""
+    tasks = _tasks(pid)
+    if tasks is None:
+        return None
+    total = 0
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as f:
@@ -130,11 +137,10 @@ def proc_threads(pid: int) -> dict[str, tuple[float, float, int]] | None:
     thread's OS name less its number ("Trio thread 3" and "Trio thread 7" are "Trio thread";
     common/thread_names.py names the mount's own); the process's first thread is "main". A thread
     that ended meanwhile is not counted: figures over an epoch are of the threads alive at its end."""
-    out: dict[str, tuple[float, float, int]] = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+    tasks = _tasks(pid)
+    if tasks is None:
         return None
+    out: dict[str, tuple[float, float, int]] = {}
     for tid in tasks:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:

@@ -213,25 +213,22 @@ class ReplyQueues:
         a moment sooner."""
         with self._lock:
             state = self._peers.get(peer)
-            if state is None:
-                if nbytes >= self.track_every:
-                    return False
-                if len(self._peers) >= self.MAX_PEERS:
-                    self._peers = {p: s for p, s in self._peers.items() if s.segments}
-                state = self._peers[peer] = _Sent()
-            elif state.open + nbytes >= self.track_every:
+            if (state.open if state is not None else 0) + nbytes >= self.track_every:
                 return False
-            state.open += nbytes
+            (state or self._new_peer(peer)).open += nbytes
             return True
+
+    def _new_peer(self, peer: bytes) -> _Sent:
+        """(``_lock`` held) ``peer``'s count, new; past ``MAX_PEERS`` those with nothing tracked go first."""
+        if len(self._peers) >= self.MAX_PEERS:
+            self._peers = {p: s for p, s in self._peers.items() if s.segments}
+        state = self._peers[peer] = _Sent()
+        return state
 
     def sent(self, peer: bytes, nbytes: int, tracker=None) -> None:
         """A reply of ``nbytes`` went to libzmq for ``peer``; ``tracker``: it was tracked."""
         with self._lock:
-            state = self._peers.get(peer)
-            if state is None:
-                if len(self._peers) >= self.MAX_PEERS:
-                    self._peers = {p: s for p, s in self._peers.items() if s.segments}
-                state = self._peers[peer] = _Sent()
+            state = self._peers.get(peer) or self._new_peer(peer)
             if tracker is None:
                 state.open += nbytes
             else:
