@@ -25,6 +25,20 @@ commit, the size and chunk map go back to what the daemon committed. The next
 ``flush`` or ``fsync`` (close) reports the error to the application, which is
 the rule the metadata daemon relies on: a length or chunk version is committed
 only after every byte it covers was stored.
+
+Slots and a commit in flight
+----------------------------
+A session writes a chunk's new version into the slot its committed version
+does not use (common/layout.py "Slots"; placements.slot_version picks it from
+the version in ``chunks``). A commit hands its session over before its round
+trip (striping.commit_request): writes arriving meanwhile belong to the next
+session, and ``chunks`` already names the handed versions. Their slot choice
+is right only once the daemon has answered: until then the *other* slot holds
+the committed version, which a snapshot may still pin (the daemon copies it
+out before it applies the commit, daemon/snapshot_service.py) and which is the
+file's content again if the commit fails. So the next session's first send of
+a chunk the commit carries waits for the answer (``commit_settled``); a
+streaming writer's new chunks do not wait.
 """
 
 from __future__ import annotations
@@ -146,6 +160,10 @@ class OpenFile:
     #: ``idle``'s event once made (None: nothing was ever in flight, so idle)
     _idle: trio.Event | None = None
     write_error: BaseException | None = None
+    #: while a commit's round trip is in flight: index -> the event its answer sets, for each chunk
+    #: it carries (``commit_sent``/``commit_answered``); None: none in flight. The next session's
+    #: first send of such a chunk waits for the answer (``commit_settled``), see "Slots" below
+    in_commit: dict[int, trio.Event] | None = None
     #: ``commit_lock`` once made (None: never taken)
     _commit_lock: trio.Lock | None = None
     write_slots: trio.Semaphore | None = None
@@ -254,6 +272,30 @@ class OpenFile:
             self.before_session[ref.index] = self.chunks.get(ref.index)
         self.uncommitted[ref.index] = ref
         self.chunks[ref.index] = ref
+
+    def commit_sent(self, indices) -> trio.Event:
+        """A commit carrying chunks ``indices`` is on its way: the event ``commit_answered`` sets."""
+        event = trio.Event()
+        if self.in_commit is None:
+            self.in_commit = {}
+        for index in indices:
+            self.in_commit[index] = event
+        return event
+
+    def commit_answered(self, event: trio.Event) -> None:
+        """The commit of ``event`` was answered, or failed: sends of its chunks go on."""
+        if self.in_commit is not None:
+            for index in [i for i, e in self.in_commit.items() if e is event]:
+                del self.in_commit[index]
+            if not self.in_commit:
+                self.in_commit = None
+        event.set()
+
+    async def commit_settled(self, index: int) -> None:
+        """Wait until no commit in flight carries chunk ``index`` (the slot its next version takes
+        is known only then: "Slots and a commit in flight" above)."""
+        while self.in_commit is not None and (event := self.in_commit.get(index)) is not None:
+            await event.wait()
 
     def discard_session(self) -> None:
         """Forget a failed write session (nothing in flight): back to what the daemon committed."""

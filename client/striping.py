@@ -539,6 +539,8 @@ class DataPath:
         """Write one dirty range to every replica of its chunk, replacing failed replicas."""
         if dc.index in of.placed_ahead:
             of.placed_ahead.discard(dc.index)  # used: inside the file from now on
+        if dc.index not in of.uncommitted:
+            await of.commit_settled(dc.index)  # the slot of its new version is known once a commit carrying it is answered
         if is_ec(of.layout):
             return await self.ec.send_stripe(of, dc, sync=sync)
         epoch = await self._epoch(of)
@@ -748,28 +750,33 @@ class DataPath:
         except BaseException:
             self.not_committed(of, handed)
             raise
-        return await self.committed(of, rsp, request.size)
+        return await self.committed(of, rsp, handed)
 
     @staticmethod
     def commit_request(of: OpenFile) -> tuple[p.CommitReq, tuple]:
         """The CommitReq of ``of``'s session, which is handed over to it: writes arriving during
         the round trip belong to the next session. With what ``not_committed`` needs to take it back."""
         refs = sorted(of.uncommitted.values(), key=lambda c: c.index)
-        handed = (refs, of.before_session, of.written_end, of.mtime_ns)
+        answered = of.commit_sent(r.index for r in refs)
+        handed = (refs, of.before_session, of.written_end, of.mtime_ns, answered)
         of.uncommitted, of.before_session, of.written_end, of.epoch, of.mtime_ns = {}, {}, 0, 0, 0
         return p.CommitReq(ino=of.ino, size=handed[2], mtime_ns=handed[3] or time.time_ns(), chunks=refs), handed
 
     @staticmethod
     def not_committed(of: OpenFile, handed: tuple) -> None:
         """The commit is not known to be made: what it carried stays part of the session, which fails."""
-        refs, before, wanted, mtime_ns = handed
+        refs, before, wanted, mtime_ns, answered = handed
+        of.commit_answered(answered)
         of.uncommitted = {**{r.index: r for r in refs}, **of.uncommitted}
         of.before_session.update(before)
         of.written_end = max(of.written_end, wanted)
         of.mtime_ns = max(of.mtime_ns, mtime_ns)
 
-    async def committed(self, of: OpenFile, rsp: p.AttrRsp, wanted: int) -> tuple[int, int]:
-        """The daemon answered the session's CommitReq (asking for size ``wanted``): (wanted, the size kept)."""
+    async def committed(self, of: OpenFile, rsp: p.AttrRsp, handed: tuple) -> tuple[int, int]:
+        """The daemon answered the session's CommitReq (``handed``, commit_request's): (the size
+        asked, the size kept)."""
+        wanted = handed[2]
+        of.commit_answered(handed[4])
         self.on_commit(of.ino, rsp)
         of.attr = rsp.attr
         of.size = max(rsp.attr.size, of.written_end, wanted)  # wanted > the size: the quota cut below

@@ -285,6 +285,10 @@ class WriteBack:
             results = await data.meta.call_batch([r for r, _ in requests])
         except StripefsError as exc:  # the daemon could not be reached within the retry window
             results = [p.ErrorRsp(code=int(exc.code), message=exc.message)] * len(ready)
+        except BaseException:  # cancelled: the sessions are not known to be committed
+            for of, (_, handed) in zip(ready, requests):
+                data.not_committed(of, handed)
+            raise
         for of, (request, handed), result in zip(ready, requests, results):
             if isinstance(result, p.ErrorRsp):
                 data.not_committed(of, handed)
@@ -293,7 +297,7 @@ class WriteBack:
                 self._lost(of, of.write_error)
                 continue
             try:
-                wanted, kept = await data.committed(of, result, request.size)
+                wanted, kept = await data.committed(of, result, handed)
             except StripefsError as exc:
                 self._lost(of, exc)
                 continue

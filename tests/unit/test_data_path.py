@@ -328,6 +328,42 @@ async def test_a_placement_made_ahead_never_hides_a_version_written_meanwhile(ri
 
 
 @pytest.mark.parametrize("layout", ["replicas=2", "ec=2+1"])
+async def test_a_write_during_a_commits_round_trip_leaves_the_committed_copy_alone(rig, layout):
+    """A commit hands its session over before its round trip, and a whole chunk written meanwhile
+    is sent at once. Its new version goes to the slot the handed version does not use, which holds
+    the committed version until the daemon answers (a snapshot may pin it: the daemon copies it
+    out first; a commit that fails leaves it the file's content): that send waits for the answer,
+    so until then every reader gets the committed bytes (the million-operation run found
+    snapshots whose copy-out found the pinned copy overwritten, issue 35)."""
+    d = (await rig.meta.call(P.MkdirReq(parent=ROOT, name=b"d", mode=0o40755, uid=0, gid=0))).attr.ino
+    await rig.meta.call(P.SetLayoutReq(ino=d, redundancy=layout))
+    rig.data.ec.min_extra = 0
+    of = await rig.create(b"f", parent=d)
+    await rig.data.write(of, 0, b"a" * CS)
+    await rig.data.flush(of)  # the committed version
+    await rig.data.write(of, 0, b"b" * CS)  # the session the commit below carries
+    real_call, held, answer = rig.meta.call, trio.Event(), trio.Event()
+
+    async def slow_commit(req, **kw):
+        if isinstance(req, P.CommitReq):
+            held.set()
+            await answer.wait()
+        return await real_call(req, **kw)
+
+    rig.meta.call = slow_commit
+    async with trio.open_nursery() as flushing:
+        flushing.start_soon(rig.data.flush, of)
+        await held.wait()
+        await rig.data.write(of, 0, b"c" * CS)  # the next session: a whole chunk, sent in the background
+        await trio.sleep(0.5)  # time enough to store it, had it not waited
+        assert await rig.committed(of) == (CS, b"a" * CS)
+        answer.set()
+    assert await rig.committed(of) == (CS, b"b" * CS)
+    await rig.data.flush(of)
+    assert await rig.committed(of) == (CS, b"c" * CS)
+
+
+@pytest.mark.parametrize("layout", ["replicas=2", "ec=2+1"])
 async def test_fsync_after_a_node_died_keeps_the_write_on_the_other_copies(rig, layout):
     """The node holding one copy (one fragment) dies between the write and the fsync: the fsync
     succeeds with the copies that are durable, and the commit leaves that copy to repair."""
