@@ -17,7 +17,10 @@ writes a new version into the slot the committed version does not use (it
 takes an epoch of the other parity, client/placements.slot_version), so the
 committed bytes are never overwritten before the new version is committed: a
 writer that dies, or a write session that fails half-way, leaves every copy of
-the committed version as it was (copy-on-write). The daemon queues the old
+the committed version as it was (copy-on-write). "The committed version" is the
+daemon's answer, not the writer's request: while a commit is on its way, the
+next session's first write of a chunk it carries waits for its answer
+(client/open_files.py "Slots and a commit in flight"). The daemon queues the old
 slot as garbage, bounded by the old version, when the new version is committed.
 Within a session a chunk is rewritten at the session's version in that same
 slot: a partial rewrite names the session's version as its base (a node
