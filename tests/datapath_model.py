@@ -219,23 +219,30 @@ class Engine:
     def _open(self, f: FileState, flags: int = 0) -> None:
         f.fd = os.open(f.path, os.O_RDWR | flags)
 
-    def _compare(self, f: FileState, off: int, got: bytes, n: int, how: str) -> None:
+    def _compare(self, f: FileState, off: int, got: bytes, n: int, how: str, view: Path | None = None) -> None:
+        """``got`` (read at ``off``, ``n`` asked) against the model; ``view``: it was read through
+        that path of the second mount, not through ``f``."""
         want = bytes(f.model[off:off + n])
         if got == want:
             return
-        look = self._second_look(f, off, n, got, want)
+        look = self._second_look(f, off, n, got, want, view)
         if len(got) < len(want):  # stopped early: the size the kernel has, what the mount has past it
             look += "\n" + self._size_look(f, off + len(got), len(want) - len(got))
         self._fail(self._diff(f, off, got, want, how) + "\n" + look)
 
-    def _second_look(self, f: FileState, off: int, n: int, got: bytes, want: bytes) -> str:
+    def _second_look(self, f: FileState, off: int, n: int, got: bytes, want: bytes, view: Path | None = None) -> str:
         """Where the wrong bytes live (a race that does not replay needs this from the failing run):
         the same read again through the kernel's page cache, then with O_DIRECT (the mount answers:
-        its own state), each compared with the model and with the first read. When the first wrong
-        byte was last written by a copy_file_range, the same two reads of the copy's source."""
-        out = [f"  read again (the kernel's page cache): {_verdict(_read_cached(f, off, n), want, got)}",
-               f"  read with O_DIRECT on the same descriptor (the mount, this handle): {_verdict(_read_direct_fd(f, off, n), want, got)}",
-               f"  read with O_DIRECT after a new open (the mount, what it opens now): {_verdict(_read_direct(f.path, off, n), want, got)}"]
+        its own state), each compared with the model and with the first read; through the second
+        mount first when the read was its (``view``): its page cache, then its own state. When the
+        first wrong byte was last written by a copy_file_range, the same two reads of the copy's source."""
+        out = []
+        if view is not None:
+            out += [f"  read again through the second mount (a new open, its page cache): {_verdict(_read_path(view, off, n), want, got)}",
+                    f"  read with O_DIRECT through the second mount (a new open: that mount's state): {_verdict(_read_direct(view, off, n), want, got)}"]
+        out += [f"  read again (the kernel's page cache): {_verdict(_read_cached(f, off, n), want, got)}",
+                f"  read with O_DIRECT on the same descriptor (the mount, this handle): {_verdict(_read_direct_fd(f, off, n), want, got)}",
+                f"  read with O_DIRECT after a new open (the mount, what it opens now): {_verdict(_read_direct(f.path, off, n), want, got)}"]
         bad = next((k for k in range(min(len(got), len(want))) if got[k] != want[k]), None)
         if bad is None:
             return "\n".join(out)
@@ -480,7 +487,7 @@ class Engine:
         f.fd = -1
         with open(other, "rb") as g:
             got = g.read()
-        self._compare(f, 0, got, len(f.model), "close-to-open read (second mount)")
+        self._compare(f, 0, got, len(f.model), "close-to-open read (second mount)", other if self.t.other_view else None)
         self._open(f)
         return self.desc
 
@@ -717,6 +724,16 @@ def _read_direct_fd(f: FileState, off: int, n: int) -> bytes | str:
         return repr(e)
     finally:
         fcntl.fcntl(f.fd, fcntl.F_SETFL, flags)
+
+
+def _read_path(path: Path, off: int, n: int) -> bytes | str:
+    """``n`` bytes at ``off`` read through the page cache after a new open."""
+    try:
+        with open(path, "rb") as g:
+            g.seek(off)
+            return g.read(n)
+    except OSError as e:
+        return repr(e)
 
 
 def _read_direct(path: Path, off: int, n: int) -> bytes | str:
