@@ -31,6 +31,9 @@ which on the serving task itself:
    (``CopyOutNeeded``, daemon/snapshots.py: it applied nothing) is sent again on
    the task path (``redo``: the service's ``handle``), which copies and applies it,
    as a continuation: a commit planned before a snapshot appeared never answers BUSY.
+   So is one that must first wait for a mount's acknowledgement it did not need
+   when the burst was planned (``TaskNeeded``: a write mark on a file another
+   session began caching earlier in the burst).
 4. settles each change with the callbacks (daemon/callbacks.py
    ``settle_now``); a change some mount must first acknowledge leaves for trio
    as a continuation (``serve()`` runs it in a task, which waits and replies).
@@ -106,6 +109,17 @@ from .namespace_bulk import ManyNotHere
 from .snapshots import CopyOutNeeded
 
 log = logging.getLogger(__name__)
+
+
+class TaskNeeded(StripefsError):
+    """Raised by an operation before it changed anything: it must first wait for something only a
+    task can wait for (another mount's acknowledgement, e.g. a write mark on a file that a session
+    began caching earlier in the same burst). The burst sends its request again on the task path
+    (``redo``), as it does a commit that needs a snapshot's copy-out first."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(ErrorCode.BUSY, why)
+
 
 #: operations per hold of the lock: about 25 ms of work, the most others wait behind a burst
 SLICE = 256
@@ -319,7 +333,7 @@ class Burst:
         writes it came with (docs/design.md: a read may see a change whose commit is pending, as
         it does on the task path; a change is never announced before it is durable)."""
         for index, plan in enumerate(plans):
-            if isinstance(plan, _Unit) and plan.op is not None and not plan.op.write:
+            if isinstance(plan, _Unit) and plan.op is not None and not plan.op.write and not plan.redo:
                 reply = self._reply(plan)
                 plans[index] = reply  # answered: run() gives serve() this, which it ignores
                 await early(index, reply)
@@ -570,7 +584,7 @@ class Burst:
                     op.fn, report=op.report, change=op.change, wake=False)  # committed by _execute
                 return True
             unit.result = op.fn()
-        except CopyOutNeeded as exc:  # nothing applied; the copy waits on storage nodes: a task does it (_later)
+        except (CopyOutNeeded, TaskNeeded) as exc:  # nothing applied; what it waits for needs a task (_later)
             unit.error, unit.redo = _error(exc), self.redo is not None and unit.request is not None
         except self.txn.reruns:  # a conflict: the whole transaction again (``_transaction``)
             raise

@@ -86,7 +86,7 @@ from .pg_store import open_pg_store
 from .store import SqliteStore
 from .tiering import Tiering
 from .txn import Txn, acting_client, open_txn
-from .burst import Burst, Op
+from .burst import Burst, Op, TaskNeeded
 from .read_lane import ReadLane
 from .callbacks import Callbacks
 from .inode_ranges import InodeRanges
@@ -695,10 +695,12 @@ class MetaService:
     def _mark_now(self, session: int, ino: int) -> tuple[int, int]:
         """``_mark_written`` inside an operation (the burst's open, which ``_must_recall`` leaves to
         ``handle_open`` when another session writes or caches the file). Another session that began
-        caching it since (earlier in the same burst) would need the change only a task can wait
-        for: then no mark (-1), and the mount commits as soon as it stops writing."""
+        caching it since (earlier in the same burst) needs the change only a task can wait for: the
+        open goes to ``handle_open`` then (TaskNeeded, before it changed anything). Never no mark
+        (-1) for that: a mount without one commits only as it stops writing, after its close
+        returned, and the other session's next open would be answered from what it caches."""
         if self.callbacks.held_elsewhere(session, ino):
-            return -1, self.callbacks.last_seq()
+            raise TaskNeeded(f"inode {ino}: another session began caching it: its write mark waits for that cache to go")
         return self.callbacks.grant_write(session, ino), self.callbacks.last_seq()
 
     def _epoch(self, pair: bool = False) -> int:

@@ -431,3 +431,37 @@ async def test_a_write_sessions_bookkeeping_takes_the_burst_path_and_its_epochs_
         assert handed[0] < 1000 < handed[-1] < hwm - 1  # the raise in the burst, committed before any reply
         disk.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_write_mark_on_a_file_cached_earlier_in_the_same_burst_waits_for_that_cache_to_go(tmp_path, ctx):
+    """A burst planned a marking open before another session's lookup, earlier in the same burst,
+    began caching the file. The open must not answer "no mark" (-1): that mount's closes would send
+    nothing and its commit come after its close returned, while the other session's next open is
+    answered from its cache (the close-to-open rule). It goes to the task path, which has the other
+    cache dropped first (a change it acknowledges), then marks."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+        other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
+        ino = (await service.handle(_create(b"g"), [])).attr.ino
+        lookup, opened = await service.burst.run([
+            (P.LookupReq(parent=ROOT, name=b"g", callback=True, session_id=other), None),
+            (P.OpenReq(ino=ino, session_id=sid, mark=True), None),
+        ])
+        assert isinstance(lookup, P.AttrRsp) and lookup.callback >= 0  # the other session caches g now
+        assert callable(opened)  # not answered by the burst: a continuation (the task path)
+        got = []
+
+        async def answer():
+            got.append(await opened())
+
+        nursery.start_soon(answer)
+        with trio.fail_after(10):
+            while not got:  # the other mount drops g and acknowledges the change naming it
+                await trio.sleep(0.05)
+                await service.handle(P.AckReq(session_id=other, seq=service.callbacks.last_seq()), [])
+        (rsp,) = got
+        assert isinstance(rsp, P.OpenRsp) and rsp.callback >= 0, rsp  # marked
+        assert service.callbacks.written_elsewhere(other, ino)  # the other session's next read recalls the writer
+        assert not service.callbacks.held_elsewhere(sid, ino)  # its cache of g is gone
+        nursery.cancel_scope.cancel()
