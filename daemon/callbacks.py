@@ -204,7 +204,13 @@ class Callbacks:
             self._client[session] = client_id
 
     def grant(self, session: int, ino: int, parent: int, name: bytes) -> int:
-        """Record a callback for ``session`` on ``ino`` and its name; the grant's seq, or -1: none."""
+        """Record a callback for ``session`` on ``ino`` and its name; the grant's seq, or -1: none.
+        None on a file another session holds a write mark on (as a listing grants none): the
+        reads that recall the writer come before the operation, so the mark may be newer than
+        that check (granted earlier in the same burst, or while the read waited its turn); the
+        writer's close then sends nothing, and a cache here would answer a later open from before it."""
+        if self.written_elsewhere(session, ino):
+            return -1
         return self.grant_many(session, [(ino, parent, name)])
 
     def grant_many(self, session: int, files: list[tuple[int, int, bytes]]) -> int:

@@ -465,3 +465,23 @@ async def test_a_write_mark_on_a_file_cached_earlier_in_the_same_burst_waits_for
         assert service.callbacks.written_elsewhere(other, ino)  # the other session's next read recalls the writer
         assert not service.callbacks.held_elsewhere(sid, ino)  # its cache of g is gone
         nursery.cancel_scope.cancel()
+
+
+async def test_a_lookup_after_a_write_mark_in_the_same_burst_gets_no_callback(tmp_path, ctx):
+    """The other order: the burst planned another session's lookup before a marking open earlier in
+    it granted the mark. The lookup's answer is right (the writer's WRITE waits for the mark's
+    reply), but it must not be cached under a callback: the writer's close sends nothing, and that
+    cache would answer the other mount's next open from before it."""
+    async with trio.open_nursery() as nursery:
+        service = await _service(nursery, ctx, tmp_path)
+        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+        other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
+        ino = (await service.handle(_create(b"g"), [])).attr.ino
+        opened, lookup = await service.burst.run([
+            (P.OpenReq(ino=ino, session_id=sid, mark=True), None),
+            (P.LookupReq(parent=ROOT, name=b"g", callback=True, session_id=other), None),
+        ])
+        assert isinstance(opened, P.OpenRsp) and opened.callback >= 0  # marked
+        assert isinstance(lookup, P.AttrRsp) and lookup.attr.ino == ino and lookup.callback == -1, lookup
+        assert not service.callbacks.held_elsewhere(sid, ino)
+        nursery.cancel_scope.cancel()
