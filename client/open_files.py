@@ -162,7 +162,8 @@ class OpenFile:
     write_error: BaseException | None = None
     #: while a commit's round trip is in flight: index -> the event its answer sets, for each chunk
     #: it carries (``commit_sent``/``commit_answered``); None: none in flight. The next session's
-    #: first send of such a chunk waits for the answer (``commit_settled``), see "Slots" below
+    #: first send of such a chunk waits for the answer (``commit_settled``): the module docstring,
+    #: "Slots and a commit in flight"
     in_commit: dict[int, trio.Event] | None = None
     #: ``commit_lock`` once made (None: never taken)
     _commit_lock: trio.Lock | None = None
