@@ -433,6 +433,13 @@ async def test_a_write_sessions_bookkeeping_takes_the_burst_path_and_its_epochs_
         nursery.cancel_scope.cancel()
 
 
+async def _writer_reader_and_file(service: MetaService) -> tuple[int, int, int]:
+    """Two sessions (a writer, a reader on another mount) and the file ``g`` in the root: their ids and its inode."""
+    sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
+    other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
+    return sid, other, (await service.handle(_create(b"g"), [])).attr.ino
+
+
 async def test_a_write_mark_on_a_file_cached_earlier_in_the_same_burst_waits_for_that_cache_to_go(tmp_path, ctx):
     """A burst planned a marking open before another session's lookup, earlier in the same burst,
     began caching the file. The open must not answer "no mark" (-1): that mount's closes would send
@@ -441,9 +448,7 @@ async def test_a_write_mark_on_a_file_cached_earlier_in_the_same_burst_waits_for
     cache dropped first (a change it acknowledges), then marks."""
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
-        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
-        other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
-        ino = (await service.handle(_create(b"g"), [])).attr.ino
+        sid, other, ino = await _writer_reader_and_file(service)
         lookup, opened = await service.burst.run([
             (P.LookupReq(parent=ROOT, name=b"g", callback=True, session_id=other), None),
             (P.OpenReq(ino=ino, session_id=sid, mark=True), None),
@@ -474,9 +479,7 @@ async def test_a_lookup_after_a_write_mark_in_the_same_burst_gets_no_callback(tm
     cache would answer the other mount's next open from before it."""
     async with trio.open_nursery() as nursery:
         service = await _service(nursery, ctx, tmp_path)
-        sid = (await service.handle(P.HelloReq(host="a", pid=1, client_id=111), [])).session_id
-        other = (await service.handle(P.HelloReq(host="b", pid=2, client_id=222), [])).session_id
-        ino = (await service.handle(_create(b"g"), [])).attr.ino
+        sid, other, ino = await _writer_reader_and_file(service)
         opened, lookup = await service.burst.run([
             (P.OpenReq(ino=ino, session_id=sid, mark=True), None),
             (P.LookupReq(parent=ROOT, name=b"g", callback=True, session_id=other), None),
