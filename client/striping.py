@@ -65,7 +65,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import trio
 import xxhash
@@ -91,6 +91,16 @@ log = logging.getLogger(__name__)
 MAX_DIRTY_CHUNKS = 8
 
 _FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
+
+
+class Handed(NamedTuple):
+    """A write session handed to its CommitReq (``DataPath.commit_request``), until the answer."""
+
+    refs: list[p.ChunkRef]  # the chunk versions it commits
+    before: dict[int, p.ChunkRef | None]  # OpenFile.before_session
+    wanted: int  # the size it asks for (OpenFile.written_end)
+    mtime_ns: int  # its last write's time (0: the commit's)
+    answered: trio.Event  # set at the answer or failure (OpenFile.commit_sent)
 
 
 class DataPath:
@@ -753,30 +763,28 @@ class DataPath:
         return await self.committed(of, rsp, handed)
 
     @staticmethod
-    def commit_request(of: OpenFile) -> tuple[p.CommitReq, tuple]:
+    def commit_request(of: OpenFile) -> tuple[p.CommitReq, Handed]:
         """The CommitReq of ``of``'s session, which is handed over to it: writes arriving during
         the round trip belong to the next session. With what ``not_committed`` needs to take it back."""
         refs = sorted(of.uncommitted.values(), key=lambda c: c.index)
-        answered = of.commit_sent(r.index for r in refs)
-        handed = (refs, of.before_session, of.written_end, of.mtime_ns, answered)
+        handed = Handed(refs, of.before_session, of.written_end, of.mtime_ns, of.commit_sent(r.index for r in refs))
         of.uncommitted, of.before_session, of.written_end, of.epoch, of.mtime_ns = {}, {}, 0, 0, 0
-        return p.CommitReq(ino=of.ino, size=handed[2], mtime_ns=handed[3] or time.time_ns(), chunks=refs), handed
+        return p.CommitReq(ino=of.ino, size=handed.wanted, mtime_ns=handed.mtime_ns or time.time_ns(), chunks=refs), handed
 
     @staticmethod
-    def not_committed(of: OpenFile, handed: tuple) -> None:
+    def not_committed(of: OpenFile, handed: Handed) -> None:
         """The commit is not known to be made: what it carried stays part of the session, which fails."""
-        refs, before, wanted, mtime_ns, answered = handed
-        of.commit_answered(answered)
-        of.uncommitted = {**{r.index: r for r in refs}, **of.uncommitted}
-        of.before_session.update(before)
-        of.written_end = max(of.written_end, wanted)
-        of.mtime_ns = max(of.mtime_ns, mtime_ns)
+        of.commit_answered(handed.answered)
+        of.uncommitted = {**{r.index: r for r in handed.refs}, **of.uncommitted}
+        of.before_session.update(handed.before)
+        of.written_end = max(of.written_end, handed.wanted)
+        of.mtime_ns = max(of.mtime_ns, handed.mtime_ns)
 
-    async def committed(self, of: OpenFile, rsp: p.AttrRsp, handed: tuple) -> tuple[int, int]:
+    async def committed(self, of: OpenFile, rsp: p.AttrRsp, handed: Handed) -> tuple[int, int]:
         """The daemon answered the session's CommitReq (``handed``, commit_request's): (the size
         asked, the size kept)."""
-        wanted = handed[2]
-        of.commit_answered(handed[4])
+        wanted = handed.wanted
+        of.commit_answered(handed.answered)
         self.on_commit(of.ino, rsp)
         of.attr = rsp.attr
         of.size = max(rsp.attr.size, of.written_end, wanted)  # wanted > the size: the quota cut below
