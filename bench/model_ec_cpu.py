@@ -106,6 +106,19 @@ def thread_cpu(state) -> dict[str, list[float]]:
     return out
 
 
+def machine_cpu() -> float:
+    """CPU seconds so far of the whole machine (/proc/stat, every CPU, all but idle and iowait): with the
+    cluster's own and this process's, what the kernel's threads did for them (writeback above all)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=int, default=3000)
@@ -123,8 +136,10 @@ def main() -> int:
             target = dm.cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ")
             before_cpu, before = dm.cluster_cpu(cluster.state), counters(cluster)
             before_threads = thread_cpu(cluster.state)
+            before_machine, before_own = machine_cpu(), own_cpu()
             res = dm.Engine(target, a.seed, use_mmap=False, nfiles=3, progress=0).run(a.ops)
             cpu = {k: v - before_cpu.get(k, 0.0) for k, v in dm.cluster_cpu(cluster.state).items()}
+            machine, own = machine_cpu() - before_machine, own_cpu() - before_own
             threads = {
                 k: [round(1e3 * (u - before_threads.get(k, [0.0, 0.0])[0]) / a.ops, 3),
                     round(1e3 * (sy - before_threads.get(k, [0.0, 0.0])[1]) / a.ops, 3)]
@@ -138,10 +153,15 @@ def main() -> int:
                 "cpu_ms_per_op_by_role": {k: round(1e3 * v / a.ops, 2) for k, v in sorted(cpu.items())},
                 "per_op": per_op,
                 "thread_cpu_ms_per_op": {k: v for k, v in threads.items() if v[0] or v[1]},  # [user, system]
+                # the whole machine, and the part of it neither the cluster's processes nor the model's
+                "machine_cpu_ms_per_op": round(1e3 * machine / a.ops, 2),
+                "other_cpu_ms_per_op": round(1e3 * (machine - own - sum(cpu.values())) / a.ops, 2),
                 "op_counts": res["counts"],
             }
             r = results[layout]
             print(f"{layout}: {r['cpu_ms_per_op']} ms cluster CPU/op {r['cpu_ms_per_op_by_role']} in {r['seconds']} s", flush=True)
+            print(f"   machine: {r['machine_cpu_ms_per_op']} ms CPU/op, of it {r['other_cpu_ms_per_op']} ms neither the "
+                  "cluster's nor the model's (the kernel's threads: writeback, ...)", flush=True)
             print("   per op: " + ", ".join(f"{k} {v}" for k, v in per_op.items()), flush=True)
             print("   CPU ms per op by thread (user+system): " + ", ".join(
                 f"{k} {u:.2f}+{sy:.2f}" for k, (u, sy) in r["thread_cpu_ms_per_op"].items()), flush=True)

@@ -1,5 +1,6 @@
 """ChunkStore: the chunk file format, write semantics, corruption, crash safety, space."""
 
+import ctypes
 import errno
 import json
 import logging
@@ -298,6 +299,62 @@ def test_temp_files_removed_at_startup(tmp_path):
     with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
         assert not tmp.exists()
         assert s.read(C, 1, 0, 10) == (1, b"keep")
+        assert s.usage().chunks == 1
+
+
+def _renames_over_a_file(monkeypatch):
+    """Spy on rename(2): the destinations it was asked to replace."""
+    over = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if os.path.exists(dst):
+            over.append(dst)
+        real_rename(src, dst)
+
+    monkeypatch.setattr(cs.os, "rename", rename)
+    return over
+
+
+def test_a_new_copy_takes_the_old_ones_place_without_a_rename_over_it(store, monkeypatch):
+    # ext4 flushes a file renamed over another inside the rename (auto_da_alloc): _swap_in
+    over = _renames_over_a_file(monkeypatch)
+    store.write(C, 1, 0, 0, b"a" * 5000)
+    store.write(C, 2, 1, 0, b"b" * 3000, replace=True)
+    store.write(C, 3, 2, 100, b"c" * 10)  # a merge over the copy in its slot
+    assert over == []
+    assert store.read(C, 0, 0, 10_000) == (3, b"b" * 100 + b"c" * 10 + b"b" * 2890)
+    assert os.listdir(store.path(C).parent) == [store.path(C).name]  # the old copies are gone
+    assert store.usage().chunks == 1
+
+
+def test_a_file_system_that_refuses_the_exchange_gets_a_rename(store, monkeypatch, caplog):
+    def refused(*args):
+        ctypes.set_errno(errno.EINVAL)
+        return -1
+
+    monkeypatch.setattr(cs, "_libc_renameat2", refused)
+    store.write(C, 1, 0, 0, b"old")
+    with caplog.at_level(logging.INFO, logger=cs.__name__):
+        store.write(C, 2, 1, 0, b"new", replace=True)
+    assert cs._libc_renameat2 is False  # asked once, then rename(2) for good
+    assert "RENAME_EXCHANGE) refused" in caplog.text
+    store.write(C, 3, 2, 0, b"newer", replace=True)
+    assert store.read(C, 0, 0, 10) == (3, b"newer")
+    assert os.listdir(store.path(C).parent) == [store.path(C).name]
+
+
+def test_a_kill_between_the_exchange_and_the_unlink_leaves_the_new_copy(tmp_path, monkeypatch):
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        s.write(C, 1, 0, 0, b"old")
+        monkeypatch.setattr(cs, "_unlink_quietly", lambda path: None)  # the process dies before it
+        s.write(C, 2, 1, 0, b"new", replace=True)
+        tmp = s.path(C).with_name(s.path(C).name + ".tmp")
+        assert tmp.exists()  # the old copy, swapped out
+    monkeypatch.undo()
+    with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
+        assert not tmp.exists()
+        assert s.read(C, 0, 0, 10) == (2, b"new")
         assert s.usage().chunks == 1
 
 
