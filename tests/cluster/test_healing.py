@@ -377,9 +377,15 @@ def test_fsck_finds_and_repairs_an_orphan(heal):
     path.write_bytes(encode_header(orphan, 5, memoryview(data), 64 * KiB) + data)
     found = run_cli("fsck", "--dir", str(heal.state), check=False)
     assert found.returncode == 3 and "orphan copies (no file refers to them): 1" in found.stdout, found.stdout
-    run_cli("fsck", "--repair", "--dir", str(heal.state))
+    repaired = run_cli("fsck", "--repair", "--dir", str(heal.state), check=False)
+    # the planted orphan is repaired; a copy that a background move is placing meanwhile (an earlier test's
+    # repairs) may be reported too, "not repaired: placed there meanwhile or being copied", exit 3 (ci81)
+    left = [line for line in repaired.stdout.splitlines() if "not repaired:" in line]
+    assert repaired.returncode in (0, 3) and f"orphan copy {orphan.ino}:0:0 v5 on node 1" in repaired.stdout, repaired.stdout
+    assert all("placed there meanwhile or being copied" in line and f"{orphan.ino}:" not in line for line in left), repaired.stdout
     wait_for("the orphan deleted", lambda: not path.exists(), timeout=30)
-    assert run_cli("fsck", "--dir", str(heal.state)).returncode == 0
+    wait_for("fsck clean after the repair", lambda: run_cli("fsck", "--dir", str(heal.state), check=False).returncode == 0,
+             timeout=60, interval=1.0)
 
 
 def test_restarted_daemon_does_not_repair_nodes_that_merely_have_not_registered_yet(heal):
