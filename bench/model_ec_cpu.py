@@ -124,6 +124,7 @@ def main() -> int:
     ap.add_argument("--ops", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--layout", nargs="+", choices=["ec", "rep"], default=["ec"])
+    ap.add_argument("--mmap", action="store_true", help="with the model's mmap reads and writes (each write an msync: make fuzz's slowest run)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     a = ap.parse_args()
     conftest = dm._cluster_helpers()
@@ -137,7 +138,7 @@ def main() -> int:
             before_cpu, before = dm.cluster_cpu(cluster.state), counters(cluster)
             before_threads = thread_cpu(cluster.state)
             before_machine, before_own = machine_cpu(), own_cpu()
-            res = dm.Engine(target, a.seed, use_mmap=False, nfiles=3, progress=0).run(a.ops)
+            res = dm.Engine(target, a.seed, use_mmap=a.mmap, nfiles=3, progress=0).run(a.ops)
             cpu = {k: v - before_cpu.get(k, 0.0) for k, v in dm.cluster_cpu(cluster.state).items()}
             machine, own = machine_cpu() - before_machine, own_cpu() - before_own
             threads = {
@@ -163,6 +164,8 @@ def main() -> int:
             print(f"   machine: {r['machine_cpu_ms_per_op']} ms CPU/op, of it {r['other_cpu_ms_per_op']} ms neither the "
                   "cluster's nor the model's (the kernel's threads: writeback, ...)", flush=True)
             print("   per op: " + ", ".join(f"{k} {v}" for k, v in per_op.items()), flush=True)
+            print("   operations (count, mean ms): " + ", ".join(
+                f"{k} {n} ({1e3 * res['times'][k] / n:.1f})" for k, n in sorted(res["counts"].items(), key=lambda kv: -res["times"][kv[0]])), flush=True)
             print("   CPU ms per op by thread (user+system): " + ", ".join(
                 f"{k} {u:.2f}+{sy:.2f}" for k, (u, sy) in r["thread_cpu_ms_per_op"].items()), flush=True)
     finally:
