@@ -1023,7 +1023,8 @@ def _swap_in(tmp: str, path: str, replacing: bool) -> None:
     ``sync`` is not durable before a ``sync`` anyway (it fsyncs the file, then its name counts); after
     a power loss before that, ext4's flush made it old-or-new, the exchange may leave it empty: a CORRUPT
     copy (its header), repaired like any other, where the old one was STALE. File systems without the
-    flag (EINVAL) get rename(2), as does a ``path`` with no copy (nothing to flush for)."""
+    flag (EINVAL) get rename(2) from then on, as does a ``path`` with no copy (nothing to flush for); any
+    other failure of the exchange is retried as a rename, whose error (if it fails too) is the one reported."""
     global _libc_renameat2
     if replacing and _libc_renameat2 is not False:
         if _libc_renameat2 is None:
@@ -1037,12 +1038,10 @@ def _swap_in(tmp: str, path: str, replacing: bool) -> None:
             _unlink_quietly(tmp)
             return
         err = ctypes.get_errno()
-        if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+        if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EXDEV):  # EXDEV: an overlayfs lower layer
             log.info("renameat2(RENAME_EXCHANGE) refused (%s): chunk copies are renamed over the old ones", os.strerror(err))
             _libc_renameat2 = False
-        elif err != errno.ENOENT:  # ENOENT: the old copy is gone, a plain rename will do
-            raise OSError(err, os.strerror(err), path)
-    os.rename(tmp, path)
+    os.rename(tmp, path)  # no copy there, or the exchange failed (ENOENT: the copy went meanwhile): rename(2), its error if any
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -344,6 +344,19 @@ def test_a_file_system_that_refuses_the_exchange_gets_a_rename(store, monkeypatc
     assert os.listdir(store.path(C).parent) == [store.path(C).name]
 
 
+def test_an_exchange_that_fails_otherwise_is_retried_as_a_rename(store, monkeypatch):
+    def failing(*args):
+        ctypes.set_errno(errno.EPERM)  # not "the file system has no such flag": tried again next time
+        return -1
+
+    monkeypatch.setattr(cs, "_libc_renameat2", failing)
+    store.write(C, 1, 0, 0, b"old")
+    store.write(C, 2, 1, 0, b"new", replace=True)
+    assert cs._libc_renameat2 is failing
+    assert store.read(C, 0, 0, 10) == (2, b"new")
+    assert os.listdir(store.path(C).parent) == [store.path(C).name]
+
+
 def test_a_kill_between_the_exchange_and_the_unlink_leaves_the_new_copy(tmp_path, monkeypatch):
     with ChunkStore(tmp_path, block_size=BS, reserved_space=0) as s:
         s.write(C, 1, 0, 0, b"old")
