@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Where the model tester's cluster CPU goes on an EC directory (issue 35's "EC CPU per operation").
 
-Runs the data-path model (tests/datapath_model.py ``Engine``, no mmap, no node kills) on a cluster
-of its own (the model CLI's settings: 6 nodes, ec=4+2 and replicas=2 with 64 KiB chunks), once per
-layout asked, and prints per layout: cluster CPU per operation by role (meta, storage, mount), the
-mount's ``stripefs_ec_stripe_writes_total`` by path (delta, full, delta_fallback) per operation,
+Runs the data-path model (tests/datapath_model.py ``Engine``, no node kills; mmap only with
+``--mmap``) on a cluster of its own (the model CLI's settings: 6 nodes, ec=4+2 and replicas=2 with
+64 KiB chunks), once per layout asked, and prints per layout: cluster CPU per operation by role (meta,
+storage, mount), the whole machine's (with the kernel's threads: writeback), each operation kind's
+count and mean time, the mount's ``stripefs_ec_stripe_writes_total`` by path (delta, full, delta_fallback) per operation,
 the storage nodes' and the metadata daemon's requests per operation by type, and each role's CPU per
 operation by thread (main, libzmq's I/O thread, trio's workers, other Python threads: a node's fast
 lane, the mount's FUSE reader), user and system apart. The counts say
 what a design change can save before it is built: e.g. how many of the EC writes take the delta path at all, and how many
 fragment writes and deletions each operation costs.
 
-    .venv/bin/python bench/model_ec_cpu.py --ops 3000 --seed 7 [--layout ec rep] [--json out.json]
+    .venv/bin/python bench/model_ec_cpu.py --ops 3000 --seed 7 [--layout ec rep] [--mmap] [--json out.json]
+
+Runs back to back measure the previous one's teardown too on a journal-less ext4 (docs/design.md, "The new
+copy put in place without a flush"): leave ~40 s between the runs of an A/B.
 """
 
 from __future__ import annotations
