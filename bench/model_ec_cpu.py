@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import datapath_model as dm  # noqa: E402  (the model tester: engine and cluster helpers)
+from common import self_cpu  # noqa: E402  (bench/common.py)
 
 
 def _scrape(url: str | None) -> str:
@@ -118,11 +119,6 @@ def machine_cpu() -> float:
     return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def own_cpu() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=int, default=3000)
@@ -141,10 +137,10 @@ def main() -> int:
             target = dm.cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ")
             before_cpu, before = dm.cluster_cpu(cluster.state), counters(cluster)
             before_threads = thread_cpu(cluster.state)
-            before_machine, before_own = machine_cpu(), own_cpu()
+            before_machine, before_own = machine_cpu(), self_cpu()
             res = dm.Engine(target, a.seed, use_mmap=a.mmap, nfiles=3, progress=0).run(a.ops)
             cpu = {k: v - before_cpu.get(k, 0.0) for k, v in dm.cluster_cpu(cluster.state).items()}
-            machine, own = machine_cpu() - before_machine, own_cpu() - before_own
+            machine, own = machine_cpu() - before_machine, self_cpu() - before_own
             threads = {
                 k: [round(1e3 * (u - before_threads.get(k, [0.0, 0.0])[0]) / a.ops, 3),
                     round(1e3 * (sy - before_threads.get(k, [0.0, 0.0])[1]) / a.ops, 3)]

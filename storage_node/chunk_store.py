@@ -977,6 +977,17 @@ def _write_durably(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+def _libc(name: str, argtypes: list):
+    """libc's function ``name`` through ctypes (errno kept for ctypes.get_errno), or False where libc has none:
+    the system calls Python 3.11's os module lacks (syncfs, renameat2), each looked up once."""
+    try:
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = argtypes
+    return fn
+
+
 _libc_syncfs = None  # ctypes' syncfs(2) of libc, looked up once; False where there is none
 
 
@@ -985,12 +996,7 @@ def _syncfs(directory: Path) -> bool:
     False where libc has none. Raises OSError on a writeback error (Linux >= 5.8 reports them)."""
     global _libc_syncfs
     if _libc_syncfs is None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            _libc_syncfs = libc.syncfs
-            _libc_syncfs.argtypes = [ctypes.c_int]
-        except (OSError, AttributeError):
-            _libc_syncfs = False
+        _libc_syncfs = _libc("syncfs", [ctypes.c_int])
     if _libc_syncfs is False:
         return False
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -1026,14 +1032,9 @@ def _swap_in(tmp: str, path: str, replacing: bool) -> None:
     flag (EINVAL) get rename(2) from then on, as does a ``path`` with no copy (nothing to flush for); any
     other failure of the exchange is retried as a rename, whose error (if it fails too) is the one reported."""
     global _libc_renameat2
+    if replacing and _libc_renameat2 is None:
+        _libc_renameat2 = _libc("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
     if replacing and _libc_renameat2 is not False:
-        if _libc_renameat2 is None:
-            try:
-                _libc_renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-                _libc_renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-            except (OSError, AttributeError):
-                _libc_renameat2 = False
-                return _swap_in(tmp, path, replacing)
         if _libc_renameat2(_AT_FDCWD, tmp.encode(), _AT_FDCWD, path.encode(), _RENAME_EXCHANGE) == 0:
             _unlink_quietly(tmp)
             return
