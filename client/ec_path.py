@@ -52,7 +52,8 @@ Writes
     committed stripe stays intact until CommitReq, and a crash or a failed
     write never leaves a torn stripe. A fragment whose node is suspect or
     fails is moved by the daemon (ReplaceReplicaReq with its part) and
-    written to the new node. If no node is left for it, the stripe is written
+    written to the new node, even one this mount suspects too (suspicion
+    orders nodes, it never leaves one out). If no node is left for it, the stripe is written
     degraded, with that fragment MISSING (node 0) in the committed placement
     and counted by the daemon as waiting for reconstruction, provided at
     least K + ``min_extra`` fragments are stored (client config
@@ -756,9 +757,13 @@ class EcPath:
                 chunk=chunk, version=version, base_version=0, offset=0, xxh3=xxhash.xxh3_64_intdigest(frags[j]), replace=True, sync=sync
             )
             tried: set[int] = set()
-            force = False  # the daemon kept a node we suspect: it heartbeats, try it after all
-            for _ in range(_MOVE_ATTEMPTS):
-                if node != MISSING and node not in tried and (force or not self.nodes.is_suspect(node)):
+            # A node this mount suspects (it timed out, or a hedged read found it slow) is left out
+            # once: the fragment is moved. The node the daemon gives instead is written to even if
+            # it is suspect too (every node may be, after a busy minute of hedged reads): a suspect
+            # node is asked last, never left out, or a healthy cluster would take degraded stripes.
+            force = False
+            for attempt in range(_MOVE_ATTEMPTS):
+                if node != MISSING and node not in tried and (force or attempt or not self.nodes.is_suspect(node)):
                     tried.add(node)
                     try:
                         await self.nodes.write(node, request, frags[j])
@@ -777,7 +782,7 @@ class EcPath:
                     break
                 self.nodes.learn(rsp.nodes)
                 new = rsp.chunks[0].nodes[j] if j < len(rsp.chunks[0].nodes) else MISSING
-                if new == node:
+                if new == node:  # the daemon kept it (it heartbeats, and no other node is free)
                     if node == MISSING or node in tried:
                         break
                     force = True

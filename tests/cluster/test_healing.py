@@ -9,6 +9,7 @@ a generous deadline, never a timed assertion.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import hashlib
 import json
@@ -441,7 +442,13 @@ def test_lost_fragments_are_reconstructed(heal):
     data = random.Random(77).randbytes(700 * KiB)  # 3 stripes of 256 KiB chunks
     (d / "e").write_bytes(data)
     ino = (d / "e").stat().st_ino
-    holders = {int(f.parents[4].name.split("-")[1]) for f in heal.chunk_files(ino=ino)}
+    stripes = collections.defaultdict(set)  # index -> nodes holding one of its fragments
+    for f in heal.chunk_files(ino=ino):
+        stripes[int(f.name.split("-")[1])].add(int(f.parents[4].name.split("-")[1]))
+    # every stripe whole before a node is killed: none of them failed, so none was written degraded
+    # (a mount that found nodes slow on reads once left them out: only 0-2 of 3 fragments stored)
+    assert sorted(stripes) == [0, 1, 2] and all(len(n) == 3 for n in stripes.values()), dict(stripes)
+    holders = set().union(*stripes.values())
     victim = max(holders)
     heal.kill_node(victim)
     wait_for(f"node {victim} declared down", lambda: heal.node(victim)["state"] == "down")

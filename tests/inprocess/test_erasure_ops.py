@@ -464,3 +464,22 @@ async def test_a_whole_stripe_write_leaves_the_data_fragments_it_does_not_change
     assert ref.fragment_version(0) == first.version and ref.fragment_version(1) > cut.fragment_version(1)
     async with fresh(fs, monkeypatch, "kept") as other:
         assert await other.read_file(fs.dir, b"kept") == bytes(want)
+
+
+async def test_nodes_this_mount_found_slow_still_take_a_full_stripe(fs, monkeypatch):
+    """A node the mount marked slow (a hedged read answered elsewhere first: ``note_slow``) is asked
+    last, never left out: with every node so marked, a 2+1 stripe on 6 nodes is still written whole,
+    not degraded with a fragment MISSING (a node killed next would lose it; CI saw 'lost: 3')."""
+    d = await fs.mkdir(fs.dir, b"slow")
+    await fs.ops.meta.call(P.SetLayoutReq(ino=d, redundancy="ec=2+1"))
+    for node in range(1, 7):
+        fs.ops.data.nodes.note_slow(node)
+    data = os.urandom(3 * CHUNK + 5)
+    ino = await fs.write_file(d, b"f", data)
+    for index in range(4):
+        files = _fragment_files(fs.rig, ino, index)
+        assert len({p.parts[-6] for p in files}) == 3, (index, files)
+    status = await fs.ops.meta.call(P.StatusReq())
+    assert all(u.degraded_stripes == 0 for u in status.layouts if u.redundancy == "ec=2+1"), status.layouts
+    async with fresh(fs, monkeypatch) as other:
+        assert _sha(await other.read_file(d, b"f")) == _sha(data)
