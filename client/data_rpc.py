@@ -125,8 +125,12 @@ class NodePool:
             self._suspect_until[node_id] = trio.current_time() + SUSPECT_FOR_S
 
     def note_slow(self, node_id: int) -> None:
-        """A hedged read got its answer elsewhere first: try this node last for a while."""
-        self.suspect(node_id, StripefsError(ErrorCode.TIMEOUT, "slower than the hedge deadline"))
+        """A hedged read got its answer elsewhere first: try this node last for a while. Not a
+        failure (the node answers, later than another): logged at INFO, not as 'not answering'."""
+        if self._suspect_until.get(node_id, 0) < trio.current_time():
+            log.info("storage node %d (%s) was slower than the hedge deadline: asked last for %.0f s",
+                     node_id, self.addresses.get(node_id), SUSPECT_FOR_S)
+        self._suspect_until[node_id] = trio.current_time() + SUSPECT_FOR_S
 
     def is_suspect(self, node_id: int) -> bool:
         return self._suspect_until.get(node_id, 0) > trio.current_time()
