@@ -758,12 +758,12 @@ class EcPath:
             )
             tried: set[int] = set()
             # A node this mount suspects (it timed out, or a hedged read found it slow) is left out
-            # once: the fragment is moved. The node the daemon gives instead is written to even if
-            # it is suspect too (every node may be, after a busy minute of hedged reads): a suspect
-            # node is asked last, never left out, or a healthy cluster would take degraded stripes.
-            force = False
+            # once: the fragment is moved. The node the daemon gives instead (or keeps: it
+            # heartbeats, and no other is free) is written to even if it is suspect too (every node
+            # may be, after a busy minute of hedged reads): a suspect node is asked last, never
+            # left out, or a healthy cluster would take degraded stripes.
             for attempt in range(_MOVE_ATTEMPTS):
-                if node != MISSING and node not in tried and (force or attempt or not self.nodes.is_suspect(node)):
+                if node != MISSING and node not in tried and (attempt or not self.nodes.is_suspect(node)):
                     tried.add(node)
                     try:
                         await self.nodes.write(node, request, frags[j])
@@ -782,10 +782,9 @@ class EcPath:
                     break
                 self.nodes.learn(rsp.nodes)
                 new = rsp.chunks[0].nodes[j] if j < len(rsp.chunks[0].nodes) else MISSING
-                if new == node:  # the daemon kept it (it heartbeats, and no other node is free)
+                if new == node:  # kept: tried on the next attempt, unless it failed already
                     if node == MISSING or node in tried:
                         break
-                    force = True
                     continue
                 node = new
             nodes[j] = MISSING
