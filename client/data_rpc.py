@@ -120,17 +120,19 @@ class NodePool:
         """(trio thread) ``node_id`` failed with ``exc``: a timeout or an unreachable node is asked last for
         ``SUSPECT_FOR_S``."""
         if exc.code in (ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE):
-            if self._suspect_until.get(node_id, 0) < trio.current_time():
-                log.warning("storage node %d (%s) is not answering: %s", node_id, self.addresses.get(node_id), exc.message)
-            self._suspect_until[node_id] = trio.current_time() + SUSPECT_FOR_S
+            self._ask_last(node_id, log.warning, "is not answering: %s", exc.message)
 
     def note_slow(self, node_id: int) -> None:
         """A hedged read got its answer elsewhere first: try this node last for a while. Not a
         failure (the node answers, later than another): logged at INFO, not as 'not answering'."""
-        if self._suspect_until.get(node_id, 0) < trio.current_time():
-            log.info("storage node %d (%s) was slower than the hedge deadline: asked last for %.0f s",
-                     node_id, self.addresses.get(node_id), SUSPECT_FOR_S)
-        self._suspect_until[node_id] = trio.current_time() + SUSPECT_FOR_S
+        self._ask_last(node_id, log.info, "was slower than the hedge deadline: asked last for %.0f s", SUSPECT_FOR_S)
+
+    def _ask_last(self, node_id: int, say, why: str, detail) -> None:
+        """Ask ``node_id`` last for ``SUSPECT_FOR_S``; ``say`` the ``why`` once, when it was not suspect already."""
+        now = trio.current_time()
+        if self._suspect_until.get(node_id, 0) < now:
+            say("storage node %d (%s) " + why, node_id, self.addresses.get(node_id), detail)
+        self._suspect_until[node_id] = now + SUSPECT_FOR_S
 
     def is_suspect(self, node_id: int) -> bool:
         return self._suspect_until.get(node_id, 0) > trio.current_time()
