@@ -22,8 +22,12 @@ are published when the job reports, with its figures: both then cover the
 same stretch of time, so a wait is never set beside requests of another
 second (they are gauges of cumulative values, like the job's). Cardinality is bounded:
 at most ``MAX_JOBS`` jobs at once (a new one past it is not tracked), and a
-job's series are removed once its process is gone (checked at every report
-and every ``SWEEP_S``) or ``IDLE_S`` after its last report.
+job's series are removed ``LINGER_S`` after its last report once its process
+is gone (checked at every report and every ``SWEEP_S``), or ``IDLE_S`` after
+its last report whatever its process does. The linger is what lets a job's
+final figures be seen at all: a short job (a cold pass over a small data set
+takes well under a second) would otherwise be swept before the next scrape of
+``stripefs top`` (every second) or Prometheus (every 15 s, by default).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ log = logging.getLogger(__name__)
 MAX_JOBS = 32
 #: a job that has not reported for this long is dropped (its loop ended, or it hangs)
 IDLE_S = 60.0
+#: a job whose process is gone keeps its series this long after its last report (a Prometheus scrape interval)
+LINGER_S = 15.0
 SWEEP_S = 5.0
 #: requests whose time counts as the job's metadata waits
 METADATA_OPS = frozenset({"lookup", "getattr", "open", "opendir", "readdir", "readdirplus", "create", "access",
@@ -147,11 +153,13 @@ class Jobs:
         return True
 
     def sweep(self, now: float | None = None) -> None:
-        """Drop jobs whose process is gone or that stopped reporting (their series go too)."""
+        """Drop jobs whose process is gone (``LINGER_S`` after their last report) or that stopped
+        reporting (``IDLE_S``); their series go too."""
         now = time.monotonic() if now is None else now
         self._swept = now
         for pid, job in list(self.by_pid.items()):
-            if now - job.reported > IDLE_S or not os.path.exists(f"{self.proc}/{pid}"):
+            quiet = now - job.reported
+            if quiet > IDLE_S or (quiet > LINGER_S and not os.path.exists(f"{self.proc}/{pid}")):
                 self._drop(job)
 
     async def sweep_loop(self) -> None:

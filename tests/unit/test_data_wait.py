@@ -67,7 +67,7 @@ def _series(metric, *labels) -> float:
     return metric.labels(*labels)._value.get()
 
 
-def test_the_mount_attributes_a_jobs_workers_requests_to_it_and_forgets_it_when_it_ends():
+def test_the_mount_attributes_a_jobs_workers_requests_to_it_and_forgets_it_a_while_after_it_ends():
     table = Jobs()
     job = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"])
     try:
@@ -99,7 +99,9 @@ def test_the_mount_attributes_a_jobs_workers_requests_to_it_and_forgets_it_when_
     finally:
         job.kill()
         job.wait()
-    table.sweep()
+    table.sweep()  # its process is gone, but a job shorter than a scrape interval must still be seen once
+    assert table.active and _series(jobs_mod.JOB_STEPS, label) == 20
+    table.sweep(time.monotonic() + jobs_mod.LINGER_S + 0.1)
     assert not table.active
     assert label not in {s.labels.get("job") for m in jobs_mod.JOB_STEPS.collect() for s in m.samples}
 
