@@ -344,14 +344,18 @@ class Operations:
         directories it created files in; None: anything): the write sessions of those files are
         committed, since the acknowledgement ends their write marks (or the directory's hold that
         covered them) and a read elsewhere follows it. Their marks are dropped first, so a WRITE from
-        here on marks its file again before it is answered (``_mark``). The commits, to run."""
+        here on marks its file again before it is answered (``_mark``). A commit already on its way
+        counts as written: its session was handed over, so nothing of it is written here any more,
+        but the daemon has not recorded it either, and the read the acknowledgement lets go would
+        see the file from before the close (``_commit_quietly`` waits for it, then commits what
+        came after). The commits, to run."""
         with self.lock:
             files = self._marked_or_written(touched, by_ino=True)
             for of in files:
                 of.marked = False
                 if not (_written(of) or of.committing):
                     del self._unclean[of.ino]  # neither marked nor written now (``_may_hold_writes``)
-        return [functools.partial(self._commit_quietly, of) for of in files if _written(of)]
+        return [functools.partial(self._commit_quietly, of) for of in files if _written(of) or of.committing]
 
     async def _finish_before_ack(self, work: list[Callable[[], Awaitable[None]]]) -> None:
         """Run ``work`` (commits, the write-back's flush) before an acknowledgement. Work that takes

@@ -369,6 +369,47 @@ async def test_a_stat_while_the_mount_commits_a_file_answers_what_the_commit_rec
     assert answered[0].mtime_ns == committed.mtime_ns > before.mtime_ns
 
 
+async def test_another_mount_s_read_waits_for_a_commit_already_on_its_way(mine, rig, monkeypatch, no_timer):
+    """Closes that send nothing: another mount's open and read of a file this mount is committing
+    right now (its idle commit sent, the session handed over: nothing of it counts as written here
+    any more) waits for that commit, and reads what was closed. The acknowledgement of their recall
+    went at once, and they read the bytes from before the write: a million-operation model run,
+    EC, a commit held up ~50 ms by a snapshot's copy-out (tests/datapath_model.py, seed 440301366)."""
+    assert mine.ops.silent_close
+    old, new = os.urandom(70 * K), os.urandom(70 * K)
+    (ino,) = await _write_files(mine, [(b"rewritten", old)])
+    await mine.ops.fsyncdir(mine.dir, False)  # committed: a rewrite is no new file, so it commits itself
+    fh = await mine.open(ino, os.O_RDWR)
+    assert await mine.write(fh, 0, new) == len(new)
+    await mine.close(fh)
+    meta = mine.ops.data.meta
+    real_call, sent, go = meta.call, trio.Event(), trio.Event()
+
+    async def call(req, **kw):
+        if isinstance(req, P.CommitReq):
+            sent.set()
+            await go.wait()  # the commit stays on its way while the other mount reads
+        return await real_call(req, **kw)
+
+    monkeypatch.setattr(meta, "call", call)
+    read = []
+    with pytest.MonkeyPatch.context() as theirs_patch:  # (their kernel's invalidations are theirs: undone after)
+        async with open_fs(rig, Kernel(theirs_patch), "theirs") as theirs:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(mine.ops._commit_idle, ino)  # (what the idle timer does IDLE_S after the write)
+                await sent.wait()
+
+                async def their_read():
+                    read.append(await theirs.read_file(mine.dir, b"rewritten"))
+
+                nursery.start_soon(their_read)
+                await trio.sleep(0.3)
+                assert not read or read[0] != old, "read the bytes from before the closed write"
+                assert not read  # it waits for the commit on its way
+                go.set()
+    assert read == [new]
+
+
 async def _write_here(fs, ino: int, fh: int, offset: int, data: bytes):
     """A WRITE's fast path as the FUSE session's reader thread runs it: on a thread of its own,
     under the lock the dispatcher holds around fast paths (client/fuse/dispatch.py)."""
