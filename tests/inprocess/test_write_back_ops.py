@@ -329,6 +329,21 @@ async def test_a_file_waiting_to_be_sent_is_never_answered_with_the_size_its_cre
     assert await mine.read_file(mine.dir, b"queued") == data
 
 
+def _hold_commits(fs, monkeypatch) -> tuple[trio.Event, trio.Event]:
+    """(sent, go): ``fs``'s CommitReqs wait at the mount, once ``sent`` is set, until ``go`` is."""
+    meta = fs.ops.data.meta
+    real_call, sent, go = meta.call, trio.Event(), trio.Event()
+
+    async def call(req, **kw):
+        if isinstance(req, P.CommitReq):
+            sent.set()
+            await go.wait()
+        return await real_call(req, **kw)
+
+    monkeypatch.setattr(meta, "call", call)
+    return sent, go
+
+
 async def test_a_stat_while_the_mount_commits_a_file_answers_what_the_commit_recorded(mine, monkeypatch, no_timer):
     """Closes that send nothing: a stat that comes while this mount's commit of the file is on its way
     (its session handed over, so the mount holds no write time of its own for it) waits for that
@@ -343,16 +358,7 @@ async def test_a_stat_while_the_mount_commits_a_file_answers_what_the_commit_rec
     await trio.sleep(0.01)  # (a write time the clock can tell from the create's)
     assert await mine.write(fh, 0, b"new") == 3
     await mine.close(fh)
-    meta = mine.ops.data.meta
-    real_call, sent, go = meta.call, trio.Event(), trio.Event()
-
-    async def call(req, **kw):
-        if isinstance(req, P.CommitReq):
-            sent.set()
-            await go.wait()  # the commit stays on its way while the stat comes
-        return await real_call(req, **kw)
-
-    monkeypatch.setattr(meta, "call", call)
+    sent, go = _hold_commits(mine, monkeypatch)  # the commit stays on its way while the stat comes
     answered = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(mine.ops._commit_idle, ino)  # (what the idle timer does IDLE_S after the write)
@@ -382,16 +388,7 @@ async def test_another_mount_s_read_waits_for_a_commit_already_on_its_way(mine, 
     fh = await mine.open(ino, os.O_RDWR)
     assert await mine.write(fh, 0, new) == len(new)
     await mine.close(fh)
-    meta = mine.ops.data.meta
-    real_call, sent, go = meta.call, trio.Event(), trio.Event()
-
-    async def call(req, **kw):
-        if isinstance(req, P.CommitReq):
-            sent.set()
-            await go.wait()  # the commit stays on its way while the other mount reads
-        return await real_call(req, **kw)
-
-    monkeypatch.setattr(meta, "call", call)
+    sent, go = _hold_commits(mine, monkeypatch)  # the commit stays on its way while the other mount reads
     read = []
     with pytest.MonkeyPatch.context() as theirs_patch:  # (their kernel's invalidations are theirs: undone after)
         async with open_fs(rig, Kernel(theirs_patch), "theirs") as theirs:
