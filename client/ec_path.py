@@ -93,6 +93,7 @@ from ..common import protocol as p
 from ..common.erasure import StripeCodec, codec, fragment_part, xor
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import Extent, parse_redundancy
+from ..common.log_limits import LogEvery
 from .chunk_cache import ChunkCache
 from .data_rpc import NodePool
 from .meta_rpc import MetaClient
@@ -105,6 +106,11 @@ log = logging.getLogger(__name__)
 MISSING = 0  #: node id of a fragment without a node (daemon/redundancy.py)
 _FAILOVER = {ErrorCode.TIMEOUT, ErrorCode.UNAVAILABLE, ErrorCode.STALE, ErrorCode.CORRUPT, ErrorCode.NOT_FOUND, ErrorCode.IO}
 _MOVE_ATTEMPTS = 3
+#: after the daemon said no node was free to take a fragment that has none (UNAVAILABLE), how long
+#: such fragments are left MISSING without asking again (``EcPath._write_fragments``)
+NO_SPARE_S = 1.0
+#: degraded stripes are logged at most once in this long (the others counted: common/log_limits.py)
+DEGRADED_LOG_EVERY_S = 10.0
 #: a data fragment that has not come within this long makes the read decode from the others
 READ_DEADLINE_S = 0.5
 
@@ -154,6 +160,12 @@ class EcPath:
         #: stripe versions (ino, index, version) loaded by decoding: a data fragment that was not read
         #: may be missing or bad on its node, so a write of such a stripe keeps none (``_unchanged``)
         self._decoded: set[tuple[int, int, int]] = set()
+        #: (trio time until which, why): a fragment with no node stays MISSING without a ReplaceReplicaReq.
+        #: With a node down and no spare (k+m nodes), every stripe written has such a fragment, and the
+        #: daemon answered each ask with the same UNAVAILABLE, a write transaction rolled back (~30 a
+        #: second in the model run's degraded half: more than all its other requests together)
+        self._no_spare: tuple[float, str] = (-math.inf, "")
+        self._degraded_log = LogEvery(log, DEGRADED_LOG_EVERY_S)
 
     # ------------------------------------------------------------------ reads
 
@@ -772,6 +784,10 @@ class EcPath:
                     except StripefsError as exc:
                         errors[j] = f"node {node}: {exc}"
                         log.warning("fragment %s: write to node %d failed (%s); moving it", chunk, node, exc)
+                until, why = self._no_spare
+                if node == MISSING and trio.current_time() < until:
+                    errors[j] = why  # the daemon had no node for one a moment ago
+                    break
                 try:
                     # not retried on UNAVAILABLE (the daemon's "no node left"): that fragment stays missing
                     rsp = await self.meta.call(p.ReplaceReplicaReq(ino=ino, index=ref.index, failed_node=node, part=j), retry=False)
@@ -779,6 +795,8 @@ class EcPath:
                     if exc.code != ErrorCode.UNAVAILABLE:
                         raise
                     errors[j] = exc.message
+                    if node == MISSING:
+                        self._no_spare = (trio.current_time() + NO_SPARE_S, exc.message)
                     break
                 self.nodes.learn(rsp.nodes)
                 new = rsp.chunks[0].nodes[j] if j < len(rsp.chunks[0].nodes) else MISSING
@@ -806,7 +824,8 @@ class EcPath:
                 f"too few storage nodes are up for {c.k}+{c.m}",
             )
         if count < c.n:
-            log.warning("stripe %d:%d v%d written with %d of %d fragments (degraded): %s", ino, ref.index, max(versions), count, c.n, errors)
+            self._degraded_log.log(logging.WARNING, "degraded", "stripe %d:%d v%d written with %d of %d fragments (degraded): %s",
+                                   ino, ref.index, max(versions), count, c.n, errors)
         if not sync:
             if len(self._unsynced) > 4096:  # files closed without fsync: forget the oldest
                 del self._unsynced[next(iter(self._unsynced))]

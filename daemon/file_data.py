@@ -38,6 +38,7 @@ import msgspec
 from ..common.erasure import fragment_part
 from ..common.errors import ErrorCode, StripefsError
 from ..common.layout import chunk_count, parse_redundancy, replica_part
+from ..common.log_limits import LogEvery
 from ..common.protocol import Attr, ChunkRef, NodeAddr, fragment_version, uniform_fversions
 from . import placement, redundancy
 from . import redundancy as _redundancy
@@ -46,6 +47,8 @@ from .snapshots import Snapshots, check_writable
 from .store import SqliteStore
 
 log = logging.getLogger(__name__)
+#: a node down with no spare makes every stripe committed degraded: one line per 10 s, the rest counted
+_degraded_log = LogEvery(log, 10.0)
 
 EPOCH_BLOCK = 1000
 
@@ -267,7 +270,8 @@ class FileData:
                 # "Slots"): the committed one's copy or fragment is garbage now, bounded by its own version
                 self.store.add_garbage(_replaced_slots(ino, ref, old_version, old_nodes, old_fv, is_ec))
             if redundancy.MISSING in nodes:
-                log.warning(
+                _degraded_log.log(
+                    logging.WARNING, "degraded",
                     "stripe %d:%d v%d committed with %d of %d fragments: queued for reconstruction",
                     ino, ref.index, ref.version, len(nodes) - nodes.count(redundancy.MISSING), len(nodes),
                 )

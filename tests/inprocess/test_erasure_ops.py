@@ -196,6 +196,48 @@ async def test_degraded_writes(fs, monkeypatch):
         assert _sha(await other.read_file(d, b"one_down")) == sums[b"one_down"]
 
 
+async def test_a_node_down_with_no_spare_is_asked_about_once_not_for_every_stripe(fs, monkeypatch, caplog):
+    """Six nodes for 4+2, one down: every new stripe has a fragment with no node, and the daemon has
+    none to give. The mount asks once (ReplaceReplicaReq: UNAVAILABLE) and leaves such fragments
+    MISSING for ``NO_SPARE_S`` without asking again; it asked for every stripe, and in the model
+    run's degraded half those asks outnumbered all the daemon's other requests. The degraded
+    stripes are logged once, the rest counted, not a line each."""
+    import logging
+    import trio
+    from stripefs.client import ec_path
+
+    monkeypatch.setattr(ec_path, "NO_SPARE_S", 600)  # (the whole test: its writes may be slow under load)
+    ec = fs.ops.data.ec
+    monkeypatch.setattr(ec, "_degraded_log", ec_path.LogEvery(ec_path.log, 600))
+    asked = []
+    real_call = ec.meta.call
+
+    async def call(req, **kw):
+        if isinstance(req, P.ReplaceReplicaReq):
+            asked.append(req.failed_node)
+        return await real_call(req, **kw)
+
+    monkeypatch.setattr(ec.meta, "call", call)
+    fs.rig.kill_node(6)
+    try:
+        with trio.fail_after(30):  # the daemon sees it down: new stripes leave it out (a fragment with no node)
+            while any(n.node_id == 6 and n.state == "up" for n in (await fs.ops.meta.call(P.StatusReq())).nodes):
+                await trio.sleep(0.2)
+        files = {b"nospare%d" % i: os.urandom(CHUNK // 2 + i) for i in range(4)}
+        with caplog.at_level(logging.WARNING, logger=ec_path.log.name):
+            for name, data in files.items():  # one stripe each, one after the other
+                await fs.write_file(fs.dir, name, data)
+        assert asked == [ec_path.MISSING], asked  # the first stripe's ask only
+        degraded = [r for r in caplog.records if "(degraded)" in r.getMessage()]
+        assert len(degraded) == 1, [r.getMessage() for r in degraded]
+        assert await _degraded_stripes(fs) >= 4
+        async with fresh(fs, monkeypatch) as other:
+            for name, data in files.items():
+                assert await other.read_file(fs.dir, name) == data
+    finally:
+        await fs.rig.restart()
+
+
 async def test_fsync_and_rewrite_same_session(fs, monkeypatch):
     fh, _ = await fs.open_path(fs.dir, b"s", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
     await fs.write(fh, 0, b"a" * (CHUNK + 10))
