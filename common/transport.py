@@ -51,8 +51,11 @@ import zmq
 
 from . import limits, metrics, protocol, security
 from .errors import ErrorCode, QuietError, StripefsError, sole
+from .log_limits import LogEvery
 
 log = logging.getLogger(__name__)
+#: a peer whose requests are refused (its queue full) is logged once in this long, the rest counted
+REFUSAL_LOG_EVERY_S = 60.0
 
 Payload = bytes | memoryview | bytearray
 
@@ -408,7 +411,7 @@ async def serve(
     """
     running = trio.Semaphore(concurrency)
     admission: _limits.PeerQueues[tuple] = _limits.PeerQueues(limits)
-    refusals = _RateLimitedLog(name)
+    refusals = LogEvery(log, REFUSAL_LOG_EVERY_S)  # a flood of refusals must not flood the log
     counting = replies is None and not keyed  # replies go out here: count them
     if counting:
         replies = _limits.ReplyQueues(limits.per_peer_reply_bytes)
@@ -475,7 +478,8 @@ async def serve(
             # the slot's task inherits the sender's key and connection (one connection, one key: its queued requests too)
             nursery.start_soon(peer_slot, identity, request)
         elif verdict == _limits.REFUSED:
-            refusals.note(identity, admission.inflight(identity))
+            refusals.log(logging.WARNING, identity, "%s: peer %r has %d requests running and its queue full: a request answered BUSY",
+                         name, identity, admission.inflight(identity))
             metrics.REQUEST_ERRORS.labels(name, type(request[1]).__name__, "BUSY").inc()
             message = f"too many requests in flight from this connection ({admission.inflight(identity)} running, queue full): retry later"
             return reply(identity, request[0], protocol.ErrorRsp(code=ErrorCode.BUSY, message=message))
@@ -634,29 +638,6 @@ class _Held:
             await trio.sleep(HELD_POLL_S)
             for identity in [i for i in self._peers if not self.over(i)]:
                 self._peers.pop(identity).set()
-
-
-class _RateLimitedLog:
-    """One WARNING per peer per minute about refused requests (a flood must not flood the log)."""
-
-    def __init__(self, name: str, every_s: float = 60.0):
-        self.name = name
-        self.every_s = every_s
-        self._last: dict[bytes, float] = {}
-        self._count: dict[bytes, int] = {}
-
-    def note(self, identity: bytes, inflight: int) -> None:
-        now = time.monotonic()
-        self._count[identity] = self._count.get(identity, 0) + 1
-        if now - self._last.get(identity, -math.inf) >= self.every_s:
-            log.warning(
-                "%s: peer %r has %d requests running and its queue full: %d request(s) answered BUSY",
-                self.name, identity, inflight, self._count.pop(identity),
-            )
-            self._last[identity] = now
-            if len(self._last) > 10_000:  # forget old peers: bounded like everything else
-                self._last.clear()
-                self._count.clear()
 
 
 # -- metrics (common.metrics): one call per request, kept out of the paths above ----------
