@@ -952,6 +952,7 @@ def main(argv=None) -> int:
     def run_one(target: Target, layout: str, use_mmap: bool, seed: int, kills=(), state: Path | None = None) -> None:
         name = f"{target.label}mmap {'on' if use_mmap else 'off'}"
         cpu_before = cluster_cpu(state) if state is not None else None
+        own_cpu = time.thread_time()  # this run's thread: the tester's own share of the machine (its syscalls included)
         print(f"== {name}: seed {seed}, {args.ops} ops, {args.files} files in {target.dir}", flush=True)
         ckpt = _checkpoint_path(args.checkpoint, layout, use_mmap, seed) if args.checkpoint else None
         engine = Engine(target, seed, use_mmap=use_mmap, nfiles=args.files, kills=kills, progress=args.progress, stop=stop,
@@ -975,7 +976,8 @@ def main(argv=None) -> int:
         if cpu_before is not None:
             used = {role: t - cpu_before.get(role, 0.0) for role, t in cluster_cpu(state).items()}
             print(f"   cluster CPU per operation: {1e3 * sum(used.values()) / args.ops:.2f} ms ("
-                  + ", ".join(f"{role} {1e3 * t / args.ops:.2f}" for role, t in sorted(used.items())) + ")", flush=True)
+                  + ", ".join(f"{role} {1e3 * t / args.ops:.2f}" for role, t in sorted(used.items()))
+                  + f"; the tester itself {1e3 * (time.thread_time() - own_cpu) / args.ops:.2f})", flush=True)
         took = f" in {res['segments']} processes" if res["segments"] > 1 else ""
         print(f"== {name}: seed {seed}: {args.ops} ops OK in {res['seconds']:.0f} s{took} ({res['ops_per_s']:.0f} ops/s)", flush=True)
 
