@@ -102,19 +102,16 @@ cluster: install
 
 # long fuzzing runs: random seeds, FUZZ_EXAMPLES examples per endpoint (make test runs a fixed, short set);
 # then the data path against a model (tests/datapath_model.py): FUZZ_DATAPATH_OPS operations per layout
-# (replicas=2 and ec=4+2) and mmap mode (with and without: 2x that per layout), the four runs at once on a
-# cluster each, random seeds (printed, with the line that replays a failure), a storage node kill -9ed and
-# restarted every FUZZ_DATAPATH_KILL_EVERY operations, the directory snapshotted every FUZZ_DATAPATH_SNAPSHOT_EVERY
-# operations and each snapshot checked against the models' history. About 3.0 h on 2 cores at a load of 5-12
-# (timed at 6,000 operations per run: the slowest run, EC with mmap, 47 ops/s), ~3.8 h at a load of 9-12 (10,000
-# per run with a kill every 5,000, 37 ops/s), 2.3-2.7 h at a load of 3-8 in earlier rounds (docs/design.md, "The storage node's
-# write path", fifth round). Issue 35's third round (6,000 per run, a kill every 3,000, seed 3510, load 7-16 from
-# three other engineers' work): 255-286 s, the slowest run 27-33 ops/s (~4.2-5.1 h at that load); the clusters'
-# CPU per operation rep 5.1-6.9 ms, EC 7.8-10.5, i.e. ~2.1-2.2 h of two idle cores for the 2,000,000 operations, so
-# on this machine the two hours need a quiet machine and a little less CPU still; each run saves a checkpoint
+# (replicas=2 and ec=4+2) and mmap mode (with and without: 2x that per layout), each cut into FUZZ_DATAPATH_SPLIT
+# runs of a seed each (random, printed, with the line that replays a failure), served heaviest first (EC, mmap on)
+# to four clusters at once so that they end close together; a storage node kill -9ed and restarted every
+# FUZZ_DATAPATH_KILL_EVERY operations of a run, the directory snapshotted every FUZZ_DATAPATH_SNAPSHOT_EVERY
+# operations and each snapshot checked against the models' history. The run's figures (wall time, each run's
+# CPU per operation by role) are in docs/design.md, the latest "million-operation run"; each run saves a checkpoint
 # in FUZZ_CHECKPOINTS every 10,000 operations, and `make fuzz-resume` finishes a run that was stopped.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_DATAPATH_OPS ?= 500000
+FUZZ_DATAPATH_SPLIT ?= 2
 FUZZ_DATAPATH_KILL_EVERY ?= 50000
 FUZZ_DATAPATH_SNAPSHOT_EVERY ?= 2000
 FUZZ_CHECKPOINTS ?= .fuzz-checkpoints
@@ -123,7 +120,7 @@ fuzz: install
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/cluster/test_fuzz.py
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) STRIPEFS_FUZZ_META_STORE=postgresql $(PY) -m pytest -q -s tests/cluster/test_fuzz.py -k metadata_daemon
 	STRIPEFS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -s tests/unit/test_feed_fuzz.py
-	$(PY) tests/datapath_model.py --layout both --parallel --mmap both --ops $(FUZZ_DATAPATH_OPS) \
+	$(PY) tests/datapath_model.py --layout both --parallel --mmap both --ops $(FUZZ_DATAPATH_OPS) --split $(FUZZ_DATAPATH_SPLIT) \
 		--kill-every $(FUZZ_DATAPATH_KILL_EVERY) --snapshot-every $(FUZZ_DATAPATH_SNAPSHOT_EVERY) --checkpoint $(FUZZ_CHECKPOINTS) --progress 60
 
 fuzz-resume: install

@@ -884,6 +884,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kill-every", type=int, default=0, metavar="N", help="every N operations kill -9 a storage node (a quarter in) "
                     "and restart it (three quarters in)")
     ap.add_argument("--parallel", action="store_true", help="every run (layout x mmap mode) at once, each on a cluster of its own")
+    ap.add_argument("--split", type=int, default=1, metavar="K", help="each layout x mmap mode's --ops as K runs of ops/K, each "
+                    "with a seed of its own; with --parallel the clusters (one per mode) take them from a queue, the "
+                    "heaviest first, and end close together instead of one heavy run alone at the end (default 1)")
     ap.add_argument("--mount", type=Path, help="a directory in an existing stripefs mount: run in a new directory there, with the "
                     "layout it has (no cluster started, no kills; close-to-open through the same mount)")
     ap.add_argument("--local-dir", type=Path, help="run on a local directory instead (checks the model itself)")
@@ -911,7 +914,7 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as e:
             ap.error(f"--resume {args.resume}: no run's checkpoints there ({e})")
         args.checkpoint = args.resume
-        args.ops, args.kill_every, args.files = plan["ops"], plan["kill_every"], plan["files"]
+        run_ops, args.kill_every, args.files = plan["ops"], plan["kill_every"], plan["files"]
         runs = [tuple(r) for r in plan["runs"]]
         layouts = sorted({lo for lo, _, _ in runs}, key=["rep", "ec"].index)
     else:
@@ -920,7 +923,12 @@ def main(argv=None) -> int:
         layouts = ["rep", "ec"] if args.layout == "both" else [args.layout]
         if args.local_dir or args.mount:
             layouts = ["local" if args.local_dir else "mount"]
-        runs = [(layout, use_mmap, seed0 + k) for k, (layout, use_mmap) in enumerate((lo, m) for lo in layouts for m in modes)]
+        if args.split < 1 or args.ops % args.split:
+            ap.error(f"--split {args.split}: a positive number that divides --ops {args.ops}")
+        run_ops = args.ops // args.split
+        runs = [(layout, use_mmap, seed0 + k) for k, (layout, use_mmap)
+                in enumerate((lo, m) for lo in layouts for m in modes for _ in range(args.split))]
+    modes_n = len({(lo, m) for lo, m, _ in runs})  # layout x mmap modes: with --parallel, a cluster each
     if args.checkpoint and (args.local_dir or args.mount):
         ap.error("--checkpoint and --resume are for the CLI's own clusters (not --mount or --local-dir)")
     if args.checkpoint and not args.resume:
@@ -934,7 +942,7 @@ def main(argv=None) -> int:
         shutil.rmtree(args.checkpoint, ignore_errors=True)
         args.checkpoint.mkdir(parents=True)
         (args.checkpoint / PLAN).write_text(json.dumps(
-            {"ops": args.ops, "kill_every": args.kill_every, "files": args.files, "runs": runs,
+            {"ops": run_ops, "kill_every": args.kill_every, "files": args.files, "runs": runs,
              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
     results: list[tuple[str, dict]] = []
     failures: list[str] = []
@@ -953,7 +961,7 @@ def main(argv=None) -> int:
         name = f"{target.label}mmap {'on' if use_mmap else 'off'}"
         cpu_before = cluster_cpu(state) if state is not None else None
         own_cpu = time.thread_time()  # this run's thread: the tester's own share of the machine (its syscalls included)
-        print(f"== {name}: seed {seed}, {args.ops} ops, {args.files} files in {target.dir}", flush=True)
+        print(f"== {name}: seed {seed}, {run_ops} ops, {args.files} files in {target.dir}", flush=True)
         ckpt = _checkpoint_path(args.checkpoint, layout, use_mmap, seed) if args.checkpoint else None
         engine = Engine(target, seed, use_mmap=use_mmap, nfiles=args.files, kills=kills, progress=args.progress, stop=stop,
                         checkpoint=ckpt, checkpoint_every=args.checkpoint_every,
@@ -962,7 +970,7 @@ def main(argv=None) -> int:
             engine.restore(load_checkpoint(ckpt))
             print(f"== {name}: seed {seed}: resumed at operation {engine.start} ({engine.seconds_before:.0f} s before)", flush=True)
         try:
-            res = engine.run(args.ops)
+            res = engine.run(run_ops)
         except Mismatch as e:
             failures.append(f"{name} FAILED: {e}")
             print(f"\n{failures[-1]}\n", flush=True)
@@ -975,14 +983,15 @@ def main(argv=None) -> int:
                                    for k in sorted(res["counts"], key=lambda k: -res["times"][k])), flush=True)
         if cpu_before is not None:
             used = {role: t - cpu_before.get(role, 0.0) for role, t in cluster_cpu(state).items()}
-            print(f"   cluster CPU per operation: {1e3 * sum(used.values()) / args.ops:.2f} ms ("
-                  + ", ".join(f"{role} {1e3 * t / args.ops:.2f}" for role, t in sorted(used.items()))
-                  + f"; the tester itself {1e3 * (time.thread_time() - own_cpu) / args.ops:.2f})", flush=True)
+            print(f"   cluster CPU per operation: {1e3 * sum(used.values()) / run_ops:.2f} ms ("
+                  + ", ".join(f"{role} {1e3 * t / run_ops:.2f}" for role, t in sorted(used.items()))
+                  + f"; the tester itself {1e3 * (time.thread_time() - own_cpu) / run_ops:.2f})", flush=True)
         took = f" in {res['segments']} processes" if res["segments"] > 1 else ""
-        print(f"== {name}: seed {seed}: {args.ops} ops OK in {res['seconds']:.0f} s{took} ({res['ops_per_s']:.0f} ops/s)", flush=True)
+        print(f"== {name}: seed {seed}: {run_ops} ops OK in {res['seconds']:.0f} s{took} ({res['ops_per_s']:.0f} ops/s)", flush=True)
 
-    def on_cluster(layout: str, mine: list[tuple[str, bool, int]]) -> None:
-        """The runs ``mine`` (all of ``layout``) one after the other on a cluster of their own, always torn down."""
+    def on_cluster(name: str, take: Callable[[], tuple[str, bool, int] | None]) -> None:
+        """The runs that ``take()`` hands out (None: no more), one after the other on a cluster of their own,
+        always torn down; a run whose layout's directory an earlier run here used gets a fresh one inside it."""
         c = _cluster_helpers()
         cluster = new_cluster(c)
         cluster.expected_log_patterns += args.allow_log
@@ -992,34 +1001,40 @@ def main(argv=None) -> int:
             with starting:  # one at a time: each `local up` picks free ports, and two at once can pick the same
                 cluster.up()
                 other = set_up(cluster, c.run_cli)
-            print(f"{layout}: cluster of {NODES} nodes up in {time.monotonic() - t:.1f} s at {cluster.root}", flush=True)
-            for _, use_mmap, seed in mine:
-                run_one(cluster_target(cluster, cluster.mnt / layout, other, f"{layout} ", args.kill_every, args.snapshot_every),
-                        layout, use_mmap,
-                        seed, kill_schedule(args.ops, args.kill_every), state=cluster.state)
+            print(f"{name}: cluster of {NODES} nodes up in {time.monotonic() - t:.1f} s at {cluster.root}", flush=True)
+            used: set[str] = set()
+            while not stop.is_set() and (run := take()) is not None:
+                layout, use_mmap, seed = run
+                d = cluster.mnt / layout
+                if layout in used:
+                    d = d / f"run-{seed}"
+                    d.mkdir()
+                used.add(layout)
+                run_one(cluster_target(cluster, d, other, f"{layout} ", args.kill_every, args.snapshot_every),
+                        layout, use_mmap, seed, kill_schedule(run_ops, args.kill_every), state=cluster.state)
             ok = True
         finally:
             cluster.teardown()
             bad = cluster.bad_log_lines()
             if bad:
-                failures.append(f"{layout}: unexpected ERROR lines in the cluster's logs (--allow-log REGEX excuses one):\n"
+                failures.append(f"{name}: unexpected ERROR lines in the cluster's logs (--allow-log REGEX excuses one):\n"
                                 + "\n".join(bad[:20]))
                 print(failures[-1], flush=True)
                 ok = False
             if ok and not args.keep:
                 shutil.rmtree(cluster.root, ignore_errors=True)
             else:
-                print(f"{layout}: cluster state and logs kept in {cluster.state}", flush=True)
+                print(f"{name}: cluster state and logs kept in {cluster.state}", flush=True)
 
-    def guarded(layout: str, mine: list[tuple[str, bool, int]]) -> None:
+    def guarded(name: str, take: Callable[[], tuple[str, bool, int] | None]) -> None:
         try:
-            on_cluster(layout, mine)
+            on_cluster(name, take)
         except Mismatch:
             pass
         except Stopped as e:
             print(f"{e} (another run failed, or the CLI was interrupted)", flush=True)
         except BaseException as e:  # noqa: BLE001  (a thread's error ends every run, reported)
-            failures.append(f"{layout}: {e!r}")
+            failures.append(f"{name}: {e!r}")
             stop.set()
 
     # SIGTERM / SIGHUP: unwind like Ctrl-C so the clusters are always torn down
@@ -1041,7 +1056,18 @@ def main(argv=None) -> int:
             finally:
                 shutil.rmtree(d, ignore_errors=True)
         elif args.parallel and len(runs) > 1:
-            threads = [threading.Thread(target=guarded, args=(lo, [(lo, m, s)]), name=f"{lo}-{s}") for lo, m, s in runs]
+            # a cluster for each layout x mmap mode, each taking the next run from one queue, the heaviest first
+            # (EC costs more CPU per operation than replicas, mmap on more than off): with --split the runs end
+            # close together instead of the heaviest one alone at the end
+            queue = collections.deque(sorted(runs, key=lambda r: (r[0] != "ec", not r[1])))
+            taking = threading.Lock()
+
+            def take() -> tuple[str, bool, int] | None:
+                with taking:
+                    return queue.popleft() if queue else None
+            workers = min(len(runs), modes_n)
+            threads = [threading.Thread(target=guarded, args=(f"cluster {k + 1}", take), name=f"cluster-{k + 1}")
+                       for k in range(workers)]
             for t in threads:
                 t.start()
             try:
@@ -1051,13 +1077,15 @@ def main(argv=None) -> int:
             except KeyboardInterrupt:
                 stop.set()
                 print("\ninterrupted: stopping the runs, tearing the clusters down", flush=True)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal must not leave clusters up
+                    signal.signal(sig, lambda signum, frame: print("still tearing the clusters down: wait", flush=True))
                 for t in threads:
                     t.join()
                 return 130
         else:
             for layout in layouts:
                 if mine := [r for r in runs if r[0] == layout]:
-                    guarded(layout, mine)
+                    guarded(layout, lambda it=iter(mine): next(it, None))
                 if stop.is_set():
                     break
         return 1 if failures else 0
