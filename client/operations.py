@@ -349,13 +349,15 @@ class Operations:
         but the daemon has not recorded it either, and the read the acknowledgement lets go would
         see the file from before the close (``_commit_quietly`` waits for it, then commits what
         came after). The commits, to run."""
+        pending = []
         with self.lock:
-            files = self._marked_or_written(touched, by_ino=True)
-            for of in files:
+            for of in self._marked_or_written(touched, by_ino=True):
                 of.marked = False
-                if not (_written(of) or of.committing):
+                if _written(of) or of.committing:
+                    pending.append(of)
+                else:
                     del self._unclean[of.ino]  # neither marked nor written now (``_may_hold_writes``)
-        return [functools.partial(self._commit_quietly, of) for of in files if _written(of) or of.committing]
+        return [functools.partial(self._commit_quietly, of) for of in pending]
 
     async def _finish_before_ack(self, work: list[Callable[[], Awaitable[None]]]) -> None:
         """Run ``work`` (commits, the write-back's flush) before an acknowledgement. Work that takes
